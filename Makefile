@@ -1,0 +1,57 @@
+# Two commands do everything on a fresh machine:
+#   make serve   set up, build weights and archives, run TorchServe in the foreground
+#   make test    set up, build weights and archives, run the whole test suite
+# Every step is skipped when its output is up to date.
+#
+# Variables: WEIGHTS=auto|imagenet|seeded|/path/to/resnet50.pt (see README), BACKEND=eager|torchscript|onnx
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+WEIGHTS ?= auto
+BACKEND ?= eager
+WEIGHTS_DIR := build/weights
+MODELS := resnet50-embedding resnet50-tagger
+SOURCES := $(wildcard handlers/*.py model_files/*.py config/*.yaml) archive.sh
+
+.PHONY: setup java weights archives samples serve test clean
+.DEFAULT_GOAL := test
+
+setup: $(VENV)/.installed java
+
+java:
+	@scripts/ensure_java.sh
+
+$(VENV)/.installed: requirements.txt
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] >= (3, 10), "Python 3.10+ needed (3.11 recommended), found " + sys.version' \
+		|| { echo "error: set PYTHON=/path/to/python3.11" >&2; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	@touch $@
+
+# build_weights.py is itself idempotent: it returns at once when WEIGHTS is what it built.
+weights: $(VENV)/.installed
+	@$(PY) -m model_files.build_weights --source "$(WEIGHTS)" --out $(WEIGHTS_DIR)
+
+# Archives are rebuilt when the handler, model code, configs, weights or backend change.
+archives: weights
+	@echo "$(BACKEND)" > build/.backend.new
+	@cmp -s build/.backend.new build/.backend || mv build/.backend.new build/.backend
+	@$(MAKE) --no-print-directory build/.archived
+
+build/.archived: $(SOURCES) $(WEIGHTS_DIR)/weights_info.json build/.backend
+	BACKEND=$(BACKEND) ./archive.sh $(MODELS)
+	@touch $@
+
+samples: $(VENV)/.installed
+	@$(PY) -m tools.samples --out build/samples >/dev/null
+
+serve: setup archives samples
+	$(VENV)/bin/torchserve --start --foreground --ncs --ts-config config/config.properties
+
+test: setup archives samples
+	$(VENV)/bin/pytest
+
+clean:
+	rm -rf build model-store/*.mar logs key_file.json

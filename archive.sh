@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Pack the handler, model code, weights and configs into TorchServe archives:
+#   model-store/resnet50-embedding.mar and model-store/resnet50-tagger.mar
+#
+# Usage: ./archive.sh [model-name ...]          (default: both models)
+# Environment:
+#   BACKEND      eager (default) | torchscript | onnx: which serialized model goes in
+#   WEIGHTS_DIR  where model_files/build_weights.py wrote the weights (build/weights)
+#   OUT          output folder (model-store)
+#   VERSION      archive version (1.0): config.properties models={...} is keyed by it
+set -euo pipefail
+cd "$(dirname "$0")"
+
+BACKEND=${BACKEND:-eager}
+WEIGHTS_DIR=${WEIGHTS_DIR:-build/weights}
+OUT=${OUT:-model-store}
+VERSION=${VERSION:-1.0}
+ARCHIVER=${ARCHIVER:-.venv/bin/torch-model-archiver}
+MODELS=("$@")
+[ ${#MODELS[@]} -gt 0 ] || MODELS=(resnet50-embedding resnet50-tagger)
+
+die() { echo "archive.sh: error: $*" >&2; exit 1; }
+
+case "$BACKEND" in
+  eager) SERIALIZED="$WEIGHTS_DIR/resnet50.pt" ;;
+  torchscript) SERIALIZED="$WEIGHTS_DIR/resnet50_dual.torchscript.pt" ;;
+  onnx) SERIALIZED="$WEIGHTS_DIR/resnet50_dual.onnx" ;;
+  *) die "BACKEND must be eager, torchscript or onnx, got '$BACKEND'" ;;
+esac
+
+[ -x "$ARCHIVER" ] || ARCHIVER=$(command -v torch-model-archiver) \
+  || die "torch-model-archiver not found: run 'make setup' first"
+for f in "$SERIALIZED" "$WEIGHTS_DIR/weights_info.json" "$WEIGHTS_DIR/index_to_name.json"; do
+  [ -f "$f" ] || die "missing $f: run 'make weights' (BACKEND=$BACKEND) first"
+done
+
+# torch-model-archiver copies a folder given in --extra-files flat into the archive root, so
+# stage one folder holding the handlers/ and model_files/ packages and the weight metadata.
+# It also stages in $TMPDIR/<model-name> and deletes that first: give it a private TMPDIR.
+STAGE=build/stage
+ARCHIVER_TMP=build/archiver-tmp
+rm -rf "$STAGE" && mkdir -p "$STAGE/handlers" "$STAGE/model_files" "$ARCHIVER_TMP" "$OUT"
+cp handlers/*.py "$STAGE/handlers/"
+cp model_files/__init__.py model_files/resnet_dual.py "$STAGE/model_files/"
+cp "$WEIGHTS_DIR/weights_info.json" "$WEIGHTS_DIR/index_to_name.json" "$STAGE/"
+
+for model in "${MODELS[@]}"; do
+  config="config/$model.yaml"
+  [ -f "$config" ] || die "no model config $config for model '$model'"
+  TMPDIR="$PWD/$ARCHIVER_TMP" "$ARCHIVER" \
+    --model-name "$model" \
+    --version "$VERSION" \
+    --serialized-file "$SERIALIZED" \
+    --handler handlers/resnet_handler.py \
+    --extra-files "$STAGE" \
+    --config-file "$config" \
+    --export-path "$OUT" \
+    --force
+  echo "archived $OUT/$model.mar (backend $BACKEND, $(basename "$SERIALIZED"))"
+done

@@ -1,0 +1,1 @@
+"""TorchServe handler for ResNet50 image embeddings and ImageNet tags."""

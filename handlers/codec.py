@@ -1,0 +1,268 @@
+"""Request parsing and response encoding: pure functions, testable without TorchServe.
+
+One TorchServe request arrives as a dict of named inputs. The forms we accept:
+
+- raw body (``curl -T img.jpg`` / ``--data-binary``): ``{"body": <bytes>}``;
+- multipart field ``data`` (``curl -F data=@img.jpg``): ``{"data": <bytes>}``;
+- JSON ``{"data": "<base64>", "topk": 3}`` (TorchServe has already parsed JSON bodies);
+- KServe v1 ``{"instances": [...], "parameters": {...}}``;
+- KServe v2 / Open Inference Protocol ``{"id", "inputs": [BYTES tensor], "outputs", "parameters"}``.
+
+``topk`` may also come as a multipart field or an ``X-Top-K`` header. (TorchServe 0.12 drops
+query strings on ``/predictions``, so ``?topk=3`` never reaches a handler.)
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from handlers.errors import InvalidParameter, InvalidRequest
+
+MAX_TOP_K = 1000
+BODY_KEYS = ("body", "data")
+PARAM_KEYS = ("topk",)
+V2_OUTPUTS = ("embedding", "tags")
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """One KServe v2 output the client asked for; ``top_k`` only for ``tags``."""
+
+    name: str
+    top_k: int | None = None
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """What one request asks for: its encoded images and how to answer.
+
+    protocol: ``plain`` (raw, multipart, ``{"data": b64}``), ``v1`` or ``v2``.
+    """
+
+    protocol: str
+    images: list[bytes]
+    top_k: int | None = None
+    request_id: str | None = None
+    outputs: tuple[OutputSpec, ...] = field(default_factory=tuple)
+
+
+def parse_request(row: dict[str, Any], header_top_k: Any = None) -> ParsedRequest:
+    """Turn one TorchServe input dict into a ``ParsedRequest`` or raise a ``RequestError``.
+
+    ``header_top_k`` is the request's ``X-Top-K`` header, if any; a ``topk`` field wins over it.
+    """
+    body_keys = [k for k in BODY_KEYS if k in row]
+    unknown = sorted(set(row) - set(BODY_KEYS) - set(PARAM_KEYS))
+    if unknown:
+        raise InvalidParameter(
+            f"unknown request parameter(s) {unknown}; accepted: the image as the body or "
+            f"form field 'data', and 'topk'"
+        )
+    if not body_keys:
+        raise InvalidRequest("empty request: send an image as the body or as form field 'data'")
+    if len(body_keys) > 1:
+        raise InvalidRequest("send the image once: as the body or as form field 'data', not both")
+    top_k_field = row["topk"] if "topk" in row else header_top_k
+    query_top_k = parse_top_k(top_k_field) if top_k_field is not None else None
+    payload = _as_json_if_json(row[body_keys[0]])
+    if isinstance(payload, (bytes, bytearray)):
+        return ParsedRequest("plain", [bytes(payload)], top_k=query_top_k)
+    if not isinstance(payload, dict):
+        raise InvalidRequest(
+            f"JSON body must be an object such as {{\"data\": \"<base64 image>\"}}, "
+            f"got {type(payload).__name__}"
+        )
+    if "inputs" in payload:
+        return _parse_v2(payload, query_top_k)
+    if "instances" in payload:
+        return _parse_v1(payload, query_top_k)
+    if "data" in payload:
+        extra = sorted(set(payload) - {"data", "topk"})
+        if extra:
+            raise InvalidRequest(f"unknown JSON field(s) {extra}; expected 'data' and 'topk'")
+        top_k = parse_top_k(payload["topk"]) if "topk" in payload else query_top_k
+        return ParsedRequest("plain", [decode_base64(payload["data"], "data")], top_k=top_k)
+    raise InvalidRequest(
+        "JSON body must have 'data' (base64 image), 'instances' (KServe v1) or 'inputs' "
+        f"(KServe v2); got keys {sorted(payload)[:10]}"
+    )
+
+
+def parse_top_k(value: Any) -> int:
+    """``topk`` from a form field, header or JSON value: an integer in 1..1000."""
+    given = value
+    if isinstance(value, (bytes, bytearray)):
+        given = value = value.decode("utf-8", "replace")
+    if isinstance(value, str) and value.strip().lstrip("+").isdigit():
+        value = int(value.strip())
+    if type(value) is not int or not 1 <= value <= MAX_TOP_K:
+        raise InvalidParameter(f"topk must be an integer from 1 to {MAX_TOP_K}, got {given!r}")
+    return value
+
+
+def decode_base64(value: Any, where: str) -> bytes:
+    """Strict base64 (standard or URL-safe alphabet, optional ``data:...;base64,`` prefix)."""
+    if not isinstance(value, str):
+        raise InvalidRequest(f"{where} must be a base64 string, got {type(value).__name__}")
+    text = value.strip()
+    if text.startswith("data:") and ";base64," in text[:100]:
+        text = text.split(",", 1)[1]
+    text = "".join(text.split())  # line-wrapped base64 (e.g. `base64` without -w0)
+    if "-" in text or "_" in text:
+        text = text.replace("-", "+").replace("_", "/")
+    try:
+        data = base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidRequest(f"{where} is not valid base64 ({exc})") from None
+    if not data:
+        raise InvalidRequest(f"{where} is empty: expected a base64-encoded image")
+    return data
+
+
+def _as_json_if_json(value: Any) -> Any:
+    """TorchServe parses ``application/json`` bodies; parse JSON sent under other types too.
+
+    Invalid JSON reaches us as the raw bytes (TorchServe logs and forwards them). Image formats
+    never start with ``{``, so a body that does is JSON or a client error.
+    """
+    if isinstance(value, str):
+        value = value.encode("utf-8")
+    if isinstance(value, (bytes, bytearray)) and bytes(value[:64]).lstrip()[:1] in (b"{", b"["):
+        try:
+            return json.loads(value)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InvalidRequest(f"malformed JSON body: {exc}") from None
+    return value
+
+
+def _require(mapping: dict, key: str, kind: type, where: str) -> Any:
+    value = mapping.get(key)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise InvalidRequest(
+            f"{where}.{key} must be a {kind.__name__ if isinstance(kind, type) else kind}, "
+            f"got {type(value).__name__ if key in mapping else 'nothing'}"
+        )
+    return value
+
+
+def _parameters_top_k(parameters: Any, where: str, default: int | None) -> int | None:
+    if parameters is None:
+        return default
+    if not isinstance(parameters, dict):
+        raise InvalidRequest(f"{where} must be an object, got {type(parameters).__name__}")
+    return parse_top_k(parameters["topk"]) if "topk" in parameters else default
+
+
+def _parse_v1(payload: dict, query_top_k: int | None) -> ParsedRequest:
+    instances = _require(payload, "instances", list, "body")
+    if not instances:
+        raise InvalidRequest("body.instances is empty: send at least one image")
+    top_k = _parameters_top_k(payload.get("parameters"), "body.parameters", query_top_k)
+    images = [_v1_instance(item, f"instances[{i}]") for i, item in enumerate(instances)]
+    return ParsedRequest("v1", images, top_k=top_k)
+
+
+def _v1_instance(item: Any, where: str) -> bytes:
+    if isinstance(item, str):
+        return decode_base64(item, where)
+    if isinstance(item, dict):
+        for key in ("data", "b64", "image_bytes", "image"):
+            if key in item:
+                value = item[key]
+                if isinstance(value, dict) and "b64" in value:
+                    return decode_base64(value["b64"], f"{where}.{key}.b64")
+                return decode_base64(value, f"{where}.{key}")
+    raise InvalidRequest(
+        f"{where} must be {{\"data\": \"<base64>\"}} or {{\"image\": {{\"b64\": \"<base64>\"}}}}"
+    )
+
+
+def _parse_v2(payload: dict, query_top_k: int | None) -> ParsedRequest:
+    request_id = payload.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidRequest(f"body.id must be a string, got {type(request_id).__name__}")
+    inputs = _require(payload, "inputs", list, "body")
+    if len(inputs) != 1 or not isinstance(inputs[0], dict):
+        raise InvalidRequest(
+            f"body.inputs must hold exactly one input tensor of base64 images, got {len(inputs)}"
+        )
+    tensor = inputs[0]
+    name = tensor.get("name", "input-0")
+    where = f"inputs[0] ({name!r})" if isinstance(name, str) else "inputs[0]"
+    if tensor.get("datatype") != "BYTES":
+        raise InvalidRequest(
+            f"{where}.datatype must be \"BYTES\" (base64-encoded images), "
+            f"got {tensor.get('datatype')!r}"
+        )
+    data = _require(tensor, "data", list, where)
+    shape = tensor.get("shape")
+    if shape not in ([len(data)], [len(data), 1]) or not data:
+        raise InvalidRequest(
+            f"{where}.shape must be [n] with n = number of images >= 1 (data holds "
+            f"{len(data)}), got {shape!r}"
+        )
+    top_k = _parameters_top_k(payload.get("parameters"), "body.parameters", query_top_k)
+    top_k = _parameters_top_k(tensor.get("parameters"), f"{where}.parameters", top_k)
+    outputs = _v2_outputs(payload.get("outputs"), top_k)
+    images = [decode_base64(item, f"{where}.data[{i}]") for i, item in enumerate(data)]
+    return ParsedRequest("v2", images, top_k=top_k, request_id=request_id, outputs=outputs)
+
+
+def _v2_outputs(outputs: Any, top_k: int | None) -> tuple[OutputSpec, ...]:
+    if outputs is None:
+        return ()
+    if not isinstance(outputs, list) or not outputs:
+        raise InvalidRequest("body.outputs must be a non-empty list of {\"name\": ...}")
+    specs = []
+    for i, item in enumerate(outputs):
+        name = item.get("name") if isinstance(item, dict) else None
+        if name not in V2_OUTPUTS:
+            raise InvalidRequest(
+                f"outputs[{i}].name must be one of {list(V2_OUTPUTS)}, got {name!r}"
+            )
+        k = _parameters_top_k(item.get("parameters"), f"outputs[{i}].parameters", top_k)
+        specs.append(OutputSpec(name, k if name == "tags" else None))
+    return tuple(specs)
+
+
+# ---------------------------------------------------------------------------- responses
+
+
+def tags_answer(indices: list[int], probabilities: list[float], labels: list[str]) -> list[dict]:
+    """``[{"label", "index", "probability"}, ...]``, most probable first."""
+    return [
+        {"label": labels[i], "index": i, "probability": p}
+        for i, p in zip(indices, probabilities)
+    ]
+
+
+def v2_response(
+    model_name: str,
+    model_version: str,
+    request_id: str | None,
+    embeddings: list[list[float]] | None,
+    tags: list[list[dict]] | None,
+) -> dict:
+    """An Open Inference Protocol response; ``tags`` elements are JSON-encoded strings."""
+    outputs = []
+    if embeddings is not None:
+        outputs.append({
+            "name": "embedding",
+            "datatype": "FP32",
+            "shape": [len(embeddings), len(embeddings[0])],
+            "data": [x for row in embeddings for x in row],
+        })
+    if tags is not None:
+        outputs.append({
+            "name": "tags",
+            "datatype": "BYTES",
+            "shape": [len(tags), len(tags[0])],
+            "data": [json.dumps(t) for row in tags for t in row],
+        })
+    response = {"model_name": model_name, "model_version": model_version, "outputs": outputs}
+    if request_id is not None:
+        response["id"] = request_id
+    return response

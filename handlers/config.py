@@ -1,0 +1,82 @@
+"""Typed handler settings, read once from the ``handler:`` section of model-config.yaml.
+
+Frontend keys (``batchSize``, ``maxBatchDelay``, ...) stay at the top of that YAML for
+TorchServe; only what the handler itself uses lives under ``handler:``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+TASKS = ("embedding", "tags")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class ConfigError(ValueError):
+    """A model-config.yaml ``handler:`` section that cannot be used; the model fails to load."""
+
+
+@dataclass(frozen=True)
+class HandlerConfig:
+    """What one archive serves and how.
+
+    task: ``embedding`` answers ``{"embedding": [2048 floats]}``; ``tags`` answers the top-k
+        ImageNet labels. Both come from the same forward pass.
+    top_k: default number of tags when a request does not give ``topk`` (1..1000).
+    normalize_embedding: L2-normalise embeddings (cosine similarity == dot product).
+    device: ``auto`` takes the GPU TorchServe assigns to the worker, else CPU.
+    half_precision: run the eager backend in float16 on GPU (ignored on CPU).
+    threads: intra-op threads per worker; 0 keeps the runtime's default.
+    max_image_pixels: decoded width*height above which a request gets 413.
+    max_image_bytes: encoded image size above which a request gets 413.
+    draft_decode: let JPEG decoding downscale by 1/2, 1/4, 1/8 in the DCT while keeping the
+        shorter side >= the resize size (much faster on large photos, near-identical output).
+    """
+
+    task: str = "tags"
+    top_k: int = 5
+    normalize_embedding: bool = True
+    device: str = "auto"
+    half_precision: bool = False
+    threads: int = 0
+    max_image_pixels: int = 40_000_000
+    max_image_bytes: int = 30 * 1024 * 1024
+    draft_decode: bool = True
+
+    @classmethod
+    def from_mapping(cls, section: Mapping[str, Any] | None) -> "HandlerConfig":
+        """Build and check a config from the YAML ``handler:`` mapping (None = defaults)."""
+        section = dict(section or {})
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(section) - set(fields))
+        if unknown:
+            raise ConfigError(
+                f"unknown handler setting(s) {unknown} in model-config.yaml; "
+                f"known: {sorted(fields)}"
+            )
+        for name, value in section.items():
+            expected = type(fields[name].default)
+            # bool is an int subclass: require the exact type so `top_k: true` is rejected.
+            if type(value) is not expected:
+                raise ConfigError(
+                    f"handler.{name} must be {expected.__name__}, got {value!r}"
+                )
+        config = cls(**section)
+        config._check()
+        return config
+
+    def _check(self) -> None:
+        if self.task not in TASKS:
+            raise ConfigError(f"handler.task must be one of {TASKS}, got {self.task!r}")
+        if self.device not in DEVICES:
+            raise ConfigError(f"handler.device must be one of {DEVICES}, got {self.device!r}")
+        for name, low, high in (
+            ("top_k", 1, 1000),
+            ("threads", 0, 1024),
+            ("max_image_pixels", 1, 1_000_000_000),
+            ("max_image_bytes", 1, 1 << 31),
+        ):
+            value = getattr(self, name)
+            if not low <= value <= high:
+                raise ConfigError(f"handler.{name} must be in {low}..{high}, got {value}")

@@ -1,0 +1,215 @@
+"""TorchServe handler: ResNet50 image embeddings and ImageNet tags from one forward pass.
+
+``preprocess`` parses and decodes each request on its own (a bad one gets its own 4xx and never
+reaches the model), ``inference`` runs every good image of the batch as one tensor,
+``postprocess`` answers each request in its own protocol. The archive's ``model-config.yaml``
+``handler:`` section picks the task (``embedding`` or ``tags``) and the rest (see
+``handlers.config.HandlerConfig``).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from ts.metrics.metric_type_enum import MetricTypes
+from ts.torch_handler.base_handler import BaseHandler
+
+from handlers import codec
+from handlers.batch import PreparedBatch, Slot
+from handlers.backends import backend_kind, load_backend
+from handlers.config import HandlerConfig
+from handlers.errors import RequestError, error_body, status_line
+from handlers.images import decode_image
+
+logger = logging.getLogger(__name__)
+
+BATCH_METRIC = "HandlerBatchSize"
+IMAGES_METRIC = "HandlerImagesPerBatch"
+TOP_K_HEADER = "x-top-k"
+
+
+class ResNetHandler(BaseHandler):
+    """Embeddings (``task: embedding``) or top-k ImageNet tags (``task: tags``)."""
+
+    def initialize(self, context) -> None:
+        """Read the typed config, pick the device, load the backend, labels and transform."""
+        from model_files.resnet_dual import WEIGHTS
+
+        self.context = context
+        self.manifest = context.manifest
+        self.config = HandlerConfig.from_mapping((context.model_yaml_config or {}).get("handler"))
+        model_dir = Path(context.system_properties["model_dir"])
+        self.device = self._pick_device(context.system_properties.get("gpu_id"))
+        if self.config.threads:
+            torch.set_num_threads(self.config.threads)
+        serialized = self.manifest["model"]["serializedFile"]
+        self.backend_kind = backend_kind(serialized)
+        self.backend = load_backend(
+            self.backend_kind, model_dir / serialized, self.device,
+            half=self.config.half_precision, threads=self.config.threads,
+        )
+        self.labels = _load_labels(model_dir / "index_to_name.json")
+        self.weights_info = json.loads((model_dir / "weights_info.json").read_text())
+        self.transform = WEIGHTS.transforms()
+        self.draft_size = self.config.draft_decode and max(self.transform.resize_size) or None
+        self.model_version = str(self.manifest["model"].get("modelVersion", "1.0"))
+        if not self.weights_info.get("trained", False):
+            logger.warning("%s: %s", context.model_name, self.weights_info.get("warning"))
+        logger.info(
+            "%s ready: task=%s backend=%s device=%s weights=%s sha256=%s",
+            context.model_name, self.config.task, self.backend_kind, self.device,
+            self.weights_info["source"], self.weights_info["sha256"][:16],
+        )
+        self.initialized = True
+
+    def _pick_device(self, gpu_id) -> torch.device:
+        wants_gpu = self.config.device in ("auto", "cuda")
+        if wants_gpu and gpu_id is not None and torch.cuda.is_available():
+            return torch.device(f"cuda:{gpu_id}")
+        if self.config.device == "cuda":
+            raise RuntimeError(
+                "handler.device is 'cuda' but TorchServe gave this worker no GPU "
+                f"(gpu_id={gpu_id}, cuda available={torch.cuda.is_available()})"
+            )
+        return torch.device("cpu")
+
+    # ------------------------------------------------------------------ the four hooks
+
+    def preprocess(self, data: list[dict]) -> PreparedBatch:
+        """Parse and decode each request alone; stack the good images into one CPU tensor."""
+        slots, tensors = [], []
+        for idx, row in enumerate(data):
+            slot = Slot()
+            try:
+                slot.request = codec.parse_request(row, self._header(idx, TOP_K_HEADER))
+                images = [self._load(image) for image in slot.request.images]
+            except RequestError as error:
+                slot.error = error
+            else:
+                slot.start, slot.count = len(tensors), len(images)
+                tensors.extend(images)
+            slots.append(slot)
+        self._record_batch(len(data), len(tensors))
+        return PreparedBatch(slots, torch.stack(tensors) if tensors else None)
+
+    def inference(self, batch: PreparedBatch, *args, **kwargs) -> PreparedBatch:
+        """One forward pass over every good image of the batch."""
+        if batch.pixels is not None:
+            batch.embedding, batch.logits = self.backend(batch.pixels)
+        return batch
+
+    def postprocess(self, batch: PreparedBatch) -> list[str]:
+        """One JSON answer per request, in order; failed requests get their own status."""
+        embeddings, tags = self._answers(batch)
+        responses = []
+        batch_size = str(len(batch.slots))
+        for idx, slot in enumerate(batch.slots):
+            self.context.set_response_content_type(idx, "application/json")
+            # Lets a client (and our tests) see the batch the frontend formed for it.
+            self.context.set_response_header(idx, "X-Batch-Size", batch_size)
+            if slot.error is not None:
+                self.context.set_response_status(*status_line(slot.error), idx=idx)
+                responses.append(json.dumps(error_body(slot.error)))
+                continue
+            responses.append(json.dumps(self._encode(slot.request, slot.rows, embeddings, tags)))
+        if len(responses) != len(batch.slots):
+            raise RuntimeError(
+                f"handler produced {len(responses)} responses for {len(batch.slots)} requests"
+            )
+        return responses
+
+    def describe_handle(self) -> str:
+        """``GET /models/{name}?customized=true``: which weights and settings this model runs."""
+        return json.dumps({
+            "weights": self.weights_info,
+            "handler": asdict(self.config),
+            "backend": self.backend_kind,
+            "device": str(self.device),
+            "preprocessing": repr(self.transform).replace("\n", " "),
+        })
+
+    # ------------------------------------------------------------------ helpers
+
+    def _header(self, idx: int, name: str):
+        """A request header by case-insensitive name (clients differ in capitalisation)."""
+        processor = self.context.request_processor
+        if not processor or idx >= len(processor) or processor[idx] is None:
+            return None
+        for key, value in processor[idx].get_request_properties().items():
+            if key.lower() == name and isinstance(value, str):
+                return value
+        return None
+
+    def _load(self, data: bytes) -> torch.Tensor:
+        image = decode_image(
+            data,
+            max_pixels=self.config.max_image_pixels,
+            max_bytes=self.config.max_image_bytes,
+            draft_size=self.draft_size,
+        )
+        return self.transform(image)
+
+    def _answers(self, batch: PreparedBatch):
+        """Per-image embeddings and top-k tags as Python lists, computed once per batch."""
+        if batch.embedding is None:
+            return [], []
+        embedding = batch.embedding
+        if self.config.normalize_embedding:
+            embedding = torch.nn.functional.normalize(embedding, dim=1)
+        wants_embedding = any(self._wants(s.request, "embedding") for s in batch.slots if s.request)
+        embeddings = embedding.tolist() if wants_embedding else []
+        k = max((self._top_k(s.request) for s in batch.slots if s.request), default=1)
+        probabilities = torch.softmax(batch.logits, dim=1)
+        top = probabilities.topk(k, dim=1)
+        return embeddings, (top.indices.tolist(), top.values.tolist())
+
+    def _top_k(self, request: codec.ParsedRequest) -> int:
+        ks = [o.top_k for o in request.outputs if o.top_k] or [request.top_k or self.config.top_k]
+        return max(ks)
+
+    def _wants(self, request: codec.ParsedRequest, output: str) -> bool:
+        if request.protocol == "v2" and request.outputs:
+            return any(o.name == output for o in request.outputs)
+        return output == ("embedding" if self.config.task == "embedding" else "tags")
+
+    def _encode(self, request: codec.ParsedRequest, rows: range, embeddings, tags):
+        indices, probabilities = tags
+
+        def tags_for(row: int, k: int) -> list[dict]:
+            return codec.tags_answer(indices[row][:k], probabilities[row][:k], self.labels)
+
+        default_k = request.top_k or self.config.top_k
+        if request.protocol == "v2":
+            specs = {o.name: o for o in request.outputs}
+            want_embedding = self._wants(request, "embedding")
+            want_tags = self._wants(request, "tags")
+            k = specs["tags"].top_k if "tags" in specs and specs["tags"].top_k else default_k
+            return codec.v2_response(
+                self.context.model_name,
+                self.model_version,
+                request.request_id,
+                [embeddings[r] for r in rows] if want_embedding else None,
+                [tags_for(r, k) for r in rows] if want_tags else None,
+            )
+        if self.config.task == "embedding":
+            answers = [{"embedding": embeddings[r]} for r in rows]
+        else:
+            answers = [tags_for(r, default_k) for r in rows]
+        return {"predictions": answers} if request.protocol == "v1" else answers[0]
+
+    def _record_batch(self, requests: int, images: int) -> None:
+        logger.info("batch: %d requests, %d images", requests, images)
+        metrics = getattr(self.context, "metrics", None)
+        if metrics is None:
+            return
+        dims = [self.context.model_name, "Model"]
+        metrics.get_metric(BATCH_METRIC, MetricTypes.HISTOGRAM).add_or_update(requests, dims)
+        metrics.get_metric(IMAGES_METRIC, MetricTypes.HISTOGRAM).add_or_update(images, dims)
+
+
+def _load_labels(path: Path) -> list[str]:
+    mapping = json.loads(path.read_text())
+    return [mapping[str(i)] for i in range(len(mapping))]

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# TorchServe's frontend is a Java program and needs Java 17 or newer. Check for it; where
+# apt-get can install it (root or passwordless sudo), do so; otherwise stop with what to do.
+set -euo pipefail
+
+java_major() {
+  command -v java >/dev/null 2>&1 || { echo 0; return; }
+  # `java -version` prints e.g.: openjdk version "17.0.15" 2025-04-15  (or "1.8.0_392")
+  local v
+  v=$(java -version 2>&1 | sed -n 's/.*version "\([0-9][0-9.]*\).*/\1/p' | head -n1)
+  v=${v#1.}
+  echo "${v%%.*}"
+}
+
+major=$(java_major)
+if [ "${major:-0}" -ge 17 ]; then
+  exit 0
+fi
+
+echo "TorchServe needs Java 17+; found: $( [ "$major" = 0 ] && echo none || echo "Java $major")." >&2
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo -n"
+if command -v apt-get >/dev/null 2>&1 && { [ -z "$SUDO" ] || sudo -n true 2>/dev/null; }; then
+  echo "Installing a Java runtime with apt-get..." >&2
+  $SUDO apt-get update -qq
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless \
+    || $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-21-jre-headless
+  hash -r
+  major=$(java_major)
+fi
+if [ "${major:-0}" -lt 17 ]; then
+  cat >&2 <<'MSG'
+error: Java 17 or newer is required by TorchServe and could not be installed automatically.
+  Debian/Ubuntu:  sudo apt-get install -y openjdk-17-jre-headless
+  Fedora/RHEL:    sudo dnf install -y java-17-openjdk-headless
+  macOS:          brew install openjdk@17
+Then make sure `java -version` reports 17 or newer, and re-run the make command.
+MSG
+  exit 1
+fi
+echo "Java $major is ready." >&2

@@ -1,0 +1,51 @@
+"""Shared fixtures: weights, archives, the reference model, and one TorchServe per session."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.reference import Reference
+
+REPO = Path(__file__).resolve().parent.parent
+MODELS = ("resnet50-embedding", "resnet50-tagger")
+
+
+@pytest.fixture(scope="session")
+def weights_dir(tmp_path_factory) -> Path:
+    """The weights the archives were built from (``make weights``), else seeded ones."""
+    built = REPO / "build" / "weights"
+    if (built / "weights_info.json").is_file() and (built / "resnet50.pt").is_file():
+        return built
+    from model_files.build_weights import build
+
+    out = tmp_path_factory.mktemp("weights")
+    build("seeded", out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def reference(weights_dir) -> Reference:
+    return Reference(weights_dir / "resnet50.pt")
+
+
+@pytest.fixture(scope="session")
+def model_store() -> Path:
+    store = REPO / "model-store"
+    missing = [m for m in MODELS if not (store / f"{m}.mar").is_file()]
+    if missing:
+        pytest.fail(f"archives {missing} missing from {store}: run `make archives` (or `make test`)")
+    return store
+
+
+@pytest.fixture(scope="session")
+def torchserve(tmp_path_factory, model_store):
+    """One real TorchServe with both models, shared by every integration test, always stopped."""
+    from tsclient.server import LocalTorchServe
+
+    server = LocalTorchServe(tmp_path_factory.mktemp("torchserve"), model_store)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

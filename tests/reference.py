@@ -1,0 +1,36 @@
+"""The independent reference: torchvision's own resnet50 and the weights' own transform, run
+directly, with the embedding taken from a forward hook on ``avgpool``."""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import torch
+from PIL import Image
+from torchvision.models import ResNet50_Weights, resnet50
+
+
+class Reference:
+    def __init__(self, checkpoint: Path) -> None:
+        self.model = resnet50(weights=None)
+        self.model.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=True))
+        self.model.eval()
+        self.transform = ResNet50_Weights.IMAGENET1K_V2.transforms()
+        self._pooled: list[torch.Tensor] = []
+        self.model.avgpool.register_forward_hook(lambda m, i, o: self._pooled.append(o))
+
+    def __call__(self, image: Image.Image | bytes) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(embedding [2048], logits [1000])`` for one image, unnormalised."""
+        if isinstance(image, bytes):
+            image = Image.open(io.BytesIO(image)).convert("RGB")
+        self._pooled.clear()
+        with torch.inference_mode():
+            logits = self.model(self.transform(image).unsqueeze(0))[0]
+        return torch.flatten(self._pooled[0], 1)[0], logits
+
+
+def rel_error(actual, expected) -> float:
+    """||actual - expected|| / ||expected||: the relative error of a whole vector."""
+    actual = torch.as_tensor(actual, dtype=torch.float64)
+    expected = torch.as_tensor(expected, dtype=torch.float64)
+    return float((actual - expected).norm() / expected.norm())

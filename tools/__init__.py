@@ -1,0 +1,1 @@
+"""Developer tools: sample images, the benchmark."""

@@ -1,0 +1,1 @@
+"""Clients for a running TorchServe: start/stop a local server, call its management API."""

@@ -1,0 +1,235 @@
+"""Start and stop a real TorchServe on free loopback ports, isolated in its own folder.
+
+Used by the integration tests and the benchmark. Each instance gets its own working folder
+(``key_file.json`` and ``logs/`` land there) and its own ``TMPDIR`` (TorchServe keeps one pid
+file in the temp folder, so two servers on one machine need two of them).
+
+    with LocalTorchServe(workdir, model_store, load_models=["resnet50-tagger.mar"]) as ts:
+        requests.get(ts.inference_url + "/ping", headers=ts.keys.inference_headers())
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import requests
+
+from tsclient.keys import Keys
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG = REPO / "config" / "config.properties"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read_properties(text: str) -> dict[str, str]:
+    """Parse a config.properties text as Java does for our files: ``key=value`` lines,
+    ``#`` comments, a trailing backslash continuing a value on the next line."""
+    properties: dict[str, str] = {}
+    logical = ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not logical and (not stripped or stripped.startswith(("#", "!"))):
+            continue
+        if stripped.endswith("\\"):
+            logical += stripped[:-1]
+            continue
+        logical += stripped
+        key, _, value = logical.partition("=")
+        properties[key.strip()] = value.strip()
+        logical = ""
+    return properties
+
+
+def rewrite_properties(text: str, overrides: dict[str, str]) -> str:
+    """Set single-line ``key=value`` properties in a config.properties text (append if absent)."""
+    for key, value in overrides.items():
+        pattern = re.compile(rf"^{re.escape(key)}=.*$", re.MULTILINE)
+        line = f"{key}={value}"
+        text, count = pattern.subn(lambda _: line, text)
+        if not count:
+            text = text.rstrip("\n") + f"\n{line}\n"
+    return text
+
+
+class LocalTorchServe:
+    """A ``torchserve --start`` process on free ports; ``stop()`` always leaves nothing behind.
+
+    ``config``: the config.properties to start from (the repo's by default); addresses, model
+    store and metrics config are rewritten to this instance's. ``properties``: more overrides.
+    """
+
+    def __init__(self, workdir: Path, model_store: Path, *, config: Path = DEFAULT_CONFIG,
+                 load_models: list[str] | None = None, properties: dict[str, str] | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.workdir = Path(workdir).resolve()
+        self.model_store = Path(model_store).resolve()
+        self.config = Path(config)
+        self.load_models = load_models
+        self.properties = dict(properties or {})
+        self.extra_env = dict(env or {})
+        self.ports = {name: free_port() for name in ("inference", "management", "metrics",
+                                                      "grpc_inference", "grpc_management")}
+        self.inference_url = f"http://127.0.0.1:{self.ports['inference']}"
+        self.management_url = f"http://127.0.0.1:{self.ports['management']}"
+        self.metrics_url = f"http://127.0.0.1:{self.ports['metrics']}"
+        self.tmpdir = self.workdir / "tmp"
+        self.keys: Keys | None = None
+        self._pids: set[int] = set()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self, timeout: float = 300.0) -> "LocalTorchServe":
+        """Start, then wait until every loaded model has a READY worker."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.tmpdir.mkdir(exist_ok=True)
+        config_path = self.workdir / "config.properties"
+        overrides = {
+            "inference_address": self.inference_url,
+            "management_address": self.management_url,
+            "metrics_address": self.metrics_url,
+            "grpc_inference_port": str(self.ports["grpc_inference"]),
+            "grpc_management_port": str(self.ports["grpc_management"]),
+            "model_store": str(self.model_store),
+            "metrics_config": str(REPO / "config" / "metrics.yaml"),
+        }
+        if self.load_models is not None:
+            overrides["load_models"] = ",".join(self.load_models)
+        overrides.update(self.properties)
+        text = rewrite_properties(self.config.read_text(), overrides)
+        config_path.write_text(text)
+        self._expected = _startup_models(text, self.model_store)
+        command = [str(Path(sys.executable).parent / "torchserve"), "--start", "--ncs",
+                   "--ts-config", str(config_path)]
+        with open(self.workdir / "torchserve.out", "ab") as out:
+            subprocess.run(command, cwd=self.workdir, env=self._env(), stdout=out,
+                           stderr=subprocess.STDOUT, check=True, timeout=120)
+        try:
+            self._wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """``torchserve --stop``, then kill whatever of the server and its workers survived."""
+        self._pids |= self._server_pids()
+        subprocess.run([str(Path(sys.executable).parent / "torchserve"), "--stop"],
+                       cwd=self.workdir, env=self._env(), stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=120, check=False)
+        procs = [p for p in map(_process, self._pids) if p is not None]
+        _, alive = psutil.wait_procs(procs, timeout=30)
+        for proc in alive:
+            try:
+                proc.send_signal(signal.SIGKILL)
+            except psutil.Error:
+                pass
+        psutil.wait_procs(alive, timeout=10)
+
+    def __enter__(self) -> "LocalTorchServe":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ helpers
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ, TMPDIR=str(self.tmpdir), **self.extra_env)
+        env.setdefault("LOG_LOCATION", str(self.workdir / "logs"))
+        env.setdefault("METRICS_LOCATION", str(self.workdir / "logs"))
+        return env
+
+    def _server_pids(self) -> set[int]:
+        """The frontend (from TorchServe's pid file) and all its descendants (the workers)."""
+        pid_file = self.tmpdir / ".model_server.pid"
+        pids: set[int] = set()
+        try:
+            pid = int(pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return pids
+        proc = _process(pid)
+        if proc is not None:
+            pids.add(pid)
+            try:
+                pids |= {child.pid for child in proc.children(recursive=True)}
+            except psutil.Error:
+                pass
+        return pids
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        key_file = self.workdir / "key_file.json"
+        last = "no answer yet"
+        while time.monotonic() < deadline:
+            self._pids |= self._server_pids()
+            if self._pids and not any(_process(p) for p in self._pids):
+                break
+            if key_file.exists():
+                try:
+                    self.keys = Keys.read(key_file)
+                    if self._all_ready():
+                        return
+                    last = "workers not READY yet"
+                except (requests.RequestException, ValueError, KeyError) as exc:
+                    last = repr(exc)
+            time.sleep(0.5)
+        raise RuntimeError(
+            f"TorchServe in {self.workdir} not ready after {timeout:.0f}s ({last}).\n"
+            f"--- ts_log.log (tail) ---\n{self.log_tail('ts_log.log')}\n"
+            f"--- model_log.log (tail) ---\n{self.log_tail('model_log.log')}"
+        )
+
+    def _all_ready(self) -> bool:
+        headers = self.keys.management_headers()
+        models = requests.get(f"{self.management_url}/models", headers=headers, timeout=10)
+        models.raise_for_status()
+        names = [m["modelName"] for m in models.json()["models"]]
+        if len(names) < self._expected:
+            return False
+        for name in names:
+            info = requests.get(f"{self.management_url}/models/{name}", headers=headers,
+                                timeout=10).json()[0]
+            workers = info.get("workers", [])
+            if not workers or any(w["status"] != "READY" for w in workers):
+                return False
+        return True
+
+    def log_tail(self, name: str, lines: int = 40) -> str:
+        path = self.workdir / "logs" / name
+        if not path.exists():
+            return "(missing)"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def log_text(self, name: str) -> str:
+        path = self.workdir / "logs" / name
+        return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _startup_models(properties: str, model_store: Path) -> int:
+    """How many models ``load_models`` in a config.properties text loads at start-up."""
+    match = re.search(r"^load_models=(.*)$", properties, re.MULTILINE)
+    value = match.group(1).strip() if match else ""
+    if value == "all":
+        return len(list(model_store.glob("*.mar")))
+    return len([m for m in value.split(",") if m.strip()])
+
+
+def _process(pid: int) -> psutil.Process | None:
+    try:
+        proc = psutil.Process(pid)
+        return proc if proc.status() != psutil.STATUS_ZOMBIE else None
+    except psutil.Error:
+        return None
