@@ -3,13 +3,14 @@
 #   make test    set up, build weights and archives, run the whole test suite
 # Every step is skipped when its output is up to date.
 #
-# Variables: WEIGHTS=auto|imagenet|seeded|/path/to/resnet50.pt (see README), BACKEND=eager|torchscript|onnx
+# Variables: WEIGHTS=auto|imagenet|seeded|/path/to/resnet50.pt (see README),
+#            BACKEND=onnx (default, fastest on CPU)|torchscript|eager (PyTorch; the GPU choice)
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 WEIGHTS ?= auto
-BACKEND ?= eager
+BACKEND ?= onnx
 WEIGHTS_DIR := build/weights
 MODELS := resnet50-embedding resnet50-tagger
 SOURCES := $(wildcard handlers/*.py model_files/*.py config/*.yaml) archive.sh
@@ -33,6 +34,7 @@ $(VENV)/.installed: requirements.txt
 # build_weights.py is itself idempotent: it returns at once when WEIGHTS is what it built.
 weights: $(VENV)/.installed
 	@$(PY) -m model_files.build_weights --source "$(WEIGHTS)" --out $(WEIGHTS_DIR)
+	@$(PY) -m model_files.export --backend "$(BACKEND)" --weights $(WEIGHTS_DIR)
 
 # Archives are rebuilt when the handler, model code, configs, weights or backend change.
 archives: weights
@@ -40,7 +42,7 @@ archives: weights
 	@cmp -s build/.backend.new build/.backend || mv build/.backend.new build/.backend
 	@$(MAKE) --no-print-directory build/.archived
 
-build/.archived: $(SOURCES) $(WEIGHTS_DIR)/weights_info.json build/.backend
+build/.archived: $(SOURCES) $(WEIGHTS_DIR)/weights_info.json build/.backend $(wildcard $(WEIGHTS_DIR)/*.sha256)
 	BACKEND=$(BACKEND) ./archive.sh $(MODELS)
 	@touch $@
 

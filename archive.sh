@@ -4,14 +4,15 @@
 #
 # Usage: ./archive.sh [model-name ...]          (default: both models)
 # Environment:
-#   BACKEND      eager (default) | torchscript | onnx: which serialized model goes in
+#   BACKEND      onnx (default) | torchscript | eager: which serialized model goes in
+#                (model_files/export.py writes the onnx and torchscript files)
 #   WEIGHTS_DIR  where model_files/build_weights.py wrote the weights (build/weights)
 #   OUT          output folder (model-store)
 #   VERSION      archive version (1.0): config.properties models={...} is keyed by it
 set -euo pipefail
 cd "$(dirname "$0")"
 
-BACKEND=${BACKEND:-eager}
+BACKEND=${BACKEND:-onnx}
 WEIGHTS_DIR=${WEIGHTS_DIR:-build/weights}
 OUT=${OUT:-model-store}
 VERSION=${VERSION:-1.0}
@@ -31,7 +32,7 @@ esac
 [ -x "$ARCHIVER" ] || ARCHIVER=$(command -v torch-model-archiver) \
   || die "torch-model-archiver not found: run 'make setup' first"
 for f in "$SERIALIZED" "$WEIGHTS_DIR/weights_info.json" "$WEIGHTS_DIR/index_to_name.json"; do
-  [ -f "$f" ] || die "missing $f: run 'make weights' (BACKEND=$BACKEND) first"
+  [ -f "$f" ] || die "missing $f: run 'make weights BACKEND=$BACKEND' first"
 done
 
 # torch-model-archiver copies a folder given in --extra-files flat into the archive root, so

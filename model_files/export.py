@@ -1,0 +1,64 @@
+"""Export the dual-output ResNet50 for the faster runtimes.
+
+    python -m model_files.export --backend onnx|torchscript [--weights build/weights]
+
+reads ``resnet50.pt`` from the weights folder and writes next to it
+``resnet50_dual.onnx`` (ONNX Runtime; opset 17, dynamic batch) or
+``resnet50_dual.torchscript.pt`` (traced and frozen). Both take ``input`` [N, 3, 224, 224]
+float32 and return ``embedding`` [N, 2048] and ``logits`` [N, 1000] from one run. An export
+is redone only when the checkpoint's sha256 changed (recorded in ``<file>.sha256``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import warnings
+from pathlib import Path
+
+FILES = {"onnx": "resnet50_dual.onnx", "torchscript": "resnet50_dual.torchscript.pt"}
+
+
+def export(backend: str, weights_dir: Path) -> Path:
+    """Write the backend's file for the checkpoint in ``weights_dir``; return its path."""
+    if backend == "eager":
+        return weights_dir / "resnet50.pt"
+    info = json.loads((weights_dir / "weights_info.json").read_text())
+    target = weights_dir / FILES[backend]
+    stamp = target.with_name(target.name + ".sha256")
+    if target.is_file() and stamp.is_file() and stamp.read_text().strip() == info["sha256"]:
+        return target
+
+    import torch
+
+    from model_files.resnet_dual import build_dual
+
+    model = build_dual(torch.load(weights_dir / "resnet50.pt", map_location="cpu",
+                                  weights_only=True))
+    example = torch.randn(2, 3, 224, 224)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # tracer/exporter deprecation chatter
+        if backend == "onnx":
+            torch.onnx.export(
+                model, (example,), str(target), input_names=["input"],
+                output_names=["embedding", "logits"],
+                dynamic_axes={name: {0: "batch"} for name in ("input", "embedding", "logits")},
+                opset_version=17, dynamo=False,
+            )
+        else:
+            torch.jit.freeze(torch.jit.trace(model, example).eval()).save(str(target))
+    stamp.write_text(info["sha256"] + "\n")
+    print(f"exported {backend}: {target}")
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=["eager", *FILES], required=True)
+    parser.add_argument("--weights", type=Path, default=Path("build/weights"))
+    args = parser.parse_args(argv)
+    export(args.backend, args.weights)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
