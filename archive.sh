@@ -9,6 +9,7 @@
 #   WEIGHTS_DIR  where model_files/build_weights.py wrote the weights (build/weights)
 #   OUT          output folder (model-store)
 #   VERSION      archive version (1.0): config.properties models={...} is keyed by it
+#   CONFIG_DIR   where <model-name>.yaml (the archive's model-config.yaml) is read (config)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -16,6 +17,7 @@ BACKEND=${BACKEND:-onnx}
 WEIGHTS_DIR=${WEIGHTS_DIR:-build/weights}
 OUT=${OUT:-model-store}
 VERSION=${VERSION:-1.0}
+CONFIG_DIR=${CONFIG_DIR:-config}
 ARCHIVER=${ARCHIVER:-.venv/bin/torch-model-archiver}
 MODELS=("$@")
 [ ${#MODELS[@]} -gt 0 ] || MODELS=(resnet50-embedding resnet50-tagger)
@@ -46,7 +48,7 @@ cp model_files/__init__.py model_files/resnet_dual.py "$STAGE/model_files/"
 cp "$WEIGHTS_DIR/weights_info.json" "$WEIGHTS_DIR/index_to_name.json" "$STAGE/"
 
 for model in "${MODELS[@]}"; do
-  config="config/$model.yaml"
+  config="$CONFIG_DIR/$model.yaml"
   [ -f "$config" ] || die "no model config $config for model '$model'"
   TMPDIR="$PWD/$ARCHIVER_TMP" "$ARCHIVER" \
     --model-name "$model" \
