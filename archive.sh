@@ -39,10 +39,13 @@ done
 
 # torch-model-archiver copies a folder given in --extra-files flat into the archive root, so
 # stage one folder holding the handlers/ and model_files/ packages and the weight metadata.
-# It also stages in $TMPDIR/<model-name> and deletes that first: give it a private TMPDIR.
-STAGE=build/stage
-ARCHIVER_TMP=build/archiver-tmp
-rm -rf "$STAGE" && mkdir -p "$STAGE/handlers" "$STAGE/model_files" "$ARCHIVER_TMP" "$OUT"
+# It also stages in $TMPDIR/<model-name> and deletes that first: give each run a private TMPDIR.
+mkdir -p build "$OUT"
+WORK=$(mktemp -d build/archive.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+STAGE="$WORK/stage"
+ARCHIVER_TMP="$WORK/tmp"
+mkdir -p "$STAGE/handlers" "$STAGE/model_files" "$ARCHIVER_TMP"
 cp handlers/*.py "$STAGE/handlers/"
 cp model_files/__init__.py model_files/resnet_dual.py "$STAGE/model_files/"
 cp "$WEIGHTS_DIR/weights_info.json" "$WEIGHTS_DIR/index_to_name.json" "$STAGE/"

@@ -34,6 +34,11 @@ _OTHER_MAGIC = (
 _ISOBMFF_BRANDS = {b"heic": "HEIC", b"heix": "HEIC", b"mif1": "HEIF", b"msf1": "HEIF",
                    b"avif": "AVIF", b"avis": "AVIF"}
 
+# Other formats PIL can identify by a reliable signature (identified only, never decoded).
+# Formats with loose signatures (TGA, PCX, ...) are left out so junk is not called an image.
+_IDENTIFIABLE = ("AVIF", "ICO", "ICNS", "PPM", "JPEG2000", "SGI", "EPS", "QOI", "DDS", "PSD",
+                 "FITS", "BLP")
+
 _ALPHA_MODES = {"RGBA", "LA", "PA", "RGBa", "La"}
 _WIDE_GRAY_MODES = {"I", "I;16", "I;16B", "I;16L", "I;16N", "F"}
 
@@ -88,6 +93,11 @@ def _open(data: bytes) -> Image.Image:
     except Image.DecompressionBombError as exc:
         raise PayloadTooLarge(f"image rejected as a decompression bomb: {exc}") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        claimed = _accepted_signature(data)
+        if claimed:
+            raise InvalidImage(
+                f"{claimed} image could not be decoded ({exc}); the file is truncated or corrupt"
+            ) from None
         other = _other_format(data)
         if other:
             raise UnsupportedMediaType(
@@ -100,6 +110,19 @@ def _open(data: bytes) -> Image.Image:
     return image
 
 
+_ACCEPTED_SIGNATURES = (
+    (b"\xff\xd8\xff", "JPEG"), (b"\x89PNG\r\n\x1a\n", "PNG"), (b"GIF87a", "GIF"),
+    (b"GIF89a", "GIF"), (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"), (b"BM", "BMP"),
+)
+
+
+def _accepted_signature(data: bytes) -> str | None:
+    """The accepted format whose signature ``data`` starts with, if any."""
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WEBP"
+    return next((name for magic, name in _ACCEPTED_SIGNATURES if data.startswith(magic)), None)
+
+
 def _other_format(data: bytes) -> str | None:
     """Name a real image format we do not accept, or None if the bytes are no known image."""
     head = data[:64].lstrip()
@@ -108,8 +131,8 @@ def _other_format(data: bytes) -> str | None:
             return name
     if data[4:8] == b"ftyp" and data[8:12] in _ISOBMFF_BRANDS:
         return _ISOBMFF_BRANDS[data[8:12]]
-    try:  # Any other format PIL knows (ICO, PPM, TGA, AVIF, ...): identify only, never load.
-        with Image.open(io.BytesIO(data)) as other:
+    try:
+        with Image.open(io.BytesIO(data), formats=_IDENTIFIABLE) as other:
             return other.format
     except Exception:  # noqa: BLE001 - not an image at all
         return None

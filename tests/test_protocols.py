@@ -1,0 +1,254 @@
+"""Every request form through a real TorchServe with server-side batching: KServe v1 and v2,
+good images in every format, and the whole bad-input corpus, alone and inside batches."""
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+import yaml
+
+from tests import corpus, imagegen
+from tests.conftest import REPO
+from tests.reference import rel_error
+
+pytestmark = pytest.mark.integration
+TOLERANCE = 1e-4
+IMAGES = [imagegen.jpeg(300 + 20 * i, 240, seed=200 + i) for i in range(6)]
+GOOD = corpus.good_images()
+BAD = corpus.bad_inputs()
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def send(ts, case: corpus.Bad) -> requests.Response:
+    """Send one corpus case to /predictions/{model} the way a client would."""
+    url = f"{ts.inference_url}/predictions/{case.model}"
+    headers = ts.keys.inference_headers()
+    if case.form == "raw":
+        return requests.post(url, data=case.body, headers=headers, timeout=120)
+    if case.form == "multipart":
+        return requests.post(url, files={"data": ("upload", case.body)}, data=case.fields,
+                             headers=headers, timeout=120)
+    return requests.post(url, data=corpus.json_text(case).encode(), timeout=120,
+                         headers={**headers, "Content-Type": "application/json"})
+
+
+def raw_answer(ts, model: str, image: bytes, **headers):
+    response = requests.post(f"{ts.inference_url}/predictions/{model}", data=image, timeout=120,
+                             headers={**ts.keys.inference_headers(), **headers})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def assert_same_tags(tags, expected):
+    assert [t["index"] for t in tags] == [t["index"] for t in expected]
+    assert [t["label"] for t in tags] == [t["label"] for t in expected]
+    assert [t["probability"] for t in tags] == pytest.approx(
+        [t["probability"] for t in expected], rel=1e-4, abs=1e-7)
+
+
+@pytest.fixture(scope="module")
+def singles(torchserve):
+    """Raw-body answers for each image, one request at a time: what batched answers must equal."""
+    return {
+        i: (raw_answer(torchserve, "resnet50-embedding", image)["embedding"],
+            raw_answer(torchserve, "resnet50-tagger", image, **{"X-Top-K": "10"}))
+        for i, image in enumerate(IMAGES)
+    }
+
+
+# ------------------------------------------------------------------------------- KServe v1
+
+
+def test_kserve_v1_concurrent_requests_with_several_instances(torchserve, singles):
+    plans = [[i % 6, (i + 1) % 6, (i + 3) % 6][: 1 + i % 3] for i in range(12)]
+
+    def call(plan, model):
+        body = {"instances": [{"data": b64(IMAGES[i])} if n % 2 else
+                              {"image": {"b64": b64(IMAGES[i])}} for n, i in enumerate(plan)],
+                "parameters": {"topk": 10}}
+        return requests.post(f"{torchserve.inference_url}/v1/models/{model}:predict", json=body,
+                             headers=torchserve.keys.inference_headers(), timeout=120)
+
+    with ThreadPoolExecutor(12) as pool:
+        embedding = list(pool.map(lambda p: call(p, "resnet50-embedding"), plans))
+        tags = list(pool.map(lambda p: call(p, "resnet50-tagger"), plans))
+    assert max(int(r.headers["x-batch-size"]) for r in embedding + tags) > 1
+    for plan, e, t in zip(plans, embedding, tags):
+        assert e.status_code == 200 and t.status_code == 200, (e.text, t.text)
+        e_predictions, t_predictions = e.json()["predictions"], t.json()["predictions"]
+        assert len(e_predictions) == len(t_predictions) == len(plan)
+        for i, e_answer, t_answer in zip(plan, e_predictions, t_predictions):
+            assert rel_error(e_answer["embedding"], singles[i][0]) <= TOLERANCE
+            assert_same_tags(t_answer, singles[i][1])
+
+
+# ------------------------------------------------------------------------------- KServe v2
+
+
+def v2_request(plan, request_id=None, outputs=None, parameters=None):
+    body = {"inputs": [{"name": "images", "shape": [len(plan)], "datatype": "BYTES",
+                        "data": [b64(IMAGES[i]) for i in plan]}]}
+    if request_id is not None:
+        body["id"] = request_id
+    if outputs is not None:
+        body["outputs"] = outputs
+    if parameters is not None:
+        body["parameters"] = parameters
+    return body
+
+
+def test_kserve_v2_concurrent_requests_ids_outputs_and_values(torchserve, singles):
+    cases = []
+    for n in range(12):
+        plan = [n % 6, (n + 2) % 6, (n + 5) % 6][: 1 + n % 3]
+        model = ("resnet50-embedding", "resnet50-tagger")[n % 2]
+        outputs = [None, [{"name": "embedding"}, {"name": "tags", "parameters": {"topk": 10}}],
+                   [{"name": "tags"}]][n % 3]
+        cases.append((model, plan, f"req-{n}", outputs))
+
+    def call(case):
+        model, plan, request_id, outputs = case
+        return requests.post(f"{torchserve.inference_url}/v2/models/{model}/infer",
+                             json=v2_request(plan, request_id, outputs, {"topk": 10}),
+                             headers=torchserve.keys.inference_headers(), timeout=120)
+
+    with ThreadPoolExecutor(12) as pool:
+        responses = list(pool.map(call, cases))
+    assert max(int(r.headers["x-batch-size"]) for r in responses) > 1
+    for (model, plan, request_id, outputs), response in zip(cases, responses):
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["id"] == request_id and body["model_name"] == model
+        assert body["model_version"] == "1.0"
+        names = [o["name"] for o in outputs] if outputs else [
+            "embedding" if model.endswith("embedding") else "tags"]
+        by_name = {o["name"]: o for o in body["outputs"]}
+        assert sorted(by_name) == sorted(names)
+        if "embedding" in by_name:
+            out = by_name["embedding"]
+            assert out["datatype"] == "FP32" and out["shape"] == [len(plan), 2048]
+            assert len(out["data"]) == len(plan) * 2048
+            for row, i in enumerate(plan):
+                assert rel_error(out["data"][row * 2048:(row + 1) * 2048],
+                                 singles[i][0]) <= TOLERANCE
+        if "tags" in by_name:
+            out = by_name["tags"]
+            assert out["datatype"] == "BYTES" and out["shape"] == [len(plan), 10]
+            for row, i in enumerate(plan):
+                tags = [json.loads(s) for s in out["data"][row * 10:(row + 1) * 10]]
+                assert_same_tags(tags, singles[i][1])
+
+
+def test_kserve_v2_without_id_has_no_id(torchserve):
+    response = requests.post(f"{torchserve.inference_url}/v2/models/resnet50-tagger/infer",
+                             json=v2_request([0]), headers=torchserve.keys.inference_headers(),
+                             timeout=120)
+    assert response.status_code == 200 and "id" not in response.json()
+    assert response.json()["outputs"][0]["shape"] == [1, 5]
+
+
+# ------------------------------------------------------------------------ formats and errors
+
+
+def test_every_good_format_is_served(torchserve):
+    headers = torchserve.keys.inference_headers()
+    for name, case in GOOD.items():
+        response = requests.post(f"{torchserve.inference_url}/predictions/resnet50-tagger",
+                                 data=case.data, headers=headers, timeout=120)
+        assert response.status_code == 200, (name, response.text)
+        assert len(response.json()) == 5
+
+
+def _worker_pids(ts, model="resnet50-tagger"):
+    described = requests.get(f"{ts.management_url}/models/{model}",
+                             headers=ts.keys.management_headers(), timeout=30).json()[0]
+    return sorted(w["pid"] for w in described["workers"])
+
+
+def test_every_bad_input_alone_gets_its_status_and_message(torchserve):
+    pids = _worker_pids(torchserve)
+    for name, case in BAD.items():
+        response = send(torchserve, case)
+        assert response.status_code == case.status, (name, response.text)
+        error = response.json()
+        assert error["code"] == case.status and error["type"] == case.kind, (name, error)
+        assert case.message in error["message"], (name, error)
+    assert _worker_pids(torchserve) == pids  # no worker died or was restarted
+    assert raw_answer(torchserve, "resnet50-tagger", IMAGES[0])
+
+
+@pytest.fixture(scope="module")
+def slow_batching_server(tmp_path_factory, model_store):
+    """A second TorchServe whose tagger waits up to 3 s to fill a batch of 8: a group of 8
+    concurrent requests is then one batch, which every answer's X-Batch-Size proves."""
+    from tsclient.server import LocalTorchServe
+
+    config_dir = tmp_path_factory.mktemp("slow-config")
+    model_config = yaml.safe_load((REPO / "config" / "resnet50-tagger.yaml").read_text())
+    model_config.update(batchSize=8, maxBatchDelay=3000)
+    (config_dir / "resnet50-tagger.yaml").write_text(yaml.safe_dump(model_config))
+    store = tmp_path_factory.mktemp("slow-store")
+    subprocess.run(["./archive.sh", "resnet50-tagger"], cwd=REPO, check=True,
+                   env={**__import__("os").environ, "CONFIG_DIR": str(config_dir),
+                        "OUT": str(store), "BACKEND": _archive_backend(model_store)},
+                   stdout=subprocess.DEVNULL)
+    server = LocalTorchServe(tmp_path_factory.mktemp("slow-ts"), store,
+                             load_models=["resnet50-tagger.mar"])
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(store, ignore_errors=True)
+
+
+def _archive_backend(model_store) -> str:
+    """The backend the shipped archives were built with, so the variant matches them."""
+    import zipfile
+
+    with zipfile.ZipFile(model_store / "resnet50-tagger.mar") as archive:
+        manifest = json.loads(archive.read("MAR-INF/MANIFEST.json"))
+    serialized = manifest["model"]["serializedFile"]
+    return "onnx" if serialized.endswith(".onnx") else (
+        "torchscript" if serialized.endswith(".torchscript.pt") else "eager")
+
+
+def test_bad_inputs_inside_full_batches_fail_alone(slow_batching_server, singles):
+    """Groups of 8 concurrent requests, 3 bad and 5 good: each group is one batch (X-Batch-Size
+    8 on every answer); bad ones get their own status, good ones the single-request answer."""
+    ts = slow_batching_server
+    names = [n for n in BAD if n != "too-many-bytes"]  # 30 MB bodies: checked alone above
+    pids = _worker_pids(ts)
+    for start in range(0, len(names), 3):
+        group = names[start:start + 3]
+        goods = [i % 6 for i in range(start, start + 8 - len(group))]
+
+        def call(item):
+            if isinstance(item, str):
+                return send(ts, BAD[item])
+            return requests.post(f"{ts.inference_url}/predictions/resnet50-tagger",
+                                 data=IMAGES[item], timeout=120,
+                                 headers={**ts.keys.inference_headers(), "X-Top-K": "10"})
+
+        items = group + goods
+        with ThreadPoolExecutor(len(items)) as pool:
+            responses = list(pool.map(call, items))
+        assert [r.headers.get("x-batch-size") for r in responses] == ["8"] * 8, group
+        for item, response in zip(items, responses):
+            if isinstance(item, str):
+                case = BAD[item]
+                assert response.status_code == case.status, (item, response.text)
+                assert response.json()["type"] == case.kind, item
+                assert case.message in response.json()["message"], item
+            else:
+                assert response.status_code == 200, response.text
+                assert_same_tags(response.json(), singles[item][1])
+    assert _worker_pids(ts) == pids
