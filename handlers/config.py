@@ -27,7 +27,8 @@ class HandlerConfig:
     normalize_embedding: L2-normalise embeddings (cosine similarity == dot product).
     device: ``auto`` takes the GPU TorchServe assigns to the worker, else CPU.
     half_precision: run the eager backend in float16 on GPU (ignored on CPU).
-    threads: intra-op threads per worker; 0 keeps the runtime's default.
+    threads: intra-op threads per worker; 0 keeps the runtime's default (all cores).
+    decode_threads: threads decoding a batch's images; 0 = one per core, at most 4.
     max_image_pixels: decoded width*height above which a request gets 413.
     max_image_bytes: encoded image size above which a request gets 413.
     draft_decode: let JPEG decoding downscale by 1/2, 1/4, 1/8 in the DCT while keeping the
@@ -40,6 +41,7 @@ class HandlerConfig:
     device: str = "auto"
     half_precision: bool = False
     threads: int = 0
+    decode_threads: int = 0
     max_image_pixels: int = 40_000_000
     max_image_bytes: int = 30 * 1024 * 1024
     draft_decode: bool = True
@@ -74,6 +76,7 @@ class HandlerConfig:
         for name, low, high in (
             ("top_k", 1, 1000),
             ("threads", 0, 1024),
+            ("decode_threads", 0, 64),
             ("max_image_pixels", 1, 1_000_000_000),
             ("max_image_bytes", 1, 1 << 31),
         ):

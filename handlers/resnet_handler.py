@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
@@ -55,6 +57,8 @@ class ResNetHandler(BaseHandler):
         self.weights_info = json.loads((model_dir / "weights_info.json").read_text())
         self.transform = WEIGHTS.transforms()
         self.draft_size = self.config.draft_decode and max(self.transform.resize_size) or None
+        self.pool = ThreadPoolExecutor(self.config.decode_threads or min(4, os.cpu_count() or 1),
+                                       thread_name_prefix="decode")
         self.model_version = str(self.manifest["model"].get("modelVersion", "1.0"))
         if not self.weights_info.get("trained", False):
             logger.warning("%s: %s", context.model_name, self.weights_info.get("warning"))
@@ -79,19 +83,36 @@ class ResNetHandler(BaseHandler):
     # ------------------------------------------------------------------ the four hooks
 
     def preprocess(self, data: list[dict]) -> PreparedBatch:
-        """Parse and decode each request alone; stack the good images into one CPU tensor."""
-        slots, tensors = [], []
+        """Parse and decode each request alone; stack the good images into one CPU tensor.
+
+        Images are decoded on a small thread pool (PIL and torch release the GIL), so a batch
+        of JPEGs decodes on every core while the model is idle between batches.
+        """
+        slots = []
         for idx, row in enumerate(data):
             slot = Slot()
             try:
                 slot.request = codec.parse_request(row, self._header(idx, TOP_K_HEADER))
-                images = [self._load(image) for image in slot.request.images]
             except RequestError as error:
                 slot.error = error
-            else:
-                slot.start, slot.count = len(tensors), len(images)
-                tensors.extend(images)
             slots.append(slot)
+        encoded = [image for slot in slots if slot.request for image in slot.request.images]
+        loaded = iter(self.pool.map(self._load, encoded) if len(encoded) > 1
+                      else map(self._load, encoded))
+        tensors: list[torch.Tensor] = []
+        for slot in slots:
+            if slot.request is None:
+                continue
+            results = [next(loaded) for _ in slot.request.images]
+            errors = [(k, r) for k, r in enumerate(results) if isinstance(r, RequestError)]
+            if errors:
+                k, error = errors[0]
+                if len(results) > 1:  # say which image of a multi-image request failed
+                    error = type(error)(f"image {k} of {len(results)}: {error.message}")
+                slot.error = error
+                continue
+            slot.start, slot.count = len(tensors), len(results)
+            tensors.extend(results)
         self._record_batch(len(data), len(tensors))
         return PreparedBatch(slots, torch.stack(tensors) if tensors else None)
 
@@ -143,13 +164,18 @@ class ResNetHandler(BaseHandler):
                 return value
         return None
 
-    def _load(self, data: bytes) -> torch.Tensor:
-        image = decode_image(
-            data,
-            max_pixels=self.config.max_image_pixels,
-            max_bytes=self.config.max_image_bytes,
-            draft_size=self.draft_size,
-        )
+    def _load(self, data: bytes) -> torch.Tensor | RequestError:
+        """One image, decoded and transformed; a client's bad image is returned, not raised,
+        so that the thread pool hands every request its own outcome."""
+        try:
+            image = decode_image(
+                data,
+                max_pixels=self.config.max_image_pixels,
+                max_bytes=self.config.max_image_bytes,
+                draft_size=self.draft_size,
+            )
+        except RequestError as error:
+            return error
         return self.transform(image)
 
     def _answers(self, batch: PreparedBatch):

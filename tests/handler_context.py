@@ -22,8 +22,9 @@ def make_context(model_dir: Path, handler_config: dict | None = None,
                    {"handler": handler_config or {}})
 
 
-def make_handler(model_dir: Path, **handler_config) -> tuple[ResNetHandler, Context]:
-    context = make_context(model_dir, handler_config)
+def make_handler(model_dir: Path, serialized: str = "resnet50.pt",
+                 **handler_config) -> tuple[ResNetHandler, Context]:
+    context = make_context(model_dir, handler_config, serialized=serialized)
     handler = ResNetHandler()
     handler.initialize(context)
     return handler, context
