@@ -15,7 +15,7 @@ WEIGHTS_DIR := build/weights
 MODELS := resnet50-embedding resnet50-tagger
 SOURCES := $(wildcard handlers/*.py model_files/*.py config/*.yaml) archive.sh
 
-.PHONY: setup java weights archives samples serve test clean
+.PHONY: setup java weights archives samples serve test bench bench-sweep clean
 .DEFAULT_GOAL := test
 
 setup: $(VENV)/.installed java
@@ -54,6 +54,15 @@ serve: setup archives samples
 
 test: setup archives samples
 	$(VENV)/bin/pytest
+
+# Raw model speed, our tagger served, and TorchServe's stock image_classifier on the same
+# weights -> results/benchmark.md, .json, .png (about 5 minutes on 2 cores).
+bench: setup archives samples
+	$(PY) -m bench
+
+# batchSize x maxBatchDelay x workers for the tagger -> results/sweep.md (about 8 minutes).
+bench-sweep: setup archives samples
+	$(PY) -m bench.sweep
 
 clean:
 	rm -rf build model-store/*.mar logs key_file.json

@@ -227,7 +227,7 @@ class ResNetHandler(BaseHandler):
         return {"predictions": answers} if request.protocol == "v1" else answers[0]
 
     def _record_batch(self, requests: int, images: int) -> None:
-        logger.info("batch: %d requests, %d images", requests, images)
+        logger.debug("batch: %d requests, %d images", requests, images)
         metrics = getattr(self.context, "metrics", None)
         if metrics is None:
             return

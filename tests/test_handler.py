@@ -135,7 +135,7 @@ def test_top_k_header(tagger):
 
 def test_batch_size_metric_recorded(tagger, caplog):
     handler, context = tagger
-    with caplog.at_level("INFO"):
+    with caplog.at_level("DEBUG", logger="handlers.resnet_handler"):
         run_batch(handler, context, [{"body": IMAGES["png-200x300"]}] * 3)
     assert any("batch: 3 requests, 3 images" in r.getMessage() for r in caplog.records)
 

@@ -1,0 +1,13 @@
+"""The benchmark that ships with the repo.
+
+    python -m bench          raw model speed, our served tagger and TorchServe's stock
+                             image_classifier on the same weights; results/benchmark.{md,json,png}
+    python -m bench.sweep    batchSize x maxBatchDelay x workers for the tagger; results/sweep.md
+
+Modules: ``loadgen`` (closed/open-loop HTTP clients), ``stats`` (percentiles, run summaries),
+``memory`` (peak RSS of a server's process tree), ``batchlog`` (batch sizes from TorchServe's
+log), ``raw`` (forward timing without serving), ``stock`` (the stock archive and its config),
+``archives`` (reading .mar files, sweep variants), ``serving`` (the load matrix against one
+server), ``targets`` (the issue's ratios), ``report`` (Markdown/JSON/PNG), ``machine``
+(machine and versions), ``layout`` (paths, CLI plumbing).
+"""

@@ -1,0 +1,160 @@
+"""``python -m bench``: one run, same weights, three measurements, one report.
+
+1. raw model speed in this process (every backend; batch 1 and 8; single-image latency);
+2. our served tagger: a real TorchServe with both archives of ``model-store/`` and the shipped
+   ``config/config.properties``;
+3. TorchServe's stock ``image_classifier`` serving the same weights, with the same frontend
+   settings, in a second TorchServe started only after the first one stopped.
+
+Writes ``results/benchmark.{md,json,png}`` and prints the Markdown (progress goes to stderr).
+Every server is stopped in a ``finally``; nothing is left running.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from bench import machine, raw, report, stock
+from bench.archives import ArchiveInfo
+from bench.layout import (BUILD, EMBEDDING, IMAGES, MODEL_STORE, REPO, RESULTS, SAMPLES,
+                          TAGGER as OURS, WEIGHTS, fresh_dir, setup_cli)
+from bench.serving import LoadPlan, describe, measure_model
+from bench.targets import evaluate
+from tsclient.server import DEFAULT_CONFIG, LocalTorchServe
+
+log = logging.getLogger("bench")
+
+# A few seconds per run: checks the whole pipeline end to end, numbers are not meaningful.
+QUICK_PLAN = LoadPlan(warmup_s=1.0, closed_s=3.0, rates=(5.0, 20.0), open_s=3.0)
+QUICK_BUDGET = raw.Budget(seconds=0.5, min_iters=2, max_iters=20, warmup_iters=1)
+
+
+class InputsMissing(SystemExit):
+    """A build output the benchmark needs is absent or stale; the message says which make
+    target makes it."""
+
+
+def _require(path: Path, hint: str) -> Path:
+    if not path.is_file():
+        raise InputsMissing(f"bench: missing {path.relative_to(REPO)}: run `{hint}` first")
+    return path
+
+
+def load_inputs() -> tuple[dict[str, bytes], ArchiveInfo, dict]:
+    """The sample images, our tagger archive and the weights; refuses archives built from
+    other weights than build/weights (the comparison must use one checkpoint)."""
+    _require(WEIGHTS / "resnet50.pt", "make archives")
+    weights = machine.weights_info(WEIGHTS)
+    images = {name: _require(SAMPLES / f, "make samples").read_bytes()
+              for name, f in IMAGES.items()}
+    for name in (EMBEDDING, OURS):
+        _require(MODEL_STORE / f"{name}.mar", "make archives")
+    archive = ArchiveInfo.read(MODEL_STORE / f"{OURS}.mar")
+    if archive.weights.get("sha256") != weights["sha256"]:
+        raise InputsMissing(
+            f"bench: model-store/{OURS}.mar holds weights {archive.weights.get('sha256')}, "
+            f"build/weights holds {weights['sha256']}: run `make archives` first")
+    return images, archive, weights
+
+
+def run_raw(archive: ArchiveInfo, images: dict[str, bytes], budget: raw.Budget) -> dict:
+    from model_files.export import export
+
+    # `make weights` exports only the chosen backend; export() reports on stdout, which
+    # carries only the report here.
+    with contextlib.redirect_stdout(sys.stderr):
+        for kind in ("torchscript", "onnx"):
+            export(kind, WEIGHTS)
+    preprocess = raw.Preprocessor(archive.model_config.get("handler"))
+    return raw.run_raw(WEIGHTS, images, preprocess, budget=budget)
+
+
+def serve_ours(images: dict[str, bytes], plan: LoadPlan, weights: dict) -> dict:
+    workdir = fresh_dir(BUILD / "run" / "ours")
+    server = LocalTorchServe(workdir, MODEL_STORE)
+    try:
+        started = time.monotonic()
+        server.start()
+        startup_s = time.monotonic() - started
+        meta = describe(server, OURS, customized=True).get("customizedMetadata") or {}
+        served_sha = meta.get("weights", {}).get("sha256")
+        if served_sha != weights["sha256"]:
+            raise RuntimeError(f"served {OURS} reports weights {served_sha}, expected "
+                               f"{weights['sha256']}")
+        measured = measure_model(server, OURS, images, plan, batches_from_log=False,
+                                 progress=log.info)
+    finally:
+        server.stop()
+    return {"model": OURS, "backend": meta.get("backend", "unknown"),
+            "startup_s": startup_s, **measured}
+
+
+def serve_stock(images: dict[str, bytes], plan: LoadPlan) -> dict:
+    store = BUILD / "model-store"
+    serialized = stock.export_stock_model(WEIGHTS, BUILD)
+    stock.archive_stock(serialized, WEIGHTS / "index_to_name.json", store, BUILD / "archiver-tmp")
+    config = stock.stock_config(DEFAULT_CONFIG, BUILD / "stock.properties", like=OURS)
+    workdir = fresh_dir(BUILD / "run" / "stock")
+    server = LocalTorchServe(workdir, store, config=config,
+                             load_models=[f"{stock.MODEL_NAME}.mar"])
+    try:
+        started = time.monotonic()
+        server.start()
+        startup_s = time.monotonic() - started
+        measured = measure_model(server, stock.MODEL_NAME, images, plan, batches_from_log=True,
+                                 progress=log.info)
+    finally:
+        server.stop()
+    return {"model": stock.MODEL_NAME, "backend": "torchscript (stock handler)",
+            "startup_s": startup_s, **measured}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=RESULTS,
+                        help="where benchmark.md/.json/.png go (default: results/)")
+    parser.add_argument("--quick", action="store_true",
+                        help="seconds-long runs: a smoke test of the pipeline, not a benchmark")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    args = parser.parse_args(argv)
+    setup_cli("bench", args.quiet)
+    plan = QUICK_PLAN if args.quick else LoadPlan()
+    budget = QUICK_BUDGET if args.quick else raw.Budget()
+
+    started = time.monotonic()
+    machine_info = machine.describe_machine()
+    images, archive, weights = load_inputs()
+    log.info("raw forward: eager, torchscript, onnx")
+    raw_results = run_raw(archive, images, budget)
+    log.info("served: ours (%s)", OURS)
+    ours = serve_ours(images, plan, weights)
+    log.info("served: stock image_classifier")
+    stock_results = serve_stock(images, plan)
+
+    results = {
+        "meta": {
+            "command": "python -m bench" + (" --quick" if args.quick else ""),
+            "machine": machine_info,
+            "versions": machine.versions(),
+            "weights": weights,
+            "plan": asdict(plan),
+            "elapsed_s": time.monotonic() - started,
+            "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
+        },
+        "raw": raw_results,
+        "served": {"ours": ours, "stock": stock_results},
+        "targets": [t.to_dict() for t in evaluate(raw_results, ours["backend"], ours,
+                                                  stock_results)],
+    }
+    print(report.write_reports(results, args.out), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

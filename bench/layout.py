@@ -1,0 +1,39 @@
+"""Where the benchmark reads its inputs and writes its build output, and the CLI plumbing
+both commands share."""
+from __future__ import annotations
+
+import logging
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+WEIGHTS = REPO / "build" / "weights"
+SAMPLES = REPO / "build" / "samples"
+MODEL_STORE = REPO / "model-store"
+BUILD = REPO / "build" / "bench"  # exports, stock archive, server working folders
+RESULTS = REPO / "results"
+TAGGER = "resnet50-tagger"
+EMBEDDING = "resnet50-embedding"
+IMAGES = {"small": "chelsea.jpg", "12mp": "chelsea-12mp.jpg"}  # written by `make samples`
+
+
+def fresh_dir(path: Path) -> Path:
+    """An empty folder (a server's old logs would mix into this run's log parsing)."""
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
+def setup_cli(name: str, quiet: bool) -> None:
+    """Progress lines on stderr (stdout carries only the report), and SIGTERM turned into an
+    exception so that every ``finally`` stops its TorchServe."""
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
+                        format=f"%(asctime)s {name}: %(message)s", datefmt="%H:%M:%S",
+                        stream=sys.stderr)
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)

@@ -1,0 +1,62 @@
+"""What the numbers were measured on: machine, load, software versions, weights."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+import psutil
+
+PACKAGES = ("torch", "torchvision", "onnxruntime", "torchserve", "torch-model-archiver")
+
+
+def cpu_model() -> str:
+    """``model name`` from /proc/cpuinfo (falls back to ``platform.processor()``)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def java_version() -> str:
+    try:
+        out = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "not found"
+    lines = (out.stderr or out.stdout).splitlines()
+    return lines[0].strip() if lines else "unknown"
+
+
+def versions() -> dict[str, str]:
+    found = {"python": platform.python_version(), "java": java_version()}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = "not installed"
+    return found
+
+
+def describe_machine() -> dict:
+    """CPU, cores, memory, and how busy the machine was just *before* the run (other work on
+    it makes every number slower; the report shows it so a reader can judge). Takes ~1 s."""
+    return {
+        "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "os": f"{platform.system()} {platform.release()}",
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "cpu_busy_percent_before": psutil.cpu_percent(interval=1.0),
+    }
+
+
+def weights_info(weights_dir: Path) -> dict:
+    return json.loads((weights_dir / "weights_info.json").read_text())

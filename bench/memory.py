@@ -1,0 +1,69 @@
+"""Peak resident memory of a running TorchServe, sampled in a background thread.
+
+The server is the Java frontend (pid in ``<workdir>/tmp/.model_server.pid``) plus every
+descendant (the Python workers). Summed RSS counts shared pages once per process, so it is an
+upper bound of what the server really holds; it is the same measure for every server compared.
+"""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import psutil
+
+
+def server_tree(pid_file: Path) -> list[psutil.Process]:
+    """The frontend and all its descendants, or [] when the pid file or process is gone."""
+    try:
+        root = psutil.Process(int(pid_file.read_text().strip()))
+        return [root, *root.children(recursive=True)]
+    except (OSError, ValueError, psutil.Error):
+        return []
+
+
+def _rss(proc: psutil.Process) -> int:
+    try:
+        return proc.memory_info().rss
+    except psutil.Error:  # a worker may exit between listing and sampling
+        return 0
+
+
+class PeakRss:
+    """``with PeakRss(pid_file, watch={"tagger worker": pid}) as peak: ...`` samples every
+    ``interval_s`` until the block ends; then ``peak.total_mb`` is the peak summed RSS of the
+    whole server and ``peak.watched_mb[name]`` the peak RSS of each watched process."""
+
+    def __init__(self, pid_file: Path, watch: dict[str, int] | None = None,
+                 interval_s: float = 0.2) -> None:
+        self.pid_file = Path(pid_file)
+        self.watch = dict(watch or {})
+        self.interval_s = interval_s
+        self.total_mb = 0.0
+        self.watched_mb = {name: 0.0 for name in self.watch}
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="peak-rss", daemon=True)
+
+    def sample(self) -> None:
+        """Take one sample now (also called once at start and once at the end)."""
+        tree = server_tree(self.pid_file)
+        by_pid = {p.pid: _rss(p) for p in tree}
+        self.total_mb = max(self.total_mb, sum(by_pid.values()) / 2**20)
+        for name, pid in self.watch.items():
+            self.watched_mb[name] = max(self.watched_mb[name], by_pid.get(pid, 0) / 2**20)
+        self.samples += 1
+
+    def _run(self) -> None:
+        # Event.wait both paces the loop and ends it promptly when the block exits.
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def __enter__(self) -> "PeakRss":
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.sample()

@@ -1,0 +1,208 @@
+"""Turn one benchmark run's results dict into results/benchmark.{md,json,png}.
+
+Rendering only: no measuring, no numbers invented. Missing values print as ``n/a``.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+SERVERS = (("ours", "tagger (ours)"), ("stock", "stock image_classifier"))
+IMAGE_NAMES = {"small": "small JPEG 451x300", "12mp": "12 MP photo 4242x2828"}
+
+
+def fmt(value, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def _batch(run: dict) -> str:
+    if not run.get("batch_max"):
+        return "n/a"
+    return f"{fmt(run['batch_mean'])} / {run['batch_max']}"
+
+
+def _errors(run: dict) -> str:
+    if not run["errors"]:
+        return "0"
+    kinds = ", ".join(f"{k}: {v}" for k, v in sorted(run["error_kinds"].items()))
+    return f"**{run['errors']}** ({kinds})"
+
+
+def _header(results: dict) -> list[str]:
+    meta = results["meta"]
+    machine, versions, weights = meta["machine"], meta["versions"], meta["weights"]
+    ours, stock = results["served"]["ours"], results["served"]["stock"]
+    if weights.get("trained"):
+        weights_line = f"{weights['source']}, trained (sha256 {weights['sha256'][:16]}...)"
+    else:
+        weights_line = (
+            f"**untrained** ({weights['source']}: {weights.get('detail', '')}); sha256 "
+            f"{weights['sha256'][:16]}... Speed is representative, the predicted labels are "
+            "meaningless."
+        )
+    return [
+        "# Benchmark: resnet50-tagger vs TorchServe's stock image_classifier",
+        "",
+        f"- Date: {machine['date']}; `{meta['command']}` took {fmt(meta['elapsed_s'], 0)} s.",
+        f"- Machine: {machine['cpu']}, {machine['cores']} cores, {machine['memory_gb']} GB RAM,"
+        f" {machine['os']}. Other work on the machine: CPU "
+        f"{fmt(machine['cpu_busy_percent_before'], 0)}% busy in the second before the run; "
+        f"load average {' / '.join(str(x) for x in machine['loadavg_at_start'])} (1/5/15 min) "
+        f"before, {' / '.join(str(x) for x in meta['loadavg_at_end'])} after (the run itself "
+        "keeps about 2 busy).",
+        f"- Weights (the same file for every row): {weights_line}",
+        "- Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".",
+        f"- Ours: `{ours['model']}` archive from `model-store/`, backend **{ours['backend']}**, "
+        f"{_settings(ours['settings'])}; the embedding model is loaded too (idle).",
+        f"- Stock: `{stock['model']}`, `image_classifier` handler, plain torchvision ResNet50 "
+        f"traced and frozen to TorchScript from the same weights, {_settings(stock['settings'])}.",
+        "- Servers run one at a time; the load generator shares the 2 cores with the server "
+        "under test (both sides pay for it).",
+    ]
+
+
+def _settings(s: dict) -> str:
+    return (f"batchSize {s['batchSize']}, maxBatchDelay {s['maxBatchDelay']} ms, "
+            f"{s['workers']} worker(s)")
+
+
+def _targets(results: dict) -> list[str]:
+    rows = [[t["key"], t["description"], f"{fmt(t['value'], 2)} ({t['detail']})",
+             f"{t['op']} {fmt(t['threshold'], 2)}", "PASS" if t["passed"] else "**MISS**"]
+            for t in results["targets"]]
+    return ["## Targets", "", *_table(["", "target", "measured", "needed", "result"], rows)]
+
+
+def _raw(results: dict) -> list[str]:
+    batches = sorted({f["batch"] for r in results["raw"].values() for f in r["forward"]})
+    images = list(next(iter(results["raw"].values()))["single_image"])
+    header = (["backend"] + [f"forward batch {b} (img/s)" for b in batches]
+              + [f"decode+preprocess+forward, {IMAGE_NAMES.get(i, i)}, p50 (ms)" for i in images])
+    rows = []
+    for backend, r in results["raw"].items():
+        by_batch = {f["batch"]: f["images_per_s"] for f in r["forward"]}
+        rows.append([backend] + [fmt(by_batch.get(b)) for b in batches]
+                    + [fmt(r["single_image"][i]["p50_ms"]) for i in images])
+    return ["## Raw model, no serving (this process, one image repeated to the batch size)", "",
+            *_table(header, rows)]
+
+
+def _closed(results: dict) -> list[str]:
+    header = ["server", "image", "clients", "img/s", "p50 ms", "p95 ms", "p99 ms", "requests",
+              "errors", "batch mean / max", "peak RSS server MB", "peak RSS worker MB"]
+    rows = []
+    for key, label in SERVERS:
+        for run in results["served"][key]["closed"]:
+            rows.append([label, IMAGE_NAMES.get(run["image"], run["image"]), str(run["clients"]),
+                         fmt(run["throughput"]), fmt(run["p50_ms"]), fmt(run["p95_ms"]),
+                         fmt(run["p99_ms"]), str(run["requests"]), _errors(run), _batch(run),
+                         fmt(run["rss_server_mb"], 0), fmt(run["rss_worker_mb"], 0)])
+    return ["## Served, closed loop (each client sends its next request when the answer "
+            "arrives)", "", *_table(header, rows)]
+
+
+def _open(results: dict) -> list[str]:
+    header = ["server", "Poisson rate req/s", "achieved img/s", "p50 ms", "p95 ms", "p99 ms",
+              "requests", "errors", "batch mean / max", "peak RSS server MB"]
+    rows = []
+    for key, label in SERVERS:
+        for run in results["served"][key]["open"]:
+            rows.append([label, fmt(run["rate"], 0), fmt(run["throughput"]), fmt(run["p50_ms"]),
+                         fmt(run["p95_ms"]), fmt(run["p99_ms"]), str(run["requests"]),
+                         _errors(run), _batch(run), fmt(run["rss_server_mb"], 0)])
+    image = results["meta"]["plan"]["open_image"]
+    return [f"## Served, open loop (Poisson arrivals, {IMAGE_NAMES.get(image, image)})", "",
+            *_table(header, rows)]
+
+
+def _method(results: dict) -> list[str]:
+    plan = results["meta"]["plan"]
+    return [
+        "## How it was measured",
+        "",
+        f"- Closed loop: {plan['warmup_s']:g} s warm-up (discarded), then {plan['closed_s']:g} s"
+        f" (at most {plan['closed_max_requests']} requests); img/s = successful requests / time"
+        " from the first send to the last answer.",
+        f"- Open loop: Poisson arrivals for {plan['open_s']:g} s per rate (same seeded arrival "
+        f"times for both servers), at most {plan['open_max_in_flight']} in flight; latency runs "
+        "from each request's scheduled arrival, so client-side queueing counts.",
+        "- Latency percentiles are of successful requests; an error is any non-200 answer or "
+        "client exception.",
+        "- Batch mean / max: the server-side batch each answered request travelled in (mean "
+        "over requests). Ours: the `X-Batch-Size` header; stock: its request ids in the "
+        "worker's `PredictionTime` log line.",
+        "- Peak RSS: sampled every 0.2 s; server = Java frontend + every worker, summed "
+        "(shared pages counted per process); worker = the measured model's worker process.",
+        "- Raw: `handlers.backends.load_backend` as the handler loads each backend; "
+        "decode+preprocess+forward is `handlers.images.decode_image` with the tagger's handler "
+        "settings, the weights' transform and one forward at batch 1.",
+    ]
+
+
+def render_markdown(results: dict) -> str:
+    parts = [_header(results), _targets(results), _raw(results), _closed(results),
+             _open(results), _method(results)]
+    return "\n".join(line for part in parts for line in [*part, ""]).rstrip() + "\n"
+
+
+def render_plot(results: dict, path: Path) -> None:
+    """p50 latency against achieved throughput over the open-loop rates, ours vs stock."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    for (key, label), marker in zip(SERVERS, ("o", "s")):
+        runs = results["served"][key]["open"]
+        xs = [r["throughput"] for r in runs]
+        ys = [r["p50_ms"] for r in runs]
+        ax.plot(xs, ys, marker=marker, label=label)
+        for run, x, y in zip(runs, xs, ys):
+            ax.annotate(f"{run['rate']:g}/s", (x, y), textcoords="offset points",
+                        xytext=(4, 4), fontsize=8)
+    ax.set_xlabel("achieved throughput (img/s)")
+    ax.set_ylabel("p50 latency (ms)")
+    ax.set_yscale("log")
+    ax.set_title("Open-loop Poisson sweep, small JPEG (labels: offered rate)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write_reports(results: dict, out_dir: Path, stem: str = "benchmark") -> str:
+    """Write ``<stem>.json``, ``<stem>.md`` and ``<stem>.png``; return the Markdown."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json(results, out_dir / f"{stem}.json")
+    markdown = render_markdown(results)
+    (out_dir / f"{stem}.md").write_text(markdown)
+    render_plot(results, out_dir / f"{stem}.png")
+    return markdown
+
+
+def write_json(results: dict, path: Path) -> None:
+    """NaN is not JSON: it is written as null so that any JSON reader loads the file."""
+    path.write_text(json.dumps(_nan_to_none(results), indent=2) + "\n")
+
+
+def _nan_to_none(value):
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _nan_to_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_nan_to_none(v) for v in value]
+    return value

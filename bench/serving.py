@@ -1,0 +1,136 @@
+"""Measure one model on one running TorchServe: closed-loop runs per image and client count,
+then an open-loop Poisson rate sweep, each with the server's peak memory.
+
+Also the small management-API helpers the benchmark and the sweep share.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from bench.batchlog import with_logged_batches
+from bench.loadgen import Endpoint, closed_loop, open_loop
+from bench.memory import PeakRss
+from bench.stats import Sample, summarize
+from tsclient.management import ManagementClient
+from tsclient.server import LocalTorchServe
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """Durations and bounds of every load run (the defaults fit ``python -m bench`` in 10 min).
+
+    Closed loop: ``warmup_s`` discarded, then ``closed_s`` measured, at most
+    ``closed_max_requests`` requests. Open loop: each rate for ``open_s``, at most
+    ``open_max_requests`` arrivals and ``open_max_in_flight`` requests in flight.
+    """
+
+    warmup_s: float = 3.0
+    closed_s: float = 12.0
+    closed_max_requests: int = 3000
+    clients: tuple[int, ...] = (1, 16)
+    rates: tuple[float, ...] = (5.0, 10.0, 20.0, 30.0)
+    open_s: float = 10.0
+    open_max_requests: int = 1000
+    open_max_in_flight: int = 64
+    open_image: str = "small"
+    timeout_s: float = 60.0
+
+
+def management(server: LocalTorchServe) -> ManagementClient:
+    return ManagementClient(server.management_url, server.keys.management, timeout=300)
+
+
+def describe(server: LocalTorchServe, model: str, customized: bool = False) -> dict:
+    """The describe API's entry for ``model``; ``customizedMetadata`` parsed when it is JSON."""
+    info = management(server).describe(model, customized=customized)[0]
+    meta = info.get("customizedMetadata")
+    if isinstance(meta, str):
+        try:
+            info["customizedMetadata"] = json.loads(meta)
+        except ValueError:
+            pass
+    return info
+
+
+def frontend_settings(info: dict) -> dict:
+    """The frontend settings a describe entry reports, as the benchmark tables show them."""
+    workers = info.get("workers", [])
+    return {
+        "batchSize": info.get("batchSize"),
+        "maxBatchDelay": info.get("maxBatchDelay"),
+        "workers": len(workers),
+        "ready": sum(1 for w in workers if w.get("status") == "READY"),
+        "worker_pids": [w.get("pid") for w in workers],
+    }
+
+
+class ModelUnderTest:
+    """One model on one started server: how to call it and how to read its batch sizes."""
+
+    def __init__(self, server: LocalTorchServe, model: str, *, batches_from_log: bool,
+                 plan: LoadPlan) -> None:
+        self.server = server
+        self.model = model
+        self.batches_from_log = batches_from_log
+        self.plan = plan
+        self.pid_file = server.tmpdir / ".model_server.pid"
+
+    def endpoint(self, body: bytes) -> Endpoint:
+        return Endpoint(f"{self.server.inference_url}/predictions/{self.model}",
+                        self.server.keys.inference_headers(), body, self.plan.timeout_s)
+
+    def _measured(self, run: Callable[[], list[Sample]], watch: dict[str, int]) -> dict:
+        with PeakRss(self.pid_file, watch) as peak:
+            samples = run()
+        if self.batches_from_log:
+            time.sleep(0.5)  # the frontend writes the worker's metric lines asynchronously
+            samples = with_logged_batches(samples, self.server.workdir / "logs" / "ts_log.log",
+                                          self.model)
+        stats = summarize(samples).to_dict()
+        stats["rss_server_mb"] = peak.total_mb
+        stats["rss_worker_mb"] = max(peak.watched_mb.values(), default=0.0)
+        return stats
+
+    def closed(self, image: str, body: bytes, clients: int, watch: dict[str, int]) -> dict:
+        """Warm up, then one measured closed-loop run."""
+        endpoint = self.endpoint(body)
+        plan = self.plan
+        closed_loop(endpoint, clients, plan.warmup_s, plan.closed_max_requests)
+        stats = self._measured(
+            lambda: closed_loop(endpoint, clients, plan.closed_s, plan.closed_max_requests),
+            watch)
+        return {"image": image, "clients": clients, **stats}
+
+    def open(self, image: str, body: bytes, rate: float, watch: dict[str, int]) -> dict:
+        """One open-loop run at ``rate`` requests/s (same seeded arrivals for every server)."""
+        endpoint = self.endpoint(body)
+        plan = self.plan
+        stats = self._measured(
+            lambda: open_loop(endpoint, rate, plan.open_s, plan.open_max_requests,
+                              plan.open_max_in_flight, seed=int(rate * 1000)),
+            watch)
+        return {"image": image, "rate": rate, **stats}
+
+
+def measure_model(server: LocalTorchServe, model: str, images: dict[str, bytes],
+                  plan: LoadPlan, *, batches_from_log: bool,
+                  progress: Callable[[str], None] = lambda _: None) -> dict:
+    """Every closed-loop run (each image x each client count), then the open-loop sweep on
+    ``plan.open_image``. Returns ``{"settings": ..., "closed": [...], "open": [...]}``."""
+    mut = ModelUnderTest(server, model, batches_from_log=batches_from_log, plan=plan)
+    settings = frontend_settings(describe(server, model))
+    watch = {f"worker {pid}": pid for pid in settings["worker_pids"] if pid}
+    closed = []
+    for image, body in images.items():
+        for clients in plan.clients:
+            progress(f"{model}: {image}, {clients} client(s), closed loop")
+            closed.append(mut.closed(image, body, clients, watch))
+    opened = []
+    for rate in plan.rates:
+        progress(f"{model}: {plan.open_image}, Poisson {rate:g} req/s, open loop")
+        opened.append(mut.open(plan.open_image, images[plan.open_image], rate, watch))
+    return {"settings": settings, "closed": closed, "open": opened}
+

@@ -1,0 +1,213 @@
+"""``python -m bench.sweep``: which batchSize x maxBatchDelay x workers serves the tagger best
+on this machine, at 16 closed-loop clients sending the small JPEG.
+
+One TorchServe runs for the whole sweep with no model loaded. For each setting, while the
+server idles: build a variant archive whose model-config.yaml carries the setting (the only
+way in TorchServe 0.12, see ``bench.archives``), register it, check with the describe API that
+batchSize, maxBatchDelay and the READY worker count are the ones asked for (a setting that did
+not take is reported as failed, never measured), warm up, measure, unregister, delete the
+archive. The exit status is 1 when any setting failed.
+
+Writes ``results/sweep.{md,json}`` and prints the Markdown (progress goes to stderr).
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import logging
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from bench import machine, report
+from bench.archives import ArchiveInfo, build_variant, variant_config
+from bench.layout import (BUILD, IMAGES, MODEL_STORE, REPO, RESULTS, SAMPLES, TAGGER as OURS,
+                          fresh_dir, setup_cli)
+from bench.serving import LoadPlan, ModelUnderTest, describe, frontend_settings, management
+from tsclient.management import ManagementError
+from tsclient.server import LocalTorchServe
+
+log = logging.getLogger("bench.sweep")
+
+SWEEP = BUILD / "sweep"
+CLIENTS = 16
+IMAGE = "small"
+TIE = 0.05  # run-to-run noise here is several percent: closer than this is no real difference
+
+
+class SettingNotApplied(RuntimeError):
+    """The registered variant does not run with the settings its archive asked for."""
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+def wait_for_setting(server: LocalTorchServe, batch_size: int, delay: int, workers: int,
+                     timeout_s: float = 120.0) -> dict:
+    """Poll the describe API until the tagger has ``workers`` READY workers; then insist that
+    batchSize and maxBatchDelay are the asked ones. Returns the frontend settings."""
+    deadline = time.monotonic() + timeout_s
+    settings: dict = {}
+    while time.monotonic() < deadline:
+        settings = frontend_settings(describe(server, OURS))
+        if settings["ready"] == workers and settings["workers"] == workers:
+            break
+        time.sleep(0.5)
+    wanted = {"batchSize": batch_size, "maxBatchDelay": delay, "workers": workers,
+              "ready": workers}
+    got = {k: settings.get(k) for k in wanted}
+    if got != wanted:
+        raise SettingNotApplied(f"wanted {wanted}, the describe API says {got}")
+    return settings
+
+
+def unregister_all(server: LocalTorchServe, timeout_s: float = 120.0) -> None:
+    """Unregister every model and wait until the list is empty (its workers are gone)."""
+    client = management(server)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        models = client.list_models()
+        if not models:
+            return
+        for model in models:
+            try:
+                client.unregister(model["modelName"])
+            except ManagementError as exc:
+                if exc.status != 404:  # 404: already gone between list and delete
+                    raise
+        time.sleep(0.5)
+    raise RuntimeError(f"models still registered after {timeout_s:.0f}s")
+
+
+def run_setting(server: LocalTorchServe, archive: ArchiveInfo, base_yaml: Path, body: bytes,
+                plan: LoadPlan, batch_size: int, delay: int, workers: int) -> dict:
+    """Build, register, verify, measure and unregister one setting."""
+    name = f"{OURS}-b{batch_size}-d{delay}-w{workers}.mar"
+    mar = build_variant(OURS, variant_config(base_yaml, batch_size, delay, workers),
+                        archive.backend, SWEEP / "archive-work", SWEEP / "store" / name)
+    row = {"batchSize": batch_size, "maxBatchDelay": delay, "workers": workers}
+    try:
+        management(server).register(name, initial_workers=workers, batch_size=batch_size,
+                                    max_batch_delay=delay)
+        settings = wait_for_setting(server, batch_size, delay, workers)
+        mut = ModelUnderTest(server, OURS, batches_from_log=False, plan=plan)
+        watch = {f"worker {pid}": pid for pid in settings["worker_pids"] if pid}
+        row.update(mut.closed(IMAGE, body, CLIENTS, watch))
+    except (ManagementError, SettingNotApplied) as exc:
+        log.warning("setting %s failed: %s", row, exc)
+        row["failed"] = str(exc)
+    finally:
+        unregister_all(server)
+        mar.unlink(missing_ok=True)
+    return row
+
+
+def winner(rows: list[dict]) -> dict | None:
+    """Highest throughput among the settings with no errors."""
+    clean = [r for r in rows if "failed" not in r and r["errors"] == 0 and r["ok"]]
+    return max(clean, key=lambda r: r["throughput"], default=None)
+
+
+def render_markdown(results: dict) -> str:
+    meta = results["meta"]
+    best = winner(results["rows"])
+    fmt = report.fmt
+    lines = [
+        "# Batching sweep: resnet50-tagger, 16 closed-loop clients, small JPEG",
+        "",
+        f"- Date: {meta['machine']['date']}; `{meta['command']}` took "
+        f"{fmt(meta['elapsed_s'], 0)} s; backend **{meta['backend']}**.",
+        f"- Machine: {meta['machine']['cpu']}, {meta['machine']['cores']} cores; CPU "
+        f"{fmt(meta['machine']['cpu_busy_percent_before'], 0)}% busy just before; load average "
+        f"before {' / '.join(map(str, meta['machine']['loadavg_at_start']))}, after "
+        f"{' / '.join(map(str, meta['loadavg_at_end']))}.",
+        f"- Each setting: its own archive (model-config.yaml), verified with the describe API, "
+        f"{meta['plan']['warmup_s']:g} s warm-up, {meta['plan']['closed_s']:g} s measured.",
+        f"- Winner (**bold**, ★): highest img/s with zero errors; ≈ marks settings within "
+        f"{TIE:.0%} of it, a tie on a machine this noisy.",
+        "",
+        "| batchSize | maxBatchDelay ms | workers | img/s | p50 ms | p99 ms | errors | "
+        "batch mean / max | peak RSS server MB |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in results["rows"]:
+        if "failed" in row:
+            lines.append(f"| {row['batchSize']} | {row['maxBatchDelay']} | {row['workers']} | "
+                         f"failed: {row['failed']} | | | | | |")
+            continue
+        cells = [str(row["batchSize"]), str(row["maxBatchDelay"]), str(row["workers"]),
+                 fmt(row["throughput"]), fmt(row["p50_ms"]), fmt(row["p99_ms"]),
+                 str(row["errors"]), f"{fmt(row['batch_mean'])} / {row['batch_max']}",
+                 fmt(row["rss_server_mb"], 0)]
+        if row is best:
+            cells = [f"**{c}**" for c in cells]
+            cells[0] = "★ " + cells[0]
+        elif "failed" not in row and row["errors"] == 0 and best is not None \
+                and row["throughput"] >= (1 - TIE) * best["throughput"]:
+            cells[0] = "≈ " + cells[0]
+        lines.append("| " + " | ".join(cells) + " |")
+    if best is not None:
+        lines += ["", f"Winner: batchSize {best['batchSize']}, maxBatchDelay "
+                      f"{best['maxBatchDelay']} ms, {best['workers']} worker(s): "
+                      f"{fmt(best['throughput'])} img/s, p99 {fmt(best['p99_ms'])} ms."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.sweep",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--batch-sizes", type=_ints, default=(1, 4, 8, 16))
+    parser.add_argument("--delays", type=_ints, default=(1, 5, 20), help="maxBatchDelay, ms")
+    parser.add_argument("--workers", type=_ints, default=(1, 2))
+    parser.add_argument("--seconds", type=float, default=8.0, help="measured time per setting")
+    parser.add_argument("--warmup", type=float, default=2.0, help="warm-up per setting, s")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    args = parser.parse_args(argv)
+    setup_cli("bench.sweep", args.quiet)
+    plan = replace(LoadPlan(), warmup_s=args.warmup, closed_s=args.seconds)
+
+    started = time.monotonic()
+    machine_info = machine.describe_machine()
+    archive = ArchiveInfo.read(MODEL_STORE / f"{OURS}.mar")
+    body = (SAMPLES / IMAGES[IMAGE]).read_bytes()
+    base_yaml = REPO / "config" / f"{OURS}.yaml"
+    settings = list(itertools.product(args.batch_sizes, args.delays, args.workers))
+    (SWEEP / "store").mkdir(parents=True, exist_ok=True)
+    server = LocalTorchServe(fresh_dir(SWEEP / "run"), SWEEP / "store", load_models=[])
+    rows = []
+    try:
+        server.start()
+        for i, (batch_size, delay, workers) in enumerate(settings, 1):
+            log.info("%d/%d: batchSize %d, maxBatchDelay %d ms, %d worker(s)", i,
+                     len(settings), batch_size, delay, workers)
+            rows.append(run_setting(server, archive, base_yaml, body, plan, batch_size, delay,
+                                    workers))
+    finally:
+        server.stop()
+
+    results = {
+        "meta": {"command": " ".join(["python -m bench.sweep", *(argv or sys.argv[1:])]),
+                 "machine": machine_info, "backend": archive.backend,
+                 "plan": {"warmup_s": plan.warmup_s, "closed_s": plan.closed_s,
+                          "clients": CLIENTS, "image": IMAGE},
+                 "elapsed_s": time.monotonic() - started,
+                 "loadavg_at_end": [round(x, 2) for x in os.getloadavg()]},
+        "rows": rows,
+    }
+    best = winner(rows)
+    results["winner"] = None if best is None else {
+        k: best[k] for k in ("batchSize", "maxBatchDelay", "workers")}
+    args.out.mkdir(parents=True, exist_ok=True)
+    report.write_json(results, args.out / "sweep.json")
+    markdown = render_markdown(results)
+    (args.out / "sweep.md").write_text(markdown)
+    print(markdown, end="")
+    return 1 if any("failed" in r for r in rows) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,183 @@
+"""The benchmark's pure helpers: statistics, arrival schedules, log parsing, targets, report.
+
+No server, no model: these run in well under a second.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from bench.batchlog import batches_by_request
+from bench.loadgen import Endpoint, poisson_schedule
+from bench.report import render_markdown
+from bench.stats import Sample, find_run, percentile, ratio, summarize
+from bench.stock import MODEL_NAME, stock_config
+from bench.targets import evaluate
+from tsclient.server import read_properties
+from tests.conftest import REPO
+
+
+def test_percentile_interpolates_like_numpy():
+    values = [4.0, 1.0, 3.0, 2.0]
+    assert percentile(values, 0) == 1.0
+    assert percentile(values, 100) == 4.0
+    assert percentile(values, 50) == 2.5
+    assert percentile(values, 95) == pytest.approx(3.85)
+    assert percentile([7.0], 99) == 7.0
+    assert math.isnan(percentile([], 50))
+    with pytest.raises(ValueError):
+        percentile(values, 101)
+
+
+def test_summarize_counts_errors_and_uses_only_successes_for_latency():
+    samples = [
+        Sample(0.0, 0.1, True, batch_size=1),
+        Sample(0.0, 0.3, True, batch_size=3),
+        Sample(0.5, 1.0, True, batch_size=3),
+        Sample(0.2, 2.0, False, "HTTP 503"),
+        Sample(0.2, 0.4, False, "ConnectionError"),
+    ]
+    stats = summarize(samples)
+    assert (stats.requests, stats.ok, stats.errors) == (5, 3, 2)
+    assert stats.duration_s == pytest.approx(2.0)  # first start to last end, failures included
+    assert stats.throughput == pytest.approx(1.5)
+    assert stats.p50_ms == pytest.approx(300.0)
+    assert stats.batch_mean == pytest.approx(7 / 3)
+    assert stats.batch_max == 3
+    assert stats.error_kinds == {"HTTP 503": 1, "ConnectionError": 1}
+
+
+def test_summarize_of_nothing_is_zero_throughput_and_nan_latency():
+    stats = summarize([])
+    assert stats.requests == 0 and stats.throughput == 0.0 and math.isnan(stats.p99_ms)
+    assert math.isnan(summarize([Sample(0, 1, True)]).batch_mean)
+
+
+def test_ratio_and_find_run():
+    assert ratio(3.0, 2.0) == 1.5
+    assert math.isnan(ratio(1.0, 0.0)) and math.isnan(ratio(math.nan, 1.0))
+    runs = [{"image": "small", "clients": 1}, {"image": "small", "clients": 16}]
+    assert find_run(runs, image="small", clients=16) is runs[1]
+    assert find_run(runs, image="12mp") is None
+
+
+def test_poisson_schedule_is_seeded_sorted_and_bounded():
+    first = poisson_schedule(20.0, 10.0, 1000, seed=3)
+    assert first == poisson_schedule(20.0, 10.0, 1000, seed=3)
+    assert first == sorted(first) and all(0 < t < 10.0 for t in first)
+    assert 120 < len(first) < 280  # 200 expected; far outside means a wrong rate
+    assert len(poisson_schedule(1000.0, 10.0, 50)) == 50
+    with pytest.raises(ValueError):
+        poisson_schedule(0.0, 1.0, 10)
+
+
+def test_endpoint_refuses_anything_but_loopback():
+    Endpoint("http://127.0.0.1:8080/predictions/m", {}, b"")
+    with pytest.raises(ValueError):
+        Endpoint("http://example.com/predictions/m", {}, b"")
+
+
+LOG = """\
+2026-11-22T04:31:39,616 [INFO ] W-9000-resnet50-stock_1.0-stdout org.pytorch.serve.wlm.\
+WorkerLifeCycle - result=[METRICS]PredictionTime.Milliseconds:2485.75|#ModelName:resnet50-stock,\
+Level:Model|#type:GAUGE|#hostname:vm,1795321899,aa-1,bb-2,cc-3, pattern=[METRICS]
+2026-11-22T04:31:39,700 [INFO ] W-9000-resnet50-stock_1.0-stdout org.pytorch.serve.wlm.\
+WorkerLifeCycle - result=[METRICS]PredictionTime.Milliseconds:12.5|#ModelName:resnet50-stock,\
+Level:Model|#type:GAUGE|#hostname:vm,1795321900,dd-4, pattern=[METRICS]
+2026-11-22T04:31:39,800 [INFO ] W-9001-other_1.0-stdout org.pytorch.serve.wlm.WorkerLifeCycle - \
+result=[METRICS]PredictionTime.Milliseconds:1.0|#ModelName:other,Level:Model|#type:GAUGE|\
+#hostname:vm,1795321900,ee-5,ff-6, pattern=[METRICS]
+2026-11-22T04:31:39,900 [INFO ] W-9000-resnet50-stock_1.0 ACCESS_LOG - /127.0.0.1:1 "POST ..."
+"""
+
+
+def test_batch_sizes_come_from_prediction_time_lines_of_the_model():
+    sizes = batches_by_request(LOG.splitlines(), "resnet50-stock")
+    assert sizes == {"aa-1": 3, "bb-2": 3, "cc-3": 3, "dd-4": 1}
+
+
+def test_stock_config_copies_the_tagger_frontend_settings(tmp_path):
+    out = stock_config(REPO / "config" / "config.properties", tmp_path / "stock.properties")
+    shipped = json.loads(read_properties(
+        (REPO / "config" / "config.properties").read_text())["models"])["resnet50-tagger"]["1.0"]
+    properties = read_properties(out.read_text())
+    entry = json.loads(properties["models"])[MODEL_NAME]["1.0"]
+    assert properties["load_models"] == f"{MODEL_NAME}.mar"
+    assert entry["marName"] == f"{MODEL_NAME}.mar"
+    for key in ("batchSize", "maxBatchDelay", "minWorkers", "maxWorkers"):
+        assert entry[key] == shipped[key], key
+
+
+def _run(**fields) -> dict:
+    base = {"requests": 10, "ok": 10, "errors": 0, "duration_s": 1.0, "throughput": 10.0,
+            "p50_ms": 100.0, "p95_ms": 120.0, "p99_ms": 130.0, "batch_mean": 1.0,
+            "batch_max": 1, "error_kinds": {}, "rss_server_mb": 1000.0, "rss_worker_mb": 500.0}
+    return {**base, **fields}
+
+
+def _results(ours_small16=40.0, stock_small16=10.0, errors=0) -> dict:
+    raw = {"onnx": {"forward": [{"batch": 1, "images_per_s": 15.0},
+                                {"batch": 8, "images_per_s": 40.0}],
+                    "single_image": {"small": {"p50_ms": 50.0}, "12mp": {"p50_ms": 60.0}}}}
+    settings = {"batchSize": 8, "maxBatchDelay": 5, "workers": 1}
+
+    def served(name, small16, large16, errs):
+        return {"model": name, "backend": "onnx", "settings": settings,
+                "closed": [_run(image="small", clients=1, p50_ms=60.0),
+                           _run(image="small", clients=16, throughput=small16, errors=errs,
+                                error_kinds={"HTTP 503": errs} if errs else {}),
+                           _run(image="12mp", clients=1),
+                           _run(image="12mp", clients=16, throughput=large16)],
+                "open": [_run(rate=5.0)]}
+
+    return {"raw": raw, "served": {"ours": served("resnet50-tagger", ours_small16, 30.0, errors),
+                                   "stock": served("resnet50-stock", stock_small16, 5.0, 0)}}
+
+
+def test_targets_pass_and_miss_from_the_numbers():
+    results = _results()
+    targets = {t.key: t for t in evaluate(results["raw"], "onnx", results["served"]["ours"],
+                                          results["served"]["stock"])}
+    assert targets["a1"].value == pytest.approx(4.0) and targets["a1"].passed
+    assert targets["a2"].value == pytest.approx(1.0) and targets["a2"].passed
+    assert targets["b"].value == pytest.approx(6.0) and targets["b"].passed
+    assert targets["c"].value == pytest.approx(1.2) and targets["c"].passed
+    assert targets["d"].passed
+
+    results = _results(ours_small16=15.0, errors=2)
+    targets = {t.key: t for t in evaluate(results["raw"], "onnx", results["served"]["ours"],
+                                          results["served"]["stock"])}
+    assert not targets["a1"].passed and not targets["a2"].passed and not targets["d"].passed
+
+
+def test_a_target_without_its_measurement_is_a_miss():
+    results = _results()
+    targets = {t.key: t for t in evaluate(results["raw"], "torchscript",
+                                          results["served"]["ours"], results["served"]["stock"])}
+    assert math.isnan(targets["a2"].value) and not targets["a2"].passed
+    assert not targets["c"].passed
+
+
+def test_markdown_report_renders_every_section():
+    results = _results(errors=1)
+    results["meta"] = {
+        "command": "python -m bench", "elapsed_s": 300.0, "loadavg_at_end": [2.0, 1.5, 1.0],
+        "machine": {"date": "2026-01-01T00:00:00+00:00", "cpu": "Test CPU", "cores": 2,
+                    "memory_gb": 8.0, "os": "Linux", "loadavg_at_start": [0.1, 0.2, 0.3],
+                    "cpu_busy_percent_before": 3.0},
+        "versions": {"torch": "x"},
+        "weights": {"source": "seeded-untrained", "trained": False, "sha256": "ab" * 32,
+                    "detail": "seed 0"},
+        "plan": {"warmup_s": 3.0, "closed_s": 12.0, "closed_max_requests": 3000,
+                 "open_s": 10.0, "open_max_in_flight": 64, "open_image": "small"},
+    }
+    results["targets"] = [t.to_dict() for t in evaluate(
+        results["raw"], "onnx", results["served"]["ours"], results["served"]["stock"])]
+    markdown = render_markdown(results)
+    assert "**untrained**" in markdown and "Test CPU" in markdown
+    assert "**MISS**" in markdown  # target d: one error
+    assert "**1** (HTTP 503: 1)" in markdown
+    for heading in ("## Targets", "## Raw model", "closed loop", "open loop"):
+        assert heading in markdown
