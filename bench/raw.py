@@ -106,6 +106,8 @@ def run_raw(weights_dir: Path, images: dict[str, bytes], preprocess: Preprocesso
         with warnings.catch_warnings():
             # torch.jit.load's deprecation notice says nothing about the measurement.
             warnings.simplefilter("ignore", FutureWarning)
+            # Runtime defaults (ONNX Runtime's threads spin): the fastest raw number, so the
+            # served-vs-raw ratios are measured against the best the model itself can do.
             backend = load_backend(kind, weights_dir / BACKEND_FILES[kind], torch.device("cpu"))
         load_s = time.monotonic() - t
         results[kind] = {

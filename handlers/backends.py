@@ -25,10 +25,13 @@ def backend_kind(serialized_file: str) -> str:
 
 
 def load_backend(kind: str, path: Path, device: torch.device, *, half: bool = False,
-                 threads: int = 0) -> Backend:
-    """Load the serialized model at ``path`` for ``kind`` (eager, torchscript, onnx)."""
+                 threads: int = 0, spin: bool = True) -> Backend:
+    """Load the serialized model at ``path`` for ``kind`` (eager, torchscript, onnx).
+
+    ``spin``: ONNX Runtime's intra-op threads busy-wait between operators (its default).
+    """
     if kind == "onnx":
-        return _onnx(path, device, threads)
+        return _onnx(path, device, threads, spin)
     if kind == "torchscript":
         module = torch.jit.load(str(path), map_location=device).eval()
     else:
@@ -46,7 +49,7 @@ def load_backend(kind: str, path: Path, device: torch.device, *, half: bool = Fa
     return run
 
 
-def _onnx(path: Path, device: torch.device, threads: int) -> Backend:
+def _onnx(path: Path, device: torch.device, threads: int, spin: bool) -> Backend:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -54,6 +57,7 @@ def _onnx(path: Path, device: torch.device, threads: int) -> Backend:
     if threads:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     providers = ["CPUExecutionProvider"]
     if device.type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
         providers.insert(0, ("CUDAExecutionProvider", {"device_id": device.index or 0}))

@@ -29,6 +29,9 @@ class HandlerConfig:
     half_precision: run the eager backend in float16 on GPU (ignored on CPU).
     threads: intra-op threads per worker; 0 keeps the runtime's default (all cores).
     decode_threads: threads decoding a batch's images; 0 = one per core, at most 4.
+    onnx_spinning: let ONNX Runtime's threads busy-wait between operators (its own default).
+        Off here: in a server those cycles belong to the frontend, the decode threads and other
+        workers; one-client p50 latency was 3-4 ms lower without it at equal throughput.
     max_image_pixels: decoded width*height above which a request gets 413.
     max_image_bytes: encoded image size above which a request gets 413.
     draft_decode: let JPEG decoding downscale by 1/2, 1/4, 1/8 in the DCT while keeping the
@@ -42,6 +45,7 @@ class HandlerConfig:
     half_precision: bool = False
     threads: int = 0
     decode_threads: int = 0
+    onnx_spinning: bool = False
     max_image_pixels: int = 40_000_000
     max_image_bytes: int = 30 * 1024 * 1024
     draft_decode: bool = True

@@ -52,6 +52,7 @@ class ResNetHandler(BaseHandler):
         self.backend = load_backend(
             self.backend_kind, model_dir / serialized, self.device,
             half=self.config.half_precision, threads=self.config.threads,
+            spin=self.config.onnx_spinning,
         )
         self.labels = _load_labels(model_dir / "index_to_name.json")
         self.weights_info = json.loads((model_dir / "weights_info.json").read_text())
