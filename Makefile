@@ -3,13 +3,14 @@
 #   make test    set up, build weights and archives, run the whole test suite
 # Every step is skipped when its output is up to date.
 #
-# Variables: WEIGHTS=auto|imagenet|seeded|/path/to/resnet50.pt (see README),
+# Variables: WEIGHTS=auto|imagenet|seeded|/path/to/resnet50.pt (see README; unset keeps the
+#            weights already built, else auto),
 #            BACKEND=onnx (default, fastest on CPU)|torchscript|eager (PyTorch; the GPU choice)
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
-WEIGHTS ?= auto
+WEIGHTS ?=
 BACKEND ?= onnx
 WEIGHTS_DIR := build/weights
 MODELS := resnet50-embedding resnet50-tagger
@@ -33,7 +34,7 @@ $(VENV)/.installed: requirements.txt
 
 # build_weights.py is itself idempotent: it returns at once when WEIGHTS is what it built.
 weights: $(VENV)/.installed
-	@$(PY) -m model_files.build_weights --source "$(WEIGHTS)" --out $(WEIGHTS_DIR)
+	@$(PY) -m model_files.build_weights $(if $(WEIGHTS),--source "$(WEIGHTS)") --out $(WEIGHTS_DIR)
 	@$(PY) -m model_files.export --backend "$(BACKEND)" --weights $(WEIGHTS_DIR)
 
 # Archives are rebuilt when the handler, model code, configs, weights or backend change.

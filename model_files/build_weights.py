@@ -1,6 +1,6 @@
 """Build the checkpoint that goes into the archives, and record where it came from.
 
-    python -m model_files.build_weights --source auto|imagenet|seeded|/path/to/ckpt.pt
+    python -m model_files.build_weights [--source auto|imagenet|seeded|/path/to/ckpt.pt]
 
 writes into ``--out`` (default ``build/weights``):
 
@@ -9,6 +9,7 @@ writes into ``--out`` (default ``build/weights``):
                           reports this file verbatim);
 - ``index_to_name.json``  class index -> name, from the weights' own ``meta["categories"]``.
 
+Without ``--source``, weights already built are kept (whatever their source), else ``auto``.
 ``auto`` downloads ImageNet weights (``ResNet50_Weights.IMAGENET1K_V2``) and, when the network
 is unreachable, falls back to seeded *untrained* weights with a loud warning: those serve the
 right shapes and pass parity tests, but their labels are meaningless.
@@ -107,14 +108,16 @@ def resolve(source: str):
     return _checkpoint_state_dict(Path(source))
 
 
-def build(source: str, out: Path) -> dict:
-    """Write the three files into ``out``; skip when they already hold ``source``."""
+def build(source: str | None, out: Path) -> dict:
+    """Write the three files into ``out``; skip when they already hold ``source`` (``None``:
+    keep any weights already built, else ``auto``)."""
     info_path = out / "weights_info.json"
-    if info_path.is_file():
+    if info_path.is_file() and (out / "resnet50.pt").is_file():
         info = json.loads(info_path.read_text())
-        if info.get("requested") == source and (out / "resnet50.pt").is_file():
+        if source is None or info.get("requested") == source:
             print(f"weights up to date: {info['source']} ({info_path})")
             return info
+    source = source or "auto"
 
     import torch
     from model_files.resnet_dual import WEIGHTS
@@ -135,11 +138,12 @@ def build(source: str, out: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--source", default="auto",
-                        help="auto (ImageNet, else seeded), imagenet, seeded, or a .pt path")
+    parser.add_argument("--source", default=None,
+                        help="auto (ImageNet, else seeded), imagenet, seeded, or a .pt path; "
+                             "default: keep the weights already built, else auto")
     parser.add_argument("--out", type=Path, default=Path("build/weights"))
     args = parser.parse_args(argv)
-    info = build(args.source, args.out)
+    info = build(args.source or None, args.out)
     if not info["trained"]:
         banner(info["warning"])
     return 0

@@ -1,0 +1,54 @@
+"""Where the weights come from, and that an offline fallback says so."""
+from __future__ import annotations
+
+import hashlib
+import json
+import urllib.error
+
+import pytest
+import torch
+
+from model_files import build_weights
+from model_files.resnet_dual import WEIGHTS
+
+
+def test_offline_auto_falls_back_to_seeded_weights_loudly(tmp_path, monkeypatch, capsys):
+    def no_network():
+        raise urllib.error.URLError("Name or service not known")
+
+    monkeypatch.setattr(build_weights, "_imagenet_state_dict", no_network)
+    info = build_weights.build("auto", tmp_path)
+    assert info["source"] == "seeded-untrained" and info["trained"] is False
+    assert "UNTRAINED WEIGHTS" in info["warning"]
+    assert "could not be downloaded" in capsys.readouterr().err
+    written = json.loads((tmp_path / "weights_info.json").read_text())
+    assert written["sha256"] == hashlib.sha256((tmp_path / "resnet50.pt").read_bytes()).hexdigest()
+    labels = json.loads((tmp_path / "index_to_name.json").read_text())
+    assert [labels[str(i)] for i in range(1000)] == WEIGHTS.meta["categories"]
+
+
+def test_checkpoint_source_is_recorded(tmp_path):
+    torch.manual_seed(5)
+    from torchvision.models import resnet50
+
+    state = {f"module.{k}": v for k, v in resnet50(weights=None).state_dict().items()}
+    checkpoint = tmp_path / "mine.pt"
+    torch.save({"state_dict": state}, checkpoint)
+    info = build_weights.build(str(checkpoint), tmp_path / "out")
+    assert info["source"] == "checkpoint" and info["trained"] is True
+    assert hashlib.sha256(checkpoint.read_bytes()).hexdigest() in info["detail"]
+    loaded = torch.load(tmp_path / "out" / "resnet50.pt", weights_only=True)
+    assert torch.equal(loaded["fc.weight"], state["module.fc.weight"])
+    # Without --source the weights already built are kept, whatever they came from.
+    assert build_weights.build(None, tmp_path / "out")["source"] == "checkpoint"
+
+
+def test_wrong_checkpoint_is_refused_with_a_message(tmp_path):
+    checkpoint = tmp_path / "other.pt"
+    torch.save({"conv.weight": torch.zeros(1)}, checkpoint)
+    with pytest.raises(SystemExit) as refused:
+        build_weights.build(str(checkpoint), tmp_path / "out")
+    assert "is not a torchvision resnet50 state dict" in str(refused.value)
+    with pytest.raises(SystemExit) as missing:
+        build_weights.build(str(tmp_path / "absent.pt"), tmp_path / "out")
+    assert "does not exist" in str(missing.value)
