@@ -111,6 +111,18 @@ def winner(rows: list[dict]) -> dict | None:
     return max(clean, key=lambda r: r["throughput"], default=None)
 
 
+def recommended(rows: list[dict]) -> dict | None:
+    """What to ship: among the settings tied with the winner (within ``TIE``), the one with
+    the shortest maxBatchDelay, since a lone request always waits that long; then the fastest.
+    Throughput alone would pick a long delay that only one-client latency pays for."""
+    best = winner(rows)
+    if best is None:
+        return None
+    tied = [r for r in rows if "failed" not in r and r["errors"] == 0 and r["ok"]
+            and r["throughput"] >= (1 - TIE) * best["throughput"]]
+    return min(tied, key=lambda r: (r["maxBatchDelay"], -r["throughput"]))
+
+
 def render_markdown(results: dict) -> str:
     meta = results["meta"]
     best = winner(results["rows"])
@@ -153,6 +165,11 @@ def render_markdown(results: dict) -> str:
         lines += ["", f"Winner: batchSize {best['batchSize']}, maxBatchDelay "
                       f"{best['maxBatchDelay']} ms, {best['workers']} worker(s): "
                       f"{fmt(best['throughput'])} img/s, p99 {fmt(best['p99_ms'])} ms."]
+        pick = recommended(results["rows"])
+        lines += ["", f"Recommended (the tied setting with the shortest maxBatchDelay, which a "
+                      f"lone request always waits): batchSize {pick['batchSize']}, "
+                      f"maxBatchDelay {pick['maxBatchDelay']} ms, {pick['workers']} worker(s): "
+                      f"{fmt(pick['throughput'])} img/s."]
     return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,29 @@
+"""The shipped benchmark runs end to end (``python -m bench --quick``: seconds-long loads, so
+its numbers mean nothing; what is checked is that every measurement ran and was reported)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.integration
+
+
+def test_quick_benchmark_reports_every_measurement(tmp_path, model_store):
+    run = subprocess.run([sys.executable, "-m", "bench", "--quick", "--quiet", "--out",
+                          str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = json.loads((tmp_path / "benchmark.json").read_text())
+    assert set(results["raw"]) == {"eager", "torchscript", "onnx"}
+    for server in ("ours", "stock"):
+        runs = results["served"][server]
+        assert runs["closed"] and runs["open"], server
+        assert all(r["errors"] == 0 and r["requests"] > 0 for r in runs["closed"] + runs["open"])
+    assert {t["key"] for t in results["targets"]} >= {"a1", "a2", "b", "c", "d"}
+    markdown = (tmp_path / "benchmark.md").read_text()
+    assert "## Targets" in markdown and "## Raw model" in markdown
+    assert (tmp_path / "benchmark.png").stat().st_size > 10_000
