@@ -78,7 +78,7 @@ def _settings(s: dict) -> str:
 
 
 def _targets(results: dict) -> list[str]:
-    rows = [[t["key"], t["description"], f"{fmt(t['value'], 2)} ({t['detail']})",
+    rows = [[t["key"], t["description"], f"{fmt(t['value'], 3)} ({t['detail']})",
              f"{t['op']} {fmt(t['threshold'], 2)}", "PASS" if t["passed"] else "**MISS**"]
             for t in results["targets"]]
     return ["## Targets", "", *_table(["", "target", "measured", "needed", "result"], rows)]

@@ -58,6 +58,7 @@ class ResNetHandler(BaseHandler):
         self.weights_info = json.loads((model_dir / "weights_info.json").read_text())
         self.transform = WEIGHTS.transforms()
         self.draft_size = self.config.draft_decode and max(self.transform.resize_size) or None
+        self.metrics = self._batch_metrics(context)
         self.pool = ThreadPoolExecutor(self.config.decode_threads or min(4, os.cpu_count() or 1),
                                        thread_name_prefix="decode")
         self.model_version = str(self.manifest["model"].get("modelVersion", "1.0"))
@@ -227,14 +228,24 @@ class ResNetHandler(BaseHandler):
             answers = [tags_for(r, default_k) for r in rows]
         return {"predictions": answers} if request.protocol == "v1" else answers[0]
 
+    def _batch_metrics(self, context) -> list:
+        """Our two batch histograms, looked up once. They must be declared in the metrics YAML
+        (config/metrics.yaml); without it they are skipped with a warning, never a failed batch."""
+        if context.metrics is None:
+            return []
+        try:
+            return [context.metrics.get_metric(name, MetricTypes.HISTOGRAM)
+                    for name in (BATCH_METRIC, IMAGES_METRIC)]
+        except Exception as exc:  # noqa: BLE001 - MetricsCacheKeyError and friends
+            logger.warning("batch-size metrics off: %s (declare them as in config/metrics.yaml)",
+                           exc)
+            return []
+
     def _record_batch(self, requests: int, images: int) -> None:
         logger.debug("batch: %d requests, %d images", requests, images)
-        metrics = getattr(self.context, "metrics", None)
-        if metrics is None:
-            return
         dims = [self.context.model_name, "Model"]
-        metrics.get_metric(BATCH_METRIC, MetricTypes.HISTOGRAM).add_or_update(requests, dims)
-        metrics.get_metric(IMAGES_METRIC, MetricTypes.HISTOGRAM).add_or_update(images, dims)
+        for metric, value in zip(self.metrics, (requests, images)):
+            metric.add_or_update(value, dims)
 
 
 def _load_labels(path: Path) -> list[str]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -147,3 +148,23 @@ def test_describe_reports_weights(tagger, weights_dir):
     assert described["weights"] == info
     assert described["handler"]["task"] == "tags"
     assert described["backend"] == "eager"
+
+
+def test_undeclared_metrics_do_not_fail_batches(weights_dir, caplog):
+    import ts
+    from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
+
+    from handlers.resnet_handler import ResNetHandler
+    from tests.handler_context import make_context
+
+    context = make_context(weights_dir, {"task": "tags"})
+    # TorchServe's own metrics.yaml, which does not declare our histograms.
+    stock = MetricsCacheYamlImpl(str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
+    stock.initialize_cache()
+    context.metrics = stock
+    handler = ResNetHandler()
+    with caplog.at_level("WARNING"):
+        handler.initialize(context)
+    assert any("batch-size metrics off" in r.getMessage() for r in caplog.records)
+    _, statuses, _ = run_batch(handler, context, [{"body": IMAGES["png-200x300"]}])
+    assert statuses == [(200, None)]
