@@ -34,3 +34,14 @@ def rel_error(actual, expected) -> float:
     actual = torch.as_tensor(actual, dtype=torch.float64)
     expected = torch.as_tensor(expected, dtype=torch.float64)
     return float((actual - expected).norm() / expected.norm())
+
+
+def assert_same_tags(tags: list[dict], expected: list[dict]) -> None:
+    """Same classes and labels in the same order; probabilities equal up to the float noise
+    between a batched and a single forward pass."""
+    import pytest
+
+    assert [t["index"] for t in tags] == [t["index"] for t in expected]
+    assert [t["label"] for t in tags] == [t["label"] for t in expected]
+    assert [t["probability"] for t in tags] == pytest.approx(
+        [t["probability"] for t in expected], rel=1e-4, abs=1e-7)

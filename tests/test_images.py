@@ -1,7 +1,6 @@
 """Decoding what people upload, and refusing what they should not, without TorchServe."""
 from __future__ import annotations
 
-import io
 import json
 
 import numpy as np
@@ -13,7 +12,7 @@ from handlers.errors import RequestError
 from handlers.images import decode_image
 from tests import corpus, imagegen
 from tests.handler_context import make_handler, run_batch
-from tests.reference import rel_error
+from tests.reference import assert_same_tags, rel_error
 
 GOOD = corpus.good_images()
 BAD = corpus.bad_inputs()
@@ -63,14 +62,7 @@ def test_bad_inputs_fail_alone_in_a_batch_of_good_ones(tagger):
         assert case.message in error["message"], (name, error)
         assert statuses[0] == statuses[2] == (200, None), name
         for response in (responses[0], responses[2]):
-            _assert_same_tags(json.loads(response), json.loads(alone))
-
-
-def _assert_same_tags(tags: list[dict], expected: list[dict]) -> None:
-    """Same classes in the same order; probabilities equal up to batch-vs-single float noise."""
-    assert [t["index"] for t in tags] == [t["index"] for t in expected]
-    assert [t["probability"] for t in tags] == pytest.approx(
-        [t["probability"] for t in expected], rel=1e-4, abs=1e-7)
+            assert_same_tags(json.loads(response), json.loads(alone))
 
 
 def test_draft_decoding_stays_close_to_full_decoding(weights_dir):

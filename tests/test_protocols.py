@@ -14,7 +14,7 @@ import yaml
 
 from tests import corpus, imagegen
 from tests.conftest import REPO
-from tests.reference import rel_error
+from tests.reference import assert_same_tags, rel_error
 
 pytestmark = pytest.mark.integration
 TOLERANCE = 1e-4
@@ -45,13 +45,6 @@ def raw_answer(ts, model: str, image: bytes, **headers):
                              headers={**ts.keys.inference_headers(), **headers})
     assert response.status_code == 200, response.text
     return response.json()
-
-
-def assert_same_tags(tags, expected):
-    assert [t["index"] for t in tags] == [t["index"] for t in expected]
-    assert [t["label"] for t in tags] == [t["label"] for t in expected]
-    assert [t["probability"] for t in tags] == pytest.approx(
-        [t["probability"] for t in expected], rel=1e-4, abs=1e-7)
 
 
 @pytest.fixture(scope="module")
