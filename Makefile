@@ -27,7 +27,7 @@ java:
 $(VENV)/.installed: requirements.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] >= (3, 10), "Python 3.10+ needed (3.11 recommended), found " + sys.version' \
 		|| { echo "error: set PYTHON=/path/to/python3.11" >&2; exit 1; }
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV) || { echo "error: could not create $(VENV); on Debian/Ubuntu: apt-get install -y python3-venv" >&2; exit 1; }
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
 	@touch $@

@@ -38,7 +38,8 @@ def load_backend(kind: str, path: Path, device: torch.device, *, half: bool = Fa
         from model_files.resnet_dual import build_dual
 
         module = build_dual(torch.load(path, map_location="cpu", weights_only=True)).to(device)
-    dtype = torch.float16 if half and device.type == "cuda" else torch.float32
+    # A frozen TorchScript module holds its weights as float32 constants: half is eager-only.
+    dtype = torch.float16 if half and device.type == "cuda" and kind == "eager" else torch.float32
     module = module.to(dtype)
 
     def run(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,8 +60,12 @@ def _onnx(path: Path, device: torch.device, threads: int, spin: bool) -> Backend
         options.inter_op_num_threads = 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     providers = ["CPUExecutionProvider"]
-    if device.type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
-        providers.insert(0, ("CUDAExecutionProvider", {"device_id": device.index or 0}))
+    if device.type == "cuda":
+        if "CUDAExecutionProvider" in ort.get_available_providers():
+            providers.insert(0, ("CUDAExecutionProvider", {"device_id": device.index or 0}))
+        else:  # the pinned onnxruntime wheel is the CPU build
+            logger.warning("ONNX Runtime has no CUDA provider here: running on CPU although "
+                           "the worker has %s; archive with BACKEND=eager for the GPU", device)
     session = ort.InferenceSession(str(path), options, providers=providers)
     input_name = session.get_inputs()[0].name
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,8 +54,16 @@ class ParsedRequest:
 def parse_request(row: dict[str, Any], header_top_k: Any = None) -> ParsedRequest:
     """Turn one TorchServe input dict into a ``ParsedRequest`` or raise a ``RequestError``.
 
-    ``header_top_k`` is the request's ``X-Top-K`` header, if any; a ``topk`` field wins over it.
+    ``header_top_k`` is the request's ``X-Top-K`` header, if any; any ``topk`` in the request
+    itself wins over it, and the header is only read (and checked) when it is used.
     """
+    parsed = _parse(row)
+    if parsed.top_k is None and header_top_k is not None:
+        return dataclasses.replace(parsed, top_k=parse_top_k(header_top_k))
+    return parsed
+
+
+def _parse(row: dict[str, Any]) -> ParsedRequest:
     body_keys = [k for k in BODY_KEYS if k in row]
     unknown = sorted(set(row) - set(BODY_KEYS) - set(PARAM_KEYS))
     if unknown:
@@ -65,8 +75,7 @@ def parse_request(row: dict[str, Any], header_top_k: Any = None) -> ParsedReques
         raise InvalidRequest("empty request: send an image as the body or as form field 'data'")
     if len(body_keys) > 1:
         raise InvalidRequest("send the image once: as the body or as form field 'data', not both")
-    top_k_field = row["topk"] if "topk" in row else header_top_k
-    query_top_k = parse_top_k(top_k_field) if top_k_field is not None else None
+    query_top_k = parse_top_k(row["topk"]) if "topk" in row else None
     payload = _as_json_if_json(row[body_keys[0]])
     if isinstance(payload, (bytes, bytearray)):
         return ParsedRequest("plain", [bytes(payload)], top_k=query_top_k)
@@ -96,8 +105,8 @@ def parse_top_k(value: Any) -> int:
     given = value
     if isinstance(value, (bytes, bytearray)):
         given = value = value.decode("utf-8", "replace")
-    if isinstance(value, str) and value.strip().lstrip("+").isdigit():
-        value = int(value.strip())
+    if isinstance(value, str) and re.fullmatch(r"\s*\+?[0-9]{1,7}\s*", value):
+        value = int(value)
     if type(value) is not int or not 1 <= value <= MAX_TOP_K:
         raise InvalidParameter(f"topk must be an integer from 1 to {MAX_TOP_K}, got {given!r}")
     return value

@@ -50,6 +50,13 @@ class PayloadTooLarge(RequestError):
     kind = "PayloadTooLarge"
 
 
+class NotSupported(RequestError):
+    """An endpoint TorchServe routes to every handler that this one does not implement."""
+
+    status = HTTPStatus.NOT_IMPLEMENTED
+    kind = "NotImplemented"
+
+
 def error_body(error: RequestError) -> dict:
     """The JSON body every error response carries: ``{"code", "type", "message"}``."""
     return {"code": int(error.status), "type": error.kind, "message": error.message}

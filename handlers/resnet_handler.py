@@ -23,7 +23,8 @@ from handlers import codec
 from handlers.batch import PreparedBatch, Slot
 from handlers.backends import backend_kind, load_backend
 from handlers.config import HandlerConfig
-from handlers.errors import RequestError, error_body, status_line
+from handlers.errors import (NotSupported, PayloadTooLarge, RequestError, error_body,
+                             status_line)
 from handlers.images import decode_image
 
 logger = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ class ResNetHandler(BaseHandler):
         for idx, row in enumerate(data):
             slot = Slot()
             try:
-                slot.request = codec.parse_request(row, self._header(idx, TOP_K_HEADER))
+                slot.request = self._parse(idx, row)
             except RequestError as error:
                 slot.error = error
             slots.append(slot)
@@ -155,6 +156,35 @@ class ResNetHandler(BaseHandler):
         })
 
     # ------------------------------------------------------------------ helpers
+
+    def _parse(self, idx: int, row: dict) -> codec.ParsedRequest:
+        if self._header(idx, "explain") == "True":
+            raise NotSupported("explanations are not implemented for this model; use "
+                               "/predictions (or the KServe :predict / infer routes)")
+        request = codec.parse_request(row, self._header(idx, TOP_K_HEADER))
+        limit = self.config.max_images_per_request
+        if len(request.images) > limit:
+            raise PayloadTooLarge(
+                f"request carries {len(request.images)} images, more than the limit of {limit} "
+                "(handler.max_images_per_request); split it into several requests"
+            )
+        return request
+
+    def _is_explain(self) -> bool:
+        """Explanations are answered per request by ``preprocess`` (501), never by
+        BaseHandler's captum path, which would fail the whole batch."""
+        return False
+
+    def _is_describe(self) -> bool:
+        """Only the management API's describe call (one request, no image) is a describe;
+        a ``describe: True`` header on a prediction is just a header."""
+        processors = self.context.request_processor or []
+        if len(processors) != 1 or processors[0] is None:
+            return False
+        properties = processors[0].get_request_properties()
+        if any(key in properties for key in codec.BODY_KEYS):
+            return False
+        return super()._is_describe()
 
     def _header(self, idx: int, name: str):
         """A request header by case-insensitive name (clients differ in capitalisation)."""

@@ -108,13 +108,24 @@ def resolve(source: str):
     return _checkpoint_state_dict(Path(source))
 
 
+def _still_current(source: str, info: dict) -> bool:
+    """Whether weights built from ``source`` need no rebuild: an explicit ``auto`` retries the
+    download after an offline fallback; a checkpoint is rebuilt when its file changed."""
+    if source == "auto":
+        return info.get("trained", False)
+    if source in ("imagenet", "seeded"):
+        return True
+    path = Path(source)
+    return path.is_file() and sha256_of(path) in info.get("detail", "")
+
+
 def build(source: str | None, out: Path) -> dict:
     """Write the three files into ``out``; skip when they already hold ``source`` (``None``:
     keep any weights already built, else ``auto``)."""
     info_path = out / "weights_info.json"
     if info_path.is_file() and (out / "resnet50.pt").is_file():
         info = json.loads(info_path.read_text())
-        if source is None or info.get("requested") == source:
+        if source is None or (info.get("requested") == source and _still_current(source, info)):
             print(f"weights up to date: {info['source']} ({info_path})")
             return info
     source = source or "auto"

@@ -168,3 +168,21 @@ def test_undeclared_metrics_do_not_fail_batches(weights_dir, caplog):
     assert any("batch-size metrics off" in r.getMessage() for r in caplog.records)
     _, statuses, _ = run_batch(handler, context, [{"body": IMAGES["png-200x300"]}])
     assert statuses == [(200, None)]
+
+
+@pytest.mark.parametrize("header", ["++5", "²", "0", "x"])
+def test_bad_top_k_header_is_a_400_for_that_request_only(tagger, header):
+    handler, context = tagger
+    good = IMAGES["png-200x300"]
+    responses, statuses, _ = run_batch(handler, context, [{"body": good}, {"body": good}],
+                                       headers=[{"X-Top-K": header}, {}])
+    assert statuses[0][0] == 400 and json.loads(responses[0])["type"] == "InvalidParameter"
+    assert statuses[1] == (200, None)
+
+
+def test_top_k_in_the_request_wins_over_a_bad_header(tagger):
+    handler, context = tagger
+    responses, statuses, _ = run_batch(handler, context,
+                                       [{"data": IMAGES["png-200x300"], "topk": b"2"}],
+                                       headers=[{"X-Top-K": "junk"}])
+    assert statuses == [(200, None)] and len(json.loads(responses[0])) == 2

@@ -52,3 +52,14 @@ def test_wrong_checkpoint_is_refused_with_a_message(tmp_path):
     with pytest.raises(SystemExit) as missing:
         build_weights.build(str(tmp_path / "absent.pt"), tmp_path / "out")
     assert "does not exist" in str(missing.value)
+
+
+def test_changed_checkpoint_is_rebuilt(tmp_path):
+    from torchvision.models import resnet50
+
+    checkpoint = tmp_path / "mine.pt"
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        torch.save(resnet50(weights=None).state_dict(), checkpoint)
+        info = build_weights.build(str(checkpoint), tmp_path / "out")
+        assert hashlib.sha256(checkpoint.read_bytes()).hexdigest() in info["detail"]

@@ -3,7 +3,7 @@
     python -m tsclient.management list
     python -m tsclient.management describe resnet50-tagger
     python -m tsclient.management scale resnet50-tagger --min 2 --max 2
-    python -m tsclient.management register resnet50-tagger.mar --batch-size 8 --max-batch-delay 5
+    python -m tsclient.management register resnet50-tagger.mar
     python -m tsclient.management unregister resnet50-tagger
 
 The management key is read from ``key_file.json`` (written by TorchServe in the directory it
@@ -62,7 +62,10 @@ class ManagementClient:
     def register(self, archive: str, *, initial_workers: int = 1, batch_size: int | None = None,
                  max_batch_delay: int | None = None, response_timeout: int | None = None) -> dict:
         """Register ``archive`` (a file name in the model store, or a URL) and start workers,
-        waiting until they are up (``synchronous=true``)."""
+        waiting until they are up (``synchronous=true``).
+
+        TorchServe 0.12 ignores ``batch_size``/``max_batch_delay`` when the archive's
+        model-config.yaml sets them (ours do): check with ``describe`` what applies."""
         return self._call("POST", "/models", url=archive, initial_workers=initial_workers,
                           batch_size=batch_size, max_batch_delay=max_batch_delay,
                           response_timeout=response_timeout, synchronous="true")
@@ -89,8 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     register = sub.add_parser("register")
     register.add_argument("archive")
     register.add_argument("--workers", type=int, default=1)
-    register.add_argument("--batch-size", type=int)
-    register.add_argument("--max-batch-delay", type=int)
+    register.add_argument("--batch-size", type=int,
+                          help="ignored by TorchServe 0.12 if the archive's YAML sets it")
+    register.add_argument("--max-batch-delay", type=int,
+                          help="ignored by TorchServe 0.12 if the archive's YAML sets it")
     scale = sub.add_parser("scale")
     scale.add_argument("model")
     scale.add_argument("--min", type=int, required=True)
