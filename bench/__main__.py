@@ -26,6 +26,8 @@ from bench.layout import (BUILD, EMBEDDING, IMAGES, MODEL_STORE, REPO, RESULTS, 
                           TAGGER as OURS, WEIGHTS, fresh_dir, setup_cli)
 from bench.serving import LoadPlan, describe, measure_model
 from bench.targets import evaluate
+from handlers.config import HandlerConfig
+from handlers.preprocess import Preprocessor
 from tsclient.server import DEFAULT_CONFIG, LocalTorchServe
 
 log = logging.getLogger("bench")
@@ -71,7 +73,7 @@ def run_raw(archive: ArchiveInfo, images: dict[str, bytes], budget: raw.Budget) 
     with contextlib.redirect_stdout(sys.stderr):
         for kind in ("torchscript", "onnx"):
             export(kind, WEIGHTS)
-    preprocess = raw.Preprocessor(archive.model_config.get("handler"))
+    preprocess = Preprocessor(HandlerConfig.from_mapping(archive.model_config.get("handler")))
     return raw.run_raw(WEIGHTS, images, preprocess, budget=budget)
 
 

@@ -15,15 +15,12 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
 
 import torch
 
 from bench.stats import percentile
 from handlers.backends import Backend, load_backend
-from handlers.config import HandlerConfig
-from handlers.images import decode_image
-from model_files.resnet_dual import WEIGHTS
+from handlers.preprocess import Preprocessor
 
 BACKEND_FILES = {
     "eager": "resnet50.pt",  # build_dual + the torchvision state dict
@@ -42,22 +39,6 @@ class Budget:
     max_iters: int = 200
     # TorchScript's profiling executor re-optimises on the first calls with a new input shape.
     warmup_iters: int = 3
-
-
-class Preprocessor:
-    """The handler's ``_load``: decode with the archive's handler settings (the ``handler:``
-    section of its model-config.yaml), then the weights' transform."""
-
-    def __init__(self, handler_settings: Mapping[str, Any] | None) -> None:
-        self.config = HandlerConfig.from_mapping(handler_settings)
-        self.transform = WEIGHTS.transforms()
-        # Same rule as ResNetHandler.initialize: draft-decode JPEGs down to the resize size.
-        self.draft_size = max(self.transform.resize_size) if self.config.draft_decode else None
-
-    def __call__(self, data: bytes) -> torch.Tensor:
-        image = decode_image(data, max_pixels=self.config.max_image_pixels,
-                             max_bytes=self.config.max_image_bytes, draft_size=self.draft_size)
-        return self.transform(image)
 
 
 def _timed_loop(step, budget: Budget) -> list[float]:

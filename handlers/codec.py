@@ -50,6 +50,12 @@ class ParsedRequest:
     request_id: str | None = None
     outputs: tuple[OutputSpec, ...] = field(default_factory=tuple)
 
+    def tags_top_k(self, default: int) -> int:
+        """How many tags to answer: a v2 ``tags`` output's own ``topk``, else the request's,
+        else the model's ``default``."""
+        own = next((o.top_k for o in self.outputs if o.name == "tags" and o.top_k), None)
+        return own or self.top_k or default
+
 
 def parse_request(row: dict[str, Any], header_top_k: Any = None) -> ParsedRequest:
     """Turn one TorchServe input dict into a ``ParsedRequest`` or raise a ``RequestError``.
@@ -151,7 +157,7 @@ def _require(mapping: dict, key: str, kind: type, where: str) -> Any:
     value = mapping.get(key)
     if not isinstance(value, kind) or isinstance(value, bool):
         raise InvalidRequest(
-            f"{where}.{key} must be a {kind.__name__ if isinstance(kind, type) else kind}, "
+            f"{where}.{key} must be a {kind.__name__}, "
             f"got {type(value).__name__ if key in mapping else 'nothing'}"
         )
     return value

@@ -25,7 +25,7 @@ from handlers.backends import backend_kind, load_backend
 from handlers.config import HandlerConfig
 from handlers.errors import (NotSupported, PayloadTooLarge, RequestError, error_body,
                              status_line)
-from handlers.images import decode_image
+from handlers.preprocess import Preprocessor
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +39,6 @@ class ResNetHandler(BaseHandler):
 
     def initialize(self, context) -> None:
         """Read the typed config, pick the device, load the backend, labels and transform."""
-        from model_files.resnet_dual import WEIGHTS
-
         self.context = context
         self.manifest = context.manifest
         self.config = HandlerConfig.from_mapping((context.model_yaml_config or {}).get("handler"))
@@ -57,8 +55,7 @@ class ResNetHandler(BaseHandler):
         )
         self.labels = _load_labels(model_dir / "index_to_name.json")
         self.weights_info = json.loads((model_dir / "weights_info.json").read_text())
-        self.transform = WEIGHTS.transforms()
-        self.draft_size = self.config.draft_decode and max(self.transform.resize_size) or None
+        self.preprocessor = Preprocessor(self.config)
         self.metrics = self._batch_metrics(context)
         self.pool = ThreadPoolExecutor(self.config.decode_threads or min(4, os.cpu_count() or 1),
                                        thread_name_prefix="decode")
@@ -123,6 +120,10 @@ class ResNetHandler(BaseHandler):
         """One forward pass over every good image of the batch."""
         if batch.pixels is not None:
             batch.embedding, batch.logits = self.backend(batch.pixels)
+            rows = (len(batch.pixels), len(batch.embedding), len(batch.logits))
+            if len(set(rows)) != 1:
+                raise RuntimeError(f"backend returned {rows[1]} embeddings and {rows[2]} logit "
+                                   f"rows for a batch of {rows[0]} images")
         return batch
 
     def postprocess(self, batch: PreparedBatch) -> list[str]:
@@ -139,10 +140,6 @@ class ResNetHandler(BaseHandler):
                 responses.append(json.dumps(error_body(slot.error)))
                 continue
             responses.append(json.dumps(self._encode(slot.request, slot.rows, embeddings, tags)))
-        if len(responses) != len(batch.slots):
-            raise RuntimeError(
-                f"handler produced {len(responses)} responses for {len(batch.slots)} requests"
-            )
         return responses
 
     def describe_handle(self) -> str:
@@ -152,7 +149,7 @@ class ResNetHandler(BaseHandler):
             "handler": asdict(self.config),
             "backend": self.backend_kind,
             "device": str(self.device),
-            "preprocessing": repr(self.transform).replace("\n", " "),
+            "preprocessing": repr(self.preprocessor.transform).replace("\n", " "),
         })
 
     # ------------------------------------------------------------------ helpers
@@ -197,18 +194,12 @@ class ResNetHandler(BaseHandler):
         return None
 
     def _load(self, data: bytes) -> torch.Tensor | RequestError:
-        """One image, decoded and transformed; a client's bad image is returned, not raised,
-        so that the thread pool hands every request its own outcome."""
+        """One image as a model input; a client's bad image is returned, not raised, so that
+        the thread pool hands every request its own outcome."""
         try:
-            image = decode_image(
-                data,
-                max_pixels=self.config.max_image_pixels,
-                max_bytes=self.config.max_image_bytes,
-                draft_size=self.draft_size,
-            )
+            return self.preprocessor(data)
         except RequestError as error:
             return error
-        return self.transform(image)
 
     def _answers(self, batch: PreparedBatch):
         """Per-image embeddings and top-k tags as Python lists, computed once per batch."""
@@ -219,14 +210,11 @@ class ResNetHandler(BaseHandler):
             embedding = torch.nn.functional.normalize(embedding, dim=1)
         wants_embedding = any(self._wants(s.request, "embedding") for s in batch.slots if s.request)
         embeddings = embedding.tolist() if wants_embedding else []
-        k = max((self._top_k(s.request) for s in batch.slots if s.request), default=1)
+        k = max((s.request.tags_top_k(self.config.top_k) for s in batch.slots if s.request),
+                default=1)
         probabilities = torch.softmax(batch.logits, dim=1)
         top = probabilities.topk(k, dim=1)
         return embeddings, (top.indices.tolist(), top.values.tolist())
-
-    def _top_k(self, request: codec.ParsedRequest) -> int:
-        ks = [o.top_k for o in request.outputs if o.top_k] or [request.top_k or self.config.top_k]
-        return max(ks)
 
     def _wants(self, request: codec.ParsedRequest, output: str) -> bool:
         if request.protocol == "v2" and request.outputs:
@@ -239,23 +227,19 @@ class ResNetHandler(BaseHandler):
         def tags_for(row: int, k: int) -> list[dict]:
             return codec.tags_answer(indices[row][:k], probabilities[row][:k], self.labels)
 
-        default_k = request.top_k or self.config.top_k
+        k = request.tags_top_k(self.config.top_k)
         if request.protocol == "v2":
-            specs = {o.name: o for o in request.outputs}
-            want_embedding = self._wants(request, "embedding")
-            want_tags = self._wants(request, "tags")
-            k = specs["tags"].top_k if "tags" in specs and specs["tags"].top_k else default_k
             return codec.v2_response(
                 self.context.model_name,
                 self.model_version,
                 request.request_id,
-                [embeddings[r] for r in rows] if want_embedding else None,
-                [tags_for(r, k) for r in rows] if want_tags else None,
+                [embeddings[r] for r in rows] if self._wants(request, "embedding") else None,
+                [tags_for(r, k) for r in rows] if self._wants(request, "tags") else None,
             )
         if self.config.task == "embedding":
             answers = [{"embedding": embeddings[r]} for r in rows]
         else:
-            answers = [tags_for(r, default_k) for r in rows]
+            answers = [tags_for(r, k) for r in rows]
         return {"predictions": answers} if request.protocol == "v1" else answers[0]
 
     def _batch_metrics(self, context) -> list:

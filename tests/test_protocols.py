@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -12,6 +13,7 @@ import pytest
 import requests
 import yaml
 
+from bench.archives import ArchiveInfo
 from tests import corpus, imagegen
 from tests.conftest import REPO
 from tests.reference import assert_same_tags, rel_error
@@ -190,8 +192,8 @@ def slow_batching_server(tmp_path_factory, model_store):
     (config_dir / "resnet50-tagger.yaml").write_text(yaml.safe_dump(model_config))
     store = tmp_path_factory.mktemp("slow-store")
     subprocess.run(["./archive.sh", "resnet50-tagger"], cwd=REPO, check=True,
-                   env={**__import__("os").environ, "CONFIG_DIR": str(config_dir),
-                        "OUT": str(store), "BACKEND": _archive_backend(model_store)},
+                   env={**os.environ, "CONFIG_DIR": str(config_dir),
+                        "OUT": str(store), "BACKEND": ArchiveInfo.read(model_store / "resnet50-tagger.mar").backend},
                    stdout=subprocess.DEVNULL)
     server = LocalTorchServe(tmp_path_factory.mktemp("slow-ts"), store,
                              load_models=["resnet50-tagger.mar"])
@@ -201,17 +203,6 @@ def slow_batching_server(tmp_path_factory, model_store):
     finally:
         server.stop()
         shutil.rmtree(store, ignore_errors=True)
-
-
-def _archive_backend(model_store) -> str:
-    """The backend the shipped archives were built with, so the variant matches them."""
-    import zipfile
-
-    with zipfile.ZipFile(model_store / "resnet50-tagger.mar") as archive:
-        manifest = json.loads(archive.read("MAR-INF/MANIFEST.json"))
-    serialized = manifest["model"]["serializedFile"]
-    return "onnx" if serialized.endswith(".onnx") else (
-        "torchscript" if serialized.endswith(".torchscript.pt") else "eager")
 
 
 def test_bad_inputs_inside_full_batches_fail_alone(slow_batching_server, singles):
