@@ -1,4 +1,5 @@
-"""Request parsing and response encoding: pure functions, testable without TorchServe.
+"""The wire formats: request parsing and response encoding, pure functions testable without
+TorchServe.
 
 One TorchServe request arrives as a dict of named inputs. The forms we accept:
 
@@ -10,41 +11,59 @@ One TorchServe request arrives as a dict of named inputs. The forms we accept:
 
 ``topk`` may also come as a multipart field or an ``X-Top-K`` header. (TorchServe 0.12 drops
 query strings on ``/predictions``, so ``?topk=3`` never reaches a handler.)
+
+Each request is answered in the protocol it came in: ``encode_response`` turns the batch's
+model outputs (``BatchOutputs``, computed once per batch) into one request's JSON document.
 """
 from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
+import enum
 import json
 import re
-import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
-from handlers.errors import InvalidParameter, InvalidRequest
+import torch
+
+from handlers.errors import InvalidParameter, InvalidRequest, PayloadTooLarge
 
 MAX_TOP_K = 1000
 BODY_KEYS = ("body", "data")
 PARAM_KEYS = ("topk",)
-V2_OUTPUTS = ("embedding", "tags")
+
+
+class Protocol(enum.Enum):
+    """The wire format a request came in, and so the one its answer goes out in."""
+
+    PLAIN = "plain"  # raw body, multipart field, or {"data": b64}: one image, bare answer
+    V1 = "v1"  # KServe v1: {"predictions": [...]}
+    V2 = "v2"  # KServe v2 / Open Inference Protocol: named output tensors
+
+
+class Output(enum.Enum):
+    """What a model can answer; both come from the same forward pass. A model's ``task``
+    (``handler.task``) is its default output."""
+
+    EMBEDDING = "embedding"
+    TAGS = "tags"
 
 
 @dataclass(frozen=True)
 class OutputSpec:
     """One KServe v2 output the client asked for; ``top_k`` only for ``tags``."""
 
-    name: str
+    output: Output
     top_k: int | None = None
 
 
 @dataclass(frozen=True)
 class ParsedRequest:
-    """What one request asks for: its encoded images and how to answer.
+    """What one request asks for: its encoded images and how to answer."""
 
-    protocol: ``plain`` (raw, multipart, ``{"data": b64}``), ``v1`` or ``v2``.
-    """
-
-    protocol: str
+    protocol: Protocol
     images: list[bytes]
     top_k: int | None = None
     request_id: str | None = None
@@ -53,17 +72,30 @@ class ParsedRequest:
     def tags_top_k(self, default: int) -> int:
         """How many tags to answer: a v2 ``tags`` output's own ``topk``, else the request's,
         else the model's ``default``."""
-        own = next((o.top_k for o in self.outputs if o.name == "tags" and o.top_k), None)
+        own = next((o.top_k for o in self.outputs if o.output is Output.TAGS and o.top_k), None)
         return own or self.top_k or default
 
+    def wants(self, output: Output, task: Output) -> bool:
+        """Whether the answer carries ``output``: the v2 outputs asked for, else the task's."""
+        if self.outputs:
+            return any(o.output is output for o in self.outputs)
+        return output is task
 
-def parse_request(row: dict[str, Any], header_top_k: Any = None) -> ParsedRequest:
+
+def parse_request(row: dict[str, Any], *, header_top_k: Any = None,
+                  max_images: int) -> ParsedRequest:
     """Turn one TorchServe input dict into a ``ParsedRequest`` or raise a ``RequestError``.
 
     ``header_top_k`` is the request's ``X-Top-K`` header, if any; any ``topk`` in the request
     itself wins over it, and the header is only read (and checked) when it is used.
+    ``max_images``: how many images one v1/v2 request may carry (413 above).
     """
     parsed = _parse(row)
+    if len(parsed.images) > max_images:
+        raise PayloadTooLarge(
+            f"request carries {len(parsed.images)} images, more than the limit of {max_images} "
+            "(handler.max_images_per_request); split it into several requests"
+        )
     if parsed.top_k is None and header_top_k is not None:
         return dataclasses.replace(parsed, top_k=parse_top_k(header_top_k))
     return parsed
@@ -84,7 +116,7 @@ def _parse(row: dict[str, Any]) -> ParsedRequest:
     query_top_k = parse_top_k(row["topk"]) if "topk" in row else None
     payload = _as_json_if_json(row[body_keys[0]])
     if isinstance(payload, (bytes, bytearray)):
-        return ParsedRequest("plain", [bytes(payload)], top_k=query_top_k)
+        return ParsedRequest(Protocol.PLAIN, [bytes(payload)], top_k=query_top_k)
     if not isinstance(payload, dict):
         raise InvalidRequest(
             f"JSON body must be an object such as {{\"data\": \"<base64 image>\"}}, "
@@ -99,7 +131,7 @@ def _parse(row: dict[str, Any]) -> ParsedRequest:
         if extra:
             raise InvalidRequest(f"unknown JSON field(s) {extra}; expected 'data' and 'topk'")
         top_k = parse_top_k(payload["topk"]) if "topk" in payload else query_top_k
-        return ParsedRequest("plain", [decode_base64(payload["data"], "data")], top_k=top_k)
+        return ParsedRequest(Protocol.PLAIN, [decode_base64(payload["data"], "data")], top_k=top_k)
     raise InvalidRequest(
         "JSON body must have 'data' (base64 image), 'instances' (KServe v1) or 'inputs' "
         f"(KServe v2); got keys {sorted(payload)[:10]}"
@@ -177,7 +209,7 @@ def _parse_v1(payload: dict, query_top_k: int | None) -> ParsedRequest:
         raise InvalidRequest("body.instances is empty: send at least one image")
     top_k = _parameters_top_k(payload.get("parameters"), "body.parameters", query_top_k)
     images = [_v1_instance(item, f"instances[{i}]") for i, item in enumerate(instances)]
-    return ParsedRequest("v1", images, top_k=top_k)
+    return ParsedRequest(Protocol.V1, images, top_k=top_k)
 
 
 def _v1_instance(item: Any, where: str) -> bytes:
@@ -223,7 +255,8 @@ def _parse_v2(payload: dict, query_top_k: int | None) -> ParsedRequest:
     top_k = _parameters_top_k(tensor.get("parameters"), f"{where}.parameters", top_k)
     outputs = _v2_outputs(payload.get("outputs"), top_k)
     images = [decode_base64(item, f"{where}.data[{i}]") for i, item in enumerate(data)]
-    return ParsedRequest("v2", images, top_k=top_k, request_id=request_id, outputs=outputs)
+    return ParsedRequest(Protocol.V2, images, top_k=top_k, request_id=request_id,
+                         outputs=outputs)
 
 
 def _v2_outputs(outputs: Any, top_k: int | None) -> tuple[OutputSpec, ...]:
@@ -234,50 +267,104 @@ def _v2_outputs(outputs: Any, top_k: int | None) -> tuple[OutputSpec, ...]:
     specs = []
     for i, item in enumerate(outputs):
         name = item.get("name") if isinstance(item, dict) else None
-        if name not in V2_OUTPUTS:
-            raise InvalidRequest(
-                f"outputs[{i}].name must be one of {list(V2_OUTPUTS)}, got {name!r}"
-            )
+        names = [o.value for o in Output]
+        if name not in names:
+            raise InvalidRequest(f"outputs[{i}].name must be one of {names}, got {name!r}")
+        output = Output(name)
         k = _parameters_top_k(item.get("parameters"), f"outputs[{i}].parameters", top_k)
-        specs.append(OutputSpec(name, k if name == "tags" else None))
+        specs.append(OutputSpec(output, k if output is Output.TAGS else None))
     return tuple(specs)
 
 
 # ---------------------------------------------------------------------------- responses
 
 
-def tags_answer(indices: list[int], probabilities: list[float], labels: list[str]) -> list[dict]:
-    """``[{"label", "index", "probability"}, ...]``, most probable first."""
-    return [
-        {"label": labels[i], "index": i, "probability": p}
-        for i, p in zip(indices, probabilities)
-    ]
+@dataclass(frozen=True)
+class AnswerSpec:
+    """How a model answers, fixed when it loads: its name and version (v2 echoes them), its
+    task (the default output), the class labels, the default ``topk`` and whether embeddings
+    are L2-normalised."""
+
+    model_name: str
+    model_version: str
+    task: Output
+    labels: Sequence[str]
+    default_top_k: int
+    normalize_embedding: bool
 
 
-def v2_response(
-    model_name: str,
-    model_version: str,
-    request_id: str | None,
-    embeddings: list[list[float]] | None,
-    tags: list[list[dict]] | None,
-) -> dict:
+@dataclass(frozen=True)
+class TopK:
+    """The ``k`` most probable classes of every image row of a batch, most probable first."""
+
+    indices: list[list[int]]
+    probabilities: list[list[float]]
+
+    @classmethod
+    def of(cls, logits: torch.Tensor, k: int) -> "TopK":
+        top = torch.softmax(logits, dim=1).topk(k, dim=1)
+        return cls(top.indices.tolist(), top.values.tolist())
+
+    def tags(self, row: int, k: int, labels: Sequence[str]) -> list[dict]:
+        """``[{"label", "index", "probability"}, ...]`` of one row, its ``k`` first."""
+        return [{"label": labels[i], "index": i, "probability": p}
+                for i, p in zip(self.indices[row][:k], self.probabilities[row][:k])]
+
+
+@dataclass(frozen=True)
+class BatchOutputs:
+    """The model's answers for every image row of a batch as Python lists, computed once per
+    batch: embeddings only when some request wants them, tags up to the largest ``topk``."""
+
+    embeddings: list[list[float]]
+    top: TopK
+
+    @classmethod
+    def of(cls, embedding: torch.Tensor, logits: torch.Tensor,
+           requests: Sequence[ParsedRequest], spec: AnswerSpec) -> "BatchOutputs":
+        embeddings: list[list[float]] = []
+        if any(r.wants(Output.EMBEDDING, spec.task) for r in requests):
+            if spec.normalize_embedding:
+                embedding = torch.nn.functional.normalize(embedding, dim=1)
+            embeddings = embedding.tolist()
+        k = max((r.tags_top_k(spec.default_top_k) for r in requests), default=1)
+        return cls(embeddings, TopK.of(logits, k))
+
+
+def encode_response(request: ParsedRequest, rows: range, outputs: BatchOutputs,
+                    spec: AnswerSpec) -> dict | list:
+    """One request's JSON answer, in its own protocol, from its image ``rows`` of the batch."""
+    k = request.tags_top_k(spec.default_top_k)
+    embeddings = ([outputs.embeddings[r] for r in rows]
+                  if request.wants(Output.EMBEDDING, spec.task) else None)
+    tags = ([outputs.top.tags(r, k, spec.labels) for r in rows]
+            if request.wants(Output.TAGS, spec.task) else None)
+    if request.protocol is Protocol.V2:
+        return _v2_response(spec, request.request_id, embeddings, tags)
+    answers = tags if embeddings is None else [{"embedding": e} for e in embeddings]
+    return {"predictions": answers} if request.protocol is Protocol.V1 else answers[0]
+
+
+def _v2_response(spec: AnswerSpec, request_id: str | None,
+                 embeddings: list[list[float]] | None, tags: list[list[dict]] | None) -> dict:
     """An Open Inference Protocol response; ``tags`` elements are JSON-encoded strings."""
     outputs = []
     if embeddings is not None:
         outputs.append({
-            "name": "embedding",
+            "name": Output.EMBEDDING.value,
             "datatype": "FP32",
             "shape": [len(embeddings), len(embeddings[0])],
             "data": [x for row in embeddings for x in row],
         })
     if tags is not None:
         outputs.append({
-            "name": "tags",
+            "name": Output.TAGS.value,
             "datatype": "BYTES",
             "shape": [len(tags), len(tags[0])],
             "data": [json.dumps(t) for row in tags for t in row],
         })
-    response = {"model_name": model_name, "model_version": model_version, "outputs": outputs}
+    response = {"model_name": spec.model_name, "model_version": spec.model_version,
+                "outputs": outputs}
     if request_id is not None:
         response["id"] = request_id
     return response

@@ -9,7 +9,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-TASKS = ("embedding", "tags")
+from handlers.codec import Output
+
+TASKS = tuple(output.value for output in Output)
 DEVICES = ("auto", "cpu", "cuda")
 
 

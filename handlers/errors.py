@@ -1,8 +1,9 @@
 """The one error hierarchy of the handler, and its one mapping to an HTTP response.
 
-Every failure a client can cause is a ``RequestError`` subclass carrying its HTTP status; the
-handler catches them per request, so one bad input fails only its own request. Anything else is
-a server bug and fails the batch through TorchServe's own 5xx path.
+Every failure a client can cause is a ``RequestError`` subclass; ``STATUS`` below is the only
+place that says which HTTP status each kind gets, and the class name is the ``type`` a client
+reads in the body. The handler catches them per request, so one bad input fails only its own
+request.
 """
 from __future__ import annotations
 
@@ -10,14 +11,21 @@ from http import HTTPStatus
 
 
 class RequestError(Exception):
-    """A request the handler cannot serve, by the client's doing. ``status`` is its HTTP code."""
-
-    status: int = HTTPStatus.BAD_REQUEST
-    kind: str = "InvalidRequest"
+    """A request the handler cannot serve, by the client's doing."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+    @property
+    def status(self) -> HTTPStatus:
+        """The HTTP status of this kind of error (from ``STATUS``)."""
+        return next(STATUS[kind] for kind in type(self).__mro__ if kind in STATUS)
+
+    @property
+    def kind(self) -> str:
+        """The ``type`` field of the error body: the class name."""
+        return type(self).__name__
 
 
 class InvalidRequest(RequestError):
@@ -27,34 +35,33 @@ class InvalidRequest(RequestError):
 class InvalidParameter(RequestError):
     """A request parameter out of range or of the wrong type (e.g. ``topk``)."""
 
-    kind = "InvalidParameter"
-
 
 class InvalidImage(RequestError):
     """Bytes that are not a decodable image, or a truncated one."""
-
-    kind = "InvalidImage"
 
 
 class UnsupportedMediaType(RequestError):
     """A real image, in a format this model does not accept."""
 
-    status = HTTPStatus.UNSUPPORTED_MEDIA_TYPE
-    kind = "UnsupportedMediaType"
-
 
 class PayloadTooLarge(RequestError):
     """More pixels or bytes than the configured limits (decompression-bomb guard)."""
-
-    status = HTTPStatus.REQUEST_ENTITY_TOO_LARGE
-    kind = "PayloadTooLarge"
 
 
 class NotSupported(RequestError):
     """An endpoint TorchServe routes to every handler that this one does not implement."""
 
-    status = HTTPStatus.NOT_IMPLEMENTED
-    kind = "NotImplemented"
+
+# The one table: error kind -> HTTP status. A subclass not listed takes its parent's status.
+STATUS: dict[type[RequestError], HTTPStatus] = {
+    RequestError: HTTPStatus.BAD_REQUEST,
+    InvalidRequest: HTTPStatus.BAD_REQUEST,
+    InvalidParameter: HTTPStatus.BAD_REQUEST,
+    InvalidImage: HTTPStatus.BAD_REQUEST,
+    UnsupportedMediaType: HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+    PayloadTooLarge: HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+    NotSupported: HTTPStatus.NOT_IMPLEMENTED,
+}
 
 
 def error_body(error: RequestError) -> dict:
@@ -64,4 +71,4 @@ def error_body(error: RequestError) -> dict:
 
 def status_line(error: RequestError) -> tuple[int, str]:
     """``(status code, reason phrase)`` for ``context.set_response_status``."""
-    return int(error.status), HTTPStatus(error.status).phrase
+    return int(error.status), error.status.phrase

@@ -16,21 +16,19 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from ts.metrics.metric_type_enum import MetricTypes
 from ts.torch_handler.base_handler import BaseHandler
 
 from handlers import codec
+from handlers.backends import load_backend
 from handlers.batch import PreparedBatch, Slot
-from handlers.backends import backend_kind, load_backend
 from handlers.config import HandlerConfig
-from handlers.errors import (NotSupported, PayloadTooLarge, RequestError, error_body,
-                             status_line)
+from handlers.errors import NotSupported, RequestError, error_body, status_line
+from handlers.metrics import BatchMetrics
 from handlers.preprocess import Preprocessor
+from model_files.artifacts import INFO, LABELS, backend_of
 
 logger = logging.getLogger(__name__)
 
-BATCH_METRIC = "HandlerBatchSize"
-IMAGES_METRIC = "HandlerImagesPerBatch"
 TOP_K_HEADER = "x-top-k"
 
 
@@ -47,19 +45,25 @@ class ResNetHandler(BaseHandler):
         if self.config.threads:
             torch.set_num_threads(self.config.threads)
         serialized = self.manifest["model"]["serializedFile"]
-        self.backend_kind = backend_kind(serialized)
+        self.backend_kind = backend_of(serialized)
         self.backend = load_backend(
             self.backend_kind, model_dir / serialized, self.device,
             half=self.config.half_precision, threads=self.config.threads,
             spin=self.config.onnx_spinning,
         )
-        self.labels = _load_labels(model_dir / "index_to_name.json")
-        self.weights_info = json.loads((model_dir / "weights_info.json").read_text())
+        self.weights_info = json.loads((model_dir / INFO).read_text())
+        self.answers = codec.AnswerSpec(
+            model_name=context.model_name,
+            model_version=str(self.manifest["model"].get("modelVersion", "1.0")),
+            task=codec.Output(self.config.task),
+            labels=_load_labels(model_dir / LABELS),
+            default_top_k=self.config.top_k,
+            normalize_embedding=self.config.normalize_embedding,
+        )
         self.preprocessor = Preprocessor(self.config)
-        self.metrics = self._batch_metrics(context)
+        self.metrics = BatchMetrics(context.metrics, context.model_name)
         self.pool = ThreadPoolExecutor(self.config.decode_threads or min(4, os.cpu_count() or 1),
                                        thread_name_prefix="decode")
-        self.model_version = str(self.manifest["model"].get("modelVersion", "1.0"))
         if not self.weights_info.get("trained", False):
             logger.warning("%s: %s", context.model_name, self.weights_info.get("warning"))
         logger.info(
@@ -68,17 +72,6 @@ class ResNetHandler(BaseHandler):
             self.weights_info["source"], self.weights_info["sha256"][:16],
         )
         self.initialized = True
-
-    def _pick_device(self, gpu_id) -> torch.device:
-        wants_gpu = self.config.device in ("auto", "cuda")
-        if wants_gpu and gpu_id is not None and torch.cuda.is_available():
-            return torch.device(f"cuda:{gpu_id}")
-        if self.config.device == "cuda":
-            raise RuntimeError(
-                "handler.device is 'cuda' but TorchServe gave this worker no GPU "
-                f"(gpu_id={gpu_id}, cuda available={torch.cuda.is_available()})"
-            )
-        return torch.device("cpu")
 
     # ------------------------------------------------------------------ the four hooks
 
@@ -113,7 +106,7 @@ class ResNetHandler(BaseHandler):
                 continue
             slot.start, slot.count = len(tensors), len(results)
             tensors.extend(results)
-        self._record_batch(len(data), len(tensors))
+        self.metrics.record(len(data), len(tensors))
         return PreparedBatch(slots, torch.stack(tensors) if tensors else None)
 
     def inference(self, batch: PreparedBatch, *args, **kwargs) -> PreparedBatch:
@@ -127,8 +120,11 @@ class ResNetHandler(BaseHandler):
         return batch
 
     def postprocess(self, batch: PreparedBatch) -> list[str]:
-        """One JSON answer per request, in order; failed requests get their own status."""
-        embeddings, tags = self._answers(batch)
+        """One JSON answer per request, in order and in its own protocol; failed requests get
+        their own status and error body."""
+        requests = [slot.request for slot in batch.slots if slot.error is None]
+        outputs = (codec.BatchOutputs.of(batch.embedding, batch.logits, requests, self.answers)
+                   if batch.pixels is not None else None)
         responses = []
         batch_size = str(len(batch.slots))
         for idx, slot in enumerate(batch.slots):
@@ -138,8 +134,9 @@ class ResNetHandler(BaseHandler):
             if slot.error is not None:
                 self.context.set_response_status(*status_line(slot.error), idx=idx)
                 responses.append(json.dumps(error_body(slot.error)))
-                continue
-            responses.append(json.dumps(self._encode(slot.request, slot.rows, embeddings, tags)))
+            else:
+                responses.append(json.dumps(
+                    codec.encode_response(slot.request, slot.rows, outputs, self.answers)))
         return responses
 
     def describe_handle(self) -> str:
@@ -152,20 +149,7 @@ class ResNetHandler(BaseHandler):
             "preprocessing": repr(self.preprocessor.transform).replace("\n", " "),
         })
 
-    # ------------------------------------------------------------------ helpers
-
-    def _parse(self, idx: int, row: dict) -> codec.ParsedRequest:
-        if self._header(idx, "explain") == "True":
-            raise NotSupported("explanations are not implemented for this model; use "
-                               "/predictions (or the KServe :predict / infer routes)")
-        request = codec.parse_request(row, self._header(idx, TOP_K_HEADER))
-        limit = self.config.max_images_per_request
-        if len(request.images) > limit:
-            raise PayloadTooLarge(
-                f"request carries {len(request.images)} images, more than the limit of {limit} "
-                "(handler.max_images_per_request); split it into several requests"
-            )
-        return request
+    # ------------------------------------------------------------------ TorchServe's switches
 
     def _is_explain(self) -> bool:
         """Explanations are answered per request by ``preprocess`` (501), never by
@@ -182,6 +166,26 @@ class ResNetHandler(BaseHandler):
         if any(key in properties for key in codec.BODY_KEYS):
             return False
         return super()._is_describe()
+
+    # ------------------------------------------------------------------ helpers
+
+    def _pick_device(self, gpu_id) -> torch.device:
+        wants_gpu = self.config.device in ("auto", "cuda")
+        if wants_gpu and gpu_id is not None and torch.cuda.is_available():
+            return torch.device(f"cuda:{gpu_id}")
+        if self.config.device == "cuda":
+            raise RuntimeError(
+                "handler.device is 'cuda' but TorchServe gave this worker no GPU "
+                f"(gpu_id={gpu_id}, cuda available={torch.cuda.is_available()})"
+            )
+        return torch.device("cpu")
+
+    def _parse(self, idx: int, row: dict) -> codec.ParsedRequest:
+        if self._header(idx, "explain") == "True":
+            raise NotSupported("explanations are not implemented for this model; use "
+                               "/predictions (or the KServe :predict / infer routes)")
+        return codec.parse_request(row, header_top_k=self._header(idx, TOP_K_HEADER),
+                                   max_images=self.config.max_images_per_request)
 
     def _header(self, idx: int, name: str):
         """A request header by case-insensitive name (clients differ in capitalisation)."""
@@ -200,66 +204,6 @@ class ResNetHandler(BaseHandler):
             return self.preprocessor(data)
         except RequestError as error:
             return error
-
-    def _answers(self, batch: PreparedBatch):
-        """Per-image embeddings and top-k tags as Python lists, computed once per batch."""
-        if batch.embedding is None:
-            return [], []
-        embedding = batch.embedding
-        if self.config.normalize_embedding:
-            embedding = torch.nn.functional.normalize(embedding, dim=1)
-        wants_embedding = any(self._wants(s.request, "embedding") for s in batch.slots if s.request)
-        embeddings = embedding.tolist() if wants_embedding else []
-        k = max((s.request.tags_top_k(self.config.top_k) for s in batch.slots if s.request),
-                default=1)
-        probabilities = torch.softmax(batch.logits, dim=1)
-        top = probabilities.topk(k, dim=1)
-        return embeddings, (top.indices.tolist(), top.values.tolist())
-
-    def _wants(self, request: codec.ParsedRequest, output: str) -> bool:
-        if request.protocol == "v2" and request.outputs:
-            return any(o.name == output for o in request.outputs)
-        return output == ("embedding" if self.config.task == "embedding" else "tags")
-
-    def _encode(self, request: codec.ParsedRequest, rows: range, embeddings, tags):
-        indices, probabilities = tags
-
-        def tags_for(row: int, k: int) -> list[dict]:
-            return codec.tags_answer(indices[row][:k], probabilities[row][:k], self.labels)
-
-        k = request.tags_top_k(self.config.top_k)
-        if request.protocol == "v2":
-            return codec.v2_response(
-                self.context.model_name,
-                self.model_version,
-                request.request_id,
-                [embeddings[r] for r in rows] if self._wants(request, "embedding") else None,
-                [tags_for(r, k) for r in rows] if self._wants(request, "tags") else None,
-            )
-        if self.config.task == "embedding":
-            answers = [{"embedding": embeddings[r]} for r in rows]
-        else:
-            answers = [tags_for(r, k) for r in rows]
-        return {"predictions": answers} if request.protocol == "v1" else answers[0]
-
-    def _batch_metrics(self, context) -> list:
-        """Our two batch histograms, looked up once. They must be declared in the metrics YAML
-        (config/metrics.yaml); without it they are skipped with a warning, never a failed batch."""
-        if context.metrics is None:
-            return []
-        try:
-            return [context.metrics.get_metric(name, MetricTypes.HISTOGRAM)
-                    for name in (BATCH_METRIC, IMAGES_METRIC)]
-        except Exception as exc:  # noqa: BLE001 - MetricsCacheKeyError and friends
-            logger.warning("batch-size metrics off: %s (declare them as in config/metrics.yaml)",
-                           exc)
-            return []
-
-    def _record_batch(self, requests: int, images: int) -> None:
-        logger.debug("batch: %d requests, %d images", requests, images)
-        dims = [self.context.model_name, "Model"]
-        for metric, value in zip(self.metrics, (requests, images)):
-            metric.add_or_update(value, dims)
 
 
 def _load_labels(path: Path) -> list[str]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -134,11 +135,25 @@ def test_top_k_header(tagger):
     assert len(json.loads(responses[0])) == 3
 
 
-def test_batch_size_metric_recorded(tagger, caplog):
+def _emitted(records, name: str) -> list[float]:
+    """Values of metric ``name`` in the lines TorchServe's metric objects emit (the worker prints
+    them; the frontend turns them into the Prometheus series)."""
+    values = []
+    for record in records:
+        match = re.search(rf"\[METRICS\]{name}\.Count:([0-9.]+)\|#ModelName:resnet50-tagger",
+                          record.getMessage())
+        if match:
+            values.append(float(match.group(1)))
+    return values
+
+
+def test_batch_metrics_are_emitted_with_requests_and_good_images(tagger, caplog):
     handler, context = tagger
-    with caplog.at_level("DEBUG", logger="handlers.resnet_handler"):
-        run_batch(handler, context, [{"body": IMAGES["png-200x300"]}] * 3)
-    assert any("batch: 3 requests, 3 images" in r.getMessage() for r in caplog.records)
+    rows = [{"body": IMAGES["png-200x300"]}, {"body": b"not an image"}, {"body": IMAGES["png-200x300"]}]
+    with caplog.at_level("INFO", logger="ts.metrics"):
+        run_batch(handler, context, rows)
+    assert _emitted(caplog.records, "HandlerBatchSize") == [3.0]
+    assert _emitted(caplog.records, "HandlerImagesPerBatch") == [2.0]
 
 
 def test_describe_reports_weights(tagger, weights_dir):
