@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# Pack the handler, model code, weights and configs into TorchServe archives:
-#   model-store/resnet50-embedding.mar and model-store/resnet50-tagger.mar
+# Pack the handler, model code, weights and configs into TorchServe archives, one per model
+# config: model-store/resnet50-embedding.mar and model-store/resnet50-tagger.mar
 #
-# Usage: ./archive.sh [model-name ...]          (default: both models)
+# Usage: ./archive.sh [model-name ...]          (default: every config/models/*.yaml)
 # Environment:
 #   BACKEND      onnx (default) | torchscript | eager: which serialized model goes in
 #                (model_files/export.py writes the onnx and torchscript files)
 #   WEIGHTS_DIR  where model_files/build_weights.py wrote the weights (build/weights)
 #   OUT          output folder (model-store)
 #   VERSION      archive version (1.0): config.properties models={...} is keyed by it
-#   CONFIG_DIR   where <model-name>.yaml (the archive's model-config.yaml) is read (config)
+#   CONFIG_DIR   where <model-name>.yaml (the archive's model-config.yaml) is read
+#                (config/models)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -17,22 +18,25 @@ BACKEND=${BACKEND:-onnx}
 WEIGHTS_DIR=${WEIGHTS_DIR:-build/weights}
 OUT=${OUT:-model-store}
 VERSION=${VERSION:-1.0}
-CONFIG_DIR=${CONFIG_DIR:-config}
+CONFIG_DIR=${CONFIG_DIR:-config/models}
 ARCHIVER=${ARCHIVER:-.venv/bin/torch-model-archiver}
+PYTHON=${PYTHON:-.venv/bin/python}
 MODELS=("$@")
-[ ${#MODELS[@]} -gt 0 ] || MODELS=(resnet50-embedding resnet50-tagger)
+if [ ${#MODELS[@]} -eq 0 ]; then
+  for f in "$CONFIG_DIR"/*.yaml; do
+    if [ -f "$f" ]; then MODELS+=("$(basename "$f" .yaml)"); fi
+  done
+  [ ${#MODELS[@]} -gt 0 ] || { echo "archive.sh: error: no model config in $CONFIG_DIR" >&2; exit 1; }
+fi
 
 die() { echo "archive.sh: error: $*" >&2; exit 1; }
 
-case "$BACKEND" in
-  eager) SERIALIZED="$WEIGHTS_DIR/resnet50.pt" ;;
-  torchscript) SERIALIZED="$WEIGHTS_DIR/resnet50_dual.torchscript.pt" ;;
-  onnx) SERIALIZED="$WEIGHTS_DIR/resnet50_dual.onnx" ;;
-  *) die "BACKEND must be eager, torchscript or onnx, got '$BACKEND'" ;;
-esac
-
 [ -x "$ARCHIVER" ] || ARCHIVER=$(command -v torch-model-archiver) \
   || die "torch-model-archiver not found: run 'make setup' first"
+[ -x "$PYTHON" ] || PYTHON=$(command -v python3) || die "python3 not found: run 'make setup' first"
+# model_files/artifacts.py names the file each backend loads.
+SERIALIZED="$WEIGHTS_DIR/$("$PYTHON" -m model_files.artifacts serialized "$BACKEND")" \
+  || die "BACKEND must be eager, torchscript or onnx, got '$BACKEND'"
 for f in "$SERIALIZED" "$WEIGHTS_DIR/weights_info.json" "$WEIGHTS_DIR/index_to_name.json"; do
   [ -f "$f" ] || die "missing $f: run 'make weights BACKEND=$BACKEND' first"
 done
@@ -47,7 +51,7 @@ STAGE="$WORK/stage"
 ARCHIVER_TMP="$WORK/tmp"
 mkdir -p "$STAGE/handlers" "$STAGE/model_files" "$ARCHIVER_TMP"
 cp handlers/*.py "$STAGE/handlers/"
-cp model_files/__init__.py model_files/resnet_dual.py "$STAGE/model_files/"
+cp model_files/__init__.py model_files/resnet_dual.py model_files/artifacts.py "$STAGE/model_files/"
 cp "$WEIGHTS_DIR/weights_info.json" "$WEIGHTS_DIR/index_to_name.json" "$STAGE/"
 
 for model in "${MODELS[@]}"; do

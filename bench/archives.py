@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from bench.layout import REPO
-from handlers.backends import backend_kind
+from model_files.artifacts import INFO, backend_of
 
 
 @dataclass(frozen=True)
@@ -38,15 +38,15 @@ class ArchiveInfo:
     def read(cls, path: Path) -> "ArchiveInfo":
         with zipfile.ZipFile(path) as mar:
             manifest = json.loads(mar.read("MAR-INF/MANIFEST.json"))["model"]
-            weights = json.loads(mar.read("weights_info.json"))
+            weights = json.loads(mar.read(INFO))
             config_file = manifest.get("configFile")
             config = yaml.safe_load(mar.read(config_file)) if config_file else {}
         return cls(path, manifest["modelName"], manifest.get("modelVersion", "1.0"),
-                   backend_kind(manifest["serializedFile"]), weights, config or {})
+                   backend_of(manifest["serializedFile"]), weights, config or {})
 
 
 def variant_config(base_yaml: Path, batch_size: int, max_batch_delay: int, workers: int) -> dict:
-    """``base_yaml`` (config/resnet50-tagger.yaml) with other top-level frontend settings;
+    """``base_yaml`` (config/models/resnet50-tagger.yaml) with other top-level frontend settings;
     the ``handler:`` section is kept as is."""
     config = yaml.safe_load(base_yaml.read_text())
     config.update(batchSize=batch_size, maxBatchDelay=max_batch_delay,

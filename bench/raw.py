@@ -21,12 +21,8 @@ import torch
 from bench.stats import percentile
 from handlers.backends import Backend, load_backend
 from handlers.preprocess import Preprocessor
+from model_files.artifacts import SERIALIZED
 
-BACKEND_FILES = {
-    "eager": "resnet50.pt",  # build_dual + the torchvision state dict
-    "torchscript": "resnet50_dual.torchscript.pt",
-    "onnx": "resnet50_dual.onnx",
-}
 
 
 @dataclass(frozen=True)
@@ -76,7 +72,7 @@ def single_image_latency(backend: Backend, preprocess: Preprocessor, data: bytes
 
 def run_raw(weights_dir: Path, images: dict[str, bytes], preprocess: Preprocessor,
             batches: tuple[int, ...] = (1, 8), budget: Budget = Budget(),
-            backends: tuple[str, ...] = tuple(BACKEND_FILES)) -> dict[str, dict]:
+            backends: tuple[str, ...] = tuple(SERIALIZED)) -> dict[str, dict]:
     """For each backend: forward throughput at each batch size and single-image latency of
     each named image. Returns ``{backend: {"forward": [...], "single_image": {name: {...}}}}``."""
     first = next(iter(images.values()))
@@ -89,10 +85,11 @@ def run_raw(weights_dir: Path, images: dict[str, bytes], preprocess: Preprocesso
             warnings.simplefilter("ignore", FutureWarning)
             # Runtime defaults (ONNX Runtime's threads spin): the fastest raw number, so the
             # served-vs-raw ratios are measured against the best the model itself can do.
-            backend = load_backend(kind, weights_dir / BACKEND_FILES[kind], torch.device("cpu"))
+            backend = load_backend(kind, weights_dir / SERIALIZED[kind], torch.device("cpu"),
+                                   spin=True)
         load_s = time.monotonic() - t
         results[kind] = {
-            "file": BACKEND_FILES[kind],
+            "file": SERIALIZED[kind],
             "load_s": load_s,
             "forward": [forward_throughput(backend, pixels, b, budget) for b in batches],
             "single_image": {name: single_image_latency(backend, preprocess, data, budget)

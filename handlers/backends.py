@@ -15,20 +15,12 @@ logger = logging.getLogger(__name__)
 Backend = Callable[[torch.Tensor], "tuple[torch.Tensor, torch.Tensor]"]
 
 
-def backend_kind(serialized_file: str) -> str:
-    """The runtime an archive's serialized file needs, from its name (set by archive.sh)."""
-    if serialized_file.endswith(".onnx"):
-        return "onnx"
-    if serialized_file.endswith(".torchscript.pt"):
-        return "torchscript"
-    return "eager"
-
-
 def load_backend(kind: str, path: Path, device: torch.device, *, half: bool = False,
-                 threads: int = 0, spin: bool = True) -> Backend:
+                 threads: int = 0, spin: bool = False) -> Backend:
     """Load the serialized model at ``path`` for ``kind`` (eager, torchscript, onnx).
 
-    ``spin``: ONNX Runtime's intra-op threads busy-wait between operators (its default).
+    ``spin``: ONNX Runtime's intra-op threads busy-wait between operators (ORT's own default;
+    off by default here as in ``HandlerConfig.onnx_spinning``).
     """
     if kind == "onnx":
         return _onnx(path, device, threads, spin)

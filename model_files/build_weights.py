@@ -17,10 +17,11 @@ right shapes and pass parity tests, but their labels are meaningless.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 from pathlib import Path
+
+from model_files.artifacts import CHECKPOINT, INFO, LABELS, sha256_of
 
 SEED = 0
 UNTRAINED_WARNING = (
@@ -28,14 +29,6 @@ UNTRAINED_WARNING = (
     "tags are NOT meaningful. Rebuild with network access (make weights WEIGHTS=imagenet) or "
     "your own checkpoint (make weights WEIGHTS=/path/to/resnet50.pt)."
 )
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def banner(message: str) -> None:
@@ -122,8 +115,8 @@ def _still_current(source: str, info: dict) -> bool:
 def build(source: str | None, out: Path) -> dict:
     """Write the three files into ``out``; skip when they already hold ``source`` (``None``:
     keep any weights already built, else ``auto``)."""
-    info_path = out / "weights_info.json"
-    if info_path.is_file() and (out / "resnet50.pt").is_file():
+    info_path = out / INFO
+    if info_path.is_file() and (out / CHECKPOINT).is_file():
         info = json.loads(info_path.read_text())
         if source is None or (info.get("requested") == source and _still_current(source, info)):
             print(f"weights up to date: {info['source']} ({info_path})")
@@ -135,11 +128,11 @@ def build(source: str | None, out: Path) -> dict:
 
     state, info = resolve(source)
     out.mkdir(parents=True, exist_ok=True)
-    ckpt = out / "resnet50.pt"
+    ckpt = out / CHECKPOINT
     torch.save(state, ckpt)
-    info.update(requested=source, file="resnet50.pt", sha256=sha256_of(ckpt))
+    info.update(requested=source, file=CHECKPOINT, sha256=sha256_of(ckpt))
     categories = WEIGHTS.meta["categories"]
-    (out / "index_to_name.json").write_text(
+    (out / LABELS).write_text(
         json.dumps({str(i): name for i, name in enumerate(categories)}, indent=0)
     )
     info_path.write_text(json.dumps(info, indent=2) + "\n")

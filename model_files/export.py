@@ -11,28 +11,29 @@ is redone only when the checkpoint's sha256 changed (recorded in ``<file>.sha256
 from __future__ import annotations
 
 import argparse
-import json
 import warnings
 from pathlib import Path
 
-FILES = {"onnx": "resnet50_dual.onnx", "torchscript": "resnet50_dual.torchscript.pt"}
+from model_files.artifacts import (CHECKPOINT, SERIALIZED, checkpoint_sha256, is_current,
+                                   mark_current)
+
+EXPORTED = tuple(b for b in SERIALIZED if SERIALIZED[b] != CHECKPOINT)  # onnx, torchscript
 
 
 def export(backend: str, weights_dir: Path) -> Path:
     """Write the backend's file for the checkpoint in ``weights_dir``; return its path."""
-    if backend == "eager":
-        return weights_dir / "resnet50.pt"
-    info = json.loads((weights_dir / "weights_info.json").read_text())
-    target = weights_dir / FILES[backend]
-    stamp = target.with_name(target.name + ".sha256")
-    if target.is_file() and stamp.is_file() and stamp.read_text().strip() == info["sha256"]:
+    target = weights_dir / SERIALIZED[backend]
+    if backend not in EXPORTED:
+        return target
+    sha256 = checkpoint_sha256(weights_dir)
+    if is_current(target, sha256):
         return target
 
     import torch
 
     from model_files.resnet_dual import build_dual
 
-    model = build_dual(torch.load(weights_dir / "resnet50.pt", map_location="cpu",
+    model = build_dual(torch.load(weights_dir / CHECKPOINT, map_location="cpu",
                                   weights_only=True))
     example = torch.randn(2, 3, 224, 224)
     with warnings.catch_warnings(), torch.no_grad():
@@ -46,14 +47,14 @@ def export(backend: str, weights_dir: Path) -> Path:
             )
         else:
             torch.jit.freeze(torch.jit.trace(model, example).eval()).save(str(target))
-    stamp.write_text(info["sha256"] + "\n")
+    mark_current(target, sha256)
     print(f"exported {backend}: {target}")
     return target
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", choices=["eager", *FILES], required=True)
+    parser.add_argument("--backend", choices=sorted(SERIALIZED), required=True)
     parser.add_argument("--weights", type=Path, default=Path("build/weights"))
     args = parser.parse_args(argv)
     export(args.backend, args.weights)
