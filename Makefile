@@ -13,16 +13,16 @@ PY := $(VENV)/bin/python
 WEIGHTS ?=
 BACKEND ?= onnx
 WEIGHTS_DIR := build/weights
-MODELS := resnet50-embedding resnet50-tagger
-SOURCES := $(wildcard handlers/*.py model_files/*.py config/*.yaml) archive.sh
+MODEL_CONFIGS := $(wildcard config/models/*.yaml)
+SOURCES := $(wildcard handlers/*.py model_files/*.py) $(MODEL_CONFIGS) archive.sh
 
-.PHONY: setup java weights archives samples serve test bench bench-sweep clean
+.PHONY: setup java config weights archives samples serve test test-fast bench bench-sweep clean
 .DEFAULT_GOAL := test
 
 setup: $(VENV)/.installed java
 
 java:
-	@scripts/ensure_java.sh
+	@devtools/ensure_java.sh
 
 $(VENV)/.installed: requirements.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] >= (3, 10), "Python 3.10+ needed (3.11 recommended), found " + sys.version' \
@@ -31,6 +31,11 @@ $(VENV)/.installed: requirements.txt
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
 	@touch $@
+
+# config.properties (local and KServe) generated from config/models/*.yaml and the server
+# settings (devtools/configgen.py); only stale files are rewritten.
+config: $(VENV)/.installed
+	@$(PY) -m devtools.configgen
 
 # build_weights.py is itself idempotent: it returns at once when WEIGHTS is what it built.
 weights: $(VENV)/.installed
@@ -44,26 +49,31 @@ archives: weights
 	@$(MAKE) --no-print-directory build/.archived
 
 build/.archived: $(SOURCES) $(WEIGHTS_DIR)/weights_info.json build/.backend $(wildcard $(WEIGHTS_DIR)/*.sha256)
-	BACKEND=$(BACKEND) ./archive.sh $(MODELS)
+	BACKEND=$(BACKEND) ./archive.sh
 	@touch $@
 
 samples: $(VENV)/.installed
-	@$(PY) -m tools.samples --out build/samples >/dev/null
+	@$(PY) -m devtools.samples --out build/samples >/dev/null
 
-serve: setup archives samples
+serve: setup config archives samples
 	$(VENV)/bin/torchserve --start --foreground --ncs --ts-config config/config.properties
 
-test: setup archives samples
+# The whole suite, the benchmark smoke test (marked slow) included.
+test: setup config archives samples
 	$(VENV)/bin/pytest
+
+# The inner loop: everything but the tests marked slow (see pytest.ini).
+test-fast: setup config archives samples
+	$(VENV)/bin/pytest -m "not slow"
 
 # Raw model speed, our tagger served, and TorchServe's stock image_classifier on the same
 # weights -> results/benchmark.md, .json, .png (about 5 minutes on 2 cores).
-bench: setup archives samples
+bench: setup config archives samples
 	$(PY) -m bench
 
 # batchSize x maxBatchDelay x workers for the tagger -> results/sweep.md (about 8 minutes).
-bench-sweep: setup archives samples
+bench-sweep: setup config archives samples
 	$(PY) -m bench.sweep
 
 clean:
-	rm -rf build model-store/*.mar logs key_file.json
+	rm -rf build model-store/*.mar logs key_file.json config/config.properties kserve/config.properties

@@ -24,11 +24,12 @@ from bench import machine, raw, report, stock
 from bench.archives import ArchiveInfo
 from bench.layout import (BUILD, EMBEDDING, IMAGES, MODEL_STORE, REPO, RESULTS, SAMPLES,
                           TAGGER as OURS, WEIGHTS, fresh_dir, setup_cli)
-from bench.serving import LoadPlan, describe, measure_model
+from bench.serving import LoadPlan, measure_model
 from bench.targets import evaluate
 from handlers.config import HandlerConfig
 from handlers.preprocess import Preprocessor
-from tsclient.server import DEFAULT_CONFIG, LocalTorchServe
+from model_files.artifacts import CHECKPOINT, LABELS
+from devtools.server import LocalTorchServe
 
 log = logging.getLogger("bench")
 
@@ -51,7 +52,7 @@ def _require(path: Path, hint: str) -> Path:
 def load_inputs() -> tuple[dict[str, bytes], ArchiveInfo, dict]:
     """The sample images, our tagger archive and the weights; refuses archives built from
     other weights than build/weights (the comparison must use one checkpoint)."""
-    _require(WEIGHTS / "resnet50.pt", "make archives")
+    _require(WEIGHTS / CHECKPOINT, "make archives")
     weights = machine.weights_info(WEIGHTS)
     images = {name: _require(SAMPLES / f, "make samples").read_bytes()
               for name, f in IMAGES.items()}
@@ -84,7 +85,8 @@ def serve_ours(images: dict[str, bytes], plan: LoadPlan, weights: dict) -> dict:
         started = time.monotonic()
         server.start()
         startup_s = time.monotonic() - started
-        meta = describe(server, OURS, customized=True).get("customizedMetadata") or {}
+        meta = server.management().describe(OURS, customized=True)[0].get(
+            "customizedMetadata") or {}
         served_sha = meta.get("weights", {}).get("sha256")
         if served_sha != weights["sha256"]:
             raise RuntimeError(f"served {OURS} reports weights {served_sha}, expected "
@@ -100,8 +102,8 @@ def serve_ours(images: dict[str, bytes], plan: LoadPlan, weights: dict) -> dict:
 def serve_stock(images: dict[str, bytes], plan: LoadPlan) -> dict:
     store = BUILD / "model-store"
     serialized = stock.export_stock_model(WEIGHTS, BUILD)
-    stock.archive_stock(serialized, WEIGHTS / "index_to_name.json", store, BUILD / "archiver-tmp")
-    config = stock.stock_config(DEFAULT_CONFIG, BUILD / "stock.properties", like=OURS)
+    stock.archive_stock(serialized, WEIGHTS / LABELS, store, BUILD / "archiver-tmp")
+    config = stock.stock_config(BUILD / "stock.properties", like=OURS)
     workdir = fresh_dir(BUILD / "run" / "stock")
     server = LocalTorchServe(workdir, store, config=config,
                              load_models=[f"{stock.MODEL_NAME}.mar"])

@@ -1,24 +1,15 @@
 """Peak resident memory of a running TorchServe, sampled in a background thread.
 
-The server is the Java frontend (pid in ``<workdir>/tmp/.model_server.pid``) plus every
+The server is whatever ``LocalTorchServe.processes`` lists: the Java frontend plus every
 descendant (the Python workers). Summed RSS counts shared pages once per process, so it is an
 upper bound of what the server really holds; it is the same measure for every server compared.
 """
 from __future__ import annotations
 
 import threading
-from pathlib import Path
+from typing import Callable
 
 import psutil
-
-
-def server_tree(pid_file: Path) -> list[psutil.Process]:
-    """The frontend and all its descendants, or [] when the pid file or process is gone."""
-    try:
-        root = psutil.Process(int(pid_file.read_text().strip()))
-        return [root, *root.children(recursive=True)]
-    except (OSError, ValueError, psutil.Error):
-        return []
 
 
 def _rss(proc: psutil.Process) -> int:
@@ -29,13 +20,13 @@ def _rss(proc: psutil.Process) -> int:
 
 
 class PeakRss:
-    """``with PeakRss(pid_file, watch={"tagger worker": pid}) as peak: ...`` samples every
+    """``with PeakRss(server.processes, watch={"tagger worker": pid}) as peak: ...`` samples every
     ``interval_s`` until the block ends; then ``peak.total_mb`` is the peak summed RSS of the
     whole server and ``peak.watched_mb[name]`` the peak RSS of each watched process."""
 
-    def __init__(self, pid_file: Path, watch: dict[str, int] | None = None,
-                 interval_s: float = 0.2) -> None:
-        self.pid_file = Path(pid_file)
+    def __init__(self, processes: Callable[[], list[psutil.Process]],
+                 watch: dict[str, int] | None = None, interval_s: float = 0.2) -> None:
+        self.processes = processes
         self.watch = dict(watch or {})
         self.interval_s = interval_s
         self.total_mb = 0.0
@@ -46,8 +37,7 @@ class PeakRss:
 
     def sample(self) -> None:
         """Take one sample now (also called once at start and once at the end)."""
-        tree = server_tree(self.pid_file)
-        by_pid = {p.pid: _rss(p) for p in tree}
+        by_pid = {p.pid: _rss(p) for p in self.processes()}
         self.total_mb = max(self.total_mb, sum(by_pid.values()) / 2**20)
         for name, pid in self.watch.items():
             self.watched_mb[name] = max(self.watched_mb[name], by_pid.get(pid, 0) / 2**20)

@@ -1,11 +1,7 @@
 """Measure one model on one running TorchServe: closed-loop runs per image and client count,
-then an open-loop Poisson rate sweep, each with the server's peak memory.
-
-Also the small management-API helpers the benchmark and the sweep share.
-"""
+then an open-loop Poisson rate sweep, each with the server's peak memory."""
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -14,8 +10,7 @@ from bench.batchlog import with_logged_batches
 from bench.loadgen import Endpoint, closed_loop, open_loop
 from bench.memory import PeakRss
 from bench.stats import Sample, summarize
-from tsclient.management import ManagementClient
-from tsclient.server import LocalTorchServe
+from devtools.server import LocalTorchServe
 
 
 @dataclass(frozen=True)
@@ -39,23 +34,7 @@ class LoadPlan:
     timeout_s: float = 60.0
 
 
-def management(server: LocalTorchServe) -> ManagementClient:
-    return ManagementClient(server.management_url, server.keys.management, timeout=300)
-
-
-def describe(server: LocalTorchServe, model: str, customized: bool = False) -> dict:
-    """The describe API's entry for ``model``; ``customizedMetadata`` parsed when it is JSON."""
-    info = management(server).describe(model, customized=customized)[0]
-    meta = info.get("customizedMetadata")
-    if isinstance(meta, str):
-        try:
-            info["customizedMetadata"] = json.loads(meta)
-        except ValueError:
-            pass
-    return info
-
-
-def frontend_settings(info: dict) -> dict:
+def served_settings(info: dict) -> dict:
     """The frontend settings a describe entry reports, as the benchmark tables show them."""
     workers = info.get("workers", [])
     return {
@@ -76,14 +55,13 @@ class ModelUnderTest:
         self.model = model
         self.batches_from_log = batches_from_log
         self.plan = plan
-        self.pid_file = server.tmpdir / ".model_server.pid"
 
     def endpoint(self, body: bytes) -> Endpoint:
         return Endpoint(f"{self.server.inference_url}/predictions/{self.model}",
                         self.server.keys.inference_headers(), body, self.plan.timeout_s)
 
     def _measured(self, run: Callable[[], list[Sample]], watch: dict[str, int]) -> dict:
-        with PeakRss(self.pid_file, watch) as peak:
+        with PeakRss(self.server.processes, watch) as peak:
             samples = run()
         if self.batches_from_log:
             time.sleep(0.5)  # the frontend writes the worker's metric lines asynchronously
@@ -121,7 +99,7 @@ def measure_model(server: LocalTorchServe, model: str, images: dict[str, bytes],
     """Every closed-loop run (each image x each client count), then the open-loop sweep on
     ``plan.open_image``. Returns ``{"settings": ..., "closed": [...], "open": [...]}``."""
     mut = ModelUnderTest(server, model, batches_from_log=batches_from_log, plan=plan)
-    settings = frontend_settings(describe(server, model))
+    settings = served_settings(server.management().describe(model)[0])
     watch = {f"worker {pid}": pid for pid in settings["worker_pids"] if pid}
     closed = []
     for image, body in images.items():

@@ -10,6 +10,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class Sample:
@@ -35,17 +37,8 @@ class Sample:
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0..100) with linear interpolation between closest ranks
-    (NumPy's default); NaN for no values."""
-    if not 0.0 <= q <= 100.0:
-        raise ValueError(f"percentile must be in 0..100, got {q}")
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    position = (len(ordered) - 1) * q / 100.0
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+    """The ``q``-th percentile (0..100), NumPy's linear interpolation; NaN for no values."""
+    return float(np.percentile(values, q)) if len(values) else math.nan
 
 
 @dataclass

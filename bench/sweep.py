@@ -23,11 +23,12 @@ from pathlib import Path
 
 from bench import machine, report
 from bench.archives import ArchiveInfo, build_variant, variant_config
-from bench.layout import (BUILD, IMAGES, MODEL_STORE, REPO, RESULTS, SAMPLES, TAGGER as OURS,
+from bench.layout import (BUILD, IMAGES, MODEL_STORE, RESULTS, SAMPLES, TAGGER as OURS,
                           fresh_dir, setup_cli)
-from bench.serving import LoadPlan, ModelUnderTest, describe, frontend_settings, management
+from devtools.configgen import MODELS_DIR
+from bench.serving import LoadPlan, ModelUnderTest, served_settings
 from tsclient.management import ManagementError
-from tsclient.server import LocalTorchServe
+from devtools.server import LocalTorchServe
 
 log = logging.getLogger("bench.sweep")
 
@@ -52,7 +53,7 @@ def wait_for_setting(server: LocalTorchServe, batch_size: int, delay: int, worke
     deadline = time.monotonic() + timeout_s
     settings: dict = {}
     while time.monotonic() < deadline:
-        settings = frontend_settings(describe(server, OURS))
+        settings = served_settings(server.management().describe(OURS)[0])
         if settings["ready"] == workers and settings["workers"] == workers:
             break
         time.sleep(0.5)
@@ -66,7 +67,7 @@ def wait_for_setting(server: LocalTorchServe, batch_size: int, delay: int, worke
 
 def unregister_all(server: LocalTorchServe, timeout_s: float = 120.0) -> None:
     """Unregister every model and wait until the list is empty (its workers are gone)."""
-    client = management(server)
+    client = server.management()
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         models = client.list_models()
@@ -90,7 +91,7 @@ def run_setting(server: LocalTorchServe, archive: ArchiveInfo, base_yaml: Path, 
                         archive.backend, SWEEP / "archive-work", SWEEP / "store" / name)
     row = {"batchSize": batch_size, "maxBatchDelay": delay, "workers": workers}
     try:
-        management(server).register(name, initial_workers=workers, batch_size=batch_size,
+        server.management().register(name, initial_workers=workers, batch_size=batch_size,
                                     max_batch_delay=delay)
         settings = wait_for_setting(server, batch_size, delay, workers)
         mut = ModelUnderTest(server, OURS, batches_from_log=False, plan=plan)
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     machine_info = machine.describe_machine()
     archive = ArchiveInfo.read(MODEL_STORE / f"{OURS}.mar")
     body = (SAMPLES / IMAGES[IMAGE]).read_bytes()
-    base_yaml = REPO / "config" / f"{OURS}.yaml"
+    base_yaml = MODELS_DIR / f"{OURS}.yaml"
     settings = list(itertools.product(args.batch_sizes, args.delays, args.workers))
     (SWEEP / "store").mkdir(parents=True, exist_ok=True)
     server = LocalTorchServe(fresh_dir(SWEEP / "run"), SWEEP / "store", load_models=[])

@@ -5,10 +5,11 @@ from pathlib import Path
 
 import pytest
 
+from devtools.configgen import model_names
 from tests.reference import Reference
 
 REPO = Path(__file__).resolve().parent.parent
-MODELS = ("resnet50-embedding", "resnet50-tagger")
+MODELS = tuple(model_names())  # resnet50-embedding, resnet50-tagger
 
 
 @pytest.fixture(scope="session")
@@ -41,7 +42,7 @@ def model_store() -> Path:
 @pytest.fixture(scope="session")
 def torchserve(tmp_path_factory, model_store):
     """One real TorchServe with both models, shared by every integration test, always stopped."""
-    from tsclient.server import LocalTorchServe
+    from devtools.server import LocalTorchServe
 
     server = LocalTorchServe(tmp_path_factory.mktemp("torchserve"), model_store)
     server.start()

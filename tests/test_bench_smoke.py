@@ -10,7 +10,8 @@ import pytest
 
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.integration
+# About two thirds of the suite's time: `make test` runs it, `make test-fast` does not.
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_quick_benchmark_reports_every_measurement(tmp_path, model_store):

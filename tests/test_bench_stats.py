@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import math
 
+import javaproperties
 import pytest
+import yaml
 
 from bench.batchlog import batches_by_request
 from bench.loadgen import Endpoint, poisson_schedule
@@ -15,7 +17,6 @@ from bench.report import render_markdown
 from bench.stats import Sample, find_run, percentile, ratio, summarize
 from bench.stock import MODEL_NAME, stock_config
 from bench.targets import evaluate
-from tsclient.server import read_properties
 from tests.conftest import REPO
 
 
@@ -99,10 +100,9 @@ def test_batch_sizes_come_from_prediction_time_lines_of_the_model():
 
 
 def test_stock_config_copies_the_tagger_frontend_settings(tmp_path):
-    out = stock_config(REPO / "config" / "config.properties", tmp_path / "stock.properties")
-    shipped = json.loads(read_properties(
-        (REPO / "config" / "config.properties").read_text())["models"])["resnet50-tagger"]["1.0"]
-    properties = read_properties(out.read_text())
+    out = stock_config(tmp_path / "stock.properties")
+    shipped = yaml.safe_load((REPO / "config" / "models" / "resnet50-tagger.yaml").read_text())
+    properties = javaproperties.loads(out.read_text())
     entry = json.loads(properties["models"])[MODEL_NAME]["1.0"]
     assert properties["load_models"] == f"{MODEL_NAME}.mar"
     assert entry["marName"] == f"{MODEL_NAME}.mar"

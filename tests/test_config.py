@@ -1,44 +1,72 @@
-"""The shipped configuration: typed handler settings, and frontend settings in step."""
+"""The shipped configuration: typed handler settings, and the generated config.properties files
+current with their one source (config/models/*.yaml)."""
 from __future__ import annotations
 
 import json
+import re
+import shutil
+import subprocess
 
+import javaproperties
 import pytest
 import yaml
 
+from devtools import configgen
 from handlers.config import ConfigError, HandlerConfig
-from tsclient.server import read_properties
 from tests.conftest import MODELS, REPO
 
 
-def _models_property() -> dict:
-    properties = read_properties((REPO / "config" / "config.properties").read_text())
-    return json.loads(properties["models"])
+def _properties(path) -> dict[str, str]:
+    return javaproperties.loads(path.read_text())
+
+
+def test_generated_configs_are_current():
+    stale = [str(g.path.relative_to(REPO)) for g in configgen.generated() if not g.current]
+    assert not stale, f"stale generated config {stale}: run `make config`"
+
+
+def test_staleness_check_notices_an_edited_model_config(tmp_path):
+    """The check above can fail: change a batch setting in a copy of the sources and the
+    generated files no longer match; regenerating carries the new value into both."""
+    for part in ("config", "kserve"):
+        shutil.copytree(REPO / part, tmp_path / part)
+    tagger = tmp_path / "config" / "models" / "resnet50-tagger.yaml"
+    tagger.write_text(re.sub(r"^batchSize: \d+$", "batchSize: 7", tagger.read_text(),
+                             flags=re.M))
+    assert not all(g.current for g in configgen.generated(tmp_path))
+    for g in configgen.generated(tmp_path):
+        g.path.write_text(g.text)
+    local = json.loads(_properties(tmp_path / "config" / "config.properties")["models"])
+    kserve = json.loads(_properties(tmp_path / "kserve" / "config.properties")["model_snapshot"])
+    assert local["resnet50-tagger"]["1.0"]["batchSize"] == 7
+    assert kserve["models"]["resnet50-tagger"]["1.0"]["batchSize"] == 7
+
+
+def test_check_command_passes_on_the_repository():
+    result = subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "devtools.configgen",
+                             "--check"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
 
 
 @pytest.mark.parametrize("model", MODELS)
-def test_config_properties_and_model_yaml_agree(model):
+def test_config_properties_carries_each_model_yaml(model):
     """config.properties keys batch settings by the archive's model name and version (1.0,
-    archive.sh's default); the YAML in the archive repeats them."""
-    model_yaml = yaml.safe_load((REPO / "config" / f"{model}.yaml").read_text())
-    entry = _models_property()[model]["1.0"]
-    assert entry["marName"] == f"{model}.mar"
-    for key in ("batchSize", "maxBatchDelay", "minWorkers", "maxWorkers", "responseTimeout"):
+    archive.sh's default), with the values of the model's own YAML."""
+    model_yaml = yaml.safe_load((REPO / "config" / "models" / f"{model}.yaml").read_text())
+    properties = _properties(REPO / "config" / "config.properties")
+    entry = json.loads(properties["models"])[model]["1.0"]
+    assert entry["marName"] == f"{model}.mar" and f"{model}.mar" in properties["load_models"]
+    for key in configgen.FRONTEND_KEYS:
         assert entry[key] == model_yaml[key], key
     assert HandlerConfig.from_mapping(model_yaml["handler"]).task == (
         "embedding" if model.endswith("embedding") else "tags")
 
 
 def test_config_properties_keeps_token_auth_and_enables_model_api():
-    properties = read_properties((REPO / "config" / "config.properties").read_text())
+    properties = _properties(REPO / "config" / "config.properties")
     assert properties.get("disable_token_authorization", "false") == "false"
     assert properties["enable_model_api"] == "true"
     assert properties["load_models"] == "resnet50-embedding.mar,resnet50-tagger.mar"
-
-
-def test_defaults():
-    config = HandlerConfig.from_mapping(None)
-    assert (config.task, config.top_k, config.device) == ("tags", 5, "auto")
 
 
 @pytest.mark.parametrize("section, message", [

@@ -71,7 +71,7 @@ def test_draft_decoding_stays_close_to_full_decoding(weights_dir):
     >= 0.9995, with the same top-1 class. Why that is enough: the model sees the photo after a
     resize to 232 px anyway; the difference is resampling detail below what that resize keeps,
     and it is under a tenth of the distance between two different photos."""
-    from tools.samples import photo
+    from devtools.samples import photo
 
     full, full_context = make_handler(weights_dir, draft_decode=False, normalize_embedding=False)
     draft, draft_context = make_handler(weights_dir, draft_decode=True, normalize_embedding=False)

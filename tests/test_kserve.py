@@ -9,10 +9,10 @@ import re
 import zipfile
 from pathlib import Path
 
+import javaproperties
 import pytest
 import yaml
 
-from tsclient.server import read_properties
 from tests.conftest import MODELS, REPO
 
 KSERVE = REPO / "kserve"
@@ -163,7 +163,7 @@ def test_strict_schema_refuses_unknown_fields_and_webhook_rules_catch_the_rest(v
 
 
 def _kserve_properties() -> dict[str, str]:
-    return read_properties((KSERVE / "config.properties").read_text())
+    return javaproperties.loads((KSERVE / "config.properties").read_text())
 
 
 def _snapshot() -> dict:
@@ -171,7 +171,8 @@ def _snapshot() -> dict:
 
 
 def test_kserve_config_keeps_the_per_model_settings_of_config_properties():
-    shipped = json.loads(read_properties((REPO / "config" / "config.properties").read_text())["models"])
+    shipped = json.loads(javaproperties.loads(
+        (REPO / "config" / "config.properties").read_text())["models"])
     snapshot = _snapshot()
     assert set(snapshot["models"]) == set(shipped) == set(MODELS)
     assert snapshot["modelCount"] == len(MODELS)  # TorchServe loads nothing when it is 0
@@ -235,7 +236,7 @@ def test_kserve_config_fits_the_runtime():
     assert "service_envelope" not in properties
     # The handler's batch histograms are declared only in our metrics.yaml.
     assert properties["metrics_config"] == "/mnt/models/config/metrics.yaml"
-    shipped = read_properties((REPO / "config" / "config.properties").read_text())
+    shipped = javaproperties.loads((REPO / "config" / "config.properties").read_text())
     assert Path(shipped["metrics_config"]).name == "metrics.yaml"
     for key in ("metrics_mode", "max_request_size", "max_response_size"):
         assert properties[key] == shipped[key], key

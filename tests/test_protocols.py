@@ -184,10 +184,10 @@ def test_every_bad_input_alone_gets_its_status_and_message(torchserve):
 def slow_batching_server(tmp_path_factory, model_store):
     """A second TorchServe whose tagger waits up to 3 s to fill a batch of 8: a group of 8
     concurrent requests is then one batch, which every answer's X-Batch-Size proves."""
-    from tsclient.server import LocalTorchServe
+    from devtools.server import LocalTorchServe
 
     config_dir = tmp_path_factory.mktemp("slow-config")
-    model_config = yaml.safe_load((REPO / "config" / "resnet50-tagger.yaml").read_text())
+    model_config = yaml.safe_load((REPO / "config" / "models" / "resnet50-tagger.yaml").read_text())
     model_config.update(batchSize=8, maxBatchDelay=3000)
     (config_dir / "resnet50-tagger.yaml").write_text(yaml.safe_dump(model_config))
     store = tmp_path_factory.mktemp("slow-store")

@@ -132,7 +132,7 @@ def test_describe_reports_weights_and_batch_settings(torchserve, weights_dir):
                                  params={"customized": "true"}, headers=headers, timeout=60)
         assert described.status_code == 200
         info = described.json()[0]
-        config = yaml.safe_load((REPO / "config" / f"{model}.yaml").read_text())
+        config = yaml.safe_load((REPO / "config" / "models" / f"{model}.yaml").read_text())
         assert info["batchSize"] == config["batchSize"] > 1
         assert info["maxBatchDelay"] == config["maxBatchDelay"]
         weights = info["customizedMetadata"]["weights"]
@@ -178,6 +178,6 @@ def test_explanations_are_a_501_and_describe_header_is_ignored(torchserve):
     explained = requests.post(f"{torchserve.inference_url}/explanations/resnet50-tagger",
                               data=IMAGE, headers=headers, timeout=60)
     assert explained.status_code == 501
-    assert explained.json()["type"] == "NotImplemented"
+    assert explained.json()["type"] == "NotSupported"
     described = predict(torchserve, "resnet50-tagger", "raw", headers={"describe": "True"})
     assert described.status_code == 200 and len(described.json()) == 5

@@ -1,1 +1,1 @@
-"""Clients for a running TorchServe: start/stop a local server, call its management API."""
+"""Client side of a running TorchServe: its keys and its management API."""

@@ -55,9 +55,20 @@ class ManagementClient:
     def list_models(self) -> list[dict]:
         return self._call("GET", "/models", limit=1000)["models"]
 
-    def describe(self, model: str, version: str | None = None, customized: bool = False) -> list[dict]:
+    def describe(self, model: str, version: str | None = None,
+                 customized: bool = False) -> list[dict]:
+        """One entry per version; with ``customized``, the handler's ``customizedMetadata``
+        (our handler's weights, settings, backend) is parsed when it is JSON."""
         path = f"/models/{model}" + (f"/{version}" if version else "")
-        return self._call("GET", path, customized="true" if customized else None)
+        entries = self._call("GET", path, customized="true" if customized else None)
+        for entry in entries:
+            meta = entry.get("customizedMetadata")
+            if isinstance(meta, str):
+                try:
+                    entry["customizedMetadata"] = json.loads(meta)
+                except ValueError:
+                    pass
+        return entries
 
     def register(self, archive: str, *, initial_workers: int = 1, batch_size: int | None = None,
                  max_batch_delay: int | None = None, response_timeout: int | None = None) -> dict:

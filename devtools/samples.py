@@ -1,6 +1,6 @@
 """Write sample photos for the README's curl examples, the tests and the benchmark.
 
-    python -m tools.samples [--out build/samples]
+    python -m devtools.samples [--out build/samples]
 
 ``chelsea.jpg`` (451x300, a tabby cat) and ``coffee.jpg`` are scikit-image's bundled sample
 photos (public domain / CC0, shipped inside the scikit-image wheel), re-encoded as JPEG;

@@ -1,8 +1,10 @@
 """Start and stop a real TorchServe on free loopback ports, isolated in its own folder.
 
-Used by the integration tests and the benchmark. Each instance gets its own working folder
-(``key_file.json`` and ``logs/`` land there) and its own ``TMPDIR`` (TorchServe keeps one pid
-file in the temp folder, so two servers on one machine need two of them).
+Used by the integration tests and the benchmark, and the one place that knows TorchServe's
+process layout: each instance gets its own working folder (``key_file.json`` and ``logs/``
+land there) and its own ``TMPDIR`` (TorchServe keeps one pid file there, so two servers on one
+machine need two of them); the server is that pid's Java frontend plus its descendants (one
+Python process per worker).
 
     with LocalTorchServe(workdir, model_store, load_models=["resnet50-tagger.mar"]) as ts:
         requests.get(ts.inference_url + "/ping", headers=ts.keys.inference_headers())
@@ -22,6 +24,7 @@ import psutil
 import requests
 
 from tsclient.keys import Keys
+from tsclient.management import ManagementClient
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO / "config" / "config.properties"
@@ -32,25 +35,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def read_properties(text: str) -> dict[str, str]:
-    """Parse a config.properties text as Java does for our files: ``key=value`` lines,
-    ``#`` comments, a trailing backslash continuing a value on the next line."""
-    properties: dict[str, str] = {}
-    logical = ""
-    for line in text.splitlines():
-        stripped = line.strip()
-        if not logical and (not stripped or stripped.startswith(("#", "!"))):
-            continue
-        if stripped.endswith("\\"):
-            logical += stripped[:-1]
-            continue
-        logical += stripped
-        key, _, value = logical.partition("=")
-        properties[key.strip()] = value.strip()
-        logical = ""
-    return properties
 
 
 def rewrite_properties(text: str, overrides: dict[str, str]) -> str:
@@ -86,6 +70,7 @@ class LocalTorchServe:
         self.management_url = f"http://127.0.0.1:{self.ports['management']}"
         self.metrics_url = f"http://127.0.0.1:{self.ports['metrics']}"
         self.tmpdir = self.workdir / "tmp"
+        self.pid_file = self.tmpdir / ".model_server.pid"  # written by `torchserve --start`
         self.keys: Keys | None = None
         self._pids: set[int] = set()
 
@@ -152,22 +137,16 @@ class LocalTorchServe:
         env.setdefault("METRICS_LOCATION", str(self.workdir / "logs"))
         return env
 
+    def processes(self) -> list[psutil.Process]:
+        """The frontend and every descendant (the workers); [] when it is not running."""
+        return server_processes(self.pid_file)
+
+    def management(self, timeout: float = 300.0) -> ManagementClient:
+        """A management API client with this server's key."""
+        return ManagementClient(self.management_url, self.keys.management, timeout=timeout)
+
     def _server_pids(self) -> set[int]:
-        """The frontend (from TorchServe's pid file) and all its descendants (the workers)."""
-        pid_file = self.tmpdir / ".model_server.pid"
-        pids: set[int] = set()
-        try:
-            pid = int(pid_file.read_text().strip())
-        except (OSError, ValueError):
-            return pids
-        proc = _process(pid)
-        if proc is not None:
-            pids.add(pid)
-            try:
-                pids |= {child.pid for child in proc.children(recursive=True)}
-            except psutil.Error:
-                pass
-        return pids
+        return {p.pid for p in self.processes()}
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -225,6 +204,17 @@ def _startup_models(properties: str, model_store: Path) -> int:
     if value == "all":
         return len(list(model_store.glob("*.mar")))
     return len([m for m in value.split(",") if m.strip()])
+
+
+def server_processes(pid_file: Path) -> list[psutil.Process]:
+    """The process in ``pid_file`` (a TorchServe frontend) and all its descendants."""
+    try:
+        root = psutil.Process(int(Path(pid_file).read_text().strip()))
+        if root.status() == psutil.STATUS_ZOMBIE:
+            return []
+        return [root, *root.children(recursive=True)]
+    except (OSError, ValueError, psutil.Error):
+        return []
 
 
 def _process(pid: int) -> psutil.Process | None:

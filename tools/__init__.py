@@ -1,1 +1,0 @@
-"""Developer tools: sample images, the benchmark."""
