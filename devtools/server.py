@@ -12,11 +12,13 @@ Python process per worker).
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,6 +30,22 @@ from tsclient.management import ManagementClient
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO / "config" / "config.properties"
+
+
+def free_worker_ports(span: int = 100) -> int:
+    """A base for ``initial_worker_port`` whose ``span`` worker sockets are all unused.
+
+    Workers talk to the frontend over Unix sockets ``.ts.sock.<port>`` in the system temp
+    folder (``/tmp``, whatever ``TMPDIR`` says), numbered up from ``initial_worker_port``, and a
+    starting worker deletes a socket file that is in the way: two servers on the same numbers
+    break each other. TorchServe's default base is 9000."""
+    rng = random.SystemRandom()
+    temp = Path(tempfile.gettempdir())
+    for _ in range(100):
+        base = rng.randrange(10_000, 60_000, span)
+        if not any((temp / f".ts.sock.{base + i}").exists() for i in range(span)):
+            return base
+    raise RuntimeError(f"no free range of {span} worker sockets in {temp}")
 
 
 def free_port() -> int:
@@ -87,6 +105,7 @@ class LocalTorchServe:
             "metrics_address": self.metrics_url,
             "grpc_inference_port": str(self.ports["grpc_inference"]),
             "grpc_management_port": str(self.ports["grpc_management"]),
+            "initial_worker_port": str(free_worker_ports()),
             "model_store": str(self.model_store),
             "metrics_config": str(REPO / "config" / "metrics.yaml"),
         }
