@@ -37,6 +37,34 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_worker_port(span: int = 64) -> int:
+    """A base for ``initial_worker_port`` whose next ``span`` worker sockets are unused.
+
+    TorchServe 0.12 binds worker ``i`` to the Unix socket ``/tmp/.ts.sock.<base + i>`` whatever
+    ``TMPDIR`` says and never checks that it is free, so two servers on one machine with the
+    default base (9000) take each other's sockets. A free TCP port is a random base in the
+    ephemeral range; it is kept only if none of its sockets exists yet.
+    """
+    for _ in range(100):
+        base = free_port()
+        if base + span < 65536 and not any(
+                Path(f"/tmp/.ts.sock.{base + i}").exists() for i in range(span)):
+            return base
+    raise RuntimeError("no free range of TorchServe worker sockets under /tmp")
+
+
+def stop_processes(pids: set[int], grace: float = 30.0) -> None:
+    """Wait up to ``grace`` seconds for ``pids`` to exit (after a stop request), then SIGKILL."""
+    procs = [p for p in map(_process, pids) if p is not None]
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for proc in alive:
+        try:
+            proc.send_signal(signal.SIGKILL)
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=10)
+
+
 def rewrite_properties(text: str, overrides: dict[str, str]) -> str:
     """Set single-line ``key=value`` properties in a config.properties text (append if absent)."""
     for key, value in overrides.items():
@@ -87,6 +115,7 @@ class LocalTorchServe:
             "metrics_address": self.metrics_url,
             "grpc_inference_port": str(self.ports["grpc_inference"]),
             "grpc_management_port": str(self.ports["grpc_management"]),
+            "initial_worker_port": str(free_worker_port()),
             "model_store": str(self.model_store),
             "metrics_config": str(REPO / "config" / "metrics.yaml"),
         }
@@ -114,14 +143,7 @@ class LocalTorchServe:
         subprocess.run([str(Path(sys.executable).parent / "torchserve"), "--stop"],
                        cwd=self.workdir, env=self._env(), stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL, timeout=120, check=False)
-        procs = [p for p in map(_process, self._pids) if p is not None]
-        _, alive = psutil.wait_procs(procs, timeout=30)
-        for proc in alive:
-            try:
-                proc.send_signal(signal.SIGKILL)
-            except psutil.Error:
-                pass
-        psutil.wait_procs(alive, timeout=10)
+        stop_processes(self._pids)
 
     def __enter__(self) -> "LocalTorchServe":
         return self.start()
