@@ -25,8 +25,8 @@ Checked for every InferenceService:
 For our ClusterServingRuntime (no CRD schema is kept here, so our own rules, strict too): known
 fields only; one ``kserve-container`` started in the foreground from ``/mnt/models``; model
 formats not auto-selected; v1/v2 protocols; one port named for Knative and equal to TorchServe's
-``inference_address`` port; a readiness probe on ``/ping`` (the only route that waits for
-workers); metrics annotations equal to ``metrics_address``; no ``PYTHONPATH``; token
+``inference_address`` port; the bundle's readiness check as readiness probe (no HTTP route of
+TorchServe 0.12 waits for loaded workers); metrics annotations equal to ``metrics_address``; no ``PYTHONPATH``; token
 authorization off in its config (probes carry no key).
 
 For a bundle: ``config/config.properties`` names exactly the archives in ``model-store/``
@@ -54,6 +54,9 @@ SCHEMA = REPO.parent / "shared" / "reference" / "kserve" / "inferenceservice-v1b
 RUNTIME_DIR = KSERVE / "runtime"
 RUNTIME_SERVER_PROPERTIES = RUNTIME_DIR / "server.properties"
 MOUNT = "/mnt/models"  # where KServe's storage initializer puts storageUri
+# The runtime's readiness probe: kserve/runtime/readiness.py, packed into the bundle.
+READINESS_COMMAND = ("python", f"{MOUNT}/config/readiness.py",
+                     f"{MOUNT}/config/config.properties")
 
 ISVC_API = "serving.kserve.io/v1beta1"
 RUNTIME_API = "serving.kserve.io/v1alpha1"
@@ -496,11 +499,12 @@ def _runtime_container_findings(resource: Resource, path: str, container: dict,
             add(f"ports[{i}].containerPort", f"{port.get('containerPort')} is not TorchServe's "
                 f"inference port {inference_port} (inference_address)",
                 f"use {inference_port}")
-    probe = (container.get("readinessProbe") or {}).get("httpGet") or {}
-    if probe.get("path") != "/ping" or probe.get("port") != inference_port:
-        add("readinessProbe.httpGet", f"{probe or 'missing'}: only /ping waits until every "
-            "model has its workers (/v2/health/ready is always true in TorchServe 0.12)",
-            f"probe path /ping on port {inference_port}")
+    probe = container.get("readinessProbe") or {}
+    if (probe.get("exec") or {}).get("command") != list(READINESS_COMMAND):
+        add("readinessProbe", f"{probe or 'missing'}: only the bundle's readiness check waits "
+            "until every model's workers are loaded (TorchServe 0.12's /ping counts starting "
+            "workers as healthy; /v2/health/ready is always true)",
+            f"use exec: command: {list(READINESS_COMMAND)}")
     return found
 
 
@@ -516,7 +520,7 @@ def bundle_findings(bundle: Path, models: dict[str, dict] | None = None) -> list
         found.append(Finding(_rel(bundle), "bundle", path, problem, fix))
 
     config = bundle / "config" / "config.properties"
-    for needed in (config, bundle / "config" / "metrics.yaml"):
+    for needed in (config, bundle / "config" / "metrics.yaml", bundle / "config" / "readiness.py"):
         if not needed.is_file():
             add(str(needed.relative_to(bundle)), "missing", "rebuild with `make kserve-bundle`")
     if found:

@@ -218,8 +218,8 @@ RUNTIME_MUTATIONS = {
                     "must not be picked automatically"),
     "pythonpath": (lambda o: _container(o)["env"].append({"name": "PYTHONPATH", "value": "/x"}),
                    "setting PYTHONPATH in container 'kserve-container' is not allowed"),
-    "probe": (lambda o: _container(o)["readinessProbe"]["httpGet"].update(
-        path="/v2/health/ready"), "only /ping waits until every model has its workers"),
+    "probe": (lambda o: _container(o).update(readinessProbe={"httpGet": {
+        "path": "/ping", "port": 8080}}), "only the bundle's readiness check waits"),
     "port-name": (lambda o: _container(o)["ports"][0].update(name="http"),
                   "Knative needs http1 or h2c"),
     "port": (lambda o: _container(o)["ports"][0].update(containerPort=9090),
