@@ -571,19 +571,15 @@ def lint(targets: list[Path], models: dict[str, dict] | None = None,
         except (KustomizeError, OSError) as exc:
             found.append(Finding(_rel(Path(target)), "kustomization", "<render>", str(exc),
                                  "fix the kustomization"))
-    runtime_resources = [r for r in rendered if r.kind in ("ClusterServingRuntime",
-                                                            "ServingRuntime")]
-    if not runtime_resources:  # linting InferenceServices alone: know our runtime anyway
-        runtime_resources = [r for r in render(RUNTIME_DIR)]
-        others = rendered
-    else:
-        others = [r for r in rendered if r not in runtime_resources]
     runtimes = {STOCK_RUNTIME.name: STOCK_RUNTIME}
-    for resource in runtime_resources:
-        runtimes[resource.name] = runtime_of(resource)
-        if any(r is resource for r in rendered):
+    # Our runtime is known to every InferenceService, linted or not; linted when rendered.
+    for resource in render(RUNTIME_DIR) + rendered:
+        if resource.kind in ("ClusterServingRuntime", "ServingRuntime"):
+            runtimes[resource.name] = runtime_of(resource)
+    for resource in rendered:
+        if resource.kind in ("ClusterServingRuntime", "ServingRuntime"):
             found += runtime_findings(resource, properties)
-    for resource in others:
+            continue
         if resource.kind == "InferenceService":
             found += schema_findings(resource)
         found += inference_service_findings(resource, runtimes, limits)

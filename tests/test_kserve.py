@@ -18,7 +18,7 @@ import yaml
 
 from devtools import kserve_lint
 from devtools.configgen import repo_models
-from devtools.kserve_bundle import bundle_config
+from devtools.kserve_bundle import bundle_config, bundle_name
 from devtools.kustomize import KustomizeError, render
 from tests.conftest import MODELS, REPO
 
@@ -207,6 +207,32 @@ def test_deprecated_mode_names_are_normalised_like_the_webhook_does():
     assert findings(resource) == []
     resource.obj["spec"]["predictor"]["scaleMetric"] = "cpu"
     assert any("not allowed with Knative's autoscaler" in p for p in findings(resource))
+
+
+def test_keda_takes_no_scale_metric_and_kpa_is_no_autoscaler_class():
+    resource = isvc("standard-hpa")
+    resource.obj["metadata"]["annotations"]["serving.kserve.io/autoscalerClass"] = "keda"
+    assert any("'cpu' is not allowed with KEDA" in p and "autoScaling.metrics" in p
+               for p in findings(resource))
+    del resource.obj["spec"]["predictor"]["scaleMetric"]
+    del resource.obj["spec"]["predictor"]["scaleTarget"]
+    assert findings(resource) == []
+
+
+def test_gpu_and_canary_bundle_configs_come_from_the_same_source():
+    models = repo_models()
+    for device, version in (("gpu", "1.0"), ("cpu", "2.0")):
+        properties = javaproperties.loads(bundle_config(device, version))
+        entries = json.loads(properties["models"])
+        assert set(entries) == set(models)
+        for name, settings in models.items():
+            entry = entries[name][version]
+            assert {k: entry[k] for k in settings} == settings
+            assert entry.get("deviceType") == ("gpu" if device == "gpu" else None)
+        assert properties.get("number_of_gpu") == ("1" if device == "gpu" else None)
+    assert bundle_name("gpu") + "/" in isvc("gpu").obj["spec"]["predictor"]["model"]["storageUri"]
+    assert bundle_name(version="2.0") + "/" in \
+        isvc("canary").obj["spec"]["predictor"]["model"]["storageUri"]
 
 
 def _container(obj) -> dict:
