@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 import requests
 
-from devtools.server import free_port, free_worker_port, rewrite_properties, stop_processes
+from devtools.server import free_port, free_worker_ports, rewrite_properties, stop_processes
 
 MOUNT = "/mnt/models"
 BUNDLE_CONFIG = f"{MOUNT}/config/config.properties"
@@ -52,7 +52,7 @@ class RuntimePod:
             "metrics_address": self.metrics_url,
             "grpc_inference_port": str(ports["grpc_inference"]),
             "grpc_management_port": str(ports["grpc_management"]),
-            "initial_worker_port": str(free_worker_port()),
+            "initial_worker_port": str(free_worker_ports()),
         }
         self.container_port = (container.get("ports") or [{}])[0].get("containerPort", 8080)
         self.process: subprocess.Popen | None = None

@@ -12,11 +12,13 @@ Python process per worker).
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,27 +32,27 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO / "config" / "config.properties"
 
 
+def free_worker_ports(span: int = 100) -> int:
+    """A base for ``initial_worker_port`` whose ``span`` worker sockets are all unused.
+
+    Workers talk to the frontend over Unix sockets ``.ts.sock.<port>`` in the system temp
+    folder (``/tmp``, whatever ``TMPDIR`` says), numbered up from ``initial_worker_port``, and a
+    starting worker deletes a socket file that is in the way: two servers on the same numbers
+    break each other. TorchServe's default base is 9000."""
+    rng = random.SystemRandom()
+    temp = Path(tempfile.gettempdir())
+    for _ in range(100):
+        base = rng.randrange(10_000, 60_000, span)
+        if not any((temp / f".ts.sock.{base + i}").exists() for i in range(span)):
+            return base
+    raise RuntimeError(f"no free range of {span} worker sockets in {temp}")
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def free_worker_port(span: int = 64) -> int:
-    """A base for ``initial_worker_port`` whose next ``span`` worker sockets are unused.
-
-    TorchServe 0.12 binds worker ``i`` to the Unix socket ``/tmp/.ts.sock.<base + i>`` whatever
-    ``TMPDIR`` says and never checks that it is free, so two servers on one machine with the
-    default base (9000) take each other's sockets. A free TCP port is a random base in the
-    ephemeral range; it is kept only if none of its sockets exists yet.
-    """
-    for _ in range(100):
-        base = free_port()
-        if base + span < 65536 and not any(
-                Path(f"/tmp/.ts.sock.{base + i}").exists() for i in range(span)):
-            return base
-    raise RuntimeError("no free range of TorchServe worker sockets under /tmp")
 
 
 def stop_processes(pids: set[int], grace: float = 30.0) -> None:
@@ -115,7 +117,7 @@ class LocalTorchServe:
             "metrics_address": self.metrics_url,
             "grpc_inference_port": str(self.ports["grpc_inference"]),
             "grpc_management_port": str(self.ports["grpc_management"]),
-            "initial_worker_port": str(free_worker_port()),
+            "initial_worker_port": str(free_worker_ports()),
             "model_store": str(self.model_store),
             "metrics_config": str(REPO / "config" / "metrics.yaml"),
         }

@@ -1,27 +1,39 @@
-"""The state one batch carries from ``preprocess`` through ``inference`` to ``postprocess``.
+"""The state one batch carries from ``preprocess`` through ``inference`` to ``postprocess``,
+and the rule that admits its requests' decoding work.
 
 (Kept out of the handler module: TorchServe requires the handler module to define exactly one
 class.)
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from handlers.codec import ParsedRequest
 from handlers.errors import RequestError
+from handlers.images import OpenedImage
 
 
 @dataclass
 class Slot:
-    """One request of the batch: what it asked for, or why it failed, and which rows of the
-    batch tensor are its images (``start`` .. ``start + count``)."""
+    """One request of the batch: what it asked for, or why it failed, its opened images and
+    which rows of the batch tensor are its images (``start`` .. ``start + count``)."""
 
     request: ParsedRequest | None = None
     error: RequestError | None = None
+    opened: list[OpenedImage] = field(default_factory=list)
     start: int = 0
     count: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def pixels(self) -> int:
+        """The decoding work this request asks for."""
+        return sum(image.pixels for image in self.opened)
 
     @property
     def rows(self) -> range:
@@ -37,3 +49,17 @@ class PreparedBatch:
     pixels: torch.Tensor | None
     embedding: torch.Tensor | None = None
     logits: torch.Tensor | None = None
+
+
+def admit(costs: list[int], budget: int) -> list[bool]:
+    """Which requests a batch decodes, given each one's cost in pixels: cheapest first while
+    the total stays within ``budget``; the cheapest one always, whatever its cost. Cheap
+    requests (ordinary photos) are therefore never crowded out by expensive ones."""
+    admitted = [False] * len(costs)
+    spent = 0
+    for i in sorted(range(len(costs)), key=costs.__getitem__):
+        if spent + costs[i] > budget and spent > 0:
+            break
+        admitted[i] = True
+        spent += costs[i]
+    return admitted

@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from handlers.errors import InvalidParameter, InvalidRequest, PayloadTooLarge
@@ -60,6 +61,15 @@ class OutputSpec:
 
 
 @dataclass(frozen=True)
+class ParseLimits:
+    """Bounds on what one request may make the parser do (``handler.max_*`` settings)."""
+
+    max_images: int = 64
+    max_json_depth: int = 16
+    max_json_bytes: int = 32 * 1024 * 1024
+
+
+@dataclass(frozen=True)
 class ParsedRequest:
     """What one request asks for: its encoded images and how to answer."""
 
@@ -83,25 +93,26 @@ class ParsedRequest:
 
 
 def parse_request(row: dict[str, Any], *, header_top_k: Any = None,
-                  max_images: int) -> ParsedRequest:
+                  limits: ParseLimits = ParseLimits()) -> ParsedRequest:
     """Turn one TorchServe input dict into a ``ParsedRequest`` or raise a ``RequestError``.
 
     ``header_top_k`` is the request's ``X-Top-K`` header, if any; any ``topk`` in the request
     itself wins over it, and the header is only read (and checked) when it is used.
-    ``max_images``: how many images one v1/v2 request may carry (413 above).
+    ``limits``: how many images, how deep and how large a JSON body (4xx above).
     """
-    parsed = _parse(row)
-    if len(parsed.images) > max_images:
+    parsed = _parse(row, limits)
+    if len(parsed.images) > limits.max_images:
         raise PayloadTooLarge(
-            f"request carries {len(parsed.images)} images, more than the limit of {max_images} "
-            "(handler.max_images_per_request); split it into several requests"
+            f"request carries {len(parsed.images)} images, more than the limit of "
+            f"{limits.max_images} (handler.max_images_per_request); split it into several "
+            "requests"
         )
     if parsed.top_k is None and header_top_k is not None:
         return dataclasses.replace(parsed, top_k=parse_top_k(header_top_k))
     return parsed
 
 
-def _parse(row: dict[str, Any]) -> ParsedRequest:
+def _parse(row: dict[str, Any], limits: ParseLimits) -> ParsedRequest:
     body_keys = [k for k in BODY_KEYS if k in row]
     unknown = sorted(set(row) - set(BODY_KEYS) - set(PARAM_KEYS))
     if unknown:
@@ -114,7 +125,7 @@ def _parse(row: dict[str, Any]) -> ParsedRequest:
     if len(body_keys) > 1:
         raise InvalidRequest("send the image once: as the body or as form field 'data', not both")
     query_top_k = parse_top_k(row["topk"]) if "topk" in row else None
-    payload = _as_json_if_json(row[body_keys[0]])
+    payload = _as_json_if_json(row[body_keys[0]], limits)
     if isinstance(payload, (bytes, bytearray)):
         return ParsedRequest(Protocol.PLAIN, [bytes(payload)], top_k=query_top_k)
     if not isinstance(payload, dict):
@@ -169,20 +180,74 @@ def decode_base64(value: Any, where: str) -> bytes:
     return data
 
 
-def _as_json_if_json(value: Any) -> Any:
+def _as_json_if_json(value: Any, limits: ParseLimits) -> Any:
     """TorchServe parses ``application/json`` bodies; parse JSON sent under other types too.
 
-    Invalid JSON reaches us as the raw bytes (TorchServe logs and forwards them). Image formats
-    never start with ``{``, so a body that does is JSON or a client error.
+    Invalid JSON (and JSON too deep for TorchServe's own parser) reaches us as the raw bytes.
+    Image formats never start with ``{``, so a body that does is JSON or a client error. Size
+    and nesting depth are checked before ``json.loads`` runs, so no body can make it recurse
+    deeply; a body TorchServe already parsed is checked for depth too.
     """
     if isinstance(value, str):
         value = value.encode("utf-8")
-    if isinstance(value, (bytes, bytearray)) and bytes(value[:64]).lstrip()[:1] in (b"{", b"["):
+    if isinstance(value, (bytes, bytearray)):
+        if bytes(value[:64]).lstrip()[:1] not in (b"{", b"["):
+            return value
+        if len(value) > limits.max_json_bytes:
+            raise PayloadTooLarge(
+                f"JSON body is {len(value)} bytes, more than the limit of "
+                f"{limits.max_json_bytes} (handler.max_json_bytes)")
+        _check_depth(json_depth(bytes(value), limits.max_json_depth), limits)
         try:
             return json.loads(value)
         except (ValueError, UnicodeDecodeError) as exc:
             raise InvalidRequest(f"malformed JSON body: {exc}") from None
+    if isinstance(value, (dict, list)):
+        _check_depth(parsed_depth(value, limits.max_json_depth + 1), limits)
     return value
+
+
+def _check_depth(depth: int, limits: ParseLimits) -> None:
+    if depth > limits.max_json_depth:
+        raise InvalidRequest(
+            f"JSON body is nested more than {limits.max_json_depth} levels deep "
+            "(handler.max_json_depth); a KServe v2 request needs 4")
+
+
+_STEP = np.zeros(256, dtype=np.int32)
+_STEP[list(b"[{")] = 1
+_STEP[list(b"]}")] = -1
+
+
+def json_depth(text: bytes, at_most: int | None = None) -> int:
+    """The deepest bracket nesting of a JSON text, brackets inside strings not counted; linear
+    time, vectorised, no recursion, whatever the text (malformed text gives a number too, and is
+    left for ``json.loads`` to refuse). With ``at_most``, a text with no more opening brackets
+    than that is not scanned (its depth cannot exceed it): the common case costs two counts."""
+    opening = text.count(b"[") + text.count(b"{")
+    if at_most is not None and opening <= at_most:
+        return opening
+    # Escapes only occur inside strings; blank them out pairwise, left to right, so that every
+    # remaining quote opens or closes a string.
+    text = text.replace(b"\\\\", b"__").replace(b'\\"', b"__")
+    codes = np.frombuffer(text, dtype=np.uint8)
+    in_string = (np.cumsum(codes == ord('"'), dtype=np.int32) & 1).astype(bool)
+    steps = np.where(in_string, 0, _STEP[codes])
+    return int(np.cumsum(steps, dtype=np.int32).max(initial=0))
+
+
+def parsed_depth(value: Any, stop: int) -> int:
+    """The nesting depth of parsed JSON (a scalar is 0), found without recursion; stops
+    looking once ``stop`` is reached."""
+    deepest = 0
+    pending = [(value, 1)] if isinstance(value, (dict, list)) else []
+    while pending and deepest < stop:
+        node, depth = pending.pop()
+        deepest = max(deepest, depth)
+        children = node.values() if isinstance(node, dict) else node
+        pending.extend((child, depth + 1) for child in children
+                       if isinstance(child, (dict, list)))
+    return deepest
 
 
 def _require(mapping: dict, key: str, kind: type, where: str) -> Any:

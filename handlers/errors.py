@@ -27,6 +27,11 @@ class RequestError(Exception):
         """The ``type`` field of the error body: the class name."""
         return type(self).__name__
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """Response headers this kind of error adds."""
+        return {}
+
 
 class InvalidRequest(RequestError):
     """Empty body, bad base64, malformed or mistyped JSON (plain, KServe v1 or v2)."""
@@ -52,6 +57,19 @@ class NotSupported(RequestError):
     """An endpoint TorchServe routes to every handler that this one does not implement."""
 
 
+class Overloaded(RequestError):
+    """The batch this request arrived in has no room left for its work; retry."""
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": "1"}
+
+
+class InternalError(RequestError):
+    """An unexpected failure while handling one request: a bug on our side, answered for that
+    request alone (the rest of its batch goes on)."""
+
+
 # The one table: error kind -> HTTP status. A subclass not listed takes its parent's status.
 STATUS: dict[type[RequestError], HTTPStatus] = {
     RequestError: HTTPStatus.BAD_REQUEST,
@@ -61,6 +79,8 @@ STATUS: dict[type[RequestError], HTTPStatus] = {
     UnsupportedMediaType: HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
     PayloadTooLarge: HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
     NotSupported: HTTPStatus.NOT_IMPLEMENTED,
+    Overloaded: HTTPStatus.SERVICE_UNAVAILABLE,
+    InternalError: HTTPStatus.INTERNAL_SERVER_ERROR,
 }
 
 

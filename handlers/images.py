@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -43,10 +44,28 @@ _ALPHA_MODES = {"RGBA", "LA", "PA", "RGBa", "La"}
 _WIDE_GRAY_MODES = {"I", "I;16", "I;16B", "I;16L", "I;16N", "F"}
 
 
+@dataclass(frozen=True)
+class OpenedImage:
+    """An image whose header has been read and nothing decoded yet. ``pixels``: how many pixels
+    decoding it will produce (after JPEG draft scaling): the work it will cost."""
+
+    image: Image.Image
+    pixels: int
+
+
 def decode_image(
     data: bytes, *, max_pixels: int, max_bytes: int, draft_size: int | None = None
 ) -> Image.Image:
-    """Decode ``data`` into an RGB image, upright, alpha flattened on white.
+    """Decode ``data`` into an RGB image, upright, alpha flattened on white:
+    ``decode(open_image(...))``."""
+    return decode(open_image(data, max_pixels=max_pixels, max_bytes=max_bytes,
+                             draft_size=draft_size))
+
+
+def open_image(
+    data: bytes, *, max_pixels: int, max_bytes: int, draft_size: int | None = None
+) -> OpenedImage:
+    """Read the header of ``data`` only: format, size, and the decoding cost in pixels.
 
     ``draft_size``: for JPEG, let the decoder scale down by a power of two in the DCT as long
     as both sides stay >= ``draft_size`` (the preprocessing resize size), which decodes a 12 MP
@@ -69,9 +88,20 @@ def decode_image(
             f"image is {width}x{height} = {width * height} pixels, more than the limit of "
             f"{max_pixels} (handler.max_image_pixels); downscale it before sending"
         )
+    if draft_size and image.format in ("JPEG", "MPO"):
+        try:
+            image.draft(None, (draft_size, draft_size))  # sets the size decoding will produce
+        except Exception as exc:  # noqa: BLE001 - a header PIL cannot scale is a bad file
+            raise InvalidImage(f"JPEG image could not be decoded ({exc}); the file is "
+                               "truncated or corrupt") from None
+    return OpenedImage(image, image.size[0] * image.size[1])
+
+
+def decode(opened: OpenedImage) -> Image.Image:
+    """Decode an opened image into RGB, upright, alpha flattened on white. Raises
+    ``PayloadTooLarge`` or ``InvalidImage`` for a file that fails while decoding."""
+    image = opened.image
     try:
-        if draft_size and image.format in ("JPEG", "MPO"):
-            image.draft(None, (draft_size, draft_size))
         image.load()
         image = _upright(image)
         return _to_rgb(image)

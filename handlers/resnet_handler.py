@@ -20,9 +20,11 @@ from ts.torch_handler.base_handler import BaseHandler
 
 from handlers import codec
 from handlers.backends import load_backend
-from handlers.batch import PreparedBatch, Slot
+from handlers.batch import PreparedBatch, Slot, admit
 from handlers.config import HandlerConfig
-from handlers.errors import NotSupported, RequestError, error_body, status_line
+from handlers.errors import (InternalError, NotSupported, Overloaded, PayloadTooLarge,
+                             RequestError, error_body, status_line)
+from handlers.images import OpenedImage
 from handlers.metrics import BatchMetrics
 from handlers.preprocess import Preprocessor
 from model_files.artifacts import INFO, LABELS, backend_of
@@ -61,6 +63,9 @@ class ResNetHandler(BaseHandler):
             normalize_embedding=self.config.normalize_embedding,
         )
         self.preprocessor = Preprocessor(self.config)
+        self.limits = codec.ParseLimits(max_images=self.config.max_images_per_request,
+                                        max_json_depth=self.config.max_json_depth,
+                                        max_json_bytes=self.config.max_json_bytes)
         self.metrics = BatchMetrics(context.metrics, context.model_name)
         self.pool = ThreadPoolExecutor(self.config.decode_threads or min(4, os.cpu_count() or 1),
                                        thread_name_prefix="decode")
@@ -76,36 +81,34 @@ class ResNetHandler(BaseHandler):
     # ------------------------------------------------------------------ the four hooks
 
     def preprocess(self, data: list[dict]) -> PreparedBatch:
-        """Parse and decode each request alone; stack the good images into one CPU tensor.
+        """Parse each request alone, cost its images from their headers, admit the batch's
+        decoding work within ``max_batch_pixels``, decode on a small thread pool and stack the
+        good images into one CPU tensor. Whatever goes wrong fails its own request only.
 
-        Images are decoded on a small thread pool (PIL and torch release the GIL), so a batch
-        of JPEGs decodes on every core while the model is idle between batches.
+        PIL and torch release the GIL, so a batch decodes on every core while the model is idle
+        between batches.
         """
-        slots = []
-        for idx, row in enumerate(data):
-            slot = Slot()
-            try:
-                slot.request = self._parse(idx, row)
-            except RequestError as error:
-                slot.error = error
-            slots.append(slot)
-        encoded = [image for slot in slots if slot.request for image in slot.request.images]
-        loaded = iter(self.pool.map(self._load, encoded) if len(encoded) > 1
-                      else map(self._load, encoded))
+        slots = [self._open(idx, row) for idx, row in enumerate(data)]
+        good = [slot for slot in slots if slot.ok]
+        for slot, admitted in zip(good, admit([s.pixels for s in good],
+                                              self.config.max_batch_pixels)):
+            if not admitted:
+                slot.error = Overloaded(
+                    f"this batch's decoding budget (handler.max_batch_pixels = "
+                    f"{self.config.max_batch_pixels} pixels) was taken by other requests; "
+                    f"this request needs {slot.pixels}: retry")
+        work = [(idx, image) for idx, slot in enumerate(slots) if slot.ok for image in slot.opened]
+        decoded = iter(self.pool.map(self._decode, work) if len(work) > 1
+                       else map(self._decode, work))
         tensors: list[torch.Tensor] = []
         for slot in slots:
-            if slot.request is None:
+            if not slot.ok:
                 continue
-            results = [next(loaded) for _ in slot.request.images]
-            errors = [(k, r) for k, r in enumerate(results) if isinstance(r, RequestError)]
-            if errors:
-                k, error = errors[0]
-                if len(results) > 1:  # say which image of a multi-image request failed
-                    error = type(error)(f"image {k} of {len(results)}: {error.message}")
-                slot.error = error
-                continue
-            slot.start, slot.count = len(tensors), len(results)
-            tensors.extend(results)
+            results = [next(decoded) for _ in slot.opened]
+            slot.error = _first_error(results)
+            if slot.ok:
+                slot.start, slot.count = len(tensors), len(results)
+                tensors.extend(results)
         self.metrics.record(len(data), len(tensors))
         return PreparedBatch(slots, torch.stack(tensors) if tensors else None)
 
@@ -133,6 +136,8 @@ class ResNetHandler(BaseHandler):
             self.context.set_response_header(idx, "X-Batch-Size", batch_size)
             if slot.error is not None:
                 self.context.set_response_status(*status_line(slot.error), idx=idx)
+                for name, value in slot.error.headers.items():
+                    self.context.set_response_header(idx, name, value)
                 responses.append(json.dumps(error_body(slot.error)))
             else:
                 responses.append(json.dumps(
@@ -180,12 +185,32 @@ class ResNetHandler(BaseHandler):
             )
         return torch.device("cpu")
 
+    def _open(self, idx: int, row: dict) -> Slot:
+        """Parse one request and read its images' headers; any failure is the slot's error."""
+        slot = Slot()
+        slot.request = self._guarded(idx, "parsing", self._parse, idx, row)
+        if isinstance(slot.request, RequestError):
+            slot.request, slot.error = None, slot.request
+            return slot
+        opened = [self._guarded(idx, "reading", self.preprocessor.open, image)
+                  for image in slot.request.images]
+        slot.error = _first_error(opened)
+        if slot.ok:
+            slot.opened = opened
+            limit = self.config.max_request_pixels
+            if slot.pixels > limit:
+                slot.error = PayloadTooLarge(
+                    f"request would decode {slot.pixels} pixels ({len(opened)} image(s)), more "
+                    f"than the limit of {limit} (handler.max_request_pixels); send fewer or "
+                    "smaller images")
+        return slot
+
     def _parse(self, idx: int, row: dict) -> codec.ParsedRequest:
         if self._header(idx, "explain") == "True":
             raise NotSupported("explanations are not implemented for this model; use "
                                "/predictions (or the KServe :predict / infer routes)")
         return codec.parse_request(row, header_top_k=self._header(idx, TOP_K_HEADER),
-                                   max_images=self.config.max_images_per_request)
+                                   limits=self.limits)
 
     def _header(self, idx: int, name: str):
         """A request header by case-insensitive name (clients differ in capitalisation)."""
@@ -197,13 +222,36 @@ class ResNetHandler(BaseHandler):
                 return value
         return None
 
-    def _load(self, data: bytes) -> torch.Tensor | RequestError:
-        """One image as a model input; a client's bad image is returned, not raised, so that
-        the thread pool hands every request its own outcome."""
+    def _decode(self, item: tuple[int, OpenedImage]) -> torch.Tensor | RequestError:
+        """One image as a model input; failures are returned, not raised, so that the thread
+        pool hands every request its own outcome."""
+        idx, opened = item
+        return self._guarded(idx, "decoding", self.preprocessor.decode, opened)
+
+    def _guarded(self, idx: int, stage: str, step, *args):
+        """``step(*args)``, or the ``RequestError`` it raised. Anything else is a bug of ours,
+        answered 500 for this request alone and logged with its request id: never a failed
+        batch."""
         try:
-            return self.preprocessor(data)
+            return step(*args)
         except RequestError as error:
             return error
+        except Exception as exc:  # noqa: BLE001 - the last line of defence, per request
+            request_id = (self.context.request_ids or {}).get(idx, "?")
+            logger.exception("request %s: unexpected %s while %s", request_id,
+                             type(exc).__name__, stage)
+            return InternalError(f"unexpected error while {stage} this request "
+                                 f"({type(exc).__name__}); request id {request_id}")
+
+
+def _first_error(results: list) -> RequestError | None:
+    """The first error of a request's per-image results, saying which image of several."""
+    for k, result in enumerate(results):
+        if isinstance(result, RequestError):
+            if len(results) > 1:
+                return type(result)(f"image {k} of {len(results)}: {result.message}")
+            return result
+    return None
 
 
 def _load_labels(path: Path) -> list[str]:

@@ -212,5 +212,31 @@ def bad_inputs(max_image_bytes: int = 30 * 1024 * 1024) -> dict[str, Bad]:
     }
 
 
+def flat_webp(size: int = 6000) -> bytes:
+    """A single-colour square WebP: about 60 KB of header and body for 36 MP of pixels."""
+    return _save(Image.new("RGB", (size, size), (120, 30, 200)), "WEBP", quality=80)
+
+
+def hostile_inputs() -> dict[str, Bad]:
+    """Requests that used to hurt other clients (issue #8): JSON nested far deeper than any
+    request needs, and cheap bytes that decode to billions of pixels. Each must get its own 4xx
+    before any pixel is decoded."""
+    flood = _b64(flat_webp())
+    return {
+        "json-nested-5000": Bad("json", 400, "InvalidRequest",
+                                "JSON body is nested more than 16 levels deep "
+                                "(handler.max_json_depth)",
+                                text='{"data": ' + "[" * 5000 + "]" * 5000 + "}"),
+        "json-nested-30": Bad("json", 400, "InvalidRequest",
+                              "nested more than 16 levels deep",
+                              text='{"data": ' + "[" * 30 + "]" * 30 + "}"),
+        "v2-pixel-flood": Bad("json", 413, "PayloadTooLarge",
+                              "request would decode 1728000000 pixels (48 image(s)), more than "
+                              "the limit of 100000000 (handler.max_request_pixels)",
+                              body={"inputs": [{"name": "images", "shape": [48],
+                                                "datatype": "BYTES", "data": [flood] * 48}]}),
+    }
+
+
 def json_text(case: Bad) -> str:
     return case.text if case.text is not None else json.dumps(case.body)

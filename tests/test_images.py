@@ -37,7 +37,7 @@ def _row(case: corpus.Bad) -> dict:
         return {"data": case.body, **{k: v.encode() for k, v in case.fields.items()}}
     try:
         return {"body": json.loads(corpus.json_text(case))}
-    except ValueError:
+    except (ValueError, RecursionError):  # TorchServe forwards what it cannot parse as bytes
         return {"body": corpus.json_text(case).encode()}
 
 

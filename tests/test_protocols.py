@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -235,4 +236,52 @@ def test_bad_inputs_inside_full_batches_fail_alone(slow_batching_server, singles
             else:
                 assert response.status_code == 200, response.text
                 assert_same_tags(response.json(), singles[item][1])
+    assert _worker_pids(ts) == pids
+
+
+def test_hostile_requests_in_a_full_batch_hurt_no_one(slow_batching_server, singles):
+    """One batch of 8 (issue #8): deep JSON (parsed by TorchServe or not), a 1.7-gigapixel flood
+    of cheap WebPs, three heavy but allowed requests (2 x 36 MP each) and two ordinary photos.
+    The photos get their single-request answers, each hostile request its own 4xx, the batch's
+    decoding budget (200 MP) admits two heavy requests and answers the third 503 with
+    Retry-After, all within a bounded time, and no worker dies."""
+    ts = slow_batching_server
+    hostile = corpus.hostile_inputs()
+    heavy = {"inputs": [{"name": "images", "shape": [2], "datatype": "BYTES",
+                         "data": [b64(corpus.flat_webp())] * 2}]}
+    url = f"{ts.inference_url}/predictions/resnet50-tagger"
+    headers = ts.keys.inference_headers()
+    pids = _worker_pids(ts)
+
+    def call(item):
+        if item == "deep-as-bytes":  # not application/json: TorchServe forwards the bytes
+            return requests.post(url, data=corpus.json_text(hostile["json-nested-5000"]),
+                                 headers=headers, timeout=120)
+        if item in hostile:
+            return send(ts, hostile[item])
+        if item == "heavy":
+            return requests.post(url, json=heavy, headers=headers, timeout=120)
+        return requests.post(url, data=IMAGES[item], timeout=120,
+                             headers={**headers, "X-Top-K": "10"})
+
+    items = ["json-nested-5000", "deep-as-bytes", "v2-pixel-flood", "heavy", "heavy", "heavy",
+             0, 1]
+    started = time.monotonic()
+    with ThreadPoolExecutor(len(items)) as pool:
+        responses = list(pool.map(call, items))
+    elapsed = time.monotonic() - started
+    assert [r.headers.get("x-batch-size") for r in responses] == ["8"] * 8
+    for item, response in zip(items[:3], responses[:3]):
+        case = hostile["json-nested-5000" if item == "deep-as-bytes" else item]
+        assert response.status_code == case.status, (item, response.text)
+        assert case.message in response.json()["message"], item
+    heavy_statuses = sorted(r.status_code for r in responses[3:6])
+    assert heavy_statuses == [200, 200, 503], [r.text[:200] for r in responses[3:6]]
+    refused = next(r for r in responses[3:6] if r.status_code == 503)
+    assert refused.json()["type"] == "Overloaded" and refused.headers["Retry-After"] == "1"
+    for item, response in zip(items[6:], responses[6:]):
+        assert response.status_code == 200, response.text
+        assert_same_tags(response.json(), singles[item][1])
+    # 3 s of batching delay plus decoding 144 MP: far below the 120 s responseTimeout.
+    assert elapsed < 60, elapsed
     assert _worker_pids(ts) == pids
