@@ -11,6 +11,7 @@ import base64
 import hashlib
 import json
 import os
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -143,8 +144,11 @@ def test_bundle_is_consistent_and_lints_clean(bundle):
 @pytest.mark.parametrize("kind", ["file-folder", "file-tgz", "s3-folder", "s3-tgz"])
 def test_kserve_storage_downloads_the_bundle(kind, bundle, s3, tmp_path):
     got = download(_uri(kind, bundle, s3), tmp_path / "mnt-models")
-    assert got == tmp_path / "mnt-models"
-    assert tree(got) == tree(bundle.folder)  # byte for byte: config/ and model-store/ on top
+    try:
+        assert got == tmp_path / "mnt-models"
+        assert tree(got) == tree(bundle.folder)  # byte for byte: config/ and model-store/ on top
+    finally:
+        shutil.rmtree(got, ignore_errors=True)  # 190 MB a copy; pytest keeps tmp_path around
 
 
 def test_bundle_with_a_renamed_archive_fails_the_lint(bundle, tmp_path):
