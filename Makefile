@@ -75,5 +75,18 @@ bench: setup config archives samples
 bench-sweep: setup config archives samples
 	$(PY) -m bench.sweep
 
+# KServe (kserve/README.md). The storage bundle our runtime reads, as a folder and a .tar.gz
+# under build/kserve/ (KSERVE_DEVICE=gpu with BACKEND=eager for the GPU bundle,
+# KSERVE_MODEL_VERSION=2.0 for the canary's), and the offline lint of every manifest.
+KSERVE_DEVICE ?= cpu
+KSERVE_MODEL_VERSION ?= 1.0
+.PHONY: kserve-bundle kserve-lint
+
+kserve-bundle: $(VENV)/.installed config archives
+	$(PY) -m devtools.kserve_bundle --device "$(KSERVE_DEVICE)" --model-version "$(KSERVE_MODEL_VERSION)"
+
+kserve-lint: $(VENV)/.installed config
+	$(PY) -m devtools.kserve_lint
+
 clean:
-	rm -rf build model-store/*.mar logs key_file.json config/config.properties kserve/config.properties
+	rm -rf build model-store/*.mar logs key_file.json config/config.properties kserve/config.properties kserve/runtime/config.properties

@@ -10,12 +10,16 @@ Sources (hand-written, in git):
   place these settings are written. The set of files is the set of models.
 - ``config/server.properties``: a local TorchServe's server settings.
 - ``kserve/server.properties``: the server settings inside KServe's TorchServe runtime.
+- ``kserve/runtime/server.properties``: the server settings inside our own KServe runtime
+  (``kserve/runtime/clusterservingruntime.yaml``, TorchServe without a wrapper).
 
 Generated (not in git; ``make`` writes them, ``tests/test_config.py`` fails when stale):
 
 - ``config/config.properties`` = server settings + ``load_models`` + ``models={...}``;
 - ``kserve/config.properties`` = KServe server settings + ``model_snapshot={...}`` (one line:
-  KServe's wrapper parses the file line by line).
+  KServe's wrapper parses the file line by line);
+- ``kserve/runtime/config.properties`` = our runtime's server settings + ``load_models`` +
+  ``models={...}``, built like the local file (``devtools.kserve_bundle`` packs it).
 
 Why both copies exist at all: TorchServe 0.12 reads per-model settings from ``models={...}``
 (keyed by model name and archive version) or a snapshot, and the archive's YAML wins over them
@@ -64,9 +68,11 @@ def repo_models(models_dir: Path = MODELS_DIR) -> dict[str, dict]:
             for name in model_names(models_dir)}
 
 
-def local_config(server_properties: Path, models: dict[str, dict]) -> str:
-    """config.properties for ``torchserve --ts-config``: server settings, then the models."""
-    entries = model_entries(models)
+def local_config(server_properties: Path, models: dict[str, dict],
+                 version: str = VERSION) -> str:
+    """config.properties for ``torchserve --ts-config``: server settings, then the models
+    (``version``: the archives' version, the key of each ``models={...}`` entry)."""
+    entries = model_entries(models, version)
     pretty = json.dumps(entries, indent=2).replace("\n", "\\\n")
     return (
         HEADER.format(sources=f"{_rel(server_properties)} and config/models/*.yaml")
@@ -118,6 +124,8 @@ def generated(repo: Path = REPO) -> list[Generated]:
                   local_config(repo / "config" / "server.properties", models)),
         Generated(repo / "kserve" / "config.properties",
                   kserve_config(repo / "kserve" / "server.properties", models)),
+        Generated(repo / "kserve" / "runtime" / "config.properties",
+                  local_config(repo / "kserve" / "runtime" / "server.properties", models)),
     ]
 
 

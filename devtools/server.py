@@ -55,6 +55,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_processes(pids: set[int], grace: float = 30.0) -> None:
+    """Wait up to ``grace`` seconds for ``pids`` to exit (after a stop request), then SIGKILL."""
+    procs = [p for p in map(_process, pids) if p is not None]
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for proc in alive:
+        try:
+            proc.send_signal(signal.SIGKILL)
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=10)
+
+
 def rewrite_properties(text: str, overrides: dict[str, str]) -> str:
     """Set single-line ``key=value`` properties in a config.properties text (append if absent)."""
     for key, value in overrides.items():
@@ -133,14 +145,7 @@ class LocalTorchServe:
         subprocess.run([str(Path(sys.executable).parent / "torchserve"), "--stop"],
                        cwd=self.workdir, env=self._env(), stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL, timeout=120, check=False)
-        procs = [p for p in map(_process, self._pids) if p is not None]
-        _, alive = psutil.wait_procs(procs, timeout=30)
-        for proc in alive:
-            try:
-                proc.send_signal(signal.SIGKILL)
-            except psutil.Error:
-                pass
-        psutil.wait_procs(alive, timeout=10)
+        stop_processes(self._pids)
 
     def __enter__(self) -> "LocalTorchServe":
         return self.start()

@@ -1,11 +1,14 @@
-"""The KServe deployment, offline: both InferenceService manifests against the CRD schema (made
-strict, like kubeconform -strict) plus the webhook rules the schema leaves out, and
-kserve/config.properties in step with config/config.properties and the archives."""
+"""The KServe deployment, offline: every manifest of kserve/ (our runtime, its overlays, the
+stock-runtime variant) through ``devtools.kserve_lint`` (the CRD schema made strict plus the
+webhook rules and ours), mutated copies failing with the expected message, and the generated
+config.properties files in step with config/config.properties and the archives."""
 from __future__ import annotations
 
 import copy
 import json
 import re
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -13,127 +16,282 @@ import javaproperties
 import pytest
 import yaml
 
+from devtools import kserve_lint
+from devtools.configgen import repo_models
+from devtools.kserve_bundle import bundle_config, bundle_name
+from devtools.kustomize import KustomizeError, render
 from tests.conftest import MODELS, REPO
 
 KSERVE = REPO / "kserve"
-MANIFESTS = ("inferenceservice.yaml", "inferenceservice-gpu.yaml")
-SCHEMA = REPO.parent / "shared" / "reference" / "kserve" / "inferenceservice-v1beta1.schema.json"
+STOCK = ("stock/inferenceservice.yaml", "stock/inferenceservice-gpu.yaml")
+OVERLAYS = ("v1", "v2", "gpu", "standard-hpa", "knative", "canary")
 VERSION = "1.0"  # archive.sh's default VERSION, the key of every models={...} entry
 PER_MODEL = ("batchSize", "maxBatchDelay", "minWorkers", "maxWorkers", "responseTimeout")
-
-# The default ClusterServingRuntime for modelFormat pytorch (kserve/kserve
-# config/runtimes/kserve-torchserve.yaml, v0.13-v0.15): its protocols, its Prometheus port.
-RUNTIME = "kserve-torchserve"
-RUNTIME_PROTOCOLS = {"v1", "v2", "grpc-v2"}
 PROMETHEUS_PORT = 8082
-# Webhook rules (pkg/apis/serving/v1beta1/inference_service_validation.go, and the storage URI
-# check in pkg/controller/v1beta1/inferenceservice/utils/utils.go).
-ISVC_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-STORAGE_PREFIXES = ("gs://", "s3://", "pvc://", "file://", "https://", "http://", "hdfs://",
-                    "webhdfs://", "oci://")
-PREDICTOR_IMPLEMENTATIONS = ("model", "sklearn", "xgboost", "tensorflow", "pytorch", "triton",
-                             "onnx", "huggingface", "pmml", "lightgbm", "paddle")
+OUR_RUNTIME = "resnet50-torchserve"
+LIMITS = kserve_lint.ServingLimits.from_models(repo_models())
 
 
-def strict(schema: dict) -> dict:
-    """A copy of ``schema`` that refuses unknown fields: ``additionalProperties: false`` on every
-    object schema that lists ``properties`` and does not preserve unknown fields."""
-    schema = copy.deepcopy(schema)
-
-    def walk(node):
-        if not isinstance(node, dict):
-            return
-        if (isinstance(node.get("properties"), dict)
-                and not node.get("x-kubernetes-preserve-unknown-fields")
-                and "additionalProperties" not in node):
-            node["additionalProperties"] = False
-        for sub in (node.get("properties") or {}).values():
-            walk(sub)
-        for key in ("items", "additionalProperties", "not"):
-            if isinstance(node.get(key), dict):
-                walk(node[key])
-        for key in ("anyOf", "allOf", "oneOf", "items"):
-            if isinstance(node.get(key), list):
-                for sub in node[key]:
-                    walk(sub)
-
-    walk(schema)
-    return schema
+def isvc(target: str):
+    """The one InferenceService rendered from an overlay name or a stock manifest path."""
+    path = KSERVE / target if target.endswith(".yaml") else KSERVE / "overlays" / target
+    [resource] = render(path)
+    assert resource.kind == "InferenceService"
+    return resource
 
 
-@pytest.fixture(scope="module")
-def validator():
-    try:
-        import jsonschema
-    except ImportError:
-        pytest.fail("tests/test_kserve.py needs the jsonschema package: "
-                    "`.venv/bin/pip install jsonschema` (it belongs in requirements.txt)")
-    if not SCHEMA.is_file():
-        pytest.fail(f"KServe CRD schema not found at {SCHEMA}: the shared reference folder "
-                    "../shared/reference/kserve/ (next to the repository) must hold "
-                    "inferenceservice-v1beta1.schema.json")
-    schema = strict(json.loads(SCHEMA.read_text()))
-    jsonschema.Draft7Validator.check_schema(schema)
-    return jsonschema.Draft7Validator(schema)
+def runtime():
+    [resource] = render(KSERVE / "runtime")
+    return resource
 
 
-def load_manifest(name: str) -> dict:
-    documents = [d for d in yaml.safe_load_all((KSERVE / name).read_text()) if d is not None]
-    assert len(documents) == 1, f"{name}: expected one YAML document, found {len(documents)}"
-    return documents[0]
+def findings(resource) -> list[str]:
+    """Every finding of the lint for one (possibly mutated) InferenceService."""
+    runtimes = {kserve_lint.STOCK_RUNTIME.name: kserve_lint.STOCK_RUNTIME,
+                OUR_RUNTIME: kserve_lint.runtime_of(runtime())}
+    return [str(f) for f in kserve_lint.schema_findings(resource)
+            + kserve_lint.inference_service_findings(resource, runtimes, LIMITS)]
 
 
-def schema_errors(validator, manifest: dict) -> list[str]:
-    return [f"{'.'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}"
-            for e in sorted(validator.iter_errors(manifest), key=lambda e: list(e.absolute_path))]
+# ------------------------------------------------------------------ every manifest passes
+
+@pytest.mark.parametrize("target", kserve_lint.default_targets(),
+                         ids=lambda p: str(p.relative_to(KSERVE)))
+def test_every_manifest_passes_the_lint(target):
+    problems = kserve_lint.lint([target])
+    assert not problems, "\n".join(map(str, problems))
 
 
-def webhook_errors(manifest: dict) -> list[str]:
-    """What KServe's webhook and controller refuse but the CRD schema lets through."""
-    errors = []
-    if manifest.get("apiVersion") != "serving.kserve.io/v1beta1":
-        errors.append(f"apiVersion {manifest.get('apiVersion')!r} is not serving.kserve.io/v1beta1")
-    if manifest.get("kind") != "InferenceService":
-        errors.append(f"kind {manifest.get('kind')!r} is not InferenceService")
-    name = (manifest.get("metadata") or {}).get("name", "")
-    if not ISVC_NAME.match(str(name)):
-        errors.append(f"metadata.name {name!r} does not match {ISVC_NAME.pattern}")
-    predictor = (manifest.get("spec") or {}).get("predictor") or {}
-    implementations = [k for k in PREDICTOR_IMPLEMENTATIONS if k in predictor]
-    if implementations != ["model"]:
-        errors.append(f"predictor must have exactly one implementation, `model`; has {implementations}")
-    model = predictor.get("model") or {}
-    model_format = model.get("modelFormat")
-    if not isinstance(model_format, dict) or not model_format.get("name"):
-        errors.append("predictor.model.modelFormat.name is missing")
-    elif model_format["name"] != "pytorch":
-        errors.append(f"modelFormat {model_format['name']!r}: the TorchServe runtime serves 'pytorch'")
-    if model.get("runtime", RUNTIME) != RUNTIME:
-        errors.append(f"runtime {model.get('runtime')!r} is not {RUNTIME}")
-    protocol = model.get("protocolVersion")
-    if protocol not in RUNTIME_PROTOCOLS:
-        errors.append(f"protocolVersion {protocol!r} not in {sorted(RUNTIME_PROTOCOLS)}")
-    storage_uri = model.get("storageUri")
-    if not isinstance(storage_uri, str) or not storage_uri.startswith(STORAGE_PREFIXES):
-        errors.append(f"storageUri {storage_uri!r} has no supported prefix {STORAGE_PREFIXES}")
-    return errors
+def test_lint_command_passes_on_the_repository_and_fails_on_a_bad_file(tmp_path):
+    ok = subprocess.run([sys.executable, "-m", "devtools.kserve_lint"], cwd=REPO,
+                        capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert "kserve-lint: 0 problem(s)" in ok.stdout
+    bad = copy.deepcopy(isvc("v1").obj)
+    bad["spec"]["predictor"]["containerConcurrency"] = 4
+    path = tmp_path / "isvc.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    failed = subprocess.run([sys.executable, "-m", "devtools.kserve_lint", str(path)], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert failed.returncode == 1
+    assert (f"{path}: InferenceService resnet50: spec.predictor.containerConcurrency: 4 is "
+            f"below batchSize x maxWorkers = {LIMITS.min_concurrency}") in failed.stderr
+    assert f"fix: set it to at least {LIMITS.min_concurrency}" in failed.stderr
 
 
-@pytest.mark.parametrize("name", MANIFESTS)
-def test_manifest_passes_the_strict_crd_schema(validator, name):
-    errors = schema_errors(validator, load_manifest(name))
-    assert not errors, f"kserve/{name} fails the InferenceService schema:\n" + "\n".join(errors)
+# ------------------------------------------------------------------ the variants say what they are
+
+def test_overlays_share_the_base_and_change_only_their_part():
+    base = isvc("v1").obj
+    model = base["spec"]["predictor"]["model"]
+    assert model["runtime"] == OUR_RUNTIME and model["protocolVersion"] == "v1"
+    assert model["storageUri"].endswith("/resnet50-serve/")
+    assert isvc("v2").obj["spec"]["predictor"]["model"]["protocolVersion"] == "v2"
+    gpu = isvc("gpu").obj["spec"]["predictor"]["model"]
+    assert gpu["resources"]["requests"] == gpu["resources"]["limits"]
+    assert str(gpu["resources"]["limits"]["nvidia.com/gpu"]) == "1"
+    assert gpu["storageUri"].endswith("/resnet50-serve-gpu/") and gpu["image"].endswith("-gpu")
+    hpa = isvc("standard-hpa").obj
+    assert hpa["metadata"]["annotations"] == {"serving.kserve.io/deploymentMode": "Standard",
+                                              "serving.kserve.io/autoscalerClass": "hpa"}
+    assert hpa["spec"]["predictor"]["scaleMetric"] == "cpu"
+    knative = isvc("knative").obj
+    assert knative["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "Knative"
+    predictor = knative["spec"]["predictor"]
+    assert predictor["scaleMetric"] == "concurrency"
+    # Batches can fill: both models' batchSize x workers fit in one pod's concurrency.
+    fill = sum(s["batchSize"] * s["maxWorkers"] for s in repo_models().values())
+    assert predictor["containerConcurrency"] >= fill and predictor["scaleTarget"] >= fill
+    canary = isvc("canary").obj["spec"]["predictor"]
+    assert canary["model"]["storageUri"].endswith("/resnet50-serve-2.0/")
+    assert 0 < canary["canaryTrafficPercent"] < 100
+    assert {k: v for k, v in canary.items() if k not in ("model", "canaryTrafficPercent")} == \
+        {k: v for k, v in predictor.items() if k != "model"}
 
 
-@pytest.mark.parametrize("name", MANIFESTS)
-def test_manifest_passes_the_webhook_rules(name):
-    errors = webhook_errors(load_manifest(name))
-    assert not errors, f"kserve/{name}:\n" + "\n".join(errors)
+def test_runtime_image_is_set_by_kustomize_and_the_bundle_config_is_generated():
+    container = runtime().obj["spec"]["containers"][0]
+    assert container["image"] == "ghcr.io/YOUR-ORG/resnet50-torchserve:0.12.0"
+    assert not any(e["name"] == "PYTHONPATH" for e in container.get("env", []))
+    # kserve/runtime/config.properties (make config) is the bundle's config.properties.
+    assert (KSERVE / "runtime" / "config.properties").read_text() == bundle_config()
 
 
-@pytest.mark.parametrize("name", MANIFESTS)
-def test_manifest_pins_our_torchserve_and_sizes_resources(name):
-    model = load_manifest(name)["spec"]["predictor"]["model"]
+def test_dockerfile_installs_the_runtime_pins_only():
+    """kserve/runtime/Dockerfile keeps the lines of requirements.txt above the marker."""
+    marker = "# test and benchmark tools"
+    assert f"sed '/^{marker}/,$d'" in (KSERVE / "runtime" / "Dockerfile").read_text()
+    lines = (REPO / "requirements.txt").read_text().splitlines()
+    runtime_pins = {re.split(r"[=<>\[]", line)[0] for line in lines[:lines.index(marker)]
+                    if line and not line.startswith("#")}
+    assert {"torch", "torchvision", "torchserve", "onnxruntime", "pillow"} <= runtime_pins
+    assert not runtime_pins & {"pytest", "kserve", "kserve-storage", "moto", "boto3",
+                               "tritonclient"}
+
+
+def test_renderer_refuses_what_it_does_not_implement(tmp_path):
+    (tmp_path / "kustomization.yaml").write_text("resources: [../x]\nnamePrefix: dev-\n")
+    with pytest.raises(KustomizeError, match="namePrefix"):
+        render(tmp_path)
+
+
+# ------------------------------------------------------------------ mutated copies fail
+
+def _set(path: str, value):
+    def mutate(obj):
+        *parents, leaf = path.split(".")
+        node = obj
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return mutate
+
+
+def _annotate(obj, key: str, value: str) -> None:
+    obj["metadata"].setdefault("annotations", {})[key] = value
+
+
+def _knative(obj) -> bool:
+    mode = obj["metadata"].get("annotations", {}).get("serving.kserve.io/deploymentMode")
+    return kserve_lint.MODES.get(mode or kserve_lint.DEFAULT_MODE) == "Knative"
+
+
+ISVC_MUTATIONS = {
+    "name": (_set("metadata.name", "ResNet50"), "metadata.name: 'ResNet50' does not match"),
+    "two-implementations": (_set("spec.predictor.sklearn", {"storageUri": "s3://b/m/"}),
+                            "exactly one predictor implementation"),
+    "model-name": (_set("spec.predictor.model.name", "tagger"),
+                   "not allowed in standard predictor"),
+    "storage-uris": (_set("spec.predictor.storageUris", [{"uri": "s3://b/other/"}]),
+                     "both storageUri and storageUris"),
+    "replicas": (lambda o: o["spec"]["predictor"].update(minReplicas=5, maxReplicas=2),
+                 "minReplicas 5 is above maxReplicas 2"),
+    "negative-concurrency": (_set("spec.predictor.containerConcurrency", -1),
+                             "containerConcurrency: -1 is negative"),
+    "scale-metric": (lambda o: o["spec"]["predictor"].update(
+        scaleMetric="cpu" if _knative(o) else "rps"), "is not allowed with"),
+    "autoscaler-class": (lambda o: _annotate(o, "serving.kserve.io/autoscalerClass", "kpa"),
+                         "[kpa] is not a supported autoscaler class type"),
+    "pythonpath": (lambda o: o["spec"]["predictor"]["model"].setdefault("env", []).append(
+        {"name": "PYTHONPATH", "value": "/x"}), "setting PYTHONPATH in container"),
+    "protocol": (_set("spec.predictor.model.protocolVersion", "grpc-v1"),
+                 "'grpc-v1' is not supported by runtime"),
+    "model-format": (_set("spec.predictor.model.modelFormat.name", "sklearn"),
+                     "does not support sklearn"),
+    "concurrency-below-batch": (_set("spec.predictor.containerConcurrency", 2),
+                                "containerConcurrency: 2 is below batchSize x maxWorkers"),
+    "timeout": (_set("spec.predictor.timeout", 30), "30 s is below TorchServe's responseTimeout"),
+    "unknown-field": (lambda o: o["spec"]["predictor"]["model"].update(
+        storageURI=o["spec"]["predictor"]["model"].pop("storageUri")),
+        "'storageURI' was unexpected"),
+    "mode": (lambda o: _annotate(o, "serving.kserve.io/deploymentMode", "Serverfull"),
+             "'Serverfull' is not a deployment mode"),
+}
+
+
+@pytest.mark.parametrize("mutation", ISVC_MUTATIONS)
+@pytest.mark.parametrize("target", OVERLAYS + STOCK)
+def test_mutated_inference_service_fails_with_the_expected_message(target, mutation):
+    resource = isvc(target)
+    mutate, expected = ISVC_MUTATIONS[mutation]
+    mutate(resource.obj)
+    problems = findings(resource)
+    assert any(expected in p for p in problems), problems
+    source = str(resource.source.relative_to(REPO))
+    assert all(p.startswith(f"{source}: InferenceService ") and "; fix: " in p for p in problems)
+
+
+def test_deprecated_mode_names_are_normalised_like_the_webhook_does():
+    resource = isvc("knative")
+    resource.obj["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] = "Serverless"
+    assert findings(resource) == []
+    resource.obj["spec"]["predictor"]["scaleMetric"] = "cpu"
+    assert any("not allowed with Knative's autoscaler" in p for p in findings(resource))
+
+
+def test_keda_takes_no_scale_metric_and_kpa_is_no_autoscaler_class():
+    resource = isvc("standard-hpa")
+    resource.obj["metadata"]["annotations"]["serving.kserve.io/autoscalerClass"] = "keda"
+    assert any("'cpu' is not allowed with KEDA" in p and "autoScaling.metrics" in p
+               for p in findings(resource))
+    del resource.obj["spec"]["predictor"]["scaleMetric"]
+    del resource.obj["spec"]["predictor"]["scaleTarget"]
+    assert findings(resource) == []
+
+
+def test_gpu_and_canary_bundle_configs_come_from_the_same_source():
+    models = repo_models()
+    for device, version in (("gpu", "1.0"), ("cpu", "2.0")):
+        properties = javaproperties.loads(bundle_config(device, version))
+        entries = json.loads(properties["models"])
+        assert set(entries) == set(models)
+        for name, settings in models.items():
+            entry = entries[name][version]
+            assert {k: entry[k] for k in settings} == settings
+            assert entry.get("deviceType") == ("gpu" if device == "gpu" else None)
+        assert properties.get("number_of_gpu") == ("1" if device == "gpu" else None)
+    assert bundle_name("gpu") + "/" in isvc("gpu").obj["spec"]["predictor"]["model"]["storageUri"]
+    assert bundle_name(version="2.0") + "/" in \
+        isvc("canary").obj["spec"]["predictor"]["model"]["storageUri"]
+
+
+def _container(obj) -> dict:
+    return obj["spec"]["containers"][0]
+
+
+RUNTIME_MUTATIONS = {
+    "auto-select": (lambda o: o["spec"]["supportedModelFormats"][0].update(autoSelect=True),
+                    "must not be picked automatically"),
+    "pythonpath": (lambda o: _container(o)["env"].append({"name": "PYTHONPATH", "value": "/x"}),
+                   "setting PYTHONPATH in container 'kserve-container' is not allowed"),
+    "probe": (lambda o: _container(o).update(readinessProbe={"httpGet": {
+        "path": "/ping", "port": 8080}}), "only the bundle's readiness check waits"),
+    "port-name": (lambda o: _container(o)["ports"][0].update(name="http"),
+                  "Knative needs http1 or h2c"),
+    "port": (lambda o: _container(o)["ports"][0].update(containerPort=9090),
+             "9090 is not TorchServe's inference port 8080"),
+    "two-ports": (lambda o: _container(o)["ports"].append({"name": "metrics",
+                                                          "containerPort": 8082}),
+                  "2 ports; Knative allows exactly one"),
+    "background": (lambda o: _container(o)["args"].remove("--foreground"),
+                   "--foreground missing"),
+    "mount": (lambda o: _container(o)["args"].__setitem__(
+        3, "--model-store=/models/model-store"), "--model-store=/mnt/models/model-store missing"),
+    "metrics-port": (lambda o: o["spec"]["annotations"].update(
+        {"prometheus.kserve.io/port": "9091"}), "is not TorchServe's metrics port 8082"),
+    "protocols": (_set("spec.protocolVersions", ["v1"]), "must include v1 and v2"),
+    "unknown-field": (_set("spec.supportedModelFormat", []), "spec.supportedModelFormat: unknown"),
+    "container-name": (lambda o: _container(o).update(name="torchserve"),
+                       "expected exactly one container named kserve-container"),
+}
+
+
+@pytest.mark.parametrize("mutation", RUNTIME_MUTATIONS)
+def test_mutated_runtime_fails_with_the_expected_message(mutation):
+    resource = runtime()
+    mutate, expected = RUNTIME_MUTATIONS[mutation]
+    mutate(resource.obj)
+    problems = [str(f) for f in kserve_lint.runtime_findings(resource)]
+    assert any(expected in p for p in problems), problems
+    assert all(p.startswith("kserve/runtime/kustomization.yaml: ClusterServingRuntime "
+                            f"{OUR_RUNTIME}: ") for p in problems)
+
+
+def test_runtime_with_token_auth_on_fails():
+    properties = kserve_lint.server_properties()
+    properties["disable_token_authorization"] = "false"
+    problems = [str(f) for f in kserve_lint.runtime_findings(runtime(), properties)]
+    assert any("token authorization is on" in p and "authenticate at the gateway" in p
+               for p in problems), problems
+
+
+# ------------------------------------------------------------------ the stock-runtime variant
+
+
+@pytest.mark.parametrize("name", STOCK)
+def test_stock_manifest_pins_our_torchserve_and_sizes_resources(name):
+    model = isvc(name).obj["spec"]["predictor"]["model"]
+    assert model["runtime"] == kserve_lint.STOCK_RUNTIME.name
     pinned = re.search(r"^torchserve==(\S+)$", (REPO / "requirements.txt").read_text(), re.M)
     gpu = name.endswith("-gpu.yaml")
     # KServe uses runtimeVersion as the image tag verbatim (no "-gpu" added once it is set).
@@ -144,22 +302,6 @@ def test_manifest_pins_our_torchserve_and_sizes_resources(name):
     assert ("nvidia.com/gpu" in resources["limits"]) == gpu
     if gpu:
         assert str(resources["limits"]["nvidia.com/gpu"]) == "1"
-
-
-def test_strict_schema_refuses_unknown_fields_and_webhook_rules_catch_the_rest(validator):
-    """The checks themselves: a misspelled field, a missing modelFormat, a bad protocol."""
-    manifest = load_manifest(MANIFESTS[0])
-    misspelled = copy.deepcopy(manifest)
-    model = misspelled["spec"]["predictor"]["model"]
-    model["storageURI"] = model.pop("storageUri")
-    assert any("storageURI" in e for e in schema_errors(validator, misspelled))
-    no_format = copy.deepcopy(manifest)
-    del no_format["spec"]["predictor"]["model"]["modelFormat"]
-    assert not schema_errors(validator, no_format)  # the schema alone lets it through
-    assert any("modelFormat" in e for e in webhook_errors(no_format))
-    bad_protocol = copy.deepcopy(manifest)
-    bad_protocol["spec"]["predictor"]["model"]["protocolVersion"] = "v3"
-    assert any("protocolVersion" in e for e in webhook_errors(bad_protocol))
 
 
 def _kserve_properties() -> dict[str, str]:

@@ -1,0 +1,149 @@
+"""Build the storage bundle our KServe runtime reads from ``storageUri``, as a folder and a
+``.tar.gz`` (``make kserve-bundle``).
+
+    python -m devtools.kserve_bundle [--out build/kserve] [--device cpu|gpu] [--model-version 1.0]
+
+The bundle is the tree KServe's storage initializer puts at ``/mnt/models`` and the runtime's
+``torchserve --model-store=/mnt/models/model-store --ts-config=/mnt/models/config/config.properties``
+reads::
+
+    config/config.properties   kserve/runtime/server.properties + load_models + models={...}
+                               from config/models/*.yaml (devtools.configgen, like the local one)
+    config/metrics.yaml        config/metrics.yaml (the handler's batch histograms)
+    config/readiness.py        kserve/runtime/readiness.py (the runtime's readiness probe)
+    model-store/<model>.mar    one archive per config/models/<model>.yaml
+
+Name: ``resnet50-serve``, plus ``-gpu`` for ``--device gpu`` (``deviceType: gpu`` per model,
+``number_of_gpu=1``; eager archives required) and ``-<version>`` for another archive version
+(re-archived with ``archive.sh`` under that version, e.g. the 2.0 canary). The ``.tar.gz`` holds
+``config/`` and ``model-store/`` at its top: kserve-storage unpacks a single archive it
+downloads into ``/mnt/models``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from devtools.configgen import REPO, VERSION, local_config, repo_models
+from devtools.server import rewrite_properties
+from model_files.artifacts import backend_of
+
+NAME = "resnet50-serve"
+SERVER_PROPERTIES = REPO / "kserve" / "runtime" / "server.properties"
+METRICS = REPO / "config" / "metrics.yaml"
+READINESS = REPO / "kserve" / "runtime" / "readiness.py"
+MODEL_STORE = REPO / "model-store"
+DEVICES = ("cpu", "gpu")
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A built bundle: the folder and its ``.tar.gz``."""
+
+    folder: Path
+    tarball: Path
+
+
+def bundle_name(device: str = "cpu", version: str = VERSION) -> str:
+    """``resnet50-serve[-gpu][-<version>]``: the last path element of the storageUri."""
+    return NAME + ("-gpu" if device == "gpu" else "") + ("" if version == VERSION else f"-{version}")
+
+
+def bundle_config(device: str = "cpu", version: str = VERSION) -> str:
+    """The bundle's config.properties text, from the same sources as config/config.properties."""
+    models = repo_models()
+    if device == "gpu":
+        models = {name: {**settings, "deviceType": "gpu"} for name, settings in models.items()}
+    text = local_config(SERVER_PROPERTIES, models, version)
+    return rewrite_properties(text, {"number_of_gpu": "1"}) if device == "gpu" else text
+
+
+def archive_identity(mar: Path) -> tuple[str, str, str]:
+    """(model name, version, backend) from an archive's MAR-INF/MANIFEST.json."""
+    with zipfile.ZipFile(mar) as z:
+        model = json.loads(z.read("MAR-INF/MANIFEST.json"))["model"]
+    return model["modelName"], model["modelVersion"], backend_of(model["serializedFile"])
+
+
+def _copy_archives(store: Path, models: list[str], version: str, source: Path) -> None:
+    if version == VERSION:
+        for model in models:
+            mar = source / f"{model}.mar"
+            if not mar.is_file():
+                raise SystemExit(f"{mar} missing: run `make archives` first")
+            shutil.copy2(mar, store / mar.name)
+        return
+    # Another version: the same handler, weights and configs, archived under that version.
+    backend = (REPO / "build" / ".backend").read_text().strip() \
+        if (REPO / "build" / ".backend").is_file() else "onnx"
+    subprocess.run([str(REPO / "archive.sh")], cwd=REPO, check=True,
+                   env=dict(os.environ, VERSION=version, OUT=str(store), BACKEND=backend))
+
+
+def build(out: Path = REPO / "build" / "kserve", device: str = "cpu", version: str = VERSION,
+          model_store: Path = MODEL_STORE) -> Bundle:
+    """Build ``out/<name>/`` and ``out/<name>.tar.gz`` (replacing older ones)."""
+    if device not in DEVICES:
+        raise SystemExit(f"device must be one of {DEVICES}, got {device!r}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = bundle_name(device, version)
+    models = sorted(repo_models())
+    with tempfile.TemporaryDirectory(dir=out) as tmp:
+        stage = Path(tmp) / name
+        (stage / "config").mkdir(parents=True)
+        (stage / "model-store").mkdir()
+        (stage / "config" / "config.properties").write_text(bundle_config(device, version))
+        shutil.copy2(METRICS, stage / "config" / "metrics.yaml")
+        shutil.copy2(READINESS, stage / "config" / "readiness.py")
+        _copy_archives(stage / "model-store", models, version, Path(model_store))
+        for mar in sorted((stage / "model-store").glob("*.mar")):
+            _, mar_version, backend = archive_identity(mar)
+            if mar_version != version:
+                raise SystemExit(f"{mar.name} is version {mar_version}, the bundle {version}")
+            if device == "gpu" and backend != "eager":
+                raise SystemExit(f"{mar.name} runs on {backend}: a GPU bundle needs eager "
+                                 "archives; run `make kserve-bundle BACKEND=eager "
+                                 "KSERVE_DEVICE=gpu`")
+        tarball = Path(tmp) / f"{name}.tar.gz"
+        # Level 1: the .mar files are zip archives already; more effort gains nothing.
+        with tarfile.open(tarball, "w:gz", compresslevel=1) as tar:
+            for top in ("config", "model-store"):
+                tar.add(stage / top, arcname=top, filter=_portable)
+        folder = out / name
+        shutil.rmtree(folder, ignore_errors=True)
+        stage.rename(folder)
+        tarball.replace(out / tarball.name)
+    return Bundle(folder, out / tarball.name)
+
+
+def _portable(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    """No builder's user names or ids in the tarball (the pod runs as uid 1000)."""
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m devtools.kserve_bundle",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=REPO / "build" / "kserve")
+    parser.add_argument("--device", choices=DEVICES, default="cpu")
+    parser.add_argument("--model-version", default=VERSION,
+                        help=f"archive version, the key of models={{...}} ({VERSION})")
+    args = parser.parse_args(argv)
+    bundle = build(args.out, args.device, args.model_version)
+    print(f"bundle folder:  {bundle.folder}\nbundle tarball: {bundle.tarball}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,320 @@
+"""The KServe data path on this machine, with KServe's own code: the bundle of
+``make kserve-bundle`` downloaded by ``kserve-storage`` (the storage initializer's library) from
+``file://`` and from ``s3://`` (a local moto S3), folder and ``.tar.gz``; TorchServe started
+with the command, args and env of our ClusterServingRuntime (``devtools.kserve_pod``); driven by
+KServe's ``InferenceRESTClient`` (v1, v2) and ``tritonclient`` (v2) at once, with server-side
+batching on. Answers are compared with the local server's (the session ``torchserve``)."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import os
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import javaproperties
+import numpy as np
+import pytest
+import requests
+
+from devtools.configgen import repo_models
+from devtools.kserve_bundle import build
+from devtools.kserve_lint import RUNTIME_DIR, bundle_findings
+from devtools.kserve_pod import MOUNT, RuntimePod
+from devtools.kustomize import render
+from devtools.server import free_port
+from tests import imagegen
+from tests.conftest import MODELS
+from tests.reference import assert_same_tags, rel_error
+from tests.test_protocols import raw_answer
+from tests.test_serving import _histogram
+
+pytestmark = pytest.mark.integration
+IMAGES = [imagegen.jpeg(400, 300, seed=300 + i) for i in range(6)]
+TOPK = 3
+TOLERANCE = 1e-4  # batched vs single forward pass (tests/test_serving.py)
+BUCKET = "models"
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def tree(root: Path) -> dict[str, str]:
+    """relative path -> sha256 of every file under ``root`` (symlinks followed, as a reader)."""
+    out = {}
+    for dirpath, _, files in os.walk(root, followlinks=True):
+        for name in files:
+            path = Path(dirpath) / name
+            out[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+# ------------------------------------------------------------------ fixtures, once per module
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory, model_store):
+    return build(tmp_path_factory.mktemp("kserve-bundle"), model_store=model_store)
+
+
+@pytest.fixture(scope="module")
+def s3(bundle):
+    """A local S3 (moto's server on a free loopback port) holding the bundle as a folder under
+    s3://models/resnet50-serve/ and as s3://models/archives/resnet50-serve.tar.gz. The
+    environment is what KServe's controller gives the storage initializer for an S3 endpoint
+    (AWS_ENDPOINT_URL, credentials), restored afterwards."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    with pytest.MonkeyPatch.context() as env:
+        for key, value in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                           "S3_VERIFY_SSL": "0"}.items():
+            env.setenv(key, value)
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=int(endpoint.rsplit(":", 1)[1]),
+                                    verbose=False)
+        server.start()
+        try:
+            client = boto3.client("s3", endpoint_url=endpoint)
+            client.create_bucket(Bucket=BUCKET)
+            for rel in tree(bundle.folder):
+                client.upload_file(str(bundle.folder / rel), BUCKET,
+                                   f"{bundle.folder.name}/{rel}")
+            client.upload_file(str(bundle.tarball), BUCKET, f"archives/{bundle.tarball.name}")
+            yield f"s3://{BUCKET}"
+        finally:
+            server.stop()
+
+
+def _uri(kind: str, bundle, s3_root: str) -> str:
+    return {"file-folder": f"file://{bundle.folder}",
+            "file-tgz": f"file://{bundle.tarball}",
+            "s3-folder": f"{s3_root}/{bundle.folder.name}/",
+            "s3-tgz": f"{s3_root}/archives/{bundle.tarball.name}"}[kind]
+
+
+def download(uri: str, out: Path) -> Path:
+    """What the storage-initializer container does with ``storageUri``."""
+    from kserve_storage import Storage
+
+    return Path(Storage.download(uri, str(out)))
+
+
+@pytest.fixture(scope="module")
+def container():
+    """Our runtime's kserve-container, as kubectl apply -k kserve/runtime would create it."""
+    [runtime] = render(RUNTIME_DIR)
+    return runtime.obj["spec"]["containers"][0]
+
+
+@pytest.fixture(scope="module")
+def pod(tmp_path_factory, s3, bundle, container):
+    """The bundle from S3 (.tar.gz, unpacked by kserve-storage) served as the runtime starts it."""
+    mount = download(_uri("s3-tgz", bundle, s3), tmp_path_factory.mktemp("mnt-models"))
+    server = RuntimePod(container, mount, tmp_path_factory.mktemp("pod"))
+    server.start()
+    try:
+        server.workers_when_ready = _worker_states(server)  # right after the probe passed
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def local_answers(torchserve):
+    """Each image's embedding and top-3 tags from the local server, one request at a time."""
+    return [(raw_answer(torchserve, "resnet50-embedding", image)["embedding"],
+             raw_answer(torchserve, "resnet50-tagger", image, **{"X-Top-K": str(TOPK)}))
+            for image in IMAGES]
+
+
+# ------------------------------------------------------------------ storage
+
+def test_bundle_is_consistent_and_lints_clean(bundle):
+    assert sorted(p.name for p in (bundle.folder / "model-store").iterdir()) == \
+        sorted(f"{m}.mar" for m in MODELS)
+    assert bundle_findings(bundle.folder) == []
+
+
+@pytest.mark.parametrize("kind", ["file-folder", "file-tgz", "s3-folder", "s3-tgz"])
+def test_kserve_storage_downloads_the_bundle(kind, bundle, s3, tmp_path):
+    got = download(_uri(kind, bundle, s3), tmp_path / "mnt-models")
+    try:
+        assert got == tmp_path / "mnt-models"
+        assert tree(got) == tree(bundle.folder)  # byte for byte: config/ and model-store/ on top
+    finally:
+        shutil.rmtree(got, ignore_errors=True)  # 190 MB a copy; pytest keeps tmp_path around
+
+
+def test_bundle_with_a_renamed_archive_fails_the_lint(bundle, tmp_path):
+    copy = download(_uri("file-tgz", bundle, "unused"), tmp_path / "copy")
+    (copy / "model-store" / "resnet50-tagger.mar").rename(copy / "model-store" / "tagger.mar")
+    problems = [str(f) for f in bundle_findings(copy)]
+    assert any("models.resnet50-tagger.1.0.marName: resnet50-tagger.mar holds nothing" in p
+               for p in problems), problems
+
+
+# ------------------------------------------------------------------ the runtime's command
+
+def test_pod_runs_the_manifest_command_with_only_mount_and_ports_changed(pod, container):
+    words = container["command"] + container["args"]
+    assert pod.command() == [f"--ts-config={pod.config_path}" if w.startswith("--ts-config=")
+                             else w.replace(MOUNT, str(pod.mount)) for w in words]
+    assert pod.bundle_config == pod.mount / "config" / "config.properties"
+    shipped = javaproperties.loads(pod.bundle_config.read_text().replace(MOUNT, str(pod.mount)))
+    running = javaproperties.loads(pod.config_path.read_text())
+    changed = {k for k in shipped.keys() | running.keys() if shipped.get(k) != running.get(k)}
+    assert changed <= set(pod.port_overrides), changed
+    assert running["disable_token_authorization"] == "true"
+    env = pod.env()
+    for item in container["env"]:
+        assert env[item["name"]] == item["value"]
+
+
+def _worker_states(pod) -> dict[str, list[str]]:
+    return {name: [w["status"] for w in requests.get(
+        f"{pod.management_url}/models/{name}", timeout=30).json()[0]["workers"]]
+        for name in MODELS}
+
+
+def test_readiness_probe_passes_only_once_every_worker_is_loaded(pod):
+    """The kubelet's view of start-up: the probe never passed before its last run, and when it
+    first passed every model had its minWorkers workers READY (described right then)."""
+    assert pod.readiness[-1] and not any(pod.readiness[:-1]), pod.readiness
+    assert pod.workers_when_ready == {name: ["READY"] * settings["minWorkers"]
+                                      for name, settings in repo_models().items()}
+    assert pod.probe("livenessProbe")
+
+
+def test_readiness_probe_fails_while_a_required_worker_loads(pod):
+    scale = f"{pod.management_url}/models/resnet50-tagger"
+    # One more required worker, started in the background: it needs seconds to load.
+    assert requests.put(scale, params={"min_worker": 2, "max_worker": 2,
+                                       "synchronous": "false"}, timeout=30).status_code == 202
+    try:
+        assert not pod.probe("readinessProbe")
+        # What the probe does not use: /ping and /v2/health/ready pass meanwhile.
+        assert requests.get(f"{pod.inference_url}/ping", timeout=10).status_code == 200
+        assert requests.get(f"{pod.inference_url}/v2/health/ready", timeout=10).json() == \
+            {"ready": True}
+        pod.wait_ready(timeout=300)
+        assert _worker_states(pod)["resnet50-tagger"] == ["READY", "READY"]
+    finally:
+        requests.put(scale, params={"min_worker": 1, "max_worker": 1, "synchronous": "true"},
+                     timeout=300)
+    assert pod.probe("readinessProbe")
+
+
+# ------------------------------------------------------------------ KServe's and Triton's clients
+
+async def _kserve_calls(url: str) -> tuple[list, list, list]:
+    """v1 tags and v2 embedding+tags for every image, all requests in flight at once."""
+    from kserve import InferenceRESTClient, InferInput, InferRequest, RESTConfig
+    from kserve.protocol.infer_type import RequestedOutput
+
+    v1 = InferenceRESTClient(RESTConfig(protocol="v1", timeout=300))
+    v2 = InferenceRESTClient(RESTConfig(protocol="v2", timeout=300))
+    try:
+        v1_calls = [v1.infer(url, {"instances": [{"data": b64(image)}],
+                                   "parameters": {"topk": TOPK}}, model_name="resnet50-tagger")
+                    for image in IMAGES]
+        v2_calls = [v2.infer(url, InferRequest(
+            model_name="resnet50-embedding", request_id=f"r-{i}",
+            infer_inputs=[InferInput("images", [1], "BYTES", data=[b64(image)])],
+            parameters={"topk": TOPK},
+            request_outputs=[RequestedOutput("embedding"), RequestedOutput("tags")]),
+            model_name="resnet50-embedding") for i, image in enumerate(IMAGES)]
+        bad = v1.infer(url, {"instances": [{"data": "not base64!"}]},
+                       model_name="resnet50-tagger")
+        results = await asyncio.gather(*v1_calls, *v2_calls, bad, return_exceptions=True)
+    finally:
+        await v1.close()
+        await v2.close()
+    n = len(IMAGES)
+    return results[:n], results[n:2 * n], results[2 * n:]
+
+
+def _triton_call(url: str, image: bytes | None):
+    """One tritonclient v2 request for the tagger; ``None``: a FP32 input (a 400)."""
+    import tritonclient.http as triton
+    from tritonclient.utils import InferenceServerException
+
+    client = triton.InferenceServerClient(url=url.removeprefix("http://"), network_timeout=300)
+    try:
+        if image is None:
+            data = triton.InferInput("images", [1], "FP32")
+            data.set_data_from_numpy(np.array([1.0], dtype=np.float32), binary_data=False)
+        else:
+            data = triton.InferInput("images", [1], "BYTES")
+            data.set_data_from_numpy(np.array([b64(image)], dtype=object), binary_data=False)
+        result = client.infer("resnet50-tagger", [data], parameters={"topk": TOPK},
+                              outputs=[triton.InferRequestedOutput("tags", binary_data=False)])
+        return [json.loads(s) for s in result.as_numpy("tags").reshape(-1)]
+    except InferenceServerException as exc:
+        return exc
+    finally:
+        client.close()
+
+
+def test_kserve_and_triton_clients_get_the_local_answers_concurrently(pod, local_answers):
+    metrics = f"{pod.metrics_url}/metrics"
+    before = {m: _histogram(requests.get(metrics, timeout=10).text, "HandlerBatchSize", m)
+              for m in MODELS}
+    with ThreadPoolExecutor(max_workers=len(IMAGES) + 1) as pool:
+        triton = pool.map(lambda image: _triton_call(pod.inference_url, image),
+                          [*IMAGES, None])
+        v1, v2, [bad_v1] = asyncio.run(_kserve_calls(pod.inference_url))
+        *triton_tags, bad_triton = list(triton)
+    for i, (embedding, tags) in enumerate(local_answers):
+        assert len(v1[i]["predictions"]) == 1
+        assert_same_tags(v1[i]["predictions"][0], tags)
+        outputs = {o.name: o for o in v2[i].outputs}
+        assert v2[i].id == f"r-{i}" and v2[i].model_name == "resnet50-embedding"
+        assert outputs["embedding"].shape == [1, len(embedding)]
+        assert rel_error(outputs["embedding"].data, embedding) <= TOLERANCE
+        assert_same_tags([json.loads(s) for s in outputs["tags"].data], tags)
+        assert_same_tags(triton_tags[i], tags)
+    # Per-request errors stay 4xx through both clients, and the requests around them succeed.
+    assert isinstance(bad_v1, httpx.HTTPStatusError)
+    assert bad_v1.response.status_code == 400
+    assert bad_v1.response.json()["type"] == "InvalidRequest"
+    assert bad_triton.status() == "400"
+    assert json.loads(bad_triton.debug_details())["type"] == "InvalidRequest"
+    # Batching was on: fewer batches than requests for the models that got them at once.
+    after = {m: _histogram(requests.get(metrics, timeout=10).text, "HandlerBatchSize", m)
+             for m in MODELS}
+    tagger_requests = after["resnet50-tagger"][0] - before["resnet50-tagger"][0]
+    tagger_batches = after["resnet50-tagger"][1] - before["resnet50-tagger"][1]
+    assert tagger_requests == 2 * len(IMAGES) + 2  # v1 and triton, each with one bad request
+    assert tagger_batches < tagger_requests
+
+
+def test_v2_health_and_unknown_model_through_the_kserve_client(pod):
+    from kserve import InferenceRESTClient, RESTConfig
+
+    async def calls():
+        client = InferenceRESTClient(RESTConfig(protocol="v2", timeout=60))
+        try:
+            live = await client.is_server_live(pod.inference_url)
+            ready = await client.is_server_ready(pod.inference_url)
+            try:
+                await client.infer(pod.inference_url, {"inputs": [
+                    {"name": "images", "shape": [1], "datatype": "BYTES",
+                     "data": [b64(IMAGES[0])]}]}, model_name="no-such-model")
+            except httpx.HTTPStatusError as exc:
+                return live, ready, exc.response.status_code
+            return live, ready, 200
+        finally:
+            await client.close()
+
+    assert asyncio.run(calls()) == (True, True, 404)
+
+
+def test_served_models_are_the_repository_models(pod):
+    listed = requests.get(f"{pod.management_url}/models", timeout=30).json()["models"]
+    assert sorted(m["modelName"] for m in listed) == sorted(repo_models())
