@@ -53,6 +53,10 @@ mkdir -p "$STAGE/handlers" "$STAGE/model_files" "$ARCHIVER_TMP"
 cp handlers/*.py "$STAGE/handlers/"
 cp model_files/__init__.py model_files/resnet_dual.py model_files/artifacts.py "$STAGE/model_files/"
 cp "$WEIGHTS_DIR/weights_info.json" "$WEIGHTS_DIR/index_to_name.json" "$STAGE/"
+# Explanations need gradients, so the PyTorch checkpoint goes in whatever the backend (about
+# 98 MB more in an onnx or torchscript archive; README "Explanations").
+CHECKPOINT="$WEIGHTS_DIR/$("$PYTHON" -m model_files.artifacts serialized eager)"
+[ "$CHECKPOINT" = "$SERIALIZED" ] || cp "$CHECKPOINT" "$STAGE/"
 
 for model in "${MODELS[@]}"; do
   config="$CONFIG_DIR/$model.yaml"

@@ -7,6 +7,7 @@ class.)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -25,6 +26,8 @@ class Slot:
     opened: list[OpenedImage] = field(default_factory=list)
     start: int = 0
     count: int = 0
+    explain: Any = None  # handlers.explain.ExplainSpec of an explanation request
+    pictures: list = field(default_factory=list)  # its images, for a PNG heatmap
 
     @property
     def ok(self) -> bool:
@@ -49,6 +52,7 @@ class PreparedBatch:
     pixels: torch.Tensor | None
     embedding: torch.Tensor | None = None
     logits: torch.Tensor | None = None
+    explanations: dict[int, Any] = field(default_factory=dict)  # slot index -> answers|error
 
 
 def admit(costs: list[int], budget: int) -> list[bool]:

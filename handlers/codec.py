@@ -34,6 +34,9 @@ from handlers.errors import InvalidParameter, InvalidRequest, PayloadTooLarge
 MAX_TOP_K = 1000
 BODY_KEYS = ("body", "data")
 PARAM_KEYS = ("topk",)
+# Explanation parameters (``/explanations``, KServe v1 ``:explain``), checked by
+# handlers.explain.parse_options; a form field, a JSON field or a v1 ``parameters`` key.
+EXPLAIN_KEYS = ("target", "method", "n_steps", "internal_batch_size", "png")
 
 
 class Protocol(enum.Enum):
@@ -78,6 +81,7 @@ class ParsedRequest:
     top_k: int | None = None
     request_id: str | None = None
     outputs: tuple[OutputSpec, ...] = field(default_factory=tuple)
+    options: dict[str, Any] = field(default_factory=dict)  # EXPLAIN_KEYS given, as sent
 
     def tags_top_k(self, default: int) -> int:
         """How many tags to answer: a v2 ``tags`` output's own ``topk``, else the request's,
@@ -114,12 +118,13 @@ def parse_request(row: dict[str, Any], *, header_top_k: Any = None,
 
 def _parse(row: dict[str, Any], limits: ParseLimits) -> ParsedRequest:
     body_keys = [k for k in BODY_KEYS if k in row]
-    unknown = sorted(set(row) - set(BODY_KEYS) - set(PARAM_KEYS))
+    unknown = sorted(set(row) - set(BODY_KEYS) - set(PARAM_KEYS) - set(EXPLAIN_KEYS))
     if unknown:
         raise InvalidParameter(
             f"unknown request parameter(s) {unknown}; accepted: the image as the body or "
-            f"form field 'data', and 'topk'"
+            f"form field 'data', 'topk', and for explanations {list(EXPLAIN_KEYS)}"
         )
+    options = {k: row[k] for k in EXPLAIN_KEYS if k in row}
     if not body_keys:
         raise InvalidRequest("empty request: send an image as the body or as form field 'data'")
     if len(body_keys) > 1:
@@ -127,7 +132,8 @@ def _parse(row: dict[str, Any], limits: ParseLimits) -> ParsedRequest:
     query_top_k = parse_top_k(row["topk"]) if "topk" in row else None
     payload = _as_json_if_json(row[body_keys[0]], limits)
     if isinstance(payload, (bytes, bytearray)):
-        return ParsedRequest(Protocol.PLAIN, [bytes(payload)], top_k=query_top_k)
+        return ParsedRequest(Protocol.PLAIN, [bytes(payload)], top_k=query_top_k,
+                             options=options)
     if not isinstance(payload, dict):
         raise InvalidRequest(
             f"JSON body must be an object such as {{\"data\": \"<base64 image>\"}}, "
@@ -136,13 +142,16 @@ def _parse(row: dict[str, Any], limits: ParseLimits) -> ParsedRequest:
     if "inputs" in payload:
         return _parse_v2(payload, query_top_k)
     if "instances" in payload:
-        return _parse_v1(payload, query_top_k)
+        return _parse_v1(payload, query_top_k, options)
     if "data" in payload:
-        extra = sorted(set(payload) - {"data", "topk"})
+        extra = sorted(set(payload) - {"data", "topk", *EXPLAIN_KEYS})
         if extra:
-            raise InvalidRequest(f"unknown JSON field(s) {extra}; expected 'data' and 'topk'")
+            raise InvalidRequest(f"unknown JSON field(s) {extra}; expected 'data', 'topk' and "
+                                 f"for explanations {list(EXPLAIN_KEYS)}")
         top_k = parse_top_k(payload["topk"]) if "topk" in payload else query_top_k
-        return ParsedRequest(Protocol.PLAIN, [decode_base64(payload["data"], "data")], top_k=top_k)
+        options.update((k, payload[k]) for k in EXPLAIN_KEYS if k in payload)
+        return ParsedRequest(Protocol.PLAIN, [decode_base64(payload["data"], "data")], top_k=top_k,
+                             options=options)
     raise InvalidRequest(
         "JSON body must have 'data' (base64 image), 'instances' (KServe v1) or 'inputs' "
         f"(KServe v2); got keys {sorted(payload)[:10]}"
@@ -268,13 +277,15 @@ def _parameters_top_k(parameters: Any, where: str, default: int | None) -> int |
     return parse_top_k(parameters["topk"]) if "topk" in parameters else default
 
 
-def _parse_v1(payload: dict, query_top_k: int | None) -> ParsedRequest:
+def _parse_v1(payload: dict, query_top_k: int | None, options: dict) -> ParsedRequest:
     instances = _require(payload, "instances", list, "body")
     if not instances:
         raise InvalidRequest("body.instances is empty: send at least one image")
-    top_k = _parameters_top_k(payload.get("parameters"), "body.parameters", query_top_k)
+    parameters = payload.get("parameters")
+    top_k = _parameters_top_k(parameters, "body.parameters", query_top_k)
+    options.update((k, parameters[k]) for k in EXPLAIN_KEYS if k in (parameters or {}))
     images = [_v1_instance(item, f"instances[{i}]") for i, item in enumerate(instances)]
-    return ParsedRequest(Protocol.V1, images, top_k=top_k)
+    return ParsedRequest(Protocol.V1, images, top_k=top_k, options=options)
 
 
 def _v1_instance(item: Any, where: str) -> bytes:

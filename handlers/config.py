@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from handlers.codec import Output
+from handlers.explain import METHODS as EXPLAIN_METHODS
 
 TASKS = tuple(output.value for output in Output)
 DEVICES = ("auto", "cpu", "cuda")
@@ -52,6 +53,18 @@ class HandlerConfig:
     max_json_bytes: size of a JSON body the handler parses (413 above).
     draft_decode: let JPEG decoding downscale by 1/2, 1/4, 1/8 in the DCT while keeping the
         shorter side >= the resize size (much faster on large photos, near-identical output).
+    explain_method: ``/explanations`` method when a request names none: ``gradcam``
+        (one forward + backward), ``ig`` (``explain_n_steps`` of them) or ``occlusion`` (49
+        forwards); see handlers/explain.py.
+    explain_n_steps / explain_max_n_steps: Integrated Gradients steps, default and the most a
+        request may ask for (400 above).
+    explain_internal_batch_size: IG / occlusion rows per forward pass (memory bound).
+    explain_max_targets: classes one image may have explained in one request (400 above).
+    explain_png_max_side: longer side of the PNG heatmap, in pixels.
+    max_explain_passes_per_batch: forward(+backward) passes of explanation work one batch may
+        run (GradCAM 1 per image and target, IG ``n_steps``, occlusion 49); the requests that do
+        not fit get 503 with ``Retry-After``, so explanations cannot starve predictions (a lone
+        request always runs: it is bounded by the limits above).
     """
 
     task: str = "tags"
@@ -70,6 +83,13 @@ class HandlerConfig:
     max_json_depth: int = 16
     max_json_bytes: int = 32 * 1024 * 1024
     draft_decode: bool = True
+    explain_method: str = "gradcam"
+    explain_n_steps: int = 32
+    explain_max_n_steps: int = 64
+    explain_internal_batch_size: int = 8
+    explain_max_targets: int = 5
+    explain_png_max_side: int = 448
+    max_explain_passes_per_batch: int = 64
 
     @classmethod
     def from_mapping(cls, section: Mapping[str, Any] | None) -> "HandlerConfig":
@@ -98,6 +118,9 @@ class HandlerConfig:
             raise ConfigError(f"handler.task must be one of {TASKS}, got {self.task!r}")
         if self.device not in DEVICES:
             raise ConfigError(f"handler.device must be one of {DEVICES}, got {self.device!r}")
+        if self.explain_method not in EXPLAIN_METHODS:
+            raise ConfigError(f"handler.explain_method must be one of {EXPLAIN_METHODS}, "
+                              f"got {self.explain_method!r}")
         for name, low, high in (
             ("top_k", 1, 1000),
             ("threads", 0, 1024),
@@ -109,6 +132,12 @@ class HandlerConfig:
             ("max_batch_pixels", 1, 100_000_000_000),
             ("max_json_depth", 4, 1000),
             ("max_json_bytes", 1, 1 << 31),
+            ("explain_n_steps", 1, self.explain_max_n_steps),
+            ("explain_max_n_steps", 1, 1024),
+            ("explain_internal_batch_size", 1, 64),
+            ("explain_max_targets", 1, 1000),
+            ("explain_png_max_side", 16, 2048),
+            ("max_explain_passes_per_batch", 1, 1_000_000),
         ):
             value = getattr(self, name)
             if not low <= value <= high:

@@ -18,16 +18,16 @@ from pathlib import Path
 import torch
 from ts.torch_handler.base_handler import BaseHandler
 
-from handlers import codec
+from handlers import codec, explain
 from handlers.backends import load_backend
 from handlers.batch import PreparedBatch, Slot, admit
 from handlers.config import HandlerConfig
-from handlers.errors import (InternalError, NotSupported, Overloaded, PayloadTooLarge,
-                             RequestError, error_body, status_line)
-from handlers.images import OpenedImage
+from handlers.errors import (InternalError, InvalidParameter, NotSupported, Overloaded,
+                             PayloadTooLarge, RequestError, error_body, status_line)
+from handlers.images import OpenedImage, decode
 from handlers.metrics import BatchMetrics
 from handlers.preprocess import Preprocessor
-from model_files.artifacts import INFO, LABELS, backend_of
+from model_files.artifacts import CHECKPOINT, INFO, LABELS, backend_of
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +63,9 @@ class ResNetHandler(BaseHandler):
             normalize_embedding=self.config.normalize_embedding,
         )
         self.preprocessor = Preprocessor(self.config)
+        self.explainer = explain.load_explainer(
+            model_dir / CHECKPOINT, self.answers.labels,
+            explain.ExplainDefaults.of(self.config, self.config.task))
         self.limits = codec.ParseLimits(max_images=self.config.max_images_per_request,
                                         max_json_depth=self.config.max_json_depth,
                                         max_json_bytes=self.config.max_json_bytes)
@@ -97,7 +100,9 @@ class ResNetHandler(BaseHandler):
                     f"this batch's decoding budget (handler.max_batch_pixels = "
                     f"{self.config.max_batch_pixels} pixels) was taken by other requests; "
                     f"this request needs {slot.pixels}: retry")
-        work = [(idx, image) for idx, slot in enumerate(slots) if slot.ok for image in slot.opened]
+        self._admit_explanations(slots)
+        work = [(idx, image, slot.explain is not None and slot.explain.png)
+                for idx, slot in enumerate(slots) if slot.ok for image in slot.opened]
         decoded = iter(self.pool.map(self._decode, work) if len(work) > 1
                        else map(self._decode, work))
         tensors: list[torch.Tensor] = []
@@ -106,6 +111,8 @@ class ResNetHandler(BaseHandler):
                 continue
             results = [next(decoded) for _ in slot.opened]
             slot.error = _first_error(results)
+            if slot.ok and slot.explain is not None and slot.explain.png:
+                results, slot.pictures = map(list, zip(*results))
             if slot.ok:
                 slot.start, slot.count = len(tensors), len(results)
                 tensors.extend(results)
@@ -120,6 +127,7 @@ class ResNetHandler(BaseHandler):
             if len(set(rows)) != 1:
                 raise RuntimeError(f"backend returned {rows[1]} embeddings and {rows[2]} logit "
                                    f"rows for a batch of {rows[0]} images")
+            self._explain(batch)
         return batch
 
     def postprocess(self, batch: PreparedBatch) -> list[str]:
@@ -139,6 +147,9 @@ class ResNetHandler(BaseHandler):
                 for name, value in slot.error.headers.items():
                     self.context.set_response_header(idx, name, value)
                 responses.append(json.dumps(error_body(slot.error)))
+            elif slot.explain is not None:
+                responses.append(json.dumps(
+                    explain.encode(slot.request.protocol, batch.explanations[idx])))
             else:
                 responses.append(json.dumps(
                     codec.encode_response(slot.request, slot.rows, outputs, self.answers)))
@@ -157,8 +168,8 @@ class ResNetHandler(BaseHandler):
     # ------------------------------------------------------------------ TorchServe's switches
 
     def _is_explain(self) -> bool:
-        """Explanations are answered per request by ``preprocess`` (501), never by
-        BaseHandler's captum path, which would fail the whole batch."""
+        """Explanations are answered per request (``_explain``), never by BaseHandler's
+        captum path, which would explain the first request's target for the whole batch."""
         return False
 
     def _is_describe(self) -> bool:
@@ -192,6 +203,10 @@ class ResNetHandler(BaseHandler):
         if isinstance(slot.request, RequestError):
             slot.request, slot.error = None, slot.request
             return slot
+        slot.explain = self._guarded(idx, "parsing", self._explain_spec, idx, slot.request)
+        if isinstance(slot.explain, RequestError):
+            slot.explain, slot.error = None, slot.explain
+            return slot
         opened = [self._guarded(idx, "reading", self.preprocessor.open, image)
                   for image in slot.request.images]
         slot.error = _first_error(opened)
@@ -206,11 +221,61 @@ class ResNetHandler(BaseHandler):
         return slot
 
     def _parse(self, idx: int, row: dict) -> codec.ParsedRequest:
-        if self._header(idx, "explain") == "True":
-            raise NotSupported("explanations are not implemented for this model; use "
-                               "/predictions (or the KServe :predict / infer routes)")
         return codec.parse_request(row, header_top_k=self._header(idx, TOP_K_HEADER),
                                    limits=self.limits)
+
+    def _explain_spec(self, idx: int, request: codec.ParsedRequest):
+        """An explanation request's checked ``ExplainSpec``; None for a prediction. TorchServe
+        0.12 sets the ``explain`` property to "True" for ``/explanations`` and KServe
+        ``:explain`` (and to "False" otherwise, whatever header a client sends)."""
+        if self.context.get_request_header(idx, "explain") != "True":
+            if request.options:
+                raise InvalidParameter(
+                    f"{sorted(request.options)} only apply to explanations: POST to "
+                    "/explanations/{model} (or KServe v1 :explain)")
+            return None
+        if self.explainer is None:
+            raise NotSupported("this archive carries no PyTorch checkpoint for explanations; "
+                               f"rebuild it with archive.sh (it packs {CHECKPOINT})")
+        if request.protocol is codec.Protocol.V2:
+            raise NotSupported("explanations answer /explanations/{model} and KServe v1 "
+                               ":explain; the v2 protocol has no explain route")
+        return explain.parse_options(request.options, request.top_k, self.answers.labels,
+                                     self.explainer.defaults)
+
+    def _admit_explanations(self, slots: list[Slot]) -> None:
+        """Explanation work within ``max_explain_passes_per_batch``, cheapest first; the
+        requests that do not fit get 503 and ``Retry-After``, so a burst of explanations
+        cannot hold the predictions of the same queue back for long."""
+        asking = [s for s in slots if s.ok and s.explain is not None]
+        costs = [s.explain.passes() * len(s.opened) for s in asking]
+        budget = self.config.max_explain_passes_per_batch
+        for slot, cost, admitted in zip(asking, costs, admit(costs, budget)):
+            if cost > budget:
+                slot.error = InvalidParameter(
+                    f"this explanation needs {cost} forward/backward passes ({len(slot.opened)} "
+                    f"image(s) x {slot.explain.passes()}), more than the limit of {budget} "
+                    "(handler.max_explain_passes_per_batch); send fewer images, targets or "
+                    "n_steps")
+            elif not admitted:
+                slot.error = Overloaded(
+                    f"this batch's explanation budget (handler.max_explain_passes_per_batch = "
+                    f"{budget} passes) was taken by other requests; this one needs {cost}: retry")
+
+    def _explain(self, batch: PreparedBatch) -> None:
+        """Explanations for the batch's explanation requests, from its pixels and logits; a
+        failure here fails those requests only (500), never the batch's predictions."""
+        asking = [(idx, s) for idx, s in enumerate(batch.slots) if s.ok and s.explain is not None]
+        if not asking:
+            return
+        jobs = [explain.ExplainJob(s.explain, s.rows, s.pictures) for _, s in asking]
+        answers = self._guarded(asking[0][0], "explaining", self.explainer.explain,
+                                batch.pixels, batch.logits, jobs)
+        for k, (idx, slot) in enumerate(asking):
+            if isinstance(answers, RequestError):
+                slot.error = answers
+            else:
+                batch.explanations[idx] = answers[k]
 
     def _header(self, idx: int, name: str):
         """A request header by case-insensitive name (clients differ in capitalisation)."""
@@ -222,11 +287,19 @@ class ResNetHandler(BaseHandler):
                 return value
         return None
 
-    def _decode(self, item: tuple[int, OpenedImage]) -> torch.Tensor | RequestError:
-        """One image as a model input; failures are returned, not raised, so that the thread
-        pool hands every request its own outcome."""
-        idx, opened = item
-        return self._guarded(idx, "decoding", self.preprocessor.decode, opened)
+    def _decode(self, item: tuple[int, OpenedImage, bool]):
+        """One image as a model input (and, for a PNG heatmap, the image itself, shrunk);
+        failures are returned, not raised, so that the thread pool hands every request its
+        own outcome."""
+        idx, opened, keep_picture = item
+        if not keep_picture:
+            return self._guarded(idx, "decoding", self.preprocessor.decode, opened)
+        return self._guarded(idx, "decoding", self._decode_with_picture, opened)
+
+    def _decode_with_picture(self, opened: OpenedImage):
+        image = decode(opened)
+        return (self.preprocessor.transform(image),
+                explain.thumbnail(image, self.explainer.defaults.png_max_side))
 
     def _guarded(self, idx: int, stage: str, step, *args):
         """``step(*args)``, or the ``RequestError`` it raised. Anything else is a bug of ours,

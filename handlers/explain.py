@@ -1,0 +1,389 @@
+"""Explanations people can look at: where the model looked, for the class a request asks about.
+
+Pure functions and one small class, testable without TorchServe:
+
+- ``parse_options``: a request's explain parameters (``target``, ``topk``, ``method``,
+  ``n_steps``, ``internal_batch_size``, ``png``) -> a checked ``ExplainSpec`` (4xx otherwise);
+- ``Explainer.explain``: for the explanation requests of one batch, resolve each image's
+  targets from the batch's logits, run Captum on the eager PyTorch model (one call per
+  method and settings, every row with its own target), normalise to a compact grid in [0, 1]
+  and, when asked, render a PNG heatmap over the image the client sent.
+
+Methods: ``gradcam`` (default; Captum ``LayerGradCam`` on ``layer4``: one forward and one
+backward pass, a 7x7 grid), ``ig`` (``IntegratedGradients`` from the ImageNet-mean image:
+``n_steps`` forward+backward passes, |attribution| summed over colour and average-pooled to
+28x28) and ``occlusion`` (``Occlusion`` with a 56-pixel window, stride 28: 49 forward passes,
+pooled to 28x28).
+"""
+from __future__ import annotations
+
+import base64
+import io
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image, ImageDraw
+from torch import nn
+
+from handlers.codec import Protocol
+from handlers.errors import InvalidParameter
+
+METHODS = ("gradcam", "ig", "occlusion")
+EMBEDDING_TARGET = "embedding"  # the embedding model's own direction (see EmbeddingScore)
+INPUT_GRID = 28  # IG and occlusion: |attribution| average-pooled to 28x28
+OCCLUSION_WINDOW, OCCLUSION_STRIDE = 56, 28
+OCCLUSION_PASSES = ((224 - OCCLUSION_WINDOW) // OCCLUSION_STRIDE + 1) ** 2  # 49
+EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class ExplainDefaults:
+    """A model's explain settings (``handler.explain_*``, see ``HandlerConfig``)."""
+
+    method: str = "gradcam"
+    n_steps: int = 32
+    max_n_steps: int = 64
+    internal_batch_size: int = 8
+    max_targets: int = 5
+    png_max_side: int = 448
+    default_target: str = "top1"  # or EMBEDDING_TARGET for the embedding model
+
+    @classmethod
+    def of(cls, config, task: str) -> "ExplainDefaults":
+        """From a ``HandlerConfig``: the embedding model explains its embedding by default."""
+        return cls(config.explain_method, config.explain_n_steps, config.explain_max_n_steps,
+                   config.explain_internal_batch_size, config.explain_max_targets,
+                   config.explain_png_max_side,
+                   EMBEDDING_TARGET if task == "embedding" else "top1")
+
+
+@dataclass(frozen=True)
+class ExplainSpec:
+    """What one explanation request asks for. ``classes``: the named classes (indices, or
+    ``-1`` for the embedding target); empty means the top ``top_k`` of each image."""
+
+    method: str
+    classes: tuple[int, ...]
+    top_k: int
+    n_steps: int
+    internal_batch_size: int
+    png: bool
+
+    def passes(self) -> int:
+        """Forward(+backward) passes per explained image and target: this request's cost."""
+        per_target = {"gradcam": 1, "ig": self.n_steps, "occlusion": OCCLUSION_PASSES}
+        return per_target[self.method] * max(1, len(self.classes) or self.top_k)
+
+
+# ---------------------------------------------------------------------------- parsing
+
+
+def parse_options(options: dict[str, Any], top_k: int | None, labels: Sequence[str],
+                  defaults: ExplainDefaults) -> ExplainSpec:
+    """Check one request's explain parameters (multipart fields arrive as bytes, JSON and
+    KServe v1 ``parameters`` as JSON values); raise ``InvalidParameter`` (400) otherwise."""
+    options = {k: _text(v) for k, v in options.items()}
+    method = options.get("method", defaults.method)
+    if method not in METHODS:
+        raise InvalidParameter(f"method must be one of {list(METHODS)}, got {method!r}")
+    n_steps = _int_option(options, "n_steps", defaults.n_steps, 1, defaults.max_n_steps)
+    batch = _int_option(options, "internal_batch_size", defaults.internal_batch_size, 1, 64)
+    png = _bool_option(options.get("png", False))
+    classes = _classes(options.get("target"), labels, defaults)
+    k = top_k or 1
+    if len(classes) > defaults.max_targets or k > defaults.max_targets:
+        raise InvalidParameter(
+            f"at most {defaults.max_targets} targets per image (handler.explain_max_targets), "
+            f"got {max(len(classes), k)}; send several requests")
+    if classes and top_k:
+        raise InvalidParameter("give either 'target' (the classes to explain) or 'topk' "
+                               "(explain the k most probable classes), not both")
+    return ExplainSpec(method, classes, k, n_steps, batch, png)
+
+
+def _text(value: Any) -> Any:
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace").strip()
+    return value
+
+
+def _int_option(options: dict, name: str, default: int, low: int, high: int) -> int:
+    value = options.get(name, default)
+    if isinstance(value, str) and re.fullmatch(r"\+?[0-9]{1,9}", value.strip()):
+        value = int(value)
+    if type(value) is not int or not low <= value <= high:
+        raise InvalidParameter(f"{name} must be an integer from {low} to {high}, got {value!r}")
+    return value
+
+
+def _bool_option(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+        return value.lower() in ("true", "1", "yes")
+    raise InvalidParameter(f"png must be true or false, got {value!r}")
+
+
+def _classes(target: Any, labels: Sequence[str], defaults: ExplainDefaults) -> tuple[int, ...]:
+    if target is None:
+        return (-1,) if defaults.default_target == EMBEDDING_TARGET else ()
+    items = target if isinstance(target, list) else [target]
+    if not items:
+        raise InvalidParameter("target must name at least one class (index or label)")
+    by_label = {name.lower(): i for i, name in enumerate(labels)}
+    classes = []
+    for item in items:
+        if isinstance(item, str) and re.fullmatch(r"[0-9]{1,4}", item.strip()):
+            item = int(item)
+        if isinstance(item, str) and item.strip().lower() == EMBEDDING_TARGET:
+            classes.append(-1)
+        elif type(item) is int and 0 <= item < len(labels):
+            classes.append(item)
+        elif isinstance(item, str) and item.strip().lower() in by_label:
+            classes.append(by_label[item.strip().lower()])
+        else:
+            raise InvalidParameter(
+                f"unknown target class {item!r}: give an ImageNet class index 0..{len(labels) - 1}"
+                f", a label such as {labels[281]!r}, or {EMBEDDING_TARGET!r}")
+    return tuple(classes)
+
+
+# ---------------------------------------------------------------------------- attribution
+
+
+class LogitsScore(nn.Module):
+    """``x -> logits [N, 1000]`` of a ``(embedding, logits)`` model: Captum picks ``target``."""
+
+    def __init__(self, dual: nn.Module) -> None:
+        super().__init__()
+        self.dual = dual
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dual(x)[1]
+
+
+class EmbeddingScore(nn.Module):
+    """``(x, direction) -> [embedding(x) . direction]`` (Captum ``target=0``). ``direction`` is
+    the image's own unit embedding, so GradCAM splits ``|embedding|`` over the 7x7 locations:
+    where the features the embedding is made of come from. (Not cosine(e(x), e0): its gradient
+    at x is zero.)"""
+
+    def __init__(self, dual: nn.Module) -> None:
+        super().__init__()
+        self.dual = dual
+
+    def forward(self, x: torch.Tensor, direction: torch.Tensor) -> torch.Tensor:
+        return (self.dual(x)[0] * direction).sum(dim=1, keepdim=True)
+
+
+def attribute(dual: nn.Module, layer: nn.Module, pixels: torch.Tensor, classes: Sequence[int],
+              method: str, *, n_steps: int = 32, internal_batch_size: int = 8) -> torch.Tensor:
+    """Raw attributions of ``pixels`` [M, 3, 224, 224], row m for class ``classes[m]`` (-1: the
+    embedding's own direction): GradCAM [M, 7, 7] (on ``layer``), IG / occlusion [M, 3, 224,
+    224]. At most two Captum calls (class rows, embedding rows), rows in the given order."""
+    class_rows = [m for m, c in enumerate(classes) if c >= 0]
+    embed_rows = [m for m, c in enumerate(classes) if c < 0]
+    parts = []
+    if class_rows:
+        parts.append(_captum(method, LogitsScore(dual), layer, pixels[class_rows].clone(),
+                             [classes[m] for m in class_rows], None, n_steps,
+                             internal_batch_size))
+    if embed_rows:
+        rows = pixels[embed_rows].clone()
+        with torch.no_grad():
+            direction = F.normalize(dual(rows)[0].float(), dim=1)
+        parts.append(_captum(method, EmbeddingScore(dual), layer, rows, 0, (direction,),
+                             n_steps, internal_batch_size))
+    raw = torch.cat(parts)
+    return raw[torch.argsort(torch.tensor(class_rows + embed_rows))]
+
+
+def _captum(method: str, score: nn.Module, layer: nn.Module, inputs: torch.Tensor, target,
+            extra, n_steps: int, internal_batch_size: int) -> torch.Tensor:
+    from captum.attr import IntegratedGradients, LayerGradCam, Occlusion
+
+    with torch.inference_mode(False), torch.enable_grad():
+        if method == "gradcam":
+            return LayerGradCam(score, layer).attribute(
+                inputs, target=target, additional_forward_args=extra)[:, 0].detach()
+        if method == "ig":
+            return IntegratedGradients(score).attribute(
+                inputs, baselines=torch.zeros_like(inputs), target=target,
+                additional_forward_args=extra, n_steps=n_steps,
+                internal_batch_size=internal_batch_size).detach()
+    with torch.no_grad():
+        return Occlusion(score).attribute(
+            inputs, sliding_window_shapes=(3, OCCLUSION_WINDOW, OCCLUSION_WINDOW),
+            strides=(3, OCCLUSION_STRIDE, OCCLUSION_STRIDE), baselines=0.0, target=target,
+            additional_forward_args=extra, perturbations_per_eval=internal_batch_size)
+
+
+def normalise(raw: torch.Tensor) -> tuple[torch.Tensor, list[bool]]:
+    """Raw attributions -> ``([M, h, w] in [0, 1], empty flags)``.
+
+    GradCAM maps ([M, h, w]) keep only evidence for the target (ReLU); input-space maps
+    ([M, 3, 224, 224]) become |attribution| summed over colour, average-pooled to 28x28. Each
+    map is divided by its maximum; a map with nothing positive stays all zeros and is flagged
+    ``empty`` (never scale noise up to 1)."""
+    x = torch.nan_to_num(raw.float(), nan=0.0, posinf=0.0, neginf=0.0)
+    if x.dim() == 4:
+        x = F.adaptive_avg_pool2d(x.abs().sum(dim=1, keepdim=True), INPUT_GRID)[:, 0]
+    else:
+        x = x.clamp(min=0)
+    peak = x.flatten(1).amax(dim=1)
+    empty = peak <= EPS
+    x = x / peak.clamp(min=EPS).view(-1, 1, 1)
+    x[empty] = 0
+    return x.clamp(0, 1), empty.tolist()
+
+
+# ---------------------------------------------------------------------------- rendering
+
+
+def crop_box(width: int, height: int, resize: int = 232, crop: int = 224
+             ) -> tuple[float, float, float, float]:
+    """The centre crop the model saw, as ``(x0, y0, x1, y1)`` in the image's own pixels
+    (torchvision: the shorter side resized to ``resize``, then a centre ``crop``)."""
+    if width <= height:
+        new_w, new_h = resize, int(resize * height / width)
+    else:
+        new_w, new_h = int(resize * width / height), resize
+    left, top = int(round((new_w - crop) / 2.0)), int(round((new_h - crop) / 2.0))
+    sx, sy = width / new_w, height / new_h
+    return left * sx, top * sy, (left + crop) * sx, (top + crop) * sy
+
+
+def _colormap() -> np.ndarray:
+    """A 256-entry jet-like colour table (blue = no evidence, red = most)."""
+    stops = [(0.0, (0, 0, 128)), (0.125, (0, 0, 255)), (0.375, (0, 255, 255)),
+             (0.625, (255, 255, 0)), (0.875, (255, 0, 0)), (1.0, (128, 0, 0))]
+    xs = np.linspace(0, 1, 256)
+    return np.stack([np.interp(xs, [s for s, _ in stops], [c[i] for _, c in stops])
+                     for i in range(3)], axis=1).round().astype(np.uint8)
+
+
+COLORMAP = _colormap()
+
+
+def thumbnail(image: Image.Image, max_side: int) -> Image.Image:
+    """The client's image at most ``max_side`` pixels on its longer side (aspect kept)."""
+    scale = min(1.0, max_side / max(image.size))
+    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+    return image if scale == 1.0 else image.resize(size, Image.Resampling.BILINEAR,
+                                                   reducing_gap=2.0)
+
+
+def render_png(image: Image.Image, grid: torch.Tensor, max_side: int, alpha: float = 0.5) -> bytes:
+    """A PNG of ``grid`` ([h, w] in [0, 1], over the model's centre crop) laid over ``image``
+    at its aspect ratio, longer side at most ``max_side``. Outside the crop (what the model
+    never saw) the photo is dimmed; a thin white outline marks the crop."""
+    base = thumbnail(image.convert("RGB"), max_side)
+    x0, y0, x1, y1 = (round(v) for v in crop_box(*base.size))
+    heat = Image.fromarray(grid.numpy().astype(np.float32), mode="F").resize(
+        (max(1, x1 - x0), max(1, y1 - y0)), Image.Resampling.BILINEAR)
+    heat_u8 = (np.clip(np.asarray(heat), 0, 1) * 255).round().astype(np.uint8)
+    photo = np.asarray(base, dtype=np.float32)
+    out = 0.35 * photo + 0.65 * 40.0
+    out[y0:y1, x0:x1] = (1 - alpha) * photo[y0:y1, x0:x1] + alpha * COLORMAP[heat_u8]
+    result = Image.fromarray(out.clip(0, 255).round().astype(np.uint8), "RGB")
+    ImageDraw.Draw(result).rectangle([x0, y0, x1 - 1, y1 - 1], outline=(255, 255, 255))
+    buffer = io.BytesIO()
+    result.save(buffer, format="PNG", compress_level=6)
+    return buffer.getvalue()
+
+
+# ---------------------------------------------------------------------------- the batch
+
+
+@dataclass
+class ExplainJob:
+    """One explanation request of a batch: its spec, its rows of the batch tensor, and its
+    images (thumbnails) when a PNG is asked for."""
+
+    spec: ExplainSpec
+    rows: range
+    pictures: list[Image.Image]
+
+
+class Explainer:
+    """Explanations on the eager PyTorch model (gradients need it, whatever backend serves
+    predictions). ``dual(x) -> (embedding, logits)``; ``layer`` is where GradCAM looks."""
+
+    def __init__(self, dual: nn.Module, layer: nn.Module, labels: Sequence[str],
+                 defaults: ExplainDefaults) -> None:
+        self.dual = dual.eval()
+        for parameter in self.dual.parameters():
+            parameter.requires_grad_(False)  # gradients w.r.t. inputs only
+        self.layer = layer
+        self.labels = labels
+        self.defaults = defaults
+
+    def explain(self, pixels: torch.Tensor, logits: torch.Tensor,
+                jobs: Sequence[ExplainJob]) -> list[list[dict]]:
+        """One answer per job: per image, ``{"method", "explanations": [...]}``. Jobs with the
+        same method and settings share one Captum call."""
+        probabilities = torch.softmax(logits.float(), dim=1)
+        plan = [(job, row, target) for job in jobs for row in job.rows
+                for target in (job.spec.classes or
+                               probabilities[row].topk(job.spec.top_k).indices.tolist())]
+        maps: list[Any] = [None] * len(plan)
+        empty: list[bool] = [False] * len(plan)
+        groups: dict[tuple, list[int]] = {}
+        for p, (job, _, _) in enumerate(plan):
+            s = job.spec
+            key = (s.method, s.n_steps if s.method == "ig" else 0, s.internal_batch_size)
+            groups.setdefault(key, []).append(p)
+        for (method, n_steps, batch), members in groups.items():
+            rows = torch.tensor([plan[p][1] for p in members])
+            raw = attribute(self.dual, self.layer, pixels.index_select(0, rows),
+                            [plan[p][2] for p in members], method,
+                            n_steps=n_steps, internal_batch_size=batch)
+            grids, flags = normalise(raw)
+            for p, grid, flag in zip(members, grids, flags):
+                maps[p], empty[p] = grid, flag
+        answers: list[list[dict]] = [[{"method": job.spec.method, "explanations": []}
+                                      for _ in job.rows] for job in jobs]
+        job_index = {id(job): j for j, job in enumerate(jobs)}
+        for p, (job, row, target) in enumerate(plan):
+            j = job_index[id(job)]
+            item = self._target(probabilities[row], target)
+            item.update(grid=[[round(float(v), 4) for v in line] for line in maps[p]],
+                        empty=empty[p])
+            if job.spec.png:
+                picture = job.pictures[row - job.rows.start]
+                item["png"] = base64.b64encode(
+                    render_png(picture, maps[p], self.defaults.png_max_side)).decode("ascii")
+            answers[j][row - job.rows.start]["explanations"].append(item)
+        return answers
+
+    def _target(self, probabilities: torch.Tensor, target: int) -> dict:
+        if target < 0:
+            return {"target": EMBEDDING_TARGET, "label": None, "index": None,
+                    "probability": None}
+        rank = int((probabilities > probabilities[target]).sum()) + 1
+        return {"target": "class", "label": self.labels[target], "index": target,
+                "probability": float(probabilities[target]), "rank": rank}
+
+
+
+def load_explainer(checkpoint: Path, labels: Sequence[str], defaults: ExplainDefaults
+                   ) -> Explainer | None:
+    """The eager model from the archive's checkpoint (``archive.sh`` packs it whatever the
+    backend), or None when the archive has none (explanations then answer 501)."""
+    if not checkpoint.is_file():
+        return None
+    from model_files.resnet_dual import build_dual
+
+    dual = build_dual(torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True))
+    return Explainer(dual, dual.backbone.layer4, labels, defaults)
+
+
+def encode(protocol: Protocol, answers: list[dict]) -> dict:
+    """One request's answer: the image's ``{"method", "explanations"}`` (plain), or KServe
+    v1's ``{"explanations": [one per instance]}``."""
+    return {"explanations": answers} if protocol is Protocol.V1 else answers[0]
