@@ -173,11 +173,7 @@ def test_management_client_lists_describes_and_scales(torchserve):
     assert missing.value.status == 404
 
 
-def test_explanations_are_a_501_and_describe_header_is_ignored(torchserve):
-    headers = torchserve.keys.inference_headers()
-    explained = requests.post(f"{torchserve.inference_url}/explanations/resnet50-tagger",
-                              data=IMAGE, headers=headers, timeout=60)
-    assert explained.status_code == 501
-    assert explained.json()["type"] == "NotSupported"
+def test_describe_header_is_ignored(torchserve):
+    # (explanations: tests/test_serving_explain.py)
     described = predict(torchserve, "resnet50-tagger", "raw", headers={"describe": "True"})
     assert described.status_code == 200 and len(described.json()) == 5
