@@ -1,6 +1,7 @@
 """``python -m bench``: one run, same weights, three measurements, one report.
 
 1. raw model speed in this process (every backend; batch 1 and 8; single-image latency);
+   then the cost of one explanation per method (``bench/explain_cost.py``);
 2. our served tagger: a real TorchServe with both archives of ``model-store/`` and the shipped
    ``config/config.properties``;
 3. TorchServe's stock ``image_classifier`` serving the same weights, with the same frontend
@@ -20,7 +21,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from bench import machine, raw, report, stock
+from bench import explain_cost, machine, raw, report, stock
 from bench.archives import ArchiveInfo
 from bench.layout import (BUILD, EMBEDDING, IMAGES, MODEL_STORE, REPO, RESULTS, SAMPLES,
                           TAGGER as OURS, WEIGHTS, fresh_dir, setup_cli)
@@ -136,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     images, archive, weights = load_inputs()
     log.info("raw forward: eager, torchscript, onnx")
     raw_results = run_raw(archive, images, budget)
+    log.info("explanations: cost per method")
+    explain_results = explain_cost.run_explain(
+        WEIGHTS, next(iter(images.values())),
+        HandlerConfig.from_mapping(archive.model_config.get("handler")), args.quick)
     log.info("served: ours (%s)", OURS)
     ours = serve_ours(images, plan, weights)
     log.info("served: stock image_classifier")
@@ -152,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
         },
         "raw": raw_results,
+        "explain": explain_results,
         "served": {"ours": ours, "stock": stock_results},
         "targets": [t.to_dict() for t in evaluate(raw_results, ours["backend"], ours,
                                                   stock_results)],

@@ -153,6 +153,10 @@ def _method(results: dict) -> list[str]:
 def render_markdown(results: dict) -> str:
     parts = [_header(results), _targets(results), _raw(results), _closed(results),
              _open(results), _method(results)]
+    if "explain" in results:
+        from bench.explain_cost import markdown
+
+        parts.append(markdown(results["explain"]))
     return "\n".join(line for part in parts for line in [*part, ""]).rstrip() + "\n"
 
 

@@ -20,6 +20,7 @@ def test_quick_benchmark_reports_every_measurement(tmp_path, model_store):
     assert run.returncode == 0, run.stderr[-3000:]
     results = json.loads((tmp_path / "benchmark.json").read_text())
     assert set(results["raw"]) == {"eager", "torchscript", "onnx"}
+    assert all(m["ms_per_image_p50"] > 0 for m in results["explain"]["methods"].values())
     for server in ("ours", "stock"):
         runs = results["served"][server]
         assert runs["closed"] and runs["open"], server

@@ -1,0 +1,77 @@
+"""What one explanation costs on this machine: time per image of each method at its default
+settings (``handlers.config.HandlerConfig``), through ``handlers.explain.Explainer`` exactly as
+the handler runs it (top-1 target, no PNG; the PNG is measured on its own), plus the load time
+and resident memory of the eager model the explanations need beside the serving backend."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import psutil
+import torch
+
+from bench.raw import Budget, _timed_loop
+from bench.stats import percentile
+from handlers import explain
+from handlers.config import HandlerConfig
+from handlers.images import decode_image
+from handlers.preprocess import Preprocessor
+from model_files.artifacts import CHECKPOINT, LABELS
+
+# Few iterations: IG at 32 steps is seconds per image here.
+FULL_BUDGET = Budget(seconds=10.0, min_iters=3, max_iters=20, warmup_iters=1)
+QUICK_BUDGET = Budget(seconds=0.1, min_iters=1, max_iters=1, warmup_iters=0)
+QUICK_IG_STEPS = 4  # --quick: a smoke test of the pipeline, not the default's cost
+
+
+def run_explain(weights_dir: Path, image: bytes, config: HandlerConfig, quick: bool) -> dict:
+    """``{"load_s", "rss_added_mb", "methods": {method: {settings, ms_per_image_p50, ...}}}``."""
+    labels = json.loads((weights_dir / LABELS).read_text())
+    labels = [labels[str(i)] for i in range(len(labels))]
+    defaults = explain.ExplainDefaults.of(config, "tags")
+    rss = psutil.Process().memory_info().rss
+    started = time.monotonic()
+    explainer = explain.load_explainer(weights_dir / CHECKPOINT, labels, defaults)
+    load_s = time.monotonic() - started
+    rss_added_mb = (psutil.Process().memory_info().rss - rss) / 2**20
+    picture = decode_image(image, max_pixels=config.max_image_pixels,
+                           max_bytes=config.max_image_bytes)
+    pixels = Preprocessor(config).transform(picture).unsqueeze(0)
+    with torch.no_grad():
+        logits = explainer.dual(pixels)[1]
+    budget = QUICK_BUDGET if quick else FULL_BUDGET
+    methods = ("gradcam", "ig") if quick else explain.METHODS
+    results: dict[str, dict] = {}
+    for method in methods:
+        n_steps = QUICK_IG_STEPS if quick else defaults.n_steps
+        spec = explain.ExplainSpec(method, (), 1, n_steps, defaults.internal_batch_size, False)
+        job = [explain.ExplainJob(spec, range(1), [])]
+        times = [t * 1000 for t in _timed_loop(lambda: explainer.explain(pixels, logits, job),
+                                               budget)]
+        results[method] = {"n_steps": n_steps if method == "ig" else None,
+                           "internal_batch_size": defaults.internal_batch_size,
+                           "passes": spec.passes(), "iterations": len(times),
+                           "ms_per_image_p50": percentile(times, 50)}
+    grid = torch.rand(7, 7)
+    png_times = [t * 1000 for t in _timed_loop(
+        lambda: explain.render_png(picture, grid, defaults.png_max_side), budget)]
+    png = explain.render_png(picture, grid, defaults.png_max_side)
+    return {"load_s": load_s, "rss_added_mb": rss_added_mb, "methods": results,
+            "png": {"ms_p50": percentile(png_times, 50), "bytes": len(png),
+                    "max_side": defaults.png_max_side}}
+
+
+def markdown(result: dict) -> list[str]:
+    """The README-style table of ``run_explain``'s result."""
+    lines = ["## Explanations (one image, top-1 target, eager PyTorch on CPU)", "",
+             f"Eager model for gradients: loaded in {result['load_s']:.2f} s, "
+             f"+{result['rss_added_mb']:.0f} MB resident beside the serving backend. "
+             f"PNG overlay (longer side <= {result['png']['max_side']} px): "
+             f"{result['png']['ms_p50']:.0f} ms, {result['png']['bytes'] / 1024:.0f} KiB.", "",
+             "| method | settings | passes | ms/image (p50) |", "|---|---|---|---|"]
+    for method, r in result["methods"].items():
+        settings = (f"n_steps {r['n_steps']}, internal_batch_size {r['internal_batch_size']}"
+                    if r["n_steps"] else "defaults")
+        lines.append(f"| {method} | {settings} | {r['passes']} | {r['ms_per_image_p50']:.0f} |")
+    return lines + [""]
