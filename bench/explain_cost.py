@@ -29,10 +29,9 @@ def run_explain(weights_dir: Path, image: bytes, config: HandlerConfig, quick: b
     """``{"load_s", "rss_added_mb", "methods": {method: {settings, ms_per_image_p50, ...}}}``."""
     labels = json.loads((weights_dir / LABELS).read_text())
     labels = [labels[str(i)] for i in range(len(labels))]
-    defaults = explain.ExplainDefaults.of(config, "tags")
     rss = psutil.Process().memory_info().rss
     started = time.monotonic()
-    explainer = explain.load_explainer(weights_dir / CHECKPOINT, labels, defaults)
+    explainer = explain.load_explainer(weights_dir / CHECKPOINT, labels, config)
     load_s = time.monotonic() - started
     rss_added_mb = (psutil.Process().memory_info().rss - rss) / 2**20
     picture = decode_image(image, max_pixels=config.max_image_pixels,
@@ -44,22 +43,23 @@ def run_explain(weights_dir: Path, image: bytes, config: HandlerConfig, quick: b
     methods = ("gradcam", "ig") if quick else explain.METHODS
     results: dict[str, dict] = {}
     for method in methods:
-        n_steps = QUICK_IG_STEPS if quick else defaults.n_steps
-        spec = explain.ExplainSpec(method, (), 1, n_steps, defaults.internal_batch_size, False)
+        n_steps = QUICK_IG_STEPS if quick else config.explain_n_steps
+        spec = explain.ExplainSpec(method, (), 1, n_steps, config.explain_internal_batch_size,
+                                   False)
         job = [explain.ExplainJob(spec, range(1), [])]
         times = [t * 1000 for t in _timed_loop(lambda: explainer.explain(pixels, logits, job),
                                                budget)]
         results[method] = {"n_steps": n_steps if method == "ig" else None,
-                           "internal_batch_size": defaults.internal_batch_size,
+                           "internal_batch_size": config.explain_internal_batch_size,
                            "passes": spec.passes(), "iterations": len(times),
                            "ms_per_image_p50": percentile(times, 50)}
     grid = torch.rand(7, 7)
     png_times = [t * 1000 for t in _timed_loop(
-        lambda: explain.render_png(picture, grid, defaults.png_max_side), budget)]
-    png = explain.render_png(picture, grid, defaults.png_max_side)
+        lambda: explain.render_png(picture, grid, config.explain_png_max_side), budget)]
+    png = explain.render_png(picture, grid, config.explain_png_max_side)
     return {"load_s": load_s, "rss_added_mb": rss_added_mb, "methods": results,
             "png": {"ms_p50": percentile(png_times, 50), "bytes": len(png),
-                    "max_side": defaults.png_max_side}}
+                    "max_side": config.explain_png_max_side}}
 
 
 def markdown(result: dict) -> list[str]:

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from handlers.codec import Output
-from handlers.explain import METHODS as EXPLAIN_METHODS
 
 TASKS = tuple(output.value for output in Output)
 DEVICES = ("auto", "cpu", "cuda")
+EXPLAIN_METHODS = ("gradcam", "ig", "occlusion")  # handlers/explain.py
 
 
 class ConfigError(ValueError):

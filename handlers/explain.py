@@ -31,35 +31,15 @@ from PIL import Image, ImageDraw
 from torch import nn
 
 from handlers.codec import Protocol
+from handlers.config import EXPLAIN_METHODS as METHODS
+from handlers.config import HandlerConfig
 from handlers.errors import InvalidParameter
 
-METHODS = ("gradcam", "ig", "occlusion")
 EMBEDDING_TARGET = "embedding"  # the embedding model's own direction (see EmbeddingScore)
 INPUT_GRID = 28  # IG and occlusion: |attribution| average-pooled to 28x28
 OCCLUSION_WINDOW, OCCLUSION_STRIDE = 56, 28
 OCCLUSION_PASSES = ((224 - OCCLUSION_WINDOW) // OCCLUSION_STRIDE + 1) ** 2  # 49
 EPS = 1e-12
-
-
-@dataclass(frozen=True)
-class ExplainDefaults:
-    """A model's explain settings (``handler.explain_*``, see ``HandlerConfig``)."""
-
-    method: str = "gradcam"
-    n_steps: int = 32
-    max_n_steps: int = 64
-    internal_batch_size: int = 8
-    max_targets: int = 5
-    png_max_side: int = 448
-    default_target: str = "top1"  # or EMBEDDING_TARGET for the embedding model
-
-    @classmethod
-    def of(cls, config, task: str) -> "ExplainDefaults":
-        """From a ``HandlerConfig``: the embedding model explains its embedding by default."""
-        return cls(config.explain_method, config.explain_n_steps, config.explain_max_n_steps,
-                   config.explain_internal_batch_size, config.explain_max_targets,
-                   config.explain_png_max_side,
-                   EMBEDDING_TARGET if task == "embedding" else "top1")
 
 
 @dataclass(frozen=True)
@@ -84,21 +64,25 @@ class ExplainSpec:
 
 
 def parse_options(options: dict[str, Any], top_k: int | None, labels: Sequence[str],
-                  defaults: ExplainDefaults) -> ExplainSpec:
+                  config: HandlerConfig, embedding_default: bool = False) -> ExplainSpec:
     """Check one request's explain parameters (multipart fields arrive as bytes, JSON and
-    KServe v1 ``parameters`` as JSON values); raise ``InvalidParameter`` (400) otherwise."""
+    KServe v1 ``parameters`` as JSON values) against the model's ``handler.explain_*``
+    settings; raise ``InvalidParameter`` (400) otherwise. ``embedding_default``: with no
+    ``target``, explain the embedding (the embedding model) rather than the top class."""
     options = {k: _text(v) for k, v in options.items()}
-    method = options.get("method", defaults.method)
+    method = options.get("method", config.explain_method)
     if method not in METHODS:
         raise InvalidParameter(f"method must be one of {list(METHODS)}, got {method!r}")
-    n_steps = _int_option(options, "n_steps", defaults.n_steps, 1, defaults.max_n_steps)
-    batch = _int_option(options, "internal_batch_size", defaults.internal_batch_size, 1, 64)
+    n_steps = _int_option(options, "n_steps", config.explain_n_steps, 1,
+                          config.explain_max_n_steps)
+    batch = _int_option(options, "internal_batch_size", config.explain_internal_batch_size,
+                        1, 64)
     png = _bool_option(options.get("png", False))
-    classes = _classes(options.get("target"), labels, defaults)
+    classes = _classes(options.get("target"), labels, embedding_default)
     k = top_k or 1
-    if len(classes) > defaults.max_targets or k > defaults.max_targets:
+    if len(classes) > config.explain_max_targets or k > config.explain_max_targets:
         raise InvalidParameter(
-            f"at most {defaults.max_targets} targets per image (handler.explain_max_targets), "
+            f"at most {config.explain_max_targets} targets per image (handler.explain_max_targets), "
             f"got {max(len(classes), k)}; send several requests")
     if classes and top_k:
         raise InvalidParameter("give either 'target' (the classes to explain) or 'topk' "
@@ -129,9 +113,9 @@ def _bool_option(value: Any) -> bool:
     raise InvalidParameter(f"png must be true or false, got {value!r}")
 
 
-def _classes(target: Any, labels: Sequence[str], defaults: ExplainDefaults) -> tuple[int, ...]:
+def _classes(target: Any, labels: Sequence[str], embedding_default: bool) -> tuple[int, ...]:
     if target is None:
-        return (-1,) if defaults.default_target == EMBEDDING_TARGET else ()
+        return (-1,) if embedding_default else ()
     items = target if isinstance(target, list) else [target]
     if not items:
         raise InvalidParameter("target must name at least one class (index or label)")
@@ -315,13 +299,14 @@ class Explainer:
     predictions). ``dual(x) -> (embedding, logits)``; ``layer`` is where GradCAM looks."""
 
     def __init__(self, dual: nn.Module, layer: nn.Module, labels: Sequence[str],
-                 defaults: ExplainDefaults) -> None:
+                 config: HandlerConfig, embedding_default: bool = False) -> None:
         self.dual = dual.eval()
         for parameter in self.dual.parameters():
             parameter.requires_grad_(False)  # gradients w.r.t. inputs only
         self.layer = layer
         self.labels = labels
-        self.defaults = defaults
+        self.config = config
+        self.embedding_default = embedding_default
 
     def explain(self, pixels: torch.Tensor, logits: torch.Tensor,
                 jobs: Sequence[ExplainJob]) -> list[list[dict]]:
@@ -357,7 +342,7 @@ class Explainer:
             if job.spec.png:
                 picture = job.pictures[row - job.rows.start]
                 item["png"] = base64.b64encode(
-                    render_png(picture, maps[p], self.defaults.png_max_side)).decode("ascii")
+                    render_png(picture, maps[p], self.config.explain_png_max_side)).decode("ascii")
             answers[j][row - job.rows.start]["explanations"].append(item)
         return answers
 
@@ -371,8 +356,8 @@ class Explainer:
 
 
 
-def load_explainer(checkpoint: Path, labels: Sequence[str], defaults: ExplainDefaults
-                   ) -> Explainer | None:
+def load_explainer(checkpoint: Path, labels: Sequence[str], config: HandlerConfig,
+                   embedding_default: bool = False) -> Explainer | None:
     """The eager model from the archive's checkpoint (``archive.sh`` packs it whatever the
     backend), or None when the archive has none (explanations then answer 501)."""
     if not checkpoint.is_file():
@@ -380,7 +365,7 @@ def load_explainer(checkpoint: Path, labels: Sequence[str], defaults: ExplainDef
     from model_files.resnet_dual import build_dual
 
     dual = build_dual(torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True))
-    return Explainer(dual, dual.backbone.layer4, labels, defaults)
+    return Explainer(dual, dual.backbone.layer4, labels, config, embedding_default)
 
 
 def encode(protocol: Protocol, answers: list[dict]) -> dict:

@@ -65,7 +65,7 @@ class ResNetHandler(BaseHandler):
         self.preprocessor = Preprocessor(self.config)
         self.explainer = explain.load_explainer(
             model_dir / CHECKPOINT, self.answers.labels,
-            explain.ExplainDefaults.of(self.config, self.config.task))
+            self.config, embedding_default=self.config.task == "embedding")
         self.limits = codec.ParseLimits(max_images=self.config.max_images_per_request,
                                         max_json_depth=self.config.max_json_depth,
                                         max_json_bytes=self.config.max_json_bytes)
@@ -241,7 +241,7 @@ class ResNetHandler(BaseHandler):
             raise NotSupported("explanations answer /explanations/{model} and KServe v1 "
                                ":explain; the v2 protocol has no explain route")
         return explain.parse_options(request.options, request.top_k, self.answers.labels,
-                                     self.explainer.defaults)
+                                     self.config, self.explainer.embedding_default)
 
     def _admit_explanations(self, slots: list[Slot]) -> None:
         """Explanation work within ``max_explain_passes_per_batch``, cheapest first; the
@@ -299,7 +299,7 @@ class ResNetHandler(BaseHandler):
     def _decode_with_picture(self, opened: OpenedImage):
         image = decode(opened)
         return (self.preprocessor.transform(image),
-                explain.thumbnail(image, self.explainer.defaults.png_max_side))
+                explain.thumbnail(image, self.config.explain_png_max_side))
 
     def _guarded(self, idx: int, stage: str, step, *args):
         """``step(*args)``, or the ``RequestError`` it raised. Anything else is a bug of ours,

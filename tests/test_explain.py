@@ -16,6 +16,7 @@ from torch import nn
 from torchvision.models import ResNet50_Weights
 
 from handlers import explain
+from handlers.config import HandlerConfig
 from model_files.resnet_dual import build_dual
 from tests import imagegen
 from tests.handler_context import make_handler, run_batch
@@ -116,8 +117,7 @@ def mass_in_region(grid) -> float:
 def test_heatmap_mass_falls_where_the_model_can_see(weights_dir, method, share):
     dual = build_dual(torch.load(weights_dir / "resnet50.pt", weights_only=True))
     masked = OnlyRegionSeen(dual).eval()
-    explainer = explain.Explainer(masked, dual.backbone.layer4, CATEGORIES,
-                                  explain.ExplainDefaults())
+    explainer = explain.Explainer(masked, dual.backbone.layer4, CATEGORIES, HandlerConfig())
     pixels = torch.cat([reference_input(imagegen.jpeg(300, 300, seed=s)) for s in (1, 2)])
     with torch.no_grad():
         logits = masked(pixels)[1]
