@@ -25,6 +25,7 @@ from pathlib import Path
 import psutil
 import requests
 
+from tsclient.client import TorchServeClient
 from tsclient.keys import Keys
 from tsclient.management import ManagementClient
 
@@ -163,6 +164,19 @@ class LocalTorchServe:
     def management(self, timeout: float = 300.0) -> ManagementClient:
         """A management API client with this server's key."""
         return ManagementClient(self.management_url, self.keys.management, timeout=timeout)
+
+    def client(self, timeout: float = 300.0) -> TorchServeClient:
+        """The user-facing client for this server: keys from its ``key_file.json``, rotated
+        when they expire."""
+        return TorchServeClient(self.inference_url, self.management_url, self.metrics_url,
+                                key_file=self.workdir / "key_file.json", timeout=timeout)
+
+    def cli_env(self) -> dict[str, str]:
+        """Environment that points ``tsctl`` at this server."""
+        return dict(os.environ, TSCTL_INFERENCE_URL=self.inference_url,
+                    TSCTL_MANAGEMENT_URL=self.management_url,
+                    TSCTL_METRICS_URL=self.metrics_url,
+                    TSCTL_KEY_FILE=str(self.workdir / "key_file.json"))
 
     def _server_pids(self) -> set[int]:
         return {p.pid for p in self.processes()}
