@@ -50,10 +50,21 @@ def free_worker_ports(span: int = 100) -> int:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing listens on right now.
+
+    Chosen below Linux's ephemeral range (32768 and up): a port the kernel hands out for
+    binding to 0 is also handed to outgoing connections, which on a busy machine took it
+    between our choice and TorchServe's bind ("Address already in use")."""
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(20_000, 32_000)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free TCP port in 20000-32000 on 127.0.0.1")
 
 
 def rewrite_properties(text: str, overrides: dict[str, str]) -> str:
