@@ -94,14 +94,14 @@ class FakeServer:
     def __init__(self, key_file, expired: set[str]):
         self.key_file, self.expired, self.calls = key_file, expired, []
 
-    def __call__(self, method, port, path, params, headers, **kwargs):
-        self.calls.append((method, path, headers.get("Authorization")))
+    def __call__(self, method, port, path, params, auth, **kwargs):
+        self.calls.append((method, path, auth.get("Authorization")))
         if path == "/token":
             data = json.loads(self.key_file.read_text())
             data[params["type"]]["key"] = data[params["type"]]["key"] + "-rotated"
             self.key_file.write_text(json.dumps(data))
             return _response(200, "\n")
-        token = headers.get("Authorization", "").removeprefix("Bearer ")
+        token = auth.get("Authorization", "").removeprefix("Bearer ")
         if token in self.expired:
             return _response(400, {"code": 400, "type": "InvalidKeyException",
                                    "message": "Token Authorization failed."})

@@ -285,14 +285,10 @@ def _files_exit(results: dict[str, Any]) -> int:
 
 # ---------------------------------------------------------------------- helpers
 
-def _is_default(entry: dict) -> bool:
-    return bool(entry.get("isDefaultVersion", entry.get("defaultVersion", False)))
-
-
 def _version_row(entry: dict) -> dict:
     workers = entry.get("workers", [])
     return {"model": entry.get("modelName"), "version": entry.get("modelVersion"),
-            "default": _is_default(entry), "workers": len(workers),
+            "default": entry.get("default"), "workers": len(workers),
             "ready": sum(w.get("status") == "READY" for w in workers),
             "batchSize": entry.get("batchSize"), "maxBatchDelay": entry.get("maxBatchDelay")}
 

@@ -133,19 +133,19 @@ class TorchServeClient:
             raise errors.from_response(response, what)
         return response
 
-    def _send(self, method: str, port: str, path: str, params: dict, headers: dict,
-              **kwargs: Any) -> requests.Response:
+    def _send(self, method: str, port: str, path: str, params: dict, auth: dict,
+              headers: dict | None = None, **kwargs: Any) -> requests.Response:
         url = self.urls[port] + path
         kwargs.setdefault("timeout", self.timeout)
         try:
             return self.session.request(method, url, params=params,
-                                        headers={**kwargs.pop("headers", {}), **headers},
-                                        **kwargs)
+                                        headers={**(headers or {}), **auth}, **kwargs)
         except requests.ConnectionError:
             raise errors.ServerNotRunning(
                 f"no TorchServe answers at {self.urls[port]}",
                 "start it with `make serve` (or `torchserve --start --ts-config "
-                "config/config.properties`), or point --host/--*-url at it") from None
+                "config/config.properties`), or point --inference-url/--management-url/"
+                "--metrics-url (or TSCTL_INFERENCE_URL, ...) at it") from None
 
     # ------------------------------------------------------------------ management
 
@@ -156,11 +156,18 @@ class TorchServeClient:
 
     def describe(self, model: str, version: str | None = None,
                  customized: bool = False) -> list[dict]:
-        """One entry per version (``all`` versions when none is named); with ``customized``
-        the handler's ``customizedMetadata`` (weights, settings, backend) parsed from JSON."""
-        path = _model_path(model, version or ("all" if not customized else None))
+        """One entry per version: every version when none is named, each with ``default``
+        added (whether ``/predictions/MODEL`` serves it: TorchServe's describe does not say).
+        With ``customized``, only the named (else the default) version, with the handler's
+        ``customizedMetadata`` (weights, settings, backend) parsed from JSON."""
+        every = version is None and not customized
+        path = _model_path(model, "all" if every else version)
         entries = self._call("GET", "management", path, f"describe {_label(model, version)}",
                              params={"customized": "true" if customized else None}).json()
+        if every:
+            default = self.default_version(model)
+            for entry in entries:
+                entry["default"] = entry.get("modelVersion") == default
         for entry in entries:
             meta = entry.get("customizedMetadata")
             if isinstance(meta, str):
@@ -169,6 +176,11 @@ class TorchServeClient:
                 except ValueError:
                     pass
         return entries
+
+    def default_version(self, model: str) -> str:
+        """The version ``/predictions/MODEL`` serves."""
+        return self._call("GET", "management", _model_path(model, None),
+                          f"describe {model}").json()[0]["modelVersion"]
 
     def register(self, archive: str, *, name: str | None = None, workers: int | None = None,
                  batch_size: int | None = None, max_batch_delay: int | None = None,
