@@ -26,38 +26,33 @@ def parse(text: str) -> list[tuple[str, dict[str, str], float]]:
     return samples
 
 
+# Metric name -> the total it adds to (handlers/metrics.py writes the Handler* counters).
+TOTALS = {"HandlerBatches": "batches", "HandlerRequests": "requests", "HandlerImages": "images",
+          "HandlerDecodeMs": "decode_ms", "HandlerForwardMs": "forward_ms",
+          "ts_inference_requests_total": "served",
+          "ts_inference_latency_microseconds": "latency_us"}
+# Metric name -> (the breakdown it adds to, the label it is broken down by).
+BREAKDOWNS = {"HandlerBatchesBySize": ("batch_sizes", "BatchSize"),
+              "HandlerErrors": ("errors", "ErrorType")}
+
+
 def summarise(text: str) -> dict[str, dict]:
     """Per model: batches, mean batch size, batch-size distribution, requests and images in
     batches, errors by type, mean decode ms per image, mean forward ms per batch, and
     TorchServe's own request count and mean latency (ms)."""
     models: dict[str, dict] = defaultdict(lambda: {
-        "batches": 0.0, "requests": 0.0, "images": 0.0, "batch_sizes": {}, "errors": {},
-        "decode_ms": 0.0, "forward_ms": 0.0, "served": 0.0, "latency_us": 0.0})
+        **dict.fromkeys(TOTALS.values(), 0.0), **{b: {} for b, _ in BREAKDOWNS.values()}})
     for name, labels, value in parse(text):
         model = labels.get("ModelName") or labels.get("model_name")
         if model is None:
             continue
         entry = models[model]
-        if name == "HandlerBatches":
-            entry["batches"] += value
-        elif name == "HandlerRequests":
-            entry["requests"] += value
-        elif name == "HandlerImages":
-            entry["images"] += value
-        elif name == "HandlerBatchesBySize":
-            size = labels.get("BatchSize", "?")
-            entry["batch_sizes"][size] = entry["batch_sizes"].get(size, 0) + int(value)
-        elif name == "HandlerErrors":
-            kind = labels.get("ErrorType", "?")
-            entry["errors"][kind] = entry["errors"].get(kind, 0) + int(value)
-        elif name == "HandlerDecodeMs":
-            entry["decode_ms"] += value
-        elif name == "HandlerForwardMs":
-            entry["forward_ms"] += value
-        elif name == "ts_inference_requests_total":
-            entry["served"] += value
-        elif name == "ts_inference_latency_microseconds":
-            entry["latency_us"] += value
+        if name in TOTALS:
+            entry[TOTALS[name]] += value
+        elif name in BREAKDOWNS:
+            breakdown, label = BREAKDOWNS[name]
+            key = labels.get(label, "?")
+            entry[breakdown][key] = entry[breakdown].get(key, 0) + int(value)
     return {model: _derive(entry) for model, entry in sorted(models.items())}
 
 
