@@ -102,11 +102,9 @@ def cmd_describe(client: TorchServeClient, args) -> tuple[Any, str, int]:
     custom = client.describe(args.name, args.version, customized=True)[0]
     lines = []
     for entry in entries:
-        row = _version_row(entry)
-        lines.append(f"{row['model']} {row['version']}{' (default)' if row['default'] else ''}: "
-                     f"{row['workers']} workers, batch {row['batchSize']}, delay "
-                     f"{row['maxBatchDelay']} ms, min/max workers {entry.get('minWorkers')}/"
-                     f"{entry.get('maxWorkers')}, archive {entry.get('modelUrl')}")
+        lines.append(_version_line(entry) + f", min/max workers {entry.get('minWorkers')}/"
+                                            f"{entry.get('maxWorkers')}, archive "
+                                            f"{entry.get('modelUrl')}")
         meta = custom.get("customizedMetadata")
         if entry.get("modelVersion") == custom.get("modelVersion") and isinstance(meta, dict):
             entry["customizedMetadata"] = meta
@@ -126,10 +124,7 @@ def cmd_register(client: TorchServeClient, args) -> tuple[Any, str, int]:
     described = client.describe(name) if name else []
     text = answer.get("status", "registered")
     for entry in described:
-        row = _version_row(entry)
-        text += (f"\n{row['model']} {row['version']}{' (default)' if row['default'] else ''}: "
-                 f"{row['workers']} workers, batch {row['batchSize']}, delay "
-                 f"{row['maxBatchDelay']} ms")
+        text += "\n" + _version_line(entry)
     text += "\nnote: " + RESTART_NOTE.format(name=name or "NAME")
     return {"status": answer.get("status"), "model": name, "versions": described}, text, 0
 
@@ -291,6 +286,12 @@ def _version_row(entry: dict) -> dict:
             "default": entry.get("default"), "workers": len(workers),
             "ready": sum(w.get("status") == "READY" for w in workers),
             "batchSize": entry.get("batchSize"), "maxBatchDelay": entry.get("maxBatchDelay")}
+
+
+def _version_line(entry: dict) -> str:
+    row = _version_row(entry)
+    return (f"{row['model']} {row['version']}{' (default)' if row['default'] else ''}: "
+            f"{row['workers']} workers, batch {row['batchSize']}, delay {row['maxBatchDelay']} ms")
 
 
 def _table(header: list[str], rows: list[list]) -> str:
