@@ -189,7 +189,10 @@ def test_metrics_summary_from_prometheus_text():
         'ts_inference_requests_total{model_name="m",model_version="default",hostname="h",} 22.0',
         'ts_inference_latency_microseconds{model_name="m",model_version="default",'
         'hostname="h",} 2200000.0',
+        'Requests2XX{Level="Host",Hostname="h",} 21.0',
+        'Requests4XX{Level="Host",Hostname="h",} 1.0',
     ])
+    assert promtext.frontend_statuses(text) == {"2XX": 21, "4XX": 1, "5XX": 0}
     assert promtext.summarise(text) == {"m": {
         "batches": 4, "requests_in_batches": 22, "images": 21, "mean_batch_size": 5.5,
         "batch_sizes": {"2": 3, "16": 1}, "errors": {"InvalidImage": 1},

@@ -115,7 +115,7 @@ def test_registration_from_outside_the_model_store_is_refused(torchserve, tmp_pa
 
 
 def _handler_counts(server, model: str) -> dict:
-    return json.loads(tsctl(server, "--json", "metrics").stdout).get(model, {})
+    return json.loads(tsctl(server, "--json", "metrics").stdout)["models"].get(model, {})
 
 
 def test_metrics_counts_batches_errors_and_time(torchserve):
@@ -146,3 +146,5 @@ def test_metrics_counts_batches_errors_and_time(torchserve):
     assert 'HandlerBatchesBySize{ModelName="resnet50-tagger",Level="Model",BatchSize="' in text
     human = tsctl(torchserve, "metrics")
     assert human.returncode == 0 and "mean batch size" in human.stdout
+    statuses = json.loads(tsctl(torchserve, "--json", "metrics").stdout)["statuses"]
+    assert statuses["2XX"] >= 3 and statuses["4XX"] >= 1

@@ -191,8 +191,11 @@ def cmd_keys(client: TorchServeClient, args) -> tuple[Any, str, int]:
 
 
 def cmd_metrics(client: TorchServeClient, args) -> tuple[Any, str, int]:
-    summary = promtext.summarise(client.metrics_text())
-    lines = []
+    text = client.metrics_text()
+    summary = promtext.summarise(text)
+    statuses = promtext.frontend_statuses(text)
+    lines = ["all requests by status: " + ", ".join(f"{k} {v}" for k, v in statuses.items())
+             + " (including those refused before the handler: 503 queue full, 507 worker died)"]
     for model, m in summary.items():
         lines.append(f"{model}:")
         lines.append(f"  requests {m['requests']}, mean latency {m['mean_latency_ms']} ms")
@@ -205,7 +208,7 @@ def cmd_metrics(client: TorchServeClient, args) -> tuple[Any, str, int]:
                                      or "none"))
         lines.append(f"  decode {m['decode_ms_per_image']} ms/image, forward "
                      f"{m['forward_ms_per_batch']} ms/batch")
-    return summary, "\n".join(lines) or "no model metrics yet", 0
+    return {"statuses": statuses, "models": summary}, "\n".join(lines), 0
 
 
 def cmd_tag(client: TorchServeClient, args) -> tuple[Any, str, int]:

@@ -56,6 +56,16 @@ def summarise(text: str) -> dict[str, dict]:
     return {model: _derive(entry) for model, entry in sorted(models.items())}
 
 
+def frontend_statuses(text: str) -> dict[str, int]:
+    """TorchServe's own counts of answered requests by status class (``Requests2XX`` ...):
+    they include what never reached a handler (503 full queue, 507 dead worker)."""
+    counts = {f"{c}XX": 0 for c in "245"}
+    for name, _, value in parse(text):
+        if name.startswith("Requests") and name[len("Requests"):] in counts:
+            counts[name[len("Requests"):]] += int(value)
+    return counts
+
+
 def _derive(entry: dict) -> dict:
     def ratio(a: float, b: float) -> float | None:
         return round(a / b, 3) if b else None
