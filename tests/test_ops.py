@@ -210,6 +210,20 @@ def test_keys_expire_under_a_running_client_and_it_keeps_working(ops):
     assert ping.status_code == 200
 
 
+def test_health_fails_while_a_model_has_no_worker(ops):
+    assert tsctl(ops, "health").returncode == 0
+    scaled = tsctl(ops, "scale", "resnet50-embedding", "--min", "0")
+    assert scaled.returncode == 0, scaled.stderr
+    try:
+        unhealthy = tsctl(ops, "health")
+        assert unhealthy.returncode == 7
+        assert "no READY worker for resnet50-embedding/1.0" in unhealthy.stdout
+        assert "resnet50-tagger/1.0: 1 READY" in unhealthy.stdout
+    finally:
+        assert tsctl(ops, "scale", "resnet50-embedding", "--min", "1").returncode == 0
+    assert tsctl(ops, "health").returncode == 0
+
+
 @pytest.mark.slow
 def test_a_restart_comes_back_to_the_configuration(ops):
     """What the README promises: a restart (``make serve`` runs with --ncs) serves the models
