@@ -24,12 +24,13 @@ setup: $(VENV)/.installed java
 java:
 	@devtools/ensure_java.sh
 
-$(VENV)/.installed: requirements.txt
+$(VENV)/.installed: requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] >= (3, 10), "Python 3.10+ needed (3.11 recommended), found " + sys.version' \
 		|| { echo "error: set PYTHON=/path/to/python3.11" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV) || { echo "error: could not create $(VENV); on Debian/Ubuntu: apt-get install -y python3-venv" >&2; exit 1; }
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -e .
 	@touch $@
 
 # config.properties (local and KServe) generated from config/models/*.yaml and the server
@@ -89,4 +90,4 @@ kserve-lint: $(VENV)/.installed config
 	$(PY) -m devtools.kserve_lint
 
 clean:
-	rm -rf build model-store/*.mar logs key_file.json config/config.properties kserve/config.properties kserve/runtime/config.properties
+	rm -rf build *.egg-info model-store/*.mar logs key_file.json config/config.properties kserve/config.properties kserve/runtime/config.properties

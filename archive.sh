@@ -8,7 +8,9 @@
 #                (model_files/export.py writes the onnx and torchscript files)
 #   WEIGHTS_DIR  where model_files/build_weights.py wrote the weights (build/weights)
 #   OUT          output folder (model-store)
-#   VERSION      archive version (1.0): config.properties models={...} is keyed by it
+#   VERSION      archive version (1.0): config.properties models={...} is keyed by it. Any
+#                other version is written as <model-name>-<VERSION>.mar, next to 1.0, e.g.
+#                VERSION=2.0 CONFIG_DIR=/tmp/v2 ./archive.sh resnet50-tagger (README: Versions)
 #   CONFIG_DIR   where <model-name>.yaml (the archive's model-config.yaml) is read
 #                (config/models)
 set -euo pipefail
@@ -68,7 +70,11 @@ for model in "${MODELS[@]}"; do
     --handler handlers/resnet_handler.py \
     --extra-files "$STAGE" \
     --config-file "$config" \
-    --export-path "$OUT" \
+    --export-path "$WORK" \
     --force
-  echo "archived $OUT/$model.mar (backend $BACKEND, $(basename "$SERIALIZED"))"
+  # The archiver names the file after the model; a second version must not overwrite 1.0.
+  archive="$model.mar"
+  [ "$VERSION" = "1.0" ] || archive="$model-$VERSION.mar"
+  mv "$WORK/$model.mar" "$OUT/$archive"
+  echo "archived $OUT/$archive (version $VERSION, backend $BACKEND, $(basename "$SERIALIZED"))"
 done

@@ -25,6 +25,7 @@ from pathlib import Path
 import psutil
 import requests
 
+from tsclient.client import TorchServeClient
 from tsclient.keys import Keys
 from tsclient.management import ManagementClient
 
@@ -49,10 +50,21 @@ def free_worker_ports(span: int = 100) -> int:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing listens on right now.
+
+    Chosen below Linux's ephemeral range (32768 and up): a port the kernel hands out for
+    binding to 0 is also handed to outgoing connections, which on a busy machine took it
+    between our choice and TorchServe's bind ("Address already in use")."""
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(20_000, 32_000)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free TCP port in 20000-32000 on 127.0.0.1")
 
 
 def stop_processes(pids: set[int], grace: float = 30.0) -> None:
@@ -168,6 +180,19 @@ class LocalTorchServe:
     def management(self, timeout: float = 300.0) -> ManagementClient:
         """A management API client with this server's key."""
         return ManagementClient(self.management_url, self.keys.management, timeout=timeout)
+
+    def client(self, timeout: float = 300.0) -> TorchServeClient:
+        """The user-facing client for this server: keys from its ``key_file.json``, rotated
+        when they expire."""
+        return TorchServeClient(self.inference_url, self.management_url, self.metrics_url,
+                                key_file=self.workdir / "key_file.json", timeout=timeout)
+
+    def cli_env(self) -> dict[str, str]:
+        """Environment that points ``tsctl`` at this server."""
+        return dict(os.environ, TSCTL_INFERENCE_URL=self.inference_url,
+                    TSCTL_MANAGEMENT_URL=self.management_url,
+                    TSCTL_METRICS_URL=self.metrics_url,
+                    TSCTL_KEY_FILE=str(self.workdir / "key_file.json"))
 
     def _server_pids(self) -> set[int]:
         return {p.pid for p in self.processes()}

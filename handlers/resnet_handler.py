@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
@@ -101,6 +102,7 @@ class ResNetHandler(BaseHandler):
                     f"{self.config.max_batch_pixels} pixels) was taken by other requests; "
                     f"this request needs {slot.pixels}: retry")
         self._admit_explanations(slots)
+        started = time.perf_counter()
         work = [(idx, image, slot.explain is not None and slot.explain.png)
                 for idx, slot in enumerate(slots) if slot.ok for image in slot.opened]
         decoded = iter(self.pool.map(self._decode, work) if len(work) > 1
@@ -117,12 +119,15 @@ class ResNetHandler(BaseHandler):
                 slot.start, slot.count = len(tensors), len(results)
                 tensors.extend(results)
         self.metrics.record(len(data), len(tensors))
+        self.metrics.record_time(decode_ms=1000 * (time.perf_counter() - started))
         return PreparedBatch(slots, torch.stack(tensors) if tensors else None)
 
     def inference(self, batch: PreparedBatch, *args, **kwargs) -> PreparedBatch:
         """One forward pass over every good image of the batch."""
         if batch.pixels is not None:
+            started = time.perf_counter()
             batch.embedding, batch.logits = self.backend(batch.pixels)
+            self.metrics.record_time(forward_ms=1000 * (time.perf_counter() - started))
             rows = (len(batch.pixels), len(batch.embedding), len(batch.logits))
             if len(set(rows)) != 1:
                 raise RuntimeError(f"backend returned {rows[1]} embeddings and {rows[2]} logit "
@@ -153,6 +158,7 @@ class ResNetHandler(BaseHandler):
             else:
                 responses.append(json.dumps(
                     codec.encode_response(slot.request, slot.rows, outputs, self.answers)))
+        self.metrics.record_errors([s.error.kind for s in batch.slots if s.error is not None])
         return responses
 
     def describe_handle(self) -> str:

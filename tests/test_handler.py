@@ -147,13 +147,25 @@ def _emitted(records, name: str) -> list[float]:
     return values
 
 
-def test_batch_metrics_are_emitted_with_requests_and_good_images(tagger, caplog):
+def test_batch_metrics_are_emitted_with_requests_good_images_errors_and_time(tagger, caplog):
     handler, context = tagger
     rows = [{"body": IMAGES["png-200x300"]}, {"body": b"not an image"}, {"body": IMAGES["png-200x300"]}]
     with caplog.at_level("INFO", logger="ts.metrics"):
         run_batch(handler, context, rows)
     assert _emitted(caplog.records, "HandlerBatchSize") == [3.0]
     assert _emitted(caplog.records, "HandlerImagesPerBatch") == [2.0]
+    # The counters a dashboard uses (histogram buckets are fixed in TorchServe 0.12).
+    assert _emitted(caplog.records, "HandlerBatches") == [1.0]
+    assert _emitted(caplog.records, "HandlerRequests") == [3.0]
+    assert _emitted(caplog.records, "HandlerImages") == [2.0]
+    lines = "\n".join(r.getMessage() for r in caplog.records)
+    assert re.search(r"\[METRICS\]HandlerBatchesBySize\.Count:1(\.0)?\|#ModelName:resnet50-tagger,"
+                     r"Level:Model,BatchSize:3\|", lines), lines
+    assert re.search(r"\[METRICS\]HandlerErrors\.Count:1(\.0)?\|#ModelName:resnet50-tagger,"
+                     r"Level:Model,ErrorType:InvalidImage\|", lines), lines
+    for name in ("HandlerDecodeMs", "HandlerForwardMs"):
+        spent = re.search(rf"\[METRICS\]{name}\.\w+:([0-9.]+)\|", lines)
+        assert spent and float(spent.group(1)) > 0, name
 
 
 def test_describe_reports_weights(tagger, weights_dir):

@@ -63,3 +63,36 @@ def test_changed_checkpoint_is_rebuilt(tmp_path):
         torch.save(resnet50(weights=None).state_dict(), checkpoint)
         info = build_weights.build(str(checkpoint), tmp_path / "out")
         assert hashlib.sha256(checkpoint.read_bytes()).hexdigest() in info["detail"]
+
+
+def test_imagenet_weights_offline_from_torchvisions_cache(tmp_path, monkeypatch):
+    """``WEIGHTS=imagenet`` as users with a network run it, minus the download: torchvision
+    finds the checkpoint where it would have downloaded it
+    (``$TORCH_HOME/hub/checkpoints/<file name of WEIGHTS.url>``) and loads it, with every
+    network connection refused. A seeded state dict stands in for the ImageNet file, so this
+    covers our code and torchvision's cache lookup, not the values, and not the hash check
+    (torchvision applies ``check_hash`` only to a file it downloads)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from torchvision.models import resnet50
+
+    def no_network(*args, **kwargs):
+        raise OSError("network disabled by the test")
+
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    torch.manual_seed(7)
+    state = resnet50(weights=None).state_dict()
+    cache = tmp_path / "torch" / "hub" / "checkpoints"
+    cache.mkdir(parents=True)
+    torch.save(state, cache / urlparse(WEIGHTS.url).path.rsplit("/", 1)[-1])
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    for source in ("imagenet", "auto"):
+        out = tmp_path / source
+        info = build_weights.build(source, out)
+        assert info["source"] == "imagenet" and info["trained"] is True
+        assert WEIGHTS.url in info["detail"] and "warning" not in info
+        loaded = torch.load(out / "resnet50.pt", weights_only=True)
+        assert torch.equal(loaded["fc.weight"], state["fc.weight"])
+        labels = json.loads((out / "index_to_name.json").read_text())
+        assert [labels[str(i)] for i in range(1000)] == WEIGHTS.meta["categories"]

@@ -1,25 +1,77 @@
-"""TorchServe 0.12 token authorization: the keys it writes to ``key_file.json``."""
+"""TorchServe 0.12 token authorization: the keys it writes to ``key_file.json``.
+
+The file (mode 0600, in the folder ``torchserve`` was started from) holds the inference key
+(``/predictions``, ``/ping``, KServe routes), the management key, each with an
+``expiration time`` (``token_expiration_min`` in config.properties), and the API key, which
+never expires and is the only key that can rotate the other two (``/token`` on the
+management port). TorchServe rewrites the whole file on every rotation.
+"""
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
+
+from tsclient.errors import KeyFileError
+
+KINDS = ("inference", "management")
 
 
 @dataclass(frozen=True)
 class Keys:
-    """The inference key (``/predictions``, ``/ping``, KServe routes) and management key."""
+    """The inference and management keys, with their expiry (UTC) and the API key when read
+    from a key file."""
 
     inference: str
     management: str
+    api: str | None = None
+    inference_expires: datetime | None = None
+    management_expires: datetime | None = None
 
     @classmethod
     def read(cls, path: Path | str = "key_file.json") -> "Keys":
-        data = json.loads(Path(path).read_text())
-        return cls(inference=data["inference"]["key"], management=data["management"]["key"])
+        """Parse a TorchServe key file; ``KeyFileError`` (with a fix) when it is unusable."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+            return cls(inference=data["inference"]["key"], management=data["management"]["key"],
+                       api=data.get("API", {}).get("key"),
+                       inference_expires=_expiry(data["inference"]),
+                       management_expires=_expiry(data["management"]))
+        except FileNotFoundError:
+            raise KeyFileError(
+                f"no key file at {path.resolve()}",
+                "TorchServe writes key_file.json into the folder it was started from (the "
+                "repository root for `make serve`): run there, or pass --key-file") from None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise KeyFileError(f"cannot read the key file {path}: {exc!r}",
+                               "is the server running with token authorization?") from None
+
+    def key(self, kind: str) -> str:
+        return self.inference if kind == "inference" else self.management
+
+    def expires(self, kind: str) -> datetime | None:
+        return self.inference_expires if kind == "inference" else self.management_expires
+
+    def expired(self, kind: str, margin_s: float = 0.0, now: datetime | None = None) -> bool:
+        """Whether the key expires within ``margin_s`` seconds (False when the expiry is
+        unknown)."""
+        expires = self.expires(kind)
+        now = now or datetime.now(timezone.utc)
+        return expires is not None and (expires - now).total_seconds() <= margin_s
 
     def inference_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.inference}"}
 
     def management_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.management}"}
+
+
+def _expiry(entry: dict) -> datetime | None:
+    """TorchServe writes ``"expiration time": "2026-11-22T10:44:48.123Z"`` (ISO, UTC)."""
+    text = entry.get("expiration time")
+    if not text:
+        return None
+    parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)

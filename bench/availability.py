@@ -1,0 +1,94 @@
+"""``python -m bench.availability``: what two workers per model cost in throughput, and what
+they buy when one worker dies.
+
+Two settings of the tagger (batchSize and maxBatchDelay from its YAML), each its own archive
+registered on one TorchServe: the shipped one (1 worker, every core per batch) and the
+availability option (2 workers, ``threads: 1`` each). For each: 16 closed-loop clients on the
+small JPEG (img/s, p50, p99), then the same load while one worker is killed with SIGKILL
+(failed requests, and whether the model answered throughout). Prints a Markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import threading
+import time
+from dataclasses import replace
+
+import yaml
+
+from bench.archives import ArchiveInfo, build_variant, variant_config
+from bench.layout import BUILD, IMAGES, MODEL_STORE, SAMPLES, TAGGER, fresh_dir
+from bench.loadgen import closed_loop
+from bench.serving import LoadPlan, ModelUnderTest
+from bench.stats import summarize
+from bench.sweep import unregister_all, wait_for_setting
+from devtools.configgen import MODELS_DIR
+from devtools.server import LocalTorchServe
+
+WORK = BUILD / "availability"
+CLIENTS = 16
+
+
+def measure(server: LocalTorchServe, body: bytes, workers: int, threads: int | None,
+            plan: LoadPlan) -> dict:
+    base = MODELS_DIR / f"{TAGGER}.yaml"
+    frontend = yaml.safe_load(base.read_text())
+    config = variant_config(base, frontend["batchSize"], frontend["maxBatchDelay"], workers)
+    if threads is not None:
+        config["handler"] = {**config.get("handler", {}), "threads": threads}
+    name = f"{TAGGER}-w{workers}.mar"
+    backend = ArchiveInfo.read(MODEL_STORE / f"{TAGGER}.mar").backend
+    mar = build_variant(TAGGER, config, backend, WORK / "archive-work", WORK / "store" / name)
+    try:
+        server.client().register(name)
+        settings = wait_for_setting(server, frontend["batchSize"], frontend["maxBatchDelay"],
+                                    workers)
+        mut = ModelUnderTest(server, TAGGER, batches_from_log=False, plan=plan)
+        row = {"workers": workers, "threads": threads or "all cores",
+               **mut.closed("small", body, CLIENTS, {})}
+        # The same load while one worker is killed: count what fails.
+        endpoint = mut.endpoint(body)
+        victim = settings["worker_pids"][0]
+        killer = threading.Timer(2.0, os.kill, (victim, signal.SIGKILL))
+        killer.start()
+        stats = summarize(closed_loop(endpoint, CLIENTS, plan.closed_s, 10_000))
+        killer.join()
+        row |= {"kill_requests": stats.requests, "kill_errors": stats.errors,
+                "kill_error_kinds": stats.error_kinds, "kill_throughput": stats.throughput}
+        return row
+    finally:
+        unregister_all(server)
+        mar.unlink(missing_ok=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.availability",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=12.0)
+    args = parser.parse_args(argv)
+    plan = replace(LoadPlan(), warmup_s=3.0, closed_s=args.seconds)
+    body = (SAMPLES / IMAGES["small"]).read_bytes()
+    (WORK / "store").mkdir(parents=True, exist_ok=True)
+    server = LocalTorchServe(fresh_dir(WORK / "run"), WORK / "store", load_models=[])
+    rows = []
+    try:
+        server.start()
+        for workers, threads in ((1, None), (2, 1)):
+            rows.append(measure(server, body, workers, threads, plan))
+    finally:
+        server.stop()
+    print(f"tagger, {CLIENTS} clients, small JPEG, {time.strftime('%Y-%m-%d')}, load average "
+          f"{os.getloadavg()[0]:.1f}\n")
+    print("| workers x threads | img/s | p50 ms | p99 ms | worker killed: failed / requests "
+          "| img/s during kill |\n| --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['workers']} x {r['threads']} | {r['throughput']:.1f} | {r['p50_ms']:.0f} | "
+              f"{r['p99_ms']:.0f} | {r['kill_errors']} / {r['kill_requests']} "
+              f"{r['kill_error_kinds'] or ''} | {r['kill_throughput']:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

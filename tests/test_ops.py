@@ -1,0 +1,245 @@
+"""Operating the server: versions side by side, a killed worker, a burst beyond the queue, keys
+that expire under a running client, and what a restart keeps.
+
+One extra real TorchServe for the whole module (keys live 1 minute, a queue of
+``QUEUE`` requests per model), with its own model store: the two repository archives and a
+second version of the tagger built by ``archive.sh`` (``VERSION=2.0``, ``top_k: 3``). Tests run
+in file order and leave the server as they found it, except the restart at the end.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+
+import pytest
+import requests
+import yaml
+
+from devtools.server import LocalTorchServe
+from tests import imagegen
+from tests.conftest import MODELS, REPO
+from tests.reference import rel_error
+from tests.test_tsctl import tsctl
+from tsclient import errors
+from tsclient.keys import Keys
+
+pytestmark = pytest.mark.integration
+QUEUE = 8
+V2_TOP_K = 3
+IMAGE = imagegen.jpeg(400, 300, seed=21)
+
+
+def _build_v2(store, tmp) -> str:
+    """``archive.sh`` with VERSION=2.0 and a tagger config whose only change is ``top_k``."""
+    config_dir = tmp / "config-v2"
+    config_dir.mkdir()
+    config = yaml.safe_load((REPO / "config" / "models" / "resnet50-tagger.yaml").read_text())
+    config["handler"]["top_k"] = V2_TOP_K
+    (config_dir / "resnet50-tagger.yaml").write_text(yaml.safe_dump(config))
+    backend = (REPO / "build" / ".backend").read_text().strip()
+    subprocess.run([str(REPO / "archive.sh"), "resnet50-tagger"], cwd=REPO, check=True,
+                   env=dict(os.environ, VERSION="2.0", CONFIG_DIR=str(config_dir),
+                            OUT=str(store), BACKEND=backend),
+                   capture_output=True, timeout=600)
+    return "resnet50-tagger-2.0.mar"
+
+
+@pytest.fixture(scope="module")
+def ops(tmp_path_factory, model_store):
+    tmp = tmp_path_factory.mktemp("ops")
+    store = tmp / "store"
+    store.mkdir()
+    for model in MODELS:
+        (store / f"{model}.mar").symlink_to(model_store / f"{model}.mar")
+    v2 = _build_v2(store, tmp)
+    server = LocalTorchServe(tmp / "ts", store, properties={
+        "token_expiration_min": "1", "job_queue_size": str(QUEUE)})
+    server.start()
+    server.v2_archive = v2
+    server.first_keys = Keys.read(server.workdir / "key_file.json")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _tags(client, version=None, **kwargs) -> list[dict]:
+    return client.predict("resnet50-tagger", IMAGE, version=version, **kwargs)
+
+
+def test_two_versions_side_by_side_and_the_default_switch(ops):
+    client = ops.client()
+    registered = tsctl(ops, "register", ops.v2_archive, "--batch-size", "4",
+                       "--max-batch-delay", "5", "--workers", "1")
+    assert registered.returncode == 0, registered.stderr
+    assert "not kept across a restart" in registered.stdout
+    v2 = client.describe("resnet50-tagger", "2.0")[0]
+    assert (v2["batchSize"], v2["maxBatchDelay"], len(v2["workers"])) == (4, 5, 1)
+    try:
+        assert len(_tags(client, "1.0")) == 5 and len(_tags(client, "2.0")) == V2_TOP_K
+        assert _tags(client, "2.0") == _tags(client, "1.0")[:V2_TOP_K]
+        assert len(_tags(client)) == 5  # 1.0, registered first, stays the default
+        switched = tsctl(ops, "set-default", "resnet50-tagger", "2.0")
+        assert switched.returncode == 0, switched.stderr
+        assert len(_tags(client)) == V2_TOP_K
+        refused = tsctl(ops, "unregister", "resnet50-tagger", "2.0")
+        assert refused.returncode == 6
+        assert "Cannot remove default version for model resnet50-tagger" in refused.stderr
+        assert "tsctl set-default NAME OTHER_VERSION" in refused.stderr
+        listed = {(r["version"], r["default"]) for r in json.loads(
+            tsctl(ops, "--json", "list").stdout) if r["model"] == "resnet50-tagger"}
+        assert listed == {("1.0", False), ("2.0", True)}
+    finally:
+        client.set_default("resnet50-tagger", "1.0")
+        removed = tsctl(ops, "unregister", "resnet50-tagger", "2.0")
+    assert removed.returncode == 0, removed.stderr
+    assert [e["modelVersion"] for e in client.describe("resnet50-tagger")] == ["1.0"]
+    assert len(_tags(client)) == 5
+
+
+def test_a_worker_killed_mid_load_fails_its_batch_only_and_comes_back(ops):
+    """SIGKILL of the tagger's worker under load: the requests of the batch it was running
+    fail with 507 "Worker died." (TorchServe reads exit 137 as out-of-memory), queued ones wait
+    for the restarted worker; the embedding model answers throughout."""
+    client = ops.client()
+    big = (REPO / "build" / "samples" / "chelsea-12mp.jpg").read_bytes()
+    pid = client.describe("resnet50-tagger")[0]["workers"][0]["pid"]
+    outcomes: list[tuple[float, int]] = []
+    stop = threading.Event()
+    started = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            try:
+                client.predict("resnet50-tagger", big)
+                outcomes.append((time.monotonic(), 200))
+            except errors.ApiError as exc:
+                outcomes.append((time.monotonic(), exc.status))
+                assert exc.status in (500, 507), exc
+                assert "Worker died" in exc.server_message or exc.status == 500, exc
+            started.set()
+
+    with ThreadPoolExecutor(3) as pool:
+        loaders = [pool.submit(load) for _ in range(3)]
+        assert started.wait(120)
+        # Requests waiting in the queue mean the worker is busy with a batch: kill it then.
+        deadline = time.monotonic() + 60
+        while client.describe("resnet50-tagger")[0]["jobQueueStatus"]["pendingRequests"] < 1:
+            assert time.monotonic() < deadline, "the tagger never had a request queued"
+        killed_at = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        embedding_during = []
+        deadline = killed_at + 120
+        while time.monotonic() < deadline:
+            embedding_during.append(len(client.predict("resnet50-embedding", IMAGE)["embedding"]))
+            workers = client.describe("resnet50-tagger")[0]["workers"]
+            if workers and workers[0]["pid"] != pid and workers[0]["status"] == "READY" and any(
+                    t > killed_at and s == 200 for t, s in outcomes):
+                break
+        recovered = time.monotonic() - killed_at
+        stop.set()
+        for loader in loaders:
+            loader.result()
+    failed = [s for t, s in outcomes if s != 200]
+    print(f"\nworker kill: {len(failed)} failed ({sorted(set(failed))}) of {len(outcomes)}, "
+          f"recovered in {recovered:.1f} s")
+    assert recovered < 120
+    assert 1 <= len(failed) <= 16  # the batch the worker was running (batchSize 16), no more
+    assert embedding_during and set(embedding_during) == {2048}
+    assert len(_tags(client)) == 5
+
+
+def test_a_burst_beyond_the_queue_is_refused_fast_with_503(ops):
+    client = ops.client()
+    expected = client.predict("resnet50-embedding", IMAGE)["embedding"]
+    burst = 6 * QUEUE
+    barrier = threading.Barrier(burst)
+
+    def one(_) -> tuple[int, float, object]:
+        barrier.wait()
+        began = time.monotonic()
+        try:
+            answer = client.predict("resnet50-embedding", IMAGE)
+            return 200, time.monotonic() - began, answer["embedding"]
+        except errors.ApiError as exc:
+            return exc.status, time.monotonic() - began, exc.server_message
+
+    with ThreadPoolExecutor(burst) as pool:
+        results = list(pool.map(one, range(burst)))
+    accepted = [r for r in results if r[0] == 200]
+    refused = [r for r in results if r[0] == 503]
+    print(f"\nburst of {burst} (job_queue_size {QUEUE}): {len(accepted)} x 200, "
+          f"{len(refused)} x 503, slowest 503 {max((r[1] for r in refused), default=0):.3f} s")
+    assert len(accepted) + len(refused) == burst
+    assert refused and accepted
+    assert all("has no worker to serve inference request" in r[2] for r in refused)
+    assert max(r[1] for r in refused) < min(r[1] for r in accepted)  # refused before served
+    assert all(rel_error(r[2], expected) <= 1e-4 for r in accepted)
+    assert rel_error(client.predict("resnet50-embedding", IMAGE)["embedding"], expected) <= 1e-4
+
+
+def test_keys_expire_under_a_running_client_and_it_keeps_working(ops):
+    """token_expiration_min=1: once the first keys expired the server refuses them, and the
+    client and tsctl rotate (with the API key) and carry on."""
+    first = ops.first_keys
+    deadline = time.monotonic() + 120
+    while datetime.now(timezone.utc) <= first.inference_expires and time.monotonic() < deadline:
+        time.sleep(1)
+    expired = requests.get(f"{ops.inference_url}/ping", headers=first.inference_headers(),
+                           timeout=30)
+    assert expired.status_code == 400 and expired.json()["type"] == "InvalidKeyException"
+    client = ops.client()
+    assert len(_tags(client)) == 5
+    assert sorted(m["modelName"] for m in client.list_models()) == sorted(MODELS)
+    listed = tsctl(ops, "--json", "list")
+    assert listed.returncode == 0, listed.stderr
+    now = Keys.read(ops.workdir / "key_file.json")
+    assert now.inference != first.inference and now.management != first.management
+    shown = json.loads(tsctl(ops, "--json", "keys").stdout)
+    assert shown["inference"]["expired"] is False and shown["inference"]["seconds_left"] > 0
+    fresh = tsctl(ops, "keys", "--print", "inference")  # expires within a minute: rotated
+    assert fresh.returncode == 0
+    ping = requests.get(f"{ops.inference_url}/ping",
+                        headers={"Authorization": f"Bearer {fresh.stdout.strip()}"}, timeout=30)
+    assert ping.status_code == 200
+
+
+def test_health_fails_while_a_model_has_no_worker(ops):
+    assert tsctl(ops, "health").returncode == 0
+    scaled = tsctl(ops, "scale", "resnet50-embedding", "--min", "0")
+    assert scaled.returncode == 0, scaled.stderr
+    try:
+        unhealthy = tsctl(ops, "health")
+        assert unhealthy.returncode == 7
+        assert "no READY worker for resnet50-embedding/1.0" in unhealthy.stdout
+        assert "resnet50-tagger/1.0: 1 READY" in unhealthy.stdout
+    finally:
+        assert tsctl(ops, "scale", "resnet50-embedding", "--min", "1").returncode == 0
+    assert tsctl(ops, "health").returncode == 0
+
+
+@pytest.mark.slow
+def test_a_restart_comes_back_to_the_configuration(ops):
+    """What the README promises: a restart (``make serve`` runs with --ncs) serves the models
+    of config/models/*.yaml with their YAML settings; changes made through the API are gone."""
+    client = ops.client()
+    scaled = tsctl(ops, "scale", "resnet50-tagger", "--min", "2")
+    assert scaled.returncode == 0, scaled.stderr
+    assert "not kept across a restart" in scaled.stdout
+    assert len(client.describe("resnet50-tagger")[0]["workers"]) == 2
+    ops.stop()
+    ops.start()
+    for model in MODELS:
+        config = yaml.safe_load((REPO / "config" / "models" / f"{model}.yaml").read_text())
+        [entry] = client.describe(model)
+        assert entry["modelVersion"] == "1.0"
+        assert len(entry["workers"]) == config["minWorkers"]
+        assert (entry["batchSize"], entry["maxBatchDelay"]) == (config["batchSize"],
+                                                               config["maxBatchDelay"])
+    assert len(_tags(client)) == 5

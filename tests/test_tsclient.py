@@ -1,0 +1,200 @@
+"""The client and tsctl without a server: name checks, key files, error mapping, key rotation
+with retry-once, exit codes, the metrics summary."""
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import requests
+
+from devtools.server import free_port
+from tsclient import cli, errors, promtext
+from tsclient.client import MAX_NAME, TorchServeClient, check_archive, check_name
+from tsclient.keys import Keys
+
+
+def _key_file(path, inference="inf-1", management="man-1", minutes=60):
+    expires = (datetime.now(timezone.utc) + timedelta(minutes=minutes)).isoformat()
+    path.write_text(json.dumps({
+        "management": {"key": management, "expiration time": expires.replace("+00:00", "Z")},
+        "inference": {"key": inference, "expiration time": expires.replace("+00:00", "Z")},
+        "API": {"key": "api-1"}}))
+    return path
+
+
+def _response(status: int, body: dict | str = "") -> requests.Response:
+    response = requests.Response()
+    response.status_code = status
+    response._content = (json.dumps(body) if isinstance(body, dict) else body).encode()
+    return response
+
+
+@pytest.mark.parametrize("name", ["resnet50-tagger", "a", "v2.0", "A_b-c.1", "x" * MAX_NAME])
+def test_routable_names_pass(name):
+    assert check_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "../../x", "..", "a..b", "-lead", ".hidden",
+                                  "sp ace", "x" * (MAX_NAME + 1), "a%2Fb", "ünï"])
+def test_unroutable_names_are_refused_with_the_rule(name):
+    with pytest.raises(errors.UsageError) as refused:
+        check_name(name)
+    assert "cannot be routed" in refused.value.message
+    assert "letters, digits" in refused.value.hint
+
+
+def test_archive_paths_are_refused_and_urls_left_to_the_server():
+    with pytest.raises(errors.UsageError) as refused:
+        check_archive("/etc/passwd")
+    assert "copy it into the server's model store" in refused.value.hint
+    assert "tsctl register passwd" in refused.value.hint
+    for url in ("file:///etc/passwd", "http://127.0.0.1:8082/metrics", "HTTPS://x/y.mar"):
+        assert check_archive(url) == url
+    assert check_archive("resnet50-tagger-2.0.mar") == "resnet50-tagger-2.0.mar"
+
+
+def test_key_file_expiry_is_read(tmp_path):
+    keys = Keys.read(_key_file(tmp_path / "key_file.json", minutes=30))
+    assert (keys.inference, keys.management, keys.api) == ("inf-1", "man-1", "api-1")
+    left = (keys.inference_expires - datetime.now(timezone.utc)).total_seconds()
+    assert 29 * 60 < left <= 30 * 60
+    assert not keys.expired("inference") and keys.expired("inference", margin_s=31 * 60)
+
+
+def test_missing_key_file_says_where_it_comes_from(tmp_path):
+    with pytest.raises(errors.KeyFileError) as missing:
+        Keys.read(tmp_path / "key_file.json")
+    assert "folder it was started from" in missing.value.hint
+
+
+@pytest.mark.parametrize("status, body, kind, hint", [
+    (404, {"code": 404, "type": "ModelNotFoundException", "message": "Model not found: x"},
+     errors.NotFound, "tsctl list"),
+    (404, {"code": 404, "type": "ModelNotFoundException",
+           "message": "Given URL file:///etc/passwd does not match any allowed URL(s)"},
+     errors.Refused, "allowed_urls"),
+    (403, {"code": 403, "type": "InvalidModelVersionException",
+           "message": "Cannot remove default version for model m"},
+     errors.Refused, "tsctl set-default"),
+    (400, {"code": 400, "type": "InvalidKeyException", "message": "Token Authorization failed"},
+     errors.KeyRejected, "key_file.json"),
+    (503, {"code": 503, "type": "ServiceUnavailableException", "message": "no worker"},
+     errors.ApiError, "retry later"),
+])
+def test_error_answers_map_to_one_error_each(status, body, kind, hint):
+    error = errors.from_response(_response(status, body), "do it")
+    assert type(error) is kind and error.status == status and hint in error.hint
+
+
+class FakeServer:
+    """Stands in for ``TorchServeClient._send``: refuses keys that are not current, rotates
+    the key file on ``/token`` as TorchServe does."""
+
+    def __init__(self, key_file, expired: set[str]):
+        self.key_file, self.expired, self.calls = key_file, expired, []
+
+    def __call__(self, method, port, path, params, auth, **kwargs):
+        self.calls.append((method, path, auth.get("Authorization")))
+        if path == "/token":
+            data = json.loads(self.key_file.read_text())
+            data[params["type"]]["key"] = data[params["type"]]["key"] + "-rotated"
+            self.key_file.write_text(json.dumps(data))
+            return _response(200, "\n")
+        token = auth.get("Authorization", "").removeprefix("Bearer ")
+        if token in self.expired:
+            return _response(400, {"code": 400, "type": "InvalidKeyException",
+                                   "message": "Token Authorization failed."})
+        return _response(200, {"models": [{"modelName": "m", "modelUrl": "m.mar"}]})
+
+
+def test_an_expired_key_is_rotated_once_and_the_call_retried(tmp_path):
+    key_file = _key_file(tmp_path / "key_file.json")
+    client = TorchServeClient(key_file=key_file)
+    client._send = fake = FakeServer(key_file, expired={"man-1"})
+    assert client.list_models() == [{"modelName": "m", "modelUrl": "m.mar"}]
+    assert [c[1:] for c in fake.calls] == [("/models", "Bearer man-1"),
+                                           ("/token", "Bearer api-1"),
+                                           ("/models", "Bearer man-1-rotated")]
+    assert Keys.read(key_file).management == "man-1-rotated" and client.rotations == 1
+
+
+def test_a_key_still_refused_after_rotation_is_an_error_not_a_loop(tmp_path):
+    key_file = _key_file(tmp_path / "key_file.json")
+    client = TorchServeClient(key_file=key_file)
+    client._send = fake = FakeServer(key_file, expired={"man-1", "man-1-rotated"})
+    with pytest.raises(errors.KeyRejected):
+        client.list_models()
+    assert len(fake.calls) == 3
+
+
+def test_a_key_rotated_by_someone_else_is_picked_up_without_rotating(tmp_path):
+    key_file = _key_file(tmp_path / "key_file.json")
+    client = TorchServeClient(key_file=key_file)
+    fake = FakeServer(key_file, expired={"man-1"})
+
+    def rotated_meanwhile(*args, **kwargs):
+        answer = fake(*args, **kwargs)
+        if len(fake.calls) == 1:
+            _key_file(key_file, management="man-2")
+        return answer
+
+    client._send = rotated_meanwhile
+    client.list_models()
+    assert [c[2] for c in fake.calls] == ["Bearer man-1", "Bearer man-2"]
+    assert client.rotations == 0
+
+
+def _tsctl(capsys, *argv) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_tsctl_without_a_server_says_how_to_start_one(capsys, tmp_path):
+    port = free_port()
+    code, _, err = _tsctl(capsys, "--management-url", f"http://127.0.0.1:{port}",
+                          "--key-file", str(_key_file(tmp_path / "k.json")), "list")
+    assert code == errors.ServerNotRunning.exit_code == 3
+    assert f"no TorchServe answers at http://127.0.0.1:{port}" in err and "make serve" in err
+
+
+def test_tsctl_without_a_key_file_exits_4(capsys, tmp_path):
+    code, out, err = _tsctl(capsys, "--json", "--key-file", str(tmp_path / "none.json"), "list")
+    assert code == 4 and "no key file" in json.loads(out)["error"] and "hint:" in err
+
+
+@pytest.mark.parametrize("argv", [["describe", "../../x"], ["scale", "a/b", "--min", "1"],
+                                  ["unregister", "resnet50-tagger", "1/2"],
+                                  ["register", "/etc/passwd"],
+                                  ["register", "x.mar", "--name", "../x"]])
+def test_tsctl_refuses_unroutable_names_before_sending(capsys, tmp_path, argv):
+    port = free_port()  # nothing listens: a request would exit 3, not 2
+    code, _, err = _tsctl(capsys, "--management-url", f"http://127.0.0.1:{port}",
+                          "--key-file", str(_key_file(tmp_path / "k.json")), *argv)
+    assert code == 2 and "hint:" in err
+
+
+def test_metrics_summary_from_prometheus_text():
+    text = "\n".join([
+        '# HELP HandlerBatches x', '# TYPE HandlerBatches counter',
+        'HandlerBatches{ModelName="m",Level="Model",Hostname="h",} 4.0',
+        'HandlerRequests{ModelName="m",Level="Model",Hostname="h",} 22.0',
+        'HandlerImages{ModelName="m",Level="Model",Hostname="h",} 21.0',
+        'HandlerBatchesBySize{ModelName="m",Level="Model",BatchSize="16",Hostname="h",} 1.0',
+        'HandlerBatchesBySize{ModelName="m",Level="Model",BatchSize="2",Hostname="h",} 3.0',
+        'HandlerErrors{ModelName="m",Level="Model",ErrorType="InvalidImage",Hostname="h",} 1.0',
+        'HandlerDecodeMs{ModelName="m",Level="Model",Hostname="h",} 42.0',
+        'HandlerForwardMs{ModelName="m",Level="Model",Hostname="h",} 400.0',
+        'ts_inference_requests_total{model_name="m",model_version="default",hostname="h",} 22.0',
+        'ts_inference_latency_microseconds{model_name="m",model_version="default",'
+        'hostname="h",} 2200000.0',
+        'Requests2XX{Level="Host",Hostname="h",} 21.0',
+        'Requests4XX{Level="Host",Hostname="h",} 1.0',
+    ])
+    assert promtext.frontend_statuses(text) == {"2XX": 21, "4XX": 1, "5XX": 0}
+    assert promtext.summarise(text) == {"m": {
+        "batches": 4, "requests_in_batches": 22, "images": 21, "mean_batch_size": 5.5,
+        "batch_sizes": {"2": 3, "16": 1}, "errors": {"InvalidImage": 1},
+        "decode_ms_per_image": 2.0, "forward_ms_per_batch": 100.0, "requests": 22,
+        "mean_latency_ms": 100.0}}

@@ -1,0 +1,150 @@
+"""tsctl (the installed console script) against the session's real TorchServe: every read-only
+command, tag/embed of many files at once, refused registrations and the metrics summary.
+Commands that change keys or models run on their own server (tests/test_ops.py)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import numpy as np
+import pytest
+import requests
+import yaml
+
+from tests import imagegen
+from tsclient import errors
+from tests.conftest import MODELS, REPO
+from tests.reference import rel_error
+
+pytestmark = pytest.mark.integration
+TSCTL = REPO / ".venv" / "bin" / "tsctl"
+
+
+def tsctl(server, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the installed ``tsctl`` against ``server``; the test fails if it is not installed."""
+    if not TSCTL.exists():
+        pytest.fail(f"{TSCTL} missing: `make setup` installs it (pip install -e .)")
+    return subprocess.run([str(TSCTL), *argv], env=server.cli_env(), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _yaml(model: str) -> dict:
+    return yaml.safe_load((REPO / "config" / "models" / f"{model}.yaml").read_text())
+
+
+def test_list_describe_and_health(torchserve):
+    listed = tsctl(torchserve, "--json", "list")
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)
+    assert sorted(r["model"] for r in rows) == sorted(MODELS)
+    for row in rows:
+        assert row["default"] and row["version"] == "1.0"
+        assert row["batchSize"] == _yaml(row["model"])["batchSize"]
+    human = tsctl(torchserve, "list").stdout
+    assert human.splitlines()[0].split() == ["model", "version", "default", "workers", "batch",
+                                             "delay", "ms"]
+    described = tsctl(torchserve, "--json", "describe", "resnet50-tagger")
+    assert described.returncode == 0, described.stderr
+    meta = json.loads(described.stdout)[0]["customizedMetadata"]
+    assert meta["handler"]["top_k"] == _yaml("resnet50-tagger")["handler"]["top_k"]
+    assert "weights" in tsctl(torchserve, "describe", "resnet50-tagger", "1.0").stdout
+    health = tsctl(torchserve, "health")
+    assert health.returncode == 0, health.stderr
+    assert "server: Healthy" in health.stdout and "resnet50-tagger/1.0: 1 READY" in health.stdout
+
+
+def test_unknown_model_exits_5_with_a_hint(torchserve):
+    for argv in (["describe", "no-such-model"], ["scale", "no-such-model", "--min", "1"],
+                 ["describe", "resnet50-tagger", "9.9"]):
+        result = tsctl(torchserve, *argv)
+        assert result.returncode == 5, (argv, result.stderr)
+        assert "hint: `tsctl list`" in result.stderr
+
+
+def test_tag_and_embed_many_files_at_once(torchserve, tmp_path):
+    images = []
+    for i in range(6):
+        path = tmp_path / f"img{i}.jpg"
+        path.write_bytes(imagegen.jpeg(400, 300, seed=200 + i))
+        images.append(str(path))
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"not an image")
+
+    tagged = tsctl(torchserve, "--json", "tag", *images, str(broken), "--topk", "3",
+                   "--concurrency", "4")
+    assert tagged.returncode == 7, tagged.stderr  # some files failed
+    answers = json.loads(tagged.stdout)
+    assert list(answers) == [*images, str(broken)]
+    assert all(len(answers[p]) == 3 for p in images)
+    assert "InvalidImage" in answers[str(broken)]["error"]
+
+    out = tmp_path / "emb.npy"
+    embedded = tsctl(torchserve, "embed", *images, "--out", str(out))
+    assert embedded.returncode == 0, embedded.stderr
+    assert f"wrote {out}: 6 x 2048" in embedded.stdout
+    matrix = np.load(out)
+    client = torchserve.client()
+    for row, path in zip(matrix, images):
+        single = client.predict("resnet50-embedding", open(path, "rb").read())["embedding"]
+        assert rel_error(row.tolist(), single) <= 1e-4
+
+
+def test_registration_from_outside_the_model_store_is_refused(torchserve, tmp_path):
+    """allowed_urls=^$ (config/server.properties): file:// and http(s):// are refused by the
+    server with a 4xx and nothing lands in the model store; paths are refused by tsctl."""
+    store = torchserve.model_store
+    before = sorted(p.name for p in store.iterdir())
+    outside = tmp_path / "copy.mar"
+    outside.write_bytes((store / "resnet50-tagger.mar").read_bytes())
+    urls = [f"file://{outside}", "file:///etc/passwd", f"{torchserve.metrics_url}/metrics",
+            f"file://{store}/resnet50-tagger.mar", "https://example.com/x.mar"]
+    for url in urls:
+        refused = tsctl(torchserve, "register", url, "--name", "sneaky")
+        assert refused.returncode == 6, (url, refused.stderr)
+        assert "does not match any allowed URL" in refused.stderr
+        assert "allowed_urls" in refused.stderr  # the hint says where to opt in
+    raw = requests.post(f"{torchserve.management_url}/models",
+                        params={"url": "file:///etc/passwd"},
+                        headers=torchserve.keys.management_headers(), timeout=60)
+    assert raw.status_code == 404  # the server refuses, not only the CLI
+    path = tsctl(torchserve, "register", str(outside))
+    assert path.returncode == 2 and "copy it into the server's model store" in path.stderr
+    assert sorted(p.name for p in store.iterdir()) == before
+    assert sorted(m["modelName"] for m in torchserve.client().list_models()) == sorted(MODELS)
+
+
+def _handler_counts(server, model: str) -> dict:
+    return json.loads(tsctl(server, "--json", "metrics").stdout)["models"].get(model, {})
+
+
+def test_metrics_counts_batches_errors_and_time(torchserve):
+    model = "resnet50-tagger"
+    before = _handler_counts(torchserve, model)
+    bodies = [imagegen.jpeg(300, 300, seed=300 + i) for i in range(3)] + [b"junk"]
+    client = torchserve.client()
+    for body in bodies[:-1]:
+        assert len(client.predict(model, body)) == 5
+    with pytest.raises(errors.ApiError) as junk:
+        client.predict(model, bodies[-1])
+    assert junk.value.status == 400 and junk.value.type == "InvalidImage"
+    deadline = time.monotonic() + 30
+    while True:  # the frontend reads metric lines from the worker's log asynchronously
+        after = _handler_counts(torchserve, model)
+        sent = after.get("requests_in_batches", 0) - before.get("requests_in_batches", 0)
+        if sent >= 4 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert sent == 4
+    assert after["images"] - before.get("images", 0) == 3
+    assert (after["errors"].get("InvalidImage", 0)
+            - before.get("errors", {}).get("InvalidImage", 0)) == 1
+    assert sum(after["batch_sizes"].values()) == after["batches"]
+    assert after["mean_batch_size"] >= 1 and after["decode_ms_per_image"] > 0
+    assert after["forward_ms_per_batch"] > 0 and after["mean_latency_ms"] > 0
+    text = requests.get(f"{torchserve.metrics_url}/metrics", timeout=30).text
+    assert 'HandlerBatchesBySize{ModelName="resnet50-tagger",Level="Model",BatchSize="' in text
+    human = tsctl(torchserve, "metrics")
+    assert human.returncode == 0 and "mean batch size" in human.stdout
+    statuses = json.loads(tsctl(torchserve, "--json", "metrics").stdout)["statuses"]
+    assert statuses["2XX"] >= 3 and statuses["4XX"] >= 1

@@ -1,0 +1,282 @@
+"""The Python API over a running TorchServe: management, predictions, health, keys, metrics.
+
+    from tsclient import TorchServeClient
+
+    client = TorchServeClient()                      # 127.0.0.1:8080/8081/8082, ./key_file.json
+    client.list_models()
+    client.register("resnet50-tagger-2.0.mar", batch_size=16)
+    client.predict("resnet50-tagger", open("cat.jpg", "rb").read(), topk=3)
+
+Keys: every call carries the key its port wants, read from ``key_file.json``. When the server
+refuses a key (TorchServe answers 400 ``InvalidKeyException``, e.g. after
+``token_expiration_min``), the client re-reads the file (someone may have rotated it), else
+rotates the key with the file's API key, and retries the call once.
+
+Names: model names and versions are checked before anything is sent (``check_name``):
+TorchServe 0.12 registers names it can never route again (``a/b``, ``..``), which then hold a
+worker until a restart.
+"""
+from __future__ import annotations
+
+import json
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from tsclient import errors
+from tsclient.keys import KINDS, Keys
+
+DEFAULT_HOST = "http://127.0.0.1"
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-.]*")
+MAX_NAME = 128  # far below Netty's 4096-byte request line, room for /predictions/NAME/VERSION
+URL_SCHEMES = ("http://", "https://", "file://")
+
+
+def check_name(value: str, what: str = "model name") -> str:
+    """Return ``value`` if TorchServe can route it (``/predictions/NAME/VERSION``), else raise
+    ``UsageError``: letters, digits, ``_ - .``, starting with a letter or digit, no ``..``, at
+    most ``MAX_NAME`` characters (the rule torch-model-archiver applies to names)."""
+    if not value or len(value) > MAX_NAME or ".." in value or not NAME_PATTERN.fullmatch(value):
+        raise errors.UsageError(
+            f"{what} {value!r} cannot be routed by TorchServe",
+            f"use 1-{MAX_NAME} letters, digits, '_', '-' or '.', starting with a letter or "
+            "digit, without '..' or '/'")
+    return value
+
+
+def check_archive(archive: str) -> str:
+    """An archive to register: a file name in the server's model store, or a URL (the server
+    checks it against ``allowed_urls``). Paths are refused here: TorchServe would load a
+    directory from anywhere on disk, which ``allowed_urls`` does not cover."""
+    if archive.lower().startswith(URL_SCHEMES):
+        return archive
+    if "/" in archive or "\\" in archive:
+        raise errors.UsageError(
+            f"archive {archive!r} is a path; only archives in the model store can be registered",
+            f"copy it into the server's model store (model-store/) and run "
+            f"`tsctl register {Path(archive).name}`")
+    return check_name(archive, "archive file name")
+
+
+class TorchServeClient:
+    """One server's inference, management and metrics APIs.
+
+    ``key_file``: TorchServe's ``key_file.json`` (re-read when it changes; used to rotate
+    expired keys). ``keys``: fixed keys instead (no rotation). ``timeout``: seconds per call;
+    registration and scaling wait for workers, so keep it generous.
+    """
+
+    def __init__(self, inference_url: str = f"{DEFAULT_HOST}:8080",
+                 management_url: str = f"{DEFAULT_HOST}:8081",
+                 metrics_url: str = f"{DEFAULT_HOST}:8082", *,
+                 key_file: Path | str | None = "key_file.json", keys: Keys | None = None,
+                 timeout: float = 300.0) -> None:
+        self.urls = {"inference": inference_url.rstrip("/"),
+                     "management": management_url.rstrip("/"),
+                     "metrics": metrics_url.rstrip("/")}
+        self.key_file = Path(key_file) if key_file is not None and keys is None else None
+        self._keys = keys
+        self.timeout = timeout
+        self.session = requests.Session()
+        self.rotations = 0  # how many keys this client rotated (for `tsctl keys` and tests)
+        # Concurrent calls that meet the same expired key rotate it once: each rotation
+        # invalidates the previous key, so the others must pick up the new one instead.
+        self._rotating = threading.Lock()
+
+    # ------------------------------------------------------------------ keys
+
+    @property
+    def keys(self) -> Keys:
+        """The current keys (re-read from the key file on every call: cheap, and it picks up
+        rotations by other clients)."""
+        if self.key_file is not None:
+            return Keys.read(self.key_file)
+        if self._keys is None:
+            raise errors.KeyFileError("no keys given", "pass key_file= or keys=")
+        return self._keys
+
+    def rotate(self, kind: str) -> Keys:
+        """Ask the server for a new ``inference`` or ``management`` key (with the API key from
+        the key file; the server rewrites the file) and return the new keys."""
+        if kind not in KINDS:
+            raise errors.UsageError(f"no key kind {kind!r}", f"one of {KINDS}")
+        keys = self.keys
+        if self.key_file is None or not keys.api:
+            raise errors.KeyFileError(
+                f"cannot rotate the {kind} key: no API key at hand",
+                "rotation needs the server's key_file.json (its \"API\" key): pass --key-file")
+        response = self._send("POST", "management", "/token", {"type": kind},
+                              {"Authorization": f"Bearer {keys.api}"})
+        if response.status_code != 200:
+            raise errors.from_response(response, f"rotate the {kind} key")
+        self.rotations += 1
+        return self.keys
+
+    def _call(self, method: str, port: str, path: str, what: str, *,
+              params: dict | None = None, **kwargs: Any) -> requests.Response:
+        """Send with the right key; on a refused key re-read the file or rotate, retry once.
+        Any error status becomes the matching ``TsError``."""
+        kind = "inference" if port == "inference" else "management"
+        params = {k: v for k, v in (params or {}).items() if v is not None}
+        used = self.keys.key(kind) if port != "metrics" else None
+        response = self._send(method, port, path, params, _bearer(used), **kwargs)
+        if used is not None and errors.is_key_rejection(response):
+            with self._rotating:
+                current = self.keys.key(kind)
+                if current == used:  # nobody rotated it yet: expired (or wrong)
+                    current = self.rotate(kind).key(kind)
+            response = self._send(method, port, path, params, _bearer(current), **kwargs)
+        if response.status_code >= 400:
+            raise errors.from_response(response, what)
+        return response
+
+    def _send(self, method: str, port: str, path: str, params: dict, auth: dict,
+              headers: dict | None = None, **kwargs: Any) -> requests.Response:
+        url = self.urls[port] + path
+        kwargs.setdefault("timeout", self.timeout)
+        try:
+            return self.session.request(method, url, params=params,
+                                        headers={**(headers or {}), **auth}, **kwargs)
+        except requests.ConnectionError:
+            raise errors.ServerNotRunning(
+                f"no TorchServe answers at {self.urls[port]}",
+                "start it with `make serve` (or `torchserve --start --ts-config "
+                "config/config.properties`), or point --inference-url/--management-url/"
+                "--metrics-url (or TSCTL_INFERENCE_URL, ...) at it") from None
+
+    # ------------------------------------------------------------------ management
+
+    def list_models(self) -> list[dict]:
+        """Every registered model: ``[{"modelName", "modelUrl"}]``."""
+        return self._call("GET", "management", "/models", "list models",
+                          params={"limit": 1000}).json()["models"]
+
+    def describe(self, model: str, version: str | None = None,
+                 customized: bool = False) -> list[dict]:
+        """One entry per version: every version when none is named, each with ``default``
+        added (whether ``/predictions/MODEL`` serves it: TorchServe's describe does not say).
+        With ``customized``, only the named (else the default) version, with the handler's
+        ``customizedMetadata`` (weights, settings, backend) parsed from JSON."""
+        every = version is None and not customized
+        path = _model_path(model, "all" if every else version)
+        entries = self._call("GET", "management", path, f"describe {_label(model, version)}",
+                             params={"customized": "true" if customized else None}).json()
+        if every:
+            default = self.default_version(model)
+            for entry in entries:
+                entry["default"] = entry.get("modelVersion") == default
+        for entry in entries:
+            meta = entry.get("customizedMetadata")
+            if isinstance(meta, str):
+                try:
+                    entry["customizedMetadata"] = json.loads(meta)
+                except ValueError:
+                    pass
+        return entries
+
+    def default_version(self, model: str) -> str:
+        """The version ``/predictions/MODEL`` serves."""
+        return self._call("GET", "management", _model_path(model, None),
+                          f"describe {model}").json()[0]["modelVersion"]
+
+    def register(self, archive: str, *, name: str | None = None, workers: int | None = None,
+                 batch_size: int | None = None, max_batch_delay: int | None = None,
+                 response_timeout: int | None = None, initial_workers: int | None = None) -> dict:
+        """Register ``archive`` (a file name in the model store, or an allowed URL) and wait
+        until its workers are up.
+
+        ``batch_size``/``max_batch_delay`` are sent to TorchServe (they win over the archive's
+        YAML in 0.12). ``workers``: TorchServe 0.12 ignores ``initial_workers`` when the
+        archive's YAML sets ``minWorkers``, so the model is scaled to exactly ``workers``
+        after registration. Returns the describe entry of the registered version."""
+        check_archive(archive)
+        if name is not None:
+            check_name(name)
+        workers = workers if workers is not None else initial_workers
+        answer = self._call("POST", "management", "/models", f"register {archive}", params={
+            "url": archive, "model_name": name, "initial_workers": workers or 1,
+            "batch_size": batch_size, "max_batch_delay": max_batch_delay,
+            "response_timeout": response_timeout, "synchronous": "true"}).json()
+        registered = _registered_name(answer.get("status", "")) or name
+        if registered is None:
+            return answer
+        if workers is not None:
+            self.scale(registered, workers, workers)
+        return answer | {"model": registered}
+
+    def scale(self, model: str, min_worker: int, max_worker: int | None = None,
+              version: str | None = None) -> dict:
+        """Set the worker count and wait until it is reached. Not kept across a restart of a
+        server started with ``--ncs`` (``make serve``): edit config/models/NAME.yaml for that."""
+        check_name(model)
+        if min_worker < 0 or (max_worker is not None and max_worker < min_worker):
+            raise errors.UsageError(f"bad worker counts min={min_worker} max={max_worker}",
+                                    "use 0 <= --min <= --max")
+        return self._call("PUT", "management", _model_path(model, version),
+                          f"scale {_label(model, version)}", params={
+                              "min_worker": min_worker,
+                              "max_worker": max_worker if max_worker is not None else min_worker,
+                              "synchronous": "true"}).json()
+
+    def set_default(self, model: str, version: str) -> dict:
+        """Make ``version`` what ``/predictions/MODEL`` serves."""
+        return self._call("PUT", "management", _model_path(model, version) + "/set-default",
+                          f"set-default {_label(model, version)}").json()
+
+    def unregister(self, model: str, version: str | None = None) -> dict:
+        """Remove a model (its default version when none is named). TorchServe refuses (403)
+        to remove the default version while other versions exist."""
+        return self._call("DELETE", "management", _model_path(model, version),
+                          f"unregister {_label(model, version)}").json()
+
+    # ------------------------------------------------------------------ inference
+
+    def health(self) -> dict:
+        """``/ping``: ``{"status": "Healthy"}`` when the frontend is up."""
+        return self._call("GET", "inference", "/ping", "ping").json()
+
+    def predict(self, model: str, image: bytes, *, version: str | None = None,
+                topk: int | None = None) -> Any:
+        """One image to ``/predictions/MODEL[/VERSION]``: tags (a list) or ``{"embedding"}``."""
+        headers = {"X-Top-K": str(topk)} if topk is not None else {}
+        return self._call("POST", "inference", "/predictions" + _route(model, version),
+                          f"predict {_label(model, version)}", data=image,
+                          headers=headers).json()
+
+    # ------------------------------------------------------------------ metrics
+
+    def metrics_text(self) -> str:
+        """The Prometheus text of the metrics port (no key needed)."""
+        return self._call("GET", "metrics", "/metrics", "read metrics").text
+
+
+def _bearer(key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def _route(model: str, version: str | None) -> str:
+    """``/NAME`` or ``/NAME/VERSION`` (``all`` is the management API's every-version word)."""
+    check_name(model)
+    if version is None:
+        return f"/{model}"
+    if version != "all":
+        check_name(version, "version")
+    return f"/{model}/{version}"
+
+
+def _model_path(model: str, version: str | None) -> str:
+    return "/models" + _route(model, version)
+
+
+def _label(model: str, version: str | None) -> str:
+    return f"{model} {version}" if version else model
+
+
+def _registered_name(status: str) -> str | None:
+    """``Model "resnet50-tagger" Version: 2.0 registered with 1 initial workers`` -> name."""
+    match = re.search(r'Model "([^"]+)"', status)
+    return match.group(1) if match else None
+

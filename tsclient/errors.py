@@ -1,0 +1,126 @@
+"""Every failure a client of the server can meet, each with an exit code and a hint on how to
+fix it. ``from_response`` is the one place that turns an HTTP answer into one of them."""
+from __future__ import annotations
+
+import requests
+
+
+class TsError(Exception):
+    """Base error: ``message`` says what went wrong, ``hint`` how to fix it, ``exit_code`` is
+    what ``tsctl`` exits with."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message + (f"\nhint: {hint}" if hint else ""))
+        self.message = message
+        self.hint = hint
+
+
+class ApiError(TsError):
+    """The server answered with an error status the classes below do not cover."""
+
+    def __init__(self, status: int, type_: str, message: str, hint: str = "") -> None:
+        super().__init__(f"HTTP {status} {type_}: {message}".replace(" : ", ": "), hint)
+        self.status = status
+        self.type = type_
+        self.server_message = message
+
+
+class UsageError(TsError):
+    """A bad argument caught before anything was sent (e.g. a model name no route can reach)."""
+
+    exit_code = 2
+
+
+class ServerNotRunning(TsError):
+    """Nothing answers at the URL."""
+
+    exit_code = 3
+
+
+class KeyFileError(TsError):
+    """``key_file.json`` is missing or unreadable (or holds no API key to rotate with)."""
+
+    exit_code = 4
+
+
+class KeyRejected(ApiError):
+    """A key was refused even after re-reading the key file and rotating it."""
+
+    exit_code = 4
+
+
+class NotFound(ApiError):
+    """Unknown model or version."""
+
+    exit_code = 5
+
+
+class Refused(ApiError):
+    """The server refused the operation: a registration outside the allowed sources, removing
+    the default version, a disabled API."""
+
+    exit_code = 6
+
+
+class Unhealthy(TsError):
+    """``health``: the server answers but a model has no READY worker; ``tag``/``embed``: some
+    files failed."""
+
+    exit_code = 7
+
+
+KEY_REJECTED = "InvalidKeyException"
+ALLOWED_URLS_HINT = ("register archives by file name from the model store (model_store in "
+                     "config/server.properties), or add the URL's pattern to allowed_urls there "
+                     "and restart the server")
+
+
+def is_key_rejection(response: requests.Response) -> bool:
+    """TorchServe's answer to a missing, wrong or expired key: 400 InvalidKeyException."""
+    return response.status_code == 400 and _body(response).get("type") == KEY_REJECTED
+
+
+def from_response(response: requests.Response, what: str) -> ApiError:
+    """The error for a failed answer to ``what`` (e.g. ``"describe resnet50-tagger"``)."""
+    body = _body(response)
+    status = response.status_code
+    type_ = str(body.get("type", ""))
+    message = str(body.get("message", response.text.strip() or response.reason))
+    if type_ == KEY_REJECTED:
+        return KeyRejected(status, type_, message,
+                         "the key in key_file.json was refused after one rotation: point "
+                         "--key-file at the key_file.json of THIS server (written in the folder "
+                         "torchserve was started from)")
+    if "does not match any allowed URL" in message or "Relative path" in message:
+        return Refused(status, type_, f"{what}: {message}", ALLOWED_URLS_HINT)
+    if status == 404 and type_ in ("ModelNotFoundException", "ModelVersionNotFoundException"):
+        hint = ("`tsctl list` shows the registered models; `tsctl describe NAME` their versions"
+                if "Model not found at" not in message else
+                "the archive must be a file in the server's model store: copy it there first")
+        return NotFound(status, type_, f"{what}: {message}", hint)
+    if status == 403 and type_ == "InvalidModelVersionException":
+        return Refused(status, type_, f"{what}: {message}",
+                       "make another version the default first: "
+                       "tsctl set-default NAME OTHER_VERSION")
+    if status == 405:
+        return Refused(status, type_, f"{what}: {message}",
+                       "this API is switched off: enable_model_api=true in "
+                       "config/server.properties")
+    if status == 503:
+        return ApiError(status, type_, f"{what}: {message}",
+                        "the model's queue is full or it has no worker: retry later, or "
+                        "`tsctl scale NAME --min N`")
+    if status == 409:
+        return Refused(status, type_, f"{what}: {message}",
+                       "already registered: `tsctl unregister NAME [VERSION]` first")
+    return ApiError(status, type_, f"{what}: {message}")
+
+
+def _body(response: requests.Response) -> dict:
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
