@@ -11,6 +11,7 @@
 #   VERSION      archive version (1.0): config.properties models={...} is keyed by it. Any
 #                other version is written as <model-name>-<VERSION>.mar, next to 1.0, e.g.
 #                VERSION=2.0 CONFIG_DIR=/tmp/v2 ./archive.sh resnet50-tagger (README: Versions)
+#   EXPLAIN      1 (default): pack the PyTorch checkpoint for /explanations; 0: leave it out
 #   CONFIG_DIR   where <model-name>.yaml (the archive's model-config.yaml) is read
 #                (config/models)
 set -euo pipefail
@@ -56,9 +57,10 @@ cp handlers/*.py "$STAGE/handlers/"
 cp model_files/__init__.py model_files/resnet_dual.py model_files/artifacts.py "$STAGE/model_files/"
 cp "$WEIGHTS_DIR/weights_info.json" "$WEIGHTS_DIR/index_to_name.json" "$STAGE/"
 # Explanations need gradients, so the PyTorch checkpoint goes in whatever the backend (about
-# 98 MB more in an onnx or torchscript archive; README "Explanations").
+# 95 MB more in an onnx or torchscript archive; README "Explanations"). EXPLAIN=0 leaves it
+# out: /explanations then answers 501.
 CHECKPOINT="$WEIGHTS_DIR/$("$PYTHON" -m model_files.artifacts serialized eager)"
-[ "$CHECKPOINT" = "$SERIALIZED" ] || cp "$CHECKPOINT" "$STAGE/"
+if [ "${EXPLAIN:-1}" != 0 ] && [ "$CHECKPOINT" != "$SERIALIZED" ]; then cp "$CHECKPOINT" "$STAGE/"; fi
 
 for model in "${MODELS[@]}"; do
   config="$CONFIG_DIR/$model.yaml"
