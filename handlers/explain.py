@@ -82,7 +82,8 @@ def parse_options(options: dict[str, Any], top_k: int | None, labels: Sequence[s
     k = top_k or 1
     if len(classes) > config.explain_max_targets or k > config.explain_max_targets:
         raise InvalidParameter(
-            f"at most {config.explain_max_targets} targets per image (handler.explain_max_targets), "
+            f"at most {config.explain_max_targets} targets per image "
+            "(handler.explain_max_targets), "
             f"got {max(len(classes), k)}; send several requests")
     if classes and top_k:
         raise InvalidParameter("give either 'target' (the classes to explain) or 'topk' "
@@ -313,36 +314,36 @@ class Explainer:
         """One answer per job: per image, ``{"method", "explanations": [...]}``. Jobs with the
         same method and settings share one Captum call."""
         probabilities = torch.softmax(logits.float(), dim=1)
-        plan = [(job, row, target) for job in jobs for row in job.rows
+        plan = [(j, row, target) for j, job in enumerate(jobs) for row in job.rows
                 for target in (job.spec.classes or
                                probabilities[row].topk(job.spec.top_k).indices.tolist())]
         maps: list[Any] = [None] * len(plan)
         empty: list[bool] = [False] * len(plan)
         groups: dict[tuple, list[int]] = {}
-        for p, (job, _, _) in enumerate(plan):
-            s = job.spec
-            key = (s.method, s.n_steps if s.method == "ig" else 0, s.internal_batch_size)
+        for p, (j, _, _) in enumerate(plan):
+            s = jobs[j].spec
+            key = (s.method, s.n_steps if s.method == "ig" else 0,
+                   s.internal_batch_size if s.method != "gradcam" else 0)
             groups.setdefault(key, []).append(p)
         for (method, n_steps, batch), members in groups.items():
             rows = torch.tensor([plan[p][1] for p in members])
             raw = attribute(self.dual, self.layer, pixels.index_select(0, rows),
                             [plan[p][2] for p in members], method,
-                            n_steps=n_steps, internal_batch_size=batch)
+                            n_steps=n_steps, internal_batch_size=batch or 1)
             grids, flags = normalise(raw)
             for p, grid, flag in zip(members, grids, flags):
                 maps[p], empty[p] = grid, flag
         answers: list[list[dict]] = [[{"method": job.spec.method, "explanations": []}
                                       for _ in job.rows] for job in jobs]
-        job_index = {id(job): j for j, job in enumerate(jobs)}
-        for p, (job, row, target) in enumerate(plan):
-            j = job_index[id(job)]
+        for p, (j, row, target) in enumerate(plan):
+            job = jobs[j]
             item = self._target(probabilities[row], target)
             item.update(grid=[[round(float(v), 4) for v in line] for line in maps[p]],
                         empty=empty[p])
             if job.spec.png:
-                picture = job.pictures[row - job.rows.start]
-                item["png"] = base64.b64encode(
-                    render_png(picture, maps[p], self.config.explain_png_max_side)).decode("ascii")
+                png = render_png(job.pictures[row - job.rows.start], maps[p],
+                                 self.config.explain_png_max_side)
+                item["png"] = base64.b64encode(png).decode("ascii")
             answers[j][row - job.rows.start]["explanations"].append(item)
         return answers
 
@@ -353,7 +354,6 @@ class Explainer:
         rank = int((probabilities > probabilities[target]).sum()) + 1
         return {"target": "class", "label": self.labels[target], "index": target,
                 "probability": float(probabilities[target]), "rank": rank}
-
 
 
 def load_explainer(checkpoint: Path, labels: Sequence[str], config: HandlerConfig,

@@ -73,7 +73,8 @@ def test_gradcam_equals_captum_on_torchvision(tagger, reference):
 
 
 def test_integrated_gradients_equals_captum_on_torchvision(tagger, reference):
-    answers, statuses = explained(tagger, [as_json(target=281, method="ig", n_steps=4, internal_batch_size=4)])
+    answers, statuses = explained(tagger, [as_json(target=281, method="ig", n_steps=4,
+                                                   internal_batch_size=4)])
     assert statuses == [(200, None)]
     (item,) = answers[0]["explanations"]
     pixels = reference_input(IMAGE)
