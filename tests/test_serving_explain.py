@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import io
+import json
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -13,7 +15,8 @@ from PIL import Image
 from torchvision.models import ResNet50_Weights
 
 from tests import imagegen
-from tsclient.explain import ExplainError, explain
+from tests.conftest import REPO
+from tsclient.errors import ApiError
 
 pytestmark = pytest.mark.integration
 CATEGORIES = ResNet50_Weights.IMAGENET1K_V2.meta["categories"]
@@ -118,15 +121,16 @@ def test_v2_has_no_explain_route_of_ours(torchserve):
     assert response.status_code == 501 and response.json()["type"] == "NotSupported"
 
 
-def test_python_client_saves_the_heatmap(torchserve, reference, tmp_path):
+def test_tsctl_saves_the_heatmap_and_the_client_reports_refusals(torchserve, tmp_path):
     image = tmp_path / "photo.jpg"
     image.write_bytes(IMAGE)
     out = tmp_path / "heatmap.png"
-    answer = explain(torchserve.inference_url, torchserve.keys.inference, "resnet50-tagger",
-                     image, target="tabby", out_png=out)
-    assert answer["explanations"][0]["index"] == 281
+    run = subprocess.run([str(REPO / ".venv" / "bin" / "tsctl"), "--json", "explain", str(image),
+                          "--target", "tabby", "--out", str(out)], env=torchserve.cli_env(),
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["explanations"][0]["index"] == 281
     assert Image.open(out).size == (400, 300)
-    with pytest.raises(ExplainError) as refused:
-        explain(torchserve.inference_url, torchserve.keys.inference, "resnet50-tagger", image,
-                target="no such class")
+    with pytest.raises(ApiError) as refused:
+        torchserve.client().explain("resnet50-tagger", IMAGE, target="no such class")
     assert refused.value.status == 400

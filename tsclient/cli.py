@@ -14,6 +14,7 @@ without a READY worker, or some files failed in ``tag``/``embed``).
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import sys
@@ -244,6 +245,29 @@ def cmd_embed(client: TorchServeClient, args) -> tuple[Any, str, int]:
     return data, "\n".join(lines), _files_exit(results)
 
 
+def cmd_explain(client: TorchServeClient, args) -> tuple[Any, str, int]:
+    path = Path(args.file)
+    try:
+        image = path.read_bytes()
+    except OSError as exc:
+        raise errors.UsageError(f"cannot read {path}: {exc.strerror}",
+                                "check the file path") from None
+    answer = client.explain(args.model, image, filename=path.name, target=args.target,
+                            topk=args.topk, method=args.method, n_steps=args.n_steps,
+                            png=args.out is not None)
+    lines = [f"{path}: {answer['method']}"]
+    for item in answer["explanations"]:
+        lines.append(f"  {item['label']} (index {item['index']}, probability "
+                     f"{item['probability']:.3f}): {len(item['grid'])}x{len(item['grid'][0])} "
+                     "grid" + (", empty" if item.get("empty") else ""))
+    if args.out is not None:
+        args.out.write_bytes(base64.b64decode(answer["explanations"][0]["png"]))
+        lines.append(f"wrote {args.out} (heatmap of the first target over the image)")
+    data = {**answer, "explanations": [{k: v for k, v in e.items() if k != "png"}
+                                       for e in answer["explanations"]]}
+    return data, "\n".join(lines), 0
+
+
 def _predict_files(client: TorchServeClient, args, model: str, **params) -> dict[str, Any]:
     """Send every file concurrently (``--concurrency``); each file's answer or its error, in
     the order given. A missing file is an error of that file, not of the run."""
@@ -315,7 +339,7 @@ def _duration(seconds: float | None) -> str:
 COMMANDS = {"list": cmd_list, "describe": cmd_describe, "register": cmd_register,
             "scale": cmd_scale, "set-default": cmd_set_default, "unregister": cmd_unregister,
             "tag": cmd_tag, "embed": cmd_embed, "health": cmd_health, "keys": cmd_keys,
-            "metrics": cmd_metrics}
+            "metrics": cmd_metrics, "explain": cmd_explain}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -372,6 +396,14 @@ def parser() -> argparse.ArgumentParser:
                    help="print a valid key (rotated first when it expires within a minute), "
                         "e.g. KEY=$(tsctl keys --print inference)")
     sub.add_parser("metrics", help="batch sizes, requests, errors and latency per model")
+    e = sub.add_parser("explain", help="where the model looked: a heatmap for one image")
+    e.add_argument("file", metavar="FILE")
+    e.add_argument("--model", default="resnet50-tagger")
+    e.add_argument("--target", help="class index or label (default: the top-1 class)")
+    e.add_argument("--topk", type=int, help="explain the k most probable classes")
+    e.add_argument("--method", help="gradcam (default), ig or occlusion")
+    e.add_argument("--n-steps", type=int, help="integrated-gradients steps")
+    e.add_argument("--out", type=Path, help="write the heatmap PNG here")
     return p
 
 

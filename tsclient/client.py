@@ -246,6 +246,19 @@ class TorchServeClient:
                           f"predict {_label(model, version)}", data=image,
                           headers=headers).json()
 
+    def explain(self, model: str, image: bytes, *, filename: str = "image",
+                target: int | str | None = None, topk: int | None = None,
+                method: str | None = None, n_steps: int | None = None,
+                png: bool = False) -> dict:
+        """One image to ``/explanations/MODEL``: ``{"method", "explanations": [{"label",
+        "index", "probability", "rank", "grid", "png"?}]}``, where the model looked for each
+        target (top-1 by default; a class ``target`` by index or label; ``topk`` targets)."""
+        fields = {"target": target, "topk": topk, "method": method, "n_steps": n_steps,
+                  "png": "true" if png else None}
+        return self._call("POST", "inference", "/explanations" + _route(model, None),
+                          f"explain {model}", files={"data": (filename, image)},
+                          data={k: str(v) for k, v in fields.items() if v is not None}).json()
+
     # ------------------------------------------------------------------ metrics
 
     def metrics_text(self) -> str:
