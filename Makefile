@@ -5,13 +5,16 @@
 #
 # Variables: WEIGHTS=auto|imagenet|seeded|/path/to/resnet50.pt (see README; unset keeps the
 #            weights already built, else auto),
-#            BACKEND=onnx (default, fastest on CPU)|torchscript|eager (PyTorch; the GPU choice)
+#            BACKEND=onnx (default, fastest on CPU)|openvino|torchscript|eager (PyTorch; the GPU choice)
+#            PRECISION=auto (default)|int8: int8 quantises the OpenVINO IR (BACKEND=openvino) and
+#            refuses below the fidelity gate in config/int8_gate.yaml (model_files/quantize.py)
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 WEIGHTS ?=
 BACKEND ?= onnx
+PRECISION ?= auto
 WEIGHTS_DIR := build/weights
 MODEL_CONFIGS := $(wildcard config/models/*.yaml)
 SOURCES := $(wildcard handlers/*.py model_files/*.py) $(MODEL_CONFIGS) archive.sh
@@ -38,22 +41,23 @@ config: $(VENV)/.installed
 	@$(PY) -m devtools.configgen
 
 # build_weights.py is itself idempotent: it returns at once when WEIGHTS is what it built.
-weights: $(VENV)/.installed
+weights: $(VENV)/.installed $(if $(filter int8,$(PRECISION)),samples)
 	@$(PY) -m model_files.build_weights $(if $(WEIGHTS),--source "$(WEIGHTS)") --out $(WEIGHTS_DIR)
 	@$(PY) -m model_files.export --backend "$(BACKEND)" --weights $(WEIGHTS_DIR)
+	$(if $(filter int8,$(PRECISION)),@$(PY) -m model_files.quantize --weights $(WEIGHTS_DIR))
 
 # Archives are rebuilt when the handler, model code, configs, weights or backend change.
 archives: weights
-	@echo "$(BACKEND)" > build/.backend.new
+	@echo "$(BACKEND) $(PRECISION)" > build/.backend.new
 	@cmp -s build/.backend.new build/.backend || mv build/.backend.new build/.backend
 	@$(MAKE) --no-print-directory build/.archived
 
 build/.archived: $(SOURCES) $(WEIGHTS_DIR)/weights_info.json build/.backend $(wildcard $(WEIGHTS_DIR)/*.sha256)
-	BACKEND=$(BACKEND) ./archive.sh
+	BACKEND=$(BACKEND) PRECISION=$(PRECISION) ./archive.sh
 	@touch $@
 
 samples: $(VENV)/.installed
-	@$(PY) -m devtools.samples --out build/samples >/dev/null
+	@$(PY) -m devtools.samples --out build/samples --heldout build/heldout >/dev/null
 
 serve: setup config archives samples
 	$(VENV)/bin/torchserve --start --foreground --ncs --ts-config config/config.properties
