@@ -4,7 +4,7 @@
 #
 # Usage: ./archive.sh [model-name ...]          (default: every config/models/*.yaml)
 # Environment:
-#   BACKEND      onnx (default) | openvino | torchscript | eager: which serialized model goes
+#   BACKEND      openvino (default) | onnx | torchscript | eager: which serialized model goes
 #                in (model_files/export.py writes the onnx, openvino and torchscript files)
 #   PRECISION    auto (default) | int8: int8 packs the quantised OpenVINO IR that
 #                model_files/quantize.py wrote after its fidelity gate passed (BACKEND=openvino)
@@ -16,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-BACKEND=${BACKEND:-onnx}
+BACKEND=${BACKEND:-openvino}
 PRECISION=${PRECISION:-auto}
 WEIGHTS_DIR=${WEIGHTS_DIR:-build/weights}
 OUT=${OUT:-model-store}
