@@ -4,8 +4,10 @@
 #
 # Usage: ./archive.sh [model-name ...]          (default: every config/models/*.yaml)
 # Environment:
-#   BACKEND      onnx (default) | torchscript | eager: which serialized model goes in
-#                (model_files/export.py writes the onnx and torchscript files)
+#   BACKEND      openvino (default) | onnx | torchscript | eager: which serialized model goes
+#                in (model_files/export.py writes the onnx, openvino and torchscript files)
+#   PRECISION    auto (default) | int8: int8 packs the quantised OpenVINO IR that
+#                model_files/quantize.py wrote after its fidelity gate passed (BACKEND=openvino)
 #   WEIGHTS_DIR  where model_files/build_weights.py wrote the weights (build/weights)
 #   OUT          output folder (model-store)
 #   VERSION      archive version (1.0): config.properties models={...} is keyed by it. Any
@@ -17,7 +19,8 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-BACKEND=${BACKEND:-onnx}
+BACKEND=${BACKEND:-openvino}
+PRECISION=${PRECISION:-auto}
 WEIGHTS_DIR=${WEIGHTS_DIR:-build/weights}
 OUT=${OUT:-model-store}
 VERSION=${VERSION:-1.0}
@@ -37,11 +40,13 @@ die() { echo "archive.sh: error: $*" >&2; exit 1; }
 [ -x "$ARCHIVER" ] || ARCHIVER=$(command -v torch-model-archiver) \
   || die "torch-model-archiver not found: run 'make setup' first"
 [ -x "$PYTHON" ] || PYTHON=$(command -v python3) || die "python3 not found: run 'make setup' first"
-# model_files/artifacts.py names the file each backend loads.
-SERIALIZED="$WEIGHTS_DIR/$("$PYTHON" -m model_files.artifacts serialized "$BACKEND")" \
-  || die "BACKEND must be eager, torchscript or onnx, got '$BACKEND'"
-for f in "$SERIALIZED" "$WEIGHTS_DIR/weights_info.json" "$WEIGHTS_DIR/index_to_name.json"; do
-  [ -f "$f" ] || die "missing $f: run 'make weights BACKEND=$BACKEND' first"
+# model_files/artifacts.py names the file each backend loads, then the files it needs beside it.
+FILES=$("$PYTHON" -m model_files.artifacts files "$BACKEND" "$PRECISION") \
+  || die "BACKEND must be eager, torchscript, onnx or openvino (PRECISION=int8: openvino only), got '$BACKEND' '$PRECISION'"
+mapfile -t FILES <<< "$FILES"
+SERIALIZED="$WEIGHTS_DIR/${FILES[0]}"
+for f in "${FILES[@]/#/$WEIGHTS_DIR/}" "$WEIGHTS_DIR/weights_info.json" "$WEIGHTS_DIR/index_to_name.json"; do
+  [ -f "$f" ] || die "missing $f: run 'make weights BACKEND=$BACKEND PRECISION=$PRECISION' first"
 done
 
 # torch-model-archiver copies a folder given in --extra-files flat into the archive root, so
@@ -56,6 +61,7 @@ mkdir -p "$STAGE/handlers" "$STAGE/model_files" "$ARCHIVER_TMP"
 cp handlers/*.py "$STAGE/handlers/"
 cp model_files/__init__.py model_files/resnet_dual.py model_files/artifacts.py "$STAGE/model_files/"
 cp "$WEIGHTS_DIR/weights_info.json" "$WEIGHTS_DIR/index_to_name.json" "$STAGE/"
+for f in "${FILES[@]:1}"; do cp "$WEIGHTS_DIR/$f" "$STAGE/"; done
 # Explanations need gradients, so the PyTorch checkpoint goes in whatever the backend (about
 # 95 MB more in an onnx or torchscript archive; README "Explanations"). EXPLAIN=0 leaves it
 # out: /explanations then answers 501.
@@ -78,5 +84,5 @@ for model in "${MODELS[@]}"; do
   archive="$model.mar"
   [ "$VERSION" = "1.0" ] || archive="$model-$VERSION.mar"
   mv "$WORK/$model.mar" "$OUT/$archive"
-  echo "archived $OUT/$archive (version $VERSION, backend $BACKEND, $(basename "$SERIALIZED"))"
+  echo "archived $OUT/$archive (version $VERSION, backend $BACKEND: ${FILES[*]})"
 done

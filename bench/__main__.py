@@ -1,11 +1,15 @@
 """``python -m bench``: one run, same weights, three measurements, one report.
 
-1. raw model speed in this process (every backend; batch 1 and 8; single-image latency);
-   then the cost of one explanation per method (``bench/explain_cost.py``);
+1. raw model speed in this process (every backend and OpenVINO precision; batch 1 and 8;
+   single-image latency), the in-process pipeline of the served backend (decode, preprocess,
+   forward at batch 8; no HTTP), and the cost of one explanation per method
+   (``bench/explain_cost.py``);
 2. our served tagger: a real TorchServe with both archives of ``model-store/`` and the shipped
    ``config/config.properties``;
-3. TorchServe's stock ``image_classifier`` serving the same weights, with the same frontend
-   settings, in a second TorchServe started only after the first one stopped.
+3. the int8 tagger (closed loop only), when ``make archives BACKEND=openvino PRECISION=int8``
+   has built the int8 IR (it is archived here from build/weights);
+4. TorchServe's stock ``image_classifier`` serving the same weights, with the same frontend
+   settings, in a TorchServe started only after the others stopped.
 
 Writes ``results/benchmark.{md,json,png}`` and prints the Markdown (progress goes to stderr).
 Every server is stopped in a ``finally``; nothing is left running.
@@ -18,19 +22,22 @@ import logging
 import os
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
+import yaml
+
 from bench import explain_cost, machine, raw, report, stock
-from bench.archives import ArchiveInfo
+from bench.archives import ArchiveInfo, build_variant
 from bench.layout import (BUILD, EMBEDDING, IMAGES, MODEL_STORE, REPO, RESULTS, SAMPLES,
                           TAGGER as OURS, WEIGHTS, fresh_dir, setup_cli)
 from bench.serving import LoadPlan, measure_model
 from bench.targets import evaluate
 from handlers.config import HandlerConfig
 from handlers.preprocess import Preprocessor
-from model_files.artifacts import CHECKPOINT, LABELS
+from devtools import configgen
 from devtools.server import LocalTorchServe
+from model_files.artifacts import CHECKPOINT, LABELS, QUANTIZED
 
 log = logging.getLogger("bench")
 
@@ -73,15 +80,29 @@ def run_raw(archive: ArchiveInfo, images: dict[str, bytes], budget: raw.Budget) 
     # `make weights` exports only the chosen backend; export() reports on stdout, which
     # carries only the report here.
     with contextlib.redirect_stdout(sys.stderr):
-        for kind in ("torchscript", "onnx"):
+        for kind in ("torchscript", "onnx", "openvino"):
             export(kind, WEIGHTS)
     preprocess = Preprocessor(HandlerConfig.from_mapping(archive.model_config.get("handler")))
     return raw.run_raw(WEIGHTS, images, preprocess, budget=budget)
 
 
-def serve_ours(images: dict[str, bytes], plan: LoadPlan, weights: dict) -> dict:
-    workdir = fresh_dir(BUILD / "run" / "ours")
-    server = LocalTorchServe(workdir, MODEL_STORE)
+def run_pipeline(archive: ArchiveInfo, image: bytes, budget: raw.Budget) -> dict:
+    """The served tagger's work without serving: its backend at its handler settings."""
+    config = HandlerConfig.from_mapping(archive.model_config.get("handler"))
+    label = archive.backend if config.precision == "auto" else f"{archive.backend}-{config.precision}"
+    label = label if label in raw.VARIANTS else archive.backend
+    backend = raw.load_variant(WEIGHTS, label)
+    measured = raw.pipeline_throughput(backend, Preprocessor(config), image, 8, budget,
+                                       config.decode_threads)
+    return {"backend": label, "precision": backend.precision, **measured}
+
+
+def serve_ours(images: dict[str, bytes], plan: LoadPlan, weights: dict, *,
+               store: Path = MODEL_STORE, config: Path | None = None,
+               load_models: list[str] | None = None, run: str = "ours") -> dict:
+    workdir = fresh_dir(BUILD / "run" / run)
+    server = LocalTorchServe(workdir, store, load_models=load_models,
+                             **({"config": config} if config else {}))
     try:
         started = time.monotonic()
         server.start()
@@ -97,7 +118,26 @@ def serve_ours(images: dict[str, bytes], plan: LoadPlan, weights: dict) -> dict:
     finally:
         server.stop()
     return {"model": OURS, "backend": meta.get("backend", "unknown"),
-            "startup_s": startup_s, **measured}
+            "precision": meta.get("precision", "unknown"),
+            "quantization": meta.get("quantization"), "startup_s": startup_s, **measured}
+
+
+def serve_int8(images: dict[str, bytes], plan: LoadPlan, weights: dict) -> dict | None:
+    """The tagger archived from the int8 IR, alone on its server; None when not built."""
+    if not (WEIGHTS / QUANTIZED[("openvino", "int8")]).is_file():
+        log.info("no int8 IR in build/weights (make archives BACKEND=openvino PRECISION=int8): "
+                 "int8 not served")
+        return None
+    store = BUILD / "int8-store"
+    model_yaml = configgen.MODELS_DIR / f"{OURS}.yaml"
+    build_variant(OURS, yaml.safe_load(model_yaml.read_text()), "openvino",
+                  BUILD / "int8-archive", store / f"{OURS}.mar", precision="int8")
+    config = BUILD / "int8.properties"
+    config.write_text(configgen.local_config(
+        configgen.REPO / "config" / "server.properties",
+        {OURS: configgen.frontend_settings(model_yaml)}))
+    return serve_ours(images, plan, weights, store=store, config=config,
+                      load_models=[f"{OURS}.mar"], run="int8")
 
 
 def serve_stock(images: dict[str, bytes], plan: LoadPlan) -> dict:
@@ -135,14 +175,19 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     machine_info = machine.describe_machine()
     images, archive, weights = load_inputs()
-    log.info("raw forward: eager, torchscript, onnx")
+    log.info("raw forward: %s", ", ".join(raw.VARIANTS))
     raw_results = run_raw(archive, images, budget)
+    log.info("in-process pipeline: %s", archive.backend)
+    pipeline = run_pipeline(archive, images["small"], budget)
     log.info("explanations: cost per method")
     explain_results = explain_cost.run_explain(
         WEIGHTS, next(iter(images.values())),
         HandlerConfig.from_mapping(archive.model_config.get("handler")), args.quick)
     log.info("served: ours (%s)", OURS)
     ours = serve_ours(images, plan, weights)
+    log.info("served: ours at int8")
+    # Not in --quick: quantised archives are slow to build and the smoke test stays short.
+    int8 = None if args.quick else serve_int8(images, replace(plan, rates=()), weights)
     log.info("served: stock image_classifier")
     stock_results = serve_stock(images, plan)
 
@@ -157,10 +202,12 @@ def main(argv: list[str] | None = None) -> int:
             "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
         },
         "raw": raw_results,
+        "pipeline": pipeline,
         "explain": explain_results,
-        "served": {"ours": ours, "stock": stock_results},
+        "served": {"ours": ours, "int8": int8, "stock": stock_results},
         "targets": [t.to_dict() for t in evaluate(raw_results, ours["backend"], ours,
-                                                  stock_results)],
+                                                  stock_results, int8=int8,
+                                                  pipeline=pipeline)],
     }
     print(report.write_reports(results, args.out), end="")
     return 0

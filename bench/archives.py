@@ -54,7 +54,8 @@ def variant_config(base_yaml: Path, batch_size: int, max_batch_delay: int, worke
     return config
 
 
-def build_variant(model: str, config: dict, backend: str, work_dir: Path, mar_path: Path) -> Path:
+def build_variant(model: str, config: dict, backend: str, work_dir: Path, mar_path: Path,
+                  precision: str = "auto") -> Path:
     """Archive ``model`` with ``config`` as its model-config.yaml via ``archive.sh``; the
     result is moved to ``mar_path`` (the file name may differ from the model name: TorchServe
     takes the name from the manifest). Call it for one model at a time, never concurrently."""
@@ -68,7 +69,7 @@ def build_variant(model: str, config: dict, backend: str, work_dir: Path, mar_pa
     subprocess.run(
         [str(REPO / "archive.sh"), model],
         env={**os.environ, "CONFIG_DIR": str(config_dir), "OUT": str(out_dir),
-             "BACKEND": backend},
+             "BACKEND": backend, "PRECISION": precision},
         cwd=REPO, check=True, stdout=subprocess.DEVNULL, timeout=600,
     )
     mar_path.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,9 @@ BUILD = REPO / "build" / "bench"  # exports, stock archive, server working folde
 RESULTS = REPO / "results"
 TAGGER = "resnet50-tagger"
 EMBEDDING = "resnet50-embedding"
-IMAGES = {"small": "chelsea.jpg", "12mp": "chelsea-12mp.jpg"}  # written by `make samples`
+# written by `make samples`; the noisy one is what phone photos are like (3.3 MB, not 0.8 MB)
+IMAGES = {"small": "chelsea.jpg", "12mp": "chelsea-12mp.jpg",
+          "12mp-noisy": "chelsea-12mp-noisy.jpg"}
 
 
 def fresh_dir(path: Path) -> Path:

@@ -11,7 +11,10 @@ from pathlib import Path
 
 import psutil
 
-PACKAGES = ("torch", "torchvision", "onnxruntime", "torchserve", "torch-model-archiver")
+PACKAGES = ("torch", "torchvision", "onnxruntime", "openvino", "nncf", "torchserve",
+            "torch-model-archiver")
+# The CPU features the bf16 and int8 paths use (AMX: the next step up, absent on Zen 4).
+CPU_FLAGS = ("avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")
 
 
 def cpu_model() -> str:
@@ -23,6 +26,17 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def cpu_flags() -> dict[str, bool]:
+    """Which of ``CPU_FLAGS`` /proc/cpuinfo lists."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines()
+                  if line.startswith("flags")), [])
+    return {flag: flag in flags for flag in CPU_FLAGS}
 
 
 def java_version() -> str:
@@ -50,6 +64,7 @@ def describe_machine() -> dict:
     return {
         "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "cpu": cpu_model(),
+        "cpu_flags": cpu_flags(),
         "cores": os.cpu_count(),
         "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
         "os": f"{platform.system()} {platform.release()}",

@@ -3,7 +3,10 @@
 * forward throughput (images/s) of each backend at fixed batch sizes, on a real preprocessed
   image repeated to the batch size;
 * single-image latency (ms) of what the handler does for one request: ``decode_image`` with the
-  tagger's handler settings, the weights' transform, one forward at batch 1.
+  tagger's handler settings, the weights' transform, one forward at batch 1;
+* the in-process pipeline: what the served tagger does without TorchServe, HTTP or the
+  frontend (decode and preprocess a batch of the same JPEG on the handler's decode threads,
+  stack, one forward), images per second.
 
 Backends load through ``handlers.backends.load_backend``, exactly as the handler loads them.
 Every timing loop stops at a time budget or an iteration cap, whichever comes first.
@@ -11,8 +14,10 @@ Every timing loop stops at a time budget or an iteration cap, whichever comes fi
 from __future__ import annotations
 
 import gc
+import os
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,8 +26,18 @@ import torch
 from bench.stats import percentile
 from handlers.backends import Backend, load_backend
 from handlers.preprocess import Preprocessor
-from model_files.artifacts import SERIALIZED
+from model_files.artifacts import QUANTIZED, SERIALIZED
 
+# Row label -> (backend, serialized file, handler precision). ``openvino`` is what an archive
+# at the default precision runs (auto: bf16 on CPUs with bf16 units).
+VARIANTS = {
+    "eager": ("eager", SERIALIZED["eager"], "auto"),
+    "torchscript": ("torchscript", SERIALIZED["torchscript"], "auto"),
+    "onnx": ("onnx", SERIALIZED["onnx"], "auto"),
+    "openvino-f32": ("openvino", SERIALIZED["openvino"], "f32"),
+    "openvino": ("openvino", SERIALIZED["openvino"], "auto"),
+    "openvino-int8": ("openvino", QUANTIZED[("openvino", "int8")], "auto"),
+}
 
 
 @dataclass(frozen=True)
@@ -70,26 +85,47 @@ def single_image_latency(backend: Backend, preprocess: Preprocessor, data: bytes
             "mean_ms": sum(times) / len(times), "p95_ms": percentile(times, 95)}
 
 
+def pipeline_throughput(backend: Backend, preprocess: Preprocessor, data: bytes, batch: int,
+                        budget: Budget, decode_threads: int = 0) -> dict:
+    """Images per second of decode + preprocess (``batch`` copies of ``data`` on a pool of
+    ``decode_threads``, as the handler's; 0 = one per core, at most 4) + stack + one forward."""
+    work = [data] * batch
+    with ThreadPoolExecutor(decode_threads or min(4, os.cpu_count() or 1)) as pool:
+        times = _timed_loop(lambda: backend(torch.stack(list(pool.map(preprocess, work)))),
+                            budget)
+    return {"batch": batch, "iterations": len(times),
+            "images_per_s": batch * len(times) / sum(times)}
+
+
+def load_variant(weights_dir: Path, label: str) -> Backend:
+    kind, file, precision = VARIANTS[label]
+    with warnings.catch_warnings():
+        # torch.jit.load's deprecation notice says nothing about the measurement.
+        warnings.simplefilter("ignore", FutureWarning)
+        # Runtime defaults (ONNX Runtime's threads spin): the fastest raw number, so the
+        # served-vs-raw ratios are measured against the best the model itself can do.
+        return load_backend(kind, weights_dir / file, torch.device("cpu"), spin=True,
+                            precision=precision)
+
+
 def run_raw(weights_dir: Path, images: dict[str, bytes], preprocess: Preprocessor,
             batches: tuple[int, ...] = (1, 8), budget: Budget = Budget(),
-            backends: tuple[str, ...] = tuple(SERIALIZED)) -> dict[str, dict]:
-    """For each backend: forward throughput at each batch size and single-image latency of
-    each named image. Returns ``{backend: {"forward": [...], "single_image": {name: {...}}}}``."""
+            variants: tuple[str, ...] = tuple(VARIANTS)) -> dict[str, dict]:
+    """For each variant (``VARIANTS``; those whose file is missing are skipped): forward
+    throughput at each batch size and single-image latency of each named image. Returns
+    ``{label: {"forward": [...], "single_image": {name: {...}}, "precision": ...}}``."""
     first = next(iter(images.values()))
     pixels = preprocess(first)
     results: dict[str, dict] = {}
-    for kind in backends:
+    for label in variants:
+        if not (weights_dir / VARIANTS[label][1]).is_file():
+            continue
         t = time.monotonic()
-        with warnings.catch_warnings():
-            # torch.jit.load's deprecation notice says nothing about the measurement.
-            warnings.simplefilter("ignore", FutureWarning)
-            # Runtime defaults (ONNX Runtime's threads spin): the fastest raw number, so the
-            # served-vs-raw ratios are measured against the best the model itself can do.
-            backend = load_backend(kind, weights_dir / SERIALIZED[kind], torch.device("cpu"),
-                                   spin=True)
+        backend = load_variant(weights_dir, label)
         load_s = time.monotonic() - t
-        results[kind] = {
-            "file": SERIALIZED[kind],
+        results[label] = {
+            "file": VARIANTS[label][1],
+            "precision": backend.precision,
             "load_s": load_s,
             "forward": [forward_throughput(backend, pixels, b, budget) for b in batches],
             "single_image": {name: single_image_latency(backend, preprocess, data, budget)

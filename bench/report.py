@@ -8,8 +8,16 @@ import json
 import math
 from pathlib import Path
 
-SERVERS = (("ours", "tagger (ours)"), ("stock", "stock image_classifier"))
-IMAGE_NAMES = {"small": "small JPEG 451x300", "12mp": "12 MP photo 4242x2828"}
+SERVERS = (("ours", "tagger (ours)"), ("int8", "tagger int8 (ours)"),
+           ("stock", "stock image_classifier"))
+IMAGE_NAMES = {"small": "small JPEG 451x300", "12mp": "12 MP photo 4242x2828",
+               "12mp-noisy": "noisy 12 MP photo 4242x2828"}
+
+
+def _servers(results: dict):
+    """(key, label, runs) of each server measured in this run."""
+    return [(key, label, results["served"][key]) for key, label in SERVERS
+            if results["served"].get(key)]
 
 
 def fmt(value, digits: int = 1) -> str:
@@ -43,6 +51,9 @@ def _header(results: dict) -> list[str]:
     meta = results["meta"]
     machine, versions, weights = meta["machine"], meta["versions"], meta["weights"]
     ours, stock = results["served"]["ours"], results["served"]["stock"]
+    int8 = results["served"].get("int8")
+    flags = machine.get("cpu_flags", {})
+    flags_line = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in flags.items()) or "n/a"
     if weights.get("trained"):
         weights_line = f"{weights['source']}, trained (sha256 {weights['sha256'][:16]}...)"
     else:
@@ -56,7 +67,7 @@ def _header(results: dict) -> list[str]:
         "",
         f"- Date: {machine['date']}; `{meta['command']}` took {fmt(meta['elapsed_s'], 0)} s.",
         f"- Machine: {machine['cpu']}, {machine['cores']} cores, {machine['memory_gb']} GB RAM,"
-        f" {machine['os']}. Other work on the machine: CPU "
+        f" {machine['os']}; CPU features: {flags_line}. Other work on the machine: CPU "
         f"{fmt(machine['cpu_busy_percent_before'], 0)}% busy in the second before the run; "
         f"load average {' / '.join(str(x) for x in machine['loadavg_at_start'])} (1/5/15 min) "
         f"before, {' / '.join(str(x) for x in meta['loadavg_at_end'])} after (the run itself "
@@ -64,12 +75,28 @@ def _header(results: dict) -> list[str]:
         f"- Weights (the same file for every row): {weights_line}",
         "- Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".",
         f"- Ours: `{ours['model']}` archive from `model-store/`, backend **{ours['backend']}**, "
-        f"{_settings(ours['settings'])}; the embedding model is loaded too (idle).",
+        f"precision **{ours.get('precision', 'n/a')}**, {_settings(ours['settings'])}; the "
+        "embedding model is loaded too (idle).",
+        (f"- Ours int8: the tagger archived from the int8 IR, precision "
+         f"**{int8.get('precision')}**, alone on its server, closed loop only; fidelity vs "
+         f"float32 on held-apart photos: {_fidelity(int8.get('quantization'))}."
+         if int8 else "- Ours int8: not measured (no int8 IR built)."),
         f"- Stock: `{stock['model']}`, `image_classifier` handler, plain torchvision ResNet50 "
         f"traced and frozen to TorchScript from the same weights, {_settings(stock['settings'])}.",
         "- Servers run one at a time; the load generator shares the 2 cores with the server "
         "under test (both sides pay for it).",
     ]
+
+
+def _fidelity(record: dict | None) -> str:
+    if not record:
+        return "n/a"
+    f = record["fidelity_vs_f32"]
+    return (f"embedding cosine mean {f['embedding_cosine_mean']:.4f} / min "
+            f"{f['embedding_cosine_min']:.4f}, top-1 agreement {f['top1_agreement']:.3f}, top-5 "
+            f"overlap {f['top5_overlap']:.3f} on {f['photos']} photos (untrained weights: "
+            f"{f['reference_distinct_top1']} distinct top-1 class(es), says nothing about "
+            "accuracy)")
 
 
 def _settings(s: dict) -> str:
@@ -87,23 +114,30 @@ def _targets(results: dict) -> list[str]:
 def _raw(results: dict) -> list[str]:
     batches = sorted({f["batch"] for r in results["raw"].values() for f in r["forward"]})
     images = list(next(iter(results["raw"].values()))["single_image"])
-    header = (["backend"] + [f"forward batch {b} (img/s)" for b in batches]
+    header = (["backend", "precision"] + [f"forward batch {b} (img/s)" for b in batches]
               + [f"decode+preprocess+forward, {IMAGE_NAMES.get(i, i)}, p50 (ms)" for i in images])
     rows = []
     for backend, r in results["raw"].items():
         by_batch = {f["batch"]: f["images_per_s"] for f in r["forward"]}
-        rows.append([backend] + [fmt(by_batch.get(b)) for b in batches]
+        rows.append([backend, r.get("precision", "n/a")] + [fmt(by_batch.get(b)) for b in batches]
                     + [fmt(r["single_image"][i]["p50_ms"]) for i in images])
-    return ["## Raw model, no serving (this process, one image repeated to the batch size)", "",
-            *_table(header, rows)]
+    lines = ["## Raw model, no serving (this process, one image repeated to the batch size)", "",
+             *_table(header, rows)]
+    pipeline = results.get("pipeline")
+    if pipeline:
+        lines += ["", f"In-process pipeline (small JPEG decoded and preprocessed on the handler's "
+                      f"decode threads, stacked, one {pipeline['backend']} forward at batch "
+                      f"{pipeline['batch']}, precision {pipeline['precision']}, no HTTP): "
+                      f"**{fmt(pipeline['images_per_s'])} img/s**."]
+    return lines
 
 
 def _closed(results: dict) -> list[str]:
     header = ["server", "image", "clients", "img/s", "p50 ms", "p95 ms", "p99 ms", "requests",
               "errors", "batch mean / max", "peak RSS server MB", "peak RSS worker MB"]
     rows = []
-    for key, label in SERVERS:
-        for run in results["served"][key]["closed"]:
+    for key, label, served in _servers(results):
+        for run in served["closed"]:
             rows.append([label, IMAGE_NAMES.get(run["image"], run["image"]), str(run["clients"]),
                          fmt(run["throughput"]), fmt(run["p50_ms"]), fmt(run["p95_ms"]),
                          fmt(run["p99_ms"]), str(run["requests"]), _errors(run), _batch(run),
@@ -116,8 +150,8 @@ def _open(results: dict) -> list[str]:
     header = ["server", "Poisson rate req/s", "achieved img/s", "p50 ms", "p95 ms", "p99 ms",
               "requests", "errors", "batch mean / max", "peak RSS server MB"]
     rows = []
-    for key, label in SERVERS:
-        for run in results["served"][key]["open"]:
+    for key, label, served in _servers(results):
+        for run in served["open"]:
             rows.append([label, fmt(run["rate"], 0), fmt(run["throughput"]), fmt(run["p50_ms"]),
                          fmt(run["p95_ms"]), fmt(run["p99_ms"]), str(run["requests"]),
                          _errors(run), _batch(run), fmt(run["rss_server_mb"], 0)])
@@ -168,8 +202,10 @@ def render_plot(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-    for (key, label), marker in zip(SERVERS, ("o", "s")):
-        runs = results["served"][key]["open"]
+    for (key, label, served), marker in zip(_servers(results), ("o", "s", "^")):
+        runs = served["open"]
+        if not runs:
+            continue
         xs = [r["throughput"] for r in runs]
         ys = [r["p50_ms"] for r in runs]
         ax.plot(xs, ys, marker=marker, label=label)

@@ -42,18 +42,25 @@ def _get(run: dict | None, key: str) -> float:
 
 
 def _measures(raw: dict, backend: str, ours: dict, stock: dict, raw_batch: int, small: str,
-              large: str) -> dict[str, tuple[float, str]]:
+              large: str, noisy: str, int8: dict | None,
+              pipeline: dict | None) -> dict[str, tuple[float, str]]:
     """``{key: (value, detail)}`` for every target key ``targets.yaml`` may name."""
     ours16 = find_run(ours["closed"], image=small, clients=16)
     stock16 = find_run(stock["closed"], image=small, clients=16)
     ours16l = find_run(ours["closed"], image=large, clients=16)
     stock16l = find_run(stock["closed"], image=large, clients=16)
     ours1 = find_run(ours["closed"], image=small, clients=1)
+    stock1 = find_run(stock["closed"], image=small, clients=1)
+    noisy16 = (_get(find_run(ours["closed"], image=noisy, clients=16), "throughput"),
+               _get(find_run(stock["closed"], image=noisy, clients=16), "throughput"))
+    int8_16 = _get(int8 and find_run(int8["closed"], image=small, clients=16), "throughput")
+    pipeline_ips = _get(pipeline, "images_per_s")
+    p50 = (_get(ours1, "p50_ms"), _get(stock1, "p50_ms"))
     raw_backend = raw.get(backend, {})
     forward = next((f for f in raw_backend.get("forward", []) if f["batch"] == raw_batch), None)
     forward_ips = _get(forward, "images_per_s")
     single_p50 = _get(raw_backend.get("single_image", {}).get(small), "p50_ms")
-    our_runs = ours["closed"] + ours["open"]
+    our_runs = ours["closed"] + ours["open"] + (int8["closed"] if int8 else [])
     our_errors = sum(r["errors"] for r in our_runs)
     stock_errors = sum(r["errors"] for r in stock["closed"] + stock["open"])
     ips = (_get(ours16, "throughput"), _get(stock16, "throughput"))
@@ -64,16 +71,23 @@ def _measures(raw: dict, backend: str, ours: dict, stock: dict, raw_batch: int, 
         "b": (ratio(*ips_large), f"{ips_large[0]:.2f} vs {ips_large[1]:.2f} img/s"),
         "c": (ratio(_get(ours1, "p50_ms"), single_p50),
               f"{_get(ours1, 'p50_ms'):.1f} vs {single_p50:.1f} ms"),
+        "a3": (ratio(int8_16, ips[1]), f"{int8_16:.1f} vs {ips[1]:.1f} img/s"),
+        "b2": (ratio(*noisy16), f"{noisy16[0]:.2f} vs {noisy16[1]:.2f} img/s"),
+        "c2": (ratio(*p50), f"{p50[0]:.1f} vs {p50[1]:.1f} ms"),
+        "e": (ratio(ips[0], pipeline_ips), f"{ips[0]:.1f} vs {pipeline_ips:.1f} img/s"),
         "d": (float(our_errors), f"{our_errors} of {sum(r['requests'] for r in our_runs)} "
                                  f"requests (stock: {stock_errors})"),
     }
 
 
 def evaluate(raw: dict, backend: str, ours: dict, stock: dict, *, raw_batch: int = 8,
-             small: str = "small", large: str = "12mp",
+             small: str = "small", large: str = "12mp", noisy: str = "12mp-noisy",
+             int8: dict | None = None, pipeline: dict | None = None,
              targets_file: Path = TARGETS_FILE) -> list[Target]:
-    """Every target of ``targets_file``, in its order, with its measured value."""
-    measured = _measures(raw, backend, ours, stock, raw_batch, small, large)
+    """Every target of ``targets_file``, in its order, with its measured value (``int8``:
+    the int8 tagger's runs, ``pipeline``: the in-process pipeline; None = not measured)."""
+    measured = _measures(raw, backend, ours, stock, raw_batch, small, large, noisy, int8,
+                         pipeline)
     targets = []
     for spec in yaml.safe_load(targets_file.read_text()):
         value, detail = measured[spec["key"]]

@@ -1,6 +1,7 @@
 """Runtimes that turn a preprocessed batch into ``(embedding, logits)``, both on CPU, float32.
 
 Each backend crosses the device boundary once per batch: one copy in, one forward, one copy out.
+Each carries ``precision``: the arithmetic it really runs (what ``describe`` reports).
 """
 from __future__ import annotations
 
@@ -16,14 +17,23 @@ Backend = Callable[[torch.Tensor], "tuple[torch.Tensor, torch.Tensor]"]
 
 
 def load_backend(kind: str, path: Path, device: torch.device, *, half: bool = False,
-                 threads: int = 0, spin: bool = False) -> Backend:
-    """Load the serialized model at ``path`` for ``kind`` (eager, torchscript, onnx).
+                 threads: int = 0, spin: bool = False, precision: str = "auto",
+                 warmup: tuple[int, ...] = ()) -> Backend:
+    """Load the serialized model at ``path`` for ``kind`` (eager, torchscript, onnx, openvino).
 
     ``spin``: ONNX Runtime's intra-op threads busy-wait between operators (ORT's own default;
     off by default here as in ``HandlerConfig.onnx_spinning``).
+    ``precision``: ``HandlerConfig.precision``; only OpenVINO runs anything but float32 on CPU.
+    ``warmup``: batch sizes OpenVINO runs once at load (its first call at a new batch size
+    is 1.2-3.5x slower than the next ones).
     """
+    if kind == "openvino":
+        return _openvino(path, threads, precision, warmup)
+    if precision not in ("auto", "f32"):
+        raise ValueError(f"handler.precision {precision!r} needs an OpenVINO archive "
+                         f"(BACKEND=openvino); this one is {kind}: use auto or f32")
     if kind == "onnx":
-        return _onnx(path, device, threads, spin)
+        return _with_precision(_onnx(path, device, threads, spin), "f32")
     if kind == "torchscript":
         module = torch.jit.load(str(path), map_location=device).eval()
     else:
@@ -39,7 +49,57 @@ def load_backend(kind: str, path: Path, device: torch.device, *, half: bool = Fa
             embedding, logits = module(batch.to(device, dtype, non_blocking=True))
             return embedding.float().cpu(), logits.float().cpu()
 
+    return _with_precision(run, "f16" if dtype == torch.float16 else "f32")
+
+
+def _with_precision(run: Backend, precision: str) -> Backend:
+    run.precision = precision
     return run
+
+
+def _openvino(path: Path, threads: int, precision: str, warmup: tuple[int, ...]) -> Backend:
+    """Compile the IR at ``path`` (its .bin beside it) for the CPU with the latency hint: one
+    stream using every core for one synchronous request (the throughput hint splits the cores
+    into streams and ran half as fast here).
+
+    ``precision``: ``f32``, ``bf16``, or ``auto`` (OpenVINO's choice: bf16 where the CPU has
+    bf16 units, else f32). An int8 IR (model_files/quantize.py) runs its quantised layers in
+    int8 and the others at that precision; ``int8`` then means ``auto``.
+    """
+    import openvino as ov
+    import openvino.properties as props
+    import openvino.properties.hint as hints
+
+    from model_files.artifacts import QUANTIZED
+
+    quantised = path.name in QUANTIZED.values()
+    if precision == "int8" and not quantised:
+        raise ValueError(f"handler.precision is int8 but {path.name} is not quantised: "
+                         "archive with PRECISION=int8 (make archives BACKEND=openvino "
+                         "PRECISION=int8)")
+    config = {hints.performance_mode: hints.PerformanceMode.LATENCY}
+    if precision in ("f32", "bf16"):
+        config[hints.inference_precision] = ov.Type.f32 if precision == "f32" else ov.Type.bf16
+    if threads:
+        config[props.inference_num_threads] = threads
+    compiled = ov.Core().compile_model(str(path), "CPU", config)
+    used = compiled.get_property(hints.inference_precision).get_type_name()  # "f32", "bf16"
+    # One request, reused: TorchServe calls a worker's handler from one thread at a time, and
+    # an InferRequest must not be used from two threads at once.
+    request = compiled.create_infer_request()
+    outputs = compiled.output("embedding"), compiled.output("logits")
+
+    def run(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # share_inputs: no input copy; outputs are copied out of the request's buffers.
+        result = request.infer({0: batch.contiguous().numpy()}, share_inputs=True)
+        return torch.from_numpy(result[outputs[0]]), torch.from_numpy(result[outputs[1]])
+
+    for size in warmup:
+        run(torch.zeros(size, 3, 224, 224))
+    logger.info("OpenVINO %s: %s, inference precision %s%s, %s threads", ov.get_version(),
+                path.name, used, " (int8 layers)" if quantised else "",
+                compiled.get_property(props.inference_num_threads))
+    return _with_precision(run, f"int8+{used}" if quantised else used)
 
 
 def _onnx(path: Path, device: torch.device, threads: int, spin: bool) -> Backend:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from handlers.codec import Output
+from model_files.artifacts import PRECISIONS
 
 TASKS = tuple(output.value for output in Output)
 DEVICES = ("auto", "cpu", "cuda")
@@ -35,6 +36,10 @@ class HandlerConfig:
     onnx_spinning: let ONNX Runtime's threads busy-wait between operators (its own default).
         Off here: in a server those cycles belong to the frontend, the decode threads and other
         workers; one-client p50 latency was 3-4 ms lower without it at equal throughput.
+    precision: arithmetic of an OpenVINO archive: ``auto`` (OpenVINO's choice for the CPU:
+        bf16 where it has bf16 units, f32 elsewhere), ``f32``, ``bf16``, or ``int8`` (needs an
+        archive built with PRECISION=int8; its unquantised layers run as ``auto``). Other
+        backends run f32 on CPU and accept only ``auto`` or ``f32``.
     max_image_pixels: decoded width*height above which a request gets 413.
     max_image_bytes: encoded image size above which a request gets 413.
     max_images_per_request: images one v1/v2 request may carry (413 above): one request must
@@ -75,6 +80,7 @@ class HandlerConfig:
     threads: int = 0
     decode_threads: int = 0
     onnx_spinning: bool = False
+    precision: str = "auto"
     max_image_pixels: int = 40_000_000
     max_image_bytes: int = 30 * 1024 * 1024
     max_images_per_request: int = 64
@@ -121,6 +127,9 @@ class HandlerConfig:
         if self.explain_method not in EXPLAIN_METHODS:
             raise ConfigError(f"handler.explain_method must be one of {EXPLAIN_METHODS}, "
                               f"got {self.explain_method!r}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(
+                f"handler.precision must be one of {PRECISIONS}, got {self.precision!r}")
         for name, low, high in (
             ("top_k", 1, 1000),
             ("threads", 0, 1024),

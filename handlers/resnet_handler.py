@@ -28,7 +28,7 @@ from handlers.errors import (InternalError, InvalidParameter, NotSupported, Over
 from handlers.images import OpenedImage, decode
 from handlers.metrics import BatchMetrics
 from handlers.preprocess import Preprocessor
-from model_files.artifacts import CHECKPOINT, INFO, LABELS, backend_of
+from model_files.artifacts import CHECKPOINT, INFO, LABELS, backend_of, fidelity_record
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +52,11 @@ class ResNetHandler(BaseHandler):
         self.backend = load_backend(
             self.backend_kind, model_dir / serialized, self.device,
             half=self.config.half_precision, threads=self.config.threads,
-            spin=self.config.onnx_spinning,
+            spin=self.config.onnx_spinning, precision=self.config.precision,
+            warmup=tuple(sorted({1, int(context.system_properties.get("batch_size") or 1)})),
         )
+        record = model_dir / fidelity_record(serialized)
+        self.quantization = json.loads(record.read_text()) if record.is_file() else None
         self.weights_info = json.loads((model_dir / INFO).read_text())
         self.answers = codec.AnswerSpec(
             model_name=context.model_name,
@@ -76,8 +79,9 @@ class ResNetHandler(BaseHandler):
         if not self.weights_info.get("trained", False):
             logger.warning("%s: %s", context.model_name, self.weights_info.get("warning"))
         logger.info(
-            "%s ready: task=%s backend=%s device=%s weights=%s sha256=%s",
-            context.model_name, self.config.task, self.backend_kind, self.device,
+            "%s ready: task=%s backend=%s precision=%s device=%s weights=%s sha256=%s",
+            context.model_name, self.config.task, self.backend_kind, self.backend.precision,
+            self.device,
             self.weights_info["source"], self.weights_info["sha256"][:16],
         )
         self.initialized = True
@@ -167,6 +171,8 @@ class ResNetHandler(BaseHandler):
             "weights": self.weights_info,
             "handler": asdict(self.config),
             "backend": self.backend_kind,
+            "precision": self.backend.precision,
+            "quantization": self.quantization,
             "device": str(self.device),
             "preprocessing": repr(self.preprocessor.transform).replace("\n", " "),
         })

@@ -2,8 +2,9 @@
 rule for when a file made from the checkpoint is current.
 
     python -m model_files.artifacts serialized onnx     # prints resnet50_dual.onnx
+    python -m model_files.artifacts files openvino int8 # the int8 IR, then its companions
 
-(``archive.sh`` asks this way, so the table below is the only place that names the files.)
+(``archive.sh`` asks this way, so the tables below are the only place that names the files.)
 """
 from __future__ import annotations
 
@@ -21,16 +22,47 @@ SERIALIZED = {
     "eager": CHECKPOINT,
     "torchscript": "resnet50_dual.torchscript.pt",
     "onnx": "resnet50_dual.onnx",
+    "openvino": "resnet50_dual.xml",  # OpenVINO IR: graph; its weights are the .bin beside it
 }
+# (backend, precision) -> a serialized file whose weights are quantised at build time
+# (model_files/quantize.py); other precisions are chosen when the model is compiled.
+QUANTIZED = {("openvino", "int8"): "resnet50_dual_int8.xml"}
+PRECISIONS = ("auto", "f32", "bf16", "int8")
+
+
+def serialized(backend: str, precision: str = "auto") -> str:
+    """The file an archive for ``backend`` at ``precision`` carries."""
+    if precision == "int8":
+        if (backend, precision) not in QUANTIZED:
+            raise ValueError(f"precision int8 needs BACKEND=openvino, got {backend!r}")
+        return QUANTIZED[(backend, precision)]
+    return SERIALIZED[backend]
+
+
+def companions(serialized_file: str) -> list[str]:
+    """Files that must sit next to ``serialized_file`` in the archive: an IR's weights (.bin,
+    found by name by ``read_model``) and a quantised IR's fidelity record."""
+    name = Path(serialized_file)
+    if name.suffix != ".xml":
+        return []
+    files = [name.with_suffix(".bin").name]
+    if name.name in QUANTIZED.values():
+        files.append(fidelity_record(name.name))
+    return files
+
+
+def fidelity_record(serialized_file: str) -> str:
+    """The JSON beside a quantised IR holding its measured agreement with float32."""
+    return Path(serialized_file).with_suffix(".fidelity.json").name
 
 
 def backend_of(serialized_file: str) -> str:
     """The runtime whose file is ``serialized_file`` (the archive manifest's name)."""
-    for backend, name in SERIALIZED.items():
+    for backend, name in [*SERIALIZED.items(), *((b, n) for (b, _), n in QUANTIZED.items())]:
         if Path(serialized_file).name == name:
             return backend
     raise ValueError(f"unknown serialized model file {serialized_file!r}; archive.sh packs one "
-                     f"of {sorted(SERIALIZED.values())}")
+                     f"of {sorted([*SERIALIZED.values(), *QUANTIZED.values()])}")
 
 
 def sha256_of(path: Path) -> str:
@@ -64,11 +96,17 @@ def mark_current(target: Path, source_sha256: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2 or args[0] != "serialized" or args[1] not in SERIALIZED:
-        print(f"usage: python -m model_files.artifacts serialized {{{','.join(SERIALIZED)}}}",
-              file=sys.stderr)
+    if (len(args) not in (2, 3) or args[0] not in ("serialized", "files")
+            or args[1] not in SERIALIZED or args[2:3] and args[2] not in PRECISIONS):
+        print(f"usage: python -m model_files.artifacts serialized|files "
+              f"{{{','.join(SERIALIZED)}}} [{{{','.join(PRECISIONS)}}}]", file=sys.stderr)
         return 2
-    print(SERIALIZED[args[1]])
+    try:
+        name = serialized(*args[1:])
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print("\n".join([name, *companions(name)]) if args[0] == "files" else name)
     return 0
 
 

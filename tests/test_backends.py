@@ -1,5 +1,6 @@
-"""Parity of the runtimes an archive can use: ONNX Runtime and TorchScript against eager
-PyTorch, on the same images through the same handler."""
+"""Parity of the runtimes an archive can use: ONNX Runtime, TorchScript and OpenVINO (at f32;
+tests/test_openvino.py covers its other precisions) against eager PyTorch, on the same images
+through the same handler."""
 from __future__ import annotations
 
 import json
@@ -26,7 +27,8 @@ def eager(weights_dir):
 @pytest.mark.parametrize("backend", EXPORTED)
 def test_backend_matches_eager(weights_dir, eager, backend):
     path = export(backend, weights_dir)
-    handler, context = make_handler(weights_dir, serialized=path.name, task="tags")
+    handler, context = make_handler(weights_dir, serialized=path.name, task="tags",
+                                    precision="f32")
     assert json.loads(handler.describe_handle())["backend"] == backend
     responses, statuses, batch = run_batch(handler, context, IMAGES)
     eager_responses, _, eager_batch = eager

@@ -181,3 +181,20 @@ def test_markdown_report_renders_every_section():
     assert "**1** (HTTP 503: 1)" in markdown
     for heading in ("## Targets", "## Raw model", "closed loop", "open loop"):
         assert heading in markdown
+
+
+def test_int8_noisy_photo_stock_latency_and_pipeline_targets():
+    results = _results()
+    ours, stock = results["served"]["ours"], results["served"]["stock"]
+    ours["closed"].append(_run(image="12mp-noisy", clients=16, throughput=20.0))
+    stock["closed"].append(_run(image="12mp-noisy", clients=16, throughput=4.0))
+    stock["closed"][0]["p50_ms"] = 150.0  # stock, small JPEG, 1 client (ours: 60 ms)
+    int8 = {"closed": [_run(image="small", clients=16, throughput=50.0)], "open": []}
+    targets = {t.key: t for t in evaluate(results["raw"], "onnx", ours, stock, int8=int8,
+                                          pipeline={"images_per_s": 50.0})}
+    assert targets["a3"].value == pytest.approx(5.0) and targets["a3"].passed
+    assert targets["b2"].value == pytest.approx(5.0) and targets["b2"].passed
+    assert targets["c2"].value == pytest.approx(0.4) and targets["c2"].passed
+    assert targets["e"].value == pytest.approx(0.8) and targets["e"].passed
+    missing = {t.key: t for t in evaluate(results["raw"], "onnx", ours, stock)}
+    assert not missing["a3"].passed and not missing["e"].passed

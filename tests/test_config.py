@@ -75,6 +75,8 @@ def test_config_properties_keeps_token_auth_and_enables_model_api():
     ({"top_k": True}, "handler.top_k must be int, got True"),
     ({"top_k": "5"}, "handler.top_k must be int, got '5'"),
     ({"device": "tpu"}, "handler.device must be one of ('auto', 'cpu', 'cuda'), got 'tpu'"),
+    ({"precision": "fp16"},
+     "handler.precision must be one of ('auto', 'f32', 'bf16', 'int8'), got 'fp16'"),
     ({"topk": 3}, "unknown handler setting(s) ['topk']"),
 ])
 def test_bad_settings_are_refused_with_a_useful_message(section, message):

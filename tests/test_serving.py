@@ -13,14 +13,19 @@ from torchvision.models import ResNet50_Weights
 
 from tests import imagegen
 from tests.conftest import REPO
-from tests.reference import rel_error
+from tests.reference import rel_error, tolerance
 
 pytestmark = pytest.mark.integration
 CATEGORIES = set(ResNet50_Weights.IMAGENET1K_V2.meta["categories"])
 # Served images are JPEG-decoded in draft mode when large; these are small enough (shorter side
 # < 2 x 232) that draft decoding is exact, so the reference comparison stays tight.
 IMAGE = imagegen.jpeg(400, 300, seed=11)
-TOLERANCE = 1e-4
+TOLERANCE = 1e-4  # batched vs single answers of one server: the same arithmetic
+
+
+def served_precision(ts, model: str) -> str:
+    """The arithmetic the archive really runs (describe): f32, bf16, int8+bf16, ..."""
+    return ts.management().describe(model, customized=True)[0]["customizedMetadata"]["precision"]
 
 
 def predict(ts, model, form, image=IMAGE, headers=None, **fields):
@@ -61,7 +66,8 @@ def test_embedding_model_answers_every_form(torchserve, reference, form):
     vector = response.json()["embedding"]
     expected, _ = reference(IMAGE)
     assert len(vector) == 2048
-    assert rel_error(vector, expected / expected.norm()) <= TOLERANCE
+    precision = served_precision(torchserve, "resnet50-embedding")
+    assert rel_error(vector, expected / expected.norm()) <= tolerance(precision), precision
 
 
 @pytest.mark.parametrize("form", ["raw", "multipart", "json"])
@@ -71,8 +77,12 @@ def test_tagger_answers_every_form(torchserve, reference, form):
     tags = response.json()
     _, logits = reference(IMAGE)
     top = logits.softmax(0).topk(5)
-    assert [t["index"] for t in tags] == top.indices.tolist()
     assert all(t["label"] in CATEGORIES for t in tags)
+    if served_precision(torchserve, "resnet50-tagger") != "f32":
+        # bf16/int8 move logits by up to ~0.5: only the top class is stable against float32.
+        assert tags[0]["index"] == top.indices[0]
+        return
+    assert [t["index"] for t in tags] == top.indices.tolist()
     assert [t["probability"] for t in tags] == pytest.approx(top.values.tolist(), rel=1e-4)
 
 
