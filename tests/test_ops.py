@@ -21,6 +21,7 @@ import pytest
 import requests
 import yaml
 
+from bench.archives import ArchiveInfo
 from devtools.server import LocalTorchServe
 from tests import imagegen
 from tests.conftest import MODELS, REPO
@@ -42,7 +43,7 @@ def _build_v2(store, tmp) -> str:
     config = yaml.safe_load((REPO / "config" / "models" / "resnet50-tagger.yaml").read_text())
     config["handler"]["top_k"] = V2_TOP_K
     (config_dir / "resnet50-tagger.yaml").write_text(yaml.safe_dump(config))
-    backend = (REPO / "build" / ".backend").read_text().strip()
+    backend = ArchiveInfo.read(REPO / "model-store" / "resnet50-tagger.mar").backend
     subprocess.run([str(REPO / "archive.sh"), "resnet50-tagger"], cwd=REPO, check=True,
                    env=dict(os.environ, VERSION="2.0", CONFIG_DIR=str(config_dir),
                             OUT=str(store), BACKEND=backend),
