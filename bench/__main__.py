@@ -107,7 +107,7 @@ def serve_ours(images: dict[str, bytes], plan: LoadPlan, weights: dict, *,
         started = time.monotonic()
         server.start()
         startup_s = time.monotonic() - started
-        meta = server.management().describe(OURS, customized=True)[0].get(
+        meta = server.client().describe(OURS, customized=True)[0].get(
             "customizedMetadata") or {}
         served_sha = meta.get("weights", {}).get("sha256")
         if served_sha != weights["sha256"]:

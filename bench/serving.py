@@ -99,7 +99,7 @@ def measure_model(server: LocalTorchServe, model: str, images: dict[str, bytes],
     """Every closed-loop run (each image x each client count), then the open-loop sweep on
     ``plan.open_image``. Returns ``{"settings": ..., "closed": [...], "open": [...]}``."""
     mut = ModelUnderTest(server, model, batches_from_log=batches_from_log, plan=plan)
-    settings = served_settings(server.management().describe(model)[0])
+    settings = served_settings(server.client().describe(model)[0])
     watch = {f"worker {pid}": pid for pid in settings["worker_pids"] if pid}
     closed = []
     for image, body in images.items():

@@ -27,7 +27,7 @@ from bench.layout import (BUILD, IMAGES, MODEL_STORE, RESULTS, SAMPLES, TAGGER a
                           fresh_dir, setup_cli)
 from devtools.configgen import MODELS_DIR
 from bench.serving import LoadPlan, ModelUnderTest, served_settings
-from tsclient.management import ManagementError
+from tsclient.errors import ApiError
 from devtools.server import LocalTorchServe
 
 log = logging.getLogger("bench.sweep")
@@ -53,7 +53,7 @@ def wait_for_setting(server: LocalTorchServe, batch_size: int, delay: int, worke
     deadline = time.monotonic() + timeout_s
     settings: dict = {}
     while time.monotonic() < deadline:
-        settings = served_settings(server.management().describe(OURS)[0])
+        settings = served_settings(server.client().describe(OURS)[0])
         if settings["ready"] == workers and settings["workers"] == workers:
             break
         time.sleep(0.5)
@@ -67,7 +67,7 @@ def wait_for_setting(server: LocalTorchServe, batch_size: int, delay: int, worke
 
 def unregister_all(server: LocalTorchServe, timeout_s: float = 120.0) -> None:
     """Unregister every model and wait until the list is empty (its workers are gone)."""
-    client = server.management()
+    client = server.client()
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         models = client.list_models()
@@ -76,7 +76,7 @@ def unregister_all(server: LocalTorchServe, timeout_s: float = 120.0) -> None:
         for model in models:
             try:
                 client.unregister(model["modelName"])
-            except ManagementError as exc:
+            except ApiError as exc:
                 if exc.status != 404:  # 404: already gone between list and delete
                     raise
         time.sleep(0.5)
@@ -91,13 +91,13 @@ def run_setting(server: LocalTorchServe, archive: ArchiveInfo, base_yaml: Path, 
                         archive.backend, SWEEP / "archive-work", SWEEP / "store" / name)
     row = {"batchSize": batch_size, "maxBatchDelay": delay, "workers": workers}
     try:
-        server.management().register(name, initial_workers=workers, batch_size=batch_size,
-                                    max_batch_delay=delay)
+        server.client().register(name, workers=workers, batch_size=batch_size,
+                                 max_batch_delay=delay)
         settings = wait_for_setting(server, batch_size, delay, workers)
         mut = ModelUnderTest(server, OURS, batches_from_log=False, plan=plan)
         watch = {f"worker {pid}": pid for pid in settings["worker_pids"] if pid}
         row.update(mut.closed(IMAGE, body, CLIENTS, watch))
-    except (ManagementError, SettingNotApplied) as exc:
+    except (ApiError, SettingNotApplied) as exc:
         log.warning("setting %s failed: %s", row, exc)
         row["failed"] = str(exc)
     finally:

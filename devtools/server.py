@@ -27,7 +27,6 @@ import requests
 
 from tsclient.client import TorchServeClient
 from tsclient.keys import Keys
-from tsclient.management import ManagementClient
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO / "config" / "config.properties"
@@ -176,10 +175,6 @@ class LocalTorchServe:
     def processes(self) -> list[psutil.Process]:
         """The frontend and every descendant (the workers); [] when it is not running."""
         return server_processes(self.pid_file)
-
-    def management(self, timeout: float = 300.0) -> ManagementClient:
-        """A management API client with this server's key."""
-        return ManagementClient(self.management_url, self.keys.management, timeout=timeout)
 
     def client(self, timeout: float = 300.0) -> TorchServeClient:
         """The user-facing client for this server: keys from its ``key_file.json``, rotated

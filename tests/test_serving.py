@@ -25,7 +25,7 @@ TOLERANCE = 1e-4  # batched vs single answers of one server: the same arithmetic
 
 def served_precision(ts, model: str) -> str:
     """The arithmetic the archive really runs (describe): f32, bf16, int8+bf16, ..."""
-    return ts.management().describe(model, customized=True)[0]["customizedMetadata"]["precision"]
+    return ts.client().describe(model, customized=True)[0]["customizedMetadata"]["precision"]
 
 
 def predict(ts, model, form, image=IMAGE, headers=None, **fields):
@@ -164,9 +164,9 @@ def test_management_api_needs_its_token(torchserve):
 
 
 def test_management_client_lists_describes_and_scales(torchserve):
-    from tsclient.management import ManagementClient, ManagementError
+    from tsclient.errors import ApiError
 
-    client = ManagementClient(torchserve.management_url, torchserve.keys.management)
+    client = torchserve.client()
     assert sorted(m["modelName"] for m in client.list_models()) == [
         "resnet50-embedding", "resnet50-tagger"]
     assert client.describe("resnet50-tagger", customized=True)[0]["customizedMetadata"]
@@ -178,7 +178,7 @@ def test_management_client_lists_describes_and_scales(torchserve):
     finally:
         client.scale("resnet50-tagger", 1)
     assert len(client.describe("resnet50-tagger")[0]["workers"]) == 1
-    with pytest.raises(ManagementError) as missing:
+    with pytest.raises(ApiError) as missing:
         client.describe("no-such-model")
     assert missing.value.status == 404
 

@@ -184,7 +184,7 @@ class TorchServeClient:
 
     def register(self, archive: str, *, name: str | None = None, workers: int | None = None,
                  batch_size: int | None = None, max_batch_delay: int | None = None,
-                 response_timeout: int | None = None, initial_workers: int | None = None) -> dict:
+                 response_timeout: int | None = None) -> dict:
         """Register ``archive`` (a file name in the model store, or an allowed URL) and wait
         until its workers are up.
 
@@ -195,7 +195,6 @@ class TorchServeClient:
         check_archive(archive)
         if name is not None:
             check_name(name)
-        workers = workers if workers is not None else initial_workers
         answer = self._call("POST", "management", "/models", f"register {archive}", params={
             "url": archive, "model_name": name, "initial_workers": workers or 1,
             "batch_size": batch_size, "max_batch_delay": max_batch_delay,
