@@ -59,7 +59,8 @@ STAGE="$WORK/stage"
 ARCHIVER_TMP="$WORK/tmp"
 mkdir -p "$STAGE/handlers" "$STAGE/model_files" "$ARCHIVER_TMP"
 cp handlers/*.py "$STAGE/handlers/"
-cp model_files/__init__.py model_files/resnet_dual.py model_files/artifacts.py "$STAGE/model_files/"
+cp model_files/__init__.py model_files/resnet_dual.py model_files/artifacts.py model_files/backends.py \
+   "$STAGE/model_files/"
 cp "$WEIGHTS_DIR/weights_info.json" "$WEIGHTS_DIR/index_to_name.json" "$STAGE/"
 for f in "${FILES[@]:1}"; do cp "$WEIGHTS_DIR/$f" "$STAGE/"; done
 # Explanations need gradients, so the PyTorch checkpoint goes in whatever the backend (about

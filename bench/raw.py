@@ -8,7 +8,7 @@
   frontend (decode and preprocess a batch of the same JPEG on the handler's decode threads,
   stack, one forward), images per second.
 
-Backends load through ``handlers.backends.load_backend``, exactly as the handler loads them.
+Backends load through ``model_files.backends.load_backend``, exactly as the handler loads them.
 Every timing loop stops at a time budget or an iteration cap, whichever comes first.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from bench.stats import percentile
-from handlers.backends import Backend, load_backend
+from model_files.backends import Backend, load_backend
 from handlers.preprocess import Preprocessor
 from model_files.artifacts import QUANTIZED, SERIALIZED
 

@@ -20,7 +20,7 @@ import torch
 from ts.torch_handler.base_handler import BaseHandler
 
 from handlers import codec, explain
-from handlers.backends import load_backend
+from model_files.backends import load_backend
 from handlers.batch import PreparedBatch, Slot, admit
 from handlers.config import HandlerConfig
 from handlers.errors import (InternalError, InvalidParameter, NotSupported, Overloaded,

@@ -1,1 +1,2 @@
-"""Model definition and weight building for the ResNet50 embedding/tagging archives."""
+"""The model's files: its definition, the weights and exports built from it (and their
+table), and the runtimes that load them. Imports nothing from handlers/."""

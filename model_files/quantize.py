@@ -32,6 +32,7 @@ import yaml
 from PIL import Image, ImageEnhance, ImageOps
 
 from model_files.artifacts import QUANTIZED, checkpoint_sha256, companions, fidelity_record
+from model_files.backends import load_backend
 
 TARGET = QUANTIZED[("openvino", "int8")]
 GATE = Path(__file__).resolve().parent.parent / "config" / "int8_gate.yaml"
@@ -125,8 +126,7 @@ def failures(figures: dict, thresholds: dict) -> list[str]:
 
 
 def _run(path: Path, precision: str, pixels: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    from handlers.backends import load_backend
-
+    """The model at ``path`` run exactly as the handler serves it, in batches of 8."""
     backend = load_backend("openvino", path, torch.device("cpu"), precision=precision)
     outputs = [backend(chunk) for chunk in pixels.split(8)]
     return (torch.cat([o[0] for o in outputs]).numpy(), torch.cat([o[1] for o in outputs]).numpy())
