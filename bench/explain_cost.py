@@ -4,7 +4,6 @@ the handler runs it (top-1 target, no PNG; the PNG is measured on its own), plus
 and resident memory of the eager model the explanations need beside the serving backend."""
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -13,11 +12,11 @@ import torch
 
 from bench.raw import Budget, _timed_loop
 from bench.stats import percentile
-from handlers import explain
+from handlers import codec, explain
 from handlers.config import HandlerConfig
 from handlers.images import decode_image
 from handlers.preprocess import Preprocessor
-from model_files.artifacts import CHECKPOINT, LABELS
+from model_files.artifacts import CHECKPOINT
 
 # Few iterations: IG at 32 steps is seconds per image here.
 FULL_BUDGET = Budget(seconds=10.0, min_iters=3, max_iters=20, warmup_iters=1)
@@ -27,11 +26,9 @@ QUICK_IG_STEPS = 4  # --quick: a smoke test of the pipeline, not the default's c
 
 def run_explain(weights_dir: Path, image: bytes, config: HandlerConfig, quick: bool) -> dict:
     """``{"load_s", "rss_added_mb", "methods": {method: {settings, ms_per_image_p50, ...}}}``."""
-    labels = json.loads((weights_dir / LABELS).read_text())
-    labels = [labels[str(i)] for i in range(len(labels))]
     rss = psutil.Process().memory_info().rss
     started = time.monotonic()
-    explainer = explain.load_explainer(weights_dir / CHECKPOINT, labels, config)
+    explainer = explain.load_explainer(weights_dir / CHECKPOINT, config)
     load_s = time.monotonic() - started
     rss_added_mb = (psutil.Process().memory_info().rss - rss) / 2**20
     picture = decode_image(image, max_pixels=config.max_image_pixels,
@@ -40,18 +37,18 @@ def run_explain(weights_dir: Path, image: bytes, config: HandlerConfig, quick: b
     with torch.no_grad():
         logits = explainer.dual(pixels)[1]
     budget = QUICK_BUDGET if quick else FULL_BUDGET
-    methods = ("gradcam", "ig") if quick else explain.METHODS
+    methods = ("gradcam", "ig") if quick else codec.EXPLAIN_METHODS
     results: dict[str, dict] = {}
     for method in methods:
         n_steps = QUICK_IG_STEPS if quick else config.explain_n_steps
-        spec = explain.ExplainSpec(method, (), 1, n_steps, config.explain_internal_batch_size,
-                                   False)
+        spec = codec.ExplainSpec(method, (), 1, n_steps, config.explain_internal_batch_size,
+                                 False)
         job = [explain.ExplainJob(spec, range(1), [])]
         times = [t * 1000 for t in _timed_loop(lambda: explainer.explain(pixels, logits, job),
                                                budget)]
         results[method] = {"n_steps": n_steps if method == "ig" else None,
                            "internal_batch_size": config.explain_internal_batch_size,
-                           "passes": spec.passes(), "iterations": len(times),
+                           "passes": explain.passes(spec), "iterations": len(times),
                            "ms_per_image_p50": percentile(times, 50)}
     grid = torch.rand(7, 7)
     png_times = [t * 1000 for t in _timed_loop(

@@ -7,11 +7,9 @@ class.)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
 import torch
 
-from handlers.codec import ParsedRequest
+from handlers.codec import ExplainSpec, ParsedRequest
 from handlers.errors import RequestError
 from handlers.images import OpenedImage
 
@@ -26,7 +24,7 @@ class Slot:
     opened: list[OpenedImage] = field(default_factory=list)
     start: int = 0
     count: int = 0
-    explain: Any = None  # handlers.explain.ExplainSpec of an explanation request
+    explain: ExplainSpec | None = None  # an explanation request's parameters
     pictures: list = field(default_factory=list)  # its images, for a PNG heatmap
 
     @property
@@ -52,7 +50,8 @@ class PreparedBatch:
     pixels: torch.Tensor | None
     embedding: torch.Tensor | None = None
     logits: torch.Tensor | None = None
-    explanations: dict[int, Any] = field(default_factory=dict)  # slot index -> answers|error
+    # slot index -> per image, its explanations (codec.Explanation)
+    explanations: dict[int, list] = field(default_factory=dict)
 
 
 def admit(costs: list[int], budget: int) -> list[bool]:

@@ -14,6 +14,10 @@ query strings on ``/predictions``, so ``?topk=3`` never reaches a handler.)
 
 Each request is answered in the protocol it came in: ``encode_response`` turns the batch's
 model outputs (``BatchOutputs``, computed once per batch) into one request's JSON document.
+
+Explanation requests: ``parse_explain`` checks their parameters into an ``ExplainSpec``;
+``encode_explanations`` turns the ``Explanation`` results of ``handlers.explain`` into the
+answer.
 """
 from __future__ import annotations
 
@@ -35,8 +39,10 @@ MAX_TOP_K = 1000
 BODY_KEYS = ("body", "data")
 PARAM_KEYS = ("topk",)
 # Explanation parameters (``/explanations``, KServe v1 ``:explain``), checked by
-# handlers.explain.parse_options; a form field, a JSON field or a v1 ``parameters`` key.
+# ``parse_explain``; a form field, a JSON field or a v1 ``parameters`` key.
 EXPLAIN_KEYS = ("target", "method", "n_steps", "internal_batch_size", "png")
+EXPLAIN_METHODS = ("gradcam", "ig", "occlusion")  # computed in handlers/explain.py
+EMBEDDING_TARGET = "embedding"  # explain the embedding's own direction, not a class
 
 
 class Protocol(enum.Enum):
@@ -444,3 +450,138 @@ def _v2_response(spec: AnswerSpec, request_id: str | None,
     if request_id is not None:
         response["id"] = request_id
     return response
+
+
+# ---------------------------------------------------------------------------- explanations
+
+
+@dataclass(frozen=True)
+class ExplainLimits:
+    """The model's explanation defaults and bounds (``handler.explain_*`` settings)."""
+
+    method: str = "gradcam"
+    n_steps: int = 32
+    max_n_steps: int = 64
+    internal_batch_size: int = 8
+    max_targets: int = 5
+
+
+@dataclass(frozen=True)
+class ExplainSpec:
+    """What one explanation request asks for. ``classes``: the named classes (indices, or
+    ``-1`` for the embedding target); empty means the top ``top_k`` of each image."""
+
+    method: str
+    classes: tuple[int, ...]
+    top_k: int
+    n_steps: int
+    internal_batch_size: int
+    png: bool
+
+
+def parse_explain(options: dict[str, Any], top_k: int | None, labels: Sequence[str],
+                  limits: ExplainLimits = ExplainLimits(),
+                  embedding_default: bool = False) -> ExplainSpec:
+    """Check one request's explain parameters (multipart fields arrive as bytes, JSON and
+    KServe v1 ``parameters`` as JSON values) against ``limits``; raise ``InvalidParameter``
+    (400) otherwise. ``embedding_default``: with no ``target``, explain the embedding (the
+    embedding model) rather than the top class."""
+    options = {k: _text(v) for k, v in options.items()}
+    method = options.get("method", limits.method)
+    if method not in EXPLAIN_METHODS:
+        raise InvalidParameter(f"method must be one of {list(EXPLAIN_METHODS)}, got {method!r}")
+    n_steps = _int_option(options, "n_steps", limits.n_steps, 1, limits.max_n_steps)
+    batch = _int_option(options, "internal_batch_size", limits.internal_batch_size, 1, 64)
+    png = _bool_option(options.get("png", False))
+    classes = _classes(options.get("target"), labels, embedding_default)
+    k = top_k or 1
+    if len(classes) > limits.max_targets or k > limits.max_targets:
+        raise InvalidParameter(
+            f"at most {limits.max_targets} targets per image (handler.explain_max_targets), "
+            f"got {max(len(classes), k)}; send several requests")
+    if classes and top_k:
+        raise InvalidParameter("give either 'target' (the classes to explain) or 'topk' "
+                               "(explain the k most probable classes), not both")
+    return ExplainSpec(method, classes, k, n_steps, batch, png)
+
+
+def _text(value: Any) -> Any:
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace").strip()
+    return value
+
+
+def _int_option(options: dict, name: str, default: int, low: int, high: int) -> int:
+    value = options.get(name, default)
+    if isinstance(value, str) and re.fullmatch(r"\+?[0-9]{1,9}", value.strip()):
+        value = int(value)
+    if type(value) is not int or not low <= value <= high:
+        raise InvalidParameter(f"{name} must be an integer from {low} to {high}, got {value!r}")
+    return value
+
+
+def _bool_option(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+        return value.lower() in ("true", "1", "yes")
+    raise InvalidParameter(f"png must be true or false, got {value!r}")
+
+
+def _classes(target: Any, labels: Sequence[str], embedding_default: bool) -> tuple[int, ...]:
+    if target is None:
+        return (-1,) if embedding_default else ()
+    items = target if isinstance(target, list) else [target]
+    if not items:
+        raise InvalidParameter("target must name at least one class (index or label)")
+    by_label = {name.lower(): i for i, name in enumerate(labels)}
+    classes = []
+    for item in items:
+        if isinstance(item, str) and re.fullmatch(r"[0-9]{1,4}", item.strip()):
+            item = int(item)
+        if isinstance(item, str) and item.strip().lower() == EMBEDDING_TARGET:
+            classes.append(-1)
+        elif type(item) is int and 0 <= item < len(labels):
+            classes.append(item)
+        elif isinstance(item, str) and item.strip().lower() in by_label:
+            classes.append(by_label[item.strip().lower()])
+        else:
+            raise InvalidParameter(
+                f"unknown target class {item!r}: give an ImageNet class index 0..{len(labels) - 1}"
+                f", a label such as {labels[281]!r}, or {EMBEDDING_TARGET!r}")
+    return tuple(classes)
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """One heatmap: for class ``target`` (-1: the embedding), its probability and rank in the
+    image's prediction (None for the embedding), ``grid`` [h, w] in [0, 1], ``empty`` when
+    nothing supported the target, and the PNG when one was asked for."""
+
+    target: int
+    probability: float | None
+    rank: int | None
+    grid: torch.Tensor
+    empty: bool
+    png: bytes | None = None
+
+
+def encode_explanations(protocol: Protocol, method: str,
+                        images: Sequence[Sequence[Explanation]], labels: Sequence[str]) -> dict:
+    """One request's answer: per image ``{"method", "explanations": [...]}``; the image's
+    document itself (plain), or KServe v1's ``{"explanations": [one per instance]}``."""
+    answers = [{"method": method, "explanations": [_explanation(e, labels) for e in image]}
+               for image in images]
+    return {"explanations": answers} if protocol is Protocol.V1 else answers[0]
+
+
+def _explanation(e: Explanation, labels: Sequence[str]) -> dict:
+    if e.target < 0:
+        item = {"target": EMBEDDING_TARGET, "label": None, "index": None, "probability": None}
+    else:
+        item = {"target": "class", "label": labels[e.target], "index": e.target,
+                "probability": e.probability, "rank": e.rank}
+    item.update(grid=[[round(float(v), 4) for v in line] for line in e.grid], empty=e.empty)
+    if e.png is not None:
+        item["png"] = base64.b64encode(e.png).decode("ascii")
+    return item

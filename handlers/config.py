@@ -9,12 +9,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from handlers.codec import Output
+from handlers.codec import EXPLAIN_METHODS, Output
 from model_files.artifacts import PRECISIONS
 
 TASKS = tuple(output.value for output in Output)
 DEVICES = ("auto", "cpu", "cuda")
-EXPLAIN_METHODS = ("gradcam", "ig", "occlusion")  # handlers/explain.py
 
 
 class ConfigError(ValueError):

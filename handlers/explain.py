@@ -1,13 +1,11 @@
 """Explanations people can look at: where the model looked, for the class a request asks about.
 
-Pure functions and one small class, testable without TorchServe:
-
-- ``parse_options``: a request's explain parameters (``target``, ``topk``, ``method``,
-  ``n_steps``, ``internal_batch_size``, ``png``) -> a checked ``ExplainSpec`` (4xx otherwise);
-- ``Explainer.explain``: for the explanation requests of one batch, resolve each image's
-  targets from the batch's logits, run Captum on the eager PyTorch model (one call per
-  method and settings, every row with its own target), normalise to a compact grid in [0, 1]
-  and, when asked, render a PNG heatmap over the image the client sent.
+Pure functions and one small class, testable without TorchServe. ``Explainer.explain``: for
+the explanation requests of one batch (each a ``codec.ExplainSpec``, parsed and checked by
+``handlers.codec.parse_explain``), resolve each image's targets from the batch's logits, run
+Captum on the eager PyTorch model (one call per method and settings, every row with its own
+target), normalise to a compact grid in [0, 1] and, when asked, render a PNG heatmap over the
+image the client sent. The answers are ``codec.Explanation`` values; ``codec`` encodes them.
 
 Methods: ``gradcam`` (default; Captum ``LayerGradCam`` on ``layer4``: one forward and one
 backward pass, a 7x7 grid), ``ig`` (``IntegratedGradients`` from the ImageNet-mean image:
@@ -17,9 +15,7 @@ pooled to 28x28).
 """
 from __future__ import annotations
 
-import base64
 import io
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -30,112 +26,19 @@ import torch.nn.functional as F
 from PIL import Image, ImageDraw
 from torch import nn
 
-from handlers.codec import Protocol
-from handlers.config import EXPLAIN_METHODS as METHODS
+from handlers.codec import ExplainSpec, Explanation
 from handlers.config import HandlerConfig
-from handlers.errors import InvalidParameter
 
-EMBEDDING_TARGET = "embedding"  # the embedding model's own direction (see EmbeddingScore)
 INPUT_GRID = 28  # IG and occlusion: |attribution| average-pooled to 28x28
 OCCLUSION_WINDOW, OCCLUSION_STRIDE = 56, 28
 OCCLUSION_PASSES = ((224 - OCCLUSION_WINDOW) // OCCLUSION_STRIDE + 1) ** 2  # 49
 EPS = 1e-12
 
 
-@dataclass(frozen=True)
-class ExplainSpec:
-    """What one explanation request asks for. ``classes``: the named classes (indices, or
-    ``-1`` for the embedding target); empty means the top ``top_k`` of each image."""
-
-    method: str
-    classes: tuple[int, ...]
-    top_k: int
-    n_steps: int
-    internal_batch_size: int
-    png: bool
-
-    def passes(self) -> int:
-        """Forward(+backward) passes per explained image and target: this request's cost."""
-        per_target = {"gradcam": 1, "ig": self.n_steps, "occlusion": OCCLUSION_PASSES}
-        return per_target[self.method] * max(1, len(self.classes) or self.top_k)
-
-
-# ---------------------------------------------------------------------------- parsing
-
-
-def parse_options(options: dict[str, Any], top_k: int | None, labels: Sequence[str],
-                  config: HandlerConfig, embedding_default: bool = False) -> ExplainSpec:
-    """Check one request's explain parameters (multipart fields arrive as bytes, JSON and
-    KServe v1 ``parameters`` as JSON values) against the model's ``handler.explain_*``
-    settings; raise ``InvalidParameter`` (400) otherwise. ``embedding_default``: with no
-    ``target``, explain the embedding (the embedding model) rather than the top class."""
-    options = {k: _text(v) for k, v in options.items()}
-    method = options.get("method", config.explain_method)
-    if method not in METHODS:
-        raise InvalidParameter(f"method must be one of {list(METHODS)}, got {method!r}")
-    n_steps = _int_option(options, "n_steps", config.explain_n_steps, 1,
-                          config.explain_max_n_steps)
-    batch = _int_option(options, "internal_batch_size", config.explain_internal_batch_size,
-                        1, 64)
-    png = _bool_option(options.get("png", False))
-    classes = _classes(options.get("target"), labels, embedding_default)
-    k = top_k or 1
-    if len(classes) > config.explain_max_targets or k > config.explain_max_targets:
-        raise InvalidParameter(
-            f"at most {config.explain_max_targets} targets per image "
-            "(handler.explain_max_targets), "
-            f"got {max(len(classes), k)}; send several requests")
-    if classes and top_k:
-        raise InvalidParameter("give either 'target' (the classes to explain) or 'topk' "
-                               "(explain the k most probable classes), not both")
-    return ExplainSpec(method, classes, k, n_steps, batch, png)
-
-
-def _text(value: Any) -> Any:
-    if isinstance(value, (bytes, bytearray)):
-        return bytes(value).decode("utf-8", "replace").strip()
-    return value
-
-
-def _int_option(options: dict, name: str, default: int, low: int, high: int) -> int:
-    value = options.get(name, default)
-    if isinstance(value, str) and re.fullmatch(r"\+?[0-9]{1,9}", value.strip()):
-        value = int(value)
-    if type(value) is not int or not low <= value <= high:
-        raise InvalidParameter(f"{name} must be an integer from {low} to {high}, got {value!r}")
-    return value
-
-
-def _bool_option(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
-        return value.lower() in ("true", "1", "yes")
-    raise InvalidParameter(f"png must be true or false, got {value!r}")
-
-
-def _classes(target: Any, labels: Sequence[str], embedding_default: bool) -> tuple[int, ...]:
-    if target is None:
-        return (-1,) if embedding_default else ()
-    items = target if isinstance(target, list) else [target]
-    if not items:
-        raise InvalidParameter("target must name at least one class (index or label)")
-    by_label = {name.lower(): i for i, name in enumerate(labels)}
-    classes = []
-    for item in items:
-        if isinstance(item, str) and re.fullmatch(r"[0-9]{1,4}", item.strip()):
-            item = int(item)
-        if isinstance(item, str) and item.strip().lower() == EMBEDDING_TARGET:
-            classes.append(-1)
-        elif type(item) is int and 0 <= item < len(labels):
-            classes.append(item)
-        elif isinstance(item, str) and item.strip().lower() in by_label:
-            classes.append(by_label[item.strip().lower()])
-        else:
-            raise InvalidParameter(
-                f"unknown target class {item!r}: give an ImageNet class index 0..{len(labels) - 1}"
-                f", a label such as {labels[281]!r}, or {EMBEDDING_TARGET!r}")
-    return tuple(classes)
+def passes(spec: ExplainSpec) -> int:
+    """Forward(+backward) passes per explained image for ``spec``: the request's cost."""
+    per_target = {"gradcam": 1, "ig": spec.n_steps, "occlusion": OCCLUSION_PASSES}
+    return per_target[spec.method] * max(1, len(spec.classes) or spec.top_k)
 
 
 # ---------------------------------------------------------------------------- attribution
@@ -299,20 +202,17 @@ class Explainer:
     """Explanations on the eager PyTorch model (gradients need it, whatever backend serves
     predictions). ``dual(x) -> (embedding, logits)``; ``layer`` is where GradCAM looks."""
 
-    def __init__(self, dual: nn.Module, layer: nn.Module, labels: Sequence[str],
-                 config: HandlerConfig, embedding_default: bool = False) -> None:
+    def __init__(self, dual: nn.Module, layer: nn.Module, config: HandlerConfig) -> None:
         self.dual = dual.eval()
         for parameter in self.dual.parameters():
             parameter.requires_grad_(False)  # gradients w.r.t. inputs only
         self.layer = layer
-        self.labels = labels
         self.config = config
-        self.embedding_default = embedding_default
 
     def explain(self, pixels: torch.Tensor, logits: torch.Tensor,
-                jobs: Sequence[ExplainJob]) -> list[list[dict]]:
-        """One answer per job: per image, ``{"method", "explanations": [...]}``. Jobs with the
-        same method and settings share one Captum call."""
+                jobs: Sequence[ExplainJob]) -> list[list[list[Explanation]]]:
+        """Per job, per image, its explanations (one per target). Jobs with the same method
+        and settings share one Captum call."""
         probabilities = torch.softmax(logits.float(), dim=1)
         plan = [(j, row, target) for j, job in enumerate(jobs) for row in job.rows
                 for target in (job.spec.classes or
@@ -333,31 +233,25 @@ class Explainer:
             grids, flags = normalise(raw)
             for p, grid, flag in zip(members, grids, flags):
                 maps[p], empty[p] = grid, flag
-        answers: list[list[dict]] = [[{"method": job.spec.method, "explanations": []}
-                                      for _ in job.rows] for job in jobs]
+        answers: list[list[list[Explanation]]] = [[[] for _ in job.rows] for job in jobs]
         for p, (j, row, target) in enumerate(plan):
             job = jobs[j]
-            item = self._target(probabilities[row], target)
-            item.update(grid=[[round(float(v), 4) for v in line] for line in maps[p]],
-                        empty=empty[p])
-            if job.spec.png:
-                png = render_png(job.pictures[row - job.rows.start], maps[p],
-                                 self.config.explain_png_max_side)
-                item["png"] = base64.b64encode(png).decode("ascii")
-            answers[j][row - job.rows.start]["explanations"].append(item)
+            png = (render_png(job.pictures[row - job.rows.start], maps[p],
+                              self.config.explain_png_max_side) if job.spec.png else None)
+            answers[j][row - job.rows.start].append(Explanation(
+                target, *_standing(probabilities[row], target), maps[p], empty[p], png))
         return answers
 
-    def _target(self, probabilities: torch.Tensor, target: int) -> dict:
-        if target < 0:
-            return {"target": EMBEDDING_TARGET, "label": None, "index": None,
-                    "probability": None}
-        rank = int((probabilities > probabilities[target]).sum()) + 1
-        return {"target": "class", "label": self.labels[target], "index": target,
-                "probability": float(probabilities[target]), "rank": rank}
+
+def _standing(probabilities: torch.Tensor, target: int) -> tuple[float | None, int | None]:
+    """The target class's probability and rank (1 = most probable); None for the embedding."""
+    if target < 0:
+        return None, None
+    rank = int((probabilities > probabilities[target]).sum()) + 1
+    return float(probabilities[target]), rank
 
 
-def load_explainer(checkpoint: Path, labels: Sequence[str], config: HandlerConfig,
-                   embedding_default: bool = False) -> Explainer | None:
+def load_explainer(checkpoint: Path, config: HandlerConfig) -> Explainer | None:
     """The eager model from the archive's checkpoint (``archive.sh`` packs it whatever the
     backend), or None when the archive has none (explanations then answer 501)."""
     if not checkpoint.is_file():
@@ -365,10 +259,5 @@ def load_explainer(checkpoint: Path, labels: Sequence[str], config: HandlerConfi
     from model_files.resnet_dual import build_dual
 
     dual = build_dual(torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True))
-    return Explainer(dual, dual.backbone.layer4, labels, config, embedding_default)
+    return Explainer(dual, dual.backbone.layer4, config)
 
-
-def encode(protocol: Protocol, answers: list[dict]) -> dict:
-    """One request's answer: the image's ``{"method", "explanations"}`` (plain), or KServe
-    v1's ``{"explanations": [one per instance]}``."""
-    return {"explanations": answers} if protocol is Protocol.V1 else answers[0]

@@ -67,9 +67,12 @@ class ResNetHandler(BaseHandler):
             normalize_embedding=self.config.normalize_embedding,
         )
         self.preprocessor = Preprocessor(self.config)
-        self.explainer = explain.load_explainer(
-            model_dir / CHECKPOINT, self.answers.labels,
-            self.config, embedding_default=self.config.task == "embedding")
+        self.explainer = explain.load_explainer(model_dir / CHECKPOINT, self.config)
+        self.explain_limits = codec.ExplainLimits(
+            method=self.config.explain_method, n_steps=self.config.explain_n_steps,
+            max_n_steps=self.config.explain_max_n_steps,
+            internal_batch_size=self.config.explain_internal_batch_size,
+            max_targets=self.config.explain_max_targets)
         self.limits = codec.ParseLimits(max_images=self.config.max_images_per_request,
                                         max_json_depth=self.config.max_json_depth,
                                         max_json_bytes=self.config.max_json_bytes)
@@ -157,8 +160,9 @@ class ResNetHandler(BaseHandler):
                     self.context.set_response_header(idx, name, value)
                 responses.append(json.dumps(error_body(slot.error)))
             elif slot.explain is not None:
-                responses.append(json.dumps(
-                    explain.encode(slot.request.protocol, batch.explanations[idx])))
+                responses.append(json.dumps(codec.encode_explanations(
+                    slot.request.protocol, slot.explain.method, batch.explanations[idx],
+                    self.answers.labels)))
             else:
                 responses.append(json.dumps(
                     codec.encode_response(slot.request, slot.rows, outputs, self.answers)))
@@ -252,21 +256,22 @@ class ResNetHandler(BaseHandler):
         if request.protocol is codec.Protocol.V2:
             raise NotSupported("explanations answer /explanations/{model} and KServe v1 "
                                ":explain; the v2 protocol has no explain route")
-        return explain.parse_options(request.options, request.top_k, self.answers.labels,
-                                     self.config, self.explainer.embedding_default)
+        return codec.parse_explain(request.options, request.top_k, self.answers.labels,
+                                   self.explain_limits,
+                                   embedding_default=self.answers.task is codec.Output.EMBEDDING)
 
     def _admit_explanations(self, slots: list[Slot]) -> None:
         """Explanation work within ``max_explain_passes_per_batch``, cheapest first; the
         requests that do not fit get 503 and ``Retry-After``, so a burst of explanations
         cannot hold the predictions of the same queue back for long."""
         asking = [s for s in slots if s.ok and s.explain is not None]
-        costs = [s.explain.passes() * len(s.opened) for s in asking]
+        costs = [explain.passes(s.explain) * len(s.opened) for s in asking]
         budget = self.config.max_explain_passes_per_batch
         for slot, cost, admitted in zip(asking, costs, admit(costs, budget)):
             if cost > budget:
                 slot.error = InvalidParameter(
                     f"this explanation needs {cost} forward/backward passes ({len(slot.opened)} "
-                    f"image(s) x {slot.explain.passes()}), more than the limit of {budget} "
+                    f"image(s) x {explain.passes(slot.explain)}), more than the limit of {budget} "
                     "(handler.max_explain_passes_per_batch); send fewer images, targets or "
                     "n_steps")
             elif not admitted:

@@ -15,7 +15,7 @@ from PIL import Image
 from torch import nn
 from torchvision.models import ResNet50_Weights
 
-from handlers import explain
+from handlers import codec, explain
 from handlers.config import HandlerConfig
 from model_files.resnet_dual import build_dual
 from tests import imagegen
@@ -118,13 +118,13 @@ def mass_in_region(grid) -> float:
 def test_heatmap_mass_falls_where_the_model_can_see(weights_dir, method, share):
     dual = build_dual(torch.load(weights_dir / "resnet50.pt", weights_only=True))
     masked = OnlyRegionSeen(dual).eval()
-    explainer = explain.Explainer(masked, dual.backbone.layer4, CATEGORIES, HandlerConfig())
+    explainer = explain.Explainer(masked, dual.backbone.layer4, HandlerConfig())
     pixels = torch.cat([reference_input(imagegen.jpeg(300, 300, seed=s)) for s in (1, 2)])
     with torch.no_grad():
         logits = masked(pixels)[1]
-    spec = explain.ExplainSpec(method, (), 1, n_steps=4, internal_batch_size=8, png=False)
+    spec = codec.ExplainSpec(method, (), 1, n_steps=4, internal_batch_size=8, png=False)
     answers = explainer.explain(pixels, logits, [explain.ExplainJob(spec, range(2), [])])
-    grids = [a["explanations"][0]["grid"] for a in answers[0]]
+    grids = [image[0].grid for image in answers[0]]
     # What a uniform, a random or a mirrored map would score: the test must fail those.
     torch.manual_seed(0)
     noise = max(mass_in_region(torch.rand(7, 7)) for _ in range(100))
