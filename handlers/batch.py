@@ -1,5 +1,5 @@
 """The state one batch carries from ``preprocess`` through ``inference`` to ``postprocess``,
-and the rule that admits its requests' decoding work.
+and the rule that admits its requests' work (decoding, explanations) within a budget.
 
 (Kept out of the handler module: TorchServe requires the handler module to define exactly one
 class.)
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from handlers.codec import ExplainSpec, ParsedRequest
-from handlers.errors import RequestError
+from handlers.errors import Overloaded, RequestError
 from handlers.images import OpenedImage
 
 
@@ -66,3 +66,15 @@ def admit(costs: list[int], budget: int) -> list[bool]:
         admitted[i] = True
         spent += costs[i]
     return admitted
+
+
+def admit_within(slots: list[Slot], costs: list[int], budget: int, setting: str,
+                 unit: str) -> None:
+    """``admit`` the slots' work (``costs``, in ``unit``) within the batch's ``budget`` (the
+    ``handler.<setting>``); the slots left out get 503 ``Overloaded`` with ``Retry-After``: the
+    same request alone, or in a lighter batch, fits."""
+    for slot, cost, admitted in zip(slots, costs, admit(costs, budget)):
+        if not admitted:
+            slot.error = Overloaded(
+                f"this batch's budget of {budget} {unit} (handler.{setting}) was taken by "
+                f"other requests; this one needs {cost}: retry")

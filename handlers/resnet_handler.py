@@ -21,10 +21,10 @@ from ts.torch_handler.base_handler import BaseHandler
 
 from handlers import codec, explain
 from model_files.backends import load_backend
-from handlers.batch import PreparedBatch, Slot, admit
+from handlers.batch import PreparedBatch, Slot, admit_within
 from handlers.config import HandlerConfig
-from handlers.errors import (InternalError, InvalidParameter, NotSupported, Overloaded,
-                             PayloadTooLarge, RequestError, error_body, status_line)
+from handlers.errors import (InternalError, InvalidParameter, NotSupported, PayloadTooLarge,
+                             RequestError, error_body, status_line)
 from handlers.images import OpenedImage, decode
 from handlers.metrics import BatchMetrics
 from handlers.preprocess import Preprocessor
@@ -101,13 +101,8 @@ class ResNetHandler(BaseHandler):
         """
         slots = [self._open(idx, row) for idx, row in enumerate(data)]
         good = [slot for slot in slots if slot.ok]
-        for slot, admitted in zip(good, admit([s.pixels for s in good],
-                                              self.config.max_batch_pixels)):
-            if not admitted:
-                slot.error = Overloaded(
-                    f"this batch's decoding budget (handler.max_batch_pixels = "
-                    f"{self.config.max_batch_pixels} pixels) was taken by other requests; "
-                    f"this request needs {slot.pixels}: retry")
+        admit_within(good, [s.pixels for s in good], self.config.max_batch_pixels,
+                     "max_batch_pixels", "decoded pixels")
         self._admit_explanations(slots)
         started = time.perf_counter()
         work = [(idx, image, slot.explain is not None and slot.explain.png)
@@ -264,20 +259,19 @@ class ResNetHandler(BaseHandler):
         """Explanation work within ``max_explain_passes_per_batch``, cheapest first; the
         requests that do not fit get 503 and ``Retry-After``, so a burst of explanations
         cannot hold the predictions of the same queue back for long."""
-        asking = [s for s in slots if s.ok and s.explain is not None]
-        costs = [explain.passes(s.explain) * len(s.opened) for s in asking]
         budget = self.config.max_explain_passes_per_batch
-        for slot, cost, admitted in zip(asking, costs, admit(costs, budget)):
-            if cost > budget:
+        asking = [(s, explain.passes(s.explain) * len(s.opened)) for s in slots
+                  if s.ok and s.explain is not None]
+        for slot, cost in asking:
+            if cost > budget:  # never fits, unlike a request that only lost the race: 400
                 slot.error = InvalidParameter(
                     f"this explanation needs {cost} forward/backward passes ({len(slot.opened)} "
                     f"image(s) x {explain.passes(slot.explain)}), more than the limit of {budget} "
                     "(handler.max_explain_passes_per_batch); send fewer images, targets or "
                     "n_steps")
-            elif not admitted:
-                slot.error = Overloaded(
-                    f"this batch's explanation budget (handler.max_explain_passes_per_batch = "
-                    f"{budget} passes) was taken by other requests; this one needs {cost}: retry")
+        fits = [(s, cost) for s, cost in asking if s.ok]
+        admit_within([s for s, _ in fits], [cost for _, cost in fits], budget,
+                     "max_explain_passes_per_batch", "explanation passes")
 
     def _explain(self, batch: PreparedBatch) -> None:
         """Explanations for the batch's explanation requests, from its pixels and logits; a
