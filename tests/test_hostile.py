@@ -14,7 +14,6 @@ from handlers.images import open_image
 from tests import corpus, imagegen
 from tests.handler_context import make_handler, run_batch
 from tests.reference import assert_same_tags
-from tests.test_images import _row
 
 GOOD = imagegen.png(300, 240, seed=5)
 HOSTILE = corpus.hostile_inputs()
@@ -50,8 +49,8 @@ def test_hostile_request_is_refused_alone_without_decoding(tagger, alone, name, 
     case = HOSTILE[name]
     counter = DecodeCounter(handler)
     monkeypatch.setattr(handler.preprocessor, "decode", counter)
-    responses, statuses, _ = run_batch(handler, context, [{"body": GOOD}, _row(case),
-                                                          {"body": GOOD}])
+    rows = [{"body": GOOD}, corpus.handler_row(case), {"body": GOOD}]
+    responses, statuses, _ = run_batch(handler, context, rows)
     error = json.loads(responses[1])
     assert statuses[1][0] == case.status and error["type"] == case.kind, error
     assert case.message in error["message"], error

@@ -28,17 +28,7 @@ def test_good_image_decodes_to_the_expected_pixels(name):
     assert diff.max() == 0, f"max |diff| {diff.max()}"
 
 
-def _row(case: corpus.Bad) -> dict:
-    """The input dict TorchServe 0.12 hands a handler for this request (its JSON bodies arrive
-    parsed, or as the raw bytes when they are not valid JSON; form fields as bytes)."""
-    if case.form == "raw":
-        return {"body": case.body}
-    if case.form == "multipart":
-        return {"data": case.body, **{k: v.encode() for k, v in case.fields.items()}}
-    try:
-        return {"body": json.loads(corpus.json_text(case))}
-    except (ValueError, RecursionError):  # TorchServe forwards what it cannot parse as bytes
-        return {"body": corpus.json_text(case).encode()}
+
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +44,8 @@ def test_bad_inputs_fail_alone_in_a_batch_of_good_ones(tagger):
     (alone,), _, _ = run_batch(handler, context, [{"body": good}])
     assert len(BAD) >= 20
     for name, case in BAD.items():
-        responses, statuses, _ = run_batch(handler, context,
-                                           [{"body": good}, _row(case), {"body": good}])
+        rows = [{"body": good}, corpus.handler_row(case), {"body": good}]
+        responses, statuses, _ = run_batch(handler, context, rows)
         error = json.loads(responses[1])
         assert statuses[1][0] == case.status, (name, error)
         assert error["code"] == case.status and error["type"] == case.kind, (name, error)

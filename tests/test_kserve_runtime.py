@@ -30,8 +30,8 @@ from devtools.server import free_port
 from tests import imagegen
 from tests.conftest import MODELS
 from tests.reference import assert_same_tags, rel_error
-from tests.test_protocols import raw_answer
-from tests.test_serving import _histogram
+from tests.served import raw_answer
+from tests.served import histogram
 
 pytestmark = pytest.mark.integration
 IMAGES = [imagegen.jpeg(400, 300, seed=300 + i) for i in range(6)]
@@ -263,7 +263,7 @@ def _triton_call(url: str, image: bytes | None):
 
 def test_kserve_and_triton_clients_get_the_local_answers_concurrently(pod, local_answers):
     metrics = f"{pod.metrics_url}/metrics"
-    before = {m: _histogram(requests.get(metrics, timeout=10).text, "HandlerBatchSize", m)
+    before = {m: histogram(requests.get(metrics, timeout=10).text, "HandlerBatchSize", m)
               for m in MODELS}
     with ThreadPoolExecutor(max_workers=len(IMAGES) + 1) as pool:
         triton = pool.map(lambda image: _triton_call(pod.inference_url, image),
@@ -286,7 +286,7 @@ def test_kserve_and_triton_clients_get_the_local_answers_concurrently(pod, local
     assert bad_triton.status() == "400"
     assert json.loads(bad_triton.debug_details())["type"] == "InvalidRequest"
     # Batching was on: fewer batches than requests for the models that got them at once.
-    after = {m: _histogram(requests.get(metrics, timeout=10).text, "HandlerBatchSize", m)
+    after = {m: histogram(requests.get(metrics, timeout=10).text, "HandlerBatchSize", m)
              for m in MODELS}
     tagger_requests = after["resnet50-tagger"][0] - before["resnet50-tagger"][0]
     tagger_batches = after["resnet50-tagger"][1] - before["resnet50-tagger"][1]

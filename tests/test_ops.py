@@ -26,7 +26,7 @@ from devtools.server import LocalTorchServe
 from tests import imagegen
 from tests.conftest import MODELS, REPO
 from tests.reference import rel_error
-from tests.test_tsctl import tsctl
+from tests.served import tsctl
 from tsclient import errors
 from tsclient.keys import Keys
 

@@ -18,6 +18,7 @@ from bench.archives import ArchiveInfo
 from tests import corpus, imagegen
 from tests.conftest import REPO
 from tests.reference import assert_same_tags, rel_error
+from tests.served import raw_answer
 
 pytestmark = pytest.mark.integration
 TOLERANCE = 1e-4
@@ -41,13 +42,6 @@ def send(ts, case: corpus.Bad) -> requests.Response:
                              headers=headers, timeout=120)
     return requests.post(url, data=corpus.json_text(case).encode(), timeout=120,
                          headers={**headers, "Content-Type": "application/json"})
-
-
-def raw_answer(ts, model: str, image: bytes, **headers):
-    response = requests.post(f"{ts.inference_url}/predictions/{model}", data=image, timeout=120,
-                             headers={**ts.keys.inference_headers(), **headers})
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 @pytest.fixture(scope="module")
@@ -192,9 +186,10 @@ def slow_batching_server(tmp_path_factory, model_store):
     model_config.update(batchSize=8, maxBatchDelay=3000)
     (config_dir / "resnet50-tagger.yaml").write_text(yaml.safe_dump(model_config))
     store = tmp_path_factory.mktemp("slow-store")
+    backend = ArchiveInfo.read(model_store / "resnet50-tagger.mar").backend
     subprocess.run(["./archive.sh", "resnet50-tagger"], cwd=REPO, check=True,
-                   env={**os.environ, "CONFIG_DIR": str(config_dir),
-                        "OUT": str(store), "BACKEND": ArchiveInfo.read(model_store / "resnet50-tagger.mar").backend},
+                   env={**os.environ, "CONFIG_DIR": str(config_dir), "OUT": str(store),
+                        "BACKEND": backend},
                    stdout=subprocess.DEVNULL)
     server = LocalTorchServe(tmp_path_factory.mktemp("slow-ts"), store,
                              load_models=["resnet50-tagger.mar"])

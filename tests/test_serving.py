@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -14,6 +13,7 @@ from torchvision.models import ResNet50_Weights
 from tests import imagegen
 from tests.conftest import REPO
 from tests.reference import rel_error, tolerance
+from tests.served import histogram
 
 pytestmark = pytest.mark.integration
 CATEGORIES = set(ResNet50_Weights.IMAGENET1K_V2.meta["categories"])
@@ -102,22 +102,12 @@ def test_bad_top_k_is_a_400(torchserve, bad):
     }
 
 
-def _histogram(metrics_text: str, name: str, model: str) -> tuple[float, float]:
-    """(sum, count) of one of our batch histograms on the Prometheus endpoint."""
-    values = {}
-    for kind in ("sum", "count"):
-        match = re.search(rf'^{name}_{kind}{{ModelName="{model}"[^}}]*}} ([0-9.eE+-]+)$',
-                          metrics_text, re.MULTILINE)
-        values[kind] = float(match.group(1)) if match else 0.0
-    return values["sum"], values["count"]
-
-
 def test_concurrent_requests_are_batched_and_match_single_answers(torchserve):
     images = [imagegen.jpeg(400, 300, seed=100 + i) for i in range(16)]
     singles = [predict(torchserve, "resnet50-embedding", "raw", image).json()["embedding"]
                for image in images]
     metrics_url = f"{torchserve.metrics_url}/metrics"
-    before = _histogram(requests.get(metrics_url, timeout=10).text, "HandlerBatchSize",
+    before = histogram(requests.get(metrics_url, timeout=10).text, "HandlerBatchSize",
                         "resnet50-embedding")
     with ThreadPoolExecutor(max_workers=16) as pool:
         responses = list(pool.map(lambda im: predict(torchserve, "resnet50-embedding", "raw", im),
@@ -128,7 +118,7 @@ def test_concurrent_requests_are_batched_and_match_single_answers(torchserve):
     for single, response in zip(singles, responses):
         assert rel_error(response.json()["embedding"], single) <= TOLERANCE
     # The handler's own histogram agrees: fewer batches than requests, 16 requests in all.
-    after = _histogram(requests.get(metrics_url, timeout=10).text, "HandlerBatchSize",
+    after = histogram(requests.get(metrics_url, timeout=10).text, "HandlerBatchSize",
                        "resnet50-embedding")
     total, batches = after[0] - before[0], after[1] - before[1]
     assert total == 16 and batches < 16

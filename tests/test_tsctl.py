@@ -4,7 +4,6 @@ Commands that change keys or models run on their own server (tests/test_ops.py).
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 
 import numpy as np
@@ -16,17 +15,9 @@ from tests import imagegen
 from tsclient import errors
 from tests.conftest import MODELS, REPO
 from tests.reference import rel_error
+from tests.served import tsctl
 
 pytestmark = pytest.mark.integration
-TSCTL = REPO / ".venv" / "bin" / "tsctl"
-
-
-def tsctl(server, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run the installed ``tsctl`` against ``server``; the test fails if it is not installed."""
-    if not TSCTL.exists():
-        pytest.fail(f"{TSCTL} missing: `make setup` installs it (pip install -e .)")
-    return subprocess.run([str(TSCTL), *argv], env=server.cli_env(), capture_output=True,
-                          text=True, timeout=timeout)
 
 
 def _yaml(model: str) -> dict:

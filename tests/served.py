@@ -1,0 +1,38 @@
+"""Helpers for tests that talk to a running TorchServe (``devtools.server.LocalTorchServe``):
+its answers, its metrics, and ``tsctl`` pointed at it."""
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+import requests
+
+from tests.conftest import REPO
+
+TSCTL = REPO / ".venv" / "bin" / "tsctl"
+
+
+def raw_answer(ts, model: str, image: bytes, **headers):
+    response = requests.post(f"{ts.inference_url}/predictions/{model}", data=image, timeout=120,
+                             headers={**ts.keys.inference_headers(), **headers})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def histogram(metrics_text: str, name: str, model: str) -> tuple[float, float]:
+    """(sum, count) of one of our batch histograms on the Prometheus endpoint."""
+    values = {}
+    for kind in ("sum", "count"):
+        match = re.search(rf'^{name}_{kind}{{ModelName="{model}"[^}}]*}} ([0-9.eE+-]+)$',
+                          metrics_text, re.MULTILINE)
+        values[kind] = float(match.group(1)) if match else 0.0
+    return values["sum"], values["count"]
+
+
+def tsctl(server, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the installed ``tsctl`` against ``server``; the test fails if it is not installed."""
+    if not TSCTL.exists():
+        pytest.fail(f"{TSCTL} missing: `make setup` installs it (pip install -e .)")
+    return subprocess.run([str(TSCTL), *argv], env=server.cli_env(), capture_output=True,
+                          text=True, timeout=timeout)
