@@ -89,7 +89,8 @@ def run_raw(archive: ArchiveInfo, images: dict[str, bytes], budget: raw.Budget) 
 def run_pipeline(archive: ArchiveInfo, image: bytes, budget: raw.Budget) -> dict:
     """The served tagger's work without serving: its backend at its handler settings."""
     config = HandlerConfig.from_mapping(archive.model_config.get("handler"))
-    label = archive.backend if config.precision == "auto" else f"{archive.backend}-{config.precision}"
+    precision = archive.precision if config.precision == "auto" else config.precision
+    label = archive.backend if precision == "auto" else f"{archive.backend}-{precision}"
     label = label if label in raw.VARIANTS else archive.backend
     backend = raw.load_variant(WEIGHTS, label)
     measured = raw.pipeline_throughput(backend, Preprocessor(config), image, 8, budget,

@@ -19,18 +19,19 @@ from pathlib import Path
 import yaml
 
 from bench.layout import REPO
-from model_files.artifacts import INFO, backend_of
+from model_files.artifacts import INFO, backend_of, built_precision
 
 
 @dataclass(frozen=True)
 class ArchiveInfo:
     """The parts of a ``.mar`` the benchmark checks: manifest, weights provenance and the
-    model-config.yaml it carries."""
+    model-config.yaml it carries. ``precision``: archive.sh's PRECISION for it (int8 or auto)."""
 
     path: Path
     model_name: str
     version: str
     backend: str
+    precision: str
     weights: dict
     model_config: dict
 
@@ -41,8 +42,9 @@ class ArchiveInfo:
             weights = json.loads(mar.read(INFO))
             config_file = manifest.get("configFile")
             config = yaml.safe_load(mar.read(config_file)) if config_file else {}
+        serialized = manifest["serializedFile"]
         return cls(path, manifest["modelName"], manifest.get("modelVersion", "1.0"),
-                   backend_of(manifest["serializedFile"]), weights, config or {})
+                   backend_of(serialized), built_precision(serialized), weights, config or {})
 
 
 def variant_config(base_yaml: Path, batch_size: int, max_batch_delay: int, workers: int) -> dict:

@@ -39,8 +39,9 @@ def measure(server: LocalTorchServe, body: bytes, workers: int, threads: int | N
     if threads is not None:
         config["handler"] = {**config.get("handler", {}), "threads": threads}
     name = f"{TAGGER}-w{workers}.mar"
-    backend = ArchiveInfo.read(MODEL_STORE / f"{TAGGER}.mar").backend
-    mar = build_variant(TAGGER, config, backend, WORK / "archive-work", WORK / "store" / name)
+    archive = ArchiveInfo.read(MODEL_STORE / f"{TAGGER}.mar")
+    mar = build_variant(TAGGER, config, archive.backend, WORK / "archive-work",
+                        WORK / "store" / name, precision=archive.precision)
     try:
         server.client().register(name)
         settings = wait_for_setting(server, frontend["batchSize"], frontend["maxBatchDelay"],

@@ -88,7 +88,8 @@ def run_setting(server: LocalTorchServe, archive: ArchiveInfo, base_yaml: Path, 
     """Build, register, verify, measure and unregister one setting."""
     name = f"{OURS}-b{batch_size}-d{delay}-w{workers}.mar"
     mar = build_variant(OURS, variant_config(base_yaml, batch_size, delay, workers),
-                        archive.backend, SWEEP / "archive-work", SWEEP / "store" / name)
+                        archive.backend, SWEEP / "archive-work", SWEEP / "store" / name,
+                        precision=archive.precision)
     row = {"batchSize": batch_size, "maxBatchDelay": delay, "workers": workers}
     try:
         server.client().register(name, workers=workers, batch_size=batch_size,
@@ -132,7 +133,8 @@ def render_markdown(results: dict) -> str:
         "# Batching sweep: resnet50-tagger, 16 closed-loop clients, small JPEG",
         "",
         f"- Date: {meta['machine']['date']}; `{meta['command']}` took "
-        f"{fmt(meta['elapsed_s'], 0)} s; backend **{meta['backend']}**.",
+        f"{fmt(meta['elapsed_s'], 0)} s; backend **{meta['backend']}**, archived at precision "
+        f"**{meta.get('precision', 'auto')}**.",
         f"- Machine: {meta['machine']['cpu']}, {meta['machine']['cores']} cores; CPU "
         f"{fmt(meta['machine']['cpu_busy_percent_before'], 0)}% busy just before; load average "
         f"before {' / '.join(map(str, meta['machine']['loadavg_at_start']))}, after "
@@ -210,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {
         "meta": {"command": " ".join(["python -m bench.sweep", *(argv or sys.argv[1:])]),
                  "machine": machine_info, "backend": archive.backend,
+                 "precision": archive.precision,
                  "plan": {"warmup_s": plan.warmup_s, "closed_s": plan.closed_s,
                           "clients": CLIENTS, "image": IMAGE},
                  "elapsed_s": time.monotonic() - started,

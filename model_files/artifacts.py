@@ -56,6 +56,15 @@ def fidelity_record(serialized_file: str) -> str:
     return Path(serialized_file).with_suffix(".fidelity.json").name
 
 
+def built_precision(serialized_file: str) -> str:
+    """The precision fixed when ``serialized_file`` was built: ``int8`` for a quantised file,
+    else ``auto`` (chosen when the model is compiled). ``archive.sh``'s PRECISION for it."""
+    for (_, precision), name in QUANTIZED.items():
+        if Path(serialized_file).name == name:
+            return precision
+    return "auto"
+
+
 def backend_of(serialized_file: str) -> str:
     """The runtime whose file is ``serialized_file`` (the archive manifest's name)."""
     for backend, name in [*SERIALIZED.items(), *((b, n) for (b, _), n in QUANTIZED.items())]:
