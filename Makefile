@@ -20,7 +20,7 @@ WEIGHTS_DIR := build/weights
 MODEL_CONFIGS := $(wildcard config/models/*.yaml)
 SOURCES := $(wildcard handlers/*.py model_files/*.py) $(MODEL_CONFIGS) archive.sh
 
-.PHONY: setup java config weights archives samples serve test test-fast bench bench-sweep clean
+.PHONY: setup java config weights archives samples serve test test-fast bench bench-sweep bench-ingestion clean
 .DEFAULT_GOAL := test
 
 setup: $(VENV)/.installed java
@@ -84,6 +84,11 @@ bench: setup config archives samples
 # batchSize x maxBatchDelay x workers for the tagger -> results/sweep.md (about 8 minutes).
 bench-sweep: setup config archives samples
 	$(PY) -m bench.sweep
+
+# Where a request's time goes (upload, frontend, socket, handler) for a small JPEG and a noisy
+# 12 MP photo, under frontend JVM/netty variants -> results/ingestion.md (about 6 minutes).
+bench-ingestion: setup config archives samples
+	$(PY) -m bench.ingestion
 
 # KServe (kserve/README.md). The storage bundle our runtime reads, as a folder and a .tar.gz
 # under build/kserve/ (KSERVE_DEVICE=gpu with BACKEND=eager for the GPU bundle,

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from bench.batchlog import batches_by_request
+from bench.ingestion import batch_times, split
 from bench.loadgen import Endpoint, poisson_schedule
 from bench.report import render_markdown
 from bench.stats import Sample, find_run, percentile, ratio, summarize
@@ -97,6 +98,34 @@ result=[METRICS]PredictionTime.Milliseconds:1.0|#ModelName:other,Level:Model|#ty
 def test_batch_sizes_come_from_prediction_time_lines_of_the_model():
     sizes = batches_by_request(LOG.splitlines(), "resnet50-stock")
     assert sizes == {"aa-1": 3, "bb-2": 3, "cc-3": 3, "dd-4": 1}
+
+
+def _ts_log(model: str, backend_ms: int, handler_ms: float, decode_ms: float) -> list[str]:
+    """One batch's lines as TorchServe 0.12 writes them to ts_log.log (each twice)."""
+    stdout = (f"2026-11-22T12:14:26,790 [INFO ] W-49201-{model}_1.0-stdout "
+              "org.pytorch.serve.wlm.WorkerLifeCycle - result=[METRICS]")
+    lines = [
+        f"{stdout}HandlerDecodeMs.Milliseconds:{decode_ms}|#ModelName:{model},Level:Model"
+        "|#type:COUNTER|#hostname:vm,1795349665, pattern=[METRICS]",
+        f"{stdout}HandlerTime.Milliseconds:{handler_ms}|#ModelName:{model},Level:Model"
+        "|#type:GAUGE|#hostname:vm,1795349666,a31699fc-67fd-4b96-b5aa, pattern=[METRICS]",
+        f"2026-11-22T12:14:26,792 [INFO ] W-49201-{model}_1.0 "
+        f"org.pytorch.serve.wlm.WorkerThread - Backend response time: {backend_ms}",
+    ]
+    return [line for line in lines for _ in range(2)]
+
+
+def test_ingestion_split_reads_each_batch_once_and_only_its_model():
+    lines = (_ts_log("resnet50-tagger", 44, 39.5, 15.0) + _ts_log("resnet50-embedding", 900, 1, 1)
+             + _ts_log("resnet50-tagger", 60, 50.5, 25.0))
+    times = batch_times(lines, "resnet50-tagger")
+    assert times == {"backend": [44.0, 60.0], "handler": [39.5, 50.5], "decode": [15.0, 25.0],
+                     "forward": []}
+    parts = split(times, wall_s=0.208)
+    assert parts["batches"] == 2
+    assert parts["transport_ms"] == pytest.approx(52.0 - 45.0)
+    assert parts["worker_busy"] == pytest.approx(0.5)
+    assert math.isnan(parts["forward_ms"])
 
 
 def test_stock_config_copies_the_tagger_frontend_settings(tmp_path):

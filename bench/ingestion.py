@@ -1,0 +1,240 @@
+"""Where a request's time goes between the client and the worker: ``python -m bench.ingestion``.
+
+One TorchServe serving the tagger alone, once per frontend variant (JVM and netty settings),
+variants alternated over ``--rounds`` so that drifting machine load hits each of them alike.
+For each image and client count: a closed-loop run, then the split of its time read from
+TorchServe's own log (``logs/ts_log.log``) for the batches of that run:
+
+* ``backend`` ms per batch: the frontend's "Backend response time", from writing the batch to
+  the worker's socket until the answer is read back;
+* ``handler`` ms per batch: the worker's ``HandlerTime`` (our preprocess + inference +
+  postprocess), of which ``decode`` and ``forward`` are our own ``HandlerDecodeMs`` and
+  ``HandlerForwardMs`` metrics;
+* ``transport`` = backend - handler: the batch through the Unix socket both ways and the
+  worker's message parsing (TorchServe's Python ``_retrieve_buffer`` reading the bodies);
+* ``worker busy``: the share of the run's wall time the worker spent on batches (backend ms);
+  the rest it waited for the frontend to hand it one;
+* ``outside`` (one client only) = client p50 - backend p50: HTTP upload, frontend parsing,
+  queueing and the answer's way back.
+
+Writes ``results/ingestion.{md,json}``; prints the Markdown. Every server is stopped.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from bench import machine
+from bench.archives import ArchiveInfo
+from bench.layout import (BUILD, IMAGES, MODEL_STORE, RESULTS, SAMPLES, TAGGER, fresh_dir,
+                          setup_cli)
+from bench.loadgen import Endpoint, closed_loop
+from bench.stats import percentile, summarize
+from devtools.server import LocalTorchServe
+
+log = logging.getLogger("bench.ingestion")
+
+# name -> config.properties overrides on top of the shipped config/config.properties.
+VARIANTS = {
+    # What the JVM does without our vmargs: G1 picks heap/2048 regions (2 MB here).
+    "default G1 regions": {"vmargs": "-XX:+UseG1GC"},
+    "shipped (16 MB G1 regions)": {},
+    # TorchServe's defaults are one netty thread per core for both (2 here).
+    "shipped + 4 netty threads": {"number_of_netty_threads": "4", "netty_client_threads": "4"},
+}
+CLIENTS = (1, 16)
+
+
+@dataclass(frozen=True)
+class Plan:
+    warmup_s: float = 2.0
+    measure_s: float = 8.0
+    max_requests: int = 2000
+    rounds: int = 2
+
+
+QUICK = Plan(warmup_s=0.5, measure_s=1.5, rounds=1)
+
+_BACKEND = re.compile(r"W-\d+-(?P<model>[^ ]+?)_[^ ]+ org\.pytorch\.serve\.wlm\.WorkerThread - "
+                      r"Backend response time: (?P<ms>\d+)")
+_METRIC = re.compile(r"\[METRICS\](?P<name>HandlerTime|HandlerDecodeMs|HandlerForwardMs)"
+                     r"\.Milliseconds:(?P<ms>[\d.]+)\|#ModelName:(?P<model>[^,|]+)")
+
+
+def batch_times(lines: Iterable[str], model: str) -> dict[str, list[float]]:
+    """Per-batch milliseconds of ``model`` from ts_log lines: ``backend``, ``handler``,
+    ``decode``, ``forward`` (each a list, one entry per batch). The frontend writes each log
+    line twice in a row (two appenders); a repeated line is counted once."""
+    times: dict[str, list[float]] = {"backend": [], "handler": [], "decode": [], "forward": []}
+    previous = None
+    for line in lines:
+        if line == previous:
+            continue
+        previous = line
+        backend = _BACKEND.search(line)
+        if backend and backend.group("model") == model:
+            times["backend"].append(float(backend.group("ms")))
+            continue
+        metric = _METRIC.search(line)
+        if metric and metric.group("model") == model:
+            key = {"HandlerTime": "handler", "HandlerDecodeMs": "decode",
+                   "HandlerForwardMs": "forward"}[metric.group("name")]
+            times[key].append(float(metric.group("ms")))
+    return times
+
+
+def split(times: dict[str, list[float]], wall_s: float) -> dict:
+    """Means per batch, the transport share and how busy the worker was."""
+    def mean(key: str) -> float:
+        values = times[key]
+        return sum(values) / len(values) if values else float("nan")
+
+    return {"batches": len(times["backend"]), "backend_ms": mean("backend"),
+            "handler_ms": mean("handler"), "decode_ms": mean("decode"),
+            "forward_ms": mean("forward"),
+            "transport_ms": mean("backend") - mean("handler"),
+            "backend_p50_ms": percentile(times["backend"], 50),
+            "worker_busy": sum(times["backend"]) / 1000.0 / wall_s if wall_s > 0 else float("nan")}
+
+
+def _read_from(path: Path, offset: int) -> tuple[list[str], int]:
+    if not path.exists():
+        return [], offset
+    with path.open("rb") as f:
+        f.seek(offset)
+        data = f.read()
+    return data.decode(errors="replace").splitlines(), offset + len(data)
+
+
+def measure_variant(name: str, overrides: dict[str, str], images: dict[str, bytes],
+                    plan: Plan, round_: int) -> list[dict]:
+    """Start the tagger alone with ``overrides``, and measure each image and client count."""
+    workdir = fresh_dir(BUILD / "ingestion" / f"round{round_}-{list(VARIANTS).index(name)}")
+    server = LocalTorchServe(workdir, MODEL_STORE, load_models=[f"{TAGGER}.mar"],
+                             properties=overrides)
+    rows = []
+    try:
+        server.start()
+        log_file = workdir / "logs" / "ts_log.log"
+        for image, body in images.items():
+            for clients in CLIENTS:
+                log.info("%s, round %d: %s, %d client(s)", name, round_ + 1, image, clients)
+                endpoint = Endpoint(f"{server.inference_url}/predictions/{TAGGER}",
+                                    server.keys.inference_headers(), body, 60.0)
+                closed_loop(endpoint, clients, plan.warmup_s, plan.max_requests)
+                time.sleep(0.5)  # the warm-up's last log lines land before the offset
+                _, offset = _read_from(log_file, 0)
+                started = time.monotonic()
+                samples = closed_loop(endpoint, clients, plan.measure_s, plan.max_requests)
+                wall = time.monotonic() - started
+                time.sleep(0.5)  # the frontend logs asynchronously
+                lines, _ = _read_from(log_file, offset)
+                stats = summarize(samples).to_dict()
+                parts = split(batch_times(lines, TAGGER), wall)
+                outside = (stats["p50_ms"] - parts["backend_p50_ms"]) if clients == 1 else None
+                rows.append({"variant": name, "round": round_, "image": image,
+                             "clients": clients, **stats, **parts, "outside_ms": outside})
+    finally:
+        server.stop()
+    return rows
+
+
+def combine(rows: list[dict]) -> list[dict]:
+    """One row per (variant, image, clients): the mean over rounds, and each round's img/s."""
+    grouped: dict[tuple, list[dict]] = {}
+    for row in rows:
+        grouped.setdefault((row["variant"], row["image"], row["clients"]), []).append(row)
+    out = []
+    numeric = ("throughput", "p50_ms", "batch_mean", "backend_ms", "handler_ms", "decode_ms",
+               "forward_ms", "transport_ms", "worker_busy", "outside_ms", "errors")
+    for (variant, image, clients), group in grouped.items():
+        row = {"variant": variant, "image": image, "clients": clients,
+               "rounds_throughput": [g["throughput"] for g in group]}
+        for key in numeric:
+            values = [g[key] for g in group if g.get(key) is not None]
+            row[key] = sum(values) / len(values) if values else None
+        out.append(row)
+    return out
+
+
+def markdown(meta: dict, rows: list[dict]) -> str:
+    def f(value, digits=1):
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    lines = [
+        "# Ingestion: where a request's time goes between the client and the worker", "",
+        f"- Date: {meta['machine']['date']}; `{meta['command']}` took {meta['elapsed_s']:.0f} s; "
+        f"{meta['rounds']} round(s), variants alternated; {meta['measure_s']:g} s measured per "
+        "row after a warm-up.",
+        f"- Machine: {meta['machine']['cpu']}, {meta['machine']['cores']} cores; load average "
+        f"before {' / '.join(map(str, meta['machine']['loadavg_at_start']))}, after "
+        f"{' / '.join(map(str, meta['loadavg_at_end']))}.",
+        f"- The tagger archive of `model-store/` (backend {meta['backend']}), alone on its "
+        "server, batchSize and maxBatchDelay as shipped; the load generator shares the cores.",
+        "", "Per batch (means): backend = the frontend's \"Backend response time\" (batch "
+        "written to the worker until its answer is read), handler = the worker's HandlerTime "
+        "(decode and forward are parts of it), transport = backend - handler (socket both "
+        "ways, TorchServe's message parsing in the worker). Worker busy = backend time / wall "
+        "time. Outside (1 client) = client p50 - backend p50 (upload, frontend, answer).", "",
+        "| variant | image | clients | img/s (per round) | p50 ms | batch | backend ms | "
+        "handler ms | decode ms | forward ms | transport ms | worker busy | outside ms | "
+        "errors |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        rounds = " / ".join(f"{t:.1f}" for t in r["rounds_throughput"])
+        lines.append(
+            f"| {r['variant']} | {r['image']} | {r['clients']} | {f(r['throughput'])} ({rounds}) "
+            f"| {f(r['p50_ms'])} | {f(r['batch_mean'])} | {f(r['backend_ms'])} | "
+            f"{f(r['handler_ms'])} | {f(r['decode_ms'])} | {f(r['forward_ms'])} | "
+            f"{f(r['transport_ms'])} | {f(r['worker_busy'], 2)} | {f(r['outside_ms'])} | "
+            f"{f(r['errors'], 0)} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.ingestion", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="seconds, not minutes (smoke)")
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--images", default="small,12mp-noisy",
+                        help=f"comma-separated, of {sorted(IMAGES)}")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    setup_cli("ingestion", args.quiet)
+    plan = QUICK if args.quick else Plan()
+    rounds = args.rounds or plan.rounds
+    images = {name: (SAMPLES / IMAGES[name]).read_bytes() for name in args.images.split(",")}
+    archive = ArchiveInfo.read(MODEL_STORE / f"{TAGGER}.mar")
+    started = time.monotonic()
+    machine_info = machine.describe_machine()
+    rows: list[dict] = []
+    for round_ in range(rounds):
+        for name, overrides in VARIANTS.items():
+            rows += measure_variant(name, overrides, images, plan, round_)
+    meta = {"command": " ".join(["python -m bench.ingestion", *(argv or sys.argv[1:])]),
+            "machine": machine_info, "backend": f"{archive.backend} ({archive.precision})",
+            "rounds": rounds, "measure_s": plan.measure_s,
+            "elapsed_s": time.monotonic() - started,
+            "loadavg_at_end": [round(x, 2) for x in os.getloadavg()]}
+    combined = combine(rows)
+    text = markdown(meta, combined)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "ingestion.md").write_text(text)
+    (args.out / "ingestion.json").write_text(json.dumps(
+        {"meta": meta, "rows": rows, "combined": combined}, indent=2, default=str))
+    print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
