@@ -207,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--images", default="small,12mp-noisy",
                         help=f"comma-separated, of {sorted(IMAGES)}")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"comma-separated, of {list(VARIANTS)}")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
@@ -219,8 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     machine_info = machine.describe_machine()
     rows: list[dict] = []
     for round_ in range(rounds):
-        for name, overrides in VARIANTS.items():
-            rows += measure_variant(name, overrides, images, plan, round_)
+        for name in args.variants.split(","):
+            rows += measure_variant(name, VARIANTS[name], images, plan, round_)
     meta = {"command": " ".join(["python -m bench.ingestion", *(argv or sys.argv[1:])]),
             "machine": machine_info, "backend": f"{archive.backend} ({archive.precision})",
             "rounds": rounds, "measure_s": plan.measure_s,

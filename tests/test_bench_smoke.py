@@ -33,3 +33,24 @@ def test_quick_benchmark_reports_every_measurement(tmp_path, model_store):
     markdown = (tmp_path / "benchmark.md").read_text()
     assert "## Targets" in markdown and "## Raw model" in markdown
     assert (tmp_path / "benchmark.png").stat().st_size > 10_000
+
+
+def test_ingestion_split_reads_a_real_torchserve_log(tmp_path, model_store):
+    """``python -m bench.ingestion --quick`` on the shipped settings: every row found its
+    batches in TorchServe's own log, and the parts add up (the worker's handler time is part
+    of the frontend's backend time; decode and forward are parts of the handler time)."""
+    run = subprocess.run([sys.executable, "-m", "bench.ingestion", "--quick", "--quiet",
+                          "--variants", "shipped (16 MB G1 regions)", "--out", str(tmp_path)],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = json.loads((tmp_path / "ingestion.json").read_text())["rows"]
+    assert {(r["image"], r["clients"]) for r in rows} == {
+        (image, clients) for image in ("small", "12mp-noisy") for clients in (1, 16)}
+    for r in rows:
+        assert r["errors"] == 0 and r["requests"] > 0, r
+        assert r["batches"] > 0, r
+        assert 0 < r["handler_ms"] <= r["backend_ms"] + 1, r  # backend times are whole ms
+        assert 0 < r["decode_ms"] and 0 < r["forward_ms"], r
+        assert r["decode_ms"] + r["forward_ms"] <= r["handler_ms"], r
+        assert 0 < r["worker_busy"] <= 1.05, r
+    assert "| shipped (16 MB G1 regions) |" in (tmp_path / "ingestion.md").read_text()
