@@ -54,3 +54,17 @@ def test_ingestion_split_reads_a_real_torchserve_log(tmp_path, model_store):
         assert r["decode_ms"] + r["forward_ms"] <= r["handler_ms"], r
         assert 0 < r["worker_busy"] <= 1.05, r
     assert "| shipped (16 MB G1 regions) |" in (tmp_path / "ingestion.md").read_text()
+
+
+def test_contention_probe_measures_both_runtimes_beside_each_neighbour(model_store):
+    run = subprocess.run([sys.executable, "-m", "bench.contention", "--seconds", "0.5",
+                          "--quiet"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = [line for line in run.stdout.splitlines()
+            if line.startswith("| ") and not line.startswith(("| beside", "| ---"))]
+    assert [r.split("|")[1].strip() for r in rows] == [
+        "nothing", "one busy-looping process", "two busy-looping processes",
+        "one PyTorch process (ResNet18 loop, its own OpenMP threads)"]
+    for row in rows:
+        stock, ours = (float(cell) for cell in row.strip("|").split("|")[1:])
+        assert stock > 0 and ours > 0, row

@@ -1,0 +1,91 @@
+"""How each runtime's raw forward holds up next to other busy processes:
+``python -m bench.contention`` (about 2 minutes).
+
+Why it exists: benchmark runs taken beside other work showed TorchServe's stock handler
+(TorchScript, PyTorch's OpenMP threads) collapsing far more than our OpenVINO tagger. This
+measures the batch-8 forward of both runtimes, from the same weights, alone and beside: one and
+two busy-looping processes, and one PyTorch process running its own OpenMP threads (what a test
+suite or another model server next to TorchServe looks like). Prints a Markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+import warnings
+
+import torch
+
+from bench.layout import BUILD, WEIGHTS, setup_cli
+from bench.stock import SERIALIZED as STOCK_FILE
+from bench.stock import export_stock_model
+from model_files.artifacts import SERIALIZED
+from model_files.backends import load_backend
+
+# Each neighbour prints "ready" once it is busy, so no measurement starts before it does.
+BUSY_LOOP = "print('ready', flush=True)\nwhile True: pass\n"
+TORCH_LOOP = ("import torch, torchvision\n"
+              "m = torchvision.models.resnet18().eval(); x = torch.rand(4, 3, 224, 224)\n"
+              "with torch.inference_mode():\n"
+              "    m(x); print('ready', flush=True)\n"
+              "    while True: m(x)\n")
+NEIGHBOURS = {
+    "nothing": [],
+    "one busy-looping process": [BUSY_LOOP],
+    "two busy-looping processes": [BUSY_LOOP, BUSY_LOOP],
+    "one PyTorch process (ResNet18 loop, its own OpenMP threads)": [TORCH_LOOP],
+}
+
+
+def images_per_s(step, batch: int, seconds: float) -> float:
+    step()
+    step()
+    count, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        step()
+        count += 1
+    return batch * count / (time.perf_counter() - started)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.contention", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=6.0, help="per measurement")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    setup_cli("contention", args.quiet)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        stock = torch.jit.load(str(export_stock_model(WEIGHTS, BUILD))).eval()
+    ours = load_backend("openvino", WEIGHTS / SERIALIZED["openvino"], torch.device("cpu"))
+    batch = torch.rand(8, 3, 224, 224)
+
+    def run_stock() -> None:
+        with torch.inference_mode():
+            stock(batch)
+
+    lines = ["| beside | TorchScript float32 (stock's runtime), img/s | "
+             f"OpenVINO {ours.precision} (ours), img/s |", "| --- | --- | --- |"]
+    for label, codes in NEIGHBOURS.items():
+        neighbours = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                       text=True) for code in codes]
+        try:
+            for process in neighbours:
+                if process.stdout.readline().strip() != "ready":
+                    raise RuntimeError(f"neighbour {label!r} did not start")
+            rates = [images_per_s(run_stock, 8, args.seconds),
+                     images_per_s(lambda: ours(batch), 8, args.seconds)]
+        finally:
+            for process in neighbours:
+                process.kill()
+                process.wait()
+        lines.append(f"| {label} | {rates[0]:.1f} | {rates[1]:.1f} |")
+        print(lines[-1], file=sys.stderr)
+    print(f"Batch-8 forward, {STOCK_FILE} vs {SERIALIZED['openvino']}, "
+          f"{args.seconds:g} s each.\n\n" + "\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
