@@ -15,7 +15,9 @@ TorchServe's own log (``logs/ts_log.log``) for the batches of that run:
 * ``worker busy``: the share of the run's wall time the worker spent on batches (backend ms);
   the rest it waited for the frontend to hand it one;
 * ``outside`` (one client only) = client p50 - backend p50: HTTP upload, frontend parsing,
-  queueing and the answer's way back.
+  queueing and the answer's way back;
+* CPU ms per image of each side: the load generator (this process), the Java frontend and the
+  worker(s), from their CPU times over the run: where the cores went.
 
 Writes ``results/ingestion.{md,json}``; prints the Markdown. Every server is stopped.
 """
@@ -31,6 +33,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
+
+import psutil
 
 from bench import machine
 from bench.archives import ArchiveInfo
@@ -105,6 +109,22 @@ def split(times: dict[str, list[float]], wall_s: float) -> dict:
             "worker_busy": sum(times["backend"]) / 1000.0 / wall_s if wall_s > 0 else float("nan")}
 
 
+def cpu_seconds(server: LocalTorchServe) -> dict[str, float]:
+    """CPU seconds (user + system) so far of the load generator (this process), the server's
+    Java frontend and its workers (the frontend's descendants)."""
+    def used(process: psutil.Process) -> float:
+        try:
+            times = process.cpu_times()
+            return times.user + times.system
+        except psutil.Error:  # a worker that exited: its time is lost, not counted twice
+            return 0.0
+
+    frontend, *workers = server.processes() or [None]
+    return {"client": used(psutil.Process()),
+            "frontend": used(frontend) if frontend else 0.0,
+            "worker": sum(used(w) for w in workers)}
+
+
 def _read_from(path: Path, offset: int) -> tuple[list[str], int]:
     if not path.exists():
         return [], offset
@@ -132,16 +152,23 @@ def measure_variant(name: str, overrides: dict[str, str], images: dict[str, byte
                 closed_loop(endpoint, clients, plan.warmup_s, plan.max_requests)
                 time.sleep(0.5)  # the warm-up's last log lines land before the offset
                 _, offset = _read_from(log_file, 0)
+                cpu_before = cpu_seconds(server)
                 started = time.monotonic()
                 samples = closed_loop(endpoint, clients, plan.measure_s, plan.max_requests)
                 wall = time.monotonic() - started
+                cpu_after = cpu_seconds(server)
                 time.sleep(0.5)  # the frontend logs asynchronously
                 lines, _ = _read_from(log_file, offset)
                 stats = summarize(samples).to_dict()
                 parts = split(batch_times(lines, TAGGER), wall)
                 outside = (stats["p50_ms"] - parts["backend_p50_ms"]) if clients == 1 else None
+                images_done = max(stats["ok"], 1)
+                cpu = {f"cpu_{side}_ms": 1000 * (cpu_after[side] - cpu_before[side]) / images_done
+                       for side in cpu_after}
                 rows.append({"variant": name, "round": round_, "image": image,
-                             "clients": clients, **stats, **parts, "outside_ms": outside})
+                             "clients": clients, **stats, **parts, "outside_ms": outside,
+                             **cpu, "cores_available_ms": 1000 * wall * (os.cpu_count() or 1)
+                             / images_done})
     finally:
         server.stop()
     return rows
@@ -154,7 +181,8 @@ def combine(rows: list[dict]) -> list[dict]:
         grouped.setdefault((row["variant"], row["image"], row["clients"]), []).append(row)
     out = []
     numeric = ("throughput", "p50_ms", "batch_mean", "backend_ms", "handler_ms", "decode_ms",
-               "forward_ms", "transport_ms", "worker_busy", "outside_ms", "errors")
+               "forward_ms", "transport_ms", "worker_busy", "outside_ms", "errors",
+               "cpu_client_ms", "cpu_frontend_ms", "cpu_worker_ms", "cores_available_ms")
     for (variant, image, clients), group in grouped.items():
         row = {"variant": variant, "image": image, "clients": clients,
                "rounds_throughput": [g["throughput"] for g in group]}
@@ -183,11 +211,14 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         "written to the worker until its answer is read), handler = the worker's HandlerTime "
         "(decode and forward are parts of it), transport = backend - handler (socket both "
         "ways, TorchServe's message parsing in the worker). Worker busy = backend time / wall "
-        "time. Outside (1 client) = client p50 - backend p50 (upload, frontend, answer).", "",
+        "time. Outside (1 client) = client p50 - backend p50 (upload, frontend, answer). CPU ms per "
+        "image: the load generator / the Java frontend / the worker, against the core-ms per "
+        "image the machine had (cores x wall time / images).", "",
         "| variant | image | clients | img/s (per round) | p50 ms | batch | backend ms | "
         "handler ms | decode ms | forward ms | transport ms | worker busy | outside ms | "
-        "errors |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "CPU ms/img client / frontend / worker (of available) | errors |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
+        "| --- |",
     ]
     for r in rows:
         rounds = " / ".join(f"{t:.1f}" for t in r["rounds_throughput"])
@@ -196,6 +227,8 @@ def markdown(meta: dict, rows: list[dict]) -> str:
             f"| {f(r['p50_ms'])} | {f(r['batch_mean'])} | {f(r['backend_ms'])} | "
             f"{f(r['handler_ms'])} | {f(r['decode_ms'])} | {f(r['forward_ms'])} | "
             f"{f(r['transport_ms'])} | {f(r['worker_busy'], 2)} | {f(r['outside_ms'])} | "
+            f"{f(r['cpu_client_ms'], 0)} / {f(r['cpu_frontend_ms'], 0)} / "
+            f"{f(r['cpu_worker_ms'], 0)} ({f(r['cores_available_ms'], 0)}) | "
             f"{f(r['errors'], 0)} |")
     return "\n".join(lines) + "\n"
 
