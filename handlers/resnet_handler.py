@@ -20,7 +20,6 @@ import torch
 from ts.torch_handler.base_handler import BaseHandler
 
 from handlers import codec, explain
-from model_files.backends import load_backend
 from handlers.batch import PreparedBatch, Slot, admit_within
 from handlers.config import HandlerConfig
 from handlers.errors import (InternalError, InvalidParameter, NotSupported, PayloadTooLarge,
@@ -29,6 +28,7 @@ from handlers.images import OpenedImage, decode
 from handlers.metrics import BatchMetrics
 from handlers.preprocess import Preprocessor
 from model_files.artifacts import CHECKPOINT, INFO, LABELS, backend_of, fidelity_record
+from model_files.backends import load_backend
 
 logger = logging.getLogger(__name__)
 
