@@ -119,14 +119,15 @@ def test_runtime_image_is_set_by_kustomize_and_the_bundle_config_is_generated():
 
 def test_dockerfile_installs_the_runtime_pins_only():
     """kserve/runtime/Dockerfile keeps the lines of requirements.txt above the marker."""
-    marker = "# test and benchmark tools"
+    marker = "# build, test and benchmark tools"
     assert f"sed '/^{marker}/,$d'" in (KSERVE / "runtime" / "Dockerfile").read_text()
     lines = (REPO / "requirements.txt").read_text().splitlines()
     runtime_pins = {re.split(r"[=<>\[]", line)[0] for line in lines[:lines.index(marker)]
                     if line and not line.startswith("#")}
-    assert {"torch", "torchvision", "torchserve", "onnxruntime", "pillow"} <= runtime_pins
+    assert {"torch", "torchvision", "torchserve", "onnxruntime", "openvino",
+            "pillow"} <= runtime_pins
     assert not runtime_pins & {"pytest", "kserve", "kserve-storage", "moto", "boto3",
-                               "tritonclient"}
+                               "tritonclient", "nncf"}
 
 
 def test_renderer_refuses_what_it_does_not_implement(tmp_path):
