@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from bench.layout import REPO
-from model_files.artifacts import INFO, backend_of, built_precision
+from model_files.artifacts import INFO, backend_of, built_precision, read_manifest
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,8 @@ class ArchiveInfo:
 
     @classmethod
     def read(cls, path: Path) -> "ArchiveInfo":
+        manifest = read_manifest(path)
         with zipfile.ZipFile(path) as mar:
-            manifest = json.loads(mar.read("MAR-INF/MANIFEST.json"))["model"]
             weights = json.loads(mar.read(INFO))
             config_file = manifest.get("configFile")
             config = yaml.safe_load(mar.read(config_file)) if config_file else {}

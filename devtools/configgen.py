@@ -56,9 +56,16 @@ def frontend_settings(model_yaml: Path) -> dict:
     return {k: config[k] for k in FRONTEND_KEYS}
 
 
+def archive_name(model: str, version: str = VERSION) -> str:
+    """The file ``archive.sh`` writes for ``model`` at ``version``: ``<model>.mar`` at 1.0,
+    ``<model>-<version>.mar`` otherwise (so two versions can share a model store)."""
+    return f"{model}.mar" if version == VERSION else f"{model}-{version}.mar"
+
+
 def model_entries(models: dict[str, dict], version: str = VERSION) -> dict:
     """``{name: {version: {defaultVersion, marName, <frontend settings>}}}`` for TorchServe."""
-    return {name: {version: {"defaultVersion": True, "marName": f"{name}.mar", **settings}}
+    return {name: {version: {"defaultVersion": True, "marName": archive_name(name, version),
+                             **settings}}
             for name, settings in models.items()}
 
 
@@ -78,7 +85,7 @@ def local_config(server_properties: Path, models: dict[str, dict],
         HEADER.format(sources=f"{_rel(server_properties)} and config/models/*.yaml")
         + server_properties.read_text().rstrip("\n") + "\n\n"
         + "# The models, from config/models/*.yaml (keyed by model name and archive version).\n"
-        + f"load_models={','.join(f'{name}.mar' for name in models)}\n"
+        + f"load_models={','.join(archive_name(name, version) for name in models)}\n"
         + f"models={pretty}\n"
     )
 

@@ -22,19 +22,17 @@ downloads into ``/mnt/models``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
 import tarfile
 import tempfile
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from devtools.configgen import REPO, VERSION, local_config, repo_models
 from devtools.server import rewrite_properties
-from model_files.artifacts import backend_of
+from model_files.artifacts import backend_of, built_precision, read_manifest
 
 NAME = "resnet50-serve"
 SERVER_PROPERTIES = REPO / "kserve" / "runtime" / "server.properties"
@@ -68,8 +66,7 @@ def bundle_config(device: str = "cpu", version: str = VERSION) -> str:
 
 def archive_identity(mar: Path) -> tuple[str, str, str]:
     """(model name, version, backend) from an archive's MAR-INF/MANIFEST.json."""
-    with zipfile.ZipFile(mar) as z:
-        model = json.loads(z.read("MAR-INF/MANIFEST.json"))["model"]
+    model = read_manifest(mar)
     return model["modelName"], model["modelVersion"], backend_of(model["serializedFile"])
 
 
@@ -81,11 +78,16 @@ def _copy_archives(store: Path, models: list[str], version: str, source: Path) -
                 raise SystemExit(f"{mar} missing: run `make archives` first")
             shutil.copy2(mar, store / mar.name)
         return
-    # Another version: the same handler, weights and configs, archived under that version.
-    backend = (REPO / "build" / ".backend").read_text().strip() \
-        if (REPO / "build" / ".backend").is_file() else "onnx"
+    # Another version: the same handler, weights and configs, archived under that version with
+    # the backend and precision the store's archives were built with.
+    built = source / f"{models[0]}.mar"
+    if not built.is_file():
+        raise SystemExit(f"{built} missing: run `make archives` first")
+    serialized = read_manifest(built)["serializedFile"]
     subprocess.run([str(REPO / "archive.sh")], cwd=REPO, check=True,
-                   env=dict(os.environ, VERSION=version, OUT=str(store), BACKEND=backend))
+                   env=dict(os.environ, VERSION=version, OUT=str(store),
+                            BACKEND=backend_of(serialized),
+                            PRECISION=built_precision(serialized)))
 
 
 def build(out: Path = REPO / "build" / "kserve", device: str = "cpu", version: str = VERSION,

@@ -39,7 +39,6 @@ import copy
 import json
 import re
 import sys
-import zipfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -48,6 +47,7 @@ import javaproperties
 
 from devtools.configgen import REPO, repo_models
 from devtools.kustomize import KustomizeError, Resource, render
+from model_files.artifacts import read_manifest
 
 KSERVE = REPO / "kserve"
 SCHEMA = REPO.parent / "shared" / "reference" / "kserve" / "inferenceservice-v1beta1.schema.json"
@@ -529,8 +529,7 @@ def bundle_findings(bundle: Path, models: dict[str, dict] | None = None) -> list
     entries = json.loads(properties.get("models", "{}"))
     archives = {}
     for mar in sorted((bundle / "model-store").glob("*.mar")):
-        with zipfile.ZipFile(mar) as z:
-            manifest = json.loads(z.read("MAR-INF/MANIFEST.json"))["model"]
+        manifest = read_manifest(mar)
         archives[mar.name] = (manifest["modelName"], manifest["modelVersion"])
     if set(entries) != set(models):
         add("config/config.properties: models", f"{sorted(entries)} are not the models of "

@@ -26,6 +26,7 @@ import psutil
 import requests
 
 from tsclient.client import TorchServeClient
+from tsclient.errors import KeyFileError
 from tsclient.keys import Keys
 
 REPO = Path(__file__).resolve().parent.parent
@@ -206,8 +207,8 @@ class LocalTorchServe:
                     if self._all_ready():
                         return
                     last = "workers not READY yet"
-                except (requests.RequestException, ValueError, KeyError) as exc:
-                    last = repr(exc)
+                except (requests.RequestException, KeyFileError, ValueError) as exc:
+                    last = repr(exc)  # e.g. key_file.json read while TorchServe writes it
             time.sleep(0.5)
         raise RuntimeError(
             f"TorchServe in {self.workdir} not ready after {timeout:.0f}s ({last}).\n"

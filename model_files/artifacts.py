@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import zipfile
 from pathlib import Path
 
 CHECKPOINT = "resnet50.pt"  # torchvision resnet50 state dict
@@ -46,7 +47,7 @@ def companions(serialized_file: str) -> list[str]:
     if name.suffix != ".xml":
         return []
     files = [name.with_suffix(".bin").name]
-    if name.name in QUANTIZED.values():
+    if is_quantised(name.name):
         files.append(fidelity_record(name.name))
     return files
 
@@ -56,13 +57,22 @@ def fidelity_record(serialized_file: str) -> str:
     return Path(serialized_file).with_suffix(".fidelity.json").name
 
 
+def read_manifest(mar: Path) -> dict:
+    """The ``model`` section of an archive's ``MAR-INF/MANIFEST.json`` (modelName,
+    modelVersion, serializedFile, handler, ...)."""
+    with zipfile.ZipFile(mar) as archive:
+        return json.loads(archive.read("MAR-INF/MANIFEST.json"))["model"]
+
+
+def is_quantised(serialized_file: str) -> bool:
+    """Whether ``serialized_file`` holds weights quantised at build time."""
+    return Path(serialized_file).name in QUANTIZED.values()
+
+
 def built_precision(serialized_file: str) -> str:
     """The precision fixed when ``serialized_file`` was built: ``int8`` for a quantised file,
     else ``auto`` (chosen when the model is compiled). ``archive.sh``'s PRECISION for it."""
-    for (_, precision), name in QUANTIZED.items():
-        if Path(serialized_file).name == name:
-            return precision
-    return "auto"
+    return "int8" if is_quantised(serialized_file) else "auto"
 
 
 def backend_of(serialized_file: str) -> str:

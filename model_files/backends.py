@@ -11,6 +11,8 @@ from typing import Callable
 
 import torch
 
+from model_files.artifacts import is_quantised
+
 logger = logging.getLogger(__name__)
 
 Backend = Callable[[torch.Tensor], "tuple[torch.Tensor, torch.Tensor]"]
@@ -70,9 +72,7 @@ def _openvino(path: Path, threads: int, precision: str, warmup: tuple[int, ...])
     import openvino.properties as props
     import openvino.properties.hint as hints
 
-    from model_files.artifacts import QUANTIZED
-
-    quantised = path.name in QUANTIZED.values()
+    quantised = is_quantised(path.name)
     if precision == "int8" and not quantised:
         raise ValueError(f"handler.precision is int8 but {path.name} is not quantised: "
                          "archive with PRECISION=int8 (make archives BACKEND=openvino "

@@ -27,11 +27,11 @@ from devtools.kserve_lint import RUNTIME_DIR, bundle_findings
 from devtools.kserve_pod import MOUNT, RuntimePod
 from devtools.kustomize import render
 from devtools.server import free_port
+from model_files.artifacts import read_manifest
 from tests import imagegen
 from tests.conftest import MODELS
 from tests.reference import assert_same_tags, rel_error
-from tests.served import raw_answer
-from tests.served import histogram
+from tests.served import histogram, raw_answer
 
 pytestmark = pytest.mark.integration
 IMAGES = [imagegen.jpeg(400, 300, seed=300 + i) for i in range(6)]
@@ -149,6 +149,19 @@ def test_kserve_storage_downloads_the_bundle(kind, bundle, s3, tmp_path):
         assert tree(got) == tree(bundle.folder)  # byte for byte: config/ and model-store/ on top
     finally:
         shutil.rmtree(got, ignore_errors=True)  # 190 MB a copy; pytest keeps tmp_path around
+
+
+def test_canary_bundle_archives_the_store_backend_at_another_version(model_store, tmp_path):
+    """``make kserve-bundle KSERVE_MODEL_VERSION=2.0`` (the canary overlay's storageUri):
+    every archive at 2.0, with the backend and precision of the archives in the store."""
+    canary = build(tmp_path, version="2.0", model_store=model_store)
+    assert canary.folder.name == "resnet50-serve-2.0"
+    for model in MODELS:
+        stored = read_manifest(model_store / f"{model}.mar")
+        archived = read_manifest(canary.folder / "model-store" / f"{model}-2.0.mar")
+        assert archived["modelVersion"] == "2.0"
+        assert archived["serializedFile"] == stored["serializedFile"]
+    assert bundle_findings(canary.folder) == []
 
 
 def test_bundle_with_a_renamed_archive_fails_the_lint(bundle, tmp_path):
