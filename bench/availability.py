@@ -14,12 +14,11 @@ import os
 import signal
 import threading
 import time
-from dataclasses import replace
 
 import yaml
 
 from bench.archives import ArchiveInfo, build_variant, variant_config
-from bench.layout import BUILD, IMAGES, MODEL_STORE, SAMPLES, TAGGER, fresh_dir
+from bench.layout import BUILD, IMAGES, MODEL_STORE, SAMPLES, TAGGER, fresh_dir, setup_cli
 from bench.loadgen import closed_loop
 from bench.serving import LoadPlan, ModelUnderTest
 from bench.stats import summarize
@@ -69,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=12.0)
     args = parser.parse_args(argv)
-    plan = replace(LoadPlan(), warmup_s=3.0, closed_s=args.seconds)
+    setup_cli("availability", quiet=False)  # SIGTERM reaches the finally that stops the server
+    plan = LoadPlan(closed_s=args.seconds)
     body = (SAMPLES / IMAGES["small"]).read_bytes()
     (WORK / "store").mkdir(parents=True, exist_ok=True)
     server = LocalTorchServe(fresh_dir(WORK / "run"), WORK / "store", load_models=[])

@@ -12,16 +12,15 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import time
 import warnings
 
 import torch
 
+from bench import raw
 from bench.layout import BUILD, WEIGHTS, setup_cli
 from bench.stock import SERIALIZED as STOCK_FILE
 from bench.stock import export_stock_model
 from model_files.artifacts import SERIALIZED
-from model_files.backends import load_backend
 
 # Each neighbour prints "ready" once it is busy, so no measurement starts before it does.
 BUSY_LOOP = "print('ready', flush=True)\nwhile True: pass\n"
@@ -38,16 +37,6 @@ NEIGHBOURS = {
 }
 
 
-def images_per_s(step, batch: int, seconds: float) -> float:
-    step()
-    step()
-    count, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        step()
-        count += 1
-    return batch * count / (time.perf_counter() - started)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.contention", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -56,14 +45,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     setup_cli("contention", args.quiet)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+        warnings.simplefilter("ignore")  # torch.jit.load's deprecation notice
         stock = torch.jit.load(str(export_stock_model(WEIGHTS, BUILD))).eval()
-    ours = load_backend("openvino", WEIGHTS / SERIALIZED["openvino"], torch.device("cpu"))
-    batch = torch.rand(8, 3, 224, 224)
+    ours = raw.load_variant(WEIGHTS, "openvino")
+    image = torch.rand(3, 224, 224)
+    budget = raw.Budget(seconds=args.seconds, min_iters=1, max_iters=10**6, warmup_iters=2)
 
-    def run_stock() -> None:
+    def run_stock(pixels: torch.Tensor) -> None:
         with torch.inference_mode():
-            stock(batch)
+            stock(pixels)
 
     lines = ["| beside | TorchScript float32 (stock's runtime), img/s | "
              f"OpenVINO {ours.precision} (ours), img/s |", "| --- | --- | --- |"]
@@ -74,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
             for process in neighbours:
                 if process.stdout.readline().strip() != "ready":
                     raise RuntimeError(f"neighbour {label!r} did not start")
-            rates = [images_per_s(run_stock, 8, args.seconds),
-                     images_per_s(lambda: ours(batch), 8, args.seconds)]
+            rates = [raw.forward_throughput(run, image, 8, budget)["images_per_s"]
+                     for run in (run_stock, ours)]
         finally:
             for process in neighbours:
                 process.kill()

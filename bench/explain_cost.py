@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from bench.raw import Budget, _timed_loop
+from bench.raw import Budget, timed_loop
 from bench.stats import percentile
 from handlers import codec, explain
 from handlers.config import HandlerConfig
@@ -44,14 +44,14 @@ def run_explain(weights_dir: Path, image: bytes, config: HandlerConfig, quick: b
         spec = codec.ExplainSpec(method, (), 1, n_steps, config.explain_internal_batch_size,
                                  False)
         job = [explain.ExplainJob(spec, range(1), [])]
-        times = [t * 1000 for t in _timed_loop(lambda: explainer.explain(pixels, logits, job),
+        times = [t * 1000 for t in timed_loop(lambda: explainer.explain(pixels, logits, job),
                                                budget)]
         results[method] = {"n_steps": n_steps if method == "ig" else None,
                            "internal_batch_size": config.explain_internal_batch_size,
                            "passes": explain.passes(spec), "iterations": len(times),
                            "ms_per_image_p50": percentile(times, 50)}
     grid = torch.rand(7, 7)
-    png_times = [t * 1000 for t in _timed_loop(
+    png_times = [t * 1000 for t in timed_loop(
         lambda: explain.render_png(picture, grid, config.explain_png_max_side), budget)]
     png = explain.render_png(picture, grid, config.explain_png_max_side)
     return {"load_s": load_s, "rss_added_mb": rss_added_mb, "methods": results,

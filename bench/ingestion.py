@@ -24,23 +24,22 @@ Writes ``results/ingestion.{md,json}``; prints the Markdown. Every server is sto
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import re
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
 import psutil
 
-from bench import machine
+from bench import machine, report
 from bench.archives import ArchiveInfo
 from bench.layout import (BUILD, IMAGES, MODEL_STORE, RESULTS, SAMPLES, TAGGER, fresh_dir,
                           setup_cli)
-from bench.loadgen import Endpoint, closed_loop
+from bench.loadgen import closed_loop
+from bench.serving import LoadPlan, ModelUnderTest
 from bench.stats import percentile, summarize
 from devtools.server import LocalTorchServe
 
@@ -58,15 +57,8 @@ VARIANTS = {
 CLIENTS = (1, 16)
 
 
-@dataclass(frozen=True)
-class Plan:
-    warmup_s: float = 2.0
-    measure_s: float = 8.0
-    max_requests: int = 2000
-    rounds: int = 2
-
-
-QUICK = Plan(warmup_s=0.5, measure_s=1.5, rounds=1)
+PLAN = LoadPlan(warmup_s=2.0, closed_s=8.0, closed_max_requests=2000)
+QUICK = LoadPlan(warmup_s=0.5, closed_s=1.5, closed_max_requests=2000)
 
 _BACKEND = re.compile(r"W-\d+-(?P<model>[^ ]+?)_[^ ]+ org\.pytorch\.serve\.wlm\.WorkerThread - "
                       r"Backend response time: (?P<ms>\d+)")
@@ -96,11 +88,14 @@ def batch_times(lines: Iterable[str], model: str) -> dict[str, list[float]]:
     return times
 
 
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
 def split(times: dict[str, list[float]], wall_s: float) -> dict:
     """Means per batch, the transport share and how busy the worker was."""
     def mean(key: str) -> float:
-        values = times[key]
-        return sum(values) / len(values) if values else float("nan")
+        return _mean(times[key])
 
     return {"batches": len(times["backend"]), "backend_ms": mean("backend"),
             "handler_ms": mean("handler"), "decode_ms": mean("decode"),
@@ -126,17 +121,17 @@ def cpu_seconds(server: LocalTorchServe) -> dict[str, float]:
             "worker": sum(used(w) for w in workers)}
 
 
-def _read_from(path: Path, offset: int) -> tuple[list[str], int]:
+def _lines_from(path: Path, offset: int) -> list[str]:
+    """The lines written to ``path`` after byte ``offset``."""
     if not path.exists():
-        return [], offset
+        return []
     with path.open("rb") as f:
         f.seek(offset)
-        data = f.read()
-    return data.decode(errors="replace").splitlines(), offset + len(data)
+        return f.read().decode(errors="replace").splitlines()
 
 
 def measure_variant(name: str, overrides: dict[str, str], images: dict[str, bytes],
-                    plan: Plan, round_: int) -> list[dict]:
+                    plan: LoadPlan, round_: int) -> list[dict]:
     """Start the tagger alone with ``overrides``, and measure each image and client count."""
     workdir = fresh_dir(BUILD / "ingestion" / f"round{round_}-{list(VARIANTS).index(name)}")
     server = LocalTorchServe(workdir, MODEL_STORE, load_models=[f"{TAGGER}.mar"],
@@ -145,21 +140,23 @@ def measure_variant(name: str, overrides: dict[str, str], images: dict[str, byte
     try:
         server.start()
         log_file = workdir / "logs" / "ts_log.log"
+        model = ModelUnderTest(server, TAGGER, batches_from_log=False, plan=plan)
         for image, body in images.items():
             for clients in CLIENTS:
                 log.info("%s, round %d: %s, %d client(s)", name, round_ + 1, image, clients)
-                endpoint = Endpoint(f"{server.inference_url}/predictions/{TAGGER}",
-                                    server.keys.inference_headers(), body, 60.0)
-                closed_loop(endpoint, clients, plan.warmup_s, plan.max_requests)
+                endpoint = model.endpoint(body)
+                # Warm-up and measured run apart (not ModelUnderTest.closed): the log offset
+                # and the CPU times are read between them.
+                closed_loop(endpoint, clients, plan.warmup_s, plan.closed_max_requests)
                 time.sleep(0.5)  # the warm-up's last log lines land before the offset
-                _, offset = _read_from(log_file, 0)
+                offset = log_file.stat().st_size if log_file.exists() else 0
                 cpu_before = cpu_seconds(server)
                 started = time.monotonic()
-                samples = closed_loop(endpoint, clients, plan.measure_s, plan.max_requests)
+                samples = closed_loop(endpoint, clients, plan.closed_s, plan.closed_max_requests)
                 wall = time.monotonic() - started
                 cpu_after = cpu_seconds(server)
                 time.sleep(0.5)  # the frontend logs asynchronously
-                lines, _ = _read_from(log_file, offset)
+                lines = _lines_from(log_file, offset)
                 stats = summarize(samples).to_dict()
                 parts = split(batch_times(lines, TAGGER), wall)
                 outside = (stats["p50_ms"] - parts["backend_p50_ms"]) if clients == 1 else None
@@ -188,16 +185,25 @@ def combine(rows: list[dict]) -> list[dict]:
         row = {"variant": variant, "image": image, "clients": clients,
                "rounds_throughput": [g["throughput"] for g in group]}
         for key in numeric:
-            values = [g[key] for g in group if g.get(key) is not None]
-            row[key] = sum(values) / len(values) if values else None
+            row[key] = _mean([g[key] for g in group if g.get(key) is not None])
         out.append(row)
     return out
 
 
 def markdown(meta: dict, rows: list[dict]) -> str:
-    def f(value, digits=1):
-        return "-" if value is None else f"{value:.{digits}f}"
-
+    f = report.fmt
+    header = ["variant", "image", "clients", "img/s (per round)", "p50 ms", "batch",
+              "backend ms", "handler ms", "decode ms", "forward ms", "transport ms",
+              "worker busy", "outside ms",
+              "CPU ms/img client / frontend / worker (of available)", "errors"]
+    table = [[r["variant"], r["image"], str(r["clients"]),
+              f"{f(r['throughput'])} ({' / '.join(f(t) for t in r['rounds_throughput'])})",
+              f(r["p50_ms"]), f(r["batch_mean"]), f(r["backend_ms"]), f(r["handler_ms"]),
+              f(r["decode_ms"]), f(r["forward_ms"]), f(r["transport_ms"]),
+              f(r["worker_busy"], 2), f(r["outside_ms"]),
+              f"{f(r['cpu_client_ms'], 0)} / {f(r['cpu_frontend_ms'], 0)} / "
+              f"{f(r['cpu_worker_ms'], 0)} ({f(r['cores_available_ms'], 0)})",
+              f(r["errors"], 0)] for r in rows]
     lines = [
         "# Ingestion: where a request's time goes between the client and the worker", "",
         f"- Date: {meta['machine']['date']}; `{meta['command']}` took {meta['elapsed_s']:.0f} s; "
@@ -212,25 +218,11 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         "written to the worker until its answer is read), handler = the worker's HandlerTime "
         "(decode and forward are parts of it), transport = backend - handler (socket both "
         "ways, TorchServe's message parsing in the worker). Worker busy = backend time / wall "
-        "time. Outside (1 client) = client p50 - backend p50 (upload, frontend, answer). CPU ms per "
-        "image: the load generator / the Java frontend / the worker, against the core-ms per "
-        "image the machine had (cores x wall time / images).", "",
-        "| variant | image | clients | img/s (per round) | p50 ms | batch | backend ms | "
-        "handler ms | decode ms | forward ms | transport ms | worker busy | outside ms | "
-        "CPU ms/img client / frontend / worker (of available) | errors |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
-        "| --- |",
+        "time. Outside (1 client) = client p50 - backend p50 (upload, frontend, answer). "
+        "CPU ms per image: the load generator / the Java frontend / the worker, against the "
+        "core-ms per image the machine had (cores x wall time / images).", "",
+        *report.table(header, table),
     ]
-    for r in rows:
-        rounds = " / ".join(f"{t:.1f}" for t in r["rounds_throughput"])
-        lines.append(
-            f"| {r['variant']} | {r['image']} | {r['clients']} | {f(r['throughput'])} ({rounds}) "
-            f"| {f(r['p50_ms'])} | {f(r['batch_mean'])} | {f(r['backend_ms'])} | "
-            f"{f(r['handler_ms'])} | {f(r['decode_ms'])} | {f(r['forward_ms'])} | "
-            f"{f(r['transport_ms'])} | {f(r['worker_busy'], 2)} | {f(r['outside_ms'])} | "
-            f"{f(r['cpu_client_ms'], 0)} / {f(r['cpu_frontend_ms'], 0)} / "
-            f"{f(r['cpu_worker_ms'], 0)} ({f(r['cores_available_ms'], 0)}) | "
-            f"{f(r['errors'], 0)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -238,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.ingestion", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="seconds, not minutes (smoke)")
-    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--rounds", type=int, default=None, help="default 2 (--quick: 1)")
     parser.add_argument("--images", default="small,12mp-noisy",
                         help=f"comma-separated, of {sorted(IMAGES)}")
     parser.add_argument("--variants", default=",".join(VARIANTS),
@@ -247,8 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
     setup_cli("ingestion", args.quiet)
-    plan = QUICK if args.quick else Plan()
-    rounds = args.rounds or plan.rounds
+    plan = QUICK if args.quick else PLAN
+    rounds = args.rounds or (1 if args.quick else 2)
     images = {name: (SAMPLES / IMAGES[name]).read_bytes() for name in args.images.split(",")}
     archive = ArchiveInfo.read(MODEL_STORE / f"{TAGGER}.mar")
     started = time.monotonic()
@@ -259,15 +251,15 @@ def main(argv: list[str] | None = None) -> int:
             rows += measure_variant(name, VARIANTS[name], images, plan, round_)
     meta = {"command": " ".join(["python -m bench.ingestion", *(argv or sys.argv[1:])]),
             "machine": machine_info, "backend": f"{archive.backend} ({archive.precision})",
-            "rounds": rounds, "measure_s": plan.measure_s,
+            "rounds": rounds, "measure_s": plan.closed_s,
             "elapsed_s": time.monotonic() - started,
             "loadavg_at_end": [round(x, 2) for x in os.getloadavg()]}
     combined = combine(rows)
     text = markdown(meta, combined)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "ingestion.md").write_text(text)
-    (args.out / "ingestion.json").write_text(json.dumps(
-        {"meta": meta, "rows": rows, "combined": combined}, indent=2, default=str))
+    report.write_json({"meta": meta, "rows": rows, "combined": combined},
+                      args.out / "ingestion.json")
     print(text, end="")
     return 0
 

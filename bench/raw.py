@@ -52,7 +52,7 @@ class Budget:
     warmup_iters: int = 3
 
 
-def _timed_loop(step, budget: Budget) -> list[float]:
+def timed_loop(step, budget: Budget) -> list[float]:
     """Per-iteration seconds of ``step()`` after warm-up, within the budget."""
     for _ in range(budget.warmup_iters):
         step()
@@ -70,7 +70,7 @@ def forward_throughput(backend: Backend, image: torch.Tensor, batch: int,
                        budget: Budget) -> dict:
     """Images per second of ``backend`` on ``batch`` copies of one preprocessed image."""
     pixels = image.unsqueeze(0).repeat(batch, 1, 1, 1).contiguous()
-    times = _timed_loop(lambda: backend(pixels), budget)
+    times = timed_loop(lambda: backend(pixels), budget)
     return {"batch": batch, "iterations": len(times),
             "images_per_s": batch * len(times) / sum(times),
             "batch_ms_p50": percentile([t * 1000 for t in times], 50)}
@@ -80,7 +80,7 @@ def single_image_latency(backend: Backend, preprocess: Preprocessor, data: bytes
                          budget: Budget) -> dict:
     """Milliseconds from JPEG bytes to model outputs for one image (decode, transform,
     forward at batch 1), as percentiles over the iterations."""
-    times = [t * 1000 for t in _timed_loop(lambda: backend(preprocess(data).unsqueeze(0)), budget)]
+    times = [t * 1000 for t in timed_loop(lambda: backend(preprocess(data).unsqueeze(0)), budget)]
     return {"iterations": len(times), "p50_ms": percentile(times, 50),
             "mean_ms": sum(times) / len(times), "p95_ms": percentile(times, 95)}
 
@@ -91,7 +91,7 @@ def pipeline_throughput(backend: Backend, preprocess: Preprocessor, data: bytes,
     ``decode_threads``, as the handler's; 0 = one per core, at most 4) + stack + one forward."""
     work = [data] * batch
     with ThreadPoolExecutor(decode_threads or min(4, os.cpu_count() or 1)) as pool:
-        times = _timed_loop(lambda: backend(torch.stack(list(pool.map(preprocess, work)))),
+        times = timed_loop(lambda: backend(torch.stack(list(pool.map(preprocess, work)))),
                             budget)
     return {"batch": batch, "iterations": len(times),
             "images_per_s": batch * len(times) / sum(times)}

@@ -28,7 +28,7 @@ def fmt(value, digits: int = 1) -> str:
     return str(value)
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return lines
@@ -108,7 +108,7 @@ def _targets(results: dict) -> list[str]:
     rows = [[t["key"], t["description"], f"{fmt(t['value'], 3)} ({t['detail']})",
              f"{t['op']} {fmt(t['threshold'], 2)}", "PASS" if t["passed"] else "**MISS**"]
             for t in results["targets"]]
-    return ["## Targets", "", *_table(["", "target", "measured", "needed", "result"], rows)]
+    return ["## Targets", "", *table(["", "target", "measured", "needed", "result"], rows)]
 
 
 def _raw(results: dict) -> list[str]:
@@ -122,7 +122,7 @@ def _raw(results: dict) -> list[str]:
         rows.append([backend, r.get("precision", "n/a")] + [fmt(by_batch.get(b)) for b in batches]
                     + [fmt(r["single_image"][i]["p50_ms"]) for i in images])
     lines = ["## Raw model, no serving (this process, one image repeated to the batch size)", "",
-             *_table(header, rows)]
+             *table(header, rows)]
     pipeline = results.get("pipeline")
     if pipeline:
         lines += ["", f"In-process pipeline (small JPEG decoded and preprocessed on the handler's "
@@ -143,7 +143,7 @@ def _closed(results: dict) -> list[str]:
                          fmt(run["p99_ms"]), str(run["requests"]), _errors(run), _batch(run),
                          fmt(run["rss_server_mb"], 0), fmt(run["rss_worker_mb"], 0)])
     return ["## Served, closed loop (each client sends its next request when the answer "
-            "arrives)", "", *_table(header, rows)]
+            "arrives)", "", *table(header, rows)]
 
 
 def _open(results: dict) -> list[str]:
@@ -157,7 +157,7 @@ def _open(results: dict) -> list[str]:
                          _errors(run), _batch(run), fmt(run["rss_server_mb"], 0)])
     image = results["meta"]["plan"]["open_image"]
     return [f"## Served, open loop (Poisson arrivals, {IMAGE_NAMES.get(image, image)})", "",
-            *_table(header, rows)]
+            *table(header, rows)]
 
 
 def _method(results: dict) -> list[str]:
