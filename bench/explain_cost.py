@@ -28,7 +28,7 @@ def run_explain(weights_dir: Path, image: bytes, config: HandlerConfig, quick: b
     """``{"load_s", "rss_added_mb", "methods": {method: {settings, ms_per_image_p50, ...}}}``."""
     rss = psutil.Process().memory_info().rss
     started = time.monotonic()
-    explainer = explain.load_explainer(weights_dir / CHECKPOINT, config)
+    explainer = explain.load_explainer(weights_dir / CHECKPOINT, config.explain_png_max_side)
     load_s = time.monotonic() - started
     rss_added_mb = (psutil.Process().memory_info().rss - rss) / 2**20
     picture = decode_image(image, max_pixels=config.max_image_pixels,

@@ -55,9 +55,10 @@ class PreparedBatch:
 
 
 def admit(costs: list[int], budget: int) -> list[bool]:
-    """Which requests a batch decodes, given each one's cost in pixels: cheapest first while
-    the total stays within ``budget``; the cheapest one always, whatever its cost. Cheap
-    requests (ordinary photos) are therefore never crowded out by expensive ones."""
+    """Which requests get their work done in this batch, given each one's cost (decoded
+    pixels, explanation passes): cheapest first while the total stays within ``budget``; the
+    cheapest one always, whatever its cost. Cheap requests (ordinary photos) are therefore
+    never crowded out by expensive ones."""
     admitted = [False] * len(costs)
     spent = 0
     for i in sorted(range(len(costs)), key=costs.__getitem__):

@@ -67,8 +67,8 @@ class HandlerConfig:
     explain_png_max_side: longer side of the PNG heatmap, in pixels.
     max_explain_passes_per_batch: forward(+backward) passes of explanation work one batch may
         run (GradCAM 1 per image and target, IG ``n_steps``, occlusion 49); the requests that do
-        not fit get 503 with ``Retry-After``, so explanations cannot starve predictions (a lone
-        request always runs: it is bounded by the limits above).
+        not fit get 503 with ``Retry-After``, so explanations cannot starve predictions. A
+        request that costs more than this on its own gets 400 (it would never fit).
     """
 
     task: str = "tags"

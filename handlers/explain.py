@@ -27,11 +27,14 @@ from PIL import Image, ImageDraw
 from torch import nn
 
 from handlers.codec import ExplainSpec, Explanation
-from handlers.config import HandlerConfig
+from model_files.resnet_dual import WEIGHTS, build_dual
 
+# The model's view of an image (the weights' transform, as handlers.preprocess applies it): the
+# shorter side resized to RESIZE, then a centre CROP x CROP.
+RESIZE, CROP = WEIGHTS.transforms().resize_size[0], WEIGHTS.transforms().crop_size[0]
 INPUT_GRID = 28  # IG and occlusion: |attribution| average-pooled to 28x28
 OCCLUSION_WINDOW, OCCLUSION_STRIDE = 56, 28
-OCCLUSION_PASSES = ((224 - OCCLUSION_WINDOW) // OCCLUSION_STRIDE + 1) ** 2  # 49
+OCCLUSION_PASSES = ((CROP - OCCLUSION_WINDOW) // OCCLUSION_STRIDE + 1) ** 2  # 49
 EPS = 1e-12
 
 
@@ -133,7 +136,7 @@ def normalise(raw: torch.Tensor) -> tuple[torch.Tensor, list[bool]]:
 # ---------------------------------------------------------------------------- rendering
 
 
-def crop_box(width: int, height: int, resize: int = 232, crop: int = 224
+def crop_box(width: int, height: int, resize: int = RESIZE, crop: int = CROP
              ) -> tuple[float, float, float, float]:
     """The centre crop the model saw, as ``(x0, y0, x1, y1)`` in the image's own pixels
     (torchvision: the shorter side resized to ``resize``, then a centre ``crop``)."""
@@ -170,7 +173,7 @@ def render_png(image: Image.Image, grid: torch.Tensor, max_side: int, alpha: flo
     """A PNG of ``grid`` ([h, w] in [0, 1], over the model's centre crop) laid over ``image``
     at its aspect ratio, longer side at most ``max_side``. Outside the crop (what the model
     never saw) the photo is dimmed; a thin white outline marks the crop."""
-    base = thumbnail(image.convert("RGB"), max_side)
+    base = thumbnail(image if image.mode == "RGB" else image.convert("RGB"), max_side)
     x0, y0, x1, y1 = (round(v) for v in crop_box(*base.size))
     heat = Image.fromarray(grid.numpy().astype(np.float32), mode="F").resize(
         (max(1, x1 - x0), max(1, y1 - y0)), Image.Resampling.BILINEAR)
@@ -202,12 +205,12 @@ class Explainer:
     """Explanations on the eager PyTorch model (gradients need it, whatever backend serves
     predictions). ``dual(x) -> (embedding, logits)``; ``layer`` is where GradCAM looks."""
 
-    def __init__(self, dual: nn.Module, layer: nn.Module, config: HandlerConfig) -> None:
+    def __init__(self, dual: nn.Module, layer: nn.Module, png_max_side: int) -> None:
         self.dual = dual.eval()
         for parameter in self.dual.parameters():
             parameter.requires_grad_(False)  # gradients w.r.t. inputs only
         self.layer = layer
-        self.config = config
+        self.png_max_side = png_max_side  # handler.explain_png_max_side
 
     def explain(self, pixels: torch.Tensor, logits: torch.Tensor,
                 jobs: Sequence[ExplainJob]) -> list[list[list[Explanation]]]:
@@ -236,8 +239,8 @@ class Explainer:
         answers: list[list[list[Explanation]]] = [[[] for _ in job.rows] for job in jobs]
         for p, (j, row, target) in enumerate(plan):
             job = jobs[j]
-            png = (render_png(job.pictures[row - job.rows.start], maps[p],
-                              self.config.explain_png_max_side) if job.spec.png else None)
+            png = (render_png(job.pictures[row - job.rows.start], maps[p], self.png_max_side)
+                   if job.spec.png else None)
             answers[j][row - job.rows.start].append(Explanation(
                 target, *_standing(probabilities[row], target), maps[p], empty[p], png))
         return answers
@@ -251,13 +254,11 @@ def _standing(probabilities: torch.Tensor, target: int) -> tuple[float | None, i
     return float(probabilities[target]), rank
 
 
-def load_explainer(checkpoint: Path, config: HandlerConfig) -> Explainer | None:
+def load_explainer(checkpoint: Path, png_max_side: int) -> Explainer | None:
     """The eager model from the archive's checkpoint (``archive.sh`` packs it whatever the
     backend), or None when the archive has none (explanations then answer 501)."""
     if not checkpoint.is_file():
         return None
-    from model_files.resnet_dual import build_dual
-
     dual = build_dual(torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True))
-    return Explainer(dual, dual.backbone.layer4, config)
+    return Explainer(dual, dual.backbone.layer4, png_max_side)
 

@@ -11,8 +11,10 @@ computes rates and means::
     HandlerBatchesBySize{BatchSize="8"}                 batches of each size (at most batchSize
                                                         label values)
     HandlerErrors{ErrorType="InvalidImage"}             failed requests by error type
-    HandlerDecodeMs, HandlerForwardMs                   wall-clock ms parsing+decoding / in the
-                                                        forward pass, summed over batches
+    HandlerDecodeMs, HandlerForwardMs                   wall-clock ms decoding and transforming
+                                                        the batch's images (after parsing and
+                                                        admission) / in the forward pass,
+                                                        summed over batches
 
 Mean batch size = rate(HandlerRequests) / rate(HandlerBatches). Every metric must be declared
 in the metrics YAML (``config/metrics.yaml``): TorchServe 0.12 raises on an undeclared one, so

@@ -67,7 +67,8 @@ class ResNetHandler(BaseHandler):
             normalize_embedding=self.config.normalize_embedding,
         )
         self.preprocessor = Preprocessor(self.config)
-        self.explainer = explain.load_explainer(model_dir / CHECKPOINT, self.config)
+        self.explainer = explain.load_explainer(model_dir / CHECKPOINT,
+                                               self.config.explain_png_max_side)
         self.explain_limits = codec.ExplainLimits(
             method=self.config.explain_method, n_steps=self.config.explain_n_steps,
             max_n_steps=self.config.explain_max_n_steps,

@@ -33,6 +33,7 @@ from PIL import Image, ImageEnhance, ImageOps
 
 from model_files.artifacts import QUANTIZED, checkpoint_sha256, companions, fidelity_record
 from model_files.backends import load_backend
+from model_files.resnet_dual import WEIGHTS
 
 TARGET = QUANTIZED[("openvino", "int8")]
 GATE = Path(__file__).resolve().parent.parent / "config" / "int8_gate.yaml"
@@ -70,28 +71,27 @@ def augment(image: Image.Image, rng: np.random.Generator) -> Image.Image:
     return image
 
 
+def _model_inputs(images: list[Image.Image]) -> torch.Tensor:
+    """The images as the served model sees them (the weights' own transform), stacked."""
+    transform = WEIGHTS.transforms()
+    return torch.stack([transform(image) for image in images])
+
+
 def calibration_set(photos: list[Image.Image], size: int, seed: int = 0) -> torch.Tensor:
     """``size`` preprocessed tensors: each photo as it is, then augmentations in turn."""
-    from torchvision.models import ResNet50_Weights
-
-    transform = ResNet50_Weights.IMAGENET1K_V2.transforms()
     rng = np.random.default_rng(seed)
-    images = photos[:size] + [augment(photos[i % len(photos)], rng)
-                              for i in range(max(0, size - len(photos)))]
-    return torch.stack([transform(image) for image in images])
+    return _model_inputs(photos[:size] + [augment(photos[i % len(photos)], rng)
+                                          for i in range(max(0, size - len(photos)))])
 
 
 def heldout_set(heldout: list[Image.Image], calibration: list[Image.Image],
                 augmented: int = 24) -> torch.Tensor:
     """Photos never calibrated on, as they are and mirrored, plus augmentations of the
     calibration photos drawn with another seed."""
-    from torchvision.models import ResNet50_Weights
-
-    transform = ResNet50_Weights.IMAGENET1K_V2.transforms()
     images = [*heldout, *(ImageOps.mirror(p) for p in heldout)]
     rng = np.random.default_rng(12345)
     images += [augment(calibration[i % len(calibration)], rng) for i in range(augmented)]
-    return torch.stack([transform(image) for image in images])
+    return _model_inputs(images)
 
 
 def agreement(reference: tuple[np.ndarray, np.ndarray],

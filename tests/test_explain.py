@@ -118,7 +118,8 @@ def mass_in_region(grid) -> float:
 def test_heatmap_mass_falls_where_the_model_can_see(weights_dir, method, share):
     dual = build_dual(torch.load(weights_dir / "resnet50.pt", weights_only=True))
     masked = OnlyRegionSeen(dual).eval()
-    explainer = explain.Explainer(masked, dual.backbone.layer4, HandlerConfig())
+    explainer = explain.Explainer(masked, dual.backbone.layer4,
+                                  HandlerConfig().explain_png_max_side)
     pixels = torch.cat([reference_input(imagegen.jpeg(300, 300, seed=s)) for s in (1, 2)])
     with torch.no_grad():
         logits = masked(pixels)[1]
