@@ -19,7 +19,8 @@ Generated (not in git; ``make`` writes them, ``tests/test_config.py`` fails when
 - ``kserve/config.properties`` = KServe server settings + ``model_snapshot={...}`` (one line:
   KServe's wrapper parses the file line by line);
 - ``kserve/runtime/config.properties`` = our runtime's server settings + ``load_models`` +
-  ``models={...}``, built like the local file (``devtools.kserve_bundle`` packs it).
+  ``models={...}``, built like the local file: a readable copy of what
+  ``devtools.kserve_bundle`` writes into the bundle (``tests/test_kserve.py`` keeps them equal).
 
 Why both copies exist at all: TorchServe 0.12 reads per-model settings from ``models={...}``
 (keyed by model name and archive version) or a snapshot, and the archive's YAML wins over them
