@@ -1,14 +1,18 @@
 """``tsctl``: operate a running TorchServe from the shell.
 
-    tsctl list | describe NAME [VERSION] | health | keys [--rotate KIND] | metrics
+    tsctl list | describe NAME [VERSION] | health | metrics
+    tsctl keys [--rotate inference|management|all] [--print inference|management]
     tsctl register ARCHIVE [--name N] [--batch-size B] [--max-batch-delay MS] [--workers W]
     tsctl scale NAME --min N [--max M] | set-default NAME VERSION | unregister NAME [VERSION]
     tsctl tag FILE... [--topk K] | embed FILE... [--out embeddings.npy]
+    tsctl explain FILE [--model M] [--target T | --topk K] [--method M] [--n-steps N]
+                 [--out heatmap.png]
 
 Human-readable output by default, ``--json`` for scripts. Exit codes: 0 ok, 1 other server
 error, 2 bad arguments (including names TorchServe cannot route), 3 server not running,
 4 key file missing or key refused, 5 unknown model or version, 6 refused by the server
-(registration outside the allowed sources, removing the default version), 7 unhealthy (a model
+(registration outside the allowed sources, a name already registered, removing the default
+version, an API switched off), 7 unhealthy (a model
 without a READY worker, or some files failed in ``tag``/``embed``).
 """
 from __future__ import annotations
@@ -86,11 +90,14 @@ class Progress:
 # ---------------------------------------------------------------------- commands
 # Each returns (data for --json, text for humans, exit code).
 
+def _version_rows(client: TorchServeClient) -> list[dict]:
+    """One row per registered model version (``_version_row``)."""
+    return [_version_row(entry) for model in client.list_models()
+            for entry in client.describe(model["modelName"])]
+
+
 def cmd_list(client: TorchServeClient, args) -> tuple[Any, str, int]:
-    rows = []
-    for model in client.list_models():
-        for entry in client.describe(model["modelName"]):
-            rows.append(_version_row(entry))
+    rows = _version_rows(client)
     text = _table(["model", "version", "default", "workers", "batch", "delay ms"],
                   [[r["model"], r["version"], "*" if r["default"] else "", r["workers"],
                     r["batchSize"], r["maxBatchDelay"]] for r in rows]) if rows else "no models"
@@ -149,11 +156,7 @@ def cmd_unregister(client: TorchServeClient, args) -> tuple[Any, str, int]:
 
 def cmd_health(client: TorchServeClient, args) -> tuple[Any, str, int]:
     ping = client.health()
-    models = {}
-    for model in client.list_models():
-        for entry in client.describe(model["modelName"]):
-            row = _version_row(entry)
-            models[f"{row['model']}/{row['version']}"] = row["ready"]
+    models = {f"{row['model']}/{row['version']}": row["ready"] for row in _version_rows(client)}
     unready = [m for m, ready in models.items() if ready == 0]
     healthy = ping.get("status") == "Healthy" and not unready
     lines = [f"server: {ping.get('status')}"]

@@ -64,9 +64,10 @@ def check_archive(archive: str) -> str:
 class TorchServeClient:
     """One server's inference, management and metrics APIs.
 
-    ``key_file``: TorchServe's ``key_file.json`` (re-read when it changes; used to rotate
-    expired keys). ``keys``: fixed keys instead (no rotation). ``timeout``: seconds per call;
-    registration and scaling wait for workers, so keep it generous.
+    ``key_file``: TorchServe's ``key_file.json`` (re-read on every call, so rotations by other
+    clients are picked up; its API key rotates expired keys). ``keys``: fixed keys instead (no
+    rotation). ``timeout``: seconds per call; registration and scaling wait for workers, so
+    keep it generous.
     """
 
     def __init__(self, inference_url: str = f"{DEFAULT_HOST}:8080",
