@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from bench.layout import REPO
+from devtools.configgen import VERSION, archive_name
 from model_files.artifacts import INFO, backend_of, built_precision, read_manifest
 
 
@@ -57,10 +58,11 @@ def variant_config(base_yaml: Path, batch_size: int, max_batch_delay: int, worke
 
 
 def build_variant(model: str, config: dict, backend: str, work_dir: Path, mar_path: Path,
-                  precision: str = "auto") -> Path:
-    """Archive ``model`` with ``config`` as its model-config.yaml via ``archive.sh``; the
-    result is moved to ``mar_path`` (the file name may differ from the model name: TorchServe
-    takes the name from the manifest). Call it for one model at a time, never concurrently."""
+                  precision: str = "auto", version: str = VERSION) -> Path:
+    """Archive ``model`` at ``version`` with ``config`` as its model-config.yaml via
+    ``archive.sh``; the result is moved to ``mar_path`` (the file name may differ from the
+    model name: TorchServe takes the name from the manifest). Call it for one model at a time,
+    never concurrently."""
     config_dir = work_dir / "config"
     out_dir = work_dir / "out"
     shutil.rmtree(work_dir, ignore_errors=True)
@@ -71,10 +73,10 @@ def build_variant(model: str, config: dict, backend: str, work_dir: Path, mar_pa
     subprocess.run(
         [str(REPO / "archive.sh"), model],
         env={**os.environ, "CONFIG_DIR": str(config_dir), "OUT": str(out_dir),
-             "BACKEND": backend, "PRECISION": precision},
+             "BACKEND": backend, "PRECISION": precision, "VERSION": version},
         cwd=REPO, check=True, stdout=subprocess.DEVNULL, timeout=600,
     )
     mar_path.parent.mkdir(parents=True, exist_ok=True)
-    shutil.move(out_dir / f"{model}.mar", mar_path)
+    shutil.move(out_dir / archive_name(model, version), mar_path)
     shutil.rmtree(work_dir, ignore_errors=True)
     return mar_path

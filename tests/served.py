@@ -2,6 +2,7 @@
 its answers, its metrics, and ``tsctl`` pointed at it."""
 from __future__ import annotations
 
+import base64
 import re
 import subprocess
 
@@ -11,6 +12,10 @@ import requests
 from tests.conftest import REPO
 
 TSCTL = REPO / ".venv" / "bin" / "tsctl"
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
 
 
 def raw_answer(ts, model: str, image: bytes, **headers):

@@ -28,9 +28,6 @@ def test_good_image_decodes_to_the_expected_pixels(name):
     assert diff.max() == 0, f"max |diff| {diff.max()}"
 
 
-
-
-
 @pytest.fixture(scope="module")
 def tagger(weights_dir):
     return make_handler(weights_dir, task="tags")

@@ -7,7 +7,6 @@ batching on. Answers are compared with the local server's (the session ``torchse
 from __future__ import annotations
 
 import asyncio
-import base64
 import hashlib
 import json
 import os
@@ -31,17 +30,13 @@ from model_files.artifacts import read_manifest
 from tests import imagegen
 from tests.conftest import MODELS
 from tests.reference import assert_same_tags, rel_error
-from tests.served import histogram, raw_answer
+from tests.served import b64, histogram, raw_answer
 
 pytestmark = pytest.mark.integration
 IMAGES = [imagegen.jpeg(400, 300, seed=300 + i) for i in range(6)]
 TOPK = 3
 TOLERANCE = 1e-4  # batched vs single forward pass (tests/test_serving.py)
 BUCKET = "models"
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
 
 
 def tree(root: Path) -> dict[str, str]:

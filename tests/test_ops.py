@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +20,7 @@ import pytest
 import requests
 import yaml
 
-from bench.archives import ArchiveInfo
+from bench.archives import ArchiveInfo, build_variant
 from devtools.server import LocalTorchServe
 from tests import imagegen
 from tests.conftest import MODELS, REPO
@@ -37,17 +36,13 @@ IMAGE = imagegen.jpeg(400, 300, seed=21)
 
 
 def _build_v2(store, tmp) -> str:
-    """``archive.sh`` with VERSION=2.0 and a tagger config whose only change is ``top_k``."""
-    config_dir = tmp / "config-v2"
-    config_dir.mkdir()
+    """The tagger archived at 2.0 (backend and precision of the shipped one) with a config
+    whose only change is ``top_k``."""
     config = yaml.safe_load((REPO / "config" / "models" / "resnet50-tagger.yaml").read_text())
     config["handler"]["top_k"] = V2_TOP_K
-    (config_dir / "resnet50-tagger.yaml").write_text(yaml.safe_dump(config))
-    backend = ArchiveInfo.read(REPO / "model-store" / "resnet50-tagger.mar").backend
-    subprocess.run([str(REPO / "archive.sh"), "resnet50-tagger"], cwd=REPO, check=True,
-                   env=dict(os.environ, VERSION="2.0", CONFIG_DIR=str(config_dir),
-                            OUT=str(store), BACKEND=backend),
-                   capture_output=True, timeout=600)
+    shipped = ArchiveInfo.read(REPO / "model-store" / "resnet50-tagger.mar")
+    build_variant("resnet50-tagger", config, shipped.backend, tmp / "archive-v2",
+                  store / "resnet50-tagger-2.0.mar", precision=shipped.precision, version="2.0")
     return "resnet50-tagger-2.0.mar"
 
 
@@ -133,6 +128,7 @@ def test_a_worker_killed_mid_load_fails_its_batch_only_and_comes_back(ops):
         deadline = time.monotonic() + 60
         while client.describe("resnet50-tagger")[0]["jobQueueStatus"]["pendingRequests"] < 1:
             assert time.monotonic() < deadline, "the tagger never had a request queued"
+            time.sleep(0.05)  # poll, do not hammer the management API on 2 cores
         killed_at = time.monotonic()
         os.kill(pid, signal.SIGKILL)
         embedding_during = []

@@ -2,11 +2,8 @@
 good images in every format, and the whole bad-input corpus, alone and inside batches."""
 from __future__ import annotations
 
-import base64
 import json
-import os
 import shutil
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -14,21 +11,17 @@ import pytest
 import requests
 import yaml
 
-from bench.archives import ArchiveInfo
+from bench.archives import ArchiveInfo, build_variant
 from tests import corpus, imagegen
 from tests.conftest import REPO
 from tests.reference import assert_same_tags, rel_error
-from tests.served import raw_answer
+from tests.served import b64, raw_answer
 
 pytestmark = pytest.mark.integration
 TOLERANCE = 1e-4
 IMAGES = [imagegen.jpeg(300 + 20 * i, 240, seed=200 + i) for i in range(6)]
 GOOD = corpus.good_images()
 BAD = corpus.bad_inputs()
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
 
 
 def send(ts, case: corpus.Bad) -> requests.Response:
@@ -181,16 +174,13 @@ def slow_batching_server(tmp_path_factory, model_store):
     concurrent requests is then one batch, which every answer's X-Batch-Size proves."""
     from devtools.server import LocalTorchServe
 
-    config_dir = tmp_path_factory.mktemp("slow-config")
     model_config = yaml.safe_load((REPO / "config" / "models" / "resnet50-tagger.yaml").read_text())
     model_config.update(batchSize=8, maxBatchDelay=3000)
-    (config_dir / "resnet50-tagger.yaml").write_text(yaml.safe_dump(model_config))
     store = tmp_path_factory.mktemp("slow-store")
-    backend = ArchiveInfo.read(model_store / "resnet50-tagger.mar").backend
-    subprocess.run(["./archive.sh", "resnet50-tagger"], cwd=REPO, check=True,
-                   env={**os.environ, "CONFIG_DIR": str(config_dir), "OUT": str(store),
-                        "BACKEND": backend},
-                   stdout=subprocess.DEVNULL)
+    shipped = ArchiveInfo.read(model_store / "resnet50-tagger.mar")
+    build_variant("resnet50-tagger", model_config, shipped.backend,
+                  tmp_path_factory.mktemp("slow-archive") / "work", store / "resnet50-tagger.mar",
+                  precision=shipped.precision)
     server = LocalTorchServe(tmp_path_factory.mktemp("slow-ts"), store,
                              load_models=["resnet50-tagger.mar"])
     server.start()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -15,7 +14,7 @@ from PIL import Image
 from torchvision.models import ResNet50_Weights
 
 from tests import imagegen
-from tests.conftest import REPO
+from tests.served import raw_answer, tsctl
 from tsclient.errors import ApiError
 
 pytestmark = pytest.mark.integration
@@ -38,11 +37,7 @@ def served_top(ts, image=IMAGE, k=5) -> list[int]:
     """The served tagger's own top-k for ``image``, asked alone. Explanation targets are ranked
     by the served logits, whose precision (bf16 by default) can swap near-ties of these
     untrained weights against float32; the top class is checked against torchvision above."""
-    response = requests.post(f"{ts.inference_url}/predictions/resnet50-tagger", data=image,
-                             headers={**ts.keys.inference_headers(), "X-Top-K": str(k)},
-                             timeout=300)
-    assert response.status_code == 200, response.text
-    return [t["index"] for t in response.json()]
+    return [t["index"] for t in raw_answer(ts, "resnet50-tagger", image, **{"X-Top-K": str(k)})]
 
 
 def check_grid(item, side):
@@ -87,9 +82,10 @@ def test_concurrent_explanations_and_predictions_each_get_their_own_answer(torch
         check_grid(item, 7)
         picture = Image.open(io.BytesIO(base64.b64decode(item["png"])))
         assert picture.format == "PNG" and picture.size == (400, 300)
+    alone = served_top(torchserve, k=5)
     for response in predictions:
         assert response.status_code == 200
-        assert [t["index"] for t in response.json()] == served_top(torchserve, k=5)
+        assert [t["index"] for t in response.json()] == alone
 
 
 def test_kserve_v1_explain_with_several_instances(torchserve, reference):
@@ -137,9 +133,7 @@ def test_tsctl_saves_the_heatmap_and_the_client_reports_refusals(torchserve, tmp
     image = tmp_path / "photo.jpg"
     image.write_bytes(IMAGE)
     out = tmp_path / "heatmap.png"
-    run = subprocess.run([str(REPO / ".venv" / "bin" / "tsctl"), "--json", "explain", str(image),
-                          "--target", "tabby", "--out", str(out)], env=torchserve.cli_env(),
-                         capture_output=True, text=True, timeout=300)
+    run = tsctl(torchserve, "--json", "explain", str(image), "--target", "tabby", "--out", str(out))
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["explanations"][0]["index"] == 281
     assert Image.open(out).size == (400, 300)
