@@ -69,13 +69,14 @@ _METRIC = re.compile(r"\[METRICS\](?P<name>HandlerTime|HandlerDecodeMs|HandlerFo
 def batch_times(lines: Iterable[str], model: str) -> dict[str, list[float]]:
     """Per-batch milliseconds of ``model`` from ts_log lines: ``backend``, ``handler``,
     ``decode``, ``forward`` (each a list, one entry per batch). The frontend writes each log
-    line twice in a row (two appenders); a repeated line is counted once."""
+    line twice (two appenders), not always next to each other; a line seen before is counted
+    once (each carries a millisecond timestamp and a worker, HandlerTime also request ids)."""
     times: dict[str, list[float]] = {"backend": [], "handler": [], "decode": [], "forward": []}
-    previous = None
+    seen: set[str] = set()
     for line in lines:
-        if line == previous:
+        if line in seen:
             continue
-        previous = line
+        seen.add(line)
         backend = _BACKEND.search(line)
         if backend and backend.group("model") == model:
             times["backend"].append(float(backend.group("ms")))
