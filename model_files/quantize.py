@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -156,35 +157,34 @@ def quantize(weights_dir: Path, calibration: list[Image.Image], heldout: list[Im
         target_device=nncf.TargetDevice.CPU, subset_size=subset_size or size,
         advanced_parameters=AdvancedQuantizationParameters(
             activations_range_estimator_params=RangeEstimatorParametersSet.MINMAX))
-    staging = weights_dir / "int8.tmp"
-    staging.mkdir(exist_ok=True)
-    candidate = staging / TARGET
-    ov.save_model(quantized, str(candidate), compress_to_fp16=False)
+    # Staged beside the weights (same file system: the final moves are renames); whatever
+    # fails, the staging folder goes and nothing half-written reaches weights_dir.
+    with tempfile.TemporaryDirectory(prefix="int8.", dir=weights_dir) as tmp:
+        staging = Path(tmp)
+        candidate = staging / TARGET
+        ov.save_model(quantized, str(candidate), compress_to_fp16=False)
 
-    probe = heldout_set(heldout, calibration)
-    figures = agreement(_run(fp32, "f32", probe), _run(candidate, "auto", probe))
-    failed = failures(figures, thresholds)
-    if failed:
-        for f in staging.iterdir():
-            f.unlink()
-        staging.rmdir()
-        raise FidelityError(
-            f"int8 model refused: {'; '.join(failed)} (against float32 on {figures['photos']} "
-            f"held-apart photos). Nothing written. Calibrate on photos like the ones you serve "
-            f"(--calibration), or keep BACKEND=openvino at precision auto/f32.")
-    record = {
-        "precision": "int8", "method": "NNCF post-training quantisation, MINMAX ranges",
-        "nncf": nncf.__version__, "openvino": ov.get_version(),
-        "calibration_tensors": size, "calibration_photos": len(calibration),
-        "heldout_photos": len(heldout), "fidelity_vs_f32": figures, "thresholds": thresholds,
-        "checkpoint_sha256": checkpoint_sha256(weights_dir),
-        "note": "agreement with float32 on the same weights, not ImageNet accuracy",
-        "build_s": round(time.monotonic() - started, 1),
-    }
-    (staging / fidelity_record(TARGET)).write_text(json.dumps(record, indent=2) + "\n")
-    for name in [TARGET, *companions(TARGET)]:
-        (staging / name).replace(weights_dir / name)
-    staging.rmdir()
+        probe = heldout_set(heldout, calibration)
+        figures = agreement(_run(fp32, "f32", probe), _run(candidate, "auto", probe))
+        failed = failures(figures, thresholds)
+        if failed:
+            raise FidelityError(
+                f"int8 model refused: {'; '.join(failed)} (against float32 on "
+                f"{figures['photos']} held-apart photos). Nothing written. Calibrate on photos "
+                "like the ones you serve (--calibration), or keep BACKEND=openvino at "
+                "precision auto/f32.")
+        record = {
+            "precision": "int8", "method": "NNCF post-training quantisation, MINMAX ranges",
+            "nncf": nncf.__version__, "openvino": ov.get_version(),
+            "calibration_tensors": size, "calibration_photos": len(calibration),
+            "heldout_photos": len(heldout), "fidelity_vs_f32": figures,
+            "thresholds": thresholds, "checkpoint_sha256": checkpoint_sha256(weights_dir),
+            "note": "agreement with float32 on the same weights, not ImageNet accuracy",
+            "build_s": round(time.monotonic() - started, 1),
+        }
+        (staging / fidelity_record(TARGET)).write_text(json.dumps(record, indent=2) + "\n")
+        for name in [TARGET, *companions(TARGET)]:
+            (staging / name).replace(weights_dir / name)
     return weights_dir / TARGET
 
 

@@ -123,6 +123,7 @@ def test_gate_refuses_and_writes_nothing(int8_dir, calibration, heldout):
         quantize(int8_dir, calibration, heldout, {"embedding_cosine_min": 1.01}, size=SMALL)
     assert not (int8_dir / TARGET).exists()
     assert not (int8_dir / fidelity_record(TARGET)).exists()
+    assert not list(int8_dir.glob("int8.*")), "the staging folder was left behind"
 
 
 def test_int8_passes_the_gate_and_matches_torchvision(int8_dir, calibration, heldout, photos,
