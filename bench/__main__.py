@@ -1,4 +1,4 @@
-"""``python -m bench``: one run, same weights, three measurements, one report.
+"""``python -m bench``: one run, same weights, four measurements, one report.
 
 1. raw model speed in this process (every backend and OpenVINO precision; batch 1 and 8;
    single-image latency), the in-process pipeline of the served backend (decode, preprocess,
@@ -74,7 +74,7 @@ def load_inputs() -> tuple[dict[str, bytes], ArchiveInfo, dict]:
     return images, archive, weights
 
 
-def run_raw(archive: ArchiveInfo, images: dict[str, bytes], budget: raw.Budget) -> dict:
+def run_raw(config: HandlerConfig, images: dict[str, bytes], budget: raw.Budget) -> dict:
     from model_files.export import export
 
     # `make weights` exports only the chosen backend; export() reports on stdout, which
@@ -82,13 +82,12 @@ def run_raw(archive: ArchiveInfo, images: dict[str, bytes], budget: raw.Budget) 
     with contextlib.redirect_stdout(sys.stderr):
         for kind in ("torchscript", "onnx", "openvino"):
             export(kind, WEIGHTS)
-    preprocess = Preprocessor(HandlerConfig.from_mapping(archive.model_config.get("handler")))
-    return raw.run_raw(WEIGHTS, images, preprocess, budget=budget)
+    return raw.run_raw(WEIGHTS, images, Preprocessor(config), budget=budget)
 
 
-def run_pipeline(archive: ArchiveInfo, image: bytes, budget: raw.Budget) -> dict:
+def run_pipeline(archive: ArchiveInfo, config: HandlerConfig, image: bytes,
+                 budget: raw.Budget) -> dict:
     """The served tagger's work without serving: its backend at its handler settings."""
-    config = HandlerConfig.from_mapping(archive.model_config.get("handler"))
     precision = archive.precision if config.precision == "auto" else config.precision
     label = archive.backend if precision == "auto" else f"{archive.backend}-{precision}"
     label = label if label in raw.VARIANTS else archive.backend
@@ -129,6 +128,7 @@ def serve_int8(images: dict[str, bytes], plan: LoadPlan, weights: dict) -> dict 
         log.info("no int8 IR in build/weights (make archives BACKEND=openvino PRECISION=int8): "
                  "int8 not served")
         return None
+    log.info("served: ours at int8")
     store = BUILD / "int8-store"
     model_yaml = configgen.MODELS_DIR / f"{OURS}.yaml"
     build_variant(OURS, yaml.safe_load(model_yaml.read_text()), "openvino",
@@ -176,17 +176,15 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     machine_info = machine.describe_machine()
     images, archive, weights = load_inputs()
+    config = HandlerConfig.from_mapping(archive.model_config.get("handler"))
     log.info("raw forward: %s", ", ".join(raw.VARIANTS))
-    raw_results = run_raw(archive, images, budget)
+    raw_results = run_raw(config, images, budget)
     log.info("in-process pipeline: %s", archive.backend)
-    pipeline = run_pipeline(archive, images["small"], budget)
+    pipeline = run_pipeline(archive, config, images["small"], budget)
     log.info("explanations: cost per method")
-    explain_results = explain_cost.run_explain(
-        WEIGHTS, next(iter(images.values())),
-        HandlerConfig.from_mapping(archive.model_config.get("handler")), args.quick)
+    explain_results = explain_cost.run_explain(WEIGHTS, images["small"], config, args.quick)
     log.info("served: ours (%s)", OURS)
     ours = serve_ours(images, plan, weights)
-    log.info("served: ours at int8")
     # Not in --quick: quantised archives are slow to build and the smoke test stays short.
     int8 = None if args.quick else serve_int8(images, replace(plan, rates=()), weights)
     log.info("served: stock image_classifier")

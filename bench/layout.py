@@ -1,5 +1,6 @@
 """Where the benchmark reads its inputs and writes its build output, and the CLI plumbing
-both commands share."""
+its commands share (bench, bench.sweep, bench.ingestion, bench.contention,
+bench.availability)."""
 from __future__ import annotations
 
 import logging
