@@ -36,6 +36,7 @@ import psutil
 
 from bench import machine, report
 from bench.archives import ArchiveInfo
+from bench.batchlog import request_ids
 from bench.layout import (BUILD, IMAGES, MODEL_STORE, RESULTS, SAMPLES, TAGGER, fresh_dir,
                           setup_cli)
 from bench.loadgen import closed_loop
@@ -64,15 +65,21 @@ _BACKEND = re.compile(r"W-\d+-(?P<model>[^ ]+?)_[^ ]+ org\.pytorch\.serve\.wlm\.
                       r"Backend response time: (?P<ms>\d+)")
 _METRIC = re.compile(r"\[METRICS\](?P<name>HandlerTime|HandlerDecodeMs|HandlerForwardMs)"
                      r"\.Milliseconds:(?P<ms>[\d.]+)\|#ModelName:(?P<model>[^,|]+)")
+SETTLE_S = 30.0  # how long the log may lag behind the answers before a run is split anyway
 
 
-def batch_times(lines: Iterable[str], model: str) -> dict[str, list[float]]:
-    """Per-batch milliseconds of ``model`` from ts_log lines: ``backend``, ``handler``,
-    ``decode``, ``forward`` (each a list, one entry per batch). The frontend writes each log
-    line twice (two appenders), not always next to each other; a line seen before is counted
-    once (each carries a millisecond timestamp and a worker, HandlerTime also request ids)."""
-    times: dict[str, list[float]] = {"backend": [], "handler": [], "decode": [], "forward": []}
-    seen: set[str] = set()
+def batch_times(lines: Iterable[str], model: str,
+                before: Iterable[str] = ()) -> dict[str, list[float]]:
+    """Per-batch figures of ``model`` from ts_log lines, in log order: milliseconds
+    ``backend``, ``handler``, ``decode``, ``forward``, and the ``requests`` each HandlerTime
+    line names (each a list, one entry per batch). The frontend writes each log line twice
+    (two appenders), not always next to each other; a line seen before is counted once (each
+    carries a millisecond timestamp and a worker, HandlerTime also request ids). Lines in
+    ``before`` (the log at start-up, with the model load's "Backend response time") are not
+    counted, nor are their copies."""
+    times: dict[str, list[float]] = {"backend": [], "handler": [], "decode": [], "forward": [],
+                                     "requests": []}
+    seen: set[str] = set(before)
     for line in lines:
         if line in seen:
             continue
@@ -86,7 +93,43 @@ def batch_times(lines: Iterable[str], model: str) -> dict[str, list[float]]:
             key = {"HandlerTime": "handler", "HandlerDecodeMs": "decode",
                    "HandlerForwardMs": "forward"}[metric.group("name")]
             times[key].append(float(metric.group("ms")))
+            if key == "handler":
+                times["requests"].append(float(len(request_ids(line))))
     return times
+
+
+def after_requests(times: dict[str, list[float]], skip: int) -> dict[str, list[float]]:
+    """``times`` without its first batches, those that answered the first ``skip`` requests
+    (earlier runs on the same server: each ended before the next began)."""
+    done, first = 0.0, 0
+    while first < len(times["requests"]) and done < skip:
+        done += times["requests"][first]
+        first += 1
+    return {key: values[first:] for key, values in times.items()}
+
+
+def _log_lines(log_file: Path) -> list[str]:
+    return log_file.read_text(errors="replace").splitlines() if log_file.exists() else []
+
+
+def settled_times(log_file: Path, model: str, requests: int,
+                  before: set[str]) -> dict[str, list[float]]:
+    """``batch_times`` of the log since ``before``, read once it holds the batches of ``requests``
+    answered requests: TorchServe logs the frontend's "Backend response time" after the answer
+    has gone out and the worker's metrics when it has read the worker's output, so a client
+    can hold every answer before the lines are written. Polls (up to ``SETTLE_S``) until
+    HandlerTime lines name ``requests`` request ids and as many frontend lines are in."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        times = batch_times(_log_lines(log_file), model, before)
+        if sum(times["requests"]) >= requests and len(times["backend"]) >= len(
+                times["handler"]):
+            return times
+        if time.monotonic() > deadline:
+            log.warning("the log names %d of %d requests after %.0f s: split as it stands",
+                        sum(times["requests"]), requests, SETTLE_S)
+            return times
+        time.sleep(0.1)
 
 
 def _mean(values: list[float]) -> float:
@@ -122,15 +165,6 @@ def cpu_seconds(server: LocalTorchServe) -> dict[str, float]:
             "worker": sum(used(w) for w in workers)}
 
 
-def _lines_from(path: Path, offset: int) -> list[str]:
-    """The lines written to ``path`` after byte ``offset``."""
-    if not path.exists():
-        return []
-    with path.open("rb") as f:
-        f.seek(offset)
-        return f.read().decode(errors="replace").splitlines()
-
-
 def measure_variant(name: str, overrides: dict[str, str], images: dict[str, bytes],
                     plan: LoadPlan, round_: int) -> list[dict]:
     """Start the tagger alone with ``overrides``, and measure each image and client count."""
@@ -138,28 +172,31 @@ def measure_variant(name: str, overrides: dict[str, str], images: dict[str, byte
     server = LocalTorchServe(workdir, MODEL_STORE, load_models=[f"{TAGGER}.mar"],
                              properties=overrides)
     rows = []
+    answered = 0  # requests this server has answered: their batches come first in its log
     try:
         server.start()
         log_file = workdir / "logs" / "ts_log.log"
+        # The model load's lines are all written before the worker is READY (start() waits).
+        startup = set(_log_lines(log_file))
         model = ModelUnderTest(server, TAGGER, batches_from_log=False, plan=plan)
         for image, body in images.items():
             for clients in CLIENTS:
                 log.info("%s, round %d: %s, %d client(s)", name, round_ + 1, image, clients)
                 endpoint = model.endpoint(body)
-                # Warm-up and measured run apart (not ModelUnderTest.closed): the log offset
-                # and the CPU times are read between them.
-                closed_loop(endpoint, clients, plan.warmup_s, plan.closed_max_requests)
-                time.sleep(0.5)  # the warm-up's last log lines land before the offset
-                offset = log_file.stat().st_size if log_file.exists() else 0
+                # Warm-up and measured run apart (not ModelUnderTest.closed): the CPU times
+                # are read between them. The run's batches are told apart in the whole log by
+                # the requests answered before it (a line's second copy can land anywhere).
+                answered += summarize(closed_loop(endpoint, clients, plan.warmup_s,
+                                                  plan.closed_max_requests)).ok
                 cpu_before = cpu_seconds(server)
                 started = time.monotonic()
                 samples = closed_loop(endpoint, clients, plan.closed_s, plan.closed_max_requests)
                 wall = time.monotonic() - started
                 cpu_after = cpu_seconds(server)
-                time.sleep(0.5)  # the frontend logs asynchronously
-                lines = _lines_from(log_file, offset)
                 stats = summarize(samples).to_dict()
-                parts = split(batch_times(lines, TAGGER), wall)
+                times = settled_times(log_file, TAGGER, answered + stats["ok"], startup)
+                parts = split(after_requests(times, answered), wall)
+                answered += stats["ok"]
                 outside = (stats["p50_ms"] - parts["backend_p50_ms"]) if clients == 1 else None
                 images_done = max(stats["ok"], 1)
                 cpu = {f"cpu_{side}_ms": 1000 * (cpu_after[side] - cpu_before[side]) / images_done

@@ -2,7 +2,6 @@
 then an open-loop Poisson rate sweep, each with the server's peak memory."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -64,7 +63,6 @@ class ModelUnderTest:
         with PeakRss(self.server.processes, watch) as peak:
             samples = run()
         if self.batches_from_log:
-            time.sleep(0.5)  # the frontend writes the worker's metric lines asynchronously
             samples = with_logged_batches(samples, self.server.workdir / "logs" / "ts_log.log",
                                           self.model)
         stats = summarize(samples).to_dict()
