@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 import requests
@@ -60,6 +61,23 @@ def test_key_file_expiry_is_read(tmp_path):
     left = (keys.inference_expires - datetime.now(timezone.utc)).total_seconds()
     assert 29 * 60 < left <= 30 * 60
     assert not keys.expired("inference") and keys.expired("inference", margin_s=31 * 60)
+
+
+def test_a_key_file_caught_mid_rewrite_is_read_again(tmp_path, monkeypatch):
+    """TorchServe rotates by truncating key_file.json and writing it anew: a reader between
+    the two sees an empty or half-written file and must read again, not fail."""
+    key_file = _key_file(tmp_path / "key_file.json")
+    whole = key_file.read_text()
+    seen = iter(["", whole[: len(whole) // 2]])
+    real_read = Path.read_text
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: next(seen, None)
+                        or real_read(self, *a, **k))
+    assert Keys.read(key_file).inference == "inf-1"
+    monkeypatch.undo()
+    key_file.write_text(whole[:40])  # broken for good: an error with a hint, soon
+    with pytest.raises(errors.KeyFileError) as broken:
+        Keys.read(key_file, settle_s=0.1)
+    assert "token authorization" in broken.value.hint
 
 
 def test_missing_key_file_says_where_it_comes_from(tmp_path):

@@ -9,6 +9,7 @@ management port). TorchServe rewrites the whole file on every rotation.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,23 +31,33 @@ class Keys:
     management_expires: datetime | None = None
 
     @classmethod
-    def read(cls, path: Path | str = "key_file.json") -> "Keys":
-        """Parse a TorchServe key file; ``KeyFileError`` (with a fix) when it is unusable."""
+    def read(cls, path: Path | str = "key_file.json", settle_s: float = 1.0) -> "Keys":
+        """Parse a TorchServe key file; ``KeyFileError`` (with a fix) when it is unusable.
+
+        TorchServe rewrites the file in place on a rotation (truncate, then write), so a read
+        can meet it empty or half-written: an unparsable file is re-read for up to
+        ``settle_s`` seconds before it counts as broken."""
         path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-            return cls(inference=data["inference"]["key"], management=data["management"]["key"],
-                       api=data.get("API", {}).get("key"),
-                       inference_expires=_expiry(data["inference"]),
-                       management_expires=_expiry(data["management"]))
-        except FileNotFoundError:
-            raise KeyFileError(
-                f"no key file at {path.resolve()}",
-                "TorchServe writes key_file.json into the folder it was started from (the "
-                "repository root for `make serve`): run there, or pass --key-file") from None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise KeyFileError(f"cannot read the key file {path}: {exc!r}",
-                               "is the server running with token authorization?") from None
+        deadline = time.monotonic() + settle_s
+        while True:
+            try:
+                data = json.loads(path.read_text())
+                return cls(inference=data["inference"]["key"],
+                           management=data["management"]["key"],
+                           api=data.get("API", {}).get("key"),
+                           inference_expires=_expiry(data["inference"]),
+                           management_expires=_expiry(data["management"]))
+            except FileNotFoundError:
+                raise KeyFileError(
+                    f"no key file at {path.resolve()}",
+                    "TorchServe writes key_file.json into the folder it was started from (the "
+                    "repository root for `make serve`): run there, or pass --key-file") from None
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                if time.monotonic() < deadline:
+                    time.sleep(0.02)
+                    continue
+                raise KeyFileError(f"cannot read the key file {path}: {exc!r}",
+                                   "is the server running with token authorization?") from None
 
     def key(self, kind: str) -> str:
         return self.inference if kind == "inference" else self.management
