@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 import requests
 
-from devtools.server import free_port, free_worker_ports, rewrite_properties, stop_processes
+from devtools.server import free_ports, free_worker_ports, rewrite_properties, stop_processes
 
 MOUNT = "/mnt/models"
 BUNDLE_CONFIG = f"{MOUNT}/config/config.properties"
@@ -41,8 +41,7 @@ class RuntimePod:
         self.mount = Path(mount).resolve()
         self.workdir = Path(workdir).resolve()
         self.tmpdir = self.workdir / "tmp"
-        ports = {k: free_port() for k in ("inference", "management", "metrics", "grpc_inference",
-                                          "grpc_management")}
+        ports = free_ports()
         self.inference_url = f"http://127.0.0.1:{ports['inference']}"
         self.management_url = f"http://127.0.0.1:{ports['management']}"
         self.metrics_url = f"http://127.0.0.1:{ports['metrics']}"

@@ -67,6 +67,19 @@ def free_port() -> int:
     raise RuntimeError("no free TCP port in 20000-32000 on 127.0.0.1")
 
 
+SERVER_PORTS = ("inference", "management", "metrics", "grpc_inference", "grpc_management")
+
+
+def free_ports(names: tuple[str, ...] = SERVER_PORTS) -> dict[str, int]:
+    """``{name: port}``: a distinct ``free_port`` for each name (two draws can meet)."""
+    ports: dict[str, int] = {}
+    while len(ports) < len(names):
+        port = free_port()
+        if port not in ports.values():
+            ports[names[len(ports)]] = port
+    return ports
+
+
 def stop_processes(pids: set[int], grace: float = 30.0) -> None:
     """Wait up to ``grace`` seconds for ``pids`` to exit (after a stop request), then SIGKILL."""
     procs = [p for p in map(_process, pids) if p is not None]
@@ -106,8 +119,7 @@ class LocalTorchServe:
         self.load_models = load_models
         self.properties = dict(properties or {})
         self.extra_env = dict(env or {})
-        self.ports = {name: free_port() for name in ("inference", "management", "metrics",
-                                                      "grpc_inference", "grpc_management")}
+        self.ports = free_ports()
         self.inference_url = f"http://127.0.0.1:{self.ports['inference']}"
         self.management_url = f"http://127.0.0.1:{self.ports['management']}"
         self.metrics_url = f"http://127.0.0.1:{self.ports['metrics']}"

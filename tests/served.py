@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import re
 import subprocess
+import time
+from typing import Callable, TypeVar
 
 import pytest
 import requests
@@ -12,6 +14,7 @@ import requests
 from tests.conftest import REPO
 
 TSCTL = REPO / ".venv" / "bin" / "tsctl"
+T = TypeVar("T")
 
 
 def b64(data: bytes) -> str:
@@ -33,6 +36,18 @@ def histogram(metrics_text: str, name: str, model: str) -> tuple[float, float]:
                           metrics_text, re.MULTILINE)
         values[kind] = float(match.group(1)) if match else 0.0
     return values["sum"], values["count"]
+
+
+def settled(read: Callable[[], T], done: Callable[[T], bool], timeout_s: float = 30.0) -> T:
+    """``read()`` again (every 0.2 s, up to ``timeout_s``) until ``done`` holds for what it
+    returns, and return the last value: TorchServe's frontend copies the worker's metric lines
+    to ``/metrics`` from another thread, so the metrics can lag behind an answer."""
+    deadline = time.monotonic() + timeout_s
+    value = read()
+    while not done(value) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        value = read()
+    return value
 
 
 def tsctl(server, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -30,7 +30,7 @@ from model_files.artifacts import read_manifest
 from tests import imagegen
 from tests.conftest import MODELS
 from tests.reference import assert_same_tags, rel_error
-from tests.served import b64, histogram, raw_answer
+from tests.served import b64, histogram, raw_answer, settled
 
 pytestmark = pytest.mark.integration
 IMAGES = [imagegen.jpeg(400, 300, seed=300 + i) for i in range(6)]
@@ -294,11 +294,14 @@ def test_kserve_and_triton_clients_get_the_local_answers_concurrently(pod, local
     assert bad_triton.status() == "400"
     assert json.loads(bad_triton.debug_details())["type"] == "InvalidRequest"
     # Batching was on: fewer batches than requests for the models that got them at once.
-    after = {m: histogram(requests.get(metrics, timeout=10).text, "HandlerBatchSize", m)
-             for m in MODELS}
+    expected = 2 * len(IMAGES) + 2  # v1 and triton, each with one bad request
+    after = settled(lambda: {m: histogram(requests.get(metrics, timeout=10).text,
+                                          "HandlerBatchSize", m) for m in MODELS},
+                    lambda now: now["resnet50-tagger"][0] - before["resnet50-tagger"][0]
+                    >= expected)
     tagger_requests = after["resnet50-tagger"][0] - before["resnet50-tagger"][0]
     tagger_batches = after["resnet50-tagger"][1] - before["resnet50-tagger"][1]
-    assert tagger_requests == 2 * len(IMAGES) + 2  # v1 and triton, each with one bad request
+    assert tagger_requests == expected
     assert tagger_batches < tagger_requests
 
 

@@ -25,7 +25,7 @@ from devtools.server import LocalTorchServe
 from tests import imagegen
 from tests.conftest import MODELS, REPO
 from tests.reference import rel_error
-from tests.served import histogram, tsctl
+from tests.served import histogram, settled, tsctl
 from tsclient import errors
 from tsclient.keys import Keys
 
@@ -179,7 +179,9 @@ def test_a_burst_beyond_the_queue_is_refused_fast_with_503(ops):
     assert len(accepted) + len(refused) == burst
     assert refused and accepted
     assert all("has no worker to serve inference request" in r[2] for r in refused)
-    assert _handled(client, "resnet50-embedding") - handled_before == len(accepted)
+    handled = settled(lambda: _handled(client, "resnet50-embedding"),
+                      lambda now: now - handled_before >= len(accepted))
+    assert handled - handled_before == len(accepted)
     # Ordering, not a latency bound: a request is refused only while the queue is full, so
     # when each 503 leaves the server, accepted requests still wait in the queue for a
     # forward pass yet to start.

@@ -13,7 +13,7 @@ from torchvision.models import ResNet50_Weights
 from tests import imagegen
 from tests.conftest import REPO
 from tests.reference import rel_error, tolerance
-from tests.served import histogram
+from tests.served import histogram, settled
 
 pytestmark = pytest.mark.integration
 CATEGORIES = set(ResNet50_Weights.IMAGENET1K_V2.meta["categories"])
@@ -118,8 +118,9 @@ def test_concurrent_requests_are_batched_and_match_single_answers(torchserve):
     for single, response in zip(singles, responses):
         assert rel_error(response.json()["embedding"], single) <= TOLERANCE
     # The handler's own histogram agrees: fewer batches than requests, 16 requests in all.
-    after = histogram(requests.get(metrics_url, timeout=10).text, "HandlerBatchSize",
-                       "resnet50-embedding")
+    after = settled(lambda: histogram(requests.get(metrics_url, timeout=10).text,
+                                      "HandlerBatchSize", "resnet50-embedding"),
+                    lambda now: now[0] - before[0] >= 16)
     total, batches = after[0] - before[0], after[1] - before[1]
     assert total == 16 and batches < 16
 

@@ -4,7 +4,6 @@ Commands that change keys or models run on their own server (tests/test_ops.py).
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
@@ -15,7 +14,7 @@ from tests import imagegen
 from tsclient import errors
 from tests.conftest import MODELS, REPO
 from tests.reference import rel_error
-from tests.served import tsctl
+from tests.served import settled, tsctl
 
 pytestmark = pytest.mark.integration
 
@@ -119,17 +118,19 @@ def test_metrics_counts_batches_errors_and_time(torchserve):
     with pytest.raises(errors.ApiError) as junk:
         client.predict(model, bodies[-1])
     assert junk.value.status == 400 and junk.value.type == "InvalidImage"
-    deadline = time.monotonic() + 30
-    while True:  # the frontend reads metric lines from the worker's log asynchronously
-        after = _handler_counts(torchserve, model)
-        sent = after.get("requests_in_batches", 0) - before.get("requests_in_batches", 0)
-        if sent >= 4 or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    assert sent == 4
-    assert after["images"] - before.get("images", 0) == 3
-    assert (after["errors"].get("InvalidImage", 0)
-            - before.get("errors", {}).get("InvalidImage", 0)) == 1
+    def delta(now: dict, key: str) -> int:
+        return now.get(key, 0) - before.get(key, 0)
+
+    def invalid_images(counts: dict) -> int:
+        return counts.get("errors", {}).get("InvalidImage", 0)
+
+    # The batch counts, images and errors are written at different points of a batch.
+    after = settled(lambda: _handler_counts(torchserve, model),
+                    lambda now: delta(now, "requests_in_batches") >= 4 and delta(now, "images")
+                    >= 3 and invalid_images(now) - invalid_images(before) >= 1)
+    assert delta(after, "requests_in_batches") == 4
+    assert delta(after, "images") == 3
+    assert invalid_images(after) - invalid_images(before) == 1
     assert sum(after["batch_sizes"].values()) == after["batches"]
     assert after["mean_batch_size"] >= 1 and after["decode_ms_per_image"] > 0
     assert after["forward_ms_per_batch"] > 0 and after["mean_latency_ms"] > 0
