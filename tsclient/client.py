@@ -27,7 +27,7 @@ from typing import Any
 import requests
 
 from tsclient import errors
-from tsclient.keys import KINDS, Keys
+from tsclient.keys import KINDS, Keys, bearer
 
 DEFAULT_HOST = "http://127.0.0.1"
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-.]*")
@@ -110,7 +110,7 @@ class TorchServeClient:
                 f"cannot rotate the {kind} key: no API key at hand",
                 "rotation needs the server's key_file.json (its \"API\" key): pass --key-file")
         response = self._send("POST", "management", "/token", {"type": kind},
-                              {"Authorization": f"Bearer {keys.api}"})
+                              bearer(keys.api))
         if response.status_code != 200:
             raise errors.from_response(response, f"rotate the {kind} key")
         self.rotations += 1
@@ -123,13 +123,13 @@ class TorchServeClient:
         kind = "inference" if port == "inference" else "management"
         params = {k: v for k, v in (params or {}).items() if v is not None}
         used = self.keys.key(kind) if port != "metrics" else None
-        response = self._send(method, port, path, params, _bearer(used), **kwargs)
+        response = self._send(method, port, path, params, bearer(used), **kwargs)
         if used is not None and errors.is_key_rejection(response):
             with self._rotating:
                 current = self.keys.key(kind)
                 if current == used:  # nobody rotated it yet: expired (or wrong)
                     current = self.rotate(kind).key(kind)
-            response = self._send(method, port, path, params, _bearer(current), **kwargs)
+            response = self._send(method, port, path, params, bearer(current), **kwargs)
         if response.status_code >= 400:
             raise errors.from_response(response, what)
         return response
@@ -211,11 +211,11 @@ class TorchServeClient:
               version: str | None = None) -> dict:
         """Set the worker count and wait until it is reached. Not kept across a restart of a
         server started with ``--ncs`` (``make serve``): edit config/models/NAME.yaml for that."""
-        check_name(model)
+        path = _model_path(model, version)  # checks the names first
         if min_worker < 0 or (max_worker is not None and max_worker < min_worker):
             raise errors.UsageError(f"bad worker counts min={min_worker} max={max_worker}",
                                     "use 0 <= --min <= --max")
-        return self._call("PUT", "management", _model_path(model, version),
+        return self._call("PUT", "management", path,
                           f"scale {_label(model, version)}", params={
                               "min_worker": min_worker,
                               "max_worker": max_worker if max_worker is not None else min_worker,
@@ -264,10 +264,6 @@ class TorchServeClient:
     def metrics_text(self) -> str:
         """The Prometheus text of the metrics port (no key needed)."""
         return self._call("GET", "metrics", "/metrics", "read metrics").text
-
-
-def _bearer(key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def _route(model: str, version: str | None) -> str:

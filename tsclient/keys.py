@@ -73,10 +73,15 @@ class Keys:
         return expires is not None and (expires - now).total_seconds() <= margin_s
 
     def inference_headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.inference}"}
+        return bearer(self.inference)
 
     def management_headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.management}"}
+        return bearer(self.management)
+
+
+def bearer(key: str | None) -> dict[str, str]:
+    """The header TorchServe's token authorization reads (none without a key)."""
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def _expiry(entry: dict) -> datetime | None:
