@@ -24,10 +24,10 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import requests
 
-from devtools.server import free_ports, free_worker_ports, rewrite_properties, stop_processes
+from devtools.server import (free_ports, free_worker_ports, process_tree, rewrite_properties,
+                             stop_torchserve, tail)
 
 MOUNT = "/mnt/models"
 BUNDLE_CONFIG = f"{MOUNT}/config/config.properties"
@@ -155,10 +155,7 @@ class RuntimePod:
         if self.process is None:
             return
         self._pids |= self._tree()
-        subprocess.run(["torchserve", "--stop"], cwd=self.workdir, env=self.env(),
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120,
-                       check=False)
-        stop_processes(self._pids)
+        stop_torchserve("torchserve", self.workdir, self.env(), self._pids)
         try:
             self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -172,16 +169,8 @@ class RuntimePod:
         self.stop()
 
     def _tree(self) -> set[int]:
-        try:
-            root = psutil.Process(self.process.pid)
-            return {root.pid, *(p.pid for p in root.children(recursive=True))}
-        except psutil.Error:
-            return set()
+        return {p.pid for p in process_tree(self.process.pid)}
 
     def log_tail(self, lines: int = 40) -> str:
-        out = []
-        for name in ("container.log", "logs/ts_log.log", "logs/model_log.log"):
-            path = self.workdir / name
-            text = path.read_text(errors="replace") if path.exists() else "(missing)"
-            out.append(f"--- {name} (tail) ---\n" + "\n".join(text.splitlines()[-lines:]))
-        return "\n".join(out)
+        return "\n".join(f"--- {name} (tail) ---\n{tail(self.workdir / name, lines)}"
+                         for name in ("container.log", "logs/ts_log.log", "logs/model_log.log"))

@@ -80,6 +80,14 @@ def free_ports(names: tuple[str, ...] = SERVER_PORTS) -> dict[str, int]:
     return ports
 
 
+def stop_torchserve(torchserve: str, cwd: Path, env: dict[str, str], pids: set[int]) -> None:
+    """``torchserve --stop`` (TorchServe's own way: the pid file under ``TMPDIR`` in ``env``),
+    then kill whatever of ``pids`` (the frontend and its workers) survived."""
+    subprocess.run([torchserve, "--stop"], cwd=cwd, env=env, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, timeout=120, check=False)
+    stop_processes(pids)
+
+
 def stop_processes(pids: set[int], grace: float = 30.0) -> None:
     """Wait up to ``grace`` seconds for ``pids`` to exit (after a stop request), then SIGKILL."""
     procs = [p for p in map(_process, pids) if p is not None]
@@ -166,10 +174,8 @@ class LocalTorchServe:
     def stop(self) -> None:
         """``torchserve --stop``, then kill whatever of the server and its workers survived."""
         self._pids |= self._server_pids()
-        subprocess.run([str(Path(sys.executable).parent / "torchserve"), "--stop"],
-                       cwd=self.workdir, env=self._env(), stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, timeout=120, check=False)
-        stop_processes(self._pids)
+        stop_torchserve(str(Path(sys.executable).parent / "torchserve"), self.workdir,
+                        self._env(), self._pids)
 
     def __enter__(self) -> "LocalTorchServe":
         return self.start()
@@ -244,10 +250,7 @@ class LocalTorchServe:
         return True
 
     def log_tail(self, name: str, lines: int = 40) -> str:
-        path = self.workdir / "logs" / name
-        if not path.exists():
-            return "(missing)"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        return tail(self.workdir / "logs" / name, lines)
 
     def log_text(self, name: str) -> str:
         path = self.workdir / "logs" / name
@@ -263,14 +266,29 @@ def _startup_models(properties: str, model_store: Path) -> int:
     return len([m for m in value.split(",") if m.strip()])
 
 
+def tail(path: Path, lines: int = 40) -> str:
+    """The last ``lines`` lines of a log file, or "(missing)"."""
+    if not path.exists():
+        return "(missing)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
 def server_processes(pid_file: Path) -> list[psutil.Process]:
     """The process in ``pid_file`` (a TorchServe frontend) and all its descendants."""
     try:
-        root = psutil.Process(int(Path(pid_file).read_text().strip()))
+        return process_tree(int(Path(pid_file).read_text().strip()))
+    except (OSError, ValueError):
+        return []
+
+
+def process_tree(pid: int) -> list[psutil.Process]:
+    """Process ``pid`` and all its descendants; [] when it is gone (or a zombie)."""
+    try:
+        root = psutil.Process(pid)
         if root.status() == psutil.STATUS_ZOMBIE:
             return []
         return [root, *root.children(recursive=True)]
-    except (OSError, ValueError, psutil.Error):
+    except psutil.Error:
         return []
 
 
