@@ -71,7 +71,8 @@ class OutputSpec:
 
 @dataclass(frozen=True)
 class ParseLimits:
-    """Bounds on what one request may make the parser do (``handler.max_*`` settings)."""
+    """Bounds on what one request may make the parser do (``handler.max_*`` settings, read
+    by ``HandlerConfig.parse_limits``; these defaults equal that config's)."""
 
     max_images: int = 64
     max_json_depth: int = 16
@@ -457,7 +458,8 @@ def _v2_response(spec: AnswerSpec, request_id: str | None,
 
 @dataclass(frozen=True)
 class ExplainLimits:
-    """The model's explanation defaults and bounds (``handler.explain_*`` settings)."""
+    """The model's explanation defaults and bounds (``handler.explain_*`` settings, read by
+    ``HandlerConfig.explain_limits``; these defaults equal that config's)."""
 
     method: str = "gradcam"
     n_steps: int = 32

@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from handlers.codec import EXPLAIN_METHODS, Output
+from handlers.codec import EXPLAIN_METHODS, ExplainLimits, Output, ParseLimits
 from model_files.artifacts import PRECISIONS
 
 TASKS = tuple(output.value for output in Output)
@@ -117,6 +117,21 @@ class HandlerConfig:
         config = cls(**section)
         config._check()
         return config
+
+    @property
+    def parse_limits(self) -> ParseLimits:
+        """What the codec may parse from one request."""
+        return ParseLimits(max_images=self.max_images_per_request,
+                           max_json_depth=self.max_json_depth,
+                           max_json_bytes=self.max_json_bytes)
+
+    @property
+    def explain_limits(self) -> ExplainLimits:
+        """The explanation defaults and bounds the codec checks requests against."""
+        return ExplainLimits(method=self.explain_method, n_steps=self.explain_n_steps,
+                             max_n_steps=self.explain_max_n_steps,
+                             internal_batch_size=self.explain_internal_batch_size,
+                             max_targets=self.explain_max_targets)
 
     def _check(self) -> None:
         if self.task not in TASKS:

@@ -69,14 +69,8 @@ class ResNetHandler(BaseHandler):
         self.preprocessor = Preprocessor(self.config)
         self.explainer = explain.load_explainer(model_dir / CHECKPOINT,
                                                self.config.explain_png_max_side)
-        self.explain_limits = codec.ExplainLimits(
-            method=self.config.explain_method, n_steps=self.config.explain_n_steps,
-            max_n_steps=self.config.explain_max_n_steps,
-            internal_batch_size=self.config.explain_internal_batch_size,
-            max_targets=self.config.explain_max_targets)
-        self.limits = codec.ParseLimits(max_images=self.config.max_images_per_request,
-                                        max_json_depth=self.config.max_json_depth,
-                                        max_json_bytes=self.config.max_json_bytes)
+        self.explain_limits = self.config.explain_limits
+        self.limits = self.config.parse_limits
         self.metrics = BatchMetrics(context.metrics, context.model_name)
         self.pool = ThreadPoolExecutor(self.config.decode_threads or min(4, os.cpu_count() or 1),
                                        thread_name_prefix="decode")

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from devtools import configgen
+from handlers import codec
 from handlers.config import ConfigError, HandlerConfig
 from tests.conftest import MODELS, REPO
 
@@ -83,3 +84,15 @@ def test_bad_settings_are_refused_with_a_useful_message(section, message):
     with pytest.raises(ConfigError) as caught:
         HandlerConfig.from_mapping(section)
     assert message in str(caught.value)
+
+
+def test_request_limits_come_from_the_handler_settings():
+    """The codec's limits are the handler config's (its defaults equal the config's, for
+    callers without a config), and a setting reaches them."""
+    defaults = HandlerConfig()
+    assert defaults.parse_limits == codec.ParseLimits()
+    assert defaults.explain_limits == codec.ExplainLimits()
+    config = HandlerConfig.from_mapping({"max_json_depth": 8, "explain_max_n_steps": 100,
+                                         "explain_method": "ig"})
+    assert config.parse_limits.max_json_depth == 8
+    assert (config.explain_limits.max_n_steps, config.explain_limits.method) == (100, "ig")
