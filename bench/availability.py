@@ -17,12 +17,12 @@ import time
 
 import yaml
 
-from bench.archives import ArchiveInfo, build_variant, variant_config
+from bench.archives import ArchiveInfo, variant_config
 from bench.layout import BUILD, IMAGES, MODEL_STORE, SAMPLES, TAGGER, fresh_dir, setup_cli
 from bench.loadgen import closed_loop
 from bench.serving import LoadPlan, ModelUnderTest
 from bench.stats import summarize
-from bench.sweep import unregister_all, wait_for_setting
+from bench.sweep import registered_variant
 from devtools.configgen import MODELS_DIR
 from devtools.server import LocalTorchServe
 
@@ -37,14 +37,9 @@ def measure(server: LocalTorchServe, body: bytes, workers: int, threads: int | N
     config = variant_config(base, frontend["batchSize"], frontend["maxBatchDelay"], workers)
     if threads is not None:
         config["handler"] = {**config.get("handler", {}), "threads": threads}
-    name = f"{TAGGER}-w{workers}.mar"
     archive = ArchiveInfo.read(MODEL_STORE / f"{TAGGER}.mar")
-    mar = build_variant(TAGGER, config, archive.backend, WORK / "archive-work",
-                        WORK / "store" / name, precision=archive.precision)
-    try:
-        server.client().register(name)
-        settings = wait_for_setting(server, frontend["batchSize"], frontend["maxBatchDelay"],
-                                    workers)
+    with registered_variant(server, archive, config, f"{TAGGER}-w{workers}.mar",
+                            WORK) as settings:
         mut = ModelUnderTest(server, TAGGER, batches_from_log=False, plan=plan)
         row = {"workers": workers, "threads": threads or "all cores",
                **mut.closed("small", body, CLIENTS, {})}
@@ -55,12 +50,8 @@ def measure(server: LocalTorchServe, body: bytes, workers: int, threads: int | N
         killer.start()
         stats = summarize(closed_loop(endpoint, CLIENTS, plan.closed_s, 10_000))
         killer.join()
-        row |= {"kill_requests": stats.requests, "kill_errors": stats.errors,
-                "kill_error_kinds": stats.error_kinds, "kill_throughput": stats.throughput}
-        return row
-    finally:
-        unregister_all(server)
-        mar.unlink(missing_ok=True)
+        return row | {"kill_requests": stats.requests, "kill_errors": stats.errors,
+                      "kill_error_kinds": stats.error_kinds, "kill_throughput": stats.throughput}
 
 
 def main(argv: list[str] | None = None) -> int:

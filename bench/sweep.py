@@ -18,8 +18,10 @@ import logging
 import os
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Iterator
 
 from bench import machine, report
 from bench.archives import ArchiveInfo, build_variant, variant_config
@@ -83,27 +85,40 @@ def unregister_all(server: LocalTorchServe, timeout_s: float = 120.0) -> None:
     raise RuntimeError(f"models still registered after {timeout_s:.0f}s")
 
 
-def run_setting(server: LocalTorchServe, archive: ArchiveInfo, base_yaml: Path, body: bytes,
-                plan: LoadPlan, batch_size: int, delay: int, workers: int) -> dict:
-    """Build, register, verify, measure and unregister one setting."""
-    name = f"{OURS}-b{batch_size}-d{delay}-w{workers}.mar"
-    mar = build_variant(OURS, variant_config(base_yaml, batch_size, delay, workers),
-                        archive.backend, SWEEP / "archive-work", SWEEP / "store" / name,
-                        precision=archive.precision)
-    row = {"batchSize": batch_size, "maxBatchDelay": delay, "workers": workers}
+@contextmanager
+def registered_variant(server: LocalTorchServe, archive: ArchiveInfo, config: dict, name: str,
+                       work: Path) -> Iterator[dict]:
+    """Archive the tagger with ``config`` as its model-config.yaml (``archive``'s backend and
+    precision) into ``work/store/name``, register it, and yield its describe settings once
+    batchSize, maxBatchDelay and the READY workers are the config's (``SettingNotApplied``
+    otherwise). Afterwards every model is unregistered and the archive deleted."""
+    batch_size, delay, workers = config["batchSize"], config["maxBatchDelay"], config["minWorkers"]
+    mar = build_variant(OURS, config, archive.backend, work / "archive-work",
+                        work / "store" / name, precision=archive.precision)
     try:
         server.client().register(name, workers=workers, batch_size=batch_size,
                                  max_batch_delay=delay)
-        settings = wait_for_setting(server, batch_size, delay, workers)
-        mut = ModelUnderTest(server, OURS, batches_from_log=False, plan=plan)
-        watch = {f"worker {pid}": pid for pid in settings["worker_pids"] if pid}
-        row.update(mut.closed(IMAGE, body, CLIENTS, watch))
-    except (ApiError, SettingNotApplied) as exc:
-        log.warning("setting %s failed: %s", row, exc)
-        row["failed"] = str(exc)
+        yield wait_for_setting(server, batch_size, delay, workers)
     finally:
         unregister_all(server)
         mar.unlink(missing_ok=True)
+
+
+def run_setting(server: LocalTorchServe, archive: ArchiveInfo, base_yaml: Path, body: bytes,
+                plan: LoadPlan, batch_size: int, delay: int, workers: int) -> dict:
+    """Build, register, verify, measure and unregister one setting."""
+    row = {"batchSize": batch_size, "maxBatchDelay": delay, "workers": workers}
+    try:
+        with registered_variant(server, archive,
+                                variant_config(base_yaml, batch_size, delay, workers),
+                                f"{OURS}-b{batch_size}-d{delay}-w{workers}.mar",
+                                SWEEP) as settings:
+            mut = ModelUnderTest(server, OURS, batches_from_log=False, plan=plan)
+            watch = {f"worker {pid}": pid for pid in settings["worker_pids"] if pid}
+            row.update(mut.closed(IMAGE, body, CLIENTS, watch))
+    except (ApiError, SettingNotApplied) as exc:
+        log.warning("setting %s failed: %s", row, exc)
+        row["failed"] = str(exc)
     return row
 
 
