@@ -58,17 +58,3 @@ def run_explain(weights_dir: Path, image: bytes, config: HandlerConfig, quick: b
             "png": {"ms_p50": percentile(png_times, 50), "bytes": len(png),
                     "max_side": config.explain_png_max_side}}
 
-
-def markdown(result: dict) -> list[str]:
-    """The README-style table of ``run_explain``'s result."""
-    lines = ["## Explanations (one image, top-1 target, eager PyTorch on CPU)", "",
-             f"Eager model for gradients: loaded in {result['load_s']:.2f} s, "
-             f"+{result['rss_added_mb']:.0f} MB resident beside the serving backend. "
-             f"PNG overlay (longer side <= {result['png']['max_side']} px): "
-             f"{result['png']['ms_p50']:.0f} ms, {result['png']['bytes'] / 1024:.0f} KiB.", "",
-             "| method | settings | passes | ms/image (p50) |", "|---|---|---|---|"]
-    for method, r in result["methods"].items():
-        settings = (f"n_steps {r['n_steps']}, internal_batch_size {r['internal_batch_size']}"
-                    if r["n_steps"] else "defaults")
-        lines.append(f"| {method} | {settings} | {r['passes']} | {r['ms_per_image_p50']:.0f} |")
-    return lines + [""]

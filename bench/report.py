@@ -184,13 +184,24 @@ def _method(results: dict) -> list[str]:
     ]
 
 
+def _explain(result: dict) -> list[str]:
+    """``bench.explain_cost.run_explain``'s result: load, memory, PNG and each method's cost."""
+    lines = ["## Explanations (one image, top-1 target, eager PyTorch on CPU)", "",
+             f"Eager model for gradients: loaded in {fmt(result['load_s'], 2)} s, "
+             f"+{fmt(result['rss_added_mb'], 0)} MB resident beside the serving backend. "
+             f"PNG overlay (longer side <= {result['png']['max_side']} px): "
+             f"{fmt(result['png']['ms_p50'], 0)} ms, {result['png']['bytes'] / 1024:.0f} KiB.", ""]
+    rows = [[method, f"n_steps {r['n_steps']}, internal_batch_size {r['internal_batch_size']}"
+             if r["n_steps"] else "defaults", str(r["passes"]), fmt(r["ms_per_image_p50"], 0)]
+            for method, r in result["methods"].items()]
+    return lines + table(["method", "settings", "passes", "ms/image (p50)"], rows) + [""]
+
+
 def render_markdown(results: dict) -> str:
     parts = [_header(results), _targets(results), _raw(results), _closed(results),
              _open(results), _method(results)]
     if "explain" in results:
-        from bench.explain_cost import markdown
-
-        parts.append(markdown(results["explain"]))
+        parts.append(_explain(results["explain"]))
     return "\n".join(line for part in parts for line in [*part, ""]).rstrip() + "\n"
 
 
