@@ -19,13 +19,17 @@ class Reference:
         self._pooled: list[torch.Tensor] = []
         self.model.avgpool.register_forward_hook(lambda m, i, o: self._pooled.append(o))
 
-    def __call__(self, image: Image.Image | bytes) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(embedding [2048], logits [1000])`` for one image, unnormalised."""
+    def input(self, image: Image.Image | bytes) -> torch.Tensor:
+        """torchvision's own preprocessing of one image: ``[1, 3, 224, 224]``."""
         if isinstance(image, bytes):
             image = Image.open(io.BytesIO(image)).convert("RGB")
+        return self.transform(image).unsqueeze(0)
+
+    def __call__(self, image: Image.Image | bytes) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(embedding [2048], logits [1000])`` for one image, unnormalised."""
         self._pooled.clear()
         with torch.inference_mode():
-            logits = self.model(self.transform(image).unsqueeze(0))[0]
+            logits = self.model(self.input(image))[0]
         return torch.flatten(self._pooled[0], 1)[0], logits
 
 

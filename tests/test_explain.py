@@ -45,11 +45,6 @@ def as_json(image: bytes = IMAGE, **fields) -> dict:
     return {"body": {"data": base64.b64encode(image).decode(), **fields}}
 
 
-def reference_input(image: bytes) -> torch.Tensor:
-    picture = Image.open(io.BytesIO(image)).convert("RGB")
-    return ResNet50_Weights.IMAGENET1K_V2.transforms()(picture).unsqueeze(0)
-
-
 def scaled_to_max(x: torch.Tensor) -> torch.Tensor:
     return x / x.max()
 
@@ -61,7 +56,7 @@ def test_gradcam_equals_captum_on_torchvision(tagger, reference):
     answers, statuses = explained(tagger, [{"body": IMAGE}])
     assert statuses == [(200, None)]
     (item,) = answers[0]["explanations"]
-    pixels = reference_input(IMAGE)
+    pixels = reference.input(IMAGE)
     model = reference.model
     with torch.no_grad():
         top1 = int(model(pixels).argmax())
@@ -77,7 +72,7 @@ def test_integrated_gradients_equals_captum_on_torchvision(tagger, reference):
                                                    internal_batch_size=4)])
     assert statuses == [(200, None)]
     (item,) = answers[0]["explanations"]
-    pixels = reference_input(IMAGE)
+    pixels = reference.input(IMAGE)
     attributions = IntegratedGradients(reference.model).attribute(
         pixels, baselines=torch.zeros_like(pixels), target=281, n_steps=4).detach()
     expected = scaled_to_max(F.avg_pool2d(attributions.abs().sum(dim=1), 8)[0])
@@ -115,12 +110,13 @@ def mass_in_region(grid) -> float:
 
 
 @pytest.mark.parametrize("method,share", [("gradcam", 0.45), ("ig", 0.9)])
-def test_heatmap_mass_falls_where_the_model_can_see(weights_dir, method, share):
+def test_heatmap_mass_falls_where_the_model_can_see(weights_dir, reference, method,
+                                                     share):
     dual = build_dual(torch.load(weights_dir / "resnet50.pt", weights_only=True))
     masked = OnlyRegionSeen(dual).eval()
     explainer = explain.Explainer(masked, dual.backbone.layer4,
                                   HandlerConfig().explain_png_max_side)
-    pixels = torch.cat([reference_input(imagegen.jpeg(300, 300, seed=s)) for s in (1, 2)])
+    pixels = torch.cat([reference.input(imagegen.jpeg(300, 300, seed=s)) for s in (1, 2)])
     with torch.no_grad():
         logits = masked(pixels)[1]
     spec = codec.ExplainSpec(method, (), 1, n_steps=4, internal_batch_size=8, png=False)
