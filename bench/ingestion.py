@@ -61,32 +61,33 @@ CLIENTS = (1, 16)
 PLAN = LoadPlan(warmup_s=2.0, closed_s=8.0, closed_max_requests=2000)
 QUICK = LoadPlan(warmup_s=0.5, closed_s=1.5, closed_max_requests=2000)
 
-_BACKEND = re.compile(r"W-\d+-(?P<model>[^ ]+?)_[^ ]+ org\.pytorch\.serve\.wlm\.WorkerThread - "
-                      r"Backend response time: (?P<ms>\d+)")
+_BACKEND = re.compile(r"(?P<worker>W-\d+-(?P<model>[^ ]+?)_[^ ]+) org\.pytorch\.serve\.wlm\."
+                      r"WorkerThread - Backend response time: (?P<ms>\d+)")
 _METRIC = re.compile(r"\[METRICS\](?P<name>HandlerTime|HandlerDecodeMs|HandlerForwardMs)"
                      r"\.Milliseconds:(?P<ms>[\d.]+)\|#ModelName:(?P<model>[^,|]+)")
 SETTLE_S = 30.0  # how long the log may lag behind the answers before a run is split anyway
 
 
-def batch_times(lines: Iterable[str], model: str,
-                before: Iterable[str] = ()) -> dict[str, list[float]]:
+def batch_times(lines: Iterable[str], model: str) -> dict[str, list]:
     """Per-batch figures of ``model`` from ts_log lines, in log order: milliseconds
-    ``backend``, ``handler``, ``decode``, ``forward``, and the ``requests`` each HandlerTime
-    line names (each a list, one entry per batch). The frontend writes each log line twice
-    (two appenders), not always next to each other; a line seen before is counted once (each
-    carries a millisecond timestamp and a worker, HandlerTime also request ids). Lines in
-    ``before`` (the log at start-up, with the model load's "Backend response time") are not
-    counted, nor are their copies."""
-    times: dict[str, list[float]] = {"backend": [], "handler": [], "decode": [], "forward": [],
-                                     "requests": []}
-    seen: set[str] = set(before)
+    ``backend``, ``handler``, ``decode``, ``forward``, and the request ``ids`` each HandlerTime
+    line names (each a list, one entry per batch). Each worker's first "Backend response time"
+    is its model load, not a batch. The frontend writes each log line twice (two appenders),
+    not always next to each other; a line seen before is counted once (each carries a
+    millisecond timestamp and a worker, HandlerTime also request ids)."""
+    times: dict[str, list] = {"backend": [], "handler": [], "decode": [], "forward": [],
+                              "ids": []}
+    seen: set[str] = set()
+    loaded: set[str] = set()
     for line in lines:
         if line in seen:
             continue
         seen.add(line)
         backend = _BACKEND.search(line)
         if backend and backend.group("model") == model:
-            times["backend"].append(float(backend.group("ms")))
+            if backend.group("worker") in loaded:
+                times["backend"].append(float(backend.group("ms")))
+            loaded.add(backend.group("worker"))
             continue
         metric = _METRIC.search(line)
         if metric and metric.group("model") == model:
@@ -94,40 +95,40 @@ def batch_times(lines: Iterable[str], model: str,
                    "HandlerForwardMs": "forward"}[metric.group("name")]
             times[key].append(float(metric.group("ms")))
             if key == "handler":
-                times["requests"].append(float(len(request_ids(line))))
+                times["ids"].append(tuple(request_ids(line)))
     return times
 
 
-def after_requests(times: dict[str, list[float]], skip: int) -> dict[str, list[float]]:
-    """``times`` without its first batches, those that answered the first ``skip`` requests
-    (earlier runs on the same server: each ended before the next began)."""
-    done, first = 0.0, 0
-    while first < len(times["requests"]) and done < skip:
-        done += times["requests"][first]
-        first += 1
-    return {key: values[first:] for key, values in times.items()}
+def run_batches(times: dict[str, list], run_ids: set[str]) -> dict[str, list]:
+    """The batches of one run: from the first to the last HandlerTime line naming one of
+    ``run_ids`` (runs on one server follow each other, never overlap), with the frontend,
+    decode and forward lines at the same positions (one of each per batch: one worker, and
+    every batch of these runs decodes and forwards an image)."""
+    hits = [i for i, ids in enumerate(times["ids"]) if run_ids.intersection(ids)]
+    if not hits:
+        return {key: [] for key in times}
+    return {key: values[hits[0]:hits[-1] + 1] for key, values in times.items()}
 
 
 def _log_lines(log_file: Path) -> list[str]:
     return log_file.read_text(errors="replace").splitlines() if log_file.exists() else []
 
 
-def settled_times(log_file: Path, model: str, requests: int,
-                  before: set[str]) -> dict[str, list[float]]:
-    """``batch_times`` of the log since ``before``, read once it holds the batches of ``requests``
-    answered requests: TorchServe logs the frontend's "Backend response time" after the answer
-    has gone out and the worker's metrics when it has read the worker's output, so a client
+def settled_times(log_file: Path, model: str, answered: set[str]) -> dict[str, list]:
+    """``batch_times`` of the log, read once it holds the batches of the ``answered`` request
+    ids: TorchServe logs the frontend's "Backend response time" after the answer has gone out
+    and the worker's metrics when it has read the worker's output (asynchronously), so a client
     can hold every answer before the lines are written. Polls (up to ``SETTLE_S``) until
-    HandlerTime lines name ``requests`` request ids and as many frontend lines are in."""
+    HandlerTime lines name every id in ``answered`` and as many frontend lines are in."""
     deadline = time.monotonic() + SETTLE_S
     while True:
-        times = batch_times(_log_lines(log_file), model, before)
-        if sum(times["requests"]) >= requests and len(times["backend"]) >= len(
-                times["handler"]):
+        times = batch_times(_log_lines(log_file), model)
+        missing = answered - {i for ids in times["ids"] for i in ids}
+        if not missing and len(times["backend"]) >= len(times["handler"]):
             return times
         if time.monotonic() > deadline:
-            log.warning("the log names %d of %d requests after %.0f s: split as it stands",
-                        sum(times["requests"]), requests, SETTLE_S)
+            log.warning("%d of %d answered requests not in the log after %.0f s: split as it "
+                        "stands", len(missing), len(answered), SETTLE_S)
             return times
         time.sleep(0.1)
 
@@ -172,31 +173,28 @@ def measure_variant(name: str, overrides: dict[str, str], images: dict[str, byte
     server = LocalTorchServe(workdir, MODEL_STORE, load_models=[f"{TAGGER}.mar"],
                              properties=overrides)
     rows = []
-    answered = 0  # requests this server has answered: their batches come first in its log
     try:
         server.start()
         log_file = workdir / "logs" / "ts_log.log"
-        # The model load's lines are all written before the worker is READY (start() waits).
-        startup = set(_log_lines(log_file))
         model = ModelUnderTest(server, TAGGER, batches_from_log=False, plan=plan)
         for image, body in images.items():
             for clients in CLIENTS:
                 log.info("%s, round %d: %s, %d client(s)", name, round_ + 1, image, clients)
                 endpoint = model.endpoint(body)
                 # Warm-up and measured run apart (not ModelUnderTest.closed): the CPU times
-                # are read between them. The run's batches are told apart in the whole log by
-                # the requests answered before it (a line's second copy can land anywhere).
-                answered += summarize(closed_loop(endpoint, clients, plan.warmup_s,
-                                                  plan.closed_max_requests)).ok
+                # are read between them. The run's batches are found in the log by the
+                # request ids of its answers (x-request-id).
+                closed_loop(endpoint, clients, plan.warmup_s, plan.closed_max_requests)
                 cpu_before = cpu_seconds(server)
                 started = time.monotonic()
                 samples = closed_loop(endpoint, clients, plan.closed_s, plan.closed_max_requests)
                 wall = time.monotonic() - started
                 cpu_after = cpu_seconds(server)
                 stats = summarize(samples).to_dict()
-                times = settled_times(log_file, TAGGER, answered + stats["ok"], startup)
-                parts = split(after_requests(times, answered), wall)
-                answered += stats["ok"]
+                times = settled_times(log_file, TAGGER,
+                                      {s.request_id for s in samples if s.ok and s.request_id})
+                parts = split(run_batches(times, {s.request_id for s in samples
+                                                  if s.request_id}), wall)
                 outside = (stats["p50_ms"] - parts["backend_p50_ms"]) if clients == 1 else None
                 images_done = max(stats["ok"], 1)
                 cpu = {f"cpu_{side}_ms": 1000 * (cpu_after[side] - cpu_before[side]) / images_done

@@ -77,7 +77,8 @@ def post_once(connection: Connection, endpoint: Endpoint,
         return Sample(start, time.monotonic(), False, type(exc).__name__)
     end = time.monotonic()
     if status != 200:
-        return Sample(start, end, False, f"HTTP {status}")
+        return Sample(start, end, False, f"HTTP {status}",
+                      request_id=headers.get(REQUEST_ID_HEADER, ""))
     batch = headers.get(BATCH_HEADER.lower())
     return Sample(start, end, True, batch_size=int(batch) if batch and batch.isdigit() else None,
                   request_id=headers.get(REQUEST_ID_HEADER, ""))

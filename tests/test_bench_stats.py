@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from bench.batchlog import batches_by_request
-from bench.ingestion import after_requests, batch_times, split
+from bench.ingestion import batch_times, run_batches, split
 from bench.loadgen import Endpoint, poisson_schedule
 from bench.report import render_markdown
 from bench.stats import Sample, find_run, percentile, ratio, summarize
@@ -101,30 +101,37 @@ def test_batch_sizes_come_from_prediction_time_lines_of_the_model():
 
 
 def _ts_log(model: str, backend_ms: int, handler_ms: float, decode_ms: float,
-            requests: int = 1) -> list[str]:
+            ids: tuple[str, ...] = ()) -> list[str]:
     """One batch's lines as TorchServe 0.12 writes them to ts_log.log (each twice)."""
-    ids = ",".join(f"a31699fc-67fd-4b96-b5aa-{backend_ms:04d}{i:08d}" for i in range(requests))
+    ids = ids or (f"a31699fc-67fd-4b96-b5aa-{backend_ms:012d}",)
     stdout = (f"2026-11-22T12:14:26,790 [INFO ] W-49201-{model}_1.0-stdout "
               "org.pytorch.serve.wlm.WorkerLifeCycle - result=[METRICS]")
     lines = [
         f"{stdout}HandlerDecodeMs.Milliseconds:{decode_ms}|#ModelName:{model},Level:Model"
         "|#type:COUNTER|#hostname:vm,1795349665, pattern=[METRICS]",
         f"{stdout}HandlerTime.Milliseconds:{handler_ms}|#ModelName:{model},Level:Model"
-        f"|#type:GAUGE|#hostname:vm,1795349666,{ids}, pattern=[METRICS]",
-        f"2026-11-22T12:14:26,792 [INFO ] W-49201-{model}_1.0 "
-        f"org.pytorch.serve.wlm.WorkerThread - Backend response time: {backend_ms}",
+        f"|#type:GAUGE|#hostname:vm,1795349666,{','.join(ids)}, pattern=[METRICS]",
+        _backend_line(model, backend_ms),
     ]
     return [line for line in lines for _ in range(2)]
 
 
+def _backend_line(model: str, ms: int) -> str:
+    return (f"2026-11-22T12:14:26,792 [INFO ] W-49201-{model}_1.0 "
+            f"org.pytorch.serve.wlm.WorkerThread - Backend response time: {ms}")
+
+
 def test_ingestion_split_reads_each_batch_once_and_only_its_model():
+    # Each worker's first "Backend response time" is its model load, not a batch.
+    loads = [_backend_line("resnet50-tagger", 4911), _backend_line("resnet50-embedding", 4000)]
     lines = (_ts_log("resnet50-tagger", 44, 39.5, 15.0) + _ts_log("resnet50-embedding", 900, 1, 1)
              + _ts_log("resnet50-tagger", 60, 50.5, 25.0))
     # The second copies are not always next to the first (seen in real logs under load).
-    lines = lines[:1] + lines[2:4] + lines[1:2] + lines[4:]
+    lines = loads + lines[:1] + lines[2:4] + lines[1:2] + lines[4:] + loads
     times = batch_times(lines, "resnet50-tagger")
-    assert times == {"backend": [44.0, 60.0], "handler": [39.5, 50.5], "decode": [15.0, 25.0],
-                     "forward": [], "requests": [1.0, 1.0]}
+    assert {k: v for k, v in times.items() if k != "ids"} == {
+        "backend": [44.0, 60.0], "handler": [39.5, 50.5], "decode": [15.0, 25.0], "forward": []}
+    assert [len(ids) for ids in times["ids"]] == [1, 1]
     parts = split(times, wall_s=0.208)
     assert parts["batches"] == 2
     assert parts["transport_ms"] == pytest.approx(52.0 - 45.0)
@@ -132,19 +139,20 @@ def test_ingestion_split_reads_each_batch_once_and_only_its_model():
     assert math.isnan(parts["forward_ms"])
 
 
-def test_ingestion_drops_the_warm_up_batches_by_their_request_ids():
-    lines = (_ts_log("resnet50-tagger", 30, 25.0, 5.0, requests=3)
-             + _ts_log("resnet50-tagger", 31, 26.0, 6.0, requests=2)
-             + _ts_log("resnet50-tagger", 70, 60.0, 20.0, requests=4))
-    # The model load's "Backend response time" is in the log at start-up; a late copy of it
-    # must not pass for a batch.
-    load = _ts_log("resnet50-tagger", 4911, 0, 0)[-1]
-    times = batch_times(lines[:3] + [load] + lines[3:], "resnet50-tagger", before=[load])
-    assert times["requests"] == [3.0, 2.0, 4.0] and times["backend"] == [30.0, 31.0, 70.0]
-    measured = after_requests(times, skip=5)  # a warm-up of 5 requests: the first two batches
+def test_ingestion_finds_a_run_by_its_request_ids():
+    model = "resnet50-tagger"  # request ids are UUIDs (hex and dashes) in a real log
+    warm_up = (_ts_log(model, 30, 25.0, 5.0, ids=("a1", "a2", "a3"))
+               + _ts_log(model, 31, 26.0, 6.0, ids=("a4", "a5")))
+    run = _ts_log(model, 70, 60.0, 20.0, ids=("b1", "b2", "b3", "b4"))
+    later = _ts_log(model, 80, 70.0, 30.0, ids=("c1",))
+    times = batch_times([_backend_line(model, 4911)] + warm_up + run + later, model)
+    assert times["ids"] == [("a1", "a2", "a3"), ("a4", "a5"), ("b1", "b2", "b3", "b4"), ("c1",)]
+    # A refused request's id is never logged; it does not widen the run.
+    measured = run_batches(times, {"b1", "b2", "b3", "b4", "refused-by-the-frontend"})
     assert measured == {"backend": [70.0], "handler": [60.0], "decode": [20.0], "forward": [],
-                        "requests": [4.0]}
-    assert after_requests(times, skip=0) == times
+                        "ids": [("b1", "b2", "b3", "b4")]}
+    assert run_batches(times, {"a2", "a5"})["backend"] == [30.0, 31.0]
+    assert run_batches(times, {"never-answered"})["backend"] == []
 
 
 def test_stock_config_copies_the_tagger_frontend_settings(tmp_path):
