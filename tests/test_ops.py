@@ -157,8 +157,10 @@ def test_a_burst_beyond_the_queue_is_refused_fast_with_503(ops):
     with 503 without reaching the worker (the handler's own request count grows by the
     accepted requests only), and every refusal is back before the queue has drained."""
     client = ops.client()
+    earlier = _handled(client, "resnet50-embedding")
     expected = client.predict("resnet50-embedding", IMAGE)["embedding"]
-    handled_before = _handled(client, "resnet50-embedding")
+    handled_before = settled(lambda: _handled(client, "resnet50-embedding"),
+                             lambda now: now >= earlier + 1)
     burst = 6 * QUEUE
     barrier = threading.Barrier(burst)
 

@@ -104,11 +104,16 @@ def test_bad_top_k_is_a_400(torchserve, bad):
 
 def test_concurrent_requests_are_batched_and_match_single_answers(torchserve):
     images = [imagegen.jpeg(400, 300, seed=100 + i) for i in range(16)]
+    metrics_url = f"{torchserve.metrics_url}/metrics"
+
+    def handled() -> tuple[float, float]:
+        return histogram(requests.get(metrics_url, timeout=10).text, "HandlerBatchSize",
+                         "resnet50-embedding")
+
+    earlier = handled()
     singles = [predict(torchserve, "resnet50-embedding", "raw", image).json()["embedding"]
                for image in images]
-    metrics_url = f"{torchserve.metrics_url}/metrics"
-    before = histogram(requests.get(metrics_url, timeout=10).text, "HandlerBatchSize",
-                        "resnet50-embedding")
+    before = settled(handled, lambda now: now[0] >= earlier[0] + 16)
     with ThreadPoolExecutor(max_workers=16) as pool:
         responses = list(pool.map(lambda im: predict(torchserve, "resnet50-embedding", "raw", im),
                                   images))
@@ -118,9 +123,7 @@ def test_concurrent_requests_are_batched_and_match_single_answers(torchserve):
     for single, response in zip(singles, responses):
         assert rel_error(response.json()["embedding"], single) <= TOLERANCE
     # The handler's own histogram agrees: fewer batches than requests, 16 requests in all.
-    after = settled(lambda: histogram(requests.get(metrics_url, timeout=10).text,
-                                      "HandlerBatchSize", "resnet50-embedding"),
-                    lambda now: now[0] - before[0] >= 16)
+    after = settled(handled, lambda now: now[0] - before[0] >= 16)
     total, batches = after[0] - before[0], after[1] - before[1]
     assert total == 16 and batches < 16
 

@@ -68,11 +68,12 @@ def test_a_key_file_caught_mid_rewrite_is_read_again(tmp_path, monkeypatch):
     the two sees an empty or half-written file and must read again, not fail."""
     key_file = _key_file(tmp_path / "key_file.json")
     whole = key_file.read_text()
-    seen = iter(["", whole[: len(whole) // 2]])
+    torn = ["", whole[: len(whole) // 2]]  # what the first two reads see
     real_read = Path.read_text
-    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: next(seen, None)
-                        or real_read(self, *a, **k))
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: torn.pop(0) if torn
+                        else real_read(self, *a, **k))
     assert Keys.read(key_file).inference == "inf-1"
+    assert not torn  # both torn reads were served and read past
     monkeypatch.undo()
     key_file.write_text(whole[:40])  # broken for good: an error with a hint, soon
     with pytest.raises(errors.KeyFileError) as broken:
