@@ -219,14 +219,15 @@ class LocalTorchServe:
             self._pids |= self._server_pids()
             if self._pids and not any(_process(p) for p in self._pids):
                 break
-            if key_file.exists():
-                try:
-                    self.keys = Keys.read(key_file)
-                    if self._all_ready():
-                        return
-                    last = "workers not READY yet"
-                except (requests.RequestException, KeyFileError, ValueError) as exc:
-                    last = repr(exc)  # e.g. key_file.json read while TorchServe writes it
+            try:
+                # This loop is the retry: no settling inside Keys.read (missing or half-written
+                # while TorchServe starts is read again on the next pass).
+                self.keys = Keys.read(key_file, settle_s=0)
+                if self._all_ready():
+                    return
+                last = "workers not READY yet"
+            except (requests.RequestException, KeyFileError, ValueError) as exc:
+                last = repr(exc)
             time.sleep(0.5)
         raise RuntimeError(
             f"TorchServe in {self.workdir} not ready after {timeout:.0f}s ({last}).\n"
@@ -242,8 +243,10 @@ class LocalTorchServe:
         if len(names) < self._expected:
             return False
         for name in names:
-            info = requests.get(f"{self.management_url}/models/{name}", headers=headers,
-                                timeout=10).json()[0]
+            described = requests.get(f"{self.management_url}/models/{name}", headers=headers,
+                                     timeout=10)
+            described.raise_for_status()
+            info = described.json()[0]
             workers = info.get("workers", [])
             if not workers or any(w["status"] != "READY" for w in workers):
                 return False

@@ -35,8 +35,8 @@ class Keys:
         """Parse a TorchServe key file; ``KeyFileError`` (with a fix) when it is unusable.
 
         TorchServe rewrites the file in place on a rotation (truncate, then write), so a read
-        can meet it empty or half-written: an unparsable file is re-read for up to
-        ``settle_s`` seconds before it counts as broken."""
+        can meet it empty or half-written: a file that is not JSON is re-read for up to
+        ``settle_s`` seconds before it counts as broken (other faults are raised at once)."""
         path = Path(path)
         deadline = time.monotonic() + settle_s
         while True:
@@ -52,12 +52,13 @@ class Keys:
                     f"no key file at {path.resolve()}",
                     "TorchServe writes key_file.json into the folder it was started from (the "
                     "repository root for `make serve`): run there, or pass --key-file") from None
-            except (OSError, ValueError, KeyError, TypeError) as exc:
+            except json.JSONDecodeError as exc:  # empty or cut off: caught mid-rewrite?
                 if time.monotonic() < deadline:
                     time.sleep(0.02)
                     continue
-                raise KeyFileError(f"cannot read the key file {path}: {exc!r}",
-                                   "is the server running with token authorization?") from None
+                raise _unreadable(path, exc) from None
+            except (OSError, ValueError, KeyError, TypeError) as exc:  # waiting will not help
+                raise _unreadable(path, exc) from None
 
     def key(self, kind: str) -> str:
         return self.inference if kind == "inference" else self.management
@@ -82,6 +83,11 @@ class Keys:
 def bearer(key: str | None) -> dict[str, str]:
     """The header TorchServe's token authorization reads (none without a key)."""
     return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def _unreadable(path: Path, exc: Exception) -> KeyFileError:
+    return KeyFileError(f"cannot read the key file {path}: {exc!r}",
+                        "is the server running with token authorization?")
 
 
 def _expiry(entry: dict) -> datetime | None:
