@@ -12,13 +12,17 @@ with the size of the batch it was computed in.
 """
 from __future__ import annotations
 
+import logging
 import re
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence, TypeVar
 
 from bench.stats import Sample
+
+log = logging.getLogger("bench.batchlog")
+T = TypeVar("T")
 
 _LINE = re.compile(r"PredictionTime\.Milliseconds:[\d.]+\|#ModelName:(?P<model>[^,|]+)")
 _IDS = re.compile(r"\|#hostname:[^,]*,\d+,(?P<ids>[0-9a-fA-F,-]*)")
@@ -44,18 +48,38 @@ def batches_by_request(lines: Iterable[str], model: str) -> dict[str, int]:
     return sizes
 
 
-def with_logged_batches(samples: Sequence[Sample], log_file: Path, model: str,
-                        wait_s: float = 30.0) -> list[Sample]:
-    """``samples`` with ``batch_size`` filled from the log wherever it was unknown. The
-    frontend copies the worker's lines into the log asynchronously, after the answers went
-    out: the log is re-read (up to ``wait_s``) until every answered request is in it."""
-    wanted = {s.request_id for s in samples if s.ok and not s.batch_size and s.request_id}
-    deadline = time.monotonic() + wait_s
+def settled_log(log_file: Path, parse: Callable[[list[str]], T], done: Callable[[T], bool],
+                timeout_s: float = 30.0) -> T:
+    """``parse`` of the log's lines once ``done`` holds for what it returns. TorchServe logs
+    asynchronously, and the frontend copies the worker's lines after the answers went out, so a
+    client can hold every answer before their lines are in. Each look reads only what was
+    appended since the last one; after ``timeout_s`` it warns and returns what it has."""
+    lines: list[str] = []
+    offset, partial = 0, b""
+    deadline = time.monotonic() + timeout_s
     while True:
-        text = log_file.read_text(errors="replace") if log_file.exists() else ""
-        sizes = batches_by_request(text.splitlines(), model)
-        if wanted <= sizes.keys() or time.monotonic() > deadline:
-            break
+        if log_file.exists():
+            with log_file.open("rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+            offset += len(chunk)
+            *complete, partial = (partial + chunk).split(b"\n")
+            lines += [line.decode(errors="replace") for line in complete]
+        value = parse(lines)
+        if done(value):
+            return value
+        if time.monotonic() > deadline:
+            log.warning("%s: what was waited for is not in the log after %.0f s; using what is",
+                        log_file, timeout_s)
+            return value
         time.sleep(0.1)
+
+
+def with_logged_batches(samples: Sequence[Sample], log_file: Path, model: str) -> list[Sample]:
+    """``samples`` with ``batch_size`` filled from the log wherever it was unknown, once every
+    answered request is in the log."""
+    wanted = {s.request_id for s in samples if s.ok and not s.batch_size and s.request_id}
+    sizes = settled_log(log_file, lambda lines: batches_by_request(lines, model),
+                        lambda sizes: wanted <= sizes.keys())
     return [s if s.batch_size or s.request_id not in sizes
             else replace(s, batch_size=sizes[s.request_id]) for s in samples]

@@ -29,6 +29,7 @@ import os
 import re
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterable
 
@@ -36,7 +37,7 @@ import psutil
 
 from bench import machine, report
 from bench.archives import ArchiveInfo
-from bench.batchlog import request_ids
+from bench.batchlog import request_ids, settled_log
 from bench.layout import (BUILD, IMAGES, MODEL_STORE, RESULTS, SAMPLES, TAGGER, fresh_dir,
                           setup_cli)
 from bench.loadgen import closed_loop
@@ -55,17 +56,13 @@ VARIANTS = {
     # TorchServe's defaults are one netty thread per core for both (2 here).
     "4 netty threads": {"number_of_netty_threads": "4", "netty_client_threads": "4"},
 }
-CLIENTS = (1, 16)
-
-
-PLAN = LoadPlan(warmup_s=2.0, closed_s=8.0, closed_max_requests=2000)
-QUICK = LoadPlan(warmup_s=0.5, closed_s=1.5, closed_max_requests=2000)
+PLAN = LoadPlan(warmup_s=2.0, closed_s=8.0, closed_max_requests=2000)  # clients 1 and 16
+QUICK = replace(PLAN, warmup_s=0.5, closed_s=1.5)
 
 _BACKEND = re.compile(r"(?P<worker>W-\d+-(?P<model>[^ ]+?)_[^ ]+) org\.pytorch\.serve\.wlm\."
                       r"WorkerThread - Backend response time: (?P<ms>\d+)")
 _METRIC = re.compile(r"\[METRICS\](?P<name>HandlerTime|HandlerDecodeMs|HandlerForwardMs)"
                      r"\.Milliseconds:(?P<ms>[\d.]+)\|#ModelName:(?P<model>[^,|]+)")
-SETTLE_S = 30.0  # how long the log may lag behind the answers before a run is split anyway
 
 
 def batch_times(lines: Iterable[str], model: str) -> dict[str, list]:
@@ -110,42 +107,16 @@ def run_batches(times: dict[str, list], run_ids: set[str]) -> dict[str, list]:
     return {key: values[hits[0]:hits[-1] + 1] for key, values in times.items()}
 
 
-def _log_lines(log_file: Path) -> list[str]:
-    return log_file.read_text(errors="replace").splitlines() if log_file.exists() else []
-
-
-def settled_times(log_file: Path, model: str, answered: set[str]) -> dict[str, list]:
-    """``batch_times`` of the log, read once it holds the batches of the ``answered`` request
-    ids: TorchServe logs the frontend's "Backend response time" after the answer has gone out
-    and the worker's metrics when it has read the worker's output (asynchronously), so a client
-    can hold every answer before the lines are written. Polls (up to ``SETTLE_S``) until
-    HandlerTime lines name every id in ``answered`` and as many frontend lines are in."""
-    deadline = time.monotonic() + SETTLE_S
-    while True:
-        times = batch_times(_log_lines(log_file), model)
-        missing = answered - {i for ids in times["ids"] for i in ids}
-        if not missing and len(times["backend"]) >= len(times["handler"]):
-            return times
-        if time.monotonic() > deadline:
-            log.warning("%d of %d answered requests not in the log after %.0f s: split as it "
-                        "stands", len(missing), len(answered), SETTLE_S)
-            return times
-        time.sleep(0.1)
-
-
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
 def split(times: dict[str, list[float]], wall_s: float) -> dict:
     """Means per batch, the transport share and how busy the worker was."""
-    def mean(key: str) -> float:
-        return _mean(times[key])
-
-    return {"batches": len(times["backend"]), "backend_ms": mean("backend"),
-            "handler_ms": mean("handler"), "decode_ms": mean("decode"),
-            "forward_ms": mean("forward"),
-            "transport_ms": mean("backend") - mean("handler"),
+    means = {key: _mean(times[key]) for key in ("backend", "handler", "decode", "forward")}
+    return {"batches": len(times["backend"]),
+            **{f"{key}_ms": value for key, value in means.items()},
+            "transport_ms": means["backend"] - means["handler"],
             "backend_p50_ms": percentile(times["backend"], 50),
             "worker_busy": sum(times["backend"]) / 1000.0 / wall_s if wall_s > 0 else float("nan")}
 
@@ -178,7 +149,7 @@ def measure_variant(name: str, overrides: dict[str, str], images: dict[str, byte
         log_file = workdir / "logs" / "ts_log.log"
         model = ModelUnderTest(server, TAGGER, batches_from_log=False, plan=plan)
         for image, body in images.items():
-            for clients in CLIENTS:
+            for clients in plan.clients:
                 log.info("%s, round %d: %s, %d client(s)", name, round_ + 1, image, clients)
                 endpoint = model.endpoint(body)
                 # Warm-up and measured run apart (not ModelUnderTest.closed): the CPU times
@@ -191,10 +162,13 @@ def measure_variant(name: str, overrides: dict[str, str], images: dict[str, byte
                 wall = time.monotonic() - started
                 cpu_after = cpu_seconds(server)
                 stats = summarize(samples).to_dict()
-                times = settled_times(log_file, TAGGER,
-                                      {s.request_id for s in samples if s.ok and s.request_id})
-                parts = split(run_batches(times, {s.request_id for s in samples
-                                                  if s.request_id}), wall)
+                run_ids = {s.request_id for s in samples if s.request_id}
+                answered = {s.request_id for s in samples if s.ok} & run_ids
+                # Every answered request's batch and as many frontend lines as batches.
+                times = settled_log(log_file, lambda lines: batch_times(lines, TAGGER),
+                                    lambda t: answered <= {i for ids in t["ids"] for i in ids}
+                                    and len(t["backend"]) >= len(t["handler"]))
+                parts = split(run_batches(times, run_ids), wall)
                 outside = (stats["p50_ms"] - parts["backend_p50_ms"]) if clients == 1 else None
                 images_done = max(stats["ok"], 1)
                 cpu = {f"cpu_{side}_ms": 1000 * (cpu_after[side] - cpu_before[side]) / images_done

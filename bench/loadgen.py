@@ -76,12 +76,12 @@ def post_once(connection: Connection, endpoint: Endpoint,
     except (OSError, http.client.HTTPException) as exc:
         return Sample(start, time.monotonic(), False, type(exc).__name__)
     end = time.monotonic()
+    request_id = headers.get(REQUEST_ID_HEADER, "")
     if status != 200:
-        return Sample(start, end, False, f"HTTP {status}",
-                      request_id=headers.get(REQUEST_ID_HEADER, ""))
+        return Sample(start, end, False, f"HTTP {status}", request_id=request_id)
     batch = headers.get(BATCH_HEADER.lower())
     return Sample(start, end, True, batch_size=int(batch) if batch and batch.isdigit() else None,
-                  request_id=headers.get(REQUEST_ID_HEADER, ""))
+                  request_id=request_id)
 
 
 def closed_loop(endpoint: Endpoint, clients: int, duration_s: float,
