@@ -20,9 +20,8 @@ import yaml
 from bench.archives import ArchiveInfo, variant_config
 from bench.layout import BUILD, IMAGES, MODEL_STORE, SAMPLES, TAGGER, fresh_dir, setup_cli
 from bench.loadgen import closed_loop
-from bench.serving import LoadPlan, ModelUnderTest
+from bench.serving import LoadPlan, ModelUnderTest, registered_variant
 from bench.stats import summarize
-from bench.sweep import registered_variant
 from devtools.configgen import MODELS_DIR
 from devtools.server import LocalTorchServe
 

@@ -1,15 +1,23 @@
 """Measure one model on one running TorchServe: closed-loop runs per image and client count,
-then an open-loop Poisson rate sweep, each with the server's peak memory."""
+then an open-loop Poisson rate sweep, each with the server's peak memory; and serve a variant
+archive of the tagger for one measurement (``registered_variant``: the sweep, the
+availability study)."""
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Iterator
 
+from bench.archives import ArchiveInfo, build_variant
 from bench.batchlog import with_logged_batches
+from bench.layout import TAGGER
 from bench.loadgen import Endpoint, closed_loop, open_loop
 from bench.memory import PeakRss
 from bench.stats import Sample, summarize
 from devtools.server import LocalTorchServe
+from tsclient.errors import ApiError
 
 
 @dataclass(frozen=True)
@@ -110,3 +118,62 @@ def measure_model(server: LocalTorchServe, model: str, images: dict[str, bytes],
         opened.append(mut.open(plan.open_image, images[plan.open_image], rate, watch))
     return {"settings": settings, "closed": closed, "open": opened}
 
+
+class SettingNotApplied(RuntimeError):
+    """The registered variant does not run with the settings its archive asked for."""
+
+
+def wait_for_setting(server: LocalTorchServe, batch_size: int, delay: int, workers: int,
+                     timeout_s: float = 120.0) -> dict:
+    """Poll the describe API until the tagger has ``workers`` READY workers; then insist that
+    batchSize and maxBatchDelay are the asked ones. Returns the frontend settings."""
+    deadline = time.monotonic() + timeout_s
+    settings: dict = {}
+    while time.monotonic() < deadline:
+        settings = served_settings(server.client().describe(TAGGER)[0])
+        if settings["ready"] == workers and settings["workers"] == workers:
+            break
+        time.sleep(0.5)
+    wanted = {"batchSize": batch_size, "maxBatchDelay": delay, "workers": workers,
+              "ready": workers}
+    got = {k: settings.get(k) for k in wanted}
+    if got != wanted:
+        raise SettingNotApplied(f"wanted {wanted}, the describe API says {got}")
+    return settings
+
+
+def unregister_all(server: LocalTorchServe, timeout_s: float = 120.0) -> None:
+    """Unregister every model and wait until the list is empty (its workers are gone)."""
+    client = server.client()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        models = client.list_models()
+        if not models:
+            return
+        for model in models:
+            try:
+                client.unregister(model["modelName"])
+            except ApiError as exc:
+                if exc.status != 404:  # 404: already gone between list and delete
+                    raise
+        time.sleep(0.5)
+    raise RuntimeError(f"models still registered after {timeout_s:.0f}s")
+
+
+@contextmanager
+def registered_variant(server: LocalTorchServe, archive: ArchiveInfo, config: dict, name: str,
+                       work: Path) -> Iterator[dict]:
+    """Archive the tagger with ``config`` as its model-config.yaml (``archive``'s backend and
+    precision) into ``work/store/name``, register it, and yield its describe settings once
+    batchSize, maxBatchDelay and the READY workers are the config's (``SettingNotApplied``
+    otherwise). Afterwards every model is unregistered and the archive deleted."""
+    batch_size, delay, workers = config["batchSize"], config["maxBatchDelay"], config["minWorkers"]
+    mar = build_variant(TAGGER, config, archive.backend, work / "archive-work",
+                        work / "store" / name, precision=archive.precision)
+    try:
+        server.client().register(name, workers=workers, batch_size=batch_size,
+                                 max_batch_delay=delay)
+        yield wait_for_setting(server, batch_size, delay, workers)
+    finally:
+        unregister_all(server)
+        mar.unlink(missing_ok=True)

@@ -18,17 +18,16 @@ import logging
 import os
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterator
 
 from bench import machine, report
-from bench.archives import ArchiveInfo, build_variant, variant_config
+from bench.archives import ArchiveInfo, variant_config
 from bench.layout import (BUILD, IMAGES, MODEL_STORE, RESULTS, SAMPLES, TAGGER as OURS,
                           fresh_dir, setup_cli)
 from devtools.configgen import MODELS_DIR
-from bench.serving import LoadPlan, ModelUnderTest, served_settings
+from bench.serving import (LoadPlan, ModelUnderTest, SettingNotApplied,
+                           registered_variant)
 from tsclient.errors import ApiError
 from devtools.server import LocalTorchServe
 
@@ -40,68 +39,8 @@ IMAGE = "small"
 TIE = 0.05  # run-to-run noise here is several percent: closer than this is no real difference
 
 
-class SettingNotApplied(RuntimeError):
-    """The registered variant does not run with the settings its archive asked for."""
-
-
 def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x.strip())
-
-
-def wait_for_setting(server: LocalTorchServe, batch_size: int, delay: int, workers: int,
-                     timeout_s: float = 120.0) -> dict:
-    """Poll the describe API until the tagger has ``workers`` READY workers; then insist that
-    batchSize and maxBatchDelay are the asked ones. Returns the frontend settings."""
-    deadline = time.monotonic() + timeout_s
-    settings: dict = {}
-    while time.monotonic() < deadline:
-        settings = served_settings(server.client().describe(OURS)[0])
-        if settings["ready"] == workers and settings["workers"] == workers:
-            break
-        time.sleep(0.5)
-    wanted = {"batchSize": batch_size, "maxBatchDelay": delay, "workers": workers,
-              "ready": workers}
-    got = {k: settings.get(k) for k in wanted}
-    if got != wanted:
-        raise SettingNotApplied(f"wanted {wanted}, the describe API says {got}")
-    return settings
-
-
-def unregister_all(server: LocalTorchServe, timeout_s: float = 120.0) -> None:
-    """Unregister every model and wait until the list is empty (its workers are gone)."""
-    client = server.client()
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        models = client.list_models()
-        if not models:
-            return
-        for model in models:
-            try:
-                client.unregister(model["modelName"])
-            except ApiError as exc:
-                if exc.status != 404:  # 404: already gone between list and delete
-                    raise
-        time.sleep(0.5)
-    raise RuntimeError(f"models still registered after {timeout_s:.0f}s")
-
-
-@contextmanager
-def registered_variant(server: LocalTorchServe, archive: ArchiveInfo, config: dict, name: str,
-                       work: Path) -> Iterator[dict]:
-    """Archive the tagger with ``config`` as its model-config.yaml (``archive``'s backend and
-    precision) into ``work/store/name``, register it, and yield its describe settings once
-    batchSize, maxBatchDelay and the READY workers are the config's (``SettingNotApplied``
-    otherwise). Afterwards every model is unregistered and the archive deleted."""
-    batch_size, delay, workers = config["batchSize"], config["maxBatchDelay"], config["minWorkers"]
-    mar = build_variant(OURS, config, archive.backend, work / "archive-work",
-                        work / "store" / name, precision=archive.precision)
-    try:
-        server.client().register(name, workers=workers, batch_size=batch_size,
-                                 max_batch_delay=delay)
-        yield wait_for_setting(server, batch_size, delay, workers)
-    finally:
-        unregister_all(server)
-        mar.unlink(missing_ok=True)
 
 
 def run_setting(server: LocalTorchServe, archive: ArchiveInfo, base_yaml: Path, body: bytes,
