@@ -38,13 +38,13 @@ class ArchiveInfo:
 
     @classmethod
     def read(cls, path: Path) -> "ArchiveInfo":
-        manifest = read_manifest(path)
         with zipfile.ZipFile(path) as mar:
+            manifest = read_manifest(mar)
             weights = json.loads(mar.read(INFO))
             config_file = manifest.get("configFile")
             config = yaml.safe_load(mar.read(config_file)) if config_file else {}
         serialized = manifest["serializedFile"]
-        return cls(path, manifest["modelName"], manifest.get("modelVersion", "1.0"),
+        return cls(path, manifest["modelName"], manifest.get("modelVersion", VERSION),
                    backend_of(serialized), built_precision(serialized), weights, config or {})
 
 

@@ -16,7 +16,7 @@ import warnings
 
 import torch
 
-from bench import raw
+from bench import raw, report
 from bench.layout import BUILD, WEIGHTS, setup_cli
 from bench.stock import SERIALIZED as STOCK_FILE
 from bench.stock import export_stock_model
@@ -55,8 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         with torch.inference_mode():
             stock(pixels)
 
-    lines = ["| beside | TorchScript float32 (stock's runtime), img/s | "
-             f"OpenVINO {ours.precision} (ours), img/s |", "| --- | --- | --- |"]
+    rows = []
     for label, codes in NEIGHBOURS.items():
         neighbours = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                                        text=True) for code in codes]
@@ -70,8 +69,10 @@ def main(argv: list[str] | None = None) -> int:
             for process in neighbours:
                 process.kill()
                 process.wait()
-        lines.append(f"| {label} | {rates[0]:.1f} | {rates[1]:.1f} |")
-        print(lines[-1], file=sys.stderr)
+        rows.append([label, *(report.fmt(rate) for rate in rates)])
+        print(" | ".join(rows[-1]), file=sys.stderr)
+    lines = report.table(["beside", "TorchScript float32 (stock's runtime), img/s",
+                          f"OpenVINO {ours.precision} (ours), img/s"], rows)
     print(f"Batch-8 forward, {STOCK_FILE} vs {SERIALIZED['openvino']}, "
           f"{args.seconds:g} s each.\n\n" + "\n".join(lines))
     return 0

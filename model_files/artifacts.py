@@ -57,11 +57,13 @@ def fidelity_record(serialized_file: str) -> str:
     return Path(serialized_file).with_suffix(".fidelity.json").name
 
 
-def read_manifest(mar: Path) -> dict:
+def read_manifest(mar: Path | zipfile.ZipFile) -> dict:
     """The ``model`` section of an archive's ``MAR-INF/MANIFEST.json`` (modelName,
-    modelVersion, serializedFile, handler, ...)."""
+    modelVersion, serializedFile, handler, ...); ``mar`` a path or an open archive."""
+    if isinstance(mar, zipfile.ZipFile):
+        return json.loads(mar.read("MAR-INF/MANIFEST.json"))["model"]
     with zipfile.ZipFile(mar) as archive:
-        return json.loads(archive.read("MAR-INF/MANIFEST.json"))["model"]
+        return read_manifest(archive)
 
 
 def is_quantised(serialized_file: str) -> bool:
