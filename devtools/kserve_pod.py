@@ -26,8 +26,8 @@ from pathlib import Path
 
 import requests
 
-from devtools.server import (free_ports, free_worker_ports, process_tree, rewrite_properties,
-                             stop_torchserve, tail)
+from devtools.server import (free_ports, loopback_urls, port_properties, private_env,
+                             process_tree, rewrite_properties, stop_torchserve, tails)
 
 MOUNT = "/mnt/models"
 BUNDLE_CONFIG = f"{MOUNT}/config/config.properties"
@@ -42,17 +42,10 @@ class RuntimePod:
         self.workdir = Path(workdir).resolve()
         self.tmpdir = self.workdir / "tmp"
         ports = free_ports()
-        self.inference_url = f"http://127.0.0.1:{ports['inference']}"
-        self.management_url = f"http://127.0.0.1:{ports['management']}"
-        self.metrics_url = f"http://127.0.0.1:{ports['metrics']}"
-        self.port_overrides = {
-            "inference_address": self.inference_url,
-            "management_address": self.management_url,
-            "metrics_address": self.metrics_url,
-            "grpc_inference_port": str(ports["grpc_inference"]),
-            "grpc_management_port": str(ports["grpc_management"]),
-            "initial_worker_port": str(free_worker_ports()),
-        }
+        urls = loopback_urls(ports)
+        self.inference_url, self.management_url, self.metrics_url = (
+            urls["inference"], urls["management"], urls["metrics"])
+        self.port_overrides = port_properties(ports)
         self.container_port = (container.get("ports") or [{}])[0].get("containerPort", 8080)
         self.process: subprocess.Popen | None = None
         self.readiness: list[bool] = []  # every readinessProbe result while starting
@@ -93,9 +86,7 @@ class RuntimePod:
                 raise ValueError(f"env {item.get('name')}: only plain values are supported")
             container_env[item["name"]] = str(item["value"])
         path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-        return {**os.environ, "PATH": path, **container_env, "TMPDIR": str(self.tmpdir),
-                "LOG_LOCATION": str(self.workdir / "logs"),
-                "METRICS_LOCATION": str(self.workdir / "logs")}
+        return {**os.environ, "PATH": path, **container_env, **private_env(self.workdir)}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -172,5 +163,5 @@ class RuntimePod:
         return {p.pid for p in process_tree(self.process.pid)}
 
     def log_tail(self, lines: int = 40) -> str:
-        return "\n".join(f"--- {name} (tail) ---\n{tail(self.workdir / name, lines)}"
-                         for name in ("container.log", "logs/ts_log.log", "logs/model_log.log"))
+        return tails(self.workdir, ("container.log", "logs/ts_log.log", "logs/model_log.log"),
+                     lines)

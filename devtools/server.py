@@ -80,6 +80,29 @@ def free_ports(names: tuple[str, ...] = SERVER_PORTS) -> dict[str, int]:
     return ports
 
 
+def loopback_urls(ports: dict[str, int]) -> dict[str, str]:
+    """The inference, management and metrics URLs of a TorchServe on these loopback ports."""
+    return {name: f"http://127.0.0.1:{ports[name]}"
+            for name in ("inference", "management", "metrics")}
+
+
+def port_properties(ports: dict[str, int]) -> dict[str, str]:
+    """config.properties settings that put a TorchServe on these loopback ports, with a fresh
+    range of worker ports (sockets of an earlier run may still be there)."""
+    urls = loopback_urls(ports)
+    return {"inference_address": urls["inference"], "management_address": urls["management"],
+            "metrics_address": urls["metrics"],
+            "grpc_inference_port": str(ports["grpc_inference"]),
+            "grpc_management_port": str(ports["grpc_management"]),
+            "initial_worker_port": str(free_worker_ports())}
+
+
+def private_env(workdir: Path) -> dict[str, str]:
+    """The variables that give one TorchServe its own pid file (``TMPDIR``) and logs."""
+    return {"TMPDIR": str(workdir / "tmp"), "LOG_LOCATION": str(workdir / "logs"),
+            "METRICS_LOCATION": str(workdir / "logs")}
+
+
 def stop_torchserve(torchserve: str, cwd: Path, env: dict[str, str], pids: set[int]) -> None:
     """``torchserve --stop`` (TorchServe's own way: the pid file under ``TMPDIR`` in ``env``),
     then kill whatever of ``pids`` (the frontend and its workers) survived."""
@@ -128,9 +151,9 @@ class LocalTorchServe:
         self.properties = dict(properties or {})
         self.extra_env = dict(env or {})
         self.ports = free_ports()
-        self.inference_url = f"http://127.0.0.1:{self.ports['inference']}"
-        self.management_url = f"http://127.0.0.1:{self.ports['management']}"
-        self.metrics_url = f"http://127.0.0.1:{self.ports['metrics']}"
+        urls = loopback_urls(self.ports)
+        self.inference_url, self.management_url, self.metrics_url = (
+            urls["inference"], urls["management"], urls["metrics"])
         self.tmpdir = self.workdir / "tmp"
         self.pid_file = self.tmpdir / ".model_server.pid"  # written by `torchserve --start`
         self.keys: Keys | None = None
@@ -144,12 +167,7 @@ class LocalTorchServe:
         self.tmpdir.mkdir(exist_ok=True)
         config_path = self.workdir / "config.properties"
         overrides = {
-            "inference_address": self.inference_url,
-            "management_address": self.management_url,
-            "metrics_address": self.metrics_url,
-            "grpc_inference_port": str(self.ports["grpc_inference"]),
-            "grpc_management_port": str(self.ports["grpc_management"]),
-            "initial_worker_port": str(free_worker_ports()),
+            **port_properties(self.ports),
             "model_store": str(self.model_store),
             "metrics_config": str(REPO / "config" / "metrics.yaml"),
         }
@@ -186,10 +204,7 @@ class LocalTorchServe:
     # ------------------------------------------------------------------ helpers
 
     def _env(self) -> dict[str, str]:
-        env = dict(os.environ, TMPDIR=str(self.tmpdir), **self.extra_env)
-        env.setdefault("LOG_LOCATION", str(self.workdir / "logs"))
-        env.setdefault("METRICS_LOCATION", str(self.workdir / "logs"))
-        return env
+        return {**os.environ, **private_env(self.workdir), **self.extra_env}
 
     def processes(self) -> list[psutil.Process]:
         """The frontend and every descendant (the workers); [] when it is not running."""
@@ -231,9 +246,7 @@ class LocalTorchServe:
             time.sleep(0.5)
         raise RuntimeError(
             f"TorchServe in {self.workdir} not ready after {timeout:.0f}s ({last}).\n"
-            f"--- ts_log.log (tail) ---\n{self.log_tail('ts_log.log')}\n"
-            f"--- model_log.log (tail) ---\n{self.log_tail('model_log.log')}"
-        )
+            + tails(self.workdir, ("logs/ts_log.log", "logs/model_log.log")))
 
     def _all_ready(self) -> bool:
         headers = self.keys.management_headers()
@@ -252,12 +265,6 @@ class LocalTorchServe:
                 return False
         return True
 
-    def log_tail(self, name: str, lines: int = 40) -> str:
-        return tail(self.workdir / "logs" / name, lines)
-
-    def log_text(self, name: str) -> str:
-        path = self.workdir / "logs" / name
-        return path.read_text(errors="replace") if path.exists() else ""
 
 
 def _startup_models(properties: str, model_store: Path) -> int:
@@ -269,11 +276,14 @@ def _startup_models(properties: str, model_store: Path) -> int:
     return len([m for m in value.split(",") if m.strip()])
 
 
-def tail(path: Path, lines: int = 40) -> str:
-    """The last ``lines`` lines of a log file, or "(missing)"."""
-    if not path.exists():
-        return "(missing)"
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+def tails(folder: Path, names: tuple[str, ...], lines: int = 40) -> str:
+    """The last ``lines`` lines of each log file under ``folder``, headed by its name."""
+    out = []
+    for name in names:
+        path = folder / name
+        text = path.read_text(errors="replace") if path.exists() else "(missing)"
+        out.append(f"--- {name} (tail) ---\n" + "\n".join(text.splitlines()[-lines:]))
+    return "\n".join(out)
 
 
 def server_processes(pid_file: Path) -> list[psutil.Process]:
@@ -286,11 +296,9 @@ def server_processes(pid_file: Path) -> list[psutil.Process]:
 
 def process_tree(pid: int) -> list[psutil.Process]:
     """Process ``pid`` and all its descendants; [] when it is gone (or a zombie)."""
+    root = _process(pid)
     try:
-        root = psutil.Process(pid)
-        if root.status() == psutil.STATUS_ZOMBIE:
-            return []
-        return [root, *root.children(recursive=True)]
+        return [root, *root.children(recursive=True)] if root else []
     except psutil.Error:
         return []
 
