@@ -11,7 +11,8 @@ reads::
                                from config/models/*.yaml (devtools.configgen, like the local one)
     config/metrics.yaml        config/metrics.yaml (the handler's batch histograms)
     config/readiness.py        kserve/runtime/readiness.py (the runtime's readiness probe)
-    model-store/<model>.mar    one archive per config/models/<model>.yaml
+    model-store/<model>.mar    one archive per config/models/<model>.yaml (<model>-<version>.mar
+                               for another version)
 
 Name: ``resnet50-serve``, plus ``-gpu`` for ``--device gpu`` (``deviceType: gpu`` per model,
 ``number_of_gpu=1``; eager archives required) and ``-<version>`` for another archive version
@@ -30,7 +31,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from devtools.configgen import REPO, VERSION, local_config, repo_models
+from devtools.configgen import REPO, VERSION, archive_name, local_config, repo_models
 from devtools.server import rewrite_properties
 from model_files.artifacts import backend_of, built_precision, read_manifest
 
@@ -71,19 +72,17 @@ def archive_identity(mar: Path) -> tuple[str, str, str]:
 
 
 def _copy_archives(store: Path, models: list[str], version: str, source: Path) -> None:
+    built = [source / archive_name(model) for model in models]
+    for mar in built:
+        if not mar.is_file():
+            raise SystemExit(f"{mar} missing: run `make archives` first")
     if version == VERSION:
-        for model in models:
-            mar = source / f"{model}.mar"
-            if not mar.is_file():
-                raise SystemExit(f"{mar} missing: run `make archives` first")
+        for mar in built:
             shutil.copy2(mar, store / mar.name)
         return
     # Another version: the same handler, weights and configs, archived under that version with
     # the backend and precision the store's archives were built with.
-    built = source / f"{models[0]}.mar"
-    if not built.is_file():
-        raise SystemExit(f"{built} missing: run `make archives` first")
-    serialized = read_manifest(built)["serializedFile"]
+    serialized = read_manifest(built[0])["serializedFile"]
     subprocess.run([str(REPO / "archive.sh")], cwd=REPO, check=True,
                    env=dict(os.environ, VERSION=version, OUT=str(store),
                             BACKEND=backend_of(serialized),

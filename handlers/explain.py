@@ -31,7 +31,8 @@ from model_files.resnet_dual import WEIGHTS, build_dual
 
 # The model's view of an image (the weights' transform, as handlers.preprocess applies it): the
 # shorter side resized to RESIZE, then a centre CROP x CROP.
-RESIZE, CROP = WEIGHTS.transforms().resize_size[0], WEIGHTS.transforms().crop_size[0]
+_TRANSFORM = WEIGHTS.transforms()
+RESIZE, CROP = _TRANSFORM.resize_size[0], _TRANSFORM.crop_size[0]
 INPUT_GRID = 28  # IG and occlusion: |attribution| average-pooled to 28x28
 OCCLUSION_WINDOW, OCCLUSION_STRIDE = 56, 28
 OCCLUSION_PASSES = ((CROP - OCCLUSION_WINDOW) // OCCLUSION_STRIDE + 1) ** 2  # 49
