@@ -106,7 +106,7 @@ class Bad:
     model: str = "resnet50-tagger"
 
 
-def _b64(data: bytes) -> str:
+def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
@@ -121,7 +121,7 @@ def bad_inputs(max_image_bytes: int = 30 * 1024 * 1024) -> dict[str, Bad]:
     truncated = "truncated or corrupt"
     unsupported = "images are not supported; send JPEG, PNG, WebP, GIF, BMP or TIFF"
     v2 = lambda **k: {"inputs": [{"name": "images", "shape": [1], "datatype": "BYTES",  # noqa
-                                  "data": [_b64(jpeg)], **k}]}
+                                  "data": [b64(jpeg)], **k}]}
     return {
         "empty-body": Bad("raw", 400, "InvalidRequest", "empty", body=b""),
         "random-bytes": Bad("raw", 400, "InvalidImage", not_image,
@@ -156,15 +156,15 @@ def bad_inputs(max_image_bytes: int = 30 * 1024 * 1024) -> dict[str, Bad]:
                               text='{"data": "abc'),
         "json-no-data": Bad("json", 400, "InvalidRequest",
                             "JSON body must have 'data' (base64 image), 'instances'",
-                            body={"image": _b64(jpeg)}),
+                            body={"image": b64(jpeg)}),
         "json-not-object": Bad("json", 400, "InvalidRequest", "JSON body must be an object",
-                               body=[_b64(jpeg)]),
+                               body=[b64(jpeg)]),
         "json-bad-base64": Bad("json", 400, "InvalidRequest", "data is not valid base64",
                                body={"data": "@@not base64@@"}),
         "json-data-not-string": Bad("json", 400, "InvalidRequest",
                                     "data must be a base64 string, got int", body={"data": 5}),
         "json-base64-of-text": Bad("json", 400, "InvalidImage", not_image,
-                                   body={"data": _b64(b"just some text, no pixels")}),
+                                   body={"data": b64(b"just some text, no pixels")}),
         "json-empty-data": Bad("json", 400, "InvalidRequest", "data is empty",
                                body={"data": ""}),
         "topk-zero": Bad("multipart", 400, "InvalidParameter",
@@ -175,10 +175,10 @@ def bad_inputs(max_image_bytes: int = 30 * 1024 * 1024) -> dict[str, Bad]:
                                   fields={"topk": "²"}),
         "v1-too-many-images": Bad("json", 413, "PayloadTooLarge",
                                   "request carries 65 images, more than the limit of 64",
-                                  body={"instances": [{"data": _b64(jpeg)}] * 65}),
+                                  body={"instances": [{"data": b64(jpeg)}] * 65}),
         "topk-json-bool": Bad("json", 400, "InvalidParameter",
                               "topk must be an integer from 1 to 1000, got True",
-                              body={"data": _b64(jpeg), "topk": True}),
+                              body={"data": b64(jpeg), "topk": True}),
         "unknown-form-field": Bad("multipart", 400, "InvalidParameter",
                                   "unknown request parameter(s) ['size']", body=jpeg,
                                   fields={"size": "large"}),
@@ -186,12 +186,12 @@ def bad_inputs(max_image_bytes: int = 30 * 1024 * 1024) -> dict[str, Bad]:
                                   body={"instances": []}),
         "v1-instances-not-list": Bad("json", 400, "InvalidRequest",
                                      "body.instances must be a list",
-                                     body={"instances": {"data": _b64(jpeg)}}),
+                                     body={"instances": {"data": b64(jpeg)}}),
         "v1-bad-instance": Bad("json", 400, "InvalidRequest", "instances[1].data is not valid",
-                               body={"instances": [{"data": _b64(jpeg)}, {"data": "%%%"}]}),
+                               body={"instances": [{"data": b64(jpeg)}, {"data": "%%%"}]}),
         "v1-second-image-corrupt": Bad("json", 400, "InvalidImage", not_image,
-                                       body={"instances": [{"data": _b64(jpeg)},
-                                                           {"data": _b64(b"nope")}]}),
+                                       body={"instances": [{"data": b64(jpeg)},
+                                                           {"data": b64(b"nope")}]}),
         "v2-wrong-datatype": Bad("json", 400, "InvalidRequest",
                                  'datatype must be "BYTES" (base64-encoded images), got \'FP32\'',
                                  body={"inputs": [{"name": "x", "shape": [1], "datatype": "FP32",
@@ -221,7 +221,7 @@ def hostile_inputs() -> dict[str, Bad]:
     """Requests that used to hurt other clients (issue #8): JSON nested far deeper than any
     request needs, and cheap bytes that decode to billions of pixels. Each must get its own 4xx
     before any pixel is decoded."""
-    flood = _b64(flat_webp())
+    flood = b64(flat_webp())
     return {
         "json-nested-5000": Bad("json", 400, "InvalidRequest",
                                 "JSON body is nested more than 16 levels deep "

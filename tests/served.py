@@ -2,8 +2,6 @@
 its answers, its metrics, and ``tsctl`` pointed at it."""
 from __future__ import annotations
 
-import base64
-import re
 import subprocess
 import time
 from typing import Callable, TypeVar
@@ -12,13 +10,10 @@ import pytest
 import requests
 
 from tests.conftest import REPO
+from tsclient import promtext
 
 TSCTL = REPO / ".venv" / "bin" / "tsctl"
 T = TypeVar("T")
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
 
 
 def raw_answer(ts, model: str, image: bytes, **headers):
@@ -28,24 +23,24 @@ def raw_answer(ts, model: str, image: bytes, **headers):
     return response.json()
 
 
-def histogram(metrics_text: str, name: str, model: str) -> tuple[float, float]:
-    """(sum, count) of one of our batch histograms on the Prometheus endpoint."""
-    values = {}
-    for kind in ("sum", "count"):
-        match = re.search(rf'^{name}_{kind}{{ModelName="{model}"[^}}]*}} ([0-9.eE+-]+)$',
-                          metrics_text, re.MULTILINE)
-        values[kind] = float(match.group(1)) if match else 0.0
-    return values["sum"], values["count"]
+def handled(server, model: str) -> tuple[float, float]:
+    """(requests, batches) ``model``'s handler has seen on ``server`` (anything with a
+    ``metrics_url``): the sum and count of its ``HandlerBatchSize`` histogram on /metrics."""
+    text = requests.get(f"{server.metrics_url}/metrics", timeout=30).text
+    values = {name: value for name, labels, value in promtext.parse(text)
+              if labels.get("ModelName") == model}
+    return values.get("HandlerBatchSize_sum", 0.0), values.get("HandlerBatchSize_count", 0.0)
 
 
-def settled(read: Callable[[], T], done: Callable[[T], bool], timeout_s: float = 30.0) -> T:
-    """``read()`` again (every 0.2 s, up to ``timeout_s``) until ``done`` holds for what it
-    returns, and return the last value: TorchServe's frontend copies the worker's metric lines
-    to ``/metrics`` from another thread, so the metrics can lag behind an answer."""
+def settled(read: Callable[[], T], done: Callable[[T], bool], timeout_s: float = 30.0,
+            every_s: float = 0.2) -> T:
+    """``read()`` again (every ``every_s``, up to ``timeout_s``) until ``done`` holds for what
+    it returns, and return the last value. E.g. TorchServe's frontend copies the worker's
+    metric lines to ``/metrics`` from another thread, so the metrics can lag behind an answer."""
     deadline = time.monotonic() + timeout_s
     value = read()
     while not done(value) and time.monotonic() < deadline:
-        time.sleep(0.2)
+        time.sleep(every_s)
         value = read()
     return value
 

@@ -1,5 +1,7 @@
-"""The shipped benchmark runs end to end (``python -m bench --quick``: seconds-long loads, so
-its numbers mean nothing; what is checked is that every measurement ran and was reported)."""
+"""The shipped benchmark tools run end to end: ``python -m bench --quick``,
+``python -m bench.ingestion --quick`` and ``python -m bench.contention`` (seconds-long loads,
+so their numbers mean nothing; what is checked is that every measurement ran, was reported and
+is consistent with itself)."""
 from __future__ import annotations
 
 import json

@@ -30,7 +30,8 @@ from model_files.artifacts import read_manifest
 from tests import imagegen
 from tests.conftest import MODELS
 from tests.reference import assert_same_tags, rel_error
-from tests.served import b64, histogram, raw_answer, settled
+from tests.corpus import b64
+from tests.served import handled, raw_answer, settled
 
 pytestmark = pytest.mark.integration
 IMAGES = [imagegen.jpeg(400, 300, seed=300 + i) for i in range(6)]
@@ -270,9 +271,7 @@ def _triton_call(url: str, image: bytes | None):
 
 
 def test_kserve_and_triton_clients_get_the_local_answers_concurrently(pod, local_answers):
-    metrics = f"{pod.metrics_url}/metrics"
-    before = {m: histogram(requests.get(metrics, timeout=10).text, "HandlerBatchSize", m)
-              for m in MODELS}
+    before = {m: handled(pod, m) for m in MODELS}
     with ThreadPoolExecutor(max_workers=len(IMAGES) + 1) as pool:
         triton = pool.map(lambda image: _triton_call(pod.inference_url, image),
                           [*IMAGES, None])
@@ -295,8 +294,7 @@ def test_kserve_and_triton_clients_get_the_local_answers_concurrently(pod, local
     assert json.loads(bad_triton.debug_details())["type"] == "InvalidRequest"
     # Batching was on: fewer batches than requests for the models that got them at once.
     expected = 2 * len(IMAGES) + 2  # v1 and triton, each with one bad request
-    after = settled(lambda: {m: histogram(requests.get(metrics, timeout=10).text,
-                                          "HandlerBatchSize", m) for m in MODELS},
+    after = settled(lambda: {m: handled(pod, m) for m in MODELS},
                     lambda now: now["resnet50-tagger"][0] - before["resnet50-tagger"][0]
                     >= expected)
     tagger_requests = after["resnet50-tagger"][0] - before["resnet50-tagger"][0]

@@ -15,7 +15,8 @@ from bench.archives import ArchiveInfo, build_variant
 from tests import corpus, imagegen
 from tests.conftest import REPO
 from tests.reference import assert_same_tags, rel_error
-from tests.served import b64, raw_answer
+from tests.corpus import b64
+from tests.served import raw_answer
 
 pytestmark = pytest.mark.integration
 TOLERANCE = 1e-4

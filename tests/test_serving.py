@@ -13,7 +13,7 @@ from torchvision.models import ResNet50_Weights
 from tests import imagegen
 from tests.conftest import REPO
 from tests.reference import rel_error, tolerance
-from tests.served import histogram, settled
+from tests.served import handled, settled
 
 pytestmark = pytest.mark.integration
 CATEGORIES = set(ResNet50_Weights.IMAGENET1K_V2.meta["categories"])
@@ -104,16 +104,13 @@ def test_bad_top_k_is_a_400(torchserve, bad):
 
 def test_concurrent_requests_are_batched_and_match_single_answers(torchserve):
     images = [imagegen.jpeg(400, 300, seed=100 + i) for i in range(16)]
-    metrics_url = f"{torchserve.metrics_url}/metrics"
+    def seen() -> tuple[float, float]:
+        return handled(torchserve, "resnet50-embedding")
 
-    def handled() -> tuple[float, float]:
-        return histogram(requests.get(metrics_url, timeout=10).text, "HandlerBatchSize",
-                         "resnet50-embedding")
-
-    earlier = handled()
+    earlier = seen()
     singles = [predict(torchserve, "resnet50-embedding", "raw", image).json()["embedding"]
                for image in images]
-    before = settled(handled, lambda now: now[0] >= earlier[0] + 16)
+    before = settled(seen, lambda now: now[0] >= earlier[0] + 16)
     with ThreadPoolExecutor(max_workers=16) as pool:
         responses = list(pool.map(lambda im: predict(torchserve, "resnet50-embedding", "raw", im),
                                   images))
@@ -123,7 +120,7 @@ def test_concurrent_requests_are_batched_and_match_single_answers(torchserve):
     for single, response in zip(singles, responses):
         assert rel_error(response.json()["embedding"], single) <= TOLERANCE
     # The handler's own histogram agrees: fewer batches than requests, 16 requests in all.
-    after = settled(handled, lambda now: now[0] - before[0] >= 16)
+    after = settled(seen, lambda now: now[0] - before[0] >= 16)
     total, batches = after[0] - before[0], after[1] - before[1]
     assert total == 16 and batches < 16
 
