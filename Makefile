@@ -8,7 +8,7 @@
 #            BACKEND=openvino (default, fastest on CPU: bf16 where the CPU has it)|onnx|torchscript|
 #            eager (PyTorch; the GPU choice)
 #            PRECISION=auto (default)|int8: int8 quantises the OpenVINO IR (BACKEND=openvino) and
-#            refuses below the fidelity gate in config/int8_gate.yaml (model_files/quantize.py)
+#            refuses below the fidelity gate in config/int8_gate.yaml (buildsteps/quantize.py)
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -38,15 +38,15 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	@touch $@
 
 # config.properties (local and KServe) generated from config/models/*.yaml and the server
-# settings (devtools/configgen.py); only stale files are rewritten.
+# settings (buildsteps/configgen.py); only stale files are rewritten.
 config: $(VENV)/.installed
-	@$(PY) -m devtools.configgen
+	@$(PY) -m buildsteps.configgen
 
 # build_weights.py is itself idempotent: it returns at once when WEIGHTS is what it built.
 weights: $(VENV)/.installed $(if $(filter int8,$(PRECISION)),samples)
-	@$(PY) -m model_files.build_weights $(if $(WEIGHTS),--source "$(WEIGHTS)") --out $(WEIGHTS_DIR)
-	@$(PY) -m model_files.export --backend "$(BACKEND)" --weights $(WEIGHTS_DIR)
-	$(if $(filter int8,$(PRECISION)),@$(PY) -m model_files.quantize --weights $(WEIGHTS_DIR))
+	@$(PY) -m buildsteps.weights $(if $(WEIGHTS),--source "$(WEIGHTS)") --out $(WEIGHTS_DIR)
+	@$(PY) -m buildsteps.export --backend "$(BACKEND)" --weights $(WEIGHTS_DIR)
+	$(if $(filter int8,$(PRECISION)),@$(PY) -m buildsteps.quantize --weights $(WEIGHTS_DIR))
 
 # Archives are rebuilt when the handler, model code, configs, weights or backend change.
 archives: weights
@@ -77,8 +77,8 @@ test-fast: setup config archives samples
 # on 2 cores). The int8 IR is quantised once (~2 minutes) for the int8 rows; a refusal by the
 # fidelity gate leaves them out.
 bench: setup config archives samples
-	@$(PY) -m model_files.export --backend openvino --weights $(WEIGHTS_DIR)
-	@$(PY) -m model_files.quantize --weights $(WEIGHTS_DIR) || echo "bench: no int8 rows" >&2
+	@$(PY) -m buildsteps.export --backend openvino --weights $(WEIGHTS_DIR)
+	@$(PY) -m buildsteps.quantize --weights $(WEIGHTS_DIR) || echo "bench: no int8 rows" >&2
 	$(PY) -m bench
 
 # batchSize x maxBatchDelay x workers for the tagger -> results/sweep.md (about 8 minutes).
@@ -98,10 +98,10 @@ KSERVE_MODEL_VERSION ?= 1.0
 .PHONY: kserve-bundle kserve-lint
 
 kserve-bundle: $(VENV)/.installed config archives
-	$(PY) -m devtools.kserve_bundle --device "$(KSERVE_DEVICE)" --model-version "$(KSERVE_MODEL_VERSION)"
+	$(PY) -m kserve_tools.bundle --device "$(KSERVE_DEVICE)" --model-version "$(KSERVE_MODEL_VERSION)"
 
 kserve-lint: $(VENV)/.installed config
-	$(PY) -m devtools.kserve_lint
+	$(PY) -m kserve_tools.lint
 
 clean:
 	rm -rf build *.egg-info model-store/*.mar logs key_file.json config/config.properties kserve/config.properties kserve/runtime/config.properties

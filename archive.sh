@@ -5,10 +5,10 @@
 # Usage: ./archive.sh [model-name ...]          (default: every config/models/*.yaml)
 # Environment:
 #   BACKEND      openvino (default) | onnx | torchscript | eager: which serialized model goes
-#                in (model_files/export.py writes the onnx, openvino and torchscript files)
+#                in (buildsteps/export.py writes the onnx, openvino and torchscript files)
 #   PRECISION    auto (default) | int8: int8 packs the quantised OpenVINO IR that
-#                model_files/quantize.py wrote after its fidelity gate passed (BACKEND=openvino)
-#   WEIGHTS_DIR  where model_files/build_weights.py wrote the weights (build/weights)
+#                buildsteps/quantize.py wrote after its fidelity gate passed (BACKEND=openvino)
+#   WEIGHTS_DIR  where buildsteps/weights.py wrote the weights (build/weights)
 #   OUT          output folder (model-store)
 #   VERSION      archive version (1.0): config.properties models={...} is keyed by it. Any
 #                other version is written as <model-name>-<VERSION>.mar, next to 1.0, e.g.
@@ -59,7 +59,7 @@ STAGE="$WORK/stage"
 ARCHIVER_TMP="$WORK/tmp"
 mkdir -p "$STAGE/handlers" "$STAGE/model_files" "$ARCHIVER_TMP"
 cp handlers/*.py "$STAGE/handlers/"
-cp model_files/__init__.py model_files/resnet_dual.py model_files/artifacts.py model_files/backends.py \
+cp model_files/*.py \
    "$STAGE/model_files/"
 cp "$WEIGHTS_DIR/weights_info.json" "$WEIGHTS_DIR/index_to_name.json" "$STAGE/"
 for f in "${FILES[@]:1}"; do cp "$WEIGHTS_DIR/$f" "$STAGE/"; done

@@ -35,7 +35,7 @@ from bench.serving import LoadPlan, measure_model
 from bench.targets import evaluate
 from handlers.config import HandlerConfig
 from handlers.preprocess import Preprocessor
-from devtools import configgen
+from buildsteps import configgen
 from devtools.server import LocalTorchServe
 from model_files.artifacts import CHECKPOINT, LABELS, QUANTIZED
 
@@ -75,7 +75,7 @@ def load_inputs() -> tuple[dict[str, bytes], ArchiveInfo, dict]:
 
 
 def run_raw(config: HandlerConfig, images: dict[str, bytes], budget: raw.Budget) -> dict:
-    from model_files.export import export
+    from buildsteps.export import export
 
     # `make weights` exports only the chosen backend; export() reports on stdout, which
     # carries only the report here.

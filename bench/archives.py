@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from bench.layout import REPO
-from devtools.configgen import VERSION, archive_name
+from buildsteps.configgen import VERSION, archive_name
 from model_files.artifacts import INFO, backend_of, built_precision, read_manifest
 
 

@@ -22,7 +22,7 @@ from bench.layout import BUILD, IMAGES, MODEL_STORE, SAMPLES, TAGGER, fresh_dir,
 from bench.loadgen import closed_loop
 from bench.serving import LoadPlan, ModelUnderTest, registered_variant
 from bench.stats import summarize
-from devtools.configgen import MODELS_DIR
+from buildsteps.configgen import MODELS_DIR
 from devtools.server import LocalTorchServe
 
 WORK = BUILD / "availability"

@@ -16,7 +16,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from devtools import configgen
+from buildsteps import configgen
 from model_files.artifacts import (CHECKPOINT, checkpoint_sha256, is_current, mark_current,
                                    sha256_of)
 

@@ -25,7 +25,7 @@ from bench import machine, report
 from bench.archives import ArchiveInfo, variant_config
 from bench.layout import (BUILD, IMAGES, MODEL_STORE, RESULTS, SAMPLES, TAGGER as OURS,
                           fresh_dir, setup_cli)
-from devtools.configgen import MODELS_DIR
+from buildsteps.configgen import MODELS_DIR
 from bench.serving import (LoadPlan, ModelUnderTest, SettingNotApplied,
                            registered_variant)
 from tsclient.errors import ApiError

@@ -11,7 +11,7 @@ has and which JPEG compresses badly (about 3 MB at quality 90 against 0.8 MB smo
     python -m devtools.samples --heldout build/heldout
 
 writes other bundled scikit-image photos, never used for calibration, for the int8 gate
-(model_files/quantize.py).
+(buildsteps/quantize.py).
 """
 from __future__ import annotations
 

@@ -1,2 +1,3 @@
-"""The model's files: its definition, the weights and exports built from it (and their
-table), and the runtimes that load them. Imports nothing from handlers/."""
+"""What every archive carries besides the handler: the model's definition, the table of files
+a weights folder holds, and the runtimes that load them (archive.sh packs this folder whole).
+Imports nothing from handlers/; the steps that build these files live in buildsteps/."""

@@ -26,7 +26,7 @@ SERIALIZED = {
     "openvino": "resnet50_dual.xml",  # OpenVINO IR: graph; its weights are the .bin beside it
 }
 # (backend, precision) -> a serialized file whose weights are quantised at build time
-# (model_files/quantize.py); other precisions are chosen when the model is compiled.
+# (buildsteps/quantize.py); other precisions are chosen when the model is compiled.
 QUANTIZED = {("openvino", "int8"): "resnet50_dual_int8.xml"}
 PRECISIONS = ("auto", "f32", "bf16", "int8")
 

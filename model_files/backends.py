@@ -65,7 +65,7 @@ def _openvino(path: Path, threads: int, precision: str, warmup: tuple[int, ...])
     into streams and ran half as fast here).
 
     ``precision``: ``f32``, ``bf16``, or ``auto`` (OpenVINO's choice: bf16 where the CPU has
-    bf16 units, else f32). An int8 IR (model_files/quantize.py) runs its quantised layers in
+    bf16 units, else f32). An int8 IR (buildsteps/quantize.py) runs its quantised layers in
     int8 and the others at that precision; ``int8`` then means ``auto``.
     """
     import openvino as ov

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools.configgen import model_names
+from buildsteps.configgen import model_names
 from tests.reference import Reference
 
 REPO = Path(__file__).resolve().parent.parent
@@ -18,7 +18,7 @@ def weights_dir(tmp_path_factory) -> Path:
     built = REPO / "build" / "weights"
     if (built / "weights_info.json").is_file() and (built / "resnet50.pt").is_file():
         return built
-    from model_files.build_weights import build
+    from buildsteps.weights import build
 
     out = tmp_path_factory.mktemp("weights")
     build("seeded", out)

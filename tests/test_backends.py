@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from model_files.export import EXPORTED, export
+from buildsteps.export import EXPORTED, export
 from tests import imagegen
 from tests.handler_context import make_handler, run_batch
 from tests.reference import rel_error

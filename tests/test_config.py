@@ -11,7 +11,7 @@ import javaproperties
 import pytest
 import yaml
 
-from devtools import configgen
+from buildsteps import configgen
 from handlers import codec
 from handlers.config import ConfigError, HandlerConfig
 from tests.conftest import MODELS, REPO
@@ -44,7 +44,7 @@ def test_staleness_check_notices_an_edited_model_config(tmp_path):
 
 
 def test_check_command_passes_on_the_repository():
-    result = subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "devtools.configgen",
+    result = subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "buildsteps.configgen",
                              "--check"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
 

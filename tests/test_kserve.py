@@ -1,5 +1,5 @@
 """The KServe deployment, offline: every manifest of kserve/ (our runtime, its overlays, the
-stock-runtime variant) through ``devtools.kserve_lint`` (the CRD schema made strict plus the
+stock-runtime variant) through ``kserve_tools.lint`` (the CRD schema made strict plus the
 webhook rules and ours), mutated copies failing with the expected message, and the generated
 config.properties files in step with config/config.properties and the archives."""
 from __future__ import annotations
@@ -16,10 +16,10 @@ import javaproperties
 import pytest
 import yaml
 
-from devtools import kserve_lint
-from devtools.configgen import repo_models
-from devtools.kserve_bundle import bundle_config, bundle_name
-from devtools.kustomize import KustomizeError, render
+from kserve_tools import lint as kserve_lint
+from buildsteps.configgen import repo_models
+from kserve_tools.bundle import bundle_config, bundle_name
+from kserve_tools.kustomize import KustomizeError, render
 from tests.conftest import MODELS, REPO
 
 KSERVE = REPO / "kserve"
@@ -63,7 +63,7 @@ def test_every_manifest_passes_the_lint(target):
 
 
 def test_lint_command_passes_on_the_repository_and_fails_on_a_bad_file(tmp_path):
-    ok = subprocess.run([sys.executable, "-m", "devtools.kserve_lint"], cwd=REPO,
+    ok = subprocess.run([sys.executable, "-m", "kserve_tools.lint"], cwd=REPO,
                         capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stderr
     assert "kserve-lint: 0 problem(s)" in ok.stdout
@@ -71,7 +71,7 @@ def test_lint_command_passes_on_the_repository_and_fails_on_a_bad_file(tmp_path)
     bad["spec"]["predictor"]["containerConcurrency"] = 4
     path = tmp_path / "isvc.yaml"
     path.write_text(yaml.safe_dump(bad))
-    failed = subprocess.run([sys.executable, "-m", "devtools.kserve_lint", str(path)], cwd=REPO,
+    failed = subprocess.run([sys.executable, "-m", "kserve_tools.lint", str(path)], cwd=REPO,
                             capture_output=True, text=True, timeout=300)
     assert failed.returncode == 1
     assert (f"{path}: InferenceService resnet50: spec.predictor.containerConcurrency: 4 is "

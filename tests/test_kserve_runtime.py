@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 import requests
 
-from devtools.configgen import repo_models
-from devtools.kserve_bundle import build
-from devtools.kserve_lint import RUNTIME_DIR, bundle_findings
+from buildsteps.configgen import repo_models
+from kserve_tools.bundle import build
+from kserve_tools.lint import RUNTIME_DIR, bundle_findings
 from devtools.kserve_pod import MOUNT, RuntimePod
-from devtools.kustomize import render
+from kserve_tools.kustomize import render
 from devtools.server import free_port
 from model_files.artifacts import read_manifest
 from tests import imagegen

@@ -15,7 +15,7 @@ import torch
 
 from devtools.samples import photo
 from model_files.artifacts import SERIALIZED, built_precision, fidelity_record, serialized
-from model_files.export import export
+from buildsteps.export import export
 from tests.handler_context import make_handler, run_batch
 from tests.reference import rel_error, tolerance
 
@@ -117,7 +117,7 @@ SMALL = 16
 
 
 def test_gate_refuses_and_writes_nothing(int8_dir, calibration, heldout):
-    from model_files.quantize import TARGET, FidelityError, quantize
+    from buildsteps.quantize import TARGET, FidelityError, quantize
 
     with pytest.raises(FidelityError, match=r"embedding_cosine_min .* < 1\.01"):
         quantize(int8_dir, calibration, heldout, {"embedding_cosine_min": 1.01}, size=SMALL)
@@ -130,7 +130,7 @@ def test_int8_passes_the_gate_and_matches_torchvision(int8_dir, calibration, hel
                                                       expected):
     import yaml
 
-    from model_files.quantize import GATE, TARGET, quantize
+    from buildsteps.quantize import GATE, TARGET, quantize
 
     thresholds = yaml.safe_load(GATE.read_text())["thresholds"]
     path = quantize(int8_dir, calibration, heldout, thresholds, size=SMALL)

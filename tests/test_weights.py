@@ -8,7 +8,7 @@ import urllib.error
 import pytest
 import torch
 
-from model_files import build_weights
+from buildsteps import weights as build_weights
 from model_files.resnet_dual import WEIGHTS
 
 

@@ -1,14 +1,14 @@
 """Build the storage bundle our KServe runtime reads from ``storageUri``, as a folder and a
 ``.tar.gz`` (``make kserve-bundle``).
 
-    python -m devtools.kserve_bundle [--out build/kserve] [--device cpu|gpu] [--model-version 1.0]
+    python -m kserve_tools.bundle [--out build/kserve] [--device cpu|gpu] [--model-version 1.0]
 
 The bundle is the tree KServe's storage initializer puts at ``/mnt/models`` and the runtime's
 ``torchserve --model-store=/mnt/models/model-store --ts-config=/mnt/models/config/config.properties``
 reads::
 
     config/config.properties   kserve/runtime/server.properties + load_models + models={...}
-                               from config/models/*.yaml (devtools.configgen, like the local one)
+                               from config/models/*.yaml (buildsteps.configgen, like the local one)
     config/metrics.yaml        config/metrics.yaml (the handler's batch histograms)
     config/readiness.py        kserve/runtime/readiness.py (the runtime's readiness probe)
     model-store/<model>.mar    one archive per config/models/<model>.yaml (<model>-<version>.mar
@@ -31,7 +31,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from devtools.configgen import REPO, VERSION, archive_name, local_config, repo_models
+from buildsteps.configgen import REPO, VERSION, archive_name, local_config, repo_models
 from devtools.server import rewrite_properties
 from model_files.artifacts import backend_of, built_precision, read_manifest
 
@@ -134,7 +134,7 @@ def _portable(info: tarfile.TarInfo) -> tarfile.TarInfo:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m devtools.kserve_bundle",
+    parser = argparse.ArgumentParser(prog="python -m kserve_tools.bundle",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / "build" / "kserve")
     parser.add_argument("--device", choices=DEVICES, default="cpu")

@@ -1,6 +1,6 @@
 """Export the dual-output ResNet50 for the faster runtimes.
 
-    python -m model_files.export --backend onnx|torchscript|openvino [--weights build/weights]
+    python -m buildsteps.export --backend onnx|torchscript|openvino [--weights build/weights]
 
 reads ``resnet50.pt`` from the weights folder and writes next to it
 ``resnet50_dual.onnx`` (ONNX Runtime; opset 17, dynamic batch),

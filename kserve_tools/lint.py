@@ -1,9 +1,9 @@
 """Lint the KServe manifests offline: what ``kubectl apply`` and KServe's webhook would refuse,
 and what would deploy but serve badly.
 
-    python -m devtools.kserve_lint                  # kserve/runtime, kserve/overlays/*, kserve/stock/*
-    python -m devtools.kserve_lint PATH ...         # kustomization folders or YAML files
-    python -m devtools.kserve_lint --bundle DIR     # also a storage bundle (make kserve-bundle)
+    python -m kserve_tools.lint                  # kserve/runtime, kserve/overlays/*, kserve/stock/*
+    python -m kserve_tools.lint PATH ...         # kustomization folders or YAML files
+    python -m kserve_tools.lint --bundle DIR     # also a storage bundle (make kserve-bundle)
 
 Exit 1 with one line per problem: ``<file>: <Kind> <name>: <field path>: <problem>; fix: <how>``.
 
@@ -45,8 +45,8 @@ from pathlib import Path
 
 import javaproperties
 
-from devtools.configgen import REPO, repo_models
-from devtools.kustomize import KustomizeError, Resource, render
+from buildsteps.configgen import REPO, repo_models
+from kserve_tools.kustomize import KustomizeError, Resource, render
 from model_files.artifacts import read_manifest
 
 KSERVE = REPO / "kserve"
@@ -593,7 +593,7 @@ def _rel(path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m devtools.kserve_lint",
+    parser = argparse.ArgumentParser(prog="python -m kserve_tools.lint",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("targets", nargs="*", type=Path,
                         help="kustomization folders or YAML files (default: all of kserve/)")

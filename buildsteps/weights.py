@@ -1,6 +1,6 @@
 """Build the checkpoint that goes into the archives, and record where it came from.
 
-    python -m model_files.build_weights [--source auto|imagenet|seeded|/path/to/ckpt.pt]
+    python -m buildsteps.weights [--source auto|imagenet|seeded|/path/to/ckpt.pt]
 
 writes into ``--out`` (default ``build/weights``):
 

@@ -1,6 +1,6 @@
 """int8 OpenVINO IR by NNCF post-training quantisation, written only if it agrees with float32.
 
-    python -m model_files.quantize [--weights build/weights] [--calibration build/samples]
+    python -m buildsteps.quantize [--weights build/weights] [--calibration build/samples]
                                    [--heldout build/heldout] [--gate config/int8_gate.yaml]
 
 Calibrates on the photos in ``--calibration`` (as they are, then random crops, flips, colour
@@ -144,7 +144,7 @@ def quantize(weights_dir: Path, calibration: list[Image.Image], heldout: list[Im
     from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters
     from nncf.quantization.range_estimator import RangeEstimatorParametersSet
 
-    from model_files.export import export
+    from buildsteps.export import export
 
     fp32 = export("openvino", weights_dir)
     started = time.monotonic()

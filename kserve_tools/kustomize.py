@@ -4,7 +4,7 @@ Only the subset ``kserve/`` uses is implemented, and anything else is refused ra
 silently mis-rendered: ``resources`` (YAML files and folders holding a kustomization.yaml),
 ``patches`` with an inline JSON 6902 ``patch`` and a ``target`` of ``kind`` and ``name``, and
 ``images`` (``name`` -> ``newName``/``newTag``) on kustomize's default image paths. The lint
-(``devtools.kserve_lint``) and the tests read the manifests through :func:`render`, so CI needs
+(``kserve_tools.lint``) and the tests read the manifests through :func:`render`, so CI needs
 no kustomize binary; a cluster applies the same folders with ``kubectl apply -k``.
 """
 from __future__ import annotations
@@ -61,7 +61,7 @@ def render(path: Path) -> list[Resource]:
     unknown = set(spec) - SUPPORTED_KEYS
     if unknown:
         raise KustomizeError(f"{kfile}: keys {sorted(unknown)} are not supported by "
-                             f"devtools.kustomize (supported: {sorted(SUPPORTED_KEYS)})")
+                             f"kserve_tools.kustomize (supported: {sorted(SUPPORTED_KEYS)})")
     resources = []
     for entry in spec.get("resources") or []:
         for resource in render(path / entry):
