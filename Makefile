@@ -18,7 +18,7 @@ BACKEND ?= openvino
 PRECISION ?= auto
 WEIGHTS_DIR := build/weights
 MODEL_CONFIGS := $(wildcard config/models/*.yaml)
-SOURCES := $(wildcard handlers/*.py model_files/*.py) $(MODEL_CONFIGS) archive.sh
+SOURCES := $(wildcard handlers/*.py handlers/*/*.py model_files/*.py) $(MODEL_CONFIGS) archive.sh
 
 .PHONY: setup java config weights archives samples serve test test-fast bench bench-sweep bench-ingestion clean
 .DEFAULT_GOAL := test

@@ -57,10 +57,8 @@ WORK=$(mktemp -d build/archive.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 STAGE="$WORK/stage"
 ARCHIVER_TMP="$WORK/tmp"
-mkdir -p "$STAGE/handlers" "$STAGE/model_files" "$ARCHIVER_TMP"
-cp handlers/*.py "$STAGE/handlers/"
-cp model_files/*.py \
-   "$STAGE/model_files/"
+mkdir -p "$STAGE" "$ARCHIVER_TMP"
+find handlers model_files -name '*.py' -exec cp --parents {} "$STAGE/" \;
 cp "$WEIGHTS_DIR/weights_info.json" "$WEIGHTS_DIR/index_to_name.json" "$STAGE/"
 for f in "${FILES[@]:1}"; do cp "$WEIGHTS_DIR/$f" "$STAGE/"; done
 # Explanations need gradients, so the PyTorch checkpoint goes in whatever the backend (about

@@ -34,7 +34,7 @@ from bench.layout import (BUILD, EMBEDDING, IMAGES, MODEL_STORE, REPO, RESULTS, 
 from bench.serving import LoadPlan, measure_model
 from bench.targets import evaluate
 from handlers.config import HandlerConfig
-from handlers.preprocess import Preprocessor
+from handlers.intake import Preprocessor
 from buildsteps import configgen
 from devtools.server import LocalTorchServe
 from model_files.artifacts import CHECKPOINT, LABELS, QUANTIZED

@@ -1,5 +1,5 @@
 """What one explanation costs on this machine: time per image of each method at its default
-settings (``handlers.config.HandlerConfig``), through ``handlers.explain.Explainer`` exactly as
+settings (``handlers.config.HandlerConfig``), through ``handlers.explain.compute.Explainer`` exactly as
 the handler runs it (top-1 target, no PNG; the PNG is measured on its own), plus the load time
 and resident memory of the eager model the explanations need beside the serving backend."""
 from __future__ import annotations
@@ -12,10 +12,12 @@ import torch
 
 from bench.raw import Budget, timed_loop
 from bench.stats import percentile
-from handlers import codec, explain
+from handlers.config import EXPLAIN_METHODS
+from handlers.explain import compute as explain
+from handlers.explain.options import ExplainSpec
 from handlers.config import HandlerConfig
 from handlers.images import decode_image
-from handlers.preprocess import Preprocessor
+from handlers.intake import Preprocessor
 from model_files.artifacts import CHECKPOINT
 
 # Few iterations: IG at 32 steps is seconds per image here.
@@ -28,7 +30,7 @@ def run_explain(weights_dir: Path, image: bytes, config: HandlerConfig, quick: b
     """``{"load_s", "rss_added_mb", "methods": {method: {settings, ms_per_image_p50, ...}}}``."""
     rss = psutil.Process().memory_info().rss
     started = time.monotonic()
-    explainer = explain.load_explainer(weights_dir / CHECKPOINT, config.explain_png_max_side)
+    explainer = explain.load_explainer(weights_dir / CHECKPOINT, config.explain.png_max_side)
     load_s = time.monotonic() - started
     rss_added_mb = (psutil.Process().memory_info().rss - rss) / 2**20
     picture = decode_image(image, max_pixels=config.max_image_pixels,
@@ -37,24 +39,24 @@ def run_explain(weights_dir: Path, image: bytes, config: HandlerConfig, quick: b
     with torch.no_grad():
         logits = explainer.dual(pixels)[1]
     budget = QUICK_BUDGET if quick else FULL_BUDGET
-    methods = ("gradcam", "ig") if quick else codec.EXPLAIN_METHODS
+    methods = ("gradcam", "ig") if quick else EXPLAIN_METHODS
     results: dict[str, dict] = {}
     for method in methods:
-        n_steps = QUICK_IG_STEPS if quick else config.explain_n_steps
-        spec = codec.ExplainSpec(method, (), 1, n_steps, config.explain_internal_batch_size,
+        n_steps = QUICK_IG_STEPS if quick else config.explain.n_steps
+        spec = ExplainSpec(method, (), 1, n_steps, config.explain.internal_batch_size,
                                  False)
         job = [explain.ExplainJob(spec, range(1), [])]
         times = [t * 1000 for t in timed_loop(lambda: explainer.explain(pixels, logits, job),
                                                budget)]
         results[method] = {"n_steps": n_steps if method == "ig" else None,
-                           "internal_batch_size": config.explain_internal_batch_size,
+                           "internal_batch_size": config.explain.internal_batch_size,
                            "passes": explain.passes(spec), "iterations": len(times),
                            "ms_per_image_p50": percentile(times, 50)}
     grid = torch.rand(7, 7)
     png_times = [t * 1000 for t in timed_loop(
-        lambda: explain.render_png(picture, grid, config.explain_png_max_side), budget)]
-    png = explain.render_png(picture, grid, config.explain_png_max_side)
+        lambda: explain.render_png(picture, grid, config.explain.png_max_side), budget)]
+    png = explain.render_png(picture, grid, config.explain.png_max_side)
     return {"load_s": load_s, "rss_added_mb": rss_added_mb, "methods": results,
             "png": {"ms_p50": percentile(png_times, 50), "bytes": len(png),
-                    "max_side": config.explain_png_max_side}}
+                    "max_side": config.explain.png_max_side}}
 

@@ -25,7 +25,7 @@ import torch
 
 from bench.stats import percentile
 from model_files.backends import Backend, load_backend
-from handlers.preprocess import Preprocessor
+from handlers.intake import Preprocessor
 from model_files.artifacts import QUANTIZED, SERIALIZED
 
 # Row label -> (backend, serialized file, handler precision). ``openvino`` is what an archive

@@ -7,25 +7,28 @@ class.)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
 import torch
 
-from handlers.codec import ExplainSpec, ParsedRequest
 from handlers.errors import Overloaded, RequestError
 from handlers.images import OpenedImage
+from handlers.parse import ParsedRequest
 
 
 @dataclass
 class Slot:
-    """One request of the batch: what it asked for, or why it failed, its opened images and
-    which rows of the batch tensor are its images (``start`` .. ``start + count``)."""
+    """One request of the batch: what it asked for, or why it failed, its opened images, which
+    rows of the batch tensor are its images (``start`` .. ``start + count``), and the state an
+    ``Addon`` keeps for it (None: a plain prediction)."""
 
+    request_id: str = "?"  # TorchServe's, for the logs
     request: ParsedRequest | None = None
     error: RequestError | None = None
     opened: list[OpenedImage] = field(default_factory=list)
     start: int = 0
     count: int = 0
-    explain: ExplainSpec | None = None  # an explanation request's parameters
-    pictures: list = field(default_factory=list)  # its images, for a PNG heatmap
+    addon: Any = None
 
     @property
     def ok(self) -> bool:
@@ -48,10 +51,22 @@ class PreparedBatch:
 
     slots: list[Slot]
     pixels: torch.Tensor | None
+    decode_ms: float = 0.0
     embedding: torch.Tensor | None = None
     logits: torch.Tensor | None = None
-    # slot index -> per image, its explanations (codec.Explanation)
-    explanations: dict[int, list] = field(default_factory=dict)
+
+
+class Addon(Protocol):
+    """A feature that rides on the prediction path (explanations): the intake asks it about
+    each request and the batch, so that the prediction path never imports it."""
+
+    def open(self, request: ParsedRequest, explain_route: bool) -> Any:
+        """This request's state for the addon (stored as ``Slot.addon``), or None when the
+        request is a plain prediction; raises ``RequestError`` to fail the request."""
+
+    def admit(self, slots: Sequence[Slot]) -> None:
+        """Fail (``Slot.error``) the opened requests whose addon work this batch has no room
+        for."""
 
 
 def admit(costs: list[int], budget: int) -> list[bool]:
@@ -69,7 +84,7 @@ def admit(costs: list[int], budget: int) -> list[bool]:
     return admitted
 
 
-def admit_within(slots: list[Slot], costs: list[int], budget: int, setting: str,
+def admit_within(slots: Sequence[Slot], costs: list[int], budget: int, setting: str,
                  unit: str) -> None:
     """``admit`` the slots' work (``costs``, in ``unit``) within the batch's ``budget`` (the
     ``handler.<setting>``); the slots left out get 503 ``Overloaded`` with ``Retry-After``: the

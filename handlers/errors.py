@@ -1,9 +1,10 @@
 """The one error hierarchy of the handler, and its one mapping to an HTTP response.
 
-Every failure a client can cause is a ``RequestError`` subclass; ``STATUS`` below is the only
-place that says which HTTP status each kind gets, and the class name is the ``type`` a client
-reads in the body. The handler catches them per request, so one bad input fails only its own
-request.
+A ``RequestError`` fails one request and nothing else: ``ClientError`` for what the client
+sent (4xx, 501), ``Overloaded`` when the batch has no room (503) and ``InternalError`` for a bug
+of ours (500). ``STATUS`` below is the only place that says which HTTP status each kind gets,
+and the class name is the ``type`` a client reads in the body. ``handlers.intake`` catches them
+at one per-request boundary, so one bad input fails only its own request.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from http import HTTPStatus
 
 
 class RequestError(Exception):
-    """A request the handler cannot serve, by the client's doing."""
+    """One request the handler cannot serve; the rest of its batch is answered."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -32,33 +33,42 @@ class RequestError(Exception):
         """Response headers this kind of error adds."""
         return {}
 
+    def of_image(self, k: int, count: int) -> "RequestError":
+        """The same error, saying which image of a several-image request it is about."""
+        return self if count == 1 else type(self)(f"image {k} of {count}: {self.message}")
 
-class InvalidRequest(RequestError):
+
+class ClientError(RequestError):
+    """What the client sent cannot be served as it is: change the request, not the timing."""
+
+
+class InvalidRequest(ClientError):
     """Empty body, bad base64, malformed or mistyped JSON (plain, KServe v1 or v2)."""
 
 
-class InvalidParameter(RequestError):
+class InvalidParameter(ClientError):
     """A request parameter out of range or of the wrong type (e.g. ``topk``)."""
 
 
-class InvalidImage(RequestError):
+class InvalidImage(ClientError):
     """Bytes that are not a decodable image, or a truncated one."""
 
 
-class UnsupportedMediaType(RequestError):
+class UnsupportedMediaType(ClientError):
     """A real image, in a format this model does not accept."""
 
 
-class PayloadTooLarge(RequestError):
+class PayloadTooLarge(ClientError):
     """More pixels or bytes than the configured limits (decompression-bomb guard)."""
 
 
-class NotSupported(RequestError):
+class NotSupported(ClientError):
     """An endpoint TorchServe routes to every handler that this one does not implement."""
 
 
 class Overloaded(RequestError):
-    """The batch this request arrived in has no room left for its work; retry."""
+    """The batch this request arrived in has no room left for its work: nobody's fault, the
+    same request alone or in a lighter batch fits; retry."""
 
     @property
     def headers(self) -> dict[str, str]:
@@ -72,7 +82,8 @@ class InternalError(RequestError):
 
 # The one table: error kind -> HTTP status. A subclass not listed takes its parent's status.
 STATUS: dict[type[RequestError], HTTPStatus] = {
-    RequestError: HTTPStatus.BAD_REQUEST,
+    RequestError: HTTPStatus.INTERNAL_SERVER_ERROR,
+    ClientError: HTTPStatus.BAD_REQUEST,
     InvalidRequest: HTTPStatus.BAD_REQUEST,
     InvalidParameter: HTTPStatus.BAD_REQUEST,
     InvalidImage: HTTPStatus.BAD_REQUEST,

@@ -86,6 +86,12 @@ def backend_of(serialized_file: str) -> str:
                      f"of {sorted([*SERIALIZED.values(), *QUANTIZED.values()])}")
 
 
+def load_labels(path: Path) -> list[str]:
+    """The class names of a ``LABELS`` file, in class-index order."""
+    mapping = json.loads(Path(path).read_text())
+    return [mapping[str(i)] for i in range(len(mapping))]
+
+
 def sha256_of(path: Path) -> str:
     """The sha256 of a file, read in 1 MiB chunks."""
     digest = hashlib.sha256()

@@ -18,6 +18,18 @@ logger = logging.getLogger(__name__)
 Backend = Callable[[torch.Tensor], "tuple[torch.Tensor, torch.Tensor]"]
 
 
+def pick_device(wanted: str, gpu_id) -> torch.device:
+    """The device a worker runs on: ``wanted`` is ``auto`` (the GPU TorchServe assigned, else
+    CPU), ``cpu`` or ``cuda`` (a worker without a GPU then fails to load, loudly)."""
+    if wanted in ("auto", "cuda") and gpu_id is not None and torch.cuda.is_available():
+        return torch.device(f"cuda:{gpu_id}")
+    if wanted == "cuda":
+        raise RuntimeError(
+            "handler.device is 'cuda' but TorchServe gave this worker no GPU "
+            f"(gpu_id={gpu_id}, cuda available={torch.cuda.is_available()})")
+    return torch.device("cpu")
+
+
 def load_backend(kind: str, path: Path, device: torch.device, *, half: bool = False,
                  threads: int = 0, spin: bool = False, precision: str = "auto",
                  warmup: tuple[int, ...] = ()) -> Backend:

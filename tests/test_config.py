@@ -12,7 +12,6 @@ import pytest
 import yaml
 
 from buildsteps import configgen
-from handlers import codec
 from handlers.config import ConfigError, HandlerConfig
 from tests.conftest import MODELS, REPO
 
@@ -86,13 +85,21 @@ def test_bad_settings_are_refused_with_a_useful_message(section, message):
     assert message in str(caught.value)
 
 
-def test_request_limits_come_from_the_handler_settings():
-    """The codec's limits are the handler config's (its defaults equal the config's, for
-    callers without a config), and a setting reaches them."""
-    defaults = HandlerConfig()
-    assert defaults.parse_limits == codec.ParseLimits()
-    assert defaults.explain_limits == codec.ExplainLimits()
-    config = HandlerConfig.from_mapping({"max_json_depth": 8, "explain_max_n_steps": 100,
-                                         "explain_method": "ig"})
-    assert config.parse_limits.max_json_depth == 8
-    assert (config.explain_limits.max_n_steps, config.explain_limits.method) == (100, "ig")
+def test_explain_settings_are_one_nested_section():
+    """``handler: explain:`` reaches the explanation settings, checked like the rest."""
+    config = HandlerConfig.from_mapping({"max_json_depth": 8,
+                                         "explain": {"max_n_steps": 100, "method": "ig"}})
+    assert config.max_json_depth == 8
+    assert (config.explain.max_n_steps, config.explain.method) == (100, "ig")
+    assert config.explain.n_steps == HandlerConfig().explain.n_steps
+    for section, message in (
+        ({"explain": {"steps": 3}}, "unknown handler.explain setting(s) ['steps']"),
+        ({"explain": {"n_steps": "8"}}, "handler.explain.n_steps must be int, got '8'"),
+        ({"explain": {"n_steps": 65}}, "handler.explain.n_steps must be in 1..64, got 65"),
+        ({"explain": {"method": "lime"}}, "handler.explain.method must be one of"),
+        ({"explain": "ig"}, "handler.explain must be a mapping, got 'ig'"),
+        ({"explain_method": "ig"}, "unknown handler setting(s) ['explain_method']"),
+    ):
+        with pytest.raises(ConfigError) as caught:
+            HandlerConfig.from_mapping(section)
+        assert message in str(caught.value)

@@ -15,7 +15,8 @@ from PIL import Image
 from torch import nn
 from torchvision.models import ResNet50_Weights
 
-from handlers import codec, explain
+from handlers.explain import compute as explain
+from handlers.explain.options import ExplainSpec
 from handlers.config import HandlerConfig
 from model_files.resnet_dual import build_dual
 from tests import imagegen
@@ -115,11 +116,11 @@ def test_heatmap_mass_falls_where_the_model_can_see(weights_dir, reference, meth
     dual = build_dual(torch.load(weights_dir / "resnet50.pt", weights_only=True))
     masked = OnlyRegionSeen(dual).eval()
     explainer = explain.Explainer(masked, dual.backbone.layer4,
-                                  HandlerConfig().explain_png_max_side)
+                                  HandlerConfig().explain.png_max_side)
     pixels = torch.cat([reference.input(imagegen.jpeg(300, 300, seed=s)) for s in (1, 2)])
     with torch.no_grad():
         logits = masked(pixels)[1]
-    spec = codec.ExplainSpec(method, (), 1, n_steps=4, internal_batch_size=8, png=False)
+    spec = ExplainSpec(method, (), 1, n_steps=4, internal_batch_size=8, png=False)
     answers = explainer.explain(pixels, logits, [explain.ExplainJob(spec, range(2), [])])
     grids = [image[0].grid for image in answers[0]]
     # What a uniform, a random or a mirrored map would score: the test must fail those.
@@ -204,13 +205,13 @@ def test_embedding_model_explains_its_embedding_by_default(weights_dir):
 
 
 def test_explanation_work_beyond_the_batch_budget_is_a_503(weights_dir):
-    handler = make_handler(weights_dir, max_explain_passes_per_batch=2)
+    handler = make_handler(weights_dir, explain={"max_passes_per_batch": 2})
     answers, statuses = explained(handler, [
         {"data": IMAGE}, {"data": IMAGE, "topk": b"2"}, {"body": IMAGE}, {"data": IMAGE},
         {"data": IMAGE, "method": b"ig", "n_steps": b"3"}])
     assert [s[0] for s in statuses] == [200, 503, 200, 503, 400]
     assert answers[1]["type"] == "Overloaded"
-    assert "max_explain_passes_per_batch" in answers[4]["message"]
+    assert "explain.max_passes_per_batch" in answers[4]["message"]
     responses, _, _ = run_batch(*handler, [{"body": IMAGE}], [PREDICT])
     assert len(json.loads(responses[0])) == 5
 

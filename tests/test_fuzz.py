@@ -17,10 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import HypothesisWarning
 from hypothesis import strategies as st
 
-from handlers import codec
+from handlers import jsonguard, parse
 from handlers.config import HandlerConfig
 from handlers.errors import RequestError
-from handlers.preprocess import Preprocessor
+from handlers.intake import Preprocessor
 from tests import corpus
 
 # deadline: a bound on one example's time that catches a hang, not slowness. An example may
@@ -35,7 +35,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # Examples carry base64 images: their reprs are large, which Hypothesis warns about.
 pytestmark = pytest.mark.filterwarnings(f"ignore::{HypothesisWarning.__module__}.HypothesisWarning")
 
-LIMITS = codec.ParseLimits()
+CONFIG = HandlerConfig()
 PREPROCESS = Preprocessor(HandlerConfig())
 SEEDS = [case.data for case in corpus.good_images().values()]
 B64 = base64.b64encode(SEEDS[0]).decode()
@@ -86,20 +86,20 @@ headers = st.none() | st.text(max_size=12)
 @given(row=rows, header_top_k=headers)
 def test_parse_request_answers_or_refuses(row, header_top_k):
     try:
-        parsed = codec.parse_request(row, header_top_k=header_top_k, limits=LIMITS)
+        parsed = parse.parse_request(row, header_top_k=header_top_k, config=CONFIG)
     except RequestError as error:
         assert 400 <= int(error.status) < 500 and error.message
         return
     # An empty raw body parses to one empty image: the decoder refuses it (tested elsewhere).
     assert parsed.images and all(isinstance(i, bytes) for i in parsed.images)
-    assert len(parsed.images) <= LIMITS.max_images
-    assert parsed.top_k is None or 1 <= parsed.top_k <= codec.MAX_TOP_K
+    assert len(parsed.images) <= CONFIG.max_images_per_request
+    assert parsed.top_k is None or 1 <= parsed.top_k <= parse.MAX_TOP_K
 
 
 @given(doc=json_values)
 def test_json_depth_agrees_with_the_parsed_document(doc):
     text = json.dumps(doc).encode()
-    assert codec.json_depth(text) == codec.parsed_depth(doc, stop=10_000)
+    assert jsonguard.json_depth(text) == jsonguard.parsed_depth(doc, stop=10_000)
 
 
 @given(depth=st.integers(17, 3000), wrapper=st.sampled_from(["[", '{"a":']))
@@ -107,7 +107,7 @@ def test_deep_json_is_refused_before_parsing(depth, wrapper):
     closing = "]" if wrapper == "[" else "}"
     text = ('{"data": ' + wrapper * depth + "1" + closing * depth + "}").encode()
     with pytest.raises(RequestError) as caught:
-        codec.parse_request({"body": text}, limits=LIMITS)
+        parse.parse_request({"body": text}, config=CONFIG)
     assert "handler.max_json_depth" in caught.value.message
 
 

@@ -8,7 +8,7 @@ import json
 import pytest
 from PIL import Image
 
-from handlers import codec
+from handlers import intake, parse
 from handlers.batch import admit
 from handlers.images import open_image
 from tests import corpus, imagegen
@@ -36,7 +36,7 @@ class DecodeCounter:
 
     def __init__(self, handler):
         self.calls = 0
-        self.decode = handler.preprocessor.decode
+        self.decode = handler.intake.preprocessor.decode
 
     def __call__(self, opened):
         self.calls += 1
@@ -48,7 +48,7 @@ def test_hostile_request_is_refused_alone_without_decoding(tagger, alone, name, 
     handler, context = tagger
     case = HOSTILE[name]
     counter = DecodeCounter(handler)
-    monkeypatch.setattr(handler.preprocessor, "decode", counter)
+    monkeypatch.setattr(handler.intake.preprocessor, "decode", counter)
     rows = [{"body": GOOD}, corpus.handler_row(case), {"body": GOOD}]
     responses, statuses, _ = run_batch(handler, context, rows)
     error = json.loads(responses[1])
@@ -127,14 +127,14 @@ def test_admission_rule(costs, budget, expected):
 
 def test_unexpected_failure_is_a_500_for_that_request_only(tagger, alone, monkeypatch, caplog):
     handler, context = tagger
-    decode = handler.preprocessor.decode
+    decode = handler.intake.preprocessor.decode
 
     def broken(opened):
         if opened.image.size == (64, 48):
             raise RuntimeError("simulated bug")
         return decode(opened)
 
-    monkeypatch.setattr(handler.preprocessor, "decode", broken)
+    monkeypatch.setattr(handler.intake.preprocessor, "decode", broken)
     odd = imagegen.png(64, 48, seed=1)
     with caplog.at_level("ERROR"):
         responses, statuses, _ = run_batch(handler, context, [{"body": GOOD}, {"body": odd}])
@@ -150,14 +150,14 @@ def test_unexpected_failure_is_a_500_for_that_request_only(tagger, alone, monkey
 
 def test_unexpected_parse_failure_is_a_500_for_that_request_only(tagger, monkeypatch):
     handler, context = tagger
-    real = codec.parse_request
+    real = parse.parse_request
 
     def broken(row, **kwargs):
         if "topk" in row:
             raise KeyError("simulated bug")
         return real(row, **kwargs)
 
-    monkeypatch.setattr(codec, "parse_request", broken)
+    monkeypatch.setattr(intake, "parse_request", broken)
     responses, statuses, _ = run_batch(handler, context,
                                        [{"data": GOOD, "topk": b"3"}, {"body": GOOD}])
     assert statuses[0][0] == 500 and json.loads(responses[0])["type"] == "InternalError"

@@ -1,11 +1,10 @@
 """Explanations people can look at: where the model looked, for the class a request asks about.
 
 Pure functions and one small class, testable without TorchServe. ``Explainer.explain``: for
-the explanation requests of one batch (each a ``codec.ExplainSpec``, parsed and checked by
-``handlers.codec.parse_explain``), resolve each image's targets from the batch's logits, run
-Captum on the eager PyTorch model (one call per method and settings, every row with its own
-target), normalise to a compact grid in [0, 1] and, when asked, render a PNG heatmap over the
-image the client sent. The answers are ``codec.Explanation`` values; ``codec`` encodes them.
+the explanation requests of one batch (each an ``ExplainSpec``), resolve each image's targets
+from the batch's logits, run Captum on the eager PyTorch model (one call per method and
+settings, every row with its own target), normalise to a compact grid in [0, 1] and, when
+asked, render a PNG heatmap over the image the client sent, as ``Explanation`` values.
 
 Methods: ``gradcam`` (default; Captum ``LayerGradCam`` on ``layer4``: one forward and one
 backward pass, a 7x7 grid), ``ig`` (``IntegratedGradients`` from the ImageNet-mean image:
@@ -26,10 +25,11 @@ import torch.nn.functional as F
 from PIL import Image, ImageDraw
 from torch import nn
 
-from handlers.codec import ExplainSpec, Explanation
+from handlers.explain.encode import Explanation
+from handlers.explain.options import ExplainSpec
 from model_files.resnet_dual import WEIGHTS, build_dual
 
-# The model's view of an image (the weights' transform, as handlers.preprocess applies it): the
+# The model's view of an image (the weights' transform, as handlers.intake applies it): the
 # shorter side resized to RESIZE, then a centre CROP x CROP.
 _TRANSFORM = WEIGHTS.transforms()
 RESIZE, CROP = _TRANSFORM.resize_size[0], _TRANSFORM.crop_size[0]
@@ -211,7 +211,7 @@ class Explainer:
         for parameter in self.dual.parameters():
             parameter.requires_grad_(False)  # gradients w.r.t. inputs only
         self.layer = layer
-        self.png_max_side = png_max_side  # handler.explain_png_max_side
+        self.png_max_side = png_max_side  # handler.explain.png_max_side
 
     def explain(self, pixels: torch.Tensor, logits: torch.Tensor,
                 jobs: Sequence[ExplainJob]) -> list[list[list[Explanation]]]:

@@ -1,0 +1,97 @@
+"""An explanation request's parameters, checked against ``handler.explain`` into an
+``ExplainSpec`` (400 otherwise)."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from handlers.config import EXPLAIN_METHODS, ExplainConfig
+from handlers.errors import InvalidParameter
+
+EMBEDDING_TARGET = "embedding"  # explain the embedding's own direction, not a class
+
+
+@dataclass(frozen=True)
+class ExplainSpec:
+    """What one explanation request asks for. ``classes``: the named classes (indices, or
+    ``-1`` for the embedding target); empty means the top ``top_k`` of each image."""
+
+    method: str
+    classes: tuple[int, ...]
+    top_k: int
+    n_steps: int
+    internal_batch_size: int
+    png: bool
+
+
+def parse_explain(options: dict[str, Any], top_k: int | None, labels: Sequence[str],
+                  limits: ExplainConfig, embedding_default: bool = False) -> ExplainSpec:
+    """Check one request's explain parameters (multipart fields arrive as bytes, JSON and
+    KServe v1 ``parameters`` as JSON values) against ``limits`` (``handler.explain``); raise ``InvalidParameter``
+    (400) otherwise. ``embedding_default``: with no ``target``, explain the embedding (the
+    embedding model) rather than the top class."""
+    options = {k: _text(v) for k, v in options.items()}
+    method = options.get("method", limits.method)
+    if method not in EXPLAIN_METHODS:
+        raise InvalidParameter(f"method must be one of {list(EXPLAIN_METHODS)}, got {method!r}")
+    n_steps = _int_option(options, "n_steps", limits.n_steps, 1, limits.max_n_steps)
+    batch = _int_option(options, "internal_batch_size", limits.internal_batch_size, 1, 64)
+    png = _bool_option(options.get("png", False))
+    classes = _classes(options.get("target"), labels, embedding_default)
+    k = top_k or 1
+    if len(classes) > limits.max_targets or k > limits.max_targets:
+        raise InvalidParameter(
+            f"at most {limits.max_targets} targets per image (handler.explain.max_targets), "
+            f"got {max(len(classes), k)}; send several requests")
+    if classes and top_k:
+        raise InvalidParameter("give either 'target' (the classes to explain) or 'topk' "
+                               "(explain the k most probable classes), not both")
+    return ExplainSpec(method, classes, k, n_steps, batch, png)
+
+
+def _text(value: Any) -> Any:
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace").strip()
+    return value
+
+
+def _int_option(options: dict, name: str, default: int, low: int, high: int) -> int:
+    value = options.get(name, default)
+    if isinstance(value, str) and re.fullmatch(r"\+?[0-9]{1,9}", value.strip()):
+        value = int(value)
+    if type(value) is not int or not low <= value <= high:
+        raise InvalidParameter(f"{name} must be an integer from {low} to {high}, got {value!r}")
+    return value
+
+
+def _bool_option(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+        return value.lower() in ("true", "1", "yes")
+    raise InvalidParameter(f"png must be true or false, got {value!r}")
+
+
+def _classes(target: Any, labels: Sequence[str], embedding_default: bool) -> tuple[int, ...]:
+    if target is None:
+        return (-1,) if embedding_default else ()
+    items = target if isinstance(target, list) else [target]
+    if not items:
+        raise InvalidParameter("target must name at least one class (index or label)")
+    by_label = {name.lower(): i for i, name in enumerate(labels)}
+    classes = []
+    for item in items:
+        if isinstance(item, str) and re.fullmatch(r"[0-9]{1,4}", item.strip()):
+            item = int(item)
+        if isinstance(item, str) and item.strip().lower() == EMBEDDING_TARGET:
+            classes.append(-1)
+        elif type(item) is int and 0 <= item < len(labels):
+            classes.append(item)
+        elif isinstance(item, str) and item.strip().lower() in by_label:
+            classes.append(by_label[item.strip().lower()])
+        else:
+            raise InvalidParameter(
+                f"unknown target class {item!r}: give an ImageNet class index 0..{len(labels) - 1}"
+                f", a label such as {labels[281]!r}, or {EMBEDDING_TARGET!r}")
+    return tuple(classes)

@@ -1,0 +1,80 @@
+"""The JSON guard: a body is measured for size and nesting depth before ``json.loads`` runs,
+so no request can make the parser recurse deeply or allocate without bound."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from handlers.config import HandlerConfig
+from handlers.errors import InvalidRequest, PayloadTooLarge
+
+
+def as_json_if_json(value: Any, config: HandlerConfig) -> Any:
+    """TorchServe parses ``application/json`` bodies; parse JSON sent under other types too.
+
+    Invalid JSON (and JSON too deep for TorchServe's own parser) reaches us as the raw bytes.
+    Image formats never start with ``{``, so a body that does is JSON or a client error; any
+    other bytes come back unchanged. A body TorchServe already parsed is checked for depth too.
+    """
+    if isinstance(value, str):
+        value = value.encode("utf-8")
+    if isinstance(value, (bytes, bytearray)):
+        if bytes(value[:64]).lstrip()[:1] not in (b"{", b"["):
+            return value
+        if len(value) > config.max_json_bytes:
+            raise PayloadTooLarge(
+                f"JSON body is {len(value)} bytes, more than the limit of "
+                f"{config.max_json_bytes} (handler.max_json_bytes)")
+        _check_depth(json_depth(bytes(value), config.max_json_depth), config)
+        try:
+            return json.loads(value)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InvalidRequest(f"malformed JSON body: {exc}") from None
+    if isinstance(value, (dict, list)):
+        _check_depth(parsed_depth(value, config.max_json_depth + 1), config)
+    return value
+
+
+def _check_depth(depth: int, config: HandlerConfig) -> None:
+    if depth > config.max_json_depth:
+        raise InvalidRequest(
+            f"JSON body is nested more than {config.max_json_depth} levels deep "
+            "(handler.max_json_depth); a KServe v2 request needs 4")
+
+
+_STEP = np.zeros(256, dtype=np.int32)
+_STEP[list(b"[{")] = 1
+_STEP[list(b"]}")] = -1
+
+
+def json_depth(text: bytes, at_most: int | None = None) -> int:
+    """The deepest bracket nesting of a JSON text, brackets inside strings not counted; linear
+    time, vectorised, no recursion, whatever the text (malformed text gives a number too, and is
+    left for ``json.loads`` to refuse). With ``at_most``, a text with no more opening brackets
+    than that is not scanned (its depth cannot exceed it): the common case costs two counts."""
+    opening = text.count(b"[") + text.count(b"{")
+    if at_most is not None and opening <= at_most:
+        return opening
+    # Escapes only occur inside strings; blank them out pairwise, left to right, so that every
+    # remaining quote opens or closes a string.
+    text = text.replace(b"\\\\", b"__").replace(b'\\"', b"__")
+    codes = np.frombuffer(text, dtype=np.uint8)
+    in_string = (np.cumsum(codes == ord('"'), dtype=np.int32) & 1).astype(bool)
+    steps = np.where(in_string, 0, _STEP[codes])
+    return int(np.cumsum(steps, dtype=np.int32).max(initial=0))
+
+
+def parsed_depth(value: Any, stop: int) -> int:
+    """The nesting depth of parsed JSON (a scalar is 0), found without recursion; stops
+    looking once ``stop`` is reached."""
+    deepest = 0
+    pending = [(value, 1)] if isinstance(value, (dict, list)) else []
+    while pending and deepest < stop:
+        node, depth = pending.pop()
+        deepest = max(deepest, depth)
+        children = node.values() if isinstance(node, dict) else node
+        pending.extend((child, depth + 1) for child in children
+                       if isinstance(child, (dict, list)))
+    return deepest

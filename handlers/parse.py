@@ -1,0 +1,262 @@
+"""The wire formats a request may come in, parsed into a ``ParsedRequest``: pure functions,
+testable without TorchServe.
+
+One TorchServe request arrives as a dict of named inputs. The forms we accept:
+
+- raw body (``curl -T img.jpg`` / ``--data-binary``): ``{"body": <bytes>}``;
+- multipart field ``data`` (``curl -F data=@img.jpg``): ``{"data": <bytes>}``;
+- JSON ``{"data": "<base64>", "topk": 3}`` (TorchServe has already parsed JSON bodies);
+- KServe v1 ``{"instances": [...], "parameters": {...}}``;
+- KServe v2 / Open Inference Protocol ``{"id", "inputs": [BYTES tensor], "outputs", "parameters"}``.
+
+``topk`` may also come as a multipart field or an ``X-Top-K`` header. (TorchServe 0.12 drops
+query strings on ``/predictions``, so ``?topk=3`` never reaches a handler.) Explanation
+parameters are collected as sent (``ParsedRequest.options``); ``handlers.explain`` reads them.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import enum
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from handlers.config import HandlerConfig, Output
+from handlers.errors import InvalidParameter, InvalidRequest, PayloadTooLarge
+from handlers.jsonguard import as_json_if_json
+
+MAX_TOP_K = 1000
+BODY_KEYS = ("body", "data")
+PARAM_KEYS = ("topk",)
+# Explanation parameters (``/explanations``, KServe v1 ``:explain``): a form field, a JSON
+# field or a v1 ``parameters`` key, passed on unread to handlers.explain.
+EXPLAIN_KEYS = ("target", "method", "n_steps", "internal_batch_size", "png")
+
+
+class Protocol(enum.Enum):
+    """The wire format a request came in, and so the one its answer goes out in."""
+
+    PLAIN = "plain"  # raw body, multipart field, or {"data": b64}: one image, bare answer
+    V1 = "v1"  # KServe v1: {"predictions": [...]}
+    V2 = "v2"  # KServe v2 / Open Inference Protocol: named output tensors
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """One KServe v2 output the client asked for; ``top_k`` only for ``tags``."""
+
+    output: Output
+    top_k: int | None = None
+
+
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """What one request asks for: its encoded images and how to answer."""
+
+    protocol: Protocol
+    images: list[bytes]
+    top_k: int | None = None
+    request_id: str | None = None
+    outputs: tuple[OutputSpec, ...] = field(default_factory=tuple)
+    options: dict[str, Any] = field(default_factory=dict)  # EXPLAIN_KEYS given, as sent
+
+    def tags_top_k(self, default: int) -> int:
+        """How many tags to answer: a v2 ``tags`` output's own ``topk``, else the request's,
+        else the model's ``default``."""
+        own = next((o.top_k for o in self.outputs if o.output is Output.TAGS and o.top_k), None)
+        return own or self.top_k or default
+
+    def wants(self, output: Output, task: Output) -> bool:
+        """Whether the answer carries ``output``: the v2 outputs asked for, else the task's."""
+        if self.outputs:
+            return any(o.output is output for o in self.outputs)
+        return output is task
+
+
+def parse_request(row: dict[str, Any], *, header_top_k: Any = None,
+                  config: HandlerConfig) -> ParsedRequest:
+    """Turn one TorchServe input dict into a ``ParsedRequest`` or raise a ``RequestError``.
+
+    ``header_top_k`` is the request's ``X-Top-K`` header, if any; any ``topk`` in the request
+    itself wins over it, and the header is only read (and checked) when it is used.
+    ``config``: how many images, how deep and how large a JSON body (4xx above).
+    """
+    parsed = _parse(row, config)
+    if len(parsed.images) > config.max_images_per_request:
+        raise PayloadTooLarge(
+            f"request carries {len(parsed.images)} images, more than the limit of "
+            f"{config.max_images_per_request} (handler.max_images_per_request); split it into "
+            "several requests"
+        )
+    if parsed.top_k is None and header_top_k is not None:
+        return dataclasses.replace(parsed, top_k=parse_top_k(header_top_k))
+    return parsed
+
+
+def _parse(row: dict[str, Any], config: HandlerConfig) -> ParsedRequest:
+    body_keys = [k for k in BODY_KEYS if k in row]
+    unknown = sorted(set(row) - set(BODY_KEYS) - set(PARAM_KEYS) - set(EXPLAIN_KEYS))
+    if unknown:
+        raise InvalidParameter(
+            f"unknown request parameter(s) {unknown}; accepted: the image as the body or "
+            f"form field 'data', 'topk', and for explanations {list(EXPLAIN_KEYS)}"
+        )
+    options = {k: row[k] for k in EXPLAIN_KEYS if k in row}
+    if not body_keys:
+        raise InvalidRequest("empty request: send an image as the body or as form field 'data'")
+    if len(body_keys) > 1:
+        raise InvalidRequest("send the image once: as the body or as form field 'data', not both")
+    query_top_k = parse_top_k(row["topk"]) if "topk" in row else None
+    payload = as_json_if_json(row[body_keys[0]], config)
+    if isinstance(payload, (bytes, bytearray)):
+        return ParsedRequest(Protocol.PLAIN, [bytes(payload)], top_k=query_top_k,
+                             options=options)
+    if not isinstance(payload, dict):
+        raise InvalidRequest(
+            f"JSON body must be an object such as {{\"data\": \"<base64 image>\"}}, "
+            f"got {type(payload).__name__}"
+        )
+    if "inputs" in payload:
+        return _parse_v2(payload, query_top_k)
+    if "instances" in payload:
+        return _parse_v1(payload, query_top_k, options)
+    if "data" in payload:
+        extra = sorted(set(payload) - {"data", "topk", *EXPLAIN_KEYS})
+        if extra:
+            raise InvalidRequest(f"unknown JSON field(s) {extra}; expected 'data', 'topk' and "
+                                 f"for explanations {list(EXPLAIN_KEYS)}")
+        top_k = parse_top_k(payload["topk"]) if "topk" in payload else query_top_k
+        options.update((k, payload[k]) for k in EXPLAIN_KEYS if k in payload)
+        return ParsedRequest(Protocol.PLAIN, [decode_base64(payload["data"], "data")], top_k=top_k,
+                             options=options)
+    raise InvalidRequest(
+        "JSON body must have 'data' (base64 image), 'instances' (KServe v1) or 'inputs' "
+        f"(KServe v2); got keys {sorted(payload)[:10]}"
+    )
+
+
+def parse_top_k(value: Any) -> int:
+    """``topk`` from a form field, header or JSON value: an integer in 1..1000."""
+    given = value
+    if isinstance(value, (bytes, bytearray)):
+        given = value = value.decode("utf-8", "replace")
+    if isinstance(value, str) and re.fullmatch(r"\s*\+?[0-9]{1,7}\s*", value):
+        value = int(value)
+    if type(value) is not int or not 1 <= value <= MAX_TOP_K:
+        raise InvalidParameter(f"topk must be an integer from 1 to {MAX_TOP_K}, got {given!r}")
+    return value
+
+
+def decode_base64(value: Any, where: str) -> bytes:
+    """Strict base64 (standard or URL-safe alphabet, optional ``data:...;base64,`` prefix)."""
+    if not isinstance(value, str):
+        raise InvalidRequest(f"{where} must be a base64 string, got {type(value).__name__}")
+    text = value.strip()
+    if text.startswith("data:") and ";base64," in text[:100]:
+        text = text.split(",", 1)[1]
+    text = "".join(text.split())  # line-wrapped base64 (e.g. `base64` without -w0)
+    if "-" in text or "_" in text:
+        text = text.replace("-", "+").replace("_", "/")
+    try:
+        data = base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidRequest(f"{where} is not valid base64 ({exc})") from None
+    if not data:
+        raise InvalidRequest(f"{where} is empty: expected a base64-encoded image")
+    return data
+
+def _require(mapping: dict, key: str, kind: type, where: str) -> Any:
+    value = mapping.get(key)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise InvalidRequest(
+            f"{where}.{key} must be a {kind.__name__}, "
+            f"got {type(value).__name__ if key in mapping else 'nothing'}"
+        )
+    return value
+
+
+def _parameters_top_k(parameters: Any, where: str, default: int | None) -> int | None:
+    if parameters is None:
+        return default
+    if not isinstance(parameters, dict):
+        raise InvalidRequest(f"{where} must be an object, got {type(parameters).__name__}")
+    return parse_top_k(parameters["topk"]) if "topk" in parameters else default
+
+
+def _parse_v1(payload: dict, query_top_k: int | None, options: dict) -> ParsedRequest:
+    instances = _require(payload, "instances", list, "body")
+    if not instances:
+        raise InvalidRequest("body.instances is empty: send at least one image")
+    parameters = payload.get("parameters")
+    top_k = _parameters_top_k(parameters, "body.parameters", query_top_k)
+    options.update((k, parameters[k]) for k in EXPLAIN_KEYS if k in (parameters or {}))
+    images = [_v1_instance(item, f"instances[{i}]") for i, item in enumerate(instances)]
+    return ParsedRequest(Protocol.V1, images, top_k=top_k, options=options)
+
+
+def _v1_instance(item: Any, where: str) -> bytes:
+    if isinstance(item, str):
+        return decode_base64(item, where)
+    if isinstance(item, dict):
+        for key in ("data", "b64", "image_bytes", "image"):
+            if key in item:
+                value = item[key]
+                if isinstance(value, dict) and "b64" in value:
+                    return decode_base64(value["b64"], f"{where}.{key}.b64")
+                return decode_base64(value, f"{where}.{key}")
+    raise InvalidRequest(
+        f"{where} must be {{\"data\": \"<base64>\"}} or {{\"image\": {{\"b64\": \"<base64>\"}}}}"
+    )
+
+
+def _parse_v2(payload: dict, query_top_k: int | None) -> ParsedRequest:
+    request_id = payload.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidRequest(f"body.id must be a string, got {type(request_id).__name__}")
+    inputs = _require(payload, "inputs", list, "body")
+    if len(inputs) != 1 or not isinstance(inputs[0], dict):
+        raise InvalidRequest(
+            f"body.inputs must hold exactly one input tensor of base64 images, got {len(inputs)}"
+        )
+    tensor = inputs[0]
+    name = tensor.get("name", "input-0")
+    where = f"inputs[0] ({name!r})" if isinstance(name, str) else "inputs[0]"
+    if tensor.get("datatype") != "BYTES":
+        raise InvalidRequest(
+            f"{where}.datatype must be \"BYTES\" (base64-encoded images), "
+            f"got {tensor.get('datatype')!r}"
+        )
+    data = _require(tensor, "data", list, where)
+    shape = tensor.get("shape")
+    if shape not in ([len(data)], [len(data), 1]) or not data:
+        raise InvalidRequest(
+            f"{where}.shape must be [n] with n = number of images >= 1 (data holds "
+            f"{len(data)}), got {shape!r}"
+        )
+    top_k = _parameters_top_k(payload.get("parameters"), "body.parameters", query_top_k)
+    top_k = _parameters_top_k(tensor.get("parameters"), f"{where}.parameters", top_k)
+    outputs = _v2_outputs(payload.get("outputs"), top_k)
+    images = [decode_base64(item, f"{where}.data[{i}]") for i, item in enumerate(data)]
+    return ParsedRequest(Protocol.V2, images, top_k=top_k, request_id=request_id,
+                         outputs=outputs)
+
+
+def _v2_outputs(outputs: Any, top_k: int | None) -> tuple[OutputSpec, ...]:
+    if outputs is None:
+        return ()
+    if not isinstance(outputs, list) or not outputs:
+        raise InvalidRequest("body.outputs must be a non-empty list of {\"name\": ...}")
+    specs = []
+    for i, item in enumerate(outputs):
+        name = item.get("name") if isinstance(item, dict) else None
+        names = [o.value for o in Output]
+        if name not in names:
+            raise InvalidRequest(f"outputs[{i}].name must be one of {names}, got {name!r}")
+        output = Output(name)
+        k = _parameters_top_k(item.get("parameters"), f"outputs[{i}].parameters", top_k)
+        specs.append(OutputSpec(output, k if output is Output.TAGS else None))
+    return tuple(specs)
