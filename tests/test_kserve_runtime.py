@@ -24,7 +24,7 @@ from buildsteps.configgen import repo_models
 from kserve_tools.bundle import build
 from kserve_tools.lint import RUNTIME_DIR, bundle_findings
 from devtools.kserve_pod import MOUNT, RuntimePod
-from kserve_tools.kustomize import render
+from kserve_tools.render import render
 from devtools.server import free_port
 from model_files.artifacts import read_manifest
 from tests import imagegen
