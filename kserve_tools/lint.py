@@ -8,6 +8,7 @@ and what would deploy but serve badly.
 Folders are rendered by ``kubectl kustomize`` (``kserve_tools.render``), as users apply them.
 
 Exit 1 with one line per problem: ``<file>: <Kind> <name>: <field path>: <problem>; fix: <how>``.
+Exit 2 when ``kserve/runtime`` itself cannot be rendered (kubectl missing or refusing it).
 
 Checked for every InferenceService:
 
@@ -603,7 +604,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="also check a storage bundle folder (make kserve-bundle)")
     args = parser.parse_args(argv)
     targets = args.targets or default_targets()
-    found = lint(targets)
+    try:
+        found = lint(targets)
+    except RenderError as exc:  # our own runtime unrendered: nothing can be checked
+        print(f"kserve-lint: error: {exc}", file=sys.stderr)
+        return 2
     for bundle in args.bundle:
         found += bundle_findings(bundle)
     for finding in found:
