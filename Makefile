@@ -23,10 +23,15 @@ SOURCES := $(wildcard handlers/*.py handlers/*/*.py model_files/*.py) $(MODEL_CO
 .PHONY: setup java config weights archives samples serve test test-fast bench bench-sweep bench-ingestion clean
 .DEFAULT_GOAL := test
 
-setup: $(VENV)/.installed java
+setup: $(VENV)/.installed java kubectl
 
 java:
 	@devtools/ensure_java.sh
+
+# kubectl kustomize renders kserve/ for the KServe lint and tests.
+.PHONY: kubectl
+kubectl:
+	@devtools/ensure_kubectl.sh
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] >= (3, 10), "Python 3.10+ needed (3.11 recommended), found " + sys.version' \

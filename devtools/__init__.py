@@ -1,2 +1,2 @@
-"""Development tools: a local TorchServe launcher for tests and the benchmark, the simulated
-KServe pod, sample images, the Java check. Nothing here is imported by the handler."""
+"""Development tools: a local TorchServe launcher for tests and the benchmark, sample images,
+the Java and kubectl checks. Nothing here is imported by the handler, nor imports kserve_tools."""

@@ -5,7 +5,10 @@ and what would deploy but serve badly.
     python -m kserve_tools.lint PATH ...         # kustomization folders or YAML files
     python -m kserve_tools.lint --bundle DIR     # also a storage bundle (make kserve-bundle)
 
+Folders are rendered by ``kubectl kustomize`` (``kserve_tools.render``), as users apply them.
+
 Exit 1 with one line per problem: ``<file>: <Kind> <name>: <field path>: <problem>; fix: <how>``.
+Exit 2 when ``kserve/runtime`` itself cannot be rendered (kubectl missing or refusing it).
 
 Checked for every InferenceService:
 
@@ -46,7 +49,7 @@ from pathlib import Path
 import javaproperties
 
 from buildsteps.configgen import REPO, repo_models
-from kserve_tools.kustomize import KustomizeError, Resource, render
+from kserve_tools.render import RenderError, Resource, render
 from model_files.artifacts import read_manifest
 
 KSERVE = REPO / "kserve"
@@ -567,7 +570,7 @@ def lint(targets: list[Path], models: dict[str, dict] | None = None,
     for target in targets:
         try:
             rendered += render(target)
-        except (KustomizeError, OSError) as exc:
+        except (RenderError, OSError) as exc:
             found.append(Finding(_rel(Path(target)), "kustomization", "<render>", str(exc),
                                  "fix the kustomization"))
     runtimes = {STOCK_RUNTIME.name: STOCK_RUNTIME}
@@ -601,7 +604,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="also check a storage bundle folder (make kserve-bundle)")
     args = parser.parse_args(argv)
     targets = args.targets or default_targets()
-    found = lint(targets)
+    try:
+        found = lint(targets)
+    except RenderError as exc:  # our own runtime unrendered: nothing can be checked
+        print(f"kserve-lint: error: {exc}", file=sys.stderr)
+        return 2
     for bundle in args.bundle:
         found += bundle_findings(bundle)
     for finding in found:

@@ -5,6 +5,7 @@ config.properties files in step with config/config.properties and the archives."
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 import subprocess
@@ -19,7 +20,7 @@ import yaml
 from kserve_tools import lint as kserve_lint
 from buildsteps.configgen import repo_models
 from kserve_tools.bundle import bundle_config, bundle_name
-from kserve_tools.kustomize import KustomizeError, render
+from kserve_tools.render import RenderError, render
 from tests.conftest import MODELS, REPO
 
 KSERVE = REPO / "kserve"
@@ -32,16 +33,22 @@ OUR_RUNTIME = "resnet50-torchserve"
 LIMITS = kserve_lint.ServingLimits.from_models(repo_models())
 
 
+@functools.cache
+def _rendered(path: Path) -> tuple:
+    # One kubectl run per folder for the whole module; callers get copies to mutate.
+    return tuple(render(path))
+
+
 def isvc(target: str):
     """The one InferenceService rendered from an overlay name or a stock manifest path."""
     path = KSERVE / target if target.endswith(".yaml") else KSERVE / "overlays" / target
-    [resource] = render(path)
+    [resource] = copy.deepcopy(_rendered(path))
     assert resource.kind == "InferenceService"
     return resource
 
 
 def runtime():
-    [resource] = render(KSERVE / "runtime")
+    [resource] = copy.deepcopy(_rendered(KSERVE / "runtime"))
     return resource
 
 
@@ -130,10 +137,13 @@ def test_dockerfile_installs_the_runtime_pins_only():
                                "tritonclient", "nncf"}
 
 
-def test_renderer_refuses_what_it_does_not_implement(tmp_path):
-    (tmp_path / "kustomization.yaml").write_text("resources: [../x]\nnamePrefix: dev-\n")
-    with pytest.raises(KustomizeError, match="namePrefix"):
+def test_a_kustomization_kubectl_refuses_is_named_with_kubectl_s_message(tmp_path):
+    (tmp_path / "kustomization.yaml").write_text("resources: [missing.yaml]\n")
+    with pytest.raises(RenderError, match=f"^{re.escape(str(tmp_path))}: kubectl kustomize "
+                                          r"failed .*missing\.yaml"):
         render(tmp_path)
+    problems = [str(p) for p in kserve_lint.lint([tmp_path])]
+    assert len(problems) == 1 and "kustomization: <render>: " in problems[0], problems
 
 
 # ------------------------------------------------------------------ mutated copies fail

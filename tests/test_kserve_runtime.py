@@ -1,7 +1,7 @@
 """The KServe data path on this machine, with KServe's own code: the bundle of
 ``make kserve-bundle`` downloaded by ``kserve-storage`` (the storage initializer's library) from
 ``file://`` and from ``s3://`` (a local moto S3), folder and ``.tar.gz``; TorchServe started
-with the command, args and env of our ClusterServingRuntime (``devtools.kserve_pod``); driven by
+with the command, args and env of our ClusterServingRuntime (``kserve_tools.pod``); driven by
 KServe's ``InferenceRESTClient`` (v1, v2) and ``tritonclient`` (v2) at once, with server-side
 batching on. Answers are compared with the local server's (the session ``torchserve``)."""
 from __future__ import annotations
@@ -23,8 +23,8 @@ import requests
 from buildsteps.configgen import repo_models
 from kserve_tools.bundle import build
 from kserve_tools.lint import RUNTIME_DIR, bundle_findings
-from devtools.kserve_pod import MOUNT, RuntimePod
-from kserve_tools.kustomize import render
+from kserve_tools.pod import MOUNT, RuntimePod
+from kserve_tools.render import render
 from devtools.server import free_port
 from model_files.artifacts import read_manifest
 from tests import imagegen
