@@ -339,9 +339,9 @@ def layout_problems(doc: Doc) -> list[str]:
     for line in block.splitlines():
         head, _, rest = line.partition(" ") if not line.startswith(" ") else ("", "", line)
         if head:
-            names = [n.strip(",") for n in (head + " " + rest).split(",")] \
-                if head.endswith(",") else [head]
-            for name in filter(None, (n.split()[0] if n.split() else "" for n in names)):
+            # "Makefile, requirements.txt, ..." lists root files; any other head is one entry.
+            names = line.split(",") if head.endswith(",") else [head]
+            for name in (n.split()[0] for n in names if n.split()):
                 if not generated(name) and not (ROOT / name).exists():
                     problems.append(f"{doc.name} layout: {name} does not exist")
             entry = ROOT / head if head.endswith("/") else None
