@@ -35,6 +35,11 @@ class Slot:
         return self.error is None
 
     @property
+    def images(self) -> int:
+        """The forward rows this request asks for."""
+        return len(self.opened)
+
+    @property
     def pixels(self) -> int:
         """The decoding work this request asks for."""
         return sum(image.pixels for image in self.opened)

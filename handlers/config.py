@@ -81,15 +81,24 @@ class HandlerConfig:
     device: ``auto`` takes the GPU TorchServe assigns to the worker, else CPU.
     half_precision: run the eager backend in float16 on GPU (ignored on CPU).
     threads: intra-op threads per worker; 0 keeps the runtime's default (all cores).
-    decode_threads: threads decoding a batch's images; 0 = one per core, at most 4.
+    decode_threads: threads decoding a batch's images; 0 = one per usable core (the pod's CPU
+        limit, not the node's cores), at most 4.
     onnx_spinning: let ONNX Runtime's threads busy-wait between operators; off, because in a
         server those cycles belong to the frontend and the decode threads.
     precision: arithmetic of an OpenVINO archive: ``auto`` (OpenVINO's choice for the CPU),
         ``f32``, ``bf16``, or ``int8`` (needs an archive built with QUANTIZE=int8). Other
         backends run f32 on CPU and accept only ``auto`` or ``f32``.
     max_image_pixels / max_image_bytes: one image's decoded pixels / encoded bytes (413 above).
-    max_images_per_request: images one v1/v2 request may carry (413 above), so one request
-        cannot stack an unbounded tensor into a worker.
+    max_images_per_request: images one v1/v2 request may carry, counted before any is read
+        (413 above). 32: a request alone leaves room for others in a batch's row budget.
+    max_batch_images: images (forward rows) one server-side batch may run; requests are
+        admitted fewest images first, the rest get 503 with ``Retry-After``. Each image costs a
+        full 224x224 row whatever its size, so this, not pixels, bounds a batch's forward time.
+    forward_rows: rows per forward pass (0: the model's ``batchSize``); a batch runs in chunks
+        of this many, so a worker's peak memory does not grow with what arrives.
+    max_response_bytes: one answer's size; an answer over it gets 413 alone (TorchServe's
+        frontend drops the worker's whole batch for one answer over ``max_response_size``,
+        which this must not exceed).
     max_request_pixels: pixels one request may make the worker decode, read from the image
         headers before anything is decoded (413 above); JPEGs count at their draft size.
     max_batch_pixels: pixels one server-side batch may decode; requests are admitted smallest
@@ -112,7 +121,10 @@ class HandlerConfig:
     precision: str = "auto"
     max_image_pixels: int = 40_000_000
     max_image_bytes: int = 30 * 1024 * 1024
-    max_images_per_request: int = 64
+    max_images_per_request: int = 32
+    max_batch_images: int = 64
+    forward_rows: int = 0
+    max_response_bytes: int = 32 * 1024 * 1024
     max_request_pixels: int = 100_000_000
     max_batch_pixels: int = 200_000_000
     max_json_depth: int = 16
@@ -148,11 +160,19 @@ class HandlerConfig:
             ("max_image_pixels", 1, 1_000_000_000),
             ("max_image_bytes", 1, 1 << 31),
             ("max_images_per_request", 1, 4096),
+            ("max_batch_images", 1, 4096),
+            ("forward_rows", 0, 4096),
+            ("max_response_bytes", 1024, 1 << 31),
             ("max_request_pixels", 1, 10_000_000_000),
             ("max_batch_pixels", 1, 100_000_000_000),
             ("max_json_depth", 4, 1000),
             ("max_json_bytes", 1, 1 << 31),
         ))
+        if self.max_images_per_request > self.max_batch_images:
+            raise ConfigError(
+                f"handler.max_images_per_request ({self.max_images_per_request}) must not "
+                f"exceed handler.max_batch_images ({self.max_batch_images}): a request alone "
+                "must fit in a batch")
         if self.max_request_pixels > self.max_batch_pixels:
             raise ConfigError(
                 f"handler.max_request_pixels ({self.max_request_pixels}) must not exceed "

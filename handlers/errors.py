@@ -9,12 +9,33 @@ at one per-request boundary, so one bad input fails only its own request.
 from __future__ import annotations
 
 from http import HTTPStatus
+from typing import Any, Iterable
+
+ECHO_CHARS = 40  # of a client's value quoted in a message
+MESSAGE_CHARS = 1000  # of any error message: an error body never grows with the request
+
+
+def echo(value: Any) -> str:
+    """A client's value as an error message may quote it: its repr, cut to a short prefix
+    with its full length when longer."""
+    text = repr(value)
+    return text if len(text) <= ECHO_CHARS else f"{text[:ECHO_CHARS]}... ({len(text)} chars)"
+
+
+def echo_all(values: Iterable[Any], at_most: int = 5) -> str:
+    """Several client values (field names, say), each ``echo``ed, the first ``at_most``."""
+    values = list(values)
+    shown = ", ".join(echo(v) for v in values[:at_most])
+    more = f", and {len(values) - at_most} more" if len(values) > at_most else ""
+    return f"[{shown}{more}]"
 
 
 class RequestError(Exception):
     """One request the handler cannot serve; the rest of its batch is answered."""
 
     def __init__(self, message: str) -> None:
+        if len(message) > MESSAGE_CHARS:
+            message = f"{message[:MESSAGE_CHARS]}... (message cut at {MESSAGE_CHARS} chars)"
         super().__init__(message)
         self.message = message
 

@@ -1,8 +1,9 @@
 """One request's path through the worker, for every request of a batch: open, parse, admit,
 decode.
 
-Each request is parsed and its images' headers read on its own; the batch's decoding is
-admitted within ``max_batch_pixels`` (an addon's work, within its own budget); the admitted
+Each request is parsed and its images' headers read on its own; the batch's work is admitted
+within ``max_batch_images`` forward rows and ``max_batch_pixels`` decoded pixels (an addon's
+work, within its own budget), fewest first, before anything is decoded; the admitted
 images are decoded on a small thread pool (PIL and torch release the GIL) and stacked into one
 CPU tensor. Whatever goes wrong fails its own request only: failures are exceptions, caught at
 one per-request boundary (``_Boundary``) and kept as the slot's error.
@@ -10,9 +11,12 @@ one per-request boundary (``_Boundary``) and kept as the slot's error.
 from __future__ import annotations
 
 import logging
+import math
+import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -59,17 +63,20 @@ class Intake:
     """Turns one batch of TorchServe requests into a ``PreparedBatch``; ``addon`` (the
     explanations) is asked about each request and the batch on the way."""
 
-    def __init__(self, config: HandlerConfig, addon: Addon, threads: int) -> None:
+    def __init__(self, config: HandlerConfig, addon: Addon) -> None:
         self.config = config
         self.addon = addon
         self.preprocessor = Preprocessor(config)
+        threads = config.decode_threads or min(4, usable_cpus())
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="decode")
 
     def prepare(self, data: list[dict], context) -> PreparedBatch:
         slots = [self._open(idx, row, context) for idx, row in enumerate(data)]
-        good = [slot for slot in slots if slot.ok]
-        admit_within(good, [s.pixels for s in good], self.config.max_batch_pixels,
-                     "max_batch_pixels", "decoded pixels")
+        for budget, unit, cost in (("max_batch_images", "images", lambda s: s.images),
+                                   ("max_batch_pixels", "decoded pixels", lambda s: s.pixels)):
+            good = [slot for slot in slots if slot.ok]
+            admit_within(good, [cost(s) for s in good], getattr(self.config, budget), budget,
+                         unit)
         self.addon.admit([slot for slot in slots if slot.ok])
         started = time.perf_counter()
         tensors = self._decode([slot for slot in slots if slot.ok])
@@ -110,6 +117,31 @@ class Intake:
                 slot.start, slot.count = len(tensors), len(results)
                 tensors.extend(results)
         return tensors
+
+
+def usable_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """The cores this process may use: its CPU affinity, capped by a cgroup CPU quota (a
+    pod's CPU limit; ``os.cpu_count()`` is the node's cores)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    quota = _cgroup_quota(cgroup)
+    return max(1, min(cpus or 1, math.ceil(quota) if quota else cpus or 1))
+
+
+def _cgroup_quota(root: Path) -> float | None:
+    """CPUs allowed by the cgroup (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``), None if none."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    for folder in (root / "cpu", root / "cpu,cpuacct"):
+        try:
+            quota = int((folder / "cpu.cfs_quota_us").read_text())
+            period = int((folder / "cpu.cfs_period_us").read_text())
+        except (OSError, ValueError):
+            continue
+        return quota / period if quota > 0 and period > 0 else None
+    return None
 
 
 def header(context, idx: int, name: str) -> str | None:

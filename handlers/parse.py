@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from handlers.config import HandlerConfig, Output
-from handlers.errors import InvalidParameter, InvalidRequest, PayloadTooLarge
+from handlers.errors import InvalidParameter, InvalidRequest, PayloadTooLarge, echo, echo_all
 from handlers.jsonguard import as_json_if_json
 
 MAX_TOP_K = 1000
+MAX_ID_CHARS = 256  # a v2 request id, echoed in the answer
 BODY_KEYS = ("body", "data")
 PARAM_KEYS = ("topk",)
 # Explanation parameters (``/explanations``, KServe v1 ``:explain``): a form field, a JSON
@@ -86,12 +87,6 @@ def parse_request(row: dict[str, Any], *, header_top_k: Any = None,
     ``config``: how many images, how deep and how large a JSON body (4xx above).
     """
     parsed = _parse(row, config)
-    if len(parsed.images) > config.max_images_per_request:
-        raise PayloadTooLarge(
-            f"request carries {len(parsed.images)} images, more than the limit of "
-            f"{config.max_images_per_request} (handler.max_images_per_request); split it into "
-            "several requests"
-        )
     if parsed.top_k is None and header_top_k is not None:
         return dataclasses.replace(parsed, top_k=parse_top_k(header_top_k))
     return parsed
@@ -102,7 +97,7 @@ def _parse(row: dict[str, Any], config: HandlerConfig) -> ParsedRequest:
     unknown = sorted(set(row) - set(BODY_KEYS) - set(PARAM_KEYS) - set(EXPLAIN_KEYS))
     if unknown:
         raise InvalidParameter(
-            f"unknown request parameter(s) {unknown}; accepted: the image as the body or "
+            f"unknown request parameter(s) {echo_all(unknown)}; accepted: the image as the body or "
             f"form field 'data', 'topk', and for explanations {list(EXPLAIN_KEYS)}"
         )
     options = {k: row[k] for k in EXPLAIN_KEYS if k in row}
@@ -121,13 +116,13 @@ def _parse(row: dict[str, Any], config: HandlerConfig) -> ParsedRequest:
             f"got {type(payload).__name__}"
         )
     if "inputs" in payload:
-        return _parse_v2(payload, query_top_k)
+        return _parse_v2(payload, query_top_k, config)
     if "instances" in payload:
-        return _parse_v1(payload, query_top_k, options)
+        return _parse_v1(payload, query_top_k, options, config)
     if "data" in payload:
         extra = sorted(set(payload) - {"data", "topk", *EXPLAIN_KEYS})
         if extra:
-            raise InvalidRequest(f"unknown JSON field(s) {extra}; expected 'data', 'topk' and "
+            raise InvalidRequest(f"unknown JSON field(s) {echo_all(extra)}; expected 'data', 'topk' and "
                                  f"for explanations {list(EXPLAIN_KEYS)}")
         top_k = parse_top_k(payload["topk"]) if "topk" in payload else query_top_k
         options.update((k, payload[k]) for k in EXPLAIN_KEYS if k in payload)
@@ -135,7 +130,7 @@ def _parse(row: dict[str, Any], config: HandlerConfig) -> ParsedRequest:
                              options=options)
     raise InvalidRequest(
         "JSON body must have 'data' (base64 image), 'instances' (KServe v1) or 'inputs' "
-        f"(KServe v2); got keys {sorted(payload)[:10]}"
+        f"(KServe v2); got keys {echo_all(sorted(payload))}"
     )
 
 
@@ -147,7 +142,7 @@ def parse_top_k(value: Any) -> int:
     if isinstance(value, str) and re.fullmatch(r"\s*\+?[0-9]{1,7}\s*", value):
         value = int(value)
     if type(value) is not int or not 1 <= value <= MAX_TOP_K:
-        raise InvalidParameter(f"topk must be an integer from 1 to {MAX_TOP_K}, got {given!r}")
+        raise InvalidParameter(f"topk must be an integer from 1 to {MAX_TOP_K}, got {echo(given)}")
     return value
 
 
@@ -187,10 +182,21 @@ def _parameters_top_k(parameters: Any, where: str, default: int | None) -> int |
     return parse_top_k(parameters["topk"]) if "topk" in parameters else default
 
 
-def _parse_v1(payload: dict, query_top_k: int | None, options: dict) -> ParsedRequest:
+def _count_images(count: int, config: HandlerConfig) -> None:
+    """Refuse a request with more images than one may carry, before any of them is read."""
+    if count > config.max_images_per_request:
+        raise PayloadTooLarge(
+            f"request carries {count} images, more than the limit of "
+            f"{config.max_images_per_request} (handler.max_images_per_request); split it into "
+            "several requests")
+
+
+def _parse_v1(payload: dict, query_top_k: int | None, options: dict,
+              config: HandlerConfig) -> ParsedRequest:
     instances = _require(payload, "instances", list, "body")
     if not instances:
         raise InvalidRequest("body.instances is empty: send at least one image")
+    _count_images(len(instances), config)
     parameters = payload.get("parameters")
     top_k = _parameters_top_k(parameters, "body.parameters", query_top_k)
     options.update((k, parameters[k]) for k in EXPLAIN_KEYS if k in (parameters or {}))
@@ -213,10 +219,13 @@ def _v1_instance(item: Any, where: str) -> bytes:
     )
 
 
-def _parse_v2(payload: dict, query_top_k: int | None) -> ParsedRequest:
+def _parse_v2(payload: dict, query_top_k: int | None, config: HandlerConfig) -> ParsedRequest:
     request_id = payload.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidRequest(f"body.id must be a string, got {type(request_id).__name__}")
+    if request_id is not None and len(request_id) > MAX_ID_CHARS:
+        raise InvalidRequest(f"body.id is {len(request_id)} characters long, more than "
+                             f"{MAX_ID_CHARS}: the answer echoes it")
     inputs = _require(payload, "inputs", list, "body")
     if len(inputs) != 1 or not isinstance(inputs[0], dict):
         raise InvalidRequest(
@@ -224,18 +233,19 @@ def _parse_v2(payload: dict, query_top_k: int | None) -> ParsedRequest:
         )
     tensor = inputs[0]
     name = tensor.get("name", "input-0")
-    where = f"inputs[0] ({name!r})" if isinstance(name, str) else "inputs[0]"
+    where = f"inputs[0] ({echo(name)})" if isinstance(name, str) else "inputs[0]"
     if tensor.get("datatype") != "BYTES":
         raise InvalidRequest(
             f"{where}.datatype must be \"BYTES\" (base64-encoded images), "
-            f"got {tensor.get('datatype')!r}"
+            f"got {echo(tensor.get('datatype'))}"
         )
     data = _require(tensor, "data", list, where)
+    _count_images(len(data), config)
     shape = tensor.get("shape")
     if shape not in ([len(data)], [len(data), 1]) or not data:
         raise InvalidRequest(
             f"{where}.shape must be [n] with n = number of images >= 1 (data holds "
-            f"{len(data)}), got {shape!r}"
+            f"{len(data)}), got {echo(shape)}"
         )
     top_k = _parameters_top_k(payload.get("parameters"), "body.parameters", query_top_k)
     top_k = _parameters_top_k(tensor.get("parameters"), f"{where}.parameters", top_k)
@@ -248,14 +258,15 @@ def _parse_v2(payload: dict, query_top_k: int | None) -> ParsedRequest:
 def _v2_outputs(outputs: Any, top_k: int | None) -> tuple[OutputSpec, ...]:
     if outputs is None:
         return ()
-    if not isinstance(outputs, list) or not outputs:
-        raise InvalidRequest("body.outputs must be a non-empty list of {\"name\": ...}")
+    if not isinstance(outputs, list) or not 1 <= len(outputs) <= len(Output):
+        raise InvalidRequest(f"body.outputs must be a list of 1 to {len(Output)} "
+                             "{\"name\": ...}, one per output")
     specs = []
     for i, item in enumerate(outputs):
         name = item.get("name") if isinstance(item, dict) else None
         names = [o.value for o in Output]
         if name not in names:
-            raise InvalidRequest(f"outputs[{i}].name must be one of {names}, got {name!r}")
+            raise InvalidRequest(f"outputs[{i}].name must be one of {names}, got {echo(name)}")
         output = Output(name)
         k = _parameters_top_k(item.get("parameters"), f"outputs[{i}].parameters", top_k)
         specs.append(OutputSpec(output, k if output is Output.TAGS else None))

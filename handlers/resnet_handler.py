@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -21,7 +20,7 @@ import torch
 from handlers.batch import PreparedBatch
 from handlers.config import HandlerConfig, Output
 from handlers.encode import AnswerSpec, BatchOutputs, encode_response
-from handlers.errors import error_body, status_line
+from handlers.errors import PayloadTooLarge, error_body, status_line
 from handlers.explain import Explanations
 from handlers.intake import Intake
 from handlers.metrics import BatchMetrics
@@ -45,13 +44,15 @@ class ResNetHandler(PerRequestHandler):
         self.device = pick_device(config.device, context.system_properties.get("gpu_id"))
         if config.threads:
             torch.set_num_threads(config.threads)
+        self.forward_rows = (config.forward_rows
+                             or int(context.system_properties.get("batch_size") or 1))
         serialized = self.manifest["model"]["serializedFile"]
         self.backend_kind = backend_of(serialized)
         self.backend = load_backend(
             self.backend_kind, model_dir / serialized, self.device,
             half=config.half_precision, threads=config.threads,
             spin=config.onnx_spinning, precision=config.precision,
-            warmup=tuple(sorted({1, int(context.system_properties.get("batch_size") or 1)})),
+            warmup=tuple(sorted({1, self.forward_rows})),
         )
         record = model_dir / fidelity_record(serialized)
         self.quantization = json.loads(record.read_text()) if record.is_file() else None
@@ -67,8 +68,7 @@ class ResNetHandler(PerRequestHandler):
         self.explanations = Explanations(model_dir / CHECKPOINT, config.explain,
                                          self.answers.labels,
                                          embedding_default=self.answers.task is Output.EMBEDDING)
-        self.intake = Intake(config, self.explanations,
-                             threads=config.decode_threads or min(4, os.cpu_count() or 1))
+        self.intake = Intake(config, self.explanations)
         self.metrics = BatchMetrics(context.metrics, context.model_name)
         if not self.weights_info.get("trained", False):
             logger.warning("%s: %s", context.model_name, self.weights_info.get("warning"))
@@ -88,10 +88,12 @@ class ResNetHandler(PerRequestHandler):
         return batch
 
     def inference(self, batch: PreparedBatch, *args, **kwargs) -> PreparedBatch:
-        """One forward pass over every good image of the batch, then its explanations."""
+        """The batch's good images through the model, ``forward_rows`` at a time (a bound on
+        the worker's memory), then its explanations."""
         if batch.pixels is not None:
             started = time.perf_counter()
-            batch.embedding, batch.logits = self.backend(batch.pixels)
+            outputs = [self.backend(rows) for rows in batch.pixels.split(self.forward_rows)]
+            batch.embedding, batch.logits = (torch.cat(parts) for parts in zip(*outputs))
             self.metrics.record_time(forward_ms=1000 * (time.perf_counter() - started))
             rows = (len(batch.pixels), len(batch.embedding), len(batch.logits))
             if len(set(rows)) != 1:
@@ -112,16 +114,21 @@ class ResNetHandler(PerRequestHandler):
             self.context.set_response_content_type(idx, "application/json")
             # Lets a client (and our tests) see the batch the frontend formed for it.
             self.context.set_response_header(idx, "X-Batch-Size", batch_size)
-            if slot.error is not None:
-                self.context.set_response_status(*status_line(slot.error), idx=idx)
-                for name, value in slot.error.headers.items():
-                    self.context.set_response_header(idx, name, value)
-                responses.append(json.dumps(error_body(slot.error)))
-            elif slot.addon is not None:
-                responses.append(json.dumps(self.explanations.answer(slot)))
-            else:
-                responses.append(json.dumps(
-                    encode_response(slot.request, slot.rows, outputs, self.answers)))
+            if slot.ok:
+                answer = json.dumps(self.explanations.answer(slot) if slot.addon is not None
+                                    else encode_response(slot.request, slot.rows, outputs,
+                                                         self.answers))
+                limit = self.config.max_response_bytes
+                if len(answer) <= limit:  # json.dumps writes ASCII: characters are bytes
+                    responses.append(answer)
+                    continue
+                slot.error = PayloadTooLarge(
+                    f"the answer would be {len(answer)} bytes, more than the limit of {limit} "
+                    "(handler.max_response_bytes); send fewer images or ask for less")
+            self.context.set_response_status(*status_line(slot.error), idx=idx)
+            for name, value in slot.error.headers.items():
+                self.context.set_response_header(idx, name, value)
+            responses.append(json.dumps(error_body(slot.error)))
         self.metrics.record_errors([s.error.kind for s in batch.slots if s.error is not None])
         return responses
 

@@ -216,7 +216,8 @@ class Explainer:
     def explain(self, pixels: torch.Tensor, logits: torch.Tensor,
                 jobs: Sequence[ExplainJob]) -> list[list[list[Explanation]]]:
         """Per job, per image, its explanations (one per target). Jobs with the same method
-        and settings share one Captum call."""
+        and settings share Captum calls of at most ``internal_batch_size`` rows each (autograd
+        keeps every row's activations: the rows of one call bound the memory)."""
         probabilities = torch.softmax(logits.float(), dim=1)
         plan = [(j, row, target) for j, job in enumerate(jobs) for row in job.rows
                 for target in (job.spec.classes or
@@ -226,17 +227,17 @@ class Explainer:
         groups: dict[tuple, list[int]] = {}
         for p, (j, _, _) in enumerate(plan):
             s = jobs[j].spec
-            key = (s.method, s.n_steps if s.method == "ig" else 0,
-                   s.internal_batch_size if s.method != "gradcam" else 0)
+            key = (s.method, s.n_steps if s.method == "ig" else 0, s.internal_batch_size)
             groups.setdefault(key, []).append(p)
-        for (method, n_steps, batch), members in groups.items():
-            rows = torch.tensor([plan[p][1] for p in members])
-            raw = attribute(self.dual, self.layer, pixels.index_select(0, rows),
-                            [plan[p][2] for p in members], method,
-                            n_steps=n_steps, internal_batch_size=batch or 1)
-            grids, flags = normalise(raw)
-            for p, grid, flag in zip(members, grids, flags):
-                maps[p], empty[p] = grid, flag
+        for (method, n_steps, batch), group in groups.items():
+            for members in (group[i:i + batch] for i in range(0, len(group), batch)):
+                rows = torch.tensor([plan[p][1] for p in members])
+                raw = attribute(self.dual, self.layer, pixels.index_select(0, rows),
+                                [plan[p][2] for p in members], method,
+                                n_steps=n_steps, internal_batch_size=batch)
+                grids, flags = normalise(raw)
+                for p, grid, flag in zip(members, grids, flags):
+                    maps[p], empty[p] = grid, flag
         answers: list[list[list[Explanation]]] = [[[] for _ in job.rows] for job in jobs]
         for p, (j, row, target) in enumerate(plan):
             job = jobs[j]

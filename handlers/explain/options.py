@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from handlers.config import EXPLAIN_METHODS, ExplainConfig
-from handlers.errors import InvalidParameter
+from handlers.errors import InvalidParameter, echo
 
 EMBEDDING_TARGET = "embedding"  # explain the embedding's own direction, not a class
 
@@ -28,22 +28,28 @@ class ExplainSpec:
 def parse_explain(options: dict[str, Any], top_k: int | None, labels: Sequence[str],
                   limits: ExplainConfig, embedding_default: bool = False) -> ExplainSpec:
     """Check one request's explain parameters (multipart fields arrive as bytes, JSON and
-    KServe v1 ``parameters`` as JSON values) against ``limits`` (``handler.explain``); raise ``InvalidParameter``
-    (400) otherwise. ``embedding_default``: with no ``target``, explain the embedding (the
-    embedding model) rather than the top class."""
+    KServe v1 ``parameters`` as JSON values) against ``limits`` (``handler.explain``); raise
+    ``InvalidParameter`` (400) otherwise. ``embedding_default``: with no ``target``, explain the
+    embedding (the embedding model) rather than the top class. ``internal_batch_size`` is a
+    memory bound (autograd keeps each row's activations): a request may lower it, not raise it.
+    """
     options = {k: _text(v) for k, v in options.items()}
     method = options.get("method", limits.method)
     if method not in EXPLAIN_METHODS:
-        raise InvalidParameter(f"method must be one of {list(EXPLAIN_METHODS)}, got {method!r}")
+        raise InvalidParameter(
+            f"method must be one of {list(EXPLAIN_METHODS)}, got {echo(method)}")
     n_steps = _int_option(options, "n_steps", limits.n_steps, 1, limits.max_n_steps)
-    batch = _int_option(options, "internal_batch_size", limits.internal_batch_size, 1, 64)
+    batch = _int_option(options, "internal_batch_size", limits.internal_batch_size, 1,
+                        limits.internal_batch_size)
     png = _bool_option(options.get("png", False))
-    classes = _classes(options.get("target"), labels, embedding_default)
+    target = options.get("target")
+    targets = len(target) if isinstance(target, list) else 1
     k = top_k or 1
-    if len(classes) > limits.max_targets or k > limits.max_targets:
+    if max(targets, k) > limits.max_targets:  # counted before any target is looked at
         raise InvalidParameter(
             f"at most {limits.max_targets} targets per image (handler.explain.max_targets), "
-            f"got {max(len(classes), k)}; send several requests")
+            f"got {max(targets, k)}; send several requests")
+    classes = _classes(target, labels, embedding_default)
     if classes and top_k:
         raise InvalidParameter("give either 'target' (the classes to explain) or 'topk' "
                                "(explain the k most probable classes), not both")
@@ -61,7 +67,8 @@ def _int_option(options: dict, name: str, default: int, low: int, high: int) -> 
     if isinstance(value, str) and re.fullmatch(r"\+?[0-9]{1,9}", value.strip()):
         value = int(value)
     if type(value) is not int or not low <= value <= high:
-        raise InvalidParameter(f"{name} must be an integer from {low} to {high}, got {value!r}")
+        raise InvalidParameter(
+            f"{name} must be an integer from {low} to {high}, got {echo(value)}")
     return value
 
 
@@ -70,7 +77,7 @@ def _bool_option(value: Any) -> bool:
         return value
     if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
         return value.lower() in ("true", "1", "yes")
-    raise InvalidParameter(f"png must be true or false, got {value!r}")
+    raise InvalidParameter(f"png must be true or false, got {echo(value)}")
 
 
 def _classes(target: Any, labels: Sequence[str], embedding_default: bool) -> tuple[int, ...]:
@@ -92,6 +99,6 @@ def _classes(target: Any, labels: Sequence[str], embedding_default: bool) -> tup
             classes.append(by_label[item.strip().lower()])
         else:
             raise InvalidParameter(
-                f"unknown target class {item!r}: give an ImageNet class index 0..{len(labels) - 1}"
-                f", a label such as {labels[281]!r}, or {EMBEDDING_TARGET!r}")
+                f"unknown target class {echo(item)}: give an ImageNet class index "
+                f"0..{len(labels) - 1}, a label such as {labels[281]!r}, or {EMBEDDING_TARGET!r}")
     return tuple(classes)
