@@ -90,7 +90,9 @@ class HandlerConfig:
         backends run f32 on CPU and accept only ``auto`` or ``f32``.
     max_image_pixels / max_image_bytes: one image's decoded pixels / encoded bytes (413 above).
     max_images_per_request: images one v1/v2 request may carry, counted before any is read
-        (413 above). 32: a request alone leaves room for others in a batch's row budget.
+        (413 above). Each costs a full forward row whatever its size, and TorchServe's queue is
+        first come, first served: a photo waits for the rows of every request ahead of it, so
+        8 (16 flooding clients: 128 rows, a few seconds on 2 cores).
     max_batch_images: images (forward rows) one server-side batch may run; requests are
         admitted fewest images first, the rest get 503 with ``Retry-After``. Each image costs a
         full 224x224 row whatever its size, so this, not pixels, bounds a batch's forward time.
@@ -121,7 +123,7 @@ class HandlerConfig:
     precision: str = "auto"
     max_image_pixels: int = 40_000_000
     max_image_bytes: int = 30 * 1024 * 1024
-    max_images_per_request: int = 32
+    max_images_per_request: int = 8
     max_batch_images: int = 64
     forward_rows: int = 0
     max_response_bytes: int = 32 * 1024 * 1024

@@ -174,8 +174,8 @@ def bad_inputs(max_image_bytes: int = 30 * 1024 * 1024) -> dict[str, Bad]:
                                   "topk must be an integer from 1 to 1000, got '²'", body=jpeg,
                                   fields={"topk": "²"}),
         "v1-too-many-images": Bad("json", 413, "PayloadTooLarge",
-                                  "request carries 33 images, more than the limit of 32",
-                                  body={"instances": [{"data": b64(jpeg)}] * 33}),
+                                  "request carries 9 images, more than the limit of 8",
+                                  body={"instances": [{"data": b64(jpeg)}] * 9}),
         "topk-json-bool": Bad("json", 400, "InvalidParameter",
                               "topk must be an integer from 1 to 1000, got True",
                               body={"data": b64(jpeg), "topk": True}),
@@ -231,10 +231,10 @@ def hostile_inputs() -> dict[str, Bad]:
                               "nested more than 16 levels deep",
                               text='{"data": ' + "[" * 30 + "]" * 30 + "}"),
         "v2-pixel-flood": Bad("json", 413, "PayloadTooLarge",
-                              "request would decode 1152000000 pixels (32 image(s)), more than "
+                              "request would decode 288000000 pixels (8 image(s)), more than "
                               "the limit of 100000000 (handler.max_request_pixels)",
-                              body={"inputs": [{"name": "images", "shape": [32],
-                                                "datatype": "BYTES", "data": [flood] * 32}]}),
+                              body={"inputs": [{"name": "images", "shape": [8],
+                                                "datatype": "BYTES", "data": [flood] * 8}]}),
     }
 
 

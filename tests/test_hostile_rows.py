@@ -41,18 +41,18 @@ def v2(count: int, image: bytes = TINY, **tensor) -> dict:
 
 
 def test_rows_are_budgeted_per_batch_fewest_first(tagger, alone):
-    """Three requests of 32 one-colour images cannot share the batch's 64 rows with a photo:
-    the photo and one of them run, the other two get 503 with Retry-After; none is decoded."""
+    """Nine requests of 8 one-colour images cannot share the batch's 64 rows with a photo:
+    the photo and seven of them run, the other two get 503 with Retry-After, undecoded."""
     handler, context = tagger
-    rows = [v2(32), {"body": GOOD}, v2(32), v2(32)]
+    rows = [v2(8)] * 4 + [{"body": GOOD}] + [v2(8)] * 5
     responses, statuses, prepared = run_batch(handler, context, rows)
-    assert sorted(s[0] for s in statuses) == [200, 200, 503, 503]
-    assert statuses[1] == (200, None)
-    assert_same_tags(json.loads(responses[1]), alone)
+    assert sorted(s[0] for s in statuses) == [200] * 8 + [503] * 2
+    assert statuses[4] == (200, None)
+    assert_same_tags(json.loads(responses[4]), alone)
     refused = [json.loads(r) for r, s in zip(responses, statuses) if s[0] == 503]
     assert all(r["type"] == "Overloaded" and "handler.max_batch_images" in r["message"]
                for r in refused)
-    assert len(prepared.pixels) == 33  # the photo and one request of 32, nothing else
+    assert len(prepared.pixels) == 57  # the photo and seven requests of 8, nothing else
 
 
 def test_forward_runs_in_chunks_with_the_same_answers(weights_dir, alone):

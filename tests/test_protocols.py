@@ -228,7 +228,7 @@ def test_bad_inputs_inside_full_batches_fail_alone(slow_batching_server, singles
 
 
 def test_hostile_requests_in_a_full_batch_hurt_no_one(slow_batching_server, singles):
-    """One batch of 8 (issue #8): deep JSON (parsed by TorchServe or not), a 1.2-gigapixel flood
+    """One batch of 8 (issue #8): deep JSON (parsed by TorchServe or not), a 288-megapixel flood
     of cheap WebPs, three heavy but allowed requests (2 x 36 MP each) and two ordinary photos.
     The photos get their single-request answers, each hostile request its own 4xx, the batch's
     decoding budget (200 MP) admits two heavy requests and answers the third 503 with

@@ -1,0 +1,131 @@
+"""Hostile requests, round two (issue #16), through a real TorchServe: a flood of many-image
+requests does not hold an ordinary photo back, long client values come back as short 4xx
+answers, and an answer too large for the frontend is one request's 413 while the rest of its
+batch is answered, with no worker restarted."""
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+import yaml
+from PIL import Image
+
+from bench.archives import ArchiveInfo, build_variant
+from tests import imagegen
+from tests.conftest import REPO
+from tests.corpus import b64
+
+pytestmark = pytest.mark.integration
+PHOTO = imagegen.jpeg(640, 480, seed=31)
+TINY = imagegen.encode(Image.new("RGB", (8, 8), (30, 200, 30)), "PNG")
+MODEL = "resnet50-tagger"
+
+
+def v2_body(count: int, image: bytes = TINY, name: str = "images") -> dict:
+    return {"inputs": [{"name": name, "shape": [count], "datatype": "BYTES",
+                        "data": [b64(image)] * count}]}
+
+
+def worker_pids(ts, model: str = MODEL) -> list[int]:
+    described = requests.get(f"{ts.management_url}/models/{model}",
+                             headers=ts.keys.management_headers(), timeout=30).json()[0]
+    return sorted(w["pid"] for w in described["workers"])
+
+
+def test_an_ordinary_photo_is_answered_during_a_row_flood(torchserve):
+    """16 clients send v2 requests of 8 one-colour 8x8 PNGs (the most one may carry) back to
+    back, again at once on 503, while a photo is sent three times: each photo answer comes
+    within seconds (16 requests of 64 held a photo for 52-65 s), the flood gets 200 and 503."""
+    url = f"{torchserve.inference_url}/predictions/{MODEL}"
+    headers = torchserve.keys.inference_headers()
+    pids = worker_pids(torchserve)
+    stop = threading.Event()
+    statuses: list[int] = []
+
+    def flood() -> None:
+        deadline = time.monotonic() + 120  # bounded whatever happens to the test
+        while not stop.is_set() and time.monotonic() < deadline:
+            statuses.append(requests.post(url, json=v2_body(8), headers=headers,
+                                          timeout=120).status_code)
+
+    latencies = []
+    with ThreadPoolExecutor(16) as pool:
+        floods = [pool.submit(flood) for _ in range(16)]
+        try:
+            time.sleep(2)  # let the flood fill the queue before the photos
+            for _ in range(3):
+                started = time.monotonic()
+                answer = requests.post(url, data=PHOTO, headers=headers, timeout=120)
+                latencies.append(time.monotonic() - started)
+                assert answer.status_code == 200, answer.text
+        finally:
+            stop.set()
+            for future in floods:
+                future.result()
+    assert max(latencies) < 15, latencies
+    assert set(statuses) <= {200, 503} and 200 in statuses, sorted(set(statuses))
+    assert worker_pids(torchserve) == pids
+
+
+@pytest.mark.parametrize("body", [
+    pytest.param({**v2_body(2, name="n" * 1_000_000)}, id="v2-name-1MB-shape-disagrees"),
+    pytest.param({"data": b64(PHOTO), "topk": "7" * 1_100_000}, id="topk-1.1MB"),
+])
+def test_long_client_values_get_short_4xx_answers(torchserve, body):
+    if "inputs" in body:
+        body["inputs"][0]["data"] = body["inputs"][0]["data"][:1]
+    response = requests.post(f"{torchserve.inference_url}/predictions/{MODEL}", json=body,
+                             headers=torchserve.keys.inference_headers(), timeout=120)
+    assert response.status_code == 400, response.text[:300]
+    assert len(response.content) < 1500, len(response.content)
+    assert "chars)" in response.json()["message"]
+
+
+@pytest.fixture(scope="module")
+def small_answers_server(tmp_path_factory, model_store):
+    """A TorchServe whose tagger answers at most 64 KB per request and forms batches of 4
+    (waiting up to 30 s to fill one, so 4 concurrent requests are one batch)."""
+    from devtools.server import LocalTorchServe
+
+    config = yaml.safe_load((REPO / "config" / "models" / f"{MODEL}.yaml").read_text())
+    config.update(batchSize=4, maxBatchDelay=30000)
+    config["handler"] = {**config.get("handler", {}), "max_response_bytes": 65536}
+    store = tmp_path_factory.mktemp("small-answers-store")
+    shipped = ArchiveInfo.read(model_store / f"{MODEL}.mar")
+    build_variant(MODEL, config, shipped.backend, tmp_path_factory.mktemp("small") / "work",
+                  store / f"{MODEL}.mar", precision=shipped.precision)
+    server = LocalTorchServe(tmp_path_factory.mktemp("small-ts"), store,
+                             load_models=[f"{MODEL}.mar"])
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(store, ignore_errors=True)
+
+
+def test_an_answer_too_large_is_a_413_and_its_batch_is_answered(small_answers_server):
+    """Embeddings of 4 photos (about 170 KB of JSON) beside three ordinary requests, in one
+    batch: the big one gets 413, the others 200 (TorchServe's frontend would otherwise drop
+    the worker's whole batch), and the worker lives on."""
+    ts = small_answers_server
+    url = f"{ts.inference_url}/predictions/{MODEL}"
+    headers = ts.keys.inference_headers()
+    big = {**v2_body(4, PHOTO), "outputs": [{"name": "embedding"}]}
+    pids = worker_pids(ts)
+
+    def call(k: int) -> requests.Response:
+        if k == 0:
+            return requests.post(url, json=big, headers=headers, timeout=120)
+        return requests.post(url, data=PHOTO, headers=headers, timeout=120)
+
+    with ThreadPoolExecutor(4) as pool:
+        responses = list(pool.map(call, range(4)))
+    assert [r.headers.get("x-batch-size") for r in responses] == ["4"] * 4
+    assert [r.status_code for r in responses] == [413, 200, 200, 200], responses[0].text
+    assert "handler.max_response_bytes" in responses[0].json()["message"]
+    assert worker_pids(ts) == pids
