@@ -99,6 +99,14 @@ def test_kserve_configs_bind_their_own_addresses():
         assert "tsclient/ports.py" not in (REPO / name).read_text(), name
 
 
+def test_archive_sh_writes_no_default_of_its_own():
+    """archive.sh asks model_files.artifacts (BACKEND, QUANTIZE) and configgen (VERSION, the
+    archive's name) instead of repeating their values."""
+    code = "\n".join(line for line in (REPO / "archive.sh").read_text().splitlines()
+                     if not line.lstrip().startswith("#"))
+    assert not re.findall(r":-(?:openvino|none|auto|\d+\.\d+)\}|\"\d+\.\d+\"|-\$VERSION", code)
+
+
 @pytest.mark.parametrize("args, printed", [
     (["version"], configgen.VERSION),
     (["archive-name", "resnet50-tagger"], "resnet50-tagger.mar"),
