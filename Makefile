@@ -7,15 +7,21 @@
 #            weights already built, else auto),
 #            BACKEND=openvino (default, fastest on CPU: bf16 where the CPU has it)|onnx|torchscript|
 #            eager (PyTorch; the GPU choice)
-#            PRECISION=auto (default)|int8: int8 quantises the OpenVINO IR (BACKEND=openvino) and
-#            refuses below the fidelity gate in config/int8_gate.yaml (buildsteps/quantize.py)
+#            QUANTIZE=none (default)|int8: int8 quantises the OpenVINO IR (BACKEND=openvino) and
+#            refuses below the fidelity gate in config/int8_gate.yaml (buildsteps/quantize.py).
+#            Not handler.precision in config/models/*.yaml: that is the runtime arithmetic.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 WEIGHTS ?=
-BACKEND ?= openvino
-PRECISION ?= auto
+# The defaults of BACKEND and QUANTIZE are model_files/artifacts.py's (archive.sh asks it too).
+BUILD_DEFAULTS := $(shell $(PYTHON) -m model_files.artifacts defaults)
+BACKEND ?= $(word 1,$(BUILD_DEFAULTS))
+QUANTIZE ?= $(word 2,$(BUILD_DEFAULTS))
+ifdef PRECISION
+$(error PRECISION is now QUANTIZE=none|int8 (the runtime arithmetic is handler.precision in config/models/*.yaml))
+endif
 WEIGHTS_DIR := build/weights
 MODEL_CONFIGS := $(wildcard config/models/*.yaml)
 SOURCES := $(wildcard handlers/*.py handlers/*/*.py model_files/*.py) $(MODEL_CONFIGS) archive.sh
@@ -48,19 +54,19 @@ config: $(VENV)/.installed
 	@$(PY) -m buildsteps.configgen
 
 # build_weights.py is itself idempotent: it returns at once when WEIGHTS is what it built.
-weights: $(VENV)/.installed $(if $(filter int8,$(PRECISION)),samples)
+weights: $(VENV)/.installed $(if $(filter int8,$(QUANTIZE)),samples)
 	@$(PY) -m buildsteps.weights $(if $(WEIGHTS),--source "$(WEIGHTS)") --out $(WEIGHTS_DIR)
 	@$(PY) -m buildsteps.export --backend "$(BACKEND)" --weights $(WEIGHTS_DIR)
-	$(if $(filter int8,$(PRECISION)),@$(PY) -m buildsteps.quantize --weights $(WEIGHTS_DIR))
+	$(if $(filter int8,$(QUANTIZE)),@$(PY) -m buildsteps.quantize --weights $(WEIGHTS_DIR))
 
-# Archives are rebuilt when the handler, model code, configs, weights or backend change.
+# Archives are rebuilt when the handler, model code, configs, weights, BACKEND or QUANTIZE change.
 archives: weights
-	@echo "$(BACKEND) $(PRECISION)" > build/.backend.new
+	@echo "$(BACKEND) $(QUANTIZE)" > build/.backend.new
 	@cmp -s build/.backend.new build/.backend || mv build/.backend.new build/.backend
 	@$(MAKE) --no-print-directory build/.archived
 
 build/.archived: $(SOURCES) $(WEIGHTS_DIR)/weights_info.json build/.backend $(wildcard $(WEIGHTS_DIR)/*.sha256)
-	BACKEND=$(BACKEND) PRECISION=$(PRECISION) ./archive.sh
+	BACKEND=$(BACKEND) QUANTIZE=$(QUANTIZE) ./archive.sh
 	@touch $@
 
 samples: $(VENV)/.installed
@@ -99,11 +105,11 @@ bench-ingestion: setup config archives samples
 # under build/kserve/ (KSERVE_DEVICE=gpu with BACKEND=eager for the GPU bundle,
 # KSERVE_MODEL_VERSION=2.0 for the canary's), and the offline lint of every manifest.
 KSERVE_DEVICE ?= cpu
-KSERVE_MODEL_VERSION ?= 1.0
+KSERVE_MODEL_VERSION ?=
 .PHONY: kserve-bundle kserve-lint
 
 kserve-bundle: $(VENV)/.installed config archives
-	$(PY) -m kserve_tools.bundle --device "$(KSERVE_DEVICE)" --model-version "$(KSERVE_MODEL_VERSION)"
+	$(PY) -m kserve_tools.bundle --device "$(KSERVE_DEVICE)" $(if $(KSERVE_MODEL_VERSION),--model-version "$(KSERVE_MODEL_VERSION)")
 
 kserve-lint: $(VENV)/.installed config
 	$(PY) -m kserve_tools.lint

@@ -3,50 +3,57 @@
 # config: model-store/resnet50-embedding.mar and model-store/resnet50-tagger.mar
 #
 # Usage: ./archive.sh [model-name ...]          (default: every config/models/*.yaml)
-# Environment:
+# Environment (the defaults of BACKEND, QUANTIZE and VERSION are model_files/artifacts.py's
+# and buildsteps/configgen.py's, asked below):
 #   BACKEND      openvino (default) | onnx | torchscript | eager: which serialized model goes
 #                in (buildsteps/export.py writes the onnx, openvino and torchscript files)
-#   PRECISION    auto (default) | int8: int8 packs the quantised OpenVINO IR that
-#                buildsteps/quantize.py wrote after its fidelity gate passed (BACKEND=openvino)
+#   QUANTIZE     none (default) | int8: int8 packs the quantised OpenVINO IR that
+#                buildsteps/quantize.py wrote after its fidelity gate passed (BACKEND=openvino).
+#                The runtime arithmetic is handler.precision in config/models/*.yaml.
 #   WEIGHTS_DIR  where buildsteps/weights.py wrote the weights (build/weights)
 #   OUT          output folder (model-store)
-#   VERSION      archive version (1.0): config.properties models={...} is keyed by it. Any
-#                other version is written as <model-name>-<VERSION>.mar, next to 1.0, e.g.
-#                VERSION=2.0 CONFIG_DIR=/tmp/v2 ./archive.sh resnet50-tagger (README: Versions)
+#   VERSION      archive version (default 1.0): config.properties models={...} is keyed by it.
+#                Another version is written as <model-name>-<VERSION>.mar, next to the default,
+#                e.g. VERSION=2.0 CONFIG_DIR=/tmp/v2 ./archive.sh resnet50-tagger
 #   EXPLAIN      1 (default): pack the PyTorch checkpoint for /explanations; 0: leave it out
 #   CONFIG_DIR   where <model-name>.yaml (the archive's model-config.yaml) is read
 #                (config/models)
 set -euo pipefail
 cd "$(dirname "$0")"
 
-BACKEND=${BACKEND:-openvino}
-PRECISION=${PRECISION:-auto}
+die() { echo "archive.sh: error: $*" >&2; exit 1; }
+
+[ -z "${PRECISION+set}" ] \
+  || die "PRECISION is now QUANTIZE (none|int8); unset PRECISION (runtime arithmetic: handler.precision)"
 WEIGHTS_DIR=${WEIGHTS_DIR:-build/weights}
 OUT=${OUT:-model-store}
-VERSION=${VERSION:-1.0}
 CONFIG_DIR=${CONFIG_DIR:-config/models}
 ARCHIVER=${ARCHIVER:-.venv/bin/torch-model-archiver}
 PYTHON=${PYTHON:-.venv/bin/python}
+[ -x "$ARCHIVER" ] || ARCHIVER=$(command -v torch-model-archiver) \
+  || die "torch-model-archiver not found: run 'make setup' first"
+[ -x "$PYTHON" ] || PYTHON=$(command -v python3) || die "python3 not found: run 'make setup' first"
+DEFAULTS=$("$PYTHON" -m model_files.artifacts defaults) || die "model_files.artifacts failed"
+read -r DEFAULT_BACKEND DEFAULT_QUANTIZE <<< "$DEFAULTS"
+BACKEND=${BACKEND:-$DEFAULT_BACKEND}
+QUANTIZE=${QUANTIZE:-$DEFAULT_QUANTIZE}
+[ -n "${VERSION:-}" ] || VERSION=$("$PYTHON" -m buildsteps.configgen version) \
+  || die "buildsteps.configgen failed: run 'make setup' first"
 MODELS=("$@")
 if [ ${#MODELS[@]} -eq 0 ]; then
   for f in "$CONFIG_DIR"/*.yaml; do
     if [ -f "$f" ]; then MODELS+=("$(basename "$f" .yaml)"); fi
   done
-  [ ${#MODELS[@]} -gt 0 ] || { echo "archive.sh: error: no model config in $CONFIG_DIR" >&2; exit 1; }
+  [ ${#MODELS[@]} -gt 0 ] || die "no model config in $CONFIG_DIR"
 fi
 
-die() { echo "archive.sh: error: $*" >&2; exit 1; }
-
-[ -x "$ARCHIVER" ] || ARCHIVER=$(command -v torch-model-archiver) \
-  || die "torch-model-archiver not found: run 'make setup' first"
-[ -x "$PYTHON" ] || PYTHON=$(command -v python3) || die "python3 not found: run 'make setup' first"
 # model_files/artifacts.py names the file each backend loads, then the files it needs beside it.
-FILES=$("$PYTHON" -m model_files.artifacts files "$BACKEND" "$PRECISION") \
-  || die "BACKEND must be eager, torchscript, onnx or openvino (PRECISION=int8: openvino only), got '$BACKEND' '$PRECISION'"
+FILES=$("$PYTHON" -m model_files.artifacts files "$BACKEND" "$QUANTIZE") \
+  || die "no archive for BACKEND='$BACKEND' QUANTIZE='$QUANTIZE' (why: above)"
 mapfile -t FILES <<< "$FILES"
 SERIALIZED="$WEIGHTS_DIR/${FILES[0]}"
 for f in "${FILES[@]/#/$WEIGHTS_DIR/}" "$WEIGHTS_DIR/weights_info.json" "$WEIGHTS_DIR/index_to_name.json"; do
-  [ -f "$f" ] || die "missing $f: run 'make weights BACKEND=$BACKEND PRECISION=$PRECISION' first"
+  [ -f "$f" ] || die "missing $f: run 'make weights BACKEND=$BACKEND QUANTIZE=$QUANTIZE' first"
 done
 
 # torch-model-archiver copies a folder given in --extra-files flat into the archive root, so
@@ -79,9 +86,8 @@ for model in "${MODELS[@]}"; do
     --config-file "$config" \
     --export-path "$WORK" \
     --force
-  # The archiver names the file after the model; a second version must not overwrite 1.0.
-  archive="$model.mar"
-  [ "$VERSION" = "1.0" ] || archive="$model-$VERSION.mar"
+  # The archiver names the file after the model; another version must not overwrite the default.
+  archive=$("$PYTHON" -m buildsteps.configgen archive-name "$model" "$VERSION")
   mv "$WORK/$model.mar" "$OUT/$archive"
   echo "archived $OUT/$archive (version $VERSION, backend $BACKEND: ${FILES[*]})"
 done

@@ -6,7 +6,7 @@
    (``bench/explain_cost.py``);
 2. our served tagger: a real TorchServe with both archives of ``model-store/`` and the shipped
    ``config/config.properties``;
-3. the int8 tagger (closed loop only), when ``make archives BACKEND=openvino PRECISION=int8``
+3. the int8 tagger (closed loop only), when ``make archives BACKEND=openvino QUANTIZE=int8``
    has built the int8 IR (it is archived here from build/weights);
 4. TorchServe's stock ``image_classifier`` serving the same weights, with the same frontend
    settings, in a TorchServe started only after the others stopped.
@@ -88,7 +88,9 @@ def run_raw(config: HandlerConfig, images: dict[str, bytes], budget: raw.Budget)
 def run_pipeline(archive: ArchiveInfo, config: HandlerConfig, image: bytes,
                  budget: raw.Budget) -> dict:
     """The served tagger's work without serving: its backend at its handler settings."""
-    precision = archive.precision if config.precision == "auto" else config.precision
+    # An int8 archive at handler.precision auto runs its int8 IR.
+    precision = "int8" if archive.quantize == "int8" and config.precision == "auto" \
+        else config.precision
     label = archive.backend if precision == "auto" else f"{archive.backend}-{precision}"
     label = label if label in raw.VARIANTS else archive.backend
     backend = raw.load_variant(WEIGHTS, label)
@@ -125,14 +127,14 @@ def serve_ours(images: dict[str, bytes], plan: LoadPlan, weights: dict, *,
 def serve_int8(images: dict[str, bytes], plan: LoadPlan, weights: dict) -> dict | None:
     """The tagger archived from the int8 IR, alone on its server; None when not built."""
     if not (WEIGHTS / QUANTIZED[("openvino", "int8")]).is_file():
-        log.info("no int8 IR in build/weights (make archives BACKEND=openvino PRECISION=int8): "
+        log.info("no int8 IR in build/weights (make archives BACKEND=openvino QUANTIZE=int8): "
                  "int8 not served")
         return None
     log.info("served: ours at int8")
     store = BUILD / "int8-store"
     model_yaml = configgen.MODELS_DIR / f"{OURS}.yaml"
     build_variant(OURS, yaml.safe_load(model_yaml.read_text()), "openvino",
-                  BUILD / "int8-archive", store / f"{OURS}.mar", precision="int8")
+                  BUILD / "int8-archive", store / f"{OURS}.mar", quantize="int8")
     config = BUILD / "int8.properties"
     config.write_text(configgen.local_config(
         configgen.REPO / "config" / "server.properties",

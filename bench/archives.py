@@ -20,19 +20,19 @@ import yaml
 
 from bench.layout import REPO
 from buildsteps.configgen import VERSION, archive_name
-from model_files.artifacts import INFO, backend_of, built_precision, read_manifest
+from model_files.artifacts import DEFAULT_QUANTIZE, INFO, backend_of, built_quantize, read_manifest
 
 
 @dataclass(frozen=True)
 class ArchiveInfo:
     """The parts of a ``.mar`` the benchmark checks: manifest, weights provenance and the
-    model-config.yaml it carries. ``precision``: archive.sh's PRECISION for it (int8 or auto)."""
+    model-config.yaml it carries. ``quantize``: archive.sh's QUANTIZE for it (none or int8)."""
 
     path: Path
     model_name: str
     version: str
     backend: str
-    precision: str
+    quantize: str
     weights: dict
     model_config: dict
 
@@ -45,7 +45,7 @@ class ArchiveInfo:
             config = yaml.safe_load(mar.read(config_file)) if config_file else {}
         serialized = manifest["serializedFile"]
         return cls(path, manifest["modelName"], manifest.get("modelVersion", VERSION),
-                   backend_of(serialized), built_precision(serialized), weights, config or {})
+                   backend_of(serialized), built_quantize(serialized), weights, config or {})
 
 
 def variant_config(base_yaml: Path, batch_size: int, max_batch_delay: int, workers: int) -> dict:
@@ -58,7 +58,7 @@ def variant_config(base_yaml: Path, batch_size: int, max_batch_delay: int, worke
 
 
 def build_variant(model: str, config: dict, backend: str, work_dir: Path, mar_path: Path,
-                  precision: str = "auto", version: str = VERSION) -> Path:
+                  quantize: str = DEFAULT_QUANTIZE, version: str = VERSION) -> Path:
     """Archive ``model`` at ``version`` with ``config`` as its model-config.yaml via
     ``archive.sh``; the result is moved to ``mar_path`` (the file name may differ from the
     model name: TorchServe takes the name from the manifest). Call it for one model at a time,
@@ -73,7 +73,7 @@ def build_variant(model: str, config: dict, backend: str, work_dir: Path, mar_pa
     subprocess.run(
         [str(REPO / "archive.sh"), model],
         env={**os.environ, "CONFIG_DIR": str(config_dir), "OUT": str(out_dir),
-             "BACKEND": backend, "PRECISION": precision, "VERSION": version},
+             "BACKEND": backend, "QUANTIZE": quantize, "VERSION": version},
         cwd=REPO, check=True, stdout=subprocess.DEVNULL, timeout=600,
     )
     mar_path.parent.mkdir(parents=True, exist_ok=True)

@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.variants.split(","):
             rows += measure_variant(name, VARIANTS[name], images, plan, round_)
     meta = {"command": " ".join(["python -m bench.ingestion", *(argv or sys.argv[1:])]),
-            "machine": machine_info, "backend": f"{archive.backend} ({archive.precision})",
+            "machine": machine_info, "backend": f"{archive.backend} (QUANTIZE {archive.quantize})",
             "rounds": rounds, "measure_s": plan.closed_s,
             "elapsed_s": time.monotonic() - started,
             "loadavg_at_end": [round(x, 2) for x in os.getloadavg()]}

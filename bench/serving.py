@@ -164,12 +164,12 @@ def unregister_all(server: LocalTorchServe, timeout_s: float = 120.0) -> None:
 def registered_variant(server: LocalTorchServe, archive: ArchiveInfo, config: dict, name: str,
                        work: Path) -> Iterator[dict]:
     """Archive the tagger with ``config`` as its model-config.yaml (``archive``'s backend and
-    precision) into ``work/store/name``, register it, and yield its describe settings once
+    QUANTIZE) into ``work/store/name``, register it, and yield its describe settings once
     batchSize, maxBatchDelay and the READY workers are the config's (``SettingNotApplied``
     otherwise). Afterwards every model is unregistered and the archive deleted."""
     batch_size, delay, workers = config["batchSize"], config["maxBatchDelay"], config["minWorkers"]
     mar = build_variant(TAGGER, config, archive.backend, work / "archive-work",
-                        work / "store" / name, precision=archive.precision)
+                        work / "store" / name, quantize=archive.quantize)
     try:
         server.client().register(name, workers=workers, batch_size=batch_size,
                                  max_batch_delay=delay)

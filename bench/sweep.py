@@ -87,8 +87,8 @@ def render_markdown(results: dict) -> str:
         "# Batching sweep: resnet50-tagger, 16 closed-loop clients, small JPEG",
         "",
         f"- Date: {meta['machine']['date']}; `{meta['command']}` took "
-        f"{fmt(meta['elapsed_s'], 0)} s; backend **{meta['backend']}**, archived at precision "
-        f"**{meta.get('precision', 'auto')}**.",
+        f"{fmt(meta['elapsed_s'], 0)} s; backend **{meta['backend']}**, archived with QUANTIZE "
+        f"**{meta.get('quantize', 'none')}**.",
         f"- Machine: {meta['machine']['cpu']}, {meta['machine']['cores']} cores; CPU "
         f"{fmt(meta['machine']['cpu_busy_percent_before'], 0)}% busy just before; load average "
         f"before {' / '.join(map(str, meta['machine']['loadavg_at_start']))}, after "
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {
         "meta": {"command": " ".join(["python -m bench.sweep", *(argv or sys.argv[1:])]),
                  "machine": machine_info, "backend": archive.backend,
-                 "precision": archive.precision,
+                 "quantize": archive.quantize,
                  "plan": {"warmup_s": plan.warmup_s, "closed_s": plan.closed_s,
                           "clients": CLIENTS, "image": IMAGE},
                  "elapsed_s": time.monotonic() - started,

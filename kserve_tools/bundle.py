@@ -33,7 +33,7 @@ from pathlib import Path
 
 from buildsteps.configgen import REPO, VERSION, archive_name, local_config, repo_models
 from devtools.server import rewrite_properties
-from model_files.artifacts import backend_of, built_precision, read_manifest
+from model_files.artifacts import backend_of, built_quantize, read_manifest
 
 NAME = "resnet50-serve"
 SERVER_PROPERTIES = REPO / "kserve" / "runtime" / "server.properties"
@@ -81,12 +81,12 @@ def _copy_archives(store: Path, models: list[str], version: str, source: Path) -
             shutil.copy2(mar, store / mar.name)
         return
     # Another version: the same handler, weights and configs, archived under that version with
-    # the backend and precision the store's archives were built with.
+    # the backend and QUANTIZE the store's archives were built with.
     serialized = read_manifest(built[0])["serializedFile"]
     subprocess.run([str(REPO / "archive.sh")], cwd=REPO, check=True,
                    env=dict(os.environ, VERSION=version, OUT=str(store),
                             BACKEND=backend_of(serialized),
-                            PRECISION=built_precision(serialized)))
+                            QUANTIZE=built_quantize(serialized)))
 
 
 def build(out: Path = REPO / "build" / "kserve", device: str = "cpu", version: str = VERSION,

@@ -3,8 +3,10 @@ rule for when a file made from the checkpoint is current.
 
     python -m model_files.artifacts serialized onnx     # prints resnet50_dual.onnx
     python -m model_files.artifacts files openvino int8 # the int8 IR, then its companions
+    python -m model_files.artifacts defaults            # prints "openvino none"
 
-(``archive.sh`` asks this way, so the tables below are the only place that names the files.)
+(``archive.sh`` and the Makefile ask this way, so the tables below are the only place that names
+the files and the build's defaults. Standard library only: make asks before the venv exists.)
 """
 from __future__ import annotations
 
@@ -25,19 +27,26 @@ SERIALIZED = {
     "onnx": "resnet50_dual.onnx",
     "openvino": "resnet50_dual.xml",  # OpenVINO IR: graph; its weights are the .bin beside it
 }
-# (backend, precision) -> a serialized file whose weights are quantised at build time
-# (buildsteps/quantize.py); other precisions are chosen when the model is compiled.
+# (backend, QUANTIZE) -> a serialized file whose weights are quantised at build time
+# (buildsteps/quantize.py); without it the precision is chosen when the model is compiled.
 QUANTIZED = {("openvino", "int8"): "resnet50_dual_int8.xml"}
+# The build's choices (BACKEND, QUANTIZE of archive.sh and make) and their defaults.
+DEFAULT_BACKEND = "openvino"  # the fastest on CPU: bf16 where the CPU has it
+QUANTIZE = ("none", "int8")
+DEFAULT_QUANTIZE = "none"  # int8 must first pass buildsteps/quantize.py's fidelity gate
+# The runtime choice, handler.precision in config/models/*.yaml.
 PRECISIONS = ("auto", "f32", "bf16", "int8")
 
 
-def serialized(backend: str, precision: str = "auto") -> str:
-    """The file an archive for ``backend`` at ``precision`` carries."""
-    if precision == "int8":
-        if (backend, precision) not in QUANTIZED:
-            raise ValueError(f"precision int8 needs BACKEND=openvino, got {backend!r}")
-        return QUANTIZED[(backend, precision)]
-    return SERIALIZED[backend]
+def serialized(backend: str, quantize: str = DEFAULT_QUANTIZE) -> str:
+    """The file an archive for ``backend`` built with ``quantize`` carries."""
+    if quantize not in QUANTIZE:
+        raise ValueError(f"QUANTIZE must be one of {QUANTIZE}, got {quantize!r}")
+    if quantize == "none":
+        return SERIALIZED[backend]
+    if (backend, quantize) not in QUANTIZED:
+        raise ValueError(f"QUANTIZE={quantize} needs BACKEND=openvino, got {backend!r}")
+    return QUANTIZED[(backend, quantize)]
 
 
 def companions(serialized_file: str) -> list[str]:
@@ -71,10 +80,10 @@ def is_quantised(serialized_file: str) -> bool:
     return Path(serialized_file).name in QUANTIZED.values()
 
 
-def built_precision(serialized_file: str) -> str:
-    """The precision fixed when ``serialized_file`` was built: ``int8`` for a quantised file,
-    else ``auto`` (chosen when the model is compiled). ``archive.sh``'s PRECISION for it."""
-    return "int8" if is_quantised(serialized_file) else "auto"
+def built_quantize(serialized_file: str) -> str:
+    """``archive.sh``'s QUANTIZE for an archive carrying ``serialized_file``: ``int8`` for a
+    quantised file, else ``none``."""
+    return "int8" if is_quantised(serialized_file) else "none"
 
 
 def backend_of(serialized_file: str) -> str:
@@ -123,10 +132,14 @@ def mark_current(target: Path, source_sha256: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args == ["defaults"]:
+        print(DEFAULT_BACKEND, DEFAULT_QUANTIZE)
+        return 0
     if (len(args) not in (2, 3) or args[0] not in ("serialized", "files")
-            or args[1] not in SERIALIZED or args[2:3] and args[2] not in PRECISIONS):
+            or args[1] not in SERIALIZED or args[2:3] and args[2] not in QUANTIZE):
         print(f"usage: python -m model_files.artifacts serialized|files "
-              f"{{{','.join(SERIALIZED)}}} [{{{','.join(PRECISIONS)}}}]", file=sys.stderr)
+              f"{{{','.join(SERIALIZED)}}} [{{{','.join(QUANTIZE)}}}] | defaults",
+              file=sys.stderr)
         return 2
     try:
         name = serialized(*args[1:])

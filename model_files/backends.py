@@ -87,8 +87,8 @@ def _openvino(path: Path, threads: int, precision: str, warmup: tuple[int, ...])
     quantised = is_quantised(path.name)
     if precision == "int8" and not quantised:
         raise ValueError(f"handler.precision is int8 but {path.name} is not quantised: "
-                         "archive with PRECISION=int8 (make archives BACKEND=openvino "
-                         "PRECISION=int8)")
+                         "archive with QUANTIZE=int8 (make archives BACKEND=openvino "
+                         "QUANTIZE=int8)")
     config = {hints.performance_mode: hints.PerformanceMode.LATENCY}
     if precision in ("f32", "bf16"):
         config[hints.inference_precision] = ov.Type.f32 if precision == "f32" else ov.Type.bf16

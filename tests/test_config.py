@@ -1,5 +1,6 @@
 """The shipped configuration: typed handler settings, and the generated config.properties files
-current with their one source (config/models/*.yaml)."""
+current with their sources (config/server-base.properties, each server.properties,
+tsclient/ports.py, config/models/*.yaml), each setting written in one of them."""
 from __future__ import annotations
 
 import json
@@ -14,6 +15,7 @@ import yaml
 from buildsteps import configgen
 from handlers.config import ConfigError, HandlerConfig
 from tests.conftest import MODELS, REPO
+from tsclient import ports
 
 
 def _properties(path) -> dict[str, str]:
@@ -42,10 +44,77 @@ def test_staleness_check_notices_an_edited_model_config(tmp_path):
     assert kserve["models"]["resnet50-tagger"]["1.0"]["batchSize"] == 7
 
 
+def _configgen(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "buildsteps.configgen",
+                           *args], cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
 def test_check_command_passes_on_the_repository():
-    result = subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "buildsteps.configgen",
-                             "--check"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    result = _configgen("--check")
     assert result.returncode == 0, result.stderr
+
+
+SERVER_FILES = ["config/server.properties", "kserve/server.properties",
+                "kserve/runtime/server.properties"]
+
+
+@pytest.mark.parametrize("server_file", SERVER_FILES)
+def test_each_server_setting_is_written_once(server_file):
+    """The shared settings live in the base only, and reach every generated file from there."""
+    base = _properties(configgen.BASE)
+    assert not base.keys() & _properties(REPO / server_file).keys()
+    generated = _properties(REPO / server_file.replace("server.properties", "config.properties"))
+    assert {key: generated[key] for key in base} == base
+
+
+@pytest.mark.parametrize("server_file", SERVER_FILES)
+def test_a_setting_in_the_base_and_a_server_file_is_refused(tmp_path, server_file):
+    for part in ("config", "kserve"):
+        shutil.copytree(REPO / part, tmp_path / part)
+    with (tmp_path / server_file).open("a") as f:
+        f.write("\nmax_request_size=1024\n")
+    with pytest.raises(SystemExit) as refused:
+        configgen.generated(tmp_path)
+    assert "sets max_request_size=1024, already set in" in str(refused.value)
+    assert "(max_request_size=33554432)" in str(refused.value)
+
+
+def test_local_addresses_are_the_clients_default_ports():
+    """config/server.properties binds nothing itself: the generator writes tsclient.ports'
+    addresses, where TorchServeClient and tsctl look by default."""
+    assert not {"inference_address", "management_address", "metrics_address"} & _properties(
+        REPO / "config" / "server.properties").keys()
+    properties = _properties(REPO / "config" / "config.properties")
+    assert (properties["inference_address"], properties["management_address"],
+            properties["metrics_address"]) == (
+        f"http://127.0.0.1:{ports.INFERENCE}", f"http://127.0.0.1:{ports.MANAGEMENT}",
+        f"http://127.0.0.1:{ports.METRICS}")
+
+
+def test_kserve_configs_bind_their_own_addresses():
+    """Both KServe configs set every address themselves (pod IP, ports clear of the wrapper's):
+    none of the local defaults is written into them."""
+    for name in ("kserve/config.properties", "kserve/runtime/config.properties"):
+        assert "tsclient/ports.py" not in (REPO / name).read_text(), name
+
+
+def test_archive_sh_writes_no_default_of_its_own():
+    """archive.sh asks model_files.artifacts (BACKEND, QUANTIZE) and configgen (VERSION, the
+    archive's name) instead of repeating their values."""
+    code = "\n".join(line for line in (REPO / "archive.sh").read_text().splitlines()
+                     if not line.lstrip().startswith("#"))
+    assert not re.findall(r":-(?:openvino|none|auto|\d+\.\d+)\}|\"\d+\.\d+\"|-\$VERSION", code)
+
+
+@pytest.mark.parametrize("args, printed", [
+    (["version"], configgen.VERSION),
+    (["archive-name", "resnet50-tagger"], "resnet50-tagger.mar"),
+    (["archive-name", "resnet50-tagger", configgen.VERSION], "resnet50-tagger.mar"),
+    (["archive-name", "resnet50-tagger", "2.0"], "resnet50-tagger-2.0.mar"),
+])
+def test_archive_sh_asks_for_the_version_and_the_archive_name(args, printed):
+    result = _configgen(*args)
+    assert (result.returncode, result.stdout) == (0, printed + "\n"), result.stderr
 
 
 @pytest.mark.parametrize("model", MODELS)

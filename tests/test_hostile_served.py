@@ -97,7 +97,7 @@ def small_answers_server(tmp_path_factory, model_store):
     store = tmp_path_factory.mktemp("small-answers-store")
     shipped = ArchiveInfo.read(model_store / f"{MODEL}.mar")
     build_variant(MODEL, config, shipped.backend, tmp_path_factory.mktemp("small") / "work",
-                  store / f"{MODEL}.mar", precision=shipped.precision)
+                  store / f"{MODEL}.mar", quantize=shipped.quantize)
     server = LocalTorchServe(tmp_path_factory.mktemp("small-ts"), store,
                              load_models=[f"{MODEL}.mar"])
     server.start()

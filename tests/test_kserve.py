@@ -338,11 +338,6 @@ def test_kserve_config_keeps_the_per_model_settings_of_config_properties():
             assert entry[key] == ours[key], f"{model} {key}: kserve {entry[key]} != config {ours[key]}"
 
 
-def test_archive_version_is_the_one_the_configs_are_keyed_by():
-    assert re.search(r"^VERSION=\$\{VERSION:-(\S+)\}$", (REPO / "archive.sh").read_text(),
-                     re.M).group(1) == VERSION
-
-
 @pytest.mark.parametrize("model", MODELS)
 def test_built_archive_matches_the_snapshot(model):
     mar = REPO / "model-store" / f"{model}.mar"

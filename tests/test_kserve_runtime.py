@@ -149,7 +149,7 @@ def test_kserve_storage_downloads_the_bundle(kind, bundle, s3, tmp_path):
 
 def test_canary_bundle_archives_the_store_backend_at_another_version(model_store, tmp_path):
     """``make kserve-bundle KSERVE_MODEL_VERSION=2.0`` (the canary overlay's storageUri):
-    every archive at 2.0, with the backend and precision of the archives in the store."""
+    every archive at 2.0, with the backend and QUANTIZE of the archives in the store."""
     canary = build(tmp_path, version="2.0", model_store=model_store)
     assert canary.folder.name == "resnet50-serve-2.0"
     for model in MODELS:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from devtools.samples import photo
-from model_files.artifacts import SERIALIZED, built_precision, fidelity_record, serialized
+from model_files.artifacts import SERIALIZED, built_quantize, fidelity_record, serialized
 from buildsteps.export import export
 from tests.handler_context import make_handler, run_batch
 from tests.reference import rel_error, tolerance
@@ -80,15 +80,16 @@ def test_auto_is_bf16_where_the_cpu_has_it(weights_dir, ir, photos):
 
 
 def test_int8_needs_a_quantised_archive(weights_dir, ir):
-    with pytest.raises(ValueError, match="PRECISION=int8"):
+    with pytest.raises(ValueError, match="QUANTIZE=int8"):
         make_handler(weights_dir, serialized=ir.name, precision="int8")
 
 
-def test_an_archives_file_tells_its_build_precision():
+def test_an_archives_file_tells_its_build_quantize():
     """What the sweep rebuilds an archive with: an int8 tagger must stay int8."""
-    assert built_precision(serialized("openvino", "int8")) == "int8"
+    assert built_quantize(serialized("openvino", "int8")) == "int8"
     for backend in SERIALIZED:
-        assert built_precision(serialized(backend, "auto")) == "auto"
+        assert built_quantize(serialized(backend, "none")) == "none"
+        assert serialized(backend) == serialized(backend, "none")
 
 
 @pytest.fixture(scope="module")

@@ -36,13 +36,13 @@ IMAGE = imagegen.jpeg(400, 300, seed=21)
 
 
 def _build_v2(store, tmp) -> str:
-    """The tagger archived at 2.0 (backend and precision of the shipped one) with a config
+    """The tagger archived at 2.0 (backend and QUANTIZE of the shipped one) with a config
     whose only change is ``top_k``."""
     config = yaml.safe_load((REPO / "config" / "models" / "resnet50-tagger.yaml").read_text())
     config["handler"]["top_k"] = V2_TOP_K
     shipped = ArchiveInfo.read(REPO / "model-store" / "resnet50-tagger.mar")
     build_variant("resnet50-tagger", config, shipped.backend, tmp / "archive-v2",
-                  store / "resnet50-tagger-2.0.mar", precision=shipped.precision, version="2.0")
+                  store / "resnet50-tagger-2.0.mar", quantize=shipped.quantize, version="2.0")
     return "resnet50-tagger-2.0.mar"
 
 

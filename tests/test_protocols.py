@@ -183,7 +183,7 @@ def slow_batching_server(tmp_path_factory, model_store):
     shipped = ArchiveInfo.read(model_store / "resnet50-tagger.mar")
     build_variant("resnet50-tagger", model_config, shipped.backend,
                   tmp_path_factory.mktemp("slow-archive") / "work", store / "resnet50-tagger.mar",
-                  precision=shipped.precision)
+                  quantize=shipped.quantize)
     server = LocalTorchServe(tmp_path_factory.mktemp("slow-ts"), store,
                              load_models=["resnet50-tagger.mar"])
     server.start()

@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from devtools.server import free_port
-from tsclient import cli, errors, promtext
+from tsclient import cli, errors, ports, promtext
 from tsclient.client import MAX_NAME, TorchServeClient, check_archive, check_name
 from tsclient.keys import Keys
 
@@ -53,6 +53,20 @@ def test_archive_paths_are_refused_and_urls_left_to_the_server():
     for url in ("file:///etc/passwd", "http://127.0.0.1:8082/metrics", "HTTPS://x/y.mar"):
         assert check_archive(url) == url
     assert check_archive("resnet50-tagger-2.0.mar") == "resnet50-tagger-2.0.mar"
+
+
+def test_client_and_tsctl_default_to_the_same_ports(monkeypatch):
+    for name in ("TSCTL_INFERENCE_URL", "TSCTL_MANAGEMENT_URL", "TSCTL_METRICS_URL",
+                 "TSCTL_KEY_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    args = cli.parser().parse_args(["list"])
+    client = TorchServeClient()
+    expected = {"inference": f"http://127.0.0.1:{ports.INFERENCE}",
+                "management": f"http://127.0.0.1:{ports.MANAGEMENT}",
+                "metrics": f"http://127.0.0.1:{ports.METRICS}"}
+    assert client.urls == expected
+    assert {api: getattr(args, f"{api}_url") for api in expected} == expected
+    assert Path(args.key_file) == client.key_file
 
 
 def test_key_file_expiry_is_read(tmp_path):

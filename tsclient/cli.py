@@ -29,9 +29,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from tsclient import errors, promtext
-from tsclient.client import TorchServeClient
-from tsclient.keys import KINDS
+from tsclient import errors, ports, promtext
+from tsclient.client import TIMEOUT_S, TorchServeClient
+from tsclient.keys import KEY_FILE, KINDS
 
 RESTART_NOTE = ("not kept across a restart: `make serve` starts from config/ (--ncs); to keep "
                 "it, put it in config/models/{name}.yaml and run `make config`")
@@ -350,14 +350,15 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tsctl", description=__doc__.splitlines()[0],
                                 epilog=__doc__.split("\n\n", 2)[2],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--inference-url", default=env("TSCTL_INFERENCE_URL", "http://127.0.0.1:8080"))
-    p.add_argument("--management-url",
-                   default=env("TSCTL_MANAGEMENT_URL", "http://127.0.0.1:8081"))
-    p.add_argument("--metrics-url", default=env("TSCTL_METRICS_URL", "http://127.0.0.1:8082"))
-    p.add_argument("--key-file", default=env("TSCTL_KEY_FILE", "key_file.json"),
-                   help="TorchServe's key_file.json (default: ./key_file.json)")
+    for api, default in (("inference", ports.INFERENCE_URL), ("management", ports.MANAGEMENT_URL),
+                         ("metrics", ports.METRICS_URL)):
+        p.add_argument(f"--{api}-url", default=env(f"TSCTL_{api.upper()}_URL", default),
+                       help=f"default: {default} (or $TSCTL_{api.upper()}_URL)")
+    p.add_argument("--key-file", default=env("TSCTL_KEY_FILE", KEY_FILE),
+                   help=f"TorchServe's {KEY_FILE} (default: ./{KEY_FILE}, or $TSCTL_KEY_FILE)")
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds per call (300)")
+    p.add_argument("--timeout", type=float, default=TIMEOUT_S,
+                   help=f"seconds per call ({TIMEOUT_S:g})")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("list", help="registered models, versions and workers")
     d = sub.add_parser("describe", help="one model's versions, workers, settings, weights")

@@ -2,7 +2,7 @@
 
     from tsclient import TorchServeClient
 
-    client = TorchServeClient()                      # 127.0.0.1:8080/8081/8082, ./key_file.json
+    client = TorchServeClient()                      # tsclient.ports' defaults, ./key_file.json
     client.list_models()
     client.register("resnet50-tagger-2.0.mar", batch_size=16)
     client.predict("resnet50-tagger", open("cat.jpg", "rb").read(), topk=3)
@@ -26,10 +26,10 @@ from typing import Any
 
 import requests
 
-from tsclient import errors
-from tsclient.keys import KINDS, Keys, bearer
+from tsclient import errors, ports
+from tsclient.keys import KEY_FILE, KINDS, Keys, bearer
 
-DEFAULT_HOST = "http://127.0.0.1"
+TIMEOUT_S = 300.0  # registration and scaling wait for workers
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-.]*")
 MAX_NAME = 128  # far below Netty's 4096-byte request line, room for /predictions/NAME/VERSION
 URL_SCHEMES = ("http://", "https://", "file://")
@@ -70,11 +70,11 @@ class TorchServeClient:
     keep it generous.
     """
 
-    def __init__(self, inference_url: str = f"{DEFAULT_HOST}:8080",
-                 management_url: str = f"{DEFAULT_HOST}:8081",
-                 metrics_url: str = f"{DEFAULT_HOST}:8082", *,
-                 key_file: Path | str | None = "key_file.json", keys: Keys | None = None,
-                 timeout: float = 300.0) -> None:
+    def __init__(self, inference_url: str = ports.INFERENCE_URL,
+                 management_url: str = ports.MANAGEMENT_URL,
+                 metrics_url: str = ports.METRICS_URL, *,
+                 key_file: Path | str | None = KEY_FILE, keys: Keys | None = None,
+                 timeout: float = TIMEOUT_S) -> None:
         self.urls = {"inference": inference_url.rstrip("/"),
                      "management": management_url.rstrip("/"),
                      "metrics": metrics_url.rstrip("/")}

@@ -17,6 +17,7 @@ from pathlib import Path
 from tsclient.errors import KeyFileError
 
 KINDS = ("inference", "management")
+KEY_FILE = "key_file.json"  # where torchserve writes it: the folder it was started from
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class Keys:
     management_expires: datetime | None = None
 
     @classmethod
-    def read(cls, path: Path | str = "key_file.json", settle_s: float = 1.0) -> "Keys":
+    def read(cls, path: Path | str = KEY_FILE, settle_s: float = 1.0) -> "Keys":
         """Parse a TorchServe key file; ``KeyFileError`` (with a fix) when it is unusable.
 
         TorchServe rewrites the file in place on a rotation (truncate, then write), so a read
