@@ -9,7 +9,10 @@ writes into ``--out`` (default ``build/weights``):
                           reports this file verbatim);
 - ``index_to_name.json``  class index -> name, from the weights' own ``meta["categories"]``.
 
-Without ``--source``, weights already built are kept (whatever their source), else ``auto``.
+Without ``--source``, weights already built are kept (whatever their source), else ``auto``;
+"built" means ``resnet50.pt`` hashes to the sha256 in ``weights_info.json`` (a checkpoint that
+does not is rebuilt from the recorded source). The checkpoint is written to a temporary file and
+renamed into place, so an interrupted build never leaves a partial ``resnet50.pt``.
 ``auto`` downloads ImageNet weights (``ResNet50_Weights.IMAGENET1K_V2``) and, when the network
 is unreachable, falls back to seeded *untrained* weights with a loud warning: those serve the
 right shapes and pass parity tests, but their labels are meaningless.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -118,9 +122,15 @@ def build(source: str | None, out: Path) -> dict:
     info_path = out / INFO
     if info_path.is_file() and (out / CHECKPOINT).is_file():
         info = json.loads(info_path.read_text())
-        if source is None or (info.get("requested") == source and _still_current(source, info)):
+        wanted = source is None or (info.get("requested") == source
+                                    and _still_current(source, info))
+        if wanted and sha256_of(out / CHECKPOINT) == info.get("sha256"):
             print(f"weights up to date: {info['source']} ({info_path})")
             return info
+        if wanted:  # a checkpoint that is not the one recorded: rebuild from the same source
+            print(f"weights: {out / CHECKPOINT} does not match its recorded sha256; rebuilding",
+                  file=sys.stderr)
+            source = source or info.get("requested")
     source = source or "auto"
 
     import torch
@@ -129,7 +139,10 @@ def build(source: str | None, out: Path) -> dict:
     state, info = resolve(source)
     out.mkdir(parents=True, exist_ok=True)
     ckpt = out / CHECKPOINT
-    torch.save(state, ckpt)
+    # An interrupted save leaves the partial file aside, never under the checkpoint's name.
+    partial = out / f".{CHECKPOINT}.partial"
+    torch.save(state, partial)
+    os.replace(partial, ckpt)
     info.update(requested=source, file=CHECKPOINT, sha256=sha256_of(ckpt))
     categories = WEIGHTS.meta["categories"]
     (out / LABELS).write_text(
