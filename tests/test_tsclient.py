@@ -231,3 +231,55 @@ def test_metrics_summary_from_prometheus_text():
         "batch_sizes": {"2": 3, "16": 1}, "errors": {"InvalidImage": 1},
         "decode_ms_per_image": 2.0, "forward_ms_per_batch": 100.0, "requests": 22,
         "mean_latency_ms": 100.0}}
+
+
+class _Recorder(__import__("http.server").server.BaseHTTPRequestHandler):
+    """Answers every GET with ``{"status": "Healthy"}`` and records what it was asked."""
+
+    seen: list = []
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        type(self).seen.append((self.path, self.headers.get("Authorization")))
+        body = b'{"status": "Healthy"}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def _serve(seen: list):
+    import http.server
+    import threading
+
+    handler = type("Recorder", (_Recorder,), {"seen": seen})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_keys_to_a_loopback_server_never_go_through_a_proxy(tmp_path, monkeypatch):
+    """HTTP_PROXY set (and no NO_PROXY): a loopback server is called directly, the proxy sees
+    nothing; a remote host still goes through the proxy (requests' default)."""
+    to_server, to_proxy = [], []
+    server, proxy = _serve(to_server), _serve(to_proxy)
+    try:
+        proxy_url = f"http://127.0.0.1:{proxy.server_address[1]}"
+        for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy"):
+            monkeypatch.setenv(name, proxy_url)
+        for name in ("NO_PROXY", "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        client = TorchServeClient(url, url, url, key_file=_key_file(tmp_path / "k.json"))
+        assert client.health() == {"status": "Healthy"}
+        assert to_server == [("/ping", "Bearer inf-1")] and to_proxy == []
+        remote = TorchServeClient("http://ts.example.invalid:8080", url, url,
+                                  key_file=_key_file(tmp_path / "k.json"))
+        assert remote.health() == {"status": "Healthy"}  # answered by the "proxy"
+        assert to_proxy == [("http://ts.example.invalid:8080/ping", "Bearer inf-1")]
+    finally:
+        server.shutdown()
+        proxy.shutdown()

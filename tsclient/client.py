@@ -12,17 +12,22 @@ refuses a key (TorchServe answers 400 ``InvalidKeyException``, e.g. after
 ``token_expiration_min``), the client re-reads the file (someone may have rotated it), else
 rotates the key with the file's API key, and retries the call once.
 
+Proxies: calls to a loopback server ignore ``HTTP(S)_PROXY`` and the rest of the environment
+(``trust_env=False``), so keys never reach a proxy; other hosts keep requests' defaults.
+
 Names: model names and versions are checked before anything is sent (``check_name``):
 TorchServe 0.12 registers names it can never route again (``a/b``, ``..``), which then hold a
 worker until a restart.
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import threading
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 
@@ -33,6 +38,17 @@ TIMEOUT_S = 300.0  # registration and scaling wait for workers
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-.]*")
 MAX_NAME = 128  # far below Netty's 4096-byte request line, room for /predictions/NAME/VERSION
 URL_SCHEMES = ("http://", "https://", "file://")
+
+
+def is_loopback(url: str) -> bool:
+    """Whether ``url``'s host is this machine's loopback (``localhost``, 127.0.0.0/8, ``::1``)."""
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def check_name(value: str, what: str = "model name") -> str:
@@ -81,7 +97,11 @@ class TorchServeClient:
         self.key_file = Path(key_file) if key_file is not None and keys is None else None
         self._keys = keys
         self.timeout = timeout
+        # Keys never travel through HTTP(S)_PROXY to a loopback server (requests would send
+        # them to a proxy unless NO_PROXY names the host); remote URLs keep the environment.
         self.session = requests.Session()
+        self.loopback_session = requests.Session()
+        self.loopback_session.trust_env = False
         self.rotations = 0  # how many keys this client rotated (for `tsctl keys` and tests)
         # Concurrent calls that meet the same expired key rotate it once: each rotation
         # invalidates the previous key, so the others must pick up the new one instead.
@@ -139,7 +159,8 @@ class TorchServeClient:
         url = self.urls[port] + path
         kwargs.setdefault("timeout", self.timeout)
         try:
-            return self.session.request(method, url, params=params,
+            session = self.loopback_session if is_loopback(url) else self.session
+            return session.request(method, url, params=params,
                                         headers={**(headers or {}), **auth}, **kwargs)
         except requests.ConnectionError:
             raise errors.ServerNotRunning(
