@@ -33,6 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Iterable
 
+import javaproperties
 import psutil
 
 from bench import machine, report
@@ -46,13 +47,17 @@ from bench.stats import percentile, summarize
 from devtools.server import LocalTorchServe
 
 log = logging.getLogger("bench.ingestion")
+SHIPPED_VMARGS = javaproperties.loads(
+    (Path(__file__).resolve().parent.parent / "config" / "server-base.properties").read_text()
+)["vmargs"]
 
 # name -> config.properties overrides on top of the shipped config/config.properties.
 VARIANTS = {
-    # TorchServe's JVM defaults: G1 picks heap/2048 regions (2 MB here).
+    # The shipped JVM settings (vmargs in config/server-base.properties): G1 picks heap/2048
+    # regions (2 MB for the 3 GiB heap).
     "shipped": {},
     # Uploads over half a region are "humongous" objects for G1; 16 MB regions avoid that.
-    "16 MB G1 regions": {"vmargs": "-XX:G1HeapRegionSize=16m"},
+    "16 MB G1 regions": {"vmargs": f"{SHIPPED_VMARGS} -XX:G1HeapRegionSize=16m"},
     # TorchServe's defaults are one netty thread per core for both (2 here).
     "4 netty threads": {"number_of_netty_threads": "4", "netty_client_threads": "4"},
 }
