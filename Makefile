@@ -10,6 +10,7 @@
 #            QUANTIZE=none (default)|int8: int8 quantises the OpenVINO IR (BACKEND=openvino) and
 #            refuses below the fidelity gate in config/int8_gate.yaml (buildsteps/quantize.py).
 #            Not handler.precision in config/models/*.yaml: that is the runtime arithmetic.
+#            MODEL_API=1 (make serve): registering and unregistering models on (off by default).
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -72,8 +73,16 @@ build/.archived: $(SOURCES) $(WEIGHTS_DIR)/weights_info.json build/.backend $(wi
 samples: $(VENV)/.installed
 	@$(PY) -m devtools.samples --out build/samples --heldout build/heldout >/dev/null
 
+# umask 077: key_file.json and the logs are private from their creation. A private temp folder
+# (TMPDIR for Python, TEMP for the JVM's java.io.tmpdir): archives unpack and worker sockets
+# live there, not in a shared /tmp; removed when the server stops. MODEL_API=1 turns on
+# registering and unregistering models (off in config/server.properties, which says why).
+MODEL_API ?=
 serve: setup config archives samples
-	$(VENV)/bin/torchserve --start --foreground --ncs --ts-config config/config.properties
+	@umask 077 && tmp=$$(mktemp -d -t torchserve.XXXXXX) && trap 'rm -rf "$$tmp"' EXIT INT TERM && \
+	echo "TorchServe temp folder: $$tmp$(if $(filter 1,$(MODEL_API)), (model API on))" && \
+	TMPDIR="$$tmp" TEMP="$$tmp" $(VENV)/bin/torchserve --start --foreground --ncs \
+		--ts-config config/config.properties $(if $(filter 1,$(MODEL_API)),--enable-model-api)
 
 # The whole suite, the benchmark smoke test (marked slow) included.
 test: setup config archives samples
