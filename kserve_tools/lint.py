@@ -32,6 +32,13 @@ formats not auto-selected; v1/v2 protocols; one port named for Knative and equal
 TorchServe 0.12 waits for loaded workers); metrics annotations equal to ``metrics_address``; no ``PYTHONPATH``; token
 authorization off in its config (probes carry no key).
 
+Ours, for the pods: our runtime's container runs with ``seccompProfile: RuntimeDefault`` and a
+memory request and limit of at least ``FOOTPRINT_GIB`` (measured, kserve/README.md), as does
+every InferenceService on our runtime; each kustomization rendering such an InferenceService
+ships a NetworkPolicy selecting its predictor pods (``serving.kserve.io/inferenceservice``)
+that admits TorchServe's inference and metrics ports (or Knative's queue-proxy) only from
+named namespaces, and nothing from everywhere.
+
 For a bundle: ``config/config.properties`` names exactly the archives in ``model-store/``
 (model names and versions from each archive's manifest) and the models of ``config/models``.
 """
@@ -91,6 +98,34 @@ CONTAINER_FIELDS = {"name", "image", "command", "args", "workingDir", "ports", "
                     "lifecycle", "terminationMessagePath", "terminationMessagePolicy",
                     "imagePullPolicy", "securityContext", "stdin", "stdinOnce", "tty"}
 MODEL_FORMAT_FIELDS = {"name", "version", "autoSelect", "priority"}
+OUR_RUNTIME = "resnet50-torchserve"
+# Measured (kserve/README.md "Memory"): frontend at its heap + direct-memory ceiling during a
+# burst of 32 MiB bodies (4.4 GiB) + both workers after it (1.3 + 1.7 GiB), rounded up.
+FOOTPRINT_GIB = 7.5
+ISVC_LABEL = "serving.kserve.io/inferenceservice"  # KServe labels every predictor pod with it
+_QUANTITY = re.compile(r"^([0-9.]+)([EPTGMK]i?|[mk])?$")
+_UNITS = {None: 1, "m": 1e-3, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
+          "E": 1e18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
+          "Ei": 2**60}
+
+
+def quantity_bytes(value) -> float | None:
+    """A Kubernetes memory quantity (``8Gi``, ``7500M``, ``2e9`` aside) in bytes; None if
+    unreadable."""
+    match = _QUANTITY.match(str(value).strip())
+    return float(match.group(1)) * _UNITS[match.group(2)] if match else None
+
+
+def memory_findings(add, path: str, resources: dict | None) -> None:
+    """``add(path, problem, fix)`` when a memory request or limit is below ``FOOTPRINT_GIB``."""
+    for kind in ("requests", "limits"):
+        value = ((resources or {}).get(kind) or {}).get("memory")
+        size = quantity_bytes(value) if value is not None else None
+        if size is None or size < FOOTPRINT_GIB * 2**30:
+            add(f"{path}.{kind}.memory", f"{value!r} is below the measured footprint of "
+                f"frontend and workers ({FOOTPRINT_GIB} GiB, kserve/README.md): a burst of large "
+                "bodies gets the pod OOM-killed", f"set it to at least {FOOTPRINT_GIB} GiB "
+                "(8Gi)")
 
 
 @dataclass(frozen=True)
@@ -246,6 +281,8 @@ def inference_service_findings(resource: Resource, runtimes: dict[str, Runtime],
     found += _scaling_findings(resource, annotations, predictor, limits)
     found += _env_findings(resource, obj.get("spec") or {})
     found += _runtime_findings(resource, model, runtimes)
+    if model.get("runtime") == OUR_RUNTIME:
+        memory_findings(add, "spec.predictor.model.resources", model.get("resources"))
     timeout = predictor.get("timeout")
     if timeout is not None and timeout < limits.response_timeout:
         add("spec.predictor.timeout", f"{timeout} s is below TorchServe's responseTimeout "
@@ -502,6 +539,11 @@ def _runtime_container_findings(resource: Resource, path: str, container: dict,
             add(f"ports[{i}].containerPort", f"{port.get('containerPort')} is not TorchServe's "
                 f"inference port {inference_port} (inference_address)",
                 f"use {inference_port}")
+    seccomp = ((container.get("securityContext") or {}).get("seccompProfile") or {})
+    if seccomp.get("type") != "RuntimeDefault":
+        add("securityContext.seccompProfile", f"{seccomp or 'missing'}: no syscall filter",
+            "set securityContext.seccompProfile.type: RuntimeDefault")
+    memory_findings(add, "resources", container.get("resources"))
     probe = container.get("readinessProbe") or {}
     if (probe.get("exec") or {}).get("command") != list(READINESS_COMMAND):
         add("readinessProbe", f"{probe or 'missing'}: only the bundle's readiness check waits "
@@ -554,6 +596,63 @@ def bundle_findings(bundle: Path, models: dict[str, dict] | None = None) -> list
 
 # ---------------------------------------------------------------------------- driver
 
+# ---------------------------------------------------------------------------- network
+
+def _admits_only_namespaces(rule: dict) -> bool:
+    """An ingress rule whose every peer is a namespace named by label (no pod-only, IP-block
+    or empty peer, which would admit more than one namespace's pods)."""
+    peers = rule.get("from")
+    if not peers:
+        return False
+    for peer in peers:
+        labels = ((peer.get("namespaceSelector") or {}).get("matchLabels") or {})
+        if set(peer) != {"namespaceSelector"} or not labels.get("kubernetes.io/metadata.name"):
+            return False
+    return True
+
+
+def network_policy_findings(target: Path, objects: list[Resource]) -> list[Finding]:
+    """Each InferenceService on our runtime among ``objects`` (one rendered target) needs a
+    NetworkPolicy there selecting its pods, with every ingress rule admitting named
+    namespaces only, on the inference port (8080, or Knative's queue-proxy 8012) and the
+    metrics port."""
+    found: list[Finding] = []
+    policies = [r for r in objects if r.kind == "NetworkPolicy"]
+    properties = server_properties()
+    needed = {_port(properties["metrics_address"])}
+    for isvc in (r for r in objects if r.kind == "InferenceService"):
+        model = ((isvc.obj.get("spec") or {}).get("predictor") or {}).get("model") or {}
+        if model.get("runtime") != OUR_RUNTIME:
+            continue
+        knative = MODES.get(_mode((isvc.obj.get("metadata") or {}).get("annotations") or {})
+                            or DEFAULT_MODE) == "Knative"
+        inference = 8012 if knative else _port(properties["inference_address"])
+        selecting = [p for p in policies
+                     if (((p.obj.get("spec") or {}).get("podSelector") or {})
+                         .get("matchLabels") or {}).items() <= {ISVC_LABEL: isvc.name}.items()
+                     and "Ingress" in ((p.obj.get("spec") or {}).get("policyTypes") or [])]
+        if not selecting:
+            found.append(_finding(isvc, "<NetworkPolicy>", "no NetworkPolicy selects this "
+                                  f"InferenceService's pods ({ISVC_LABEL}: {isvc.name}) while "
+                                  "TorchServe runs without token authorization", "keep "
+                                  "kserve/base/networkpolicy.yaml in the kustomization"))
+            continue
+        for policy in selecting:
+            rules = (policy.obj.get("spec") or {}).get("ingress") or []
+            ports = set()
+            for i, rule in enumerate(rules):
+                if not _admits_only_namespaces(rule):
+                    found.append(_finding(policy, f"spec.ingress[{i}].from", "admits more than "
+                                          "named namespaces", "name each namespace with "
+                                          "namespaceSelector.matchLabels"
+                                          ".kubernetes.io/metadata.name"))
+                ports |= {p.get("port") for p in rule.get("ports") or []}
+            for port in sorted((needed | {inference}) - ports):
+                found.append(_finding(policy, "spec.ingress", f"port {port} is admitted from "
+                                      "no namespace", "add a rule for it (namespaces.env)"))
+    return found
+
+
 def default_targets() -> list[Path]:
     """Our runtime, every overlay, and the stock-runtime manifests."""
     return [RUNTIME_DIR, *sorted(p for p in (KSERVE / "overlays").iterdir() if p.is_dir()),
@@ -569,10 +668,13 @@ def lint(targets: list[Path], models: dict[str, dict] | None = None,
     found: list[Finding] = []
     for target in targets:
         try:
-            rendered += render(target)
+            objects = render(target)
         except (RenderError, OSError) as exc:
             found.append(Finding(_rel(Path(target)), "kustomization", "<render>", str(exc),
                                  "fix the kustomization"))
+            continue
+        rendered += objects
+        found += network_policy_findings(target, objects)
     runtimes = {STOCK_RUNTIME.name: STOCK_RUNTIME}
     # Our runtime is known to every InferenceService, linted or not; linted when rendered.
     for resource in render(RUNTIME_DIR) + rendered:
@@ -582,6 +684,8 @@ def lint(targets: list[Path], models: dict[str, dict] | None = None,
         if resource.kind in ("ClusterServingRuntime", "ServingRuntime"):
             found += runtime_findings(resource, properties)
             continue
+        if resource.kind == "NetworkPolicy":
+            continue  # checked with its InferenceService, per target
         if resource.kind == "InferenceService":
             found += schema_findings(resource)
         found += inference_service_findings(resource, runtimes, limits)

@@ -42,8 +42,14 @@ def _rendered(path: Path) -> tuple:
 def isvc(target: str):
     """The one InferenceService rendered from an overlay name or a stock manifest path."""
     path = KSERVE / target if target.endswith(".yaml") else KSERVE / "overlays" / target
-    [resource] = copy.deepcopy(_rendered(path))
-    assert resource.kind == "InferenceService"
+    [resource] = [r for r in copy.deepcopy(_rendered(path)) if r.kind == "InferenceService"]
+    return resource
+
+
+def policy(target: str):
+    """The one NetworkPolicy rendered from an overlay name."""
+    [resource] = [r for r in copy.deepcopy(_rendered(KSERVE / "overlays" / target))
+                  if r.kind == "NetworkPolicy"]
     return resource
 
 
@@ -274,6 +280,10 @@ RUNTIME_MUTATIONS = {
     "unknown-field": (_set("spec.supportedModelFormat", []), "spec.supportedModelFormat: unknown"),
     "container-name": (lambda o: _container(o).update(name="torchserve"),
                        "expected exactly one container named kserve-container"),
+    "seccomp": (lambda o: _container(o)["securityContext"].pop("seccompProfile"),
+                "securityContext.seccompProfile: missing: no syscall filter"),
+    "memory": (lambda o: _container(o)["resources"]["limits"].update(memory="4Gi"),
+               "resources.limits.memory: '4Gi' is below the measured footprint"),
 }
 
 
@@ -388,3 +398,64 @@ def test_kserve_config_fits_the_runtime():
     assert Path(shipped["metrics_config"]).name == "metrics.yaml"
     for key in ("metrics_mode", "max_request_size", "max_response_size"):
         assert properties[key] == shipped[key], key
+
+
+# ------------------------------------------------------------------ pods: network, memory
+
+
+@pytest.mark.parametrize("target", OVERLAYS)
+def test_every_overlay_ships_a_network_policy_for_its_pods(target):
+    """Only named namespaces reach the pods: the ingress gateway's the inference port (or
+    Knative's queue-proxy), the monitoring one the metrics port; each name set once in
+    kserve/base/namespaces.env."""
+    names = dict(line.split("=", 1) for line in
+                 (KSERVE / "base" / "namespaces.env").read_text().splitlines()
+                 if line and not line.startswith("#"))
+    spec = policy(target).obj["spec"]
+    assert spec["podSelector"]["matchLabels"] == {kserve_lint.ISVC_LABEL: isvc(target).name}
+    allowed = {(peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+                port["port"]) for rule in spec["ingress"] for peer in rule["from"]
+               for port in rule["ports"]}
+    inference = 8012 if kserve_lint._mode(isvc(target).obj["metadata"]["annotations"]) in (
+        "Knative", "Serverless") else 8080
+    assert {(names["ingress"], inference), (names["monitoring"], PROMETHEUS_PORT)} <= allowed
+    assert {namespace for namespace, _ in allowed} <= {names["ingress"], names["monitoring"],
+                                                      "knative-serving"}
+
+
+@pytest.mark.parametrize("mutation, expected", [
+    (lambda objs: [o for o in objs if o.kind != "NetworkPolicy"], "no NetworkPolicy selects"),
+    (lambda objs: [o for o in objs if not (o.kind == "NetworkPolicy" and o.obj["spec"][
+        "ingress"][0].update({"from": []}))], "admits more than named namespaces"),
+    (lambda objs: [o for o in objs if not (o.kind == "NetworkPolicy" and o.obj["spec"][
+        "ingress"].pop(1) is None)], "port 8082 is admitted from no namespace"),
+    (lambda objs: [o for o in objs if not (o.kind == "NetworkPolicy" and o.obj["spec"][
+        "podSelector"]["matchLabels"].update({kserve_lint.ISVC_LABEL: "other"}))],
+     "no NetworkPolicy selects"),
+], ids=["missing", "open-rule", "no-metrics-rule", "wrong-pods"])
+def test_a_missing_or_open_network_policy_fails_the_lint(mutation, expected):
+    objects = mutation(list(copy.deepcopy(_rendered(KSERVE / "overlays" / "v1"))))
+    problems = [str(f) for f in kserve_lint.network_policy_findings(KSERVE, objects)]
+    assert any(expected in p for p in problems), problems
+
+
+def test_memory_covers_the_documented_footprint():
+    """The footprint the lint holds every pod to is the figure kserve/README.md reports."""
+    readme = (KSERVE / "README.md").read_text()
+    assert f"{kserve_lint.FOOTPRINT_GIB} GiB" in readme
+    low = isvc("v1")
+    low.obj["spec"]["predictor"]["model"]["resources"]["limits"]["memory"] = "4Gi"
+    assert any("resources.limits.memory: '4Gi' is below the measured footprint" in p
+               for p in findings(low))
+    assert kserve_lint.quantity_bytes("8Gi") == 8 * 2**30
+    assert kserve_lint.quantity_bytes("7500M") == 7.5e9
+
+
+def test_docker_build_context_sends_only_requirements():
+    """kserve/runtime/Dockerfile builds from the repository root and copies only
+    requirements.txt: the .dockerignore there keeps weights, archives and keys out."""
+    dockerfile = (KSERVE / "runtime" / "Dockerfile").read_text()
+    assert re.findall(r"^COPY (\S+)", dockerfile, re.M) == ["requirements.txt"]
+    lines = [line for line in (REPO / ".dockerignore").read_text().splitlines()
+             if line and not line.startswith("#")]
+    assert lines == ["*", "!requirements.txt"]
