@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = LoadPlan(closed_s=args.seconds)
     body = (SAMPLES / IMAGES["small"]).read_bytes()
     (WORK / "store").mkdir(parents=True, exist_ok=True)
-    server = LocalTorchServe(fresh_dir(WORK / "run"), WORK / "store", load_models=[])
+    server = LocalTorchServe(fresh_dir(WORK / "run"), WORK / "store", load_models=[],
+                             model_api=True)
     rows = []
     try:
         server.start()

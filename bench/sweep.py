@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     base_yaml = MODELS_DIR / f"{OURS}.yaml"
     settings = list(itertools.product(args.batch_sizes, args.delays, args.workers))
     (SWEEP / "store").mkdir(parents=True, exist_ok=True)
-    server = LocalTorchServe(fresh_dir(SWEEP / "run"), SWEEP / "store", load_models=[])
+    server = LocalTorchServe(fresh_dir(SWEEP / "run"), SWEEP / "store", load_models=[],
+                             model_api=True)
     rows = []
     try:
         server.start()

@@ -139,16 +139,20 @@ class LocalTorchServe:
 
     ``config``: the config.properties to start from (the repo's by default); addresses, model
     store and metrics config are rewritten to this instance's. ``properties``: more overrides.
+    ``model_api``: turn on registering and unregistering models (``enable_model_api``, off in
+    the shipped config: config/server.properties says why), for tests and benchmarks that
+    register archives.
     """
 
     def __init__(self, workdir: Path, model_store: Path, *, config: Path = DEFAULT_CONFIG,
                  load_models: list[str] | None = None, properties: dict[str, str] | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, model_api: bool = False) -> None:
         self.workdir = Path(workdir).resolve()
         self.model_store = Path(model_store).resolve()
         self.config = Path(config)
         self.load_models = load_models
-        self.properties = dict(properties or {})
+        self.properties = {**({"enable_model_api": "true"} if model_api else {}),
+                           **(properties or {})}
         self.extra_env = dict(env or {})
         self.ports = free_ports()
         urls = loopback_urls(self.ports)

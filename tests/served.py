@@ -2,6 +2,7 @@
 its answers, its metrics, and ``tsctl`` pointed at it."""
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from typing import Callable, TypeVar
@@ -51,3 +52,18 @@ def tsctl(server, *argv: str, timeout: float = 300) -> subprocess.CompletedProce
         pytest.fail(f"{TSCTL} missing: `make setup` installs it (pip install -e .)")
     return subprocess.run([str(TSCTL), *argv], env=server.cli_env(), capture_output=True,
                           text=True, timeout=timeout)
+
+
+def marker_model(folder, marker) -> str:
+    """Write into ``folder`` an unpacked model (``MAR-INF/MANIFEST.json`` and a handler) whose
+    handler appends a line to ``marker`` when a worker imports it; return the folder's path.
+    What a management key could register by path if the server allowed it."""
+    (folder / "MAR-INF").mkdir(parents=True)
+    manifest = {"runtime": "python", "archiverVersion": "0.12.0",
+                "model": {"modelName": "marker", "modelVersion": "1.0",
+                          "handler": "marker_handler.py"}}
+    (folder / "MAR-INF" / "MANIFEST.json").write_text(json.dumps(manifest))
+    (folder / "marker_handler.py").write_text(
+        f"open({str(marker)!r}, 'a').write('handler code ran\\n')\n\n\n"
+        "def handle(data, context):\n    return ['ok'] * len(data or [])\n")
+    return str(folder.resolve())

@@ -25,7 +25,7 @@ from devtools.server import LocalTorchServe
 from tests import imagegen
 from tests.conftest import MODELS, REPO
 from tests.reference import rel_error
-from tests.served import handled, settled, tsctl
+from tests.served import handled, marker_model, settled, tsctl
 from tsclient import errors
 from tsclient.keys import Keys
 
@@ -54,7 +54,7 @@ def ops(tmp_path_factory, model_store):
     for model in MODELS:
         (store / f"{model}.mar").symlink_to(model_store / f"{model}.mar")
     v2 = _build_v2(store, tmp)
-    server = LocalTorchServe(tmp / "ts", store, properties={
+    server = LocalTorchServe(tmp / "ts", store, model_api=True, properties={
         "token_expiration_min": "1", "job_queue_size": str(QUEUE)})
     server.start()
     server.v2_archive = v2
@@ -97,6 +97,40 @@ def test_two_versions_side_by_side_and_the_default_switch(ops):
     assert removed.returncode == 0, removed.stderr
     assert [e["modelVersion"] for e in client.describe("resnet50-tagger")] == ["1.0"]
     assert len(_tags(client)) == 5
+
+
+def test_with_the_model_api_on_urls_are_refused_but_a_path_registration_runs_code(ops,
+                                                                                  tmp_path):
+    """Why the shipped config keeps the model API off. With it on, allowed_urls=^$ refuses
+    file:// and http(s):// URLs (404, nothing lands in the model store), but an absolute
+    directory path is loaded and its handler runs in a worker: no setting of TorchServe 0.12
+    covers paths. If this starts failing on the path, TorchServe closed the hole."""
+    client = ops.client()
+    store = ops.model_store
+    before = sorted(p.name for p in store.iterdir())
+    outside = tmp_path / "copy.mar"
+    outside.write_bytes((store / "resnet50-tagger.mar").read_bytes())
+    urls = [f"file://{outside}", "file:///etc/passwd", f"{ops.metrics_url}/metrics",
+            f"file://{store}/resnet50-tagger.mar", "https://example.com/x.mar"]
+    for url in urls:
+        refused = tsctl(ops, "register", url, "--name", "sneaky")
+        assert refused.returncode == 6, (url, refused.stderr)
+        assert "does not match any allowed URL" in refused.stderr
+        assert "allowed_urls" in refused.stderr  # the hint says where to opt in
+    assert sorted(p.name for p in store.iterdir()) == before
+
+    marker = tmp_path / "marker.txt"
+    folder = marker_model(tmp_path / "folder", marker)
+    loaded = requests.post(f"{ops.management_url}/models",
+                           params={"url": folder, "initial_workers": 1, "synchronous": "true"},
+                           headers=ops.keys.management_headers(), timeout=300)
+    try:
+        assert loaded.status_code == 200, loaded.text
+        assert marker.read_text().startswith("handler code ran")
+    finally:
+        if loaded.status_code == 200:
+            client.unregister("marker")
+    assert sorted(m["modelName"] for m in client.list_models()) == sorted(MODELS)
 
 
 def test_a_worker_killed_mid_load_fails_its_batch_only_and_comes_back(ops):

@@ -4,6 +4,7 @@ Commands that change keys or models run on their own server (tests/test_ops.py).
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from tests import imagegen
 from tsclient import errors
 from tests.conftest import MODELS, REPO
 from tests.reference import rel_error
-from tests.served import settled, tsctl
+from tests.served import marker_model, settled, tsctl
 
 pytestmark = pytest.mark.integration
 
@@ -80,28 +81,27 @@ def test_tag_and_embed_many_files_at_once(torchserve, tmp_path):
         assert rel_error(row.tolist(), single) <= 1e-4
 
 
-def test_registration_from_outside_the_model_store_is_refused(torchserve, tmp_path):
-    """allowed_urls=^$ (config/server.properties): file:// and http(s):// are refused by the
-    server with a 4xx and nothing lands in the model store; paths are refused by tsctl."""
-    store = torchserve.model_store
-    before = sorted(p.name for p in store.iterdir())
-    outside = tmp_path / "copy.mar"
-    outside.write_bytes((store / "resnet50-tagger.mar").read_bytes())
-    urls = [f"file://{outside}", "file:///etc/passwd", f"{torchserve.metrics_url}/metrics",
-            f"file://{store}/resnet50-tagger.mar", "https://example.com/x.mar"]
-    for url in urls:
-        refused = tsctl(torchserve, "register", url, "--name", "sneaky")
-        assert refused.returncode == 6, (url, refused.stderr)
-        assert "does not match any allowed URL" in refused.stderr
-        assert "allowed_urls" in refused.stderr  # the hint says where to opt in
+def test_registration_is_off_and_a_path_registration_runs_no_code(torchserve, tmp_path):
+    """The shipped config (enable_model_api=false): registering and unregistering answer 405,
+    so a management key cannot load a folder from the server's disk (TorchServe 0.12 would
+    run its handler, tests/test_ops.py shows it); listing and scaling still work."""
+    marker = tmp_path / "marker.txt"
+    folder = marker_model(tmp_path / "folder", marker)
     raw = requests.post(f"{torchserve.management_url}/models",
-                        params={"url": "file:///etc/passwd"},
-                        headers=torchserve.keys.management_headers(), timeout=60)
-    assert raw.status_code == 404  # the server refuses, not only the CLI
-    path = tsctl(torchserve, "register", str(outside))
+                        params={"url": folder, "initial_workers": 1, "synchronous": "true"},
+                        headers=torchserve.keys.management_headers(), timeout=120)
+    assert raw.status_code == 405, raw.text
+    for argv in (["register", "resnet50-tagger.mar", "--name", "again"],
+                 ["unregister", "resnet50-embedding"]):
+        refused = tsctl(torchserve, *argv)
+        assert refused.returncode == 6, (argv, refused.stderr)
+        assert "make serve MODEL_API=1" in refused.stderr
+    path = tsctl(torchserve, "register", folder)  # tsctl refuses paths before sending
     assert path.returncode == 2 and "copy it into the server's model store" in path.stderr
-    assert sorted(p.name for p in store.iterdir()) == before
+    time.sleep(2)  # a worker would have imported the handler by now
+    assert not marker.exists()
     assert sorted(m["modelName"] for m in torchserve.client().list_models()) == sorted(MODELS)
+    assert tsctl(torchserve, "scale", "resnet50-tagger", "--min", "1").returncode == 0
 
 
 def _handler_counts(server, model: str) -> dict:

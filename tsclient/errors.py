@@ -76,6 +76,10 @@ ALLOWED_URLS_HINT = ("register archives by file name from the model store (model
                      "config/server.properties), or add the URL's pattern to allowed_urls there "
                      "and restart the server")
 
+MODEL_API_HINT = ("registering and unregistering models is off on this server "
+                  "(enable_model_api=false, config/server.properties says why); restart it with "
+                  "`make serve MODEL_API=1` to turn it on")
+
 
 def is_key_rejection(response: requests.Response) -> bool:
     """TorchServe's answer to a missing, wrong or expired key: 400 InvalidKeyException."""
@@ -105,9 +109,7 @@ def from_response(response: requests.Response, what: str) -> ApiError:
                        "make another version the default first: "
                        "tsctl set-default NAME OTHER_VERSION")
     if status == 405:
-        return Refused(status, type_, f"{what}: {message}",
-                       "this API is switched off: enable_model_api=true in "
-                       "config/server.properties")
+        return Refused(status, type_, f"{what}: {message}", MODEL_API_HINT)
     if status == 503:
         return ApiError(status, type_, f"{what}: {message}",
                         "the model's queue is full or it has no worker: retry later, or "
