@@ -27,7 +27,7 @@ WEIGHTS_DIR := build/weights
 MODEL_CONFIGS := $(wildcard config/models/*.yaml)
 SOURCES := $(wildcard handlers/*.py handlers/*/*.py model_files/*.py) $(MODEL_CONFIGS) archive.sh
 
-.PHONY: setup java config weights archives samples serve test test-fast bench bench-sweep bench-ingestion clean
+.PHONY: setup java config weights archives samples serve test test-fast bench bench-sweep bench-ingestion soak clean
 .DEFAULT_GOAL := test
 
 setup: $(VENV)/.installed java kubectl
@@ -109,6 +109,13 @@ bench-sweep: setup config archives samples
 # 12 MP photo, under frontend JVM/netty variants -> results/ingestion.md (about 6 minutes).
 bench-ingestion: setup config archives samples
 	$(PY) -m bench.ingestion
+
+# Every kind of client at once against one local server (photos, v2 x8, explanations, bad
+# inputs, the floods) -> results/soak.md and .png: latency per class, statuses, worker
+# restarts, RSS over time. Bounded: SOAK_MINUTES (10), loopback only; SOAK_QUICK=1 for 30 s.
+SOAK_MINUTES ?= 10
+soak: setup config archives samples
+	$(PY) -m bench.soak --minutes $(SOAK_MINUTES) $(if $(SOAK_QUICK),--quick)
 
 # KServe (kserve/README.md). The storage bundle our runtime reads, as a folder and a .tar.gz
 # under build/kserve/ (KSERVE_DEVICE=gpu with BACKEND=eager for the GPU bundle,

@@ -74,3 +74,20 @@ def test_contention_probe_measures_both_runtimes_beside_each_neighbour(model_sto
     for row in rows:
         stock, ours = (float(cell) for cell in row.strip("|").split("|")[1:])
         assert stock > 0 and ours > 0, row
+
+
+def test_soak_runs_every_class_and_reports(tmp_path, model_store):
+    """``python -m bench.soak --quick``: 30 s of every traffic class against a real server;
+    every class was sent and answered as a healthy server answers it, no worker restarted,
+    and the report and plot were written."""
+    run = subprocess.run([sys.executable, "-m", "bench.soak", "--quick", "--quiet", "--out",
+                          str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads((tmp_path / "soak.json").read_text())
+    for name, row in summary["classes"].items():
+        assert row["requests"] > 0, name
+        assert not row["unexpected"], (name, row)
+    assert summary["five_hundreds_not_503"] == {}
+    assert set(summary["restarts"].values()) == {0}
+    assert "| photo |" in (tmp_path / "soak.md").read_text()
+    assert (tmp_path / "soak.png").stat().st_size > 10_000
