@@ -611,7 +611,7 @@ def _admits_only_namespaces(rule: dict) -> bool:
     return True
 
 
-def network_policy_findings(target: Path, objects: list[Resource]) -> list[Finding]:
+def network_policy_findings(objects: list[Resource]) -> list[Finding]:
     """Each InferenceService on our runtime among ``objects`` (one rendered target) needs a
     NetworkPolicy there selecting its pods, with every ingress rule admitting named
     namespaces only, on the inference port (8080, or Knative's queue-proxy 8012) and the
@@ -674,7 +674,7 @@ def lint(targets: list[Path], models: dict[str, dict] | None = None,
                                  "fix the kustomization"))
             continue
         rendered += objects
-        found += network_policy_findings(target, objects)
+        found += network_policy_findings(objects)
     runtimes = {STOCK_RUNTIME.name: STOCK_RUNTIME}
     # Our runtime is known to every InferenceService, linted or not; linted when rendered.
     for resource in render(RUNTIME_DIR) + rendered:

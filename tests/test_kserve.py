@@ -435,7 +435,7 @@ def test_every_overlay_ships_a_network_policy_for_its_pods(target):
 ], ids=["missing", "open-rule", "no-metrics-rule", "wrong-pods"])
 def test_a_missing_or_open_network_policy_fails_the_lint(mutation, expected):
     objects = mutation(list(copy.deepcopy(_rendered(KSERVE / "overlays" / "v1"))))
-    problems = [str(f) for f in kserve_lint.network_policy_findings(KSERVE, objects)]
+    problems = [str(f) for f in kserve_lint.network_policy_findings(objects)]
     assert any(expected in p for p in problems), problems
 
 
