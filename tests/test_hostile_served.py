@@ -4,20 +4,17 @@ answers, and an answer too large for the frontend is one request's 413 while the
 batch is answered, with no worker restarted."""
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-import yaml
 from PIL import Image
 
-from bench.archives import ArchiveInfo, build_variant
 from tests import imagegen
-from tests.conftest import REPO
 from tests.corpus import b64
+from tests.served import variant_server
 
 pytestmark = pytest.mark.integration
 PHOTO = imagegen.jpeg(640, 480, seed=31)
@@ -89,23 +86,10 @@ def test_long_client_values_get_short_4xx_answers(torchserve, body):
 def small_answers_server(tmp_path_factory, model_store):
     """A TorchServe whose tagger answers at most 64 KB per request and forms batches of 4
     (waiting up to 30 s to fill one, so 4 concurrent requests are one batch)."""
-    from devtools.server import LocalTorchServe
-
-    config = yaml.safe_load((REPO / "config" / "models" / f"{MODEL}.yaml").read_text())
-    config.update(batchSize=4, maxBatchDelay=30000)
-    config["handler"] = {**config.get("handler", {}), "max_response_bytes": 65536}
-    store = tmp_path_factory.mktemp("small-answers-store")
-    shipped = ArchiveInfo.read(model_store / f"{MODEL}.mar")
-    build_variant(MODEL, config, shipped.backend, tmp_path_factory.mktemp("small") / "work",
-                  store / f"{MODEL}.mar", quantize=shipped.quantize)
-    server = LocalTorchServe(tmp_path_factory.mktemp("small-ts"), store,
-                             load_models=[f"{MODEL}.mar"])
-    server.start()
-    try:
+    with variant_server(tmp_path_factory, model_store, MODEL,
+                        handler={"max_response_bytes": 65536},
+                        batchSize=4, maxBatchDelay=30000) as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(store, ignore_errors=True)
 
 
 def test_an_answer_too_large_is_a_413_and_its_batch_is_answered(small_answers_server):
