@@ -55,9 +55,10 @@ def test_ingestion_split_reads_a_real_torchserve_log(tmp_path, model_store):
         assert 0 < r["decode_ms"] and 0 < r["forward_ms"], r
         assert r["decode_ms"] + r["forward_ms"] <= r["handler_ms"], r
         assert 0 < r["worker_busy"] <= 1.05, r
-        # Every side used CPU, and together no more than the machine had.
+        # The servers used CPU (a one-client quick run's client can stay under psutil's 10 ms
+        # tick), and all sides together no more than the machine had.
         sides = [r["cpu_client_ms"], r["cpu_frontend_ms"], r["cpu_worker_ms"]]
-        assert all(ms > 0 for ms in sides), r
+        assert sides[0] >= 0 and sides[1] > 0 and sides[2] > 0, (sides, r)
         assert sum(sides) <= 1.05 * r["cores_available_ms"], r
     assert "| shipped |" in (tmp_path / "ingestion.md").read_text()
 

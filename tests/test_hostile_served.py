@@ -35,11 +35,20 @@ def worker_pids(ts, model: str = MODEL) -> list[int]:
 
 def test_an_ordinary_photo_is_answered_during_a_row_flood(torchserve):
     """16 clients send v2 requests of 8 one-colour 8x8 PNGs (the most one may carry) back to
-    back, again at once on 503, while a photo is sent three times: each photo answer comes
-    within seconds (16 requests of 64 held a photo for 52-65 s), the flood gets 200 and 503."""
+    back, again at once on 503, while a photo is sent three times: a photo waits at most for
+    the requests queued ahead of it (16) and one in progress, measured here in units of one
+    lone flood request's time, so the bound holds on a slow or busy machine too (16 requests
+    of 64 held a photo for 52-65 s). The flood gets only 200 and 503."""
     url = f"{torchserve.inference_url}/predictions/{MODEL}"
     headers = torchserve.keys.inference_headers()
     pids = worker_pids(torchserve)
+    alone = []
+    for _ in range(3):
+        started = time.monotonic()
+        assert requests.post(url, json=v2_body(8), headers=headers,
+                             timeout=120).status_code == 200
+        alone.append(time.monotonic() - started)
+    bound = 20 * sorted(alone)[1] + 5  # 16 ahead + 1 in progress, with room for the photos
     stop = threading.Event()
     statuses: list[int] = []
 
@@ -63,7 +72,7 @@ def test_an_ordinary_photo_is_answered_during_a_row_flood(torchserve):
             stop.set()
             for future in floods:
                 future.result()
-    assert max(latencies) < 15, latencies
+    assert max(latencies) < bound, (latencies, alone)
     assert set(statuses) <= {200, 503} and 200 in statuses, sorted(set(statuses))
     assert worker_pids(torchserve) == pids
 
