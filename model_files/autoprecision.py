@@ -135,7 +135,7 @@ def choose(loaders: dict[str, Callable[[], Backend]], excluded: dict[str, str],
             candidates, backends = measure(loaders, excluded, batch_sizes, budget_s)
             choice = select(candidates, previous)
             choice = Choice.from_dict(choice.as_dict(), source=(
-                f"worker pid {os.getpid()}, {time.monotonic() - started:.1f} s at start"))
+                f"worker pid {os.getpid()} in {time.monotonic() - started:.1f} s"))
             _remember(cache, host_key, choice)
         _write(model_dir / CHOICE_FILE, {model_key: {"choice": choice.as_dict()}})
     return backends[choice.precision], choice

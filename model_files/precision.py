@@ -71,10 +71,12 @@ class Choice:
     requested: str = "auto"
 
     def as_dict(self) -> dict:
-        return {"requested": self.requested, "choice": self.precision, "reason": self.reason,
-                "measured": self.measured, "source": self.source, "margin": MARGIN,
-                "fidelity_bound": FIDELITY_BOUND,
-                "candidates": [c.as_dict() for c in self.candidates]}
+        """What describe reports; ``summary`` is ``line()`` (what ``tsctl describe`` prints)."""
+        fields = {"requested": self.requested, "choice": self.precision, "reason": self.reason,
+                  "measured": self.measured, "source": self.source, "margin": MARGIN,
+                  "fidelity_bound": FIDELITY_BOUND,
+                  "candidates": [c.as_dict() for c in self.candidates]}
+        return {**fields, "summary": summary_line(fields)}
 
     @classmethod
     def from_dict(cls, choice: dict, **changes) -> "Choice":
@@ -87,7 +89,7 @@ class Choice:
 
     def line(self) -> str:
         """One line for logs and ``tsctl describe``."""
-        return summary_line(self.as_dict())
+        return self.as_dict()["summary"]
 
 
 def summary_line(choice: dict) -> str:
@@ -103,7 +105,8 @@ def summary_line(choice: dict) -> str:
             parts.append(f"{c['precision']} {timings} ms at batch {sizes}")
         else:
             parts.append(f"{c['precision']} not timed")
-    measured = "measured" if choice.get("measured") else "not measured"
+    measured = (f"measured by {choice.get('source') or 'this worker'}" if choice.get("measured")
+                else "not measured")
     return (f"{choice.get('requested', 'auto')} -> {choice.get('choice')} ({measured}"
             f"{'; ' + '; '.join(parts) if parts else ''}): {choice.get('reason')}")
 

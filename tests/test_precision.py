@@ -93,7 +93,8 @@ def test_the_choice_survives_json_and_reads_as_one_line():
     assert again == Choice.from_dict(choice.as_dict())
     assert again.precision == "bf16" and again.candidates[0].ms == {1: 40.0, 16: 500}
     line = summary_line(choice.as_dict())
-    assert line.startswith("auto -> bf16 (measured; f32 40/500 ms at batch 1/16; bf16 25/300")
+    assert line.startswith("auto -> bf16 (measured by this worker; f32 40/500 ms at batch "
+                           "1/16; bf16 25/300")
     assert "\n" not in line
 
 
@@ -240,3 +241,17 @@ def test_the_cache_file_setting(tmp_path):
     assert autoprecision.cache_file(str(tmp_path / "p.json")) == tmp_path / "p.json"
     assert autoprecision.cache_file("", {"XDG_CACHE_HOME": str(tmp_path)}) == (
         tmp_path / "resnet50-serve" / "precision.json")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="no CUDA device here: the f32/f16 rule runs where a GPU is present")
+def test_auto_on_a_gpu_weighs_f32_against_f16(weights_dir, monkeypatch):
+    monkeypatch.setattr(autoprecision, "_clock", __import__("time").perf_counter)
+    sha = json.loads((weights_dir / "weights_info.json").read_text())["sha256"]
+    backend, choice = autoprecision.serving_backend(
+        "eager", weights_dir, "resnet50.pt", torch.device("cuda:0"), precision="auto",
+        batch_sizes=(1, 8), weights_sha256=sha, cache_setting="off")
+    by_name = {c.precision: c for c in choice.candidates}
+    assert set(by_name) == {"f32", "f16"} and choice.measured
+    assert by_name["f16"].ms and by_name["f16"].fidelity is not None
+    assert backend.precision == choice.precision
