@@ -129,8 +129,8 @@ def choose(loaders: dict[str, Callable[[], Backend]], excluded: dict[str, str],
             for size in batch_sizes:
                 backend(torch.zeros(size, 3, 224, 224))
             return backend, choice
-        started = time.monotonic()
         with _locked(cache and cache.with_name(cache.name + ".lock")):
+            started = time.monotonic()  # the cost of measuring, not of waiting for the lock
             previous = _read(cache).get(host_key, {}).get("choice", {}).get("choice")
             candidates, backends = measure(loaders, excluded, batch_sizes, budget_s)
             choice = select(candidates, previous)
