@@ -2,9 +2,10 @@
 stable (the rule itself is ``model_files.precision``).
 
 * Bounded: each candidate is compiled and run once at every served batch size (the warm-up a
-  worker needs anyway; it also gives the outputs fidelity is judged on), then rounds of one
-  timed forward per candidate and batch size follow while they fit in ``BUDGET_S`` (one
-  round when there is a single candidate).
+  worker needs anyway; it also gives the outputs fidelity is judged on), then one round of
+  one timed forward per candidate and batch size, and more rounds while the whole
+  measurement fits in ``BUDGET_S`` (one round when there is a single candidate). The floor
+  is two forwards per candidate at each batch size, whatever the machine's speed.
 * One precision per model: TorchServe 0.12 extracts an archive once per registration into one
   folder that every worker of the model loads from (``ModelArchive.downloadModel`` ->
   ``ZipUtils.unzip`` into ``$TMPDIR/models/<random id>``; ``ModelLoadModelRequest`` passes
@@ -40,7 +41,7 @@ from model_files.precision import (FIDELITY_BOUND, Candidate, Choice, agreement,
 logger = logging.getLogger(__name__)
 
 CHOICE_FILE = "precision-choice.json"
-BUDGET_S = 3.0  # timed rounds after the warm-up; at least one round runs whatever it costs
+BUDGET_S = 4.0  # loading, warm-up and timed rounds; one timed round runs whatever it costs
 MAX_ROUNDS = 5
 CACHE_ENTRIES = 64  # host cache: the most recently written archives kept
 _clock = time.perf_counter  # what forwards are timed with (tests give a simulated one)
@@ -82,6 +83,7 @@ def measure(loaders: dict[str, Callable[[], Backend]], excluded: dict[str, str],
             ) -> tuple[list[Candidate], dict[str, Backend]]:
     """Load and time every loader (most precise first: the first is the fidelity reference).
     Returns the candidates (timed ones, then ``excluded`` untimed) and the loaded backends."""
+    started = time.monotonic()
     probe = probe_batch(max(batch_sizes))
     backends, outputs = {}, {}
     for name, load in loaders.items():
@@ -90,7 +92,7 @@ def measure(loaders: dict[str, Callable[[], Backend]], excluded: dict[str, str],
             result = backends[name](probe[:size])
         outputs[name] = tuple(t.numpy() for t in result)  # at the largest size
     times: dict[str, dict[int, list[float]]] = {n: {b: [] for b in batch_sizes} for n in loaders}
-    started, rounds, round_s = time.monotonic(), 0, 0.0
+    rounds, round_s = 0, 0.0
     # One candidate: its timing is reported, not compared, so one round is enough.
     most = MAX_ROUNDS if len(loaders) > 1 else 1
     while rounds < most and (rounds == 0 or time.monotonic() - started + round_s <= budget_s):
@@ -123,22 +125,23 @@ def choose(loaders: dict[str, Callable[[], Backend]], excluded: dict[str, str],
     model_key = _key({"host": host_key, "frontend": os.getppid()})
     with _locked(model_dir / f".{CHOICE_FILE}.lock"):
         shared = _read(model_dir / CHOICE_FILE).get(model_key)
-        if shared is not None:
-            choice = Choice.from_dict(shared["choice"])
-            backend = loaders[choice.precision]()
-            for size in batch_sizes:
-                backend(torch.zeros(size, 3, 224, 224))
-            return backend, choice
-        with _locked(cache and cache.with_name(cache.name + ".lock")):
-            started = time.monotonic()  # the cost of measuring, not of waiting for the lock
-            previous = _read(cache).get(host_key, {}).get("choice", {}).get("choice")
-            candidates, backends = measure(loaders, excluded, batch_sizes, budget_s)
-            choice = select(candidates, previous)
-            choice = Choice.from_dict(choice.as_dict(), source=(
-                f"worker pid {os.getpid()} in {time.monotonic() - started:.1f} s"))
-            _remember(cache, host_key, choice)
-        _write(model_dir / CHOICE_FILE, {model_key: {"choice": choice.as_dict()}})
-    return backends[choice.precision], choice
+        if shared is None:
+            with _locked(cache and cache.with_name(cache.name + ".lock")):
+                started = time.monotonic()  # the cost of measuring, not of waiting for the lock
+                previous = _read(cache).get(host_key, {}).get("choice", {}).get("choice")
+                candidates, backends = measure(loaders, excluded, batch_sizes, budget_s)
+                choice = select(candidates, previous)
+                choice = Choice.from_dict(choice.as_dict(), source=(
+                    f"worker pid {os.getpid()} in {time.monotonic() - started:.1f} s"))
+                _remember(cache, host_key, choice)
+            _write(model_dir / CHOICE_FILE, {model_key: {"choice": choice.as_dict()}})
+            return backends[choice.precision], choice
+    # Another worker measured: load what it chose (outside the lock: workers load in parallel).
+    choice = Choice.from_dict(shared["choice"])
+    backend = loaders[choice.precision]()
+    for size in batch_sizes:
+        backend(torch.zeros(size, 3, 224, 224))
+    return backend, choice
 
 
 def explicit(requested: str, load: Callable[[], Backend], archive: dict,
