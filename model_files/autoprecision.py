@@ -213,7 +213,8 @@ def serving_backend(kind: str, model_dir: Path, serialized: str, device: torch.d
                     allow_int8: bool = True, cache_setting: str = "") -> tuple[Backend, Choice]:
     """The backend a worker serves and the choice behind it, from the handler's settings
     (``handlers.config.HandlerConfig``: precision, half_precision, threads, onnx_spinning,
-    auto_int8, precision_cache). ``half`` on an eager CUDA worker is an explicit f16."""
+    auto_int8, precision_cache). ``half`` on an eager CUDA worker is an explicit f16. ``auto``
+    with a single candidate is measured on OpenVINO only, whose warm-up it times."""
     loaders, excluded = precision_candidates(kind, model_dir, serialized, device,
                                              threads=threads, spin=spin, allow_int8=allow_int8)
     archive = {"backend": kind, "serialized": serialized, "weights": weights_sha256,
@@ -221,8 +222,13 @@ def serving_backend(kind: str, model_dir: Path, serialized: str, device: torch.d
     cache = cache_file(cache_setting)
     if half and device.type == "cuda" and kind == "eager":
         precision = "f16"
-    if precision == "auto":
+    if precision == "auto" and (len(loaders) > 1 or kind == "openvino"):
         return choose(loaders, excluded, batch_sizes, model_dir, archive, cache)
+    if precision == "auto":
+        # Nothing to choose and no warm-up to time for free (OpenVINO warms up anyway).
+        (only,) = loaders.values()
+        return only(), Choice("f32", f"the only precision {kind} runs on {device.type}",
+                              tuple(Candidate(n, excluded=why) for n, why in excluded.items()))
     return explicit(precision, lambda: load_backend(
         kind, model_dir / serialized, device, half=half, threads=threads, spin=spin,
         precision="auto" if precision == "f16" else precision, warmup=batch_sizes),

@@ -244,6 +244,15 @@ def test_the_cache_file_setting(tmp_path):
         tmp_path / "resnet50-serve" / "precision.json")
 
 
+def test_nothing_to_choose_is_not_measured(weights_dir):
+    """Eager PyTorch on CPU runs f32 only: loaded as before, no forward at start."""
+    backend, choice = autoprecision.serving_backend(
+        "eager", weights_dir, "resnet50.pt", torch.device("cpu"), precision="auto",
+        batch_sizes=(1, 8), weights_sha256="unused", cache_setting="off")
+    assert (choice.precision, backend.precision, choice.measured) == ("f32", "f32", False)
+    assert choice.reason == "the only precision eager runs on cpu"
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(),
                     reason="no CUDA device here: the f32/f16 rule runs where a GPU is present")
 def test_auto_on_a_gpu_weighs_f32_against_f16(weights_dir, monkeypatch):
