@@ -120,6 +120,8 @@ def cmd_describe(client: TorchServeClient, args) -> tuple[Any, str, int]:
             lines.append(f"  weights {weights.get('source')} (trained: {weights.get('trained')}), "
                          f"backend {meta.get('backend')}, top_k "
                          f"{meta.get('handler', {}).get('top_k')}")
+            if isinstance(meta.get("precision_choice"), dict):
+                lines.append(f"  precision {meta['precision_choice'].get('summary')}")
     return entries, "\n".join(lines), 0
 
 
