@@ -267,6 +267,7 @@ def path_words(text: str) -> list[str]:
     for token in text.split():
         if "://" in token or "<" in token or "{" in token or "..." in token or "…" in token:
             continue
+        token = re.sub(r"\$\{?[A-Z_][A-Z0-9_]*\}?/\S*", "", token)  # under $HOME, $TMPDIR...
         for word in re.split(r"[\"'`()=,;:|&$\[\]]", token):
             word = word.lstrip("@").rstrip(".")
             if "/" in word and not word.startswith(("/", "~")) and PATHLIKE.match(word):
