@@ -231,9 +231,11 @@ def cmd_tag(client: TorchServeClient, args) -> tuple[Any, str, int]:
     sink = batchjob.ListSink()
     identity = batchjob.model_identity(client, args.model or DEFAULT_MODELS["tags"],
                                        with_management=args.url is None)
-    summary = _run_job(client, args, "tags", sink, _collection_of(args), identity)
+    collection = _collection_of(args)
+    summary = _run_job(client, args, "tags", sink, collection, identity)
+    order = {e.path: i for i, e in enumerate(collection.entries(Shard.parse(args.shard)))}
     data, lines = {}, []
-    for row in sink.rows:
+    for row in sorted(sink.rows, key=lambda r: order.get(r.path, len(order))):
         data[row.path] = {"error": row.error} if row.error else row.answer
         lines.append(f"{row.path}: error: {row.error}" if row.error else f"{row.path}: "
                      + ", ".join(f"{t['label']} {t['probability']:.3f}" for t in row.answer))
