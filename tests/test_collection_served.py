@@ -10,7 +10,6 @@ import signal
 import subprocess
 import time
 
-import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from PIL import ImageOps
