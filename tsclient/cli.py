@@ -45,29 +45,20 @@ ROTATE_MARGIN_S = 60.0  # `keys --print` hands out keys that live at least this 
 
 
 class Progress:
-    """A one-line progress bar on stderr (drawn only when stderr is a terminal)."""
+    """Elapsed seconds on stderr while a slow call (registration, scaling) runs (drawn only
+    when stderr is a terminal)."""
 
-    def __init__(self, total: int | None, label: str) -> None:
-        self.total, self.label, self.done = total, label, 0
+    def __init__(self, total: None, label: str) -> None:
+        self.label = label
         self.start = time.monotonic()
         self.enabled = sys.stderr.isatty()
         self._lock = threading.Lock()
-
-    def step(self, n: int = 1) -> None:
-        with self._lock:
-            self.done += n
-            self._draw()
 
     def _draw(self) -> None:
         if not self.enabled:
             return
         elapsed = time.monotonic() - self.start
-        if self.total:
-            filled = int(30 * self.done / self.total)
-            bar = f"[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total}"
-        else:
-            bar = "waiting"
-        sys.stderr.write(f"\r{self.label} {bar} {elapsed:5.1f}s")
+        sys.stderr.write(f"\r{self.label} waiting {elapsed:5.1f}s")
         sys.stderr.flush()
 
     def wait(self, work: Callable[[], Any]) -> Any:
