@@ -26,7 +26,7 @@ WEIGHTS_DIR := build/weights
 MODEL_CONFIGS := $(wildcard config/models/*.yaml)
 SOURCES := $(wildcard handlers/*.py handlers/*/*.py model_files/*.py) $(MODEL_CONFIGS) archive.sh
 
-.PHONY: setup java config weights archives samples serve test test-fast bench bench-sweep bench-ingestion clean
+.PHONY: setup java config weights archives samples serve test test-fast bench bench-sweep bench-ingestion bench-collection clean
 .DEFAULT_GOAL := test
 
 setup: $(VENV)/.installed java kubectl
@@ -100,6 +100,11 @@ bench-sweep: setup config archives samples
 # 12 MP photo, under frontend JVM/netty variants -> results/ingestion.md (about 6 minutes).
 bench-ingestion: setup config archives samples
 	$(PY) -m bench.ingestion
+
+# tsctl embed over 2,000 generated photos vs the server's own throughput, a SIGKILL at ~50%
+# and the rerun, exact search over 100,000 vectors -> results/collection.md (about 6 minutes).
+bench-collection: setup config archives samples
+	$(PY) -m bench.collection
 
 # KServe (kserve/README.md). The storage bundle our runtime reads, as a folder and a .tar.gz
 # under build/kserve/ (KSERVE_DEVICE=gpu with BACKEND=eager for the GPU bundle,

@@ -32,6 +32,8 @@ formats not auto-selected; v1/v2 protocols; one port named for Knative and equal
 TorchServe 0.12 waits for loaded workers); metrics annotations equal to ``metrics_address``; no ``PYTHONPATH``; token
 authorization off in its config (probes carry no key).
 
+For the collection job (``kserve/batch-job``, an Indexed Job): ``kserve_tools.joblint``.
+
 For a bundle: ``config/config.properties`` names exactly the archives in ``model-store/``
 (model names and versions from each archive's manifest) and the models of ``config/models``.
 """
@@ -49,12 +51,15 @@ from pathlib import Path
 import javaproperties
 
 from buildsteps.configgen import REPO, repo_models
+from kserve_tools.joblint import job_findings
 from kserve_tools.render import RenderError, Resource, render
 from model_files.artifacts import read_manifest
 
 KSERVE = REPO / "kserve"
 SCHEMA = REPO.parent / "shared" / "reference" / "kserve" / "inferenceservice-v1beta1.schema.json"
 RUNTIME_DIR = KSERVE / "runtime"
+BATCH_JOB_DIR = KSERVE / "batch-job"
+BASE_ISVC = KSERVE / "base" / "inferenceservice.yaml"
 RUNTIME_SERVER_PROPERTIES = RUNTIME_DIR / "server.properties"
 MOUNT = "/mnt/models"  # where KServe's storage initializer puts storageUri
 # The runtime's readiness probe: kserve/runtime/readiness.py, packed into the bundle.
@@ -555,9 +560,18 @@ def bundle_findings(bundle: Path, models: dict[str, dict] | None = None) -> list
 # ---------------------------------------------------------------------------- driver
 
 def default_targets() -> list[Path]:
-    """Our runtime, every overlay, and the stock-runtime manifests."""
+    """Our runtime, every overlay, the stock-runtime manifests and the collection job."""
     return [RUNTIME_DIR, *sorted(p for p in (KSERVE / "overlays").iterdir() if p.is_dir()),
-            *sorted((KSERVE / "stock").glob("*.yaml"))]
+            *sorted((KSERVE / "stock").glob("*.yaml")), BATCH_JOB_DIR]
+
+
+def base_service() -> tuple[str | None, str]:
+    """(the bucket of the base InferenceService's s3:// storageUri, or None; its name): what
+    the collection job must write to and call."""
+    [resource] = render(BASE_ISVC)
+    uri = str(resource.obj["spec"]["predictor"]["model"].get("storageUri", ""))
+    bucket = uri[len("s3://"):].split("/", 1)[0] if uri.startswith("s3://") else None
+    return bucket, resource.name
 
 
 def lint(targets: list[Path], models: dict[str, dict] | None = None,
@@ -581,6 +595,9 @@ def lint(targets: list[Path], models: dict[str, dict] | None = None,
     for resource in rendered:
         if resource.kind in ("ClusterServingRuntime", "ServingRuntime"):
             found += runtime_findings(resource, properties)
+            continue
+        if resource.kind == "Job":
+            found += job_findings(resource, *base_service(), _finding)
             continue
         if resource.kind == "InferenceService":
             found += schema_findings(resource)
