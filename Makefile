@@ -75,13 +75,14 @@ samples: $(VENV)/.installed
 serve: setup config archives samples
 	$(VENV)/bin/torchserve --start --foreground --ncs --ts-config config/config.properties
 
-# The whole suite, the benchmark smoke test (marked slow) included.
-test: setup config archives samples
+# The whole suite, the benchmark smoke test (marked slow) and the runtime image's container
+# test included (the image: ~10 minutes the first time, reused afterwards; see kserve/README.md).
+test: setup config archives samples kserve-image
 	$(VENV)/bin/pytest
 
-# The inner loop: everything but the tests marked slow (see pytest.ini).
+# The inner loop: everything but the tests marked slow or container (see pytest.ini).
 test-fast: setup config archives samples
-	$(VENV)/bin/pytest -m "not slow"
+	$(VENV)/bin/pytest -m "not slow and not container"
 
 # Raw model speed, our tagger served (default backend and int8), and TorchServe's stock
 # image_classifier on the same weights -> results/benchmark.md, .json, .png (about 12 minutes
