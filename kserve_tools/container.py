@@ -2,7 +2,7 @@
 
 From the rendered container (``kserve_tools.render``): its command (the entrypoint) and args,
 its env, ``securityContext`` (``runAsUser``, dropped capabilities, no privilege escalation, a
-read-only root file system with tmpfs where the manifest mounts ``emptyDir`` volumes), the
+read-only root file system when it asks for one; tmpfs at the ``emptydirs`` given), the
 memory and CPU limits, and its port, published on 127.0.0.1 only. ``/mnt/models`` is the bundle,
 bind-mounted read-only (KServe's storage initializer leaves it read-only for the server).
 Probes run as the kubelet runs them: an exec probe with ``<engine> exec`` inside the container,
