@@ -75,13 +75,14 @@ samples: $(VENV)/.installed
 serve: setup config archives samples
 	$(VENV)/bin/torchserve --start --foreground --ncs --ts-config config/config.properties
 
-# The whole suite, the benchmark smoke test (marked slow) included.
-test: setup config archives samples
+# The whole suite, the benchmark smoke test (marked slow) and the runtime image's container
+# test included (the image: ~10 minutes the first time, reused afterwards; see kserve/README.md).
+test: setup config archives samples kserve-image
 	$(VENV)/bin/pytest
 
-# The inner loop: everything but the tests marked slow (see pytest.ini).
+# The inner loop: everything but the tests marked slow or container (see pytest.ini).
 test-fast: setup config archives samples
-	$(VENV)/bin/pytest -m "not slow"
+	$(VENV)/bin/pytest -m "not slow and not container"
 
 # Raw model speed, our tagger served (default backend and int8), and TorchServe's stock
 # image_classifier on the same weights -> results/benchmark.md, .json, .png (about 12 minutes
@@ -118,6 +119,23 @@ kserve-bundle: $(VENV)/.installed config archives
 
 kserve-lint: $(VENV)/.installed config
 	$(PY) -m kserve_tools.lint
+
+# The runtime image (kserve/runtime/Dockerfile) with podman or docker (devtools/ensure_podman.sh
+# installs podman where apt-get can), FROM Debian 12 debootstrapped here (KSERVE_BASE=debian, no
+# registry needed) or an image (KSERVE_BASE=python:3.11-slim-bookworm); reused while the
+# Dockerfile, the runtime pins and the base are unchanged (kserve_tools/image.py). Then the
+# container test: the image started as the ClusterServingRuntime starts it, on the bundle.
+KSERVE_BASE ?= debian
+.PHONY: podman kserve-image kserve-image-test
+
+podman:
+	@KSERVE_BASE="$(KSERVE_BASE)" devtools/ensure_podman.sh
+
+kserve-image: $(VENV)/.installed podman
+	$(PY) -m kserve_tools.image --base "$(KSERVE_BASE)" $(if $(KSERVE_TORCH_INDEX),--torch-index "$(KSERVE_TORCH_INDEX)")
+
+kserve-image-test: setup config archives kserve-image
+	$(VENV)/bin/pytest -m container tests/test_kserve_image.py
 
 clean:
 	rm -rf build *.egg-info model-store/*.mar logs key_file.json config/config.properties kserve/config.properties kserve/runtime/config.properties

@@ -528,7 +528,8 @@ def bundle_findings(bundle: Path, models: dict[str, dict] | None = None) -> list
         found.append(Finding(_rel(bundle), "bundle", path, problem, fix))
 
     config = bundle / "config" / "config.properties"
-    for needed in (config, bundle / "config" / "metrics.yaml", bundle / "config" / "readiness.py"):
+    for needed in (config, *(bundle / "config" / name
+                             for name in ("metrics.yaml", "readiness.py", "serve.sh"))):
         if not needed.is_file():
             add(str(needed.relative_to(bundle)), "missing", "rebuild with `make kserve-bundle`")
     if found:
