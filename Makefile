@@ -27,7 +27,7 @@ WEIGHTS_DIR := build/weights
 MODEL_CONFIGS := $(wildcard config/models/*.yaml)
 SOURCES := $(wildcard handlers/*.py handlers/*/*.py model_files/*.py) $(MODEL_CONFIGS) archive.sh
 
-.PHONY: setup java config weights archives samples serve test test-fast bench bench-sweep bench-ingestion soak clean
+.PHONY: setup java config weights archives samples serve test test-fast bench bench-sweep bench-ingestion bench-collection soak clean
 .DEFAULT_GOAL := test
 
 setup: $(VENV)/.installed java kubectl
@@ -84,13 +84,14 @@ serve: setup config archives samples
 	TMPDIR="$$tmp" TEMP="$$tmp" $(VENV)/bin/torchserve --start --foreground --ncs \
 		--ts-config config/config.properties $(if $(filter 1,$(MODEL_API)),--enable-model-api)
 
-# The whole suite, the benchmark smoke test (marked slow) included.
-test: setup config archives samples
+# The whole suite, the benchmark smoke test (marked slow) and the runtime image's container
+# test included (the image: ~10 minutes the first time, reused afterwards; see kserve/README.md).
+test: setup config archives samples kserve-image
 	$(VENV)/bin/pytest
 
-# The inner loop: everything but the tests marked slow (see pytest.ini).
+# The inner loop: everything but the tests marked slow or container (see pytest.ini).
 test-fast: setup config archives samples
-	$(VENV)/bin/pytest -m "not slow"
+	$(VENV)/bin/pytest -m "not slow and not container"
 
 # Raw model speed, our tagger served (default backend and int8), and TorchServe's stock
 # image_classifier on the same weights -> results/benchmark.md, .json, .png (about 12 minutes
@@ -117,6 +118,11 @@ SOAK_MINUTES ?= 10
 soak: setup config archives samples
 	$(PY) -m bench.soak --minutes $(SOAK_MINUTES) $(if $(SOAK_QUICK),--quick)
 
+# tsctl embed over 2,000 generated photos vs the server's own throughput, a SIGKILL at ~50%
+# and the rerun, exact search over 100,000 vectors -> results/collection.md (about 6 minutes).
+bench-collection: setup config archives samples
+	$(PY) -m bench.collection
+
 # KServe (kserve/README.md). The storage bundle our runtime reads, as a folder and a .tar.gz
 # under build/kserve/ (KSERVE_DEVICE=gpu with BACKEND=eager for the GPU bundle,
 # KSERVE_MODEL_VERSION=2.0 for the canary's), and the offline lint of every manifest.
@@ -129,6 +135,23 @@ kserve-bundle: $(VENV)/.installed config archives
 
 kserve-lint: $(VENV)/.installed config
 	$(PY) -m kserve_tools.lint
+
+# The runtime image (kserve/runtime/Dockerfile) with podman or docker (devtools/ensure_podman.sh
+# installs podman where apt-get can), FROM Debian 12 debootstrapped here (KSERVE_BASE=debian, no
+# registry needed) or an image (KSERVE_BASE=python:3.11-slim-bookworm); reused while the
+# Dockerfile, the runtime pins and the base are unchanged (kserve_tools/image.py). Then the
+# container test: the image started as the ClusterServingRuntime starts it, on the bundle.
+KSERVE_BASE ?= debian
+.PHONY: podman kserve-image kserve-image-test
+
+podman:
+	@KSERVE_BASE="$(KSERVE_BASE)" devtools/ensure_podman.sh
+
+kserve-image: $(VENV)/.installed podman
+	$(PY) -m kserve_tools.image --base "$(KSERVE_BASE)" $(if $(KSERVE_TORCH_INDEX),--torch-index "$(KSERVE_TORCH_INDEX)")
+
+kserve-image-test: setup config archives kserve-image
+	$(VENV)/bin/pytest -m container tests/test_kserve_image.py
 
 clean:
 	rm -rf build *.egg-info model-store/*.mar logs key_file.json config/config.properties kserve/config.properties kserve/runtime/config.properties

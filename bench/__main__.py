@@ -1,11 +1,12 @@
 """``python -m bench``: one run, same weights, four measurements, one report.
 
-1. raw model speed in this process (every backend and OpenVINO precision; batch 1 and 8;
-   single-image latency), the in-process pipeline of the served backend (decode, preprocess,
-   forward at batch 8; no HTTP), and the cost of one explanation per method
+1. raw model speed in this process (every backend and OpenVINO precision: f32, bf16 where the
+   CPU has it, int8 when its IR was built; batch 1, 8 and the tagger's batchSize;
+   single-image latency) and the cost of one explanation per method
    (``bench/explain_cost.py``);
 2. our served tagger: a real TorchServe with both archives of ``model-store/`` and the shipped
-   ``config/config.properties``;
+   ``config/config.properties``; what ``precision: auto`` chose there (describe), then the
+   in-process pipeline of what it serves (decode, preprocess, forward at batch 8; no HTTP);
 3. the int8 tagger (closed loop only), when ``make archives BACKEND=openvino QUANTIZE=int8``
    has built the int8 IR (it is archived here from build/weights);
 4. TorchServe's stock ``image_classifier`` serving the same weights, with the same frontend
@@ -74,7 +75,8 @@ def load_inputs() -> tuple[dict[str, bytes], ArchiveInfo, dict]:
     return images, archive, weights
 
 
-def run_raw(config: HandlerConfig, images: dict[str, bytes], budget: raw.Budget) -> dict:
+def run_raw(config: HandlerConfig, images: dict[str, bytes], budget: raw.Budget,
+            batches: tuple[int, ...]) -> dict:
     from buildsteps.export import export
 
     # `make weights` exports only the chosen backend; export() reports on stdout, which
@@ -82,17 +84,20 @@ def run_raw(config: HandlerConfig, images: dict[str, bytes], budget: raw.Budget)
     with contextlib.redirect_stdout(sys.stderr):
         for kind in ("torchscript", "onnx", "openvino"):
             export(kind, WEIGHTS)
-    return raw.run_raw(WEIGHTS, images, Preprocessor(config), budget=budget)
+    return raw.run_raw(WEIGHTS, images, Preprocessor(config), batches=batches, budget=budget)
 
 
-def run_pipeline(archive: ArchiveInfo, config: HandlerConfig, image: bytes,
-                 budget: raw.Budget) -> dict:
-    """The served tagger's work without serving: its backend at its handler settings."""
-    # An int8 archive at handler.precision auto runs its int8 IR.
-    precision = "int8" if archive.quantize == "int8" and config.precision == "auto" \
-        else config.precision
-    label = archive.backend if precision == "auto" else f"{archive.backend}-{precision}"
-    label = label if label in raw.VARIANTS else archive.backend
+def served_row(ours: dict) -> str:
+    """The raw row that runs what the served tagger runs (its describe: backend, precision)."""
+    label = raw.variant_for(ours["backend"], ours["precision"])
+    if label is None:
+        raise RuntimeError(f"no raw row runs {ours['backend']} at {ours['precision']}")
+    return label
+
+
+def run_pipeline(label: str, config: HandlerConfig, image: bytes, budget: raw.Budget) -> dict:
+    """The served tagger's work without serving: the raw row ``label`` (what it serves) at its
+    handler settings."""
     backend = raw.load_variant(WEIGHTS, label)
     measured = raw.pipeline_throughput(backend, Preprocessor(config), image, 8, budget,
                                        config.decode_threads)
@@ -121,6 +126,7 @@ def serve_ours(images: dict[str, bytes], plan: LoadPlan, weights: dict, *,
         server.stop()
     return {"model": OURS, "backend": meta.get("backend", "unknown"),
             "precision": meta.get("precision", "unknown"),
+            "precision_choice": meta.get("precision_choice"),
             "quantization": meta.get("quantization"), "startup_s": startup_s, **measured}
 
 
@@ -179,14 +185,17 @@ def main(argv: list[str] | None = None) -> int:
     machine_info = machine.describe_machine()
     images, archive, weights = load_inputs()
     config = HandlerConfig.from_mapping(archive.model_config.get("handler"))
+    # The served batch size too: the served tagger is held to the raw forward at its own size.
+    batch_size = int(archive.model_config.get("batchSize", 8))
     log.info("raw forward: %s", ", ".join(raw.VARIANTS))
-    raw_results = run_raw(config, images, budget)
-    log.info("in-process pipeline: %s", archive.backend)
-    pipeline = run_pipeline(archive, config, images["small"], budget)
+    raw_results = run_raw(config, images, budget, tuple(sorted({1, 8, batch_size})))
     log.info("explanations: cost per method")
     explain_results = explain_cost.run_explain(WEIGHTS, images["small"], config, args.quick)
     log.info("served: ours (%s)", OURS)
     ours = serve_ours(images, plan, weights)
+    served = served_row(ours)
+    log.info("in-process pipeline: %s (what the tagger served)", served)
+    pipeline = run_pipeline(served, config, images["small"], budget)
     # Not in --quick: quantised archives are slow to build and the smoke test stays short.
     int8 = None if args.quick else serve_int8(images, replace(plan, rates=()), weights)
     log.info("served: stock image_classifier")
@@ -206,8 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         "pipeline": pipeline,
         "explain": explain_results,
         "served": {"ours": ours, "int8": int8, "stock": stock_results},
-        "targets": [t.to_dict() for t in evaluate(raw_results, ours["backend"], ours,
-                                                  stock_results, int8=int8,
+        "targets": [t.to_dict() for t in evaluate(raw_results, served, ours, stock_results,
+                                                  raw_batch=batch_size, int8=int8,
                                                   pipeline=pipeline)],
     }
     print(report.write_reports(results, args.out), end="")

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.jit.load's deprecation notice
         stock = torch.jit.load(str(export_stock_model(WEIGHTS, BUILD))).eval()
-    ours = raw.load_variant(WEIGHTS, "openvino")
+    ours = raw.load_variant(WEIGHTS, "openvino-f32")
     image = torch.rand(3, 224, 224)
     budget = raw.Budget(seconds=args.seconds, min_iters=1, max_iters=10**6, warmup_iters=2)
 

@@ -28,16 +28,28 @@ from model_files.backends import Backend, load_backend
 from handlers.intake import Preprocessor
 from model_files.artifacts import QUANTIZED, SERIALIZED
 
-# Row label -> (backend, serialized file, handler precision). ``openvino`` is what an archive
-# at the default precision runs (auto: bf16 on CPUs with bf16 units).
+# Row label -> (backend, serialized file, precision passed to load_backend). The OpenVINO rows
+# are the candidates ``handler.precision: auto`` times (model_files/autoprecision.py): each IR
+# at f32 and bf16 (int8: its quantised layers in int8, the others at that precision).
 VARIANTS = {
     "eager": ("eager", SERIALIZED["eager"], "auto"),
     "torchscript": ("torchscript", SERIALIZED["torchscript"], "auto"),
     "onnx": ("onnx", SERIALIZED["onnx"], "auto"),
     "openvino-f32": ("openvino", SERIALIZED["openvino"], "f32"),
-    "openvino": ("openvino", SERIALIZED["openvino"], "auto"),
-    "openvino-int8": ("openvino", QUANTIZED[("openvino", "int8")], "auto"),
+    "openvino-bf16": ("openvino", SERIALIZED["openvino"], "bf16"),
+    "openvino-int8": ("openvino", QUANTIZED[("openvino", "int8")], "f32"),
+    "openvino-int8-bf16": ("openvino", QUANTIZED[("openvino", "int8")], "bf16"),
 }
+# What describe's ``precision`` of an OpenVINO archive names -> its row.
+OPENVINO_ROWS = {"f32": "openvino-f32", "bf16": "openvino-bf16", "int8+f32": "openvino-int8",
+                 "int8+bf16": "openvino-int8-bf16"}
+
+
+def variant_for(backend: str, precision: str) -> str | None:
+    """The row that runs what a served ``backend`` at ``precision`` (describe's) runs."""
+    if backend == "openvino":
+        return OPENVINO_ROWS.get(precision)
+    return backend if precision == "f32" else None
 
 
 @dataclass(frozen=True)
@@ -111,9 +123,10 @@ def load_variant(weights_dir: Path, label: str) -> Backend:
 def run_raw(weights_dir: Path, images: dict[str, bytes], preprocess: Preprocessor,
             batches: tuple[int, ...] = (1, 8), budget: Budget = Budget(),
             variants: tuple[str, ...] = tuple(VARIANTS)) -> dict[str, dict]:
-    """For each variant (``VARIANTS``; those whose file is missing are skipped): forward
+    """For each variant (``VARIANTS``; those whose file is missing are left out): forward
     throughput at each batch size and single-image latency of each named image. Returns
-    ``{label: {"forward": [...], "single_image": {name: {...}}, "precision": ...}}``."""
+    ``{label: {"forward": [...], "single_image": {name: {...}}, "precision": ...}}``; a bf16
+    row the CPU cannot run has ``skipped`` (the reason) instead of timings."""
     first = next(iter(images.values()))
     pixels = preprocess(first)
     results: dict[str, dict] = {}
@@ -123,6 +136,11 @@ def run_raw(weights_dir: Path, images: dict[str, bytes], preprocess: Preprocesso
         t = time.monotonic()
         backend = load_variant(weights_dir, label)
         load_s = time.monotonic() - t
+        if VARIANTS[label][2] == "bf16" and "bf16" not in backend.precision:
+            # OpenVINO runs f32 where the CPU has no bf16 units: not a bf16 row.
+            results[label] = {"file": VARIANTS[label][1], "precision": backend.precision,
+                              "skipped": "this CPU has no bf16 units (OpenVINO)"}
+            continue
         results[label] = {
             "file": VARIANTS[label][1],
             "precision": backend.precision,

@@ -77,6 +77,8 @@ def _header(results: dict) -> list[str]:
         f"- Ours: `{ours['model']}` archive from `model-store/`, backend **{ours['backend']}**, "
         f"precision **{ours.get('precision', 'n/a')}**, {_settings(ours['settings'])}; the "
         "embedding model is loaded too (idle).",
+        f"- What `precision: {_choice(ours).get('requested', 'n/a')}` chose on this host "
+        f"(describe): {_choice(ours).get('summary', 'n/a')}.",
         (f"- Ours int8: the tagger archived from the int8 IR, precision "
          f"**{int8.get('precision')}**, alone on its server, closed loop only; fidelity vs "
          f"float32 on held-apart photos: {_fidelity(int8.get('quantization'))}."
@@ -86,6 +88,10 @@ def _header(results: dict) -> list[str]:
         "- Servers run one at a time; the load generator shares the 2 cores with the server "
         "under test (both sides pay for it).",
     ]
+
+
+def _choice(served: dict) -> dict:
+    return served.get("precision_choice") or {}
 
 
 def _fidelity(record: dict | None) -> str:
@@ -112,17 +118,24 @@ def _targets(results: dict) -> list[str]:
 
 
 def _raw(results: dict) -> list[str]:
-    batches = sorted({f["batch"] for r in results["raw"].values() for f in r["forward"]})
-    images = list(next(iter(results["raw"].values()))["single_image"])
+    timed = {label: r for label, r in results["raw"].items() if "forward" in r}
+    batches = sorted({f["batch"] for r in timed.values() for f in r["forward"]})
+    images = list(next(iter(timed.values()))["single_image"])
     header = (["backend", "precision"] + [f"forward batch {b} (img/s)" for b in batches]
               + [f"decode+preprocess+forward, {IMAGE_NAMES.get(i, i)}, p50 (ms)" for i in images])
+    served = (results.get("pipeline") or {}).get("backend")
     rows = []
-    for backend, r in results["raw"].items():
+    for backend, r in timed.items():
         by_batch = {f["batch"]: f["images_per_s"] for f in r["forward"]}
-        rows.append([backend, r.get("precision", "n/a")] + [fmt(by_batch.get(b)) for b in batches]
+        label = f"**{backend}** (served)" if backend == served else backend
+        rows.append([label, r.get("precision", "n/a")] + [fmt(by_batch.get(b)) for b in batches]
                     + [fmt(r["single_image"][i]["p50_ms"]) for i in images])
     lines = ["## Raw model, no serving (this process, one image repeated to the batch size)", "",
              *table(header, rows)]
+    skipped = [f"{label} ({r['skipped']})" for label, r in results["raw"].items()
+               if "skipped" in r]
+    if skipped:
+        lines += ["", "Not run: " + "; ".join(skipped) + "."]
     pipeline = results.get("pipeline")
     if pipeline:
         lines += ["", f"In-process pipeline (small JPEG decoded and preprocessed on the handler's "

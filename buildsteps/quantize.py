@@ -34,6 +34,7 @@ from PIL import Image, ImageEnhance, ImageOps
 
 from model_files.artifacts import QUANTIZED, checkpoint_sha256, companions, fidelity_record
 from model_files.backends import load_backend
+from model_files.precision import agreement, failures
 from model_files.resnet_dual import WEIGHTS
 
 TARGET = QUANTIZED[("openvino", "int8")]
@@ -93,37 +94,6 @@ def heldout_set(heldout: list[Image.Image], calibration: list[Image.Image],
     rng = np.random.default_rng(12345)
     images += [augment(calibration[i % len(calibration)], rng) for i in range(augmented)]
     return _model_inputs(images)
-
-
-def agreement(reference: tuple[np.ndarray, np.ndarray],
-              candidate: tuple[np.ndarray, np.ndarray]) -> dict:
-    """How closely ``candidate``'s (embedding, logits) follow ``reference``'s, per photo:
-    embedding cosine (mean and worst), top-1 agreement, top-5 overlap (fraction of the
-    reference's top 5 among the candidate's top 5)."""
-    e0, l0 = (np.asarray(a, np.float64) for a in reference)
-    e1, l1 = (np.asarray(a, np.float64) for a in candidate)
-    cosine = (e0 * e1).sum(1) / (np.linalg.norm(e0, axis=1) * np.linalg.norm(e1, axis=1))
-    top5_0, top5_1 = np.argsort(-l0, 1)[:, :5], np.argsort(-l1, 1)[:, :5]
-    return {
-        "photos": len(e0),
-        "embedding_cosine_mean": float(cosine.mean()),
-        "embedding_cosine_min": float(cosine.min()),
-        "top1_agreement": float((l0.argmax(1) == l1.argmax(1)).mean()),
-        "top5_overlap": float(np.mean([len(set(a) & set(b)) / 5
-                                       for a, b in zip(top5_0, top5_1)])),
-        # How informative top-1 agreement is: 1 distinct class = every photo got the same one.
-        "reference_distinct_top1": int(len(set(l0.argmax(1).tolist()))),
-    }
-
-
-def failures(figures: dict, thresholds: dict) -> list[str]:
-    """The figures below their threshold, each as ``name measured < threshold``."""
-    unknown = sorted(set(thresholds) - set(figures))
-    if unknown:
-        raise ValueError(f"gate thresholds {unknown} name no measured figure; "
-                         f"known: {sorted(figures)}")
-    return [f"{name} {figures[name]:.4f} < {low}" for name, low in thresholds.items()
-            if figures[name] < low]
 
 
 def _run(path: Path, precision: str, pixels: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:

@@ -85,9 +85,15 @@ class HandlerConfig:
         limit, not the node's cores), at most 4.
     onnx_spinning: let ONNX Runtime's threads busy-wait between operators; off, because in a
         server those cycles belong to the frontend and the decode threads.
-    precision: arithmetic of an OpenVINO archive: ``auto`` (OpenVINO's choice for the CPU),
-        ``f32``, ``bf16``, or ``int8`` (needs an archive built with QUANTIZE=int8). Other
-        backends run f32 on CPU and accept only ``auto`` or ``f32``.
+    precision: ``auto`` times every precision the archive can run here at worker start and
+        serves the fastest within fidelity (model_files/precision.py; docs/precision-auto.md);
+        ``f32``, ``bf16`` or ``int8`` (an archive built with QUANTIZE=int8) force one on an
+        OpenVINO archive, unmeasured. Other backends accept only ``auto`` or ``f32``.
+    auto_int8: ``auto`` may choose the int8 IR when the archive carries one that passed its
+        fidelity gate.
+    precision_cache: file remembering the last ``auto`` choice per host and archive, so a
+        restart keeps it unless the timings clearly differ; "" is
+        ``$XDG_CACHE_HOME/resnet50-serve/precision.json`` (``~/.cache``), ``off`` none.
     max_image_pixels / max_image_bytes: one image's decoded pixels / encoded bytes (413 above).
     max_images_per_request: images one v1/v2 request may carry, counted before any is read
         (413 above). Each costs a full forward row whatever its size, and TorchServe's queue is
@@ -121,6 +127,8 @@ class HandlerConfig:
     decode_threads: int = 0
     onnx_spinning: bool = False
     precision: str = "auto"
+    auto_int8: bool = True
+    precision_cache: str = ""
     max_image_pixels: int = 40_000_000
     max_image_bytes: int = 30 * 1024 * 1024
     max_images_per_request: int = 8

@@ -6,10 +6,11 @@ within ``max_batch_images`` forward rows and ``max_batch_pixels`` decoded pixels
 work, within its own budget), fewest first, before anything is decoded; the admitted
 images are decoded on a small thread pool (PIL and torch release the GIL) and stacked into one
 CPU tensor. Whatever goes wrong fails its own request only: failures are exceptions, caught at
-one per-request boundary (``_Boundary``) and kept as the slot's error.
+one per-request boundary (``_stage``) and kept as the slot's error.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -86,14 +87,14 @@ class Intake:
     def _open(self, idx: int, row: dict, context) -> Slot:
         """Parse one request and read its images' headers; any failure is the slot's error."""
         slot = Slot(request_id=str((context.request_ids or {}).get(idx, "?")))
-        with _Boundary(slot).stage("parsing"):
+        with _stage(slot, "parsing"):
             slot.request = parse_request(row, header_top_k=header(context, idx, TOP_K_HEADER),
                                          config=self.config)
             slot.addon = self.addon.open(
                 slot.request, context.get_request_header(idx, EXPLAIN_PROPERTY) == "True")
         if not slot.ok:
             return slot
-        with _Boundary(slot).stage("reading") as failure:
+        with _stage(slot, "reading") as failure:
             slot.opened = _each_image(slot.request.images, self.preprocessor.open, failure)
             limit = self.config.max_request_pixels
             if slot.pixels > limit:
@@ -112,7 +113,7 @@ class Intake:
                    for slot in slots]
         tensors: list[torch.Tensor] = []
         for slot, futures in zip(slots, pending):
-            with _Boundary(slot).stage("decoding") as failure:
+            with _stage(slot, "decoding") as failure:
                 results = _each_image(futures, Future.result, failure)
                 slot.start, slot.count = len(tensors), len(results)
                 tensors.extend(results)
@@ -167,20 +168,15 @@ def as_request_error(exc: Exception, stage: str, request_id: str) -> RequestErro
                          f"({type(exc).__name__}); request id {request_id}")
 
 
-class _Boundary:
-    """The one place a request's failure is caught: it becomes the slot's error."""
-
-    def __init__(self, slot: Slot) -> None:
-        self.slot = slot
-
-    @contextmanager
-    def stage(self, name: str) -> Iterator[Callable[[Exception], RequestError]]:
-        """Run a stage of the request; yields the converter ``_each_image`` uses."""
-        failure = lambda exc: as_request_error(exc, name, self.slot.request_id)  # noqa: E731
-        try:
-            yield failure
-        except Exception as exc:  # noqa: BLE001 - the last line of defence, per request
-            self.slot.error = failure(exc)
+@contextmanager
+def _stage(slot: Slot, name: str) -> Iterator[Callable[[Exception], RequestError]]:
+    """The one place a request's failure is caught: it becomes the slot's error. Yields the
+    converter ``_each_image`` uses."""
+    failure = functools.partial(as_request_error, stage=name, request_id=slot.request_id)
+    try:
+        yield failure
+    except Exception as exc:  # noqa: BLE001 - the last line of defence, per request
+        slot.error = failure(exc)
 
 
 def _each_image(items: Sequence[Any], step: Callable[[Any], Any],

@@ -11,18 +11,20 @@ from handlers.config import HandlerConfig
 from handlers.errors import InvalidRequest, PayloadTooLarge
 
 
-def as_json_if_json(value: Any, config: HandlerConfig) -> Any:
-    """TorchServe parses ``application/json`` bodies; parse JSON sent under other types too.
+def is_json(text: str | bytes | bytearray) -> bool:
+    """Whether a text body is JSON (or a client's broken JSON): JSON sent under another type
+    than ``application/json``, or too deep for TorchServe's own parser, arrives as text.
+    Image formats never start with ``{`` or ``[``."""
+    head = text[:64].lstrip()[:1]
+    return head in ("{", "[") if isinstance(text, str) else bytes(head) in (b"{", b"[")
 
-    Invalid JSON (and JSON too deep for TorchServe's own parser) reaches us as the raw bytes.
-    Image formats never start with ``{``, so a body that does is JSON or a client error; any
-    other bytes come back unchanged. A body TorchServe already parsed is checked for depth too.
-    """
+
+def load_json(value: Any, config: HandlerConfig) -> Any:
+    """A JSON body (``is_json``) as parsed JSON, its size and nesting depth checked before
+    ``json.loads`` runs; a body TorchServe already parsed is checked for depth too."""
     if isinstance(value, str):
         value = value.encode("utf-8")
     if isinstance(value, (bytes, bytearray)):
-        if bytes(value[:64]).lstrip()[:1] not in (b"{", b"["):
-            return value
         if len(value) > config.max_json_bytes:
             raise PayloadTooLarge(
                 f"JSON body is {len(value)} bytes, more than the limit of "

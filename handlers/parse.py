@@ -25,7 +25,7 @@ from typing import Any
 
 from handlers.config import HandlerConfig, Output
 from handlers.errors import InvalidParameter, InvalidRequest, PayloadTooLarge, echo, echo_all
-from handlers.jsonguard import as_json_if_json
+from handlers.jsonguard import is_json, load_json
 
 MAX_TOP_K = 1000
 MAX_ID_CHARS = 256  # a v2 request id, echoed in the answer
@@ -106,10 +106,11 @@ def _parse(row: dict[str, Any], config: HandlerConfig) -> ParsedRequest:
     if len(body_keys) > 1:
         raise InvalidRequest("send the image once: as the body or as form field 'data', not both")
     query_top_k = parse_top_k(row["topk"]) if "topk" in row else None
-    payload = as_json_if_json(row[body_keys[0]], config)
-    if isinstance(payload, (bytes, bytearray)):
-        return ParsedRequest(Protocol.PLAIN, [bytes(payload)], top_k=query_top_k,
-                             options=options)
+    payload = row[body_keys[0]]
+    if isinstance(payload, (str, bytes, bytearray)) and not is_json(payload):
+        data = payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
+        return ParsedRequest(Protocol.PLAIN, [data], top_k=query_top_k, options=options)
+    payload = load_json(payload, config)  # JSON text, or JSON TorchServe parsed
     if not isinstance(payload, dict):
         raise InvalidRequest(
             f"JSON body must be an object such as {{\"data\": \"<base64 image>\"}}, "

@@ -26,7 +26,8 @@ from handlers.intake import Intake
 from handlers.metrics import BatchMetrics
 from handlers.routing import PerRequestHandler
 from model_files.artifacts import CHECKPOINT, INFO, LABELS, backend_of, fidelity_record, load_labels
-from model_files.backends import load_backend, pick_device
+from model_files.autoprecision import serving_backend
+from model_files.backends import pick_device
 
 logger = logging.getLogger(__name__)
 
@@ -48,15 +49,18 @@ class ResNetHandler(PerRequestHandler):
                              or int(context.system_properties.get("batch_size") or 1))
         serialized = self.manifest["model"]["serializedFile"]
         self.backend_kind = backend_of(serialized)
-        self.backend = load_backend(
-            self.backend_kind, model_dir / serialized, self.device,
-            half=config.half_precision, threads=config.threads,
-            spin=config.onnx_spinning, precision=config.precision,
-            warmup=tuple(sorted({1, self.forward_rows})),
+        self.weights_info = json.loads((model_dir / INFO).read_text())
+        self.backend, self.precision_choice = serving_backend(
+            self.backend_kind, model_dir, serialized, self.device,
+            precision=config.precision, half=config.half_precision, threads=config.threads,
+            spin=config.onnx_spinning, allow_int8=config.auto_int8,
+            cache_setting=config.precision_cache, weights_sha256=self.weights_info["sha256"],
+            batch_sizes=tuple(sorted({1, self.forward_rows})),
         )
+        # Operators grep worker logs for this line.
+        logger.info("%s precision_choice %s", context.model_name, self.precision_choice.line())
         record = model_dir / fidelity_record(serialized)
         self.quantization = json.loads(record.read_text()) if record.is_file() else None
-        self.weights_info = json.loads((model_dir / INFO).read_text())
         self.answers = AnswerSpec(
             model_name=context.model_name,
             model_version=str(self.manifest["model"].get("modelVersion", "1.0")),
@@ -139,6 +143,7 @@ class ResNetHandler(PerRequestHandler):
             "handler": asdict(self.config),
             "backend": self.backend_kind,
             "precision": self.backend.precision,
+            "precision_choice": self.precision_choice.as_dict(),
             "quantization": self.quantization,
             "device": str(self.device),
             "preprocessing": repr(self.intake.preprocessor.transform).replace("\n", " "),

@@ -11,6 +11,7 @@ reads::
                                from config/models/*.yaml (buildsteps.configgen, like the local one)
     config/metrics.yaml        config/metrics.yaml (the handler's batch histograms)
     config/readiness.py        kserve/runtime/readiness.py (the runtime's readiness probe)
+    config/serve.sh            kserve/runtime/serve.sh (the runtime's command: TorchServe as PID 1)
     model-store/<model>.mar    one archive per config/models/<model>.yaml (<model>-<version>.mar
                                for another version)
 
@@ -39,6 +40,7 @@ NAME = "resnet50-serve"
 SERVER_PROPERTIES = REPO / "kserve" / "runtime" / "server.properties"
 METRICS = REPO / "config" / "metrics.yaml"
 READINESS = REPO / "kserve" / "runtime" / "readiness.py"
+SERVE = REPO / "kserve" / "runtime" / "serve.sh"
 MODEL_STORE = REPO / "model-store"
 DEVICES = ("cpu", "gpu")
 
@@ -105,6 +107,7 @@ def build(out: Path = REPO / "build" / "kserve", device: str = "cpu", version: s
         (stage / "config" / "config.properties").write_text(bundle_config(device, version))
         shutil.copy2(METRICS, stage / "config" / "metrics.yaml")
         shutil.copy2(READINESS, stage / "config" / "readiness.py")
+        shutil.copy2(SERVE, stage / "config" / "serve.sh")
         _copy_archives(stage / "model-store", models, version, Path(model_store))
         for mar in sorted((stage / "model-store").glob("*.mar")):
             _, mar_version, backend = archive_identity(mar)

@@ -39,6 +39,8 @@ ships a NetworkPolicy selecting its predictor pods (``serving.kserve.io/inferenc
 that admits TorchServe's inference and metrics ports (or Knative's queue-proxy) only from
 named namespaces, and nothing from everywhere.
 
+For the collection job (``kserve/batch-job``, an Indexed Job): ``kserve_tools.joblint``.
+
 For a bundle: ``config/config.properties`` names exactly the archives in ``model-store/``
 (model names and versions from each archive's manifest) and the models of ``config/models``.
 """
@@ -56,12 +58,15 @@ from pathlib import Path
 import javaproperties
 
 from buildsteps.configgen import REPO, repo_models
+from kserve_tools.joblint import job_findings
 from kserve_tools.render import RenderError, Resource, render
 from model_files.artifacts import read_manifest
 
 KSERVE = REPO / "kserve"
 SCHEMA = REPO.parent / "shared" / "reference" / "kserve" / "inferenceservice-v1beta1.schema.json"
 RUNTIME_DIR = KSERVE / "runtime"
+BATCH_JOB_DIR = KSERVE / "batch-job"
+BASE_ISVC = KSERVE / "base" / "inferenceservice.yaml"
 RUNTIME_SERVER_PROPERTIES = RUNTIME_DIR / "server.properties"
 MOUNT = "/mnt/models"  # where KServe's storage initializer puts storageUri
 # The runtime's readiness probe: kserve/runtime/readiness.py, packed into the bundle.
@@ -565,7 +570,8 @@ def bundle_findings(bundle: Path, models: dict[str, dict] | None = None) -> list
         found.append(Finding(_rel(bundle), "bundle", path, problem, fix))
 
     config = bundle / "config" / "config.properties"
-    for needed in (config, bundle / "config" / "metrics.yaml", bundle / "config" / "readiness.py"):
+    for needed in (config, *(bundle / "config" / name
+                             for name in ("metrics.yaml", "readiness.py", "serve.sh"))):
         if not needed.is_file():
             add(str(needed.relative_to(bundle)), "missing", "rebuild with `make kserve-bundle`")
     if found:
@@ -654,9 +660,18 @@ def network_policy_findings(objects: list[Resource]) -> list[Finding]:
 
 
 def default_targets() -> list[Path]:
-    """Our runtime, every overlay, and the stock-runtime manifests."""
+    """Our runtime, every overlay, the stock-runtime manifests and the collection job."""
     return [RUNTIME_DIR, *sorted(p for p in (KSERVE / "overlays").iterdir() if p.is_dir()),
-            *sorted((KSERVE / "stock").glob("*.yaml"))]
+            *sorted((KSERVE / "stock").glob("*.yaml")), BATCH_JOB_DIR]
+
+
+def base_service() -> tuple[str | None, str]:
+    """(the bucket of the base InferenceService's s3:// storageUri, or None; its name): what
+    the collection job must write to and call."""
+    [resource] = render(BASE_ISVC)
+    uri = str(resource.obj["spec"]["predictor"]["model"].get("storageUri", ""))
+    bucket = uri[len("s3://"):].split("/", 1)[0] if uri.startswith("s3://") else None
+    return bucket, resource.name
 
 
 def lint(targets: list[Path], models: dict[str, dict] | None = None,
@@ -683,6 +698,9 @@ def lint(targets: list[Path], models: dict[str, dict] | None = None,
     for resource in rendered:
         if resource.kind in ("ClusterServingRuntime", "ServingRuntime"):
             found += runtime_findings(resource, properties)
+            continue
+        if resource.kind == "Job":
+            found += job_findings(resource, *base_service(), _finding)
             continue
         if resource.kind == "NetworkPolicy":
             continue  # checked with its InferenceService, per target

@@ -5,13 +5,16 @@ Each carries ``precision``: the arithmetic it really runs (what ``describe`` rep
 """
 from __future__ import annotations
 
+import json
 import logging
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from model_files.artifacts import is_quantised
+from model_files.artifacts import QUANTIZED, SERIALIZED, fidelity_record, is_quantised
+from model_files.precision import failures
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +40,8 @@ def load_backend(kind: str, path: Path, device: torch.device, *, half: bool = Fa
 
     ``spin``: ONNX Runtime's intra-op threads busy-wait between operators (ORT's own default;
     off by default here as in ``HandlerConfig.onnx_spinning``).
-    ``precision``: ``HandlerConfig.precision``; only OpenVINO runs anything but float32 on CPU.
+    ``precision``: ``f32``, ``bf16`` or ``int8`` (OpenVINO only), or ``auto``: here the
+    runtime's own default (the handler's ``auto`` measures instead: model_files/autoprecision.py).
     ``warmup``: batch sizes OpenVINO runs once at load (its first call at a new batch size
     is 1.2-3.5x slower than the next ones).
     """
@@ -48,6 +52,69 @@ def load_backend(kind: str, path: Path, device: torch.device, *, half: bool = Fa
                          f"(BACKEND=openvino); this one is {kind}: use auto or f32")
     if kind == "onnx":
         return _with_precision(_onnx(path, device, threads, spin), "f32")
+    return _torch(kind, path, device, half)
+
+
+def precision_candidates(kind: str, model_dir: Path, serialized: str, device: torch.device, *,
+                         threads: int = 0, spin: bool = False, allow_int8: bool = True
+                         ) -> tuple[dict[str, Callable[[], Backend]], dict[str, str]]:
+    """What ``handler.precision: auto`` chooses from in ``model_dir``: ``{precision: loader}``,
+    most precise first, and ``{precision: why it is left out}`` for the ones this archive,
+    device or config cannot serve.
+
+    OpenVINO: every IR the folder carries (the float32 one, the int8 one when its fidelity
+    record passed the gate and ``allow_int8``) at f32 and, where the CPU has bf16 units, bf16.
+    Eager on CUDA: f32 and f16. Anything else: f32 only.
+    """
+    loaders: dict[str, Callable[[], Backend]] = {}
+    excluded: dict[str, str] = {}
+    if kind == "openvino":
+        bf16 = _cpu_has_bf16()
+        irs = {"": SERIALIZED["openvino"], "int8+": QUANTIZED[("openvino", "int8")]}
+        for prefix, path in ((p, model_dir / name) for p, name in irs.items()):
+            if not path.is_file():
+                continue
+            if prefix and (why := _int8_unusable(path, allow_int8)):
+                excluded[f"{prefix}f32"] = why
+                continue
+            for inference in ("f32", "bf16"):
+                if inference == "bf16" and not bf16:
+                    excluded[prefix + inference] = "this CPU has no bf16 units (OpenVINO)"
+                else:
+                    loaders[prefix + inference] = partial(_openvino, path, threads, inference, ())
+        return loaders, excluded
+    path = model_dir / serialized
+    if kind == "onnx":
+        loaders["f32"] = lambda: _with_precision(_onnx(path, device, threads, spin), "f32")
+        return loaders, excluded
+    loaders["f32"] = partial(_torch, kind, path, device, False)
+    if kind == "eager" and device.type == "cuda":
+        loaders["f16"] = partial(_torch, kind, path, device, True)
+    elif device.type == "cuda":
+        excluded["f16"] = f"{kind} holds its weights as float32 constants: f16 is eager-only"
+    return loaders, excluded
+
+
+def _cpu_has_bf16() -> bool:
+    import openvino as ov
+
+    return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+
+def _int8_unusable(path: Path, allow_int8: bool) -> str:
+    """Why the int8 IR at ``path`` may not be chosen by ``auto``; "" when it may."""
+    if not allow_int8:
+        return "handler.auto_int8 is false"
+    record = path.with_name(fidelity_record(path.name))
+    if not record.is_file():
+        return f"no fidelity record {record.name} beside it"
+    built = json.loads(record.read_text())
+    failed = failures(built["fidelity_vs_f32"], built["thresholds"])
+    return f"its fidelity gate failed: {'; '.join(failed)}" if failed else ""
+
+
+def _torch(kind: str, path: Path, device: torch.device, half: bool) -> Backend:
+    """Eager PyTorch (the checkpoint) or TorchScript; ``half``: float16, eager on CUDA only."""
     if kind == "torchscript":
         module = torch.jit.load(str(path), map_location=device).eval()
     else:

@@ -12,6 +12,15 @@ REPO = Path(__file__).resolve().parent.parent
 MODELS = tuple(model_names())  # resnet50-embedding, resnet50-tagger
 
 
+@pytest.fixture(scope="session", autouse=True)
+def precision_cache(tmp_path_factory):
+    """Workers started by tests (in process or by a TorchServe) remember their precision
+    choice in a folder of this session, not in the user's ~/.cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def weights_dir(tmp_path_factory) -> Path:
     """The weights the archives were built from (``make weights``), else seeded ones."""

@@ -3,18 +3,46 @@ its answers, its metrics, and ``tsctl`` pointed at it."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
-from typing import Callable, TypeVar
+from contextlib import contextmanager
+from typing import Callable, Iterator, TypeVar
 
 import pytest
 import requests
+import yaml
 
 from tests.conftest import REPO
 from tsclient import promtext
 
 TSCTL = REPO / ".venv" / "bin" / "tsctl"
 T = TypeVar("T")
+
+
+@contextmanager
+def variant_server(tmp_path_factory, model_store, model: str, handler: dict | None = None,
+                   **frontend) -> Iterator:
+    """A second TorchServe serving only ``model``, archived from the shipped config with
+    ``frontend`` settings (batchSize, ...) and ``handler`` settings replaced, always stopped."""
+    from bench.archives import ArchiveInfo, build_variant
+    from devtools.server import LocalTorchServe
+
+    config = yaml.safe_load((REPO / "config" / "models" / f"{model}.yaml").read_text())
+    config.update(frontend)
+    config["handler"] = {**config.get("handler", {}), **(handler or {})}
+    store = tmp_path_factory.mktemp(f"{model}-variant-store")
+    shipped = ArchiveInfo.read(model_store / f"{model}.mar")
+    build_variant(model, config, shipped.backend, tmp_path_factory.mktemp("variant") / "work",
+                  store / f"{model}.mar", quantize=shipped.quantize)
+    server = LocalTorchServe(tmp_path_factory.mktemp(f"{model}-variant-ts"), store,
+                             load_models=[f"{model}.mar"])
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(store, ignore_errors=True)
 
 
 def raw_answer(ts, model: str, image: bytes, **headers):

@@ -21,9 +21,14 @@ def test_quick_benchmark_reports_every_measurement(tmp_path, model_store):
                           str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=840)
     assert run.returncode == 0, run.stderr[-3000:]
     results = json.loads((tmp_path / "benchmark.json").read_text())
-    # --quick never serves int8; openvino-int8 is raw-timed only when its IR was built.
-    assert set(results["raw"]) - {"openvino-int8"} == {"eager", "torchscript", "onnx",
-                                                       "openvino-f32", "openvino"}
+    # --quick never serves int8; the int8 rows are raw-timed only when its IR was built, the
+    # bf16 rows say why they were not run on a CPU without bf16 units.
+    assert set(results["raw"]) - {"openvino-int8", "openvino-int8-bf16"} == {
+        "eager", "torchscript", "onnx", "openvino-f32", "openvino-bf16"}
+    choice = results["served"]["ours"]["precision_choice"]
+    assert choice["measured"] and choice["choice"] == results["served"]["ours"]["precision"]
+    assert results["pipeline"]["precision"] == choice["choice"]
+    assert {"p1", "p2"} <= {t["key"] for t in results["targets"]}
     assert results["pipeline"]["images_per_s"] > 0
     assert all(m["ms_per_image_p50"] > 0 for m in results["explain"]["methods"].values())
     for server in ("ours", "stock"):
@@ -55,9 +60,10 @@ def test_ingestion_split_reads_a_real_torchserve_log(tmp_path, model_store):
         assert 0 < r["decode_ms"] and 0 < r["forward_ms"], r
         assert r["decode_ms"] + r["forward_ms"] <= r["handler_ms"], r
         assert 0 < r["worker_busy"] <= 1.05, r
-        # Every side used CPU, and together no more than the machine had.
+        # The servers used CPU (a one-client quick run's client can stay under psutil's 10 ms
+        # tick), and all sides together no more than the machine had.
         sides = [r["cpu_client_ms"], r["cpu_frontend_ms"], r["cpu_worker_ms"]]
-        assert all(ms > 0 for ms in sides), r
+        assert sides[0] >= 0 and sides[1] > 0 and sides[2] > 0, (sides, r)
         assert sum(sides) <= 1.05 * r["cores_available_ms"], r
     assert "| shipped |" in (tmp_path / "ingestion.md").read_text()
 

@@ -254,3 +254,26 @@ def test_int8_noisy_photo_stock_latency_and_pipeline_targets():
     assert targets["e"].value == pytest.approx(0.8) and targets["e"].passed
     missing = {t.key: t for t in evaluate(results["raw"], "onnx", ours, stock)}
     assert not missing["a3"].passed and not missing["e"].passed
+
+
+def test_auto_is_held_to_the_raw_forward_of_this_host():
+    """p1: what auto served against the fastest precision it could serve; p2: against f32;
+    a1/b2 need less where auto served f32 (issue #17)."""
+    results = _results()
+    raw = {"openvino-f32": {"forward": [{"batch": 16, "images_per_s": 30.0}]},
+           "openvino-bf16": {"forward": [{"batch": 16, "images_per_s": 20.0}]},
+           "openvino-int8": {"file": "resnet50_dual_int8.xml", "skipped": "not built"}}
+    ours, stock = results["served"]["ours"], results["served"]["stock"]
+    choice = {"candidates": [{"precision": "f32"}, {"precision": "bf16"},
+                             {"precision": "int8+f32", "excluded": "not in the archive"}]}
+    ours.update(backend="openvino", precision="f32", precision_choice=choice)
+    targets = {t.key: t for t in evaluate(raw, "openvino-f32", ours, stock, raw_batch=16)}
+    assert targets["p1"].value == pytest.approx(1.0) and targets["p1"].passed
+    assert targets["p2"].value == pytest.approx(1.0) and targets["p2"].passed
+    assert targets["a1"].threshold == 2.0 and targets["b2"].threshold == 3.0
+    ours.update(precision="bf16")
+    targets = {t.key: t for t in evaluate(raw, "openvino-bf16", ours, stock, raw_batch=16)}
+    assert targets["p1"].value == pytest.approx(2 / 3) and not targets["p1"].passed
+    assert "vs openvino-f32 30.0" in targets["p1"].detail
+    assert not targets["p2"].passed
+    assert targets["a1"].threshold == 3.0 and targets["b2"].threshold == 4.0

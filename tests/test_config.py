@@ -172,3 +172,13 @@ def test_explain_settings_are_one_nested_section():
         with pytest.raises(ConfigError) as caught:
             HandlerConfig.from_mapping(section)
         assert message in str(caught.value)
+
+
+def test_an_answer_the_handler_lets_out_fits_every_server():
+    """The handler refuses (413, alone) an answer over max_response_bytes; TorchServe's frontend
+    would drop the worker's whole batch for one over its max_response_size: the handler's limit
+    must never be the larger."""
+    limit = HandlerConfig().max_response_bytes
+    for generated in configgen.generated():
+        properties = javaproperties.loads(generated.text)
+        assert limit <= int(properties["max_response_size"]), generated.path

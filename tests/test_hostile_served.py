@@ -4,20 +4,17 @@ answers, and an answer too large for the frontend is one request's 413 while the
 batch is answered, with no worker restarted."""
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-import yaml
 from PIL import Image
 
-from bench.archives import ArchiveInfo, build_variant
 from tests import imagegen
-from tests.conftest import REPO
 from tests.corpus import b64
+from tests.served import variant_server
 
 pytestmark = pytest.mark.integration
 PHOTO = imagegen.jpeg(640, 480, seed=31)
@@ -38,11 +35,20 @@ def worker_pids(ts, model: str = MODEL) -> list[int]:
 
 def test_an_ordinary_photo_is_answered_during_a_row_flood(torchserve):
     """16 clients send v2 requests of 8 one-colour 8x8 PNGs (the most one may carry) back to
-    back, again at once on 503, while a photo is sent three times: each photo answer comes
-    within seconds (16 requests of 64 held a photo for 52-65 s), the flood gets 200 and 503."""
+    back, again at once on 503, while a photo is sent three times: a photo waits at most for
+    the requests queued ahead of it (16) and one in progress, measured here in units of one
+    lone flood request's time, so the bound holds on a slow or busy machine too (16 requests
+    of 64 held a photo for 52-65 s). The flood gets only 200 and 503."""
     url = f"{torchserve.inference_url}/predictions/{MODEL}"
     headers = torchserve.keys.inference_headers()
     pids = worker_pids(torchserve)
+    alone = []
+    for _ in range(3):
+        started = time.monotonic()
+        assert requests.post(url, json=v2_body(8), headers=headers,
+                             timeout=120).status_code == 200
+        alone.append(time.monotonic() - started)
+    bound = 20 * sorted(alone)[1] + 5  # 16 ahead + 1 in progress, with room for the photos
     stop = threading.Event()
     statuses: list[int] = []
 
@@ -66,7 +72,7 @@ def test_an_ordinary_photo_is_answered_during_a_row_flood(torchserve):
             stop.set()
             for future in floods:
                 future.result()
-    assert max(latencies) < 15, latencies
+    assert max(latencies) < bound, (latencies, alone)
     assert set(statuses) <= {200, 503} and 200 in statuses, sorted(set(statuses))
     assert worker_pids(torchserve) == pids
 
@@ -89,23 +95,10 @@ def test_long_client_values_get_short_4xx_answers(torchserve, body):
 def small_answers_server(tmp_path_factory, model_store):
     """A TorchServe whose tagger answers at most 64 KB per request and forms batches of 4
     (waiting up to 30 s to fill one, so 4 concurrent requests are one batch)."""
-    from devtools.server import LocalTorchServe
-
-    config = yaml.safe_load((REPO / "config" / "models" / f"{MODEL}.yaml").read_text())
-    config.update(batchSize=4, maxBatchDelay=30000)
-    config["handler"] = {**config.get("handler", {}), "max_response_bytes": 65536}
-    store = tmp_path_factory.mktemp("small-answers-store")
-    shipped = ArchiveInfo.read(model_store / f"{MODEL}.mar")
-    build_variant(MODEL, config, shipped.backend, tmp_path_factory.mktemp("small") / "work",
-                  store / f"{MODEL}.mar", quantize=shipped.quantize)
-    server = LocalTorchServe(tmp_path_factory.mktemp("small-ts"), store,
-                             load_models=[f"{MODEL}.mar"])
-    server.start()
-    try:
+    with variant_server(tmp_path_factory, model_store, MODEL,
+                        handler={"max_response_bytes": 65536},
+                        batchSize=4, maxBatchDelay=30000) as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(store, ignore_errors=True)
 
 
 def test_an_answer_too_large_is_a_413_and_its_batch_is_answered(small_answers_server):

@@ -73,10 +73,25 @@ def test_precision_matches_torchvision(weights_dir, ir, photos, expected, precis
         assert int(batch.logits[i].argmax()) == int(logits.argmax()), PHOTOS[i]
 
 
-def test_auto_is_bf16_where_the_cpu_has_it(weights_dir, ir, photos):
+def test_auto_measures_what_the_cpu_can_run(weights_dir, ir, photos):
+    """bf16 is timed where OpenVINO reports bf16 units, listed as excluded elsewhere."""
     described, _ = _serve(weights_dir, ir.name, photos[:1])
-    assert described["handler"]["precision"] == "auto"
-    assert described["precision"] == ("bf16" if _cpu_has_bf16() else "f32")
+    choice = described["precision_choice"]
+    assert described["handler"]["precision"] == "auto" and choice["measured"]
+    assert choice["choice"] == described["precision"]
+    by_name = {c["precision"]: c for c in choice["candidates"]}
+    assert set(by_name["f32"]["ms_per_batch"]) == {"1", "8"}
+    if _cpu_has_bf16():
+        assert by_name["bf16"]["ms_per_batch"] and by_name["bf16"]["fidelity"]
+    else:
+        assert by_name["bf16"]["excluded"] == "this CPU has no bf16 units (OpenVINO)"
+        assert choice["choice"] == "f32"
+
+
+def test_an_explicit_precision_is_not_measured(weights_dir, ir, photos):
+    described, _ = _serve(weights_dir, ir.name, photos[:1], precision="f32")
+    choice = described["precision_choice"]
+    assert (choice["requested"], choice["choice"], choice["measured"]) == ("f32", "f32", False)
 
 
 def test_int8_needs_a_quantised_archive(weights_dir, ir):
@@ -136,7 +151,7 @@ def test_int8_passes_the_gate_and_matches_torchvision(int8_dir, calibration, hel
     thresholds = yaml.safe_load(GATE.read_text())["thresholds"]
     path = quantize(int8_dir, calibration, heldout, thresholds, size=SMALL)
     assert path == int8_dir / TARGET and path.with_suffix(".bin").is_file()
-    described, batch = _serve(int8_dir, TARGET, photos)
+    described, batch = _serve(int8_dir, TARGET, photos, precision="int8")
     assert described["precision"] == f"int8+{'bf16' if _cpu_has_bf16() else 'f32'}"
     figures = described["quantization"]["fidelity_vs_f32"]
     assert described["quantization"]["thresholds"] == thresholds
@@ -145,3 +160,19 @@ def test_int8_passes_the_gate_and_matches_torchvision(int8_dir, calibration, hel
         cosine = torch.nn.functional.cosine_similarity(batch.embedding[i], embedding, dim=0)
         assert float(cosine) >= INT8_COSINE, PHOTOS[i]
         assert int(batch.logits[i].argmax()) == int(logits.argmax()), PHOTOS[i]
+
+
+def test_auto_weighs_a_gated_int8_ir_beside_the_float32_one(int8_dir, photos):
+    """After the gate passed (the test above), auto times int8 against f32 on the probe."""
+    from buildsteps.quantize import TARGET
+
+    if not (int8_dir / TARGET).is_file():
+        pytest.skip("the int8 IR was not written (test_int8_passes_the_gate... failed)")
+    described, _ = _serve(int8_dir, SERIALIZED["openvino"], photos[:1])
+    by_name = {c["precision"]: c for c in described["precision_choice"]["candidates"]}
+    assert by_name["int8+f32"]["ms_per_batch"] and not by_name["int8+f32"]["excluded"]
+    assert by_name["int8+f32"]["fidelity"]["embedding_cosine_min"] >= INT8_COSINE
+    refused, _ = _serve(int8_dir, SERIALIZED["openvino"], photos[:1], auto_int8=False,
+                        precision_cache="off")
+    excluded = {c["precision"]: c["excluded"] for c in refused["precision_choice"]["candidates"]}
+    assert excluded["int8+f32"] == "handler.auto_int8 is false"

@@ -3,20 +3,16 @@ good images in every format, and the whole bad-input corpus, alone and inside ba
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-import yaml
 
-from bench.archives import ArchiveInfo, build_variant
 from tests import corpus, imagegen
-from tests.conftest import REPO
 from tests.reference import assert_same_tags, rel_error
 from tests.corpus import b64
-from tests.served import raw_answer
+from tests.served import raw_answer, variant_server
 
 pytestmark = pytest.mark.integration
 TOLERANCE = 1e-4
@@ -175,23 +171,9 @@ def slow_batching_server(tmp_path_factory, model_store):
     concurrent requests is then one batch, which every answer's X-Batch-Size proves. A full
     batch goes at once, so the long wait costs nothing; it only keeps slow uploads of large
     bodies on a loaded machine from splitting a group."""
-    from devtools.server import LocalTorchServe
-
-    model_config = yaml.safe_load((REPO / "config" / "models" / "resnet50-tagger.yaml").read_text())
-    model_config.update(batchSize=8, maxBatchDelay=30000)
-    store = tmp_path_factory.mktemp("slow-store")
-    shipped = ArchiveInfo.read(model_store / "resnet50-tagger.mar")
-    build_variant("resnet50-tagger", model_config, shipped.backend,
-                  tmp_path_factory.mktemp("slow-archive") / "work", store / "resnet50-tagger.mar",
-                  quantize=shipped.quantize)
-    server = LocalTorchServe(tmp_path_factory.mktemp("slow-ts"), store,
-                             load_models=["resnet50-tagger.mar"])
-    server.start()
-    try:
+    with variant_server(tmp_path_factory, model_store, "resnet50-tagger", batchSize=8,
+                        maxBatchDelay=30000) as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(store, ignore_errors=True)
 
 
 def test_bad_inputs_inside_full_batches_fail_alone(slow_batching_server, singles):

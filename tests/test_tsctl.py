@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import time
 
-import numpy as np
 import pytest
 import requests
 import yaml
@@ -16,6 +15,7 @@ from tsclient import errors
 from tests.conftest import MODELS, REPO
 from tests.reference import rel_error
 from tests.served import marker_model, settled, tsctl
+from tsclient.vectors import read_matrix
 
 pytestmark = pytest.mark.integration
 
@@ -70,15 +70,26 @@ def test_tag_and_embed_many_files_at_once(torchserve, tmp_path):
     assert all(len(answers[p]) == 3 for p in images)
     assert "InvalidImage" in answers[str(broken)]["error"]
 
-    out = tmp_path / "emb.npy"
+    out = tmp_path / "emb.parquet"
     embedded = tsctl(torchserve, "embed", *images, "--out", str(out))
     assert embedded.returncode == 0, embedded.stderr
-    assert f"wrote {out}: 6 x 2048" in embedded.stdout
-    matrix = np.load(out)
+    assert f"wrote {out}: 6 rows (6 done, 0 failed, 0 already done)" in embedded.stdout
+    paths, matrix = read_matrix(out)
     client = torchserve.client()
-    for row, path in zip(matrix, images):
+    for row, path in zip(matrix, paths):
         single = client.predict("resnet50-embedding", open(path, "rb").read())["embedding"]
         assert rel_error(row.tolist(), single) <= 1e-4
+    assert sorted(paths) == sorted(images)
+
+
+def test_json_is_accepted_after_the_command_too(torchserve):
+    for argv in (["list", "--json"], ["--json", "list"], ["describe", "resnet50-tagger",
+                                                          "--json"]):
+        result = tsctl(torchserve, *argv)
+        assert result.returncode == 0, (argv, result.stderr)
+        assert isinstance(json.loads(result.stdout), list)
+    error = tsctl(torchserve, "describe", "no-such-model", "--json")
+    assert error.returncode == 5 and json.loads(error.stdout)["hint"]
 
 
 def test_registration_is_off_and_a_path_registration_runs_no_code(torchserve, tmp_path):

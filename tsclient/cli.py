@@ -4,16 +4,21 @@
     tsctl keys [--rotate inference|management|all] [--print inference|management]
     tsctl register ARCHIVE [--name N] [--batch-size B] [--max-batch-delay MS] [--workers W]
     tsctl scale NAME --min N [--max M] | set-default NAME VERSION | unregister NAME [VERSION]
-    tsctl tag FILE... [--topk K] | embed FILE... [--out embeddings.npy]
+    tsctl embed FILE|FOLDER|-... [--out embeddings.parquet] [--shard i/n] [--verify-sha256]
+    tsctl tag FILE|FOLDER|-... [--topk K] [--out tags.parquet]    (no --out: print the tags)
+    tsctl similar QUERY... --index embeddings.parquet [-k 10] | duplicates --index ... [--threshold 0.97]
     tsctl explain FILE [--model M] [--target T | --topk K] [--method M] [--n-steps N]
                  [--out heatmap.png]
 
-Human-readable output by default, ``--json`` for scripts. Exit codes: 0 ok, 1 other server
+Human-readable output by default, ``--json`` (before or after the command) for scripts.
+``embed``/``tag`` work through whole collections, resumably (tsclient.batchjob; docs/operations.md,
+"Embed a collection"). Exit codes: 0 ok, 1 other server
 error, 2 bad arguments (including names TorchServe cannot route), 3 server not running,
 4 key file missing or key refused, 5 unknown model or version, 6 refused by the server
 (registration outside the allowed sources, a name already registered, removing the default
 version, an API switched off), 7 unhealthy (a model
-without a READY worker, or some files failed in ``tag``/``embed``).
+without a READY worker, or some files failed in ``tag``/``embed``), 130 interrupted (Ctrl-C:
+what was answered is kept; rerun to resume).
 """
 from __future__ import annotations
 
@@ -24,14 +29,15 @@ import os
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from tsclient import errors, ports, promtext
+from tsclient import errors, objectstore, ports, promtext
 from tsclient.client import TIMEOUT_S, TorchServeClient
-from tsclient.keys import KEY_FILE, KINDS
+from tsclient.collection import STDIN, Collection, Shard
+from tsclient.keys import KEY_FILE, KINDS, Keys
+from tsclient.progress import JobProgress
 
 RESTART_NOTE = ("not kept across a restart: `make serve` starts from config/ (--ncs); to keep "
                 "it, put it in config/models/{name}.yaml and run `make config`")
@@ -39,29 +45,20 @@ ROTATE_MARGIN_S = 60.0  # `keys --print` hands out keys that live at least this 
 
 
 class Progress:
-    """A one-line progress bar on stderr (drawn only when stderr is a terminal)."""
+    """Elapsed seconds on stderr while a slow call (registration, scaling) runs (drawn only
+    when stderr is a terminal)."""
 
-    def __init__(self, total: int | None, label: str) -> None:
-        self.total, self.label, self.done = total, label, 0
+    def __init__(self, total: None, label: str) -> None:
+        self.label = label
         self.start = time.monotonic()
         self.enabled = sys.stderr.isatty()
         self._lock = threading.Lock()
-
-    def step(self, n: int = 1) -> None:
-        with self._lock:
-            self.done += n
-            self._draw()
 
     def _draw(self) -> None:
         if not self.enabled:
             return
         elapsed = time.monotonic() - self.start
-        if self.total:
-            filled = int(30 * self.done / self.total)
-            bar = f"[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total}"
-        else:
-            bar = "waiting"
-        sys.stderr.write(f"\r{self.label} {bar} {elapsed:5.1f}s")
+        sys.stderr.write(f"\r{self.label} waiting {elapsed:5.1f}s")
         sys.stderr.flush()
 
     def wait(self, work: Callable[[], Any]) -> Any:
@@ -120,6 +117,8 @@ def cmd_describe(client: TorchServeClient, args) -> tuple[Any, str, int]:
             lines.append(f"  weights {weights.get('source')} (trained: {weights.get('trained')}), "
                          f"backend {meta.get('backend')}, top_k "
                          f"{meta.get('handler', {}).get('top_k')}")
+            if isinstance(meta.get("precision_choice"), dict):
+                lines.append(f"  precision {meta['precision_choice'].get('summary')}")
     return entries, "\n".join(lines), 0
 
 
@@ -215,37 +214,129 @@ def cmd_metrics(client: TorchServeClient, args) -> tuple[Any, str, int]:
     return {"statuses": statuses, "models": summary}, "\n".join(lines), 0
 
 
+# The collection commands load numpy and pyarrow only when they run (tsctl list stays quick).
+
 def cmd_tag(client: TorchServeClient, args) -> tuple[Any, str, int]:
-    results = _predict_files(client, args, args.model or "resnet50-tagger", topk=args.topk)
-    lines = []
-    for path, result in results.items():
-        if isinstance(result, errors.TsError):
-            lines.append(f"{path}: error: {result.message}")
-        else:
-            lines.append(f"{path}: " + ", ".join(f"{t['label']} {t['probability']:.3f}"
-                                                 for t in result))
-    data = {p: (r if not isinstance(r, errors.TsError) else {"error": r.message})
-            for p, r in results.items()}
-    return data, "\n".join(lines), _files_exit(results)
+    from tsclient import batchjob
+
+    if args.out is not None:
+        return _collection(client, args, "tags")
+    sink = batchjob.ListSink()
+    identity = batchjob.model_identity(client, args.model or DEFAULT_MODELS["tags"],
+                                       with_management=args.url is None)
+    collection = _collection_of(args)
+    summary = _run_job(client, args, "tags", sink, collection, identity)
+    order = {e.path: i for i, e in enumerate(collection.entries(Shard.parse(args.shard)))}
+    data, lines = {}, []
+    for row in sorted(sink.rows, key=lambda r: order.get(r.path, len(order))):
+        data[row.path] = {"error": row.error} if row.error else row.answer
+        lines.append(f"{row.path}: error: {row.error}" if row.error else f"{row.path}: "
+                     + ", ".join(f"{t['label']} {t['probability']:.3f}" for t in row.answer))
+    return data, "\n".join(lines), errors.Unhealthy.exit_code if summary.failed else 0
 
 
 def cmd_embed(client: TorchServeClient, args) -> tuple[Any, str, int]:
+    return _collection(client, args, "embedding")
+
+
+def _collection_of(args) -> Collection:
+    sources = list(args.sources) + ([STDIN] if args.from_stdin and STDIN not in args.sources
+                                    else [])
+    return Collection(sources, stdin=sys.stdin)
+
+
+def _run_job(client: TorchServeClient, args, task: str, sink, collection: Collection,
+             identity: tuple[dict | None, dict], done=None):
+    """Run ``batchjob.Job`` over the collection's shard, with a progress bar whose total a
+    second walk, beside the job, fills in."""
+    from tsclient import batchjob
+
+    model = args.model or DEFAULT_MODELS[task]
+    entry, _ = identity
+    plan = batchjob.Plan.from_describe(entry, args.concurrency, args.per_request)
+    shard = Shard.parse(args.shard)
+    progress = JobProgress(f"{task} {shard}" if shard.count > 1 else task)
+    threading.Thread(target=lambda: progress.set_total(sum(1 for _ in collection.entries(shard))),
+                     daemon=True).start()
+    job = batchjob.Job(client, model, task, sink, plan, protocol=args.protocol,
+                       topk=getattr(args, "topk", None), verify_sha256=args.verify_sha256,
+                       progress=progress)
+    return job.run(collection.entries(shard), done=done)
+
+
+def _collection(client: TorchServeClient, args, task: str) -> tuple[Any, str, int]:
+    """Run the job into Parquet (``--out``, a local path or s3://): resume, merge, report."""
+    import pyarrow.parquet as pq
+
+    from tsclient import batchjob
+    from tsclient.vectors import Output
+
+    out = str(args.out or DEFAULT_OUTS[task])
+    if out.endswith(".npy"):
+        raise errors.UsageError(f"--out {out}: embeddings are written as Parquet now",
+                                "use --out embeddings.parquet; read it with pandas, polars, "
+                                "DuckDB or tsclient.vectors.read_matrix")
+    local = objectstore.local_copy(out, args.work_dir) if objectstore.is_remote(out) \
+        else Path(out)
+    if objectstore.is_remote(out):
+        objectstore.download_if_exists(out, local)
+    meta = {"shard": str(Shard.parse(args.shard))}
+    identity = batchjob.model_identity(client, args.model or DEFAULT_MODELS[task],
+                                       with_management=args.url is None)
+    output = Output(local, task, {**identity[1], **meta})
+    output.clean()
+    output.check_identity()
+    done = output.done(with_sha256=args.verify_sha256)
+    summary = _run_job(client, args, task, batchjob.PartSink(output), _collection_of(args),
+                       identity, done=done)
+    if objectstore.is_remote(out):
+        objectstore.upload(local, out)
+    rows = pq.ParquetFile(local).metadata.num_rows
+    data = {"out": out, "rows": rows, "done": summary.done, "failed": summary.failed,
+            "skipped": summary.skipped, "seconds": round(summary.seconds, 2),
+            "images_per_s": round((summary.done + summary.failed) / summary.seconds, 2)
+            if summary.seconds else None,
+            "failures": [{"path": p, "error": e} for p, e in summary.failures]}
+    lines = [f"{p}: error: {e}" for p, e in summary.failures]
+    if summary.failed > len(summary.failures):
+        lines.append(f"... and {summary.failed - len(summary.failures)} more failures "
+                     f"(status = 'error' in {out})")
+    lines.append(f"wrote {out}: {rows} rows ({summary.done} done, {summary.failed} failed, "
+                 f"{summary.skipped} already done) in {summary.seconds:.1f} s")
+    return data, "\n".join(lines), errors.Unhealthy.exit_code if summary.failed else 0
+
+
+def cmd_similar(client: TorchServeClient, args) -> tuple[Any, str, int]:
     import numpy as np
 
-    results = _predict_files(client, args, args.model or "resnet50-embedding")
-    good = [p for p, r in results.items() if not isinstance(r, errors.TsError)]
-    lines = [f"{p}: error: {r.message}" for p, r in results.items()
-             if isinstance(r, errors.TsError)]
-    data: dict[str, Any] = {"files": good,
-                            "errors": {p: r.message for p, r in results.items()
-                                       if isinstance(r, errors.TsError)}}
-    if good:
-        matrix = np.asarray([results[p]["embedding"] for p in good], dtype=np.float32)
-        np.save(args.out, matrix)
-        data |= {"out": str(args.out), "shape": list(matrix.shape)}
-        lines.append(f"wrote {args.out}: {matrix.shape[0]} x {matrix.shape[1]} float32, rows in "
-                     "the order of the files given" + (" that succeeded" if lines else ""))
-    return data, "\n".join(lines), _files_exit(results)
+    from tsclient import search
+
+    images = []
+    for query in args.queries:
+        try:
+            images.append(Path(query).read_bytes())
+        except OSError as exc:
+            raise errors.UsageError(f"cannot read {query}: {exc.strerror}",
+                                    "check the file path") from None
+    vectors = client.infer(args.model, images, output="embedding", protocol=args.protocol)
+    found = search.nearest(args.index, np.asarray(vectors, np.float32), args.k,
+                           exclude=args.queries)
+    data = {q: [{"path": p, "score": round(s, 6)} for p, s in hits]
+            for q, hits in zip(args.queries, found)}
+    lines = []
+    for query, hits in data.items():
+        lines.append(f"{query}:")
+        lines += [f"  {i}. {h['score']:.4f}  {h['path']}" for i, h in enumerate(hits, 1)]
+    return data, "\n".join(lines), 0
+
+
+def cmd_duplicates(client: TorchServeClient, args) -> tuple[Any, str, int]:
+    from tsclient import search
+
+    groups = search.duplicates(args.index, args.threshold)
+    lines = [f"{len(g['paths'])} files, cosine >= {g['min_score']:.4f}: " + ", ".join(g["paths"])
+             for g in groups] or [f"no near-duplicates at cosine >= {args.threshold}"]
+    return groups, "\n".join(lines), 0
 
 
 def cmd_explain(client: TorchServeClient, args) -> tuple[Any, str, int]:
@@ -269,43 +360,6 @@ def cmd_explain(client: TorchServeClient, args) -> tuple[Any, str, int]:
     data = {**answer, "explanations": [{k: v for k, v in e.items() if k != "png"}
                                        for e in answer["explanations"]]}
     return data, "\n".join(lines), 0
-
-
-def _predict_files(client: TorchServeClient, args, model: str, **params) -> dict[str, Any]:
-    """Send every file concurrently (``--concurrency``); each file's answer or its error, in
-    the order given. A missing file is an error of that file, not of the run."""
-    progress = Progress(len(args.files), model)
-    results: dict[str, Any] = {path: None for path in args.files}
-
-    def one(path: str) -> Any:
-        try:
-            image = Path(path).read_bytes()
-        except OSError as exc:
-            return errors.UsageError(f"cannot read {path}: {exc.strerror}")
-        try:
-            return client.predict(model, image, version=args.version, **params)
-        except (errors.ServerNotRunning, errors.KeyFileError, errors.KeyRejected,
-                errors.NotFound):
-            raise  # the same for every file: stop and say so once
-        except errors.TsError as exc:
-            return exc
-
-    with ThreadPoolExecutor(max_workers=args.concurrency) as pool:
-        futures = {pool.submit(one, path): path for path in args.files}
-        try:
-            for future in as_completed(futures):
-                results[futures[future]] = future.result()
-                progress.step()
-        finally:
-            progress.close()
-            for future in futures:
-                future.cancel()
-    return results
-
-
-def _files_exit(results: dict[str, Any]) -> int:
-    failed = sum(isinstance(r, errors.TsError) for r in results.values())
-    return errors.Unhealthy.exit_code if failed else 0
 
 
 # ---------------------------------------------------------------------- helpers
@@ -342,7 +396,10 @@ def _duration(seconds: float | None) -> str:
 COMMANDS = {"list": cmd_list, "describe": cmd_describe, "register": cmd_register,
             "scale": cmd_scale, "set-default": cmd_set_default, "unregister": cmd_unregister,
             "tag": cmd_tag, "embed": cmd_embed, "health": cmd_health, "keys": cmd_keys,
-            "metrics": cmd_metrics, "explain": cmd_explain}
+            "metrics": cmd_metrics, "explain": cmd_explain, "similar": cmd_similar,
+            "duplicates": cmd_duplicates}
+DEFAULT_MODELS = {"embedding": "resnet50-embedding", "tags": "resnet50-tagger"}
+DEFAULT_OUTS = {"embedding": "embeddings.parquet", "tags": "tags.parquet"}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -359,7 +416,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     p.add_argument("--timeout", type=float, default=TIMEOUT_S,
                    help=f"seconds per call ({TIMEOUT_S:g})")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # Also accepted after the command; SUPPRESS keeps a --json given before it.
+    after = argparse.ArgumentParser(add_help=False)
+    after.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                       help="machine-readable output on stdout")
+    commands = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    class Sub:
+        @staticmethod
+        def add_parser(name: str, **kwargs) -> argparse.ArgumentParser:
+            return commands.add_parser(name, parents=[after], **kwargs)
+
+    sub = Sub()
     sub.add_parser("list", help="registered models, versions and workers")
     d = sub.add_parser("describe", help="one model's versions, workers, settings, weights")
     d.add_argument("name")
@@ -382,17 +450,40 @@ def parser() -> argparse.ArgumentParser:
     u = sub.add_parser("unregister", help="remove a model or one version")
     u.add_argument("name")
     u.add_argument("version", nargs="?")
-    for command, default_model in (("tag", "resnet50-tagger"), ("embed", "resnet50-embedding")):
-        c = sub.add_parser(command, help=f"send images to {default_model}, many at once")
-        c.add_argument("files", nargs="+", metavar="FILE")
-        c.add_argument("--model", help=f"default {default_model}")
-        c.add_argument("--version")
-        c.add_argument("--concurrency", type=int, default=8,
-                       help="requests in flight (8; keep below job_queue_size)")
+    for command, task in (("tag", "tags"), ("embed", "embedding")):
+        c = sub.add_parser(command, help=f"{task} of files, folders or a list of paths on stdin "
+                                         f"with {DEFAULT_MODELS[task]}, into Parquet")
+        c.add_argument("sources", nargs="*", metavar="FILE|FOLDER|-",
+                       help="image files, folders (walked for image files), '-' for paths on "
+                            "stdin")
+        c.add_argument("--from-stdin", action="store_true", help="read paths from stdin")
+        c.add_argument("--model", help=f"default {DEFAULT_MODELS[task]}")
+        c.add_argument("--out", default=None if command == "tag" else DEFAULT_OUTS[task],
+                       help=f"Parquet output, a path or s3://bucket/key (default "
+                            f"{DEFAULT_OUTS[task]}" + ("; tag without --out prints the tags)"
+                                                       if command == "tag" else ")"))
+        c.add_argument("--shard", help="i/n: only this machine's share of the collection")
+        c.add_argument("--verify-sha256", action="store_true",
+                       help="skip files whose bytes hash as stored (else: same size and mtime)")
+        c.add_argument("--concurrency", type=int,
+                       help="requests in flight (default 2 x batchSize x workers)")
+        c.add_argument("--per-request", type=int,
+                       help="images per request (default max_batch_images // batchSize)")
+        _endpoint_arguments(c)
+        c.add_argument("--work-dir", type=Path, default=Path(".tsctl-work"),
+                       help="local copy of an s3:// --out while the job runs")
         if command == "tag":
             c.add_argument("--topk", type=int)
-        else:
-            c.add_argument("--out", type=Path, default=Path("embeddings.npy"))
+    q = sub.add_parser("similar", help="the stored photos most like each QUERY (exact cosine)")
+    q.add_argument("queries", nargs="+", metavar="QUERY", help="image files, embedded by the "
+                                                              "server")
+    q.add_argument("--index", type=Path, required=True, help="an embed output (Parquet)")
+    q.add_argument("-k", type=int, default=10, help="neighbours per query (10)")
+    q.add_argument("--model", default=DEFAULT_MODELS["embedding"])
+    _endpoint_arguments(q)
+    dup = sub.add_parser("duplicates", help="groups of near-duplicate photos in an embed output")
+    dup.add_argument("--index", type=Path, required=True)
+    dup.add_argument("--threshold", type=float, default=0.97, help="cosine (0.97)")
     sub.add_parser("health", help="is the server up and every model READY")
     k = sub.add_parser("keys", help="key expiry; rotate keys")
     k.add_argument("--rotate", choices=[*KINDS, "all"])
@@ -411,12 +502,40 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _endpoint_arguments(c: argparse.ArgumentParser) -> None:
+    c.add_argument("--url", help="a KServe endpoint of this runtime instead of the local "
+                                 "server, e.g. https://resnet50.default.example.com")
+    c.add_argument("--protocol", choices=("v2", "v1"), default="v2",
+                   help="KServe protocol of the requests (v2)")
+    c.add_argument("--token-env", default="TSCTL_TOKEN",
+                   help="with --url: the environment variable holding a bearer token")
+    c.add_argument("--ca-bundle", help="with --url: CA certificates to verify TLS with "
+                                       "(verification is always on)")
+
+
+def make_client(args) -> TorchServeClient:
+    """The local server with its key file, or ``--url`` with a bearer token from the
+    environment (none when the variable is unset) and TLS verified."""
+    if getattr(args, "url", None) is None:
+        return TorchServeClient(args.inference_url, args.management_url, args.metrics_url,
+                                key_file=args.key_file, timeout=args.timeout)
+    token = os.environ.get(args.token_env, "")
+    client = TorchServeClient(args.url, args.url, args.url, keys=Keys(token, token),
+                              timeout=args.timeout)
+    if args.ca_bundle:
+        client.session.verify = args.ca_bundle
+    return client
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    client = TorchServeClient(args.inference_url, args.management_url, args.metrics_url,
-                              key_file=args.key_file, timeout=args.timeout)
+    client = make_client(args)
     try:
         data, text, code = COMMANDS[args.command](client, args)
+    except KeyboardInterrupt:
+        print(f"tsctl {args.command}: interrupted; what was answered is kept, rerun the same "
+              "command to resume", file=sys.stderr)
+        return 130
     except errors.TsError as exc:
         if args.json:
             print(json.dumps({"error": exc.message, "hint": exc.hint,

@@ -267,6 +267,44 @@ class TorchServeClient:
                           f"predict {_label(model, version)}", data=image,
                           headers=headers).json()
 
+    def infer(self, model: str, images: list[bytes], *, output: str = "embedding",
+              protocol: str = "v2", topk: int | None = None) -> list[Any]:
+        """Several images in one KServe request (``protocol`` v2, the Open Inference Protocol,
+        or v1): one answer per image, in order: an embedding (a list of floats) for
+        ``output="embedding"``, a list of ``{"label", "index", "probability"}`` for ``"tags"``.
+        The handler answers a request with a bad image as a whole (400 naming the image);
+        send that request's images one by one to learn which. A 503's ``ApiError`` carries
+        ``retry_after``."""
+        import base64
+
+        data = [base64.b64encode(image).decode("ascii") for image in images]
+        what = f"{protocol} infer {model} ({len(images)} images)"
+        if protocol == "v1":
+            params = {"topk": topk} if topk is not None and output == "tags" else {}
+            body = {"instances": [{"data": item} for item in data], "parameters": params}
+            answers = self._call("POST", "inference", f"/v1/models/{check_name(model)}:predict",
+                                 what, data=json.dumps(body),
+                                 headers={"Content-Type": "application/json"}).json()
+            predictions = answers["predictions"]
+            return [p["embedding"] if output == "embedding" else p for p in predictions]
+        if protocol != "v2":
+            raise errors.UsageError(f"no protocol {protocol!r}", "use v1 or v2")
+        wanted = {"name": output}
+        if output == "tags" and topk is not None:
+            wanted["parameters"] = {"topk": topk}
+        body = {"inputs": [{"name": "images", "shape": [len(data)], "datatype": "BYTES",
+                            "data": data}], "outputs": [wanted]}
+        answer = self._call("POST", "inference", f"/v2/models/{check_name(model)}/infer", what,
+                            data=json.dumps(body),
+                            headers={"Content-Type": "application/json"}).json()
+        [tensor] = [o for o in answer["outputs"] if o["name"] == output]
+        rows = tensor["shape"][0]
+        if output == "embedding":
+            flat, dim = tensor["data"], tensor["shape"][1]
+            return [flat[i * dim:(i + 1) * dim] for i in range(rows)]
+        k = tensor["shape"][1]
+        return [[json.loads(t) for t in tensor["data"][i * k:(i + 1) * k]] for i in range(rows)]
+
     def explain(self, model: str, image: bytes, *, filename: str = "image",
                 target: int | str | None = None, topk: int | None = None,
                 method: str | None = None, n_steps: int | None = None,

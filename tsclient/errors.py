@@ -25,6 +25,7 @@ class ApiError(TsError):
         self.status = status
         self.type = type_
         self.server_message = message
+        self.retry_after: float | None = None  # seconds, from a 503's Retry-After header
 
 
 class UsageError(TsError):
@@ -111,13 +112,23 @@ def from_response(response: requests.Response, what: str) -> ApiError:
     if status == 405:
         return Refused(status, type_, f"{what}: {message}", MODEL_API_HINT)
     if status == 503:
-        return ApiError(status, type_, f"{what}: {message}",
-                        "the model's queue is full or it has no worker: retry later, or "
-                        "`tsctl scale NAME --min N`")
+        error = ApiError(status, type_, f"{what}: {message}",
+                         "the model's queue is full or it has no worker: retry later, or "
+                         "`tsctl scale NAME --min N`")
+        error.retry_after = _seconds(response.headers.get("Retry-After"))
+        return error
     if status == 409:
         return Refused(status, type_, f"{what}: {message}",
                        "already registered: `tsctl unregister NAME [VERSION]` first")
     return ApiError(status, type_, f"{what}: {message}")
+
+
+def _seconds(value: str | None) -> float | None:
+    """``Retry-After`` in seconds (HTTP also allows a date there; we treat that as unknown)."""
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
 
 
 def _body(response: requests.Response) -> dict:

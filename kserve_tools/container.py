@@ -1,0 +1,183 @@
+"""Run the runtime image the way a pod runs our ClusterServingRuntime's ``kserve-container``.
+
+From the rendered container (``kserve_tools.render``): its command (the entrypoint) and args,
+its env, ``securityContext`` (``runAsUser``, dropped capabilities, no privilege escalation, a
+read-only root file system when it asks for one; tmpfs at the ``emptydirs`` given), the
+memory and CPU limits, and its port, published on 127.0.0.1 only. ``/mnt/models`` is the bundle,
+bind-mounted read-only (KServe's storage initializer leaves it read-only for the server).
+Probes run as the kubelet runs them: an exec probe with ``<engine> exec`` inside the container,
+an httpGet probe on the published port. Stopping is the kubelet's: SIGTERM, then SIGKILL after
+the grace period.
+
+    with RuntimeContainer(container, image, bundle_folder) as pod:
+        requests.post(pod.inference_url + "/v1/models/resnet50-tagger:predict", json=...)
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import requests
+
+from kserve_tools.engine import base_command, limit_flags
+
+MOUNT = "/mnt/models"
+GRACE_SECONDS = 30  # Kubernetes' default terminationGracePeriodSeconds (the runtime sets none)
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+_DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+
+
+def memory_bytes(quantity: str) -> int:
+    """A Kubernetes memory quantity (``2Gi``, ``512M``, ``1000``) in bytes."""
+    number, unit = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", str(quantity)).groups()
+    return int(float(number) * {**_BINARY, **_DECIMAL, "": 1}[unit])
+
+
+def cpus(quantity: str) -> str:
+    """A Kubernetes CPU quantity (``1``, ``500m``) as ``--cpus`` takes it."""
+    text = str(quantity)
+    return str(int(text[:-1]) / 1000) if text.endswith("m") else text
+
+
+class RuntimeContainer:
+    """The image started as the pod would start it; ``stop()`` always removes the container."""
+
+    def __init__(self, container: dict, image: str, bundle: Path, *, emptydirs: tuple = (),
+                 grace: int = GRACE_SECONDS) -> None:
+        self.container = container
+        self.image = image
+        self.bundle = Path(bundle).resolve()
+        self.emptydirs = tuple(emptydirs)  # paths the manifest mounts emptyDir volumes at
+        self.grace = grace
+        self.name = f"kserve-runtime-{uuid.uuid4().hex[:8]}"
+        self.engine = base_command()
+        self.container_port = container["ports"][0]["containerPort"]
+        self.inference_url: str | None = None
+        self.readiness: list[bool] = []  # every readinessProbe result while starting
+        self.reasons: list[str] = []  # what each failing exec probe printed
+        self.started_at: float | None = None
+        self.ready_after: float | None = None  # seconds from `run` to the first passing probe
+
+    # ------------------------------------------------------------------ the run command
+
+    def run_command(self) -> list[str]:
+        """``<engine> run`` with everything the pod spec decides."""
+        c = self.container
+        security = c.get("securityContext") or {}
+        limits = (c.get("resources") or {}).get("limits") or {}
+        flags = ["--detach", "--name", self.name, *limit_flags(),
+                 "-v", f"{self.bundle}:{MOUNT}:ro",
+                 "-p", f"127.0.0.1::{self.container_port}"]
+        if c.get("command"):
+            flags += ["--entrypoint", json.dumps(c["command"])]
+        for item in c.get("env") or []:
+            flags += ["-e", f"{item['name']}={item['value']}"]
+        if "runAsUser" in security:
+            flags += ["--user", str(security["runAsUser"])]
+        for cap in (security.get("capabilities") or {}).get("drop") or []:
+            flags += ["--cap-drop", cap]
+        if security.get("allowPrivilegeEscalation") is False:
+            flags += ["--security-opt", "no-new-privileges"]
+        if security.get("readOnlyRootFilesystem"):
+            flags += ["--read-only", "--read-only-tmpfs=false"]
+        for path in self.emptydirs:
+            uid = security.get("runAsUser", 0)
+            flags += ["--tmpfs", f"{path}:rw,mode=1777,uid={uid}"]
+        if "memory" in limits:
+            flags += ["--memory", str(memory_bytes(limits["memory"])),
+                      "--memory-swap", str(memory_bytes(limits["memory"]))]
+        if "cpu" in limits:
+            flags += ["--cpus", cpus(limits["cpu"])]
+        return [*self.engine, "run", *flags, self.image, *(c.get("args") or [])]
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self, timeout: float = 600.0) -> "RuntimeContainer":
+        """Run the container and wait until its readinessProbe passes."""
+        self.started_at = time.monotonic()
+        subprocess.run(self.run_command(), check=True, capture_output=True, text=True)
+        try:
+            self.inference_url = f"http://{self.published(self.container_port)}"
+            self.wait_ready(timeout)
+        except BaseException:
+            self.remove()
+            raise
+        return self
+
+    def published(self, port: int) -> str:
+        """``127.0.0.1:<host port>`` the container's ``port`` is published on."""
+        out = self._engine("port", self.name, f"{port}/tcp").stdout.strip().splitlines()
+        return out[0].replace("0.0.0.0:", "127.0.0.1:")
+
+    def exec(self, command: list[str], timeout: float) -> subprocess.CompletedProcess:
+        """A command inside the container, as the container's user (a kubelet exec probe)."""
+        return subprocess.run([*self.engine, "exec", self.name, *command], capture_output=True,
+                              text=True, timeout=timeout)
+
+    def probe(self, kind: str = "readinessProbe") -> bool:
+        """Whether one of the container's probes passes, judged as the kubelet does."""
+        spec = self.container[kind]
+        timeout = spec.get("timeoutSeconds", 1)
+        if "exec" in spec:
+            try:
+                done = self.exec(spec["exec"]["command"], timeout)
+            except subprocess.TimeoutExpired:
+                self.reasons.append(f"timed out after {timeout}s")
+                return False
+            if done.returncode != 0:
+                self.reasons.append(done.stderr.strip())
+            return done.returncode == 0
+        get = spec["httpGet"]
+        try:
+            status = requests.get(self.inference_url + get.get("path", "/"),
+                                  timeout=timeout).status_code
+        except requests.RequestException:
+            return False
+        return 200 <= status < 400
+
+    def running(self) -> bool:
+        return self.state().get("Running", False)
+
+    def state(self) -> dict:
+        done = self._engine("inspect", "--format", "{{json .State}}", self.name, check=False)
+        return json.loads(done.stdout) if done.returncode == 0 else {}
+
+    def wait_ready(self, timeout: float) -> None:
+        """Poll the readinessProbe every second until it passes (records ``ready_after``)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.running():
+                raise RuntimeError(f"the container exited: {self.state()}\n{self.logs()}")
+            self.readiness.append(self.probe())
+            if self.readiness[-1]:
+                self.ready_after = time.monotonic() - self.started_at
+                return
+            time.sleep(1)
+        raise RuntimeError(f"readinessProbe not passing after {timeout:.0f}s:\n{self.logs()}")
+
+    def stop(self) -> tuple[int, float]:
+        """The kubelet's stop: SIGTERM, SIGKILL after the grace period. (exit code, seconds)."""
+        began = time.monotonic()
+        self._engine("stop", "--time", str(self.grace), self.name, check=False)
+        return self.state().get("ExitCode", -1), time.monotonic() - began
+
+    def remove(self) -> None:
+        """Remove the container, running or not (idempotent)."""
+        self._engine("rm", "--force", "--time", "0", self.name, check=False)
+
+    def logs(self, lines: int = 60) -> str:
+        return self._engine("logs", "--tail", str(lines), self.name, check=False).stdout
+
+    def __enter__(self) -> "RuntimeContainer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+    def _engine(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run([*self.engine, *args], check=check, capture_output=True,
+                              text=True, timeout=120)

@@ -1,0 +1,297 @@
+"""The collection job's parts without a server: walking (nested folders, extensions, a symlink
+loop, stdin), sharding, the Parquet schema, parts, merge and resume index, chunked search, and
+the job's pacing and retries against a fake client."""
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tsclient import errors
+from tsclient.batchjob import Job, ListSink, PartSink, Plan
+from tsclient.collection import Collection, Entry, Shard, shard_of
+from tsclient.search import duplicates, nearest
+from tsclient.vectors import EMBEDDING_DIM, Output, Row, batches, metadata, read_matrix
+
+META = {"model": "resnet50-embedding", "model_version": "1.0", "weights_sha256": "abc"}
+
+
+def _tree(root):
+    for rel in ("a.jpg", "b.PNG", "notes.txt", "sub/c.jpeg", "sub/deeper/d.webp",
+                "sub/deeper/e.gif", "z/f.tiff", "z/readme.md"):
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(rel.encode())
+    return root
+
+
+# ------------------------------------------------------------------ walking
+
+def test_walk_finds_image_files_in_nested_folders_in_sorted_order(tmp_path):
+    root = _tree(tmp_path / "photos")
+    paths = [e.path for e in Collection([str(root)]).entries()]
+    rel = [os.path.relpath(p, root) for p in paths]
+    assert rel == ["a.jpg", "b.PNG", "sub/c.jpeg", "sub/deeper/d.webp", "sub/deeper/e.gif",
+                   "z/f.tiff"]
+    entry = Collection([str(root)]).entries().__next__()
+    assert entry.key == "a.jpg" and entry.size == len(b"a.jpg") and entry.mtime_ns > 0
+
+
+def test_symlink_loops_and_twice_linked_folders_are_walked_once(tmp_path):
+    root = _tree(tmp_path / "photos")
+    (root / "sub" / "deeper" / "loop").symlink_to(root)  # back to the top
+    (root / "again").symlink_to(root / "sub")  # a second way into sub/
+    (root / "dangling.jpg").symlink_to(tmp_path / "missing.jpg")
+    entries = list(Collection([str(root)]).entries())
+    names = [os.path.basename(e.path) for e in entries]
+    assert sorted(names) == sorted(["a.jpg", "b.PNG", "c.jpeg", "d.webp", "e.gif", "f.tiff",
+                                    "dangling.jpg"])
+    [dangling] = [e for e in entries if e.path.endswith("dangling.jpg")]
+    assert dangling.size is None and "cannot read" in dangling.error
+
+
+def test_files_given_are_kept_whatever_their_extension_and_stdin_lists_paths(tmp_path):
+    root = _tree(tmp_path / "photos")
+    stdin = io.StringIO(f"{root / 'notes.txt'}\n\n{root / 'sub'}\n{tmp_path / 'nope.jpg'}\n")
+    collection = Collection([str(root / "z" / "readme.md"), "-"], stdin=stdin)
+    first = [(os.path.relpath(e.path, root), e.error is None) for e in collection.entries()]
+    assert first == [("z/readme.md", True), ("notes.txt", True), ("sub/c.jpeg", True),
+                     ("sub/deeper/d.webp", True), ("sub/deeper/e.gif", True),
+                     ("../nope.jpg", False)]
+    again = [(os.path.relpath(e.path, root), e.error is None) for e in collection.entries()]
+    assert again == first  # stdin was spooled: a second walk sees the same list
+
+
+def test_no_sources_is_a_usage_error():
+    with pytest.raises(errors.UsageError):
+        Collection([])
+
+
+# ------------------------------------------------------------------ sharding
+
+def test_shards_are_disjoint_and_together_the_whole(tmp_path):
+    keys = [f"album{i % 7}/photo{i}.jpg" for i in range(3000)]
+    for n in (1, 2, 3, 8):
+        owners = [[s for s in range(n) if Shard(s, n).holds(k)] for k in keys]
+        assert all(len(o) == 1 for o in owners)
+        sizes = np.bincount([o[0] for o in owners], minlength=n)
+        assert sizes.min() > 0.8 * len(keys) / n  # roughly even
+    assert shard_of("album1/photo1.jpg", 8) == shard_of("album1/photo1.jpg", 8)
+    # Stable across processes and versions: a pinned value.
+    assert [shard_of(f"p{i}.jpg", 4) for i in range(8)] == \
+        [int.from_bytes(__import__("hashlib").blake2b(f"p{i}.jpg".encode(), digest_size=8)
+                        .digest(), "big") % 4 for i in range(8)]
+
+
+def test_shard_keys_are_relative_to_the_folder_so_mount_points_do_not_matter(tmp_path):
+    a = _tree(tmp_path / "here" / "photos")
+    b = _tree(tmp_path / "elsewhere" / "mnt")
+    for n in (2, 3):
+        for i in range(n):
+            ka = [e.key for e in Collection([str(a)]).entries(Shard(i, n))]
+            kb = [e.key for e in Collection([str(b)]).entries(Shard(i, n))]
+            assert ka == kb
+    every = [e.key for e in Collection([str(a)]).entries()]
+    split = [e.key for i in range(3) for e in Collection([str(a)]).entries(Shard(i, 3))]
+    assert sorted(split) == sorted(every)
+
+
+@pytest.mark.parametrize("text", ["3/3", "-1/2", "1", "a/b", "0/0", "1/2/3"])
+def test_bad_shards_are_usage_errors(text):
+    with pytest.raises(errors.UsageError):
+        Shard.parse(text)
+
+
+# ------------------------------------------------------------------ Parquet
+
+def _rows(n, start=0, fail=()):
+    rng = np.random.default_rng(start)
+    rows = []
+    for i in range(start, start + n):
+        vector = rng.normal(size=EMBEDDING_DIM).astype(np.float32)
+        rows.append(Row(f"p/{i:04d}.jpg", 100 + i, 1_700_000_000_000_000_000 + i, f"{i:064x}",
+                        "HTTP 400 InvalidImage: bad" if i in fail else None,
+                        None if i in fail else vector))
+    return rows
+
+
+def test_schema_parts_merge_and_readers(tmp_path):
+    out = Output(tmp_path / "v.parquet", "embedding", META)
+    out.write_part(_rows(5, fail={3}))
+    out.write_part(_rows(4, start=5))
+    assert [p.name for p in out.existing()] == ["part-000000.parquet", "part-000001.parquet"]
+    out.merge()
+    assert not out.parts.exists()
+    schema = pq.read_schema(out.out)
+    assert schema.field("embedding").type == pa.list_(pa.float32(), EMBEDDING_DIM)
+    assert schema.field("mtime").type == pa.timestamp("ns", tz="UTC")
+    assert [f.name for f in schema] == ["path", "size", "mtime", "sha256", "status", "error",
+                                        "embedding"]
+    assert metadata(out.out)["model"] == "resnet50-embedding"
+    assert metadata(out.out)["task"] == "embedding"
+    import duckdb
+    import pandas as pd
+    import polars as pl
+
+    frame = pd.read_parquet(out.out)
+    assert len(frame) == 9 and frame["status"].value_counts().to_dict() == {"ok": 8, "error": 1}
+    assert len(frame["embedding"][0]) == EMBEDDING_DIM
+    assert pl.read_parquet(out.out).shape == (9, 7)
+    sql = f"select count(*), max(len(embedding)) from '{out.out}' where status = 'ok'"
+    assert duckdb.sql(sql).fetchall() == [(8, EMBEDDING_DIM)]
+    paths, matrix = read_matrix(out.out)
+    assert matrix.shape == (8, EMBEDDING_DIM) and "p/0003.jpg" not in paths
+
+
+def test_tags_schema(tmp_path):
+    out = Output(tmp_path / "t.parquet", "tags", META)
+    out.write_part([Row("a.jpg", 1, 2, "0" * 64, None,
+                        [{"label": "tabby", "index": 281, "probability": 0.5}])])
+    out.merge()
+    assert pq.read_schema(out.out).field("tags").type == pa.list_(
+        pa.struct([("label", pa.string()), ("index", pa.int32()),
+                   ("probability", pa.float32())]))
+    assert pq.read_table(out.out).column("tags").to_pylist()[0][0]["label"] == "tabby"
+
+
+def test_done_index_resume_and_newest_row_wins(tmp_path):
+    out = Output(tmp_path / "v.parquet", "embedding", META)
+    out.write_part(_rows(5, fail={3}))
+    out.merge()
+    retried = _rows(1, start=3)  # the failed one, answered on a rerun
+    out.write_part(retried)
+    done = out.done()
+    assert len(done) == 5
+    assert done.holds("p/0003.jpg", 103, 1_700_000_000_000_000_003)
+    assert not done.holds("p/0003.jpg", 104, 1_700_000_000_000_000_003)  # size changed
+    assert not done.holds("p/0009.jpg", 109, 1_700_000_000_000_000_009)
+    sha = out.done(with_sha256=True)
+    assert sha.sha256_of("p/0002.jpg") == f"{2:064x}" and sha.sha256_of("nope") is None
+    out.merge()
+    table = pq.read_table(out.out)
+    assert table.num_rows == 5 and table.column("status").to_pylist().count("ok") == 5
+
+
+def test_kill_leftovers_are_cleaned_and_other_weights_refused(tmp_path):
+    out = Output(tmp_path / "v.parquet", "embedding", META)
+    out.write_part(_rows(2))
+    (out.parts / ".part-000001.parquet.1234.tmp").write_bytes(b"half a part")
+    (tmp_path / ".v.parquet.abcd.tmp").write_bytes(b"half a merge")
+    out.clean()
+    assert [p.name for p in out.parts.iterdir()] == ["part-000000.parquet"]
+    assert not (tmp_path / ".v.parquet.abcd.tmp").exists()
+    other = Output(tmp_path / "v.parquet", "embedding", {**META, "weights_sha256": "def"})
+    with pytest.raises(errors.UsageError, match="weights_sha256"):
+        other.check_identity()
+
+
+# ------------------------------------------------------------------ search
+
+def test_chunked_nearest_equals_brute_force_and_excludes_the_query(tmp_path):
+    out = Output(tmp_path / "v.parquet", "embedding", META)
+    rows = _rows(300, fail={7})
+    for start in range(0, 300, 64):
+        out.write_part(rows[start:start + 64])
+    out.merge()
+    paths, matrix = read_matrix(out.out)
+    unit = matrix / np.linalg.norm(matrix, axis=1, keepdims=True)
+    queries = np.stack([matrix[5], matrix[100] + 0.1 * matrix[200]])
+    q = queries / np.linalg.norm(queries, axis=1, keepdims=True)
+    for rows_per_chunk in (16, 37, 1000):
+        got = nearest(out.out, queries, k=7, rows=rows_per_chunk)
+        for j in range(2):
+            expect = np.argsort(-(unit @ q[j]))[:7]
+            assert [p for p, _ in got[j]] == [paths[i] for i in expect]
+            assert got[j][0][1] == pytest.approx(float(unit[expect[0]] @ q[j]), abs=1e-5)
+    own = nearest(out.out, queries[:1], k=3, exclude=[paths[5]], rows=50)[0]
+    assert paths[5] not in [p for p, _ in own]
+    assert sum(1 for _ in batches(out.out, 50)) == 6  # 299 ok rows, 50 at a time
+
+
+def test_duplicates_groups_chains_across_chunks(tmp_path):
+    rng = np.random.default_rng(1)
+    base = rng.normal(size=(40, EMBEDDING_DIM)).astype(np.float32)
+    rows = [Row(f"{i:03d}.jpg", 1, 1, "0" * 64, None, v) for i, v in enumerate(base)]
+    near = lambda v: v + 0.05 * rng.normal(size=EMBEDDING_DIM).astype(np.float32)  # noqa: E731
+    rows.append(Row("copy-of-003.jpg", 1, 1, "0" * 64, None, near(base[3])))
+    rows.append(Row("copy-of-030.jpg", 1, 1, "0" * 64, None, near(base[30])))
+    rows.append(Row("copy2-of-030.jpg", 1, 1, "0" * 64, None, near(base[30])))
+    out = Output(tmp_path / "v.parquet", "embedding", META)
+    out.write_part(rows)
+    out.merge()
+    for chunk in (7, 100):
+        groups = duplicates(out.out, 0.97, rows=chunk)
+        assert [sorted(g["paths"]) for g in groups] == [
+            ["030.jpg", "copy-of-030.jpg", "copy2-of-030.jpg"], ["003.jpg", "copy-of-003.jpg"]]
+        assert all(0.97 <= g["min_score"] <= 1.0 for g in groups)
+
+
+# ------------------------------------------------------------------ the job, fake server
+
+class FakeClient:
+    """``infer`` like TorchServeClient's: a bad image fails a multi-image request whole; the
+    first ``busy`` calls get 503 with Retry-After; ``down`` calls raise ServerNotRunning."""
+
+    def __init__(self, busy=0, down=0):
+        self.calls, self.busy, self.down = [], busy, down
+
+    def infer(self, model, images, *, output, protocol, topk):
+        self.calls.append(len(images))
+        if self.down:
+            self.down -= 1
+            raise errors.ServerNotRunning("down")
+        if self.busy:
+            self.busy -= 1
+            error = errors.ApiError(503, "Overloaded", "busy")
+            error.retry_after = 0.01
+            raise error
+        if any(image.startswith(b"bad") for image in images):
+            raise errors.ApiError(400, "InvalidImage", "image 1: bad")
+        return [[float(len(image))] * EMBEDDING_DIM for image in images]
+
+
+def _files(tmp_path, n, bad=()):
+    entries = []
+    for i in range(n):
+        path = tmp_path / f"{i:03d}.jpg"
+        path.write_bytes((b"bad" if i in bad else b"ok") + bytes(i))
+        info = path.stat()
+        entries.append(Entry(str(path), path.name, info.st_size, info.st_mtime_ns))
+    return entries
+
+
+def test_plan_from_describe():
+    entry = {"batchSize": 16, "workers": [{}, {}], "customizedMetadata": {
+        "handler": {"max_batch_images": 64, "max_images_per_request": 32}}}
+    assert Plan.from_describe(entry) == Plan(concurrency=64, per_request=4)
+    assert Plan.from_describe(entry, concurrency=3, per_request=1) == Plan(3, 1)
+    assert Plan.from_describe({"batchSize": 1, "workers": [{}]}) == Plan(2, 32)
+    assert Plan.from_describe(None) == Plan(32, 4)
+
+
+def test_job_isolates_a_bad_image_and_honours_503(tmp_path):
+    client = FakeClient(busy=2)
+    sink = ListSink()
+    summary = Job(client, "m", "embedding", sink, Plan(2, 4)).run(
+        _files(tmp_path, 10, bad={5}))
+    assert (summary.done, summary.failed) == (9, 1)
+    rows = {os.path.basename(r.path): r for r in sink.rows}
+    assert "InvalidImage" in rows["005.jpg"].error and rows["005.jpg"].answer is None
+    assert rows["006.jpg"].answer[0] == len(b"ok") + 6
+    assert client.calls.count(4) >= 3 and client.calls.count(1) == 4  # 4..7 resent singly
+
+
+def test_job_retries_an_outage_then_gives_up_and_keeps_what_is_written(tmp_path):
+    summary = Job(FakeClient(down=2), "m", "embedding", ListSink(), Plan(1, 4)).run(
+        _files(tmp_path, 3))
+    assert summary.done == 3
+    out = Output(tmp_path / "v.parquet", "embedding", META)
+    job = Job(FakeClient(down=10**6), "m", "embedding", PartSink(out), Plan(1, 2),
+              max_outage_s=0.5)
+    with pytest.raises(errors.ServerNotRunning):
+        job.run(_files(tmp_path, 4))
+    assert not out.out.exists()  # not merged: a rerun resumes from the parts

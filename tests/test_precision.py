@@ -1,0 +1,267 @@
+"""``handler.precision: auto``: the rule with injected timings (model_files/precision.py), and
+the measuring, sharing and remembering around it with stand-in backends
+(model_files/autoprecision.py). No server, no model: seconds."""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from model_files import autoprecision
+from model_files.precision import (FIDELITY_BOUND, MARGIN, Candidate, Choice, agreement, forced,
+                                   select, summary_line)
+
+GOOD = {"embedding_cosine_min": 0.999, "top1_agreement": 1.0}
+
+
+def timed(precision: str, ms_at_1: float, ms_at_16: float, **kw) -> Candidate:
+    return Candidate(precision, {1: ms_at_1, 16: ms_at_16}, **kw)
+
+
+# ---------------------------------------------------------------- the rule, injected timings
+
+def test_the_fastest_within_fidelity_wins():
+    choice = select([timed("f32", 40, 500), timed("bf16", 25, 300, fidelity=GOOD)])
+    assert choice.precision == "bf16" and choice.measured
+    assert "fastest within fidelity" in choice.reason and "faster than f32" in choice.reason
+
+
+def test_a_slow_bf16_loses_to_f32():
+    """Today's host in issue #17: bf16 slower than f32 although the CPU reports bf16."""
+    choice = select([timed("f32", 40, 505), timed("bf16", 60, 812, fidelity=GOOD)])
+    assert choice.precision == "f32"
+
+
+def test_a_tie_within_the_margin_goes_to_the_more_precise():
+    faster_by_less_than_margin = 1 - MARGIN / 2
+    choice = select([timed("f32", 40, 500),
+                     timed("bf16", 40 * faster_by_less_than_margin,
+                           500 * faster_by_less_than_margin, fidelity=GOOD)])
+    assert choice.precision == "f32"
+    assert "more precise" in choice.reason
+
+
+def test_a_tie_within_the_margin_keeps_the_previous_choice():
+    candidates = [timed("f32", 40, 500), timed("bf16", 41, 520, fidelity=GOOD)]
+    assert select(candidates, previous="bf16").precision == "bf16"
+    assert "kept from the last start" in select(candidates, previous="bf16").reason
+    assert select(candidates, previous="f32").precision == "f32"
+
+
+def test_a_clear_difference_overrides_the_previous_choice():
+    candidates = [timed("f32", 40, 500), timed("bf16", 25, 300, fidelity=GOOD)]
+    choice = select(candidates, previous="f32")
+    assert choice.precision == "bf16"
+    assert "served f32" in choice.reason
+
+
+def test_failing_fidelity_excludes_a_candidate_however_fast():
+    candidates = [timed("f32", 40, 500),
+                  timed("int8+f32", 10, 100, excluded="embedding_cosine_min 0.9 < 0.99")]
+    choice = select(candidates, previous="int8+f32")
+    assert choice.precision == "f32"
+    assert choice.as_dict()["candidates"][1]["excluded"].startswith("embedding_cosine_min")
+
+
+def test_an_untimed_candidate_is_listed_not_chosen():
+    choice = select([timed("f32", 40, 500), Candidate("bf16", excluded="no bf16 units")])
+    assert choice.precision == "f32"
+    assert "bf16 excluded (no bf16 units)" in choice.line()
+
+
+def test_nothing_eligible_is_an_error():
+    with pytest.raises(ValueError, match="no eligible"):
+        select([Candidate("bf16", excluded="no bf16 units")])
+
+
+def test_an_explicit_precision_says_when_a_measured_candidate_was_clearly_faster():
+    last = [timed("f32", 40, 500), timed("bf16", 60, 812, fidelity=GOOD)]
+    choice = forced("bf16", "bf16", last)
+    assert choice.precision == "bf16" and not choice.measured
+    assert "not measured" in choice.reason and "f32 1.55x faster than bf16" in choice.reason
+    assert "faster" not in forced("f32", "f32", last).reason
+    assert forced("bf16", "bf16", None).reason == "handler.precision is bf16: not measured"
+
+
+def test_the_choice_survives_json_and_reads_as_one_line():
+    choice = select([timed("f32", 40.04, 500), timed("bf16", 25, 300, fidelity=GOOD)])
+    again = Choice.from_dict(json.loads(json.dumps(choice.as_dict())))
+    assert again == Choice.from_dict(choice.as_dict())
+    assert again.precision == "bf16" and again.candidates[0].ms == {1: 40.0, 16: 500}
+    line = summary_line(choice.as_dict())
+    assert line.startswith("auto -> bf16 (measured by this worker; f32 40/500 ms at batch "
+                           "1/16; bf16 25/300")
+    assert "\n" not in line
+
+
+def test_agreement_figures():
+    rng = np.random.default_rng(0)
+    embedding, logits = rng.normal(size=(4, 8)), rng.normal(size=(4, 10))
+    same = agreement((embedding, logits), (embedding, logits))
+    assert same["embedding_cosine_min"] == pytest.approx(1.0)
+    assert same["top1_agreement"] == 1.0 and same["top5_overlap"] == 1.0
+    flipped = agreement((embedding, logits), (-embedding, -logits))
+    assert flipped["embedding_cosine_min"] == pytest.approx(-1.0)
+    assert flipped["top1_agreement"] == 0.0
+    assert set(FIDELITY_BOUND) <= set(same)
+
+
+# ---------------------------------------------------------------- measuring, with stand-ins
+
+class Clock:
+    """Simulated time for the stand-in backends: timings exact, whatever the machine's load."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(autouse=True)
+def clock(monkeypatch) -> Clock:
+    clock = Clock()
+    monkeypatch.setattr(autoprecision, "_clock", clock)
+    return clock
+
+
+def fake(precision: str, ms_per_image: float, noise: float = 0.0, calls: list | None = None):
+    """A loader of a stand-in backend: takes ``ms_per_image`` per image on the simulated clock
+    and answers a fixed function of its input plus ``noise`` (what rounding would do)."""
+    weights = torch.Generator().manual_seed(1)
+    project = torch.randn(3 * 7 * 7, 16, generator=weights)
+
+    def load():
+        if calls is not None:
+            calls.append((os.getpid(), threading.get_ident(), precision))
+
+        def run(batch):
+            autoprecision._clock.now += ms_per_image * len(batch) / 1000
+            pooled = torch.nn.functional.adaptive_avg_pool2d(batch, 7).flatten(1)
+            embedding = pooled @ project
+            return embedding + noise * torch.randn(embedding.shape), embedding[:, :10].clone()
+        run.precision = precision
+        return run
+    return load
+
+
+def test_measure_times_every_candidate_and_judges_fidelity():
+    loaders = {"f32": fake("f32", 20), "bf16": fake("bf16", 10),
+               "int8+f32": fake("int8+f32", 5, noise=10.0)}
+    candidates, backends = autoprecision.measure(loaders, {"int8+bf16": "no bf16 units"}, (1, 4),
+                                                 budget_s=0.2)
+    by_name = {c.precision: c for c in candidates}
+    assert list(by_name) == ["f32", "bf16", "int8+f32", "int8+bf16"]
+    assert by_name["f32"].fidelity is None and not by_name["f32"].excluded
+    assert by_name["bf16"].fidelity["embedding_cosine_min"] == pytest.approx(1.0)
+    assert not by_name["bf16"].excluded
+    assert by_name["int8+f32"].excluded.startswith("against f32 on the probe: embedding_cosine")
+    assert by_name["int8+bf16"].excluded == "no bf16 units" and not by_name["int8+bf16"].ms
+    assert by_name["f32"].ms[4] > by_name["bf16"].ms[4] > 0
+    assert set(backends) == {"f32", "bf16", "int8+f32"}
+    assert select(candidates).precision == "bf16"
+
+
+def test_the_probe_is_the_same_on_every_start():
+    assert torch.equal(autoprecision.probe_batch(4), autoprecision.probe_batch(4))
+    assert autoprecision.probe_batch(4).shape == (4, 3, 224, 224)
+
+
+ARCHIVE = {"backend": "openvino", "serialized": "resnet50_dual.xml", "weights": "abc",
+           "batch_sizes": [1, 4], "threads": 0, "device": "cpu"}
+
+
+def choose(model_dir, cache, loaders, excluded=None):
+    return autoprecision.choose(loaders, excluded or {}, (1, 4), model_dir, ARCHIVE, cache,
+                                budget_s=0.2)
+
+
+def test_the_first_worker_measures_and_the_others_serve_its_choice(tmp_path):
+    calls: list = []
+    loaders = {"f32": fake("f32", 20, calls=calls), "bf16": fake("bf16", 10, calls=calls)}
+    results = [None, None]
+
+    def worker(i):
+        results[i] = choose(tmp_path / "model", tmp_path / "cache.json", loaders)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    (first, a), (second, b) = results
+    assert a == b and a.precision == "bf16" and first.precision == second.precision == "bf16"
+    # One worker loaded both candidates to time them, the other only the chosen one.
+    assert sorted(name for _, _, name in calls) == ["bf16", "bf16", "f32"]
+    shared = json.loads((tmp_path / "model" / autoprecision.CHOICE_FILE).read_text())
+    assert [entry["choice"]["choice"] for entry in shared.values()] == ["bf16"]
+
+
+def test_a_restart_keeps_the_previous_choice_unless_clearly_slower(tmp_path):
+    cache = tmp_path / "cache.json"
+    _, first = choose(tmp_path / "run1", cache,
+                      {"f32": fake("f32", 20), "bf16": fake("bf16", 10)})
+    assert first.precision == "bf16"
+    # Next start: f32 now a little faster (within the margin): bf16 stays.
+    _, second = choose(tmp_path / "run2", cache,
+                       {"f32": fake("f32", 10), "bf16": fake("bf16", 10.3)})
+    assert second.precision == "bf16" and "kept from the last start" in second.reason
+    # Then clearly faster: f32 wins.
+    _, third = choose(tmp_path / "run3", cache, {"f32": fake("f32", 5), "bf16": fake("bf16", 20)})
+    assert third.precision == "f32" and "served bf16" in third.reason
+    assert len(json.loads(cache.read_text())) == 1  # one host, one archive
+
+
+def test_an_unwritable_cache_or_model_folder_costs_the_memory_not_the_start(tmp_path, caplog):
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where a folder should be")
+    backend, choice = choose(blocked / "model", blocked / "cache.json",
+                             {"f32": fake("f32", 1)})
+    assert choice.precision == "f32" and backend.precision == "f32" and choice.measured
+    assert "precision: cannot write" in caplog.text
+
+
+def test_an_explicit_precision_cites_the_last_auto_measurement(tmp_path):
+    cache = tmp_path / "cache.json"
+    loaders = {"f32": fake("f32", 5), "bf16": fake("bf16", 20)}
+    choose(tmp_path / "model", cache, loaders)
+    calls: list = []
+    backend, choice = autoprecision.explicit("bf16", fake("bf16", 20, calls=calls), ARCHIVE,
+                                             list(loaders), cache)
+    assert backend.precision == "bf16" and len(calls) == 1
+    assert not choice.measured and "f32" in choice.reason and "faster than bf16" in choice.reason
+
+
+def test_the_cache_file_setting(tmp_path):
+    assert autoprecision.cache_file("off") is None
+    assert autoprecision.cache_file(str(tmp_path / "p.json")) == tmp_path / "p.json"
+    assert autoprecision.cache_file("", {"XDG_CACHE_HOME": str(tmp_path)}) == (
+        tmp_path / "resnet50-serve" / "precision.json")
+
+
+def test_nothing_to_choose_is_not_measured(weights_dir):
+    """Eager PyTorch on CPU runs f32 only: loaded as before, no forward at start."""
+    backend, choice = autoprecision.serving_backend(
+        "eager", weights_dir, "resnet50.pt", torch.device("cpu"), precision="auto",
+        batch_sizes=(1, 8), weights_sha256="unused", cache_setting="off")
+    assert (choice.precision, backend.precision, choice.measured) == ("f32", "f32", False)
+    assert choice.reason == "the only precision eager runs on cpu"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="no CUDA device here: the f32/f16 rule runs where a GPU is present")
+def test_auto_on_a_gpu_weighs_f32_against_f16(weights_dir, monkeypatch):
+    monkeypatch.setattr(autoprecision, "_clock", time.perf_counter)  # real GPU timings
+    sha = json.loads((weights_dir / "weights_info.json").read_text())["sha256"]
+    backend, choice = autoprecision.serving_backend(
+        "eager", weights_dir, "resnet50.pt", torch.device("cuda:0"), precision="auto",
+        batch_sizes=(1, 8), weights_sha256=sha, cache_setting="off")
+    by_name = {c.precision: c for c in choice.candidates}
+    assert set(by_name) == {"f32", "f16"} and choice.measured
+    assert by_name["f16"].ms and by_name["f16"].fidelity is not None
+    assert backend.precision == choice.precision

@@ -1,0 +1,335 @@
+"""Embed or tag a whole collection: files read, sent several to a KServe request, answers
+written as Parquet parts (``tsclient.vectors``), with retries and progress.
+
+    job = Job(client, "resnet50-embedding", "embedding", PartSink(output), Plan.from_describe(entry))
+    summary = job.run(collection.entries(shard), done=output.done())
+
+Pacing (``Plan``): the server runs a batch of up to ``batchSize`` requests per worker, and the
+handler admits at most ``max_batch_images`` rows per batch (503 beyond). So each request
+carries ``max_batch_images // batchSize`` images (at most ``max_images_per_request``) and
+``2 x batchSize x workers`` requests are in flight: one full batch running per worker, the next
+one queued behind it.
+
+Failures: a file that cannot be read, or that the server refuses, is one ``error`` row and the
+job goes on. A multi-image request refused for one bad image (the handler answers it as a
+whole) is resent image by image, so each file gets its own answer. 503 (busy batch, full
+queue) and 507 (a worker died) are retried after ``Retry-After`` or a growing pause;
+connection errors and timeouts likewise until ``max_outage_s``, then the job stops (what is
+written stays, a rerun resumes). A refused key, an unknown model or a missing key file stop it
+at once.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+import numpy as np
+import requests
+
+from tsclient import errors
+from tsclient.client import TorchServeClient
+from tsclient.collection import Entry
+from tsclient.progress import JobProgress
+from tsclient.vectors import EMBEDDING_DIM, DoneIndex, Output, Row
+
+FATAL = (errors.KeyFileError, errors.KeyRejected, errors.NotFound, errors.UsageError)
+RETRIED_STATUSES = (503, 507)
+MAX_REQUEST_BYTES = 8 << 20  # raw bytes per request: 11 MiB of base64, under the 32 MiB limits
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How hard to push: requests in flight and images per request."""
+
+    concurrency: int = 32
+    per_request: int = 4
+    max_request_bytes: int = MAX_REQUEST_BYTES
+
+    @classmethod
+    def from_describe(cls, entry: dict | None, concurrency: int | None = None,
+                      per_request: int | None = None) -> "Plan":
+        """From a customized describe answer (``TorchServeClient.describe(..., customized=True)
+        [0]``), or the shipped model's settings when there is none (a KServe URL without the
+        management API); explicit values win."""
+        entry = entry or {}
+        handler = (entry.get("customizedMetadata") or {}).get("handler") or {}
+        batch = int(entry.get("batchSize") or 16)
+        workers = max(1, len(entry.get("workers") or [None]))
+        rows = int(handler.get("max_batch_images") or 64)
+        most = int(handler.get("max_images_per_request") or 32)
+        per = per_request or max(1, min(most, rows // batch))
+        return cls(concurrency or 2 * batch * workers, per)
+
+
+@dataclass
+class Summary:
+    """What a run did: files answered ok, failed, skipped as already done."""
+
+    done: int = 0
+    failed: int = 0
+    skipped: int = 0
+    seconds: float = 0.0
+    failures: list[tuple[str, str]] = field(default_factory=list)  # the first few
+
+    def add(self, rows: list[Row], skipped: int, keep: int = 20) -> None:
+        self.skipped += skipped
+        for row in rows:
+            if row.error:
+                self.failed += 1
+                if len(self.failures) < keep:
+                    self.failures.append((row.path, row.error))
+            else:
+                self.done += 1
+
+
+class PartSink:
+    """Rows into Parquet parts: a part every ``flush_rows`` rows or ``flush_s`` seconds,
+    whichever comes first, so a kill loses the files in flight and at most ``flush_s`` of
+    answered ones; ``close(complete=True)`` merges the parts into the output."""
+
+    def __init__(self, output: Output, flush_rows: int = 1024, flush_s: float = 2.0) -> None:
+        self.output = output
+        self.flush_rows, self.flush_s = flush_rows, flush_s
+        self.rows: list[Row] = []
+        self._since = time.monotonic()
+
+    def add(self, rows: list[Row]) -> None:
+        self.rows += rows
+        if len(self.rows) >= self.flush_rows:
+            self.flush()
+
+    def flush_if_due(self) -> None:
+        if self.rows and time.monotonic() - self._since >= self.flush_s:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.rows:
+            self.output.write_part(self.rows)
+        self.rows = []
+        self._since = time.monotonic()
+
+    def close(self, complete: bool) -> None:
+        self.flush()
+        if complete:
+            self.output.merge()
+
+
+class ListSink:
+    """Rows kept in memory (``tsctl tag`` without ``--out``: a few files, answers printed)."""
+
+    def __init__(self) -> None:
+        self.rows: list[Row] = []
+
+    def add(self, rows: list[Row]) -> None:
+        self.rows += rows
+
+    def flush_if_due(self) -> None:
+        pass
+
+    def close(self, complete: bool) -> None:
+        pass
+
+
+class Job:
+    """One run over a stream of entries. ``task``: ``embedding`` or ``tags``; ``protocol``:
+    KServe ``v2`` (default) or ``v1``; ``topk`` for tags; ``verify_sha256``: a file counts as
+    done when its bytes hash to the stored sha256 (read again), instead of by size + mtime."""
+
+    def __init__(self, client: TorchServeClient, model: str, task: str, sink, plan: Plan, *,
+                 protocol: str = "v2", topk: int | None = None, verify_sha256: bool = False,
+                 progress: JobProgress | None = None, max_outage_s: float = 120.0,
+                 max_busy_retries: int = 60) -> None:
+        self.client, self.model, self.task, self.sink, self.plan = client, model, task, sink, plan
+        self.protocol, self.topk, self.verify_sha256 = protocol, topk, verify_sha256
+        self.progress = progress or JobProgress(model, bar=False, every_s=float("inf"))
+        self.max_outage_s, self.max_busy_retries = max_outage_s, max_busy_retries
+        self._stop = threading.Event()
+
+    def run(self, entries: Iterable[Entry], done: DoneIndex | None = None) -> Summary:
+        """Process every entry not in ``done``; rows go to the sink as they come. Stops (after
+        writing what is answered, without merging) on a fatal error or Ctrl-C, and raises."""
+        done = done or DoneIndex(np.zeros(0, np.uint64))
+        summary = Summary()
+        start = time.monotonic()
+        pool = ThreadPoolExecutor(self.plan.concurrency, thread_name_prefix="tsctl-job")
+        in_flight: set[Future] = set()
+        complete = False
+        try:
+            for group in self._groups(entries, done, summary):
+                while len(in_flight) >= self.plan.concurrency:
+                    in_flight = self._collect(in_flight, summary)
+                in_flight.add(pool.submit(self._process, group, done))
+            while in_flight:
+                in_flight = self._collect(in_flight, summary)
+            complete = True
+        finally:
+            self._stop.set()
+            pool.shutdown(wait=complete, cancel_futures=True)
+            summary.seconds = time.monotonic() - start
+            self.sink.close(complete)
+            self.progress.close()
+        return summary
+
+    # ------------------------------------------------------------------ the main thread
+
+    def _groups(self, entries: Iterable[Entry], done: DoneIndex,
+                summary: Summary) -> Iterator[list[Entry]]:
+        """Entries not done yet, in requests' worth: ``per_request`` files and at most
+        ``max_request_bytes``."""
+        group: list[Entry] = []
+        size = 0
+        for entry in entries:
+            if not self.verify_sha256 and done.holds(entry.path, entry.size, entry.mtime_ns):
+                summary.skipped += 1
+                self.progress.update(skipped=1)
+                continue
+            if group and (len(group) >= self.plan.per_request
+                          or size + (entry.size or 0) > self.plan.max_request_bytes):
+                yield group
+                group, size = [], 0
+            group.append(entry)
+            size += entry.size or 0
+        if group:
+            yield group
+
+    def _collect(self, in_flight: set[Future], summary: Summary) -> set[Future]:
+        """Wait for some requests (at most ``flush_s``), hand their rows to the sink."""
+        finished, rest = wait(in_flight, timeout=getattr(self.sink, "flush_s", 2.0),
+                              return_when=FIRST_COMPLETED)
+        for future in finished:
+            rows, skipped = future.result()  # a fatal error stops the job here
+            summary.add(rows, skipped)
+            self.sink.add(rows)
+            failed = sum(1 for r in rows if r.error)
+            self.progress.update(done=len(rows) - failed, failed=failed, skipped=skipped)
+        self.sink.flush_if_due()
+        return rest
+
+    # ------------------------------------------------------------------ worker threads
+
+    def _process(self, group: list[Entry], done: DoneIndex) -> tuple[list[Row], int]:
+        """Read the group's files, send them, return (rows, files skipped as unchanged)."""
+        rows: list[Row] = []
+        sendable: list[tuple[Row, bytes]] = []
+        skipped = 0
+        for entry in group:
+            if entry.error:
+                rows.append(Row(entry.path, None, None, None, entry.error))
+                continue
+            row, data = _read(entry)
+            if row.error is None and self.verify_sha256 and done.sha256_of(row.path) == row.sha256:
+                skipped += 1
+            elif row.error is None:
+                sendable.append((row, data))
+            else:
+                rows.append(row)
+        if not sendable:
+            return rows, skipped
+        try:
+            answers = self._send([data for _, data in sendable])
+        except FATAL:
+            raise
+        except errors.ApiError as exc:
+            if len(sendable) == 1 or exc.status in RETRIED_STATUSES or exc.status >= 500:
+                answers = [exc] * len(sendable)
+            else:  # one bad image fails a request as a whole: find it
+                answers = [self._send_or_error(data) for _, data in sendable]
+        for (row, _), answer in zip(sendable, answers):
+            if isinstance(answer, errors.TsError):
+                row.error = answer.message
+            else:
+                row.answer = self._checked(answer)
+            rows.append(row)
+        return rows, skipped
+
+    def _send_or_error(self, data: bytes):
+        try:
+            return self._send([data])[0]
+        except FATAL:
+            raise
+        except errors.ApiError as exc:
+            return exc
+
+    def _send(self, images: list[bytes]) -> list:
+        """One request, retried while the server is busy or unreachable."""
+        busy = 0
+        outage_since: float | None = None
+        pause = 0.5
+        while True:
+            if self._stop.is_set():
+                raise errors.TsError("job stopped")
+            try:
+                answers = self.client.infer(self.model, images, output=self.task,
+                                            protocol=self.protocol, topk=self.topk)
+            except errors.ApiError as exc:
+                if exc.status not in RETRIED_STATUSES or busy >= self.max_busy_retries:
+                    raise
+                busy += 1
+                self._stop.wait(exc.retry_after if exc.retry_after is not None
+                                else min(10.0, 0.5 * 2 ** min(busy, 5)))
+                continue
+            except (errors.ServerNotRunning, requests.Timeout, requests.ConnectionError) as exc:
+                now = time.monotonic()
+                outage_since = outage_since or now
+                if now - outage_since >= self.max_outage_s:
+                    if isinstance(exc, errors.ServerNotRunning):
+                        raise
+                    raise errors.ServerNotRunning(
+                        f"no answer for {self.max_outage_s:.0f} s: {exc}",
+                        "check the server; a rerun with the same --out resumes") from None
+                self._stop.wait(pause)
+                pause = min(10.0, pause * 2)
+                continue
+            if len(answers) != len(images):
+                raise errors.TsError(f"{len(images)} images sent, {len(answers)} answers "
+                                     "came back", "is --url an endpoint of this runtime?")
+            return answers
+
+    def _checked(self, answer):
+        if self.task == "embedding":
+            vector = np.asarray(answer, dtype=np.float32)
+            if vector.shape != (EMBEDDING_DIM,):
+                raise errors.TsError(f"an embedding of shape {vector.shape} came back, "
+                                     f"expected ({EMBEDDING_DIM},)")
+            return vector
+        return [{"label": t["label"], "index": t["index"], "probability": t["probability"]}
+                for t in answer]
+
+
+def _read(entry: Entry) -> tuple[Row, bytes]:
+    """The file's bytes and its row (size and mtime as read, sha256 of the bytes)."""
+    try:
+        with open(entry.path, "rb") as handle:
+            data = handle.read()
+            info = os.fstat(handle.fileno())
+    except OSError as exc:
+        return Row(entry.path, entry.size, entry.mtime_ns, None,
+                   f"cannot read: {exc.strerror or exc}"), b""
+    return Row(entry.path, info.st_size, info.st_mtime_ns,
+               hashlib.sha256(data).hexdigest()), data
+
+
+def model_identity(client: TorchServeClient, model: str,
+                   with_management: bool = True) -> tuple[dict | None, dict]:
+    """(the customized describe entry, or None without a management API; the metadata stored
+    with the rows: model, version, precision, backend, weights fingerprint)."""
+    if not with_management:
+        return None, {"model": model, "model_version": None, "weights_sha256": None,
+                      "endpoint": client.urls["inference"]}
+    entry = client.describe(model, customized=True)[0]
+    custom = entry.get("customizedMetadata")
+    custom = custom if isinstance(custom, dict) else {}
+    weights = custom.get("weights") or {}
+    return entry, {"model": entry.get("modelName", model),
+                   "model_version": entry.get("modelVersion"),
+                   "precision": custom.get("precision"), "backend": custom.get("backend"),
+                   "quantization": custom.get("quantization"),
+                   "weights_sha256": weights.get("sha256"),
+                   "weights_source": weights.get("source"),
+                   "weights_trained": weights.get("trained"),
+                   "endpoint": client.urls["inference"]}

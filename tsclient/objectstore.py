@@ -1,0 +1,69 @@
+"""Outputs in an object store (``--out s3://bucket/key.parquet``): the job works on a local copy
+(its parts need atomic renames, which S3 lacks) and uploads the merged file at the end, with
+pyarrow's own S3 filesystem (no extra dependency).
+
+Credentials and endpoint come from the environment as for KServe's storage initializer:
+``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``, and
+``AWS_ENDPOINT_URL`` (or ``S3_ENDPOINT``) for a non-AWS store.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+REMOTE_SCHEMES = ("s3://",)
+
+
+def is_remote(out: str) -> bool:
+    return str(out).startswith(REMOTE_SCHEMES)
+
+
+def local_copy(uri: str, work_dir: Path) -> Path:
+    """Where the job keeps ``uri``'s rows on this machine (stable per URI, so a restarted
+    container with the same work folder resumes)."""
+    name = uri.rstrip("/").rsplit("/", 1)[-1] or "out.parquet"
+    digest = hashlib.sha256(uri.encode()).hexdigest()[:12]
+    folder = Path(work_dir) / digest
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / name
+
+
+def _filesystem(uri: str):
+    from pyarrow import fs
+
+    endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("S3_ENDPOINT")
+    options = {}
+    if endpoint:
+        scheme, _, host = endpoint.rpartition("://")
+        options = {"endpoint_override": host or endpoint, "scheme": scheme or "https"}
+    region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION")
+    if region:
+        options["region"] = region
+    return fs.S3FileSystem(**options), uri[len("s3://"):]
+
+
+def download_if_exists(uri: str, local: Path) -> bool:
+    """Fetch a previous output (a shard finished before the pod was replaced) so the run skips
+    its rows; False when there is none."""
+    from pyarrow import fs
+
+    filesystem, key = _filesystem(uri)
+    if filesystem.get_file_info(key).type != fs.FileType.File:
+        return False
+    if not local.exists():
+        tmp = local.with_name(f".{local.name}.download.tmp")
+        fs.copy_files(key, str(tmp), source_filesystem=filesystem,
+                      destination_filesystem=fs.LocalFileSystem())
+        os.replace(tmp, local)
+    return True
+
+
+def upload(local: Path, uri: str) -> None:
+    """Put the merged output at ``uri`` (a single PUT or multipart upload: readers see the
+    old object or the new one)."""
+    from pyarrow import fs
+
+    filesystem, key = _filesystem(uri)
+    fs.copy_files(str(local), key, source_filesystem=fs.LocalFileSystem(),
+                  destination_filesystem=filesystem)
