@@ -28,7 +28,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+
 
 from bench import report
 from bench.layout import BUILD, EMBEDDING, MODEL_STORE, RESULTS, SAMPLES, TAGGER, fresh_dir, \
