@@ -29,7 +29,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
 from bench import report
 from bench.layout import BUILD, EMBEDDING, MODEL_STORE, RESULTS, SAMPLES, TAGGER, fresh_dir, \
     setup_cli
