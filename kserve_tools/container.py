@@ -21,9 +21,9 @@ import time
 import uuid
 from pathlib import Path
 
-import requests
 
 from kserve_tools.engine import base_command, limit_flags
+from kserve_tools.pod import http_probe
 
 MOUNT = "/mnt/models"
 GRACE_SECONDS = 30  # Kubernetes' default terminationGracePeriodSeconds (the runtime sets none)
@@ -131,13 +131,7 @@ class RuntimeContainer:
             if done.returncode != 0:
                 self.reasons.append(done.stderr.strip())
             return done.returncode == 0
-        get = spec["httpGet"]
-        try:
-            status = requests.get(self.inference_url + get.get("path", "/"),
-                                  timeout=timeout).status_code
-        except requests.RequestException:
-            return False
-        return 200 <= status < 400
+        return http_probe(self.inference_url, spec, timeout)
 
     def running(self) -> bool:
         return self.state().get("Running", False)

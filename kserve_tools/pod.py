@@ -33,6 +33,16 @@ MOUNT = "/mnt/models"
 BUNDLE_CONFIG = f"{MOUNT}/config/config.properties"
 
 
+def http_probe(base_url: str, spec: dict, timeout: float) -> bool:
+    """An ``httpGet`` probe as the kubelet judges it: a 2xx or 3xx answer in time."""
+    try:
+        status = requests.get(base_url + spec["httpGet"].get("path", "/"),
+                              timeout=timeout).status_code
+    except requests.RequestException:
+        return False
+    return 200 <= status < 400
+
+
 class RuntimePod:
     """The runtime's container command on free loopback ports; ``stop()`` leaves nothing."""
 
@@ -117,15 +127,10 @@ class RuntimePod:
                                       capture_output=True, timeout=timeout).returncode == 0
             except subprocess.TimeoutExpired:
                 return False
-        get = spec["httpGet"]
-        if get.get("port", self.container_port) != self.container_port:
-            raise ValueError(f"{kind} probes port {get['port']}, not the container's port")
-        try:
-            status = requests.get(self.inference_url + get.get("path", "/"),
-                                  timeout=timeout).status_code
-        except requests.RequestException:
-            return False
-        return 200 <= status < 400
+        if spec["httpGet"].get("port", self.container_port) != self.container_port:
+            raise ValueError(f"{kind} probes port {spec['httpGet']['port']}, not the "
+                             "container's port")
+        return http_probe(self.inference_url, spec, timeout)
 
     def wait_ready(self, timeout: float) -> None:
         """Poll the readinessProbe every second, as the kubelet would, until it passes."""

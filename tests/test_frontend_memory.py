@@ -27,12 +27,8 @@ REFUSALS = {413, 503, 507}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, model_store):
-    ts = LocalTorchServe(tmp_path_factory.mktemp("burst-ts"), model_store)
-    ts.start()
-    try:
+    with LocalTorchServe(tmp_path_factory.mktemp("burst-ts"), model_store) as ts:
         yield ts
-    finally:
-        ts.stop()
 
 
 def _post(port: int, model: str, body: bytes, headers: dict) -> int | str:
