@@ -21,7 +21,6 @@ import time
 import uuid
 from pathlib import Path
 
-
 from kserve_tools.engine import base_command, limit_flags
 from kserve_tools.pod import http_probe
 
