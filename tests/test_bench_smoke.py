@@ -34,7 +34,11 @@ def test_quick_benchmark_reports_every_measurement(tmp_path, model_store):
     for server in ("ours", "stock"):
         runs = results["served"][server]
         assert runs["closed"] and runs["open"], server
-        assert all(r["errors"] == 0 and r["requests"] > 0 for r in runs["closed"] + runs["open"])
+        assert all(r["errors"] == 0 and r["requests"] > 0 for r in runs["closed"])
+        # An open loop offers a fixed rate: above what a busy machine serves, the frontend's
+        # queue (job_queue_size 16) refuses the excess with 503, and nothing else may fail.
+        assert all(r["requests"] > 0 and set(r["error_kinds"]) <= {"HTTP 503"}
+                   for r in runs["open"]), runs["open"]
     assert {t["key"] for t in results["targets"]} >= {"a1", "a2", "a3", "b", "b2", "c", "c2",
                                                       "d", "e"}
     markdown = (tmp_path / "benchmark.md").read_text()
