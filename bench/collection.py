@@ -34,6 +34,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from bench.loadgen import Connection, Endpoint, post_once
+from bench.machine import cpu_model
 from bench.stats import summarize
 from devtools.server import LocalTorchServe
 from tsclient import promtext
@@ -161,6 +162,11 @@ def similar_over(server: LocalTorchServe, count: int, query: Path) -> dict:
                                for i in range(n)])
         output.merge()
     vector = np.random.default_rng(1).normal(size=EMBEDDING_DIM).astype(np.float32)
+    for stale in index.parent.glob(index.name + ".search.*"):
+        stale.unlink()  # the first search below writes the cache, as a user's first does
+    start = time.monotonic()
+    nearest(index, vector, k=10)
+    first = time.monotonic() - start
     timings = []
     for _ in range(3):
         start = time.monotonic()
@@ -168,7 +174,8 @@ def similar_over(server: LocalTorchServe, count: int, query: Path) -> dict:
         timings.append(time.monotonic() - start)
     cli = run_tsctl(server, ["similar", str(query), "--index", str(index), "-k", "10"])
     return {"vectors": count, "file_mb": round(index.stat().st_size / 2**20, 1),
-            "search_s": [round(t, 3) for t in timings], "tsctl_similar_wall_s": cli["wall_s"]}
+            "first_search_s": round(first, 3), "search_s": [round(t, 3) for t in timings],
+            "tsctl_similar_wall_s": cli["wall_s"]}
 
 
 def report(results: dict) -> str:
@@ -203,7 +210,9 @@ def report(results: dict) -> str:
         "## Exact search",
         "",
         f"`tsclient.search.nearest` over {q['vectors']:,} stored vectors ({q['file_mb']} MB of "
-        f"Parquet), k=10, three runs: {', '.join(f'{t} s' for t in q['search_s'])}; "
+        f"Parquet), k=10: the first search {q['first_search_s']} s (it decodes the Parquet "
+        f"once and writes the unit vectors beside it as `.search.npy`), then three runs: "
+        f"{', '.join(f'{t} s' for t in q['search_s'])}; "
         f"`tsctl similar` end to end (start, embed the query on the server, search): "
         f"{q['tsctl_similar_wall_s']} s.",
         ""])
@@ -234,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         kill = killed_and_resumed(server, photos_dir, len(photos))
         print("bench.collection: similar", file=sys.stderr)
         similar = similar_over(server, args.vectors, photos[0])
-    results = {"machine": f"{os.cpu_count()} CPUs", "photos": len(photos),
+    results = {"machine": f"{cpu_model()}, {os.cpu_count()} CPUs", "photos": len(photos),
                "mix": ", ".join(f"{int(share * 100)}% {w}x{h} {f}" for share, w, h, f in MIX),
                "plan": {"batch_size": entry.get("batchSize"),
                         "workers": len(entry.get("workers") or []),

@@ -212,6 +212,39 @@ def test_chunked_nearest_equals_brute_force_and_excludes_the_query(tmp_path):
     assert sum(1 for _ in batches(out.out, 50)) == 6  # 299 ok rows, 50 at a time
 
 
+def test_search_cache_is_used_and_follows_a_changed_index(tmp_path, monkeypatch):
+    out = Output(tmp_path / "v.parquet", "embedding", META)
+    first = _rows(40)
+    out.write_part(first)
+    out.merge()
+    query = first[12].answer
+    assert nearest(out.out, query, k=1)[0][0][0] == "p/0012.jpg"
+    cache = tmp_path / "v.parquet.search.npy"
+    assert np.load(cache).shape == (40, EMBEDDING_DIM)
+    # The second search reads the cache only: the Parquet's vectors are not decoded again.
+    import tsclient.search as search
+
+    def no_decoding(*_a, **_k):
+        raise AssertionError("the Parquet was decoded although the cache is fresh")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(search, "batches", no_decoding)
+        assert nearest(out.out, query, k=1)[0][0][0] == "p/0012.jpg"
+    # A rerun adds rows: the next search sees them (the cache is rebuilt, not trusted).
+    later = _rows(10, start=40)
+    out = Output(tmp_path / "v.parquet", "embedding", META)
+    out.write_part(later)
+    out.merge()
+    assert nearest(out.out, later[3].answer, k=1)[0][0][0] == "p/0043.jpg"
+    assert np.load(cache).shape == (50, EMBEDDING_DIM)
+    # A folder that cannot be written is searched from the Parquet itself.
+    cache.unlink()
+    monkeypatch.setattr(search, "_write_cache", lambda *_a: (_ for _ in ()).throw(
+        PermissionError("read-only folder")))
+    assert nearest(out.out, later[3].answer, k=1)[0][0][0] == "p/0043.jpg"
+    assert not cache.exists()
+
+
 def test_duplicates_groups_chains_across_chunks(tmp_path):
     rng = np.random.default_rng(1)
     base = rng.normal(size=(40, EMBEDDING_DIM)).astype(np.float32)
