@@ -24,7 +24,7 @@ import torch
 
 from handlers.batch import Addon, PreparedBatch, Slot, admit_within
 from handlers.config import HandlerConfig
-from handlers.errors import InternalError, PayloadTooLarge, RequestError
+from handlers.errors import InternalError, PayloadTooLarge, RequestError, detached
 from handlers.images import OpenedImage, decode, open_image
 from handlers.parse import parse_request
 
@@ -176,7 +176,7 @@ def _stage(slot: Slot, name: str) -> Iterator[Callable[[Exception], RequestError
     try:
         yield failure
     except Exception as exc:  # noqa: BLE001 - the last line of defence, per request
-        slot.error = failure(exc)
+        slot.error = detached(failure(exc))
 
 
 def _each_image(items: Sequence[Any], step: Callable[[Any], Any],
@@ -197,5 +197,5 @@ def _now(fn: Callable, *args) -> Future:
     try:
         future.set_result(fn(*args))
     except Exception as exc:  # noqa: BLE001 - kept for Future.result, like the pool does
-        future.set_exception(exc)
+        future.set_exception(detached(exc))  # else exc -> this frame -> future -> exc
     return future

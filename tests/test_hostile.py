@@ -6,6 +6,7 @@ answer too large for the frontend fails alone; explanation memory stays under th
 ceiling; decode threads follow the CPU quota."""
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -170,6 +171,32 @@ def test_unexpected_parse_failure_is_a_500_for_that_request_only(tagger, monkeyp
                                        [{"data": GOOD, "topk": b"3"}, {"body": GOOD}])
     assert statuses[0][0] == 500 and json.loads(responses[0])["type"] == "InternalError"
     assert statuses[1] == (200, None)
+
+
+def test_failed_requests_leave_no_reference_cycles(tagger):
+    """A kept error must not hold the frames it came through: they hold the batch, and a cycle
+    through the slot kept every failed request's batch (images, tensors, a 1 MB name) alive
+    until a full garbage collection; under bad inputs the worker's RSS rose for minutes (#16).
+    With no cycle, a batch's memory is freed when its answers are written."""
+    handler, context = tagger
+    rows = [{"body": b"not an image" * 100},  # decoded alone
+            {"body": {"inputs": [{"name": "n" * 100_000, "datatype": "BYTES", "shape": [2],
+                                  "data": [b64(TINY)]}]}},  # refused while parsing
+            v2(2, data=[b64(GOOD), b64(b"broken")]),  # two images: the decode pool's path
+            {"data": GOOD, "method": b"nope"},  # an explanation refused
+            {"body": GOOD}]
+    headers = [{}, {}, {}, {"explain": "True"}, {}]
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        statuses = run_batch(handler, context, rows, headers)[1]  # the batch dropped
+        gc.collect()
+        garbage = sorted({type(o).__name__ for o in gc.garbage})
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert [s for s, _ in statuses] == [400, 400, 400, 400, 200]
+    assert garbage == []
 
 
 def test_describe_reports_the_limits(tagger):

@@ -14,7 +14,7 @@ from typing import Sequence
 
 from handlers.batch import PreparedBatch, Slot, admit_within
 from handlers.config import ExplainConfig
-from handlers.errors import InvalidParameter, NotSupported, RequestError
+from handlers.errors import InvalidParameter, NotSupported, detached
 from handlers.explain.compute import ExplainJob, load_explainer, passes, thumbnail
 from handlers.explain.encode import Explanation, encode_explanations
 from handlers.explain.options import ExplainSpec, parse_explain
@@ -91,7 +91,7 @@ class Explanations:
             jobs = [ExplainJob(s.addon.spec, s.rows, self._pictures(s)) for s in asking]
             answers = self.explainer.explain(batch.pixels, batch.logits, jobs)
         except Exception as exc:  # noqa: BLE001 - the boundary of the explanation requests
-            error: RequestError = as_request_error(exc, "explaining", asking[0].request_id)
+            error = detached(as_request_error(exc, "explaining", asking[0].request_id))
             for slot in asking:
                 slot.error = error
             return
