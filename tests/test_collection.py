@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tsclient import errors
-from tsclient.batchjob import Job, ListSink, PartSink, Plan
+from tsclient.batchjob import Job, ListSink, PartSink, Plan, described
 from tsclient.collection import Collection, Entry, Shard, shard_of
 from tsclient.search import duplicates, nearest
 from tsclient.vectors import EMBEDDING_DIM, Output, Row, batches, metadata, read_matrix
@@ -295,6 +295,26 @@ def _files(tmp_path, n, bad=()):
         info = path.stat()
         entries.append(Entry(str(path), path.name, info.st_size, info.st_mtime_ns))
     return entries
+
+
+def test_a_job_waits_for_a_busy_model_to_describe_it():
+    """After a killed job the model's queue is still full of its requests and TorchServe
+    answers the customized describe with 503: the next job waits instead of failing."""
+    class Busy:
+        calls = 0
+
+        def describe(self, model, customized=False):
+            self.calls += 1
+            if self.calls <= 2:
+                raise errors.ApiError(503, "ServiceUnavailableException", "no worker")
+            return [{"modelName": model}]
+
+    pauses = []
+    busy = Busy()
+    assert described(busy, "m", sleep=pauses.append) == {"modelName": "m"}
+    assert busy.calls == 3 and pauses == [0.5, 1.0]
+    with pytest.raises(errors.ApiError):  # and not beyond its limit
+        described(Busy(), "m", wait_s=0.0, sleep=pauses.append)
 
 
 def test_plan_from_describe():

@@ -39,6 +39,7 @@ from tsclient.vectors import EMBEDDING_DIM, DoneIndex, Output, Row
 
 FATAL = (errors.KeyFileError, errors.KeyRejected, errors.NotFound, errors.UsageError)
 RETRIED_STATUSES = (503, 507)
+DESCRIBE_WAIT_S = 120.0  # a job's start waits this long for a busy model (responseTimeout)
 MAX_REQUEST_BYTES = 8 << 20  # raw bytes per request: 11 MiB of base64, under the 32 MiB limits
 
 
@@ -314,6 +315,23 @@ def _read(entry: Entry) -> tuple[Row, bytes]:
                hashlib.sha256(data).hexdigest()), data
 
 
+def described(client: TorchServeClient, model: str, wait_s: float = DESCRIBE_WAIT_S,
+              sleep=time.sleep) -> dict:
+    """The model's customized describe entry, waited for while the model is busy. TorchServe
+    answers a customized describe through the model's own job queue: right after a job was
+    killed, its requests still fill that queue and describe gets 503 until they are done."""
+    deadline = time.monotonic() + wait_s
+    pause = 0.5
+    while True:
+        try:
+            return client.describe(model, customized=True)[0]
+        except errors.ApiError as exc:
+            if exc.status not in RETRIED_STATUSES or time.monotonic() >= deadline:
+                raise
+            sleep(exc.retry_after if exc.retry_after is not None else pause)
+            pause = min(10.0, pause * 2)
+
+
 def model_identity(client: TorchServeClient, model: str,
                    with_management: bool = True) -> tuple[dict | None, dict]:
     """(the customized describe entry, or None without a management API; the metadata stored
@@ -321,7 +339,7 @@ def model_identity(client: TorchServeClient, model: str,
     if not with_management:
         return None, {"model": model, "model_version": None, "weights_sha256": None,
                       "endpoint": client.urls["inference"]}
-    entry = client.describe(model, customized=True)[0]
+    entry = described(client, model)
     custom = entry.get("customizedMetadata")
     custom = custom if isinstance(custom, dict) else {}
     weights = custom.get("weights") or {}
