@@ -95,14 +95,13 @@ def served_row(ours: dict) -> str:
     return label
 
 
-def run_pipeline(label: str, precision: str, config: HandlerConfig, image: bytes,
-                 budget: raw.Budget) -> dict:
-    """The served tagger's work without serving: the raw row ``label`` (what it serves, at
-    describe's ``precision``) at its handler settings."""
+def run_pipeline(label: str, config: HandlerConfig, image: bytes, budget: raw.Budget) -> dict:
+    """The served tagger's work without serving: the raw row ``label`` (what it serves) at its
+    handler settings."""
     backend = raw.load_variant(WEIGHTS, label)
     measured = raw.pipeline_throughput(backend, Preprocessor(config), image, 8, budget,
                                        config.decode_threads)
-    return {"backend": label, "precision": precision, **measured}
+    return {"backend": label, "precision": backend.precision, **measured}
 
 
 def serve_ours(images: dict[str, bytes], plan: LoadPlan, weights: dict, *,
@@ -196,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     ours = serve_ours(images, plan, weights)
     served = served_row(ours)
     log.info("in-process pipeline: %s (what the tagger served)", served)
-    pipeline = run_pipeline(served, ours["precision"], config, images["small"], budget)
+    pipeline = run_pipeline(served, config, images["small"], budget)
     # Not in --quick: quantised archives are slow to build and the smoke test stays short.
     int8 = None if args.quick else serve_int8(images, replace(plan, rates=()), weights)
     log.info("served: stock image_classifier")

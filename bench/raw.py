@@ -42,7 +42,7 @@ VARIANTS = {
 }
 # What describe's ``precision`` of an OpenVINO archive names -> its row.
 OPENVINO_ROWS = {"f32": "openvino-f32", "bf16": "openvino-bf16", "int8+f32": "openvino-int8",
-                 "int8+bf16": "openvino-int8-bf16", "onnxruntime-f32": "onnx"}
+                 "int8+bf16": "openvino-int8-bf16"}
 
 
 def variant_for(backend: str, precision: str) -> str | None:

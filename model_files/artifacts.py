@@ -31,7 +31,7 @@ SERIALIZED = {
 # (buildsteps/quantize.py); without it the precision is chosen when the model is compiled.
 QUANTIZED = {("openvino", "int8"): "resnet50_dual_int8.xml"}
 # The build's choices (BACKEND, QUANTIZE of archive.sh and make) and their defaults.
-DEFAULT_BACKEND = "openvino"  # its archive lets auto time OpenVINO and ONNX Runtime on the host
+DEFAULT_BACKEND = "openvino"  # the fastest on CPU: bf16 where the CPU has it
 QUANTIZE = ("none", "int8")
 DEFAULT_QUANTIZE = "none"  # int8 must first pass buildsteps/quantize.py's fidelity gate
 # The runtime choice, handler.precision in config/models/*.yaml.
@@ -51,17 +51,13 @@ def serialized(backend: str, quantize: str = DEFAULT_QUANTIZE) -> str:
 
 def companions(serialized_file: str) -> list[str]:
     """Files that must sit next to ``serialized_file`` in the archive: an IR's weights (.bin,
-    found by name by ``read_model``), a quantised IR's fidelity record, and beside the float32
-    IR the ONNX file it was converted from, which ``precision: auto`` also times on ONNX Runtime
-    (the faster float32 runtime on some CPUs: ``model_files.backends.precision_candidates``)."""
+    found by name by ``read_model``) and a quantised IR's fidelity record."""
     name = Path(serialized_file)
     if name.suffix != ".xml":
         return []
     files = [name.with_suffix(".bin").name]
     if is_quantised(name.name):
         files.append(fidelity_record(name.name))
-    elif name.name == SERIALIZED["openvino"]:
-        files.append(SERIALIZED["onnx"])
     return files
 
 

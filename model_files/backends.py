@@ -63,11 +63,8 @@ def precision_candidates(kind: str, model_dir: Path, serialized: str, device: to
     device or config cannot serve.
 
     OpenVINO: every IR the folder carries (the float32 one, the int8 one when its fidelity
-    record passed the gate and ``allow_int8``) at f32 and, where the CPU has bf16 units, bf16;
-    and ``onnxruntime-f32`` when the ONNX file the IR came from is beside it: which float32
-    runtime is faster depends on the CPU as much as bf16 does (ONNX Runtime's float32 forward
-    ran 1.07x OpenVINO's on one host, 1.29x on another). Eager on CUDA: f32 and f16.
-    Anything else: f32 only.
+    record passed the gate and ``allow_int8``) at f32 and, where the CPU has bf16 units, bf16.
+    Eager on CUDA: f32 and f16. Anything else: f32 only.
     """
     loaders: dict[str, Callable[[], Backend]] = {}
     excluded: dict[str, str] = {}
@@ -85,10 +82,6 @@ def precision_candidates(kind: str, model_dir: Path, serialized: str, device: to
                     excluded[prefix + inference] = "this CPU has no bf16 units (OpenVINO)"
                 else:
                     loaders[prefix + inference] = partial(_openvino, path, threads, inference, ())
-        onnx = model_dir / SERIALIZED["onnx"]
-        if onnx.is_file() and device.type == "cpu":
-            loaders["onnxruntime-f32"] = lambda: _with_precision(
-                _onnx(onnx, device, threads, spin), "onnxruntime-f32")
         return loaders, excluded
     path = model_dir / serialized
     if kind == "onnx":

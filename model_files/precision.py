@@ -15,10 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 # Most precise first: the order that breaks ties and names the reference.
-# onnxruntime-f32: float32 on ONNX Runtime instead of OpenVINO (the same arithmetic; a tie
-# keeps OpenVINO, whose bf16 and int8 candidates share its warm-up).
-PRECISE_FIRST = ("f32", "onnxruntime-f32", "f16", "bf16", "int8+f32", "int8+bf16")
-FLOAT32 = ("f32", "onnxruntime-f32")  # the candidates that compute in float32 throughout
+PRECISE_FIRST = ("f32", "f16", "bf16", "int8+f32", "int8+bf16")
 # Timing noise between two runs on one quiet host is a few percent; 10% is "clearly faster".
 MARGIN = 0.10
 # Against the most precise candidate on the seeded probe batch. 0.99 is the int8 gate's own

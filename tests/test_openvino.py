@@ -81,17 +81,11 @@ def test_auto_measures_what_the_cpu_can_run(weights_dir, ir, photos):
     assert choice["choice"] == described["precision"]
     by_name = {c["precision"]: c for c in choice["candidates"]}
     assert set(by_name["f32"]["ms_per_batch"]) == {"1", "8"}
-    # The ONNX file beside the IR: float32 on ONNX Runtime is timed and judged too.
-    ort = by_name["onnxruntime-f32"]
-    assert set(ort["ms_per_batch"]) == {"1", "8"} and not ort["excluded"]
-    assert ort["fidelity"]["embedding_cosine_min"] > 0.9999
     if _cpu_has_bf16():
         assert by_name["bf16"]["ms_per_batch"] and by_name["bf16"]["fidelity"]
     else:
         assert by_name["bf16"]["excluded"] == "this CPU has no bf16 units (OpenVINO)"
-    # (an int8 IR is a candidate too when `make bench` or QUANTIZE=int8 built one here)
-    eligible = {name for name, c in by_name.items() if c["ms_per_batch"] and not c["excluded"]}
-    assert choice["choice"] in eligible
+        assert choice["choice"] == "f32"
 
 
 def test_an_explicit_precision_is_not_measured(weights_dir, ir, photos):

@@ -167,34 +167,6 @@ def test_measure_times_every_candidate_and_judges_fidelity():
     assert select(candidates).precision == "bf16"
 
 
-def test_the_float32_runtimes_compete_and_a_tie_keeps_openvino():
-    """OpenVINO's and ONNX Runtime's float32: the clearly faster one wins, a tie within the
-    margin stays on OpenVINO (listed first among equally precise candidates)."""
-    ort = "onnxruntime-f32"
-    faster = select([timed("f32", 70, 1000), timed(ort, 55, 800, fidelity=GOOD)])
-    assert faster.precision == ort and "1.26x faster than f32" in faster.reason
-    tie = select([timed("f32", 70, 1000), timed(ort, 66, 950, fidelity=GOOD)])
-    assert tie.precision == "f32" and "more precise" in tie.reason
-
-
-def test_the_onnx_file_beside_the_ir_is_a_float32_candidate(weights_dir, tmp_path):
-    from model_files.backends import precision_candidates
-
-    for name in ("resnet50_dual.xml", "resnet50_dual.bin"):
-        (tmp_path / name).symlink_to(weights_dir / name)
-    cpu = torch.device("cpu")
-    loaders, _ = precision_candidates("openvino", tmp_path, "resnet50_dual.xml", cpu)
-    assert "onnxruntime-f32" not in loaders
-    (tmp_path / "resnet50_dual.onnx").symlink_to(weights_dir / "resnet50_dual.onnx")
-    loaders, _ = precision_candidates("openvino", tmp_path, "resnet50_dual.xml", cpu)
-    assert next(iter(loaders)) == "f32" and "onnxruntime-f32" in loaders  # f32: the reference
-    probe = autoprecision.probe_batch(2)
-    ort, openvino = loaders["onnxruntime-f32"](), loaders["f32"]()
-    assert ort.precision == "onnxruntime-f32"
-    for a, b in zip(ort(probe), openvino(probe)):
-        assert float((a - b).norm() / b.norm()) < 1e-4
-
-
 def test_the_probe_is_the_same_on_every_start():
     assert torch.equal(autoprecision.probe_batch(4), autoprecision.probe_batch(4))
     assert autoprecision.probe_batch(4).shape == (4, 3, 224, 224)
