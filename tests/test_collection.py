@@ -312,7 +312,7 @@ def test_a_job_waits_for_a_busy_model_to_describe_it():
     pauses = []
     busy = Busy()
     assert described(busy, "m", sleep=pauses.append) == {"modelName": "m"}
-    assert busy.calls == 3 and pauses == [0.5, 1.0]
+    assert busy.calls == 3 and pauses == [1.0, 2.0]  # the job's own busy pauses
     with pytest.raises(errors.ApiError):  # and not beyond its limit
         described(Busy(), "m", wait_s=0.0, sleep=pauses.append)
 

@@ -271,8 +271,7 @@ class Job:
                 if exc.status not in RETRIED_STATUSES or busy >= self.max_busy_retries:
                     raise
                 busy += 1
-                self._stop.wait(exc.retry_after if exc.retry_after is not None
-                                else min(10.0, 0.5 * 2 ** min(busy, 5)))
+                self._stop.wait(busy_pause(exc, busy))
                 continue
             except (errors.ServerNotRunning, requests.Timeout, requests.ConnectionError) as exc:
                 now = time.monotonic()
@@ -321,15 +320,23 @@ def described(client: TorchServeClient, model: str, wait_s: float = DESCRIBE_WAI
     answers a customized describe through the model's own job queue: right after a job was
     killed, its requests still fill that queue and describe gets 503 until they are done."""
     deadline = time.monotonic() + wait_s
-    pause = 0.5
+    attempt = 0
     while True:
         try:
             return client.describe(model, customized=True)[0]
         except errors.ApiError as exc:
             if exc.status not in RETRIED_STATUSES or time.monotonic() >= deadline:
                 raise
-            sleep(exc.retry_after if exc.retry_after is not None else pause)
-            pause = min(10.0, pause * 2)
+            attempt += 1
+            sleep(busy_pause(exc, attempt))
+
+
+def busy_pause(exc: errors.ApiError, attempt: int) -> float:
+    """Seconds to wait before retrying a busy answer: the server's ``Retry-After``, else
+    1, 2, 4 ... up to 10 by ``attempt`` (1, 2, ...)."""
+    if exc.retry_after is not None:
+        return exc.retry_after
+    return min(10.0, 0.5 * 2 ** min(attempt, 5))
 
 
 def model_identity(client: TorchServeClient, model: str,
