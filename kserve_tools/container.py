@@ -15,25 +15,17 @@ the grace period.
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import time
 import uuid
 from pathlib import Path
 
 from kserve_tools.engine import base_command, limit_flags
+from kserve_tools.lint import quantity_bytes
 from kserve_tools.pod import http_probe
 
 MOUNT = "/mnt/models"
 GRACE_SECONDS = 30  # Kubernetes' default terminationGracePeriodSeconds (the runtime sets none)
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
-_DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-
-
-def memory_bytes(quantity: str) -> int:
-    """A Kubernetes memory quantity (``2Gi``, ``512M``, ``1000``) in bytes."""
-    number, unit = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", str(quantity)).groups()
-    return int(float(number) * {**_BINARY, **_DECIMAL, "": 1}[unit])
 
 
 def cpus(quantity: str) -> str:
@@ -87,8 +79,8 @@ class RuntimeContainer:
             uid = security.get("runAsUser", 0)
             flags += ["--tmpfs", f"{path}:rw,mode=1777,uid={uid}"]
         if "memory" in limits:
-            flags += ["--memory", str(memory_bytes(limits["memory"])),
-                      "--memory-swap", str(memory_bytes(limits["memory"]))]
+            memory = str(int(quantity_bytes(limits["memory"])))
+            flags += ["--memory", memory, "--memory-swap", memory]
         if "cpu" in limits:
             flags += ["--cpus", cpus(limits["cpu"])]
         return [*self.engine, "run", *flags, self.image, *(c.get("args") or [])]

@@ -10,6 +10,7 @@ the kernel's ``pid_max``.
 """
 from __future__ import annotations
 
+import functools
 import resource
 import shutil
 import subprocess
@@ -24,8 +25,10 @@ class EngineMissing(RuntimeError):
     """Neither podman nor a running docker (the message says how to get one)."""
 
 
+@functools.lru_cache(maxsize=1)
 def engine() -> str:
-    """``podman`` or ``docker`` (see the module docstring)."""
+    """``podman`` or ``docker`` (see the module docstring); asked once per process (``docker
+    info`` can take seconds)."""
     if shutil.which("podman"):
         return "podman"
     if shutil.which("docker") and subprocess.run(
