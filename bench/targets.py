@@ -59,8 +59,7 @@ def _measures(raw: dict, backend: str, ours: dict, stock: dict, raw_batch: int, 
     pipeline_ips = _get(pipeline, "images_per_s")
     p50 = (_get(ours1, "p50_ms"), _get(stock1, "p50_ms"))
     raw_backend = raw.get(backend, {})
-    forward = next((f for f in raw_backend.get("forward", []) if f["batch"] == raw_batch), None)
-    forward_ips = _get(forward, "images_per_s")
+    forward_ips = _forward_ips(raw_backend, raw_batch)
     single_p50 = _get(raw_backend.get("single_image", {}).get(small), "p50_ms")
     our_runs = ours["closed"] + ours["open"] + (int8["closed"] if int8 else [])
     # 503 is the designed answer to more than the server can take (the frontend's queue of 16,

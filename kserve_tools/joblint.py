@@ -16,7 +16,6 @@ from kserve_tools.render import Resource
 
 JOB_API = "batch/v1"
 INDEX = "$(JOB_COMPLETION_INDEX)"
-SHARD = re.compile(r"--shard[= ](\S+)")
 CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 
 

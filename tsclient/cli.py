@@ -48,7 +48,7 @@ class Progress:
     """Elapsed seconds on stderr while a slow call (registration, scaling) runs (drawn only
     when stderr is a terminal)."""
 
-    def __init__(self, total: None, label: str) -> None:
+    def __init__(self, label: str) -> None:
         self.label = label
         self.start = time.monotonic()
         self.enabled = sys.stderr.isatty()
@@ -123,7 +123,7 @@ def cmd_describe(client: TorchServeClient, args) -> tuple[Any, str, int]:
 
 
 def cmd_register(client: TorchServeClient, args) -> tuple[Any, str, int]:
-    progress = Progress(None, f"registering {args.archive}")
+    progress = Progress(f"registering {args.archive}")
     answer = progress.wait(lambda: client.register(
         args.archive, name=args.name, workers=args.workers, batch_size=args.batch_size,
         max_batch_delay=args.max_batch_delay))
@@ -137,7 +137,7 @@ def cmd_register(client: TorchServeClient, args) -> tuple[Any, str, int]:
 
 
 def cmd_scale(client: TorchServeClient, args) -> tuple[Any, str, int]:
-    progress = Progress(None, f"scaling {args.name}")
+    progress = Progress(f"scaling {args.name}")
     answer = progress.wait(lambda: client.scale(args.name, args.min, args.max, args.version))
     return answer, (answer.get("status", "scaled") + "\nnote: "
                     + RESTART_NOTE.format(name=args.name)), 0
