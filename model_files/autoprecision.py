@@ -131,6 +131,7 @@ def choose(loaders: dict[str, Callable[[], Backend]], excluded: dict[str, str],
                 previous = _read(cache).get(host_key, {}).get("choice", {}).get("choice")
                 candidates, backends = measure(loaders, excluded, batch_sizes, budget_s)
                 choice = select(candidates, previous)
+                # Through as_dict: the rounded form the other workers read from CHOICE_FILE.
                 choice = Choice.from_dict(choice.as_dict(), source=(
                     f"worker pid {os.getpid()} in {time.monotonic() - started:.1f} s"))
                 _remember(cache, host_key, choice)

@@ -222,14 +222,18 @@ class DoneIndex:
         columns = ["path", "size", "mtime", "status"] + (["sha256"] if with_sha256 else [])
         for path in files:
             for batch in pq.ParquetFile(path).iter_batches(READ_ROWS * 8, columns=columns):
-                data = batch.to_pydict()
+                # Column by column: to_pydict would also build a datetime per mtime.
+                names = batch.column("path").to_pylist()
+                sizes = batch.column("size").to_pylist()
                 mtimes = batch.column("mtime").cast(pa.int64()).to_pylist()
-                paths.append(np.fromiter((_hash(p) for p in data["path"]), np.uint64))
-                keys.append(np.fromiter((_key(p, s, m) for p, s, m in zip(
-                    data["path"], data["size"], mtimes)), np.uint64))
-                ok.append(np.array([s == OK for s in data["status"]], dtype=bool))
+                paths.append(np.fromiter((_hash(p) for p in names), np.uint64))
+                keys.append(np.fromiter((_key(p, s, m) for p, s, m in zip(names, sizes, mtimes)),
+                                        np.uint64))
+                ok.append(np.array([s == OK for s in batch.column("status").to_pylist()],
+                                   dtype=bool))
                 if with_sha256:
-                    sha.append(np.array([s or "" for s in data["sha256"]], dtype="S64"))
+                    sha.append(np.array([s or "" for s in batch.column("sha256").to_pylist()],
+                                        dtype="S64"))
         if not paths:
             return cls(np.zeros(0, np.uint64))
         all_paths = np.concatenate(paths)
