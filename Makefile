@@ -25,7 +25,7 @@ $(error PRECISION is now QUANTIZE=none|int8 (the runtime arithmetic is handler.p
 endif
 WEIGHTS_DIR := build/weights
 MODEL_CONFIGS := $(wildcard config/models/*.yaml)
-SOURCES := $(wildcard handlers/*.py handlers/*/*.py model_files/*.py) $(MODEL_CONFIGS) archive.sh \
+SOURCES := $(wildcard handlers/*.py servecore/*.py servecore/*/*.py model_files/*.py) $(MODEL_CONFIGS) archive.sh \
            buildsteps/configgen.py
 
 .PHONY: setup java config weights archives samples serve test test-fast bench bench-sweep bench-ingestion bench-collection soak clean

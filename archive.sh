@@ -57,15 +57,15 @@ for f in "${FILES[@]/#/$WEIGHTS_DIR/}" "$WEIGHTS_DIR/weights_info.json" "$WEIGHT
 done
 
 # torch-model-archiver copies a folder given in --extra-files flat into the archive root, so
-# stage one folder holding the handlers/ and model_files/ packages and the weight metadata.
-# It also stages in $TMPDIR/<model-name> and deletes that first: give each run a private TMPDIR.
+# stage one folder holding the handlers/, servecore/ and model_files/ packages and the weight
+# metadata. It also stages in $TMPDIR/<model-name> and deletes that first: give each run a private TMPDIR.
 mkdir -p build "$OUT"
 WORK=$(mktemp -d build/archive.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 STAGE="$WORK/stage"
 ARCHIVER_TMP="$WORK/tmp"
 mkdir -p "$STAGE" "$ARCHIVER_TMP"
-find handlers model_files -name '*.py' -exec cp --parents {} "$STAGE/" \;
+find handlers servecore model_files -name '*.py' -exec cp --parents {} "$STAGE/" \;
 cp "$WEIGHTS_DIR/weights_info.json" "$WEIGHTS_DIR/index_to_name.json" "$STAGE/"
 for f in "${FILES[@]:1}"; do cp "$WEIGHTS_DIR/$f" "$STAGE/"; done
 # Explanations need gradients, so the PyTorch checkpoint goes in whatever the backend (about

@@ -34,8 +34,8 @@ from bench.layout import (BUILD, EMBEDDING, IMAGES, MODEL_STORE, REPO, RESULTS, 
                           TAGGER as OURS, WEIGHTS, fresh_dir, setup_cli)
 from bench.serving import LoadPlan, measure_model
 from bench.targets import evaluate
-from handlers.config import HandlerConfig
-from handlers.intake import Preprocessor
+from servecore.config import HandlerConfig
+from servecore.intake import Preprocessor
 from buildsteps import configgen
 from devtools.server import LocalTorchServe
 from model_files.artifacts import CHECKPOINT, LABELS, QUANTIZED

@@ -1,5 +1,5 @@
 """What one explanation costs on this machine: time per image of each method at its default
-settings (``handlers.config.HandlerConfig``), through ``handlers.explain.compute.Explainer`` exactly as
+settings (``servecore.config.HandlerConfig``), through ``servecore.explain.compute.Explainer`` exactly as
 the handler runs it (top-1 target, no PNG; the PNG is measured on its own), plus the load time
 and resident memory of the eager model the explanations need beside the serving backend."""
 from __future__ import annotations
@@ -12,12 +12,12 @@ import torch
 
 from bench.raw import Budget, timed_loop
 from bench.stats import percentile
-from handlers.config import EXPLAIN_METHODS
-from handlers.explain import compute as explain
-from handlers.explain.options import ExplainSpec
-from handlers.config import HandlerConfig
-from handlers.images import decode_image
-from handlers.intake import Preprocessor
+from servecore.config import EXPLAIN_METHODS
+from servecore.explain import compute as explain
+from servecore.explain.options import ExplainSpec
+from servecore.config import HandlerConfig
+from servecore.images import decode_image
+from servecore.intake import Preprocessor
 from model_files.artifacts import CHECKPOINT
 
 # Few iterations: IG at 32 steps is seconds per image here.

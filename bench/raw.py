@@ -8,7 +8,7 @@
   frontend (decode and preprocess a batch of the same JPEG on the handler's decode threads,
   stack, one forward), images per second.
 
-Backends load through ``model_files.backends.load_backend``, exactly as the handler loads them.
+Backends load through ``servecore.backends.load_backend``, exactly as the handler loads them.
 Every timing loop stops at a time budget or an iteration cap, whichever comes first.
 """
 from __future__ import annotations
@@ -24,12 +24,12 @@ from pathlib import Path
 import torch
 
 from bench.stats import percentile
-from model_files.backends import Backend, load_backend
-from handlers.intake import Preprocessor
+from servecore.backends import Backend, RuntimeOptions, load_backend
+from servecore.intake import Preprocessor
 from model_files.artifacts import QUANTIZED, SERIALIZED
 
 # Row label -> (backend, serialized file, precision passed to load_backend). The OpenVINO rows
-# are the candidates ``handler.precision: auto`` times (model_files/autoprecision.py): each IR
+# are the candidates ``handler.precision: auto`` times (servecore/autoprecision.py): each IR
 # at f32 and bf16 (int8: its quantised layers in int8, the others at that precision).
 VARIANTS = {
     "eager": ("eager", SERIALIZED["eager"], "auto"),
@@ -116,8 +116,8 @@ def load_variant(weights_dir: Path, label: str) -> Backend:
         warnings.simplefilter("ignore", FutureWarning)
         # Runtime defaults (ONNX Runtime's threads spin): the fastest raw number, so the
         # served-vs-raw ratios are measured against the best the model itself can do.
-        return load_backend(kind, weights_dir / file, torch.device("cpu"), spin=True,
-                            precision=precision)
+        return load_backend(kind, weights_dir / file, torch.device("cpu"),
+                            RuntimeOptions(spin=True), precision=precision)
 
 
 def run_raw(weights_dir: Path, images: dict[str, bytes], preprocess: Preprocessor,

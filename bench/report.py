@@ -191,8 +191,8 @@ def _method(results: dict) -> list[str]:
         "worker's `PredictionTime` log line.",
         "- Peak RSS: sampled every 0.2 s; server = Java frontend + every worker, summed "
         "(shared pages counted per process); worker = the measured model's worker process.",
-        "- Raw: `model_files.backends.load_backend` as the handler loads each backend; "
-        "decode+preprocess+forward is `handlers.images.decode_image` with the tagger's handler "
+        "- Raw: `servecore.backends.load_backend` as the handler loads each backend; "
+        "decode+preprocess+forward is `servecore.images.decode_image` with the tagger's handler "
         "settings, the weights' transform and one forward at batch 1.",
     ]
 

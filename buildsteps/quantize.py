@@ -33,8 +33,8 @@ import yaml
 from PIL import Image, ImageEnhance, ImageOps
 
 from model_files.artifacts import QUANTIZED, checkpoint_sha256, companions, fidelity_record
-from model_files.backends import load_backend
-from model_files.precision import agreement, failures
+from servecore.backends import load_backend
+from servecore.precision import agreement, failures
 from model_files.resnet_dual import WEIGHTS
 
 TARGET = QUANTIZED[("openvino", "int8")]

@@ -1,3 +1,4 @@
-"""What every archive carries besides the handler: the model's definition, the table of files
-a weights folder holds, and the runtimes that load them (archive.sh packs this folder whole).
-Imports nothing from handlers/; the steps that build these files live in buildsteps/."""
+"""What every archive carries about the model itself: its definition (``resnet_dual``) and the
+table of files a weights folder holds (``artifacts``; standard library only, make asks it
+before the venv exists). The runtimes that load those files are the core's
+(``servecore.backends``); the steps that build them live in buildsteps/."""

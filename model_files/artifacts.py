@@ -14,6 +14,7 @@ import hashlib
 import json
 import sys
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 CHECKPOINT = "resnet50.pt"  # torchvision resnet50 state dict
@@ -93,6 +94,40 @@ def backend_of(serialized_file: str) -> str:
             return backend
     raise ValueError(f"unknown serialized model file {serialized_file!r}; archive.sh packs one "
                      f"of {sorted([*SERIALIZED.values(), *QUANTIZED.values()])}")
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """The files one model serves from (an extracted archive, a Triton model version's
+    folder): the ``folder``, the name of the ``serialized`` model file in it, and the weights'
+    provenance (``INFO``: source, trained, sha256)."""
+
+    folder: Path
+    serialized: str
+    weights: dict
+
+    @classmethod
+    def read(cls, folder: Path, serialized: str) -> "ModelFiles":
+        folder = Path(folder)
+        return cls(folder, serialized, json.loads((folder / INFO).read_text()))
+
+    @property
+    def backend(self) -> str:
+        return backend_of(self.serialized)
+
+    @property
+    def labels(self) -> list[str]:
+        return load_labels(self.folder / LABELS)
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.folder / CHECKPOINT
+
+    @property
+    def quantization(self) -> dict | None:
+        """The fidelity record of a quantised serialized file (None for a float one)."""
+        record = self.folder / fidelity_record(self.serialized)
+        return json.loads(record.read_text()) if record.is_file() else None
 
 
 def load_labels(path: Path) -> list[str]:

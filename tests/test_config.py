@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from buildsteps import configgen
-from handlers.config import ConfigError, HandlerConfig
+from servecore.config import ConfigError, HandlerConfig
 from tests.conftest import MODELS, REPO
 from tsclient import ports
 

@@ -15,9 +15,9 @@ from PIL import Image
 from torch import nn
 from torchvision.models import ResNet50_Weights
 
-from handlers.explain import compute as explain
-from handlers.explain.options import ExplainSpec
-from handlers.config import HandlerConfig
+from servecore.explain import compute as explain
+from servecore.explain.options import ExplainSpec
+from servecore.config import HandlerConfig
 from model_files.resnet_dual import build_dual
 from tests import imagegen
 from tests.handler_context import make_handler, run_batch

@@ -17,10 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import HypothesisWarning
 from hypothesis import strategies as st
 
-from handlers import jsonguard, parse
-from handlers.config import HandlerConfig
-from handlers.errors import RequestError
-from handlers.intake import Preprocessor
+from servecore import jsonguard, parse
+from servecore.config import HandlerConfig
+from servecore.errors import RequestError
+from servecore.intake import Preprocessor
 from tests import corpus
 
 # deadline: a bound on one example's time that catches a hang, not slowness. An example may

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -166,6 +167,12 @@ def test_batch_metrics_are_emitted_with_requests_good_images_errors_and_time(tag
     for name in ("HandlerDecodeMs", "HandlerForwardMs"):
         spent = re.search(rf"\[METRICS\]{name}\.\w+:([0-9.]+)\|", lines)
         assert spent and float(spent.group(1)) > 0, name
+    # What the worker serves and holds: the precision as a label, its RSS in MiB.
+    assert re.search(r"\[METRICS\]HandlerPrecision\.\w+:1(\.0)?\|#ModelName:resnet50-tagger,"
+                     r"Level:Model,Precision:f32\|", lines), lines
+    rss = re.search(r"\[METRICS\]HandlerWorkerRssMB\.\w+:([0-9.]+)\|#ModelName:resnet50-tagger,"
+                    rf"Level:Model,WorkerPid:{os.getpid()}\|", lines)
+    assert rss and 50 < float(rss.group(1)) < 64 * 1024, lines
 
 
 def test_describe_reports_weights(tagger, weights_dir):
@@ -192,7 +199,7 @@ def test_undeclared_metrics_do_not_fail_batches(weights_dir, caplog):
     handler = ResNetHandler()
     with caplog.at_level("WARNING"):
         handler.initialize(context)
-    assert any("batch-size metrics off" in r.getMessage() for r in caplog.records)
+    assert any("metric HandlerBatchSize off" in r.getMessage() for r in caplog.records)
     _, statuses, _ = run_batch(handler, context, [{"body": IMAGES["png-200x300"]}])
     assert statuses == [(200, None)]
 

@@ -6,17 +6,19 @@ answer too large for the frontend fails alone; explanation memory stays under th
 ceiling; decode threads follow the CPU quota."""
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 
 import pytest
 from PIL import Image
 
-from handlers import intake, parse
-from handlers.batch import admit
-from handlers.config import HandlerConfig
-from handlers.errors import MESSAGE_CHARS, PayloadTooLarge
-from handlers.images import open_image
+from handlers import routing
+from servecore import intake, parse
+from servecore.admission import admit
+from servecore.config import HandlerConfig
+from servecore.errors import MESSAGE_CHARS, PayloadTooLarge
+from servecore.images import open_image
 from tests import corpus, imagegen
 from tests.corpus import b64
 from tests.handler_context import make_handler, run_batch
@@ -45,7 +47,7 @@ class DecodeCounter:
 
     def __init__(self, handler):
         self.calls = 0
-        self.decode = handler.intake.preprocessor.decode
+        self.decode = handler.model.intake.preprocessor.decode
 
     def __call__(self, opened):
         self.calls += 1
@@ -57,7 +59,7 @@ def test_hostile_request_is_refused_alone_without_decoding(tagger, alone, name, 
     handler, context = tagger
     case = HOSTILE[name]
     counter = DecodeCounter(handler)
-    monkeypatch.setattr(handler.intake.preprocessor, "decode", counter)
+    monkeypatch.setattr(handler.model.intake.preprocessor, "decode", counter)
     rows = [{"body": GOOD}, corpus.handler_row(case), {"body": GOOD}]
     responses, statuses, _ = run_batch(handler, context, rows)
     error = json.loads(responses[1])
@@ -136,14 +138,14 @@ def test_admission_rule(costs, budget, expected):
 
 def test_unexpected_failure_is_a_500_for_that_request_only(tagger, alone, monkeypatch, caplog):
     handler, context = tagger
-    decode = handler.intake.preprocessor.decode
+    decode = handler.model.intake.preprocessor.decode
 
     def broken(opened):
         if opened.image.size == (64, 48):
             raise RuntimeError("simulated bug")
         return decode(opened)
 
-    monkeypatch.setattr(handler.intake.preprocessor, "decode", broken)
+    monkeypatch.setattr(handler.model.intake.preprocessor, "decode", broken)
     odd = imagegen.png(64, 48, seed=1)
     with caplog.at_level("ERROR"):
         responses, statuses, _ = run_batch(handler, context, [{"body": GOOD}, {"body": odd}])
@@ -166,7 +168,7 @@ def test_unexpected_parse_failure_is_a_500_for_that_request_only(tagger, monkeyp
             raise KeyError("simulated bug")
         return real(row, **kwargs)
 
-    monkeypatch.setattr(intake, "parse_request", broken)
+    monkeypatch.setattr(routing, "parse_request", broken)
     responses, statuses, _ = run_batch(handler, context,
                                        [{"data": GOOD, "topk": b"3"}, {"body": GOOD}])
     assert statuses[0][0] == 500 and json.loads(responses[0])["type"] == "InternalError"
@@ -204,8 +206,8 @@ def test_describe_reports_the_limits(tagger):
     limits = json.loads(handler.describe_handle())["handler"]
     assert {k: limits[k] for k in ("max_request_pixels", "max_batch_pixels", "max_json_depth",
                                    "max_json_bytes")} == {
-        "max_request_pixels": handler.config.max_request_pixels,
-        "max_batch_pixels": handler.config.max_batch_pixels,
+        "max_request_pixels": handler.model.config.max_request_pixels,
+        "max_batch_pixels": handler.model.config.max_batch_pixels,
         "max_json_depth": 16, "max_json_bytes": 32 * 1024 * 1024}
 
 
@@ -235,13 +237,13 @@ def test_rows_are_budgeted_per_batch_fewest_first(tagger, alone):
 def test_forward_runs_in_chunks_with_the_same_answers(weights_dir, alone):
     handler, context = make_handler(weights_dir, task="tags", forward_rows=2)
     calls = []
-    backend = handler.backend
+    backend = handler.model.backend
 
     def counting(batch):
         calls.append(len(batch))
         return backend(batch)
 
-    handler.backend = counting
+    handler.model.backend = dataclasses.replace(backend, forward=counting)
     responses, statuses, _ = run_batch(handler, context, [{"body": GOOD}] * 5)
     assert calls == [2, 2, 1]
     assert statuses == [(200, None)] * 5
@@ -316,7 +318,7 @@ def test_the_image_count_is_checked_before_any_item_is_read(body, monkeypatch):
 def test_explanation_rows_per_pass_only_go_down(tagger):
     """``internal_batch_size`` bounds autograd's memory: a client may lower it, not raise it."""
     handler, context = tagger
-    ceiling = handler.config.explain.internal_batch_size
+    ceiling = handler.model.config.explain.internal_batch_size
     lower = {"body": GOOD, "internal_batch_size": b"2", "method": b"ig", "n_steps": b"2"}
     higher = {"body": GOOD, "internal_batch_size": str(ceiling + 1).encode()}
     context_headers = [{"explain": "True"}, {"explain": "True"}]

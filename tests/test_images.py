@@ -8,8 +8,8 @@ import pytest
 import torch
 from PIL import Image
 
-from handlers.errors import RequestError
-from handlers.images import decode_image
+from servecore.errors import RequestError
+from servecore.images import decode_image
 from tests import corpus, imagegen
 from tests.handler_context import make_handler, run_batch
 from tests.reference import assert_same_tags, rel_error

@@ -1,6 +1,6 @@
-"""``handler.precision: auto``: the rule with injected timings (model_files/precision.py), and
+"""``handler.precision: auto``: the rule with injected timings (servecore/precision.py), and
 the measuring, sharing and remembering around it with stand-in backends
-(model_files/autoprecision.py). No server, no model: seconds."""
+(servecore/autoprecision.py). No server, no model: seconds."""
 from __future__ import annotations
 
 import json
@@ -12,8 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from model_files import autoprecision
-from model_files.precision import (FIDELITY_BOUND, MARGIN, Candidate, Choice, agreement, forced,
+from model_files.artifacts import ModelFiles
+from servecore import autoprecision
+from servecore.backends import Backend
+from servecore.config import HandlerConfig
+from servecore.precision import (FIDELITY_BOUND, MARGIN, Candidate, Choice, agreement, forced,
                                    select, summary_line)
 
 GOOD = {"embedding_cosine_min": 0.999, "top1_agreement": 1.0}
@@ -145,16 +148,15 @@ def fake(precision: str, ms_per_image: float, noise: float = 0.0, calls: list | 
             pooled = torch.nn.functional.adaptive_avg_pool2d(batch, 7).flatten(1)
             embedding = pooled @ project
             return embedding + noise * torch.randn(embedding.shape), embedding[:, :10].clone()
-        run.precision = precision
-        return run
+        return Backend("stand-in", precision, "none", "cpu", run)
     return load
 
 
 def test_measure_times_every_candidate_and_judges_fidelity():
     loaders = {"f32": fake("f32", 20), "bf16": fake("bf16", 10),
                "int8+f32": fake("int8+f32", 5, noise=10.0)}
-    candidates, backends = autoprecision.measure(loaders, {"int8+bf16": "no bf16 units"}, (1, 4),
-                                                 budget_s=0.2)
+    candidates, backends = autoprecision.measure(
+        autoprecision.Candidates(loaders, {"int8+bf16": "no bf16 units"}, (1, 4)), budget_s=0.2)
     by_name = {c.precision: c for c in candidates}
     assert list(by_name) == ["f32", "bf16", "int8+f32", "int8+bf16"]
     assert by_name["f32"].fidelity is None and not by_name["f32"].excluded
@@ -173,12 +175,16 @@ def test_the_probe_is_the_same_on_every_start():
 
 
 ARCHIVE = {"backend": "openvino", "serialized": "resnet50_dual.xml", "weights": "abc",
-           "batch_sizes": [1, 4], "threads": 0, "device": "cpu"}
+           "batch_sizes": [1, 4], "threads": 0, "device": "cpu", "candidates": ["f32", "bf16"]}
+
+
+def store(model_dir, cache):
+    return autoprecision.ChoiceStore(model_dir, cache, ARCHIVE)
 
 
 def choose(model_dir, cache, loaders, excluded=None):
-    return autoprecision.choose(loaders, excluded or {}, (1, 4), model_dir, ARCHIVE, cache,
-                                budget_s=0.2)
+    return autoprecision.choose(autoprecision.Candidates(loaders, excluded or {}, (1, 4)),
+                                store(model_dir, cache), budget_s=0.2)
 
 
 def test_the_first_worker_measures_and_the_others_serve_its_choice(tmp_path):
@@ -231,8 +237,8 @@ def test_an_explicit_precision_cites_the_last_auto_measurement(tmp_path):
     loaders = {"f32": fake("f32", 5), "bf16": fake("bf16", 20)}
     choose(tmp_path / "model", cache, loaders)
     calls: list = []
-    backend, choice = autoprecision.explicit("bf16", fake("bf16", 20, calls=calls), ARCHIVE,
-                                             list(loaders), cache)
+    backend, choice = autoprecision.explicit("bf16", fake("bf16", 20, calls=calls),
+                                             store(tmp_path / "model", cache))
     assert backend.precision == "bf16" and len(calls) == 1
     assert not choice.measured and "f32" in choice.reason and "faster than bf16" in choice.reason
 
@@ -247,8 +253,8 @@ def test_the_cache_file_setting(tmp_path):
 def test_nothing_to_choose_is_not_measured(weights_dir):
     """Eager PyTorch on CPU runs f32 only: loaded as before, no forward at start."""
     backend, choice = autoprecision.serving_backend(
-        "eager", weights_dir, "resnet50.pt", torch.device("cpu"), precision="auto",
-        batch_sizes=(1, 8), weights_sha256="unused", cache_setting="off")
+        ModelFiles.read(weights_dir, "resnet50.pt"), HandlerConfig(precision_cache="off"),
+        torch.device("cpu"), batch_sizes=(1, 8))
     assert (choice.precision, backend.precision, choice.measured) == ("f32", "f32", False)
     assert choice.reason == "the only precision eager runs on cpu"
 
@@ -257,10 +263,9 @@ def test_nothing_to_choose_is_not_measured(weights_dir):
                     reason="no CUDA device here: the f32/f16 rule runs where a GPU is present")
 def test_auto_on_a_gpu_weighs_f32_against_f16(weights_dir, monkeypatch):
     monkeypatch.setattr(autoprecision, "_clock", time.perf_counter)  # real GPU timings
-    sha = json.loads((weights_dir / "weights_info.json").read_text())["sha256"]
     backend, choice = autoprecision.serving_backend(
-        "eager", weights_dir, "resnet50.pt", torch.device("cuda:0"), precision="auto",
-        batch_sizes=(1, 8), weights_sha256=sha, cache_setting="off")
+        ModelFiles.read(weights_dir, "resnet50.pt"), HandlerConfig(precision_cache="off"),
+        torch.device("cuda:0"), batch_sizes=(1, 8))
     by_name = {c.precision: c for c in choice.candidates}
     assert set(by_name) == {"f32", "f16"} and choice.measured
     assert by_name["f16"].ms and by_name["f16"].fidelity is not None

@@ -8,8 +8,8 @@ from typing import Sequence
 
 import torch
 
-from handlers.config import Output
-from handlers.parse import ParsedRequest, Protocol
+from servecore.config import Output
+from servecore.parse import ParsedRequest, Protocol
 
 
 @dataclass(frozen=True)

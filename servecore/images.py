@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from handlers.errors import InvalidImage, InvalidRequest, PayloadTooLarge, UnsupportedMediaType
+from servecore.errors import InvalidImage, InvalidRequest, PayloadTooLarge, UnsupportedMediaType
 
 logger = logging.getLogger(__name__)
 

@@ -1,12 +1,14 @@
 """Runtimes that turn a preprocessed batch into ``(embedding, logits)``, both on CPU, float32.
 
-Each backend crosses the device boundary once per batch: one copy in, one forward, one copy out.
-Each carries ``precision``: the arithmetic it really runs (what ``describe`` reports).
+A ``Backend`` is one loaded runtime with a name: which runtime (``name``), the arithmetic it
+really runs (``precision``, what ``describe`` reports) and its ``forward``. Each crosses the
+device boundary once per batch: one copy in, one forward, one copy out.
 """
 from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Callable
@@ -14,51 +16,80 @@ from typing import Callable
 import torch
 
 from model_files.artifacts import QUANTIZED, SERIALIZED, fidelity_record, is_quantised
-from model_files.precision import failures
+from servecore.precision import failures
 
 logger = logging.getLogger(__name__)
 
-Backend = Callable[[torch.Tensor], "tuple[torch.Tensor, torch.Tensor]"]
+Forward = Callable[[torch.Tensor], "tuple[torch.Tensor, torch.Tensor]"]
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One loaded runtime. ``name``: eager, torchscript, onnx or openvino; ``precision``: f32,
+    f16, bf16, int8+f32 or int8+bf16; ``file``: the serialized model it runs; ``forward``:
+    ``pixels [N, 3, 224, 224] -> (embedding [N, 2048], logits [N, 1000])``, CPU float32."""
+
+    name: str
+    precision: str
+    file: str
+    device: str
+    forward: Forward
+
+    def __call__(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.forward(pixels)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "precision": self.precision, "file": self.file,
+                "device": self.device}
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """How a runtime is set up, from the handler's settings (``HandlerConfig``): intra-op
+    ``threads`` (0: the runtime's default), ONNX Runtime's ``spin`` (busy-waiting threads) and
+    ``half`` (float16, eager on CUDA only)."""
+
+    threads: int = 0
+    spin: bool = False
+    half: bool = False
 
 
 def pick_device(wanted: str, gpu_id) -> torch.device:
-    """The device a worker runs on: ``wanted`` is ``auto`` (the GPU TorchServe assigned, else
+    """The device a worker runs on: ``wanted`` is ``auto`` (the GPU the engine assigned, else
     CPU), ``cpu`` or ``cuda`` (a worker without a GPU then fails to load, loudly)."""
     if wanted in ("auto", "cuda") and gpu_id is not None and torch.cuda.is_available():
         return torch.device(f"cuda:{gpu_id}")
     if wanted == "cuda":
         raise RuntimeError(
-            "handler.device is 'cuda' but TorchServe gave this worker no GPU "
+            "handler.device is 'cuda' but the engine gave this worker no GPU "
             f"(gpu_id={gpu_id}, cuda available={torch.cuda.is_available()})")
     return torch.device("cpu")
 
 
-def load_backend(kind: str, path: Path, device: torch.device, *, half: bool = False,
-                 threads: int = 0, spin: bool = False, precision: str = "auto",
+def load_backend(kind: str, path: Path, device: torch.device,
+                 options: RuntimeOptions = RuntimeOptions(), precision: str = "auto",
                  warmup: tuple[int, ...] = ()) -> Backend:
     """Load the serialized model at ``path`` for ``kind`` (eager, torchscript, onnx, openvino).
 
-    ``spin``: ONNX Runtime's intra-op threads busy-wait between operators (ORT's own default;
-    off by default here as in ``HandlerConfig.onnx_spinning``).
     ``precision``: ``f32``, ``bf16`` or ``int8`` (OpenVINO only), or ``auto``: here the
-    runtime's own default (the handler's ``auto`` measures instead: model_files/autoprecision.py).
-    ``warmup``: batch sizes OpenVINO runs once at load (its first call at a new batch size
-    is 1.2-3.5x slower than the next ones).
+    runtime's own default (``handler.precision: auto`` measures instead:
+    servecore/autoprecision.py). ``warmup``: batch sizes OpenVINO runs once at load (its first
+    call at a new batch size is 1.2-3.5x slower than the next ones).
     """
     if kind == "openvino":
-        return _openvino(path, threads, precision, warmup)
+        return _openvino(path, options.threads, precision, warmup)
     if precision not in ("auto", "f32"):
         raise ValueError(f"handler.precision {precision!r} needs an OpenVINO archive "
                          f"(BACKEND=openvino); this one is {kind}: use auto or f32")
     if kind == "onnx":
-        return _with_precision(_onnx(path, device, threads, spin), "f32")
-    return _torch(kind, path, device, half)
+        return _onnx(path, device, options)
+    return _torch(kind, path, device, options.half)
 
 
-def precision_candidates(kind: str, model_dir: Path, serialized: str, device: torch.device, *,
-                         threads: int = 0, spin: bool = False, allow_int8: bool = True
+def precision_candidates(kind: str, folder: Path, serialized: str, device: torch.device,
+                         options: RuntimeOptions, allow_int8: bool = True
                          ) -> tuple[dict[str, Callable[[], Backend]], dict[str, str]]:
-    """What ``handler.precision: auto`` chooses from in ``model_dir``: ``{precision: loader}``,
+    """What ``handler.precision: auto`` chooses from in ``folder``: ``{precision: loader}``,
     most precise first, and ``{precision: why it is left out}`` for the ones this archive,
     device or config cannot serve.
 
@@ -71,7 +102,7 @@ def precision_candidates(kind: str, model_dir: Path, serialized: str, device: to
     if kind == "openvino":
         bf16 = _cpu_has_bf16()
         irs = {"": SERIALIZED["openvino"], "int8+": QUANTIZED[("openvino", "int8")]}
-        for prefix, path in ((p, model_dir / name) for p, name in irs.items()):
+        for prefix, path in ((p, folder / name) for p, name in irs.items()):
             if not path.is_file():
                 continue
             if prefix and (why := _int8_unusable(path, allow_int8)):
@@ -81,11 +112,12 @@ def precision_candidates(kind: str, model_dir: Path, serialized: str, device: to
                 if inference == "bf16" and not bf16:
                     excluded[prefix + inference] = "this CPU has no bf16 units (OpenVINO)"
                 else:
-                    loaders[prefix + inference] = partial(_openvino, path, threads, inference, ())
+                    loaders[prefix + inference] = partial(_openvino, path, options.threads,
+                                                          inference, ())
         return loaders, excluded
-    path = model_dir / serialized
+    path = folder / serialized
     if kind == "onnx":
-        loaders["f32"] = lambda: _with_precision(_onnx(path, device, threads, spin), "f32")
+        loaders["f32"] = partial(_onnx, path, device, options)
         return loaders, excluded
     loaders["f32"] = partial(_torch, kind, path, device, False)
     if kind == "eager" and device.type == "cuda":
@@ -125,17 +157,13 @@ def _torch(kind: str, path: Path, device: torch.device, half: bool) -> Backend:
     dtype = torch.float16 if half and device.type == "cuda" and kind == "eager" else torch.float32
     module = module.to(dtype)
 
-    def run(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.inference_mode():
             embedding, logits = module(batch.to(device, dtype, non_blocking=True))
             return embedding.float().cpu(), logits.float().cpu()
 
-    return _with_precision(run, "f16" if dtype == torch.float16 else "f32")
-
-
-def _with_precision(run: Backend, precision: str) -> Backend:
-    run.precision = precision
-    return run
+    return Backend(kind, "f16" if dtype == torch.float16 else "f32", path.name, str(device),
+                   forward)
 
 
 def _openvino(path: Path, threads: int, precision: str, warmup: tuple[int, ...]) -> Backend:
@@ -163,33 +191,34 @@ def _openvino(path: Path, threads: int, precision: str, warmup: tuple[int, ...])
         config[props.inference_num_threads] = threads
     compiled = ov.Core().compile_model(str(path), "CPU", config)
     used = compiled.get_property(hints.inference_precision).get_type_name()  # "f32", "bf16"
-    # One request, reused: TorchServe calls a worker's handler from one thread at a time, and
+    # One request, reused: an engine calls a worker's model from one thread at a time, and
     # an InferRequest must not be used from two threads at once.
     request = compiled.create_infer_request()
     outputs = compiled.output("embedding"), compiled.output("logits")
 
-    def run(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # share_inputs: no input copy; outputs are copied out of the request's buffers.
         result = request.infer({0: batch.contiguous().numpy()}, share_inputs=True)
         return torch.from_numpy(result[outputs[0]]), torch.from_numpy(result[outputs[1]])
 
     for size in warmup:
-        run(torch.zeros(size, 3, 224, 224))
+        forward(torch.zeros(size, 3, 224, 224))
     logger.info("OpenVINO %s: %s, inference precision %s%s, %s threads", ov.get_version(),
                 path.name, used, " (int8 layers)" if quantised else "",
                 compiled.get_property(props.inference_num_threads))
-    return _with_precision(run, f"int8+{used}" if quantised else used)
+    return Backend("openvino", f"int8+{used}" if quantised else used, path.name, "cpu", forward)
 
 
-def _onnx(path: Path, device: torch.device, threads: int, spin: bool) -> Backend:
+def _onnx(path: Path, device: torch.device, options: RuntimeOptions) -> Backend:
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    if threads:
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    session_options = ort.SessionOptions()
+    session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if options.threads:
+        session_options.intra_op_num_threads = options.threads
+        session_options.inter_op_num_threads = 1
+    session_options.add_session_config_entry("session.intra_op.allow_spinning",
+                                             "1" if options.spin else "0")
     providers = ["CPUExecutionProvider"]
     if device.type == "cuda":
         if "CUDAExecutionProvider" in ort.get_available_providers():
@@ -197,11 +226,12 @@ def _onnx(path: Path, device: torch.device, threads: int, spin: bool) -> Backend
         else:  # the pinned onnxruntime wheel is the CPU build
             logger.warning("ONNX Runtime has no CUDA provider here: running on CPU although "
                            "the worker has %s; archive with BACKEND=eager for the GPU", device)
-    session = ort.InferenceSession(str(path), options, providers=providers)
+    session = ort.InferenceSession(str(path), session_options, providers=providers)
     input_name = session.get_inputs()[0].name
 
-    def run(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         embedding, logits = session.run(["embedding", "logits"], {input_name: batch.numpy()})
         return torch.from_numpy(embedding), torch.from_numpy(logits)
 
-    return run
+    on_gpu = session.get_providers()[0] == "CUDAExecutionProvider"
+    return Backend("onnx", "f32", path.name, str(device) if on_gpu else "cpu", forward)

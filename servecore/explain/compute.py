@@ -25,11 +25,11 @@ import torch.nn.functional as F
 from PIL import Image, ImageDraw
 from torch import nn
 
-from handlers.explain.encode import Explanation
-from handlers.explain.options import ExplainSpec
+from servecore.explain.encode import Explanation
+from servecore.explain.options import ExplainSpec
 from model_files.resnet_dual import WEIGHTS, build_dual
 
-# The model's view of an image (the weights' transform, as handlers.intake applies it): the
+# The model's view of an image (the weights' transform, as servecore.intake applies it): the
 # shorter side resized to RESIZE, then a centre CROP x CROP.
 _TRANSFORM = WEIGHTS.transforms()
 RESIZE, CROP = _TRANSFORM.resize_size[0], _TRANSFORM.crop_size[0]
@@ -73,8 +73,23 @@ class EmbeddingScore(nn.Module):
         return (self.dual(x)[0] * direction).sum(dim=1, keepdim=True)
 
 
+@dataclass(frozen=True)
+class Method:
+    """How to attribute: ``name`` (gradcam, ig, occlusion), Integrated Gradients' ``n_steps``
+    (0 for the others) and the rows per forward pass (``internal_batch_size``)."""
+
+    name: str
+    n_steps: int = 0
+    internal_batch_size: int = 8
+
+    @classmethod
+    def of(cls, spec: ExplainSpec) -> "Method":
+        return cls(spec.method, spec.n_steps if spec.method == "ig" else 0,
+                   spec.internal_batch_size)
+
+
 def attribute(dual: nn.Module, layer: nn.Module, pixels: torch.Tensor, classes: Sequence[int],
-              method: str, *, n_steps: int = 32, internal_batch_size: int = 8) -> torch.Tensor:
+              method: Method) -> torch.Tensor:
     """Raw attributions of ``pixels`` [M, 3, 224, 224], row m for class ``classes[m]`` (-1: the
     embedding's own direction): GradCAM [M, 7, 7] (on ``layer``), IG / occlusion [M, 3, 224,
     224]. At most two Captum calls (class rows, embedding rows), rows in the given order."""
@@ -83,36 +98,34 @@ def attribute(dual: nn.Module, layer: nn.Module, pixels: torch.Tensor, classes: 
     parts = []
     if class_rows:
         parts.append(_captum(method, LogitsScore(dual), layer, pixels[class_rows].clone(),
-                             [classes[m] for m in class_rows], None, n_steps,
-                             internal_batch_size))
+                             [classes[m] for m in class_rows], None))
     if embed_rows:
         rows = pixels[embed_rows].clone()
         with torch.no_grad():
             direction = F.normalize(dual(rows)[0].float(), dim=1)
-        parts.append(_captum(method, EmbeddingScore(dual), layer, rows, 0, (direction,),
-                             n_steps, internal_batch_size))
+        parts.append(_captum(method, EmbeddingScore(dual), layer, rows, 0, (direction,)))
     raw = torch.cat(parts)
     return raw[torch.argsort(torch.tensor(class_rows + embed_rows))]
 
 
-def _captum(method: str, score: nn.Module, layer: nn.Module, inputs: torch.Tensor, target,
-            extra, n_steps: int, internal_batch_size: int) -> torch.Tensor:
+def _captum(method: Method, score: nn.Module, layer: nn.Module, inputs: torch.Tensor, target,
+            extra) -> torch.Tensor:
     from captum.attr import IntegratedGradients, LayerGradCam, Occlusion
 
     with torch.inference_mode(False), torch.enable_grad():
-        if method == "gradcam":
+        if method.name == "gradcam":
             return LayerGradCam(score, layer).attribute(
                 inputs, target=target, additional_forward_args=extra)[:, 0].detach()
-        if method == "ig":
+        if method.name == "ig":
             return IntegratedGradients(score).attribute(
                 inputs, baselines=torch.zeros_like(inputs), target=target,
-                additional_forward_args=extra, n_steps=n_steps,
-                internal_batch_size=internal_batch_size).detach()
+                additional_forward_args=extra, n_steps=method.n_steps,
+                internal_batch_size=method.internal_batch_size).detach()
     with torch.no_grad():
         return Occlusion(score).attribute(
             inputs, sliding_window_shapes=(3, OCCLUSION_WINDOW, OCCLUSION_WINDOW),
             strides=(3, OCCLUSION_STRIDE, OCCLUSION_STRIDE), baselines=0.0, target=target,
-            additional_forward_args=extra, perturbations_per_eval=internal_batch_size)
+            additional_forward_args=extra, perturbations_per_eval=method.internal_batch_size)
 
 
 def normalise(raw: torch.Tensor) -> tuple[torch.Tensor, list[bool]]:
@@ -224,17 +237,15 @@ class Explainer:
                                probabilities[row].topk(job.spec.top_k).indices.tolist())]
         maps: list[Any] = [None] * len(plan)
         empty: list[bool] = [False] * len(plan)
-        groups: dict[tuple, list[int]] = {}
+        groups: dict[Method, list[int]] = {}
         for p, (j, _, _) in enumerate(plan):
-            s = jobs[j].spec
-            key = (s.method, s.n_steps if s.method == "ig" else 0, s.internal_batch_size)
-            groups.setdefault(key, []).append(p)
-        for (method, n_steps, batch), group in groups.items():
+            groups.setdefault(Method.of(jobs[j].spec), []).append(p)
+        for method, group in groups.items():
+            batch = method.internal_batch_size
             for members in (group[i:i + batch] for i in range(0, len(group), batch)):
                 rows = torch.tensor([plan[p][1] for p in members])
                 raw = attribute(self.dual, self.layer, pixels.index_select(0, rows),
-                                [plan[p][2] for p in members], method,
-                                n_steps=n_steps, internal_batch_size=batch)
+                                [plan[p][2] for p in members], method)
                 grids, flags = normalise(raw)
                 for p, grid, flag in zip(members, grids, flags):
                     maps[p], empty[p] = grid, flag

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from handlers.config import HandlerConfig
-from handlers.errors import InvalidRequest, PayloadTooLarge
+from servecore.config import HandlerConfig
+from servecore.errors import InvalidRequest, PayloadTooLarge
 
 
 def is_json(text: str | bytes | bytearray) -> bool:

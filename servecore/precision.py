@@ -1,5 +1,5 @@
 """Which precision a worker serves, given what was measured: the rule, with no timing and no
-files (``model_files/autoprecision.py`` measures and remembers).
+files (``servecore/autoprecision.py`` measures and remembers).
 
 The rule for ``handler.precision: auto``: among the candidates whose outputs agree with the most
 precise one within ``FIDELITY_BOUND``, serve the fastest; a candidate within ``MARGIN`` of the
@@ -79,13 +79,13 @@ class Choice:
         return {**fields, "summary": summary_line(fields)}
 
     @classmethod
-    def from_dict(cls, choice: dict, **changes) -> "Choice":
-        """The inverse of ``as_dict`` (``changes``: fields to set otherwise)."""
+    def from_dict(cls, choice: dict) -> "Choice":
+        """The inverse of ``as_dict``."""
         fields = {"precision": choice["choice"], "reason": choice["reason"],
                   "candidates": tuple(Candidate.from_dict(c) for c in choice["candidates"]),
                   "measured": choice["measured"], "source": choice.get("source", ""),
                   "requested": choice.get("requested", "auto")}
-        return cls(**{**fields, **changes})
+        return cls(**fields)
 
     def line(self) -> str:
         """One line for logs and ``tsctl describe``."""

@@ -6,8 +6,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from handlers.config import EXPLAIN_METHODS, ExplainConfig
-from handlers.errors import InvalidParameter, echo
+from servecore.config import EXPLAIN_METHODS, ExplainConfig
+from servecore.errors import InvalidParameter, echo
 
 EMBEDDING_TARGET = "embedding"  # explain the embedding's own direction, not a class
 

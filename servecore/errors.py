@@ -3,7 +3,7 @@
 A ``RequestError`` fails one request and nothing else: ``ClientError`` for what the client
 sent (4xx, 501), ``Overloaded`` when the batch has no room (503) and ``InternalError`` for a bug
 of ours (500). ``STATUS`` below is the only place that says which HTTP status each kind gets,
-and the class name is the ``type`` a client reads in the body. ``handlers.intake`` catches them
+and the class name is the ``type`` a client reads in the body. ``servecore.intake`` catches them
 at one per-request boundary, so one bad input fails only its own request.
 """
 from __future__ import annotations

@@ -11,7 +11,7 @@ One TorchServe request arrives as a dict of named inputs. The forms we accept:
 
 ``topk`` may also come as a multipart field or an ``X-Top-K`` header. (TorchServe 0.12 drops
 query strings on ``/predictions``, so ``?topk=3`` never reaches a handler.) Explanation
-parameters are collected as sent (``ParsedRequest.options``); ``handlers.explain`` reads them.
+parameters are collected as sent (``ParsedRequest.options``); ``servecore.explain`` reads them.
 """
 from __future__ import annotations
 
@@ -23,16 +23,16 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from handlers.config import HandlerConfig, Output
-from handlers.errors import InvalidParameter, InvalidRequest, PayloadTooLarge, echo, echo_all
-from handlers.jsonguard import is_json, load_json
+from servecore.config import HandlerConfig, Output
+from servecore.errors import InvalidParameter, InvalidRequest, PayloadTooLarge, echo, echo_all
+from servecore.jsonguard import is_json, load_json
 
 MAX_TOP_K = 1000
 MAX_ID_CHARS = 256  # a v2 request id, echoed in the answer
 BODY_KEYS = ("body", "data")
 PARAM_KEYS = ("topk",)
 # Explanation parameters (``/explanations``, KServe v1 ``:explain``): a form field, a JSON
-# field or a v1 ``parameters`` key, passed on unread to handlers.explain.
+# field or a v1 ``parameters`` key, passed on unread to servecore.explain.
 EXPLAIN_KEYS = ("target", "method", "n_steps", "internal_batch_size", "png")
 
 

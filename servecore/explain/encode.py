@@ -7,8 +7,8 @@ from typing import Sequence
 
 import torch
 
-from handlers.explain.options import EMBEDDING_TARGET
-from handlers.parse import Protocol
+from servecore.explain.options import EMBEDDING_TARGET
+from servecore.parse import Protocol
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,16 @@
+"""The engine-neutral core: one request's path from the bytes an engine received to the answer
+it sends back, and nothing that knows which engine that is (no module here imports TorchServe's
+``ts`` or Triton's backend utilities; tests/test_layout.py checks).
+
+    service.py     ImageModel: load, prepare -> infer -> answer (one Reply per request)
+    stages.py      per-request values, each made once: Incoming, Opened, Placed, Failed
+    parse.py       wire formats (plain body, KServe v1, v2) -> ParsedRequest; jsonguard.py
+    intake.py      open, admit and decode a batch's requests (images.py decodes)
+    admission.py   the batch budgets, fair across batches
+    encode.py      answers in each request's protocol; errors.py: error kinds -> HTTP status
+    backends.py    runtimes as Backend (eager, TorchScript, ONNX Runtime, OpenVINO)
+    precision.py   the ``auto`` precision rule; autoprecision.py measures and remembers
+    metrics.py     what the model records, through an engine's MetricsSink
+    config.py      HandlerConfig, the typed ``handler:`` settings
+    explain/       explanations, an addon of the prediction path
+"""

@@ -1,0 +1,270 @@
+"""``handler.precision`` at worker start: measure the candidates, choose, and keep the answer
+stable (the rule itself is ``servecore.precision``).
+
+* Bounded: each candidate is compiled and run once at every served batch size (the warm-up a
+  worker needs anyway; it also gives the outputs fidelity is judged on), then one round of
+  one timed forward per candidate and batch size, and more rounds while the whole
+  measurement fits in ``BUDGET_S`` (one round when there is a single candidate). The floor
+  is two forwards per candidate at each batch size, whatever the machine's speed. One clock
+  (``_clock``, monotonic) times the forwards and the budget.
+* One precision per model: TorchServe 0.12 extracts an archive once per registration into one
+  folder that every worker of the model loads from (``ModelArchive.downloadModel`` ->
+  ``ZipUtils.unzip`` into ``$TMPDIR/models/<random id>``; ``ModelLoadModelRequest`` passes
+  ``model.getModelDir()`` to each worker). The first worker measures and writes
+  ``CHOICE_FILE`` there; the others wait on the lock and serve what it chose.
+* Stable across restarts: the last choice per host and archive is kept in a small JSON file
+  (the host cache), and ``select`` keeps it while it stays within the margin.
+* One lock (``ChoiceStore.locked``): the host cache's, so that two models of one host do not
+  time on top of each other either; the model folder's when there is no host cache. An
+  unwritable folder costs the sharing or the memory, never the start.
+* An explicit precision is loaded as asked, without timing; its reason cites the last ``auto``
+  measurement of this host and archive when one was clearly faster.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+from model_files.artifacts import ModelFiles
+from servecore.backends import Backend, RuntimeOptions, load_backend, precision_candidates
+from servecore.config import HandlerConfig
+from servecore.precision import (FIDELITY_BOUND, Candidate, Choice, agreement, failures,
+                                 forced, select)
+
+logger = logging.getLogger(__name__)
+
+CHOICE_FILE = "precision-choice.json"
+BUDGET_S = 4.0  # loading, warm-up and timed rounds; one timed round runs whatever it costs
+MAX_ROUNDS = 5
+CACHE_ENTRIES = 64  # host cache: the most recently written archives kept
+_clock = time.perf_counter  # the one clock (monotonic); tests give a simulated one
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """What ``auto`` chooses from: ``loaders`` most precise first (the first is the fidelity
+    reference), ``excluded`` the ones left out and why; timed at ``batch_sizes``."""
+
+    loaders: dict[str, Callable[[], Backend]]
+    excluded: dict[str, str]
+    batch_sizes: tuple[int, ...]
+
+
+def cache_file(setting: str, environ=os.environ) -> Path | None:
+    """The host cache: ``setting`` (``handler.precision_cache``) when given, ``off`` for none,
+    else ``$XDG_CACHE_HOME/resnet50-serve/precision.json`` (``~/.cache`` when unset)."""
+    if setting == "off":
+        return None
+    if setting:
+        return Path(setting).expanduser()
+    base = environ.get("XDG_CACHE_HOME") or str(Path("~/.cache").expanduser())
+    return Path(base) / "resnet50-serve" / "precision.json"
+
+
+def host_identity() -> dict:
+    """What makes timings comparable between two starts: machine name, CPU model, cores."""
+    cpu = platform.processor()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {"node": platform.node(), "cpu": cpu, "cores": os.cpu_count()}
+
+
+def probe_batch(size: int, seed: int = 0) -> torch.Tensor:
+    """``size`` fixed, image-like inputs (smooth seeded colour fields at the normalised scale
+    of the weights' transform): the same on every host and every start."""
+    generator = torch.Generator().manual_seed(seed)
+    coarse = torch.randn(size, 3, 7, 7, generator=generator)
+    return torch.nn.functional.interpolate(coarse, size=(224, 224), mode="bicubic",
+                                           align_corners=False).contiguous()
+
+
+def measure(candidates: Candidates, budget_s: float = BUDGET_S
+            ) -> tuple[list[Candidate], dict[str, Backend]]:
+    """Load and time every loader. Returns the candidates (timed ones, then the excluded
+    untimed), their milliseconds rounded as they are kept, and the loaded backends."""
+    started = _clock()
+    sizes = candidates.batch_sizes
+    probe = probe_batch(max(sizes))
+    backends, outputs = {}, {}
+    for name, load in candidates.loaders.items():
+        backends[name] = load()
+        for size in sizes:
+            result = backends[name](probe[:size])
+        outputs[name] = tuple(t.numpy() for t in result)  # at the largest size
+    times: dict[str, dict[int, list[float]]] = {n: {b: [] for b in sizes} for n in backends}
+    rounds, round_s = 0, 0.0
+    # One candidate: its timing is reported, not compared, so one round is enough.
+    most = MAX_ROUNDS if len(backends) > 1 else 1
+    while rounds < most and (rounds == 0 or _clock() - started + round_s <= budget_s):
+        round_started = _clock()
+        for name, backend in backends.items():  # interleaved: drift hits every candidate alike
+            for size in sizes:
+                t = _clock()
+                backend(probe[:size])
+                times[name][size].append(1000 * (_clock() - t))
+        round_s, rounds = _clock() - round_started, rounds + 1
+    reference = next(iter(backends))
+    measured = []
+    for name in backends:
+        fidelity = None if name == reference else agreement(outputs[reference], outputs[name])
+        failed = failures(fidelity, FIDELITY_BOUND) if fidelity else []
+        measured.append(Candidate(
+            name, {b: round(statistics.median(ms), 1) for b, ms in times[name].items()},
+            fidelity, f"against {reference} on the probe: {'; '.join(failed)}" if failed else ""))
+    measured += [Candidate(name, excluded=why) for name, why in candidates.excluded.items()]
+    return measured, backends
+
+
+class ChoiceStore:
+    """Where choices are kept: the model folder's ``CHOICE_FILE`` (this server's workers of the
+    model share it) and the host cache (the last choice per host and archive, across
+    restarts); and the one lock that orders measuring."""
+
+    def __init__(self, model_dir: Path, cache: Path | None, archive: dict) -> None:
+        self.shared_file = model_dir / CHOICE_FILE
+        self.cache = cache
+        self.host_key = _key({"host": host_identity(), **archive})
+        # The frontend's pid: a choice left by another server in the same folder is not reused.
+        self.model_key = _key({"host": self.host_key, "frontend": os.getppid()})
+        self.lock_files = [path for path in (cache and cache.with_name(cache.name + ".lock"),
+                                             model_dir / f".{CHOICE_FILE}.lock") if path]
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """An exclusive ``flock`` on the first lock file that can be opened (none: no lock,
+        with a warning; workers may then measure twice)."""
+        handle = None
+        for path in self.lock_files:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                handle = path.open("a")
+                break
+            except OSError as error:
+                logger.warning("precision: no lock %s (%s)", path, error)
+        try:
+            if handle is not None:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+        finally:
+            if handle is not None:
+                handle.close()  # closing releases the flock
+
+    def shared(self) -> Choice | None:
+        """The choice another worker of this model made on this server, if any."""
+        entry = _read(self.shared_file).get(self.model_key)
+        return Choice.from_dict(entry["choice"]) if entry else None
+
+    def last(self) -> Choice | None:
+        """The last choice on this host for this archive, if remembered."""
+        entry = _read(self.cache).get(self.host_key)
+        return Choice.from_dict(entry["choice"]) if entry else None
+
+    def keep(self, choice: Choice) -> None:
+        entries = _read(self.cache)
+        entries[self.host_key] = {"choice": choice.as_dict(), "at": time.time()}
+        newest = sorted(entries.items(), key=lambda kv: kv[1].get("at", 0))[-CACHE_ENTRIES:]
+        _write(self.cache, dict(newest))
+        _write(self.shared_file, {self.model_key: {"choice": choice.as_dict()}})
+
+
+def choose(candidates: Candidates, store: ChoiceStore, budget_s: float = BUDGET_S
+           ) -> tuple[Backend, Choice]:
+    """``auto``: the backend to serve and the choice, measured once per model (the first
+    worker), remembered per host."""
+    with store.locked():
+        shared = store.shared()
+        if shared is None:
+            started = _clock()  # the cost of measuring, not of waiting for the lock
+            last = store.last()
+            measured, backends = measure(candidates, budget_s)
+            choice = dataclasses.replace(
+                select(measured, last.precision if last else None),
+                source=f"worker pid {os.getpid()} in {_clock() - started:.1f} s")
+            store.keep(choice)
+            return backends[choice.precision], choice
+    # Another worker measured: load what it chose (outside the lock: workers load in parallel).
+    backend = candidates.loaders[shared.precision]()
+    for size in candidates.batch_sizes:
+        backend(torch.zeros(size, 3, 224, 224))
+    return backend, shared
+
+
+def explicit(requested: str, load: Callable[[], Backend], store: ChoiceStore
+             ) -> tuple[Backend, Choice]:
+    """An explicit precision: load it; the choice cites this host's last ``auto`` timings."""
+    backend = load()
+    last = store.last()
+    return backend, forced(requested, backend.precision, list(last.candidates) if last else None)
+
+
+def serving_backend(files: ModelFiles, config: HandlerConfig, device: torch.device,
+                    batch_sizes: tuple[int, ...]) -> tuple[Backend, Choice]:
+    """The backend a worker serves and the choice behind it, from the handler's settings
+    (precision, half_precision, threads, onnx_spinning, auto_int8, precision_cache).
+    ``half_precision`` on an eager CUDA worker is an explicit f16. ``auto`` with a single
+    candidate is measured on OpenVINO only, whose warm-up it times."""
+    kind = files.backend
+    options = RuntimeOptions(config.threads, config.onnx_spinning, config.half_precision)
+    loaders, excluded = precision_candidates(kind, files.folder, files.serialized, device,
+                                             options, config.auto_int8)
+    archive = {"backend": kind, "serialized": files.serialized,
+               "weights": files.weights["sha256"], "batch_sizes": list(batch_sizes),
+               "threads": config.threads, "device": device.type, "candidates": list(loaders)}
+    store = ChoiceStore(files.folder, cache_file(config.precision_cache), archive)
+    precision = config.precision
+    if config.half_precision and device.type == "cuda" and kind == "eager":
+        precision = "f16"
+    if precision == "auto" and (len(loaders) > 1 or kind == "openvino"):
+        return choose(Candidates(loaders, excluded, batch_sizes), store)
+    if precision == "auto":
+        # Nothing to choose and no warm-up to time for free (OpenVINO warms up anyway).
+        (only,) = loaders.values()
+        return only(), Choice("f32", f"the only precision {kind} runs on {device.type}",
+                              tuple(Candidate(n, excluded=why) for n, why in excluded.items()))
+    return explicit(precision, partial(
+        load_backend, kind, files.folder / files.serialized, device, options,
+        "auto" if precision == "f16" else precision, batch_sizes), store)
+
+
+def _key(identity: dict) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _read(path: Path | None) -> dict:
+    if path is None or not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        logger.warning("precision: ignoring unreadable %s (%s)", path, error)
+        return {}
+
+
+def _write(path: Path | None, entries: dict) -> None:
+    """Atomically (a rename), or a warning when the folder is not writable."""
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staged = path.with_name(f".{path.name}.{os.getpid()}")
+        staged.write_text(json.dumps(entries, indent=1) + "\n")
+        staged.replace(path)
+    except OSError as error:
+        logger.warning("precision: cannot write %s (%s): the choice is not shared", path, error)

@@ -1,0 +1,126 @@
+"""One request's values on its way through a batch, each made once by the step that owns it.
+
+    Incoming --open--> Opened | Failed --admit--> Opened | Failed --decode--> Placed | Failed
+             --answer--> Reply
+
+A step returns what it produced; a request that failed is a ``Failed`` from then on and carries
+its error to the end, unchanged: no later step writes into an earlier step's value.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Callable, Union
+
+import torch
+
+from servecore.errors import RequestError
+from servecore.images import OpenedImage
+from servecore.parse import ParsedRequest
+
+_SAMPLE = 64 * 1024  # bytes of each end of an image that its fingerprint reads
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """A request as an engine hands it over. ``parse`` turns it into a ``ParsedRequest`` (or
+    raises a ``RequestError``), called inside the request's own failure boundary; ``explain``:
+    it came on an explanation route (TorchServe's ``/explanations``, KServe v1 ``:explain``)."""
+
+    request_id: str
+    parse: Callable[[], ParsedRequest]
+    explain: bool = False
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A request that failed, and why (its status comes from the error's kind)."""
+
+    request_id: str
+    error: RequestError
+
+
+@dataclass(frozen=True)
+class Opened:
+    """Parsed, its images' headers read, nothing decoded: what the batch's budgets decide on.
+    ``addon``: an addon's own state for it (explanations: the checked parameters), None for a
+    plain prediction."""
+
+    request_id: str
+    request: ParsedRequest
+    images: tuple[OpenedImage, ...]
+    addon: Any = None
+
+    @cached_property
+    def fingerprint(self) -> bytes:
+        """Recognises a retry of the same request (``servecore.admission``); computed only
+        when admission asks."""
+        return fingerprint(self.request.images)
+
+    @property
+    def image_count(self) -> int:
+        """The forward rows this request asks for."""
+        return len(self.images)
+
+    @property
+    def pixel_count(self) -> int:
+        """The decoding work this request asks for."""
+        return sum(image.pixels for image in self.images)
+
+
+def fingerprint(images: tuple[bytes, ...] | list[bytes]) -> bytes:
+    """A short digest that recognises a request's retry: each image's length and its first
+    and last 64 KiB (cheap on a 30 MB photo; a collision only lends priority, never an
+    answer)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for data in images:
+        digest.update(len(data).to_bytes(8, "little"))
+        digest.update(data[:_SAMPLE])
+        digest.update(data[-_SAMPLE:])
+    return digest.digest()
+
+
+@dataclass(frozen=True)
+class Placed:
+    """Decoded: the request's images are ``rows`` of the batch tensor."""
+
+    opened: Opened
+    rows: range
+
+    @property
+    def request_id(self) -> str:
+        return self.opened.request_id
+
+
+Admitted = Union[Opened, Failed]
+State = Union[Placed, Failed]
+
+
+@dataclass(frozen=True)
+class PreparedBatch:
+    """A batch after ``prepare``: its requests in arrival order, the stacked images of the
+    placed ones (None when every request failed) and the milliseconds decoding took."""
+
+    requests: tuple[State, ...]
+    pixels: torch.Tensor | None
+    decode_ms: float = 0.0
+
+    @property
+    def placed(self) -> list[Placed]:
+        return [r for r in self.requests if isinstance(r, Placed)]
+
+
+@dataclass(frozen=True)
+class ComputedBatch:
+    """A batch after ``infer``: the model's outputs for every row (None when nothing reached
+    the model) and, per request index, an addon's result (its answer, or a ``Failed``)."""
+
+    prepared: PreparedBatch
+    embedding: torch.Tensor | None
+    logits: torch.Tensor | None
+    addon_results: dict[int, Any]
+
+    @property
+    def pixels(self) -> torch.Tensor | None:
+        return self.prepared.pixels

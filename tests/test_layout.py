@@ -1,0 +1,95 @@
+"""The shape the code keeps (issue #26): the request path is one package that imports no
+serving engine, engines are thin adapters around it, and a request's values are made once."""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from servecore.errors import InvalidImage
+from servecore.stages import Failed
+
+REPO = Path(__file__).resolve().parent.parent
+CORE = REPO / "servecore"
+ENGINES = ("ts", "triton_python_backend_utils", "tritonserver", "pytriton", "kserve")
+MAX_PARAMETERS = 6
+ADAPTER_LINES = 200
+
+
+def modules(folder: Path) -> list[Path]:
+    return sorted(folder.rglob("*.py"))
+
+
+def imported(path: Path) -> set[str]:
+    """The top-level names of every module ``path`` imports (at any depth in the file)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_the_core_imports_no_engine():
+    offenders = {str(p.relative_to(REPO)): sorted(imported(p) & set(ENGINES))
+                 for p in modules(CORE)}
+    assert {p: names for p, names in offenders.items() if names} == {}
+
+
+def test_importing_the_whole_core_loads_no_engine():
+    """What the source says, checked by the interpreter: every core module imported, and no
+    engine module among everything that got loaded along the way."""
+    names = [".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+             for p in modules(CORE)]
+    script = ("import importlib, sys\n"
+              f"for name in {names!r}: importlib.import_module(name)\n"
+              f"print(sorted(m for m in sys.modules if m.split('.')[0] in {ENGINES!r}))")
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                         text=True, check=True, timeout=300).stdout
+    assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_the_torchserve_adapter_is_small():
+    """The archive's --handler module and every module that imports TorchServe."""
+    facing = {REPO / "handlers" / "resnet_handler.py"}
+    for path in modules(REPO):
+        if ".venv" not in path.parts and "tests" not in path.parts and "ts" in imported(path):
+            facing.add(path)
+    lines = {str(p.relative_to(REPO)): len(p.read_text().splitlines()) for p in facing}
+    assert sum(lines.values()) < ADAPTER_LINES, lines
+    assert all(p.startswith("handlers/") for p in lines), lines
+
+
+def test_no_core_function_takes_more_than_six_parameters():
+    wide = []
+    for path in modules(CORE):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                params = [p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)
+                          if p.arg not in ("self", "cls")]
+                params += [p.arg for p in (a.vararg, a.kwarg) if p is not None]
+                if len(params) > MAX_PARAMETERS:
+                    wide.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}{params}")
+    assert wide == []
+
+
+def test_a_request_error_is_never_assigned_after_the_fact():
+    """No ``x.error = ...`` anywhere in the request path, and a failed request's record
+    cannot be changed: the step that failed it made its ``Failed``."""
+    assignments = []
+    for path in [*modules(CORE), *modules(REPO / "handlers")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = (node.targets if isinstance(node, ast.Assign) else
+                       [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+            assignments += [f"{path.relative_to(REPO)}:{node.lineno}" for t in targets
+                            if isinstance(t, ast.Attribute) and t.attr == "error"]
+    assert assignments == []
+    failed = Failed("r1", InvalidImage("not an image"))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        failed.error = InvalidImage("something else")
