@@ -7,8 +7,11 @@
 #            weights already built, else auto),
 #            BACKEND=openvino (default, fastest on CPU: bf16 where the CPU has it)|onnx|torchscript|
 #            eager (PyTorch; the GPU choice)
-#            QUANTIZE=none (default)|int8: int8 quantises the OpenVINO IR (BACKEND=openvino) and
-#            refuses below the fidelity gate in config/int8_gate.yaml (buildsteps/quantize.py).
+#            QUANTIZE=int8 (default)|none: int8 also quantises the OpenVINO IR with NNCF
+#            (BACKEND=openvino; other backends have no int8), and the archives carry it beside
+#            the float IR when it passes the fidelity gate in config/int8_gate.yaml
+#            (buildsteps/quantize.py; a refusal is reported and leaves it out).
+#            GATE_PHOTOS=dir: judge int8 on your own photos (every image under dir).
 #            Not handler.precision in config/models/*.yaml: that is the runtime arithmetic.
 #            MODEL_API=1 (make serve): registering and unregistering models on (off by default).
 
@@ -20,6 +23,8 @@ WEIGHTS ?=
 BUILD_DEFAULTS := $(shell $(PYTHON) -m model_files.artifacts defaults)
 BACKEND ?= $(word 1,$(BUILD_DEFAULTS))
 QUANTIZE ?= $(word 2,$(BUILD_DEFAULTS))
+GATE_PHOTOS ?=
+INT8 := $(and $(filter int8,$(QUANTIZE)),$(filter openvino,$(BACKEND)))
 ifdef PRECISION
 $(error PRECISION is now QUANTIZE=none|int8 (the runtime arithmetic is handler.precision in config/models/*.yaml))
 endif
@@ -56,20 +61,31 @@ config: $(VENV)/.installed
 	@$(PY) -m buildsteps.configgen
 
 # build_weights.py is itself idempotent: it returns at once when WEIGHTS is what it built.
-weights: $(VENV)/.installed $(if $(filter int8,$(QUANTIZE)),samples)
+weights: $(VENV)/.installed $(if $(INT8),samples)
 	@$(PY) -m buildsteps.weights $(if $(WEIGHTS),--source "$(WEIGHTS)") --out $(WEIGHTS_DIR)
 	@$(PY) -m buildsteps.export --backend "$(BACKEND)" --weights $(WEIGHTS_DIR)
-	$(if $(filter int8,$(QUANTIZE)),@$(PY) -m buildsteps.quantize --weights $(WEIGHTS_DIR))
+	$(if $(INT8),@$(PY) -m buildsteps.quantize --weights $(WEIGHTS_DIR) --allow-refusal \
+		$(if $(GATE_PHOTOS),--gate-photos "$(GATE_PHOTOS)"))
 
-# Archives are rebuilt when the handler, model code, configs, weights, BACKEND or QUANTIZE change.
+# Archives are rebuilt when the handler, model code, configs, weights (the int8 verdict too),
+# BACKEND or QUANTIZE change.
 archives: weights
 	@echo "$(BACKEND) $(QUANTIZE)" > build/.backend.new
 	@cmp -s build/.backend.new build/.backend || mv build/.backend.new build/.backend
 	@$(MAKE) --no-print-directory build/.archived
 
-build/.archived: $(SOURCES) $(WEIGHTS_DIR)/weights_info.json build/.backend $(wildcard $(WEIGHTS_DIR)/*.sha256)
+build/.archived: $(SOURCES) $(WEIGHTS_DIR)/weights_info.json build/.backend \
+		$(wildcard $(WEIGHTS_DIR)/*.sha256 $(WEIGHTS_DIR)/*_int8.*.json)
 	BACKEND=$(BACKEND) QUANTIZE=$(QUANTIZE) ./archive.sh
 	@touch $@
+
+# Every precision the archives can run, on your own photos (class-named subfolders give
+# accuracy): make eval PHOTOS=dir (buildsteps/evaluate.py; docs/backends.md).
+PHOTOS ?=
+.PHONY: eval
+eval: setup weights
+	@test -n "$(PHOTOS)" || { echo "usage: make eval PHOTOS=folder" >&2; exit 2; }
+	$(PY) -m buildsteps.evaluate "$(PHOTOS)"
 
 samples: $(VENV)/.installed
 	@$(PY) -m devtools.samples --out build/samples --heldout build/heldout >/dev/null

@@ -7,8 +7,9 @@
 # and buildsteps/configgen.py's, asked below):
 #   BACKEND      openvino (default) | onnx | torchscript | eager: which serialized model goes
 #                in (buildsteps/export.py writes the onnx, openvino and torchscript files)
-#   QUANTIZE     none (default) | int8: int8 packs the quantised OpenVINO IR that
-#                buildsteps/quantize.py wrote after its fidelity gate passed (BACKEND=openvino).
+#   QUANTIZE     int8 (default) | none: int8 also packs the quantised OpenVINO IR that
+#                buildsteps/quantize.py wrote after its fidelity gate passed (BACKEND=openvino;
+#                other backends have none), beside the float one; none leaves it out.
 #                The runtime arithmetic is handler.precision in config/models/*.yaml.
 #   WEIGHTS_DIR  where buildsteps/weights.py wrote the weights (build/weights)
 #   OUT          output folder (model-store)
@@ -47,18 +48,24 @@ if [ ${#MODELS[@]} -eq 0 ]; then
   [ ${#MODELS[@]} -gt 0 ] || die "no model config in $CONFIG_DIR"
 fi
 
-# model_files/artifacts.py names the file each backend loads, then the files it needs beside it.
-FILES=$("$PYTHON" -m model_files.artifacts files "$BACKEND" "$QUANTIZE") \
-  || die "no archive for BACKEND='$BACKEND' QUANTIZE='$QUANTIZE' (why: above)"
+# model_files/artifacts.py names the file each backend loads, then the files it needs beside it,
+# and the int8 files to add (none, with the reason on stderr, when the gate refused them).
+FILES=$("$PYTHON" -m model_files.artifacts files "$BACKEND") \
+  || die "no archive for BACKEND='$BACKEND' (why: above)"
 mapfile -t FILES <<< "$FILES"
 SERIALIZED="$WEIGHTS_DIR/${FILES[0]}"
 for f in "${FILES[@]/#/$WEIGHTS_DIR/}" "$WEIGHTS_DIR/weights_info.json" "$WEIGHTS_DIR/index_to_name.json"; do
   [ -f "$f" ] || die "missing $f: run 'make weights BACKEND=$BACKEND QUANTIZE=$QUANTIZE' first"
 done
+INT8=$("$PYTHON" -m model_files.artifacts int8 "$BACKEND" "$QUANTIZE" "$WEIGHTS_DIR") \
+  || die "QUANTIZE='$QUANTIZE' (why: above)"
+mapfile -t INT8 <<< "$INT8"
+[ -n "${INT8[0]}" ] || INT8=()
 
 # torch-model-archiver copies a folder given in --extra-files flat into the archive root, so
 # stage one folder holding the handlers/, servecore/ and model_files/ packages and the weight
-# metadata. It also stages in $TMPDIR/<model-name> and deletes that first: give each run a private TMPDIR.
+# metadata. It also stages in $TMPDIR/<model-name> and deletes that first: give each run a
+# private TMPDIR.
 mkdir -p build "$OUT"
 WORK=$(mktemp -d build/archive.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
@@ -67,7 +74,7 @@ ARCHIVER_TMP="$WORK/tmp"
 mkdir -p "$STAGE" "$ARCHIVER_TMP"
 find handlers servecore model_files -name '*.py' -exec cp --parents {} "$STAGE/" \;
 cp "$WEIGHTS_DIR/weights_info.json" "$WEIGHTS_DIR/index_to_name.json" "$STAGE/"
-for f in "${FILES[@]:1}"; do cp "$WEIGHTS_DIR/$f" "$STAGE/"; done
+for f in "${FILES[@]:1}" "${INT8[@]}"; do cp "$WEIGHTS_DIR/$f" "$STAGE/"; done
 # Explanations need gradients, so the PyTorch checkpoint goes in whatever the backend (about
 # 95 MB more in an onnx or torchscript archive; README "Explanations"). EXPLAIN=0 leaves it
 # out: /explanations then answers 501.
@@ -89,5 +96,5 @@ for model in "${MODELS[@]}"; do
   # The archiver names the file after the model; another version must not overwrite the default.
   archive=$("$PYTHON" -m buildsteps.configgen archive-name "$model" "$VERSION")
   mv "$WORK/$model.mar" "$OUT/$archive"
-  echo "archived $OUT/$archive (version $VERSION, backend $BACKEND: ${FILES[*]})"
+  echo "archived $OUT/$archive (version $VERSION, backend $BACKEND: ${FILES[*]} ${INT8[*]})"
 done

@@ -20,7 +20,8 @@ import yaml
 
 from bench.layout import REPO
 from buildsteps.configgen import VERSION, archive_name
-from model_files.artifacts import DEFAULT_QUANTIZE, INFO, backend_of, built_quantize, read_manifest
+from model_files.artifacts import (DEFAULT_QUANTIZE, INFO, archive_quantize, backend_of,
+                                   read_manifest)
 
 
 @dataclass(frozen=True)
@@ -40,12 +41,13 @@ class ArchiveInfo:
     def read(cls, path: Path) -> "ArchiveInfo":
         with zipfile.ZipFile(path) as mar:
             manifest = read_manifest(mar)
+            quantize = archive_quantize(mar.namelist())
             weights = json.loads(mar.read(INFO))
             config_file = manifest.get("configFile")
             config = yaml.safe_load(mar.read(config_file)) if config_file else {}
         serialized = manifest["serializedFile"]
         return cls(path, manifest["modelName"], manifest.get("modelVersion", VERSION),
-                   backend_of(serialized), built_quantize(serialized), weights, config or {})
+                   backend_of(serialized), quantize, weights, config or {})
 
 
 def variant_config(base_yaml: Path, batch_size: int, max_batch_delay: int, workers: int) -> dict:

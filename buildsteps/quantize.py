@@ -1,15 +1,20 @@
 """int8 OpenVINO IR by NNCF post-training quantisation, written only if it agrees with float32.
 
     python -m buildsteps.quantize [--weights build/weights] [--calibration build/samples]
-                                   [--heldout build/heldout] [--gate config/int8_gate.yaml]
+                                   [--heldout build/heldout | --gate-photos YOUR_FOLDER]
+                                   [--gate config/int8_gate.yaml] [--allow-refusal]
 
 Calibrates on the photos in ``--calibration`` (as they are, then random crops, flips, colour
 jitter of them: ``--size`` tensors in all), compares the int8 model with the float32 IR (run
 with f32 precision) on the photos in ``--heldout`` (as they are and mirrored, plus augmentations
 of the calibration photos with another seed), and writes ``resnet50_dual_int8.xml``/``.bin``
 and ``resnet50_dual_int8.fidelity.json`` (the figures, the thresholds, the photo counts) only
-when every figure meets its threshold in ``--gate``. Below threshold it writes nothing and
-exits 1 naming the figures that failed.
+when every figure meets its threshold in ``--gate``. Below threshold it writes no model, leaves
+``resnet50_dual_int8.refused.json`` (what failed; archive.sh then packs no int8 and says why)
+and exits 1 naming the figures that failed, or 0 with ``--allow-refusal`` (``make``: a refusal
+is an answer, not a broken build). ``--gate-photos`` judges on your own photos instead of
+``--heldout`` (every image under the folder, class subfolders included; ``make weights
+GATE_PHOTOS=dir``). Up to date (the same checkpoint, thresholds and photos): nothing is done.
 
 The figures compare int8 with float32 on the same weights: they bound what quantisation
 changes, not the model's accuracy. With untrained (seeded) weights every photo gets nearly the
@@ -20,6 +25,7 @@ accuracy of the archive against your labels as well.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -32,7 +38,8 @@ import torch
 import yaml
 from PIL import Image, ImageEnhance, ImageOps
 
-from model_files.artifacts import QUANTIZED, checkpoint_sha256, companions, fidelity_record
+from model_files.artifacts import (QUANTIZED, checkpoint_sha256, companions, fidelity_record,
+                                   refusal_record)
 from servecore.backends import load_backend
 from servecore.precision import agreement, failures
 from model_files.resnet_dual import WEIGHTS
@@ -40,23 +47,47 @@ from model_files.resnet_dual import WEIGHTS
 TARGET = QUANTIZED[("openvino", "int8")]
 GATE = Path(__file__).resolve().parent.parent / "config" / "int8_gate.yaml"
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
+MAX_GATE_PHOTOS = 1000  # of a user's folder, evenly spread: the gate runs both models on each
 
 
 class FidelityError(RuntimeError):
-    """The int8 model disagrees with float32 beyond the gate's thresholds."""
+    """The int8 model disagrees with float32 beyond the gate's thresholds (``figures``)."""
+
+    def __init__(self, message: str, figures: dict) -> None:
+        super().__init__(message)
+        self.figures = figures
 
 
-def load_photos(folder: Path) -> list[Image.Image]:
-    """Every image file directly in ``folder`` (sorted by name), as RGB."""
-    paths = sorted(p for p in Path(folder).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+def photo_paths(folder: Path, recursive: bool = False) -> list[Path]:
+    """The image files in ``folder`` (and its subfolders when ``recursive``), sorted."""
+    found = Path(folder).rglob("*") if recursive else Path(folder).iterdir()
+    paths = sorted(p for p in found if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
     if not paths:
         raise FileNotFoundError(f"no photos ({', '.join(IMAGE_SUFFIXES)}) in {folder}")
+    return paths
+
+
+def load_photos(paths: list[Path]) -> list[Image.Image]:
+    """The photos at ``paths``, as RGB, upright."""
     photos = []
     for path in paths:
         with Image.open(path) as image:
             image.draft("RGB", (1024, 1024))  # 12 MP JPEGs: decode at 1/4 in the DCT
             photos.append(ImageOps.exif_transpose(image).convert("RGB"))
     return photos
+
+
+def spread(paths: list[Path], at_most: int) -> list[Path]:
+    """At most ``at_most`` of ``paths``, evenly spread over the sorted list."""
+    if len(paths) <= at_most:
+        return paths
+    return [paths[i * len(paths) // at_most] for i in range(at_most)]
+
+
+def photo_set_id(paths: list[Path]) -> str:
+    """What identifies a set of gate photos between builds: names and sizes."""
+    listing = "\n".join(f"{p.name} {p.stat().st_size}" for p in paths)
+    return hashlib.sha256(listing.encode()).hexdigest()[:16]
 
 
 def augment(image: Image.Image, rng: np.random.Generator) -> Image.Image:
@@ -139,10 +170,10 @@ def quantize(weights_dir: Path, calibration: list[Image.Image], heldout: list[Im
         failed = failures(figures, thresholds)
         if failed:
             raise FidelityError(
-                f"int8 model refused: {'; '.join(failed)} (against float32 on "
-                f"{figures['photos']} held-apart photos). Nothing written. Calibrate on photos "
-                "like the ones you serve (--calibration), or keep BACKEND=openvino at "
-                "precision auto/f32.")
+                f"int8 model refused by the fidelity gate: {'; '.join(failed)} (against "
+                f"float32 on {figures['photos']} held-apart photos); the archives carry no "
+                "int8. Calibrate on photos like the ones you serve (--calibration), or judge "
+                "on your own (GATE_PHOTOS=dir).", figures)
         record = {
             "precision": "int8", "method": "NNCF post-training quantisation, MINMAX ranges",
             "nncf": nncf.__version__, "openvino": ov.get_version(),
@@ -158,6 +189,13 @@ def quantize(weights_dir: Path, calibration: list[Image.Image], heldout: list[Im
     return weights_dir / TARGET
 
 
+def _clear(weights_dir: Path) -> None:
+    """Remove a former int8 IR, its record or its refusal: a new attempt replaces them all,
+    so a refusal never leaves an older model behind."""
+    for name in [TARGET, *companions(TARGET), refusal_record(TARGET)]:
+        (weights_dir / name).unlink(missing_ok=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--weights", type=Path, default=Path("build/weights"))
@@ -165,24 +203,45 @@ def main(argv: list[str] | None = None) -> int:
                         help="folder of photos like the ones you serve")
     parser.add_argument("--heldout", type=Path, default=Path("build/heldout"),
                         help="folder of other photos, never calibrated on")
+    parser.add_argument("--gate-photos", type=Path, default=None,
+                        help="judge on your own photos: every image under this folder")
     parser.add_argument("--gate", type=Path, default=GATE, help="thresholds (YAML)")
     parser.add_argument("--size", type=int, default=200, help="calibration tensors")
+    parser.add_argument("--allow-refusal", action="store_true",
+                        help="a refusal by the gate exits 0 (the archives then carry no int8)")
     args = parser.parse_args(argv)
     target, record_path = args.weights / TARGET, args.weights / fidelity_record(TARGET)
+    refused_path = args.weights / refusal_record(TARGET)
     thresholds = yaml.safe_load(args.gate.read_text())["thresholds"]
-    if target.is_file() and record_path.is_file():
-        built = json.loads(record_path.read_text())
-        if (built["checkpoint_sha256"], built["thresholds"]) == (
-                checkpoint_sha256(args.weights), thresholds):
-            return 0  # up to date
+    heldout = (spread(photo_paths(args.gate_photos, recursive=True), MAX_GATE_PHOTOS)
+               if args.gate_photos else photo_paths(args.heldout))
+    key = {"checkpoint_sha256": checkpoint_sha256(args.weights), "thresholds": thresholds,
+           "gate_photos": photo_set_id(heldout)}
+    for path in (record_path, refused_path):
+        if path.is_file() and {k: json.loads(path.read_text()).get(k) for k in key} == key:
+            return _report(path, args.allow_refusal)  # up to date
+    _clear(args.weights)
     try:
-        quantize(args.weights, load_photos(args.calibration), load_photos(args.heldout),
-                 thresholds, args.size)
+        quantize(args.weights, load_photos(photo_paths(args.calibration)),
+                 load_photos(heldout), thresholds, args.size)
     except FidelityError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    record = json.loads(record_path.read_text())
-    print(f"quantised: {target} {json.dumps(record['fidelity_vs_f32'])}")
+        refused_path.write_text(json.dumps({**key, "refused": str(error),
+                                            "fidelity_vs_f32": error.figures}, indent=2) + "\n")
+    else:
+        record = json.loads(record_path.read_text())
+        record_path.write_text(json.dumps({**record, **key}, indent=2) + "\n")
+    return _report(record_path if target.is_file() else refused_path, args.allow_refusal)
+
+
+def _report(path: Path, allow_refusal: bool) -> int:
+    record = json.loads(path.read_text())
+    if "refused" in record:
+        print(f"int8: {record['refused']}", file=sys.stderr)
+        return 0 if allow_refusal else 1
+    figures = {k: round(v, 4) if isinstance(v, float) else v
+               for k, v in record["fidelity_vs_f32"].items()}
+    print(f"int8: {TARGET} passed the fidelity gate against float32 (quantised in "
+          f"{record['build_s']} s): {json.dumps(figures)}")
     return 0
 
 

@@ -29,12 +29,13 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from buildsteps.configgen import REPO, VERSION, archive_name, local_config, repo_models
 from devtools.server import rewrite_properties
-from model_files.artifacts import backend_of, built_quantize, read_manifest
+from model_files.artifacts import archive_quantize, backend_of, read_manifest
 
 NAME = "resnet50-serve"
 SERVER_PROPERTIES = REPO / "kserve" / "runtime" / "server.properties"
@@ -84,11 +85,12 @@ def _copy_archives(store: Path, models: list[str], version: str, source: Path) -
         return
     # Another version: the same handler, weights and configs, archived under that version with
     # the backend and QUANTIZE the store's archives were built with.
-    serialized = read_manifest(built[0])["serializedFile"]
+    with zipfile.ZipFile(built[0]) as mar:
+        serialized, quantize = read_manifest(mar)["serializedFile"], archive_quantize(
+            mar.namelist())
     subprocess.run([str(REPO / "archive.sh")], cwd=REPO, check=True,
                    env=dict(os.environ, VERSION=version, OUT=str(store),
-                            BACKEND=backend_of(serialized),
-                            QUANTIZE=built_quantize(serialized)))
+                            BACKEND=backend_of(serialized), QUANTIZE=quantize))
 
 
 def build(out: Path = REPO / "build" / "kserve", device: str = "cpu", version: str = VERSION,

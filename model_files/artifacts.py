@@ -2,8 +2,11 @@
 rule for when a file made from the checkpoint is current.
 
     python -m model_files.artifacts serialized onnx     # prints resnet50_dual.onnx
-    python -m model_files.artifacts files openvino int8 # the int8 IR, then its companions
-    python -m model_files.artifacts defaults            # prints "openvino none"
+    python -m model_files.artifacts files openvino      # the float IR, then its .bin
+    python -m model_files.artifacts int8 openvino int8 build/weights
+                                                        # the int8 files to pack beside it, if
+                                                        # they passed the gate (else: why not)
+    python -m model_files.artifacts defaults            # prints "openvino int8"
 
 (``archive.sh`` and the Makefile ask this way, so the tables below are the only place that names
 the files and the build's defaults. Standard library only: make asks before the venv exists.)
@@ -28,26 +31,49 @@ SERIALIZED = {
     "onnx": "resnet50_dual.onnx",
     "openvino": "resnet50_dual.xml",  # OpenVINO IR: graph; its weights are the .bin beside it
 }
-# (backend, QUANTIZE) -> a serialized file whose weights are quantised at build time
-# (buildsteps/quantize.py); without it the precision is chosen when the model is compiled.
+# (backend, QUANTIZE) -> the quantised file an archive carries beside ``SERIALIZED[backend]``
+# (buildsteps/quantize.py writes it only when it passes the fidelity gate); ``auto`` measures
+# it against the float file of the same weights.
 QUANTIZED = {("openvino", "int8"): "resnet50_dual_int8.xml"}
 # The build's choices (BACKEND, QUANTIZE of archive.sh and make) and their defaults.
 DEFAULT_BACKEND = "openvino"  # the fastest on CPU: bf16 where the CPU has it
 QUANTIZE = ("none", "int8")
-DEFAULT_QUANTIZE = "none"  # int8 must first pass buildsteps/quantize.py's fidelity gate
+# int8 where the backend has it (OpenVINO) and the gate passes; else the archive has none.
+DEFAULT_QUANTIZE = "int8"
 # The runtime choice, handler.precision in config/models/*.yaml.
 PRECISIONS = ("auto", "f32", "bf16", "int8")
 
 
-def serialized(backend: str, quantize: str = DEFAULT_QUANTIZE) -> str:
-    """The file an archive for ``backend`` built with ``quantize`` carries."""
+def serialized(backend: str) -> str:
+    """The model file an archive for ``backend`` names in its manifest (float32 weights)."""
+    return SERIALIZED[backend]
+
+
+def quantized(backend: str, quantize: str) -> str | None:
+    """The quantised file an archive for ``backend`` built with ``quantize`` adds, or None
+    (``none``, or a backend without one: QUANTIZE applies to OpenVINO only)."""
     if quantize not in QUANTIZE:
         raise ValueError(f"QUANTIZE must be one of {QUANTIZE}, got {quantize!r}")
-    if quantize == "none":
-        return SERIALIZED[backend]
-    if (backend, quantize) not in QUANTIZED:
-        raise ValueError(f"QUANTIZE={quantize} needs BACKEND=openvino, got {backend!r}")
-    return QUANTIZED[(backend, quantize)]
+    return QUANTIZED.get((backend, quantize))
+
+
+def int8_to_pack(weights_dir: Path, backend: str, quantize: str) -> tuple[list[str], str]:
+    """The quantised files an archive should carry from ``weights_dir`` (the IR, its .bin and
+    its fidelity record), or ``[]`` and why not: not asked for, refused by the gate, not built,
+    or built from other weights."""
+    name = quantized(backend, quantize)
+    if name is None:
+        return [], (f"no int8: QUANTIZE={quantize}" if quantize == "none" else
+                    f"no int8: QUANTIZE=int8 applies to BACKEND=openvino, not {backend}")
+    record, refused = weights_dir / fidelity_record(name), weights_dir / refusal_record(name)
+    checkpoint = checkpoint_sha256(weights_dir)
+    if refused.is_file() and json.loads(refused.read_text())["checkpoint_sha256"] == checkpoint:
+        return [], f"no int8: {json.loads(refused.read_text())['refused']}"
+    if not (weights_dir / name).is_file() or not record.is_file():
+        return [], f"no int8 in {weights_dir}: run 'make weights' (buildsteps/quantize.py)"
+    if json.loads(record.read_text())["checkpoint_sha256"] != checkpoint:
+        return [], f"no int8: {name} in {weights_dir} was made from other weights"
+    return [name, *companions(name)], ""
 
 
 def companions(serialized_file: str) -> list[str]:
@@ -67,6 +93,11 @@ def fidelity_record(serialized_file: str) -> str:
     return Path(serialized_file).with_suffix(".fidelity.json").name
 
 
+def refusal_record(serialized_file: str) -> str:
+    """The JSON left where a quantised IR would be when the fidelity gate refused it."""
+    return Path(serialized_file).with_suffix(".refused.json").name
+
+
 def read_manifest(mar: Path | zipfile.ZipFile) -> dict:
     """The ``model`` section of an archive's ``MAR-INF/MANIFEST.json`` (modelName,
     modelVersion, serializedFile, handler, ...); ``mar`` a path or an open archive."""
@@ -81,10 +112,10 @@ def is_quantised(serialized_file: str) -> bool:
     return Path(serialized_file).name in QUANTIZED.values()
 
 
-def built_quantize(serialized_file: str) -> str:
-    """``archive.sh``'s QUANTIZE for an archive carrying ``serialized_file``: ``int8`` for a
-    quantised file, else ``none``."""
-    return "int8" if is_quantised(serialized_file) else "none"
+def archive_quantize(names) -> str:
+    """``archive.sh``'s QUANTIZE for an archive holding the files ``names``: ``int8`` when it
+    carries a quantised file, else ``none``."""
+    return "int8" if any(Path(n).name in QUANTIZED.values() for n in names) else "none"
 
 
 def backend_of(serialized_file: str) -> str:
@@ -124,10 +155,19 @@ class ModelFiles:
         return self.folder / CHECKPOINT
 
     @property
+    def int8(self) -> Path | None:
+        """The int8 model file in the folder (the serialized one itself, or the one carried
+        beside it), None when there is none."""
+        if is_quantised(self.serialized):
+            return self.folder / self.serialized
+        name = QUANTIZED.get((self.backend, "int8"))
+        return self.folder / name if name and (self.folder / name).is_file() else None
+
+    @property
     def quantization(self) -> dict | None:
-        """The fidelity record of a quantised serialized file (None for a float one)."""
-        record = self.folder / fidelity_record(self.serialized)
-        return json.loads(record.read_text()) if record.is_file() else None
+        """The int8 model's fidelity record (None when the folder has no int8 model)."""
+        record = self.int8 and self.int8.with_name(fidelity_record(self.int8.name))
+        return json.loads(record.read_text()) if record and record.is_file() else None
 
 
 def load_labels(path: Path) -> list[str]:
@@ -165,23 +205,30 @@ def mark_current(target: Path, source_sha256: str) -> None:
     _stamp(target).write_text(source_sha256 + "\n")
 
 
+USAGE = (f"usage: python -m model_files.artifacts defaults | serialized BACKEND | files BACKEND"
+         f" | int8 BACKEND QUANTIZE WEIGHTS_DIR   (BACKEND: {', '.join(SERIALIZED)}; "
+         f"QUANTIZE: {', '.join(QUANTIZE)})")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if args == ["defaults"]:
+    command, rest = (args[0], args[1:]) if args else ("", [])
+    arity = {"defaults": 0, "serialized": 1, "files": 1, "int8": 3}
+    if arity.get(command) != len(rest) or rest[:1] and rest[0] not in SERIALIZED:
+        print(USAGE, file=sys.stderr)
+        return 2
+    if command == "defaults":
         print(DEFAULT_BACKEND, DEFAULT_QUANTIZE)
-        return 0
-    if (len(args) not in (2, 3) or args[0] not in ("serialized", "files")
-            or args[1] not in SERIALIZED or args[2:3] and args[2] not in QUANTIZE):
-        print(f"usage: python -m model_files.artifacts serialized|files "
-              f"{{{','.join(SERIALIZED)}}} [{{{','.join(QUANTIZE)}}}] | defaults",
-              file=sys.stderr)
-        return 2
-    try:
-        name = serialized(*args[1:])
-    except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    print("\n".join([name, *companions(name)]) if args[0] == "files" else name)
+    elif command == "int8":
+        try:
+            files, why_not = int8_to_pack(Path(rest[2]), rest[0], rest[1])
+        except (ValueError, OSError, KeyError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        print("\n".join(files) if files else why_not, file=sys.stdout if files else sys.stderr)
+    else:
+        name = serialized(rest[0])
+        print("\n".join([name, *companions(name)]) if command == "files" else name)
     return 0
 
 

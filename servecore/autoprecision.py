@@ -238,9 +238,17 @@ def serving_backend(files: ModelFiles, config: HandlerConfig, device: torch.devi
         (only,) = loaders.values()
         return only(), Choice("f32", f"the only precision {kind} runs on {device.type}",
                               tuple(Candidate(n, excluded=why) for n, why in excluded.items()))
+    path = files.folder / files.serialized
+    if precision == "int8":
+        if files.int8 is None:
+            raise ValueError(f"handler.precision is int8 but this archive carries no int8 "
+                             f"model beside {files.serialized}: build it with QUANTIZE=int8 "
+                             "(the default, BACKEND=openvino) and check the build's fidelity "
+                             "gate verdict (make weights)")
+        path = files.int8
     return explicit(precision, partial(
-        load_backend, kind, files.folder / files.serialized, device, options,
-        "auto" if precision == "f16" else precision, batch_sizes), store)
+        load_backend, kind, path, device, options, "auto" if precision == "f16" else precision,
+        batch_sizes), store)
 
 
 def _key(identity: dict) -> str:

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from devtools.samples import photo
-from model_files.artifacts import SERIALIZED, built_quantize, fidelity_record, serialized
+from model_files.artifacts import (QUANTIZED, SERIALIZED, archive_quantize, fidelity_record,
+                                   serialized)
 from buildsteps.export import export
 from tests.handler_context import make_handler, run_batch
 from tests.reference import rel_error, tolerance
@@ -96,17 +97,19 @@ def test_an_explicit_precision_is_not_measured(weights_dir, ir, photos):
     assert (choice["requested"], choice["choice"], choice["measured"]) == ("f32", "f32", False)
 
 
-def test_int8_needs_a_quantised_archive(weights_dir, ir):
-    with pytest.raises(ValueError, match="QUANTIZE=int8"):
-        make_handler(weights_dir, serialized=ir.name, precision="int8")
+def test_int8_needs_an_archive_carrying_the_int8_ir(weights_dir, ir, tmp_path):
+    for name in ("resnet50.pt", "weights_info.json", "index_to_name.json", ir.name,
+                 ir.with_suffix(".bin").name):
+        shutil.copy(weights_dir / name, tmp_path)
+    with pytest.raises(ValueError, match="carries no int8 model .* QUANTIZE=int8"):
+        make_handler(tmp_path, serialized=ir.name, precision="int8")
 
 
-def test_an_archives_file_tells_its_build_quantize():
+def test_an_archives_files_tell_its_build_quantize():
     """What the sweep rebuilds an archive with: an int8 tagger must stay int8."""
-    assert built_quantize(serialized("openvino", "int8")) == "int8"
+    assert archive_quantize(["resnet50_dual.xml", QUANTIZED[("openvino", "int8")]]) == "int8"
     for backend in SERIALIZED:
-        assert built_quantize(serialized(backend, "none")) == "none"
-        assert serialized(backend) == serialized(backend, "none")
+        assert archive_quantize([serialized(backend), "weights_info.json"]) == "none"
 
 
 @pytest.fixture(scope="module")
@@ -178,3 +181,36 @@ def test_auto_weighs_a_gated_int8_ir_beside_the_float32_one(int8_dir, photos):
                         precision_cache="off")
     excluded = {c["precision"]: c["excluded"] for c in refused["precision_choice"]["candidates"]}
     assert excluded["int8+f32"] == "handler.auto_int8 is false"
+
+
+def test_a_refusal_is_remembered_and_the_archive_says_why(weights_dir, ir, tmp_path):
+    """The build's path (``make weights``): a refused int8 leaves a record instead of a model,
+    ``--allow-refusal`` keeps the build going, archive.sh packs no int8 and says why, and the
+    next build does not quantise again for the same weights, thresholds and photos."""
+    from buildsteps.quantize import TARGET, main
+    from model_files.artifacts import int8_to_pack, refusal_record
+
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    for name in ("resnet50.pt", "weights_info.json", "index_to_name.json", ir.name,
+                 ir.with_suffix(".bin").name):
+        shutil.copy(weights_dir / name, folder)
+    (folder / TARGET).write_text("a stale int8 IR from earlier weights")
+    gate = tmp_path / "gate.yaml"
+    gate.write_text("thresholds:\n  embedding_cosine_min: 1.01\n")
+    calibration, heldout = tmp_path / "calibration", tmp_path / "heldout"
+    for where, names in ((calibration, ("chelsea", "coffee")), (heldout, ("rocket",))):
+        where.mkdir()
+        for name in names:
+            photo(name).convert("RGB").save(where / f"{name}.png")
+    argv = ["--weights", str(folder), "--gate", str(gate), "--size", str(SMALL),
+            "--calibration", str(calibration), "--heldout", str(heldout)]
+    assert main(argv + ["--allow-refusal"]) == 0
+    refused = folder / refusal_record(TARGET)
+    assert not (folder / TARGET).exists(), "the stale IR must not survive a refusal"
+    assert "embedding_cosine_min" in json.loads(refused.read_text())["refused"]
+    files, why = int8_to_pack(folder, "openvino", "int8")
+    assert files == [] and why.startswith("no int8: int8 model refused by the fidelity gate")
+    written = refused.stat().st_mtime_ns
+    assert main(argv) == 1  # up to date: the same verdict, without quantising again
+    assert refused.stat().st_mtime_ns == written

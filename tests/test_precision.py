@@ -169,6 +169,35 @@ def test_measure_times_every_candidate_and_judges_fidelity():
     assert select(candidates).precision == "bf16"
 
 
+def four(int8_noise: float = 0.0) -> dict:
+    """An archive with the float and the int8 IR on a host with bf16 units (issue #27)."""
+    return {"f32": fake("f32", 40), "bf16": fake("bf16", 20),
+            "int8+f32": fake("int8+f32", 10, noise=int8_noise),
+            "int8+bf16": fake("int8+bf16", 9.5, noise=int8_noise)}
+
+
+def test_auto_weighs_four_candidates_against_f32_and_picks_a_faithful_int8():
+    candidates, _ = autoprecision.measure(autoprecision.Candidates(four(), {}, (1, 4)),
+                                          budget_s=0.5)
+    by_name = {c.precision: c for c in candidates}
+    assert by_name["f32"].fidelity is None  # the reference: every other is judged against it
+    assert all(by_name[n].fidelity["embedding_cosine_min"] > 0.999
+               for n in ("bf16", "int8+f32", "int8+bf16"))
+    choice = select(candidates)
+    # int8+bf16 is within the margin of int8+f32, which is more precise: the tie goes to it.
+    assert choice.precision == "int8+f32" and "more precise" in choice.reason
+
+
+def test_an_int8_that_fails_fidelity_is_never_served():
+    candidates, _ = autoprecision.measure(
+        autoprecision.Candidates(four(int8_noise=10.0), {}, (1, 4)), budget_s=0.5)
+    by_name = {c.precision: c for c in candidates}
+    for name in ("int8+f32", "int8+bf16"):
+        assert by_name[name].excluded.startswith("against f32 on the probe: embedding_cosine")
+    for previous in (None, "int8+f32", "int8+bf16"):
+        assert select(candidates, previous=previous).precision == "bf16"
+
+
 def test_the_probe_is_the_same_on_every_start():
     assert torch.equal(autoprecision.probe_batch(4), autoprecision.probe_batch(4))
     assert autoprecision.probe_batch(4).shape == (4, 3, 224, 224)

@@ -256,3 +256,36 @@ def test_hostile_requests_in_a_full_batch_hurt_no_one(slow_batching_server, sing
     # far below the 120 s responseTimeout.
     assert elapsed < 60, elapsed
     assert _worker_pids(ts) == pids
+
+
+# ------------------------------------------------------------------------------- precision
+
+
+def test_every_answer_says_which_precision_computed_it(torchserve):
+    """``X-Precision`` on every protocol and on explanations, equal to what describe reports
+    (issue #27: replicas that chose differently are told apart by their answers)."""
+    base, headers = torchserve.inference_url, torchserve.keys.inference_headers()
+    image = IMAGES[0]
+    calls = {
+        "raw": lambda m: requests.post(f"{base}/predictions/{m}", data=image, headers=headers,
+                                       timeout=120),
+        "multipart": lambda m: requests.post(f"{base}/predictions/{m}", headers=headers,
+                                             files={"data": ("a.jpg", image)}, timeout=120),
+        "v1": lambda m: requests.post(f"{base}/v1/models/{m}:predict", headers=headers,
+                                      json={"instances": [{"data": b64(image)}]}, timeout=120),
+        "v2": lambda m: requests.post(f"{base}/v2/models/{m}/infer", headers=headers, json={
+            "inputs": [{"name": "images", "datatype": "BYTES", "shape": [1],
+                        "data": [b64(image)]}]}, timeout=120),
+        "explain": lambda m: requests.post(f"{base}/explanations/{m}", data=image,
+                                           headers=headers, timeout=120),
+    }
+    client = torchserve.client()
+    for model in ("resnet50-embedding", "resnet50-tagger"):
+        served = client.describe(model, customized=True)[0]["customizedMetadata"]["precision"]
+        for name, call in calls.items():
+            response = call(model)
+            assert response.status_code == 200, (name, response.text[:200])
+            assert response.headers["X-Precision"] == served, (model, name)
+    bad = requests.post(f"{base}/predictions/resnet50-tagger", data=b"not an image",
+                        headers=headers, timeout=120)
+    assert bad.status_code == 400 and "X-Precision" not in bad.headers  # nothing computed
