@@ -8,8 +8,9 @@ TorchServe's own log (``logs/ts_log.log``) for the batches of that run:
 * ``backend`` ms per batch: the frontend's "Backend response time", from writing the batch to
   the worker's socket until the answer is read back;
 * ``handler`` ms per batch: the worker's ``HandlerTime`` (our preprocess + inference +
-  postprocess), of which ``decode`` and ``forward`` are our own ``HandlerDecodeMs`` and
-  ``HandlerForwardMs`` metrics;
+  postprocess), of which ``open`` (parsing, image headers, admission), ``decode``,
+  ``forward`` and ``answer`` (encoding) are our own ``HandlerOpenMs``, ``HandlerDecodeMs``,
+  ``HandlerForwardMs`` and ``HandlerAnswerMs`` metrics;
 * ``transport`` = backend - handler: the batch through the Unix socket both ways and the
   worker's message parsing (TorchServe's Python ``_retrieve_buffer`` reading the bodies);
 * ``worker busy``: the share of the run's wall time the worker spent on batches (backend ms);
@@ -17,7 +18,9 @@ TorchServe's own log (``logs/ts_log.log``) for the batches of that run:
 * ``outside`` (one client only) = client p50 - backend p50: HTTP upload, frontend parsing,
   queueing and the answer's way back;
 * CPU ms per image of each side: the load generator (this process), the Java frontend and the
-  worker(s), from their CPU times over the run: where the cores went.
+  worker(s), from their CPU times over the run: where the cores went;
+* ``of raw``: img/s against the raw forward of the precision the tagger serves (describe), at
+  its batchSize, measured in this process after the servers stopped.
 
 Writes ``results/ingestion.{md,json}``; prints the Markdown. Every server is stopped.
 """
@@ -35,12 +38,13 @@ from typing import Iterable
 
 import javaproperties
 import psutil
+import torch
 
-from bench import machine, report
+from bench import machine, raw, report
 from bench.archives import ArchiveInfo
 from bench.batchlog import request_ids, settled_log
-from bench.layout import (BUILD, IMAGES, MODEL_STORE, RESULTS, SAMPLES, TAGGER, fresh_dir,
-                          setup_cli)
+from bench.layout import (BUILD, IMAGES, MODEL_STORE, RESULTS, SAMPLES, TAGGER, WEIGHTS,
+                          fresh_dir, setup_cli)
 from bench.loadgen import closed_loop
 from bench.serving import LoadPlan, ModelUnderTest
 from bench.stats import percentile, summarize
@@ -66,7 +70,9 @@ QUICK = replace(PLAN, warmup_s=0.5, closed_s=1.5)
 
 _BACKEND = re.compile(r"(?P<worker>W-\d+-(?P<model>[^ ]+?)_[^ ]+) org\.pytorch\.serve\.wlm\."
                       r"WorkerThread - Backend response time: (?P<ms>\d+)")
-_METRIC = re.compile(r"\[METRICS\](?P<name>HandlerTime|HandlerDecodeMs|HandlerForwardMs)"
+_STAGES = {"HandlerTime": "handler", "HandlerOpenMs": "open", "HandlerDecodeMs": "decode",
+           "HandlerForwardMs": "forward", "HandlerAnswerMs": "answer"}
+_METRIC = re.compile(rf"\[METRICS\](?P<name>{'|'.join(_STAGES)})"
                      r"\.Milliseconds:(?P<ms>[\d.]+)\|#ModelName:(?P<model>[^,|]+)")
 
 
@@ -77,7 +83,7 @@ def batch_times(lines: Iterable[str], model: str) -> dict[str, list]:
     is its model load, not a batch. The frontend writes each log line twice (two appenders),
     not always next to each other; a line seen before is counted once (each carries a
     millisecond timestamp and a worker, HandlerTime also request ids)."""
-    times: dict[str, list] = {"backend": [], "handler": [], "decode": [], "forward": [],
+    times: dict[str, list] = {"backend": [], **{key: [] for key in _STAGES.values()},
                               "ids": []}
     seen: set[str] = set()
     loaded: set[str] = set()
@@ -93,8 +99,7 @@ def batch_times(lines: Iterable[str], model: str) -> dict[str, list]:
             continue
         metric = _METRIC.search(line)
         if metric and metric.group("model") == model:
-            key = {"HandlerTime": "handler", "HandlerDecodeMs": "decode",
-                   "HandlerForwardMs": "forward"}[metric.group("name")]
+            key = _STAGES[metric.group("name")]
             times[key].append(float(metric.group("ms")))
             if key == "handler":
                 times["ids"].append(tuple(request_ids(line)))
@@ -118,7 +123,7 @@ def _mean(values: list[float]) -> float:
 
 def split(times: dict[str, list[float]], wall_s: float) -> dict:
     """Means per batch, the transport share and how busy the worker was."""
-    means = {key: _mean(times[key]) for key in ("backend", "handler", "decode", "forward")}
+    means = {key: _mean(times[key]) for key in ("backend", *_STAGES.values())}
     return {"batches": len(times["backend"]),
             **{f"{key}_ms": value for key, value in means.items()},
             "transport_ms": means["backend"] - means["handler"],
@@ -144,13 +149,15 @@ def cpu_seconds(server: LocalTorchServe) -> dict[str, float]:
 
 def measure_variant(name: str, overrides: dict[str, str], images: dict[str, bytes],
                     plan: LoadPlan, round_: int) -> list[dict]:
-    """Start the tagger alone with ``overrides``, and measure each image and client count."""
+    """Start the tagger alone with ``overrides``, and measure each image and client count
+    (each row also says what the worker served: describe's backend and precision)."""
     workdir = fresh_dir(BUILD / "ingestion" / f"round{round_}-{list(VARIANTS).index(name)}")
     server = LocalTorchServe(workdir, MODEL_STORE, load_models=[f"{TAGGER}.mar"],
                              properties=overrides)
     rows = []
     try:
         server.start()
+        served = server.client().describe(TAGGER, customized=True)[0]["customizedMetadata"]
         log_file = workdir / "logs" / "ts_log.log"
         model = ModelUnderTest(server, TAGGER, batches_from_log=False, plan=plan)
         for image, body in images.items():
@@ -179,12 +186,26 @@ def measure_variant(name: str, overrides: dict[str, str], images: dict[str, byte
                 cpu = {f"cpu_{side}_ms": 1000 * (cpu_after[side] - cpu_before[side]) / images_done
                        for side in cpu_after}
                 rows.append({"variant": name, "round": round_, "image": image,
-                             "clients": clients, **stats, **parts, "outside_ms": outside,
+                             "clients": clients, "backend": served["backend"],
+                             "precision": served["precision"], **stats, **parts,
+                             "outside_ms": outside,
                              **cpu, "cores_available_ms": 1000 * wall * (os.cpu_count() or 1)
                              / images_done})
     finally:
         server.stop()
     return rows
+
+
+def raw_forward(served: dict, batch: int, quick: bool) -> dict:
+    """The raw forward of what the worker served (``served``: a row with its backend and
+    precision) at ``batch``, in this process, every server stopped."""
+    label = raw.variant_for(served["backend"], served["precision"])
+    if label is None:
+        raise RuntimeError(f"no raw row runs {served['backend']} at {served['precision']}")
+    budget = replace(raw.Budget(), seconds=0.5, max_iters=5) if quick else raw.Budget(seconds=6)
+    backend = raw.load_variant(WEIGHTS, label)
+    measured = raw.forward_throughput(backend, torch.zeros(3, 224, 224), batch, budget)
+    return {"row": label, "precision": backend.precision, "batch": batch, **measured}
 
 
 def combine(rows: list[dict]) -> list[dict]:
@@ -193,8 +214,9 @@ def combine(rows: list[dict]) -> list[dict]:
     for row in rows:
         grouped.setdefault((row["variant"], row["image"], row["clients"]), []).append(row)
     out = []
-    numeric = ("throughput", "p50_ms", "batch_mean", "backend_ms", "handler_ms", "decode_ms",
-               "forward_ms", "transport_ms", "worker_busy", "outside_ms", "errors",
+    numeric = ("throughput", "p50_ms", "batch_mean", "backend_ms", "handler_ms", "open_ms",
+               "decode_ms", "forward_ms", "answer_ms", "transport_ms", "worker_busy",
+               "outside_ms", "errors",
                "cpu_client_ms", "cpu_frontend_ms", "cpu_worker_ms", "cores_available_ms")
     for (variant, image, clients), group in grouped.items():
         row = {"variant": variant, "image": image, "clients": clients,
@@ -207,14 +229,17 @@ def combine(rows: list[dict]) -> list[dict]:
 
 def markdown(meta: dict, rows: list[dict]) -> str:
     f = report.fmt
-    header = ["variant", "image", "clients", "img/s (per round)", "p50 ms", "batch",
-              "backend ms", "handler ms", "decode ms", "forward ms", "transport ms",
-              "worker busy", "outside ms",
+    raw_rate = meta["raw"]["images_per_s"]
+    header = ["variant", "image", "clients", "img/s (per round)", "of raw", "p50 ms", "batch",
+              "backend ms", "handler ms", "open / decode / forward / answer ms",
+              "transport ms", "worker busy", "outside ms",
               "CPU ms/img client / frontend / worker (of available)", "errors"]
     table = [[r["variant"], r["image"], str(r["clients"]),
               f"{f(r['throughput'])} ({' / '.join(f(t) for t in r['rounds_throughput'])})",
-              f(r["p50_ms"]), f(r["batch_mean"]), f(r["backend_ms"]), f(r["handler_ms"]),
-              f(r["decode_ms"]), f(r["forward_ms"]), f(r["transport_ms"]),
+              f"{r['throughput'] / raw_rate:.2f}x", f(r["p50_ms"]), f(r["batch_mean"]),
+              f(r["backend_ms"]), f(r["handler_ms"]),
+              " / ".join(f(r[k]) for k in ("open_ms", "decode_ms", "forward_ms", "answer_ms")),
+              f(r["transport_ms"]),
               f(r["worker_busy"], 2), f(r["outside_ms"]),
               f"{f(r['cpu_client_ms'], 0)} / {f(r['cpu_frontend_ms'], 0)} / "
               f"{f(r['cpu_worker_ms'], 0)} ({f(r['cores_available_ms'], 0)})",
@@ -224,14 +249,19 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         f"- Date: {meta['machine']['date']}; `{meta['command']}` took {meta['elapsed_s']:.0f} s; "
         f"{meta['rounds']} round(s), variants alternated; {meta['measure_s']:g} s measured per "
         "row after a warm-up.",
-        f"- Machine: {meta['machine']['cpu']}, {meta['machine']['cores']} cores; load average "
+        f"- Machine: {meta['machine']['cpu']}, {meta['machine']['cores']} cores, CPU flags "
+        f"{', '.join(f'{k} {v}' for k, v in meta['machine']['cpu_flags'].items())}; load average "
         f"before {' / '.join(map(str, meta['machine']['loadavg_at_start']))}, after "
         f"{' / '.join(map(str, meta['loadavg_at_end']))}.",
         f"- The tagger archive of `model-store/` (backend {meta['backend']}), alone on its "
         "server, batchSize and maxBatchDelay as shipped; the load generator shares the cores.",
+        f"- Raw forward of what it serves ({meta['raw']['row']}, precision "
+        f"{meta['raw']['precision']}) at batch {meta['raw']['batch']}: "
+        f"{meta['raw']['images_per_s']:.1f} img/s in this process after the servers stopped "
+        "(the \"of raw\" column).",
         "", "Per batch (means): backend = the frontend's \"Backend response time\" (batch "
         "written to the worker until its answer is read), handler = the worker's HandlerTime "
-        "(decode and forward are parts of it), transport = backend - handler (socket both "
+        "(open, decode, forward and answer are parts of it), transport = backend - handler (socket both "
         "ways, TorchServe's message parsing in the worker). Worker busy = backend time / wall "
         "time. Outside (1 client) = client p50 - backend p50 (upload, frontend, answer). "
         "CPU ms per image: the load generator / the Java frontend / the worker, against the "
@@ -266,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
             rows += measure_variant(name, VARIANTS[name], images, plan, round_)
     meta = {"command": " ".join(["python -m bench.ingestion", *(argv or sys.argv[1:])]),
             "machine": machine_info, "backend": f"{archive.backend} (QUANTIZE {archive.quantize})",
+            "raw": raw_forward(rows[0], int(archive.model_config.get("batchSize", 16)),
+                               args.quick),
             "rounds": rounds, "measure_s": plan.closed_s,
             "elapsed_s": time.monotonic() - started,
             "loadavg_at_end": [round(x, 2) for x in os.getloadavg()]}

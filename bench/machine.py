@@ -11,21 +11,12 @@ from pathlib import Path
 
 import psutil
 
+from servecore.host import cpu_model
+
 PACKAGES = ("torch", "torchvision", "onnxruntime", "openvino", "nncf", "torchserve",
             "torch-model-archiver")
 # The CPU features the bf16 and int8 paths use (AMX: the next step up, absent on Zen 4).
 CPU_FLAGS = ("avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")
-
-
-def cpu_model() -> str:
-    """``model name`` from /proc/cpuinfo (falls back to ``platform.processor()``)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def cpu_flags() -> dict[str, bool]:

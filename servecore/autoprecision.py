@@ -42,6 +42,7 @@ import torch
 from model_files.artifacts import ModelFiles
 from servecore.backends import Backend, RuntimeOptions, load_backend, precision_candidates
 from servecore.config import HandlerConfig
+from servecore.host import cpu_model
 from servecore.precision import (FIDELITY_BOUND, Candidate, Choice, agreement, failures,
                                  forced, select)
 
@@ -77,13 +78,7 @@ def cache_file(setting: str, environ=os.environ) -> Path | None:
 
 def host_identity() -> dict:
     """What makes timings comparable between two starts: machine name, CPU model, cores."""
-    cpu = platform.processor()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return {"node": platform.node(), "cpu": cpu, "cores": os.cpu_count()}
+    return {"node": platform.node(), "cpu": cpu_model(), "cores": os.cpu_count()}
 
 
 def probe_batch(size: int, seed: int = 0) -> torch.Tensor:

@@ -90,15 +90,17 @@ class Intake:
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="decode")
 
     def prepare(self, incoming: Sequence[Incoming]) -> PreparedBatch:
+        started = time.perf_counter()
         requests: list[Admitted] = [self.open(request) for request in incoming]
         for budget in self.budgets:
             requests = self.admission.within(requests, budget)
         requests = self.addon.admit(requests, self.admission)
         self.admission.served(requests)
-        started = time.perf_counter()
+        opened = time.perf_counter()
         states, tensors = self._decode(requests)
         return PreparedBatch(tuple(states), torch.stack(tensors) if tensors else None,
-                             decode_ms=1000 * (time.perf_counter() - started))
+                             open_ms=1000 * (opened - started),
+                             decode_ms=1000 * (time.perf_counter() - opened))
 
     def open(self, incoming: Incoming) -> Opened | Failed:
         """Parse one request and read its images' headers."""

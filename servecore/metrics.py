@@ -8,10 +8,11 @@ why, where a batch's time went, what arithmetic the worker serves and how much m
     HandlerBatchesBySize{BatchSize="8"}                 batches of each size (at most batchSize
                                                         label values)
     HandlerErrors{ErrorType="InvalidImage"}             failed requests by error type
-    HandlerDecodeMs, HandlerForwardMs                   wall-clock ms decoding and transforming
-                                                        the batch's images (after parsing and
-                                                        admission) / in the forward pass,
-                                                        summed over batches
+    HandlerOpenMs, HandlerDecodeMs, HandlerForwardMs,   wall-clock ms of each step of a batch,
+    HandlerAnswerMs                                     summed over batches: parsing, reading
+                                                        image headers and admission / decoding
+                                                        and transforming the images / the
+                                                        forward pass / encoding the answers
     HandlerBatchSize, HandlerImagesPerBatch             the same sizes as histograms
     HandlerPrecision{Precision="int8+f32"}              1: the precision this worker serves
     HandlerWorkerRssMB{WorkerPid="1234"}                the worker's resident memory, MiB
@@ -40,7 +41,8 @@ class Kind(enum.Enum):
 BATCH_METRIC, IMAGES_METRIC = "HandlerBatchSize", "HandlerImagesPerBatch"
 BATCHES, REQUESTS, IMAGES = "HandlerBatches", "HandlerRequests", "HandlerImages"
 BY_SIZE, ERRORS = "HandlerBatchesBySize", "HandlerErrors"
-DECODE_MS, FORWARD_MS = "HandlerDecodeMs", "HandlerForwardMs"
+OPEN_MS, DECODE_MS = "HandlerOpenMs", "HandlerDecodeMs"
+FORWARD_MS, ANSWER_MS = "HandlerForwardMs", "HandlerAnswerMs"
 PRECISION, WORKER_RSS = "HandlerPrecision", "HandlerWorkerRssMB"
 
 # Every metric: its kind and the dimensions it adds to the model's own (ModelName, Level).
@@ -52,8 +54,10 @@ METRICS: dict[str, tuple[Kind, tuple[str, ...]]] = {
     IMAGES: (Kind.COUNTER, ()),
     BY_SIZE: (Kind.COUNTER, ("BatchSize",)),
     ERRORS: (Kind.COUNTER, ("ErrorType",)),
+    OPEN_MS: (Kind.COUNTER, ()),
     DECODE_MS: (Kind.COUNTER, ()),
     FORWARD_MS: (Kind.COUNTER, ()),
+    ANSWER_MS: (Kind.COUNTER, ()),
     PRECISION: (Kind.GAUGE, ("Precision",)),
     WORKER_RSS: (Kind.GAUGE, ("WorkerPid",)),
 }
@@ -83,10 +87,11 @@ class BatchMetrics:
         self.process = psutil.Process()
         self.pid = str(os.getpid())
 
-    def batch(self, requests: int, images: int, decode_ms: float) -> None:
+    def batch(self, requests: int, images: int, open_ms: float, decode_ms: float) -> None:
         """One batch: ``requests`` requests carrying ``images`` good images."""
         for name, value in ((BATCH_METRIC, requests), (IMAGES_METRIC, images), (BATCHES, 1),
-                            (REQUESTS, requests), (IMAGES, images), (DECODE_MS, decode_ms)):
+                            (REQUESTS, requests), (IMAGES, images), (OPEN_MS, open_ms),
+                            (DECODE_MS, decode_ms)):
             self.sink.add(name, value)
         self.sink.add(BY_SIZE, 1, (str(requests),))
         self.sink.add(PRECISION, 1, (self.precision,))
@@ -94,6 +99,9 @@ class BatchMetrics:
 
     def forward(self, forward_ms: float) -> None:
         self.sink.add(FORWARD_MS, forward_ms)
+
+    def answer(self, answer_ms: float) -> None:
+        self.sink.add(ANSWER_MS, answer_ms)
 
     def errors(self, error_types: Iterable[str]) -> None:
         """The failed requests of one batch, by error type (``InvalidImage``, ...)."""

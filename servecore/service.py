@@ -100,7 +100,7 @@ class ImageModel:
         into one CPU tensor. Whatever goes wrong fails its own request only."""
         batch = self.intake.prepare(incoming)
         self.metrics.batch(len(incoming), 0 if batch.pixels is None else len(batch.pixels),
-                           batch.decode_ms)
+                           batch.open_ms, batch.decode_ms)
         return batch
 
     def infer(self, batch: PreparedBatch) -> ComputedBatch:
@@ -121,6 +121,7 @@ class ImageModel:
     def answer(self, batch: ComputedBatch) -> list[Reply]:
         """One reply per request, in order and in its own protocol; a failed request gets its
         own status and error body, and so does an answer over ``handler.max_response_bytes``."""
+        started = time.perf_counter()
         requests = batch.prepared.requests
         plain = [r.opened.request for r in requests
                  if isinstance(r, Placed) and r.opened.addon is None]
@@ -138,6 +139,7 @@ class ImageModel:
                                          self.answers))
             replies.append(self._encoded(body, common))
         self.metrics.errors(r.error.kind for r in replies if r.error is not None)
+        self.metrics.answer(1000 * (time.perf_counter() - started))
         return replies
 
     def run(self, incoming: Sequence[Incoming]) -> list[Reply]:

@@ -100,10 +100,12 @@ State = Union[Placed, Failed]
 @dataclass(frozen=True)
 class PreparedBatch:
     """A batch after ``prepare``: its requests in arrival order, the stacked images of the
-    placed ones (None when every request failed) and the milliseconds decoding took."""
+    placed ones (None when every request failed) and the milliseconds opening (parsing,
+    reading headers, admitting) and decoding took."""
 
     requests: tuple[State, ...]
     pixels: torch.Tensor | None
+    open_ms: float = 0.0
     decode_ms: float = 0.0
 
     @property

@@ -130,7 +130,8 @@ def test_ingestion_split_reads_each_batch_once_and_only_its_model():
     lines = loads + lines[:1] + lines[2:4] + lines[1:2] + lines[4:] + loads
     times = batch_times(lines, "resnet50-tagger")
     assert {k: v for k, v in times.items() if k != "ids"} == {
-        "backend": [44.0, 60.0], "handler": [39.5, 50.5], "decode": [15.0, 25.0], "forward": []}
+        "backend": [44.0, 60.0], "handler": [39.5, 50.5], "decode": [15.0, 25.0], "forward": [],
+        "open": [], "answer": []}
     assert [len(ids) for ids in times["ids"]] == [1, 1]
     parts = split(times, wall_s=0.208)
     assert parts["batches"] == 2
@@ -150,7 +151,7 @@ def test_ingestion_finds_a_run_by_its_request_ids():
     # A refused request's id is never logged; it does not widen the run.
     measured = run_batches(times, {"b1", "b2", "b3", "b4", "refused-by-the-frontend"})
     assert measured == {"backend": [70.0], "handler": [60.0], "decode": [20.0], "forward": [],
-                        "ids": [("b1", "b2", "b3", "b4")]}
+                        "open": [], "answer": [], "ids": [("b1", "b2", "b3", "b4")]}
     assert run_batches(times, {"a2", "a5"})["backend"] == [30.0, 31.0]
     assert run_batches(times, {"never-answered"})["backend"] == []
 

@@ -164,7 +164,7 @@ def test_batch_metrics_are_emitted_with_requests_good_images_errors_and_time(tag
                      r"Level:Model,BatchSize:3\|", lines), lines
     assert re.search(r"\[METRICS\]HandlerErrors\.Count:1(\.0)?\|#ModelName:resnet50-tagger,"
                      r"Level:Model,ErrorType:InvalidImage\|", lines), lines
-    for name in ("HandlerDecodeMs", "HandlerForwardMs"):
+    for name in ("HandlerOpenMs", "HandlerDecodeMs", "HandlerForwardMs", "HandlerAnswerMs"):
         spent = re.search(rf"\[METRICS\]{name}\.\w+:([0-9.]+)\|", lines)
         assert spent and float(spent.group(1)) > 0, name
     # What the worker serves and holds: the precision as a label, its RSS in MiB.
