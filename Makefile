@@ -36,10 +36,16 @@ SOURCES := $(wildcard handlers/*.py servecore/*.py servecore/*/*.py model_files/
 .PHONY: setup java config weights archives samples serve test test-fast bench bench-sweep bench-ingestion bench-collection soak clean
 .DEFAULT_GOAL := test
 
-setup: $(VENV)/.installed java kubectl
+setup: $(VENV)/.installed java kubectl prometheus
 
 java:
 	@devtools/ensure_java.sh
+
+# promtool checks and unit-tests config/monitoring's rules; prometheus runs them (make monitor,
+# tests/test_monitoring.py).
+.PHONY: prometheus
+prometheus:
+	@devtools/ensure_prometheus.sh
 
 # kubectl kustomize renders kserve/ for the KServe lint and tests.
 .PHONY: kubectl
