@@ -107,6 +107,14 @@ serve: setup config archives samples
 	TMPDIR="$$tmp" TEMP="$$tmp" $(VENV)/bin/torchserve --start --foreground --ncs \
 		--ts-config config/config.properties $(if $(filter 1,$(MODEL_API)),--enable-model-api)
 
+# Prometheus with config/monitoring's rules scraping make serve's metrics port (run make serve
+# in another terminal), its UI on http://127.0.0.1:$(MONITOR_PORT); Ctrl-C stops it
+# (devtools/prometheus.py; docs/operations.md, Monitoring).
+MONITOR_PORT ?= 9090
+.PHONY: monitor
+monitor: $(VENV)/.installed prometheus
+	$(PY) -m devtools.prometheus --port $(MONITOR_PORT)
+
 # The whole suite, the benchmark smoke test (marked slow) and the runtime image's container
 # test included (the image: ~10 minutes the first time, reused afterwards; see kserve/README.md).
 test: setup config archives samples kserve-image
