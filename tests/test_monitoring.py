@@ -152,3 +152,75 @@ def test_recording_rules_agree_with_the_requests_sent(torchserve, prometheus):
     got = settled(read, agree, timeout_s=60, every_s=0.5)
     assert agree(got), (f"Prometheus's rules never agreed with the load sent {expected}; "
                         f"readings every 0.5 s: {readings[::4]}")
+
+
+# ---------------------------------------------------------------------- the dashboard
+
+PROMQL_WORDS = {"sum", "max", "min", "avg", "count", "rate", "by", "without", "ignoring", "on",
+                "group_left", "group_right", "and", "or", "unless", "offset", "bool"}
+
+
+def _exported_names() -> set[str]:
+    """Every series name the server exports (config/metrics.yaml; histograms as _sum, _count
+    and _bucket), every recorded rule, and Prometheus's own ``up``."""
+    import yaml
+
+    from devtools.prometheus import recording_rules
+
+    declared = yaml.safe_load((REPO / "config" / "metrics.yaml").read_text())
+    names = {"up", *recording_rules()}
+    for section in ("ts_metrics", "model_metrics"):
+        for kind, metrics in declared[section].items():
+            for metric in metrics:
+                names.add(metric["name"])
+                if kind == "histogram":
+                    names |= {metric["name"] + s for s in ("_sum", "_count", "_bucket")}
+    return names
+
+
+def _series_names(expr: str) -> set[str]:
+    """The series an expression reads: identifiers outside label matchers, grouping clauses
+    and durations that are not PromQL functions or keywords."""
+    import re
+
+    bare = re.sub(r'\{[^}]*\}|\[[^\]]*\]|"[^"]*"', " ", expr)
+    bare = re.sub(r"\b(by|without|ignoring|on)\s*\([^)]*\)", " ", bare)
+    tokens = re.findall(r"([A-Za-z_:][A-Za-z0-9_:]*)\s*(\()?", bare)
+    return {name for name, call in tokens if not call and name not in PROMQL_WORDS}
+
+
+def test_committed_dashboard_is_what_the_code_builds():
+    from buildsteps.dashboard import OUT, render
+
+    assert OUT.read_text() == render(), \
+        "config/monitoring/dashboard.json is stale: run python -m buildsteps.dashboard"
+
+
+def test_every_dashboard_query_names_a_real_series_and_parses(tmp_path):
+    import json
+
+    import yaml
+
+    from buildsteps.dashboard import OUT, exprs
+
+    queries = exprs(json.loads(OUT.read_text()))
+    assert len(queries) >= 10
+    known = _exported_names()
+    for expr in queries:
+        names = _series_names(expr)
+        assert names, f"no series found in {expr!r}"
+        assert names <= known, f"{expr!r} reads {sorted(names - known)}: nothing exports or records it"
+    # promtool parses rule expressions: each query as a recording rule of a scratch file.
+    scratch = tmp_path / "dashboard-queries.yml"
+    scratch.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": [
+        {"record": f"dashboard:query:{i}", "expr": expr} for i, expr in enumerate(queries)]}]}))
+    result = subprocess.run([_promtool(), "check", "rules", str(scratch)], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_series_names_are_read_from_an_expression():
+    expr = ('sum by (ModelName, BatchSize) (rate(HandlerBatchesBySize{job="x"}[5m])) / '
+            'ignoring (BatchSize) group_left sum by (ModelName) (rate(HandlerBatches[5m]))')
+    assert _series_names(expr) == {"HandlerBatchesBySize", "HandlerBatches"}
+    assert _series_names('job:ts_requests:rate1m{code="5xx"} > 0.5') == {"job:ts_requests:rate1m"}
