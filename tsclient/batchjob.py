@@ -44,6 +44,14 @@ MAX_REQUEST_BYTES = 8 << 20  # raw bytes per request: 11 MiB of base64, under th
 
 
 @dataclass(frozen=True)
+class Answered:
+    """One image's answer and the precision that computed it (``X-Precision``)."""
+
+    value: object
+    precision: str | None
+
+
+@dataclass(frozen=True)
 class Plan:
     """How hard to push: requests in flight and images per request."""
 
@@ -244,11 +252,11 @@ class Job:
             if isinstance(answer, errors.TsError):
                 row.error = answer.message
             else:
-                row.answer = self._checked(answer)
+                row.answer, row.precision = self._checked(answer.value), answer.precision
             rows.append(row)
         return rows, skipped
 
-    def _send_or_error(self, data: bytes):
+    def _send_or_error(self, data: bytes) -> "Answered | errors.ApiError":
         try:
             return self._send([data])[0]
         except FATAL:
@@ -256,8 +264,9 @@ class Job:
         except errors.ApiError as exc:
             return exc
 
-    def _send(self, images: list[bytes]) -> list:
-        """One request, retried while the server is busy or unreachable."""
+    def _send(self, images: list[bytes]) -> list[Answered]:
+        """One request, retried while the server is busy or unreachable: each image's answer
+        with the precision the server computed it in."""
         busy = 0
         outage_since: float | None = None
         pause = 0.5
@@ -265,8 +274,8 @@ class Job:
             if self._stop.is_set():
                 raise errors.TsError("job stopped")
             try:
-                answers = self.client.infer(self.model, images, output=self.task,
-                                            protocol=self.protocol, topk=self.topk)
+                answers = self.client.infer_answers(self.model, images, output=self.task,
+                                                    protocol=self.protocol, topk=self.topk)
             except errors.ApiError as exc:
                 if exc.status not in RETRIED_STATUSES or busy >= self.max_busy_retries:
                     raise
@@ -285,10 +294,10 @@ class Job:
                 self._stop.wait(pause)
                 pause = min(10.0, pause * 2)
                 continue
-            if len(answers) != len(images):
-                raise errors.TsError(f"{len(images)} images sent, {len(answers)} answers "
+            if len(answers.values) != len(images):
+                raise errors.TsError(f"{len(images)} images sent, {len(answers.values)} answers "
                                      "came back", "is --url an endpoint of this runtime?")
-            return answers
+            return [Answered(value, answers.precision) for value in answers.values]
 
     def _checked(self, answer):
         if self.task == "embedding":
