@@ -95,7 +95,7 @@ def page_commands(album: Album, index: Path, out: Path) -> dict[str, list[str]]:
     return {
         "similar": ["similar", str(album.query), "--index", str(index), "-k", "5",
                     "--html", str(out / "similar.html")],
-        "duplicates": ["duplicates", "--index", str(index), "--threshold", "0.999",
+        "duplicates": ["duplicates", "--index", str(index), "--threshold", "0.99999",
                        "--html", str(out / "duplicates.html")],
         "explain": ["explain", str(album.explain), "--html", str(out / "explain.html")],
     }

@@ -276,10 +276,12 @@ def explain_page(items: Sequence[Explained], model: str, method: str, target: st
     for item in items:
         photo = figure(item.photo, item.path, [describe_file(item.photo)])
         if item.error:
-            rows.append(f"<tr><td>{photo}</td><td>{picture(Thumb(None, error='no answer'), '')}"
+            rows.append(f"<tr><td>{photo}</td><td>{picture(Thumb(None, error='no heatmap'), '')}"
                         f"</td><td class=\"tags error\">{escape(item.error)}</td></tr>")
             continue
         overlay = picture(item.overlay, f"heatmap of {item.path}") if item.overlay else ""
+        if item.targets:
+            overlay += f"<div class=\"meta\">{escape(item.targets[0][0])}</div>"
         tags = "".join(f"<li>{escape(label)} <span class=\"score\">{p:.3f}</span></li>"
                        for label, p in item.targets)
         rows.append(f"<tr><td>{photo}</td><td>{overlay}</td><td class=\"tags\"><ol>{tags}</ol>"
