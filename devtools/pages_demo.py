@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import shutil
 import subprocess
 import sys
@@ -184,8 +185,9 @@ def docs_screenshots(docs: Path, work: Path) -> dict[str, int]:
         image.thumbnail((640, 640))
         image.save(buffer, "JPEG", quality=88)
         photos.append(buffer.getvalue())
+    # Captions read build/pages-demo/album/... rather than this machine's absolute paths.
     album = make_album(work.relative_to(REPO) if work.is_relative_to(REPO) else work, photos)
-    index = work / "album.parquet"
+    index = album.root / "album.parquet"
     sizes = {}
     with LocalTorchServe(work / "torchserve", REPO / "model-store") as server:
         def tsctl(*argv: str) -> None:
@@ -197,7 +199,7 @@ def docs_screenshots(docs: Path, work: Path) -> dict[str, int]:
 
         tsctl("embed", str(album.root / "album"), "--out", str(index))
         spoil(album)
-        for name, argv in page_commands(album, index, work).items():
+        for name, argv in page_commands(album, index, album.root).items():
             tsctl(*argv)
             with sync_playwright() as playwright:
                 browser = playwright.chromium.launch(executable_path=chromium)
@@ -215,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--docs", type=Path, default=REPO / "docs")
     p.add_argument("--work", type=Path, default=REPO / "build" / "pages-demo")
     args = p.parse_args(argv)
+    args.docs, args.work = args.docs.resolve(), args.work.resolve()
+    os.chdir(REPO)  # relative paths (the album's, tsctl's) are the repository's
     for name, size in docs_screenshots(args.docs, args.work).items():
         print(f"wrote {args.docs / f'page-{name}.png'} ({size / 1000:.0f} KB)")
     return 0

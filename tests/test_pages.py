@@ -6,6 +6,8 @@ text; a screenshot of each lands in build/pages/ for a person to look at. Plus t
 budget: a page of 1,000 pairs of noisy photos stays a few MB."""
 from __future__ import annotations
 
+import base64
+import copy
 import urllib.parse
 from pathlib import Path
 
@@ -16,7 +18,9 @@ from devtools.pages_demo import ONERROR_NAME, SCRIPT_NAME
 from tests import imagegen
 from tests.conftest import REPO
 from tests.served import tsctl
-from tsclient import pages
+from tsclient import errors, pages
+from tsclient.batchjob import Job, Plan, explain_budget
+from tsclient.collection import Entry
 
 SHOTS = REPO / "build" / "pages"
 
@@ -144,3 +148,58 @@ def test_escaping_without_a_browser(tmp_path):
     assert "<img src=x" not in html and "&lt;img src=x onerror=alert(2)&gt;.jpg" in html
     assert "&lt;b&gt;.parquet" in html
     assert "<script" not in html
+
+
+DESCRIBED = {"batchSize": 16, "workers": [{}, {}], "customizedMetadata": {"handler": {
+    "explain": {"method": "gradcam", "n_steps": 32, "max_passes_per_batch": 64}}}}
+
+
+def test_a_gallery_is_paced_by_the_servers_explanation_budget():
+    # GradCAM of 3 classes: 3 passes, 21 fit in 64, a batch holds 16: 16 per worker.
+    plan = Plan.for_explanations(DESCRIBED, None, None, targets=3)
+    assert (plan.per_request, plan.concurrency) == (1, 2 * 16)
+    # IG's 32 steps for 2 classes fill a batch's budget alone: one per worker.
+    assert explain_budget(DESCRIBED, "ig", None) == (32, 64)
+    assert Plan.for_explanations(DESCRIBED, "ig", None, targets=2).concurrency == 2
+    tight = copy.deepcopy(DESCRIBED)
+    tight["customizedMetadata"]["handler"]["explain"]["max_passes_per_batch"] = 7
+    assert Plan.for_explanations(tight, None, None, targets=3).concurrency == 2 * 2
+    assert Plan.for_explanations(DESCRIBED, None, None, 3, concurrency=5).concurrency == 5
+
+
+def test_an_explanation_job_retries_a_busy_server_and_records_refusals(tmp_path):
+    class Explaining:
+        """The first call 503 with Retry-After (the budget is taken); a bad image 400."""
+
+        def __init__(self):
+            self.calls = []
+
+        def explain(self, model, image, **options):
+            self.calls.append(options)
+            if len(self.calls) == 1:
+                error = errors.ApiError(503, "Overloaded", "explanation budget")
+                error.retry_after = 0.01
+                raise error
+            if image.startswith(b"bad"):
+                raise errors.ApiError(400, "InvalidImage", "not an image")
+            return {"method": "gradcam", "explanations": [
+                {"label": "tabby", "probability": 0.5, "png": base64.b64encode(
+                    imagegen.png(64, 48)).decode()}]}
+
+    entries = []
+    for name, data in (("a.jpg", imagegen.jpeg(64, 48)), ("bad.jpg", b"bad bytes")):
+        (tmp_path / name).write_bytes(data)
+        info = (tmp_path / name).stat()
+        entries.append(Entry(str(tmp_path / name), name, info.st_size, info.st_mtime_ns))
+    client, gallery = Explaining(), pages.ExplainGallery(pages.Thumbnailer())
+    job = Job(client, "m", "explain", gallery, Plan(concurrency=1, per_request=1),
+              explain={"topk": 3, "png": True})
+    summary = job.run(entries)
+    assert (summary.done, summary.failed) == (1, 1)
+    assert len(client.calls) == 3 and client.calls[0] == {"topk": 3, "png": True}
+    items = {Path(i.path).name: i for i in gallery.items}
+    assert items["a.jpg"].targets == (("tabby", 0.5),)
+    assert items["a.jpg"].overlay.thumb_size == (64, 48)
+    assert items["bad.jpg"].error == "HTTP 400 InvalidImage: not an image"
+    with pytest.raises(ValueError, match="one image per request"):
+        Job(client, "m", "explain", gallery, Plan(per_request=4))

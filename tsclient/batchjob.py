@@ -88,12 +88,8 @@ class Plan:
         explanation budget admits (at least one, at most ``batchSize``): ``method`` and
         ``n_steps`` default to the describe answer's ``handler.explain`` settings."""
         entry = entry or {}
-        handler = (entry.get("customizedMetadata") or {}).get("handler") or {}
-        explain = handler.get("explain") or {}
-        method = method or explain.get("method") or "gradcam"
-        steps = int(n_steps or explain.get("n_steps") or 32)
-        cost = explain_passes(method, steps) * max(1, targets)
-        budget = int(explain.get("max_passes_per_batch") or 64)
+        per_target, budget = explain_budget(entry, method, n_steps)
+        cost = per_target * max(1, targets)
         batch = int(entry.get("batchSize") or 16)
         workers = max(1, len(entry.get("workers") or [None]))
         return cls(concurrency or workers * max(1, min(batch, budget // cost)), 1)
@@ -347,6 +343,17 @@ class Job:
             return vector
         return [{"label": t["label"], "index": t["index"], "probability": t["probability"]}
                 for t in answer]
+
+
+def explain_budget(entry: dict | None, method: str | None,
+                   n_steps: int | None) -> tuple[int, int]:
+    """(passes one image and target costs, passes one batch may run) for a customized describe
+    ``entry`` (the shipped defaults without one); ``method``/``n_steps`` None: the model's."""
+    handler = ((entry or {}).get("customizedMetadata") or {}).get("handler") or {}
+    explain = handler.get("explain") or {}
+    method = method or explain.get("method") or "gradcam"
+    steps = int(n_steps or explain.get("n_steps") or 32)
+    return explain_passes(method, steps), int(explain.get("max_passes_per_batch") or 64)
 
 
 def explain_passes(method: str, n_steps: int) -> int:

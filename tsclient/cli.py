@@ -401,8 +401,11 @@ def _explain_gallery(client: TorchServeClient, args) -> tuple[Any, str, int]:
         raise errors.UsageError("--out writes one heatmap; --html a gallery", "give one of them")
     collection = Collection(list(args.sources))
     identity = batchjob.model_identity(client, args.model)
-    # Without a target, the top classes: the gallery's "top tags", their heatmap the first's.
-    topk = args.topk or (None if args.target is not None else GALLERY_TOPK)
+    # Without a target, the top classes (the gallery's "top tags"; the heatmap is the first's),
+    # as many as one request may cost within the batch budget (IG: fewer than GradCAM).
+    per_target, budget = batchjob.explain_budget(identity[0], args.method, args.n_steps)
+    topk = args.topk or (None if args.target is not None
+                         else max(1, min(GALLERY_TOPK, budget // per_target)))
     targets = topk or 1
     plan = batchjob.Plan.for_explanations(identity[0], args.method, args.n_steps, targets,
                                           args.concurrency)
