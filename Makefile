@@ -36,7 +36,7 @@ SOURCES := $(wildcard handlers/*.py servecore/*.py servecore/*/*.py model_files/
 .PHONY: setup java config weights archives samples serve test test-fast bench bench-sweep bench-ingestion bench-collection soak clean
 .DEFAULT_GOAL := test
 
-setup: $(VENV)/.installed java kubectl prometheus
+setup: $(VENV)/.installed java kubectl chromium prometheus
 
 java:
 	@devtools/ensure_java.sh
@@ -46,6 +46,12 @@ java:
 .PHONY: prometheus
 prometheus:
 	@devtools/ensure_prometheus.sh
+
+# Headless Chromium for tests/test_pages.py and make docs-screenshots (apt where it can; else a
+# warning, and those browser tests are skipped).
+.PHONY: chromium
+chromium:
+	@devtools/ensure_chromium.sh
 
 # kubectl kustomize renders kserve/ for the KServe lint and tests.
 .PHONY: kubectl
@@ -183,6 +189,13 @@ kserve-image: $(VENV)/.installed podman
 
 kserve-image-test: setup config archives kserve-image
 	$(VENV)/bin/pytest -m container tests/test_kserve_image.py
+
+# The screenshots of the result pages (tsctl similar|duplicates|explain --html) in
+# docs/operations.md: docs/page-*.png (each under 150 KB), made from scikit-image's sample
+# photos against a TorchServe started for it (devtools/pages_demo.py; about 1 minute).
+.PHONY: docs-screenshots
+docs-screenshots: setup config archives samples
+	$(PY) -m devtools.pages_demo
 
 clean:
 	rm -rf build *.egg-info model-store/*.mar logs key_file.json config/config.properties kserve/config.properties kserve/runtime/config.properties

@@ -1,4 +1,4 @@
-"""``python -m bench``: one run, same weights, four measurements, one report.
+"""``python -m bench``: one run, same weights, three measurements, one report.
 
 1. raw model speed in this process (every backend and OpenVINO precision: f32, bf16 where the
    CPU has it, int8 when its IR was built; batch 1, 8 and the tagger's batchSize;
@@ -7,9 +7,9 @@
 2. our served tagger: a real TorchServe with both archives of ``model-store/`` and the shipped
    ``config/config.properties``; what ``precision: auto`` chose there (describe), then the
    in-process pipeline of what it serves (decode, preprocess, forward at batch 8; no HTTP);
-3. the int8 tagger (closed loop only), when ``make archives BACKEND=openvino QUANTIZE=int8``
-   has built the int8 IR (it is archived here from build/weights);
-4. TorchServe's stock ``image_classifier`` serving the same weights, with the same frontend
+   (the shipped archive carries the int8 IR beside the float one, so what ``auto`` serves may
+   be int8: no separate int8 server is needed);
+3. TorchServe's stock ``image_classifier`` serving the same weights, with the same frontend
    settings, in a TorchServe started only after the others stopped.
 
 Writes ``results/benchmark.{md,json,png}`` and prints the Markdown (progress goes to stderr).
@@ -23,22 +23,19 @@ import logging
 import os
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
-import yaml
-
 from bench import explain_cost, machine, raw, report, stock
-from bench.archives import ArchiveInfo, build_variant
+from bench.archives import ArchiveInfo
 from bench.layout import (BUILD, EMBEDDING, IMAGES, MODEL_STORE, REPO, RESULTS, SAMPLES,
                           TAGGER as OURS, WEIGHTS, fresh_dir, setup_cli)
 from bench.serving import LoadPlan, measure_model
 from bench.targets import evaluate
 from servecore.config import HandlerConfig
 from servecore.intake import Preprocessor
-from buildsteps import configgen
 from devtools.server import LocalTorchServe
-from model_files.artifacts import CHECKPOINT, LABELS, QUANTIZED
+from model_files.artifacts import CHECKPOINT, LABELS
 
 log = logging.getLogger("bench")
 
@@ -130,25 +127,6 @@ def serve_ours(images: dict[str, bytes], plan: LoadPlan, weights: dict, *,
             "quantization": meta.get("quantization"), "startup_s": startup_s, **measured}
 
 
-def serve_int8(images: dict[str, bytes], plan: LoadPlan, weights: dict) -> dict | None:
-    """The tagger archived from the int8 IR, alone on its server; None when not built."""
-    if not (WEIGHTS / QUANTIZED[("openvino", "int8")]).is_file():
-        log.info("no int8 IR in build/weights (make archives BACKEND=openvino QUANTIZE=int8): "
-                 "int8 not served")
-        return None
-    log.info("served: ours at int8")
-    store = BUILD / "int8-store"
-    model_yaml = configgen.MODELS_DIR / f"{OURS}.yaml"
-    build_variant(OURS, yaml.safe_load(model_yaml.read_text()), "openvino",
-                  BUILD / "int8-archive", store / f"{OURS}.mar", quantize="int8")
-    config = BUILD / "int8.properties"
-    config.write_text(configgen.local_config(
-        configgen.REPO / "config" / "server.properties",
-        {OURS: configgen.frontend_settings(model_yaml)}))
-    return serve_ours(images, plan, weights, store=store, config=config,
-                      load_models=[f"{OURS}.mar"], run="int8")
-
-
 def serve_stock(images: dict[str, bytes], plan: LoadPlan) -> dict:
     store = BUILD / "model-store"
     serialized = stock.export_stock_model(WEIGHTS, BUILD)
@@ -196,8 +174,6 @@ def main(argv: list[str] | None = None) -> int:
     served = served_row(ours)
     log.info("in-process pipeline: %s (what the tagger served)", served)
     pipeline = run_pipeline(served, config, images["small"], budget)
-    # Not in --quick: quantised archives are slow to build and the smoke test stays short.
-    int8 = None if args.quick else serve_int8(images, replace(plan, rates=()), weights)
     log.info("served: stock image_classifier")
     stock_results = serve_stock(images, plan)
 
@@ -214,10 +190,10 @@ def main(argv: list[str] | None = None) -> int:
         "raw": raw_results,
         "pipeline": pipeline,
         "explain": explain_results,
-        "served": {"ours": ours, "int8": int8, "stock": stock_results},
+        "served": {"ours": ours, "stock": stock_results},
         "targets": [t.to_dict() for t in evaluate(raw_results, served, ours, stock_results,
-                                                  raw_batch=batch_size, int8=int8,
-                                                  pipeline=pipeline)],
+                                                  raw_batch=batch_size, pipeline=pipeline,
+                                                  cpu_flags=machine_info.get("cpu_flags"))],
     }
     print(report.write_reports(results, args.out), end="")
     return 0

@@ -8,8 +8,7 @@ import json
 import math
 from pathlib import Path
 
-SERVERS = (("ours", "tagger (ours)"), ("int8", "tagger int8 (ours)"),
-           ("stock", "stock image_classifier"))
+SERVERS = (("ours", "tagger (ours)"), ("stock", "stock image_classifier"))
 IMAGE_NAMES = {"small": "small JPEG 451x300", "12mp": "12 MP photo 4242x2828",
                "12mp-noisy": "noisy 12 MP photo 4242x2828"}
 
@@ -51,7 +50,6 @@ def _header(results: dict) -> list[str]:
     meta = results["meta"]
     machine, versions, weights = meta["machine"], meta["versions"], meta["weights"]
     ours, stock = results["served"]["ours"], results["served"]["stock"]
-    int8 = results["served"].get("int8")
     flags = machine.get("cpu_flags", {})
     flags_line = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in flags.items()) or "n/a"
     if weights.get("trained"):
@@ -79,10 +77,8 @@ def _header(results: dict) -> list[str]:
         "embedding model is loaded too (idle).",
         f"- What `precision: {_choice(ours).get('requested', 'n/a')}` chose on this host "
         f"(describe): {_choice(ours).get('summary', 'n/a')}.",
-        (f"- Ours int8: the tagger archived from the int8 IR, precision "
-         f"**{int8.get('precision')}**, alone on its server, closed loop only; fidelity vs "
-         f"float32 on held-apart photos: {_fidelity(int8.get('quantization'))}."
-         if int8 else "- Ours int8: not measured (no int8 IR built)."),
+        f"- The archive's int8 IR (what `auto` weighed beside the float IR): fidelity vs "
+        f"float32 on held-apart photos: {_fidelity(ours.get('quantization'))}.",
         f"- Stock: `{stock['model']}`, `image_classifier` handler, plain torchvision ResNet50 "
         f"traced and frozen to TorchScript from the same weights, {_settings(stock['settings'])}.",
         "- Servers run one at a time; the load generator shares the 2 cores with the server "

@@ -107,8 +107,14 @@ def summary_line(choice: dict) -> str:
             parts.append(f"{c['precision']} not timed")
     measured = (f"measured by {choice.get('source') or 'this worker'}" if choice.get("measured")
                 else "not measured")
+    chosen = next((c for c in choice.get("candidates", [])
+                   if c["precision"] == choice.get("choice")), {})
+    fidelity = chosen.get("fidelity")
+    # How far the served arithmetic is from f32's answers: what an operator checks first.
+    against = (f"; vs f32: embedding cosine min {fidelity['embedding_cosine_min']:.4f}, top-1 "
+               f"agreement {fidelity['top1_agreement']:.2f}" if fidelity else "")
     return (f"{choice.get('requested', 'auto')} -> {choice.get('choice')} ({measured}"
-            f"{'; ' + '; '.join(parts) if parts else ''}): {choice.get('reason')}")
+            f"{'; ' + '; '.join(parts) if parts else ''}): {choice.get('reason')}{against}")
 
 
 def agreement(reference: tuple[np.ndarray, np.ndarray],

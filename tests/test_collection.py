@@ -13,6 +13,7 @@ import pytest
 
 from tsclient import errors
 from tsclient.batchjob import Job, ListSink, PartSink, Plan, described
+from tsclient.client import Answers
 from tsclient.collection import Collection, Entry, Shard, shard_of
 from tsclient.search import duplicates, nearest
 from tsclient.vectors import EMBEDDING_DIM, Output, Row, batches, metadata, read_matrix
@@ -130,7 +131,7 @@ def test_schema_parts_merge_and_readers(tmp_path):
     assert schema.field("embedding").type == pa.list_(pa.float32(), EMBEDDING_DIM)
     assert schema.field("mtime").type == pa.timestamp("ns", tz="UTC")
     assert [f.name for f in schema] == ["path", "size", "mtime", "sha256", "status", "error",
-                                        "embedding"]
+                                        "precision", "embedding"]
     assert metadata(out.out)["model"] == "resnet50-embedding"
     assert metadata(out.out)["task"] == "embedding"
     import duckdb
@@ -140,11 +141,23 @@ def test_schema_parts_merge_and_readers(tmp_path):
     frame = pd.read_parquet(out.out)
     assert len(frame) == 9 and frame["status"].value_counts().to_dict() == {"ok": 8, "error": 1}
     assert len(frame["embedding"][0]) == EMBEDDING_DIM
-    assert pl.read_parquet(out.out).shape == (9, 7)
+    assert pl.read_parquet(out.out).shape == (9, 8)
     sql = f"select count(*), max(len(embedding)) from '{out.out}' where status = 'ok'"
     assert duckdb.sql(sql).fetchall() == [(8, EMBEDDING_DIM)]
     paths, matrix = read_matrix(out.out)
     assert matrix.shape == (8, EMBEDDING_DIM) and "p/0003.jpg" not in paths
+
+
+def test_a_schema_1_output_merges_with_new_rows_its_precision_null(tmp_path):
+    """Outputs written before the precision column resume: their rows keep a null precision."""
+    out = Output(tmp_path / "v.parquet", "embedding", META)
+    old = pa.Table.from_pylist([r.record("embedding") for r in _rows(3)], schema=out.schema)
+    pq.write_table(old.drop_columns(["precision"]), out.out)
+    out.write_part([Row("new.jpg", 1, 2, "0" * 64, None, [0.5] * EMBEDDING_DIM, "bf16")])
+    out.merge()
+    rows = {r["path"]: r["precision"] for r in pq.read_table(out.out).to_pylist()}
+    assert rows.pop("new.jpg") == "bf16" and len(rows) == 3
+    assert set(rows.values()) == {None}
 
 
 def test_tags_schema(tmp_path):
@@ -272,7 +285,7 @@ class FakeClient:
     def __init__(self, busy=0, down=0):
         self.calls, self.busy, self.down = [], busy, down
 
-    def infer(self, model, images, *, output, protocol, topk):
+    def infer_answers(self, model, images, *, output, protocol, topk):
         self.calls.append(len(images))
         if self.down:
             self.down -= 1
@@ -284,7 +297,7 @@ class FakeClient:
             raise error
         if any(image.startswith(b"bad") for image in images):
             raise errors.ApiError(400, "InvalidImage", "image 1: bad")
-        return [[float(len(image))] * EMBEDDING_DIM for image in images]
+        return Answers([[float(len(image))] * EMBEDDING_DIM for image in images], "int8+f32")
 
 
 def _files(tmp_path, n, bad=()):
@@ -335,6 +348,8 @@ def test_job_isolates_a_bad_image_and_honours_503(tmp_path):
     rows = {os.path.basename(r.path): r for r in sink.rows}
     assert "InvalidImage" in rows["005.jpg"].error and rows["005.jpg"].answer is None
     assert rows["006.jpg"].answer[0] == len(b"ok") + 6
+    # Each answered row carries the precision the server named; a failed one none.
+    assert rows["006.jpg"].precision == "int8+f32" and rows["005.jpg"].precision is None
     assert client.calls.count(4) >= 3 and client.calls.count(1) == 4  # 4..7 resent singly
 
 

@@ -12,6 +12,7 @@ import time
 
 import pyarrow.parquet as pq
 import pytest
+import requests
 from PIL import ImageOps
 
 from tests import imagegen
@@ -20,7 +21,8 @@ from tests.served import TSCTL, tsctl
 from tsclient.vectors import metadata, read_matrix
 
 pytestmark = pytest.mark.integration
-CONTENT = ["path", "size", "mtime", "sha256", "status", "error"]
+CONTENT = ["path", "size", "mtime", "sha256", "status", "error", "precision"]
+N_KILLED = 400
 
 
 def _album(root, n, seed=0, size=(200, 150)):
@@ -67,6 +69,12 @@ def test_a_folder_gets_one_row_per_image_and_vectors_equal_single_requests(torch
     meta = metadata(out)
     assert meta["model"] == "resnet50-embedding" and meta["model_version"] == "1.0"
     assert len(meta["weights_sha256"]) == 64 and meta["precision"]
+    # Each row names the arithmetic that computed it: the X-Precision the server sends.
+    served = requests.post(f"{torchserve.inference_url}/predictions/resnet50-embedding",
+                           data=open(photos[0], "rb").read(), timeout=120,
+                           headers=torchserve.keys.inference_headers()).headers["X-Precision"]
+    assert served and set(frame["precision"].dropna()) == {served}
+    assert frame["precision"].isna().tolist() == (frame["status"] == "error").tolist()
     client = torchserve.client()
     paths, matrix = read_matrix(out)
     for path, vector in zip(paths, matrix):
@@ -87,12 +95,15 @@ def test_a_folder_gets_one_row_per_image_and_vectors_equal_single_requests(torch
     rows = pq.read_table(tags).to_pylist()
     assert len(rows) == sum("/y1/" in p for p in photos)
     assert all(len(r["tags"]) == 3 and r["status"] == "ok" for r in rows)
+    assert {r["precision"] for r in rows} == {served}  # KServe v1 says it too
     assert metadata(tags)["model_version"] is None  # no management API behind --url
 
 
 def test_a_killed_run_resumes_to_the_same_content(torchserve, tmp_path):
     root = tmp_path / "photos"
-    _album(root, 90, seed=700, size=(160, 120))
+    # Enough photos that the run outlasts its first part (one every 2 s) several times over,
+    # even at int8's pace (~75 img/s on 2 cores).
+    _album(root, N_KILLED, seed=700, size=(160, 120))
     whole = tmp_path / "whole.parquet"
     assert tsctl(torchserve, "embed", str(root), "--out", str(whole)).returncode == 0
     out = tmp_path / "killed.parquet"
@@ -110,11 +121,11 @@ def test_a_killed_run_resumes_to_the_same_content(torchserve, tmp_path):
     process.wait()
     assert not out.exists()
     written = sum(pq.ParquetFile(p).metadata.num_rows for p in parts.glob("part-*.parquet"))
-    assert 0 < written < 90
+    assert 0 < written < N_KILLED
     resumed = tsctl(torchserve, "embed", str(root), "--out", str(out), "--json")
     assert resumed.returncode == 0, resumed.stderr
     summary = json.loads(resumed.stdout)
-    assert summary["skipped"] == written and summary["done"] == 90 - written
+    assert summary["skipped"] == written and summary["done"] == N_KILLED - written
     assert not parts.exists() and not list(tmp_path.glob(".*.tmp"))
     _same_content(out, whole)
 

@@ -99,6 +99,11 @@ def test_the_choice_survives_json_and_reads_as_one_line():
     line = summary_line(choice.as_dict())
     assert line.startswith("auto -> bf16 (measured by this worker; f32 40/500 ms at batch "
                            "1/16; bf16 25/300")
+    # The served candidate's distance from f32, as describe reports it.
+    assert line.endswith(f"; vs f32: embedding cosine min "
+                         f"{GOOD['embedding_cosine_min']:.4f}, top-1 agreement "
+                         f"{GOOD['top1_agreement']:.2f}")
+    assert "vs f32" not in summary_line(select([timed("f32", 40, 500)]).as_dict())
     assert "\n" not in line
 
 

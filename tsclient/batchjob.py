@@ -10,6 +10,12 @@ carries ``max_batch_images // batchSize`` images (at most ``max_images_per_reque
 ``2 x batchSize x workers`` requests are in flight: one full batch running per worker, the next
 one queued behind it.
 
+Explanations (``task="explain"``, ``tsctl explain --html``): one image per request (the
+``/explanations`` route takes one), and in flight only what one batch's explanation budget
+admits per worker (``handler.explain.max_passes_per_batch`` over the passes one image costs,
+``Plan.for_explanations``); the server refuses the rest with 503 and ``Retry-After``, retried
+as below.
+
 Failures: a file that cannot be read, or that the server refuses, is one ``error`` row and the
 job goes on. A multi-image request refused for one bad image (the handler answers it as a
 whole) is resent image by image, so each file gets its own answer. 503 (busy batch, full
@@ -32,7 +38,7 @@ import numpy as np
 import requests
 
 from tsclient import errors
-from tsclient.client import TorchServeClient
+from tsclient.client import Answers, TorchServeClient
 from tsclient.collection import Entry
 from tsclient.progress import JobProgress
 from tsclient.vectors import EMBEDDING_DIM, DoneIndex, Output, Row
@@ -41,6 +47,15 @@ FATAL = (errors.KeyFileError, errors.KeyRejected, errors.NotFound, errors.UsageE
 RETRIED_STATUSES = (503, 507)
 DESCRIBE_WAIT_S = 120.0  # a job's start waits this long for a busy model (responseTimeout)
 MAX_REQUEST_BYTES = 8 << 20  # raw bytes per request: 11 MiB of base64, under the 32 MiB limits
+OCCLUSION_PASSES = 49  # servecore.explain.compute's 7x7 windows
+
+
+@dataclass(frozen=True)
+class Answered:
+    """One image's answer and the precision that computed it (``X-Precision``)."""
+
+    value: object
+    precision: str | None
 
 
 @dataclass(frozen=True)
@@ -65,6 +80,19 @@ class Plan:
         most = int(handler.get("max_images_per_request") or 32)
         per = per_request or max(1, min(most, rows // batch))
         return cls(concurrency or 2 * batch * workers, per)
+
+    @classmethod
+    def for_explanations(cls, entry: dict | None, method: str | None, n_steps: int | None,
+                         targets: int, concurrency: int | None = None) -> "Plan":
+        """One image per request, and per worker as many requests in flight as one batch's
+        explanation budget admits (at least one, at most ``batchSize``): ``method`` and
+        ``n_steps`` default to the describe answer's ``handler.explain`` settings."""
+        entry = entry or {}
+        per_target, budget = explain_budget(entry, method, n_steps)
+        cost = per_target * max(1, targets)
+        batch = int(entry.get("batchSize") or 16)
+        workers = max(1, len(entry.get("workers") or [None]))
+        return cls(concurrency or workers * max(1, min(batch, budget // cost)), 1)
 
 
 @dataclass
@@ -137,15 +165,21 @@ class ListSink:
 
 
 class Job:
-    """One run over a stream of entries. ``task``: ``embedding`` or ``tags``; ``protocol``:
-    KServe ``v2`` (default) or ``v1``; ``topk`` for tags; ``verify_sha256``: a file counts as
-    done when its bytes hash to the stored sha256 (read again), instead of by size + mtime."""
+    """One run over a stream of entries. ``task``: ``embedding``, ``tags`` or ``explain``
+    (``explain``: the ``TorchServeClient.explain`` keywords, e.g. ``method``, ``png``; the
+    plan must send one image per request); ``protocol``: KServe ``v2`` (default) or ``v1``;
+    ``topk`` for tags; ``verify_sha256``: a file counts as done when its bytes hash to the
+    stored sha256 (read again), instead of by size + mtime."""
 
     def __init__(self, client: TorchServeClient, model: str, task: str, sink, plan: Plan, *,
                  protocol: str = "v2", topk: int | None = None, verify_sha256: bool = False,
                  progress: JobProgress | None = None, max_outage_s: float = 120.0,
-                 max_busy_retries: int = 60) -> None:
+                 max_busy_retries: int = 60, explain: dict | None = None) -> None:
+        if task == "explain" and plan.per_request != 1:
+            raise ValueError(f"explanations go one image per request, the plan sends "
+                             f"{plan.per_request} (use Plan.for_explanations)")
         self.client, self.model, self.task, self.sink, self.plan = client, model, task, sink, plan
+        self.explain = explain or {}
         self.protocol, self.topk, self.verify_sha256 = protocol, topk, verify_sha256
         self.progress = progress or JobProgress(model, bar=False, every_s=float("inf"))
         self.max_outage_s, self.max_busy_retries = max_outage_s, max_busy_retries
@@ -244,11 +278,11 @@ class Job:
             if isinstance(answer, errors.TsError):
                 row.error = answer.message
             else:
-                row.answer = self._checked(answer)
+                row.answer, row.precision = self._checked(answer.value), answer.precision
             rows.append(row)
         return rows, skipped
 
-    def _send_or_error(self, data: bytes):
+    def _send_or_error(self, data: bytes) -> "Answered | errors.ApiError":
         try:
             return self._send([data])[0]
         except FATAL:
@@ -256,8 +290,9 @@ class Job:
         except errors.ApiError as exc:
             return exc
 
-    def _send(self, images: list[bytes]) -> list:
-        """One request, retried while the server is busy or unreachable."""
+    def _send(self, images: list[bytes]) -> list[Answered]:
+        """One request, retried while the server is busy or unreachable: each image's answer
+        with the precision the server computed it in."""
         busy = 0
         outage_since: float | None = None
         pause = 0.5
@@ -265,8 +300,7 @@ class Job:
             if self._stop.is_set():
                 raise errors.TsError("job stopped")
             try:
-                answers = self.client.infer(self.model, images, output=self.task,
-                                            protocol=self.protocol, topk=self.topk)
+                answers = self._ask(images)
             except errors.ApiError as exc:
                 if exc.status not in RETRIED_STATUSES or busy >= self.max_busy_retries:
                     raise
@@ -285,12 +319,22 @@ class Job:
                 self._stop.wait(pause)
                 pause = min(10.0, pause * 2)
                 continue
-            if len(answers) != len(images):
-                raise errors.TsError(f"{len(images)} images sent, {len(answers)} answers "
+            if len(answers.values) != len(images):
+                raise errors.TsError(f"{len(images)} images sent, {len(answers.values)} answers "
                                      "came back", "is --url an endpoint of this runtime?")
-            return answers
+            return [Answered(value, answers.precision) for value in answers.values]
+
+    def _ask(self, images: list[bytes]) -> Answers:
+        """One request for ``images``, whatever the task."""
+        if self.task == "explain":
+            [image] = images  # Plan.for_explanations: one per request
+            return Answers([self.client.explain(self.model, image, **self.explain)], None)
+        return self.client.infer_answers(self.model, images, output=self.task,
+                                         protocol=self.protocol, topk=self.topk)
 
     def _checked(self, answer):
+        if self.task == "explain":
+            return answer
         if self.task == "embedding":
             vector = np.asarray(answer, dtype=np.float32)
             if vector.shape != (EMBEDDING_DIM,):
@@ -299,6 +343,23 @@ class Job:
             return vector
         return [{"label": t["label"], "index": t["index"], "probability": t["probability"]}
                 for t in answer]
+
+
+def explain_budget(entry: dict | None, method: str | None,
+                   n_steps: int | None) -> tuple[int, int]:
+    """(passes one image and target costs, passes one batch may run) for a customized describe
+    ``entry`` (the shipped defaults without one); ``method``/``n_steps`` None: the model's."""
+    handler = ((entry or {}).get("customizedMetadata") or {}).get("handler") or {}
+    explain = handler.get("explain") or {}
+    method = method or explain.get("method") or "gradcam"
+    steps = int(n_steps or explain.get("n_steps") or 32)
+    return explain_passes(method, steps), int(explain.get("max_passes_per_batch") or 64)
+
+
+def explain_passes(method: str, n_steps: int) -> int:
+    """Forward(+backward) passes per explained image and target, as the handler counts them
+    (``servecore.explain.compute.passes``; the client does not import the server's package)."""
+    return {"gradcam": 1, "ig": n_steps, "occlusion": OCCLUSION_PASSES}.get(method, n_steps)
 
 
 def _read(entry: Entry) -> tuple[Row, bytes]:

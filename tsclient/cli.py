@@ -6,9 +6,11 @@
     tsctl scale NAME --min N [--max M] | set-default NAME VERSION | unregister NAME [VERSION]
     tsctl embed FILE|FOLDER|-... [--out embeddings.parquet] [--shard i/n] [--verify-sha256]
     tsctl tag FILE|FOLDER|-... [--topk K] [--out tags.parquet]    (no --out: print the tags)
-    tsctl similar QUERY... --index embeddings.parquet [-k 10] | duplicates --index ... [--threshold 0.97]
+    tsctl similar QUERY... --index embeddings.parquet [-k 10] [--html similar.html]
+    tsctl duplicates --index ... [--threshold 0.97] [--html duplicates.html]
     tsctl explain FILE [--model M] [--target T | --topk K] [--method M] [--n-steps N]
                  [--out heatmap.png]
+    tsctl explain FILE|FOLDER... --html gallery.html [--target T | --topk K] [--method M]
 
 Human-readable output by default, ``--json`` (before or after the command) for scripts.
 ``embed``/``tag`` work through whole collections, resumably (tsclient.batchjob; docs/operations.md,
@@ -255,21 +257,22 @@ def _collection_of(args) -> Collection:
 
 
 def _run_job(client: TorchServeClient, args, task: str, sink, collection: Collection,
-             identity: tuple[dict | None, dict], done=None):
+             identity: tuple[dict | None, dict], done=None, plan=None, explain=None):
     """Run ``batchjob.Job`` over the collection's shard, with a progress bar whose total a
-    second walk, beside the job, fills in."""
+    second walk, beside the job, fills in. ``plan``: default from the describe answer."""
     from tsclient import batchjob
 
     model = args.model or DEFAULT_MODELS[task]
     entry, _ = identity
-    plan = batchjob.Plan.from_describe(entry, args.concurrency, args.per_request)
-    shard = Shard.parse(args.shard)
+    plan = plan or batchjob.Plan.from_describe(entry, args.concurrency, args.per_request)
+    shard = Shard.parse(getattr(args, "shard", None))
     progress = JobProgress(f"{task} {shard}" if shard.count > 1 else task)
     threading.Thread(target=lambda: progress.set_total(sum(1 for _ in collection.entries(shard))),
                      daemon=True).start()
-    job = batchjob.Job(client, model, task, sink, plan, protocol=args.protocol,
-                       topk=getattr(args, "topk", None), verify_sha256=args.verify_sha256,
-                       progress=progress)
+    job = batchjob.Job(client, model, task, sink, plan, protocol=getattr(args, "protocol", "v2"),
+                       topk=getattr(args, "topk", None),
+                       verify_sha256=getattr(args, "verify_sha256", False), progress=progress,
+                       explain=explain)
     return job.run(collection.entries(shard), done=done)
 
 
@@ -336,6 +339,12 @@ def cmd_similar(client: TorchServeClient, args) -> tuple[Any, str, int]:
     for query, hits in data.items():
         lines.append(f"{query}:")
         lines += [f"  {i}. {h['score']:.4f}  {h['path']}" for i, h in enumerate(hits, 1)]
+    if args.html is not None:
+        from tsclient import pages
+
+        thumbs = pages.Thumbnailer(expected=len(data) + sum(len(h) for h in data.values()))
+        html = pages.similar_page(data, thumbs, index=str(args.index), model=args.model)
+        lines.append(_wrote_page(args.html, html))
     return data, "\n".join(lines), 0
 
 
@@ -345,11 +354,32 @@ def cmd_duplicates(client: TorchServeClient, args) -> tuple[Any, str, int]:
     groups = search.duplicates(args.index, args.threshold)
     lines = [f"{len(g['paths'])} files, cosine >= {g['min_score']:.4f}: " + ", ".join(g["paths"])
              for g in groups] or [f"no near-duplicates at cosine >= {args.threshold}"]
+    if args.html is not None:
+        from tsclient import pages
+
+        thumbs = pages.Thumbnailer(expected=sum(len(g["paths"]) for g in groups))
+        html = pages.duplicates_page(groups, thumbs, index=str(args.index),
+                                     threshold=args.threshold)
+        lines.append(_wrote_page(args.html, html))
     return groups, "\n".join(lines), 0
 
 
+def _wrote_page(path: Path, html: str) -> str:
+    from tsclient import pages
+
+    size = pages.write(path, html)
+    return f"wrote {path} ({size / 1e6:.1f} MB; open it in a browser)"
+
+
 def cmd_explain(client: TorchServeClient, args) -> tuple[Any, str, int]:
-    path = Path(args.file)
+    if args.html is not None:
+        return _explain_gallery(client, args)
+    if len(args.sources) != 1 or Path(args.sources[0]).is_dir():
+        raise errors.UsageError("explain answers one FILE on the terminal",
+                                "for several files or a folder, add --html gallery.html")
+    if args.concurrency is not None:
+        raise errors.UsageError("--concurrency paces a gallery", "add --html gallery.html")
+    path = Path(args.sources[0])
     try:
         image = path.read_bytes()
     except OSError as exc:
@@ -369,6 +399,45 @@ def cmd_explain(client: TorchServeClient, args) -> tuple[Any, str, int]:
     data = {**answer, "explanations": [{k: v for k, v in e.items() if k != "png"}
                                        for e in answer["explanations"]]}
     return data, "\n".join(lines), 0
+
+
+def _explain_gallery(client: TorchServeClient, args) -> tuple[Any, str, int]:
+    """``explain --html``: every photo explained (one request each, paced by the server's
+    explanation budget, retried like ``embed``), into one gallery page."""
+    from tsclient import batchjob, pages
+
+    if args.out is not None:
+        raise errors.UsageError("--out writes one heatmap; --html a gallery", "give one of them")
+    collection = Collection(list(args.sources))
+    identity = batchjob.model_identity(client, args.model)
+    # Without a target, the top classes (the gallery's "top tags"; the heatmap is the first's),
+    # as many as one request may cost within the batch budget (IG: fewer than GradCAM).
+    per_target, budget = batchjob.explain_budget(identity[0], args.method, args.n_steps)
+    topk = args.topk or (None if args.target is not None
+                         else max(1, min(GALLERY_TOPK, budget // per_target)))
+    targets = topk or 1
+    plan = batchjob.Plan.for_explanations(identity[0], args.method, args.n_steps, targets,
+                                          args.concurrency)
+    gallery = pages.ExplainGallery(pages.Thumbnailer(expected=2 * sum(
+        1 for _ in collection.entries())))
+    options = {"target": args.target, "topk": topk, "method": args.method,
+               "n_steps": args.n_steps, "png": True}
+    summary = _run_job(client, args, "explain", gallery, collection, identity, plan=plan,
+                       explain=options)
+    order = {e.path: i for i, e in enumerate(collection.entries())}
+    items = sorted(gallery.items, key=lambda item: order.get(item.path, len(order)))
+    handler = ((identity[0] or {}).get("customizedMetadata") or {}).get("handler") or {}
+    method = args.method or (handler.get("explain") or {}).get("method") or "the model's default"
+    target = args.target if args.target is not None else f"the {topk} most probable classes"
+    html = pages.explain_page(items, args.model, method, target)
+    lines = [f"{p}: error: {e}" for p, e in summary.failures]
+    lines.append(f"{summary.done} explained, {summary.failed} failed in {summary.seconds:.1f} s")
+    lines.append(_wrote_page(args.html, html))
+    data = {"html": str(args.html), "method": method, "target": target,
+            "photos": [{"path": i.path, "error": i.error,
+                        "targets": [{"label": label, "probability": p} for label, p in i.targets]}
+                       for i in items]}
+    return data, "\n".join(lines), errors.Unhealthy.exit_code if summary.failed else 0
 
 
 # ---------------------------------------------------------------------- helpers
@@ -409,6 +478,7 @@ COMMANDS = {"list": cmd_list, "describe": cmd_describe, "register": cmd_register
             "duplicates": cmd_duplicates}
 DEFAULT_MODELS = {"embedding": "resnet50-embedding", "tags": "resnet50-tagger"}
 DEFAULT_OUTS = {"embedding": "embeddings.parquet", "tags": "tags.parquet"}
+GALLERY_TOPK = 3  # classes an explanation gallery lists per photo when no target is given
 
 
 def parser() -> argparse.ArgumentParser:
@@ -489,10 +559,14 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--index", type=Path, required=True, help="an embed output (Parquet)")
     q.add_argument("-k", type=int, default=10, help="neighbours per query (10)")
     q.add_argument("--model", default=DEFAULT_MODELS["embedding"])
+    q.add_argument("--html", type=Path, metavar="FILE",
+                   help="also write a page of thumbnails: each query beside its neighbours")
     _endpoint_arguments(q)
     dup = sub.add_parser("duplicates", help="groups of near-duplicate photos in an embed output")
     dup.add_argument("--index", type=Path, required=True)
     dup.add_argument("--threshold", type=float, default=0.97, help="cosine (0.97)")
+    dup.add_argument("--html", type=Path, metavar="FILE",
+                     help="also write a page of thumbnails: each group side by side")
     sub.add_parser("health", help="is the server up and every model READY")
     k = sub.add_parser("keys", help="key expiry; rotate keys")
     k.add_argument("--rotate", choices=[*KINDS, "all"])
@@ -505,14 +579,22 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--once", action="store_true", help="print one frame and exit")
     t.add_argument("--interval", type=float, default=2.0,
                    help="seconds between frames, and the span each one measures (2)")
-    e = sub.add_parser("explain", help="where the model looked: a heatmap for one image")
-    e.add_argument("file", metavar="FILE")
+    e = sub.add_parser("explain", help="where the model looked: a heatmap for one image, or "
+                                       "a gallery page of many (--html)")
+    e.add_argument("sources", nargs="+", metavar="FILE|FOLDER",
+                   help="one image; with --html, image files and folders (walked)")
     e.add_argument("--model", default="resnet50-tagger")
     e.add_argument("--target", help="class index or label (default: the top-1 class)")
     e.add_argument("--topk", type=int, help="explain the k most probable classes")
     e.add_argument("--method", help="gradcam (default), ig or occlusion")
     e.add_argument("--n-steps", type=int, help="integrated-gradients steps")
     e.add_argument("--out", type=Path, help="write the heatmap PNG here")
+    e.add_argument("--html", type=Path, metavar="FILE",
+                   help=f"a gallery page: each photo, its heatmap and the explained classes "
+                        f"(default: the top {GALLERY_TOPK})")
+    e.add_argument("--concurrency", type=int,
+                   help="with --html: requests in flight (default: what the server's "
+                        "explanation budget admits, from describe)")
     return p
 
 

@@ -25,6 +25,7 @@ import ipaddress
 import json
 import re
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -38,6 +39,18 @@ TIMEOUT_S = 300.0  # registration and scaling wait for workers
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-.]*")
 MAX_NAME = 128  # far below Netty's 4096-byte request line, room for /predictions/NAME/VERSION
 URL_SCHEMES = ("http://", "https://", "file://")
+# The arithmetic that computed an answer (servecore.service.PRECISION_HEADER); the client does
+# not import the server's package, so the name is written here too.
+PRECISION_HEADER = "X-Precision"
+
+
+@dataclass(frozen=True)
+class Answers:
+    """One answer per image, in order, and the precision that computed them (``None`` from a
+    server that does not say)."""
+
+    values: list
+    precision: str | None
 
 
 def is_loopback(url: str) -> bool:
@@ -269,9 +282,16 @@ class TorchServeClient:
 
     def infer(self, model: str, images: list[bytes], *, output: str = "embedding",
               protocol: str = "v2", topk: int | None = None) -> list[Any]:
+        """Several images in one KServe request: ``infer_answers(...).values``."""
+        return self.infer_answers(model, images, output=output, protocol=protocol,
+                                  topk=topk).values
+
+    def infer_answers(self, model: str, images: list[bytes], *, output: str = "embedding",
+                      protocol: str = "v2", topk: int | None = None) -> Answers:
         """Several images in one KServe request (``protocol`` v2, the Open Inference Protocol,
         or v1): one answer per image, in order: an embedding (a list of floats) for
-        ``output="embedding"``, a list of ``{"label", "index", "probability"}`` for ``"tags"``.
+        ``output="embedding"``, a list of ``{"label", "index", "probability"}`` for ``"tags"``,
+        with the precision that computed them (the ``X-Precision`` header).
         The handler answers a request with a bad image as a whole (400 naming the image);
         send that request's images one by one to learn which. A 503's ``ApiError`` carries
         ``retry_after``."""
@@ -282,11 +302,12 @@ class TorchServeClient:
         if protocol == "v1":
             params = {"topk": topk} if topk is not None and output == "tags" else {}
             body = {"instances": [{"data": item} for item in data], "parameters": params}
-            answers = self._call("POST", "inference", f"/v1/models/{check_name(model)}:predict",
-                                 what, data=json.dumps(body),
-                                 headers={"Content-Type": "application/json"}).json()
-            predictions = answers["predictions"]
-            return [p["embedding"] if output == "embedding" else p for p in predictions]
+            response = self._call("POST", "inference", f"/v1/models/{check_name(model)}:predict",
+                                  what, data=json.dumps(body),
+                                  headers={"Content-Type": "application/json"})
+            predictions = response.json()["predictions"]
+            return Answers([p["embedding"] if output == "embedding" else p for p in predictions],
+                           response.headers.get(PRECISION_HEADER))
         if protocol != "v2":
             raise errors.UsageError(f"no protocol {protocol!r}", "use v1 or v2")
         wanted = {"name": output}
@@ -294,16 +315,19 @@ class TorchServeClient:
             wanted["parameters"] = {"topk": topk}
         body = {"inputs": [{"name": "images", "shape": [len(data)], "datatype": "BYTES",
                             "data": data}], "outputs": [wanted]}
-        answer = self._call("POST", "inference", f"/v2/models/{check_name(model)}/infer", what,
-                            data=json.dumps(body),
-                            headers={"Content-Type": "application/json"}).json()
-        [tensor] = [o for o in answer["outputs"] if o["name"] == output]
+        response = self._call("POST", "inference", f"/v2/models/{check_name(model)}/infer",
+                              what, data=json.dumps(body),
+                              headers={"Content-Type": "application/json"})
+        [tensor] = [o for o in response.json()["outputs"] if o["name"] == output]
         rows = tensor["shape"][0]
         if output == "embedding":
             flat, dim = tensor["data"], tensor["shape"][1]
-            return [flat[i * dim:(i + 1) * dim] for i in range(rows)]
-        k = tensor["shape"][1]
-        return [[json.loads(t) for t in tensor["data"][i * k:(i + 1) * k]] for i in range(rows)]
+            values = [flat[i * dim:(i + 1) * dim] for i in range(rows)]
+        else:
+            k = tensor["shape"][1]
+            values = [[json.loads(t) for t in tensor["data"][i * k:(i + 1) * k]]
+                      for i in range(rows)]
+        return Answers(values, response.headers.get(PRECISION_HEADER))
 
     def explain(self, model: str, image: bytes, *, filename: str = "image",
                 target: int | str | None = None, topk: int | None = None,

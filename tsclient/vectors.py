@@ -3,7 +3,9 @@ is already done, and the merged output.
 
 One row per file: ``path``, ``size``, ``mtime`` (UTC timestamp, ns), ``sha256`` (hex of the
 bytes sent), ``status`` (``ok`` or ``error``), ``error`` (the server's or the reader's
-message), and the answer: ``embedding`` (``fixed_size_list<float32>[2048]``) or ``tags``
+message), ``precision`` (the arithmetic that computed the row, from the answer's
+``X-Precision`` header: replicas measuring ``auto`` on different nodes may differ; null for a
+failed file or a server that does not say), and the answer: ``embedding`` (``fixed_size_list<float32>[2048]``) or ``tags``
 (``list<struct<label: string, index: int32, probability: float32>>``), null when the file
 failed. The file's key-value metadata ``tsclient`` holds JSON naming the model, its version,
 precision, backend and weights fingerprint (from the describe answer) and the schema version.
@@ -33,12 +35,13 @@ import pyarrow.parquet as pq
 from tsclient.errors import UsageError
 
 EMBEDDING_DIM = 2048  # ResNet50's pooled layer4
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the precision column (files of version 1 merge with it as null)
 META_KEY = b"tsclient"
 OK, ERROR = "ok", "error"
 TAG = pa.struct([("label", pa.string()), ("index", pa.int32()), ("probability", pa.float32())])
 COLUMNS = [("path", pa.string()), ("size", pa.int64()), ("mtime", pa.timestamp("ns", tz="UTC")),
-           ("sha256", pa.string()), ("status", pa.string()), ("error", pa.string())]
+           ("sha256", pa.string()), ("status", pa.string()), ("error", pa.string()),
+           ("precision", pa.string())]
 ANSWERS = {"embedding": pa.list_(pa.float32(), EMBEDDING_DIM), "tags": pa.list_(TAG)}
 # Metadata that must agree between a run and the rows it resumes.
 IDENTITY = ("task", "model", "model_version", "weights_sha256")
@@ -69,11 +72,13 @@ class Row:
     sha256: str | None
     error: str | None = None
     answer: object = None  # a float32 vector, or a list of tag dicts
+    precision: str | None = None  # the X-Precision of the answer
 
     def record(self, task: str) -> dict:
         return {"path": self.path, "size": self.size, "mtime": self.mtime_ns,
                 "sha256": self.sha256, "status": ERROR if self.error else OK,
-                "error": self.error, task: None if self.error else self.answer}
+                "error": self.error, "precision": None if self.error else self.precision,
+                task: None if self.error else self.answer}
 
 
 class Output:
@@ -152,7 +157,7 @@ class Output:
                             pa.array(mask[start:start + batch.num_rows]))
                         start += batch.num_rows
                         if rows.num_rows:
-                            writer.write_table(rows.cast(self.schema))
+                            writer.write_table(_conform(rows, self.schema))
 
         _atomic_write(self.out, write)
         for path in files[1 if files[0] == self.out else 0:]:
@@ -160,6 +165,15 @@ class Output:
         if self.parts.is_dir() and not any(self.parts.iterdir()):
             self.parts.rmdir()
         return self.out
+
+
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` in ``schema``: columns an older schema version lacks become nulls."""
+    for position, column in enumerate(schema):
+        if column.name not in table.column_names:
+            table = table.add_column(position, column.name,
+                                     pa.nulls(table.num_rows, column.type))
+    return table.select(schema.names).cast(schema)
 
 
 def _options(task: str) -> dict:

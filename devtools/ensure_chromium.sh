@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# tests/test_pages.py opens the result pages (tsctl ... --html) in a headless Chromium, driven
+# by the playwright package with Debian's browser (Playwright's own browser download is not
+# used). Check for it; where apt-get can install it (root or passwordless sudo), do so;
+# otherwise say so and go on: only those browser tests are skipped, with this reason.
+set -euo pipefail
+
+has_chromium() {
+  command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1
+}
+
+if has_chromium; then
+  exit 0
+fi
+
+echo "Chromium not found: tests/test_pages.py looks at the result pages in it (headless)." >&2
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo -n"
+if command -v apt-get >/dev/null 2>&1 && { [ -z "$SUDO" ] || sudo -n true 2>/dev/null; }; then
+  echo "Installing chromium with apt-get..." >&2
+  $SUDO apt-get update -qq
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium || true
+  hash -r
+fi
+if ! has_chromium; then
+  cat >&2 <<'MSG'
+warning: Chromium could not be installed automatically; the browser tests of tests/test_pages.py
+will be skipped (and `make docs-screenshots` cannot run). To install it:
+  Debian:         sudo apt-get install -y chromium
+  Ubuntu:         sudo snap install chromium   (Ubuntu's apt package only installs the snap)
+  Fedora/RHEL:    sudo dnf install -y chromium
+Any Chromium on PATH as `chromium` or `chromium-browser` will do.
+MSG
+  exit 0
+fi
+echo "Chromium is ready: $( (chromium --version || chromium-browser --version) 2>/dev/null | head -n1)." >&2
