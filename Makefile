@@ -36,10 +36,16 @@ SOURCES := $(wildcard handlers/*.py servecore/*.py servecore/*/*.py model_files/
 .PHONY: setup java config weights archives samples serve test test-fast bench bench-sweep bench-ingestion bench-collection soak clean
 .DEFAULT_GOAL := test
 
-setup: $(VENV)/.installed java kubectl chromium
+setup: $(VENV)/.installed java kubectl chromium prometheus
 
 java:
 	@devtools/ensure_java.sh
+
+# promtool checks and unit-tests config/monitoring's rules; prometheus runs them (make monitor,
+# tests/test_monitoring.py).
+.PHONY: prometheus
+prometheus:
+	@devtools/ensure_prometheus.sh
 
 # Headless Chromium for tests/test_pages.py and make docs-screenshots (apt where it can; else a
 # warning, and those browser tests are skipped).
@@ -106,6 +112,14 @@ serve: setup config archives samples
 	echo "TorchServe temp folder: $$tmp$(if $(filter 1,$(MODEL_API)), (model API on))" && \
 	TMPDIR="$$tmp" TEMP="$$tmp" $(VENV)/bin/torchserve --start --foreground --ncs \
 		--ts-config config/config.properties $(if $(filter 1,$(MODEL_API)),--enable-model-api)
+
+# Prometheus with config/monitoring's rules scraping make serve's metrics port (run make serve
+# in another terminal), its UI on http://127.0.0.1:$(MONITOR_PORT); Ctrl-C stops it
+# (devtools/prometheus.py; docs/operations.md, Monitoring).
+MONITOR_PORT ?= 9090
+.PHONY: monitor
+monitor: $(VENV)/.installed prometheus
+	$(PY) -m devtools.prometheus --port $(MONITOR_PORT)
 
 # The whole suite, the benchmark smoke test (marked slow) and the runtime image's container
 # test included (the image: ~10 minutes the first time, reused afterwards; see kserve/README.md).

@@ -40,6 +40,7 @@ that admits TorchServe's inference and metrics ports (or Knative's queue-proxy) 
 named namespaces, and nothing from everywhere.
 
 For the collection job (``kserve/batch-job``, an Indexed Job): ``kserve_tools.joblint``.
+For the PodMonitor and PrometheusRule (``kserve/monitoring``): ``kserve_tools.monitoring``.
 
 For a bundle: ``config/config.properties`` names exactly the archives in ``model-store/``
 (model names and versions from each archive's manifest) and the models of ``config/models``.
@@ -58,6 +59,7 @@ from pathlib import Path
 import javaproperties
 
 from buildsteps.configgen import REPO, repo_models
+from kserve_tools import monitoring
 from kserve_tools.joblint import job_findings
 from kserve_tools.render import RenderError, Resource, render
 from model_files.artifacts import read_manifest
@@ -660,9 +662,11 @@ def network_policy_findings(objects: list[Resource]) -> list[Finding]:
 
 
 def default_targets() -> list[Path]:
-    """Our runtime, every overlay, the stock-runtime manifests and the collection job."""
+    """Our runtime, every overlay, the stock-runtime manifests, the collection job and the
+    monitoring objects."""
     return [RUNTIME_DIR, *sorted(p for p in (KSERVE / "overlays").iterdir() if p.is_dir()),
-            *sorted((KSERVE / "stock").glob("*.yaml")), BATCH_JOB_DIR]
+            *sorted((KSERVE / "stock").glob("*.yaml")), BATCH_JOB_DIR,
+            monitoring.MONITORING_DIR]
 
 
 def base_service() -> tuple[str | None, str]:
@@ -701,6 +705,11 @@ def lint(targets: list[Path], models: dict[str, dict] | None = None,
             continue
         if resource.kind == "Job":
             found += job_findings(resource, *base_service(), _finding)
+            continue
+        if resource.kind in ("PodMonitor", "PrometheusRule"):
+            found += monitoring.findings(
+                resource, base_service()[1],
+                _port(server_properties(RUNTIME_SERVER_PROPERTIES)["metrics_address"]), _finding)
             continue
         if resource.kind == "NetworkPolicy":
             continue  # checked with its InferenceService, per target

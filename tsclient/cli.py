@@ -1,6 +1,6 @@
 """``tsctl``: operate a running TorchServe from the shell.
 
-    tsctl list | describe NAME [VERSION] | health | metrics
+    tsctl list | describe NAME [VERSION] | health | metrics | top [--once] [--interval S]
     tsctl keys [--rotate inference|management|all] [--print inference|management]
     tsctl register ARCHIVE [--name N] [--batch-size B] [--max-batch-delay MS] [--workers W]
     tsctl scale NAME --min N [--max M] | set-default NAME VERSION | unregister NAME [VERSION]
@@ -214,6 +214,15 @@ def cmd_metrics(client: TorchServeClient, args) -> tuple[Any, str, int]:
         lines.append(f"  decode {m['decode_ms_per_image']} ms/image, forward "
                      f"{m['forward_ms_per_batch']} ms/batch")
     return {"statuses": statuses, "models": summary}, "\n".join(lines), 0
+
+
+def cmd_top(client: TorchServeClient, args) -> tuple[Any, str | None, int]:
+    from tsclient import top
+
+    if args.once:
+        text = top.once(client, args.interval)
+        return text, text, 0
+    return None, None, top.run(client, interval=args.interval)
 
 
 # The collection commands load numpy and pyarrow only when they run (tsctl list stays quick).
@@ -465,7 +474,7 @@ def _duration(seconds: float | None) -> str:
 COMMANDS = {"list": cmd_list, "describe": cmd_describe, "register": cmd_register,
             "scale": cmd_scale, "set-default": cmd_set_default, "unregister": cmd_unregister,
             "tag": cmd_tag, "embed": cmd_embed, "health": cmd_health, "keys": cmd_keys,
-            "metrics": cmd_metrics, "explain": cmd_explain, "similar": cmd_similar,
+            "metrics": cmd_metrics, "top": cmd_top, "explain": cmd_explain, "similar": cmd_similar,
             "duplicates": cmd_duplicates}
 DEFAULT_MODELS = {"embedding": "resnet50-embedding", "tags": "resnet50-tagger"}
 DEFAULT_OUTS = {"embedding": "embeddings.parquet", "tags": "tags.parquet"}
@@ -565,6 +574,11 @@ def parser() -> argparse.ArgumentParser:
                    help="print a valid key (rotated first when it expires within a minute), "
                         "e.g. KEY=$(tsctl keys --print inference)")
     sub.add_parser("metrics", help="batch sizes, requests, errors and latency per model")
+    t = sub.add_parser("top", help="live per-model rates, latency, batches, errors and workers "
+                                   "(q quits)")
+    t.add_argument("--once", action="store_true", help="print one frame and exit")
+    t.add_argument("--interval", type=float, default=2.0,
+                   help="seconds between frames, and the span each one measures (2)")
     e = sub.add_parser("explain", help="where the model looked: a heatmap for one image, or "
                                        "a gallery page of many (--html)")
     e.add_argument("sources", nargs="+", metavar="FILE|FOLDER",
@@ -626,7 +640,8 @@ def main(argv: list[str] | None = None) -> int:
         if exc.hint:
             print(f"hint: {exc.hint}", file=sys.stderr)
         return exc.exit_code
-    print(json.dumps(data, indent=2) if args.json else text)
+    if text is not None:  # None: the command drew its own screen (top)
+        print(json.dumps(data, indent=2) if args.json else text)
     return code
 
 

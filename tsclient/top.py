@@ -1,0 +1,224 @@
+"""``tsctl top``: a live view of a running TorchServe, one frame every second or two.
+
+Each frame compares two reads of ``/metrics`` (and the management API's workers) taken
+``interval`` seconds apart, so every number is what happened in that interval:
+
+- per model: requests/s and images/s; mean latency and queue time in ms (TorchServe exports
+  sums of microseconds, no histogram: a mean is all that can be derived, no percentile); batch
+  size, mean and p50/p95 (from ``HandlerBatchesBySize``, a real distribution); handler errors/s
+  by kind, ``Overloaded`` being its 503 refusals;
+- for the server: answers/s by status class (``Requests2XX/4XX/5XX``, the frontend's own 503
+  refusals included);
+- per worker: status, pid, resident memory (``HandlerWorkerRssMB`` of its pid, else the
+  management API's) and the precision it serves.
+
+Lines fit 80 columns. ``run`` redraws until ``q`` or Ctrl-C; ``--once`` prints one frame.
+"""
+from __future__ import annotations
+
+import math
+import os
+import select
+import shutil
+import sys
+import termios
+import time
+import tty
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Callable, TextIO
+
+from tabulate import tabulate
+
+from tsclient import promtext
+from tsclient.client import TorchServeClient
+
+WIDTH = 80
+# Per-model counters a frame turns into rates: metric -> key.
+COUNTERS = {"ts_inference_requests_total": "requests",
+            "ts_inference_latency_microseconds": "latency_us",
+            "ts_queue_latency_microseconds": "queue_us",
+            "HandlerImages": "images", "HandlerBatches": "batches",
+            "HandlerRequests": "batched_requests"}
+
+
+@dataclass
+class Read:
+    """One look at the server: when, its per-model counters, batches by size, errors by kind,
+    answers by status class, precision and workers."""
+
+    at: float
+    counters: dict[str, dict[str, float]] = field(default_factory=dict)
+    batch_sizes: dict[str, dict[int, float]] = field(default_factory=dict)
+    errors: dict[str, dict[str, float]] = field(default_factory=dict)
+    statuses: dict[str, int] = field(default_factory=dict)
+    precision: dict[str, str] = field(default_factory=dict)
+    rss_mb: dict[str, float] = field(default_factory=dict)  # by worker pid
+    workers: dict[str, list[dict]] = field(default_factory=dict)
+
+
+def parse(text: str, workers: dict[str, list[dict]], at: float) -> Read:
+    """A ``Read`` from a ``/metrics`` text and ``{model: describe()'s workers}``."""
+    read = Read(at=at, statuses=promtext.frontend_statuses(text), workers=workers)
+    for name, labels, value in promtext.parse(text):
+        model = labels.get("ModelName") or labels.get("model_name")
+        if model is None:
+            continue
+        if name in COUNTERS:
+            counters = read.counters.setdefault(model, dict.fromkeys(COUNTERS.values(), 0.0))
+            counters[COUNTERS[name]] += value
+        elif name == "HandlerBatchesBySize" and labels.get("BatchSize", "").isdigit():
+            sizes = read.batch_sizes.setdefault(model, {})
+            size = int(labels["BatchSize"])
+            sizes[size] = sizes.get(size, 0.0) + value
+        elif name == "HandlerErrors":
+            kinds = read.errors.setdefault(model, {})
+            kinds[labels.get("ErrorType", "?")] = kinds.get(labels.get("ErrorType", "?"), 0.0) \
+                + value
+        elif name == "HandlerPrecision" and value == 1:
+            read.precision[model] = labels.get("Precision", "?")
+        elif name == "HandlerWorkerRssMB":
+            read.rss_mb[labels.get("WorkerPid", "?")] = value
+    return read
+
+
+def take(client: TorchServeClient) -> Read:
+    """Read the server now: its metrics and every model's workers."""
+    workers = {m["modelName"]: [w for entry in client.describe(m["modelName"])
+                                for w in entry.get("workers", [])]
+               for m in client.list_models()}
+    return parse(client.metrics_text(), workers, time.monotonic())
+
+
+def percentile(counts: dict[int, float], q: float) -> int | None:
+    """The smallest batch size with at least ``q`` of the batches at or below it."""
+    total = sum(counts.values())
+    if total <= 0:
+        return None
+    seen = 0.0
+    for size in sorted(counts):
+        seen += counts[size]
+        if seen >= q * total - 1e-9:
+            return size
+    return max(counts)
+
+
+def _delta(new: dict, old: dict) -> dict:
+    return {k: v - old.get(k, 0.0) for k, v in new.items() if v - old.get(k, 0.0) > 0}
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.{digits}f}"
+
+
+def frame(old: Read, new: Read, *, url: str = "", width: int = WIDTH) -> str:
+    """The screen for what happened between ``old`` and ``new``, each line cut to ``width``."""
+    seconds = max(new.at - old.at, 1e-9)
+    answers = "  ".join(f"{code} {_num((new.statuses.get(code, 0) - old.statuses.get(code, 0)) / seconds)}"
+                        for code in ("2XX", "4XX", "5XX"))
+    lines = [f"tsctl top  {url}  {datetime.now():%H:%M:%S}  every {seconds:.1f}s",
+             f"answers/s  {answers}  (5XX: 503 queue full, 507 no worker)", ""]
+    rows, error_lines = [], []
+    for model in sorted(set(new.counters) | set(new.workers)):
+        d = _delta(new.counters.get(model, {}), old.counters.get(model, {}))
+        requests = d.get("requests", 0.0)
+        sizes = _delta(new.batch_sizes.get(model, {}), old.batch_sizes.get(model, {}))
+        batches = d.get("batches", 0.0)
+        p50, p95 = percentile(sizes, 0.5), percentile(sizes, 0.95)
+        rows.append([model, _num(requests / seconds), _num(d.get("images", 0.0) / seconds),
+                     _num(d["latency_us"] / 1000 / requests if requests and "latency_us" in d
+                          else None),
+                     _num(d["queue_us"] / 1000 / requests if requests and "queue_us" in d
+                          else None),
+                     _num(d.get("batched_requests", 0.0) / batches if batches else None),
+                     f"{p50}/{p95}" if p50 is not None else "-"])
+        errors = _delta(new.errors.get(model, {}), old.errors.get(model, {}))
+        error_lines.append(f"  {model}: " + (", ".join(
+            f"{kind}{' (503)' if kind == 'Overloaded' else ''} {n / seconds:.1f}/s"
+            for kind, n in sorted(errors.items())) or "none"))
+    lines += tabulate(rows, headers=["model", "req/s", "img/s", "mean ms", "queue ms",
+                                     "batch", "p50/p95"],
+                      tablefmt="plain", disable_numparse=True,
+                      colalign=("left",) + ("right",) * 6).splitlines()
+    lines += ["", "errors/s by kind (handler; Overloaded = its 503 refusals)", *error_lines, ""]
+    worker_rows = [[model, w.get("id", "?"), w.get("status", "?"), w.get("pid", "-"),
+                    _num(_rss_mb(new, w), 0), new.precision.get(model, "-")]
+                   for model, workers in sorted(new.workers.items()) for w in workers]
+    lines += tabulate(worker_rows, headers=["model", "worker", "status", "pid", "RSS MB",
+                                            "precision"],
+                      tablefmt="plain", disable_numparse=True).splitlines()
+    return "\n".join(line[:width].rstrip() for line in lines)
+
+
+def _rss_mb(read: Read, worker: dict) -> float | None:
+    """The worker's resident MB as its handler last reported it (every batch), else the
+    management API's (TorchServe samples that only every minute: 0 until then)."""
+    reported = read.rss_mb.get(str(worker.get("pid")))
+    if reported is not None:
+        return reported
+    memory = worker.get("memoryUsage")
+    return memory / 2**20 if isinstance(memory, (int, float)) and memory > 0 else None
+
+
+def first_frame(client: TorchServeClient, interval: float,
+                take_read: Callable[[TorchServeClient], Read] = take) -> tuple[Read, Read]:
+    """Two reads ``interval`` seconds apart: a frame is a difference."""
+    old = take_read(client)
+    time.sleep(interval)
+    return old, take_read(client)
+
+
+def once(client: TorchServeClient, interval: float = 2.0) -> str:
+    """One frame (``tsctl top --once``), 80 columns wide."""
+    old, new = first_frame(client, interval)
+    return frame(old, new, url=client.urls["metrics"].removeprefix("http://"))
+
+
+def run(client: TorchServeClient, *, interval: float = 2.0, out: TextIO = sys.stdout,
+        take_read: Callable[[TorchServeClient], Read] = take) -> int:
+    """Redraw a frame every ``interval`` seconds until ``q`` (a terminal on stdin) or Ctrl-C;
+    lines are cut to the terminal's width. Returns the exit code (0)."""
+    url = client.urls["metrics"].removeprefix("http://")
+    try:
+        old, new = first_frame(client, interval, take_read)
+        with _Keys() as keys:
+            while True:
+                width = shutil.get_terminal_size((WIDTH, 24)).columns
+                out.write("\x1b[H\x1b[2J" + frame(old, new, url=url, width=width)
+                          + "\n\nq quits\n")
+                out.flush()
+                if keys.quit_within(interval):
+                    return 0
+                old, new = new, take_read(client)
+    except KeyboardInterrupt:
+        return 0
+
+
+class _Keys:
+    """Single keys from a terminal on stdin (no Enter needed); nothing when stdin is not one."""
+
+    def __init__(self) -> None:
+        self.fd = sys.stdin.fileno() if sys.stdin.isatty() else None
+        self._saved = None
+
+    def __enter__(self) -> "_Keys":
+        if self.fd is not None:
+            self._saved = termios.tcgetattr(self.fd)
+            tty.setcbreak(self.fd)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._saved is not None:
+            termios.tcsetattr(self.fd, termios.TCSADRAIN, self._saved)
+
+    def quit_within(self, seconds: float) -> bool:
+        """Wait up to ``seconds``; True if ``q`` was pressed."""
+        if self.fd is None:
+            time.sleep(seconds)
+            return False
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select([self.fd], [], [], left)
+            if ready and os.read(self.fd, 1) in (b"q", b"Q"):
+                return True
+        return False
