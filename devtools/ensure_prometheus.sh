@@ -2,18 +2,20 @@
 # The monitoring rules are checked and unit-tested with promtool, an integration test runs a
 # real Prometheus, and `make monitor` starts one (config/monitoring/). Check for both; where
 # apt-get can install them (root or passwordless sudo; Debian 12 ships Prometheus 2.42 with
-# promtool), do so; otherwise stop with what to do.
+# promtool), do so; otherwise stop with what to do. tmux too: tests/test_top.py checks
+# `tsctl top`'s layout in a real 80-column terminal.
 set -euo pipefail
 
 has_prometheus() {
-  command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1
+  command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 &&
+    command -v tmux >/dev/null 2>&1
 }
 
 if has_prometheus; then
   exit 0
 fi
 
-echo "prometheus/promtool not found: config/monitoring's rule tests and \`make monitor\` need them." >&2
+echo "prometheus/promtool/tmux not found: config/monitoring's rule tests, \`make monitor\` and tsctl top's terminal test need them." >&2
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo -n"
 if command -v apt-get >/dev/null 2>&1 && { [ -z "$SUDO" ] || sudo -n true 2>/dev/null; }; then
@@ -21,14 +23,15 @@ if command -v apt-get >/dev/null 2>&1 && { [ -z "$SUDO" ] || sudo -n true 2>/dev
   $SUDO apt-get update -qq
   # --no-install-recommends: not the node exporter and the web console libraries.
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    prometheus || true
+    prometheus tmux || true
   hash -r
 fi
 if ! has_prometheus; then
   cat >&2 <<'MSG'
-error: Prometheus 2.x (the `prometheus` server and `promtool`) is required by the monitoring
-tests (tests/test_monitoring.py) and `make monitor`, and could not be installed automatically.
-  Debian/Ubuntu:  sudo apt-get install -y prometheus
+error: Prometheus 2.x (the `prometheus` server and `promtool`) and tmux are required by the
+monitoring tests (tests/test_monitoring.py, tests/test_top.py) and `make monitor`, and could not
+be installed automatically.
+  Debian/Ubuntu:  sudo apt-get install -y prometheus tmux
   Fedora/RHEL:    sudo dnf install -y golang-github-prometheus
   Any OS:         https://prometheus.io/download/ (put prometheus and promtool on PATH)
   macOS:          brew install prometheus

@@ -128,7 +128,7 @@ def test_once_under_load(torchserve):
 def test_live_view_in_an_80_column_terminal_quits_on_q(torchserve, tmp_path):
     tmux = shutil.which("tmux")
     if tmux is None:
-        pytest.fail("tmux missing: apt-get install -y tmux")
+        pytest.fail("tmux missing: make setup installs it (devtools/ensure_prometheus.sh)")
     socket = f"tsctl-top-{uuid.uuid4().hex[:8]}"  # a private tmux server, killed at the end
     base = [tmux, "-L", socket, "-f", os.devnull]
     env = _tsctl_env(torchserve)
