@@ -4,6 +4,8 @@
 # used). Check for it; where apt-get can install it (root or passwordless sudo), do so;
 # otherwise say so and go on: only those browser tests are skipped, with this reason.
 set -euo pipefail
+# shellcheck source=devtools/apt.sh
+. "$(dirname "$0")/apt.sh"
 
 has_chromium() {
   command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1
@@ -14,12 +16,10 @@ if has_chromium; then
 fi
 
 echo "Chromium not found: tests/test_pages.py looks at the result pages in it (headless)." >&2
-SUDO=""
-[ "$(id -u)" -eq 0 ] || SUDO="sudo -n"
-if command -v apt-get >/dev/null 2>&1 && { [ -z "$SUDO" ] || sudo -n true 2>/dev/null; }; then
+if can_apt; then
   echo "Installing chromium with apt-get..." >&2
-  $SUDO apt-get update -qq
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium || true
+  apt_update
+  apt_install chromium || true
   hash -r
 fi
 if ! has_chromium; then

@@ -2,6 +2,8 @@
 # TorchServe's frontend is a Java program and needs Java 17 or newer. Check for it; where
 # apt-get can install it (root or passwordless sudo), do so; otherwise stop with what to do.
 set -euo pipefail
+# shellcheck source=devtools/apt.sh
+. "$(dirname "$0")/apt.sh"
 
 java_major() {
   command -v java >/dev/null 2>&1 || { echo 0; return; }
@@ -18,13 +20,11 @@ if [ "${major:-0}" -ge 17 ]; then
 fi
 
 echo "TorchServe needs Java 17+; found: $( [ "$major" = 0 ] && echo none || echo "Java $major")." >&2
-SUDO=""
-[ "$(id -u)" -eq 0 ] || SUDO="sudo -n"
-if command -v apt-get >/dev/null 2>&1 && { [ -z "$SUDO" ] || sudo -n true 2>/dev/null; }; then
+if can_apt; then
   echo "Installing a Java runtime with apt-get..." >&2
-  $SUDO apt-get update -qq
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless \
-    || $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-21-jre-headless
+  apt_update
+  apt_install openjdk-17-jre-headless \
+    || apt_install openjdk-21-jre-headless
   hash -r
   major=$(java_major)
 fi

@@ -3,6 +3,8 @@
 # users apply them with. Check for it; where apt-get offers a kubectl package (root or
 # passwordless sudo), install it; otherwise stop with what to do.
 set -euo pipefail
+# shellcheck source=devtools/apt.sh
+. "$(dirname "$0")/apt.sh"
 
 has_kustomize() {
   command -v kubectl >/dev/null 2>&1 && kubectl kustomize --help >/dev/null 2>&1
@@ -13,14 +15,12 @@ if has_kustomize; then
 fi
 
 echo "kubectl with kustomize not found: it renders kserve/'s manifests for make kserve-lint and tests/test_kserve*.py." >&2
-SUDO=""
-[ "$(id -u)" -eq 0 ] || SUDO="sudo -n"
-if command -v apt-get >/dev/null 2>&1 && { [ -z "$SUDO" ] || sudo -n true 2>/dev/null; }; then
+if can_apt; then
   # Only Kubernetes' or Google Cloud's apt repositories carry kubectl; skip when none is set up.
   candidate=$(apt-cache policy kubectl 2>/dev/null | sed -n 's/^ *Candidate: *//p')
   if [ -n "$candidate" ] && [ "$candidate" != "(none)" ]; then
     echo "Installing kubectl $candidate with apt-get..." >&2
-    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubectl
+    apt_install kubectl
     hash -r
   fi
 fi

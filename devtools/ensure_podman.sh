@@ -4,6 +4,8 @@
 # install podman with runc (crun refuses hosts with hybrid cgroups) and debootstrap (the
 # Debian base image, made without a registry); otherwise stop with what to do.
 set -euo pipefail
+# shellcheck source=devtools/apt.sh
+. "$(dirname "$0")/apt.sh"
 
 has_engine() {
   command -v podman >/dev/null 2>&1 || { command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; }
@@ -14,12 +16,10 @@ if has_engine && { command -v debootstrap >/dev/null 2>&1 || [ "${KSERVE_BASE:-d
 fi
 
 echo "A container engine (podman or docker) and debootstrap are needed for the runtime image." >&2
-SUDO=""
-[ "$(id -u)" -eq 0 ] || SUDO="sudo -n"
-if command -v apt-get >/dev/null 2>&1 && { [ -z "$SUDO" ] || sudo -n true 2>/dev/null; }; then
+if can_apt; then
   echo "Installing podman, runc and debootstrap with apt-get..." >&2
-  $SUDO apt-get update -qq
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc debootstrap
+  apt_update
+  apt_install podman runc debootstrap
   hash -r
 fi
 if ! has_engine; then

@@ -5,6 +5,8 @@
 # promtool), do so; otherwise stop with what to do. tmux too: tests/test_top.py checks
 # `tsctl top`'s layout in a real 80-column terminal.
 set -euo pipefail
+# shellcheck source=devtools/apt.sh
+. "$(dirname "$0")/apt.sh"
 
 has_prometheus() {
   command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 &&
@@ -16,13 +18,11 @@ if has_prometheus; then
 fi
 
 echo "prometheus/promtool/tmux not found: config/monitoring's rule tests, \`make monitor\` and tsctl top's terminal test need them." >&2
-SUDO=""
-[ "$(id -u)" -eq 0 ] || SUDO="sudo -n"
-if command -v apt-get >/dev/null 2>&1 && { [ -z "$SUDO" ] || sudo -n true 2>/dev/null; }; then
+if can_apt; then
   echo "Installing Prometheus with apt-get..." >&2
-  $SUDO apt-get update -qq
+  apt_update
   # --no-install-recommends: not the node exporter and the web console libraries.
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+  apt_install --no-install-recommends \
     prometheus tmux || true
   hash -r
 fi
