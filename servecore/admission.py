@@ -84,6 +84,8 @@ class Admission:
 
     def served(self, requests: Sequence[Admitted]) -> None:
         """The opened ones among ``requests`` got their turn: no priority owed any more."""
+        if not self._refused:  # the common case: nobody waits, no fingerprint to compute
+            return
         for request in requests:
             if isinstance(request, Opened):
                 self._refused.pop(request.fingerprint, None)
