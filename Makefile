@@ -130,10 +130,10 @@ test: setup config archives samples kserve-image
 test-fast: setup config archives samples
 	$(VENV)/bin/pytest -m "not slow and not container"
 
-# Raw model speed, our tagger served (default backend and int8), and TorchServe's stock
-# image_classifier on the same weights -> results/benchmark.md, .json, .png (about 12 minutes
-# on 2 cores). The int8 IR is quantised once (~2 minutes) for the int8 rows; a refusal by the
-# fidelity gate leaves them out.
+# Raw model speed, our tagger served (the shipped archives: auto may serve int8), and
+# TorchServe's stock image_classifier on the same weights -> results/benchmark.md, .json, .png
+# (8-12 minutes on 2 cores). The raw int8 rows need the int8 IR (quantised by `make weights`
+# unless QUANTIZE=none; a refusal by the fidelity gate leaves them out).
 bench: setup config archives samples
 	@$(PY) -m buildsteps.export --backend openvino --weights $(WEIGHTS_DIR)
 	@$(PY) -m buildsteps.quantize --weights $(WEIGHTS_DIR) || echo "bench: no int8 rows" >&2
