@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from devtools.server import free_port
-from tsclient import cli, errors, ports, promtext
+from tsclient import cli, errors, metrics, ports
 from tsclient.client import MAX_NAME, TorchServeClient, check_archive, check_name
 from tsclient.keys import Keys
 
@@ -225,13 +225,40 @@ def test_metrics_summary_from_prometheus_text():
         'Requests2XX{Level="Host",Hostname="h",} 21.0',
         'Requests4XX{Level="Host",Hostname="h",} 1.0',
     ])
-    assert promtext.frontend_statuses(text) == {"2XX": 21, "4XX": 1, "5XX": 0}
-    assert promtext.summarise(text) == {"m": {
+    assert metrics.frontend_statuses(text) == {"2XX": 21, "4XX": 1, "5XX": 0}
+    assert metrics.summarise(text) == {"m": {
         "batches": 4, "requests_in_batches": 22, "images": 21, "mean_batch_size": 5.5,
         "batch_sizes": {"2": 3, "16": 1}, "errors": {"InvalidImage": 1},
         "decode_ms_per_image": 2.0, "forward_ms_per_batch": 100.0, "requests": 22,
         "mean_latency_ms": 100.0}}
 
+
+
+def test_counters_read_the_same_with_or_without_type_lines():
+    """TorchServe declares its counters (``# TYPE ... counter``); prometheus_client then adds
+    ``_total`` to those written without it. Either way a counter goes by one name."""
+    typed = ("# TYPE HandlerBatches counter\n"
+             'HandlerBatches{ModelName="m",Level="Model",Hostname="h",} 4.0\n'
+             "# TYPE ts_inference_requests_total counter\n"
+             'ts_inference_requests_total{model_name="m",model_version="default",} 22.0\n'
+             "# TYPE HandlerBatchSize histogram\n"
+             'HandlerBatchSize_sum{ModelName="m",} 22.0\n')
+    assert [(s.name, s.value) for s in metrics.samples(typed)] == [
+        ("HandlerBatches", 4.0), ("ts_inference_requests", 22.0), ("HandlerBatchSize_sum", 22.0)]
+    assert [s.name for s in metrics.samples(typed.replace("# TYPE", "# X"))] == [
+        "HandlerBatches", "ts_inference_requests", "HandlerBatchSize_sum"]
+
+
+@pytest.mark.parametrize("cut", [len('HandlerBatches{ModelName="m",Lev'),
+                                 len('HandlerBatches{ModelName="m",Level="Model",} ')])
+def test_a_scrape_cut_short_is_a_clear_error(cut):
+    line = 'HandlerBatches{ModelName="m",Level="Model",} 4.0\n'
+    text = "# TYPE HandlerBatches counter\n" + line + line[:cut]
+    with pytest.raises(errors.MetricsUnreadable, match="ends mid-line .* cut short") as caught:
+        metrics.summarise(text)
+    assert caught.value.exit_code == 1 and "read it again" in caught.value.hint
+    with pytest.raises(errors.MetricsUnreadable, match="not Prometheus text format"):
+        metrics.samples("<html>502 Bad Gateway</html>\n")
 
 class _Recorder(__import__("http.server").server.BaseHTTPRequestHandler):
     """Answers every GET with ``{"status": "Healthy"}`` and records what it was asked."""

@@ -35,7 +35,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from tsclient import errors, objectstore, ports, promtext
+from tsclient import errors, metrics, objectstore, ports
 from tsclient.client import TIMEOUT_S, TorchServeClient
 from tsclient.collection import STDIN, Collection, Shard
 from tsclient.keys import KEY_FILE, KINDS, Keys
@@ -197,8 +197,8 @@ def cmd_keys(client: TorchServeClient, args) -> tuple[Any, str, int]:
 
 def cmd_metrics(client: TorchServeClient, args) -> tuple[Any, str, int]:
     text = client.metrics_text()
-    summary = promtext.summarise(text)
-    statuses = promtext.frontend_statuses(text)
+    summary = metrics.summarise(text)
+    statuses = metrics.frontend_statuses(text)
     lines = ["all requests by status: " + ", ".join(f"{k} {v}" for k, v in statuses.items())
              + " (including those refused before the handler: 503 queue full, 507 worker died)"]
     for model, m in summary.items():

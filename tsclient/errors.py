@@ -34,6 +34,10 @@ class UsageError(TsError):
     exit_code = 2
 
 
+class MetricsUnreadable(TsError):
+    """``/metrics`` answered with something that is not Prometheus' text format."""
+
+
 class ServerNotRunning(TsError):
     """Nothing answers at the URL."""
 
