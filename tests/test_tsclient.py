@@ -120,6 +120,15 @@ def test_error_answers_map_to_one_error_each(status, body, kind, hint):
     assert type(error) is kind and error.status == status and hint in error.hint
 
 
+
+@pytest.mark.parametrize("header, seconds", [("3", 3.0), ("soon", None), (None, None),
+                                             ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0)])
+def test_a_503_carries_its_retry_after_in_seconds(header, seconds):
+    response = _response(503, {"code": 503, "type": "Overloaded", "message": "busy"})
+    if header is not None:
+        response.headers["Retry-After"] = header
+    assert errors.from_response(response, "infer").retry_after == seconds
+
 class FakeServer:
     """Stands in for ``TorchServeClient._send``: refuses keys that are not current, rotates
     the key file on ``/token`` as TorchServe does."""
