@@ -128,5 +128,5 @@ def test_the_lint_command_names_a_bad_job_file(tmp_path):
 def test_the_client_image_installs_the_client_pins():
     dockerfile = (JOB_DIR / "Dockerfile").read_text()
     pins = (REPO / "requirements.txt").read_text()
-    for package in ("pyarrow", "tqdm", "prometheus-client", "tenacity"):
+    for package in ("pyarrow", "tqdm", "tabulate", "prometheus-client", "tenacity"):
         assert f"\n{package}==" in pins and package in dockerfile

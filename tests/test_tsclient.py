@@ -2,6 +2,7 @@
 with retry-once, exit codes, the metrics summary."""
 from __future__ import annotations
 
+import io
 import json
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -11,6 +12,7 @@ import requests
 
 from devtools.server import free_port
 from tsclient import cli, errors, metrics, ports
+from tsclient.progress import waiting
 from tsclient.client import MAX_NAME, TorchServeClient, check_archive, check_name
 from tsclient.keys import Keys
 
@@ -128,6 +130,24 @@ def test_a_503_carries_its_retry_after_in_seconds(header, seconds):
     if header is not None:
         response.headers["Retry-After"] = header
     assert errors.from_response(response, "infer").retry_after == seconds
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_slow_call_shows_its_label_and_elapsed_time_on_a_terminal_only():
+    def refused():
+        raise errors.ApiError(503, "ServiceUnavailableException", "no worker")
+
+    terminal, log = _Terminal(), io.StringIO()
+    assert waiting("registering x.mar", lambda: 42, stream=terminal) == 42
+    assert "registering x.mar waiting 00:00" in terminal.getvalue()
+    assert terminal.getvalue().endswith("\n")  # the next output starts on its own line
+    assert waiting("scaling m", lambda: "ok", stream=log) == "ok" and log.getvalue() == ""
+    with pytest.raises(errors.ApiError, match="no worker"):
+        waiting("scaling m", refused, stream=terminal)
 
 class FakeServer:
     """Stands in for ``TorchServeClient._send``: refuses keys that are not current, rotates
