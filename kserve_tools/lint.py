@@ -57,6 +57,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import javaproperties
+from kubernetes.utils import parse_quantity
 
 from buildsteps.configgen import REPO, repo_models
 from kserve_tools import monitoring
@@ -110,24 +111,20 @@ OUR_RUNTIME = "resnet50-torchserve"
 # burst of 32 MiB bodies (4.4 GiB) + both workers after it (1.3 + 1.7 GiB), rounded up.
 FOOTPRINT_GIB = 7.5
 ISVC_LABEL = "serving.kserve.io/inferenceservice"  # KServe labels every predictor pod with it
-_QUANTITY = re.compile(r"^([0-9.]+)([EPTGMK]i?|[mk])?$")
-_UNITS = {None: 1, "m": 1e-3, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
-          "E": 1e18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
-          "Ei": 2**60}
-
-
-def quantity_bytes(value) -> float | None:
-    """A Kubernetes memory quantity (``8Gi``, ``7500M``, ``2e9`` aside) in bytes; None if
-    unreadable."""
-    match = _QUANTITY.match(str(value).strip())
-    return float(match.group(1)) * _UNITS[match.group(2)] if match else None
 
 
 def memory_findings(add, path: str, resources: dict | None) -> None:
-    """``add(path, problem, fix)`` when a memory request or limit is below ``FOOTPRINT_GIB``."""
+    """``add(path, problem, fix)`` when a memory request or limit is missing, not a Kubernetes
+    quantity (read by Kubernetes' own Python parser), or below ``FOOTPRINT_GIB``."""
     for kind in ("requests", "limits"):
         value = ((resources or {}).get(kind) or {}).get("memory")
-        size = quantity_bytes(value) if value is not None else None
+        try:
+            size = parse_quantity(value) if value is not None else None
+        except ValueError:
+            add(f"{path}.{kind}.memory", f"{value!r} is not a Kubernetes quantity: the API "
+                "server refuses the object", f"write a quantity such as 8Gi (at least "
+                f"{FOOTPRINT_GIB} GiB)")
+            continue
         if size is None or size < FOOTPRINT_GIB * 2**30:
             add(f"{path}.{kind}.memory", f"{value!r} is below the measured footprint of "
                 f"frontend and workers ({FOOTPRINT_GIB} GiB, kserve/README.md): a burst of large "
