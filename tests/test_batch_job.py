@@ -32,7 +32,7 @@ def job():
 
 def findings(resource) -> list[str]:
     return [str(f) for f in job_findings(resource, *kserve_lint.base_service(),
-                                         kserve_lint._finding)]
+                                         kserve_lint.finding)]
 
 
 def _words(resource):

@@ -416,7 +416,7 @@ def test_every_overlay_ships_a_network_policy_for_its_pods(target):
     allowed = {(peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
                 port["port"]) for rule in spec["ingress"] for peer in rule["from"]
                for port in rule["ports"]}
-    inference = 8012 if kserve_lint._mode(isvc(target).obj["metadata"]["annotations"]) in (
+    inference = 8012 if kserve_lint.mode(isvc(target).obj["metadata"]["annotations"]) in (
         "Knative", "Serverless") else 8080
     assert {(names["ingress"], inference), (names["monitoring"], PROMETHEUS_PORT)} <= allowed
     assert {namespace for namespace, _ in allowed} <= {names["ingress"], names["monitoring"],
