@@ -31,8 +31,7 @@ def job():
 
 
 def findings(resource) -> list[str]:
-    return [str(f) for f in job_findings(resource, *kserve_lint.base_service(),
-                                         kserve_lint.finding)]
+    return [str(f) for f in job_findings(resource, *kserve_lint.base_service())]
 
 
 def _words(resource):

@@ -131,11 +131,11 @@ def _findings(resource: Resource, runtimes: dict[str, Runtime], limits: ServingL
     if resource.kind in RUNTIME_KINDS:
         return runtime_findings(resource, properties)
     if resource.kind == "Job":
-        return job_findings(resource, *base_service(), finding)
+        return job_findings(resource, *base_service())
     if resource.kind in ("PodMonitor", "PrometheusRule"):
         return monitoring.findings(
             resource, base_service()[1],
-            port(server_properties(RUNTIME_SERVER_PROPERTIES)["metrics_address"]), finding)
+            port(server_properties(RUNTIME_SERVER_PROPERTIES)["metrics_address"]))
     if resource.kind == "NetworkPolicy":
         return []  # checked with its InferenceService, per target
     schema = schema_findings(resource) if resource.kind == "InferenceService" else []
