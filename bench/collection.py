@@ -37,7 +37,7 @@ from bench.loadgen import Connection, Endpoint, post_once
 from bench.machine import cpu_model
 from bench.stats import summarize
 from devtools.server import LocalTorchServe
-from tsclient import promtext
+from tsclient import metrics
 from tsclient.batchjob import Plan
 from tsclient.search import nearest
 from tsclient.vectors import EMBEDDING_DIM, Output, Row
@@ -117,7 +117,7 @@ def run_tsctl(server: LocalTorchServe, argv: list[str]) -> dict:
 
 def handler_images(server: LocalTorchServe) -> float:
     text = server.client().metrics_text()
-    return sum(value for name, labels, value in promtext.parse(text)
+    return sum(value for name, labels, value in metrics.samples(text)
                if name == "HandlerImages" and labels.get("ModelName") == MODEL)
 
 

@@ -20,8 +20,9 @@ import time
 import uuid
 from pathlib import Path
 
+from kubernetes.utils import parse_quantity
+
 from kserve_tools.engine import base_command, limit_flags
-from kserve_tools.lint import quantity_bytes
 from kserve_tools.pod import http_probe
 
 MOUNT = "/mnt/models"
@@ -29,9 +30,8 @@ GRACE_SECONDS = 30  # Kubernetes' default terminationGracePeriodSeconds (the run
 
 
 def cpus(quantity: str) -> str:
-    """A Kubernetes CPU quantity (``1``, ``500m``) as ``--cpus`` takes it."""
-    text = str(quantity)
-    return str(int(text[:-1]) / 1000) if text.endswith("m") else text
+    """A Kubernetes CPU quantity (``1``, ``500m``) as ``--cpus`` takes it (``1``, ``0.5``)."""
+    return f"{parse_quantity(quantity):f}".rstrip("0").rstrip(".")
 
 
 class RuntimeContainer:
@@ -79,7 +79,7 @@ class RuntimeContainer:
             uid = security.get("runAsUser", 0)
             flags += ["--tmpfs", f"{path}:rw,mode=1777,uid={uid}"]
         if "memory" in limits:
-            memory = str(int(quantity_bytes(limits["memory"])))
+            memory = str(int(parse_quantity(limits["memory"])))
             flags += ["--memory", memory, "--memory-swap", memory]
         if "cpu" in limits:
             flags += ["--cpus", cpus(limits["cpu"])]

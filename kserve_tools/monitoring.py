@@ -22,19 +22,19 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Iterator
 
 import yaml
 
 from buildsteps.configgen import REPO
 from devtools.prometheus import JOB, RULES
+from kserve_tools.lint.base import ISVC_LABEL, Finding, Problem, finding, stamped
 from kserve_tools.render import Resource
 
 MONITORING_DIR = REPO / "kserve" / "monitoring"
 PROMETHEUS_RULE = MONITORING_DIR / "prometheusrule.yaml"
 API = "monitoring.coreos.com/v1"
 CONTAINER = "kserve-container"  # KServe's name for the runtime's container
-ISVC_LABEL = "serving.kserve.io/inferenceservice"
 REFERENCE = REPO.parent / "shared" / "reference" / "prometheus-operator"
 SCHEMAS = {"PodMonitor": REFERENCE / "podmonitor-v1.schema.json",
            "PrometheusRule": REFERENCE / "prometheusrule-v1.schema.json"}
@@ -43,8 +43,6 @@ POD_MONITOR_SPEC = {"selector", "podMetricsEndpoints", "namespaceSelector", "job
                     "podTargetLabels"}
 ENDPOINT = {"path", "interval", "scrapeTimeout", "scheme", "relabelings",
             "metricRelabelings", "honorLabels"}
-
-Finding = Callable[[Resource, str, str, str], object]
 
 
 def rule_groups() -> list[dict]:
@@ -73,45 +71,47 @@ _BlockDumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
     "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None))
 
 
-def findings(resource: Resource, isvc_name: str, metrics_port: int,
-             finding: Finding) -> list:
+def findings(resource: Resource, isvc_name: str, metrics_port: int) -> list[Finding]:
     """Problems of a rendered PodMonitor or PrometheusRule."""
-    found: list = []
-
-    def add(path: str, problem: str, fix: str) -> None:
-        found.append(finding(resource, path, problem, fix))
-
     obj = resource.obj
-    if obj.get("apiVersion") != API:
-        add("apiVersion", f"{obj.get('apiVersion')!r}, not {API}", f"apiVersion: {API}")
-    found += _schema_findings(resource, finding)
-    if resource.kind == "PrometheusRule":
+    api = [] if obj.get("apiVersion") == API else [
+        Problem("apiVersion", f"{obj.get('apiVersion')!r}, not {API}", f"apiVersion: {API}")]
+    return (stamped(resource, api) + _schema_findings(resource)
+            + stamped(resource, object_problems(resource.kind, obj, isvc_name, metrics_port)))
+
+
+def object_problems(kind: str, obj: dict, isvc_name: str,
+                    metrics_port: int) -> Iterator[Problem]:
+    """A PrometheusRule carries rules.yml's groups; a PodMonitor selects the InferenceService's
+    pods and scrapes their metrics port (``endpoint_problems``)."""
+    if kind == "PrometheusRule":
         if (obj.get("spec") or {}).get("groups") != rule_groups():
-            add("spec.groups", "differs from config/monitoring/rules.yml (the one source)",
-                "run python -m kserve_tools.monitoring")
-        return found
+            yield Problem("spec.groups", "differs from config/monitoring/rules.yml (the one "
+                          "source)", "run python -m kserve_tools.monitoring")
+        return
     spec = obj.get("spec") or {}
     for key in sorted(set(spec) - POD_MONITOR_SPEC):
-        add(f"spec.{key}", "unknown field", f"one of {sorted(POD_MONITOR_SPEC)}")
+        yield Problem(f"spec.{key}", "unknown field", f"one of {sorted(POD_MONITOR_SPEC)}")
     selected = ((spec.get("selector") or {}).get("matchLabels") or {}).get(ISVC_LABEL)
     if selected != isvc_name:
-        add(f"spec.selector.matchLabels.{ISVC_LABEL}", f"{selected!r} selects no pod of "
-            f"InferenceService {isvc_name}", f"{ISVC_LABEL}: {isvc_name}")
+        yield Problem(f"spec.selector.matchLabels.{ISVC_LABEL}", f"{selected!r} selects no pod "
+                      f"of InferenceService {isvc_name}", f"{ISVC_LABEL}: {isvc_name}")
     endpoints = spec.get("podMetricsEndpoints") or []
     if len(endpoints) != 1:
-        add("spec.podMetricsEndpoints", f"{len(endpoints)} endpoints",
-            "one: TorchServe's metrics port")
-        return found
-    _endpoint_findings(endpoints[0], metrics_port, add)
-    return found
+        yield Problem("spec.podMetricsEndpoints", f"{len(endpoints)} endpoints",
+                      "one: TorchServe's metrics port")
+        return
+    yield from endpoint_problems(endpoints[0], metrics_port)
 
 
-def _endpoint_findings(endpoint: dict, metrics_port: int, add) -> None:
+def endpoint_problems(endpoint: dict, metrics_port: int) -> Iterator[Problem]:
+    """The one endpoint: /metrics of kserve-container only, on the metrics port, as our job."""
     path = "spec.podMetricsEndpoints[0]"
     for key in sorted(set(endpoint) - ENDPOINT):
-        add(f"{path}.{key}", "unknown field", f"one of {sorted(ENDPOINT)}")
+        yield Problem(f"{path}.{key}", "unknown field", f"one of {sorted(ENDPOINT)}")
     if endpoint.get("path", "/metrics") != "/metrics":
-        add(f"{path}.path", f"{endpoint['path']!r}: TorchServe serves /metrics", "/metrics")
+        yield Problem(f"{path}.path", f"{endpoint['path']!r}: TorchServe serves /metrics",
+                      "/metrics")
     relabelings = endpoint.get("relabelings") or []
 
     def sets(target: str) -> list[dict]:
@@ -121,29 +121,29 @@ def _endpoint_findings(endpoint: dict, metrics_port: int, add) -> None:
     keeps = [r for r in relabelings if r.get("action") == "keep"
              and r.get("sourceLabels") == ["__meta_kubernetes_pod_container_name"]]
     if not keeps or keeps[0].get("regex") != CONTAINER:
-        add(f"{path}.relabelings", f"does not keep only container {CONTAINER} (every "
-            "container of the pod would be a target)",
-            f"action: keep on __meta_kubernetes_pod_container_name, regex: {CONTAINER}")
+        yield Problem(f"{path}.relabelings", f"does not keep only container {CONTAINER} (every "
+                      "container of the pod would be a target)",
+                      f"action: keep on __meta_kubernetes_pod_container_name, regex: {CONTAINER}")
     address = sets("__address__")
     if not address or address[-1].get("sourceLabels") != ["__meta_kubernetes_pod_ip"] \
             or address[-1].get("replacement") != f"$1:{metrics_port}":
-        add(f"{path}.relabelings", "does not point __address__ at the metrics port "
-            f"{metrics_port} (kserve/runtime/server.properties metrics_address)",
-            f"sourceLabels [__meta_kubernetes_pod_ip], targetLabel __address__, "
-            f"replacement \"$1:{metrics_port}\"")
+        yield Problem(f"{path}.relabelings", "does not point __address__ at the metrics port "
+                      f"{metrics_port} (kserve/runtime/server.properties metrics_address)",
+                      f"sourceLabels [__meta_kubernetes_pod_ip], targetLabel __address__, "
+                      f"replacement \"$1:{metrics_port}\"")
     job = sets("job")
     if not job or job[-1].get("replacement") != JOB:
-        add(f"{path}.relabelings", f"job is not {JOB!r}: the rules and alerts select it",
-            f"targetLabel: job, replacement: {JOB}")
+        yield Problem(f"{path}.relabelings", f"job is not {JOB!r}: the rules and alerts select "
+                      "it", f"targetLabel: job, replacement: {JOB}")
 
 
-def _schema_findings(resource: Resource, finding: Finding) -> list:
+def _schema_findings(resource: Resource) -> list[Finding]:
     path = SCHEMAS.get(resource.kind)
     if path is None or not path.is_file():
         return []
     import jsonschema
 
-    from kserve_tools.lint import strict
+    from kserve_tools.lint.schema import strict
 
     validator = jsonschema.Draft7Validator(strict(json.loads(path.read_text())))
     return [finding(resource, "/".join(map(str, e.absolute_path)) or "<root>", e.message,

@@ -14,7 +14,7 @@ import requests
 import yaml
 
 from tests.conftest import REPO
-from tsclient import promtext
+from tsclient import metrics
 
 TSCTL = REPO / ".venv" / "bin" / "tsctl"
 T = TypeVar("T")
@@ -56,7 +56,7 @@ def handled(server, model: str) -> tuple[float, float]:
     """(requests, batches) ``model``'s handler has seen on ``server`` (anything with a
     ``metrics_url``): the sum and count of its ``HandlerBatchSize`` histogram on /metrics."""
     text = requests.get(f"{server.metrics_url}/metrics", timeout=30).text
-    values = {name: value for name, labels, value in promtext.parse(text)
+    values = {name: value for name, labels, value in metrics.samples(text)
               if labels.get("ModelName") == model}
     return values.get("HandlerBatchSize_sum", 0.0), values.get("HandlerBatchSize_count", 0.0)
 

@@ -330,6 +330,36 @@ def test_a_job_waits_for_a_busy_model_to_describe_it():
         described(Busy(), "m", wait_s=0.0, sleep=pauses.append)
 
 
+
+def test_a_busy_answer_is_retried_after_its_retry_after():
+    """The server's Retry-After wins over the job's own pause, whatever the attempt."""
+    class Busy:
+        calls = 0
+
+        def describe(self, model, customized=False):
+            self.calls += 1
+            if self.calls <= 3:
+                error = errors.ApiError(503, "Overloaded", "budget taken")
+                error.retry_after = {1: 7.0, 2: None, 3: 0.0}[self.calls]
+                raise error
+            return [{"modelName": model}]
+
+    pauses = []
+    assert described(Busy(), "m", sleep=pauses.append) == {"modelName": "m"}
+    assert pauses == [7.0, 2.0, 0.0]
+
+
+def test_a_request_refused_as_busy_is_retried_a_bounded_number_of_times(tmp_path):
+    """``max_busy_retries`` retries, then each file of the request is an error row with the
+    server's message, and the job goes on."""
+    client = FakeClient(busy=10**6)
+    sink = ListSink()
+    summary = Job(client, "m", "embedding", sink, Plan(1, 2), max_busy_retries=3).run(
+        _files(tmp_path, 2))
+    assert client.calls == [2] * 4
+    assert (summary.done, summary.failed) == (0, 2)
+    assert all("503 Overloaded: busy" in row.error for row in sink.rows)
+
 def test_plan_from_describe():
     entry = {"batchSize": 16, "workers": [{}, {}], "customizedMetadata": {
         "handler": {"max_batch_images": 64, "max_images_per_request": 32}}}

@@ -416,7 +416,7 @@ def test_every_overlay_ships_a_network_policy_for_its_pods(target):
     allowed = {(peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
                 port["port"]) for rule in spec["ingress"] for peer in rule["from"]
                for port in rule["ports"]}
-    inference = 8012 if kserve_lint._mode(isvc(target).obj["metadata"]["annotations"]) in (
+    inference = 8012 if kserve_lint.mode(isvc(target).obj["metadata"]["annotations"]) in (
         "Knative", "Serverless") else 8080
     assert {(names["ingress"], inference), (names["monitoring"], PROMETHEUS_PORT)} <= allowed
     assert {namespace for namespace, _ in allowed} <= {names["ingress"], names["monitoring"],
@@ -447,8 +447,16 @@ def test_memory_covers_the_documented_footprint():
     low.obj["spec"]["predictor"]["model"]["resources"]["limits"]["memory"] = "4Gi"
     assert any("resources.limits.memory: '4Gi' is below the measured footprint" in p
                for p in findings(low))
-    assert kserve_lint.quantity_bytes("8Gi") == 8 * 2**30
-    assert kserve_lint.quantity_bytes("7500M") == 7.5e9
+    for enough in ("8Gi", "8192Mi", "8.5e9", "8.1G"):
+        low.obj["spec"]["predictor"]["model"]["resources"]["limits"]["memory"] = enough
+        assert not any("limits.memory" in p for p in findings(low)), enough
+
+
+def test_a_memory_size_kubernetes_cannot_read_is_a_finding():
+    bad = isvc("v1")
+    bad.obj["spec"]["predictor"]["model"]["resources"]["requests"]["memory"] = "1.2.3"
+    assert ("InferenceService resnet50: spec.predictor.model.resources.requests.memory: '1.2.3' "
+            "is not a Kubernetes quantity") in "\n".join(findings(bad))
 
 
 def test_docker_build_context_sends_only_requirements():

@@ -19,9 +19,8 @@ def _objects() -> dict:
 
 
 def _findings(resource) -> list[str]:
-    port = kserve_lint._port(kserve_lint.server_properties()["metrics_address"])
-    return [str(f) for f in monitoring.findings(resource, kserve_lint.base_service()[1], port,
-                                                kserve_lint._finding)]
+    port = kserve_lint.port(kserve_lint.server_properties()["metrics_address"])
+    return [str(f) for f in monitoring.findings(resource, kserve_lint.base_service()[1], port)]
 
 
 def test_shipped_objects_pass_and_scrape_the_runtime_metrics_port():

@@ -13,7 +13,7 @@ import requests
 from devtools.prometheus import RULES, UNIT_TESTS, LocalPrometheus, alert_rules
 from tests.conftest import REPO
 from tests.served import settled
-from tsclient import promtext
+from tsclient import metrics
 
 
 def _promtool() -> str:
@@ -76,10 +76,10 @@ def prometheus(torchserve, tmp_path_factory):
 def _server_counters(torchserve) -> dict[str, float]:
     """The tagger's counters as TorchServe exposes them right now."""
     text = requests.get(f"{torchserve.metrics_url}/metrics", timeout=30).text
-    wanted = {"ts_inference_requests_total", "ts_inference_latency_microseconds",
+    wanted = {"ts_inference_requests", "ts_inference_latency_microseconds",
               "HandlerBatchSize_sum", "HandlerBatchSize_count", "HandlerImages"}
     values = dict.fromkeys(wanted, 0.0)
-    for name, labels, value in promtext.parse(text):
+    for name, labels, value in metrics.samples(text):
         if name in wanted and MODEL in (labels.get("ModelName"), labels.get("model_name")):
             values[name] += value
     return values
@@ -117,7 +117,7 @@ def test_recording_rules_agree_with_the_requests_sent(torchserve, prometheus):
                     lambda c: c["HandlerBatchSize_sum"] - before["HandlerBatchSize_sum"]
                     >= GOOD + BAD)
     delta = {name: after[name] - before[name] for name in after}
-    assert delta["ts_inference_requests_total"] == GOOD + BAD
+    assert delta["ts_inference_requests"] == GOOD + BAD
     assert delta["HandlerBatchSize_sum"] == GOOD + BAD
     assert delta["HandlerImages"] == GOOD
 

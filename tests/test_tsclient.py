@@ -2,6 +2,7 @@
 with retry-once, exit codes, the metrics summary."""
 from __future__ import annotations
 
+import io
 import json
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -10,7 +11,8 @@ import pytest
 import requests
 
 from devtools.server import free_port
-from tsclient import cli, errors, ports, promtext
+from tsclient import cli, errors, metrics, ports
+from tsclient.progress import waiting
 from tsclient.client import MAX_NAME, TorchServeClient, check_archive, check_name
 from tsclient.keys import Keys
 
@@ -120,6 +122,33 @@ def test_error_answers_map_to_one_error_each(status, body, kind, hint):
     assert type(error) is kind and error.status == status and hint in error.hint
 
 
+
+@pytest.mark.parametrize("header, seconds", [("3", 3.0), ("soon", None), (None, None),
+                                             ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0)])
+def test_a_503_carries_its_retry_after_in_seconds(header, seconds):
+    response = _response(503, {"code": 503, "type": "Overloaded", "message": "busy"})
+    if header is not None:
+        response.headers["Retry-After"] = header
+    assert errors.from_response(response, "infer").retry_after == seconds
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_slow_call_shows_its_label_and_elapsed_time_on_a_terminal_only():
+    def refused():
+        raise errors.ApiError(503, "ServiceUnavailableException", "no worker")
+
+    terminal, log = _Terminal(), io.StringIO()
+    assert waiting("registering x.mar", lambda: 42, stream=terminal) == 42
+    assert "registering x.mar waiting 00:00" in terminal.getvalue()
+    assert terminal.getvalue().endswith("\n")  # the next output starts on its own line
+    assert waiting("scaling m", lambda: "ok", stream=log) == "ok" and log.getvalue() == ""
+    with pytest.raises(errors.ApiError, match="no worker"):
+        waiting("scaling m", refused, stream=terminal)
+
 class FakeServer:
     """Stands in for ``TorchServeClient._send``: refuses keys that are not current, rotates
     the key file on ``/token`` as TorchServe does."""
@@ -225,13 +254,40 @@ def test_metrics_summary_from_prometheus_text():
         'Requests2XX{Level="Host",Hostname="h",} 21.0',
         'Requests4XX{Level="Host",Hostname="h",} 1.0',
     ])
-    assert promtext.frontend_statuses(text) == {"2XX": 21, "4XX": 1, "5XX": 0}
-    assert promtext.summarise(text) == {"m": {
+    assert metrics.frontend_statuses(text) == {"2XX": 21, "4XX": 1, "5XX": 0}
+    assert metrics.summarise(text) == {"m": {
         "batches": 4, "requests_in_batches": 22, "images": 21, "mean_batch_size": 5.5,
         "batch_sizes": {"2": 3, "16": 1}, "errors": {"InvalidImage": 1},
         "decode_ms_per_image": 2.0, "forward_ms_per_batch": 100.0, "requests": 22,
         "mean_latency_ms": 100.0}}
 
+
+
+def test_counters_read_the_same_with_or_without_type_lines():
+    """TorchServe declares its counters (``# TYPE ... counter``); prometheus_client then adds
+    ``_total`` to those written without it. Either way a counter goes by one name."""
+    typed = ("# TYPE HandlerBatches counter\n"
+             'HandlerBatches{ModelName="m",Level="Model",Hostname="h",} 4.0\n'
+             "# TYPE ts_inference_requests_total counter\n"
+             'ts_inference_requests_total{model_name="m",model_version="default",} 22.0\n'
+             "# TYPE HandlerBatchSize histogram\n"
+             'HandlerBatchSize_sum{ModelName="m",} 22.0\n')
+    assert [(s.name, s.value) for s in metrics.samples(typed)] == [
+        ("HandlerBatches", 4.0), ("ts_inference_requests", 22.0), ("HandlerBatchSize_sum", 22.0)]
+    assert [s.name for s in metrics.samples(typed.replace("# TYPE", "# X"))] == [
+        "HandlerBatches", "ts_inference_requests", "HandlerBatchSize_sum"]
+
+
+@pytest.mark.parametrize("cut", [len('HandlerBatches{ModelName="m",Lev'),
+                                 len('HandlerBatches{ModelName="m",Level="Model",} ')])
+def test_a_scrape_cut_short_is_a_clear_error(cut):
+    line = 'HandlerBatches{ModelName="m",Level="Model",} 4.0\n'
+    text = "# TYPE HandlerBatches counter\n" + line + line[:cut]
+    with pytest.raises(errors.MetricsUnreadable, match="ends mid-line .* cut short") as caught:
+        metrics.summarise(text)
+    assert caught.value.exit_code == 1 and "read it again" in caught.value.hint
+    with pytest.raises(errors.MetricsUnreadable, match="not Prometheus text format"):
+        metrics.samples("<html>502 Bad Gateway</html>\n")
 
 class _Recorder(__import__("http.server").server.BaseHTTPRequestHandler):
     """Answers every GET with ``{"status": "Healthy"}`` and records what it was asked."""

@@ -36,6 +36,9 @@ from typing import Iterable, Iterator
 
 import numpy as np
 import requests
+from tenacity import (Retrying, retry_if_exception, retry_if_exception_type, stop_after_attempt,
+                      stop_after_delay, wait_exponential)
+from tenacity.wait import wait_base
 
 from tsclient import errors
 from tsclient.client import Answers, TorchServeClient
@@ -45,6 +48,7 @@ from tsclient.vectors import EMBEDDING_DIM, DoneIndex, Output, Row
 
 FATAL = (errors.KeyFileError, errors.KeyRejected, errors.NotFound, errors.UsageError)
 RETRIED_STATUSES = (503, 507)
+OUTAGE = (errors.ServerNotRunning, requests.Timeout, requests.ConnectionError)
 DESCRIBE_WAIT_S = 120.0  # a job's start waits this long for a busy model (responseTimeout)
 MAX_REQUEST_BYTES = 8 << 20  # raw bytes per request: 11 MiB of base64, under the 32 MiB limits
 OCCLUSION_PASSES = 49  # servecore.explain.compute's 7x7 windows
@@ -291,38 +295,30 @@ class Job:
             return exc
 
     def _send(self, images: list[bytes]) -> list[Answered]:
-        """One request, retried while the server is busy or unreachable: each image's answer
-        with the precision the server computed it in."""
-        busy = 0
-        outage_since: float | None = None
-        pause = 0.5
-        while True:
-            if self._stop.is_set():
-                raise errors.TsError("job stopped")
-            try:
-                answers = self._ask(images)
-            except errors.ApiError as exc:
-                if exc.status not in RETRIED_STATUSES or busy >= self.max_busy_retries:
-                    raise
-                busy += 1
-                self._stop.wait(busy_pause(exc, busy))
-                continue
-            except (errors.ServerNotRunning, requests.Timeout, requests.ConnectionError) as exc:
-                now = time.monotonic()
-                outage_since = outage_since or now
-                if now - outage_since >= self.max_outage_s:
-                    if isinstance(exc, errors.ServerNotRunning):
-                        raise
-                    raise errors.ServerNotRunning(
-                        f"no answer for {self.max_outage_s:.0f} s: {exc}",
-                        "check the server; a rerun with the same --out resumes") from None
-                self._stop.wait(pause)
-                pause = min(10.0, pause * 2)
-                continue
-            if len(answers.values) != len(images):
-                raise errors.TsError(f"{len(images)} images sent, {len(answers.values)} answers "
-                                     "came back", "is --url an endpoint of this runtime?")
-            return [Answered(value, answers.precision) for value in answers.values]
+        """One request, retried while the server is busy (``max_busy_retries`` times) or
+        unreachable (for ``max_outage_s``): each image's answer with the precision the server
+        computed it in."""
+        # A timed-out attempt alone may outlast max_outage_s: always try once more after one.
+        outage = Retrying(retry=retry_if_exception_type(OUTAGE),
+                          wait=wait_exponential(multiplier=0.5, max=10),  # 0.5, 1, 2 ... 10 s
+                          stop=stop_after_delay(self.max_outage_s) & stop_after_attempt(2),
+                          sleep=self._stop.wait, reraise=True)
+        busy = busy_retrying(stop_after_attempt(self.max_busy_retries + 1), self._stop.wait)
+        try:
+            answers = busy(outage, self._ask_unless_stopped, images)
+        except (requests.Timeout, requests.ConnectionError) as exc:
+            raise errors.ServerNotRunning(
+                f"no answer for {self.max_outage_s:.0f} s: {exc}",
+                "check the server; a rerun with the same --out resumes") from None
+        if len(answers.values) != len(images):
+            raise errors.TsError(f"{len(images)} images sent, {len(answers.values)} answers "
+                                 "came back", "is --url an endpoint of this runtime?")
+        return [Answered(value, answers.precision) for value in answers.values]
+
+    def _ask_unless_stopped(self, images: list[bytes]) -> Answers:
+        if self._stop.is_set():
+            raise errors.TsError("job stopped")
+        return self._ask(images)
 
     def _ask(self, images: list[bytes]) -> Answers:
         """One request for ``images``, whatever the task."""
@@ -380,24 +376,29 @@ def described(client: TorchServeClient, model: str, wait_s: float = DESCRIBE_WAI
     """The model's customized describe entry, waited for while the model is busy. TorchServe
     answers a customized describe through the model's own job queue: right after a job was
     killed, its requests still fill that queue and describe gets 503 until they are done."""
-    deadline = time.monotonic() + wait_s
-    attempt = 0
-    while True:
-        try:
-            return client.describe(model, customized=True)[0]
-        except errors.ApiError as exc:
-            if exc.status not in RETRIED_STATUSES or time.monotonic() >= deadline:
-                raise
-            attempt += 1
-            sleep(busy_pause(exc, attempt))
+    return busy_retrying(stop_after_delay(wait_s), sleep)(
+        client.describe, model, customized=True)[0]
 
 
-def busy_pause(exc: errors.ApiError, attempt: int) -> float:
-    """Seconds to wait before retrying a busy answer: the server's ``Retry-After``, else
-    1, 2, 4 ... up to 10 by ``attempt`` (1, 2, ...)."""
-    if exc.retry_after is not None:
-        return exc.retry_after
-    return min(10.0, 0.5 * 2 ** min(attempt, 5))
+class wait_retry_after(wait_base):
+    """tenacity's wait for a busy answer: the server's ``Retry-After`` when it sent one, else
+    ``otherwise``'s."""
+
+    def __init__(self, otherwise: wait_base) -> None:
+        self.otherwise = otherwise
+
+    def __call__(self, retry_state) -> float:
+        after = getattr(retry_state.outcome.exception(), "retry_after", None)
+        return after if after is not None else self.otherwise(retry_state)
+
+
+def busy_retrying(stop, sleep) -> Retrying:
+    """Retries while the server answers busy (503 full queue or budget, 507 worker died) until
+    ``stop``, waiting ``Retry-After`` or 1, 2, 4, 8, 10, 10 ... s; the last refusal is raised."""
+    return Retrying(retry=retry_if_exception(
+                        lambda e: isinstance(e, errors.ApiError) and e.status in RETRIED_STATUSES),
+                    wait=wait_retry_after(wait_exponential(multiplier=1, max=10)),
+                    stop=stop, sleep=sleep, reraise=True)
 
 
 def model_identity(client: TorchServeClient, model: str,

@@ -30,60 +30,21 @@ import json
 import os
 import sys
 import threading
-import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from tsclient import errors, objectstore, ports, promtext
+from tabulate import tabulate
+
+from tsclient import errors, metrics, objectstore, ports
 from tsclient.client import TIMEOUT_S, TorchServeClient
 from tsclient.collection import STDIN, Collection, Shard
 from tsclient.keys import KEY_FILE, KINDS, Keys
-from tsclient.progress import JobProgress
+from tsclient.progress import JobProgress, waiting
 
 RESTART_NOTE = ("not kept across a restart: `make serve` starts from config/ (--ncs); to keep "
                 "it, put it in config/models/{name}.yaml and run `make config`")
 ROTATE_MARGIN_S = 60.0  # `keys --print` hands out keys that live at least this long
-
-
-class Progress:
-    """Elapsed seconds on stderr while a slow call (registration, scaling) runs (drawn only
-    when stderr is a terminal)."""
-
-    def __init__(self, label: str) -> None:
-        self.label = label
-        self.start = time.monotonic()
-        self.enabled = sys.stderr.isatty()
-        self._lock = threading.Lock()
-
-    def _draw(self) -> None:
-        if not self.enabled:
-            return
-        elapsed = time.monotonic() - self.start
-        sys.stderr.write(f"\r{self.label} waiting {elapsed:5.1f}s")
-        sys.stderr.flush()
-
-    def wait(self, work: Callable[[], Any]) -> Any:
-        """Run ``work`` while the bar shows the elapsed time."""
-        stop = threading.Event()
-
-        def tick() -> None:
-            while not stop.wait(0.5):
-                with self._lock:
-                    self._draw()
-
-        ticker = threading.Thread(target=tick, daemon=True)
-        ticker.start()
-        try:
-            return work()
-        finally:
-            stop.set()
-            ticker.join()
-            self.close()
-
-    def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\n")
 
 
 # ---------------------------------------------------------------------- commands
@@ -97,9 +58,10 @@ def _version_rows(client: TorchServeClient) -> list[dict]:
 
 def cmd_list(client: TorchServeClient, args) -> tuple[Any, str, int]:
     rows = _version_rows(client)
-    text = _table(["model", "version", "default", "workers", "batch", "delay ms"],
-                  [[r["model"], r["version"], "*" if r["default"] else "", r["workers"],
-                    r["batchSize"], r["maxBatchDelay"]] for r in rows]) if rows else "no models"
+    text = tabulate([[r["model"], r["version"], "*" if r["default"] else "", r["workers"],
+                      r["batchSize"], r["maxBatchDelay"]] for r in rows],
+                    headers=["model", "version", "default", "workers", "batch", "delay ms"],
+                    tablefmt="plain", disable_numparse=True) if rows else "no models"
     return rows, text, 0
 
 
@@ -125,8 +87,7 @@ def cmd_describe(client: TorchServeClient, args) -> tuple[Any, str, int]:
 
 
 def cmd_register(client: TorchServeClient, args) -> tuple[Any, str, int]:
-    progress = Progress(f"registering {args.archive}")
-    answer = progress.wait(lambda: client.register(
+    answer = waiting(f"registering {args.archive}", lambda: client.register(
         args.archive, name=args.name, workers=args.workers, batch_size=args.batch_size,
         max_batch_delay=args.max_batch_delay))
     name = answer.get("model")
@@ -139,8 +100,8 @@ def cmd_register(client: TorchServeClient, args) -> tuple[Any, str, int]:
 
 
 def cmd_scale(client: TorchServeClient, args) -> tuple[Any, str, int]:
-    progress = Progress(f"scaling {args.name}")
-    answer = progress.wait(lambda: client.scale(args.name, args.min, args.max, args.version))
+    answer = waiting(f"scaling {args.name}",
+                     lambda: client.scale(args.name, args.min, args.max, args.version))
     return answer, (answer.get("status", "scaled") + "\nnote: "
                     + RESTART_NOTE.format(name=args.name)), 0
 
@@ -197,8 +158,8 @@ def cmd_keys(client: TorchServeClient, args) -> tuple[Any, str, int]:
 
 def cmd_metrics(client: TorchServeClient, args) -> tuple[Any, str, int]:
     text = client.metrics_text()
-    summary = promtext.summarise(text)
-    statuses = promtext.frontend_statuses(text)
+    summary = metrics.summarise(text)
+    statuses = metrics.frontend_statuses(text)
     lines = ["all requests by status: " + ", ".join(f"{k} {v}" for k, v in statuses.items())
              + " (including those refused before the handler: 503 queue full, 507 worker died)"]
     for model, m in summary.items():
@@ -454,13 +415,6 @@ def _version_line(entry: dict) -> str:
     row = _version_row(entry)
     return (f"{row['model']} {row['version']}{' (default)' if row['default'] else ''}: "
             f"{row['workers']} workers, batch {row['batchSize']}, delay {row['maxBatchDelay']} ms")
-
-
-def _table(header: list[str], rows: list[list]) -> str:
-    cells = [header] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
-                     for row in cells)
 
 
 def _duration(seconds: float | None) -> str:

@@ -3,6 +3,8 @@ fix it. ``from_response`` is the one place that turns an HTTP answer into one of
 from __future__ import annotations
 
 import requests
+from urllib3.exceptions import InvalidHeader
+from urllib3.util import Retry
 
 
 class TsError(Exception):
@@ -32,6 +34,10 @@ class UsageError(TsError):
     """A bad argument caught before anything was sent (e.g. a model name no route can reach)."""
 
     exit_code = 2
+
+
+class MetricsUnreadable(TsError):
+    """``/metrics`` answered with something that is not Prometheus' text format."""
 
 
 class ServerNotRunning(TsError):
@@ -124,10 +130,11 @@ def from_response(response: requests.Response, what: str) -> ApiError:
 
 
 def _seconds(value: str | None) -> float | None:
-    """``Retry-After`` in seconds (HTTP also allows a date there; we treat that as unknown)."""
+    """``Retry-After`` in seconds, given as seconds or as an HTTP date (urllib3's reading of
+    it); None when absent or unreadable."""
     try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
+        return float(Retry().parse_retry_after(value)) if value is not None else None
+    except InvalidHeader:
         return None
 
 

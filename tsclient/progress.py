@@ -1,11 +1,37 @@
-"""Progress of a collection job on stderr: a tqdm bar on a terminal (done/total, img/s, ETA,
-failures), else a plain log line every ``every_s`` seconds (for CI logs and pods)."""
+"""Progress on stderr, drawn by tqdm: a collection job's bar on a terminal (done/total, img/s,
+ETA, failures), else a plain log line every ``every_s`` seconds (for CI logs and pods); and the
+elapsed time of one slow call (registration, scaling) while a terminal watches."""
 from __future__ import annotations
 
 import sys
 import threading
 import time
-from typing import IO
+from typing import IO, Callable, TypeVar
+
+from tqdm import tqdm
+
+T = TypeVar("T")
+
+
+def waiting(label: str, work: Callable[[], T], *, stream: IO[str] | None = None,
+            every_s: float = 0.5) -> T:
+    """``work()``'s result, with ``label`` and the seconds elapsed redrawn every ``every_s``
+    while it runs (only when ``stream``, stderr by default, is a terminal)."""
+    stream = stream or sys.stderr
+    stop = threading.Event()
+    with tqdm(desc=label, bar_format="{desc} waiting {elapsed}", file=stream,
+              disable=not stream.isatty()) as bar:
+        def tick() -> None:
+            while not stop.wait(every_s):
+                bar.refresh()
+
+        ticker = threading.Thread(target=tick, daemon=True)
+        ticker.start()
+        try:
+            return work()
+        finally:
+            stop.set()
+            ticker.join()
 
 
 class JobProgress:
@@ -25,8 +51,6 @@ class JobProgress:
         use_bar = self.stream.isatty() if bar is None else bar
         self._bar = None
         if use_bar:
-            from tqdm import tqdm
-
             self._bar = tqdm(desc=label, unit="img", file=self.stream, dynamic_ncols=True,
                              smoothing=0.1)
 

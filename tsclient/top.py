@@ -30,12 +30,12 @@ from typing import Callable, TextIO
 
 from tabulate import tabulate
 
-from tsclient import promtext
+from tsclient import metrics
 from tsclient.client import TorchServeClient
 
 WIDTH = 80
 # Per-model counters a frame turns into rates: metric -> key.
-COUNTERS = {"ts_inference_requests_total": "requests",
+COUNTERS = {"ts_inference_requests": "requests",
             "ts_inference_latency_microseconds": "latency_us",
             "ts_queue_latency_microseconds": "queue_us",
             "HandlerImages": "images", "HandlerBatches": "batches",
@@ -59,8 +59,8 @@ class Read:
 
 def parse(text: str, workers: dict[str, list[dict]], at: float) -> Read:
     """A ``Read`` from a ``/metrics`` text and ``{model: describe()'s workers}``."""
-    read = Read(at=at, statuses=promtext.frontend_statuses(text), workers=workers)
-    for name, labels, value in promtext.parse(text):
+    read = Read(at=at, statuses=metrics.frontend_statuses(text), workers=workers)
+    for name, labels, value in metrics.samples(text):
         model = labels.get("ModelName") or labels.get("model_name")
         if model is None:
             continue

@@ -1,35 +1,49 @@
-"""Read TorchServe's Prometheus text (``/metrics``) and summarise what an operator asks: how
-big the batches were, how many requests and which errors, how long decoding, the forward pass
-and whole requests took.
+"""Read TorchServe's Prometheus text (``/metrics``) with ``prometheus_client``'s parser and
+summarise what an operator asks: how big the batches were, how many requests and which errors,
+how long decoding, the forward pass and whole requests took.
 
-Counters are exposed under their declared names without a ``_total`` suffix (TorchServe 0.12,
-simpleclient 0.9); the handler's counters are declared in ``config/metrics.yaml`` and written
-by ``handlers/metrics.py``.
+TorchServe 0.12 (simpleclient 0.9) declares its counters without a ``_total`` suffix, except its
+own ``ts_*`` ones; prometheus_client appends ``_total`` to the first kind. ``samples`` names
+every counter without the suffix, so a name reads the same whichever way it was written. The
+handler's counters are declared in ``config/metrics.yaml`` and written by
+``handlers/metrics.py``.
 """
 from __future__ import annotations
 
-import re
 from collections import defaultdict
+from typing import NamedTuple
 
-SAMPLE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)$')
-LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+from prometheus_client.parser import text_string_to_metric_families
+
+from tsclient.errors import MetricsUnreadable
 
 
-def parse(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """``[(name, labels, value)]`` of every sample line (comments skipped)."""
-    samples = []
-    for line in text.splitlines():
-        match = SAMPLE.match(line.strip())
-        if match and not line.startswith("#"):
-            name, labels, value = match.groups()
-            samples.append((name, dict(LABEL.findall(labels or "")), float(value)))
-    return samples
+class Sample(NamedTuple):
+    name: str  # a counter's without ``_total``; a histogram's parts keep ``_sum`` etc.
+    labels: dict[str, str]
+    value: float
+
+
+def samples(text: str) -> list[Sample]:
+    """Every sample of a ``/metrics`` text. Raises ``MetricsUnreadable`` when the text is not
+    Prometheus' text format (a scrape cut short ends mid-line)."""
+    try:
+        return [Sample(s.name.removesuffix("_total"), s.labels, s.value)
+                for family in text_string_to_metric_families(text) for s in family.samples]
+    except ValueError as exc:  # the parser's own message names the token, not the line
+        cut = bool(text) and not text.endswith("\n")
+        last = text.rstrip("\n").rsplit("\n", 1)[-1]
+        raise MetricsUnreadable(
+            f"the /metrics text is not Prometheus text format ({exc or 'malformed line'})"
+            + (f": it ends mid-line ({last[-60:]!r}), the scrape was cut short" if cut else ""),
+            "read it again (a restart or a proxy can cut a scrape short); if it stays "
+            "unreadable, look at the metrics address's answer with curl") from None
 
 
 # Metric name -> the total it adds to (handlers/metrics.py writes the Handler* counters).
 TOTALS = {"HandlerBatches": "batches", "HandlerRequests": "requests", "HandlerImages": "images",
           "HandlerDecodeMs": "decode_ms", "HandlerForwardMs": "forward_ms",
-          "ts_inference_requests_total": "served",
+          "ts_inference_requests": "served",
           "ts_inference_latency_microseconds": "latency_us"}
 # Metric name -> (the breakdown it adds to, the label it is broken down by).
 BREAKDOWNS = {"HandlerBatchesBySize": ("batch_sizes", "BatchSize"),
@@ -42,7 +56,7 @@ def summarise(text: str) -> dict[str, dict]:
     TorchServe's own request count and mean latency (ms)."""
     models: dict[str, dict] = defaultdict(lambda: {
         **dict.fromkeys(TOTALS.values(), 0.0), **{b: {} for b, _ in BREAKDOWNS.values()}})
-    for name, labels, value in parse(text):
+    for name, labels, value in samples(text):
         model = labels.get("ModelName") or labels.get("model_name")
         if model is None:
             continue
@@ -60,7 +74,7 @@ def frontend_statuses(text: str) -> dict[str, int]:
     """TorchServe's own counts of answered requests by status class (``Requests2XX`` ...):
     they include what never reached a handler (503 full queue, 507 dead worker)."""
     counts = {f"{c}XX": 0 for c in "245"}
-    for name, _, value in parse(text):
+    for name, _, value in samples(text):
         if name.startswith("Requests") and name[len("Requests"):] in counts:
             counts[name[len("Requests"):]] += int(value)
     return counts

@@ -1,0 +1,166 @@
+"""Lint the KServe manifests offline: what ``kubectl apply`` and KServe's webhook would refuse,
+and what would deploy but serve badly.
+
+    python -m kserve_tools.lint                  # kserve/runtime, kserve/overlays/*, kserve/stock/*
+    python -m kserve_tools.lint PATH ...         # kustomization folders or YAML files
+    python -m kserve_tools.lint --bundle DIR     # also a storage bundle (make kserve-bundle)
+
+Folders are rendered by ``kubectl kustomize`` (``kserve_tools.render``), as users apply them.
+
+Exit 1 with one line per problem: ``<file>: <Kind> <name>: <field path>: <problem>; fix: <how>``.
+Exit 2 when ``kserve/runtime`` itself cannot be rendered (kubectl missing or refusing it).
+
+Checked for every InferenceService:
+
+- the CRD schema (``../shared/reference/kserve/``) made strict: unknown fields refused;
+- KServe's webhook rules the schema cannot express (kserve/kserve
+  ``pkg/apis/serving/v1beta1/inference_service_validation.go``, ``component.go``,
+  ``pkg/validation/env_policy.go``): the name pattern; exactly one predictor implementation;
+  no ``predictor.model.name``; not both ``storageUri`` and ``storageUris``; replica and
+  ``containerConcurrency`` ranges; ``autoscalerClass``; ``scaleMetric`` per autoscaler (Knative:
+  concurrency|rps; HPA: cpu|memory; KEDA: none, ``autoScaling.metrics`` instead); no
+  ``PYTHONPATH`` in any container's env; the runtime (by ``runtime:``) supporting the model
+  format and ``protocolVersion`` (the controller's check);
+- ours: ``containerConcurrency`` and a concurrency ``scaleTarget`` not below batchSize x
+  maxWorkers of every model (``config/models/*.yaml``), or batches never fill; ``timeout`` not
+  below the models' ``responseTimeout``; a canary percentage only where KServe routes it.
+
+For our ClusterServingRuntime (no CRD schema is kept here, so our own rules, strict too): known
+fields only; one ``kserve-container`` started in the foreground from ``/mnt/models``; model
+formats not auto-selected; v1/v2 protocols; one port named for Knative and equal to TorchServe's
+``inference_address`` port; the bundle's readiness check as readiness probe (no HTTP route of
+TorchServe 0.12 waits for loaded workers); metrics annotations equal to ``metrics_address``; no ``PYTHONPATH``; token
+authorization off in its config (probes carry no key).
+
+Ours, for the pods: our runtime's container runs with ``seccompProfile: RuntimeDefault`` and a
+memory request and limit of at least ``FOOTPRINT_GIB`` (measured, kserve/README.md), as does
+every InferenceService on our runtime; each kustomization rendering such an InferenceService
+ships a NetworkPolicy selecting its predictor pods (``serving.kserve.io/inferenceservice``)
+that admits TorchServe's inference and metrics ports (or Knative's queue-proxy) only from
+named namespaces, and nothing from everywhere.
+
+For the collection job (``kserve/batch-job``, an Indexed Job): ``kserve_tools.joblint``.
+For the PodMonitor and PrometheusRule (``kserve/monitoring``): ``kserve_tools.monitoring``.
+
+One module per kind of object (``schema``, ``inferenceservice``, ``servingruntime``,
+``network``, ``bundle``; ``memory`` for every pod of our runtime), each rule a function that
+yields the problems it finds (``base.Problem``); this module renders the targets, sends each
+object to its rules and prints the findings.
+
+For a bundle: ``config/config.properties`` names exactly the archives in ``model-store/``
+(model names and versions from each archive's manifest) and the models of ``config/models``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from buildsteps.configgen import repo_models
+from kserve_tools import monitoring
+from kserve_tools.joblint import job_findings
+from kserve_tools.lint.base import (DEFAULT_MODE, ISVC_LABEL, KSERVE, MODES,
+                                    RUNTIME_DIR, RUNTIME_SERVER_PROPERTIES, Finding, finding,
+                                    mode, port, rel, server_properties)
+from kserve_tools.lint.bundle import bundle_findings
+from kserve_tools.lint.inferenceservice import ServingLimits, inference_service_findings
+from kserve_tools.lint.memory import FOOTPRINT_GIB
+from kserve_tools.lint.network import network_policy_findings
+from kserve_tools.lint.schema import schema_findings, strict
+from kserve_tools.lint.servingruntime import (STOCK_RUNTIME, Runtime, runtime_findings,
+                                              runtime_of)
+from kserve_tools.render import RenderError, Resource, render
+
+BATCH_JOB_DIR = KSERVE / "batch-job"
+BASE_ISVC = KSERVE / "base" / "inferenceservice.yaml"
+RUNTIME_KINDS = ("ClusterServingRuntime", "ServingRuntime")
+
+__all__ = ["DEFAULT_MODE", "FOOTPRINT_GIB", "ISVC_LABEL", "MODES", "RUNTIME_DIR", "STOCK_RUNTIME",
+           "Finding", "Runtime", "ServingLimits", "base_service", "bundle_findings",
+           "default_targets", "finding", "inference_service_findings", "lint", "main", "mode",
+           "network_policy_findings", "port", "runtime_findings", "runtime_of",
+           "schema_findings", "server_properties", "strict"]
+
+
+def default_targets() -> list[Path]:
+    """Our runtime, every overlay, the stock-runtime manifests, the collection job and the
+    monitoring objects."""
+    return [RUNTIME_DIR, *sorted(p for p in (KSERVE / "overlays").iterdir() if p.is_dir()),
+            *sorted((KSERVE / "stock").glob("*.yaml")), BATCH_JOB_DIR,
+            monitoring.MONITORING_DIR]
+
+
+def base_service() -> tuple[str | None, str]:
+    """(the bucket of the base InferenceService's s3:// storageUri, or None; its name): what
+    the collection job must write to and call."""
+    [resource] = render(BASE_ISVC)
+    uri = str(resource.obj["spec"]["predictor"]["model"].get("storageUri", ""))
+    bucket = uri[len("s3://"):].split("/", 1)[0] if uri.startswith("s3://") else None
+    return bucket, resource.name
+
+
+def lint(targets: list[Path], models: dict[str, dict] | None = None,
+         properties: dict[str, str] | None = None) -> list[Finding]:
+    """Every finding of every object rendered from ``targets`` (kustomizations or files)."""
+    models = repo_models() if models is None else models
+    limits = ServingLimits.from_models(models)
+    rendered: list[Resource] = []
+    found: list[Finding] = []
+    for target in targets:
+        try:
+            objects = render(target)
+        except (RenderError, OSError) as exc:
+            found.append(Finding(rel(Path(target)), "kustomization", "<render>", str(exc),
+                                 "fix the kustomization"))
+            continue
+        rendered += objects
+        found += network_policy_findings(objects)
+    runtimes = {STOCK_RUNTIME.name: STOCK_RUNTIME}
+    # Our runtime is known to every InferenceService, linted or not; linted when rendered.
+    for resource in render(RUNTIME_DIR) + rendered:
+        if resource.kind in RUNTIME_KINDS:
+            runtimes[resource.name] = runtime_of(resource)
+    for resource in rendered:
+        found += _findings(resource, runtimes, limits, properties)
+    return found
+
+
+def _findings(resource: Resource, runtimes: dict[str, Runtime], limits: ServingLimits,
+              properties: dict[str, str] | None) -> list[Finding]:
+    """One rendered object's findings, by the rules of its kind."""
+    if resource.kind in RUNTIME_KINDS:
+        return runtime_findings(resource, properties)
+    if resource.kind == "Job":
+        return job_findings(resource, *base_service())
+    if resource.kind in ("PodMonitor", "PrometheusRule"):
+        return monitoring.findings(
+            resource, base_service()[1],
+            port(server_properties(RUNTIME_SERVER_PROPERTIES)["metrics_address"]))
+    if resource.kind == "NetworkPolicy":
+        return []  # checked with its InferenceService, per target
+    schema = schema_findings(resource) if resource.kind == "InferenceService" else []
+    return schema + inference_service_findings(resource, runtimes, limits)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kserve_tools.lint",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("targets", nargs="*", type=Path,
+                        help="kustomization folders or YAML files (default: all of kserve/)")
+    parser.add_argument("--bundle", type=Path, action="append", default=[],
+                        help="also check a storage bundle folder (make kserve-bundle)")
+    args = parser.parse_args(argv)
+    targets = args.targets or default_targets()
+    try:
+        found = lint(targets)
+    except RenderError as exc:  # our own runtime unrendered: nothing can be checked
+        print(f"kserve-lint: error: {exc}", file=sys.stderr)
+        return 2
+    for bundle in args.bundle:
+        found += bundle_findings(bundle)
+    for problem in found:
+        print(problem, file=sys.stderr)
+    checked = ", ".join(rel(t) for t in targets + args.bundle)
+    print(f"kserve-lint: {len(found)} problem(s) in {checked}",
+          file=sys.stderr if found else sys.stdout)
+    return 1 if found else 0

@@ -1,0 +1,4 @@
+"""``python -m kserve_tools.lint`` (``make kserve-lint``)."""
+from kserve_tools.lint import main
+
+raise SystemExit(main())
