@@ -1,0 +1,162 @@
+"""The same models on Triton (issue #28): the server from the nvidia-pytriton wheel on a
+repository generated from the archives (``tritonrepo``), asked over HTTP as a client would.
+
+One Triton for the module, on free loopback ports, the repository pinned to f32 so its answers
+can be held to the float32 reference (tests/reference.py) as tightly as f32 allows; stopped at
+the end (the last test checks that it stops cleanly). Skipped, saying why, when
+``make triton-server`` could not install the wheel.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import psutil
+import pytest
+import requests
+import torch
+
+from devtools.server import free_ports
+from tests.imagegen import jpeg, png
+from tests.reference import assert_same_tags, rel_error, tolerance
+from tritonrepo.generate import generate
+from tritonrepo.install import NotInstalled, TritonInstall
+from tritonrepo.server import Triton
+
+EMBEDDING, TAGGER = "resnet50-embedding", "resnet50-tagger"
+PHOTOS = [jpeg(320, 240, seed=1), png(300, 300, seed=2), jpeg(500, 280, seed=3)]
+
+
+@pytest.fixture(scope="module")
+def triton(tmp_path_factory, model_store):
+    try:
+        TritonInstall().check()
+    except NotInstalled as exc:
+        pytest.skip(f"no Triton server: {exc}")
+    work = tmp_path_factory.mktemp("triton")
+    generate(work / "repository", model_store=model_store, precision="f32")
+    ports = free_ports(("http", "grpc", "metrics"))
+    with (work / "triton.log").open("w") as log:
+        server = Triton(work / "repository", log=log, **ports)
+        try:
+            server.start()
+        except (RuntimeError, TimeoutError) as exc:
+            log.flush()
+            raise RuntimeError(f"{exc}\n{(work / 'triton.log').read_text()[-4000:]}") from None
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+def infer(triton, model: str, images: list[bytes], **parameters) -> requests.Response:
+    """The JSON body TorchServe's v2 route takes: base64 images in a BYTES tensor's data."""
+    body = {"inputs": [{"name": "images", "datatype": "BYTES", "shape": [len(images), 1],
+                        "data": [base64.b64encode(i).decode() for i in images]}]}
+    if parameters:
+        body["parameters"] = parameters
+    return requests.post(f"{triton.url}/v2/models/{model}/infer", json=body, timeout=300)
+
+
+def output(response: requests.Response, name: str) -> np.ndarray:
+    assert response.status_code == 200, response.text
+    out = {o["name"]: o for o in response.json()["outputs"]}[name]
+    return np.array(out["data"], dtype=object if out["datatype"] == "BYTES" else np.float32
+                    ).reshape(out["shape"])
+
+
+def expected_tags(reference, labels: list[str], image: bytes, k: int) -> list[dict]:
+    top = torch.softmax(reference(image)[1], dim=0).topk(k)
+    return [{"label": labels[i], "index": i, "probability": p}
+            for i, p in zip(top.indices.tolist(), top.values.tolist())]
+
+
+def test_health_ready_metadata_and_metrics_answer(triton):
+    assert requests.get(f"{triton.url}/v2/health/live", timeout=30).status_code == 200
+    assert requests.get(f"{triton.url}/v2/health/ready", timeout=30).status_code == 200
+    for model, out, datatype, shape in ((EMBEDDING, "embedding", "FP32", [-1, 2048]),
+                                        (TAGGER, "tags", "BYTES", [-1, -1])):
+        assert requests.get(f"{triton.url}/v2/models/{model}/ready", timeout=30).status_code == 200
+        meta = requests.get(f"{triton.url}/v2/models/{model}", timeout=30).json()
+        assert meta["inputs"] == [{"name": "images", "datatype": "BYTES", "shape": [-1, 1]}]
+        assert meta["outputs"] == [{"name": out, "datatype": datatype, "shape": shape}]
+    metrics = requests.get(triton.metrics_url, timeout=30)
+    assert metrics.status_code == 200
+    assert f'nv_inference_count{{model="{TAGGER}",version="1"}}' in metrics.text
+
+
+def test_embeddings_equal_the_float32_reference(triton, reference):
+    embeddings = output(infer(triton, EMBEDDING, PHOTOS), "embedding")
+    assert embeddings.shape == (len(PHOTOS), 2048)
+    for photo, embedding in zip(PHOTOS, embeddings):
+        expected = torch.nn.functional.normalize(reference(photo)[0], dim=0)  # the YAML's L2
+        cosine = float(torch.nn.functional.cosine_similarity(
+            torch.as_tensor(embedding, dtype=torch.float64), expected.double(), dim=0))
+        assert cosine >= 0.9999
+        assert rel_error(embedding, expected) <= tolerance("f32")
+
+
+def test_tags_match_the_reference_in_json_and_binary_requests(triton, reference, weights_dir):
+    import tritonclient.http as httpclient
+
+    labels = [json.loads((weights_dir / "index_to_name.json").read_text())[str(i)]
+              for i in range(1000)]
+    from_json = output(infer(triton, TAGGER, PHOTOS, topk=3), "tags")
+    assert from_json.shape == (len(PHOTOS), 3)
+    for photo, row in zip(PHOTOS, from_json):
+        assert_same_tags([json.loads(t) for t in row], expected_tags(reference, labels, photo, 3))
+
+    # Raw bytes through Triton's binary tensor extension: the same answer.
+    client = httpclient.InferenceServerClient(triton.url.removeprefix("http://"))
+    tensor = httpclient.InferInput("images", [len(PHOTOS), 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[p] for p in PHOTOS], dtype=object), binary_data=True)
+    result = client.infer(TAGGER, [tensor], parameters={"topk": 3})
+    binary = result.as_numpy("tags")
+    assert [[json.loads(t)["index"] for t in row] for row in binary] == \
+        [[json.loads(t)["index"] for t in row] for row in from_json]
+
+
+def test_a_broken_image_fails_alone_beside_three_good_ones(triton):
+    bodies = [[PHOTOS[0]], [b"\xff\xd8\xff\xe0 this is not a JPEG"], [PHOTOS[1]], [PHOTOS[2]]]
+    start = threading.Barrier(len(bodies))
+
+    def send(images):
+        start.wait()
+        return infer(triton, TAGGER, images)
+
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        responses = list(pool.map(send, bodies))
+    assert [r.status_code for r in responses] == [200, 400, 200, 200]
+    error = json.loads(responses[1].json()["error"])  # the core's own error body
+    assert error["type"] == "InvalidImage" and error["code"] == 400
+    for r in responses[:1] + responses[2:]:
+        assert output(r, "tags").shape == (1, 5)  # the model's default topk
+
+
+def test_concurrent_requests_are_batched(triton):
+    """Triton's own statistics: under 16 concurrent clients some batch ran more than one."""
+    clients = 16
+    start = threading.Barrier(clients)
+
+    def send(i):
+        start.wait()
+        return infer(triton, TAGGER, [jpeg(64, 64, seed=100 + i)]).status_code
+
+    with ThreadPoolExecutor(clients) as pool:
+        assert list(pool.map(send, range(clients))) == [200] * clients
+    stats = requests.get(f"{triton.url}/v2/models/{TAGGER}/stats", timeout=30).json()
+    sizes = {b["batch_size"]: b["compute_infer"]["count"]
+             for b in stats["model_stats"][0]["batch_stats"]}
+    assert max(sizes) > 1, sizes
+
+
+def test_triton_stops_cleanly(triton):
+    """Last in the module: SIGTERM ends Triton with exit code 0 and no model stub left."""
+    stubs = psutil.Process(triton.process.pid).children(recursive=True)
+    assert stubs  # one Python-backend stub per model instance
+    assert triton.stop() == 0
+    _, alive = psutil.wait_procs(stubs, timeout=30)
+    assert alive == []
