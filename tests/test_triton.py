@@ -12,6 +12,7 @@ import base64
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -19,15 +20,48 @@ import pytest
 import requests
 import torch
 
+from buildsteps.configgen import frontend_settings
 from devtools.server import free_ports
+from servecore.config import HandlerConfig
+from servecore.errors import InvalidParameter, InvalidRequest, PayloadTooLarge
+from servecore.parse import Protocol, parse_tensor
 from tests.imagegen import jpeg, png
 from tests.reference import assert_same_tags, rel_error, tolerance
-from tritonrepo.generate import generate
+from tests.served import variant_server
+from tritonrepo.generate import config_pbtxt, generate
 from tritonrepo.install import NotInstalled, TritonInstall
 from tritonrepo.server import Triton
 
+REPO = Path(__file__).resolve().parent.parent
 EMBEDDING, TAGGER = "resnet50-embedding", "resnet50-tagger"
 PHOTOS = [jpeg(320, 240, seed=1), png(300, 300, seed=2), jpeg(500, 280, seed=3)]
+
+
+def test_a_tensor_element_is_an_image_or_its_base64_text():
+    config = HandlerConfig()
+    parsed = parse_tensor([PHOTOS[0], base64.b64encode(PHOTOS[1])], top_k=3, config=config)
+    assert parsed.images == PHOTOS[:2]
+    assert (parsed.protocol, parsed.top_k) == (Protocol.V2, 3)
+    with pytest.raises(InvalidParameter, match="topk"):
+        parse_tensor([PHOTOS[0]], top_k=0, config=config)
+    with pytest.raises(InvalidRequest, match="images\\[0\\] is not valid base64"):
+        parse_tensor([b"x"], config=config)
+    with pytest.raises(InvalidRequest, match="empty"):
+        parse_tensor([], config=config)
+    many = config.max_images_per_request + 1
+    with pytest.raises(PayloadTooLarge, match=f"{many} images"):
+        parse_tensor([PHOTOS[0]] * many, config=config)
+
+
+@pytest.mark.parametrize("model", [EMBEDDING, TAGGER])
+def test_config_pbtxt_carries_the_model_yaml(model):
+    yaml_path = REPO / "config" / "models" / f"{model}.yaml"
+    settings = frontend_settings(yaml_path)
+    text = config_pbtxt(model, settings, {"task": "tags"}, "resnet50_dual.xml")
+    assert f"max_batch_size: {settings['batchSize']}\n" in text
+    assert f"max_queue_delay_microseconds: {settings['maxBatchDelay'] * 1000} " in text
+    assert f"count: {settings['minWorkers']} kind: KIND_CPU" in text
+    assert 'string_value: "{\\"task\\": \\"tags\\"}"' in text
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +185,31 @@ def test_concurrent_requests_are_batched(triton):
     sizes = {b["batch_size"]: b["compute_infer"]["count"]
              for b in stats["model_stats"][0]["batch_stats"]}
     assert max(sizes) > 1, sizes
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_the_same_json_body_gets_torchserves_answer(triton, tmp_path_factory, model_store):
+    """TorchServe at the same precision (f32), the same v2 JSON body to both: the same
+    embeddings (cosine >= 0.9999) and the same tags, computed from the same forward."""
+    body = {"inputs": [{"name": "images", "datatype": "BYTES", "shape": [len(PHOTOS), 1],
+                        "data": [base64.b64encode(i).decode() for i in PHOTOS]}]}
+    with variant_server(tmp_path_factory, model_store, EMBEDDING,
+                        handler={"precision": "f32"}) as ts:
+        ask = {**body, "outputs": [{"name": "embedding"}, {"name": "tags"}]}
+        answer = requests.post(f"{ts.inference_url}/predictions/{EMBEDDING}", json=ask,
+                               headers=ts.keys.inference_headers(), timeout=300)
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["X-Precision"] == "f32"
+    theirs = {o["name"]: o for o in answer.json()["outputs"]}
+    ours = output(infer(triton, EMBEDDING, PHOTOS), "embedding")
+    expected = np.array(theirs["embedding"]["data"], dtype=np.float64).reshape(ours.shape)
+    for mine, their in zip(ours.astype(np.float64), expected):
+        assert mine @ their / np.linalg.norm(mine) / np.linalg.norm(their) >= 0.9999
+    tags = output(infer(triton, TAGGER, PHOTOS), "tags")
+    their_tags = np.array(theirs["tags"]["data"], dtype=object).reshape(theirs["tags"]["shape"])
+    assert [[json.loads(t)["index"] for t in row] for row in tags] == \
+        [[json.loads(t)["index"] for t in row] for row in their_tags]
 
 
 def test_triton_stops_cleanly(triton):
