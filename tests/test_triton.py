@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -185,6 +186,38 @@ def test_concurrent_requests_are_batched(triton):
     sizes = {b["batch_size"]: b["compute_infer"]["count"]
              for b in stats["model_stats"][0]["batch_stats"]}
     assert max(sizes) > 1, sizes
+
+
+def test_tsctl_tags_and_embeds_through_triton_unchanged(triton, tmp_path, reference):
+    """The v2 commands with ``--url``: a broken file fails alone, the rest are answered."""
+    import subprocess
+
+    from tsclient.vectors import read_matrix
+
+    paths = []
+    for i, photo in enumerate(PHOTOS):
+        paths.append(tmp_path / f"p{i}.img")
+        paths[-1].write_bytes(photo)
+    (tmp_path / "broken.jpg").write_bytes(b"not an image")
+    env = dict(os.environ, PYTHONPATH=str(REPO))  # this checkout's client
+
+    def tsctl(*argv):
+        return subprocess.run([str(REPO / ".venv" / "bin" / "tsctl"), *argv], env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    tagged = tsctl("--json", "tag", "--url", triton.url, "--topk", "3", *map(str, paths),
+                   str(tmp_path / "broken.jpg"))
+    assert tagged.returncode == 7, tagged.stderr  # some files failed
+    answers = json.loads(tagged.stdout)
+    assert all(len(answers[str(p)]) == 3 for p in paths)
+    assert "InvalidImage" in answers[str(tmp_path / "broken.jpg")]["error"]
+    out = tmp_path / "emb.parquet"
+    embedded = tsctl("embed", "--url", triton.url, *map(str, paths), "--out", str(out))
+    assert embedded.returncode == 0, embedded.stderr
+    names, matrix = read_matrix(out)
+    for name, row in zip(names, matrix):
+        expected = reference(PHOTOS[[str(p) for p in paths].index(name)])[0]
+        assert rel_error(row / np.linalg.norm(row), expected / expected.norm()) <= 1e-4
 
 
 @pytest.mark.slow
