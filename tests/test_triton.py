@@ -21,7 +21,7 @@ import pytest
 import requests
 import torch
 
-from buildsteps.configgen import frontend_settings
+from buildsteps.configgen import frontend_settings, repo_models
 from devtools.server import free_ports
 from servecore.config import HandlerConfig
 from servecore.errors import InvalidParameter, InvalidRequest, PayloadTooLarge
@@ -63,6 +63,39 @@ def test_config_pbtxt_carries_the_model_yaml(model):
     assert f"max_queue_delay_microseconds: {settings['maxBatchDelay'] * 1000} " in text
     assert f"count: {settings['minWorkers']} kind: KIND_CPU" in text
     assert 'string_value: "{\\"task\\": \\"tags\\"}"' in text
+    assert "EXECUTION_ENV_PATH" not in text
+    packed = config_pbtxt(model, settings, {"task": "tags"}, "resnet50_dual.xml", "env.tar.gz")
+    assert ('key: "EXECUTION_ENV_PATH" value: { string_value: '
+            '"$$TRITON_MODEL_DIRECTORY/env.tar.gz" }') in packed
+
+
+def test_the_kserve_triton_manifest_passes_the_lint_and_its_rules_apply():
+    """kserve/triton: KServe's Triton runtime on the repository, v2 only, its pods fenced."""
+    import copy
+
+    from kserve_tools import lint
+    from kserve_tools.render import render
+
+    target = REPO / "kserve" / "triton"
+    assert target in lint.default_targets()
+    assert lint.lint([target]) == []
+    objects = render(target)
+    [isvc] = [o for o in objects if o.kind == "InferenceService"]
+    model = isvc.obj["spec"]["predictor"]["model"]
+    assert (model["runtime"], model["modelFormat"]) == ("kserve-tritonserver",
+                                                        {"name": "triton", "version": "2"})
+    runtimes = {lint.TRITON_RUNTIME.name: lint.TRITON_RUNTIME}
+    limits = lint.ServingLimits.from_models(repo_models())
+    v1 = copy.deepcopy(isvc)
+    v1.obj["spec"]["predictor"]["model"]["protocolVersion"] = "v1"
+    assert any("'v1' is not supported by runtime kserve-tritonserver" in str(f)
+               for f in lint.inference_service_findings(v1, runtimes, limits))
+    no_metrics = copy.deepcopy(objects)
+    for o in no_metrics:
+        if o.kind == "NetworkPolicy":
+            o.obj["spec"]["ingress"].pop(1)
+    assert any("port 8002 is admitted from no namespace" in str(f)
+               for f in lint.network_policy_findings(no_metrics))
 
 
 @pytest.fixture(scope="module")
