@@ -33,7 +33,7 @@ MODEL_CONFIGS := $(wildcard config/models/*.yaml)
 SOURCES := $(wildcard handlers/*.py servecore/*.py servecore/*/*.py model_files/*.py) $(MODEL_CONFIGS) archive.sh \
            buildsteps/configgen.py
 
-.PHONY: setup java config weights archives samples serve test test-fast bench bench-sweep bench-ingestion bench-collection soak clean
+.PHONY: setup java config weights archives samples serve test test-fast triton-server triton-repo serve-triton bench bench-sweep bench-ingestion bench-collection soak clean
 .DEFAULT_GOAL := test
 
 setup: $(VENV)/.installed java kubectl chromium prometheus
@@ -121,13 +121,37 @@ MONITOR_PORT ?= 9090
 monitor: $(VENV)/.installed prometheus
 	$(PY) -m devtools.prometheus --port $(MONITOR_PORT)
 
+# Triton (docs/triton.md, tritonrepo/): the server from the pinned nvidia-pytriton wheel in its
+# own venv (numpy<2; the project's venv keeps numpy 2) laid out in build/triton-server; a model
+# repository in build/triton generated from config/models/*.yaml and the archives; the server on
+# 127.0.0.1 (ports in tsclient/ports.py), Ctrl-C stops it. Without the wheel, make test goes on
+# and tests/test_triton.py is skipped, saying why.
+TRITON_VENV := build/triton-venv
+
+triton-server: $(VENV)/.installed
+	@$(MAKE) --no-print-directory $(TRITON_VENV)/.installed \
+		|| echo "warning: no Triton (nvidia-pytriton did not install): tests/test_triton.py will be skipped" >&2
+
+$(TRITON_VENV)/.installed: requirements-triton.txt tritonrepo/install.py
+	rm -rf $(TRITON_VENV)
+	$(PYTHON) -m venv $(TRITON_VENV)
+	$(TRITON_VENV)/bin/pip install --quiet -r requirements-triton.txt
+	$(PY) -m tritonrepo.install
+	@touch $@
+
+triton-repo: config archives
+	$(PY) -m tritonrepo.generate
+
+serve-triton: setup triton-server triton-repo
+	$(PY) -m tritonrepo.server
+
 # The whole suite, the benchmark smoke test (marked slow) and the runtime image's container
 # test included (the image: ~10 minutes the first time, reused afterwards; see kserve/README.md).
-test: setup config archives samples kserve-image
+test: setup config archives samples kserve-image triton-server
 	$(VENV)/bin/pytest
 
 # The inner loop: everything but the tests marked slow or container (see pytest.ini).
-test-fast: setup config archives samples
+test-fast: setup config archives samples triton-server
 	$(VENV)/bin/pytest -m "not slow and not container"
 
 # Raw model speed, our tagger served (the shipped archives: auto may serve int8), and

@@ -9,7 +9,9 @@
    in-process pipeline of what it serves (decode, preprocess, forward at batch 8; no HTTP);
    (the shipped archive carries the int8 IR beside the float one, so what ``auto`` serves may
    be int8: no separate int8 server is needed);
-3. TorchServe's stock ``image_classifier`` serving the same weights, with the same frontend
+3. the same tagger at the precision TorchServe's served, on Triton (``bench/triton.py``;
+   skipped, saying so, without ``make triton-server``);
+4. TorchServe's stock ``image_classifier`` serving the same weights, with the same frontend
    settings, in a TorchServe started only after the others stopped.
 
 Writes ``results/benchmark.{md,json,png}`` and prints the Markdown (progress goes to stderr).
@@ -26,7 +28,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from bench import explain_cost, machine, raw, report, stock
+from bench import explain_cost, machine, raw, report, stock, triton
 from bench.archives import ArchiveInfo
 from bench.layout import (BUILD, EMBEDDING, IMAGES, MODEL_STORE, REPO, RESULTS, SAMPLES,
                           TAGGER as OURS, WEIGHTS, fresh_dir, setup_cli)
@@ -174,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     served = served_row(ours)
     log.info("in-process pipeline: %s (what the tagger served)", served)
     pipeline = run_pipeline(served, config, images["small"], budget)
+    log.info("served: ours on Triton (%s at %s)", OURS, ours["precision"])
+    triton_results = triton.serve_triton(images, plan, ours["precision"],
+                                         model_store=MODEL_STORE, progress=log.info)
     log.info("served: stock image_classifier")
     stock_results = serve_stock(images, plan)
 
@@ -190,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         "raw": raw_results,
         "pipeline": pipeline,
         "explain": explain_results,
-        "served": {"ours": ours, "stock": stock_results},
+        "served": {"ours": ours, "triton": triton_results, "stock": stock_results},
         "targets": [t.to_dict() for t in evaluate(raw_results, served, ours, stock_results,
                                                   raw_batch=batch_size, pipeline=pipeline,
                                                   cpu_flags=machine_info.get("cpu_flags"))],

@@ -8,7 +8,8 @@ import json
 import math
 from pathlib import Path
 
-SERVERS = (("ours", "tagger (ours)"), ("stock", "stock image_classifier"))
+SERVERS = (("ours", "tagger (ours)"), ("triton", "tagger on Triton"),
+           ("stock", "stock image_classifier"))
 IMAGE_NAMES = {"small": "small JPEG 451x300", "12mp": "12 MP photo 4242x2828",
                "12mp-noisy": "noisy 12 MP photo 4242x2828"}
 
@@ -79,11 +80,24 @@ def _header(results: dict) -> list[str]:
         f"(describe): {_choice(ours).get('summary', 'n/a')}.",
         f"- The archive's int8 IR (what `auto` weighed beside the float IR): fidelity vs "
         f"float32 on held-apart photos: {_fidelity(ours.get('quantization'))}.",
+        *_triton_line(results["served"].get("triton")),
         f"- Stock: `{stock['model']}`, `image_classifier` handler, plain torchvision ResNet50 "
         f"traced and frozen to TorchScript from the same weights, {_settings(stock['settings'])}.",
         "- Servers run one at a time; the load generator shares the 2 cores with the server "
         "under test (both sides pay for it).",
     ]
+
+
+def _triton_line(triton: dict | None) -> list[str]:
+    if not triton:
+        return ["- Triton: not measured (no `make triton-server`: nvidia-pytriton missing)."]
+    return [f"- Triton: the same tagger archive's files and handler settings at precision "
+            f"**{triton['precision']}** (pinned to what ours served; the embedding model "
+            "loaded too, idle), in Triton 2.51 from the "
+            "nvidia-pytriton wheel (`tritonrepo`, docs/triton.md): the same batchSize and "
+            "maxBatchDelay as `max_batch_size` and `max_queue_delay_microseconds`; requests "
+            "carry the raw image in the binary tensor extension; its batch mean is per batch "
+            "(Triton's statistics), not per request."]
 
 
 def _choice(served: dict) -> dict:

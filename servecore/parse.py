@@ -21,7 +21,7 @@ import dataclasses
 import enum
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from servecore.config import HandlerConfig, Output
 from servecore.errors import InvalidParameter, InvalidRequest, PayloadTooLarge, echo, echo_all
@@ -90,6 +90,33 @@ def parse_request(row: dict[str, Any], *, header_top_k: Any = None,
     if parsed.top_k is None and header_top_k is not None:
         return dataclasses.replace(parsed, top_k=parse_top_k(header_top_k))
     return parsed
+
+
+def parse_tensor(elements: Sequence[bytes], *, top_k: Any = None, request_id: str | None = None,
+                 config: HandlerConfig) -> ParsedRequest:
+    """A KServe v2 request an engine has already read (Triton's Python backend): the elements
+    of its BYTES input tensor and its ``topk`` request parameter, as a ``ParsedRequest`` or a
+    ``RequestError``. An element is an encoded image (the binary tensor extension) or, as a JSON
+    body carries it, the image's base64 text; the answer goes out as v2 named tensors."""
+    _count_images(len(elements), config)
+    if not elements:
+        raise InvalidRequest("input 'images' is empty: send at least one image")
+    images = [_tensor_image(bytes(item), f"images[{i}]") for i, item in enumerate(elements)]
+    return ParsedRequest(Protocol.V2, images,
+                         top_k=None if top_k is None else parse_top_k(top_k),
+                         request_id=request_id)
+
+
+def _tensor_image(item: bytes, where: str) -> bytes:
+    """Raw image bytes as they are; base64 text (only ASCII base64 characters, an optional
+    ``data:`` prefix) decoded. No image format starts that way: JPEG, PNG, GIF, WebP and TIFF
+    headers all hold bytes outside it."""
+    if _BASE64_TEXT.fullmatch(item):
+        return decode_base64(item.decode("ascii"), where)
+    return item
+
+
+_BASE64_TEXT = re.compile(rb"(data:[\w/+.-]*;base64,)?[A-Za-z0-9+/=_\s-]+")
 
 
 def _parse(row: dict[str, Any], config: HandlerConfig) -> ParsedRequest:

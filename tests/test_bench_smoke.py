@@ -31,7 +31,8 @@ def test_quick_benchmark_reports_every_measurement(tmp_path, model_store):
     assert {"p1", "p2"} <= {t["key"] for t in results["targets"]}
     assert results["pipeline"]["images_per_s"] > 0
     assert all(m["ms_per_image_p50"] > 0 for m in results["explain"]["methods"].values())
-    for server in ("ours", "stock"):
+    servers = ["ours", "stock"] + (["triton"] if _triton_installed() else [])
+    for server in servers:
         runs = results["served"][server]
         assert runs["closed"] and runs["open"], server
         assert all(r["errors"] == 0 and r["requests"] > 0 for r in runs["closed"])
@@ -44,6 +45,17 @@ def test_quick_benchmark_reports_every_measurement(tmp_path, model_store):
     markdown = (tmp_path / "benchmark.md").read_text()
     assert "## Targets" in markdown and "## Raw model" in markdown
     assert (tmp_path / "benchmark.png").stat().st_size > 10_000
+
+
+def _triton_installed() -> bool:
+    """Whether `make triton-server` installed Triton, and so the benchmark has its row."""
+    from tritonrepo.install import NotInstalled, TritonInstall
+
+    try:
+        TritonInstall().check()
+    except NotInstalled:
+        return False
+    return True
 
 
 def test_ingestion_split_reads_a_real_torchserve_log(tmp_path, model_store):

@@ -310,11 +310,12 @@ class TorchServeClient:
                            response.headers.get(PRECISION_HEADER))
         if protocol != "v2":
             raise errors.UsageError(f"no protocol {protocol!r}", "use v1 or v2")
-        wanted = {"name": output}
+        # [n, 1] and a request-level topk: what both TorchServe's handler and Triton's
+        # batching take (Triton wants a batch dimension first and reads no output parameters).
+        body = {"inputs": [{"name": "images", "shape": [len(data), 1], "datatype": "BYTES",
+                            "data": data}], "outputs": [{"name": output}]}
         if output == "tags" and topk is not None:
-            wanted["parameters"] = {"topk": topk}
-        body = {"inputs": [{"name": "images", "shape": [len(data)], "datatype": "BYTES",
-                            "data": data}], "outputs": [wanted]}
+            body["parameters"] = {"topk": topk}
         response = self._call("POST", "inference", f"/v2/models/{check_name(model)}/infer",
                               what, data=json.dumps(body),
                               headers={"Content-Type": "application/json"})

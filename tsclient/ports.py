@@ -10,6 +10,11 @@ HOST = "127.0.0.1"  # loopback only: put a proxy or KServe in front to expose it
 INFERENCE = 8080
 MANAGEMENT = 8081
 METRICS = 8082
+# A local Triton (make serve-triton, tritonrepo/server.py): Triton's own defaults, which
+# leave TorchServe's free so both can run side by side.
+TRITON_HTTP = 8000
+TRITON_GRPC = 8001
+TRITON_METRICS = 8002
 
 
 def url(port: int, host: str = HOST) -> str:
@@ -20,3 +25,4 @@ def url(port: int, host: str = HOST) -> str:
 INFERENCE_URL = url(INFERENCE)
 MANAGEMENT_URL = url(MANAGEMENT)
 METRICS_URL = url(METRICS)
+TRITON_URL = url(TRITON_HTTP)

@@ -1,7 +1,7 @@
 """Lint the KServe manifests offline: what ``kubectl apply`` and KServe's webhook would refuse,
 and what would deploy but serve badly.
 
-    python -m kserve_tools.lint                  # kserve/runtime, kserve/overlays/*, kserve/stock/*
+    python -m kserve_tools.lint                  # kserve/runtime, overlays/*, stock/*, triton, ...
     python -m kserve_tools.lint PATH ...         # kustomization folders or YAML files
     python -m kserve_tools.lint --bundle DIR     # also a storage bundle (make kserve-bundle)
 
@@ -67,15 +67,17 @@ from kserve_tools.lint.inferenceservice import ServingLimits, inference_service_
 from kserve_tools.lint.memory import FOOTPRINT_GIB
 from kserve_tools.lint.network import network_policy_findings
 from kserve_tools.lint.schema import schema_findings, strict
-from kserve_tools.lint.servingruntime import (STOCK_RUNTIME, Runtime, runtime_findings,
-                                              runtime_of)
+from kserve_tools.lint.servingruntime import (STOCK_RUNTIME, TRITON_RUNTIME, Runtime,
+                                              runtime_findings, runtime_of)
 from kserve_tools.render import RenderError, Resource, render
 
 BATCH_JOB_DIR = KSERVE / "batch-job"
+TRITON_DIR = KSERVE / "triton"  # the InferenceService on KServe's Triton runtime
 BASE_ISVC = KSERVE / "base" / "inferenceservice.yaml"
 RUNTIME_KINDS = ("ClusterServingRuntime", "ServingRuntime")
 
 __all__ = ["DEFAULT_MODE", "FOOTPRINT_GIB", "ISVC_LABEL", "MODES", "RUNTIME_DIR", "STOCK_RUNTIME",
+           "TRITON_RUNTIME",
            "Finding", "Runtime", "ServingLimits", "base_service", "bundle_findings",
            "default_targets", "finding", "inference_service_findings", "lint", "main", "mode",
            "network_policy_findings", "port", "runtime_findings", "runtime_of",
@@ -86,7 +88,7 @@ def default_targets() -> list[Path]:
     """Our runtime, every overlay, the stock-runtime manifests, the collection job and the
     monitoring objects."""
     return [RUNTIME_DIR, *sorted(p for p in (KSERVE / "overlays").iterdir() if p.is_dir()),
-            *sorted((KSERVE / "stock").glob("*.yaml")), BATCH_JOB_DIR,
+            *sorted((KSERVE / "stock").glob("*.yaml")), TRITON_DIR, BATCH_JOB_DIR,
             monitoring.MONITORING_DIR]
 
 
@@ -115,7 +117,7 @@ def lint(targets: list[Path], models: dict[str, dict] | None = None,
             continue
         rendered += objects
         found += network_policy_findings(objects)
-    runtimes = {STOCK_RUNTIME.name: STOCK_RUNTIME}
+    runtimes = {r.name: r for r in (STOCK_RUNTIME, TRITON_RUNTIME)}
     # Our runtime is known to every InferenceService, linted or not; linted when rendered.
     for resource in render(RUNTIME_DIR) + rendered:
         if resource.kind in RUNTIME_KINDS:

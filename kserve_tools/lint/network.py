@@ -1,11 +1,13 @@
-"""Ours, for the pods: each kustomization rendering an InferenceService on our runtime ships a
-NetworkPolicy selecting its predictor pods (``serving.kserve.io/inferenceservice``) that admits
-TorchServe's inference and metrics ports (or Knative's queue-proxy) only from named namespaces,
-and nothing from everywhere (TorchServe runs without token authorization there)."""
+"""Ours, for the pods: each kustomization rendering an InferenceService on our runtime (or on
+KServe's Triton runtime, ``kserve/triton``) ships a NetworkPolicy selecting its predictor pods
+(``serving.kserve.io/inferenceservice``) that admits the server's inference and metrics ports
+(or Knative's queue-proxy) only from named namespaces, and nothing from everywhere (TorchServe
+runs without token authorization there, Triton without any)."""
 from __future__ import annotations
 
 from kserve_tools.lint.base import (DEFAULT_MODE, ISVC_LABEL, MODES, OUR_RUNTIME, Finding,
                                     finding, mode, port, server_properties)
+from kserve_tools.lint.servingruntime import TRITON_PORTS, TRITON_RUNTIME
 from kserve_tools.render import Resource
 
 QUEUE_PROXY_PORT = 8012  # Knative's queue-proxy, in front of the container's port
@@ -32,14 +34,16 @@ def network_policy_findings(objects: list[Resource]) -> list[Finding]:
     found: list[Finding] = []
     policies = [r for r in objects if r.kind == "NetworkPolicy"]
     properties = server_properties()
-    needed = {port(properties["metrics_address"])}
     for isvc in (r for r in objects if r.kind == "InferenceService"):
         model = ((isvc.obj.get("spec") or {}).get("predictor") or {}).get("model") or {}
-        if model.get("runtime") != OUR_RUNTIME:
+        if model.get("runtime") not in (OUR_RUNTIME, TRITON_RUNTIME.name):
             continue
+        triton = model.get("runtime") == TRITON_RUNTIME.name
         knative = MODES.get(mode((isvc.obj.get("metadata") or {}).get("annotations") or {})
                             or DEFAULT_MODE) == "Knative"
-        inference = QUEUE_PROXY_PORT if knative else port(properties["inference_address"])
+        own = TRITON_PORTS["inference"] if triton else port(properties["inference_address"])
+        inference = QUEUE_PROXY_PORT if knative else own
+        needed = {TRITON_PORTS["metrics"] if triton else port(properties["metrics_address"])}
         selecting = [p for p in policies
                      if (((p.obj.get("spec") or {}).get("podSelector") or {})
                          .get("matchLabels") or {}).items() <= {ISVC_LABEL: isvc.name}.items()
@@ -47,7 +51,7 @@ def network_policy_findings(objects: list[Resource]) -> list[Finding]:
         if not selecting:
             found.append(finding(isvc, "<NetworkPolicy>", "no NetworkPolicy selects this "
                                  f"InferenceService's pods ({ISVC_LABEL}: {isvc.name}) while "
-                                 "TorchServe runs without token authorization", "keep "
+                                 "the server runs without token authorization", "keep "
                                  "kserve/base/networkpolicy.yaml in the kustomization"))
             continue
         for policy in selecting:

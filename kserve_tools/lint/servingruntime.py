@@ -44,6 +44,14 @@ class Runtime:
 
 # KServe's stock runtime for modelFormat pytorch (config/runtimes/kserve-torchserve.yaml).
 STOCK_RUNTIME = Runtime("kserve-torchserve", (("pytorch", "1", True),), ("v1", "v2", "grpc-v2"))
+# KServe's Triton runtime (config/runtimes/kserve-tritonserver.yaml): the Python-backend
+# repository of `make triton-repo` is modelFormat triton:2 (kserve/triton, docs/triton.md).
+TRITON_RUNTIME = Runtime("kserve-tritonserver",
+                         (("tensorrt", "8", False), ("tensorflow", "1", False),
+                          ("tensorflow", "2", False), ("onnx", "1", True), ("pytorch", "1", False),
+                          ("triton", "2", True)), ("v2", "grpc-v2"))
+# Triton in that runtime: --http-port 8080, metrics on Triton's default 8002.
+TRITON_PORTS = {"inference": 8080, "metrics": 8002}
 
 
 def runtime_of(resource: Resource) -> Runtime:

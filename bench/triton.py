@@ -1,0 +1,115 @@
+"""The same tagger at the same precision served by Triton (``tritonrepo``), measured with the
+same load plan as TorchServe's: the Triton row of ``python -m bench``.
+
+Requests carry the raw image through Triton's binary tensor extension (a small JSON header,
+then the bytes), as TorchServe's rows send the raw image as the body: neither pays base64.
+Batch sizes come from Triton's own statistics (``/v2/models/<m>/stats``: images per model
+execution over each run, and the largest batch size that ran in it), not from a header, which
+Triton's Python backend cannot set; so the mean is per batch, where TorchServe's is per request.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import psutil
+import requests
+
+from bench.layout import BUILD, TAGGER, fresh_dir
+from bench.loadgen import Endpoint
+from bench.serving import LoadPlan, ModelUnderTest
+from devtools.server import free_ports
+from tritonrepo.generate import generate
+from tritonrepo.install import NotInstalled, TritonInstall
+from tritonrepo.server import Triton
+
+
+def binary_request(image: bytes) -> tuple[bytes, dict[str, str]]:
+    """A v2 request of one image in Triton's binary tensor extension: body and headers."""
+    header = json.dumps({"inputs": [{"name": "images", "datatype": "BYTES", "shape": [1, 1],
+                                     "parameters": {"binary_data_size": len(image) + 4}}],
+                         "outputs": [{"name": "tags", "parameters": {"binary_data": False}}]})
+    element = len(image).to_bytes(4, "little") + image  # BYTES: a 4-byte length, then the data
+    return header.encode() + element, {"Inference-Header-Content-Length": str(len(header)),
+                                       "Content-Type": "application/octet-stream"}
+
+
+class TritonUnderTest(ModelUnderTest):
+    """``ModelUnderTest`` on Triton: its v2 route, its process tree, its batch statistics."""
+
+    def __init__(self, triton: Triton, model: str, plan: LoadPlan) -> None:
+        # The "server" whose processes PeakRss samples is this object (``processes`` below).
+        super().__init__(self, model, batches_from_log=False, plan=plan)
+        self.triton = triton
+
+    def processes(self) -> list[psutil.Process]:
+        root = psutil.Process(self.triton.process.pid)
+        return [root, *root.children(recursive=True)]
+
+    def endpoint(self, body: bytes) -> Endpoint:
+        payload, headers = binary_request(body)
+        return Endpoint(f"{self.triton.url}/v2/models/{self.model}/infer", headers, payload,
+                        self.plan.timeout_s)
+
+    def _measured(self, run, watch):
+        before = self._counts()
+        stats = super()._measured(run, watch)
+        after = self._counts()
+        images, executions = after[0] - before[0], after[1] - before[1]
+        stats["batch_mean"] = images / executions if executions else float("nan")
+        stats["batch_max"] = max((size for size, count in after[2].items()
+                                  if count > before[2].get(size, 0)), default=0)
+        return stats
+
+    def _counts(self) -> tuple[int, int, dict[int, int]]:
+        """(images inferred, model executions, executions per batch size) so far: Triton
+        keeps totals only, so a run's figures are the differences across it."""
+        stats = self._stats()
+        return (stats["inference_count"], stats["execution_count"],
+                {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]})
+
+    def _stats(self) -> dict:
+        url = f"{self.triton.url}/v2/models/{self.model}/stats"
+        return requests.get(url, timeout=30).json()["model_stats"][0]
+
+
+def serve_triton(images: dict[str, bytes], plan: LoadPlan, precision: str, *,
+                 model_store: Path, progress=lambda _: None) -> dict | None:
+    """Triton serving the tagger of ``model_store`` at ``precision`` (what TorchServe's tagger
+    served), every closed-loop run and the open-loop sweep; None when Triton is not installed."""
+    try:
+        TritonInstall().check()
+    except NotInstalled as exc:
+        progress(f"no Triton row: {exc}")
+        return None
+    work = fresh_dir(BUILD / "run" / "triton")
+    pinned = precision.split("+")[0]  # "int8+bf16" runs the int8 IR: handler.precision int8
+    # Both models, as TorchServe's row loads them (the embedding model idle).
+    generate(work / "repository", model_store=model_store, precision=pinned)
+    with (work / "triton.log").open("w") as log:
+        triton = Triton(work / "repository", log=log, **free_ports(("http", "grpc", "metrics")))
+        started = time.monotonic()
+        triton.start()
+        try:
+            startup_s = time.monotonic() - started
+            mut = TritonUnderTest(triton, TAGGER, plan)
+            # The tagger's Python-backend stub (its model.py is its first argument): the
+            # "worker" of this row.
+            watch = {f"stub {p.pid}": p.pid for p in mut.processes()[1:]
+                     if any(f"/{TAGGER}/" in arg for arg in p.cmdline()[1:2])}
+            closed = []
+            for image, body in images.items():
+                for clients in plan.clients:
+                    progress(f"triton {TAGGER}: {image}, {clients} client(s), closed loop")
+                    closed.append(mut.closed(image, body, clients, watch))
+            opened = []
+            for rate in plan.rates:
+                progress(f"triton {TAGGER}: Poisson {rate:g} req/s, open loop")
+                opened.append(mut.open(plan.open_image, images[plan.open_image], rate, watch))
+        finally:
+            triton.stop()
+    config = (work / "repository" / TAGGER / "config.pbtxt").read_text()
+    return {"model": TAGGER, "backend": f"Triton 2.51 Python backend, {pinned}",
+            "precision": pinned, "startup_s": startup_s, "config_pbtxt": config,
+            "settings": {}, "closed": closed, "open": opened}
