@@ -72,7 +72,8 @@ _BACKEND = re.compile(r"(?P<worker>W-\d+-(?P<model>[^ ]+?)_[^ ]+) org\.pytorch\.
                       r"WorkerThread - Backend response time: (?P<ms>\d+)")
 _STAGES = {"HandlerTime": "handler", "HandlerOpenMs": "open", "HandlerDecodeMs": "decode",
            "HandlerForwardMs": "forward", "HandlerAnswerMs": "answer"}
-_METRIC = re.compile(rf"\[METRICS\](?P<name>{'|'.join(_STAGES)})"
+_METRIC = re.compile(r"(?P<worker>W-\d+-[^ ]+?)-stdout .*"
+                     rf"\[METRICS\](?P<name>{'|'.join(_STAGES)})"
                      r"\.Milliseconds:(?P<ms>[\d.]+)\|#ModelName:(?P<model>[^,|]+)")
 
 
@@ -82,27 +83,40 @@ def batch_times(lines: Iterable[str], model: str) -> dict[str, list]:
     line names (each a list, one entry per batch). Each worker's first "Backend response time"
     is its model load, not a batch. The frontend writes each log line twice (two appenders),
     not always next to each other; a line seen before is counted once (each carries a
-    millisecond timestamp and a worker, HandlerTime also request ids)."""
+    millisecond timestamp and a worker, HandlerTime also request ids). A call that reached the
+    handler without a batch's stages (a describe: HandlerTime and a backend time, no decode) is
+    not a batch: counting it would shift the stage lists against the handler and backend ones."""
     times: dict[str, list] = {"backend": [], **{key: [] for key in _STAGES.values()},
                               "ids": []}
     seen: set[str] = set()
     loaded: set[str] = set()
+    staged: set[str] = set()  # workers with stage lines since their last HandlerTime
+    not_a_batch: set[str] = set()  # workers whose next backend time is not a batch's
     for line in lines:
         if line in seen:
             continue
         seen.add(line)
         backend = _BACKEND.search(line)
         if backend and backend.group("model") == model:
-            if backend.group("worker") in loaded:
+            worker = backend.group("worker")
+            if worker in not_a_batch:
+                not_a_batch.discard(worker)
+            elif worker in loaded:
                 times["backend"].append(float(backend.group("ms")))
-            loaded.add(backend.group("worker"))
+            loaded.add(worker)
             continue
         metric = _METRIC.search(line)
         if metric and metric.group("model") == model:
-            key = _STAGES[metric.group("name")]
-            times[key].append(float(metric.group("ms")))
-            if key == "handler":
+            key, worker = _STAGES[metric.group("name")], metric.group("worker")
+            if key != "handler":
+                staged.add(worker)
+            elif worker not in staged:
+                not_a_batch.add(worker)
+                continue
+            else:
+                staged.discard(worker)
                 times["ids"].append(tuple(request_ids(line)))
+            times[key].append(float(metric.group("ms")))
     return times
 
 

@@ -140,6 +140,19 @@ def test_ingestion_split_reads_each_batch_once_and_only_its_model():
     assert math.isnan(parts["forward_ms"])
 
 
+def test_ingestion_does_not_count_a_describe_as_a_batch():
+    """A customized describe reaches the handler (HandlerTime, a backend time) without a
+    batch's stages: counted, it would pair each batch's decode with the previous handler."""
+    model = "resnet50-tagger"
+    describe = [line for line in _ts_log(model, 2, 1.37, 0.0, ids=("d1",))
+                if "HandlerDecodeMs" not in line]
+    times = batch_times([_backend_line(model, 4911)] + describe
+                        + _ts_log(model, 44, 39.5, 15.0) + _ts_log(model, 60, 50.5, 25.0), model)
+    assert (times["backend"], times["handler"], times["decode"]) == (
+        [44.0, 60.0], [39.5, 50.5], [15.0, 25.0])
+    assert len(times["ids"]) == 2
+
+
 def test_ingestion_finds_a_run_by_its_request_ids():
     model = "resnet50-tagger"  # request ids are UUIDs (hex and dashes) in a real log
     warm_up = (_ts_log(model, 30, 25.0, 5.0, ids=("a1", "a2", "a3"))
