@@ -107,16 +107,24 @@ def measure_model(server: LocalTorchServe, model: str, images: dict[str, bytes],
     mut = ModelUnderTest(server, model, batches_from_log=batches_from_log, plan=plan)
     settings = served_settings(server.client().describe(model)[0])
     watch = {f"worker {pid}": pid for pid in settings["worker_pids"] if pid}
+    return {"settings": settings, **run_plan(mut, images, plan, watch, model, progress)}
+
+
+def run_plan(mut, images: dict[str, bytes], plan: LoadPlan, watch: dict[str, int], label: str,
+             progress: Callable[[str], None] = lambda _: None) -> dict:
+    """``plan`` against one model under test (``closed`` and ``open`` like ModelUnderTest's,
+    whatever the server): each image at each client count, then the open-loop sweep.
+    ``watch``: the processes whose RSS is sampled. Returns ``{"closed": [...], "open": [...]}``."""
     closed = []
     for image, body in images.items():
         for clients in plan.clients:
-            progress(f"{model}: {image}, {clients} client(s), closed loop")
+            progress(f"{label}: {image}, {clients} client(s), closed loop")
             closed.append(mut.closed(image, body, clients, watch))
     opened = []
     for rate in plan.rates:
-        progress(f"{model}: {plan.open_image}, Poisson {rate:g} req/s, open loop")
+        progress(f"{label}: {plan.open_image}, Poisson {rate:g} req/s, open loop")
         opened.append(mut.open(plan.open_image, images[plan.open_image], rate, watch))
-    return {"settings": settings, "closed": closed, "open": opened}
+    return {"closed": closed, "open": opened}
 
 
 class SettingNotApplied(RuntimeError):

@@ -18,7 +18,7 @@ import requests
 
 from bench.layout import BUILD, TAGGER, fresh_dir
 from bench.loadgen import Endpoint
-from bench.serving import LoadPlan, ModelUnderTest
+from bench.serving import LoadPlan, ModelUnderTest, run_plan
 from devtools.server import free_ports
 from tritonrepo.generate import generate
 from tritonrepo.install import NotInstalled, TritonInstall
@@ -98,18 +98,10 @@ def serve_triton(images: dict[str, bytes], plan: LoadPlan, precision: str, *,
             # "worker" of this row.
             watch = {f"stub {p.pid}": p.pid for p in mut.processes()[1:]
                      if any(f"/{TAGGER}/" in arg for arg in p.cmdline()[1:2])}
-            closed = []
-            for image, body in images.items():
-                for clients in plan.clients:
-                    progress(f"triton {TAGGER}: {image}, {clients} client(s), closed loop")
-                    closed.append(mut.closed(image, body, clients, watch))
-            opened = []
-            for rate in plan.rates:
-                progress(f"triton {TAGGER}: Poisson {rate:g} req/s, open loop")
-                opened.append(mut.open(plan.open_image, images[plan.open_image], rate, watch))
+            runs = run_plan(mut, images, plan, watch, f"triton {TAGGER}", progress)
         finally:
             triton.stop()
     config = (work / "repository" / TAGGER / "config.pbtxt").read_text()
     return {"model": TAGGER, "backend": f"Triton 2.51 Python backend, {pinned}",
             "precision": pinned, "startup_s": startup_s, "config_pbtxt": config,
-            "settings": {}, "closed": closed, "open": opened}
+            "settings": {}, **runs}
