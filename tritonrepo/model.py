@@ -4,7 +4,9 @@ An adapter like TorchServe's (``handlers/resnet_handler.py``): ``initialize`` tu
 arguments and this model's ``config.pbtxt`` into ``ModelSettings``; ``execute`` hands Triton's
 whole batch to ``ImageModel.run`` once, each request as an ``Incoming`` (its ``images`` BYTES
 tensor and ``topk`` parameter, parsed inside the core's per-request boundary), and sends each
-``Reply`` back as that request's tensors or its own error. ``make triton-repo``
+``Reply`` back as that request's tensors, built straight from its arrays (each output's dtype
+from the model config, as Triton's add_sub example does; no JSON but each tag's BYTES
+element), or as its own error. ``make triton-repo``
 (``tritonrepo/generate.py``) copies this file to ``<model>/1/model.py`` beside the packages and
 model files it imports, so the stub finds them on its own ``sys.path``.
 """
@@ -19,15 +21,16 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from model_files.artifacts import ModelFiles
-from servecore.config import HandlerConfig
+from servecore.answers import Prediction
+from servecore.config import HandlerConfig, Output
+from servecore.encode import tag_json
+from servecore.errors import error_body
 from servecore.parse import parse_tensor
 from servecore.service import ImageModel, ModelSettings, Reply
 from servecore.stages import Incoming
 
 INPUT = "images"  # BYTES [n, 1]: encoded images, or their base64 text
 TOP_K = "topk"  # request parameter
-# A v2 answer's tensor datatype -> numpy's (BYTES elements are JSON text).
-DTYPES = {"FP32": np.float32, "BYTES": np.object_}
 
 
 class TritonPythonModel:
@@ -38,6 +41,7 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         parameters = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         folder = Path(args["model_repository"]) / args["model_version"]
+        self.dtypes = output_dtypes(config)
         gpu = args.get("model_instance_kind") == "GPU"
         self.model = ImageModel(ModelSettings(
             files=ModelFiles.read(folder, parameters["serialized_file"]),
@@ -52,7 +56,7 @@ class TritonPythonModel:
         replies = self.model.run([self._incoming(request) for request in requests])
         if len(replies) != len(requests):  # Triton needs exactly one response per request
             raise RuntimeError(f"the model answered {len(replies)} of {len(requests)} requests")
-        return [response(reply) for reply in replies]
+        return [response(reply, self.dtypes) for reply in replies]
 
     def _incoming(self, request) -> Incoming:
         return Incoming(request_id=request.request_id() or "?",
@@ -68,15 +72,32 @@ def _parse(request, config: HandlerConfig):
                         request_id=request.request_id() or None, config=config)
 
 
-def response(reply: Reply):
-    """A ``Reply`` as Triton's response: the v2 body's outputs as tensors, or the core's error
-    body as this request's error, with the nearest status Triton's HTTP frontend can send."""
+def output_dtypes(config: dict) -> dict[str, type]:
+    """Each output's numpy dtype, from the model config's ``data_type`` (``TYPE_FP32`` ->
+    float32, ``TYPE_STRING`` -> object)."""
+    return {out["name"]: pb_utils.triton_string_to_numpy(out["data_type"])
+            for out in config.get("output", [])}
+
+
+def response(reply: Reply, dtypes: dict[str, type]):
+    """A ``Reply`` as Triton's response: the prediction's arrays as the output tensors the model
+    config declares, or the core's error body as this request's error, with the nearest status
+    Triton's HTTP frontend can send."""
     if reply.error is not None:
-        return pb_utils.InferenceResponse(error=pb_utils.TritonError(reply.text, _code(reply.status)))
-    return pb_utils.InferenceResponse(output_tensors=[
-        pb_utils.Tensor(out["name"], np.array(out["data"], dtype=DTYPES[out["datatype"]])
-                        .reshape(out["shape"]))
-        for out in reply.body["outputs"]])
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(
+            json.dumps(error_body(reply.error)), _code(reply.status)))
+    if not isinstance(reply.answer, Prediction):  # explanations never reach Triton (501)
+        raise TypeError(f"Triton answers predictions, not {type(reply.answer).__name__}")
+    tensors = []
+    answer = reply.answer
+    if answer.embeddings is not None and Output.EMBEDDING.value in dtypes:
+        name = Output.EMBEDDING.value
+        tensors.append(pb_utils.Tensor(name, answer.embeddings.astype(dtypes[name], copy=False)))
+    if answer.tags is not None and Output.TAGS.value in dtypes:
+        name = Output.TAGS.value
+        tensors.append(pb_utils.Tensor(name, np.array(
+            [[tag_json(tag) for tag in row] for row in answer.tags], dtype=dtypes[name])))
+    return pb_utils.InferenceResponse(output_tensors=tensors)
 
 
 def _code(status: int) -> int:

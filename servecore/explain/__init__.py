@@ -17,7 +17,7 @@ from servecore.admission import Admission, Budget
 from servecore.config import ExplainConfig
 from servecore.errors import InvalidParameter, NotSupported, detached
 from servecore.explain.compute import ExplainJob, load_explainer, passes, thumbnail
-from servecore.explain.encode import Explanation, encode_explanations
+from servecore.explain.encode import Explained, Explanation
 from servecore.explain.options import ExplainSpec, parse_explain
 from servecore.images import decode
 from servecore.intake import as_request_error
@@ -101,10 +101,10 @@ class Explanations:
             return {i: Failed(r.request_id, error) for i, r in asking}
         return {i: answer for (i, _), answer in zip(asking, answers)}
 
-    def answer(self, request: Placed, explanations: list[list[Explanation]]) -> dict:
-        """One explanation request's JSON answer."""
-        return encode_explanations(request.opened.request.protocol, request.opened.addon.method,
-                                   explanations, self.labels)
+    def answer(self, request: Placed, explanations: list[list[Explanation]]) -> Explained:
+        """One explanation request's answer, as values (the edge encodes it)."""
+        return Explained(request.opened.request.protocol, request.opened.addon.method,
+                         explanations)
 
     def _pictures(self, request: Opened) -> list:
         """The request's images, shrunk, for a PNG heatmap (decoded already: no new work but
