@@ -30,6 +30,11 @@ HOSTILE = corpus.hostile_inputs()
 CONFIG = HandlerConfig()
 
 
+def parse_row(row: dict):
+    """A TorchServe row through its adapter into the core's parser."""
+    return parse.parse_http(routing.http_request(row), config=CONFIG)
+
+
 @pytest.fixture(scope="module")
 def tagger(weights_dir):
     return make_handler(weights_dir, task="tags")
@@ -161,14 +166,14 @@ def test_unexpected_failure_is_a_500_for_that_request_only(tagger, alone, monkey
 
 def test_unexpected_parse_failure_is_a_500_for_that_request_only(tagger, monkeypatch):
     handler, context = tagger
-    real = parse.parse_request
+    real = parse.parse_http
 
-    def broken(row, **kwargs):
-        if "topk" in row:
+    def broken(request, **kwargs):
+        if "topk" in request.form:
             raise KeyError("simulated bug")
-        return real(row, **kwargs)
+        return real(request, **kwargs)
 
-    monkeypatch.setattr(routing, "parse_request", broken)
+    monkeypatch.setattr(routing, "parse_http", broken)
     responses, statuses, _ = run_batch(handler, context,
                                        [{"data": GOOD, "topk": b"3"}, {"body": GOOD}])
     assert statuses[0][0] == 500 and json.loads(responses[0])["type"] == "InternalError"
@@ -294,10 +299,10 @@ def test_no_message_grows_with_the_request():
 def test_a_v2_id_is_capped():
     ok = {"body": {"id": "i" * 256, "inputs": [{"name": "a", "datatype": "BYTES",
                                                  "shape": [1], "data": [b64(TINY)]}]}}
-    assert parse.parse_request(ok, config=CONFIG).request_id == "i" * 256
+    assert parse_row(ok).request_id == "i" * 256
     ok["body"]["id"] = "i" * 257
     with pytest.raises(Exception) as caught:
-        parse.parse_request(ok, config=CONFIG)
+        parse_row(ok)
     assert caught.value.status == 400 and "more than 256" in caught.value.message
 
 
@@ -311,7 +316,7 @@ def test_the_image_count_is_checked_before_any_item_is_read(body, monkeypatch):
     decoded = []
     monkeypatch.setattr(parse, "decode_base64", lambda *args: decoded.append(args))
     with pytest.raises(PayloadTooLarge) as caught:
-        parse.parse_request({"body": body}, config=CONFIG)
+        parse_row({"body": body})
     assert "request carries 200000 images" in caught.value.message and not decoded
 
 
