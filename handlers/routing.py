@@ -21,7 +21,9 @@ from servecore.stages import Incoming
 TOP_K_HEADER = "x-top-k"
 BODY_KEY = "body"  # TorchServe's name for a raw request body in its row
 PAYLOAD_KEYS = (BODY_KEY, IMAGE_FIELD)
-EXPLAIN_PROPERTY = "explain"  # "True" on /explanations and KServe v1 :explain (TorchServe 0.12)
+# TorchServe 0.12 sets this property to "True" on /explanations and KServe v1 :explain, and to
+# "False" otherwise, whatever header a client sends.
+EXPLAIN_PROPERTY = "explain"
 
 
 def incoming(context, idx: int, row: dict, config: HandlerConfig) -> Incoming:

@@ -7,11 +7,14 @@ stable (the rule itself is ``servecore.precision``).
   measurement fits in ``BUDGET_S`` (one round when there is a single candidate). The floor
   is two forwards per candidate at each batch size, whatever the machine's speed. One clock
   (``_clock``, monotonic) times the forwards and the budget.
-* One precision per model: TorchServe 0.12 extracts an archive once per registration into one
-  folder that every worker of the model loads from (``ModelArchive.downloadModel`` ->
-  ``ZipUtils.unzip`` into ``$TMPDIR/models/<random id>``; ``ModelLoadModelRequest`` passes
-  ``model.getModelDir()`` to each worker). The first worker measures and writes
-  ``CHOICE_FILE`` there; the others wait on the lock and serve what it chose.
+* One precision per model: the workers of one model on one host serve what the first of them
+  measured. It writes its choice to ``CHOICE_FILE`` in the folder the engine loads the model's
+  files from, keyed by the host, the model's name and version and the archive (the weights'
+  content hash, serialized file, batch sizes, threads, device, candidates), with itself as a
+  holder; a worker that finds a choice there held by a live worker (pid and start time) waits
+  on the lock and serves it, joining the holders. A choice whose holders are all gone (the
+  previous start of the server) is measured again: every engine's workers can tell that,
+  whatever its process tree or folder layout.
 * Stable across restarts: the last choice per host and archive is kept in a small JSON file
   (the host cache), and ``select`` keeps it while it stays within the margin.
 * One lock (``ChoiceStore.locked``): the host cache's, so that two models of one host do not
@@ -37,6 +40,7 @@ from functools import partial
 from pathlib import Path
 from typing import Callable, Iterator
 
+import psutil
 import torch
 
 from model_files.artifacts import ModelFiles
@@ -128,16 +132,17 @@ def measure(candidates: Candidates, budget_s: float = BUDGET_S
 
 
 class ChoiceStore:
-    """Where choices are kept: the model folder's ``CHOICE_FILE`` (this server's workers of the
-    model share it) and the host cache (the last choice per host and archive, across
-    restarts); and the one lock that orders measuring."""
+    """Where choices are kept: the model folder's ``CHOICE_FILE`` (the workers of the model on
+    this host share it while one of them lives) and the host cache (the last choice per host
+    and archive, across restarts); and the one lock that orders measuring. ``model``: the
+    model's name and version, as the engine loaded it."""
 
-    def __init__(self, model_dir: Path, cache: Path | None, archive: dict) -> None:
+    def __init__(self, model_dir: Path, cache: Path | None, archive: dict,
+                 model: str = "") -> None:
         self.shared_file = model_dir / CHOICE_FILE
         self.cache = cache
         self.host_key = _key({"host": host_identity(), **archive})
-        # The frontend's pid: a choice left by another server in the same folder is not reused.
-        self.model_key = _key({"host": self.host_key, "frontend": os.getppid()})
+        self.model_key = _key({"host": self.host_key, "model": model})
         self.lock_files = [path for path in (cache and cache.with_name(cache.name + ".lock"),
                                              model_dir / f".{CHOICE_FILE}.lock") if path]
 
@@ -162,9 +167,21 @@ class ChoiceStore:
                 handle.close()  # closing releases the flock
 
     def shared(self) -> Choice | None:
-        """The choice another worker of this model made on this server, if any."""
+        """The choice a live worker of this model on this host serves, if any."""
         entry = _read(self.shared_file).get(self.model_key)
-        return Choice.from_dict(entry["choice"]) if entry else None
+        if entry and any(_alive(holder) for holder in entry.get("holders", [])):
+            return Choice.from_dict(entry["choice"])
+        return None
+
+    def join(self) -> None:
+        """This worker serves the shared choice too: one more holder (the dead ones dropped)."""
+        entries = _read(self.shared_file)
+        entry = entries.get(self.model_key)
+        if entry:
+            me = _me()
+            entry["holders"] = [h for h in entry.get("holders", [])
+                                if _alive(h) and h != me] + [me]
+            _write(self.shared_file, entries)
 
     def last(self) -> Choice | None:
         """The last choice on this host for this archive, if remembered."""
@@ -176,7 +193,23 @@ class ChoiceStore:
         entries[self.host_key] = {"choice": choice.as_dict(), "at": time.time()}
         newest = sorted(entries.items(), key=lambda kv: kv[1].get("at", 0))[-CACHE_ENTRIES:]
         _write(self.cache, dict(newest))
-        _write(self.shared_file, {self.model_key: {"choice": choice.as_dict()}})
+        shared = {k: v for k, v in _read(self.shared_file).items()
+                  if any(_alive(h) for h in v.get("holders", []))}
+        shared[self.model_key] = {"choice": choice.as_dict(), "holders": [_me()]}
+        _write(self.shared_file, shared)
+
+
+def _me() -> dict:
+    """This worker as a holder of a shared choice: its pid and start time (a pid alone may be
+    reused)."""
+    return {"pid": os.getpid(), "started": psutil.Process().create_time()}
+
+
+def _alive(holder: dict) -> bool:
+    try:
+        return psutil.Process(holder["pid"]).create_time() == holder["started"]
+    except (psutil.Error, KeyError, TypeError):
+        return False
 
 
 def choose(candidates: Candidates, store: ChoiceStore, budget_s: float = BUDGET_S
@@ -194,6 +227,7 @@ def choose(candidates: Candidates, store: ChoiceStore, budget_s: float = BUDGET_
                 source=f"worker pid {os.getpid()} in {_clock() - started:.1f} s")
             store.keep(choice)
             return backends[choice.precision], choice
+        store.join()
     # Another worker measured: load what it chose (outside the lock: workers load in parallel).
     backend = candidates.loaders[shared.precision]()
     for size in candidates.batch_sizes:
@@ -210,8 +244,9 @@ def explicit(requested: str, load: Callable[[], Backend], store: ChoiceStore
 
 
 def serving_backend(files: ModelFiles, config: HandlerConfig, device: torch.device,
-                    batch_sizes: tuple[int, ...]) -> tuple[Backend, Choice]:
-    """The backend a worker serves and the choice behind it, from the handler's settings
+                    batch_sizes: tuple[int, ...], model: str = "") -> tuple[Backend, Choice]:
+    """The backend a worker of ``model`` (its name and version) serves and the choice behind
+    it, from the handler's settings
     (precision, half_precision, threads, onnx_spinning, auto_int8, precision_cache).
     ``half_precision`` on an eager CUDA worker is an explicit f16. ``auto`` with a single
     candidate is measured on OpenVINO only, whose warm-up it times."""
@@ -222,7 +257,7 @@ def serving_backend(files: ModelFiles, config: HandlerConfig, device: torch.devi
     archive = {"backend": kind, "serialized": files.serialized,
                "weights": files.weights["sha256"], "batch_sizes": list(batch_sizes),
                "threads": config.threads, "device": device.type, "candidates": list(loaders)}
-    store = ChoiceStore(files.folder, cache_file(config.precision_cache), archive)
+    store = ChoiceStore(files.folder, cache_file(config.precision_cache), archive, model)
     precision = config.precision
     if config.half_precision and device.type == "cuda" and kind == "eager":
         precision = "f16"

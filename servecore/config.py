@@ -78,7 +78,7 @@ class HandlerConfig:
         labels.
     top_k: default number of tags when a request does not give ``topk`` (1..1000).
     normalize_embedding: L2-normalise embeddings (cosine similarity == dot product).
-    device: ``auto`` takes the GPU TorchServe assigns to the worker, else CPU.
+    device: ``auto`` takes the GPU the engine assigns to the worker, else CPU.
     half_precision: run the eager backend in float16 on GPU (ignored on CPU).
     threads: intra-op threads per worker; 0 keeps the runtime's default (all cores).
     decode_threads: threads decoding a batch's images; 0 = one per usable core (the pod's CPU
@@ -96,7 +96,7 @@ class HandlerConfig:
         ``$XDG_CACHE_HOME/resnet50-serve/precision.json`` (``~/.cache``), ``off`` none.
     max_image_pixels / max_image_bytes: one image's decoded pixels / encoded bytes (413 above).
     max_images_per_request: images one v1/v2 request may carry, counted before any is read
-        (413 above). Each costs a full forward row whatever its size, and TorchServe's queue is
+        (413 above). Each costs a full forward row whatever its size, and an engine's queue is
         first come, first served: a photo waits for the rows of every request ahead of it, so
         8 (16 flooding clients: 128 rows, a few seconds on 2 cores).
     max_batch_images: images (forward rows) one server-side batch may run; requests are
@@ -104,9 +104,10 @@ class HandlerConfig:
         full 224x224 row whatever its size, so this, not pixels, bounds a batch's forward time.
     forward_rows: rows per forward pass (0: the model's ``batchSize``); a batch runs in chunks
         of this many, so a worker's peak memory does not grow with what arrives.
-    max_response_bytes: one answer's size; an answer over it gets 413 alone (TorchServe's
-        frontend drops the worker's whole batch for one answer over ``max_response_size``,
-        which this must not exceed).
+    max_response_bytes: one JSON answer's size, checked where an edge writes JSON
+        (TorchServe's; Triton's sends tensors, bounded by ``max_images_per_request``); an
+        answer over it gets 413 alone (TorchServe's frontend drops the worker's whole batch for
+        one answer over ``max_response_size``, which this must not exceed).
     max_request_pixels: pixels one request may make the worker decode, read from the image
         headers before anything is decoded (413 above); JPEGs count at their draft size.
     max_batch_pixels: pixels one server-side batch may decode; requests are admitted smallest

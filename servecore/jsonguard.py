@@ -23,7 +23,7 @@ def is_json(text: str | bytes | bytearray) -> bool:
 @dataclass(frozen=True)
 class JsonDocument:
     """A JSON body an engine has already parsed (TorchServe parses ``application/json`` bodies
-    itself): handed over as such, so that it is checked for depth (``checked``) rather than
+    itself, Triton hands over bytes): handed over as such, so that it is checked for depth (``checked``) rather than
     serialised again to go through ``load_json``."""
 
     value: Any

@@ -110,7 +110,8 @@ class ImageModel:
             torch.set_num_threads(config.threads)
         self.forward_rows = config.forward_rows or settings.batch_size
         self.backend, self.choice = serving_backend(files, config, self.device,
-                                                    tuple(sorted({1, self.forward_rows})))
+                                                    tuple(sorted({1, self.forward_rows})),
+                                                    f"{settings.name} {settings.version}")
         # Operators grep worker logs for this line.
         logger.info("%s precision_choice %s", settings.name, self.choice.line())
         self.answers = AnswerSpec(settings.name, settings.version, Output(config.task),

@@ -26,7 +26,7 @@ _SAMPLE = 64 * 1024  # bytes of each end of an image that its fingerprint reads
 class Incoming:
     """A request as an engine hands it over. ``parse`` turns it into a ``ParsedRequest`` (or
     raises a ``RequestError``), called inside the request's own failure boundary; ``explain``:
-    it came on an explanation route (TorchServe's ``/explanations``, KServe v1 ``:explain``)."""
+    it came on an explanation route (``/explanations``, KServe v1 ``:explain``)."""
 
     request_id: str
     parse: Callable[[], ParsedRequest]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -240,6 +242,36 @@ def test_the_first_worker_measures_and_the_others_serve_its_choice(tmp_path):
     assert sorted(name for _, _, name in calls) == ["bf16", "bf16", "f32"]
     shared = json.loads((tmp_path / "model" / autoprecision.CHOICE_FILE).read_text())
     assert [entry["choice"]["choice"] for entry in shared.values()] == ["bf16"]
+
+
+def test_a_choice_is_shared_while_a_worker_holds_it_and_measured_again_after(tmp_path):
+    """Workers of one model share the choice of a live worker; a choice whose holders are all
+    gone (the server's previous start) is measured again, whatever the engine."""
+    model_dir, cache = tmp_path / "model", tmp_path / "cache.json"
+    choose(model_dir, cache, {"f32": fake("f32", 20), "bf16": fake("bf16", 10)})
+    calls: list = []
+    _, second = choose(model_dir, cache, {"f32": fake("f32", 5, calls=calls),
+                                          "bf16": fake("bf16", 20, calls=calls)})
+    assert second.precision == "bf16" and [name for _, _, name in calls] == ["bf16"]
+    shared = json.loads((model_dir / autoprecision.CHOICE_FILE).read_text())
+    (entry,) = shared.values()
+    assert [h["pid"] for h in entry["holders"]] == [os.getpid()]  # one holder, not two
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    entry["holders"] = [{"pid": int(gone.stdout), "started": 0.0}]
+    (model_dir / autoprecision.CHOICE_FILE).write_text(json.dumps(shared))
+    _, third = choose(model_dir, cache, {"f32": fake("f32", 5), "bf16": fake("bf16", 20)})
+    assert third.measured and third.precision == "f32"
+
+
+def test_workers_of_two_models_do_not_share_a_choice(tmp_path):
+    calls: list = []
+    loaders = {"f32": fake("f32", 20, calls=calls), "bf16": fake("bf16", 10, calls=calls)}
+    candidates = autoprecision.Candidates(loaders, {}, (1, 4))
+    for model in ("resnet50-tagger 1.0", "resnet50-embedding 1.0"):
+        autoprecision.choose(candidates, autoprecision.ChoiceStore(
+            tmp_path / "model", tmp_path / "cache.json", ARCHIVE, model), budget_s=0.2)
+    assert sorted(name for _, _, name in calls) == ["bf16", "bf16", "f32", "f32"]
 
 
 def test_a_restart_keeps_the_previous_choice_unless_clearly_slower(tmp_path):

@@ -41,9 +41,8 @@ class Explanations:
                              config.max_passes_per_batch, self.cost)
 
     def open(self, request: ParsedRequest, explain_route: bool) -> ExplainSpec | None:
-        """The request's checked parameters, None for a prediction. TorchServe 0.12 sets the
-        ``explain`` property to "True" for ``/explanations`` and KServe ``:explain`` (and to
-        "False" otherwise, whatever header a client sends)."""
+        """The request's checked parameters, None for a prediction. ``explain_route``: the
+        engine's adapter says whether the request came on an explanation route."""
         if not explain_route:
             if request.options:
                 raise InvalidParameter(
