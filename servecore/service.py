@@ -6,6 +6,9 @@ explanations) and ``answer`` (one ``Reply`` per request: its answer as values, o
 Engines are adapters around this: an engine hands requests over as ``Incoming`` and turns each
 ``Reply`` into its own response (TorchServe's handler writes JSON with ``servecore.encode``,
 Triton's adapter builds tensors from the arrays).
+
+Imports explanations: the model loads the explanation stage (``servecore.explain.stage``),
+runs it after the forward pass and answers explanation requests with its ``Explained``.
 """
 from __future__ import annotations
 
@@ -23,14 +26,15 @@ from model_files.artifacts import ModelFiles
 from servecore.admission import Admission
 from servecore.autoprecision import serving_backend
 from servecore.backends import pick_device
-from servecore.config import HandlerConfig, Output
 from servecore.answers import AnswerSpec, BatchOutputs, Prediction
+from servecore.config import HandlerConfig, Output
 from servecore.errors import RequestError
-from servecore.explain import Explanations
 from servecore.explain.encode import Explained
+from servecore.explain.stage import Explanations
 from servecore.intake import Intake
 from servecore.metrics import BatchMetrics, MetricsSink, NoMetrics
-from servecore.stages import ComputedBatch, Failed, Incoming, Placed, PreparedBatch
+from servecore.stages import (ComputedBatch, Explaining, Failed, Incoming, Placed,
+                              PreparedBatch)
 
 logger = logging.getLogger(__name__)
 
@@ -154,17 +158,20 @@ class ImageModel:
         started = time.perf_counter()
         requests = batch.prepared.requests
         plain = [r.opened.request for r in requests
-                 if isinstance(r, Placed) and r.opened.addon is None]
+                 if isinstance(r, Placed) and not isinstance(r.opened, Explaining)]
         outputs = (BatchOutputs.of(batch.embedding, batch.logits, plain, self.answers)
-                   if batch.embedding is not None else None)
+                   if batch.embedding is not None and batch.logits is not None else None)
         reply = partial(Reply, len(requests), self.backend.precision)
         replies = []
         for i, request in enumerate(requests):
-            result = batch.addon_results.get(i)
-            if isinstance(request, Failed) or isinstance(result, Failed):
-                replies.append(reply(error=(result or request).error))
-            elif request.opened.addon is not None:
-                replies.append(reply(self.explanations.answer(request, result)))
+            if isinstance(request, Failed):
+                replies.append(reply(error=request.error))
+            elif isinstance(request.opened, Explaining):
+                explained = batch.explained[i]
+                replies.append(reply(error=explained.error) if isinstance(explained, Failed)
+                               else reply(explained))
+            elif outputs is None:  # a placed request always reached the model
+                raise RuntimeError(f"request {request.request_id} was placed but not computed")
             else:
                 replies.append(reply(outputs.prediction(request.opened.request, request.rows,
                                                         self.answers)))
