@@ -206,7 +206,12 @@ def explicit(requested: str, load: Callable[[], Backend], store: ChoiceStore
     """An explicit precision: load it; the choice cites this host's last ``auto`` timings."""
     backend = load()
     last = store.last()
-    return backend, forced(requested, backend.precision, list(last.candidates) if last else None)
+    choice = forced(requested, backend.precision, list(last.candidates) if last else None)
+    if backend.emulated:
+        choice = dataclasses.replace(choice, reason=choice.reason + (
+            f"; {backend.name} runs {backend.precision} emulated on this CPU (it lists no native "
+            "units for it): expect it slower than f32"))
+    return backend, choice
 
 
 def serving_backend(files: ModelFiles, config: HandlerConfig, device: torch.device,
