@@ -174,10 +174,12 @@ bench-ingestion: setup config archives samples
 
 # Every kind of client at once against one local server (photos, v2 x8, explanations, bad
 # inputs, the floods) -> results/soak.md and .png: latency per class, statuses, worker
-# restarts, RSS over time. Bounded: SOAK_MINUTES (10), loopback only; SOAK_QUICK=1 for 30 s.
+# restarts, RSS over time. Bounded: SOAK_MINUTES (10), loopback only; SOAK_QUICK=1 for 30 s;
+# SOAK_ENGINE=triton soaks Triton on the generated repository -> results/soak-triton.md.
 SOAK_MINUTES ?= 10
-soak: setup config archives samples
-	$(PY) -m bench.soak --minutes $(SOAK_MINUTES) $(if $(SOAK_QUICK),--quick)
+SOAK_ENGINE ?= torchserve
+soak: setup config archives samples $(if $(filter triton,$(SOAK_ENGINE)),triton-server)
+	$(PY) -m bench.soak --minutes $(SOAK_MINUTES) --engine $(SOAK_ENGINE) $(if $(SOAK_QUICK),--quick)
 
 # tsctl embed over 2,000 generated photos vs the server's own throughput, a SIGKILL at ~50%
 # and the rerun, exact search over 100,000 vectors -> results/collection.md (about 6 minutes).
