@@ -12,12 +12,17 @@ and the README stays a front door (at most README_MAX_LINES lines).
 from __future__ import annotations
 
 import argparse
+import ast
 import fnmatch
+import functools
 import inspect
 import re
+import sys
 from dataclasses import dataclass, field
 from functools import cache
+from http import HTTPStatus
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
@@ -388,3 +393,499 @@ def test_checks_catch_breakage(tmp_path):
     assert len(tsctl) == 1 and "frobnicate" in tsctl[0]
     assert any("bench.no_such_tool" in p for p in module_problems(doc))
     assert path_problems(doc) == ["bad.md: `handlers/no_such_module.py` does not exist"]
+
+
+# ---- numbers: each setting a doc states, against its one source --------------------------------
+#
+# Every setting, default, limit, port and status code the docs state is a row of FACTS: the doc,
+# the phrase as written with "{}" where each value stands, and where that value lives. A row
+# fails when the code's value changes and the doc does not. Measured figures are rows of
+# FIGURES (each number of the phrase must appear in the file it comes from), and the README's
+# results table is checked row by row (test_readme_results_are_traced).
+
+# The docs whose numbers are checked here (docs/triton.md and docs/architecture.md join once
+# rewritten; kserve/README.md's numbers describe the cluster side).
+NUMBER_DOCS = ("README.md", "docs/api.md", "docs/backends.md", "docs/configuration.md",
+               "docs/explanations.md", "docs/operations.md", "docs/testing.md")
+SOURCE_ROOT = ROOT  # where the sources are read (a test points it at a changed copy)
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where one value lives (``where``, as a reader would look it up) and how to read it."""
+
+    where: str
+    get: Callable[[], Any]
+
+
+def default(name: str) -> Source:
+    """A ``HandlerConfig`` default; ``explain.x`` for the nested section."""
+    def get():
+        from servecore import config
+
+        value: Any = config.HandlerConfig()
+        for part in name.split("."):
+            value = getattr(value, part)
+        return value
+    return Source(f"servecore/config.py HandlerConfig.{name}", get)
+
+
+def _yaml(path: Path) -> dict:
+    import yaml
+
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def model_setting(model: str, name: str) -> Source:
+    """What ``model`` serves: its YAML's ``handler:`` value, else the HandlerConfig default."""
+    def get():
+        section = _yaml(SOURCE_ROOT / "config" / "models" / f"{model}.yaml").get("handler") or {}
+        return section[name] if name in section else default(name).get()
+    return Source(f"config/models/{model}.yaml handler.{name} (else its default)", get)
+
+
+def frontend(key: str) -> Source:
+    """A frontend key every model's YAML sets alike (the docs state it once for both)."""
+    def get():
+        values = {p.name: _yaml(p)[key]
+                  for p in sorted((SOURCE_ROOT / "config" / "models").glob("*.yaml"))}
+        assert len(set(values.values())) == 1, f"the models differ in {key}: {values}"
+        return next(iter(values.values()))
+    return Source(f"config/models/*.yaml {key}", get)
+
+
+def prop(key: str, path: str = "config/server-base.properties") -> Source:
+    """A key of a TorchServe .properties file."""
+    def get():
+        for line in (SOURCE_ROOT / path).read_text().splitlines():
+            name, sep, value = line.partition("=")
+            if sep and not line.lstrip().startswith("#") and name.strip() == key:
+                return value.strip()
+        raise AssertionError(f"{path} sets no {key}")
+    return Source(f"{path} {key}", get)
+
+
+def vmarg(option: str) -> Source:
+    """The value of a JVM option in ``vmargs`` (``-Xmx`` -> ``3g``)."""
+    base = prop("vmargs")
+
+    def get():
+        return next(arg[len(option):] for arg in base.get().split() if arg.startswith(option))
+    return Source(f"{base.where}: {option}", get)
+
+
+def const(path: str, name: str) -> Source:
+    """A module-level constant, read from the source with ast: no import (torch is slow)."""
+    def get():
+        tree = ast.parse((SOURCE_ROOT / path).read_text())
+        for node in tree.body:
+            targets = (node.targets if isinstance(node, ast.Assign)
+                       else [node.target] if isinstance(node, ast.AnnAssign) else [])
+            for target in targets:
+                if isinstance(target, ast.Name) and target.id == name:
+                    return _literal(node.value, path)
+                if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
+                    for element, value in zip(target.elts, node.value.elts):
+                        if isinstance(element, ast.Name) and element.id == name:
+                            return _literal(value, path)
+        raise AssertionError(f"{path} has no constant {name}")
+    return Source(f"{path} {name}", get)
+
+
+def _literal(node: ast.expr, path: str) -> Any:
+    """A constant's value: a literal, or arithmetic on literals (``32 * 1024 * 1024``)."""
+    return eval(compile(ast.Expression(node), path, "eval"), {"__builtins__": {}})  # noqa: S307
+
+
+def param_default(path: str, function: str, name: str) -> Source:
+    """The default of parameter ``name`` of ``function`` ("Class.method" or "function")."""
+    def get():
+        scope: list[ast.stmt] = ast.parse((SOURCE_ROOT / path).read_text()).body
+        for part in function.split("."):
+            node = next(n for n in scope if isinstance(
+                n, (ast.ClassDef, ast.FunctionDef)) and n.name == part)
+            scope = node.body
+        args = node.args  # type: ignore[union-attr]
+        positional = args.posonlyargs + args.args
+        pairs = [*zip(positional[len(positional) - len(args.defaults):], args.defaults),
+                 *((a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None)]
+        return next(_literal(d, path) for a, d in pairs if a.arg == name)
+    return Source(f"{path} {function}({name}=...)", get)
+
+
+def make_var(name: str) -> Source:
+    """A variable's default in the Makefile (``NAME ?= value``)."""
+    def get():
+        m = re.search(rf"^{name}\s*\??=\s*(\S+)", (SOURCE_ROOT / "Makefile").read_text(), re.M)
+        assert m, f"the Makefile sets no {name}"
+        return m.group(1)
+    return Source(f"Makefile {name}", get)
+
+
+def status(kind: str) -> Source:
+    """The HTTP status servecore/errors.py's STATUS table gives an error kind."""
+    def get():
+        from servecore import errors
+
+        return int(errors.STATUS[getattr(errors, kind)])
+    return Source(f"servecore/errors.py STATUS[{kind}]", get)
+
+
+def retry_after() -> Source:
+    def get():
+        from servecore import errors
+
+        return errors.Overloaded("").headers["Retry-After"]
+    return Source("servecore/errors.py Overloaded.headers", get)
+
+
+def port(name: str) -> Source:
+    return const("tsclient/ports.py", name)
+
+
+# How the docs write values.
+def mib(n: int) -> str:
+    assert n % (1 << 20) == 0, n
+    return f"{n >> 20} MiB"
+
+
+def kib(n: int) -> str:
+    assert n % 1024 == 0, n
+    return f"{n >> 10} KiB"
+
+
+def mp(n: int) -> str:
+    return f"{n / 1e6:g} MP"
+
+
+def spaced(n: int) -> str:
+    return f"{n:,}".replace(",", " ")
+
+
+def commas(n: int) -> str:
+    return f"{n:,}"
+
+
+def jvm_size(value: str) -> str:
+    return f"{value[:-1]} {value[-1].upper()}iB"
+
+
+def percent(share: float) -> str:
+    return f"{share * 100:g}%"
+
+
+def lowercase(value: Any) -> str:
+    return str(value).lower()
+
+
+def minutes_in_words(minutes: float) -> str:
+    """1440 -> "one day", 1 -> "a minute"; any other value as "N minutes" (so a changed
+    value fails a doc that still says "one day")."""
+    return {1: "a minute", 60: "an hour", 1440: "one day"}.get(minutes, f"{minutes:g} minutes")
+
+
+def seconds_in_words(seconds: float) -> str:
+    return minutes_in_words(seconds / 60) if seconds % 60 == 0 else f"{seconds:g} s"
+
+
+def number_word(n: int) -> str:
+    return ("zero one two three four five six seven eight nine ten".split()[n]
+            if 0 <= n <= 10 else str(n))
+
+
+@dataclass(frozen=True)
+class Fact:
+    """A phrase of ``doc`` as written, ``{}`` where each value of ``sources`` stands."""
+
+    doc: str
+    phrase: str
+    sources: tuple[Source, ...]
+    fmt: Callable[[Any], str] = str
+
+    def expected(self) -> str:
+        text = self.phrase
+        for source in self.sources:
+            text = text.replace("{}", self.fmt(source.get()), 1)
+        return text
+
+
+def flat(text: str) -> str:
+    """Text with every run of whitespace as one space (docs wrap lines anywhere)."""
+    return " ".join(text.split())
+
+
+@cache
+def doc_text(doc: str) -> str:
+    return flat((ROOT / doc).read_text(encoding="utf-8"))
+
+
+def fact_problem(fact: Fact, text: str) -> str | None:
+    """None when ``text`` holds the phrase with today's values; else what it says instead."""
+    expected = flat(fact.expected())
+    if expected in text:
+        return None
+    pattern = r"(.{1,40}?)".join(re.escape(part) for part in flat(fact.phrase).split("{}"))
+    found = re.search(pattern, text)
+    said = f"it says {found.group(0)!r}" if found else "no such phrase"
+    return (f"{fact.doc}: expected {expected!r} ({'; '.join(s.where for s in fact.sources)}); "
+            f"{said}")
+
+
+R, API, BACK, CONF, EXPL, OPS, TEST = NUMBER_DOCS
+TAGGER = "resnet50-tagger"
+PIXELS = {"max_image_pixels": mp, "max_request_pixels": mp, "max_batch_pixels": mp}
+BYTES = {"max_image_bytes": mib, "max_json_bytes": mib, "max_response_bytes": mib}
+EMBEDDING_DIM = const("model_files/resnet_dual.py", "EMBEDDING_DIM")
+FLUSH_S = param_default("tsclient/batchjob.py", "PartSink.__init__", "flush_s")
+FLUSH_ROWS = param_default("tsclient/batchjob.py", "PartSink.__init__", "flush_rows")
+CROP = 224  # IMAGENET1K_V2's centre crop (the weights' transforms(); importing them is slow)
+OCCLUSION_PASSES = Source(
+    f"servecore/explain/compute.py OCCLUSION_PASSES at the {CROP} px crop",
+    lambda: ((CROP - const("servecore/explain/compute.py", "OCCLUSION_WINDOW").get())
+             // const("servecore/explain/compute.py", "OCCLUSION_STRIDE").get() + 1) ** 2)
+STATUSES = ("InvalidRequest", "InvalidParameter", "InvalidImage", "PayloadTooLarge",
+            "UnsupportedMediaType", "Overloaded", "InternalError", "NotSupported")
+
+FACTS: tuple[Fact, ...] = (
+    # README.md
+    Fact(R, "inference on port {}, management on {}, metrics on {}",
+         (port("INFERENCE"), port("MANAGEMENT"), port("METRICS"))),
+    Fact(R, "`make serve-triton`, on port {}", (port("TRITON_HTTP"),)),
+    Fact(R, "keys live {};", (prop("token_expiration_min", "config/server.properties"),),
+         lambda m: minutes_in_words(int(m))),
+    Fact(R, "rotating it first when it expires within {}",
+         (const("tsclient/cli.py", "ROTATE_MARGIN_S"),), seconds_in_words),
+    Fact(R, "`topk` (1..{}, default {})",
+         (const("servecore/parse.py", "MAX_TOP_K"), model_setting(TAGGER, "top_k"))),
+    Fact(R, '`{"embedding": [{} floats]}`', (EMBEDDING_DIM,)),
+    Fact(R, "`embedding` (`FP32`, `[n, {}]`)", (EMBEDDING_DIM,)),
+    Fact(R, "(`{}`, `{}`, `{}`, `{}` with `Retry-After`", tuple(status(k) for k in (
+        "InvalidRequest", "PayloadTooLarge", "UnsupportedMediaType", "Overloaded"))),
+    Fact(R, "(TorchServe itself, v1 and v2 on port {})",
+         (prop("inference_address", "kserve/runtime/server.properties"),),
+         lambda url: url.rsplit(":", 1)[1]),
+    Fact(R, "UI on 127.0.0.1:{}", (make_var("MONITOR_PORT"),)),
+    # docs/api.md
+    Fact(API, "| {} | `POST /predictions/{model}[/{version}]`", (port("INFERENCE"),)),
+    Fact(API, "| {} | `/models`, `/models/{model}[/{version}]`", (port("MANAGEMENT"),)),
+    Fact(API, "| {} | `GET /metrics` |", (port("METRICS"),)),
+    Fact(API, "Every call on {} and {} carries", (port("INFERENCE"), port("MANAGEMENT"))),
+    Fact(API, "`/v2/models/{model}/explain` answers {} |", (status("NotSupported"),)),
+    Fact(API, '`{"embedding": [{} floats]}`', (EMBEDDING_DIM,)),
+    Fact(API, "`embedding` is `FP32`, shape `[n, {}]`", (EMBEDDING_DIM,)),
+    Fact(API, "`topk` (1..{}, default `top_k` from the model's config, {})",
+         (const("servecore/parse.py", "MAX_TOP_K"), model_setting(TAGGER, "top_k"))),
+    Fact(API, "a bad `topk` is a `{}` for that request alone", (status("InvalidParameter"),)),
+    *(Fact(API, f"| {{}} | `{kind}` |", (status(kind),)) for kind in STATUSES),
+    Fact(API, "`id` not a string or longer than {} characters",
+         (const("servecore/parse.py", "MAX_ID_CHARS"),)),
+    Fact(API, "a v2 `id`, which the answer echoes, is at most {} characters",
+         (const("servecore/parse.py", "MAX_ID_CHARS"),)),
+    Fact(API, "`max_json_depth` ({})", (default("max_json_depth"),)),
+    Fact(API, "`topk` not an integer in 1..{}", (const("servecore/parse.py", "MAX_TOP_K"),)),
+    Fact(API, "`n_steps` over `explain.max_n_steps` ({})", (default("explain.max_n_steps"),)),
+    Fact(API, "more than `explain.max_targets` ({}) targets", (default("explain.max_targets"),)),
+    Fact(API, "needing more than `explain.max_passes_per_batch` ({}) passes",
+         (default("explain.max_passes_per_batch"),)),
+    Fact(API, "`explain.max_passes_per_batch` ({} passes); carries `Retry-After: {}`",
+         (default("explain.max_passes_per_batch"), retry_after())),
+    *(Fact(API, f"`{name}` ({{}}", (default(name),), fmt) for name, fmt in
+      {**PIXELS, **BYTES, "max_images_per_request": str, "max_batch_images": str}.items()),
+    Fact(API, "a request body over `max_request_size` ({}, `config/server-base.properties`)",
+         (prop("max_request_size"),), lambda n: mib(int(n))),
+    Fact(API, "(a full queue: more than `job_queue_size`, {}, requests",
+         (prop("job_queue_size"),)),
+    Fact(API, "at most `max_images_per_request` ({}). Every image",
+         (default("max_images_per_request"),)),
+    Fact(API, "16 clients flooding requests of {} one-colour 8x8 PNGs",
+         (default("max_images_per_request"),)),
+    Fact(API, "at most `max_batch_images` ({}) rows and decodes at most `max_batch_pixels` ({})",
+         (default("max_batch_images"), default("max_batch_pixels")),
+         lambda n: str(n) if n < 10_000 else mp(n)),
+    Fact(API, "first and last {}; the last {} refused)",
+         (const("servecore/stages.py", "_SAMPLE"), const("servecore/admission.py", "REMEMBERED")),
+         lambda n: kib(n) if n % 1024 == 0 and n > 10_000 else commas(n)),
+    Fact(API, "far below the {} s `responseTimeout`", (frontend("responseTimeout"),)),
+    Fact(API, "quotes at most {} characters of a value", (const("servecore/errors.py",
+                                                             "ECHO_CHARS"),)),
+    Fact(API, "is itself at most {} characters", (const("servecore/errors.py", "MESSAGE_CHARS"),),
+         commas),
+    # docs/configuration.md
+    Fact(CONF, "keys living `token_expiration_min={}` minutes",
+         (prop("token_expiration_min", "config/server.properties"),)),
+    Fact(CONF, "request and response size limits ({})",
+         (prop("max_request_size"), prop("max_response_size")), lambda n: mib(int(n))),
+    Fact(CONF, "request and response size limits (32 MiB), `job_queue_size={}`",
+         (prop("job_queue_size"),)),
+    Fact(CONF, "(`vmargs`: {} heap, {} direct memory, `ExitOnOutOfMemoryError`;",
+         (vmarg("-Xmx"), vmarg("-XX:MaxDirectMemorySize=")), jvm_size),
+    *(Fact(CONF, f"| `{name}` | {{}} |", (default(name),), fmt) for name, fmt in {
+        "task": lambda v: f"`{v}`", "top_k": str, "normalize_embedding": lambda v: f"`{v}`".lower(),
+        "device": lambda v: f"`{v}`", "half_precision": lambda v: f"`{v}`".lower(),
+        "precision": lambda v: f"`{v}`", "threads": str, "decode_threads": str,
+        "onnx_spinning": lambda v: f"`{v}`".lower(), "draft_decode": lambda v: f"`{v}`".lower(),
+        "max_image_pixels": spaced, "max_image_bytes": mib, "max_images_per_request": str,
+        "max_batch_images": str, "forward_rows": str, "max_response_bytes": mib,
+        "max_request_pixels": spaced, "max_batch_pixels": spaced, "max_json_depth": str,
+        "max_json_bytes": mib, "explain.method": lambda v: f"`{v}`", "explain.n_steps": str,
+        "explain.max_n_steps": str, "explain.internal_batch_size": str,
+        "explain.max_targets": str, "explain.png_max_side": str,
+        "explain.max_passes_per_batch": str}.items()),
+    Fact(CONF, "one per usable core (the cgroup CPU quota, so a pod's CPU limit, not the node's "
+               "cores), at most {} |", (const("servecore/intake.py", "MAX_DECODE_THREADS"),)),
+    Fact(CONF, "tags when a request gives no `topk` (1..{})",
+         (const("servecore/parse.py", "MAX_TOP_K"),)),
+    Fact(CONF, "`batchSize: {}`, `maxBatchDelay: {}` ms, one worker per model",
+         (frontend("batchSize"), frontend("maxBatchDelay"))),
+    Fact(CONF, "one worker per model", (frontend("maxWorkers"),),
+         lambda n: "one worker per model" if n == 1 else f"{n} workers per model"),
+    Fact(CONF, "(`decode_threads: 0` = one per core, at most {})",
+         (const("servecore/intake.py", "MAX_DECODE_THREADS"),)),
+    # docs/explanations.md
+    Fact(EXPL, "`/v2/models/{model}/explain` answers {})", (status("NotSupported"),)),
+    Fact(EXPL, "(at most `explain.max_targets`, {})", (default("explain.max_targets"),)),
+    Fact(EXPL, "`gradcam` (default, `explain.method`)", (default("explain.method"),),
+         lambda m: "`gradcam` (default" if m == "gradcam" else m),
+    Fact(EXPL, "`occlusion` ({} px window, stride {})",
+         (const("servecore/explain/compute.py", "OCCLUSION_WINDOW"),
+          const("servecore/explain/compute.py", "OCCLUSION_STRIDE"))),
+    Fact(EXPL, "IG steps (default `explain.n_steps` {}, at most `explain.max_n_steps` {}) and "
+               "rows per pass (`explain.internal_batch_size`, {})",
+         (default("explain.n_steps"), default("explain.max_n_steps"),
+          default("explain.internal_batch_size"))),
+    Fact(EXPL, "`ig` and `occlusion` {}×{}", (const("servecore/explain/compute.py", "INPUT_GRID"),
+                                             const("servecore/explain/compute.py", "INPUT_GRID"))),
+    Fact(EXPL, "longer side at most `explain.png_max_side` ({} px;",
+         (default("explain.png_max_side"),)),
+    Fact(EXPL, "(ours is {}; a request carries at most {} images x {} targets",
+         (prop("max_response_size"), default("max_images_per_request"),
+          default("explain.max_targets")), lambda n: mib(int(n)) if int(n) > 1000 else str(n)),
+    Fact(EXPL, "are `{} InvalidParameter`; the budget's refusals are `{} Overloaded`",
+         (status("InvalidParameter"), status("Overloaded"))),
+    Fact(EXPL, "| `ig`, `n_steps` {}, `internal_batch_size` {} | {} forward + backward",
+         (default("explain.n_steps"), default("explain.internal_batch_size"),
+          default("explain.n_steps"))),
+    Fact(EXPL, "| `occlusion`, {} px window, stride {} | {} forward |",
+         (const("servecore/explain/compute.py", "OCCLUSION_WINDOW"),
+          const("servecore/explain/compute.py", "OCCLUSION_STRIDE"),
+          OCCLUSION_PASSES)),
+    Fact(EXPL, "at most `explain.max_passes_per_batch` ({}) passes of explanation work",
+         (default("explain.max_passes_per_batch"),)),
+    Fact(EXPL, "IG `n_steps`, occlusion {})", (OCCLUSION_PASSES,)),
+    Fact(EXPL, "the rest get {} with `Retry-After: {}`, and one request needing more than the "
+               "budget on its own is a {}",
+         (status("Overloaded"), retry_after(), status("InvalidParameter"))),
+    Fact(EXPL, "wait for at most {} passes (two IG explanations at the default {} steps)",
+         (default("explain.max_passes_per_batch"), default("explain.n_steps"))),
+    Fact(EXPL, "Keep `responseTimeout` ({} s)", (frontend("responseTimeout"),)),
+    # docs/operations.md
+    Fact(OPS, "talks to `127.0.0.1:{}/{}/{}`",
+         (port("INFERENCE"), port("MANAGEMENT"), port("METRICS"))),
+    Fact(OPS, "over {} characters: allowed are letters", (const("tsclient/client.py",
+                                                            "MAX_NAME"),)),
+    Fact(OPS, "rows are written every {} s (or {} rows)",
+         (FLUSH_S, FLUSH_ROWS),
+         lambda n: commas(n) if n > 100 else f"{n:g}"),
+    Fact(OPS, "the last {} s of answers", (FLUSH_S,),
+         lambda n: f"{n:g}"),
+    Fact(OPS, "scans the index in chunks of {} vectors",
+         (const("tsclient/search.py", "CHUNK_ROWS"),), commas),
+    Fact(OPS, "`token_expiration_min=1440` (one day)",
+         (prop("token_expiration_min", "config/server.properties"),),
+         lambda m: f"`token_expiration_min={m}` ({minutes_in_words(int(m))})"),
+    Fact(OPS, "(`--print` rotates a key first when it expires within {})",
+         (const("tsclient/cli.py", "ROTATE_MARGIN_S"),), seconds_in_words),
+    Fact(OPS, "A burst beyond `job_queue_size`** ({} requests per model",
+         (prop("job_queue_size"),)),
+    Fact(OPS, "its memory follows `max_request_size` ({}) times",
+         (prop("max_request_size"),), lambda n: mib(int(n))),
+    Fact(OPS, "per model `job_queue_size` ({}) waiting plus `batchSize` ({}) in the running batch",
+         (prop("job_queue_size"), frontend("batchSize"))),
+    Fact(OPS, "`-Xmx{}`: room for 2 models x ({} + {}) x {} =",
+         (vmarg("-Xmx"), prop("job_queue_size"), frontend("batchSize"),
+          prop("max_request_size")), lambda v: mib(int(v)) if str(v).isdigit() and
+         int(v) > 1000 else str(v)),
+    Fact(OPS, "`-XX:MaxDirectMemorySize={}`", (vmarg("-XX:MaxDirectMemorySize="),)),
+    Fact(OPS, "24 clients each sending two bodies of {} of random bytes",
+         (prop("max_request_size"),), lambda n: mib(int(n))),
+    Fact(OPS, "`forward_rows` (the model's `batchSize`, {})", (frontend("batchSize"),)),
+    Fact(OPS, "`/metrics` on port {}", (port("METRICS"),)),
+    Fact(OPS, "scraping `make serve`'s metrics port (127.0.0.1:{})", (port("METRICS"),)),
+    Fact(OPS, "its UI is on <http://127.0.0.1:{}>", (make_var("MONITOR_PORT"),)),
+    Fact(OPS, "(scrapes port {} of every predictor pod",
+         (prop("metrics_address", "kserve/runtime/server.properties"),),
+         lambda url: url.rsplit(":", 1)[1]),
+    Fact(OPS, "Lines fit {} columns", (const("tsclient/top.py", "WIDTH"),)),
+    # docs/backends.md
+    Fact(BACK, "while the whole measurement (loading and warm-up included) fits in {} s",
+         (const("servecore/autoprecision.py", "BUDGET_S"),), lambda s: f"{s:g}"),
+    Fact(BACK, "at most {}; one round when there is a single candidate",
+         (const("servecore/autoprecision.py", "MAX_ROUNDS"),), number_word),
+    Fact(BACK, "unless another is within the **{} margin** of it",
+         (const("servecore/precision.py", "MARGIN"),), percent),
+    Fact(BACK, "(`f32` > `f16` > `bf16` > `int8+f32` > `int8+bf16`)",
+         (const("servecore/precision.py", "PRECISE_FIRST"),),
+         lambda order: "(" + " > ".join(f"`{p}`" for p in order) + ")"),
+    Fact(BACK, "more rounds run only while the whole measurement fits in {} s",
+         (const("servecore/autoprecision.py", "BUDGET_S"),), lambda s: f"{s:g}"),
+    # docs/testing.md
+    Fact(TEST, "and the README stays under {} lines",
+         (Source("tests/test_docs.py README_MAX_LINES", lambda: README_MAX_LINES),)),
+)
+
+
+@pytest.mark.parametrize("doc", NUMBER_DOCS)
+def test_settings_stated_match_their_source(doc):
+    """Each setting, default, limit, port and status a doc states is its source's value."""
+    problems = [p for fact in FACTS if fact.doc == doc
+                for p in [fact_problem(fact, doc_text(doc))] if p]
+    assert not problems, _problems_message(problems)
+
+
+def test_number_checks_catch_breakage(tmp_path, monkeypatch):
+    """Each kind of source, changed while the doc keeps the old value, fails its fact (so a
+    green run above means the docs say what the code does)."""
+    from servecore import config, errors
+
+    facts = {
+        "HandlerConfig default": Fact(CONF, "| `max_images_per_request` | {} |",
+                                      (default("max_images_per_request"),)),
+        "model YAML handler:": Fact(R, "`topk` (1..1000, default {})",
+                                    (model_setting(TAGGER, "top_k"),)),
+        "model YAML frontend key": Fact(CONF, "`batchSize: {}`", (frontend("batchSize"),)),
+        ".properties key": Fact(CONF, "`job_queue_size={}`", (prop("job_queue_size"),)),
+        "JVM option": Fact(CONF, "`vmargs`: {} heap", (vmarg("-Xmx"),), jvm_size),
+        "module constant": Fact(R, "inference on port {},", (port("INFERENCE"),)),
+        "parameter default": Fact(OPS, "every {} s (or", (FLUSH_S,), lambda n: f"{n:g}"),
+        "Makefile variable": Fact(R, "UI on 127.0.0.1:{}", (make_var("MONITOR_PORT"),)),
+        "status table": Fact(API, "| {} | `PayloadTooLarge` |", (status("PayloadTooLarge"),)),
+    }
+    for kind, fact in facts.items():
+        assert fact_problem(fact, doc_text(fact.doc)) is None, kind
+
+    def change(path: str, old: str, new: str) -> None:
+        text = (ROOT / path).read_text()
+        assert old in text, (path, old)
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text.replace(old, new))
+
+    change("config/models/resnet50-embedding.yaml", "batchSize: 16", "batchSize: 32")
+    change("config/models/resnet50-tagger.yaml", "top_k: 5", "top_k: 7")
+    text = (tmp_path / "config/models/resnet50-tagger.yaml").read_text()
+    (tmp_path / "config/models/resnet50-tagger.yaml").write_text(
+        text.replace("batchSize: 16", "batchSize: 32"))
+    change("config/server-base.properties", "job_queue_size=16", "job_queue_size=8")
+    text = (tmp_path / "config/server-base.properties").read_text()
+    (tmp_path / "config/server-base.properties").write_text(text.replace("-Xmx3g", "-Xmx4g"))
+    change("tsclient/ports.py", "INFERENCE = 8080", "INFERENCE = 9080")
+    change("tsclient/batchjob.py", "flush_s: float = 2.0", "flush_s: float = 5.0")
+    change("Makefile", "MONITOR_PORT ?= 9090", "MONITOR_PORT ?= 9191")
+    monkeypatch.setattr(sys.modules[__name__], "SOURCE_ROOT", tmp_path)
+    monkeypatch.setattr(config, "HandlerConfig",
+                        functools.partial(config.HandlerConfig, max_images_per_request=9))
+    monkeypatch.setitem(errors.STATUS, errors.PayloadTooLarge, HTTPStatus.BAD_REQUEST)
+    for kind, fact in facts.items():
+        problem = fact_problem(fact, doc_text(fact.doc))
+        assert problem is not None and fact.sources[0].where in problem, kind
+    assert "it says '`topk` (1..1000, default 5)'" in fact_problem(
+        facts["model YAML handler:"], doc_text(R))
