@@ -17,6 +17,7 @@ import fnmatch
 import functools
 import inspect
 import re
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from functools import cache
@@ -889,3 +890,161 @@ def test_number_checks_catch_breakage(tmp_path, monkeypatch):
         assert problem is not None and fact.sources[0].where in problem, kind
     assert "it says '`topk` (1..1000, default 5)'" in fact_problem(
         facts["model YAML handler:"], doc_text(R))
+
+
+# ---- measured figures: each traced to the report it comes from -------------------------------
+
+# A figure as the docs write it: "1,414", "6.1x", "0.13-0.16", "22.2/338" (a number glued to a
+# word, as in "bf16", "p50" or "5xx", is a name, not a figure).
+FIGURE = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?=x\b|[^\w]|$)")
+REPORT_NUMBER = re.compile(r"(?<![\d.])\d+(?:,\d{3})*(?:\.\d+)?")
+
+
+def figures(text: str) -> list[str]:
+    return [m.group(0) for m in FIGURE.finditer(text)]
+
+
+@cache
+def report_numbers(path: str) -> tuple[str, ...]:
+    return tuple(REPORT_NUMBER.findall((ROOT / path).read_text(encoding="utf-8")))
+
+
+def traced(figure: str, numbers: tuple[str, ...]) -> bool:
+    """``figure`` is one of ``numbers``, or one of them rounded to the figure's decimals
+    ("6.1" is a report's 6.119, "0.13" its 0.133; "16" is not its 16.4)."""
+    places = len(figure.partition(".")[2])
+    value = float(figure.replace(",", ""))
+    for number in numbers:
+        exact = float(number.replace(",", ""))
+        if exact == value or (len(number.partition(".")[2]) > places > 0
+                              and abs(exact - value) <= 0.5 * 10 ** -places + 1e-9):
+            return True
+    return False
+
+
+def untraced(text: str, reports: tuple[str, ...]) -> list[str]:
+    """The figures of ``text`` that none of ``reports`` holds."""
+    numbers = tuple(n for report in reports for n in report_numbers(report))
+    return [f for f in figures(text) if not traced(f, numbers)]
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A measured phrase of ``doc`` as written; each figure in it must be in ``reports``."""
+
+    doc: str
+    phrase: str
+    reports: tuple[str, ...]
+
+
+def figure_problem(figure: Figure, text: str) -> str | None:
+    if flat(figure.phrase) not in text:
+        return f"{figure.doc}: no longer says {figure.phrase!r}: update FIGURES"
+    missing = untraced(figure.phrase, figure.reports)
+    return (f"{figure.doc}: {missing} of {figure.phrase!r} appear in none of "
+            f"{list(figure.reports)}" if missing else None)
+
+
+RESULTS_HEADER = ["what", "figure", "measured", "report"]
+MEASURED = re.compile(r"^(\d{4}-\d{2}-\d{2}), `([0-9a-f]{7,40})`$")
+
+
+def results_rows(doc: Doc) -> list[dict[str, str]]:
+    """The rows of the doc's results table (the one headed | what | figure | measured |
+    report |), each a dict by column."""
+    rows: list[dict[str, str]] = []
+    header = None
+    for line in doc.prose:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if \
+            line.startswith("|") else None
+        if cells == RESULTS_HEADER:
+            header = cells
+        elif header and cells and not set("".join(cells)) <= set("-: "):
+            rows.append(dict(zip(header, cells)))
+        elif header and not cells:
+            break
+    return rows
+
+
+def git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+
+
+def results_row_problems(row: dict[str, str], history: bool = True) -> list[str]:
+    """A row of the README's results table: its figures are in the results it links, and its
+    measured cell names the date and the commit that added that report as it is now."""
+    what = row.get("what", "?")
+    reports = [rel((README.parent / target.partition("#")[0]).resolve())
+               for target in LINK.findall(row.get("report", ""))]
+    reports = [r for r in reports if r.startswith("results/") and r.endswith(".md")]
+    if not reports:
+        return [f"results row {what!r}: links no report in results/"]
+    problems = []
+    missing = untraced(row.get("figure", ""), tuple(reports))
+    if missing:
+        problems.append(f"results row {what!r}: {missing} appear in none of {reports}")
+    m = MEASURED.match(row.get("measured", ""))
+    if not m:
+        return [*problems, f"results row {what!r}: measured should read 'YYYY-MM-DD, `commit`', "
+                           f"not {row.get('measured')!r}"]
+    date, commit = m.groups()
+    for report in reports:
+        stated = re.search(r"^- Date: (\d{4}-\d{2}-\d{2})", (ROOT / report).read_text(), re.M)
+        if stated and stated.group(1) != date:
+            problems.append(f"results row {what!r}: measured {date}, {report} says "
+                            f"{stated.group(1)}")
+    if history:
+        problems += commit_problems(what, commit, reports)
+    return problems
+
+
+def commit_problems(what: str, commit: str, reports: list[str]) -> list[str]:
+    if git("merge-base", "--is-ancestor", commit, "HEAD").returncode != 0:
+        return [f"results row {what!r}: commit {commit} is not in this branch's history"]
+    problems = []
+    for report in reports:
+        then = git("show", f"{commit}:{report}")
+        if then.returncode != 0 or then.stdout != (ROOT / report).read_text():
+            last = git("log", "-1", "--format=%h", "--", report).stdout.strip()
+            problems.append(f"results row {what!r}: {report} is not as commit {commit} added it "
+                            f"(it last changed in {last}): name the commit of the current report")
+    return problems
+
+
+def full_history() -> bool:
+    return (git("rev-parse", "--is-shallow-repository").stdout.strip() == "false")
+
+
+def test_readme_results_are_traced():
+    """Every figure of the README's results table is in the report its row links, and each
+    row names its date and the commit that added that report (in this branch's history)."""
+    rows = results_rows(parse(README))
+    assert rows, "README.md has no results table headed | what | figure | measured | report |"
+    history = full_history()
+    problems = [p for row in rows for p in results_row_problems(row, history)]
+    assert not problems, _problems_message(problems)
+    if not history:
+        pytest.skip("not a full git clone: the rows' commits were not checked")
+
+
+def test_figure_checks_catch_breakage():
+    """A figure no report holds, a date the report contradicts, a commit outside the history
+    or one whose report has changed since: each is reported."""
+    assert traced("6.1", ("6.119",)) and traced("1,414", ("1414",)) and traced("12", ("12.0",))
+    assert not traced("6.2", ("6.119",)) and not traced("16", ("15.9",))
+    assert figures("p50 0.59x, 5xx, int8+bf16, 0.13-0.16 s, 22.2/338") == [
+        "0.59", "0.13", "0.16", "22.2", "338"]
+    row = {"what": "w", "figure": "small JPEG 6.1x (130.4 img/s)",
+           "measured": "2026-11-25, `79f312a`", "report": "[b](results/benchmark.md)"}
+    assert results_row_problems(row, history=False) == []
+    assert "['6.3']" in results_row_problems({**row, "figure": "6.3x"}, history=False)[0]
+    assert "says 2026-11-25" in results_row_problems(
+        {**row, "measured": "2026-11-24, `79f312a`"}, history=False)[0]
+    assert "measured should read" in results_row_problems(
+        {**row, "measured": "last week"}, history=False)[0]
+    assert "links no report" in results_row_problems({**row, "report": "[d](docs/api.md)"})[0]
+    if not full_history():
+        pytest.skip("not a full git clone: the commit checks need the history")
+    assert "not in this branch's history" in commit_problems("w", "0000000", [])[0]
+    first = git("rev-list", "--max-parents=0", "HEAD").stdout.split()[0]
+    assert "is not as commit" in commit_problems("w", first, ["results/benchmark.md"])[0]
