@@ -8,6 +8,11 @@ In the docs this renovation wrote (all but kserve/README.md, whose paths are rel
 kserve/ and name upstream files), every repository path in backticks or a code block exists,
 except the generated ones listed in GENERATED; the README's layout map names only what exists;
 and the README stays a front door (at most README_MAX_LINES lines).
+
+Numbers, in NUMBER_DOCS: every setting, default, limit, port and status code stated is a row
+of FACTS, checked against its one source in code or config; every measured figure quoted is a
+row of FIGURES, found in the report (results/) it comes from; the README's results table names
+for each row the date and the commit of its report, and its figures are in that report.
 """
 from __future__ import annotations
 
