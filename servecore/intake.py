@@ -30,6 +30,8 @@ from servecore.stages import Admitted, Failed, Incoming, Opened, Placed, Prepare
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+# handler.decode_threads 0 = one decode thread per usable core, at most this many.
+MAX_DECODE_THREADS = 4
 Failure = Callable[[Exception], RequestError]
 
 
@@ -86,7 +88,7 @@ class Intake:
             Budget("max_batch_pixels", "decoded pixels", config.max_batch_pixels,
                    lambda request: request.pixel_count),
         )
-        threads = config.decode_threads or min(4, usable_cpus())
+        threads = config.decode_threads or min(MAX_DECODE_THREADS, usable_cpus())
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="decode")
 
     def prepare(self, incoming: Sequence[Incoming]) -> PreparedBatch:
