@@ -135,7 +135,3 @@ def error_body(error: RequestError) -> dict:
     """The JSON body every error response carries: ``{"code", "type", "message"}``."""
     return {"code": int(error.status), "type": error.kind, "message": error.message}
 
-
-def status_line(error: RequestError) -> tuple[int, str]:
-    """``(status code, reason phrase)`` for ``context.set_response_status``."""
-    return int(error.status), error.status.phrase

@@ -108,10 +108,6 @@ class PreparedBatch:
     open_ms: float = 0.0
     decode_ms: float = 0.0
 
-    @property
-    def placed(self) -> list[Placed]:
-        return [r for r in self.requests if isinstance(r, Placed)]
-
 
 @dataclass(frozen=True)
 class ComputedBatch:
@@ -122,7 +118,3 @@ class ComputedBatch:
     embedding: torch.Tensor | None
     logits: torch.Tensor | None
     addon_results: dict[int, Any]
-
-    @property
-    def pixels(self) -> torch.Tensor | None:
-        return self.prepared.pixels

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+import re
 
 import pytest
 from PIL import Image
@@ -219,19 +220,25 @@ def v2(count: int, image: bytes = TINY, **tensor) -> dict:
                                  "data": [b64(image)] * count, **tensor}]}}
 
 
-def test_rows_are_budgeted_per_batch_fewest_first(tagger, alone):
+def test_rows_are_budgeted_per_batch_fewest_first(tagger, alone, caplog):
     """Nine requests of 8 one-colour images cannot share the batch's 64 rows with a photo:
     the photo and seven of them run, the other two get 503 with Retry-After, undecoded."""
     handler, context = tagger
     rows = [v2(8)] * 4 + [{"body": GOOD}] + [v2(8)] * 5
-    responses, statuses, prepared = run_batch(handler, context, rows)
+    with caplog.at_level("INFO", logger="ts.metrics"):
+        responses, statuses, _ = run_batch(handler, context, rows)
     assert sorted(s[0] for s in statuses) == [200] * 8 + [503] * 2
     assert statuses[4] == (200, None)
     assert_same_tags(json.loads(responses[4]), alone)
     refused = [json.loads(r) for r, s in zip(responses, statuses) if s[0] == 503]
     assert all(r["type"] == "Overloaded" and "handler.max_batch_images" in r["message"]
                for r in refused)
-    assert len(prepared.pixels) == 57  # the photo and seven requests of 8, nothing else
+    answered = [json.loads(r) for r, s in zip(responses, statuses) if s[0] == 200]
+    assert sorted(out["shape"][0] for a in answered if isinstance(a, dict)
+                  for out in a["outputs"]) == [8] * 7
+    # The photo and seven requests of 8 reached the model, nothing else: the batch's metric.
+    images = re.findall(r"\[METRICS\]HandlerImagesPerBatch\.Count:([0-9.]+)\|", caplog.text)
+    assert [float(n) for n in images] == [57.0]
 
 
 def test_forward_runs_in_chunks_with_the_same_answers(weights_dir, alone):
