@@ -86,7 +86,7 @@ class HandlerConfig:
     onnx_spinning: let ONNX Runtime's threads busy-wait between operators; off, because in a
         server those cycles belong to the frontend and the decode threads.
     precision: ``auto`` times every precision the archive can run here at worker start and
-        serves the fastest within fidelity (servecore/precision.py; docs/precision-auto.md);
+        serves the fastest within fidelity (servecore/precision.py; docs/backends.md, "Precision");
         ``f32``, ``bf16`` or ``int8`` (an archive built with QUANTIZE=int8) force one on an
         OpenVINO archive, unmeasured. Other backends accept only ``auto`` or ``f32``.
     auto_int8: ``auto`` may choose the int8 IR when the archive carries one that passed its

@@ -35,7 +35,8 @@ Failure = Callable[[Exception], RequestError]
 
 class Addon(Protocol):
     """A feature that rides on the prediction path (explanations): the intake asks it about
-    each request and the batch, so that the prediction path never imports it."""
+    each request and the batch through this protocol and imports no feature; the model
+    (``servecore.service``) builds the addon and hands it over."""
 
     def open(self, request: ParsedRequest, explain_route: bool) -> Any:
         """This request's state for the addon (``Opened.addon``), or None when the request is

@@ -272,7 +272,7 @@ def _parse_v2(payload: dict, query_top_k: int | None, config: HandlerConfig) -> 
     shape = tensor.get("shape")
     if shape not in ([len(data)], [len(data), 1]) or not data:
         raise InvalidRequest(
-            f"{where}.shape must be [n] with n = number of images >= 1 (data holds "
+            f"{where}.shape must be [n] or [n, 1] with n = number of images >= 1 (data holds "
             f"{len(data)}), got {echo(shape)}"
         )
     top_k = _parameters_top_k(payload.get("parameters"), "body.parameters", query_top_k)

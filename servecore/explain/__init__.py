@@ -3,8 +3,9 @@
 ``Explanations`` is what the model calls: ``open`` checks one request's parameters
 (``options``), ``admit`` keeps a batch's explanation work within its budget, ``run`` computes
 the batch's explanations from its pixels and logits (``compute``, Captum on the eager model),
-``answer`` encodes one request's answer (``encode``). The prediction path never imports this
-package.
+``answer`` encodes one request's answer (``encode``). Only the model (``servecore.service``)
+imports this package, to hand it to the intake as its ``Addon``; the request path (parse,
+intake, decode, encode) never does.
 """
 from __future__ import annotations
 
