@@ -30,8 +30,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import report
-from bench.layout import BUILD, EMBEDDING, MODEL_STORE, RESULTS, SAMPLES, TAGGER, fresh_dir, \
-    setup_cli
+from bench.layout import (
+    BUILD,
+    EMBEDDING,
+    MODEL_STORE,
+    RESULTS,
+    SAMPLES,
+    TAGGER,
+    fresh_dir,
+    setup_cli,
+)
 from bench.memory import _rss
 from bench.stats import percentile
 from devtools.server import LocalTorchServe
@@ -191,7 +199,7 @@ def sample_memory(server: LocalTorchServe, series: MemorySeries, t0: float) -> N
     for model in (TAGGER, EMBEDDING):
         try:
             pids = [w["pid"] for w in client.describe(model)[0]["workers"] if w.get("pid")]
-        except Exception:  # a sample is skipped, not the soak
+        except Exception:  # noqa: BLE001 - a sample is skipped, not the soak
             pids = []
         series.pids.setdefault(model, set()).update(pids)
         rss = sum(_rss(processes[p]) for p in pids if p in processes) / 2**20

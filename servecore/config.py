@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from model_files.artifacts import PRECISIONS
 
@@ -143,7 +144,7 @@ class HandlerConfig:
     explain: ExplainConfig = field(default_factory=ExplainConfig)
 
     @classmethod
-    def from_mapping(cls, section: Mapping[str, Any] | None) -> "HandlerConfig":
+    def from_mapping(cls, section: Mapping[str, Any] | None) -> HandlerConfig:
         """Build and check a config from the YAML ``handler:`` mapping (None = defaults)."""
         section = dict(section or {})
         if "explain" in section:

@@ -8,11 +8,13 @@ at one per-request boundary, so one bad input fails only its own request.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from http import HTTPStatus
-from typing import Any, Iterable
+from typing import Any, TypeVar
 
 ECHO_CHARS = 40  # of a client's value quoted in a message
 MESSAGE_CHARS = 1000  # of any error message: an error body never grows with the request
+E = TypeVar("E", bound=BaseException)
 
 
 def echo(value: Any) -> str:
@@ -30,7 +32,7 @@ def echo_all(values: Iterable[Any], at_most: int = 5) -> str:
     return f"[{shown}{more}]"
 
 
-def detached(exc: BaseException) -> BaseException:
+def detached(exc: E) -> E:
     """``exc`` with the tracebacks of it and its whole cause/context chain dropped, for an
     error that is kept (in a request's ``Failed``, in a future). A traceback holds the frames
     the error passed through, and those hold the batch (its images, futures and tensors): a
@@ -71,7 +73,7 @@ class RequestError(Exception):
         """Response headers this kind of error adds."""
         return {}
 
-    def of_image(self, k: int, count: int) -> "RequestError":
+    def of_image(self, k: int, count: int) -> RequestError:
         """The same error, saying which image of a several-image request it is about."""
         return self if count == 1 else type(self)(f"image {k} of {count}: {self.message}")
 

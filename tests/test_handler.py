@@ -154,7 +154,8 @@ def _emitted(records, name: str) -> list[float]:
 
 def test_batch_metrics_are_emitted_with_requests_good_images_errors_and_time(tagger, caplog):
     handler, context = tagger
-    rows = [{"body": IMAGES["png-200x300"]}, {"body": b"not an image"}, {"body": IMAGES["png-200x300"]}]
+    rows = [{"body": IMAGES["png-200x300"]}, {"body": b"not an image"},
+            {"body": IMAGES["png-200x300"]}]
     with caplog.at_level("INFO", logger="ts.metrics"):
         run_batch(handler, context, rows)
     assert _emitted(caplog.records, "HandlerBatchSize") == [3.0]

@@ -18,7 +18,7 @@ from handlers import routing
 from servecore import intake, parse
 from servecore.admission import admit
 from servecore.config import HandlerConfig
-from servecore.errors import MESSAGE_CHARS, PayloadTooLarge
+from servecore.errors import MESSAGE_CHARS, InvalidRequest, PayloadTooLarge
 from servecore.images import open_image
 from tests import corpus, imagegen
 from tests.corpus import b64
@@ -126,7 +126,7 @@ def test_batch_budget_admits_cheap_requests_first(weights_dir, alone):
     assert statuses == [(200, None)]
 
 
-@pytest.mark.parametrize("costs, budget, expected", [
+@pytest.mark.parametrize(("costs", "budget", "expected"), [
     ([5, 1, 1], 3, [False, True, True]),
     ([5], 3, [True]),  # a lone request always fits
     ([2, 2, 2], 4, [True, True, False]),
@@ -303,7 +303,7 @@ def test_a_v2_id_is_capped():
                                                  "shape": [1], "data": [b64(TINY)]}]}}
     assert parse.parse_request(ok, config=CONFIG).request_id == "i" * 256
     ok["body"]["id"] = "i" * 257
-    with pytest.raises(Exception) as caught:
+    with pytest.raises(InvalidRequest) as caught:
         parse.parse_request(ok, config=CONFIG)
     assert caught.value.status == 400 and "more than 256" in caught.value.message
 
@@ -336,7 +336,7 @@ def test_explanation_rows_per_pass_only_go_down(tagger):
         responses[1])["message"]
 
 
-@pytest.mark.parametrize("files, expected", [
+@pytest.mark.parametrize(("files", "expected"), [
     ({"cpu.max": "150000 100000\n"}, 2),
     ({"cpu.max": "max 100000\n"}, None),
     ({"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1),
