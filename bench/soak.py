@@ -31,14 +31,21 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-
 from typing import Protocol
 
 import psutil
 
 from bench import report
-from bench.layout import BUILD, EMBEDDING, MODEL_STORE, RESULTS, SAMPLES, TAGGER, fresh_dir, \
-    setup_cli
+from bench.layout import (
+    BUILD,
+    EMBEDDING,
+    MODEL_STORE,
+    RESULTS,
+    SAMPLES,
+    TAGGER,
+    fresh_dir,
+    setup_cli,
+)
 from bench.memory import _rss
 from bench.stats import percentile
 from devtools.server import LocalTorchServe, free_ports

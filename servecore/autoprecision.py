@@ -32,10 +32,10 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 
@@ -43,8 +43,15 @@ from model_files.artifacts import ModelFiles
 from servecore.backends import Backend, RuntimeOptions, load_backend, precision_candidates
 from servecore.config import HandlerConfig
 from servecore.host import cpu_model
-from servecore.precision import (FIDELITY_BOUND, Candidate, Choice, agreement, failures,
-                                 forced, select)
+from servecore.precision import (
+    FIDELITY_BOUND,
+    Candidate,
+    Choice,
+    agreement,
+    failures,
+    forced,
+    select,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +109,8 @@ def measure(candidates: Candidates, budget_s: float = BUDGET_S
         backends[name] = load()
         for size in sizes:
             result = backends[name](probe[:size])
-        outputs[name] = tuple(t.numpy() for t in result)  # at the largest size
+        embedding, logits = result
+        outputs[name] = (embedding.numpy(), logits.numpy())  # at the largest size
     times: dict[str, dict[int, list[float]]] = {n: {b: [] for b in sizes} for n in backends}
     rounds, round_s = 0, 0.0
     # One candidate: its timing is reported, not compared, so one round is enough.

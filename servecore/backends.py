@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -232,7 +232,7 @@ def _onnx(path: Path, device: torch.device, options: RuntimeOptions) -> Backend:
         session_options.inter_op_num_threads = 1
     session_options.add_session_config_entry("session.intra_op.allow_spinning",
                                              "1" if options.spin else "0")
-    providers = ["CPUExecutionProvider"]
+    providers: list[str | tuple[str, dict]] = ["CPUExecutionProvider"]
     if device.type == "cuda":
         if "CUDAExecutionProvider" in ort.get_available_providers():
             providers.insert(0, ("CUDAExecutionProvider", {"device_id": device.index or 0}))

@@ -3,8 +3,8 @@ turned into each request's JSON answer in the protocol it came in. Pure function
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -34,7 +34,7 @@ class TopK:
     probabilities: list[list[float]]
 
     @classmethod
-    def of(cls, logits: torch.Tensor, k: int) -> "TopK":
+    def of(cls, logits: torch.Tensor, k: int) -> TopK:
         top = torch.softmax(logits, dim=1).topk(k, dim=1)
         return cls(top.indices.tolist(), top.values.tolist())
 
@@ -54,7 +54,7 @@ class BatchOutputs:
 
     @classmethod
     def of(cls, embedding: torch.Tensor, logits: torch.Tensor,
-           requests: Sequence[ParsedRequest], spec: AnswerSpec) -> "BatchOutputs":
+           requests: Sequence[ParsedRequest], spec: AnswerSpec) -> BatchOutputs:
         embeddings: list[list[float]] = []
         if any(r.wants(Output.EMBEDDING, spec.task) for r in requests):
             if spec.normalize_embedding:
@@ -75,6 +75,8 @@ def encode_response(request: ParsedRequest, rows: range, outputs: BatchOutputs,
     if request.protocol is Protocol.V2:
         return _v2_response(spec, request.request_id, embeddings, tags)
     answers = tags if embeddings is None else [{"embedding": e} for e in embeddings]
+    if answers is None:  # a request without outputs wants its model's own
+        raise RuntimeError(f"request {request.request_id} asked for no output")
     return {"predictions": answers} if request.protocol is Protocol.V1 else answers[0]
 
 

@@ -205,10 +205,10 @@ def tsctl_parser() -> argparse.ArgumentParser:
     """tsctl's own argparse parser, from the function of tsclient.cli that builds it."""
     from tsclient import cli
 
-    for name, fn in inspect.getmembers(cli, inspect.isfunction):
+    for _name, fn in inspect.getmembers(cli, inspect.isfunction):
         if fn.__module__ == cli.__name__ and not any(
-                p.default is p.empty for p in inspect.signature(fn).parameters.values()):
-            if inspect.signature(fn).return_annotation in (argparse.ArgumentParser,
+                p.default is p.empty for p in inspect.signature(fn).parameters.values()) \
+                and inspect.signature(fn).return_annotation in (argparse.ArgumentParser,
                                                            "argparse.ArgumentParser"):
                 return fn()
     raise AssertionError("tsclient.cli has no function returning its ArgumentParser")

@@ -13,10 +13,15 @@ import shutil
 import pytest
 import torch
 
-from devtools.samples import photo
-from model_files.artifacts import (QUANTIZED, SERIALIZED, archive_quantize, fidelity_record,
-                                   serialized)
 from buildsteps.export import export
+from devtools.samples import photo
+from model_files.artifacts import (
+    QUANTIZED,
+    SERIALIZED,
+    archive_quantize,
+    fidelity_record,
+    serialized,
+)
 from tests.handler_context import make_handler, run_batch
 from tests.reference import rel_error, tolerance
 
@@ -57,7 +62,7 @@ def _serve(weights_dir, serialized: str, photos, **config):
     # draft_decode off: the reference decodes at full size, and only arithmetic is tested here.
     handler, context = make_handler(weights_dir, serialized=serialized, task="tags",
                                     normalize_embedding=False, draft_decode=False, **config)
-    responses, statuses, batch = run_batch(handler, context, [{"body": p} for p in photos])
+    _responses, statuses, batch = run_batch(handler, context, [{"body": p} for p in photos])
     assert statuses == [(200, None)] * len(photos)
     return json.loads(handler.describe_handle()), batch
 
@@ -134,7 +139,7 @@ def test_int8_needs_an_archive_carrying_the_int8_ir(weights_dir, ir, tmp_path):
     for name in ("resnet50.pt", "weights_info.json", "index_to_name.json", ir.name,
                  ir.with_suffix(".bin").name):
         shutil.copy(weights_dir / name, tmp_path)
-    with pytest.raises(ValueError, match="carries no int8 model .* QUANTIZE=int8"):
+    with pytest.raises(ValueError, match=r"carries no int8 model .* QUANTIZE=int8"):
         make_handler(tmp_path, serialized=ir.name, precision="int8")
 
 
@@ -238,7 +243,7 @@ def test_a_refusal_is_remembered_and_the_archive_says_why(weights_dir, ir, tmp_p
             photo(name).convert("RGB").save(where / f"{name}.png")
     argv = ["--weights", str(folder), "--gate", str(gate), "--size", str(SMALL),
             "--calibration", str(calibration), "--heldout", str(heldout)]
-    assert main(argv + ["--allow-refusal"]) == 0
+    assert main([*argv, "--allow-refusal"]) == 0
     refused = folder / refusal_record(TARGET)
     assert not (folder / TARGET).exists(), "the stale IR must not survive a refusal"
     assert "embedding_cosine_min" in json.loads(refused.read_text())["refused"]

@@ -72,7 +72,8 @@ def response(reply: Reply):
     """A ``Reply`` as Triton's response: the v2 body's outputs as tensors, or the core's error
     body as this request's error, with the nearest status Triton's HTTP frontend can send."""
     if reply.error is not None:
-        return pb_utils.InferenceResponse(error=pb_utils.TritonError(reply.text, _code(reply.status)))
+        error = pb_utils.TritonError(reply.text, _code(reply.status))
+        return pb_utils.InferenceResponse(error=error)
     return pb_utils.InferenceResponse(output_tensors=[
         pb_utils.Tensor(out["name"], np.array(out["data"], dtype=DTYPES[out["datatype"]])
                         .reshape(out["shape"]))
@@ -84,8 +85,6 @@ def _code(status: int) -> int:
     4xx become 400 (the core's body in the message still says which), 5xx internal."""
     if status == HTTPStatus.SERVICE_UNAVAILABLE:
         return pb_utils.TritonError.UNAVAILABLE
-    if status == HTTPStatus.NOT_FOUND:
-        return pb_utils.TritonError.NOT_FOUND
     if 400 <= status < 500:
         return pb_utils.TritonError.INVALID_ARG
     return pb_utils.TritonError.INTERNAL
