@@ -30,14 +30,25 @@ from pathlib import Path
 
 from bench import explain_cost, machine, raw, report, stock, triton
 from bench.archives import ArchiveInfo
-from bench.layout import (BUILD, EMBEDDING, IMAGES, MODEL_STORE, REPO, RESULTS, SAMPLES,
-                          TAGGER as OURS, WEIGHTS, fresh_dir, setup_cli)
+from bench.layout import (
+    BUILD,
+    EMBEDDING,
+    IMAGES,
+    MODEL_STORE,
+    REPO,
+    RESULTS,
+    SAMPLES,
+    WEIGHTS,
+    fresh_dir,
+    setup_cli,
+)
+from bench.layout import TAGGER as OURS
 from bench.serving import LoadPlan, measure_model
 from bench.targets import evaluate
-from servecore.config import HandlerConfig
-from servecore.intake import Preprocessor
 from devtools.server import LocalTorchServe
 from model_files.artifacts import CHECKPOINT, LABELS
+from servecore.config import HandlerConfig
+from servecore.intake import Preprocessor
 
 log = logging.getLogger("bench")
 

@@ -20,8 +20,13 @@ import yaml
 
 from bench.layout import REPO
 from buildsteps.configgen import VERSION, archive_name
-from model_files.artifacts import (DEFAULT_QUANTIZE, INFO, archive_quantize, backend_of,
-                                   read_manifest)
+from model_files.artifacts import (
+    DEFAULT_QUANTIZE,
+    INFO,
+    archive_quantize,
+    backend_of,
+    read_manifest,
+)
 
 
 @dataclass(frozen=True)
@@ -38,7 +43,7 @@ class ArchiveInfo:
     model_config: dict
 
     @classmethod
-    def read(cls, path: Path) -> "ArchiveInfo":
+    def read(cls, path: Path) -> ArchiveInfo:
         with zipfile.ZipFile(path) as mar:
             manifest = read_manifest(mar)
             quantize = archive_quantize(mar.namelist())

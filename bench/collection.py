@@ -194,8 +194,8 @@ def report(results: dict) -> str:
         f"| server alone (bench load generator, {s['clients']} clients, /predictions) | "
         f"{s['ok']} | {s['seconds']} | {s['images_per_s']} | - |",
         *([f"| the rest of the {s['images']} it sent: not answered 200 (no retries: "
-           f"what {s['clients']} clients send beyond the frontend's queue (job_queue_size) is refused "
-           f"with 503; tsctl waits and retries) | {s['images'] - s['ok']} | | | |"]
+           f"what {s['clients']} clients send beyond the frontend's queue (job_queue_size) is "
+           f"refused with 503; tsctl waits and retries) | {s['images'] - s['ok']} | | | |"]
           if s["images"] > s["ok"] else []),
         f"| `tsctl embed` ({results['plan']['concurrency']} requests x "
         f"{results['plan']['per_request']} images in flight, v2) | {j['done'] + j['failed']} | "

@@ -32,9 +32,9 @@ import os
 import re
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterable
 
 import javaproperties
 import psutil
@@ -43,8 +43,17 @@ import torch
 from bench import machine, raw, report
 from bench.archives import ArchiveInfo
 from bench.batchlog import request_ids, settled_log
-from bench.layout import (BUILD, IMAGES, MODEL_STORE, RESULTS, SAMPLES, TAGGER, WEIGHTS,
-                          fresh_dir, setup_cli)
+from bench.layout import (
+    BUILD,
+    IMAGES,
+    MODEL_STORE,
+    RESULTS,
+    SAMPLES,
+    TAGGER,
+    WEIGHTS,
+    fresh_dir,
+    setup_cli,
+)
 from bench.loadgen import closed_loop
 from bench.serving import LoadPlan, ModelUnderTest
 from bench.stats import percentile, summarize
@@ -192,7 +201,8 @@ def measure_variant(name: str, overrides: dict[str, str], images: dict[str, byte
                 answered = {s.request_id for s in samples if s.ok} & run_ids
                 # Every answered request's batch and as many frontend lines as batches.
                 times = settled_log(log_file, lambda lines: batch_times(lines, TAGGER),
-                                    lambda t: answered <= {i for ids in t["ids"] for i in ids}
+                                    lambda t, answered=answered:
+                                    answered <= {i for ids in t["ids"] for i in ids}
                                     and len(t["backend"]) >= len(t["handler"]))
                 parts = split(run_batches(times, run_ids), wall)
                 outside = (stats["p50_ms"] - parts["backend_p50_ms"]) if clients == 1 else None
@@ -275,11 +285,11 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         "(the \"of raw\" column).",
         "", "Per batch (means): backend = the frontend's \"Backend response time\" (batch "
         "written to the worker until its answer is read), handler = the worker's HandlerTime "
-        "(open, decode, forward and answer are parts of it), transport = backend - handler (socket both "
-        "ways, TorchServe's message parsing in the worker). Worker busy = backend time / wall "
-        "time. Outside (1 client) = client p50 - backend p50 (upload, frontend, answer). "
-        "CPU ms per image: the load generator / the Java frontend / the worker, against the "
-        "core-ms per image the machine had (cores x wall time / images).", "",
+        "(open, decode, forward and answer are parts of it), transport = backend - handler "
+        "(socket both ways, TorchServe's message parsing in the worker). Worker busy = backend "
+        "time / wall time. Outside (1 client) = client p50 - backend p50 (upload, frontend, "
+        "answer). CPU ms per image: the load generator / the Java frontend / the worker, "
+        "against the core-ms per image the machine had (cores x wall time / images).", "",
         *report.table(header, table),
     ]
     return "\n".join(lines) + "\n"

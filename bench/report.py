@@ -159,7 +159,7 @@ def _closed(results: dict) -> list[str]:
     header = ["server", "image", "clients", "img/s", "p50 ms", "p95 ms", "p99 ms", "requests",
               "errors", "batch mean / max", "peak RSS server MB", "peak RSS worker MB"]
     rows = []
-    for key, label, served in _servers(results):
+    for _key, label, served in _servers(results):
         for run in served["closed"]:
             rows.append([label, IMAGE_NAMES.get(run["image"], run["image"]), str(run["clients"]),
                          fmt(run["throughput"]), fmt(run["p50_ms"]), fmt(run["p95_ms"]),
@@ -173,7 +173,7 @@ def _open(results: dict) -> list[str]:
     header = ["server", "Poisson rate req/s", "achieved img/s", "p50 ms", "p95 ms", "p99 ms",
               "requests", "errors", "batch mean / max", "peak RSS server MB"]
     rows = []
-    for key, label, served in _servers(results):
+    for _key, label, served in _servers(results):
         for run in served["open"]:
             rows.append([label, fmt(run["rate"], 0), fmt(run["throughput"]), fmt(run["p50_ms"]),
                          fmt(run["p95_ms"]), fmt(run["p99_ms"]), str(run["requests"]),
@@ -236,7 +236,7 @@ def render_plot(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-    for (key, label, served), marker in zip(_servers(results), ("o", "s", "^")):
+    for (_key, label, served), marker in zip(_servers(results), ("o", "s", "^")):
         runs = served["open"]
         if not runs:
             continue

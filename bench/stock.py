@@ -17,8 +17,7 @@ import warnings
 from pathlib import Path
 
 from buildsteps import configgen
-from model_files.artifacts import (CHECKPOINT, checkpoint_sha256, is_current, mark_current,
-                                   sha256_of)
+from model_files.artifacts import CHECKPOINT, checkpoint_sha256, is_current, mark_current, sha256_of
 
 MODEL_NAME = "resnet50-stock"
 SERIALIZED = "resnet50_stock.torchscript.pt"

@@ -15,8 +15,13 @@ import argparse
 import warnings
 from pathlib import Path
 
-from model_files.artifacts import (CHECKPOINT, SERIALIZED, checkpoint_sha256, is_current,
-                                   mark_current)
+from model_files.artifacts import (
+    CHECKPOINT,
+    SERIALIZED,
+    checkpoint_sha256,
+    is_current,
+    mark_current,
+)
 
 EXPORTED = tuple(b for b in SERIALIZED if SERIALIZED[b] != CHECKPOINT)  # onnx, torchscript
 

@@ -38,11 +38,16 @@ import torch
 import yaml
 from PIL import Image, ImageEnhance, ImageOps
 
-from model_files.artifacts import (QUANTIZED, checkpoint_sha256, companions, fidelity_record,
-                                   refusal_record)
+from model_files.artifacts import (
+    QUANTIZED,
+    checkpoint_sha256,
+    companions,
+    fidelity_record,
+    refusal_record,
+)
+from model_files.resnet_dual import WEIGHTS
 from servecore.backends import load_backend
 from servecore.precision import agreement, failures
-from model_files.resnet_dual import WEIGHTS
 
 TARGET = QUANTIZED[("openvino", "int8")]
 GATE = Path(__file__).resolve().parent.parent / "config" / "int8_gate.yaml"

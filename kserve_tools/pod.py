@@ -26,8 +26,16 @@ from pathlib import Path
 
 import requests
 
-from devtools.server import (free_ports, loopback_urls, port_properties, private_env,
-                             process_tree, rewrite_properties, stop_torchserve, tails)
+from devtools.server import (
+    free_ports,
+    loopback_urls,
+    port_properties,
+    private_env,
+    process_tree,
+    rewrite_properties,
+    stop_torchserve,
+    tails,
+)
 
 MOUNT = "/mnt/models"
 BUNDLE_CONFIG = f"{MOUNT}/config/config.properties"
@@ -100,7 +108,7 @@ class RuntimePod:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self, timeout: float = 300.0) -> "RuntimePod":
+    def start(self, timeout: float = 300.0) -> RuntimePod:
         """Start the container command and wait until its readinessProbe passes."""
         self.tmpdir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(self.config_text())
@@ -158,7 +166,7 @@ class RuntimePod:
             self.process.kill()
             self.process.wait(timeout=10)
 
-    def __enter__(self) -> "RuntimePod":
+    def __enter__(self) -> RuntimePod:
         return self.start()
 
     def __exit__(self, *exc) -> None:

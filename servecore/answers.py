@@ -4,8 +4,8 @@ array, its tags as ``Tag`` lists). No text: each engine's edge encodes these val
 protocols in ``servecore/encode.py`` (TorchServe), tensors in Triton's adapter."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -57,7 +57,7 @@ class TopK:
     probabilities: list[list[float]]
 
     @classmethod
-    def of(cls, logits: torch.Tensor, k: int) -> "TopK":
+    def of(cls, logits: torch.Tensor, k: int) -> TopK:
         top = torch.softmax(logits, dim=1).topk(k, dim=1)
         return cls(top.indices.tolist(), top.values.tolist())
 
@@ -78,7 +78,7 @@ class BatchOutputs:
 
     @classmethod
     def of(cls, embedding: torch.Tensor, logits: torch.Tensor,
-           requests: Sequence[ParsedRequest], spec: AnswerSpec) -> "BatchOutputs":
+           requests: Sequence[ParsedRequest], spec: AnswerSpec) -> BatchOutputs:
         embeddings = None
         if any(r.wants(Output.EMBEDDING, spec.task) for r in requests):
             if spec.normalize_embedding:

@@ -8,7 +8,8 @@ on each of a request's images and says which one failed ("image k of n"). Anythi
 from __future__ import annotations
 
 import logging
-from typing import Callable, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from servecore.errors import InternalError, RequestError, detached
 from servecore.stages import Failed

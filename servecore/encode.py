@@ -40,10 +40,10 @@ def json_reply(reply: Reply, spec: AnswerSpec, max_bytes: int) -> JsonReply:
         return JsonReply(reply, json.dumps(error_body(reply.error)))
     text = json.dumps(answer_body(reply.answer, spec))
     if len(text) > max_bytes:  # json.dumps writes ASCII: characters are bytes
-        refused = reply.refused(PayloadTooLarge(
+        error = PayloadTooLarge(
             f"the answer would be {len(text)} bytes, more than the limit of {max_bytes} "
-            "(handler.max_response_bytes); send fewer images or ask for less"))
-        return JsonReply(refused, json.dumps(error_body(refused.error)), refused=True)
+            "(handler.max_response_bytes); send fewer images or ask for less")
+        return JsonReply(reply.refused(error), json.dumps(error_body(error)), refused=True)
     return JsonReply(reply, text)
 
 

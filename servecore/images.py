@@ -75,7 +75,8 @@ def open_image(
     ``UnsupportedMediaType`` (an image in another format) or ``InvalidImage`` (anything else).
     """
     if not data:
-        raise InvalidRequest(f"empty image: the request carried no bytes; send a {ACCEPTED_TEXT} file")
+        raise InvalidRequest(
+            f"empty image: the request carried no bytes; send a {ACCEPTED_TEXT} file")
     if len(data) > max_bytes:
         raise PayloadTooLarge(
             f"image is {len(data)} bytes, more than the limit of {max_bytes} bytes "

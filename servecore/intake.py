@@ -15,10 +15,10 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 
@@ -29,8 +29,19 @@ from servecore.errors import PayloadTooLarge, detached
 from servecore.explain.stage import Explanations
 from servecore.images import OpenedImage, decode, open_image
 from servecore.parse import ParsedRequest
-from servecore.stages import (Admitted, Explaining, Failed, Incoming, Opened, Placed,
-                              PreparedBatch, State)
+from servecore.stages import (
+    Admitted,
+    Explaining,
+    Failed,
+    Incoming,
+    Opened,
+    Placed,
+    PreparedBatch,
+    State,
+)
+
+# handler.decode_threads 0 = one decode thread per usable core, at most this many.
+MAX_DECODE_THREADS = 4
 
 
 class Preprocessor:
@@ -74,7 +85,7 @@ class Intake:
             Budget("max_batch_pixels", "decoded pixels", config.max_batch_pixels,
                    lambda request: request.pixel_count),
         )
-        threads = config.decode_threads or min(4, usable_cpus())
+        threads = config.decode_threads or min(MAX_DECODE_THREADS, usable_cpus())
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="decode")
 
     def prepare(self, incoming: Sequence[Incoming]) -> PreparedBatch:
@@ -120,11 +131,11 @@ class Intake:
         work = sum(r.image_count for r in requests if isinstance(r, Opened))
         start = self.pool.submit if work > 1 else _now
         pending = [[start(self.preprocessor.decode, image) for image in r.images]
-                   if isinstance(r, Opened) else None for r in requests]
+                   if isinstance(r, Opened) else [] for r in requests]
         states: list[State] = []
         tensors: list[torch.Tensor] = []
         for request, futures in zip(requests, pending):
-            if futures is None:
+            if isinstance(request, Failed):
                 states.append(request)
                 continue
             decoded = attempt(request.request_id, "decoding", partial(
@@ -154,11 +165,11 @@ def _cgroup_quota(root: Path) -> float | None:
         pass
     for folder in (root / "cpu", root / "cpu,cpuacct"):
         try:
-            quota = int((folder / "cpu.cfs_quota_us").read_text())
-            period = int((folder / "cpu.cfs_period_us").read_text())
+            cfs_quota = int((folder / "cpu.cfs_quota_us").read_text())
+            cfs_period = int((folder / "cpu.cfs_period_us").read_text())
         except (OSError, ValueError):
             continue
-        return quota / period if quota > 0 and period > 0 else None
+        return cfs_quota / cfs_period if cfs_quota > 0 and cfs_period > 0 else None
     return None
 
 

@@ -16,15 +16,16 @@ def is_json(text: str | bytes | bytearray) -> bool:
     """Whether a text body is JSON (or a client's broken JSON): JSON sent under another type
     than ``application/json`` (or, on TorchServe, too deep for its own parser) arrives as text.
     Image formats never start with ``{`` or ``[``."""
-    head = text[:64].lstrip()[:1]
-    return head in ("{", "[") if isinstance(text, str) else bytes(head) in (b"{", b"[")
+    if isinstance(text, str):
+        return text[:64].lstrip()[:1] in ("{", "[")
+    return bytes(text[:64].lstrip()[:1]) in (b"{", b"[")
 
 
 @dataclass(frozen=True)
 class JsonDocument:
     """A JSON body an engine has already parsed (TorchServe parses ``application/json`` bodies
-    itself, Triton hands over bytes): handed over as such, so that it is checked for depth (``checked``) rather than
-    serialised again to go through ``load_json``."""
+    itself, Triton hands over bytes): handed over as such, so that it is checked for depth
+    (``checked``) rather than serialised again to go through ``load_json``."""
 
     value: Any
 

@@ -23,8 +23,9 @@ import binascii
 import dataclasses
 import enum
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence, Union
+from typing import Any
 
 from servecore.config import HandlerConfig, Output
 from servecore.errors import InvalidParameter, InvalidRequest, PayloadTooLarge, echo, echo_all
@@ -81,7 +82,7 @@ class ParsedRequest:
         return output is task
 
 
-Payload = Union[bytes, bytearray, str, JsonDocument]
+Payload = bytes | bytearray | str | JsonDocument
 
 
 @dataclass(frozen=True)
@@ -170,8 +171,8 @@ def _parse(request: HttpRequest, config: HandlerConfig) -> ParsedRequest:
     if "data" in payload:
         extra = sorted(set(payload) - {"data", "topk", *EXPLAIN_KEYS})
         if extra:
-            raise InvalidRequest(f"unknown JSON field(s) {echo_all(extra)}; expected 'data', 'topk' and "
-                                 f"for explanations {list(EXPLAIN_KEYS)}")
+            raise InvalidRequest(f"unknown JSON field(s) {echo_all(extra)}; expected 'data', "
+                                 f"'topk' and for explanations {list(EXPLAIN_KEYS)}")
         top_k = parse_top_k(payload["topk"]) if "topk" in payload else query_top_k
         options.update((k, payload[k]) for k in EXPLAIN_KEYS if k in payload)
         return ParsedRequest(Protocol.PLAIN, [decode_base64(payload["data"], "data")], top_k=top_k,
@@ -247,7 +248,8 @@ def _parse_v1(payload: dict, query_top_k: int | None, options: dict,
     _count_images(len(instances), config)
     parameters = payload.get("parameters")
     top_k = _parameters_top_k(parameters, "body.parameters", query_top_k)
-    options.update((k, parameters[k]) for k in EXPLAIN_KEYS if k in (parameters or {}))
+    given = parameters or {}
+    options.update((k, given[k]) for k in EXPLAIN_KEYS if k in given)
     images = [_v1_instance(item, f"instances[{i}]") for i, item in enumerate(instances)]
     return ParsedRequest(Protocol.V1, images, top_k=top_k, options=options)
 
@@ -292,7 +294,7 @@ def _parse_v2(payload: dict, query_top_k: int | None, config: HandlerConfig) -> 
     shape = tensor.get("shape")
     if shape not in ([len(data)], [len(data), 1]) or not data:
         raise InvalidRequest(
-            f"{where}.shape must be [n] with n = number of images >= 1 (data holds "
+            f"{where}.shape must be [n] or [n, 1] with n = number of images >= 1 (data holds "
             f"{len(data)}), got {echo(shape)}"
         )
     top_k = _parameters_top_k(payload.get("parameters"), "body.parameters", query_top_k)

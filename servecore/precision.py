@@ -46,7 +46,7 @@ class Candidate:
         return sum(ms / size for size, ms in self.ms.items()) / len(self.ms)
 
     @classmethod
-    def from_dict(cls, row: dict) -> "Candidate":
+    def from_dict(cls, row: dict) -> Candidate:
         """The inverse of ``as_dict``."""
         return cls(row["precision"], {int(k): v for k, v in row["ms_per_batch"].items()},
                    row.get("fidelity"), row.get("excluded") or "")
@@ -79,7 +79,7 @@ class Choice:
         return {**fields, "summary": summary_line(fields)}
 
     @classmethod
-    def from_dict(cls, choice: dict) -> "Choice":
+    def from_dict(cls, choice: dict) -> Choice:
         """The inverse of ``as_dict``."""
         fields = {"precision": choice["choice"], "reason": choice["reason"],
                   "candidates": tuple(Candidate.from_dict(c) for c in choice["candidates"]),
@@ -107,7 +107,7 @@ def summary_line(choice: dict) -> str:
             parts.append(f"{c['precision']} not timed")
     measured = (f"measured by {choice.get('source') or 'this worker'}" if choice.get("measured")
                 else "not measured")
-    chosen = next((c for c in choice.get("candidates", [])
+    chosen: dict = next((c for c in choice.get("candidates", [])
                    if c["precision"] == choice.get("choice")), {})
     fidelity = chosen.get("fidelity")
     # How far the served arithmetic is from f32's answers: what an operator checks first.
@@ -134,7 +134,7 @@ def agreement(reference: tuple[np.ndarray, np.ndarray],
         "top5_overlap": float(np.mean([len(set(a) & set(b)) / 5
                                        for a, b in zip(top5_0, top5_1)])),
         # How informative top-1 agreement is: 1 distinct class = every image got the same one.
-        "reference_distinct_top1": int(len(set(l0.argmax(1).tolist()))),
+        "reference_distinct_top1": len(set(l0.argmax(1).tolist())),
     }
 
 
@@ -160,8 +160,8 @@ def select(candidates: list[Candidate], previous: str | None = None,
     eligible = [c for c in candidates if not c.excluded and c.ms_per_image is not None]
     if not eligible:
         raise ValueError(f"no eligible, timed precision among {[c.precision for c in candidates]}")
-    fastest = min(eligible, key=lambda c: (c.ms_per_image, _rank(c.precision)))
-    tied = [c for c in eligible if c.ms_per_image <= fastest.ms_per_image * (1 + margin)]
+    fastest = min(eligible, key=lambda c: (_timed(c), _rank(c.precision)))
+    tied = [c for c in eligible if _timed(c) <= _timed(fastest) * (1 + margin)]
     kept = next((c for c in tied if c.precision == previous), None)
     if len(eligible) == 1:
         chosen, why = fastest, ("the only eligible candidate" if len(candidates) > 1 else
@@ -185,8 +185,16 @@ def select(candidates: list[Candidate], previous: str | None = None,
 
 def _ratio(eligible: list[Candidate], chosen: Candidate) -> str:
     """``1.6x faster than bf16``: the chosen against the next fastest eligible candidate."""
-    others = sorted((c for c in eligible if c is not chosen), key=lambda c: c.ms_per_image)
-    return f"{others[0].ms_per_image / chosen.ms_per_image:.2f}x faster than {others[0].precision}"
+    others = sorted((c for c in eligible if c is not chosen), key=_timed)
+    return f"{_timed(others[0]) / _timed(chosen):.2f}x faster than {others[0].precision}"
+
+
+def _timed(candidate: Candidate) -> float:
+    """``ms_per_image`` of a candidate the caller kept because it was timed."""
+    ms = candidate.ms_per_image
+    if ms is None:
+        raise ValueError(f"{candidate.precision} was not timed")
+    return ms
 
 
 def forced(requested: str, served: str, last: list[Candidate] | None = None,
@@ -198,10 +206,10 @@ def forced(requested: str, served: str, last: list[Candidate] | None = None,
     timed = {c.precision: c for c in last or () if not c.excluded and c.ms_per_image}
     own = timed.get(served)
     if own is not None:
-        faster = [c for c in timed.values() if c.ms_per_image * (1 + margin) < own.ms_per_image]
+        faster = [c for c in timed.values() if _timed(c) * (1 + margin) < _timed(own)]
         if faster:
-            best = min(faster, key=lambda c: c.ms_per_image)
+            best = min(faster, key=_timed)
             reason += (f"; the last measurement on this host had {best.precision} "
-                       f"{own.ms_per_image / best.ms_per_image:.2f}x faster than {served}")
+                       f"{_timed(own) / _timed(best):.2f}x faster than {served}")
     return Choice(served, reason, tuple(last or ()), measured=False, source="handler.precision",
                   requested=requested)

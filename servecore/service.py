@@ -15,26 +15,25 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from http import HTTPStatus
-from typing import Sequence, Union
 
 import torch
 
 from model_files.artifacts import ModelFiles
 from servecore.admission import Admission
+from servecore.answers import AnswerSpec, BatchOutputs, Prediction
 from servecore.autoprecision import serving_backend
 from servecore.backends import pick_device
-from servecore.answers import AnswerSpec, BatchOutputs, Prediction
 from servecore.config import HandlerConfig, Output
 from servecore.errors import RequestError
 from servecore.explain.encode import Explained
 from servecore.explain.stage import Explanations
 from servecore.intake import Intake
 from servecore.metrics import BatchMetrics, MetricsSink, NoMetrics
-from servecore.stages import (ComputedBatch, Explaining, Failed, Incoming, Placed,
-                              PreparedBatch)
+from servecore.stages import ComputedBatch, Explaining, Failed, Incoming, Placed, PreparedBatch
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +54,7 @@ class ModelSettings:
     gpu_id: int | None = None
 
 
-Answer = Union[Prediction, Explained]
+Answer = Prediction | Explained
 
 
 @dataclass(frozen=True)
@@ -94,7 +93,7 @@ class Reply:
             headers.update(self.error.headers)
         return headers
 
-    def refused(self, error: RequestError) -> "Reply":
+    def refused(self, error: RequestError) -> Reply:
         """This request failed after all, with ``error`` (an edge refusing an answer too large
         to send)."""
         return dataclasses.replace(self, answer=None, error=error)

@@ -13,9 +13,9 @@ Imports the explanation's types (its spec and its result), nothing that computes
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable, Union
 
 import torch
 
@@ -104,8 +104,8 @@ class Placed:
         return self.opened.request_id
 
 
-Admitted = Union[Opened, Failed]
-State = Union[Placed, Failed]
+Admitted = Opened | Failed
+State = Placed | Failed
 
 
 @dataclass(frozen=True)
@@ -119,10 +119,6 @@ class PreparedBatch:
     open_ms: float = 0.0
     decode_ms: float = 0.0
 
-    @property
-    def placed(self) -> list[Placed]:
-        return [r for r in self.requests if isinstance(r, Placed)]
-
 
 @dataclass(frozen=True)
 class ComputedBatch:
@@ -134,7 +130,3 @@ class ComputedBatch:
     embedding: torch.Tensor | None
     logits: torch.Tensor | None
     explained: dict[int, Explained | Failed]
-
-    @property
-    def pixels(self) -> torch.Tensor | None:
-        return self.prepared.pixels

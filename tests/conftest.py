@@ -44,7 +44,8 @@ def model_store() -> Path:
     store = REPO / "model-store"
     missing = [m for m in MODELS if not (store / f"{m}.mar").is_file()]
     if missing:
-        pytest.fail(f"archives {missing} missing from {store}: run `make archives` (or `make test`)")
+        pytest.fail(f"archives {missing} missing from {store}: "
+                    "run `make archives` (or `make test`)")
     return store
 
 

@@ -100,7 +100,7 @@ def _mutate(name):
     return resource
 
 
-@pytest.mark.parametrize("mutation, message", [
+@pytest.mark.parametrize(("mutation", "message"), [
     ("completions", "would not add up to the collection (completions is 5)"),
     ("mode", "pods get no JOB_COMPLETION_INDEX"),
     ("parallelism", "9 pods for 4 shards"),

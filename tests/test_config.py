@@ -106,7 +106,7 @@ def test_archive_sh_writes_no_default_of_its_own():
     assert not re.findall(r":-(?:openvino|none|auto|\d+\.\d+)\}|\"\d+\.\d+\"|-\$VERSION", code)
 
 
-@pytest.mark.parametrize("args, printed", [
+@pytest.mark.parametrize(("args", "printed"), [
     (["version"], configgen.VERSION),
     (["archive-name", "resnet50-tagger"], "resnet50-tagger.mar"),
     (["archive-name", "resnet50-tagger", configgen.VERSION], "resnet50-tagger.mar"),
@@ -138,7 +138,7 @@ def test_config_properties_keeps_token_auth_and_the_model_api_off():
     assert properties["load_models"] == "resnet50-embedding.mar,resnet50-tagger.mar"
 
 
-@pytest.mark.parametrize("section, message", [
+@pytest.mark.parametrize(("section", "message"), [
     ({"task": "segment"}, "handler.task must be one of ('embedding', 'tags'), got 'segment'"),
     ({"top_k": 0}, "handler.top_k must be in 1..1000, got 0"),
     ({"top_k": True}, "handler.top_k must be int, got True"),

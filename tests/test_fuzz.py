@@ -14,8 +14,8 @@ import os
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis.errors import HypothesisWarning
 from hypothesis import strategies as st
+from hypothesis.errors import HypothesisWarning
 
 from handlers import routing
 from servecore import jsonguard, parse

@@ -17,8 +17,8 @@ import javaproperties
 import pytest
 import yaml
 
-from kserve_tools import lint as kserve_lint
 from buildsteps.configgen import repo_models
+from kserve_tools import lint as kserve_lint
 from kserve_tools.bundle import bundle_config, bundle_name
 from kserve_tools.render import RenderError, render
 from tests.conftest import MODELS, REPO
@@ -345,7 +345,8 @@ def test_kserve_config_keeps_the_per_model_settings_of_config_properties():
         assert entry["marName"] == ours["marName"] == f"{model}.mar"
         assert entry["defaultVersion"] is True
         for key in PER_MODEL:
-            assert entry[key] == ours[key], f"{model} {key}: kserve {entry[key]} != config {ours[key]}"
+            assert entry[key] == ours[key], (f"{model} {key}: kserve {entry[key]} "
+                                             f"!= config {ours[key]}")
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -423,7 +424,7 @@ def test_every_overlay_ships_a_network_policy_for_its_pods(target):
                                                       "knative-serving"}
 
 
-@pytest.mark.parametrize("mutation, expected", [
+@pytest.mark.parametrize(("mutation", "expected"), [
     (lambda objs: [o for o in objs if o.kind != "NetworkPolicy"], "no NetworkPolicy selects"),
     (lambda objs: [o for o in objs if not (o.kind == "NetworkPolicy" and o.obj["spec"][
         "ingress"][0].update({"from": []}))], "admits more than named namespaces"),

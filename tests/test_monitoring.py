@@ -19,7 +19,8 @@ from tsclient import metrics
 def _promtool() -> str:
     path = shutil.which("promtool")
     if path is None:
-        pytest.fail("promtool missing: `make setup` installs Prometheus (devtools/ensure_prometheus.sh)")
+        pytest.fail("promtool missing: `make setup` installs Prometheus "
+                    "(devtools/ensure_prometheus.sh)")
     return path
 
 
@@ -170,8 +171,8 @@ def _exported_names() -> set[str]:
     declared = yaml.safe_load((REPO / "config" / "metrics.yaml").read_text())
     names = {"up", *recording_rules()}
     for section in ("ts_metrics", "model_metrics"):
-        for kind, metrics in declared[section].items():
-            for metric in metrics:
+        for kind, declared_metrics in declared[section].items():
+            for metric in declared_metrics:
                 names.add(metric["name"])
                 if kind == "histogram":
                     names |= {metric["name"] + s for s in ("_sum", "_count", "_bucket")}
@@ -209,7 +210,8 @@ def test_every_dashboard_query_names_a_real_series_and_parses(tmp_path):
     for expr in queries:
         names = _series_names(expr)
         assert names, f"no series found in {expr!r}"
-        assert names <= known, f"{expr!r} reads {sorted(names - known)}: nothing exports or records it"
+        assert names <= known, (f"{expr!r} reads {sorted(names - known)}: "
+                                "nothing exports or records it")
     # promtool parses rule expressions: each query as a recording rule of a scratch file.
     scratch = tmp_path / "dashboard-queries.yml"
     scratch.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": [

@@ -18,8 +18,16 @@ from model_files.artifacts import ModelFiles
 from servecore import autoprecision
 from servecore.backends import Backend
 from servecore.config import HandlerConfig
-from servecore.precision import (FIDELITY_BOUND, MARGIN, Candidate, Choice, agreement, forced,
-                                   select, summary_line)
+from servecore.precision import (
+    FIDELITY_BOUND,
+    MARGIN,
+    Candidate,
+    Choice,
+    agreement,
+    forced,
+    select,
+    summary_line,
+)
 
 GOOD = {"embedding_cosine_min": 0.999, "top1_agreement": 1.0}
 

@@ -110,7 +110,7 @@ def test_embedding_model_explains_its_embedding(torchserve):
     check_grid(item, 7)
 
 
-@pytest.mark.parametrize("fields,status,kind", [
+@pytest.mark.parametrize(("fields", "status", "kind"), [
     ({"target": "no such class"}, 400, "InvalidParameter"),
     ({"method": "lime"}, 400, "InvalidParameter"),
     ({"method": "ig", "n_steps": "100000"}, 400, "InvalidParameter"),

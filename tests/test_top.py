@@ -96,7 +96,7 @@ class _Load:
                           headers=headers, timeout=120)
             self.sent += 1
 
-    def __enter__(self) -> "_Load":
+    def __enter__(self) -> _Load:
         for thread in self.threads:
             thread.start()
         return self

@@ -82,7 +82,7 @@ class FakeTensor:
 
 
 class FakeError:
-    UNAVAILABLE, NOT_FOUND, INVALID_ARG, INTERNAL = "unavailable", "not found", "invalid", "internal"
+    UNAVAILABLE, INVALID_ARG, INTERNAL = "unavailable", "invalid", "internal"
 
     def __init__(self, message: str, code: str = INTERNAL) -> None:
         self.message, self.code = message, code
@@ -113,7 +113,8 @@ def fake_pb_utils(monkeypatch):
     """The Python backend's ``triton_python_backend_utils`` as far as tritonrepo/model.py uses
     it, so that the adapter runs without a Triton server."""
     module = types.ModuleType("triton_python_backend_utils")
-    module.Tensor, module.TritonError, module.InferenceResponse = FakeTensor, FakeError, FakeResponse
+    module.Tensor, module.TritonError = FakeTensor, FakeError
+    module.InferenceResponse = FakeResponse
     module.triton_string_to_numpy = {"TYPE_FP32": np.float32, "TYPE_STRING": np.object_}.__getitem__
     module.get_input_tensor_by_name = lambda request, name: FakeTensor(name, request.images)
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", module)

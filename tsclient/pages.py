@@ -20,10 +20,10 @@ from __future__ import annotations
 import base64
 import io
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from PIL import Image, ImageOps
 
@@ -80,8 +80,9 @@ class Thumbnailer:
                 jpeg, size = self._fitted(image)
         except (OSError, ValueError, Image.DecompressionBombError) as exc:
             # Pillow's own message ("cannot identify image file ..." names a BytesIO): the kind.
-            reason = "not an image Pillow can read" if isinstance(exc, Image.UnidentifiedImageError) \
-                else f"cannot decode: {exc}"
+            reason = ("not an image Pillow can read"
+                      if isinstance(exc, Image.UnidentifiedImageError)
+                      else f"cannot decode: {exc}")
             return Thumb(None, bytes=len(data), error=reason)
         uri = "data:image/jpeg;base64," + base64.b64encode(jpeg).decode("ascii")
         return Thumb(uri, size, width, height, len(data))

@@ -24,9 +24,10 @@ import sys
 import termios
 import time
 import tty
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Callable, TextIO
+from typing import TextIO
 
 from tabulate import tabulate
 
@@ -114,8 +115,9 @@ def _num(value: float | None, digits: int = 1) -> str:
 def frame(old: Read, new: Read, *, url: str = "", width: int = WIDTH) -> str:
     """The screen for what happened between ``old`` and ``new``, each line cut to ``width``."""
     seconds = max(new.at - old.at, 1e-9)
-    answers = "  ".join(f"{code} {_num((new.statuses.get(code, 0) - old.statuses.get(code, 0)) / seconds)}"
-                        for code in ("2XX", "4XX", "5XX"))
+    rate = {code: (new.statuses.get(code, 0) - old.statuses.get(code, 0)) / seconds
+            for code in ("2XX", "4XX", "5XX")}
+    answers = "  ".join(f"{code} {_num(per_s)}" for code, per_s in rate.items())
     lines = [f"tsctl top  {url}  {datetime.now():%H:%M:%S}  every {seconds:.1f}s",
              f"answers/s  {answers}  (5XX: 503 queue full, 507 no worker)", ""]
     rows, error_lines = [], []
@@ -201,7 +203,7 @@ class _Keys:
         self.fd = sys.stdin.fileno() if sys.stdin.isatty() else None
         self._saved = None
 
-    def __enter__(self) -> "_Keys":
+    def __enter__(self) -> _Keys:
         if self.fd is not None:
             self._saved = termios.tcgetattr(self.fd)
             tty.setcbreak(self.fd)

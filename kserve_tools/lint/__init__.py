@@ -29,8 +29,8 @@ For our ClusterServingRuntime (no CRD schema is kept here, so our own rules, str
 fields only; one ``kserve-container`` started in the foreground from ``/mnt/models``; model
 formats not auto-selected; v1/v2 protocols; one port named for Knative and equal to TorchServe's
 ``inference_address`` port; the bundle's readiness check as readiness probe (no HTTP route of
-TorchServe 0.12 waits for loaded workers); metrics annotations equal to ``metrics_address``; no ``PYTHONPATH``; token
-authorization off in its config (probes carry no key).
+TorchServe 0.12 waits for loaded workers); metrics annotations equal to ``metrics_address``;
+no ``PYTHONPATH``; token authorization off in its config (probes carry no key).
 
 Ours, for the pods: our runtime's container runs with ``seccompProfile: RuntimeDefault`` and a
 memory request and limit of at least ``FOOTPRINT_GIB`` (measured, kserve/README.md), as does
@@ -59,16 +59,32 @@ from pathlib import Path
 from buildsteps.configgen import repo_models
 from kserve_tools import monitoring
 from kserve_tools.joblint import job_findings
-from kserve_tools.lint.base import (DEFAULT_MODE, ISVC_LABEL, KSERVE, MODES,
-                                    RUNTIME_DIR, RUNTIME_SERVER_PROPERTIES, Finding, finding,
-                                    mode, port, rel, server_properties)
+from kserve_tools.lint.base import (
+    DEFAULT_MODE,
+    ISVC_LABEL,
+    KSERVE,
+    MODES,
+    RUNTIME_DIR,
+    RUNTIME_SERVER_PROPERTIES,
+    Finding,
+    finding,
+    mode,
+    port,
+    rel,
+    server_properties,
+)
 from kserve_tools.lint.bundle import bundle_findings
 from kserve_tools.lint.inferenceservice import ServingLimits, inference_service_findings
 from kserve_tools.lint.memory import FOOTPRINT_GIB
 from kserve_tools.lint.network import network_policy_findings
 from kserve_tools.lint.schema import schema_findings, strict
-from kserve_tools.lint.servingruntime import (STOCK_RUNTIME, TRITON_RUNTIME, Runtime,
-                                              runtime_findings, runtime_of)
+from kserve_tools.lint.servingruntime import (
+    STOCK_RUNTIME,
+    TRITON_RUNTIME,
+    Runtime,
+    runtime_findings,
+    runtime_of,
+)
 from kserve_tools.render import RenderError, Resource, render
 
 BATCH_JOB_DIR = KSERVE / "batch-job"

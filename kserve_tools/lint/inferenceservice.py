@@ -4,11 +4,21 @@ schema cannot express (kserve/kserve ``pkg/apis/serving/v1beta1/inference_servic
 problems it finds; ``inference_service_findings`` runs them all."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
-from kserve_tools.lint.base import (BLOCKED_ENV, IMPLEMENTATIONS, MODE_ANNOTATION, MOUNT, NAME,
-                                    OUR_RUNTIME, Finding, Problem, mode, stamped)
+from kserve_tools.lint.base import (
+    BLOCKED_ENV,
+    IMPLEMENTATIONS,
+    MODE_ANNOTATION,
+    MOUNT,
+    NAME,
+    OUR_RUNTIME,
+    Finding,
+    Problem,
+    mode,
+    stamped,
+)
 from kserve_tools.lint.memory import memory_problems
 from kserve_tools.lint.servingruntime import Runtime
 from kserve_tools.render import Resource
@@ -30,7 +40,7 @@ class ServingLimits:
     response_timeout: int  # max over models of responseTimeout (seconds)
 
     @classmethod
-    def from_models(cls, models: dict[str, dict]) -> "ServingLimits":
+    def from_models(cls, models: dict[str, dict]) -> ServingLimits:
         fill = {name: s["batchSize"] * s["maxWorkers"] for name, s in models.items()}
         widest = max(fill, key=fill.get)
         return cls(fill[widest], widest, max(s["responseTimeout"] for s in models.values()))
@@ -123,7 +133,7 @@ def scaling_problems(annotations: dict, predictor: dict,
         allowed, scaler = ("concurrency", "rps"), "Knative's autoscaler (KPA)"
     elif mode_ == "Standard" and klass == "keda":
         allowed, scaler = (), "KEDA"
-    elif mode_ == "Standard" and klass in (None, "hpa") or knative_hpa:
+    elif (mode_ == "Standard" and klass in (None, "hpa")) or knative_hpa:
         allowed, scaler = ("cpu", "memory"), "the HPA"
     else:
         allowed, scaler = None, None  # external/none: KServe creates no autoscaler

@@ -5,8 +5,17 @@ KServe's Triton runtime, ``kserve/triton``) ships a NetworkPolicy selecting its 
 runs without token authorization there, Triton without any)."""
 from __future__ import annotations
 
-from kserve_tools.lint.base import (DEFAULT_MODE, ISVC_LABEL, MODES, OUR_RUNTIME, Finding,
-                                    finding, mode, port, server_properties)
+from kserve_tools.lint.base import (
+    DEFAULT_MODE,
+    ISVC_LABEL,
+    MODES,
+    OUR_RUNTIME,
+    Finding,
+    finding,
+    mode,
+    port,
+    server_properties,
+)
 from kserve_tools.lint.servingruntime import TRITON_PORTS, TRITON_RUNTIME
 from kserve_tools.render import Resource
 

@@ -6,11 +6,19 @@ metrics annotations equal to ``metrics_address``; no ``PYTHONPATH``; seccomp and
 authorization off in its config (probes carry no key)."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
-from kserve_tools.lint.base import (BLOCKED_ENV, MOUNT, NAME, Finding, Problem, port,
-                                    server_properties, stamped)
+from kserve_tools.lint.base import (
+    BLOCKED_ENV,
+    MOUNT,
+    NAME,
+    Finding,
+    Problem,
+    port,
+    server_properties,
+    stamped,
+)
 from kserve_tools.lint.memory import memory_problems
 from kserve_tools.render import Resource
 

@@ -7,8 +7,8 @@ and logits (``compute``, Captum on the eager model) as ``Explained`` values.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
