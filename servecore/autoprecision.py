@@ -36,7 +36,6 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -44,7 +43,13 @@ import psutil
 import torch
 
 from model_files.artifacts import ModelFiles
-from servecore.backends import Backend, RuntimeOptions, load_backend, precision_candidates
+from servecore.backends import (
+    RUNTIME_DEFAULT,
+    Backend,
+    RuntimeOptions,
+    load_backend,
+    precision_candidates,
+)
 from servecore.config import HandlerConfig
 from servecore.host import cpu_model
 from servecore.precision import (
@@ -64,16 +69,6 @@ BUDGET_S = 4.0  # loading, warm-up and timed rounds; one timed round runs whatev
 MAX_ROUNDS = 5
 CACHE_ENTRIES = 64  # host cache: the most recently written archives kept
 _clock = time.perf_counter  # the one clock (monotonic); tests give a simulated one
-
-
-@dataclass(frozen=True)
-class Candidates:
-    """What ``auto`` chooses from: ``loaders`` most precise first (the first is the fidelity
-    reference), ``excluded`` the ones left out and why; timed at ``batch_sizes``."""
-
-    loaders: dict[str, Callable[[], Backend]]
-    excluded: dict[str, str]
-    batch_sizes: tuple[int, ...]
 
 
 def cache_file(setting: str, environ=os.environ) -> Path | None:
@@ -101,41 +96,45 @@ def probe_batch(size: int, seed: int = 0) -> torch.Tensor:
                                            align_corners=False).contiguous()
 
 
-def measure(candidates: Candidates, budget_s: float = BUDGET_S
-            ) -> tuple[list[Candidate], dict[str, Backend]]:
-    """Load and time every loader. Returns the candidates (timed ones, then the excluded
-    untimed), their milliseconds rounded as they are kept, and the loaded backends."""
+def measure(candidates: list[Candidate], batch_sizes: tuple[int, ...],
+            budget_s: float = BUDGET_S) -> tuple[list[Candidate], dict[str, Backend]]:
+    """Load and time every candidate that has a loader (most precise first: the first is the
+    fidelity reference) at ``batch_sizes``. Returns the candidates (timed ones, then the
+    excluded untimed), their milliseconds rounded as they are kept, and the loaded backends."""
     started = _clock()
-    sizes = candidates.batch_sizes
-    probe = probe_batch(max(sizes))
+    probe = probe_batch(max(batch_sizes))
+    loaders = _loaders(candidates)
     backends, outputs = {}, {}
-    for name, load in candidates.loaders.items():
+    for name, load in loaders.items():
         backends[name] = load()
-        for size in sizes:
+        for size in batch_sizes:
             result = backends[name](probe[:size])
         embedding, logits = result
         outputs[name] = (embedding.numpy(), logits.numpy())  # at the largest size
-    times: dict[str, dict[int, list[float]]] = {n: {b: [] for b in sizes} for n in backends}
+    times: dict[str, dict[int, list[float]]] = {n: {b: [] for b in batch_sizes}
+                                                for n in backends}
     rounds, round_s = 0, 0.0
     # One candidate: its timing is reported, not compared, so one round is enough.
     most = MAX_ROUNDS if len(backends) > 1 else 1
     while rounds < most and (rounds == 0 or _clock() - started + round_s <= budget_s):
         round_started = _clock()
         for name, backend in backends.items():  # interleaved: drift hits every candidate alike
-            for size in sizes:
+            for size in batch_sizes:
                 t = _clock()
                 backend(probe[:size])
                 times[name][size].append(1000 * (_clock() - t))
         round_s, rounds = _clock() - round_started, rounds + 1
     reference = next(iter(backends))
     measured = []
-    for name in backends:
+    for candidate in (c for c in candidates if c.precision in loaders):
+        name = candidate.precision
         fidelity = None if name == reference else agreement(outputs[reference], outputs[name])
         failed = failures(fidelity, FIDELITY_BOUND) if fidelity else []
-        measured.append(Candidate(
-            name, {b: round(statistics.median(ms), 1) for b, ms in times[name].items()},
-            fidelity, f"against {reference} on the probe: {'; '.join(failed)}" if failed else ""))
-    measured += [Candidate(name, excluded=why) for name, why in candidates.excluded.items()]
+        measured.append(dataclasses.replace(
+            candidate, ms={b: round(statistics.median(ms), 1) for b, ms in times[name].items()},
+            fidelity=fidelity,
+            excluded=f"against {reference} on the probe: {'; '.join(failed)}" if failed else ""))
+    measured += [c for c in candidates if c.load is None]
     return measured, backends
 
 
@@ -220,8 +219,8 @@ def _alive(holder: dict) -> bool:
         return False
 
 
-def choose(candidates: Candidates, store: ChoiceStore, budget_s: float = BUDGET_S
-           ) -> tuple[Backend, Choice]:
+def choose(candidates: list[Candidate], batch_sizes: tuple[int, ...], store: ChoiceStore,
+           budget_s: float = BUDGET_S) -> tuple[Backend, Choice]:
     """``auto``: the backend to serve and the choice, measured once per model (the first
     worker), remembered per host."""
     with store.locked():
@@ -229,7 +228,7 @@ def choose(candidates: Candidates, store: ChoiceStore, budget_s: float = BUDGET_
         if shared is None:
             started = _clock()  # the cost of measuring, not of waiting for the lock
             last = store.last()
-            measured, backends = measure(candidates, budget_s)
+            measured, backends = measure(candidates, batch_sizes, budget_s)
             choice = dataclasses.replace(
                 select(measured, last.precision if last else None),
                 source=f"worker pid {os.getpid()} in {_clock() - started:.1f} s")
@@ -237,8 +236,8 @@ def choose(candidates: Candidates, store: ChoiceStore, budget_s: float = BUDGET_
             return backends[choice.precision], choice
         store.join()
     # Another worker measured: load what it chose (outside the lock: workers load in parallel).
-    backend = candidates.loaders[shared.precision]()
-    for size in candidates.batch_sizes:
+    backend = _loaders(candidates)[shared.precision]()
+    for size in batch_sizes:
         backend(torch.zeros(size, 3, 224, 224))
     return backend, shared
 
@@ -265,8 +264,9 @@ def serving_backend(files: ModelFiles, config: HandlerConfig, device: torch.devi
     candidate is measured on OpenVINO only, whose warm-up it times."""
     kind = files.backend
     options = RuntimeOptions(config.threads, config.onnx_spinning, config.half_precision)
-    loaders, excluded = precision_candidates(kind, files.folder, files.serialized, device,
-                                             options, config.auto_int8)
+    candidates = precision_candidates(kind, files.folder, files.serialized, device, options,
+                                      config.auto_int8)
+    loaders = _loaders(candidates)
     archive = {"backend": kind, "serialized": files.serialized,
                "weights": files.weights["sha256"], "batch_sizes": list(batch_sizes),
                "threads": config.threads, "device": device.type, "candidates": list(loaders)}
@@ -275,12 +275,12 @@ def serving_backend(files: ModelFiles, config: HandlerConfig, device: torch.devi
     if config.half_precision and device.type == "cuda" and kind == "eager":
         precision = "f16"
     if precision == "auto" and (len(loaders) > 1 or kind == "openvino"):
-        return choose(Candidates(loaders, excluded, batch_sizes), store)
+        return choose(candidates, batch_sizes, store)
     if precision == "auto":
         # Nothing to choose and no warm-up to time for free (OpenVINO warms up anyway).
         (only,) = loaders.values()
         return only(), Choice("f32", f"the only precision {kind} runs on {device.type}",
-                              tuple(Candidate(n, excluded=why) for n, why in excluded.items()))
+                              tuple(c for c in candidates if c.load is None))
     path = files.folder / files.serialized
     if precision == "int8":
         if files.int8 is None:
@@ -290,8 +290,14 @@ def serving_backend(files: ModelFiles, config: HandlerConfig, device: torch.devi
                              "gate verdict (make weights)")
         path = files.int8
     return explicit(precision, partial(
-        load_backend, kind, path, device, options, "auto" if precision == "f16" else precision,
+        load_backend, kind, path, device, options,
+        RUNTIME_DEFAULT if precision == "f16" else precision,
         batch_sizes), store)
+
+
+def _loaders(candidates: list[Candidate]) -> dict[str, Callable[[], Backend]]:
+    """The candidates that can be loaded here, by precision, most precise first."""
+    return {c.precision: c.load for c in candidates if c.load is not None}
 
 
 def _key(identity: dict) -> str:

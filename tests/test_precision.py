@@ -167,11 +167,17 @@ def fake(precision: str, ms_per_image: float, noise: float = 0.0, calls: list | 
     return load
 
 
+def offer(loaders: dict, excluded: dict | None = None) -> list[Candidate]:
+    """What ``backends.precision_candidates`` offers: loadable candidates, then excluded ones."""
+    return ([Candidate(name, load=load) for name, load in loaders.items()]
+            + [Candidate(name, excluded=why) for name, why in (excluded or {}).items()])
+
+
 def test_measure_times_every_candidate_and_judges_fidelity():
     loaders = {"f32": fake("f32", 20), "bf16": fake("bf16", 10),
                "int8+f32": fake("int8+f32", 5, noise=10.0)}
     candidates, backends = autoprecision.measure(
-        autoprecision.Candidates(loaders, {"int8+bf16": "no bf16 units"}, (1, 4)), budget_s=0.2)
+        offer(loaders, {"int8+bf16": "no bf16 units"}), (1, 4), budget_s=0.2)
     by_name = {c.precision: c for c in candidates}
     assert list(by_name) == ["f32", "bf16", "int8+f32", "int8+bf16"]
     assert by_name["f32"].fidelity is None and not by_name["f32"].excluded
@@ -192,8 +198,7 @@ def four(int8_noise: float = 0.0) -> dict:
 
 
 def test_auto_weighs_four_candidates_against_f32_and_picks_a_faithful_int8():
-    candidates, _ = autoprecision.measure(autoprecision.Candidates(four(), {}, (1, 4)),
-                                          budget_s=0.5)
+    candidates, _ = autoprecision.measure(offer(four()), (1, 4), budget_s=0.5)
     by_name = {c.precision: c for c in candidates}
     assert by_name["f32"].fidelity is None  # the reference: every other is judged against it
     assert all(by_name[n].fidelity["embedding_cosine_min"] > 0.999
@@ -204,8 +209,7 @@ def test_auto_weighs_four_candidates_against_f32_and_picks_a_faithful_int8():
 
 
 def test_an_int8_that_fails_fidelity_is_never_served():
-    candidates, _ = autoprecision.measure(
-        autoprecision.Candidates(four(int8_noise=10.0), {}, (1, 4)), budget_s=0.5)
+    candidates, _ = autoprecision.measure(offer(four(int8_noise=10.0)), (1, 4), budget_s=0.5)
     by_name = {c.precision: c for c in candidates}
     for name in ("int8+f32", "int8+bf16"):
         assert by_name[name].excluded.startswith("against f32 on the probe: embedding_cosine")
@@ -227,8 +231,8 @@ def store(model_dir, cache):
 
 
 def choose(model_dir, cache, loaders, excluded=None):
-    return autoprecision.choose(autoprecision.Candidates(loaders, excluded or {}, (1, 4)),
-                                store(model_dir, cache), budget_s=0.2)
+    return autoprecision.choose(offer(loaders, excluded), (1, 4), store(model_dir, cache),
+                                budget_s=0.2)
 
 
 def test_the_first_worker_measures_and_the_others_serve_its_choice(tmp_path):
@@ -275,9 +279,8 @@ def test_a_choice_is_shared_while_a_worker_holds_it_and_measured_again_after(tmp
 def test_workers_of_two_models_do_not_share_a_choice(tmp_path):
     calls: list = []
     loaders = {"f32": fake("f32", 20, calls=calls), "bf16": fake("bf16", 10, calls=calls)}
-    candidates = autoprecision.Candidates(loaders, {}, (1, 4))
     for model in ("resnet50-tagger 1.0", "resnet50-embedding 1.0"):
-        autoprecision.choose(candidates, autoprecision.ChoiceStore(
+        autoprecision.choose(offer(loaders), (1, 4), autoprecision.ChoiceStore(
             tmp_path / "model", tmp_path / "cache.json", ARCHIVE, model), budget_s=0.2)
     assert sorted(name for _, _, name in calls) == ["bf16", "bf16", "f32", "f32"]
 
