@@ -107,8 +107,8 @@ def _ts_log(model: str, backend_ms: int, handler_ms: float, decode_ms: float,
     stdout = (f"2026-11-22T12:14:26,790 [INFO ] W-49201-{model}_1.0-stdout "
               "org.pytorch.serve.wlm.WorkerLifeCycle - result=[METRICS]")
     lines = [
-        f"{stdout}HandlerDecodeMs.Milliseconds:{decode_ms}|#ModelName:{model},Level:Model"
-        "|#type:COUNTER|#hostname:vm,1795349665, pattern=[METRICS]",
+        f"{stdout}resnet50_decode_ms_total.Milliseconds:{decode_ms}|#model:{model},"
+        "engine:torchserve|#type:COUNTER|#hostname:vm,1795349665, pattern=[METRICS]",
         f"{stdout}HandlerTime.Milliseconds:{handler_ms}|#ModelName:{model},Level:Model"
         f"|#type:GAUGE|#hostname:vm,1795349666,{','.join(ids)}, pattern=[METRICS]",
         _backend_line(model, backend_ms),
@@ -145,7 +145,7 @@ def test_ingestion_does_not_count_a_describe_as_a_batch():
     batch's stages: counted, it would pair each batch's decode with the previous handler."""
     model = "resnet50-tagger"
     describe = [line for line in _ts_log(model, 2, 1.37, 0.0, ids=("d1",))
-                if "HandlerDecodeMs" not in line]
+                if "resnet50_decode_ms_total" not in line]
     times = batch_times([_backend_line(model, 4911), *describe,
                          *_ts_log(model, 44, 39.5, 15.0), *_ts_log(model, 60, 50.5, 25.0)], model)
     assert (times["backend"], times["handler"], times["decode"]) == (

@@ -242,7 +242,7 @@ def test_rows_are_budgeted_per_batch_fewest_first(tagger, alone, caplog):
     assert sorted(out["shape"][0] for a in answered if isinstance(a, dict)
                   for out in a["outputs"]) == [8] * 7
     # The photo and seven requests of 8 reached the model, nothing else: the batch's metric.
-    images = re.findall(r"\[METRICS\]HandlerImagesPerBatch\.Count:([0-9.]+)\|", caplog.text)
+    images = re.findall(r"\[METRICS\]resnet50_images_per_batch\.Count:([0-9.]+)\|", caplog.text)
     assert [float(n) for n in images] == [57.0]
 
 

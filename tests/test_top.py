@@ -23,20 +23,20 @@ TAGGER = "resnet50-tagger"
 def _metrics(requests_: int, latency_us: float, queue_us: float, images: int,
              sizes: dict[int, int], errors: dict[str, int], statuses: tuple[int, int, int]) -> str:
     labels = f'model_name="{TAGGER}",model_version="default",hostname="h"'
-    handler = f'ModelName="{TAGGER}",Level="Model",Hostname="h"'
+    handler = f'model="{TAGGER}",engine="torchserve",Hostname="h"'
     lines = [f"ts_inference_requests_total{{{labels},}} {requests_}.0",
              f"ts_inference_latency_microseconds{{{labels},}} {latency_us}",
              f"ts_queue_latency_microseconds{{{labels},}} {queue_us}",
-             f"HandlerImages{{{handler},}} {images}.0",
-             f"HandlerBatches{{{handler},}} {sum(sizes.values())}.0",
-             f"HandlerRequests{{{handler},}} {sum(s * n for s, n in sizes.items())}.0",
-             f'HandlerPrecision{{ModelName="{TAGGER}",Level="Model",Precision="int8+f32",'
+             f"resnet50_images_total{{{handler},}} {images}.0",
+             f"resnet50_batches_total{{{handler},}} {sum(sizes.values())}.0",
+             f"resnet50_requests_total{{{handler},}} {sum(s * n for s, n in sizes.items())}.0",
+             f'resnet50_precision{{model="{TAGGER}",engine="torchserve",precision="int8+f32",'
              'Hostname="h",} 1.0',
-             f'HandlerWorkerRssMB{{ModelName="{TAGGER}",Level="Model",WorkerPid="4242",'
+             f'resnet50_worker_rss_mb{{model="{TAGGER}",engine="torchserve",worker_pid="4242",'
              'Hostname="h",} 1024.4']
-    lines += [f'HandlerBatchesBySize{{ModelName="{TAGGER}",Level="Model",BatchSize="{s}",'
-              f'Hostname="h",}} {n}.0' for s, n in sizes.items()]
-    lines += [f'HandlerErrors{{ModelName="{TAGGER}",Level="Model",ErrorType="{kind}",'
+    lines += [f'resnet50_batches_by_size_total{{model="{TAGGER}",engine="torchserve",'
+              f'batch_size="{s}",Hostname="h",}} {n}.0' for s, n in sizes.items()]
+    lines += [f'resnet50_errors_total{{model="{TAGGER}",engine="torchserve",error_type="{kind}",'
               f'Hostname="h",}} {n}.0' for kind, n in errors.items()]
     lines += [f'Requests{code}{{Level="Host",Hostname="h",}} {n}.0'
               for code, n in zip(("2XX", "4XX", "5XX"), statuses)]

@@ -5,11 +5,11 @@ Each frame compares two reads of ``/metrics`` (and the management API's workers)
 
 - per model: requests/s and images/s; mean latency and queue time in ms (TorchServe exports
   sums of microseconds, no histogram: a mean is all that can be derived, no percentile); batch
-  size, mean and p50/p95 (from ``HandlerBatchesBySize``, a real distribution); handler errors/s
-  by kind, ``Overloaded`` being its 503 refusals;
+  size, mean and p50/p95 (from ``resnet50_batches_by_size_total``, a real distribution); the
+  model's errors/s by kind, ``Overloaded`` being its 503 refusals;
 - for the server: answers/s by status class (``Requests2XX/4XX/5XX``, the frontend's own 503
   refusals included);
-- per worker: status, pid, resident memory (``HandlerWorkerRssMB`` of its pid, else the
+- per worker: status, pid, resident memory (``resnet50_worker_rss_mb`` of its pid, else the
   management API's) and the precision it serves.
 
 Lines fit 80 columns. ``run`` redraws until ``q`` or Ctrl-C; ``--once`` prints one frame.
@@ -39,8 +39,8 @@ WIDTH = 80
 COUNTERS = {"ts_inference_requests": "requests",
             "ts_inference_latency_microseconds": "latency_us",
             "ts_queue_latency_microseconds": "queue_us",
-            "HandlerImages": "images", "HandlerBatches": "batches",
-            "HandlerRequests": "batched_requests"}
+            "resnet50_images": "images", "resnet50_batches": "batches",
+            "resnet50_requests": "batched_requests"}
 
 
 @dataclass
@@ -62,24 +62,24 @@ def parse(text: str, workers: dict[str, list[dict]], at: float) -> Read:
     """A ``Read`` from a ``/metrics`` text and ``{model: describe()'s workers}``."""
     read = Read(at=at, statuses=metrics.frontend_statuses(text), workers=workers)
     for name, labels, value in metrics.samples(text):
-        model = labels.get("ModelName") or labels.get("model_name")
+        model = labels.get("model") or labels.get("model_name")
         if model is None:
             continue
         if name in COUNTERS:
             counters = read.counters.setdefault(model, dict.fromkeys(COUNTERS.values(), 0.0))
             counters[COUNTERS[name]] += value
-        elif name == "HandlerBatchesBySize" and labels.get("BatchSize", "").isdigit():
+        elif name == "resnet50_batches_by_size" and labels.get("batch_size", "").isdigit():
             sizes = read.batch_sizes.setdefault(model, {})
-            size = int(labels["BatchSize"])
+            size = int(labels["batch_size"])
             sizes[size] = sizes.get(size, 0.0) + value
-        elif name == "HandlerErrors":
+        elif name == "resnet50_errors":
             kinds = read.errors.setdefault(model, {})
-            kinds[labels.get("ErrorType", "?")] = kinds.get(labels.get("ErrorType", "?"), 0.0) \
-                + value
-        elif name == "HandlerPrecision" and value == 1:
-            read.precision[model] = labels.get("Precision", "?")
-        elif name == "HandlerWorkerRssMB":
-            read.rss_mb[labels.get("WorkerPid", "?")] = value
+            kind = labels.get("error_type", "?")
+            kinds[kind] = kinds.get(kind, 0.0) + value
+        elif name == "resnet50_precision" and value == 1:
+            read.precision[model] = labels.get("precision", "?")
+        elif name == "resnet50_worker_rss_mb":
+            read.rss_mb[labels.get("worker_pid", "?")] = value
     return read
 
 
