@@ -1,8 +1,9 @@
 """Typed handler settings, read once from the ``handler:`` section of model-config.yaml.
 
-Frontend keys (``batchSize``, ``maxBatchDelay``, ...) stay at the top of that YAML for
-TorchServe; only what the handler itself uses lives under ``handler:``, and the explanation
-settings under ``handler: explain:``. This module is the one source of every default.
+Frontend keys (``batchSize``, ``maxBatchDelay``, ...) stay at the top of that YAML, where
+TorchServe reads them and tritonrepo turns them into Triton's config.pbtxt; only what the model
+itself uses lives under ``handler:``, and the explanation settings under ``handler: explain:``.
+This module is the one source of every default.
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The model's own metrics, declared once for every engine (``METRICS``: name, kind, labels,
-help), and the small interface an engine implements to export them (``MetricsSink``;
-TorchServe's is ``handlers/ts_metrics.py``, which ``config/metrics.yaml`` must match).
+help), and the small interface an engine's adapter implements to export them (``MetricsSink``:
+TorchServe's ``handlers/ts_metrics.py`` with ``config/metrics.yaml`` to match; Triton's walks
+the same table into the Python backend's ``pb_utils.MetricFamily``).
 
 How many requests and images each batch the engine formed held, which requests failed and why,
 where a batch's time went, what arithmetic the worker serves and how much memory it holds.
@@ -23,11 +24,11 @@ first, then its own labels:
     resnet50_worker_rss_mb{worker_pid="1234"}           the worker's resident memory, MiB
 
 Mean batch size = rate(resnet50_requests_total) / rate(resnet50_batches_total). Counters are
-named with ``_total`` and exported as named (TorchServe 0.12 appends no suffix; neither does
-Triton's ``pb_utils.MetricFamily``). TorchServe keeps its histograms' default buckets (0.005 ...
-10, shaped for seconds: every batch above 10 lands in ``+Inf``), so batch sizes are counters
-too. The names before #34 (``HandlerBatches{ModelName}``, ...) and how a dashboard on them
-migrates: docs/operations.md.
+named with ``_total`` and exported as named (TorchServe 0.12 appends no suffix; a sink whose
+library appends one passes the name without it). TorchServe keeps its histograms' default
+buckets (0.005 ... 10, shaped for seconds: every batch above 10 lands in ``+Inf``), so batch
+sizes are counters too. The names before #34 (``HandlerBatches{ModelName}``, ...) and how a
+dashboard on them migrates: docs/operations.md.
 """
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ PRECISION = Metric("resnet50_precision", Kind.GAUGE, ("precision",),
 WORKER_RSS = Metric("resnet50_worker_rss_mb", Kind.GAUGE, ("worker_pid",),
                     "the worker's resident memory, MiB")
 
-# Every metric, declared once: a sink walks this table (TorchServe's YAML must match it).
+# Every metric, declared once: a sink walks this table (config/metrics.yaml must match it).
 METRICS: tuple[Metric, ...] = (BATCH_SIZE, IMAGES_PER_BATCH, BATCHES, REQUESTS, IMAGES, BY_SIZE,
                                ERRORS, OPEN_MS, DECODE_MS, FORWARD_MS, ANSWER_MS, PRECISION,
                                WORKER_RSS)
