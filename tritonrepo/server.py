@@ -4,7 +4,8 @@
 
 The one place that knows how the wheel's ``tritonserver`` must be started: the Python backend
 stub's interpreter found through ``PATH`` (``tritonrepo.install`` says why), the wheel's
-libraries and ``libpython`` on ``LD_LIBRARY_PATH``, every endpoint on 127.0.0.1 at the ports of
+libraries and ``libpython`` on ``LD_LIBRARY_PATH``, every endpoint on 127.0.0.1 (or the
+``host`` given: ``0.0.0.0`` in a container, whose pod IP is the way in) at the ports of
 ``tsclient.ports`` (or the ones given), a shared-memory prefix of its own so two servers on one
 host do not meet. Ctrl-C or SIGTERM stops it the way Triton stops: in-flight requests finish,
 models unload, the stubs exit.
@@ -31,6 +32,7 @@ REPOSITORY = REPO / "build" / "triton"
 DEFAULT_PORTS = {"http": ports.TRITON_HTTP, "grpc": ports.TRITON_GRPC,
                  "metrics": ports.TRITON_METRICS}
 EXIT_TIMEOUT = 30  # seconds Triton gives in-flight requests when told to stop
+ANY_ADDRESS = "0.0.0.0"
 
 
 class Triton:
@@ -39,8 +41,10 @@ class Triton:
 
     def __init__(self, repository: Path = REPOSITORY, *, http: int = ports.TRITON_HTTP,
                  grpc: int = ports.TRITON_GRPC, metrics: int = ports.TRITON_METRICS,
-                 install: TritonInstall = TritonInstall(), log: IO | None = None) -> None:
+                 host: str = ports.HOST, install: TritonInstall = TritonInstall(),
+                 log: IO | None = None) -> None:
         self.repository = Path(repository)
+        self.host = host  # every endpoint's address
         self.ports = {"http": http, "grpc": grpc, "metrics": metrics}
         self.install = install
         self.log = log
@@ -48,14 +52,19 @@ class Triton:
 
     @property
     def url(self) -> str:
-        return ports.url(self.ports["http"])
+        """The HTTP endpoint as a client on this host reaches it (loopback for 0.0.0.0)."""
+        return ports.url(self.ports["http"], self._reach)
 
     @property
     def metrics_url(self) -> str:
-        return ports.url(self.ports["metrics"]) + "/metrics"
+        return ports.url(self.ports["metrics"], self._reach) + "/metrics"
+
+    @property
+    def _reach(self) -> str:
+        return ports.HOST if self.host == ANY_ADDRESS else self.host
 
     def command(self) -> list[str]:
-        host = ports.HOST
+        host = self.host
         return [
             str(self.install.binary),
             f"--model-repository={self.repository}",
@@ -134,16 +143,19 @@ class Triton:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repository", type=Path, default=REPOSITORY)
+    parser.add_argument("--host", default=ports.HOST,
+                        help=f"every endpoint's address (default {ports.HOST}; {ANY_ADDRESS} in a "
+                             "container: kserve/triton-runtime)")
     for name, port in DEFAULT_PORTS.items():
         parser.add_argument(f"--{name}-port", type=int, default=port)
     args = parser.parse_args(argv)
     triton = Triton(args.repository, http=args.http_port, grpc=args.grpc_port,
-                    metrics=args.metrics_port)
+                    metrics=args.metrics_port, host=args.host)
     # SIGTERM as Ctrl-C: one path that stops Triton and waits for it.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         triton.start()
-        print(f"Triton ready: {triton.url}/v2 (gRPC {ports.HOST}:{args.grpc_port}, metrics "
+        print(f"Triton ready: {triton.url}/v2 (gRPC {args.host}:{args.grpc_port}, metrics "
               f"{triton.metrics_url}); Ctrl-C stops it", file=sys.stderr)
         triton.process.wait()
         return 1  # it stopped on its own: its log says why
