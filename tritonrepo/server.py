@@ -140,15 +140,21 @@ class Triton:
         raise TimeoutError(f"Triton not ready at {self.url} after {timeout:.0f} s")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def argument_parser() -> argparse.ArgumentParser:
+    """The launcher's options (``make kserve-lint`` checks our Triton runtime's args with it)."""
+    parser = argparse.ArgumentParser(prog="python -m tritonrepo.server",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--repository", type=Path, default=REPOSITORY)
     parser.add_argument("--host", default=ports.HOST,
                         help=f"every endpoint's address (default {ports.HOST}; {ANY_ADDRESS} in a "
                              "container: kserve/triton-runtime)")
     for name, port in DEFAULT_PORTS.items():
         parser.add_argument(f"--{name}-port", type=int, default=port)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argument_parser().parse_args(argv)
     triton = Triton(args.repository, http=args.http_port, grpc=args.grpc_port,
                     metrics=args.metrics_port, host=args.host)
     # SIGTERM as Ctrl-C: one path that stops Triton and waits for it.

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from kserve_tools.lint.base import (BLOCKED_ENV, IMPLEMENTATIONS, MODE_ANNOTATION, MOUNT, NAME,
-                                    OUR_RUNTIME, Finding, Problem, mode, stamped)
-from kserve_tools.lint.memory import memory_problems
+                                    OUR_RUNTIME, OUR_TRITON_RUNTIME, Finding, Problem, mode,
+                                    stamped)
+from kserve_tools.lint.memory import TRITON, TRITON_FOOTPRINT_GIB, memory_problems
 from kserve_tools.lint.servingruntime import Runtime
 from kserve_tools.render import Resource
 
@@ -54,6 +55,9 @@ def inference_service_findings(resource: Resource, runtimes: dict[str, Runtime],
         *env_problems(spec), *runtime_problems(model, runtimes),
         *(memory_problems("spec.predictor.model.resources", model.get("resources"))
           if model.get("runtime") == OUR_RUNTIME else ()),
+        *(memory_problems("spec.predictor.model.resources", model.get("resources"),
+                          TRITON_FOOTPRINT_GIB, TRITON)
+          if model.get("runtime") == OUR_TRITON_RUNTIME else ()),
         *timeout_problems(predictor, limits)])
 
 
