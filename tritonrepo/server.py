@@ -31,7 +31,9 @@ REPO = Path(__file__).resolve().parent.parent
 REPOSITORY = REPO / "build" / "triton"
 DEFAULT_PORTS = {"http": ports.TRITON_HTTP, "grpc": ports.TRITON_GRPC,
                  "metrics": ports.TRITON_METRICS}
-EXIT_TIMEOUT = 30  # seconds Triton gives in-flight requests when told to stop
+# Seconds Triton gives in-flight requests, and clients' open connections, when told to stop;
+# then it closes them and unloads. In a pod, below the grace period (kserve/triton-runtime).
+EXIT_TIMEOUT = 30
 ANY_ADDRESS = "0.0.0.0"
 
 
@@ -41,10 +43,11 @@ class Triton:
 
     def __init__(self, repository: Path = REPOSITORY, *, http: int = ports.TRITON_HTTP,
                  grpc: int = ports.TRITON_GRPC, metrics: int = ports.TRITON_METRICS,
-                 host: str = ports.HOST, install: TritonInstall = TritonInstall(),
-                 log: IO | None = None) -> None:
+                 host: str = ports.HOST, exit_timeout: int = EXIT_TIMEOUT,
+                 install: TritonInstall = TritonInstall(), log: IO | None = None) -> None:
         self.repository = Path(repository)
         self.host = host  # every endpoint's address
+        self.exit_timeout = exit_timeout
         self.ports = {"http": http, "grpc": grpc, "metrics": metrics}
         self.install = install
         self.log = log
@@ -75,7 +78,7 @@ class Triton:
             f"--metrics-address={host}", f"--metrics-port={self.ports['metrics']}",
             # Each stub's shared memory is /dev/shm/<prefix>...: one prefix per server.
             f"--backend-config=python,shm-region-prefix-name=rs{os.getpid()}-{uuid.uuid4().hex[:8]}_",
-            f"--exit-timeout-secs={EXIT_TIMEOUT}",
+            f"--exit-timeout-secs={self.exit_timeout}",
             "--strict-readiness=true",
         ]
 
@@ -103,9 +106,11 @@ class Triton:
             raise
         return self
 
-    def stop(self, grace: float = EXIT_TIMEOUT + 15) -> int | None:
+    def stop(self, grace: float | None = None) -> int | None:
         """SIGTERM (Triton's own graceful stop), SIGKILL to the process group after ``grace``
-        seconds; the exit code (None if it had to be killed)."""
+        seconds (default: the exit timeout + 15 s to unload); the exit code (None if it had
+        to be killed)."""
+        grace = self.exit_timeout + 15 if grace is None else grace
         if self.process is None:
             return None
         process, self.process = self.process, None
@@ -150,13 +155,18 @@ def argument_parser() -> argparse.ArgumentParser:
                              "container: kserve/triton-runtime)")
     for name, port in DEFAULT_PORTS.items():
         parser.add_argument(f"--{name}-port", type=int, default=port)
+    parser.add_argument("--exit-timeout-secs", type=int, default=EXIT_TIMEOUT,
+                        help="seconds in-flight requests and open client connections get when "
+                             f"it is told to stop (default {EXIT_TIMEOUT}; in a pod, below the "
+                             "grace period)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = argument_parser().parse_args(argv)
     triton = Triton(args.repository, http=args.http_port, grpc=args.grpc_port,
-                    metrics=args.metrics_port, host=args.host)
+                    metrics=args.metrics_port, host=args.host,
+                    exit_timeout=args.exit_timeout_secs)
     # SIGTERM as Ctrl-C: one path that stops Triton and waits for it.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
