@@ -216,7 +216,7 @@ kserve-image: $(VENV)/.installed podman
 	$(PY) -m kserve_tools.image --base "$(KSERVE_BASE)" $(if $(KSERVE_TORCH_INDEX),--torch-index "$(KSERVE_TORCH_INDEX)")
 
 kserve-image-test: setup config archives kserve-image
-	$(VENV)/bin/pytest -m container tests/test_kserve_image.py
+	$(VENV)/bin/pytest -m container tests/test_kserve_image.py tests/test_kserve_triton_image.py
 
 # The screenshots of the result pages (tsctl similar|duplicates|explain --html) in
 # docs/operations.md: docs/page-*.png (each under 150 KB), made from scikit-image's sample

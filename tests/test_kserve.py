@@ -342,6 +342,8 @@ TRITON_RUNTIME_MUTATIONS = {
     "loopback": (_arg("--host", None), "--host=127.0.0.1, not 0.0.0.0"),
     "repository": (_arg("--repository", "/models"), "--repository=/models, not /mnt/models"),
     "grpc-port": (_arg("--grpc-port", "8001"), "--grpc-port=8001, not 9000"),
+    "exit-timeout": (_arg("--exit-timeout-secs", None),
+                     "--exit-timeout-secs=30: on SIGTERM Triton waits that long"),
     "port": (lambda o: _container(o)["ports"][0].update(containerPort=8000),
              "8000 is not the launcher's --http-port 8080"),
     "two-ports": (lambda o: _container(o)["ports"].append({"name": "h2c",

@@ -3,7 +3,8 @@ here, so our own rules, strict too: known fields only; one ``kserve-container`` 
 project's launcher (``python -m tritonrepo.server``) with options it accepts (its own argument
 parser judges them), serving ``/mnt/models`` on the pod's address; a Triton model format, not
 auto-selected; v2 protocols only; one port named for Knative and equal to the launcher's HTTP
-port, gRPC on KServe's 9000; Triton's own readiness and liveness routes; metrics annotations
+port, gRPC on KServe's 9000; a stop that ends before the kubelet's SIGKILL; Triton's own
+readiness and liveness routes; metrics annotations
 equal to the metrics port; a memory-backed ``/dev/shm`` (the Python backend's tensors travel
 through it); no ``PYTHONPATH``; seccomp and memory."""
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Iterator
 
+from kserve_tools.container import GRACE_SECONDS
 from kserve_tools.lint.base import BLOCKED_ENV, MOUNT, NAME, Finding, Problem, stamped
 from kserve_tools.lint.memory import TRITON, TRITON_FOOTPRINT_GIB, memory_problems
 from kserve_tools.lint.servingruntime import (CONTAINER_FIELDS, KNATIVE_PORT_NAMES,
@@ -24,6 +26,8 @@ FORMAT = ("triton", "2")  # a Triton model repository, as kserve-tritonserver na
 PROTOCOLS = ("v2", "grpc-v2")
 GRPC_PORT = 9000  # KServe's gRPC port (kserve-tritonserver's --grpc-port)
 SHM = "/dev/shm"
+# After its exit timeout Triton ends in about 2 s (measured in tests/test_kserve_triton_image.py).
+STOP_MARGIN_SECONDS = 5
 # Each probe's route and what Triton's answer there means.
 ROUTES = {"readinessProbe": ("/v2/health/ready", "every model loaded: the launcher sets "
                              "--strict-readiness"),
@@ -118,6 +122,12 @@ def container_problems(path: str, container: dict, spec: dict) -> Iterator[Probl
                           f"repository at {MOUNT} and reaches the pod's address on its ports "
                           "(REST 8080, gRPC 9000; the NetworkPolicy admits metrics on 8002)",
                           f"pass {name}={needed}")
+    if options.exit_timeout_secs + STOP_MARGIN_SECONDS > GRACE_SECONDS:
+        yield Problem(at("args"), f"--exit-timeout-secs={options.exit_timeout_secs}: on SIGTERM "
+                      "Triton waits that long for in-flight requests and for clients' open "
+                      "connections (a gateway's stay open), and the kubelet SIGKILLs it "
+                      f"{GRACE_SECONDS} s after SIGTERM (the default grace period)",
+                      f"pass --exit-timeout-secs={GRACE_SECONDS - STOP_MARGIN_SECONDS} or less")
     for i, env in enumerate(container.get("env") or []):
         if env.get("name") in BLOCKED_ENV:
             yield Problem(at(f"env[{i}]"), f"setting {env['name']} in container "
