@@ -19,7 +19,8 @@ import yaml
 
 from kserve_tools import lint as kserve_lint
 from buildsteps.configgen import repo_models
-from kserve_tools.bundle import bundle_config, bundle_name
+from kserve_tools.bundle import bundle_config, bundle_name, build_triton
+from kserve_tools.bundle import main as bundle_main
 from kserve_tools.render import RenderError, render
 from tests.conftest import MODELS, REPO
 
@@ -418,6 +419,28 @@ def test_the_triton_overlay_runs_on_our_triton_runtime_and_its_rules_apply():
             o.obj["spec"]["ingress"].pop(1)
     assert any("port 8002 is admitted from no namespace" in str(f)
                for f in kserve_lint.network_policy_findings(objects))
+
+
+def test_the_triton_bundle_is_the_model_repository_at_its_top(tmp_path, capsys):
+    """make kserve-bundle KSERVE_ENGINE=triton: the repository tritonrepo.generate writes, one
+    folder per model of config/models at the folder's and the tarball's top (the storage
+    initializer unpacks a single .tar.gz into /mnt/models, the launcher's --repository)."""
+    import tarfile
+
+    bundle = build_triton(tmp_path, precision="f32")
+    assert bundle.folder == tmp_path / "resnet50-triton"
+    assert sorted(p.name for p in bundle.folder.iterdir()) == sorted(repo_models())
+    for model in repo_models():
+        config = (bundle.folder / model / "config.pbtxt").read_text()
+        assert f'name: "{model}"' in config and '\\"precision\\": \\"f32\\"' in config
+        assert (bundle.folder / model / "1" / "model.py").is_file()
+    with tarfile.open(bundle.tarball) as tar:
+        tops = {m.name.split("/")[0] for m in tar.getmembers()}
+        assert {m.uid for m in tar.getmembers()} == {0}
+    assert tops == set(repo_models())
+    with pytest.raises(SystemExit):
+        bundle_main(["--engine", "triton", "--device", "gpu", "--out", str(tmp_path)])
+    assert "--device and --model-version are TorchServe's" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------ the stock-runtime variant
