@@ -26,6 +26,7 @@ For our Triton runtime (``--engine triton``, ``kserve/triton-runtime``) the bund
 repository ``tritonrepo.generate`` writes (``make triton-repo``'s), one folder per model at its
 top, named ``resnet50-triton``; the runtime's launcher serves ``/mnt/models`` as the repository.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,7 +65,9 @@ class Bundle:
 
 def bundle_name(device: str = "cpu", version: str = VERSION) -> str:
     """``resnet50-serve[-gpu][-<version>]``: the last path element of the storageUri."""
-    return NAME + ("-gpu" if device == "gpu" else "") + ("" if version == VERSION else f"-{version}")
+    return (
+        NAME + ("-gpu" if device == "gpu" else "") + ("" if version == VERSION else f"-{version}")
+    )
 
 
 def bundle_config(device: str = "cpu", version: str = VERSION) -> str:
@@ -94,15 +97,30 @@ def _copy_archives(store: Path, models: list[str], version: str, source: Path) -
     # Another version: the same handler, weights and configs, archived under that version with
     # the backend and QUANTIZE the store's archives were built with.
     with zipfile.ZipFile(built[0]) as mar:
-        serialized, quantize = read_manifest(mar)["serializedFile"], archive_quantize(
-            mar.namelist())
-    subprocess.run([str(REPO / "archive.sh")], cwd=REPO, check=True,
-                   env=dict(os.environ, VERSION=version, OUT=str(store),
-                            BACKEND=backend_of(serialized), QUANTIZE=quantize))
+        serialized, quantize = (
+            read_manifest(mar)["serializedFile"],
+            archive_quantize(mar.namelist()),
+        )
+    subprocess.run(
+        [str(REPO / "archive.sh")],
+        cwd=REPO,
+        check=True,
+        env=dict(
+            os.environ,
+            VERSION=version,
+            OUT=str(store),
+            BACKEND=backend_of(serialized),
+            QUANTIZE=quantize,
+        ),
+    )
 
 
-def build(out: Path = REPO / "build" / "kserve", device: str = "cpu", version: str = VERSION,
-          model_store: Path = MODEL_STORE) -> Bundle:
+def build(
+    out: Path = REPO / "build" / "kserve",
+    device: str = "cpu",
+    version: str = VERSION,
+    model_store: Path = MODEL_STORE,
+) -> Bundle:
     """Build ``out/<name>/`` and ``out/<name>.tar.gz`` (replacing older ones)."""
     if device not in DEVICES:
         raise SystemExit(f"device must be one of {DEVICES}, got {device!r}")
@@ -124,14 +142,19 @@ def build(out: Path = REPO / "build" / "kserve", device: str = "cpu", version: s
             if mar_version != version:
                 raise SystemExit(f"{mar.name} is version {mar_version}, the bundle {version}")
             if device == "gpu" and backend != "eager":
-                raise SystemExit(f"{mar.name} runs on {backend}: a GPU bundle needs eager "
-                                 "archives; run `make kserve-bundle BACKEND=eager "
-                                 "KSERVE_DEVICE=gpu`")
+                raise SystemExit(
+                    f"{mar.name} runs on {backend}: a GPU bundle needs eager "
+                    "archives; run `make kserve-bundle BACKEND=eager "
+                    "KSERVE_DEVICE=gpu`"
+                )
         return _publish(stage, out)
 
 
-def build_triton(out: Path = REPO / "build" / "kserve", model_store: Path = MODEL_STORE,
-                 precision: str | None = None) -> Bundle:
+def build_triton(
+    out: Path = REPO / "build" / "kserve",
+    model_store: Path = MODEL_STORE,
+    precision: str | None = None,
+) -> Bundle:
     """Build ``out/resnet50-triton/`` and its ``.tar.gz``: the Triton model repository of
     ``model_store``'s archives (``precision`` pins ``handler.precision``, as
     ``tritonrepo.generate --precision`` does)."""
@@ -166,20 +189,30 @@ def _portable(info: tarfile.TarInfo) -> tarfile.TarInfo:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kserve_tools.bundle",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m kserve_tools.bundle", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--out", type=Path, default=REPO / "build" / "kserve")
-    parser.add_argument("--engine", choices=ENGINES, default="torchserve",
-                        help="torchserve: kserve/runtime's bundle; triton: kserve/triton-runtime's "
-                             "model repository")
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="torchserve",
+        help="torchserve: kserve/runtime's bundle; triton: kserve/triton-runtime's "
+        "model repository",
+    )
     parser.add_argument("--device", choices=DEVICES, default="cpu")
-    parser.add_argument("--model-version", default=VERSION,
-                        help=f"archive version, the key of models={{...}} ({VERSION})")
+    parser.add_argument(
+        "--model-version",
+        default=VERSION,
+        help=f"archive version, the key of models={{...}} ({VERSION})",
+    )
     args = parser.parse_args(argv)
     if args.engine == "triton":
         if (args.device, args.model_version) != ("cpu", VERSION):
-            parser.error("--engine triton builds the CPU repository of the current archives: "
-                         "--device and --model-version are TorchServe's")
+            parser.error(
+                "--engine triton builds the CPU repository of the current archives: "
+                "--device and --model-version are TorchServe's"
+            )
         bundle = build_triton(args.out)
     else:
         bundle = build(args.out, args.device, args.model_version)

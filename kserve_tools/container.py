@@ -15,6 +15,7 @@ the grace period.
     with RuntimeContainer(container, image, bundle_folder) as pod:
         requests.post(pod.inference_url + "/v1/models/resnet50-tagger:predict", json=...)
 """
+
 from __future__ import annotations
 
 import json
@@ -40,9 +41,17 @@ def cpus(quantity: str) -> str:
 class RuntimeContainer:
     """The image started as the pod would start it; ``stop()`` always removes the container."""
 
-    def __init__(self, container: dict, image: str, bundle: Path, *, emptydirs: tuple = (),
-                 volumes: list[dict] | None = None, publish: tuple[int, ...] = (),
-                 grace: int = GRACE_SECONDS) -> None:
+    def __init__(
+        self,
+        container: dict,
+        image: str,
+        bundle: Path,
+        *,
+        emptydirs: tuple = (),
+        volumes: list[dict] | None = None,
+        publish: tuple[int, ...] = (),
+        grace: int = GRACE_SECONDS,
+    ) -> None:
         self.container = container
         self.image = image
         self.bundle = Path(bundle).resolve()
@@ -66,8 +75,7 @@ class RuntimeContainer:
         c = self.container
         security = c.get("securityContext") or {}
         limits = (c.get("resources") or {}).get("limits") or {}
-        flags = ["--detach", "--name", self.name, *limit_flags(),
-                 "-v", f"{self.bundle}:{MOUNT}:ro"]
+        flags = ["--detach", "--name", self.name, *limit_flags(), "-v", f"{self.bundle}:{MOUNT}:ro"]
         for port in self.publish:
             flags += ["-p", f"127.0.0.1::{port}"]
         if c.get("command"):
@@ -101,15 +109,20 @@ class RuntimeContainer:
         for mount in self.container.get("volumeMounts") or []:
             volume = self.volumes.get(mount["name"], {})
             if "emptyDir" not in volume:
-                raise ValueError(f"volume {mount['name']!r} at {mount['mountPath']}: only "
-                                 "emptyDir volumes are run here")
+                raise ValueError(
+                    f"volume {mount['name']!r} at {mount['mountPath']}: only "
+                    "emptyDir volumes are run here"
+                )
             limit = (volume["emptyDir"] or {}).get("sizeLimit")
             size = str(int(parse_quantity(limit))) if limit else None
             if mount["mountPath"] == "/dev/shm":
                 flags += ["--shm-size", size or "64m"]
             else:
-                flags += ["--tmpfs", f"{mount['mountPath']}:rw,mode=1777,uid={uid}"
-                          + (f",size={size}" if size else "")]
+                flags += [
+                    "--tmpfs",
+                    f"{mount['mountPath']}:rw,mode=1777,uid={uid}"
+                    + (f",size={size}" if size else ""),
+                ]
         return flags
 
     # ------------------------------------------------------------------ lifecycle
@@ -133,8 +146,12 @@ class RuntimeContainer:
 
     def exec(self, command: list[str], timeout: float) -> subprocess.CompletedProcess:
         """A command inside the container, as the container's user (a kubelet exec probe)."""
-        return subprocess.run([*self.engine, "exec", self.name, *command], capture_output=True,
-                              text=True, timeout=timeout)
+        return subprocess.run(
+            [*self.engine, "exec", self.name, *command],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def probe(self, kind: str = "readinessProbe") -> bool:
         """Whether one of the container's probes passes, judged as the kubelet does."""
@@ -184,9 +201,13 @@ class RuntimeContainer:
     def logs(self, lines: int = 60) -> str:
         """The container's last ``lines`` of output, stdout and stderr together (Triton logs
         to stderr)."""
-        return subprocess.run([*self.engine, "logs", "--tail", str(lines), self.name],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=120).stdout
+        return subprocess.run(
+            [*self.engine, "logs", "--tail", str(lines), self.name],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=120,
+        ).stdout
 
     def __enter__(self) -> "RuntimeContainer":
         return self.start()
@@ -195,5 +216,6 @@ class RuntimeContainer:
         self.remove()
 
     def _engine(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run([*self.engine, *args], check=check, capture_output=True,
-                              text=True, timeout=120)
+        return subprocess.run(
+            [*self.engine, *args], check=check, capture_output=True, text=True, timeout=120
+        )

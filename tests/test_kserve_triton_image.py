@@ -9,6 +9,7 @@ gRPC (9000, which a pod's IP reaches undeclared) published on 127.0.0.1.
 The repository is pinned to f32 here (``tritonrepo.generate --precision f32``), so both models'
 answers are held to the float32 torchvision reference (tests/reference.py), over REST and gRPC.
 """
+
 from __future__ import annotations
 
 import base64
@@ -60,15 +61,21 @@ def runtime_spec():
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory, model_store):
-    return build_triton(tmp_path_factory.mktemp("kserve-triton-bundle"), model_store,
-                        precision="f32")
+    return build_triton(
+        tmp_path_factory.mktemp("kserve-triton-bundle"), model_store, precision="f32"
+    )
 
 
 @pytest.fixture(scope="module")
 def pod(image, runtime_spec, bundle):
     """The image serving the repository; removed whatever happens (the last test stops it)."""
-    server = RuntimeContainer(runtime_spec["containers"][0], image, bundle.folder,
-                              volumes=runtime_spec.get("volumes"), publish=(GRPC_PORT,))
+    server = RuntimeContainer(
+        runtime_spec["containers"][0],
+        image,
+        bundle.folder,
+        volumes=runtime_spec.get("volumes"),
+        publish=(GRPC_PORT,),
+    )
     try:
         server.start()
         yield server
@@ -84,8 +91,16 @@ def _inside(pod, code: str) -> str:
 
 def infer(pod, model: str, images: list[bytes], **parameters) -> requests.Response:
     """A v2 JSON request: base64 images in a BYTES tensor of shape [n, 1]."""
-    body = {"inputs": [{"name": "images", "datatype": "BYTES", "shape": [len(images), 1],
-                        "data": [base64.b64encode(i).decode() for i in images]}]}
+    body = {
+        "inputs": [
+            {
+                "name": "images",
+                "datatype": "BYTES",
+                "shape": [len(images), 1],
+                "data": [base64.b64encode(i).decode() for i in images],
+            }
+        ]
+    }
     if parameters:
         body["parameters"] = parameters
     return requests.post(f"{pod.inference_url}/v2/models/{model}/infer", json=body, timeout=300)
@@ -94,8 +109,9 @@ def infer(pod, model: str, images: list[bytes], **parameters) -> requests.Respon
 def output(response: requests.Response, name: str) -> np.ndarray:
     assert response.status_code == 200, response.text
     out = {o["name"]: o for o in response.json()["outputs"]}[name]
-    return np.array(out["data"], dtype=object if out["datatype"] == "BYTES" else np.float32
-                    ).reshape(out["shape"])
+    return np.array(
+        out["data"], dtype=object if out["datatype"] == "BYTES" else np.float32
+    ).reshape(out["shape"])
 
 
 @pytest.fixture(scope="module")
@@ -106,9 +122,15 @@ def expected(reference, weights_dir):
     for image in IMAGES:
         embedding, logits = reference(image)
         top = torch.softmax(logits, dim=0).topk(TOPK)
-        answers.append((torch.nn.functional.normalize(embedding, dim=0),
-                        [{"label": labels[str(i)], "index": i, "probability": p}
-                         for i, p in zip(top.indices.tolist(), top.values.tolist())]))
+        answers.append(
+            (
+                torch.nn.functional.normalize(embedding, dim=0),
+                [
+                    {"label": labels[str(i)], "index": i, "probability": p}
+                    for i, p in zip(top.indices.tolist(), top.values.tolist())
+                ],
+            )
+        )
     return answers
 
 
@@ -131,8 +153,10 @@ def grpc_infer(client, model: str, images: list[bytes], **parameters):
 
 # ------------------------------------------------------------------ what only a container shows
 
+
 def test_the_launcher_runs_as_uid_1000_on_a_read_only_repository_with_the_runtime_s_shm(
-        pod, runtime_spec):
+    pod, runtime_spec
+):
     assert pod.exec(["id", "-u"], timeout=30).stdout.strip() == "1000"
     # PID 1 is the project's launcher (it stops Triton on the kubelet's SIGTERM).
     pid1 = _inside(pod, "print(open('/proc/1/cmdline').read().replace('\\0', ' '))")
@@ -159,6 +183,7 @@ def test_readiness_fails_until_both_models_are_loaded(pod):
 
 
 # ------------------------------------------------------------------ answers, REST and gRPC
+
 
 def test_both_models_answer_over_rest_as_the_float32_reference(pod, expected):
     embeddings = output(infer(pod, EMBEDDING, IMAGES), "embedding")
@@ -208,12 +233,18 @@ def test_memory_stays_below_the_footprint_the_lint_holds_pods_to(pod):
     """After the answers above, the container (Triton, both stubs, /dev/shm) uses less than
     TRITON_FOOTPRINT_GIB, the lint's floor for the runtime's and every InferenceService's
     memory."""
-    stats = subprocess.run([*pod.engine, "stats", "--no-stream", "--format", "json", pod.name],
-                           capture_output=True, text=True, timeout=60, check=True)
+    stats = subprocess.run(
+        [*pod.engine, "stats", "--no-stream", "--format", "json", pod.name],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     [entry] = json.loads(stats.stdout)
     used = entry["mem_usage"] if isinstance(entry.get("mem_usage"), int) else None
     if used is None:  # podman 4 prints "1.2GB / 4.295GB"
         from kubernetes.utils import parse_quantity
+
         used = int(parse_quantity(entry["mem_usage"].split("/")[0].strip().replace("B", "")))
     print(f"\ncontainer memory after the answers: {used / 2**30:.2f} GiB")
     assert 0 < used < TRITON_FOOTPRINT_GIB * 2**30
@@ -221,8 +252,8 @@ def test_memory_stays_below_the_footprint_the_lint_holds_pods_to(pod):
 
 # ------------------------------------------------------------------ the kubelet's stop (last)
 
-def test_sigterm_ends_triton_within_the_grace_period_despite_a_keep_alive_client(
-        pod, runtime_spec):
+
+def test_sigterm_ends_triton_within_the_grace_period_despite_a_keep_alive_client(pod, runtime_spec):
     """The kubelet's SIGTERM while a client holds an idle keep-alive connection, as a gateway
     or Knative's queue-proxy does. Triton 2.51 refuses new connections, then waits its whole
     --exit-timeout-secs for open ones (it has no idle timeout for HTTP), and exits: 0 when
@@ -241,6 +272,7 @@ def test_sigterm_ends_triton_within_the_grace_period_despite_a_keep_alive_client
     assert not state.get("OOMKilled"), state
     assert seconds < pod.grace and code != 137, f"{seconds:.1f} s: SIGKILL was needed"
     assert options.exit_timeout_secs <= seconds, f"{seconds:.1f} s: no wait for the connection"
-    assert code == 0 or (code == 1 and "Exit timeout expired" in logs), \
+    assert code == 0 or (code == 1 and "Exit timeout expired" in logs), (
         f"exit code {code} after SIGTERM ({seconds:.1f} s):\n{logs}"
+    )
     print(f"\nSIGTERM with a keep-alive connection open -> exit {code} in {seconds:.1f} s")

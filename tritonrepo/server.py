@@ -10,6 +10,7 @@ libraries and ``libpython`` on ``LD_LIBRARY_PATH``, every endpoint on 127.0.0.1 
 host do not meet. Ctrl-C or SIGTERM stops it the way Triton stops: in-flight requests finish,
 models unload, the stubs exit.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,11 @@ from tsclient import ports
 
 REPO = Path(__file__).resolve().parent.parent
 REPOSITORY = REPO / "build" / "triton"
-DEFAULT_PORTS = {"http": ports.TRITON_HTTP, "grpc": ports.TRITON_GRPC,
-                 "metrics": ports.TRITON_METRICS}
+DEFAULT_PORTS = {
+    "http": ports.TRITON_HTTP,
+    "grpc": ports.TRITON_GRPC,
+    "metrics": ports.TRITON_METRICS,
+}
 # Seconds Triton gives in-flight requests, and clients' open connections, when told to stop;
 # then it closes them and unloads. In a pod, below the grace period (kserve/triton-runtime).
 EXIT_TIMEOUT = 30
@@ -41,10 +45,18 @@ class Triton:
     """One ``tritonserver`` process on ``repository``; ``start`` waits until it is ready
     (every model loaded), ``stop`` ends it and its stubs."""
 
-    def __init__(self, repository: Path = REPOSITORY, *, http: int = ports.TRITON_HTTP,
-                 grpc: int = ports.TRITON_GRPC, metrics: int = ports.TRITON_METRICS,
-                 host: str = ports.HOST, exit_timeout: int = EXIT_TIMEOUT,
-                 install: TritonInstall = TritonInstall(), log: IO | None = None) -> None:
+    def __init__(
+        self,
+        repository: Path = REPOSITORY,
+        *,
+        http: int = ports.TRITON_HTTP,
+        grpc: int = ports.TRITON_GRPC,
+        metrics: int = ports.TRITON_METRICS,
+        host: str = ports.HOST,
+        exit_timeout: int = EXIT_TIMEOUT,
+        install: TritonInstall = TritonInstall(),
+        log: IO | None = None,
+    ) -> None:
         self.repository = Path(repository)
         self.host = host  # every endpoint's address
         self.exit_timeout = exit_timeout
@@ -73,9 +85,12 @@ class Triton:
             f"--model-repository={self.repository}",
             f"--backend-directory={self.install.server / 'backends'}",
             f"--cache-directory={self.install.server / 'caches'}",
-            f"--http-address={host}", f"--http-port={self.ports['http']}",
-            f"--grpc-address={host}", f"--grpc-port={self.ports['grpc']}",
-            f"--metrics-address={host}", f"--metrics-port={self.ports['metrics']}",
+            f"--http-address={host}",
+            f"--http-port={self.ports['http']}",
+            f"--grpc-address={host}",
+            f"--grpc-port={self.ports['grpc']}",
+            f"--metrics-address={host}",
+            f"--metrics-port={self.ports['metrics']}",
             # Each stub's shared memory is /dev/shm/<prefix>...: one prefix per server.
             f"--backend-config=python,shm-region-prefix-name=rs{os.getpid()}-{uuid.uuid4().hex[:8]}_",
             f"--exit-timeout-secs={self.exit_timeout}",
@@ -96,9 +111,14 @@ class Triton:
 
     def start(self, timeout: float = 300.0) -> "Triton":
         self.install.check()
-        self.process = subprocess.Popen(self.command(), env=self.env(), stdin=subprocess.DEVNULL,
-                                        stdout=self.log, stderr=subprocess.STDOUT if self.log
-                                        else None, start_new_session=True)
+        self.process = subprocess.Popen(
+            self.command(),
+            env=self.env(),
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT if self.log else None,
+            start_new_session=True,
+        )
         try:
             self._wait_ready(timeout)
         except BaseException:
@@ -134,8 +154,9 @@ class Triton:
         while time.monotonic() < deadline:
             code = self.process.poll()
             if code is not None:
-                raise RuntimeError(f"tritonserver exited with {code} before it was ready "
-                                   "(its log says why)")
+                raise RuntimeError(
+                    f"tritonserver exited with {code} before it was ready (its log says why)"
+                )
             try:
                 if requests.get(self.url + "/v2/health/ready", timeout=5).status_code == 200:
                     return
@@ -147,32 +168,48 @@ class Triton:
 
 def argument_parser() -> argparse.ArgumentParser:
     """The launcher's options (``make kserve-lint`` checks our Triton runtime's args with it)."""
-    parser = argparse.ArgumentParser(prog="python -m tritonrepo.server",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tritonrepo.server", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--repository", type=Path, default=REPOSITORY)
-    parser.add_argument("--host", default=ports.HOST,
-                        help=f"every endpoint's address (default {ports.HOST}; {ANY_ADDRESS} in a "
-                             "container: kserve/triton-runtime)")
+    parser.add_argument(
+        "--host",
+        default=ports.HOST,
+        help=f"every endpoint's address (default {ports.HOST}; {ANY_ADDRESS} in a "
+        "container: kserve/triton-runtime)",
+    )
     for name, port in DEFAULT_PORTS.items():
         parser.add_argument(f"--{name}-port", type=int, default=port)
-    parser.add_argument("--exit-timeout-secs", type=int, default=EXIT_TIMEOUT,
-                        help="seconds in-flight requests and open client connections get when "
-                             f"it is told to stop (default {EXIT_TIMEOUT}; in a pod, below the "
-                             "grace period)")
+    parser.add_argument(
+        "--exit-timeout-secs",
+        type=int,
+        default=EXIT_TIMEOUT,
+        help="seconds in-flight requests and open client connections get when "
+        f"it is told to stop (default {EXIT_TIMEOUT}; in a pod, below the "
+        "grace period)",
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = argument_parser().parse_args(argv)
-    triton = Triton(args.repository, http=args.http_port, grpc=args.grpc_port,
-                    metrics=args.metrics_port, host=args.host,
-                    exit_timeout=args.exit_timeout_secs)
+    triton = Triton(
+        args.repository,
+        http=args.http_port,
+        grpc=args.grpc_port,
+        metrics=args.metrics_port,
+        host=args.host,
+        exit_timeout=args.exit_timeout_secs,
+    )
     # SIGTERM as Ctrl-C: one path that stops Triton and waits for it.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         triton.start()
-        print(f"Triton ready: {triton.url}/v2 (gRPC {args.host}:{args.grpc_port}, metrics "
-              f"{triton.metrics_url}); Ctrl-C stops it", file=sys.stderr)
+        print(
+            f"Triton ready: {triton.url}/v2 (gRPC {args.host}:{args.grpc_port}, metrics "
+            f"{triton.metrics_url}); Ctrl-C stops it",
+            file=sys.stderr,
+        )
         triton.process.wait()
         return 1  # it stopped on its own: its log says why
     except KeyboardInterrupt:

@@ -1,5 +1,6 @@
 """Memory of the pods serving our runtime: a request and a limit Kubernetes can read (its own
 quantity parser, ``kubernetes.utils.parse_quantity``) and at least the measured footprint."""
+
 from __future__ import annotations
 
 import math
@@ -20,8 +21,9 @@ TRITON_FOOTPRINT_GIB = 3.0
 TRITON = "Triton, both models' stubs and /dev/shm"
 
 
-def memory_problems(path: str, resources: dict | None, footprint: float = FOOTPRINT_GIB,
-                    what: str = TORCHSERVE) -> Iterator[Problem]:
+def memory_problems(
+    path: str, resources: dict | None, footprint: float = FOOTPRINT_GIB, what: str = TORCHSERVE
+) -> Iterator[Problem]:
     """A memory request or limit under ``path`` (a container's ``resources``) that is missing,
     not a Kubernetes quantity, or below ``footprint`` GiB (the measured footprint of
     ``what``)."""
@@ -30,12 +32,17 @@ def memory_problems(path: str, resources: dict | None, footprint: float = FOOTPR
         try:
             size = parse_quantity(value) if value is not None else None
         except ValueError:
-            yield Problem(f"{path}.{kind}.memory", f"{value!r} is not a Kubernetes quantity: the "
-                          "API server refuses the object", "write a quantity such as 8Gi (at "
-                          f"least {footprint} GiB)")
+            yield Problem(
+                f"{path}.{kind}.memory",
+                f"{value!r} is not a Kubernetes quantity: the API server refuses the object",
+                f"write a quantity such as 8Gi (at least {footprint} GiB)",
+            )
             continue
         if size is None or size < footprint * 2**30:
-            yield Problem(f"{path}.{kind}.memory", f"{value!r} is below the measured footprint "
-                          f"of {what} ({footprint} GiB, kserve/README.md): a "
-                          "burst of large bodies gets the pod OOM-killed",
-                          f"set it to at least {footprint} GiB ({math.ceil(footprint)}Gi)")
+            yield Problem(
+                f"{path}.{kind}.memory",
+                f"{value!r} is below the measured footprint "
+                f"of {what} ({footprint} GiB, kserve/README.md): a "
+                "burst of large bodies gets the pod OOM-killed",
+                f"set it to at least {footprint} GiB ({math.ceil(footprint)}Gi)",
+            )
