@@ -45,6 +45,36 @@ def variant_server(tmp_path_factory, model_store, model: str, handler: dict | No
         shutil.rmtree(store, ignore_errors=True)
 
 
+@contextmanager
+def local_triton(workdir, model_store, precision: str | None = "f32") -> Iterator:
+    """A real Triton on a repository generated into ``workdir`` from ``model_store`` (pinned to
+    ``precision``) on free loopback ports, always stopped; skips the test, saying why, when
+    ``make triton-server`` could not install the wheel. A start that fails shows the log."""
+    from devtools.server import free_ports
+    from tritonrepo.generate import generate
+    from tritonrepo.install import NotInstalled, TritonInstall
+    from tritonrepo.server import Triton
+
+    try:
+        TritonInstall().check()
+    except NotInstalled as exc:
+        pytest.skip(f"no Triton server: {exc}")
+    generate(workdir / "repository", model_store=model_store, precision=precision)
+    with (workdir / "triton.log").open("w") as log:
+        server = Triton(workdir / "repository", log=log,
+                        **free_ports(("http", "grpc", "metrics")))
+        try:
+            server.start()
+        except (RuntimeError, TimeoutError) as exc:
+            log.flush()
+            raise RuntimeError(f"{exc}\n{(workdir / 'triton.log').read_text()[-4000:]}") \
+                from None
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
 def raw_answer(ts, model: str, image: bytes, **headers):
     response = requests.post(f"{ts.inference_url}/predictions/{model}", data=image, timeout=120,
                              headers={**ts.keys.inference_headers(), **headers})

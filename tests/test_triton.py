@@ -22,16 +22,13 @@ import requests
 import torch
 
 from buildsteps.configgen import frontend_settings, repo_models
-from devtools.server import free_ports
 from servecore.config import HandlerConfig
 from servecore.errors import InvalidParameter, InvalidRequest, PayloadTooLarge
 from servecore.parse import Protocol, parse_tensor
 from tests.imagegen import jpeg, png
 from tests.reference import assert_same_tags, rel_error, tolerance
-from tests.served import variant_server
-from tritonrepo.generate import config_pbtxt, generate
-from tritonrepo.install import NotInstalled, TritonInstall
-from tritonrepo.server import Triton
+from tests.served import local_triton, variant_server
+from tritonrepo.generate import config_pbtxt
 
 REPO = Path(__file__).resolve().parent.parent
 EMBEDDING, TAGGER = "resnet50-embedding", "resnet50-tagger"
@@ -100,24 +97,8 @@ def test_the_kserve_triton_manifest_passes_the_lint_and_its_rules_apply():
 
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory, model_store):
-    try:
-        TritonInstall().check()
-    except NotInstalled as exc:
-        pytest.skip(f"no Triton server: {exc}")
-    work = tmp_path_factory.mktemp("triton")
-    generate(work / "repository", model_store=model_store, precision="f32")
-    ports = free_ports(("http", "grpc", "metrics"))
-    with (work / "triton.log").open("w") as log:
-        server = Triton(work / "repository", log=log, **ports)
-        try:
-            server.start()
-        except (RuntimeError, TimeoutError) as exc:
-            log.flush()
-            raise RuntimeError(f"{exc}\n{(work / 'triton.log').read_text()[-4000:]}") from None
-        try:
-            yield server
-        finally:
-            server.stop()
+    with local_triton(tmp_path_factory.mktemp("triton"), model_store) as server:
+        yield server
 
 
 def infer(triton, model: str, images: list[bytes], **parameters) -> requests.Response:

@@ -6,10 +6,10 @@
 For each ``config/models/<model>.yaml`` it writes ``<model>/config.pbtxt`` (``max_batch_size``
 from ``batchSize``, ``max_queue_delay_microseconds`` from ``maxBatchDelay``, instances from
 ``minWorkers``; the ``handler:`` section as the model's ``handler`` parameter) and
-``<model>/1/``: the adapter (``tritonrepo/model.py`` as ``model.py``), the ``servecore`` and
-``model_files`` packages it imports, and the model files of ``model-store/<model>.mar`` (the IR
-and its int8 sibling, labels, weights provenance) so Triton serves exactly what TorchServe
-serves. The PyTorch checkpoint stays out: explanations are TorchServe's only.
+``<model>/1/``: the adapter (``tritonrepo/model.py`` as ``model.py``, with the modules of
+``tritonrepo`` it imports), the ``servecore`` and ``model_files`` packages it imports, and the
+model files of ``model-store/<model>.mar`` (the IR and its int8 sibling, labels, weights
+provenance) so Triton serves exactly what TorchServe serves. The PyTorch checkpoint stays out: explanations are TorchServe's only.
 """
 from __future__ import annotations
 
@@ -29,6 +29,9 @@ REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "build" / "triton"
 MODEL_STORE = REPO / "model-store"
 PACKAGES = ("servecore", "model_files")  # what model.py imports, copied beside it
+# ... and the adapter's own modules it imports, as 1/tritonrepo/ (not generate, install or
+# server: they run outside Triton).
+ADAPTER_MODULES = ("__init__.py", "metrics.py")
 VERSION = "1"  # Triton's model version folder
 EMBEDDING_SIZE = 2048
 # The output each task answers (servecore.config.Output), as Triton declares it: dims after
@@ -98,6 +101,9 @@ def write_model(model: str, out: Path, *, models_dir: Path = MODELS_DIR,
     for package in PACKAGES:
         shutil.copytree(REPO / package, version / package,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (version / "tritonrepo").mkdir()
+    for module in ADAPTER_MODULES:
+        shutil.copyfile(REPO / "tritonrepo" / module, version / "tritonrepo" / module)
     shutil.copyfile(REPO / "tritonrepo" / "model.py", version / "model.py")
     (folder / "config.pbtxt").write_text(
         config_pbtxt(model, frontend_settings(source), handler, serialized, execution_env))

@@ -6,7 +6,8 @@ whole batch to ``ImageModel.run`` once, each request as an ``Incoming`` (its ``i
 tensor and ``topk`` parameter, parsed inside the core's per-request boundary), and sends each
 ``Reply`` back as that request's tensors or its own error. ``make triton-repo``
 (``tritonrepo/generate.py``) copies this file to ``<model>/1/model.py`` beside the packages and
-model files it imports, so the stub finds them on its own ``sys.path``.
+model files it imports, so the stub finds them on its own ``sys.path``. The core's metrics go
+out through Triton's custom metrics (``tritonrepo/metrics.py``) on its metrics port.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from servecore.config import HandlerConfig
 from servecore.parse import parse_tensor
 from servecore.service import ImageModel, ModelSettings, Reply
 from servecore.stages import Incoming
+from tritonrepo.metrics import TritonMetrics
 
 INPUT = "images"  # BYTES [n, 1]: encoded images, or their base64 text
 TOP_K = "topk"  # request parameter
@@ -39,6 +41,7 @@ class TritonPythonModel:
         parameters = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         folder = Path(args["model_repository"]) / args["model_version"]
         gpu = args.get("model_instance_kind") == "GPU"
+        self.metrics = TritonMetrics(pb_utils, args["model_name"])
         self.model = ImageModel(ModelSettings(
             files=ModelFiles.read(folder, parameters["serialized_file"]),
             name=args["model_name"],
@@ -46,13 +49,16 @@ class TritonPythonModel:
             config=HandlerConfig.from_mapping(json.loads(parameters["handler"])),
             batch_size=max(1, int(config.get("max_batch_size", 1))),
             gpu_id=int(args["model_instance_device_id"]) if gpu else None,
-        ))
+        ), self.metrics)
 
     def execute(self, requests: list) -> list:
         replies = self.model.run([self._incoming(request) for request in requests])
         if len(replies) != len(requests):  # Triton needs exactly one response per request
             raise RuntimeError(f"the model answered {len(replies)} of {len(requests)} requests")
         return [response(reply) for reply in replies]
+
+    def finalize(self) -> None:
+        self.metrics.close()
 
     def _incoming(self, request) -> Incoming:
         return Incoming(request_id=request.request_id() or "?",
