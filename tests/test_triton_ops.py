@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import socket
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -182,6 +183,8 @@ def test_the_core_counts_what_was_sent_on_tritons_metrics_port(triton):
     assert delta.get("nv_inference_request_failure", 0) == 0
     assert delta["HandlerBatches"] == delta["HandlerBatchSize_count"] \
         == delta["nv_inference_exec_count"]
+    # What docs/operations.md offers in place of TorchServe's latency rules.
+    assert delta["nv_inference_request_duration_us"] > delta["nv_inference_queue_duration_us"] > 0
     assert sum(v for k, v in delta.items() if k.startswith("HandlerBatchesBySize:")) \
         == delta["HandlerBatches"]
     assert after["HandlerPrecision:f32"] == 1  # the repository is pinned to f32
@@ -190,3 +193,75 @@ def test_the_core_counts_what_was_sent_on_tritons_metrics_port(triton):
     [labels] = [s.labels for s in metrics.samples(text)
                 if s.name == "HandlerRequests" and s.labels.get("ModelName") == TAGGER]
     assert labels == {"ModelName": TAGGER, "Level": "Model", "Hostname": socket.gethostname()}
+
+
+# ---------------------------------------------------------------------- Prometheus on Triton
+
+def test_make_monitor_can_point_at_tritons_metrics_port():
+    from devtools.prometheus import DEFAULT_TARGETS
+    from tritonrepo.server import DEFAULT_PORTS
+
+    assert DEFAULT_TARGETS["triton"] == f"127.0.0.1:{DEFAULT_PORTS['metrics']}"
+    make = subprocess.run(["make", "-n", "monitor", "MONITOR_ENGINE=triton"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert "-m devtools.prometheus --port 9090 --engine triton" in make.stdout, make.stdout
+
+
+def _one(prom, expr: str) -> float | None:
+    result = prom.query(expr)
+    return float(result[0]["value"][1]) if len(result) == 1 else None
+
+
+def test_prometheus_with_the_shipped_rules_reads_the_core_on_triton(triton, tmp_path):
+    """config/monitoring's rules on a real Prometheus scraping Triton: the recording rules on
+    the core's series have values, and they agree with the load sent."""
+    from devtools.prometheus import LocalPrometheus
+
+    photo = (REPO / "build" / "samples" / "chelsea.jpg").read_bytes()
+    good, bad = 12, 2
+    # Every series exists before Prometheus starts, so it holds a baseline before the load.
+    assert infer(triton, TAGGER, [photo]).status_code == 200
+    assert infer(triton, TAGGER, [b"not an image"]).status_code == 400
+    target = triton.metrics_url.removeprefix("http://").removesuffix("/metrics")
+    with LocalPrometheus(tmp_path / "prometheus", [target], interval_s=1) as prom:
+        seen = settled(lambda: _one(prom, 'min(count_over_time(HandlerErrors'
+                                          f'{{ModelName="{TAGGER}"}}[1m]))'),
+                       lambda n: n is not None and n >= 3, timeout_s=60)
+        assert seen is not None and seen >= 3, f"Prometheus scraped Triton {seen} times"
+        before = tagger_series(triton)
+        with ThreadPoolExecutor(4) as pool:
+            statuses = list(pool.map(lambda body: infer(triton, TAGGER, [body]).status_code,
+                                     [photo] * good + [b"not an image"] * bad))
+        assert sorted(statuses) == [200] * good + [400] * bad
+        after = tagger_series(triton)
+        batches = after["HandlerBatches"] - before["HandlerBatches"]
+        expected = {"requests": good + bad, "images": good, "invalid": bad,
+                    "batch": (good + bad) / batches, "up": 1}
+        queries = {
+            "requests": f'ModelName:handler_requests:rate1m{{ModelName="{TAGGER}"}} * 60',
+            "images": f'ModelName:handler_images:rate1m{{ModelName="{TAGGER}"}} * 60',
+            "invalid": f'ModelName:handler_errors:rate1m{{ModelName="{TAGGER}",'
+                       'ErrorType="InvalidImage"} * 60',
+            "batch": f'ModelName:handler_batch_size:mean1m{{ModelName="{TAGGER}"}}',
+            "up": 'up{job="torchserve"}'}
+
+        def agree(got: dict) -> bool:
+            # rate() extrapolates to the window's edges: counts within -5% / +25%; the batch
+            # mean is a ratio of two counters scraped together, exact.
+            counts = all(got[k] is not None and expected[k] * 0.95 <= got[k] <= expected[k] * 1.25
+                         for k in ("requests", "images", "invalid"))
+            return counts and got["up"] == 1 and got["batch"] is not None \
+                and got["batch"] == pytest.approx(expected["batch"], rel=1e-3)
+
+        readings: list[dict] = []
+
+        def read() -> dict:
+            readings.append({k: _one(prom, q) for k, q in queries.items()})
+            return readings[-1]
+
+        got = settled(read, agree, timeout_s=60, every_s=0.5)
+        assert agree(got), (f"the rules never agreed with the load sent {expected}; "
+                            f"readings every 0.5 s: {readings[::4]}")
+        # The memory rule reads the worker's gauge: one Triton stub's resident MB.
+        rss = _one(prom, f'ModelName:handler_worker_rss_mb:max{{ModelName="{TAGGER}"}}')
+        assert rss is not None and 100 < rss < 64 * 1024
