@@ -8,17 +8,21 @@ skipped, saying why, when ``make triton-server`` could not install the wheel.
 from __future__ import annotations
 
 import base64
+import json
+import os
 import socket
 import subprocess
+import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
 import requests
 
+from buildsteps.configgen import frontend_settings
 from servecore.metrics import METRICS, BatchMetrics
 from tests.conftest import REPO
-from tests.served import local_triton, settled
+from tests.served import TSCTL, local_triton, settled
 from tritonrepo.metrics import BUCKETS, TritonMetrics
 from tsclient import metrics
 
@@ -265,3 +269,65 @@ def test_prometheus_with_the_shipped_rules_reads_the_core_on_triton(triton, tmp_
         # The memory rule reads the worker's gauge: one Triton stub's resident MB.
         rss = _one(prom, f'ModelName:handler_worker_rss_mb:max{{ModelName="{TAGGER}"}}')
         assert rss is not None and 100 < rss < 64 * 1024
+
+
+# ---------------------------------------------------------------------- describe on Triton
+
+DESCRIBE_KEYS = {"weights", "handler", "backend", "precision", "precision_choice",
+                 "quantization", "device", "preprocessing"}  # servecore's ImageModel.describe
+
+
+def test_a_describe_request_answers_what_the_model_runs(triton, model_store):
+    """The ``describe`` request parameter: the model's describe as one JSON text, from the
+    instance that serves (its precision measured or pinned at load), no image read."""
+    body = {"inputs": [{"name": "images", "shape": [1, 1], "datatype": "BYTES", "data": [""]}],
+            "parameters": {"describe": True}}
+    answer = requests.post(f"{triton.url}/v2/models/{TAGGER}/infer", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    [out] = answer.json()["outputs"]
+    assert (out["name"], out["datatype"], out["shape"]) == ("describe", "BYTES", [1, 1])
+    described = json.loads(out["data"][0])
+    assert set(described) == DESCRIBE_KEYS
+    with zipfile.ZipFile(model_store / f"{TAGGER}.mar") as mar:
+        assert described["weights"] == json.loads(mar.read("weights_info.json"))
+    assert described["precision"] == "f32" and described["handler"]["task"] == "tags"
+    assert described["precision_choice"]["summary"]
+    # Without the parameter, the same empty element is the core's 400 as before.
+    del body["parameters"]
+    refused = requests.post(f"{triton.url}/v2/models/{TAGGER}/infer", json=body, timeout=60)
+    assert refused.status_code == 400 and "InvalidRequest" in refused.json()["error"]
+
+
+def test_tsctl_describe_url_prints_it_as_for_torchserve(triton):
+    described = tsctl("--json", "describe", TAGGER, "--url", triton.url)
+    assert described.returncode == 0, described.stderr
+    [entry] = json.loads(described.stdout)
+    yaml_settings = frontend_settings(REPO / "config" / "models" / f"{TAGGER}.yaml")
+    assert (entry["modelName"], entry["modelVersion"]) == (TAGGER, "1")
+    assert entry["batchSize"] == yaml_settings["batchSize"]
+    assert entry["maxBatchDelay"] == yaml_settings["maxBatchDelay"]
+    assert [w["status"] for w in entry["workers"]] == ["READY"] * yaml_settings["minWorkers"]
+    meta = entry["customizedMetadata"]
+    assert set(meta) == DESCRIBE_KEYS and meta["precision"] == "f32"
+    human = tsctl("describe", TAGGER, "--url", triton.url)
+    assert human.returncode == 0, human.stderr
+    lines = human.stdout.splitlines()
+    assert lines[0].startswith(f"{TAGGER} 1 (default): {yaml_settings['minWorkers']} workers, "
+                               f"batch {yaml_settings['batchSize']}")
+    assert lines[1].startswith(f"  weights {meta['weights']['source']}")
+    assert lines[2] == f"  precision {meta['precision_choice']['summary']}"
+
+
+def test_tsctl_describe_url_refuses_a_server_that_is_not_triton(triton):
+    """A v2 URL that is not Triton's (here: a port nothing answers on as Triton, its metrics
+    port) is a usage error naming the management API, not a stack trace."""
+    other = triton.metrics_url.removesuffix("/metrics")
+    refused = tsctl("describe", TAGGER, "--url", other)
+    assert refused.returncode == 2, refused.stderr
+    assert "TorchServe's describe is on its management API" in refused.stderr
+
+
+def tsctl(*argv: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO))  # this checkout's client
+    return subprocess.run([str(TSCTL), *argv], env=env, capture_output=True, text=True,
+                          timeout=300)

@@ -40,6 +40,8 @@ OUTPUTS = {
     "embedding": ('name: "embedding"', "data_type: TYPE_FP32", f"dims: [ {EMBEDDING_SIZE} ]"),
     "tags": ('name: "tags"', "data_type: TYPE_STRING", "dims: [ -1 ]"),
 }
+# What a describe request answers (tritonrepo/model.py): one JSON text.
+DESCRIBE_OUTPUT = ('name: "describe"', "data_type: TYPE_STRING", "dims: [ 1 ]")
 
 
 def config_pbtxt(model: str, settings: dict, handler: dict, serialized: str,
@@ -59,7 +61,7 @@ def config_pbtxt(model: str, settings: dict, handler: dict, serialized: str,
         f"max_batch_size: {int(settings['batchSize'])}",
         # One image per row: [n, 1] for a request of n images (the batch dimension first).
         'input [ { name: "images" data_type: TYPE_STRING dims: [ 1 ] } ]',
-        f"output [ {{ {' '.join(output)} }} ]",
+        f"output [ {{ {' '.join(output)} }}, {{ {' '.join(DESCRIBE_OUTPUT)} }} ]",
         "dynamic_batching { max_queue_delay_microseconds: "
         f"{int(settings['maxBatchDelay']) * 1000} }}",
         f"instance_group [ {{ count: {int(settings['minWorkers'])} kind: KIND_CPU }} ]",

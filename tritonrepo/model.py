@@ -28,6 +28,9 @@ from tritonrepo.metrics import TritonMetrics
 
 INPUT = "images"  # BYTES [n, 1]: encoded images, or their base64 text
 TOP_K = "topk"  # request parameter
+# Request parameter ``describe: true`` (with an ``images`` tensor of shape [0, 1]): the answer
+# is the output of the same name, one JSON text, what TorchServe's describe carries.
+DESCRIBE = "describe"
 # A v2 answer's tensor datatype -> numpy's (BYTES elements are JSON text).
 DTYPES = {"FP32": np.float32, "BYTES": np.object_}
 
@@ -52,13 +55,22 @@ class TritonPythonModel:
         ), self.metrics)
 
     def execute(self, requests: list) -> list:
-        replies = self.model.run([self._incoming(request) for request in requests])
-        if len(replies) != len(requests):  # Triton needs exactly one response per request
-            raise RuntimeError(f"the model answered {len(replies)} of {len(requests)} requests")
-        return [response(reply) for reply in replies]
+        """The describe requests answered here, the rest by the core as one batch."""
+        served = [r for r in requests if not _parameters(r).get(DESCRIBE)]
+        replies = iter(self.model.run([self._incoming(r) for r in served]) if served else [])
+        answers = [next(replies, None) if r in served else self._described() for r in requests]
+        if None in answers or next(replies, None) is not None:  # one response per request
+            raise RuntimeError(f"the model answered a batch of {len(served)} wrongly")
+        return [a if isinstance(a, pb_utils.InferenceResponse) else response(a) for a in answers]
 
     def finalize(self) -> None:
         self.metrics.close()
+
+    def _described(self):
+        """``ImageModel.describe`` as this request's ``describe`` output ([1, 1] BYTES)."""
+        text = json.dumps(self.model.describe())
+        return pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor(DESCRIBE, np.array([[text]], dtype=np.object_))])
 
     def _incoming(self, request) -> Incoming:
         return Incoming(request_id=request.request_id() or "?",
@@ -69,9 +81,13 @@ def _parse(request, config: HandlerConfig):
     """Inside the core's per-request boundary: a missing tensor or bad ``topk`` fails this
     request alone."""
     tensor = pb_utils.get_input_tensor_by_name(request, INPUT)
-    parameters = json.loads(request.parameters() or "{}")
-    return parse_tensor(tensor.as_numpy().reshape(-1).tolist(), top_k=parameters.get(TOP_K),
+    return parse_tensor(tensor.as_numpy().reshape(-1).tolist(),
+                        top_k=_parameters(request).get(TOP_K),
                         request_id=request.request_id() or None, config=config)
+
+
+def _parameters(request) -> dict:
+    return json.loads(request.parameters() or "{}")
 
 
 def response(reply: Reply):

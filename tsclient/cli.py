@@ -1,6 +1,7 @@
 """``tsctl``: operate a running TorchServe from the shell.
 
     tsctl list | describe NAME [VERSION] | health | metrics | top [--once] [--interval S]
+    tsctl describe NAME --url TRITON_URL
     tsctl keys [--rotate inference|management|all] [--print inference|management]
     tsctl register ARCHIVE [--name N] [--batch-size B] [--max-batch-delay MS] [--workers W]
     tsctl scale NAME --min N [--max M] | set-default NAME VERSION | unregister NAME [VERSION]
@@ -66,14 +67,22 @@ def cmd_list(client: TorchServeClient, args) -> tuple[Any, str, int]:
 
 
 def cmd_describe(client: TorchServeClient, args) -> tuple[Any, str, int]:
-    entries = client.describe(args.name, args.version)
-    # Only a single-version describe carries the handler's metadata (weights, top_k).
-    custom = client.describe(args.name, args.version, customized=True)[0]
+    if getattr(args, "url", None) is not None:
+        if client.engine() != "triton":
+            raise errors.UsageError(
+                "describe --url reads a Triton server; TorchServe's describe is on its "
+                "management API", "drop --url (and give --management-url if it is not local)")
+        entries = client.describe_triton(args.name)
+        custom = entries[0]
+    else:
+        entries = client.describe(args.name, args.version)
+        # Only a single-version describe carries the handler's metadata (weights, top_k).
+        custom = client.describe(args.name, args.version, customized=True)[0]
     lines = []
     for entry in entries:
         lines.append(_version_line(entry) + f", min/max workers {entry.get('minWorkers')}/"
-                                            f"{entry.get('maxWorkers')}, archive "
-                                            f"{entry.get('modelUrl')}")
+                                            f"{entry.get('maxWorkers')}"
+                     + (f", archive {entry['modelUrl']}" if entry.get("modelUrl") else ""))
         meta = custom.get("customizedMetadata")
         if entry.get("modelVersion") == custom.get("modelVersion") and isinstance(meta, dict):
             entry["customizedMetadata"] = meta
@@ -465,6 +474,8 @@ def parser() -> argparse.ArgumentParser:
     d = sub.add_parser("describe", help="one model's versions, workers, settings, weights")
     d.add_argument("name")
     d.add_argument("version", nargs="?")
+    _url_arguments(d, "a Triton server (make serve-triton: http://127.0.0.1:8000) instead of "
+                      "the local TorchServe")
     r = sub.add_parser("register", help="register an archive from the model store and wait")
     r.add_argument("archive", help="file name in the model store (or a URL allowed by "
                                    "allowed_urls)")
@@ -553,10 +564,15 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _endpoint_arguments(c: argparse.ArgumentParser) -> None:
-    c.add_argument("--url", help="a KServe endpoint of this runtime instead of the local "
-                                 "server, e.g. https://resnet50.default.example.com")
+    _url_arguments(c, "a KServe endpoint of this runtime instead of the local server, e.g. "
+                      "https://resnet50.default.example.com")
     c.add_argument("--protocol", choices=("v2", "v1"), default="v2",
                    help="KServe protocol of the requests (v2)")
+
+
+def _url_arguments(c: argparse.ArgumentParser, what: str) -> None:
+    """``--url`` (a server reached by its URL alone) and how to authenticate to it."""
+    c.add_argument("--url", help=what)
     c.add_argument("--token-env", default="TSCTL_TOKEN",
                    help="with --url: the environment variable holding a bearer token")
     c.add_argument("--ca-bundle", help="with --url: CA certificates to verify TLS with "
