@@ -131,8 +131,9 @@ def test_health_ready_metadata_and_metrics_answer(triton):
         assert requests.get(f"{triton.url}/v2/models/{model}/ready", timeout=30).status_code == 200
         meta = requests.get(f"{triton.url}/v2/models/{model}", timeout=30).json()
         assert meta["inputs"] == [{"name": "images", "datatype": "BYTES", "shape": [-1, 1]}]
-        assert meta["outputs"] == [{"name": out, "datatype": datatype, "shape": shape},
-                                   {"name": "describe", "datatype": "BYTES", "shape": [-1, 1]}]
+        assert meta["outputs"] == [{"name": out, "datatype": datatype, "shape": shape}] + [
+            {"name": name, "datatype": "BYTES", "shape": [-1, 1]}  # tests/test_triton_ops.py
+            for name in ("describe", "explanations")]
     metrics = requests.get(triton.metrics_url, timeout=30)
     assert metrics.status_code == 200
     assert f'nv_inference_count{{model="{TAGGER}",version="1"}}' in metrics.text

@@ -1,5 +1,7 @@
 """What an operator has on TorchServe, on Triton (issue #35, part B): the core's metrics on
-Triton's metrics port under TorchServe's names and labels.
+Triton's metrics port under TorchServe's names and labels, read by a real Prometheus with
+config/monitoring's rules; describe and explanations as request parameters of the model,
+read by ``tsctl describe/explain --url``.
 
 The sink's units run on a fake ``pb_utils``; the rest against one real Triton for the module
 (``tests.served.local_triton``: a generated repository, free loopback ports, always stopped),
@@ -16,6 +18,7 @@ import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import requests
 
@@ -25,6 +28,8 @@ from tests.conftest import REPO
 from tests.served import TSCTL, local_triton, settled
 from tritonrepo.metrics import BUCKETS, TritonMetrics
 from tsclient import metrics
+from tsclient.errors import ApiError
+from tsclient.triton import TritonClient
 
 TAGGER = "resnet50-tagger"
 
@@ -324,10 +329,82 @@ def test_tsctl_describe_url_refuses_a_server_that_is_not_triton(triton):
     other = triton.metrics_url.removesuffix("/metrics")
     refused = tsctl("describe", TAGGER, "--url", other)
     assert refused.returncode == 2, refused.stderr
-    assert "TorchServe's describe is on its management API" in refused.stderr
+    assert "describe --url reads a Triton server" in refused.stderr
+    assert "TorchServe's describe reads its management and metrics APIs" in refused.stderr
 
 
 def tsctl(*argv: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO))  # this checkout's client
     return subprocess.run([str(TSCTL), *argv], env=env, capture_output=True, text=True,
                           timeout=300)
+
+
+# ---------------------------------------------------------------------- explanations on Triton
+
+def _grids(answer: dict) -> list:
+    return [(e["label"], e["index"], e["grid"]) for e in answer["explanations"]]
+
+
+@pytest.mark.integration
+def test_an_explanation_on_triton_equals_torchserves_for_the_same_photo(triton, torchserve):
+    """The ``explain`` request parameter through the core's explanation stage, on the
+    checkpoint the repository now carries: the same targets and grids as TorchServe's
+    ``/explanations`` (the eager model on both; its forward is f32 whatever precision
+    serves, so the grids agree to the rounding of their 4 decimals)."""
+    photo = (REPO / "build" / "samples" / "chelsea.jpg").read_bytes()
+    theirs = torchserve.client().explain(TAGGER, photo, target="tabby", method="gradcam")
+    ours = TritonClient(triton.url).explain(TAGGER, photo, target="tabby", method="gradcam")
+    assert ours["method"] == theirs["method"] == "gradcam"
+    [(label, index, grid)] = _grids(ours)
+    [(their_label, their_index, their_grid)] = _grids(theirs)
+    assert (label, index) == (their_label, their_index) == ("tabby", 281)
+    assert np.array(grid).shape == np.array(their_grid).shape == (7, 7)
+    assert np.abs(np.array(grid) - np.array(their_grid)).max() <= 2e-4
+    # The embedding model explains its own vector by default, as on TorchServe.
+    embedding = TritonClient(triton.url).explain("resnet50-embedding", photo)
+    assert [e["target"] for e in embedding["explanations"]] == ["embedding"]
+
+
+def test_explanation_requests_are_checked_like_torchserves(triton):
+    """Bad explanation parameters are this request's 400, in the core's words; explanation
+    parameters without ``explain`` are a 400 too (they would be silently ignored)."""
+    photo = (REPO / "build" / "samples" / "chelsea.jpg").read_bytes()
+    client = TritonClient(triton.url)
+    with pytest.raises(ApiError) as refused:
+        client.explain(TAGGER, photo, target="no such class")
+    assert (refused.value.status, refused.value.type) == (400, "InvalidParameter")
+    assert "unknown target class 'no such class'" in refused.value.server_message
+    plain = infer(triton, TAGGER, [photo], method="gradcam")
+    assert plain.status_code == 400 and "only apply to explanations" in plain.text
+    # Two photos in one explanation request: one answer each, as KServe v1's :explain.
+    both = infer(triton, TAGGER, [photo, photo], explain=True)
+    assert both.status_code == 200, both.text
+    [out] = both.json()["outputs"]
+    assert out["name"] == "explanations"
+    answer = json.loads(out["data"][0])
+    assert [len(a["explanations"]) for a in answer["explanations"]] == [1, 1]
+
+
+def test_tsctl_explain_url_writes_the_heatmap_and_the_gallery(triton, tmp_path):
+    from PIL import Image
+
+    photo = REPO / "build" / "samples" / "chelsea.jpg"
+    out = tmp_path / "heatmap.png"
+    run = tsctl("--json", "explain", str(photo), "--target", "tabby", "--out", str(out),
+                "--url", triton.url)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["explanations"][0]["index"] == 281
+    assert Image.open(out).size[0] > 0
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for name in ("chelsea.jpg", "coffee.jpg"):
+        (folder / name).write_bytes((REPO / "build" / "samples" / name).read_bytes())
+    (folder / "broken.jpg").write_bytes(b"not an image")
+    page = tmp_path / "gallery.html"
+    gallery = tsctl("--json", "explain", str(folder), "--html", str(page), "--url", triton.url)
+    assert gallery.returncode == 7, gallery.stderr  # the broken file failed alone
+    summary = json.loads(gallery.stdout)
+    assert sorted(p["path"].rsplit("/", 1)[1] for p in summary["photos"] if p["error"] is None) \
+        == ["chelsea.jpg", "coffee.jpg"]
+    assert all(len(p["targets"]) == 3 for p in summary["photos"] if p["error"] is None)
+    assert page.stat().st_size > 10_000 and "chelsea.jpg" in page.read_text()

@@ -9,7 +9,8 @@ from ``batchSize``, ``max_queue_delay_microseconds`` from ``maxBatchDelay``, ins
 ``<model>/1/``: the adapter (``tritonrepo/model.py`` as ``model.py``, with the modules of
 ``tritonrepo`` it imports), the ``servecore`` and ``model_files`` packages it imports, and the
 model files of ``model-store/<model>.mar`` (the IR and its int8 sibling, labels, weights
-provenance) so Triton serves exactly what TorchServe serves. The PyTorch checkpoint stays out: explanations are TorchServe's only.
+provenance, the PyTorch checkpoint explanations run on) so Triton serves exactly what
+TorchServe serves.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from pathlib import Path
 import yaml
 
 from buildsteps.configgen import MODELS_DIR, archive_name, frontend_settings, model_names
-from model_files.artifacts import CHECKPOINT, read_manifest
+from model_files.artifacts import read_manifest
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "build" / "triton"
@@ -40,8 +41,9 @@ OUTPUTS = {
     "embedding": ('name: "embedding"', "data_type: TYPE_FP32", f"dims: [ {EMBEDDING_SIZE} ]"),
     "tags": ('name: "tags"', "data_type: TYPE_STRING", "dims: [ -1 ]"),
 }
-# What a describe request answers (tritonrepo/model.py): one JSON text.
-DESCRIBE_OUTPUT = ('name: "describe"', "data_type: TYPE_STRING", "dims: [ 1 ]")
+# What describe and explanation requests answer (tritonrepo/model.py): one JSON text each.
+ANSWER_OUTPUTS = tuple((f'name: "{name}"', "data_type: TYPE_STRING", "dims: [ 1 ]")
+                       for name in ("describe", "explanations"))
 
 
 def config_pbtxt(model: str, settings: dict, handler: dict, serialized: str,
@@ -61,7 +63,8 @@ def config_pbtxt(model: str, settings: dict, handler: dict, serialized: str,
         f"max_batch_size: {int(settings['batchSize'])}",
         # One image per row: [n, 1] for a request of n images (the batch dimension first).
         'input [ { name: "images" data_type: TYPE_STRING dims: [ 1 ] } ]',
-        f"output [ {{ {' '.join(output)} }}, {{ {' '.join(DESCRIBE_OUTPUT)} }} ]",
+        "output [ " + ", ".join(f"{{ {' '.join(o)} }}" for o in (output, *ANSWER_OUTPUTS))
+        + " ]",
         "dynamic_batching { max_queue_delay_microseconds: "
         f"{int(settings['maxBatchDelay']) * 1000} }}",
         f"instance_group [ {{ count: {int(settings['minWorkers'])} kind: KIND_CPU }} ]",
@@ -72,11 +75,10 @@ def config_pbtxt(model: str, settings: dict, handler: dict, serialized: str,
 
 
 def model_file_names(mar: zipfile.ZipFile) -> list[str]:
-    """The archive's model files: everything but code, its manifest and configuration, and
-    the checkpoint that only explanations need."""
+    """The archive's model files: everything but code, its manifest and configuration (the
+    PyTorch checkpoint included: explanations run on the eager model, as on TorchServe)."""
     return [n for n in mar.namelist()
-            if not n.startswith("MAR-INF/") and not n.endswith((".py", ".yaml"))
-            and n != CHECKPOINT and "/" not in n]
+            if not n.startswith("MAR-INF/") and not n.endswith((".py", ".yaml")) and "/" not in n]
 
 
 def write_model(model: str, out: Path, *, models_dir: Path = MODELS_DIR,

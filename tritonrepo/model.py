@@ -12,6 +12,7 @@ out through Triton's custom metrics (``tritonrepo/metrics.py``) on its metrics p
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from functools import partial
 from http import HTTPStatus
 from pathlib import Path
@@ -21,16 +22,20 @@ import triton_python_backend_utils as pb_utils
 
 from model_files.artifacts import ModelFiles
 from servecore.config import HandlerConfig
-from servecore.parse import parse_tensor
+from servecore.parse import EXPLAIN_KEYS, Protocol, parse_tensor
 from servecore.service import ImageModel, ModelSettings, Reply
 from servecore.stages import Incoming
 from tritonrepo.metrics import TritonMetrics
 
 INPUT = "images"  # BYTES [n, 1]: encoded images, or their base64 text
 TOP_K = "topk"  # request parameter
-# Request parameter ``describe: true`` (with an ``images`` tensor of shape [0, 1]): the answer
-# is the output of the same name, one JSON text, what TorchServe's describe carries.
+# Request parameter ``describe: true`` (its ``images`` are not read): the answer is the output
+# of the same name, one JSON text, what TorchServe's describe carries.
 DESCRIBE = "describe"
+# Request parameter ``explain: true``: the request goes through the core's explanation stage
+# (as TorchServe's /explanations), its answer is the ``explanations`` output, one JSON text;
+# the explanation parameters (target, method, ...) ride beside it as request parameters.
+EXPLAIN, EXPLANATIONS = "explain", "explanations"
 # A v2 answer's tensor datatype -> numpy's (BYTES elements are JSON text).
 DTYPES = {"FP32": np.float32, "BYTES": np.object_}
 
@@ -55,13 +60,16 @@ class TritonPythonModel:
         ), self.metrics)
 
     def execute(self, requests: list) -> list:
-        """The describe requests answered here, the rest by the core as one batch."""
-        served = [r for r in requests if not _parameters(r).get(DESCRIBE)]
-        replies = iter(self.model.run([self._incoming(r) for r in served]) if served else [])
-        answers = [next(replies, None) if r in served else self._described() for r in requests]
-        if None in answers or next(replies, None) is not None:  # one response per request
-            raise RuntimeError(f"the model answered a batch of {len(served)} wrongly")
-        return [a if isinstance(a, pb_utils.InferenceResponse) else response(a) for a in answers]
+        """Describe requests answered here, the rest by the core as one batch; one response
+        per request, in order."""
+        asks = [_parameters(r) for r in requests]
+        served = [r for r, ask in zip(requests, asks) if ask.get(DESCRIBE) is not True]
+        replies = self.model.run([self._incoming(r) for r in served]) if served else []
+        if len(replies) != len(served):  # Triton needs exactly one response per request
+            raise RuntimeError(f"the model answered {len(replies)} of {len(served)} requests")
+        answers = iter(replies)
+        return [self._described() if ask.get(DESCRIBE) is True
+                else response(next(answers), explained=ask.get(EXPLAIN) is True) for ask in asks]
 
     def finalize(self) -> None:
         self.metrics.close()
@@ -74,27 +82,39 @@ class TritonPythonModel:
 
     def _incoming(self, request) -> Incoming:
         return Incoming(request_id=request.request_id() or "?",
-                        parse=partial(_parse, request, self.model.config))
+                        parse=partial(_parse, request, self.model.config),
+                        explain=_parameters(request).get(EXPLAIN) is True)
 
 
 def _parse(request, config: HandlerConfig):
     """Inside the core's per-request boundary: a missing tensor or bad ``topk`` fails this
-    request alone."""
+    request alone. An explanation request is answered as TorchServe's: one image as
+    ``/explanations`` answers it, several as KServe v1's ``:explain``."""
     tensor = pb_utils.get_input_tensor_by_name(request, INPUT)
-    return parse_tensor(tensor.as_numpy().reshape(-1).tolist(),
-                        top_k=_parameters(request).get(TOP_K),
-                        request_id=request.request_id() or None, config=config)
+    parameters = _parameters(request)
+    parsed = parse_tensor(tensor.as_numpy().reshape(-1).tolist(), top_k=parameters.get(TOP_K),
+                          request_id=request.request_id() or None, config=config)
+    # Explanation parameters on a prediction are the core's 400, not silently ignored.
+    options = {k: parameters[k] for k in EXPLAIN_KEYS if k in parameters}
+    if parameters.get(EXPLAIN) is not True:
+        return replace(parsed, options=options)
+    return replace(parsed, protocol=Protocol.PLAIN if len(parsed.images) == 1 else Protocol.V1,
+                   options=options)
 
 
 def _parameters(request) -> dict:
     return json.loads(request.parameters() or "{}")
 
 
-def response(reply: Reply):
-    """A ``Reply`` as Triton's response: the v2 body's outputs as tensors, or the core's error
-    body as this request's error, with the nearest status Triton's HTTP frontend can send."""
+def response(reply: Reply, explained: bool = False):
+    """A ``Reply`` as Triton's response: the v2 body's outputs as tensors (an explanation's
+    JSON as the ``explanations`` output), or the core's error body as this request's error, with
+    the nearest status Triton's HTTP frontend can send."""
     if reply.error is not None:
         return pb_utils.InferenceResponse(error=pb_utils.TritonError(reply.text, _code(reply.status)))
+    if explained:
+        return pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor(EXPLANATIONS, np.array([[reply.text]], dtype=np.object_))])
     return pb_utils.InferenceResponse(output_tensors=[
         pb_utils.Tensor(out["name"], np.array(out["data"], dtype=DTYPES[out["datatype"]])
                         .reshape(out["shape"]))

@@ -1,7 +1,7 @@
 """``tsctl``: operate a running TorchServe from the shell.
 
     tsctl list | describe NAME [VERSION] | health | metrics | top [--once] [--interval S]
-    tsctl describe NAME --url TRITON_URL
+    tsctl describe NAME | explain ... | top ... --url TRITON_URL     (Triton: make serve-triton)
     tsctl keys [--rotate inference|management|all] [--print inference|management]
     tsctl register ARCHIVE [--name N] [--batch-size B] [--max-batch-delay MS] [--workers W]
     tsctl scale NAME --min N [--max M] | set-default NAME VERSION | unregister NAME [VERSION]
@@ -42,6 +42,7 @@ from tsclient.client import TIMEOUT_S, TorchServeClient
 from tsclient.collection import STDIN, Collection, Shard
 from tsclient.keys import KEY_FILE, KINDS, Keys
 from tsclient.progress import JobProgress, waiting
+from tsclient.triton import TritonClient, is_triton
 
 RESTART_NOTE = ("not kept across a restart: `make serve` starts from config/ (--ncs); to keep "
                 "it, put it in config/models/{name}.yaml and run `make config`")
@@ -67,17 +68,9 @@ def cmd_list(client: TorchServeClient, args) -> tuple[Any, str, int]:
 
 
 def cmd_describe(client: TorchServeClient, args) -> tuple[Any, str, int]:
-    if getattr(args, "url", None) is not None:
-        if client.engine() != "triton":
-            raise errors.UsageError(
-                "describe --url reads a Triton server; TorchServe's describe is on its "
-                "management API", "drop --url (and give --management-url if it is not local)")
-        entries = client.describe_triton(args.name)
-        custom = entries[0]
-    else:
-        entries = client.describe(args.name, args.version)
-        # Only a single-version describe carries the handler's metadata (weights, top_k).
-        custom = client.describe(args.name, args.version, customized=True)[0]
+    entries = client.describe(args.name, args.version)
+    # Only a single-version describe carries the handler's metadata (weights, top_k).
+    custom = client.describe(args.name, args.version, customized=True)[0]
     lines = []
     for entry in entries:
         lines.append(_version_line(entry) + f", min/max workers {entry.get('minWorkers')}/"
@@ -439,6 +432,8 @@ COMMANDS = {"list": cmd_list, "describe": cmd_describe, "register": cmd_register
             "tag": cmd_tag, "embed": cmd_embed, "health": cmd_health, "keys": cmd_keys,
             "metrics": cmd_metrics, "top": cmd_top, "explain": cmd_explain, "similar": cmd_similar,
             "duplicates": cmd_duplicates}
+# Commands that read a Triton server given with --url as they read TorchServe (tsclient.triton).
+TRITON_COMMANDS = ("describe", "explain", "top")
 DEFAULT_MODELS = {"embedding": "resnet50-embedding", "tags": "resnet50-tagger"}
 DEFAULT_OUTS = {"embedding": "embeddings.parquet", "tags": "tags.parquet"}
 GALLERY_TOPK = 3  # classes an explanation gallery lists per photo when no target is given
@@ -544,6 +539,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--once", action="store_true", help="print one frame and exit")
     t.add_argument("--interval", type=float, default=2.0,
                    help="seconds between frames, and the span each one measures (2)")
+    _url_arguments(t, "a Triton server (make serve-triton: http://127.0.0.1:8000; its metrics "
+                      "from the same host's port 8002 unless --metrics-url names them)")
     e = sub.add_parser("explain", help="where the model looked: a heatmap for one image, or "
                                        "a gallery page of many (--html)")
     e.add_argument("sources", nargs="+", metavar="FILE|FOLDER",
@@ -560,6 +557,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--concurrency", type=int,
                    help="with --html: requests in flight (default: what the server's "
                         "explanation budget admits, from describe)")
+    _url_arguments(e, "a Triton server (make serve-triton: http://127.0.0.1:8000) instead of "
+                      "the local TorchServe")
     return p
 
 
@@ -590,14 +589,25 @@ def make_client(args) -> TorchServeClient:
                               timeout=args.timeout)
     if args.ca_bundle:
         client.session.verify = args.ca_bundle
+    if args.command not in TRITON_COMMANDS:
+        return client
+    if not is_triton(client):
+        raise errors.UsageError(
+            f"{args.command} --url reads a Triton server (make serve-triton); TorchServe's "
+            f"{args.command} reads its management and metrics APIs",
+            "drop --url (and give --management-url/--metrics-url if it is not local)")
+    # Triton's metrics have a port of their own: --metrics-url when given, else its default.
+    metrics = args.metrics_url if args.metrics_url != ports.METRICS_URL else None
+    client = TritonClient(args.url, metrics, keys=Keys(token, token), timeout=args.timeout)
+    if args.ca_bundle:
+        client.session.verify = args.ca_bundle
     return client
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    client = make_client(args)
     try:
-        data, text, code = COMMANDS[args.command](client, args)
+        data, text, code = COMMANDS[args.command](make_client(args), args)
     except KeyboardInterrupt:
         print(f"tsctl {args.command}: interrupted; what was answered is kept, rerun the same "
               "command to resume", file=sys.stderr)

@@ -330,47 +330,6 @@ class TorchServeClient:
                       for i in range(rows)]
         return Answers(values, response.headers.get(PRECISION_HEADER))
 
-    # ------------------------------------------------------------------ Triton (--url)
-
-    def engine(self) -> str:
-        """``"triton"`` when the inference URL is a Triton server (its ``GET /v2`` server
-        metadata names it), else ``"torchserve"``."""
-        try:
-            answer = self._call("GET", "inference", "/v2", "read the server's v2 metadata")
-            return "triton" if answer.json().get("name") == "triton" else "torchserve"
-        except (errors.ApiError, ValueError, AttributeError):
-            return "torchserve"
-
-    def describe_triton(self, model: str) -> list[dict]:
-        """What ``describe(model, customized=True)`` gives on TorchServe, from a Triton serving
-        this project's repository: one entry with TorchServe's keys, its batching from the
-        model's configuration (``/v2/models/M/config``), its instances as ``workers`` and, as
-        ``customizedMetadata``, the model's own describe (weights, settings, backend,
-        precision choice), the answer to a request with the ``describe`` parameter
-        (tritonrepo/model.py). Triton demands the ``images`` input on every request: this one
-        carries a single empty element, which the model does not read."""
-        path = f"/v2/models/{check_name(model)}"
-        metadata = self._call("GET", "inference", path, f"describe {model}").json()
-        config = self._call("GET", "inference", path + "/config", f"describe {model}").json()
-        body = {"inputs": [{"name": "images", "shape": [1, 1], "datatype": "BYTES",
-                            "data": [""]}],
-                "parameters": {"describe": True}, "outputs": [{"name": "describe"}]}
-        answer = self._call("POST", "inference", path + "/infer", f"describe {model}",
-                            data=json.dumps(body), headers={"Content-Type": "application/json"})
-        [tensor] = [o for o in answer.json()["outputs"] if o["name"] == "describe"]
-        ready = self._send("GET", "inference", path + "/ready", {}, {}).status_code == 200
-        instances = sum(int(g.get("count", 1)) for g in config.get("instance_group", []))
-        delay_us = int((config.get("dynamic_batching") or {})
-                       .get("max_queue_delay_microseconds", 0))
-        return [{"modelName": metadata.get("name", model),
-                 "modelVersion": max(metadata.get("versions") or ["?"], key=_version_key),
-                 "default": True, "batchSize": config.get("max_batch_size"),
-                 "maxBatchDelay": delay_us // 1000, "minWorkers": instances,
-                 "maxWorkers": instances,
-                 "workers": [{"id": str(i), "status": "READY" if ready else "UNAVAILABLE"}
-                             for i in range(instances)],
-                 "customizedMetadata": json.loads(tensor["data"][0])}]
-
     def explain(self, model: str, image: bytes, *, filename: str = "image",
                 target: int | str | None = None, topk: int | None = None,
                 method: str | None = None, n_steps: int | None = None,
@@ -389,11 +348,6 @@ class TorchServeClient:
     def metrics_text(self) -> str:
         """The Prometheus text of the metrics port (no key needed)."""
         return self._call("GET", "metrics", "/metrics", "read metrics").text
-
-
-def _version_key(version: str) -> tuple[int, str]:
-    """Triton serves the highest numbered version by default."""
-    return (int(version), "") if version.isdigit() else (-1, version)
 
 
 def _route(model: str, version: str | None) -> str:
