@@ -14,6 +14,7 @@ import json
 import os
 import socket
 import subprocess
+import threading
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
@@ -408,3 +409,41 @@ def test_tsctl_explain_url_writes_the_heatmap_and_the_gallery(triton, tmp_path):
         == ["chelsea.jpg", "coffee.jpg"]
     assert all(len(p["targets"]) == 3 for p in summary["photos"] if p["error"] is None)
     assert page.stat().st_size > 10_000 and "chelsea.jpg" in page.read_text()
+
+
+# ---------------------------------------------------------------------- tsctl top on Triton
+
+def test_tsctl_top_once_url_shows_tritons_figures(triton):
+    """One frame under a steady load (2 clients, bounded): requests/s and latency from
+    Triton's series, batches, precision and the stub's RSS from the core's."""
+    photo = (REPO / "build" / "samples" / "chelsea.jpg").read_bytes()
+    stop, sent = threading.Event(), []
+
+    def load() -> None:
+        while not stop.is_set() and len(sent) < 500:
+            sent.append(infer(triton, TAGGER, [photo]).status_code)
+
+    threads = [threading.Thread(target=load) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    try:
+        settled(lambda: len(sent), lambda n: n >= 2)  # the load flows before the frame
+        metrics_base = triton.metrics_url.removesuffix("/metrics")
+        run = tsctl("--metrics-url", metrics_base, "top", "--once", "--interval", "2",
+                    "--url", triton.url)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=150)
+    assert run.returncode == 0, run.stderr
+    assert set(sent) == {200}
+    lines = run.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), run.stdout
+    assert metrics_base.removeprefix("http://") in lines[0]
+    assert lines[1].startswith("answers/s  - (no status classes on Triton")
+    row = next(line.split() for line in lines if line.startswith(TAGGER))
+    requests_per_s, images_per_s, mean_ms = float(row[1]), float(row[2]), float(row[3])
+    assert requests_per_s > 0 and images_per_s > 0 and mean_ms > 0, run.stdout
+    assert float(row[5]) >= 1, run.stdout  # mean batch size
+    worker = next(line.split() for line in lines if line.startswith(TAGGER) and "READY" in line)
+    assert int(worker[3]) > 0 and int(worker[4]) > 100 and worker[5] == "f32", run.stdout

@@ -59,10 +59,10 @@ class TritonClient(TorchServeClient):
         """TorchServe's describe entry of ``model`` (``version``: Triton serves one, the
         highest; another is refused as unknown): its batching from the model's configuration
         (``/v2/models/M/config``), its instances as ``workers`` (READY when the model is), and
-        as ``customizedMetadata`` the model's own describe (weights, settings, backend,
-        precision choice), whatever ``customized`` says: one request costs what TorchServe's
-        two do. Triton demands the ``images`` input on every request: the describe request
-        carries one empty element, which the model does not read."""
+        with ``customized`` as ``customizedMetadata`` the model's own describe (weights,
+        settings, backend, precision choice). That one is an inference request (Triton counts
+        it in ``nv_inference_request_success``, the core does not count it); Triton demands the
+        ``images`` input on every request: it carries one empty element, not read."""
         path = f"/v2/models/{check_name(model)}"
         metadata = self._call("GET", "inference", path, f"describe {model}").json()
         served = max(metadata.get("versions") or ["1"], key=_version_order)
@@ -70,18 +70,19 @@ class TritonClient(TorchServeClient):
             raise errors.NotFound(404, "NotFound", f"{model} has no version {version} on "
                                   f"Triton (it serves {served})", "leave the version out")
         config = self._call("GET", "inference", path + "/config", f"describe {model}").json()
-        answer = self._infer(model, [b""], {DESCRIBE: True}, DESCRIBE)
         ready = self._send("GET", "inference", path + "/ready", {}, {}).status_code == 200
         instances = sum(int(g.get("count", 1)) for g in config.get("instance_group", []))
         delay_us = int((config.get("dynamic_batching") or {})
                        .get("max_queue_delay_microseconds", 0))
-        return [{"modelName": metadata.get("name", model), "modelVersion": served,
+        entry = {"modelName": metadata.get("name", model), "modelVersion": served,
                  "default": True, "batchSize": config.get("max_batch_size"),
                  "maxBatchDelay": delay_us // 1000, "minWorkers": instances,
                  "maxWorkers": instances,
                  "workers": [{"id": str(i), "status": "READY" if ready else "UNAVAILABLE"}
-                             for i in range(instances)],
-                 "customizedMetadata": answer}]
+                             for i in range(instances)]}
+        if customized:
+            entry["customizedMetadata"] = self._infer(model, [b""], {DESCRIBE: True}, DESCRIBE)
+        return [entry]
 
     def default_version(self, model: str) -> str:
         return self.describe(model)[0]["modelVersion"]
