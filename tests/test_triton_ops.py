@@ -7,6 +7,7 @@ The sink's units run on a fake ``pb_utils``; the rest against one real Triton fo
 (``tests.served.local_triton``: a generated repository, free loopback ports, always stopped),
 skipped, saying why, when ``make triton-server`` could not install the wheel.
 """
+
 from __future__ import annotations
 
 import base64
@@ -37,10 +38,11 @@ TAGGER = "resnet50-tagger"
 
 # ---------------------------------------------------------------------- the sink, no server
 
+
 class FakeMetric:
     """What a ``pb_utils`` metric was told, in order."""
 
-    def __init__(self, family: "FakeFamily", labels: dict, buckets) -> None:
+    def __init__(self, family: FakeFamily, labels: dict, buckets) -> None:
         self.family, self.labels, self.buckets = family, labels, buckets
         self.calls: list[tuple[str, float]] = []
 
@@ -56,7 +58,7 @@ class FakeMetric:
 
 class FakeFamily:
     COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
-    refused: set[str] = set()
+    refused: frozenset[str] = frozenset()
 
     def __init__(self, name: str, description: str, kind: str) -> None:
         if name in self.refused:
@@ -70,8 +72,9 @@ class FakeFamily:
 
 
 def fake_pb_utils(refused: set[str] = frozenset()):
-    return SimpleNamespace(MetricFamily=type("MetricFamily", (FakeFamily,),
-                                             {"refused": set(refused)}))
+    return SimpleNamespace(
+        MetricFamily=type("MetricFamily", (FakeFamily,), {"refused": frozenset(refused)})
+    )
 
 
 def test_the_sink_declares_the_core_table_under_its_names_and_kinds():
@@ -101,12 +104,15 @@ def test_a_batch_reaches_triton_as_torchserves_series():
     assert series("HandlerDecodeMs") == {base: [("increment", 4.0), ("increment", 6.0)]}
     assert series("HandlerForwardMs") == {base: [("increment", 12.0)]}
     assert series("HandlerBatchesBySize") == {
-        tuple(sorted((*base, ("BatchSize", "3")))): [("increment", 1), ("increment", 1)]}
+        tuple(sorted((*base, ("BatchSize", "3")))): [("increment", 1), ("increment", 1)]
+    }
     assert series("HandlerErrors") == {
         tuple(sorted((*base, ("ErrorType", "InvalidImage")))): [("increment", 2)],
-        tuple(sorted((*base, ("ErrorType", "Overloaded")))): [("increment", 1)]}
+        tuple(sorted((*base, ("ErrorType", "Overloaded")))): [("increment", 1)],
+    }
     assert series("HandlerPrecision") == {
-        tuple(sorted((*base, ("Precision", "int8+f32")))): [("set", 1), ("set", 1)]}
+        tuple(sorted((*base, ("Precision", "int8+f32")))): [("set", 1), ("set", 1)]
+    }
     assert series("HandlerBatchSize") == {base: [("observe", 3), ("observe", 3)]}
     [histogram] = sink.families["HandlerImagesPerBatch"].metrics
     assert histogram.calls == [("observe", 2), ("observe", 3)]
@@ -138,6 +144,7 @@ def test_wrong_labels_are_a_loud_error():
 
 # ---------------------------------------------------------------------- a real Triton
 
+
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory, model_store):
     with local_triton(tmp_path_factory.mktemp("triton-ops"), model_store) as server:
@@ -146,8 +153,16 @@ def triton(tmp_path_factory, model_store):
 
 def infer(triton, model: str, images: list[bytes], **parameters) -> requests.Response:
     """A v2 JSON request: base64 images in the ``images`` BYTES tensor, ``[n, 1]``."""
-    body = {"inputs": [{"name": "images", "datatype": "BYTES", "shape": [len(images), 1],
-                        "data": [base64.b64encode(i).decode() for i in images]}]}
+    body = {
+        "inputs": [
+            {
+                "name": "images",
+                "datatype": "BYTES",
+                "shape": [len(images), 1],
+                "data": [base64.b64encode(i).decode() for i in images],
+            }
+        ]
+    }
     if parameters:
         body["parameters"] = parameters
     return requests.post(f"{triton.url}/v2/models/{model}/infer", json=body, timeout=300)
@@ -176,12 +191,13 @@ def test_the_core_counts_what_was_sent_on_tritons_metrics_port(triton):
     before = tagger_series(triton)
     bodies = [[photo]] * good + [[b"not an image"]] * bad + [[photo] * 3] * three
     with ThreadPoolExecutor(4) as pool:
-        statuses = list(pool.map(lambda images: infer(triton, TAGGER, images).status_code,
-                                 bodies))
+        statuses = list(pool.map(lambda images: infer(triton, TAGGER, images).status_code, bodies))
     assert sorted(statuses) == [200] * (good + three) + [400] * bad
     sent = good + bad + three
-    after = settled(lambda: tagger_series(triton),
-                    lambda v: v["HandlerRequests"] - before["HandlerRequests"] >= sent)
+    after = settled(
+        lambda: tagger_series(triton),
+        lambda v: v["HandlerRequests"] - before["HandlerRequests"] >= sent,
+    )
     delta = {name: after[name] - before.get(name, 0.0) for name in after}
     assert delta["HandlerRequests"] == delta["HandlerBatchSize_sum"] == sent
     assert delta["HandlerImages"] == delta["HandlerImagesPerBatch_sum"] == good + 3 * three
@@ -191,29 +207,43 @@ def test_the_core_counts_what_was_sent_on_tritons_metrics_port(triton):
     # core's HandlerErrors tells them apart (docs/operations.md).
     assert delta["nv_inference_request_success"] == sent
     assert delta.get("nv_inference_request_failure", 0) == 0
-    assert delta["HandlerBatches"] == delta["HandlerBatchSize_count"] \
+    assert (
+        delta["HandlerBatches"]
+        == delta["HandlerBatchSize_count"]
         == delta["nv_inference_exec_count"]
+    )
     # What docs/operations.md offers in place of TorchServe's latency rules.
     assert delta["nv_inference_request_duration_us"] > delta["nv_inference_queue_duration_us"] > 0
-    assert sum(v for k, v in delta.items() if k.startswith("HandlerBatchesBySize:")) \
+    assert (
+        sum(v for k, v in delta.items() if k.startswith("HandlerBatchesBySize:"))
         == delta["HandlerBatches"]
+    )
     assert after["HandlerPrecision:f32"] == 1  # the repository is pinned to f32
 
     text = requests.get(triton.metrics_url, timeout=30).text
-    [labels] = [s.labels for s in metrics.samples(text)
-                if s.name == "HandlerRequests" and s.labels.get("ModelName") == TAGGER]
+    [labels] = [
+        s.labels
+        for s in metrics.samples(text)
+        if s.name == "HandlerRequests" and s.labels.get("ModelName") == TAGGER
+    ]
     assert labels == {"ModelName": TAGGER, "Level": "Model", "Hostname": socket.gethostname()}
 
 
 # ---------------------------------------------------------------------- Prometheus on Triton
+
 
 def test_make_monitor_can_point_at_tritons_metrics_port():
     from devtools.prometheus import DEFAULT_TARGETS
     from tritonrepo.server import DEFAULT_PORTS
 
     assert DEFAULT_TARGETS["triton"] == f"127.0.0.1:{DEFAULT_PORTS['metrics']}"
-    make = subprocess.run(["make", "-n", "monitor", "MONITOR_ENGINE=triton"], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
+    make = subprocess.run(
+        ["make", "-n", "monitor", "MONITOR_ENGINE=triton"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "-m devtools.prometheus --port 9090 --engine triton" in make.stdout, make.stdout
 
 
@@ -234,34 +264,52 @@ def test_prometheus_with_the_shipped_rules_reads_the_core_on_triton(triton, tmp_
     assert infer(triton, TAGGER, [b"not an image"]).status_code == 400
     target = triton.metrics_url.removeprefix("http://").removesuffix("/metrics")
     with LocalPrometheus(tmp_path / "prometheus", [target], interval_s=1) as prom:
-        seen = settled(lambda: _one(prom, 'min(count_over_time(HandlerErrors'
-                                          f'{{ModelName="{TAGGER}"}}[1m]))'),
-                       lambda n: n is not None and n >= 3, timeout_s=60)
+        seen = settled(
+            lambda: _one(prom, f'min(count_over_time(HandlerErrors{{ModelName="{TAGGER}"}}[1m]))'),
+            lambda n: n is not None and n >= 3,
+            timeout_s=60,
+        )
         assert seen is not None and seen >= 3, f"Prometheus scraped Triton {seen} times"
         before = tagger_series(triton)
         with ThreadPoolExecutor(4) as pool:
-            statuses = list(pool.map(lambda body: infer(triton, TAGGER, [body]).status_code,
-                                     [photo] * good + [b"not an image"] * bad))
+            statuses = list(
+                pool.map(
+                    lambda body: infer(triton, TAGGER, [body]).status_code,
+                    [photo] * good + [b"not an image"] * bad,
+                )
+            )
         assert sorted(statuses) == [200] * good + [400] * bad
         after = tagger_series(triton)
         batches = after["HandlerBatches"] - before["HandlerBatches"]
-        expected = {"requests": good + bad, "images": good, "invalid": bad,
-                    "batch": (good + bad) / batches, "up": 1}
+        expected = {
+            "requests": good + bad,
+            "images": good,
+            "invalid": bad,
+            "batch": (good + bad) / batches,
+            "up": 1,
+        }
         queries = {
             "requests": f'ModelName:handler_requests:rate1m{{ModelName="{TAGGER}"}} * 60',
             "images": f'ModelName:handler_images:rate1m{{ModelName="{TAGGER}"}} * 60',
             "invalid": f'ModelName:handler_errors:rate1m{{ModelName="{TAGGER}",'
-                       'ErrorType="InvalidImage"} * 60',
+            'ErrorType="InvalidImage"} * 60',
             "batch": f'ModelName:handler_batch_size:mean1m{{ModelName="{TAGGER}"}}',
-            "up": 'up{job="torchserve"}'}
+            "up": 'up{job="torchserve"}',
+        }
 
         def agree(got: dict) -> bool:
             # rate() extrapolates to the window's edges: counts within -5% / +25%; the batch
             # mean is a ratio of two counters scraped together, exact.
-            counts = all(got[k] is not None and expected[k] * 0.95 <= got[k] <= expected[k] * 1.25
-                         for k in ("requests", "images", "invalid"))
-            return counts and got["up"] == 1 and got["batch"] is not None \
+            counts = all(
+                got[k] is not None and expected[k] * 0.95 <= got[k] <= expected[k] * 1.25
+                for k in ("requests", "images", "invalid")
+            )
+            return (
+                counts
+                and got["up"] == 1
+                and got["batch"] is not None
                 and got["batch"] == pytest.approx(expected["batch"], rel=1e-3)
+            )
 
         readings: list[dict] = []
 
@@ -270,8 +318,10 @@ def test_prometheus_with_the_shipped_rules_reads_the_core_on_triton(triton, tmp_
             return readings[-1]
 
         got = settled(read, agree, timeout_s=60, every_s=0.5)
-        assert agree(got), (f"the rules never agreed with the load sent {expected}; "
-                            f"readings every 0.5 s: {readings[::4]}")
+        assert agree(got), (
+            f"the rules never agreed with the load sent {expected}; "
+            f"readings every 0.5 s: {readings[::4]}"
+        )
         # The memory rule reads the worker's gauge: one Triton stub's resident MB.
         rss = _one(prom, f'ModelName:handler_worker_rss_mb:max{{ModelName="{TAGGER}"}}')
         assert rss is not None and 100 < rss < 64 * 1024
@@ -279,15 +329,25 @@ def test_prometheus_with_the_shipped_rules_reads_the_core_on_triton(triton, tmp_
 
 # ---------------------------------------------------------------------- describe on Triton
 
-DESCRIBE_KEYS = {"weights", "handler", "backend", "precision", "precision_choice",
-                 "quantization", "device", "preprocessing"}  # servecore's ImageModel.describe
+DESCRIBE_KEYS = {
+    "weights",
+    "handler",
+    "backend",
+    "precision",
+    "precision_choice",
+    "quantization",
+    "device",
+    "preprocessing",
+}  # servecore's ImageModel.describe
 
 
 def test_a_describe_request_answers_what_the_model_runs(triton, model_store):
     """The ``describe`` request parameter: the model's describe as one JSON text, from the
     instance that serves (its precision measured or pinned at load), no image read."""
-    body = {"inputs": [{"name": "images", "shape": [1, 1], "datatype": "BYTES", "data": [""]}],
-            "parameters": {"describe": True}}
+    body = {
+        "inputs": [{"name": "images", "shape": [1, 1], "datatype": "BYTES", "data": [""]}],
+        "parameters": {"describe": True},
+    }
     answer = requests.post(f"{triton.url}/v2/models/{TAGGER}/infer", json=body, timeout=60)
     assert answer.status_code == 200, answer.text
     [out] = answer.json()["outputs"]
@@ -318,8 +378,10 @@ def test_tsctl_describe_url_prints_it_as_for_torchserve(triton):
     human = tsctl("describe", TAGGER, "--url", triton.url)
     assert human.returncode == 0, human.stderr
     lines = human.stdout.splitlines()
-    assert lines[0].startswith(f"{TAGGER} 1 (default): {yaml_settings['minWorkers']} workers, "
-                               f"batch {yaml_settings['batchSize']}")
+    assert lines[0].startswith(
+        f"{TAGGER} 1 (default): {yaml_settings['minWorkers']} workers, "
+        f"batch {yaml_settings['batchSize']}"
+    )
     assert lines[1].startswith(f"  weights {meta['weights']['source']}")
     assert lines[2] == f"  precision {meta['precision_choice']['summary']}"
 
@@ -336,11 +398,11 @@ def test_tsctl_describe_url_refuses_a_server_that_is_not_triton(triton):
 
 def tsctl(*argv: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO))  # this checkout's client
-    return subprocess.run([str(TSCTL), *argv], env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run([str(TSCTL), *argv], env=env, capture_output=True, text=True, timeout=300)
 
 
 # ---------------------------------------------------------------------- explanations on Triton
+
 
 def _grids(answer: dict) -> list:
     return [(e["label"], e["index"], e["grid"]) for e in answer["explanations"]]
@@ -391,8 +453,9 @@ def test_tsctl_explain_url_writes_the_heatmap_and_the_gallery(triton, tmp_path):
 
     photo = REPO / "build" / "samples" / "chelsea.jpg"
     out = tmp_path / "heatmap.png"
-    run = tsctl("--json", "explain", str(photo), "--target", "tabby", "--out", str(out),
-                "--url", triton.url)
+    run = tsctl(
+        "--json", "explain", str(photo), "--target", "tabby", "--out", str(out), "--url", triton.url
+    )
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["explanations"][0]["index"] == 281
     assert Image.open(out).size[0] > 0
@@ -405,13 +468,16 @@ def test_tsctl_explain_url_writes_the_heatmap_and_the_gallery(triton, tmp_path):
     gallery = tsctl("--json", "explain", str(folder), "--html", str(page), "--url", triton.url)
     assert gallery.returncode == 7, gallery.stderr  # the broken file failed alone
     summary = json.loads(gallery.stdout)
-    assert sorted(p["path"].rsplit("/", 1)[1] for p in summary["photos"] if p["error"] is None) \
-        == ["chelsea.jpg", "coffee.jpg"]
+    assert sorted(p["path"].rsplit("/", 1)[1] for p in summary["photos"] if p["error"] is None) == [
+        "chelsea.jpg",
+        "coffee.jpg",
+    ]
     assert all(len(p["targets"]) == 3 for p in summary["photos"] if p["error"] is None)
     assert page.stat().st_size > 10_000 and "chelsea.jpg" in page.read_text()
 
 
 # ---------------------------------------------------------------------- tsctl top on Triton
+
 
 def test_tsctl_top_once_url_shows_tritons_figures(triton):
     """One frame under a steady load (2 clients, bounded): requests/s and latency from
@@ -429,8 +495,9 @@ def test_tsctl_top_once_url_shows_tritons_figures(triton):
     try:
         settled(lambda: len(sent), lambda n: n >= 2)  # the load flows before the frame
         metrics_base = triton.metrics_url.removesuffix("/metrics")
-        run = tsctl("--metrics-url", metrics_base, "top", "--once", "--interval", "2",
-                    "--url", triton.url)
+        run = tsctl(
+            "--metrics-url", metrics_base, "top", "--once", "--interval", "2", "--url", triton.url
+        )
     finally:
         stop.set()
         for thread in threads:

@@ -9,11 +9,13 @@ does. Histograms (the python backend has them since 24.08; the wheel's 2.51 is 2
 buckets of powers of two, not TorchServe's fixed 0.005 ... 10: the rules read only their
 ``_sum`` and ``_count``.
 """
+
 from __future__ import annotations
 
 import logging
 import socket
 from types import ModuleType
+from typing import Any
 
 from servecore.metrics import METRICS, Kind
 
@@ -34,22 +36,29 @@ class TritonMetrics:
     A family the server refuses (``--allow-metrics=false``, a name clash with another
     kind) switches that metric off with a warning, never a failed batch."""
 
-    def __init__(self, pb_utils: ModuleType, model_name: str,
-                 hostname: str | None = None) -> None:
-        self.labels = {"ModelName": model_name, "Level": LEVEL,
-                       "Hostname": hostname or socket.gethostname()}
-        kinds = {Kind.COUNTER: pb_utils.MetricFamily.COUNTER,
-                 Kind.GAUGE: pb_utils.MetricFamily.GAUGE,
-                 Kind.HISTOGRAM: pb_utils.MetricFamily.HISTOGRAM}
+    def __init__(self, pb_utils: ModuleType, model_name: str, hostname: str | None = None) -> None:
+        self.labels = {
+            "ModelName": model_name,
+            "Level": LEVEL,
+            "Hostname": hostname or socket.gethostname(),
+        }
+        kinds = {
+            Kind.COUNTER: pb_utils.MetricFamily.COUNTER,
+            Kind.GAUGE: pb_utils.MetricFamily.GAUGE,
+            Kind.HISTOGRAM: pb_utils.MetricFamily.HISTOGRAM,
+        }
         self.families: dict = {}
         for name, (kind, _) in METRICS.items():
             try:
                 self.families[name] = pb_utils.MetricFamily(
-                    name=name, description=f"{name}: resnet50-serve's servecore/metrics.py",
-                    kind=kinds[kind])
+                    name=name,
+                    description=f"{name}: resnet50-serve's servecore/metrics.py",
+                    kind=kinds[kind],
+                )
             except Exception as exc:  # noqa: BLE001 - pb_utils raises TritonModelException
                 logger.warning("metric %s off: %s", name, exc)
-        self.series: dict[tuple[str, tuple[str, ...]], object] = {}
+        # pb_utils' Metric objects (the stub's classes, untyped), by name and label values.
+        self.series: dict[tuple[str, tuple[str, ...]], Any] = {}
 
     def add(self, name: str, value: float, labels: tuple[str, ...] = ()) -> None:
         metric = self.series.get((name, labels))
@@ -78,7 +87,9 @@ class TritonMetrics:
         kind, dimensions = METRICS[name]
         if len(labels) != len(dimensions):
             raise ValueError(f"metric {name} takes labels {dimensions}, got {labels}")
-        metric = family.Metric(labels={**self.labels, **dict(zip(dimensions, labels))},
-                               buckets=BUCKETS if kind is Kind.HISTOGRAM else None)
+        metric = family.Metric(
+            labels={**self.labels, **dict(zip(dimensions, labels))},
+            buckets=BUCKETS if kind is Kind.HISTOGRAM else None,
+        )
         self.series[(name, labels)] = metric
         return metric
