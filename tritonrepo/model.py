@@ -63,8 +63,8 @@ class TritonPythonModel:
         """Describe requests answered here, the rest by the core as one batch; one response
         per request, in order."""
         asks = [_parameters(r) for r in requests]
-        served = [r for r, ask in zip(requests, asks) if ask.get(DESCRIBE) is not True]
-        replies = self.model.run([self._incoming(r) for r in served]) if served else []
+        served = [(r, ask) for r, ask in zip(requests, asks) if ask.get(DESCRIBE) is not True]
+        replies = self.model.run([self._incoming(*s) for s in served]) if served else []
         if len(replies) != len(served):  # Triton needs exactly one response per request
             raise RuntimeError(f"the model answered {len(replies)} of {len(served)} requests")
         answers = iter(replies)
@@ -80,18 +80,17 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor(DESCRIBE, np.array([[text]], dtype=np.object_))])
 
-    def _incoming(self, request) -> Incoming:
+    def _incoming(self, request, parameters: dict) -> Incoming:
         return Incoming(request_id=request.request_id() or "?",
-                        parse=partial(_parse, request, self.model.config),
-                        explain=_parameters(request).get(EXPLAIN) is True)
+                        parse=partial(_parse, request, parameters, self.model.config),
+                        explain=parameters.get(EXPLAIN) is True)
 
 
-def _parse(request, config: HandlerConfig):
+def _parse(request, parameters: dict, config: HandlerConfig):
     """Inside the core's per-request boundary: a missing tensor or bad ``topk`` fails this
     request alone. An explanation request is answered as TorchServe's: one image as
     ``/explanations`` answers it, several as KServe v1's ``:explain``."""
     tensor = pb_utils.get_input_tensor_by_name(request, INPUT)
-    parameters = _parameters(request)
     parsed = parse_tensor(tensor.as_numpy().reshape(-1).tolist(), top_k=parameters.get(TOP_K),
                           request_id=request.request_id() or None, config=config)
     # Explanation parameters on a prediction are the core's 400, not silently ignored.
@@ -103,6 +102,7 @@ def _parse(request, config: HandlerConfig):
 
 
 def _parameters(request) -> dict:
+    """The request's parameters (Triton hands them over as JSON text)."""
     return json.loads(request.parameters() or "{}")
 
 
