@@ -121,6 +121,11 @@ class LocalPrometheus:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    def value(self, expr: str) -> float | None:
+        """The one value ``expr`` evaluates to now; None when it is not exactly one series."""
+        result = self.query(expr)
+        return float(result[0]["value"][1]) if len(result) == 1 else None
+
     def query(self, expr: str) -> list[dict]:
         """The instant vector ``expr`` evaluates to now: ``[{"metric": {...}, "value": [t, "v"]}]``."""
         answer = requests.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=10)

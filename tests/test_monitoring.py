@@ -85,11 +85,6 @@ def _server_counters(torchserve) -> dict[str, float]:
     return values
 
 
-def _one(prom: LocalPrometheus, expr: str) -> float | None:
-    result = prom.query(expr)
-    return float(result[0]["value"][1]) if len(result) == 1 else None
-
-
 @pytest.mark.integration
 def test_recording_rules_agree_with_the_requests_sent(torchserve, prometheus):
     headers = torchserve.keys.inference_headers()
@@ -101,7 +96,7 @@ def test_recording_rules_agree_with_the_requests_sent(torchserve, prometheus):
     assert requests.post(url, data=photo, headers=headers, timeout=120).status_code == 200
     assert requests.post(url, data=b"not an image", headers=headers, timeout=120).status_code \
         == 400
-    seen = settled(lambda: _one(prometheus, "min(count_over_time(HandlerErrors"
+    seen = settled(lambda: prometheus.value("min(count_over_time(HandlerErrors"
                                             f'{{ModelName="{MODEL}"}}[1m]))'),
                    lambda n: n is not None and n >= 3, timeout_s=60)
     assert seen is not None and seen >= 3, f"Prometheus scraped the tagger {seen} times"
@@ -146,7 +141,7 @@ def test_recording_rules_agree_with_the_requests_sent(torchserve, prometheus):
     readings: list[dict] = []
 
     def read() -> dict:
-        readings.append({k: _one(prometheus, q) for k, q in queries.items()})
+        readings.append({k: prometheus.value(q) for k, q in queries.items()})
         return readings[-1]
 
     got = settled(read, agree, timeout_s=60, every_s=0.5)

@@ -28,6 +28,7 @@ from servecore.parse import Protocol, parse_tensor
 from tests.imagegen import jpeg, png
 from tests.reference import assert_same_tags, rel_error, tolerance
 from tests.served import local_triton, variant_server
+from tests.served import v2_infer as infer
 from tritonrepo.generate import config_pbtxt
 
 REPO = Path(__file__).resolve().parent.parent
@@ -99,15 +100,6 @@ def test_the_kserve_triton_manifest_passes_the_lint_and_its_rules_apply():
 def triton(tmp_path_factory, model_store):
     with local_triton(tmp_path_factory.mktemp("triton"), model_store) as server:
         yield server
-
-
-def infer(triton, model: str, images: list[bytes], **parameters) -> requests.Response:
-    """The JSON body TorchServe's v2 route takes: base64 images in a BYTES tensor's data."""
-    body = {"inputs": [{"name": "images", "datatype": "BYTES", "shape": [len(images), 1],
-                        "data": [base64.b64encode(i).decode() for i in images]}]}
-    if parameters:
-        body["parameters"] = parameters
-    return requests.post(f"{triton.url}/v2/models/{model}/infer", json=body, timeout=300)
 
 
 def output(response: requests.Response, name: str) -> np.ndarray:

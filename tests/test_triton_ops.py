@@ -10,7 +10,6 @@ skipped, saying why, when ``make triton-server`` could not install the wheel.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import socket
@@ -28,6 +27,7 @@ from buildsteps.configgen import frontend_settings
 from servecore.metrics import METRICS, BatchMetrics
 from tests.conftest import REPO
 from tests.served import TSCTL, local_triton, settled
+from tests.served import v2_infer as infer
 from tritonrepo.metrics import BUCKETS, TritonMetrics
 from tsclient import metrics
 from tsclient.errors import ApiError
@@ -151,23 +151,6 @@ def triton(tmp_path_factory, model_store):
         yield server
 
 
-def infer(triton, model: str, images: list[bytes], **parameters) -> requests.Response:
-    """A v2 JSON request: base64 images in the ``images`` BYTES tensor, ``[n, 1]``."""
-    body = {
-        "inputs": [
-            {
-                "name": "images",
-                "datatype": "BYTES",
-                "shape": [len(images), 1],
-                "data": [base64.b64encode(i).decode() for i in images],
-            }
-        ]
-    }
-    if parameters:
-        body["parameters"] = parameters
-    return requests.post(f"{triton.url}/v2/models/{model}/infer", json=body, timeout=300)
-
-
 def tagger_series(triton) -> dict[str, float]:
     """The tagger's series on Triton's metrics port now, by name (the core's with their own
     label values after a colon; Triton's ``nv_*`` under its ``model`` label)."""
@@ -247,11 +230,6 @@ def test_make_monitor_can_point_at_tritons_metrics_port():
     assert "-m devtools.prometheus --port 9090 --engine triton" in make.stdout, make.stdout
 
 
-def _one(prom, expr: str) -> float | None:
-    result = prom.query(expr)
-    return float(result[0]["value"][1]) if len(result) == 1 else None
-
-
 def test_prometheus_with_the_shipped_rules_reads_the_core_on_triton(triton, tmp_path):
     """config/monitoring's rules on a real Prometheus scraping Triton: the recording rules on
     the core's series have values, and they agree with the load sent."""
@@ -265,7 +243,7 @@ def test_prometheus_with_the_shipped_rules_reads_the_core_on_triton(triton, tmp_
     target = triton.metrics_url.removeprefix("http://").removesuffix("/metrics")
     with LocalPrometheus(tmp_path / "prometheus", [target], interval_s=1) as prom:
         seen = settled(
-            lambda: _one(prom, f'min(count_over_time(HandlerErrors{{ModelName="{TAGGER}"}}[1m]))'),
+            lambda: prom.value(f'min(count_over_time(HandlerErrors{{ModelName="{TAGGER}"}}[1m]))'),
             lambda n: n is not None and n >= 3,
             timeout_s=60,
         )
@@ -314,7 +292,7 @@ def test_prometheus_with_the_shipped_rules_reads_the_core_on_triton(triton, tmp_
         readings: list[dict] = []
 
         def read() -> dict:
-            readings.append({k: _one(prom, q) for k, q in queries.items()})
+            readings.append({k: prom.value(q) for k, q in queries.items()})
             return readings[-1]
 
         got = settled(read, agree, timeout_s=60, every_s=0.5)
@@ -323,7 +301,7 @@ def test_prometheus_with_the_shipped_rules_reads_the_core_on_triton(triton, tmp_
             f"readings every 0.5 s: {readings[::4]}"
         )
         # The memory rule reads the worker's gauge: one Triton stub's resident MB.
-        rss = _one(prom, f'ModelName:handler_worker_rss_mb:max{{ModelName="{TAGGER}"}}')
+        rss = prom.value(f'ModelName:handler_worker_rss_mb:max{{ModelName="{TAGGER}"}}')
         assert rss is not None and 100 < rss < 64 * 1024
 
 
