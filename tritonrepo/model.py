@@ -9,6 +9,7 @@ tensor and ``topk`` parameter, parsed inside the core's per-request boundary), a
 model files it imports, so the stub finds them on its own ``sys.path``. The core's metrics go
 out through Triton's custom metrics (``tritonrepo/metrics.py``) on its metrics port.
 """
+
 from __future__ import annotations
 
 import json
@@ -50,14 +51,17 @@ class TritonPythonModel:
         folder = Path(args["model_repository"]) / args["model_version"]
         gpu = args.get("model_instance_kind") == "GPU"
         self.metrics = TritonMetrics(pb_utils, args["model_name"])
-        self.model = ImageModel(ModelSettings(
-            files=ModelFiles.read(folder, parameters["serialized_file"]),
-            name=args["model_name"],
-            version=args["model_version"],
-            config=HandlerConfig.from_mapping(json.loads(parameters["handler"])),
-            batch_size=max(1, int(config.get("max_batch_size", 1))),
-            gpu_id=int(args["model_instance_device_id"]) if gpu else None,
-        ), self.metrics)
+        self.model = ImageModel(
+            ModelSettings(
+                files=ModelFiles.read(folder, parameters["serialized_file"]),
+                name=args["model_name"],
+                version=args["model_version"],
+                config=HandlerConfig.from_mapping(json.loads(parameters["handler"])),
+                batch_size=max(1, int(config.get("max_batch_size", 1))),
+                gpu_id=int(args["model_instance_device_id"]) if gpu else None,
+            ),
+            self.metrics,
+        )
 
     def execute(self, requests: list) -> list:
         """Describe requests answered here, the rest by the core as one batch; one response
@@ -68,8 +72,12 @@ class TritonPythonModel:
         if len(replies) != len(served):  # Triton needs exactly one response per request
             raise RuntimeError(f"the model answered {len(replies)} of {len(served)} requests")
         answers = iter(replies)
-        return [self._described() if ask.get(DESCRIBE) is True
-                else response(next(answers), explained=ask.get(EXPLAIN) is True) for ask in asks]
+        return [
+            self._described()
+            if ask.get(DESCRIBE) is True
+            else response(next(answers), explained=ask.get(EXPLAIN) is True)
+            for ask in asks
+        ]
 
     def finalize(self) -> None:
         self.metrics.close()
@@ -77,13 +85,16 @@ class TritonPythonModel:
     def _described(self):
         """``ImageModel.describe`` as this request's ``describe`` output ([1, 1] BYTES)."""
         text = json.dumps(self.model.describe())
-        return pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor(DESCRIBE, np.array([[text]], dtype=np.object_))])
+        return pb_utils.InferenceResponse(
+            output_tensors=[pb_utils.Tensor(DESCRIBE, np.array([[text]], dtype=np.object_))]
+        )
 
     def _incoming(self, request, parameters: dict) -> Incoming:
-        return Incoming(request_id=request.request_id() or "?",
-                        parse=partial(_parse, request, parameters, self.model.config),
-                        explain=parameters.get(EXPLAIN) is True)
+        return Incoming(
+            request_id=request.request_id() or "?",
+            parse=partial(_parse, request, parameters, self.model.config),
+            explain=parameters.get(EXPLAIN) is True,
+        )
 
 
 def _parse(request, parameters: dict, config: HandlerConfig):
@@ -91,14 +102,19 @@ def _parse(request, parameters: dict, config: HandlerConfig):
     request alone. An explanation request is answered as TorchServe's: one image as
     ``/explanations`` answers it, several as KServe v1's ``:explain``."""
     tensor = pb_utils.get_input_tensor_by_name(request, INPUT)
-    parsed = parse_tensor(tensor.as_numpy().reshape(-1).tolist(), top_k=parameters.get(TOP_K),
-                          request_id=request.request_id() or None, config=config)
+    parsed = parse_tensor(
+        tensor.as_numpy().reshape(-1).tolist(),
+        top_k=parameters.get(TOP_K),
+        request_id=request.request_id() or None,
+        config=config,
+    )
     # Explanation parameters on a prediction are the core's 400, not silently ignored.
     options = {k: parameters[k] for k in EXPLAIN_KEYS if k in parameters}
     if parameters.get(EXPLAIN) is not True:
         return replace(parsed, options=options)
-    return replace(parsed, protocol=Protocol.PLAIN if len(parsed.images) == 1 else Protocol.V1,
-                   options=options)
+    return replace(
+        parsed, protocol=Protocol.PLAIN if len(parsed.images) == 1 else Protocol.V1, options=options
+    )
 
 
 def _parameters(request) -> dict:
@@ -111,14 +127,24 @@ def response(reply: Reply, explained: bool = False):
     JSON as the ``explanations`` output), or the core's error body as this request's error, with
     the nearest status Triton's HTTP frontend can send."""
     if reply.error is not None:
-        return pb_utils.InferenceResponse(error=pb_utils.TritonError(reply.text, _code(reply.status)))
+        return pb_utils.InferenceResponse(
+            error=pb_utils.TritonError(reply.text, _code(reply.status))
+        )
     if explained:
-        return pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor(EXPLANATIONS, np.array([[reply.text]], dtype=np.object_))])
-    return pb_utils.InferenceResponse(output_tensors=[
-        pb_utils.Tensor(out["name"], np.array(out["data"], dtype=DTYPES[out["datatype"]])
-                        .reshape(out["shape"]))
-        for out in reply.body["outputs"]])
+        return pb_utils.InferenceResponse(
+            output_tensors=[
+                pb_utils.Tensor(EXPLANATIONS, np.array([[reply.text]], dtype=np.object_))
+            ]
+        )
+    return pb_utils.InferenceResponse(
+        output_tensors=[
+            pb_utils.Tensor(
+                out["name"],
+                np.array(out["data"], dtype=DTYPES[out["datatype"]]).reshape(out["shape"]),
+            )
+            for out in reply.body["outputs"]
+        ]
+    )
 
 
 def _code(status: int) -> int:
