@@ -6,6 +6,7 @@ can be held to the float32 reference (tests/reference.py) as tightly as f32 allo
 the end (the last test checks that it stops cleanly). Skipped, saying why, when
 ``make triton-server`` could not install the wheel.
 """
+
 from __future__ import annotations
 
 import base64
@@ -65,8 +66,9 @@ def test_config_pbtxt_carries_the_model_yaml(model):
     assert 'string_value: "{\\"task\\": \\"tags\\"}"' in text
     assert "EXECUTION_ENV_PATH" not in text
     packed = config_pbtxt(model, settings, {"task": "tags"}, "resnet50_dual.xml", "env.tar.gz")
-    assert ('key: "EXECUTION_ENV_PATH" value: { string_value: '
-            '"$$TRITON_MODEL_DIRECTORY/env.tar.gz" }') in packed
+    assert (
+        'key: "EXECUTION_ENV_PATH" value: { string_value: "$$TRITON_MODEL_DIRECTORY/env.tar.gz" }'
+    ) in packed
 
 
 def test_the_kserve_triton_manifest_passes_the_lint_and_its_rules_apply():
@@ -82,20 +84,26 @@ def test_the_kserve_triton_manifest_passes_the_lint_and_its_rules_apply():
     objects = render(target)
     [isvc] = [o for o in objects if o.kind == "InferenceService"]
     model = isvc.obj["spec"]["predictor"]["model"]
-    assert (model["runtime"], model["modelFormat"]) == ("kserve-tritonserver",
-                                                        {"name": "triton", "version": "2"})
+    assert (model["runtime"], model["modelFormat"]) == (
+        "kserve-tritonserver",
+        {"name": "triton", "version": "2"},
+    )
     runtimes = {lint.TRITON_RUNTIME.name: lint.TRITON_RUNTIME}
     limits = lint.ServingLimits.from_models(repo_models())
     v1 = copy.deepcopy(isvc)
     v1.obj["spec"]["predictor"]["model"]["protocolVersion"] = "v1"
-    assert any("'v1' is not supported by runtime kserve-tritonserver" in str(f)
-               for f in lint.inference_service_findings(v1, runtimes, limits))
+    assert any(
+        "'v1' is not supported by runtime kserve-tritonserver" in str(f)
+        for f in lint.inference_service_findings(v1, runtimes, limits)
+    )
     no_metrics = copy.deepcopy(objects)
     for o in no_metrics:
         if o.kind == "NetworkPolicy":
             o.obj["spec"]["ingress"].pop(1)
-    assert any("port 8002 is admitted from no namespace" in str(f)
-               for f in lint.network_policy_findings(no_metrics))
+    assert any(
+        "port 8002 is admitted from no namespace" in str(f)
+        for f in lint.network_policy_findings(no_metrics)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -122,8 +130,16 @@ def triton(tmp_path_factory, model_store):
 
 def infer(triton, model: str, images: list[bytes], **parameters) -> requests.Response:
     """The JSON body TorchServe's v2 route takes: base64 images in a BYTES tensor's data."""
-    body = {"inputs": [{"name": "images", "datatype": "BYTES", "shape": [len(images), 1],
-                        "data": [base64.b64encode(i).decode() for i in images]}]}
+    body = {
+        "inputs": [
+            {
+                "name": "images",
+                "datatype": "BYTES",
+                "shape": [len(images), 1],
+                "data": [base64.b64encode(i).decode() for i in images],
+            }
+        ]
+    }
     if parameters:
         body["parameters"] = parameters
     return requests.post(f"{triton.url}/v2/models/{model}/infer", json=body, timeout=300)
@@ -132,21 +148,26 @@ def infer(triton, model: str, images: list[bytes], **parameters) -> requests.Res
 def output(response: requests.Response, name: str) -> np.ndarray:
     assert response.status_code == 200, response.text
     out = {o["name"]: o for o in response.json()["outputs"]}[name]
-    return np.array(out["data"], dtype=object if out["datatype"] == "BYTES" else np.float32
-                    ).reshape(out["shape"])
+    return np.array(
+        out["data"], dtype=object if out["datatype"] == "BYTES" else np.float32
+    ).reshape(out["shape"])
 
 
 def expected_tags(reference, labels: list[str], image: bytes, k: int) -> list[dict]:
     top = torch.softmax(reference(image)[1], dim=0).topk(k)
-    return [{"label": labels[i], "index": i, "probability": p}
-            for i, p in zip(top.indices.tolist(), top.values.tolist())]
+    return [
+        {"label": labels[i], "index": i, "probability": p}
+        for i, p in zip(top.indices.tolist(), top.values.tolist())
+    ]
 
 
 def test_health_ready_metadata_and_metrics_answer(triton):
     assert requests.get(f"{triton.url}/v2/health/live", timeout=30).status_code == 200
     assert requests.get(f"{triton.url}/v2/health/ready", timeout=30).status_code == 200
-    for model, out, datatype, shape in ((EMBEDDING, "embedding", "FP32", [-1, 2048]),
-                                        (TAGGER, "tags", "BYTES", [-1, -1])):
+    for model, out, datatype, shape in (
+        (EMBEDDING, "embedding", "FP32", [-1, 2048]),
+        (TAGGER, "tags", "BYTES", [-1, -1]),
+    ):
         assert requests.get(f"{triton.url}/v2/models/{model}/ready", timeout=30).status_code == 200
         meta = requests.get(f"{triton.url}/v2/models/{model}", timeout=30).json()
         assert meta["inputs"] == [{"name": "images", "datatype": "BYTES", "shape": [-1, 1]}]
@@ -161,8 +182,11 @@ def test_embeddings_equal_the_float32_reference(triton, reference):
     assert embeddings.shape == (len(PHOTOS), 2048)
     for photo, embedding in zip(PHOTOS, embeddings):
         expected = torch.nn.functional.normalize(reference(photo)[0], dim=0)  # the YAML's L2
-        cosine = float(torch.nn.functional.cosine_similarity(
-            torch.as_tensor(embedding, dtype=torch.float64), expected.double(), dim=0))
+        cosine = float(
+            torch.nn.functional.cosine_similarity(
+                torch.as_tensor(embedding, dtype=torch.float64), expected.double(), dim=0
+            )
+        )
         assert cosine >= 0.9999
         assert rel_error(embedding, expected) <= tolerance("f32")
 
@@ -170,8 +194,9 @@ def test_embeddings_equal_the_float32_reference(triton, reference):
 def test_tags_match_the_reference_in_json_and_binary_requests(triton, reference, weights_dir):
     import tritonclient.http as httpclient
 
-    labels = [json.loads((weights_dir / "index_to_name.json").read_text())[str(i)]
-              for i in range(1000)]
+    labels = [
+        json.loads((weights_dir / "index_to_name.json").read_text())[str(i)] for i in range(1000)
+    ]
     from_json = output(infer(triton, TAGGER, PHOTOS, topk=3), "tags")
     assert from_json.shape == (len(PHOTOS), 3)
     for photo, row in zip(PHOTOS, from_json):
@@ -183,8 +208,9 @@ def test_tags_match_the_reference_in_json_and_binary_requests(triton, reference,
     tensor.set_data_from_numpy(np.array([[p] for p in PHOTOS], dtype=object), binary_data=True)
     result = client.infer(TAGGER, [tensor], parameters={"topk": 3})
     binary = result.as_numpy("tags")
-    assert [[json.loads(t)["index"] for t in row] for row in binary] == \
-        [[json.loads(t)["index"] for t in row] for row in from_json]
+    assert [[json.loads(t)["index"] for t in row] for row in binary] == [
+        [json.loads(t)["index"] for t in row] for row in from_json
+    ]
 
 
 def test_a_broken_image_fails_alone_beside_three_good_ones(triton):
@@ -216,8 +242,9 @@ def test_concurrent_requests_are_batched(triton):
     with ThreadPoolExecutor(clients) as pool:
         assert list(pool.map(send, range(clients))) == [200] * clients
     stats = requests.get(f"{triton.url}/v2/models/{TAGGER}/stats", timeout=30).json()
-    sizes = {b["batch_size"]: b["compute_infer"]["count"]
-             for b in stats["model_stats"][0]["batch_stats"]}
+    sizes = {
+        b["batch_size"]: b["compute_infer"]["count"] for b in stats["model_stats"][0]["batch_stats"]
+    }
     assert max(sizes) > 1, sizes
 
 
@@ -235,11 +262,24 @@ def test_tsctl_tags_and_embeds_through_triton_unchanged(triton, tmp_path, refere
     env = dict(os.environ, PYTHONPATH=str(REPO))  # this checkout's client
 
     def tsctl(*argv):
-        return subprocess.run([str(REPO / ".venv" / "bin" / "tsctl"), *argv], env=env,
-                              capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [str(REPO / ".venv" / "bin" / "tsctl"), *argv],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
-    tagged = tsctl("--json", "tag", "--url", triton.url, "--topk", "3", *map(str, paths),
-                   str(tmp_path / "broken.jpg"))
+    tagged = tsctl(
+        "--json",
+        "tag",
+        "--url",
+        triton.url,
+        "--topk",
+        "3",
+        *map(str, paths),
+        str(tmp_path / "broken.jpg"),
+    )
     assert tagged.returncode == 7, tagged.stderr  # some files failed
     answers = json.loads(tagged.stdout)
     assert all(len(answers[str(p)]) == 3 for p in paths)
@@ -258,13 +298,26 @@ def test_tsctl_tags_and_embeds_through_triton_unchanged(triton, tmp_path, refere
 def test_the_same_json_body_gets_torchserves_answer(triton, tmp_path_factory, model_store):
     """TorchServe at the same precision (f32), the same v2 JSON body to both: the same
     embeddings (cosine >= 0.9999) and the same tags, computed from the same forward."""
-    body = {"inputs": [{"name": "images", "datatype": "BYTES", "shape": [len(PHOTOS), 1],
-                        "data": [base64.b64encode(i).decode() for i in PHOTOS]}]}
-    with variant_server(tmp_path_factory, model_store, EMBEDDING,
-                        handler={"precision": "f32"}) as ts:
+    body = {
+        "inputs": [
+            {
+                "name": "images",
+                "datatype": "BYTES",
+                "shape": [len(PHOTOS), 1],
+                "data": [base64.b64encode(i).decode() for i in PHOTOS],
+            }
+        ]
+    }
+    with variant_server(
+        tmp_path_factory, model_store, EMBEDDING, handler={"precision": "f32"}
+    ) as ts:
         ask = {**body, "outputs": [{"name": "embedding"}, {"name": "tags"}]}
-        answer = requests.post(f"{ts.inference_url}/predictions/{EMBEDDING}", json=ask,
-                               headers=ts.keys.inference_headers(), timeout=300)
+        answer = requests.post(
+            f"{ts.inference_url}/predictions/{EMBEDDING}",
+            json=ask,
+            headers=ts.keys.inference_headers(),
+            timeout=300,
+        )
         assert answer.status_code == 200, answer.text
         assert answer.headers["X-Precision"] == "f32"
     theirs = {o["name"]: o for o in answer.json()["outputs"]}
@@ -274,8 +327,9 @@ def test_the_same_json_body_gets_torchserves_answer(triton, tmp_path_factory, mo
         assert mine @ their / np.linalg.norm(mine) / np.linalg.norm(their) >= 0.9999
     tags = output(infer(triton, TAGGER, PHOTOS), "tags")
     their_tags = np.array(theirs["tags"]["data"], dtype=object).reshape(theirs["tags"]["shape"])
-    assert [[json.loads(t)["index"] for t in row] for row in tags] == \
-        [[json.loads(t)["index"] for t in row] for row in their_tags]
+    assert [[json.loads(t)["index"] for t in row] for row in tags] == [
+        [json.loads(t)["index"] for t in row] for row in their_tags
+    ]
 
 
 def test_triton_stops_cleanly(triton):

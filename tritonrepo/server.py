@@ -9,6 +9,7 @@ libraries and ``libpython`` on ``LD_LIBRARY_PATH``, every endpoint on 127.0.0.1 
 host do not meet. Ctrl-C or SIGTERM stops it the way Triton stops: in-flight requests finish,
 models unload, the stubs exit.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,11 @@ from tsclient import ports
 
 REPO = Path(__file__).resolve().parent.parent
 REPOSITORY = REPO / "build" / "triton"
-DEFAULT_PORTS = {"http": ports.TRITON_HTTP, "grpc": ports.TRITON_GRPC,
-                 "metrics": ports.TRITON_METRICS}
+DEFAULT_PORTS = {
+    "http": ports.TRITON_HTTP,
+    "grpc": ports.TRITON_GRPC,
+    "metrics": ports.TRITON_METRICS,
+}
 EXIT_TIMEOUT = 30  # seconds Triton gives in-flight requests when told to stop
 
 
@@ -37,9 +41,16 @@ class Triton:
     """One ``tritonserver`` process on ``repository``; ``start`` waits until it is ready
     (every model loaded), ``stop`` ends it and its stubs."""
 
-    def __init__(self, repository: Path = REPOSITORY, *, http: int = ports.TRITON_HTTP,
-                 grpc: int = ports.TRITON_GRPC, metrics: int = ports.TRITON_METRICS,
-                 install: TritonInstall = TritonInstall(), log: IO | None = None) -> None:
+    def __init__(
+        self,
+        repository: Path = REPOSITORY,
+        *,
+        http: int = ports.TRITON_HTTP,
+        grpc: int = ports.TRITON_GRPC,
+        metrics: int = ports.TRITON_METRICS,
+        install: TritonInstall = TritonInstall(),
+        log: IO | None = None,
+    ) -> None:
         self.repository = Path(repository)
         self.ports = {"http": http, "grpc": grpc, "metrics": metrics}
         self.install = install
@@ -61,9 +72,12 @@ class Triton:
             f"--model-repository={self.repository}",
             f"--backend-directory={self.install.server / 'backends'}",
             f"--cache-directory={self.install.server / 'caches'}",
-            f"--http-address={host}", f"--http-port={self.ports['http']}",
-            f"--grpc-address={host}", f"--grpc-port={self.ports['grpc']}",
-            f"--metrics-address={host}", f"--metrics-port={self.ports['metrics']}",
+            f"--http-address={host}",
+            f"--http-port={self.ports['http']}",
+            f"--grpc-address={host}",
+            f"--grpc-port={self.ports['grpc']}",
+            f"--metrics-address={host}",
+            f"--metrics-port={self.ports['metrics']}",
             # Each stub's shared memory is /dev/shm/<prefix>...: one prefix per server.
             f"--backend-config=python,shm-region-prefix-name=rs{os.getpid()}-{uuid.uuid4().hex[:8]}_",
             f"--exit-timeout-secs={EXIT_TIMEOUT}",
@@ -84,9 +98,14 @@ class Triton:
 
     def start(self, timeout: float = 300.0) -> Triton:
         self.install.check()
-        self.process = subprocess.Popen(self.command(), env=self.env(), stdin=subprocess.DEVNULL,
-                                        stdout=self.log, stderr=subprocess.STDOUT if self.log
-                                        else None, start_new_session=True)
+        self.process = subprocess.Popen(
+            self.command(),
+            env=self.env(),
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT if self.log else None,
+            start_new_session=True,
+        )
         try:
             self._wait_ready(timeout)
         except BaseException:
@@ -128,8 +147,9 @@ class Triton:
                 raise RuntimeError("Triton was not started")
             code = self.process.poll()
             if code is not None:
-                raise RuntimeError(f"tritonserver exited with {code} before it was ready "
-                                   "(its log says why)")
+                raise RuntimeError(
+                    f"tritonserver exited with {code} before it was ready (its log says why)"
+                )
             try:
                 if requests.get(self.url + "/v2/health/ready", timeout=5).status_code == 200:
                     return
@@ -145,14 +165,18 @@ def main(argv: list[str] | None = None) -> int:
     for name, port in DEFAULT_PORTS.items():
         parser.add_argument(f"--{name}-port", type=int, default=port)
     args = parser.parse_args(argv)
-    triton = Triton(args.repository, http=args.http_port, grpc=args.grpc_port,
-                    metrics=args.metrics_port)
+    triton = Triton(
+        args.repository, http=args.http_port, grpc=args.grpc_port, metrics=args.metrics_port
+    )
     # SIGTERM as Ctrl-C: one path that stops Triton and waits for it.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         triton.start()
-        print(f"Triton ready: {triton.url}/v2 (gRPC {ports.HOST}:{args.grpc_port}, metrics "
-              f"{triton.metrics_url}); Ctrl-C stops it", file=sys.stderr)
+        print(
+            f"Triton ready: {triton.url}/v2 (gRPC {ports.HOST}:{args.grpc_port}, metrics "
+            f"{triton.metrics_url}); Ctrl-C stops it",
+            file=sys.stderr,
+        )
         triton.wait()
         return 1  # it stopped on its own: its log says why
     except KeyboardInterrupt:
