@@ -36,7 +36,7 @@ from typing import Protocol
 
 import psutil
 
-from bench import report
+from bench import machine, report
 from bench.layout import (
     BUILD,
     EMBEDDING,
@@ -467,6 +467,7 @@ def soak(duration_s: float, out_dir: Path, engine: str = "torchserve") -> dict:
         "engine": target.engine,
         **summarize(classes, records, series, duration_s),
         "notes": {cls.name: cls.note for cls in classes if cls.note},
+        "provenance": machine.dated(),
     }
     write_reports(summary, series, out_dir, target.stem)
     return summary
@@ -549,6 +550,8 @@ def render_markdown(summary: dict) -> str:
     restarts = ", ".join(f"{m}: {n}" for m, n in summary["restarts"].items())
     lines = [
         f"# Soak: {engine}",
+        "",
+        summary.get("provenance", ""),
         "",
         f"`python -m bench.soak` (`make soak`): {summary['duration_s'] / 60:.1f} minutes of every "
         f"traffic class at once against one local {engine} (shipped config, both models). "
