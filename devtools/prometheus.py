@@ -99,7 +99,7 @@ class LocalPrometheus:
         self.url = ports.url(self.port)
         self._proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 60.0) -> "LocalPrometheus":
+    def start(self, timeout: float = 60.0) -> LocalPrometheus:
         """Start, then wait until Prometheus says it is ready."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         config_file = self.workdir / "prometheus.yml"
@@ -134,7 +134,7 @@ class LocalPrometheus:
             stop_processes({self._proc.pid}, grace=20)
             self._proc.wait(timeout=10)
 
-    def __enter__(self) -> "LocalPrometheus":
+    def __enter__(self) -> LocalPrometheus:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -146,7 +146,8 @@ class LocalPrometheus:
         return float(result[0]["value"][1]) if len(result) == 1 else None
 
     def query(self, expr: str) -> list[dict]:
-        """The instant vector ``expr`` evaluates to now: ``[{"metric": {...}, "value": [t, "v"]}]``."""
+        """The instant vector ``expr`` evaluates to now:
+        ``[{"metric": {...}, "value": [t, "v"]}]``."""
         answer = requests.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=10)
         answer.raise_for_status()
         body = answer.json()

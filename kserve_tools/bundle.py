@@ -4,8 +4,8 @@
     python -m kserve_tools.bundle [--out build/kserve] [--device cpu|gpu] [--model-version 1.0]
 
 The bundle is the tree KServe's storage initializer puts at ``/mnt/models`` and the runtime's
-``torchserve --model-store=/mnt/models/model-store --ts-config=/mnt/models/config/config.properties``
-reads::
+command reads (``torchserve --model-store=/mnt/models/model-store
+--ts-config=/mnt/models/config/config.properties``)::
 
     config/config.properties   kserve/runtime/server.properties + load_models + models={...}
                                from config/models/*.yaml (buildsteps.configgen, like the local one)
@@ -57,9 +57,8 @@ class Bundle:
 
 def bundle_name(device: str = "cpu", version: str = VERSION) -> str:
     """``resnet50-serve[-gpu][-<version>]``: the last path element of the storageUri."""
-    return (
-        NAME + ("-gpu" if device == "gpu" else "") + ("" if version == VERSION else f"-{version}")
-    )
+    gpu = "-gpu" if device == "gpu" else ""
+    return NAME + gpu + ("" if version == VERSION else f"-{version}")
 
 
 def bundle_config(device: str = "cpu", version: str = VERSION) -> str:

@@ -102,7 +102,7 @@ class RuntimeContainer:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self, timeout: float = 600.0) -> "RuntimeContainer":
+    def start(self, timeout: float = 600.0) -> RuntimeContainer:
         """Run the container and wait until its readinessProbe passes."""
         self.started_at = time.monotonic()
         subprocess.run(self.run_command(), check=True, capture_output=True, text=True)
@@ -176,7 +176,7 @@ class RuntimeContainer:
     def logs(self, lines: int = 60) -> str:
         return self._engine("logs", "--tail", str(lines), self.name, check=False).stdout
 
-    def __enter__(self) -> "RuntimeContainer":
+    def __enter__(self) -> RuntimeContainer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

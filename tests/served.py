@@ -8,8 +8,9 @@ import json
 import shutil
 import subprocess
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator, TypeVar
+from typing import TypeVar
 
 import pytest
 import requests

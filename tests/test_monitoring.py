@@ -211,8 +211,8 @@ def _exported_names() -> set[str]:
     declared = yaml.safe_load((REPO / "config" / "metrics.yaml").read_text())
     names = {"up", *recording_rules()}
     for section in ("ts_metrics", "model_metrics"):
-        for kind, metrics in declared[section].items():
-            for metric in metrics:
+        for kind, declared_metrics in declared[section].items():
+            for metric in declared_metrics:
                 names.add(metric["name"])
                 if kind == "histogram":
                     names |= {metric["name"] + s for s in ("_sum", "_count", "_bucket")}

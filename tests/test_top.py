@@ -188,7 +188,7 @@ class _Load:
             )
             self.sent += 1
 
-    def __enter__(self) -> "_Load":
+    def __enter__(self) -> _Load:
         for thread in self.threads:
             thread.start()
         return self

@@ -152,8 +152,6 @@ def _code(status: int) -> int:
     4xx become 400 (the core's body in the message still says which), 5xx internal."""
     if status == HTTPStatus.SERVICE_UNAVAILABLE:
         return pb_utils.TritonError.UNAVAILABLE
-    if status == HTTPStatus.NOT_FOUND:
-        return pb_utils.TritonError.NOT_FOUND
     if 400 <= status < 500:
         return pb_utils.TritonError.INVALID_ARG
     return pb_utils.TritonError.INTERNAL

@@ -33,9 +33,10 @@ import sys
 import termios
 import time
 import tty
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Callable, TextIO
+from typing import TextIO
 
 from tabulate import tabulate
 
@@ -282,7 +283,7 @@ class _Keys:
         self.fd = sys.stdin.fileno() if sys.stdin.isatty() else None
         self._saved = None
 
-    def __enter__(self) -> "_Keys":
+    def __enter__(self) -> _Keys:
         if self.fd is not None:
             self._saved = termios.tcgetattr(self.fd)
             tty.setcbreak(self.fd)

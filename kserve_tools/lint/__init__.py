@@ -29,8 +29,8 @@ For our ClusterServingRuntime (no CRD schema is kept here, so our own rules, str
 fields only; one ``kserve-container`` started in the foreground from ``/mnt/models``; model
 formats not auto-selected; v1/v2 protocols; one port named for Knative and equal to TorchServe's
 ``inference_address`` port; the bundle's readiness check as readiness probe (no HTTP route of
-TorchServe 0.12 waits for loaded workers); metrics annotations equal to ``metrics_address``; no ``PYTHONPATH``; token
-authorization off in its config (probes carry no key).
+TorchServe 0.12 waits for loaded workers); metrics annotations equal to ``metrics_address``;
+no ``PYTHONPATH``; token authorization off in its config (probes carry no key).
 
 Ours, for the pods: our runtime's container runs with ``seccompProfile: RuntimeDefault`` and a
 memory request and limit of at least ``FOOTPRINT_GIB`` (measured, kserve/README.md), as does
