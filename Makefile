@@ -114,12 +114,14 @@ serve: setup config archives samples
 		--ts-config config/config.properties $(if $(filter 1,$(MODEL_API)),--enable-model-api)
 
 # Prometheus with config/monitoring's rules scraping make serve's metrics port (run make serve
-# in another terminal), its UI on http://127.0.0.1:$(MONITOR_PORT); Ctrl-C stops it
-# (devtools/prometheus.py; docs/operations.md, Monitoring).
+# in another terminal; MONITOR_ENGINE=triton: make serve-triton's), its UI on
+# http://127.0.0.1:$(MONITOR_PORT); Ctrl-C stops it (devtools/prometheus.py;
+# docs/operations.md, Monitoring).
 MONITOR_PORT ?= 9090
+MONITOR_ENGINE ?= torchserve
 .PHONY: monitor
 monitor: $(VENV)/.installed prometheus
-	$(PY) -m devtools.prometheus --port $(MONITOR_PORT)
+	$(PY) -m devtools.prometheus --port $(MONITOR_PORT) --engine $(MONITOR_ENGINE)
 
 # Triton (docs/triton.md, tritonrepo/): the server from the pinned nvidia-pytriton wheel in its
 # own venv (numpy<2; the project's venv keeps numpy 2) laid out in build/triton-server; a model

@@ -182,6 +182,22 @@ def test_error_answers_map_to_one_error_each(status, body, kind, hint):
     assert type(error) is kind and error.status == status and hint in error.hint
 
 
+def test_tritons_error_answers_read_as_the_cores():
+    """Triton's HTTP frontend answers ``{"error": "<message>"}``; this project's models put
+    the core's JSON body in the message, Triton's own errors are plain text."""
+    core = {"code": 400, "type": "InvalidImage", "message": "image 1 of 1: not an image"}
+    error = errors.from_response(_response(400, {"error": json.dumps(core)}), "infer m")
+    assert (error.status, error.type, error.server_message) == (
+        400,
+        "InvalidImage",
+        "infer m: image 1 of 1: not an image",
+    )
+    plain = errors.from_response(
+        _response(400, {"error": "unexpected inference input 'x'"}), "infer m"
+    )
+    assert (plain.type, plain.server_message) == ("", "infer m: unexpected inference input 'x'")
+
+
 @pytest.mark.parametrize(
     ("header", "seconds"),
     [("3", 3.0), ("soon", None), (None, None), ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0)],
