@@ -33,7 +33,7 @@ MODEL_CONFIGS := $(wildcard config/models/*.yaml)
 SOURCES := $(wildcard handlers/*.py servecore/*.py servecore/*/*.py model_files/*.py) $(MODEL_CONFIGS) archive.sh \
            buildsteps/configgen.py
 
-.PHONY: setup java config weights archives samples serve test test-fast triton-server triton-repo serve-triton bench bench-sweep bench-ingestion bench-collection soak clean
+.PHONY: setup java config weights archives samples serve lint test test-fast triton-server triton-repo serve-triton bench bench-sweep bench-ingestion bench-collection soak clean
 .DEFAULT_GOAL := test
 
 setup: $(VENV)/.installed java kubectl chromium prometheus
@@ -114,12 +114,14 @@ serve: setup config archives samples
 		--ts-config config/config.properties $(if $(filter 1,$(MODEL_API)),--enable-model-api)
 
 # Prometheus with config/monitoring's rules scraping make serve's metrics port (run make serve
-# in another terminal), its UI on http://127.0.0.1:$(MONITOR_PORT); Ctrl-C stops it
-# (devtools/prometheus.py; docs/operations.md, Monitoring).
+# in another terminal; MONITOR_ENGINE=triton: make serve-triton's), its UI on
+# http://127.0.0.1:$(MONITOR_PORT); Ctrl-C stops it (devtools/prometheus.py;
+# docs/operations.md, Monitoring).
 MONITOR_PORT ?= 9090
+MONITOR_ENGINE ?= torchserve
 .PHONY: monitor
 monitor: $(VENV)/.installed prometheus
-	$(PY) -m devtools.prometheus --port $(MONITOR_PORT)
+	$(PY) -m devtools.prometheus --port $(MONITOR_PORT) --engine $(MONITOR_ENGINE)
 
 # Triton (docs/triton.md, tritonrepo/): the server from the pinned nvidia-pytriton wheel in its
 # own venv (numpy<2; the project's venv keeps numpy 2) laid out in build/triton-server; a model
@@ -145,13 +147,25 @@ triton-repo: config archives
 serve-triton: setup triton-server triton-repo
 	$(PY) -m tritonrepo.server
 
+# The linters, configured in pyproject.toml (seconds): ruff's rules, mypy on the core and the
+# engine adapters, vulture for dead code (devtools/vulture_whitelist.py lists what frameworks
+# call), and last the formatting check.
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/vulture
+	@$(VENV)/bin/ruff format --check --output-format concise . \
+		|| { echo "lint: the files above need formatting; run: $(VENV)/bin/ruff format" >&2; exit 1; }
+
 # The whole suite, the benchmark smoke test (marked slow) and the runtime image's container
 # test included (the image: ~10 minutes the first time, reused afterwards; see kserve/README.md).
 test: setup config archives samples kserve-image triton-server
+	@$(MAKE) --no-print-directory lint
 	$(VENV)/bin/pytest
 
 # The inner loop: everything but the tests marked slow or container (see pytest.ini).
 test-fast: setup config archives samples triton-server
+	@$(MAKE) --no-print-directory lint
 	$(VENV)/bin/pytest -m "not slow and not container"
 
 # Raw model speed, our tagger served (the shipped archives: auto may serve int8), and
@@ -174,10 +188,12 @@ bench-ingestion: setup config archives samples
 
 # Every kind of client at once against one local server (photos, v2 x8, explanations, bad
 # inputs, the floods) -> results/soak.md and .png: latency per class, statuses, worker
-# restarts, RSS over time. Bounded: SOAK_MINUTES (10), loopback only; SOAK_QUICK=1 for 30 s.
+# restarts, RSS over time. Bounded: SOAK_MINUTES (10), loopback only; SOAK_QUICK=1 for 30 s;
+# SOAK_ENGINE=triton soaks Triton on the generated repository -> results/soak-triton.md.
 SOAK_MINUTES ?= 10
-soak: setup config archives samples
-	$(PY) -m bench.soak --minutes $(SOAK_MINUTES) $(if $(SOAK_QUICK),--quick)
+SOAK_ENGINE ?= torchserve
+soak: setup config archives samples $(if $(filter triton,$(SOAK_ENGINE)),triton-server)
+	$(PY) -m bench.soak --minutes $(SOAK_MINUTES) --engine $(SOAK_ENGINE) $(if $(SOAK_QUICK),--quick)
 
 # tsctl embed over 2,000 generated photos vs the server's own throughput, a SIGKILL at ~50%
 # and the rerun, exact search over 100,000 vectors -> results/collection.md (about 6 minutes).

@@ -5,8 +5,8 @@
     python -m kserve_tools.bundle --engine triton [--out build/kserve]
 
 The bundle is the tree KServe's storage initializer puts at ``/mnt/models`` and the runtime's
-``torchserve --model-store=/mnt/models/model-store --ts-config=/mnt/models/config/config.properties``
-reads::
+command reads (``torchserve --model-store=/mnt/models/model-store
+--ts-config=/mnt/models/config/config.properties``)::
 
     config/config.properties   kserve/runtime/server.properties + load_models + models={...}
                                from config/models/*.yaml (buildsteps.configgen, like the local one)

@@ -127,7 +127,7 @@ class RuntimeContainer:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self, timeout: float = 600.0) -> "RuntimeContainer":
+    def start(self, timeout: float = 600.0) -> RuntimeContainer:
         """Run the container and wait until its readinessProbe passes."""
         self.started_at = time.monotonic()
         subprocess.run(self.run_command(), check=True, capture_output=True, text=True)
@@ -209,7 +209,7 @@ class RuntimeContainer:
             timeout=120,
         ).stdout
 
-    def __enter__(self) -> "RuntimeContainer":
+    def __enter__(self) -> RuntimeContainer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

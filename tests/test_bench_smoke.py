@@ -99,7 +99,7 @@ def test_ingestion_split_reads_a_real_torchserve_log(tmp_path, model_store):
         assert r["errors"] == 0 and r["requests"] > 0, r
         assert r["batches"] > 0, r
         assert 0 < r["handler_ms"] <= r["backend_ms"] + 1, r  # backend times are whole ms
-        assert 0 < r["decode_ms"] and 0 < r["forward_ms"], r
+        assert r["decode_ms"] > 0 and r["forward_ms"] > 0, r
         assert r["decode_ms"] + r["forward_ms"] <= r["handler_ms"], r
         assert 0 < r["worker_busy"] <= 1.05, r
         # The servers used CPU (a one-client quick run's client can stay under psutil's 10 ms
@@ -155,3 +155,46 @@ def test_soak_runs_every_class_and_reports(tmp_path, model_store):
     assert set(summary["restarts"].values()) == {0}
     assert "| photo |" in (tmp_path / "soak.md").read_text()
     assert (tmp_path / "soak.png").stat().st_size > 10_000
+
+
+def test_soak_on_triton_runs_every_class_and_reports(tmp_path, model_store):
+    """``python -m bench.soak --quick --engine triton``: the same mix as Triton takes it, every
+    class answered as a healthy server answers it, no stub restarted; the one exception is
+    Triton's own frontend answering 500 to JSON it cannot parse, which the report names."""
+    from tritonrepo.install import NotInstalled, TritonInstall
+
+    try:
+        TritonInstall().check()
+    except NotInstalled as exc:
+        pytest.skip(f"no Triton server: {exc}")
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.soak",
+            "--quick",
+            "--quiet",
+            "--engine",
+            "triton",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads((tmp_path / "soak-triton.json").read_text())
+    assert summary["engine"] == "Triton"
+    for name, row in summary["classes"].items():
+        assert row["requests"] > 0, name
+        if name == "deep JSON":
+            assert set(row["outcomes"]) == {"500"}, row
+        else:
+            assert not row["unexpected"], (name, row)
+    assert set(summary["five_hundreds_not_503"]) == {"500"}
+    assert set(summary["restarts"].values()) == {0}
+    report = (tmp_path / "soak-triton.md").read_text()
+    assert "| photo |" in report and "- deep JSON: Triton 2.51's own HTTP frontend" in report
+    assert (tmp_path / "soak-triton.png").stat().st_size > 10_000

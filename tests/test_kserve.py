@@ -18,9 +18,9 @@ import javaproperties
 import pytest
 import yaml
 
-from kserve_tools import lint as kserve_lint
 from buildsteps.configgen import repo_models
-from kserve_tools.bundle import bundle_config, bundle_name, build_triton
+from kserve_tools import lint as kserve_lint
+from kserve_tools.bundle import build_triton, bundle_config, bundle_name
 from kserve_tools.bundle import main as bundle_main
 from kserve_tools.render import RenderError, render
 from tests.conftest import MODELS, REPO
@@ -740,7 +740,7 @@ def test_every_overlay_ships_a_network_policy_for_its_pods(target):
 
 
 @pytest.mark.parametrize(
-    "mutation, expected",
+    ("mutation", "expected"),
     [
         (lambda objs: [o for o in objs if o.kind != "NetworkPolicy"], "no NetworkPolicy selects"),
         (

@@ -23,16 +23,14 @@ import requests
 import torch
 
 from buildsteps.configgen import frontend_settings, repo_models
-from devtools.server import free_ports
 from servecore.config import HandlerConfig
 from servecore.errors import InvalidParameter, InvalidRequest, PayloadTooLarge
 from servecore.parse import Protocol, parse_tensor
 from tests.imagegen import jpeg, png
 from tests.reference import assert_same_tags, rel_error, tolerance
-from tests.served import variant_server
-from tritonrepo.generate import config_pbtxt, generate
-from tritonrepo.install import NotInstalled, TritonInstall
-from tritonrepo.server import Triton
+from tests.served import local_triton, variant_server
+from tests.served import v2_infer as infer
+from tritonrepo.generate import config_pbtxt
 
 REPO = Path(__file__).resolve().parent.parent
 EMBEDDING, TAGGER = "resnet50-embedding", "resnet50-tagger"
@@ -108,41 +106,8 @@ def test_the_kserve_triton_manifest_passes_the_lint_and_its_rules_apply():
 
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory, model_store):
-    try:
-        TritonInstall().check()
-    except NotInstalled as exc:
-        pytest.skip(f"no Triton server: {exc}")
-    work = tmp_path_factory.mktemp("triton")
-    generate(work / "repository", model_store=model_store, precision="f32")
-    ports = free_ports(("http", "grpc", "metrics"))
-    with (work / "triton.log").open("w") as log:
-        server = Triton(work / "repository", log=log, **ports)
-        try:
-            server.start()
-        except (RuntimeError, TimeoutError) as exc:
-            log.flush()
-            raise RuntimeError(f"{exc}\n{(work / 'triton.log').read_text()[-4000:]}") from None
-        try:
-            yield server
-        finally:
-            server.stop()
-
-
-def infer(triton, model: str, images: list[bytes], **parameters) -> requests.Response:
-    """The JSON body TorchServe's v2 route takes: base64 images in a BYTES tensor's data."""
-    body = {
-        "inputs": [
-            {
-                "name": "images",
-                "datatype": "BYTES",
-                "shape": [len(images), 1],
-                "data": [base64.b64encode(i).decode() for i in images],
-            }
-        ]
-    }
-    if parameters:
-        body["parameters"] = parameters
-    return requests.post(f"{triton.url}/v2/models/{model}/infer", json=body, timeout=300)
+    with local_triton(tmp_path_factory.mktemp("triton"), model_store) as server:
+        yield server
 
 
 def output(response: requests.Response, name: str) -> np.ndarray:
@@ -171,7 +136,10 @@ def test_health_ready_metadata_and_metrics_answer(triton):
         assert requests.get(f"{triton.url}/v2/models/{model}/ready", timeout=30).status_code == 200
         meta = requests.get(f"{triton.url}/v2/models/{model}", timeout=30).json()
         assert meta["inputs"] == [{"name": "images", "datatype": "BYTES", "shape": [-1, 1]}]
-        assert meta["outputs"] == [{"name": out, "datatype": datatype, "shape": shape}]
+        assert meta["outputs"] == [{"name": out, "datatype": datatype, "shape": shape}] + [
+            {"name": name, "datatype": "BYTES", "shape": [-1, 1]}  # tests/test_triton_ops.py
+            for name in ("describe", "explanations")
+        ]
     metrics = requests.get(triton.metrics_url, timeout=30)
     assert metrics.status_code == 200
     assert f'nv_inference_count{{model="{TAGGER}",version="1"}}' in metrics.text

@@ -6,10 +6,11 @@
 For each ``config/models/<model>.yaml`` it writes ``<model>/config.pbtxt`` (``max_batch_size``
 from ``batchSize``, ``max_queue_delay_microseconds`` from ``maxBatchDelay``, instances from
 ``minWorkers``; the ``handler:`` section as the model's ``handler`` parameter) and
-``<model>/1/``: the adapter (``tritonrepo/model.py`` as ``model.py``), the ``servecore`` and
-``model_files`` packages it imports, and the model files of ``model-store/<model>.mar`` (the IR
-and its int8 sibling, labels, weights provenance) so Triton serves exactly what TorchServe
-serves. The PyTorch checkpoint stays out: explanations are TorchServe's only.
+``<model>/1/``: the adapter (``tritonrepo/model.py`` as ``model.py``, with the modules of
+``tritonrepo`` it imports), the ``servecore`` and ``model_files`` packages it imports, and the
+model files of ``model-store/<model>.mar`` (the IR and its int8 sibling, labels, weights
+provenance, the PyTorch checkpoint explanations run on) so Triton serves exactly what
+TorchServe serves.
 """
 
 from __future__ import annotations
@@ -24,12 +25,15 @@ from pathlib import Path
 import yaml
 
 from buildsteps.configgen import MODELS_DIR, archive_name, frontend_settings, model_names
-from model_files.artifacts import CHECKPOINT, read_manifest
+from model_files.artifacts import read_manifest
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "build" / "triton"
 MODEL_STORE = REPO / "model-store"
 PACKAGES = ("servecore", "model_files")  # what model.py imports, copied beside it
+# ... and the adapter's own modules it imports, as 1/tritonrepo/ (not generate, install or
+# server: they run outside Triton).
+ADAPTER_MODULES = ("__init__.py", "metrics.py")
 VERSION = "1"  # Triton's model version folder
 EMBEDDING_SIZE = 2048
 # The output each task answers (servecore.config.Output), as Triton declares it: dims after
@@ -38,6 +42,11 @@ OUTPUTS = {
     "embedding": ('name: "embedding"', "data_type: TYPE_FP32", f"dims: [ {EMBEDDING_SIZE} ]"),
     "tags": ('name: "tags"', "data_type: TYPE_STRING", "dims: [ -1 ]"),
 }
+# What describe and explanation requests answer (tritonrepo/model.py): one JSON text each.
+ANSWER_OUTPUTS = tuple(
+    (f'name: "{name}"', "data_type: TYPE_STRING", "dims: [ 1 ]")
+    for name in ("describe", "explanations")
+)
 
 
 def config_pbtxt(
@@ -59,7 +68,9 @@ def config_pbtxt(
             f"max_batch_size: {int(settings['batchSize'])}",
             # One image per row: [n, 1] for a request of n images (the batch dimension first).
             'input [ { name: "images" data_type: TYPE_STRING dims: [ 1 ] } ]',
-            f"output [ {{ {' '.join(output)} }} ]",
+            "output [ "
+            + ", ".join(f"{{ {' '.join(o)} }}" for o in (output, *ANSWER_OUTPUTS))
+            + " ]",
             "dynamic_batching { max_queue_delay_microseconds: "
             f"{int(settings['maxBatchDelay']) * 1000} }}",
             f"instance_group [ {{ count: {int(settings['minWorkers'])} kind: KIND_CPU }} ]",
@@ -73,15 +84,12 @@ def config_pbtxt(
 
 
 def model_file_names(mar: zipfile.ZipFile) -> list[str]:
-    """The archive's model files: everything but code, its manifest and configuration, and
-    the checkpoint that only explanations need."""
+    """The archive's model files: everything but code, its manifest and configuration (the
+    PyTorch checkpoint included: explanations run on the eager model, as on TorchServe)."""
     return [
         n
         for n in mar.namelist()
-        if not n.startswith("MAR-INF/")
-        and not n.endswith((".py", ".yaml"))
-        and n != CHECKPOINT
-        and "/" not in n
+        if not n.startswith("MAR-INF/") and not n.endswith((".py", ".yaml")) and "/" not in n
     ]
 
 
@@ -116,6 +124,9 @@ def write_model(
         shutil.copytree(
             REPO / package, version / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
         )
+    (version / "tritonrepo").mkdir()
+    for module in ADAPTER_MODULES:
+        shutil.copyfile(REPO / "tritonrepo" / module, version / "tritonrepo" / module)
     shutil.copyfile(REPO / "tritonrepo" / "model.py", version / "model.py")
     (folder / "config.pbtxt").write_text(
         config_pbtxt(model, frontend_settings(source), handler, serialized, execution_env)

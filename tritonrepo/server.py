@@ -109,7 +109,7 @@ class Triton:
         env.pop("PYTHONPATH", None)  # the stub's packages are the model folder's own
         return env
 
-    def start(self, timeout: float = 300.0) -> "Triton":
+    def start(self, timeout: float = 300.0) -> Triton:
         self.install.check()
         self.process = subprocess.Popen(
             self.command(),
@@ -143,15 +143,23 @@ class Triton:
             process.wait(10)
             return None
 
-    def __enter__(self) -> "Triton":
+    def __enter__(self) -> Triton:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    def wait(self) -> int:
+        """Until Triton exits on its own; its exit code."""
+        if self.process is None:
+            raise RuntimeError("Triton was not started")
+        return self.process.wait()
+
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if self.process is None:
+                raise RuntimeError("Triton was not started")
             code = self.process.poll()
             if code is not None:
                 raise RuntimeError(
@@ -210,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{triton.metrics_url}); Ctrl-C stops it",
             file=sys.stderr,
         )
-        triton.process.wait()
+        triton.wait()
         return 1  # it stopped on its own: its log says why
     except KeyboardInterrupt:
         print("stopping Triton", file=sys.stderr)

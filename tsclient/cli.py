@@ -1,6 +1,7 @@
 """``tsctl``: operate a running TorchServe from the shell.
 
     tsctl list | describe NAME [VERSION] | health | metrics | top [--once] [--interval S]
+    tsctl describe NAME | explain ... | top ... --url TRITON_URL     (Triton: make serve-triton)
     tsctl keys [--rotate inference|management|all] [--print inference|management]
     tsctl register ARCHIVE [--name N] [--batch-size B] [--max-batch-delay MS] [--workers W]
     tsctl scale NAME --min N [--max M] | set-default NAME VERSION | unregister NAME [VERSION]
@@ -42,6 +43,7 @@ from tsclient.client import TIMEOUT_S, TorchServeClient
 from tsclient.collection import STDIN, Collection, Shard
 from tsclient.keys import KEY_FILE, KINDS, Keys
 from tsclient.progress import JobProgress, waiting
+from tsclient.triton import TritonClient, is_triton
 
 RESTART_NOTE = (
     "not kept across a restart: `make serve` starts from config/ (--ncs); to keep "
@@ -96,8 +98,8 @@ def cmd_describe(client: TorchServeClient, args) -> tuple[Any, str, int]:
     for entry in entries:
         lines.append(
             _version_line(entry) + f", min/max workers {entry.get('minWorkers')}/"
-            f"{entry.get('maxWorkers')}, archive "
-            f"{entry.get('modelUrl')}"
+            f"{entry.get('maxWorkers')}"
+            + (f", archive {entry['modelUrl']}" if entry.get("modelUrl") else "")
         )
         meta = custom.get("customizedMetadata")
         if entry.get("modelVersion") == custom.get("modelVersion") and isinstance(meta, dict):
@@ -588,6 +590,8 @@ COMMANDS = {
     "similar": cmd_similar,
     "duplicates": cmd_duplicates,
 }
+# Commands that read a Triton server given with --url as they read TorchServe (tsclient.triton).
+TRITON_COMMANDS = ("describe", "explain", "top")
 DEFAULT_MODELS = {"embedding": "resnet50-embedding", "tags": "resnet50-tagger"}
 DEFAULT_OUTS = {"embedding": "embeddings.parquet", "tags": "tags.parquet"}
 GALLERY_TOPK = 3  # classes an explanation gallery lists per photo when no target is given
@@ -640,6 +644,11 @@ def parser() -> argparse.ArgumentParser:
     d = sub.add_parser("describe", help="one model's versions, workers, settings, weights")
     d.add_argument("name")
     d.add_argument("version", nargs="?")
+    _url_arguments(
+        d,
+        "a Triton server (make serve-triton: http://127.0.0.1:8000) instead of "
+        "the local TorchServe",
+    )
     r = sub.add_parser("register", help="register an archive from the model store and wait")
     r.add_argument(
         "archive", help="file name in the model store (or a URL allowed by allowed_urls)"
@@ -746,6 +755,11 @@ def parser() -> argparse.ArgumentParser:
         default=2.0,
         help="seconds between frames, and the span each one measures (2)",
     )
+    _url_arguments(
+        t,
+        "a Triton server (make serve-triton: http://127.0.0.1:8000; its metrics "
+        "from the same host's port 8002 unless --metrics-url names them)",
+    )
     e = sub.add_parser(
         "explain",
         help="where the model looked: a heatmap for one image, or a gallery page of many (--html)",
@@ -775,14 +789,19 @@ def parser() -> argparse.ArgumentParser:
         help="with --html: requests in flight (default: what the server's "
         "explanation budget admits, from describe)",
     )
+    _url_arguments(
+        e,
+        "a Triton server (make serve-triton: http://127.0.0.1:8000) instead of "
+        "the local TorchServe",
+    )
     return p
 
 
 def _endpoint_arguments(c: argparse.ArgumentParser) -> None:
-    c.add_argument(
-        "--url",
-        help="a KServe endpoint of this runtime instead of the local "
-        "server, e.g. https://resnet50.default.example.com",
+    _url_arguments(
+        c,
+        "a KServe endpoint of this runtime instead of the local server, e.g. "
+        "https://resnet50.default.example.com",
     )
     c.add_argument(
         "--protocol",
@@ -790,6 +809,11 @@ def _endpoint_arguments(c: argparse.ArgumentParser) -> None:
         default="v2",
         help="KServe protocol of the requests (v2)",
     )
+
+
+def _url_arguments(c: argparse.ArgumentParser, what: str) -> None:
+    """``--url`` (a server reached by its URL alone) and how to authenticate to it."""
+    c.add_argument("--url", help=what)
     c.add_argument(
         "--token-env",
         default="TSCTL_TOKEN",
@@ -818,14 +842,26 @@ def make_client(args) -> TorchServeClient:
     )
     if args.ca_bundle:
         client.session.verify = args.ca_bundle
+    if args.command not in TRITON_COMMANDS:
+        return client
+    if not is_triton(client):
+        raise errors.UsageError(
+            f"{args.command} --url reads a Triton server (make serve-triton); TorchServe's "
+            f"{args.command} reads its management and metrics APIs",
+            "drop --url (and give --management-url/--metrics-url if it is not local)",
+        )
+    # Triton's metrics have a port of their own: --metrics-url when given, else its default.
+    metrics = args.metrics_url if args.metrics_url != ports.METRICS_URL else None
+    client = TritonClient(args.url, metrics, keys=Keys(token, token), timeout=args.timeout)
+    if args.ca_bundle:
+        client.session.verify = args.ca_bundle
     return client
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    client = make_client(args)
     try:
-        data, text, code = COMMANDS[args.command](client, args)
+        data, text, code = COMMANDS[args.command](make_client(args), args)
     except KeyboardInterrupt:
         print(
             f"tsctl {args.command}: interrupted; what was answered is kept, rerun the same "

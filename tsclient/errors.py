@@ -3,6 +3,8 @@ fix it. ``from_response`` is the one place that turns an HTTP answer into one of
 
 from __future__ import annotations
 
+import json
+
 import requests
 from urllib3.exceptions import InvalidHeader
 from urllib3.util import Retry
@@ -161,8 +163,19 @@ def _seconds(value: str | None) -> float | None:
 
 
 def _body(response: requests.Response) -> dict:
+    """The JSON error body: TorchServe's and the core's ``{"code", "type", "message"}``, also
+    when Triton wraps it (``{"error": "<the core's body as text>"}``: its HTTP frontend's error
+    answer, which carries a model's error message); Triton's own errors as the message."""
     try:
         body = response.json()
     except ValueError:
         return {}
-    return body if isinstance(body, dict) else {}
+    body = body if isinstance(body, dict) else {}
+    inner = body.get("error") if set(body) == {"error"} else None
+    if not isinstance(inner, str):
+        return body
+    try:
+        wrapped = json.loads(inner)
+    except ValueError:
+        return {"message": inner}
+    return wrapped if isinstance(wrapped, dict) else {"message": inner}

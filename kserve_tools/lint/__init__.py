@@ -29,8 +29,8 @@ For our ClusterServingRuntime (no CRD schema is kept here, so our own rules, str
 fields only; one ``kserve-container`` started in the foreground from ``/mnt/models``; model
 formats not auto-selected; v1/v2 protocols; one port named for Knative and equal to TorchServe's
 ``inference_address`` port; the bundle's readiness check as readiness probe (no HTTP route of
-TorchServe 0.12 waits for loaded workers); metrics annotations equal to ``metrics_address``; no ``PYTHONPATH``; token
-authorization off in its config (probes carry no key).
+TorchServe 0.12 waits for loaded workers); metrics annotations equal to ``metrics_address``;
+no ``PYTHONPATH``; token authorization off in its config (probes carry no key).
 
 Ours, for the pods: our runtime's container runs with ``seccompProfile: RuntimeDefault`` and a
 memory request and limit of at least ``FOOTPRINT_GIB`` (measured, kserve/README.md), as does
@@ -48,8 +48,8 @@ For the collection job (``kserve/batch-job``, an Indexed Job): ``kserve_tools.jo
 For the PodMonitor and PrometheusRule (``kserve/monitoring``): ``kserve_tools.monitoring``.
 
 One module per kind of object (``schema``, ``inferenceservice``, ``servingruntime``,
-``tritonruntime``, ``network``, ``bundle``; ``memory`` for every pod of our runtime), each rule a function that
-yields the problems it finds (``base.Problem``); this module renders the targets, sends each
+``tritonruntime``, ``network``, ``bundle``; ``memory`` for every pod of our runtime), each rule a
+function that yields the problems it finds (``base.Problem``); this module renders the targets, sends each
 object to its rules and prints the findings.
 
 For a bundle: ``config/config.properties`` names exactly the archives in ``model-store/``
@@ -112,7 +112,6 @@ __all__ = [
     "TRITON_FOOTPRINT_GIB",
     "TRITON_RUNTIME",
     "TRITON_RUNTIME_DIR",
-    "triton_runtime_findings",
     "Finding",
     "Runtime",
     "ServingLimits",
@@ -131,6 +130,7 @@ __all__ = [
     "schema_findings",
     "server_properties",
     "strict",
+    "triton_runtime_findings",
 ]
 
 

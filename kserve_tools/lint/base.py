@@ -8,9 +8,10 @@ wrong, how to fix it); ``stamped`` turns them into ``Finding``s naming the file 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 import javaproperties
 

@@ -4,7 +4,7 @@ quantity parser, ``kubernetes.utils.parse_quantity``) and at least the measured 
 from __future__ import annotations
 
 import math
-from typing import Iterator
+from collections.abc import Iterator
 
 from kubernetes.utils import parse_quantity
 
