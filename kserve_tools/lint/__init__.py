@@ -49,8 +49,8 @@ For the PodMonitor and PrometheusRule (``kserve/monitoring``): ``kserve_tools.mo
 
 One module per kind of object (``schema``, ``inferenceservice``, ``servingruntime``,
 ``tritonruntime``, ``network``, ``bundle``; ``memory`` for every pod of our runtime), each rule a
-function that yields the problems it finds (``base.Problem``); this module renders the targets, sends each
-object to its rules and prints the findings.
+function that yields the problems it finds (``base.Problem``); this module renders the targets,
+sends each object to its rules and prints the findings.
 
 For a bundle: ``config/config.properties`` names exactly the archives in ``model-store/``
 (model names and versions from each archive's manifest) and the models of ``config/models``.

@@ -11,7 +11,7 @@ through it); no ``PYTHONPATH``; seccomp and memory."""
 from __future__ import annotations
 
 import argparse
-from typing import Iterator
+from collections.abc import Iterator
 
 from kserve_tools.container import GRACE_SECONDS
 from kserve_tools.lint.base import BLOCKED_ENV, MOUNT, NAME, Finding, Problem, stamped
