@@ -15,12 +15,13 @@ from kserve_tools.lint.base import (
     MOUNT,
     NAME,
     OUR_RUNTIME,
+    OUR_TRITON_RUNTIME,
     Finding,
     Problem,
     mode,
     stamped,
 )
-from kserve_tools.lint.memory import memory_problems
+from kserve_tools.lint.memory import TRITON, TRITON_FOOTPRINT_GIB, memory_problems
 from kserve_tools.lint.servingruntime import Runtime
 from kserve_tools.render import Resource
 
@@ -91,6 +92,16 @@ def inference_service_findings(
             *(
                 memory_problems("spec.predictor.model.resources", model.get("resources"))
                 if model.get("runtime") == OUR_RUNTIME
+                else ()
+            ),
+            *(
+                memory_problems(
+                    "spec.predictor.model.resources",
+                    model.get("resources"),
+                    TRITON_FOOTPRINT_GIB,
+                    TRITON,
+                )
+                if model.get("runtime") == OUR_TRITON_RUNTIME
                 else ()
             ),
             *timeout_problems(predictor, limits),
