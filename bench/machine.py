@@ -1,4 +1,5 @@
 """What the numbers were measured on: machine, load, software versions, weights."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -13,8 +14,15 @@ import psutil
 
 from servecore.host import cpu_model
 
-PACKAGES = ("torch", "torchvision", "onnxruntime", "openvino", "nncf", "torchserve",
-            "torch-model-archiver")
+PACKAGES = (
+    "torch",
+    "torchvision",
+    "onnxruntime",
+    "openvino",
+    "nncf",
+    "torchserve",
+    "torch-model-archiver",
+)
 # The CPU features the bf16 and int8 paths use (AMX: the next step up, absent on Zen 4).
 CPU_FLAGS = ("avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")
 
@@ -25,8 +33,10 @@ def cpu_flags() -> dict[str, bool]:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return {}
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines()
-                  if line.startswith("flags")), [])
+    flags = next(
+        (line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")),
+        [],
+    )
     return {flag: flag in flags for flag in CPU_FLAGS}
 
 
@@ -62,6 +72,31 @@ def describe_machine() -> dict:
         "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
         "cpu_busy_percent_before": psutil.cpu_percent(interval=1.0),
     }
+
+
+def code_version() -> str:
+    """The commit the measured code is at (``abc1234``), ``+ uncommitted changes`` when the
+    working tree differs from it: what a report's figures belong to."""
+    repo = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        try:
+            run = subprocess.run(
+                ["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=30
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        return run.stdout.strip() if run.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short=7", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return f"{commit} + uncommitted changes" if dirty else commit
+
+
+def dated() -> str:
+    """A report's provenance line: ``- Date: 2026-11-25 08:10 UTC; code: `abc1234`; CPU``."""
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return f"- Date: {now}; code: `{code_version()}`; {cpu_model()}, {os.cpu_count()} cores"
 
 
 def weights_info(weights_dir: Path) -> dict:

@@ -18,6 +18,7 @@ What a healthy run shows: no 5xx but 503 (``Overloaded`` from the handler's budg
 queue), no worker restart, memory flat after the first minute. ``--quick`` is a 30 s smoke
 run (the numbers mean little).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,7 +36,7 @@ from typing import Protocol
 
 import psutil
 
-from bench import report
+from bench import machine, report
 from bench.layout import (
     BUILD,
     EMBEDDING,
@@ -72,17 +73,29 @@ def _b64(data: bytes) -> str:
 
 
 def _v2(images: list[bytes], name: str = "images", shape: list[int] | None = None) -> bytes:
-    return json.dumps({"inputs": [{"name": name, "datatype": "BYTES",
-                                   "shape": shape or [len(images)],
-                                   "data": [_b64(i) for i in images]}]}).encode()
+    return json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": name,
+                    "datatype": "BYTES",
+                    "shape": shape or [len(images)],
+                    "data": [_b64(i) for i in images],
+                }
+            ]
+        }
+    ).encode()
 
 
 def _multipart(fields: dict[str, bytes]) -> tuple[bytes, str]:
     boundary = "soak-boundary-7d1f"
     parts = []
     for name, value in fields.items():
-        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"'
-                     + ('; filename="image.jpg"' if name == "data" else "") + "\r\n\r\n")
+        parts.append(
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"'
+            + ('; filename="image.jpg"' if name == "data" else "")
+            + "\r\n\r\n"
+        )
         parts.append(value)
         parts.append(b"\r\n")
     parts.append(f"--{boundary}--\r\n")
@@ -116,20 +129,49 @@ def traffic(samples: Path) -> list[TrafficClass]:
     json_type = "application/json"
     return [
         TrafficClass("photo", f"/predictions/{TAGGER}", photo, "image/jpeg", 2, 0.2, (200,)),
-        TrafficClass("embedding", f"/predictions/{EMBEDDING}", other, "image/jpeg", 1, 0.5,
-                     (200,)),
-        TrafficClass("v2 x8", f"/v2/models/{TAGGER}/infer", _v2([photo, other] * 4),
-                     json_type, 1, 1.0, (200, 503)),
-        TrafficClass("explanation", f"/explanations/{TAGGER}", explain, explain_type, 1, 3.0,
-                     (200, 503)),
-        TrafficClass("bad image", f"/predictions/{TAGGER}", b"not an image" * 100,
-                     "application/octet-stream", 1, 1.0, (400,)),
-        TrafficClass("row flood", f"/v2/models/{TAGGER}/infer", _v2([tiny] * V2_IMAGES),
-                     json_type, FLOOD_CLIENTS, 0.0, (200, 503)),
-        TrafficClass("1 MB name", f"/v2/models/{TAGGER}/infer",
-                     _v2([tiny], name="n" * 1_000_000, shape=[2]), json_type, 1, 2.0, (400,)),
-        TrafficClass("deep JSON", f"/predictions/{TAGGER}", _deep_json(), json_type, 1, 2.0,
-                     (400,)),
+        TrafficClass("embedding", f"/predictions/{EMBEDDING}", other, "image/jpeg", 1, 0.5, (200,)),
+        TrafficClass(
+            "v2 x8",
+            f"/v2/models/{TAGGER}/infer",
+            _v2([photo, other] * 4),
+            json_type,
+            1,
+            1.0,
+            (200, 503),
+        ),
+        TrafficClass(
+            "explanation", f"/explanations/{TAGGER}", explain, explain_type, 1, 3.0, (200, 503)
+        ),
+        TrafficClass(
+            "bad image",
+            f"/predictions/{TAGGER}",
+            b"not an image" * 100,
+            "application/octet-stream",
+            1,
+            1.0,
+            (400,),
+        ),
+        TrafficClass(
+            "row flood",
+            f"/v2/models/{TAGGER}/infer",
+            _v2([tiny] * V2_IMAGES),
+            json_type,
+            FLOOD_CLIENTS,
+            0.0,
+            (200, 503),
+        ),
+        TrafficClass(
+            "1 MB name",
+            f"/v2/models/{TAGGER}/infer",
+            _v2([tiny], name="n" * 1_000_000, shape=[2]),
+            json_type,
+            1,
+            2.0,
+            (400,),
+        ),
+        TrafficClass(
+            "deep JSON", f"/predictions/{TAGGER}", _deep_json(), json_type, 1, 2.0, (400,)
+        ),
     ]
 
 
@@ -151,18 +193,40 @@ def triton_traffic(samples: Path) -> list[TrafficClass]:
     return [
         TrafficClass("photo", infer(TAGGER), v2([photo]), json_type, 2, 0.2, (200,)),
         TrafficClass("embedding", infer(EMBEDDING), v2([other]), json_type, 1, 0.5, (200,)),
-        TrafficClass("v2 x8", infer(TAGGER), v2([photo, other] * 4), json_type, 1, 1.0,
-                     (200, 503)),
-        TrafficClass("bad image", infer(TAGGER), v2([b"not an image" * 100]), json_type, 1,
-                     1.0, (400,)),
-        TrafficClass("row flood", infer(TAGGER), v2([tiny] * V2_IMAGES), json_type,
-                     FLOOD_CLIENTS, 0.0, (200, 503)),
-        TrafficClass("1 MB name", infer(TAGGER), v2([tiny], name="n" * 1_000_000, rows=2),
-                     json_type, 1, 2.0, (400,)),
-        TrafficClass("deep JSON", infer(TAGGER), _deep_json(), json_type, 1, 2.0, (400,),
-                     note="Triton 2.51's own HTTP frontend answers 500 to any request JSON it "
-                     "cannot parse (nested or merely cut short), before a model sees it: "
-                     "docs/triton.md"),
+        TrafficClass("v2 x8", infer(TAGGER), v2([photo, other] * 4), json_type, 1, 1.0, (200, 503)),
+        TrafficClass(
+            "bad image", infer(TAGGER), v2([b"not an image" * 100]), json_type, 1, 1.0, (400,)
+        ),
+        TrafficClass(
+            "row flood",
+            infer(TAGGER),
+            v2([tiny] * V2_IMAGES),
+            json_type,
+            FLOOD_CLIENTS,
+            0.0,
+            (200, 503),
+        ),
+        TrafficClass(
+            "1 MB name",
+            infer(TAGGER),
+            v2([tiny], name="n" * 1_000_000, rows=2),
+            json_type,
+            1,
+            2.0,
+            (400,),
+        ),
+        TrafficClass(
+            "deep JSON",
+            infer(TAGGER),
+            _deep_json(),
+            json_type,
+            1,
+            2.0,
+            (400,),
+            note="Triton 2.51's own HTTP frontend answers 500 to any request JSON it "
+            "cannot parse (nested or merely cut short), before a model sees it: "
+            "docs/triton.md",
+        ),
     ]
 
 
@@ -190,8 +254,14 @@ def _outcome(status: int, body: bytes) -> str:
     return f"{status} {kind}".strip()
 
 
-def run_class(cls: TrafficClass, port: int, headers: dict[str, str], deadline: float,
-              record: Record, lock: threading.Lock) -> None:
+def run_class(
+    cls: TrafficClass,
+    port: int,
+    headers: dict[str, str],
+    deadline: float,
+    record: Record,
+    lock: threading.Lock,
+) -> None:
     """One client of ``cls`` until ``deadline`` (monotonic)."""
     rng = random.Random()
     time.sleep(rng.uniform(0, max(cls.pause_s, 0.2)))  # the clients do not start in step
@@ -201,8 +271,12 @@ def run_class(cls: TrafficClass, port: int, headers: dict[str, str], deadline: f
         try:
             if conn is None:
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT_S)
-            conn.request("POST", cls.path, body=cls.body,
-                         headers={**headers, "Content-Type": cls.content_type})
+            conn.request(
+                "POST",
+                cls.path,
+                body=cls.body,
+                headers={**headers, "Content-Type": cls.content_type},
+            )
             response = conn.getresponse()
             body = response.read()
             status, outcome = response.status, _outcome(response.status, body)
@@ -252,8 +326,12 @@ class Target(Protocol):
     def sample(self, series: MemorySeries, t0: float) -> None: ...
 
 
-def record_sample(series: MemorySeries, t0: float, frontend: psutil.Process | None,
-                  workers: dict[str, list[psutil.Process]]) -> None:
+def record_sample(
+    series: MemorySeries,
+    t0: float,
+    frontend: psutil.Process | None,
+    workers: dict[str, list[psutil.Process]],
+) -> None:
     """One sample: the frontend's RSS, and each model's worker pids and summed RSS."""
     series.t.append(time.monotonic() - t0)
     series.frontend.append(_rss(frontend) / 2**20 if frontend else 0.0)
@@ -309,8 +387,9 @@ class TritonTarget:
         work = fresh_dir(BUILD / "soak-triton")
         generate(work / "repository", model_store=MODEL_STORE)
         self.log = (work / "triton.log").open("w")
-        self.triton = Triton(work / "repository", log=self.log,
-                             **free_ports(("http", "grpc", "metrics")))
+        self.triton = Triton(
+            work / "repository", log=self.log, **free_ports(("http", "grpc", "metrics"))
+        )
         self.port, self.headers = self.triton.ports["http"], {}
 
     def start(self) -> None:
@@ -330,8 +409,9 @@ class TritonTarget:
             return
         root = psutil.Process(self.triton.process.pid)
         stubs = root.children(recursive=True)
-        workers = {model: [p for p in stubs if _is_stub_of(p, model)]
-                   for model in (TAGGER, EMBEDDING)}
+        workers = {
+            model: [p for p in stubs if _is_stub_of(p, model)] for model in (TAGGER, EMBEDDING)
+        }
         record_sample(series, t0, root, workers)
 
 
@@ -357,14 +437,24 @@ def soak(duration_s: float, out_dir: Path, engine: str = "torchserve") -> dict:
         target.start()
         t0 = time.monotonic()
         deadline = t0 + duration_s
-        threads = [threading.Thread(target=run_class, daemon=True,
-                                    args=(cls, target.port, target.headers, deadline,
-                                          records[cls.name], lock))
-                   for cls in classes for _ in range(cls.clients)]
+        threads = [
+            threading.Thread(
+                target=run_class,
+                daemon=True,
+                args=(cls, target.port, target.headers, deadline, records[cls.name], lock),
+            )
+            for cls in classes
+            for _ in range(cls.clients)
+        ]
         for thread in threads:
             thread.start()
-        log.info("soak %s: %d clients in %d classes for %.0f s", target.engine, len(threads),
-                 len(classes), duration_s)
+        log.info(
+            "soak %s: %d clients in %d classes for %.0f s",
+            target.engine,
+            len(threads),
+            len(classes),
+            duration_s,
+        )
         while time.monotonic() < deadline:
             target.sample(series, t0)
             time.sleep(min(SAMPLE_EVERY_S, max(0.0, deadline - time.monotonic())))
@@ -373,14 +463,19 @@ def soak(duration_s: float, out_dir: Path, engine: str = "torchserve") -> dict:
         target.sample(series, t0)
     finally:
         target.stop()
-    summary = {"engine": target.engine, **summarize(classes, records, series, duration_s),
-               "notes": {cls.name: cls.note for cls in classes if cls.note}}
+    summary = {
+        "engine": target.engine,
+        **summarize(classes, records, series, duration_s),
+        "notes": {cls.name: cls.note for cls in classes if cls.note},
+        "provenance": machine.dated(),
+    }
     write_reports(summary, series, out_dir, target.stem)
     return summary
 
 
-def summarize(classes: list[TrafficClass], records: dict[str, Record], series: MemorySeries,
-              duration_s: float) -> dict:
+def summarize(
+    classes: list[TrafficClass], records: dict[str, Record], series: MemorySeries, duration_s: float
+) -> dict:
     """Per class: count, latency percentiles, outcomes, unexpected outcomes; the server's
     restarts, 5xx other than 503, and memory at the start, end and peak."""
     rows = {}
@@ -388,26 +483,40 @@ def summarize(classes: list[TrafficClass], records: dict[str, Record], series: M
         record = records[cls.name]
         lat = record.latencies
         rows[cls.name] = {
-            "requests": len(lat), "p50_ms": percentile(lat, 50) if lat else None,
+            "requests": len(lat),
+            "p50_ms": percentile(lat, 50) if lat else None,
             "p95_ms": percentile(lat, 95) if lat else None,
-            "p99_ms": percentile(lat, 99) if lat else None, "max_ms": max(lat, default=None),
-            "outcomes": dict(record.outcomes), "unexpected": dict(record.unexpected)}
-    five_hundreds = {k: n for r in rows.values() for k, n in r["outcomes"].items()
-                     if k[:1] == "5" and not k.startswith("503")}
+            "p99_ms": percentile(lat, 99) if lat else None,
+            "max_ms": max(lat, default=None),
+            "outcomes": dict(record.outcomes),
+            "unexpected": dict(record.unexpected),
+        }
+    five_hundreds = {
+        k: n
+        for r in rows.values()
+        for k, n in r["outcomes"].items()
+        if k[:1] == "5" and not k.startswith("503")
+    }
     # The first sample is taken before any request: "start" is the first one after a minute
     # (or half-way through a short run), when caches and pools are warm.
     warm = next((i for i, t in enumerate(series.t) if t >= min(60.0, duration_s / 2)), 0)
 
     def memory(values: list[float]) -> dict:
-        return {"start_mib": values[warm] if values else None,
-                "end_mib": values[-1] if values else None, "max_mib": max(values, default=None)}
+        return {
+            "start_mib": values[warm] if values else None,
+            "end_mib": values[-1] if values else None,
+            "max_mib": max(values, default=None),
+        }
 
     return {
-        "duration_s": duration_s, "classes": rows,
+        "duration_s": duration_s,
+        "classes": rows,
         "restarts": {m: len(p) - 1 for m, p in series.pids.items()},
         "five_hundreds_not_503": five_hundreds,
-        "memory": {"frontend": memory(series.frontend),
-                   **{f"{m} worker": memory(v) for m, v in series.workers.items()}},
+        "memory": {
+            "frontend": memory(series.frontend),
+            **{f"{m} worker": memory(v) for m, v in series.workers.items()},
+        },
     }
 
 
@@ -417,27 +526,50 @@ def render_markdown(summary: dict) -> str:
     for name, r in summary["classes"].items():
         outcomes = ", ".join(f"{k}: {n}" for k, n in sorted(r["outcomes"].items()))
         unexpected = ", ".join(f"{k}: {n}" for k, n in sorted(r["unexpected"].items())) or "-"
-        rows.append([name, str(r["requests"]), report.fmt(r["p50_ms"], 0),
-                     report.fmt(r["p95_ms"], 0), report.fmt(r["p99_ms"], 0),
-                     report.fmt(r["max_ms"], 0), outcomes, unexpected])
-    memory = [[name, report.fmt(m["start_mib"], 0), report.fmt(m["end_mib"], 0),
-               report.fmt(m["max_mib"], 0)] for name, m in summary["memory"].items()]
+        rows.append(
+            [
+                name,
+                str(r["requests"]),
+                report.fmt(r["p50_ms"], 0),
+                report.fmt(r["p95_ms"], 0),
+                report.fmt(r["p99_ms"], 0),
+                report.fmt(r["max_ms"], 0),
+                outcomes,
+                unexpected,
+            ]
+        )
+    memory = [
+        [
+            name,
+            report.fmt(m["start_mib"], 0),
+            report.fmt(m["end_mib"], 0),
+            report.fmt(m["max_mib"], 0),
+        ]
+        for name, m in summary["memory"].items()
+    ]
     restarts = ", ".join(f"{m}: {n}" for m, n in summary["restarts"].items())
     lines = [
-        f"# Soak: {engine}", "",
+        f"# Soak: {engine}",
+        "",
+        summary.get("provenance", ""),
+        "",
         f"`python -m bench.soak` (`make soak`): {summary['duration_s'] / 60:.1f} minutes of every "
         f"traffic class at once against one local {engine} (shipped config, both models). "
         "Latency in ms per request, from send to the last byte of the answer. Memory is RSS "
         "in MiB; start is the first sample after a minute (or half-way through a short run).",
         "",
-        *report.table(["class", "requests", "p50", "p95", "p99", "max", "outcomes",
-                       "unexpected"], rows), "",
+        *report.table(
+            ["class", "requests", "p50", "p95", "p99", "max", "outcomes", "unexpected"], rows
+        ),
+        "",
         f"- worker restarts: {restarts}",
         "- 5xx other than 503: "
         + (", ".join(f"{k}: {n}" for k, n in summary["five_hundreds_not_503"].items()) or "none"),
         "",
-        *(f"- {name}: {note}" for name, note in summary.get("notes", {}).items()), "",
-        *report.table(["process", "start", "end", "max"], memory), "",
+        *(f"- {name}: {note}" for name, note in summary.get("notes", {}).items()),
+        "",
+        *report.table(["process", "start", "end", "max"], memory),
+        "",
         f"RSS over time: `results/{'soak' if engine == 'TorchServe' else 'soak-triton'}.png` "
         "(not in git).",
     ]
@@ -452,8 +584,11 @@ def render_plot(series: MemorySeries, path: Path, engine: str) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     minutes = [t / 60 for t in series.t]
-    ax.plot(minutes, series.frontend,
-            label="frontend (JVM)" if engine == "TorchServe" else "tritonserver")
+    ax.plot(
+        minutes,
+        series.frontend,
+        label="frontend (JVM)" if engine == "TorchServe" else "tritonserver",
+    )
     for model, values in series.workers.items():
         ax.plot(minutes, values, label=f"{model} worker")
     ax.set_xlabel("minutes")
@@ -474,8 +609,9 @@ def write_reports(summary: dict, series: MemorySeries, out_dir: Path, stem: str)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.soak",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.soak", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--minutes", type=float, default=10.0, help="how long (default 10)")
     parser.add_argument("--quick", action="store_true", help="30 s, a smoke run")
     parser.add_argument("--out", type=Path, default=RESULTS)

@@ -1,13 +1,17 @@
-"""A real Prometheus with config/monitoring's rules, scraping TorchServe metrics ports.
+"""A real Prometheus with config/monitoring's rules, scraping TorchServe's or Triton's
+metrics ports (the core's series have the same names and labels on both).
 
-Used by ``make monitor`` (in the foreground, against ``make serve``'s metrics port) and by the
-integration test (``LocalPrometheus``: a free port, its own storage, always stopped):
+Used by ``make monitor`` (in the foreground, against ``make serve``'s metrics port, or
+``make serve-triton``'s with ``MONITOR_ENGINE=triton``) and by the integration tests
+(``LocalPrometheus``: a free port, its own storage, always stopped):
 
     with LocalPrometheus(workdir, ["127.0.0.1:8082"], interval_s=1) as prom:
         prom.query("model_name:ts_inference_requests:rate1m")
 
-    python -m devtools.prometheus [--target HOST:PORT ...] [--port 9090]   # make monitor
+    python -m devtools.prometheus [--engine torchserve|triton] [--target HOST:PORT ...]
+                                  [--port 9090]                              # make monitor
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,7 +32,14 @@ REPO = Path(__file__).resolve().parent.parent
 MONITORING = REPO / "config" / "monitoring"
 RULES = MONITORING / "rules.yml"
 UNIT_TESTS = MONITORING / "tests.yml"
-JOB = "torchserve"  # the rules' and alerts' job label (the KServe PodMonitor relabels to it)
+# The rules' and alerts' job label (the KServe PodMonitor relabels to it), whichever engine is
+# scraped: the rules on the core's series then apply to Triton unchanged.
+JOB = "torchserve"
+# Each engine's metrics port on this host (make serve, make serve-triton).
+DEFAULT_TARGETS = {
+    "torchserve": f"{ports.HOST}:{ports.METRICS}",
+    "triton": f"{ports.HOST}:{ports.TRITON_METRICS}",
+}
 
 
 def alert_rules(path: Path = RULES) -> dict[str, dict]:
@@ -41,28 +52,39 @@ def recording_rules(path: Path = RULES) -> dict[str, str]:
     """``{recorded name: expr}`` of every recording rule (one name may be recorded by several
     rules with different labels: the last expr is kept)."""
     groups = yaml.safe_load(path.read_text())["groups"]
-    return {rule["record"]: rule["expr"] for group in groups for rule in group["rules"]
-            if "record" in rule}
+    return {
+        rule["record"]: rule["expr"]
+        for group in groups
+        for rule in group["rules"]
+        if "record" in rule
+    }
 
 
 def config(targets: list[str], interval_s: float, rules: Path = RULES) -> dict:
-    """prometheus.yml: one job scraping ``targets`` (host:port of TorchServe metrics ports)
-    every ``interval_s``, and the rules evaluated as often."""
+    """prometheus.yml: one job scraping ``targets`` (host:port of TorchServe or Triton metrics
+    ports, both serve ``/metrics``) every ``interval_s``, and the rules evaluated as often."""
     every = f"{interval_s:g}s"
-    return {"global": {"scrape_interval": every, "evaluation_interval": every,
-                       "scrape_timeout": every},
-            "rule_files": [str(rules)],
-            "scrape_configs": [{"job_name": JOB, "static_configs": [{"targets": targets}]}]}
+    return {
+        "global": {"scrape_interval": every, "evaluation_interval": every, "scrape_timeout": every},
+        "rule_files": [str(rules)],
+        "scrape_configs": [{"job_name": JOB, "static_configs": [{"targets": targets}]}],
+    }
 
 
 def command(config_file: Path, storage: Path, port: int) -> list[str]:
     """The ``prometheus`` command line: UI and API on 127.0.0.1 only."""
     binary = shutil.which("prometheus")
     if binary is None:
-        raise RuntimeError("prometheus not found: `make setup` installs it "
-                           "(devtools/ensure_prometheus.sh)")
-    return [binary, f"--config.file={config_file}", f"--storage.tsdb.path={storage}",
-            f"--web.listen-address={ports.HOST}:{port}", "--storage.tsdb.retention.time=1d"]
+        raise RuntimeError(
+            "prometheus not found: `make setup` installs it (devtools/ensure_prometheus.sh)"
+        )
+    return [
+        binary,
+        f"--config.file={config_file}",
+        f"--storage.tsdb.path={storage}",
+        f"--web.listen-address={ports.HOST}:{port}",
+        "--storage.tsdb.retention.time=1d",
+    ]
 
 
 class LocalPrometheus:
@@ -85,7 +107,10 @@ class LocalPrometheus:
         with open(self.workdir / "prometheus.log", "ab") as log:
             self._proc = subprocess.Popen(
                 command(config_file, self.workdir / "data", self.port),
-                cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT)
+                cwd=self.workdir,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
@@ -97,8 +122,10 @@ class LocalPrometheus:
                 pass
             time.sleep(0.2)
         self.stop()
-        raise RuntimeError(f"Prometheus on {self.url} not ready after {timeout:.0f}s\n"
-                           + tails(self.workdir, ("prometheus.log",)))
+        raise RuntimeError(
+            f"Prometheus on {self.url} not ready after {timeout:.0f}s\n"
+            + tails(self.workdir, ("prometheus.log",))
+        )
 
     def stop(self) -> None:
         """SIGTERM (Prometheus shuts down cleanly), then SIGKILL if it lingers."""
@@ -112,6 +139,11 @@ class LocalPrometheus:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+    def value(self, expr: str) -> float | None:
+        """The one value ``expr`` evaluates to now; None when it is not exactly one series."""
+        result = self.query(expr)
+        return float(result[0]["value"][1]) if len(result) == 1 else None
 
     def query(self, expr: str) -> list[dict]:
         """The instant vector ``expr`` evaluates to now:
@@ -128,22 +160,36 @@ def main(argv: list[str] | None = None) -> int:
     """``make monitor``: Prometheus in the foreground (Ctrl-C stops it), its config and storage
     under build/monitor/."""
     p = argparse.ArgumentParser(prog="make monitor", description=main.__doc__)
-    p.add_argument("--target", action="append",
-                   help=f"a TorchServe metrics port, host:port (default "
-                        f"{ports.HOST}:{ports.METRICS}, make serve's); repeat for more")
+    p.add_argument(
+        "--engine",
+        choices=sorted(DEFAULT_TARGETS),
+        default="torchserve",
+        help="whose metrics port to scrape by default: make serve's "
+        f"({DEFAULT_TARGETS['torchserve']}) or make serve-triton's "
+        f"({DEFAULT_TARGETS['triton']})",
+    )
+    p.add_argument(
+        "--target",
+        action="append",
+        help="a metrics port, host:port, instead of the engine's default; repeat for more",
+    )
     p.add_argument("--port", type=int, default=9090, help="the UI and API port (9090)")
     p.add_argument("--interval", type=float, default=5.0, help="scrape every N seconds (5)")
     args = p.parse_args(argv)
     workdir = REPO / "build" / "monitor"
     workdir.mkdir(parents=True, exist_ok=True)
     config_file = workdir / "prometheus.yml"
-    targets = args.target or [f"{ports.HOST}:{ports.METRICS}"]
+    targets = args.target or [DEFAULT_TARGETS[args.engine]]
     config_file.write_text(yaml.safe_dump(config(targets, args.interval)))
     argv_ = command(config_file, workdir / "data", args.port)
-    print(f"Prometheus on {ports.url(args.port)} scraping {', '.join(targets)} every "
-          f"{args.interval:g}s with {RULES.relative_to(REPO)}; try "
-          f"{ports.url(args.port)}/graph?g0.expr=model_name%3Ats_inference_requests%3Arate1m"
-          " (Ctrl-C stops it)", file=sys.stderr, flush=True)
+    print(
+        f"Prometheus on {ports.url(args.port)} scraping {', '.join(targets)} every "
+        f"{args.interval:g}s with {RULES.relative_to(REPO)}; try "
+        f"{ports.url(args.port)}/graph?g0.expr=model%3Aresnet50_requests%3Arate1m"
+        " (Ctrl-C stops it)",
+        file=sys.stderr,
+        flush=True,
+    )
     os.execv(argv_[0], argv_)  # Ctrl-C goes straight to Prometheus, which stops cleanly
 
 

@@ -24,6 +24,7 @@ _.gname  # tarfile.TarInfo
 _.gid  # tarfile.TarInfo
 _.verify  # requests.Session: the CA bundle
 _.trust_env  # requests.Session: proxies from the environment or not
+_.exit_on_error  # argparse.ArgumentParser: errors raised, not exited (the lint's launcher check)
 _._content  # requests.Response's body, set by tests that build responses
 
 # Dataclass fields read by asdict.

@@ -6,6 +6,7 @@ engine-neutral model (``servecore.service.ImageModel``); the hooks hand each bat
 set every request's own status and headers. The archive's ``model-config.yaml`` ``handler:``
 section holds the model's settings (``servecore.config.HandlerConfig``).
 """
+
 from __future__ import annotations
 
 import json
@@ -28,39 +29,41 @@ class ResNetHandler(PerRequestHandler):
         self.context = context
         model = context.manifest["model"]
         properties = context.system_properties
-        self.model = ImageModel(ModelSettings(
-            files=ModelFiles.read(Path(properties["model_dir"]), model["serializedFile"]),
-            name=context.model_name,
-            version=str(model.get("modelVersion", "1.0")),
-            config=HandlerConfig.from_mapping((context.model_yaml_config or {}).get("handler")),
-            batch_size=int(properties.get("batch_size") or 1),
-            gpu_id=properties.get("gpu_id"),
-        ), TorchServeMetrics(context.metrics, context.model_name))
+        self.model = ImageModel(
+            ModelSettings(
+                files=ModelFiles.read(Path(properties["model_dir"]), model["serializedFile"]),
+                name=context.model_name,
+                version=str(model.get("modelVersion", "1.0")),
+                config=HandlerConfig.from_mapping((context.model_yaml_config or {}).get("handler")),
+                batch_size=int(properties.get("batch_size") or 1),
+                gpu_id=properties.get("gpu_id"),
+            ),
+            TorchServeMetrics(context.metrics, context.model_name),
+        )
         self.initialized = True
 
     def preprocess(self, data: list[dict]) -> PreparedBatch:
         config = self.model.config
-        return self.model.prepare([incoming(self.context, idx, row, config)
-                                   for idx, row in enumerate(data)])
+        return self.model.prepare(
+            [incoming(self.context, idx, row, config) for idx, row in enumerate(data)]
+        )
 
     def inference(self, batch: PreparedBatch, *args, **kwargs) -> ComputedBatch:
         return self.model.infer(batch)
 
     def postprocess(self, batch: ComputedBatch) -> list[str]:
-        replies = self.model.answer(batch)
+        replies, limit = self.model.answer(batch), self.model.config.max_response_bytes
         started = time.perf_counter()
-        encoded = [json_reply(reply, self.model.answers, self.model.config.max_response_bytes)
-                   for reply in replies]
-        for idx, answer in enumerate(encoded):
-            reply = answer.reply
+        encoded = [json_reply(reply, self.model.answers, limit) for reply in replies]
+        for idx, (reply, _, _) in enumerate(encoded):
             self.context.set_response_content_type(idx, CONTENT_TYPE)
             if reply.error is not None:
                 self.context.set_response_status(reply.status, reply.phrase, idx=idx)
             for name, value in reply.headers.items():
                 self.context.set_response_header(idx, name, value)
-        self.model.encoded([a.reply.error for a in encoded if a.refused and a.reply.error],
-                           1000 * (time.perf_counter() - started))
-        return [answer.text for answer in encoded]
+        refused = [e.refused for e in encoded if e.refused is not None]
+        self.model.encoded(refused, 1000 * (time.perf_counter() - started))
+        return [e.text for e in encoded]
 
     def describe_handle(self) -> str:
         """``GET /models/{name}?customized=true``: which weights and settings this model runs."""

@@ -2,10 +2,9 @@
 routing switches set for a handler that answers every request of a batch on its own. (Its own
 module: TorchServe requires the handler module to define exactly one class.)
 
-TorchServe hands a request over as a dict of named inputs (its "row"): ``body`` for a raw body,
-one key per multipart field (``data``, ``topk``, ...); a body or field sent as
-``application/json`` arrives already parsed. ``http_request`` unpacks that row into the core's
-``HttpRequest``, here and nowhere else."""
+TorchServe hands a request over as a dict (its "row"): ``body`` for a raw body, one key per
+multipart field; JSON arrives parsed. ``http_request`` unpacks it, here and nowhere else."""
+
 from __future__ import annotations
 
 from functools import partial
@@ -30,8 +29,9 @@ def incoming(context, idx: int, row: dict, config: HandlerConfig) -> Incoming:
     """Request ``idx`` of TorchServe's batch: its id (for the logs), its parsing, its route."""
     return Incoming(
         request_id=str((context.request_ids or {}).get(idx, "?")),
-        parse=partial(parse_http, http_request(row, header(context, idx, TOP_K_HEADER)),
-                      config=config),
+        parse=partial(
+            parse_http, http_request(row, header(context, idx, TOP_K_HEADER)), config=config
+        ),
         explain=context.get_request_header(idx, EXPLAIN_PROPERTY) == "True",
     )
 

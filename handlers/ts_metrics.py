@@ -1,4 +1,5 @@
 """The model's metrics (``servecore.metrics``) exported through TorchServe's metrics cache."""
+
 from __future__ import annotations
 
 import logging
@@ -24,11 +25,13 @@ class TorchServeMetrics:
         self.metrics: dict[str, Any] = {}  # TorchServe's metric objects
         for metric in METRICS if cache is not None else ():
             try:
-                self.metrics[metric.name] = cache.get_metric(metric.name,
-                                                             MetricTypes[metric.kind.name])
+                self.metrics[metric.name] = cache.get_metric(
+                    metric.name, MetricTypes[metric.kind.name]
+                )
             except Exception as exc:  # noqa: BLE001 - MetricsCacheKeyError and friends
-                logger.warning("metric %s off: %s (declare it as in config/metrics.yaml)",
-                               metric.name, exc)
+                logger.warning(
+                    "metric %s off: %s (declare it as in config/metrics.yaml)", metric.name, exc
+                )
 
     def add(self, metric: Metric, value: float, labels: tuple[str, ...] = ()) -> None:
         found = self.metrics.get(metric.name)

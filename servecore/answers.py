@@ -2,6 +2,7 @@
 (``BatchOutputs``), sliced into each request's ``Prediction`` (its embedding rows as a float32
 array, its tags as ``Tag`` lists). No text: each engine's edge encodes these values, the JSON
 protocols in ``servecore/encode.py`` (TorchServe), tensors in Triton's adapter."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -63,8 +64,9 @@ class TopK:
 
     def tags(self, row: int, k: int, labels: Sequence[str]) -> list[Tag]:
         """One row's ``k`` first tags."""
-        return [Tag(labels[i], i, p)
-                for i, p in zip(self.indices[row][:k], self.probabilities[row][:k])]
+        return [
+            Tag(labels[i], i, p) for i, p in zip(self.indices[row][:k], self.probabilities[row][:k])
+        ]
 
 
 @dataclass(frozen=True)
@@ -77,8 +79,13 @@ class BatchOutputs:
     top: TopK
 
     @classmethod
-    def of(cls, embedding: torch.Tensor, logits: torch.Tensor,
-           requests: Sequence[ParsedRequest], spec: AnswerSpec) -> BatchOutputs:
+    def of(
+        cls,
+        embedding: torch.Tensor,
+        logits: torch.Tensor,
+        requests: Sequence[ParsedRequest],
+        spec: AnswerSpec,
+    ) -> BatchOutputs:
         embeddings = None
         if any(r.wants(Output.EMBEDDING, spec.task) for r in requests):
             if spec.normalize_embedding:
@@ -90,9 +97,14 @@ class BatchOutputs:
     def prediction(self, request: ParsedRequest, rows: range, spec: AnswerSpec) -> Prediction:
         """One request's prediction, from its image ``rows`` of the batch."""
         k = request.tags_top_k(spec.default_top_k)
-        embeddings = (self.embeddings[rows.start:rows.stop]
-                      if self.embeddings is not None and request.wants(Output.EMBEDDING, spec.task)
-                      else None)
-        tags = ([self.top.tags(r, k, spec.labels) for r in rows]
-                if request.wants(Output.TAGS, spec.task) else None)
+        embeddings = (
+            self.embeddings[rows.start : rows.stop]
+            if self.embeddings is not None and request.wants(Output.EMBEDDING, spec.task)
+            else None
+        )
+        tags = (
+            [self.top.tags(r, k, spec.labels) for r in rows]
+            if request.wants(Output.TAGS, spec.task)
+            else None
+        )
         return Prediction(request.protocol, request.request_id, embeddings, tags)

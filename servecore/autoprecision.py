@@ -23,6 +23,7 @@ stable (the rule itself is ``servecore.precision``).
 * An explicit precision is loaded as asked, without timing; its reason cites the last ``auto``
   measurement of this host and archive when one was clearly faster.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -92,12 +93,14 @@ def probe_batch(size: int, seed: int = 0) -> torch.Tensor:
     of the weights' transform): the same on every host and every start."""
     generator = torch.Generator().manual_seed(seed)
     coarse = torch.randn(size, 3, 7, 7, generator=generator)
-    return torch.nn.functional.interpolate(coarse, size=(224, 224), mode="bicubic",
-                                           align_corners=False).contiguous()
+    return torch.nn.functional.interpolate(
+        coarse, size=(224, 224), mode="bicubic", align_corners=False
+    ).contiguous()
 
 
-def measure(candidates: list[Candidate], batch_sizes: tuple[int, ...],
-            budget_s: float = BUDGET_S) -> tuple[list[Candidate], dict[str, Backend]]:
+def measure(
+    candidates: list[Candidate], batch_sizes: tuple[int, ...], budget_s: float = BUDGET_S
+) -> tuple[list[Candidate], dict[str, Backend]]:
     """Load and time every candidate that has a loader (most precise first: the first is the
     fidelity reference) at ``batch_sizes``. Returns the candidates (timed ones, then the
     excluded untimed), their milliseconds rounded as they are kept, and the loaded backends."""
@@ -111,8 +114,7 @@ def measure(candidates: list[Candidate], batch_sizes: tuple[int, ...],
             result = backends[name](probe[:size])
         embedding, logits = result
         outputs[name] = (embedding.numpy(), logits.numpy())  # at the largest size
-    times: dict[str, dict[int, list[float]]] = {n: {b: [] for b in batch_sizes}
-                                                for n in backends}
+    times: dict[str, dict[int, list[float]]] = {n: {b: [] for b in batch_sizes} for n in backends}
     rounds, round_s = 0, 0.0
     # One candidate: its timing is reported, not compared, so one round is enough.
     most = MAX_ROUNDS if len(backends) > 1 else 1
@@ -130,10 +132,14 @@ def measure(candidates: list[Candidate], batch_sizes: tuple[int, ...],
         name = candidate.precision
         fidelity = None if name == reference else agreement(outputs[reference], outputs[name])
         failed = failures(fidelity, FIDELITY_BOUND) if fidelity else []
-        measured.append(dataclasses.replace(
-            candidate, ms={b: round(statistics.median(ms), 1) for b, ms in times[name].items()},
-            fidelity=fidelity,
-            excluded=f"against {reference} on the probe: {'; '.join(failed)}" if failed else ""))
+        measured.append(
+            dataclasses.replace(
+                candidate,
+                ms={b: round(statistics.median(ms), 1) for b, ms in times[name].items()},
+                fidelity=fidelity,
+                excluded=f"against {reference} on the probe: {'; '.join(failed)}" if failed else "",
+            )
+        )
     measured += [c for c in candidates if c.load is None]
     return measured, backends
 
@@ -144,14 +150,19 @@ class ChoiceStore:
     and archive, across restarts); and the one lock that orders measuring. ``model``: the
     model's name and version, as the engine loaded it."""
 
-    def __init__(self, model_dir: Path, cache: Path | None, archive: dict,
-                 model: str = "") -> None:
+    def __init__(self, model_dir: Path, cache: Path | None, archive: dict, model: str = "") -> None:
         self.shared_file = model_dir / CHOICE_FILE
         self.cache = cache
         self.host_key = _key({"host": host_identity(), **archive})
         self.model_key = _key({"host": self.host_key, "model": model})
-        self.lock_files = [path for path in (cache and cache.with_name(cache.name + ".lock"),
-                                             model_dir / f".{CHOICE_FILE}.lock") if path]
+        self.lock_files = [
+            path
+            for path in (
+                cache and cache.with_name(cache.name + ".lock"),
+                model_dir / f".{CHOICE_FILE}.lock",
+            )
+            if path
+        ]
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -186,8 +197,7 @@ class ChoiceStore:
         entry = entries.get(self.model_key)
         if entry:
             me = _me()
-            entry["holders"] = [h for h in entry.get("holders", [])
-                                if _alive(h) and h != me] + [me]
+            entry["holders"] = [h for h in entry.get("holders", []) if _alive(h) and h != me] + [me]
             _write(self.shared_file, entries)
 
     def last(self) -> Choice | None:
@@ -200,8 +210,11 @@ class ChoiceStore:
         entries[self.host_key] = {"choice": choice.as_dict(), "at": time.time()}
         newest = sorted(entries.items(), key=lambda kv: kv[1].get("at", 0))[-CACHE_ENTRIES:]
         _write(self.cache, dict(newest))
-        shared = {k: v for k, v in _read(self.shared_file).items()
-                  if any(_alive(h) for h in v.get("holders", []))}
+        shared = {
+            k: v
+            for k, v in _read(self.shared_file).items()
+            if any(_alive(h) for h in v.get("holders", []))
+        }
         shared[self.model_key] = {"choice": choice.as_dict(), "holders": [_me()]}
         _write(self.shared_file, shared)
 
@@ -219,8 +232,12 @@ def _alive(holder: dict) -> bool:
         return False
 
 
-def choose(candidates: list[Candidate], batch_sizes: tuple[int, ...], store: ChoiceStore,
-           budget_s: float = BUDGET_S) -> tuple[Backend, Choice]:
+def choose(
+    candidates: list[Candidate],
+    batch_sizes: tuple[int, ...],
+    store: ChoiceStore,
+    budget_s: float = BUDGET_S,
+) -> tuple[Backend, Choice]:
     """``auto``: the backend to serve and the choice, measured once per model (the first
     worker), remembered per host."""
     with store.locked():
@@ -231,7 +248,8 @@ def choose(candidates: list[Candidate], batch_sizes: tuple[int, ...], store: Cho
             measured, backends = measure(candidates, batch_sizes, budget_s)
             choice = dataclasses.replace(
                 select(measured, last.precision if last else None),
-                source=f"worker pid {os.getpid()} in {_clock() - started:.1f} s")
+                source=f"worker pid {os.getpid()} in {_clock() - started:.1f} s",
+            )
             store.keep(choice)
             return backends[choice.precision], choice
         store.join()
@@ -242,21 +260,32 @@ def choose(candidates: list[Candidate], batch_sizes: tuple[int, ...], store: Cho
     return backend, shared
 
 
-def explicit(requested: str, load: Callable[[], Backend], store: ChoiceStore
-             ) -> tuple[Backend, Choice]:
+def explicit(
+    requested: str, load: Callable[[], Backend], store: ChoiceStore
+) -> tuple[Backend, Choice]:
     """An explicit precision: load it; the choice cites this host's last ``auto`` timings."""
     backend = load()
     last = store.last()
     choice = forced(requested, backend.precision, list(last.candidates) if last else None)
     if backend.emulated:
-        choice = dataclasses.replace(choice, reason=choice.reason + (
-            f"; {backend.name} runs {backend.precision} emulated on this CPU (it lists no native "
-            "units for it): expect it slower than f32"))
+        choice = dataclasses.replace(
+            choice,
+            reason=choice.reason
+            + (
+                f"; {backend.name} runs {backend.precision} emulated on this CPU (it lists no "
+                "native units for it): expect it slower than f32"
+            ),
+        )
     return backend, choice
 
 
-def serving_backend(files: ModelFiles, config: HandlerConfig, device: torch.device,
-                    batch_sizes: tuple[int, ...], model: str = "") -> tuple[Backend, Choice]:
+def serving_backend(
+    files: ModelFiles,
+    config: HandlerConfig,
+    device: torch.device,
+    batch_sizes: tuple[int, ...],
+    model: str = "",
+) -> tuple[Backend, Choice]:
     """The backend a worker of ``model`` (its name and version) serves and the choice behind
     it, from the handler's settings
     (precision, half_precision, threads, onnx_spinning, auto_int8, precision_cache).
@@ -264,12 +293,19 @@ def serving_backend(files: ModelFiles, config: HandlerConfig, device: torch.devi
     candidate is measured on OpenVINO only, whose warm-up it times."""
     kind = files.backend
     options = RuntimeOptions(config.threads, config.onnx_spinning, config.half_precision)
-    candidates = precision_candidates(kind, files.folder, files.serialized, device, options,
-                                      config.auto_int8)
+    candidates = precision_candidates(
+        kind, files.folder, files.serialized, device, options, config.auto_int8
+    )
     loaders = _loaders(candidates)
-    archive = {"backend": kind, "serialized": files.serialized,
-               "weights": files.weights["sha256"], "batch_sizes": list(batch_sizes),
-               "threads": config.threads, "device": device.type, "candidates": list(loaders)}
+    archive = {
+        "backend": kind,
+        "serialized": files.serialized,
+        "weights": files.weights["sha256"],
+        "batch_sizes": list(batch_sizes),
+        "threads": config.threads,
+        "device": device.type,
+        "candidates": list(loaders),
+    }
     store = ChoiceStore(files.folder, cache_file(config.precision_cache), archive, model)
     precision = config.precision
     if config.half_precision and device.type == "cuda" and kind == "eager":
@@ -279,20 +315,34 @@ def serving_backend(files: ModelFiles, config: HandlerConfig, device: torch.devi
     if precision == "auto":
         # Nothing to choose and no warm-up to time for free (OpenVINO warms up anyway).
         (only,) = loaders.values()
-        return only(), Choice("f32", f"the only precision {kind} runs on {device.type}",
-                              tuple(c for c in candidates if c.load is None))
+        return only(), Choice(
+            "f32",
+            f"the only precision {kind} runs on {device.type}",
+            tuple(c for c in candidates if c.load is None),
+        )
     path = files.folder / files.serialized
     if precision == "int8":
         if files.int8 is None:
-            raise ValueError(f"handler.precision is int8 but this archive carries no int8 "
-                             f"model beside {files.serialized}: build it with QUANTIZE=int8 "
-                             "(the default, BACKEND=openvino) and check the build's fidelity "
-                             "gate verdict (make weights)")
+            raise ValueError(
+                f"handler.precision is int8 but this archive carries no int8 "
+                f"model beside {files.serialized}: build it with QUANTIZE=int8 "
+                "(the default, BACKEND=openvino) and check the build's fidelity "
+                "gate verdict (make weights)"
+            )
         path = files.int8
-    return explicit(precision, partial(
-        load_backend, kind, path, device, options,
-        RUNTIME_DEFAULT if precision == "f16" else precision,
-        batch_sizes), store)
+    return explicit(
+        precision,
+        partial(
+            load_backend,
+            kind,
+            path,
+            device,
+            options,
+            RUNTIME_DEFAULT if precision == "f16" else precision,
+            batch_sizes,
+        ),
+        store,
+    )
 
 
 def _loaders(candidates: list[Candidate]) -> dict[str, Callable[[], Backend]]:

@@ -4,6 +4,7 @@ A ``Backend`` is one loaded runtime with a name: which runtime (``name``), the a
 really runs (``precision``, what ``describe`` reports) and its ``forward``. Each crosses the
 device boundary once per batch: one copy in, one forward, one copy out.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,13 @@ class Backend:
         return self.forward(pixels)
 
     def describe(self) -> dict:
-        return {"name": self.name, "precision": self.precision, "file": self.file,
-                "device": self.device, "emulated": self.emulated}
+        return {
+            "name": self.name,
+            "precision": self.precision,
+            "file": self.file,
+            "device": self.device,
+            "emulated": self.emulated,
+        }
 
 
 @dataclass(frozen=True)
@@ -70,13 +76,19 @@ def pick_device(wanted: str, gpu_id) -> torch.device:
     if wanted == "cuda":
         raise RuntimeError(
             "handler.device is 'cuda' but the engine gave this worker no GPU "
-            f"(gpu_id={gpu_id}, cuda available={torch.cuda.is_available()})")
+            f"(gpu_id={gpu_id}, cuda available={torch.cuda.is_available()})"
+        )
     return torch.device("cpu")
 
 
-def load_backend(kind: str, path: Path, device: torch.device,
-                 options: RuntimeOptions = RuntimeOptions(), precision: str = RUNTIME_DEFAULT,
-                 warmup: tuple[int, ...] = ()) -> Backend:
+def load_backend(
+    kind: str,
+    path: Path,
+    device: torch.device,
+    options: RuntimeOptions = RuntimeOptions(),
+    precision: str = RUNTIME_DEFAULT,
+    warmup: tuple[int, ...] = (),
+) -> Backend:
     """Load the serialized model at ``path`` for ``kind`` (eager, torchscript, onnx, openvino).
 
     ``precision``: ``f32``, ``bf16`` or ``int8`` (OpenVINO only), or ``RUNTIME_DEFAULT``: the
@@ -87,15 +99,23 @@ def load_backend(kind: str, path: Path, device: torch.device,
     if kind == "openvino":
         return _openvino(path, options.threads, precision, warmup)
     if precision not in (RUNTIME_DEFAULT, "f32"):
-        raise ValueError(f"handler.precision {precision!r} needs an OpenVINO archive "
-                         f"(BACKEND=openvino); this one is {kind}: use auto or f32")
+        raise ValueError(
+            f"handler.precision {precision!r} needs an OpenVINO archive "
+            f"(BACKEND=openvino); this one is {kind}: use auto or f32"
+        )
     if kind == "onnx":
         return _onnx(path, device, options)
     return _torch(kind, path, device, options.half)
 
 
-def precision_candidates(kind: str, folder: Path, serialized: str, device: torch.device,
-                         options: RuntimeOptions, allow_int8: bool = True) -> list[Candidate]:
+def precision_candidates(
+    kind: str,
+    folder: Path,
+    serialized: str,
+    device: torch.device,
+    options: RuntimeOptions,
+    allow_int8: bool = True,
+) -> list[Candidate]:
     """What ``handler.precision: auto`` chooses from in ``folder``, most precise first: a
     ``Candidate`` with its ``load`` for each precision this archive, device and config can
     serve, one with why it is ``excluded`` for each they cannot.
@@ -116,11 +136,18 @@ def precision_candidates(kind: str, folder: Path, serialized: str, device: torch
                 continue
             for inference in ("f32", "bf16"):
                 if inference == "bf16" and not bf16:
-                    candidates.append(Candidate(prefix + inference,
-                                                excluded="this CPU has no bf16 units (OpenVINO)"))
+                    candidates.append(
+                        Candidate(
+                            prefix + inference, excluded="this CPU has no bf16 units (OpenVINO)"
+                        )
+                    )
                 else:
-                    candidates.append(Candidate(prefix + inference, load=partial(
-                        _openvino, path, options.threads, inference, ())))
+                    candidates.append(
+                        Candidate(
+                            prefix + inference,
+                            load=partial(_openvino, path, options.threads, inference, ()),
+                        )
+                    )
         return candidates
     path = folder / serialized
     if kind == "onnx":
@@ -129,8 +156,11 @@ def precision_candidates(kind: str, folder: Path, serialized: str, device: torch
     if kind == "eager" and device.type == "cuda":
         candidates.append(Candidate("f16", load=partial(_torch, kind, path, device, True)))
     elif device.type == "cuda":
-        candidates.append(Candidate("f16", excluded=f"{kind} holds its weights as float32 "
-                                                    "constants: f16 is eager-only"))
+        candidates.append(
+            Candidate(
+                "f16", excluded=f"{kind} holds its weights as float32 constants: f16 is eager-only"
+            )
+        )
     return candidates
 
 
@@ -169,8 +199,9 @@ def _torch(kind: str, path: Path, device: torch.device, half: bool) -> Backend:
             embedding, logits = module(batch.to(device, dtype, non_blocking=True))
             return embedding.float().cpu(), logits.float().cpu()
 
-    return Backend(kind, "f16" if dtype == torch.float16 else "f32", path.name, str(device),
-                   forward)
+    return Backend(
+        kind, "f16" if dtype == torch.float16 else "f32", path.name, str(device), forward
+    )
 
 
 def _openvino(path: Path, threads: int, precision: str, warmup: tuple[int, ...]) -> Backend:
@@ -188,9 +219,11 @@ def _openvino(path: Path, threads: int, precision: str, warmup: tuple[int, ...])
 
     quantised = is_quantised(path.name)
     if precision == "int8" and not quantised:
-        raise ValueError(f"handler.precision is int8 but {path.name} is not quantised: "
-                         "archive with QUANTIZE=int8 (make archives BACKEND=openvino "
-                         "QUANTIZE=int8)")
+        raise ValueError(
+            f"handler.precision is int8 but {path.name} is not quantised: "
+            "archive with QUANTIZE=int8 (make archives BACKEND=openvino "
+            "QUANTIZE=int8)"
+        )
     config: dict = {hints.performance_mode: hints.PerformanceMode.LATENCY}
     if precision in ("f32", "bf16"):
         config[hints.inference_precision] = ov.Type.f32 if precision == "f32" else ov.Type.bf16
@@ -203,9 +236,11 @@ def _openvino(path: Path, threads: int, precision: str, warmup: tuple[int, ...])
     used = compiled.get_property(hints.inference_precision).get_type_name()  # "f32", "bf16"
     emulated = used == "bf16" and not _cpu_has_bf16()
     if emulated:
-        logger.warning("OpenVINO runs bf16 emulated on this CPU (no BF16 among its "
-                       "OPTIMIZATION_CAPABILITIES): bf16 rounding without bf16's speed; "
-                       "precision auto would not choose it")
+        logger.warning(
+            "OpenVINO runs bf16 emulated on this CPU (no BF16 among its "
+            "OPTIMIZATION_CAPABILITIES): bf16 rounding without bf16's speed; "
+            "precision auto would not choose it"
+        )
     # One request, reused: an engine calls a worker's model from one thread at a time, and
     # an InferRequest must not be used from two threads at once.
     request = compiled.create_infer_request()
@@ -218,11 +253,17 @@ def _openvino(path: Path, threads: int, precision: str, warmup: tuple[int, ...])
 
     for size in warmup:
         forward(torch.zeros(size, 3, 224, 224))
-    logger.info("OpenVINO %s: %s, inference precision %s%s, %s threads", ov.get_version(),
-                path.name, used, " (int8 layers)" if quantised else "",
-                compiled.get_property(props.inference_num_threads))
-    return Backend("openvino", f"int8+{used}" if quantised else used, path.name, "cpu", forward,
-                   emulated)
+    logger.info(
+        "OpenVINO %s: %s, inference precision %s%s, %s threads",
+        ov.get_version(),
+        path.name,
+        used,
+        " (int8 layers)" if quantised else "",
+        compiled.get_property(props.inference_num_threads),
+    )
+    return Backend(
+        "openvino", f"int8+{used}" if quantised else used, path.name, "cpu", forward, emulated
+    )
 
 
 def _onnx(path: Path, device: torch.device, options: RuntimeOptions) -> Backend:
@@ -233,15 +274,19 @@ def _onnx(path: Path, device: torch.device, options: RuntimeOptions) -> Backend:
     if options.threads:
         session_options.intra_op_num_threads = options.threads
         session_options.inter_op_num_threads = 1
-    session_options.add_session_config_entry("session.intra_op.allow_spinning",
-                                             "1" if options.spin else "0")
+    session_options.add_session_config_entry(
+        "session.intra_op.allow_spinning", "1" if options.spin else "0"
+    )
     providers: list[str | tuple[str, dict]] = ["CPUExecutionProvider"]
     if device.type == "cuda":
         if "CUDAExecutionProvider" in ort.get_available_providers():
             providers.insert(0, ("CUDAExecutionProvider", {"device_id": device.index or 0}))
         else:  # the pinned onnxruntime wheel is the CPU build
-            logger.warning("ONNX Runtime has no CUDA provider here: running on CPU although "
-                           "the worker has %s; archive with BACKEND=eager for the GPU", device)
+            logger.warning(
+                "ONNX Runtime has no CUDA provider here: running on CPU although "
+                "the worker has %s; archive with BACKEND=eager for the GPU",
+                device,
+            )
     session = ort.InferenceSession(str(path), session_options, providers=providers)
     input_name = session.get_inputs()[0].name
 

@@ -5,6 +5,7 @@ decoded or explained becomes that request's ``Failed`` and nothing else's.
 on each of a request's images and says which one failed ("image k of n"). Anything but a
 ``RequestError`` is a bug of ours: logged with the request id, answered 500 for that request.
 """
+
 from __future__ import annotations
 
 import logging
@@ -29,8 +30,7 @@ def attempt(request_id: str, stage: str, step: Callable[[], T]) -> T | Failed:
         return Failed(request_id, detached(as_request_error(exc, stage, request_id)))
 
 
-def each_image(request_id: str, stage: str, items: Sequence[X],
-               step: Callable[[X], T]) -> list[T]:
+def each_image(request_id: str, stage: str, items: Sequence[X], step: Callable[[X], T]) -> list[T]:
     """``step`` of each of a request's images, in order; the first failure is raised as the
     request's error, saying which image it was when there are several."""
     results = []
@@ -48,7 +48,10 @@ def as_request_error(exc: Exception, stage: str, request_id: str) -> RequestErro
     batch."""
     if isinstance(exc, RequestError):
         return exc
-    logger.error("request %s: unexpected %s while %s", request_id, type(exc).__name__, stage,
-                 exc_info=exc)
-    return InternalError(f"unexpected error while {stage} this request "
-                         f"({type(exc).__name__}); request id {request_id}")
+    logger.error(
+        "request %s: unexpected %s while %s", request_id, type(exc).__name__, stage, exc_info=exc
+    )
+    return InternalError(
+        f"unexpected error while {stage} this request "
+        f"({type(exc).__name__}); request id {request_id}"
+    )

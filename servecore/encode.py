@@ -6,12 +6,13 @@ only ``tag_json`` for its BYTES tags. The parsing of the same protocols is ``ser
 
 Imports explanations: an explanation's answer is written here too (``servecore.explain.encode``).
 """
+
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii
+from typing import NamedTuple
 
 from servecore.answers import AnswerSpec, Prediction, Tag
 from servecore.config import Output
@@ -23,14 +24,13 @@ from servecore.service import Reply
 CONTENT_TYPE = "application/json"
 
 
-@dataclass(frozen=True)
-class JsonReply:
+class JsonReply(NamedTuple):
     """A reply as a JSON protocol sends it: ``reply`` (the core's, or its 413 when the body
-    would exceed the limit: then ``refused``) and its body as ``text``."""
+    would exceed the limit), its body as ``text``, and ``refused``: that 413's error, if so."""
 
     reply: Reply
     text: str
-    refused: bool = False
+    refused: PayloadTooLarge | None = None
 
 
 def json_reply(reply: Reply, spec: AnswerSpec, max_bytes: int) -> JsonReply:
@@ -42,8 +42,9 @@ def json_reply(reply: Reply, spec: AnswerSpec, max_bytes: int) -> JsonReply:
     if len(text) > max_bytes:  # json.dumps writes ASCII: characters are bytes
         error = PayloadTooLarge(
             f"the answer would be {len(text)} bytes, more than the limit of {max_bytes} "
-            "(handler.max_response_bytes); send fewer images or ask for less")
-        return JsonReply(reply.refused(error), json.dumps(error_body(error)), refused=True)
+            "(handler.max_response_bytes); send fewer images or ask for less"
+        )
+        return JsonReply(reply.refused(error), json.dumps(error_body(error)), error)
     return JsonReply(reply, text)
 
 
@@ -66,8 +67,10 @@ def answer_body(answer: Prediction | Explained | None, spec: AnswerSpec) -> dict
 def tag_json(tag: Tag) -> str:
     """A tag as one KServe v2 BYTES element: the JSON text ``json.dumps`` writes for
     ``{"label", "index", "probability"}``, written without building the dict."""
-    return (f'{{"label": {encode_basestring_ascii(tag.label)}, "index": {tag.index}, '
-            f'"probability": {_float_json(tag.probability)}}}')
+    return (
+        f'{{"label": {encode_basestring_ascii(tag.label)}, "index": {tag.index}, '
+        f'"probability": {_float_json(tag.probability)}}}'
+    )
 
 
 def _float_json(value: float) -> str:
@@ -81,26 +84,37 @@ def _tag(tag: Tag) -> dict:
     return {"label": tag.label, "index": tag.index, "probability": tag.probability}
 
 
-def _v2_response(spec: AnswerSpec, request_id: str | None,
-                 embeddings: list[list[float]] | None, tags: list[list[Tag]] | None) -> dict:
+def _v2_response(
+    spec: AnswerSpec,
+    request_id: str | None,
+    embeddings: list[list[float]] | None,
+    tags: list[list[Tag]] | None,
+) -> dict:
     """An Open Inference Protocol response; ``tags`` elements are JSON-encoded strings."""
     outputs: list[dict] = []
     if embeddings is not None:
-        outputs.append({
-            "name": Output.EMBEDDING.value,
-            "datatype": "FP32",
-            "shape": [len(embeddings), len(embeddings[0])],
-            "data": [x for row in embeddings for x in row],
-        })
+        outputs.append(
+            {
+                "name": Output.EMBEDDING.value,
+                "datatype": "FP32",
+                "shape": [len(embeddings), len(embeddings[0])],
+                "data": [x for row in embeddings for x in row],
+            }
+        )
     if tags is not None:
-        outputs.append({
-            "name": Output.TAGS.value,
-            "datatype": "BYTES",
-            "shape": [len(tags), len(tags[0])],
-            "data": [tag_json(t) for row in tags for t in row],
-        })
-    response = {"model_name": spec.model_name, "model_version": spec.model_version,
-                "outputs": outputs}
+        outputs.append(
+            {
+                "name": Output.TAGS.value,
+                "datatype": "BYTES",
+                "shape": [len(tags), len(tags[0])],
+                "data": [tag_json(t) for row in tags for t in row],
+            }
+        )
+    response = {
+        "model_name": spec.model_name,
+        "model_version": spec.model_version,
+        "outputs": outputs,
+    }
     if request_id is not None:
         response["id"] = request_id
     return response

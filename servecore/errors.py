@@ -6,6 +6,7 @@ of ours (500). ``STATUS`` below is the only place that says which HTTP status ea
 and the class name is the ``type`` a client reads in the body. ``servecore.intake`` catches them
 at one per-request boundary, so one bad input fails only its own request.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -138,4 +139,3 @@ STATUS: dict[type[RequestError], HTTPStatus] = {
 def error_body(error: RequestError) -> dict:
     """The JSON body every error response carries: ``{"code", "type", "message"}``."""
     return {"code": int(error.status), "type": error.kind, "message": error.message}
-

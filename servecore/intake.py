@@ -10,6 +10,7 @@ request only (``servecore.boundary``).
 Imports explanations: the intake calls the explanation stage (``servecore.explain.stage``) to
 check an explanation request's parameters and admit the batch's explanation work.
 """
+
 from __future__ import annotations
 
 import math
@@ -60,8 +61,12 @@ class Preprocessor:
 
     def open(self, data: bytes) -> OpenedImage:
         """Header only: checks bytes and pixel limits and tells the decoding cost."""
-        return open_image(data, max_pixels=self.config.max_image_pixels,
-                          max_bytes=self.config.max_image_bytes, draft_size=self.draft_size)
+        return open_image(
+            data,
+            max_pixels=self.config.max_image_pixels,
+            max_bytes=self.config.max_image_bytes,
+            draft_size=self.draft_size,
+        )
 
     def decode(self, opened: OpenedImage) -> torch.Tensor:
         return self.transform(decode(opened))
@@ -73,17 +78,26 @@ class Preprocessor:
 class Intake:
     """Turns one batch of ``Incoming`` requests into a ``PreparedBatch``."""
 
-    def __init__(self, config: HandlerConfig, explanations: Explanations,
-                 admission: Admission) -> None:
+    def __init__(
+        self, config: HandlerConfig, explanations: Explanations, admission: Admission
+    ) -> None:
         self.config = config
         self.explanations = explanations
         self.admission = admission
         self.preprocessor = Preprocessor(config)
         self.budgets = (
-            Budget("max_batch_images", "images", config.max_batch_images,
-                   lambda request: request.image_count),
-            Budget("max_batch_pixels", "decoded pixels", config.max_batch_pixels,
-                   lambda request: request.pixel_count),
+            Budget(
+                "max_batch_images",
+                "images",
+                config.max_batch_images,
+                lambda request: request.image_count,
+            ),
+            Budget(
+                "max_batch_pixels",
+                "decoded pixels",
+                config.max_batch_pixels,
+                lambda request: request.pixel_count,
+            ),
         )
         threads = config.decode_threads or min(MAX_DECODE_THREADS, usable_cpus())
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="decode")
@@ -97,9 +111,12 @@ class Intake:
         self.admission.served(requests)
         opened = time.perf_counter()
         states, tensors = self._decode(requests)
-        return PreparedBatch(tuple(states), torch.stack(tensors) if tensors else None,
-                             open_ms=1000 * (opened - started),
-                             decode_ms=1000 * (time.perf_counter() - opened))
+        return PreparedBatch(
+            tuple(states),
+            torch.stack(tensors) if tensors else None,
+            open_ms=1000 * (opened - started),
+            decode_ms=1000 * (time.perf_counter() - opened),
+        )
 
     def open(self, incoming: Incoming) -> Opened | Failed:
         """Parse one request and read its images' headers: an ``Explaining`` when it came on
@@ -115,14 +132,16 @@ class Intake:
         return Opened(incoming.request_id, request, self._read(incoming, request))
 
     def _read(self, incoming: Incoming, request: ParsedRequest) -> tuple[OpenedImage, ...]:
-        images = tuple(each_image(incoming.request_id, "reading", request.images,
-                                  self.preprocessor.open))
+        images = tuple(
+            each_image(incoming.request_id, "reading", request.images, self.preprocessor.open)
+        )
         pixels, limit = sum(image.pixels for image in images), self.config.max_request_pixels
         if pixels > limit:
             raise PayloadTooLarge(
                 f"request would decode {pixels} pixels ({len(images)} image(s)), "
                 f"more than the limit of {limit} (handler.max_request_pixels); send fewer "
-                "or smaller images")
+                "or smaller images"
+            )
         return images
 
     def _decode(self, requests: Sequence[Admitted]) -> tuple[list[State], list[torch.Tensor]]:
@@ -130,16 +149,23 @@ class Intake:
         fails becomes its ``Failed`` and gets no rows."""
         work = sum(r.image_count for r in requests if isinstance(r, Opened))
         start = self.pool.submit if work > 1 else _now
-        pending = [[start(self.preprocessor.decode, image) for image in r.images]
-                   if isinstance(r, Opened) else [] for r in requests]
+        pending = [
+            [start(self.preprocessor.decode, image) for image in r.images]
+            if isinstance(r, Opened)
+            else []
+            for r in requests
+        ]
         states: list[State] = []
         tensors: list[torch.Tensor] = []
         for request, futures in zip(requests, pending):
             if isinstance(request, Failed):
                 states.append(request)
                 continue
-            decoded = attempt(request.request_id, "decoding", partial(
-                each_image, request.request_id, "decoding", futures, Future.result))
+            decoded = attempt(
+                request.request_id,
+                "decoding",
+                partial(each_image, request.request_id, "decoding", futures, Future.result),
+            )
             if isinstance(decoded, Failed):
                 states.append(decoded)
                 continue

@@ -30,6 +30,7 @@ buckets (0.005 ... 10, shaped for seconds: every batch above 10 lands in ``+Inf`
 sizes are counters too. The names before #34 (``HandlerBatches{ModelName}``, ...) and how a
 dashboard on them migrates: docs/operations.md.
 """
+
 from __future__ import annotations
 
 import enum
@@ -63,34 +64,71 @@ class Metric:
     help: str
 
 
-BATCH_SIZE = Metric("resnet50_batch_size", Kind.HISTOGRAM, (),
-                    "requests in each batch the engine formed")
-IMAGES_PER_BATCH = Metric("resnet50_images_per_batch", Kind.HISTOGRAM, (),
-                          "good images in each batch")
+BATCH_SIZE = Metric(
+    "resnet50_batch_size", Kind.HISTOGRAM, (), "requests in each batch the engine formed"
+)
+IMAGES_PER_BATCH = Metric(
+    "resnet50_images_per_batch", Kind.HISTOGRAM, (), "good images in each batch"
+)
 BATCHES = Metric("resnet50_batches_total", Kind.COUNTER, (), "batches handled")
 REQUESTS = Metric("resnet50_requests_total", Kind.COUNTER, (), "requests in the batches")
 IMAGES = Metric("resnet50_images_total", Kind.COUNTER, (), "good images in the batches")
-BY_SIZE = Metric("resnet50_batches_by_size_total", Kind.COUNTER, ("batch_size",),
-                 "batches of each size (requests per batch)")
-ERRORS = Metric("resnet50_errors_total", Kind.COUNTER, ("error_type",),
-                "failed requests by error type (the error body's type)")
-OPEN_MS = Metric("resnet50_open_ms_total", Kind.COUNTER, (),
-                 "ms parsing, reading image headers and admitting, summed over batches")
-DECODE_MS = Metric("resnet50_decode_ms_total", Kind.COUNTER, (),
-                   "ms decoding and transforming images, summed over batches")
-FORWARD_MS = Metric("resnet50_forward_ms_total", Kind.COUNTER, (),
-                    "ms in the forward pass, summed over batches")
-ANSWER_MS = Metric("resnet50_answer_ms_total", Kind.COUNTER, (),
-                   "ms answering (values and the edge's encoding), summed over batches")
-PRECISION = Metric("resnet50_precision", Kind.GAUGE, ("precision",),
-                   "1 for the precision this worker serves")
-WORKER_RSS = Metric("resnet50_worker_rss_mb", Kind.GAUGE, ("worker_pid",),
-                    "the worker's resident memory, MiB")
+BY_SIZE = Metric(
+    "resnet50_batches_by_size_total",
+    Kind.COUNTER,
+    ("batch_size",),
+    "batches of each size (requests per batch)",
+)
+ERRORS = Metric(
+    "resnet50_errors_total",
+    Kind.COUNTER,
+    ("error_type",),
+    "failed requests by error type (the error body's type)",
+)
+OPEN_MS = Metric(
+    "resnet50_open_ms_total",
+    Kind.COUNTER,
+    (),
+    "ms parsing, reading image headers and admitting, summed over batches",
+)
+DECODE_MS = Metric(
+    "resnet50_decode_ms_total",
+    Kind.COUNTER,
+    (),
+    "ms decoding and transforming images, summed over batches",
+)
+FORWARD_MS = Metric(
+    "resnet50_forward_ms_total", Kind.COUNTER, (), "ms in the forward pass, summed over batches"
+)
+ANSWER_MS = Metric(
+    "resnet50_answer_ms_total",
+    Kind.COUNTER,
+    (),
+    "ms answering (values and the edge's encoding), summed over batches",
+)
+PRECISION = Metric(
+    "resnet50_precision", Kind.GAUGE, ("precision",), "1 for the precision this worker serves"
+)
+WORKER_RSS = Metric(
+    "resnet50_worker_rss_mb", Kind.GAUGE, ("worker_pid",), "the worker's resident memory, MiB"
+)
 
 # Every metric, declared once: a sink walks this table (config/metrics.yaml must match it).
-METRICS: tuple[Metric, ...] = (BATCH_SIZE, IMAGES_PER_BATCH, BATCHES, REQUESTS, IMAGES, BY_SIZE,
-                               ERRORS, OPEN_MS, DECODE_MS, FORWARD_MS, ANSWER_MS, PRECISION,
-                               WORKER_RSS)
+METRICS: tuple[Metric, ...] = (
+    BATCH_SIZE,
+    IMAGES_PER_BATCH,
+    BATCHES,
+    REQUESTS,
+    IMAGES,
+    BY_SIZE,
+    ERRORS,
+    OPEN_MS,
+    DECODE_MS,
+    FORWARD_MS,
+    ANSWER_MS,
+    PRECISION,
+    WORKER_RSS,
+)
 
 
 class MetricsSink(Protocol):
@@ -119,9 +157,15 @@ class BatchMetrics:
 
     def batch(self, requests: int, images: int, open_ms: float, decode_ms: float) -> None:
         """One batch: ``requests`` requests carrying ``images`` good images."""
-        for metric, value in ((BATCH_SIZE, requests), (IMAGES_PER_BATCH, images), (BATCHES, 1),
-                              (REQUESTS, requests), (IMAGES, images), (OPEN_MS, open_ms),
-                              (DECODE_MS, decode_ms)):
+        for metric, value in (
+            (BATCH_SIZE, requests),
+            (IMAGES_PER_BATCH, images),
+            (BATCHES, 1),
+            (REQUESTS, requests),
+            (IMAGES, images),
+            (OPEN_MS, open_ms),
+            (DECODE_MS, decode_ms),
+        ):
             self.sink.add(metric, value)
         self.sink.add(BY_SIZE, 1, (str(requests),))
         self.sink.add(PRECISION, 1, (self.precision,))

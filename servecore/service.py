@@ -10,6 +10,7 @@ Triton's adapter builds tensors from the arrays).
 Imports explanations: the model loads the explanation stage (``servecore.explain.stage``),
 runs it after the forward pass and answers explanation requests with its ``Explained``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -112,29 +113,54 @@ class ImageModel:
         if config.threads:
             torch.set_num_threads(config.threads)
         self.forward_rows = config.forward_rows or settings.batch_size
-        self.backend, self.choice = serving_backend(files, config, self.device,
-                                                    tuple(sorted({1, self.forward_rows})),
-                                                    f"{settings.name} {settings.version}")
+        self.backend, self.choice = serving_backend(
+            files,
+            config,
+            self.device,
+            tuple(sorted({1, self.forward_rows})),
+            f"{settings.name} {settings.version}",
+        )
         # Operators grep worker logs for this line.
         logger.info("%s precision_choice %s", settings.name, self.choice.line())
-        self.answers = AnswerSpec(settings.name, settings.version, Output(config.task),
-                                  files.labels, config.top_k, config.normalize_embedding)
-        self.explanations = Explanations(files.checkpoint, config.explain, self.answers.labels,
-                                         embedding_default=self.answers.task is Output.EMBEDDING)
+        self.answers = AnswerSpec(
+            settings.name,
+            settings.version,
+            Output(config.task),
+            files.labels,
+            config.top_k,
+            config.normalize_embedding,
+        )
+        self.explanations = Explanations(
+            files.checkpoint,
+            config.explain,
+            self.answers.labels,
+            embedding_default=self.answers.task is Output.EMBEDDING,
+        )
         self.intake = Intake(config, self.explanations, Admission())
         self.metrics = BatchMetrics(metrics, self.backend.precision)
         if not files.weights.get("trained", False):
             logger.warning("%s: %s", settings.name, files.weights.get("warning"))
-        logger.info("%s ready: task=%s backend=%s precision=%s device=%s weights=%s sha256=%s",
-                    settings.name, config.task, self.backend.name, self.backend.precision,
-                    self.device, files.weights["source"], files.weights["sha256"][:16])
+        logger.info(
+            "%s ready: task=%s backend=%s precision=%s device=%s weights=%s sha256=%s",
+            settings.name,
+            config.task,
+            self.backend.name,
+            self.backend.precision,
+            self.device,
+            files.weights["source"],
+            files.weights["sha256"][:16],
+        )
 
     def prepare(self, incoming: Sequence[Incoming]) -> PreparedBatch:
         """Each request through its own path (``Intake.prepare``), the good images stacked
         into one CPU tensor. Whatever goes wrong fails its own request only."""
         batch = self.intake.prepare(incoming)
-        self.metrics.batch(len(incoming), 0 if batch.pixels is None else len(batch.pixels),
-                           batch.open_ms, batch.decode_ms)
+        self.metrics.batch(
+            len(incoming),
+            0 if batch.pixels is None else len(batch.pixels),
+            batch.open_ms,
+            batch.decode_ms,
+        )
         return batch
 
     def infer(self, batch: PreparedBatch) -> ComputedBatch:
@@ -148,18 +174,26 @@ class ImageModel:
         self.metrics.forward(1000 * (time.perf_counter() - started))
         rows = (len(batch.pixels), len(embedding), len(logits))
         if len(set(rows)) != 1:
-            raise RuntimeError(f"backend returned {rows[1]} embeddings and {rows[2]} logit "
-                               f"rows for a batch of {rows[0]} images")
+            raise RuntimeError(
+                f"backend returned {rows[1]} embeddings and {rows[2]} logit "
+                f"rows for a batch of {rows[0]} images"
+            )
         return ComputedBatch(batch, embedding, logits, self.explanations.run(batch, logits))
 
     def answer(self, batch: ComputedBatch) -> list[Reply]:
         """One reply per request, in order: its answer as values, or its own error."""
         started = time.perf_counter()
         requests = batch.prepared.requests
-        plain = [r.opened.request for r in requests
-                 if isinstance(r, Placed) and not isinstance(r.opened, Explaining)]
-        outputs = (BatchOutputs.of(batch.embedding, batch.logits, plain, self.answers)
-                   if batch.embedding is not None and batch.logits is not None else None)
+        plain = [
+            r.opened.request
+            for r in requests
+            if isinstance(r, Placed) and not isinstance(r.opened, Explaining)
+        ]
+        outputs = (
+            BatchOutputs.of(batch.embedding, batch.logits, plain, self.answers)
+            if batch.embedding is not None and batch.logits is not None
+            else None
+        )
         reply = partial(Reply, len(requests), self.backend.precision)
         replies = []
         for i, request in enumerate(requests):
@@ -167,13 +201,17 @@ class ImageModel:
                 replies.append(reply(error=request.error))
             elif isinstance(request.opened, Explaining):
                 explained = batch.explained[i]
-                replies.append(reply(error=explained.error) if isinstance(explained, Failed)
-                               else reply(explained))
+                replies.append(
+                    reply(error=explained.error)
+                    if isinstance(explained, Failed)
+                    else reply(explained)
+                )
             elif outputs is None:  # a placed request always reached the model
                 raise RuntimeError(f"request {request.request_id} was placed but not computed")
             else:
-                replies.append(reply(outputs.prediction(request.opened.request, request.rows,
-                                                        self.answers)))
+                replies.append(
+                    reply(outputs.prediction(request.opened.request, request.rows, self.answers))
+                )
         self.metrics.errors(r.error.kind for r in replies if r.error is not None)
         self.metrics.answer(1000 * (time.perf_counter() - started))
         return replies

@@ -10,6 +10,7 @@ end, unchanged: no later step writes into an earlier step's value.
 
 Imports the explanation's types (its spec and its result), nothing that computes one.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -1,4 +1,5 @@
 """The handler driven directly, compared with torchvision's resnet50 and transform run directly."""
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,9 @@ def embedder(weights_dir):
 
 @pytest.fixture(scope="module")
 def raw_embedder(weights_dir):
-    return make_handler(weights_dir, task="embedding", normalize_embedding=False,
-                        draft_decode=False)
+    return make_handler(
+        weights_dir, task="embedding", normalize_embedding=False, draft_decode=False
+    )
 
 
 IMAGES = {
@@ -108,8 +110,12 @@ def test_item_in_batch_equals_item_alone(tagger):
 def test_bad_request_fails_alone_in_its_batch(tagger, caplog):
     handler, context = tagger
     good = IMAGES["jpeg-320x240"]
-    rows = [{"body": good}, {"body": b"this is not an image"}, {"body": good, "topk": b"0"},
-            {"data": good}]
+    rows = [
+        {"body": good},
+        {"body": b"this is not an image"},
+        {"body": good, "topk": b"0"},
+        {"data": good},
+    ]
     with caplog.at_level("INFO", logger="ts.metrics"):
         responses, statuses, _ = run_batch(handler, context, rows)
     assert [s[0] for s in statuses] == [200, 400, 400, 200]
@@ -135,8 +141,9 @@ def test_every_request_bad_gives_no_forward_pass(tagger, caplog):
 
 def test_top_k_header(tagger):
     handler, context = tagger
-    responses, _, _ = run_batch(handler, context, [{"body": IMAGES["png-200x300"]}],
-                                headers=[{"X-Top-K": "3"}])
+    responses, _, _ = run_batch(
+        handler, context, [{"body": IMAGES["png-200x300"]}], headers=[{"X-Top-K": "3"}]
+    )
     assert len(json.loads(responses[0])) == 3
 
 
@@ -145,8 +152,11 @@ def _emitted(records, name: str) -> list[float]:
     them; the frontend turns them into the Prometheus series)."""
     values = []
     for record in records:
-        match = re.search(rf"\[METRICS\]{name}\.Count:([0-9.]+)\|"
-                          r"#model:resnet50-tagger,engine:torchserve", record.getMessage())
+        match = re.search(
+            rf"\[METRICS\]{name}\.Count:([0-9.]+)\|"
+            r"#model:resnet50-tagger,engine:torchserve",
+            record.getMessage(),
+        )
         if match:
             values.append(float(match.group(1)))
     return values
@@ -154,8 +164,11 @@ def _emitted(records, name: str) -> list[float]:
 
 def test_batch_metrics_are_emitted_with_requests_good_images_errors_and_time(tagger, caplog):
     handler, context = tagger
-    rows = [{"body": IMAGES["png-200x300"]}, {"body": b"not an image"},
-            {"body": IMAGES["png-200x300"]}]
+    rows = [
+        {"body": IMAGES["png-200x300"]},
+        {"body": b"not an image"},
+        {"body": IMAGES["png-200x300"]},
+    ]
     with caplog.at_level("INFO", logger="ts.metrics"):
         run_batch(handler, context, rows)
     assert _emitted(caplog.records, "resnet50_batch_size") == [3.0]
@@ -165,20 +178,35 @@ def test_batch_metrics_are_emitted_with_requests_good_images_errors_and_time(tag
     assert _emitted(caplog.records, "resnet50_requests_total") == [3.0]
     assert _emitted(caplog.records, "resnet50_images_total") == [2.0]
     lines = "\n".join(r.getMessage() for r in caplog.records)
-    assert re.search(r"\[METRICS\]resnet50_batches_by_size_total\.Count:1(\.0)?\|"
-                     r"#model:resnet50-tagger,engine:torchserve,batch_size:3\|", lines), lines
-    assert re.search(r"\[METRICS\]resnet50_errors_total\.Count:1(\.0)?\|"
-                     r"#model:resnet50-tagger,engine:torchserve,error_type:InvalidImage\|",
-                     lines), lines
-    for name in ("resnet50_open_ms_total", "resnet50_decode_ms_total",
-                 "resnet50_forward_ms_total", "resnet50_answer_ms_total"):
+    assert re.search(
+        r"\[METRICS\]resnet50_batches_by_size_total\.Count:1(\.0)?\|"
+        r"#model:resnet50-tagger,engine:torchserve,batch_size:3\|",
+        lines,
+    ), lines
+    assert re.search(
+        r"\[METRICS\]resnet50_errors_total\.Count:1(\.0)?\|"
+        r"#model:resnet50-tagger,engine:torchserve,error_type:InvalidImage\|",
+        lines,
+    ), lines
+    for name in (
+        "resnet50_open_ms_total",
+        "resnet50_decode_ms_total",
+        "resnet50_forward_ms_total",
+        "resnet50_answer_ms_total",
+    ):
         spent = re.search(rf"\[METRICS\]{name}\.\w+:([0-9.]+)\|", lines)
         assert spent and float(spent.group(1)) > 0, name
     # What the worker serves and holds: the precision as a label, its RSS in MiB.
-    assert re.search(r"\[METRICS\]resnet50_precision\.\w+:1(\.0)?\|#model:resnet50-tagger,"
-                     r"engine:torchserve,precision:f32\|", lines), lines
-    rss = re.search(r"\[METRICS\]resnet50_worker_rss_mb\.\w+:([0-9.]+)\|#model:resnet50-tagger,"
-                    rf"engine:torchserve,worker_pid:{os.getpid()}\|", lines)
+    assert re.search(
+        r"\[METRICS\]resnet50_precision\.\w+:1(\.0)?\|#model:resnet50-tagger,"
+        r"engine:torchserve,precision:f32\|",
+        lines,
+    ), lines
+    rss = re.search(
+        r"\[METRICS\]resnet50_worker_rss_mb\.\w+:([0-9.]+)\|#model:resnet50-tagger,"
+        rf"engine:torchserve,worker_pid:{os.getpid()}\|",
+        lines,
+    )
     assert rss and 50 < float(rss.group(1)) < 64 * 1024, lines
 
 
@@ -215,15 +243,19 @@ def test_undeclared_metrics_do_not_fail_batches(weights_dir, caplog):
 def test_bad_top_k_header_is_a_400_for_that_request_only(tagger, header):
     handler, context = tagger
     good = IMAGES["png-200x300"]
-    responses, statuses, _ = run_batch(handler, context, [{"body": good}, {"body": good}],
-                                       headers=[{"X-Top-K": header}, {}])
+    responses, statuses, _ = run_batch(
+        handler, context, [{"body": good}, {"body": good}], headers=[{"X-Top-K": header}, {}]
+    )
     assert statuses[0][0] == 400 and json.loads(responses[0])["type"] == "InvalidParameter"
     assert statuses[1] == (200, None)
 
 
 def test_top_k_in_the_request_wins_over_a_bad_header(tagger):
     handler, context = tagger
-    responses, statuses, _ = run_batch(handler, context,
-                                       [{"data": IMAGES["png-200x300"], "topk": b"2"}],
-                                       headers=[{"X-Top-K": "junk"}])
+    responses, statuses, _ = run_batch(
+        handler,
+        context,
+        [{"data": IMAGES["png-200x300"], "topk": b"2"}],
+        headers=[{"X-Top-K": "junk"}],
+    )
     assert statuses == [(200, None)] and len(json.loads(responses[0])) == 2

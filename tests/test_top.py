@@ -1,6 +1,7 @@
 """``tsctl top``: its frame from two reads of the metrics (numbers worked out by hand), one
 frame against the session's real TorchServe under load, and the live view in a real 80-column
 terminal (tmux) that quits on ``q``."""
+
 from __future__ import annotations
 
 import os
@@ -20,40 +21,73 @@ from tsclient import top
 TAGGER = "resnet50-tagger"
 
 
-def _metrics(requests_: int, latency_us: float, queue_us: float, images: int,
-             sizes: dict[int, int], errors: dict[str, int], statuses: tuple[int, int, int]) -> str:
+def _metrics(
+    requests_: int,
+    latency_us: float,
+    queue_us: float,
+    images: int,
+    sizes: dict[int, int],
+    errors: dict[str, int],
+    statuses: tuple[int, int, int],
+) -> str:
     labels = f'model_name="{TAGGER}",model_version="default",hostname="h"'
     handler = f'model="{TAGGER}",engine="torchserve",Hostname="h"'
-    lines = [f"ts_inference_requests_total{{{labels},}} {requests_}.0",
-             f"ts_inference_latency_microseconds{{{labels},}} {latency_us}",
-             f"ts_queue_latency_microseconds{{{labels},}} {queue_us}",
-             f"resnet50_images_total{{{handler},}} {images}.0",
-             f"resnet50_batches_total{{{handler},}} {sum(sizes.values())}.0",
-             f"resnet50_requests_total{{{handler},}} {sum(s * n for s, n in sizes.items())}.0",
-             f'resnet50_precision{{model="{TAGGER}",engine="torchserve",precision="int8+f32",'
-             'Hostname="h",} 1.0',
-             f'resnet50_worker_rss_mb{{model="{TAGGER}",engine="torchserve",worker_pid="4242",'
-             'Hostname="h",} 1024.4']
-    lines += [f'resnet50_batches_by_size_total{{model="{TAGGER}",engine="torchserve",'
-              f'batch_size="{s}",Hostname="h",}} {n}.0' for s, n in sizes.items()]
-    lines += [f'resnet50_errors_total{{model="{TAGGER}",engine="torchserve",error_type="{kind}",'
-              f'Hostname="h",}} {n}.0' for kind, n in errors.items()]
-    lines += [f'Requests{code}{{Level="Host",Hostname="h",}} {n}.0'
-              for code, n in zip(("2XX", "4XX", "5XX"), statuses)]
+    lines = [
+        f"ts_inference_requests_total{{{labels},}} {requests_}.0",
+        f"ts_inference_latency_microseconds{{{labels},}} {latency_us}",
+        f"ts_queue_latency_microseconds{{{labels},}} {queue_us}",
+        f"resnet50_images_total{{{handler},}} {images}.0",
+        f"resnet50_batches_total{{{handler},}} {sum(sizes.values())}.0",
+        f"resnet50_requests_total{{{handler},}} {sum(s * n for s, n in sizes.items())}.0",
+        f'resnet50_precision{{model="{TAGGER}",engine="torchserve",precision="int8+f32",'
+        'Hostname="h",} 1.0',
+        f'resnet50_worker_rss_mb{{model="{TAGGER}",engine="torchserve",worker_pid="4242",'
+        'Hostname="h",} 1024.4',
+    ]
+    lines += [
+        f'resnet50_batches_by_size_total{{model="{TAGGER}",engine="torchserve",batch_size="{s}",'
+        f'Hostname="h",}} {n}.0'
+        for s, n in sizes.items()
+    ]
+    lines += [
+        f'resnet50_errors_total{{model="{TAGGER}",engine="torchserve",error_type="{kind}",'
+        f'Hostname="h",}} {n}.0'
+        for kind, n in errors.items()
+    ]
+    lines += [
+        f'Requests{code}{{Level="Host",Hostname="h",}} {n}.0'
+        for code, n in zip(("2XX", "4XX", "5XX"), statuses)
+    ]
     return "\n".join(lines) + "\n"
 
 
 def test_frame_shows_what_happened_between_two_reads():
-    workers = {TAGGER: [{"id": "9001", "status": "READY", "pid": 4242, "memoryUsage": 0},
-                        {"id": "9002", "status": "READY", "pid": 4243,
-                         "memoryUsage": 900 * 2**20}]}
-    old = top.parse(_metrics(10, 500_000, 100_000, 10, {1: 10}, {"InvalidImage": 1},
-                             (10, 1, 0)), workers, at=100.0)
+    workers = {
+        TAGGER: [
+            {"id": "9001", "status": "READY", "pid": 4242, "memoryUsage": 0},
+            {"id": "9002", "status": "READY", "pid": 4243, "memoryUsage": 900 * 2**20},
+        ]
+    }
+    old = top.parse(
+        _metrics(10, 500_000, 100_000, 10, {1: 10}, {"InvalidImage": 1}, (10, 1, 0)),
+        workers,
+        at=100.0,
+    )
     # In 2 s: 20 requests (18 images) answered in 50 ms after 5 ms queued, in 6 batches of
     # sizes 2, 2, 3, 3, 4, 6; 2 refused by the handler (Overloaded), 1 more invalid image.
-    new = top.parse(_metrics(30, 1_500_000, 200_000, 28, {1: 10, 2: 2, 3: 2, 4: 1, 6: 1},
-                             {"InvalidImage": 2, "Overloaded": 2}, (28, 2, 2)),
-                    workers, at=102.0)
+    new = top.parse(
+        _metrics(
+            30,
+            1_500_000,
+            200_000,
+            28,
+            {1: 10, 2: 2, 3: 2, 4: 1, 6: 1},
+            {"InvalidImage": 2, "Overloaded": 2},
+            (28, 2, 2),
+        ),
+        workers,
+        at=102.0,
+    )
     screen = top.frame(old, new, url="127.0.0.1:8082")
     lines = screen.splitlines()
     assert all(len(line) <= 80 for line in lines), screen
@@ -64,8 +98,10 @@ def test_frame_shows_what_happened_between_two_reads():
     assert f"  {TAGGER}: InvalidImage 0.5/s, Overloaded (503) 1.0/s" in lines
     # RSS: the handler's report for its pid, else the management API's
     workers_shown = [line.split() for line in lines if line.startswith(TAGGER) and "READY" in line]
-    assert workers_shown == [[TAGGER, "9001", "READY", "4242", "1024", "int8+f32"],
-                             [TAGGER, "9002", "READY", "4243", "900", "int8+f32"]]
+    assert workers_shown == [
+        [TAGGER, "9001", "READY", "4242", "1024", "int8+f32"],
+        [TAGGER, "9002", "READY", "4243", "900", "int8+f32"],
+    ]
 
 
 def test_an_idle_model_shows_dashes_not_zero_latency():
@@ -74,6 +110,63 @@ def test_an_idle_model_shows_dashes_not_zero_latency():
     screen = top.frame(top.parse(text, workers, 0.0), top.parse(text, workers, 1.0))
     row = next(line.split() for line in screen.splitlines() if line.startswith(TAGGER))
     assert row == [TAGGER, "0.0", "0.0", "-", "-", "-", "-"]
+
+
+def _triton_metrics(
+    success: int,
+    failure: int,
+    duration_us: float,
+    queue_us: float,
+    images: int,
+    sizes: dict[int, int],
+    errors: dict[str, int],
+) -> str:
+    """Triton's metrics port: its own nv_* under "model", the core's as on TorchServe."""
+    model = f'model="{TAGGER}",version="1"'
+    handler = f'Hostname="h",engine="triton",model="{TAGGER}"'
+    lines = [
+        f"nv_inference_request_success{{{model}}} {success}",
+        f'nv_inference_request_failure{{{model},reason="REJECTED"}} {failure}',
+        f"nv_inference_request_duration_us{{{model}}} {duration_us}",
+        f"nv_inference_queue_duration_us{{{model}}} {queue_us}",
+        f"nv_inference_count{{{model}}} {images}",
+        f"resnet50_images_total{{{handler}}} {images}",
+        f"resnet50_batches_total{{{handler}}} {sum(sizes.values())}",
+        f"resnet50_requests_total{{{handler}}} {sum(s * n for s, n in sizes.items())}",
+        f'resnet50_precision{{{handler},precision="f32"}} 1',
+        f'resnet50_worker_rss_mb{{{handler},worker_pid="777"}} 1200.4',
+    ]
+    lines += [
+        f'resnet50_batches_by_size_total{{batch_size="{s}",{handler}}} {n}'
+        for s, n in sizes.items()
+    ]
+    lines += [
+        f'resnet50_errors_total{{error_type="{kind}",{handler}}} {n}' for kind, n in errors.items()
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def test_a_triton_frame_reads_its_own_series_beside_the_cores():
+    """Requests, latency and queue time from Triton's nv_* series; batches, errors, precision
+    and the stub's RSS from the core's; no status classes (Triton has none)."""
+    workers = {TAGGER: [{"id": "0", "status": "READY"}]}  # Triton's instances: no pid
+    old = top.parse(_triton_metrics(10, 0, 500_000, 50_000, 10, {1: 10}, {}), workers, at=10.0)
+    # In 4 s: 16 requests answered (2 of them the core's 400s) and 4 refused by Triton, in
+    # 200 ms each after 40 ms queued; 18 images in batches of 2, 4, 4 and 4.
+    new = top.parse(
+        _triton_metrics(26, 4, 3_700_000, 690_000, 28, {1: 10, 2: 1, 4: 3}, {"InvalidImage": 2}),
+        workers,
+        at=14.0,
+    )
+    lines = top.frame(old, new, url="127.0.0.1:8002").splitlines()
+    assert lines[1].startswith("answers/s  - (no status classes on Triton")
+    row = next(line.split() for line in lines if line.startswith(TAGGER))
+    # model, req/s (16 + 4 in 4 s), img/s, mean and queue ms (over the 16 answered: Triton
+    # times no failure), batch, p50/p95
+    assert row == [TAGGER, "5.0", "4.5", "200.0", "40.0", "3.5", "4/4"]
+    assert f"  {TAGGER}: InvalidImage 0.5/s" in lines
+    worker = next(line.split() for line in lines if line.startswith(TAGGER) and "READY" in line)
+    assert worker == [TAGGER, "0", "READY", "777", "1200", "f32"]
 
 
 def _tsctl_env(server) -> dict[str, str]:
@@ -92,8 +185,12 @@ class _Load:
     def _send(self, photo: bytes) -> None:
         headers = self.server.keys.inference_headers()
         while not self.stop.is_set():
-            requests.post(f"{self.server.inference_url}/predictions/{TAGGER}", data=photo,
-                          headers=headers, timeout=120)
+            requests.post(
+                f"{self.server.inference_url}/predictions/{TAGGER}",
+                data=photo,
+                headers=headers,
+                timeout=120,
+            )
             self.sent += 1
 
     def __enter__(self) -> _Load:
@@ -111,9 +208,13 @@ class _Load:
 def test_once_under_load(torchserve):
     with _Load(torchserve) as load:
         settled(lambda: load.sent, lambda n: n >= 2)  # the load is flowing before the frame
-        result = subprocess.run([str(TSCTL), "top", "--once", "--interval", "2"],
-                                env=_tsctl_env(torchserve), capture_output=True, text=True,
-                                timeout=120)
+        result = subprocess.run(
+            [str(TSCTL), "top", "--once", "--interval", "2"],
+            env=_tsctl_env(torchserve),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert all(len(line) <= 80 for line in lines), result.stdout
@@ -132,25 +233,42 @@ def test_live_view_in_an_80_column_terminal_quits_on_q(torchserve, tmp_path):
     socket = f"tsctl-top-{uuid.uuid4().hex[:8]}"  # a private tmux server, killed at the end
     base = [tmux, "-L", socket, "-f", os.devnull]
     env = _tsctl_env(torchserve)
-    command = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()
-                       if k.startswith("TSCTL_") or k == "PYTHONPATH")
+    command = " ".join(
+        f"{k}={shlex.quote(v)}"
+        for k, v in env.items()
+        if k.startswith("TSCTL_") or k == "PYTHONPATH"
+    )
     command += f" {shlex.quote(str(TSCTL))} top --interval 1; echo EXITED $?; sleep 30"
 
     def screen() -> str:
-        return subprocess.run([*base, "capture-pane", "-p", "-t", "top"], capture_output=True,
-                              text=True, timeout=10).stdout
+        return subprocess.run(
+            [*base, "capture-pane", "-p", "-t", "top"], capture_output=True, text=True, timeout=10
+        ).stdout
 
     try:
-        subprocess.run([*base, "new-session", "-d", "-s", "top", "-x", "80", "-y", "30",
-                        command], check=True, timeout=10, env={**os.environ, "TERM": "xterm"})
+        subprocess.run(
+            [*base, "new-session", "-d", "-s", "top", "-x", "80", "-y", "30", command],
+            check=True,
+            timeout=10,
+            env={**os.environ, "TERM": "xterm"},
+        )
         with _Load(torchserve):
             shown = settled(screen, lambda s: "q quits" in s and "READY" in s, timeout_s=60)
         lines = shown.splitlines()
         assert "q quits" in shown, shown
         # The table's header and rows are whole lines: nothing wrapped past 80 columns.
         header = next(line for line in lines if line.startswith("model") and "p50/p95" in line)
-        assert header.split() == ["model", "req/s", "img/s", "mean", "ms", "queue", "ms",
-                                  "batch", "p50/p95"]
+        assert header.split() == [
+            "model",
+            "req/s",
+            "img/s",
+            "mean",
+            "ms",
+            "queue",
+            "ms",
+            "batch",
+            "p50/p95",
+        ]
         assert any(line.startswith(TAGGER) and len(line.split()) == 7 for line in lines), shown
         subprocess.run([*base, "send-keys", "-t", "top", "q"], check=True, timeout=10)
         after = settled(screen, lambda s: "EXITED" in s, timeout_s=15)

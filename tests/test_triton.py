@@ -6,6 +6,7 @@ can be held to the float32 reference (tests/reference.py) as tightly as f32 allo
 the end (the last test checks that it stops cleanly). Skipped, saying why, when
 ``make triton-server`` could not install the wheel.
 """
+
 from __future__ import annotations
 
 import base64
@@ -26,7 +27,6 @@ import requests
 import torch
 
 from buildsteps.configgen import frontend_settings, repo_models
-from devtools.server import free_ports
 from servecore.answers import Tag
 from servecore.config import HandlerConfig
 from servecore.encode import tag_json
@@ -34,10 +34,9 @@ from servecore.errors import InvalidParameter, InvalidRequest, PayloadTooLarge
 from servecore.parse import Protocol, parse_tensor
 from tests.imagegen import jpeg, png
 from tests.reference import assert_same_tags, rel_error, tolerance
-from tests.served import variant_server
-from tritonrepo.generate import config_pbtxt, generate
-from tritonrepo.install import NotInstalled, TritonInstall
-from tritonrepo.server import Triton
+from tests.served import local_triton, variant_server
+from tests.served import v2_infer as infer
+from tritonrepo.generate import config_pbtxt
 
 REPO = Path(__file__).resolve().parent.parent
 EMBEDDING, TAGGER = "resnet50-embedding", "resnet50-tagger"
@@ -63,8 +62,16 @@ def test_a_tensor_element_is_an_image_or_its_base64_text():
 def test_a_tag_element_is_the_json_text_json_dumps_writes():
     """Triton's BYTES tags and TorchServe's v2 tags: the same text as ``json.dumps`` of the tag."""
     labels = ["tabby", 'say "cheese"', "back\\slash", "caf\u00e9 cr\u00e8me", "tab\tline\n", ""]
-    probabilities = [0.4199999868869781, 1.0, 0.0, 1e-45, 3.4028234663852886e38, 0.1 + 0.2,
-                     math.nan, math.inf]
+    probabilities = [
+        0.4199999868869781,
+        1.0,
+        0.0,
+        1e-45,
+        3.4028234663852886e38,
+        0.1 + 0.2,
+        math.nan,
+        math.inf,
+    ]
     for index, label in enumerate(labels):
         for p in probabilities:
             tag = Tag(label, index, p)
@@ -94,6 +101,16 @@ class FakeResponse:
         self.error = error
 
 
+class NoMetricFamily:
+    """``pb_utils.MetricFamily`` of a server started with ``--allow-metrics=false``: every
+    family refused (the adapter's metrics then switch off with a warning)."""
+
+    COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+
+    def __init__(self, **_) -> None:
+        raise RuntimeError("metrics not enabled")
+
+
 class FakeRequest:
     """``pb_utils.InferenceRequest`` as the adapter reads it."""
 
@@ -114,7 +131,7 @@ def fake_pb_utils(monkeypatch):
     it, so that the adapter runs without a Triton server."""
     module = types.ModuleType("triton_python_backend_utils")
     module.Tensor, module.TritonError = FakeTensor, FakeError
-    module.InferenceResponse = FakeResponse
+    module.InferenceResponse, module.MetricFamily = FakeResponse, NoMetricFamily
     module.triton_string_to_numpy = {"TYPE_FP32": np.float32, "TYPE_STRING": np.object_}.__getitem__
     module.get_input_tensor_by_name = lambda request, name: FakeTensor(name, request.images)
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", module)
@@ -125,21 +142,36 @@ def fake_pb_utils(monkeypatch):
 
 def triton_model(module, weights_dir: Path, task: str):
     """The adapter's model, initialised as Triton would with a generated config (f32)."""
-    output = {"embedding": {"name": "embedding", "data_type": "TYPE_FP32", "dims": [2048]},
-              "tags": {"name": "tags", "data_type": "TYPE_STRING", "dims": [-1]}}[task]
+    output = {
+        "embedding": {"name": "embedding", "data_type": "TYPE_FP32", "dims": [2048]},
+        "tags": {"name": "tags", "data_type": "TYPE_STRING", "dims": [-1]},
+    }[task]
     handler = {"task": task, "precision": "f32", "draft_decode": False}
-    config = {"name": task, "max_batch_size": 8, "output": [output], "parameters": {
-        "serialized_file": {"string_value": "resnet50_dual.xml"},
-        "handler": {"string_value": json.dumps(handler)}}}
+    config = {
+        "name": task,
+        "max_batch_size": 8,
+        "output": [output],
+        "parameters": {
+            "serialized_file": {"string_value": "resnet50_dual.xml"},
+            "handler": {"string_value": json.dumps(handler)},
+        },
+    }
     model = module.TritonPythonModel()
-    model.initialize({"model_config": json.dumps(config), "model_name": task,
-                      "model_repository": str(weights_dir.parent),
-                      "model_version": weights_dir.name, "model_instance_kind": "CPU"})
+    model.initialize(
+        {
+            "model_config": json.dumps(config),
+            "model_name": task,
+            "model_repository": str(weights_dir.parent),
+            "model_version": weights_dir.name,
+            "model_instance_kind": "CPU",
+        }
+    )
     return model
 
 
-def test_the_triton_adapter_answers_with_tensors_and_no_json(fake_pb_utils, weights_dir,
-                                                             reference, monkeypatch):
+def test_the_triton_adapter_answers_with_tensors_and_no_json(
+    fake_pb_utils, weights_dir, reference, monkeypatch
+):
     """Issue #34: Triton's answers go from the core's arrays straight into tensors; the only
     JSON on the path is reading each request's parameters."""
     tagger = triton_model(fake_pb_utils, weights_dir, "tags")
@@ -165,8 +197,9 @@ def test_the_triton_adapter_answers_with_tensors_and_no_json(fake_pb_utils, weig
     assert [r.error for r in tagged + embedded] == [None] * 4
     assert [r.tensors["tags"].shape for r in tagged] == [(2, 3), (1, 5)]
     for row, photo in zip([*tagged[0].tensors["tags"], *tagged[1].tensors["tags"]], PHOTOS):
-        assert_same_tags([json.loads(t) for t in row],
-                         expected_tags(reference, labels, photo, len(row)))
+        assert_same_tags(
+            [json.loads(t) for t in row], expected_tags(reference, labels, photo, len(row))
+        )
     for response, photos in zip(embedded, (PHOTOS[:2], PHOTOS[2:])):
         array = response.tensors["embedding"]
         assert list(response.tensors) == ["embedding"]
@@ -180,9 +213,13 @@ def test_the_triton_adapter_sends_the_core_error_body(fake_pb_utils, weights_dir
     """Each failed request gets its own error (the core's JSON error body), the good one its
     tags."""
     tagger = triton_model(fake_pb_utils, weights_dir, "tags")
-    responses = tagger.execute([FakeRequest([b"\xff\xd8\xff\xe0 not a JPEG"]),
-                                FakeRequest([PHOTOS[0]], '{"topk": 0}'),
-                                FakeRequest([PHOTOS[1]])])
+    responses = tagger.execute(
+        [
+            FakeRequest([b"\xff\xd8\xff\xe0 not a JPEG"]),
+            FakeRequest([PHOTOS[0]], '{"topk": 0}'),
+            FakeRequest([PHOTOS[1]]),
+        ]
+    )
     for response, kind in zip(responses, ("InvalidImage", "InvalidParameter")):
         assert response.tensors == {}
         assert response.error.code == FakeError.INVALID_ARG
@@ -202,8 +239,9 @@ def test_config_pbtxt_carries_the_model_yaml(model):
     assert 'string_value: "{\\"task\\": \\"tags\\"}"' in text
     assert "EXECUTION_ENV_PATH" not in text
     packed = config_pbtxt(model, settings, {"task": "tags"}, "resnet50_dual.xml", "env.tar.gz")
-    assert ('key: "EXECUTION_ENV_PATH" value: { string_value: '
-            '"$$TRITON_MODEL_DIRECTORY/env.tar.gz" }') in packed
+    assert (
+        'key: "EXECUTION_ENV_PATH" value: { string_value: "$$TRITON_MODEL_DIRECTORY/env.tar.gz" }'
+    ) in packed
 
 
 def test_the_kserve_triton_manifest_passes_the_lint_and_its_rules_apply():
@@ -219,75 +257,64 @@ def test_the_kserve_triton_manifest_passes_the_lint_and_its_rules_apply():
     objects = render(target)
     [isvc] = [o for o in objects if o.kind == "InferenceService"]
     model = isvc.obj["spec"]["predictor"]["model"]
-    assert (model["runtime"], model["modelFormat"]) == ("kserve-tritonserver",
-                                                        {"name": "triton", "version": "2"})
+    assert (model["runtime"], model["modelFormat"]) == (
+        "kserve-tritonserver",
+        {"name": "triton", "version": "2"},
+    )
     runtimes = {lint.TRITON_RUNTIME.name: lint.TRITON_RUNTIME}
     limits = lint.ServingLimits.from_models(repo_models())
     v1 = copy.deepcopy(isvc)
     v1.obj["spec"]["predictor"]["model"]["protocolVersion"] = "v1"
-    assert any("'v1' is not supported by runtime kserve-tritonserver" in str(f)
-               for f in lint.inference_service_findings(v1, runtimes, limits))
+    assert any(
+        "'v1' is not supported by runtime kserve-tritonserver" in str(f)
+        for f in lint.inference_service_findings(v1, runtimes, limits)
+    )
     no_metrics = copy.deepcopy(objects)
     for o in no_metrics:
         if o.kind == "NetworkPolicy":
             o.obj["spec"]["ingress"].pop(1)
-    assert any("port 8002 is admitted from no namespace" in str(f)
-               for f in lint.network_policy_findings(no_metrics))
+    assert any(
+        "port 8002 is admitted from no namespace" in str(f)
+        for f in lint.network_policy_findings(no_metrics)
+    )
 
 
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory, model_store):
-    try:
-        TritonInstall().check()
-    except NotInstalled as exc:
-        pytest.skip(f"no Triton server: {exc}")
-    work = tmp_path_factory.mktemp("triton")
-    generate(work / "repository", model_store=model_store, precision="f32")
-    ports = free_ports(("http", "grpc", "metrics"))
-    with (work / "triton.log").open("w") as log:
-        server = Triton(work / "repository", log=log, **ports)
-        try:
-            server.start()
-        except (RuntimeError, TimeoutError) as exc:
-            log.flush()
-            raise RuntimeError(f"{exc}\n{(work / 'triton.log').read_text()[-4000:]}") from None
-        try:
-            yield server
-        finally:
-            server.stop()
-
-
-def infer(triton, model: str, images: list[bytes], **parameters) -> requests.Response:
-    """The JSON body TorchServe's v2 route takes: base64 images in a BYTES tensor's data."""
-    body = {"inputs": [{"name": "images", "datatype": "BYTES", "shape": [len(images), 1],
-                        "data": [base64.b64encode(i).decode() for i in images]}]}
-    if parameters:
-        body["parameters"] = parameters
-    return requests.post(f"{triton.url}/v2/models/{model}/infer", json=body, timeout=300)
+    with local_triton(tmp_path_factory.mktemp("triton"), model_store) as server:
+        yield server
 
 
 def output(response: requests.Response, name: str) -> np.ndarray:
     assert response.status_code == 200, response.text
     out = {o["name"]: o for o in response.json()["outputs"]}[name]
-    return np.array(out["data"], dtype=object if out["datatype"] == "BYTES" else np.float32
-                    ).reshape(out["shape"])
+    return np.array(
+        out["data"], dtype=object if out["datatype"] == "BYTES" else np.float32
+    ).reshape(out["shape"])
 
 
 def expected_tags(reference, labels: list[str], image: bytes, k: int) -> list[dict]:
     top = torch.softmax(reference(image)[1], dim=0).topk(k)
-    return [{"label": labels[i], "index": i, "probability": p}
-            for i, p in zip(top.indices.tolist(), top.values.tolist())]
+    return [
+        {"label": labels[i], "index": i, "probability": p}
+        for i, p in zip(top.indices.tolist(), top.values.tolist())
+    ]
 
 
 def test_health_ready_metadata_and_metrics_answer(triton):
     assert requests.get(f"{triton.url}/v2/health/live", timeout=30).status_code == 200
     assert requests.get(f"{triton.url}/v2/health/ready", timeout=30).status_code == 200
-    for model, out, datatype, shape in ((EMBEDDING, "embedding", "FP32", [-1, 2048]),
-                                        (TAGGER, "tags", "BYTES", [-1, -1])):
+    for model, out, datatype, shape in (
+        (EMBEDDING, "embedding", "FP32", [-1, 2048]),
+        (TAGGER, "tags", "BYTES", [-1, -1]),
+    ):
         assert requests.get(f"{triton.url}/v2/models/{model}/ready", timeout=30).status_code == 200
         meta = requests.get(f"{triton.url}/v2/models/{model}", timeout=30).json()
         assert meta["inputs"] == [{"name": "images", "datatype": "BYTES", "shape": [-1, 1]}]
-        assert meta["outputs"] == [{"name": out, "datatype": datatype, "shape": shape}]
+        assert meta["outputs"] == [{"name": out, "datatype": datatype, "shape": shape}] + [
+            {"name": name, "datatype": "BYTES", "shape": [-1, 1]}  # tests/test_triton_ops.py
+            for name in ("describe", "explanations")
+        ]
     metrics = requests.get(triton.metrics_url, timeout=30)
     assert metrics.status_code == 200
     assert f'nv_inference_count{{model="{TAGGER}",version="1"}}' in metrics.text
@@ -298,8 +325,11 @@ def test_embeddings_equal_the_float32_reference(triton, reference):
     assert embeddings.shape == (len(PHOTOS), 2048)
     for photo, embedding in zip(PHOTOS, embeddings):
         expected = torch.nn.functional.normalize(reference(photo)[0], dim=0)  # the YAML's L2
-        cosine = float(torch.nn.functional.cosine_similarity(
-            torch.as_tensor(embedding, dtype=torch.float64), expected.double(), dim=0))
+        cosine = float(
+            torch.nn.functional.cosine_similarity(
+                torch.as_tensor(embedding, dtype=torch.float64), expected.double(), dim=0
+            )
+        )
         assert cosine >= 0.9999
         assert rel_error(embedding, expected) <= tolerance("f32")
 
@@ -307,8 +337,9 @@ def test_embeddings_equal_the_float32_reference(triton, reference):
 def test_tags_match_the_reference_in_json_and_binary_requests(triton, reference, weights_dir):
     import tritonclient.http as httpclient
 
-    labels = [json.loads((weights_dir / "index_to_name.json").read_text())[str(i)]
-              for i in range(1000)]
+    labels = [
+        json.loads((weights_dir / "index_to_name.json").read_text())[str(i)] for i in range(1000)
+    ]
     from_json = output(infer(triton, TAGGER, PHOTOS, topk=3), "tags")
     assert from_json.shape == (len(PHOTOS), 3)
     for photo, row in zip(PHOTOS, from_json):
@@ -320,8 +351,9 @@ def test_tags_match_the_reference_in_json_and_binary_requests(triton, reference,
     tensor.set_data_from_numpy(np.array([[p] for p in PHOTOS], dtype=object), binary_data=True)
     result = client.infer(TAGGER, [tensor], parameters={"topk": 3})
     binary = result.as_numpy("tags")
-    assert [[json.loads(t)["index"] for t in row] for row in binary] == \
-        [[json.loads(t)["index"] for t in row] for row in from_json]
+    assert [[json.loads(t)["index"] for t in row] for row in binary] == [
+        [json.loads(t)["index"] for t in row] for row in from_json
+    ]
 
 
 def test_a_broken_image_fails_alone_beside_three_good_ones(triton):
@@ -353,8 +385,9 @@ def test_concurrent_requests_are_batched(triton):
     with ThreadPoolExecutor(clients) as pool:
         assert list(pool.map(send, range(clients))) == [200] * clients
     stats = requests.get(f"{triton.url}/v2/models/{TAGGER}/stats", timeout=30).json()
-    sizes = {b["batch_size"]: b["compute_infer"]["count"]
-             for b in stats["model_stats"][0]["batch_stats"]}
+    sizes = {
+        b["batch_size"]: b["compute_infer"]["count"] for b in stats["model_stats"][0]["batch_stats"]
+    }
     assert max(sizes) > 1, sizes
 
 
@@ -372,11 +405,24 @@ def test_tsctl_tags_and_embeds_through_triton_unchanged(triton, tmp_path, refere
     env = dict(os.environ, PYTHONPATH=str(REPO))  # this checkout's client
 
     def tsctl(*argv):
-        return subprocess.run([str(REPO / ".venv" / "bin" / "tsctl"), *argv], env=env,
-                              capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [str(REPO / ".venv" / "bin" / "tsctl"), *argv],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
-    tagged = tsctl("--json", "tag", "--url", triton.url, "--topk", "3", *map(str, paths),
-                   str(tmp_path / "broken.jpg"))
+    tagged = tsctl(
+        "--json",
+        "tag",
+        "--url",
+        triton.url,
+        "--topk",
+        "3",
+        *map(str, paths),
+        str(tmp_path / "broken.jpg"),
+    )
     assert tagged.returncode == 7, tagged.stderr  # some files failed
     answers = json.loads(tagged.stdout)
     assert all(len(answers[str(p)]) == 3 for p in paths)
@@ -395,13 +441,26 @@ def test_tsctl_tags_and_embeds_through_triton_unchanged(triton, tmp_path, refere
 def test_the_same_json_body_gets_torchserves_answer(triton, tmp_path_factory, model_store):
     """TorchServe at the same precision (f32), the same v2 JSON body to both: the same
     embeddings (cosine >= 0.9999) and the same tags, computed from the same forward."""
-    body = {"inputs": [{"name": "images", "datatype": "BYTES", "shape": [len(PHOTOS), 1],
-                        "data": [base64.b64encode(i).decode() for i in PHOTOS]}]}
-    with variant_server(tmp_path_factory, model_store, EMBEDDING,
-                        handler={"precision": "f32"}) as ts:
+    body = {
+        "inputs": [
+            {
+                "name": "images",
+                "datatype": "BYTES",
+                "shape": [len(PHOTOS), 1],
+                "data": [base64.b64encode(i).decode() for i in PHOTOS],
+            }
+        ]
+    }
+    with variant_server(
+        tmp_path_factory, model_store, EMBEDDING, handler={"precision": "f32"}
+    ) as ts:
         ask = {**body, "outputs": [{"name": "embedding"}, {"name": "tags"}]}
-        answer = requests.post(f"{ts.inference_url}/predictions/{EMBEDDING}", json=ask,
-                               headers=ts.keys.inference_headers(), timeout=300)
+        answer = requests.post(
+            f"{ts.inference_url}/predictions/{EMBEDDING}",
+            json=ask,
+            headers=ts.keys.inference_headers(),
+            timeout=300,
+        )
         assert answer.status_code == 200, answer.text
         assert answer.headers["X-Precision"] == "f32"
     theirs = {o["name"]: o for o in answer.json()["outputs"]}
@@ -411,8 +470,9 @@ def test_the_same_json_body_gets_torchserves_answer(triton, tmp_path_factory, mo
         assert mine @ their / np.linalg.norm(mine) / np.linalg.norm(their) >= 0.9999
     tags = output(infer(triton, TAGGER, PHOTOS), "tags")
     their_tags = np.array(theirs["tags"]["data"], dtype=object).reshape(theirs["tags"]["shape"])
-    assert [[json.loads(t)["index"] for t in row] for row in tags] == \
-        [[json.loads(t)["index"] for t in row] for row in their_tags]
+    assert [[json.loads(t)["index"] for t in row] for row in tags] == [
+        [json.loads(t)["index"] for t in row] for row in their_tags
+    ]
 
 
 def test_triton_stops_cleanly(triton):

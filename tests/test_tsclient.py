@@ -1,5 +1,6 @@
 """The client and tsctl without a server: name checks, key files, error mapping, key rotation
 with retry-once, exit codes, the metrics summary."""
+
 from __future__ import annotations
 
 import io
@@ -20,10 +21,18 @@ from tsclient.progress import waiting
 
 def _key_file(path, inference="inf-1", management="man-1", minutes=60):
     expires = (datetime.now(timezone.utc) + timedelta(minutes=minutes)).isoformat()
-    path.write_text(json.dumps({
-        "management": {"key": management, "expiration time": expires.replace("+00:00", "Z")},
-        "inference": {"key": inference, "expiration time": expires.replace("+00:00", "Z")},
-        "API": {"key": "api-1"}}))
+    path.write_text(
+        json.dumps(
+            {
+                "management": {
+                    "key": management,
+                    "expiration time": expires.replace("+00:00", "Z"),
+                },
+                "inference": {"key": inference, "expiration time": expires.replace("+00:00", "Z")},
+                "API": {"key": "api-1"},
+            }
+        )
+    )
     return path
 
 
@@ -39,8 +48,22 @@ def test_routable_names_pass(name):
     assert check_name(name) == name
 
 
-@pytest.mark.parametrize("name", ["", "a/b", "../../x", "..", "a..b", "-lead", ".hidden",
-                                  "sp ace", "x" * (MAX_NAME + 1), "a%2Fb", "ünï"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        "a/b",
+        "../../x",
+        "..",
+        "a..b",
+        "-lead",
+        ".hidden",
+        "sp ace",
+        "x" * (MAX_NAME + 1),
+        "a%2Fb",
+        "ünï",
+    ],
+)
 def test_unroutable_names_are_refused_with_the_rule(name):
     with pytest.raises(errors.UsageError) as refused:
         check_name(name)
@@ -59,14 +82,20 @@ def test_archive_paths_are_refused_and_urls_left_to_the_server():
 
 
 def test_client_and_tsctl_default_to_the_same_ports(monkeypatch):
-    for name in ("TSCTL_INFERENCE_URL", "TSCTL_MANAGEMENT_URL", "TSCTL_METRICS_URL",
-                 "TSCTL_KEY_FILE"):
+    for name in (
+        "TSCTL_INFERENCE_URL",
+        "TSCTL_MANAGEMENT_URL",
+        "TSCTL_METRICS_URL",
+        "TSCTL_KEY_FILE",
+    ):
         monkeypatch.delenv(name, raising=False)
     args = cli.parser().parse_args(["list"])
     client = TorchServeClient()
-    expected = {"inference": f"http://127.0.0.1:{ports.INFERENCE}",
-                "management": f"http://127.0.0.1:{ports.MANAGEMENT}",
-                "metrics": f"http://127.0.0.1:{ports.METRICS}"}
+    expected = {
+        "inference": f"http://127.0.0.1:{ports.INFERENCE}",
+        "management": f"http://127.0.0.1:{ports.MANAGEMENT}",
+        "metrics": f"http://127.0.0.1:{ports.METRICS}",
+    }
     assert client.urls == expected
     assert {api: getattr(args, f"{api}_url") for api in expected} == expected
     assert Path(args.key_file) == client.key_file
@@ -87,8 +116,9 @@ def test_a_key_file_caught_mid_rewrite_is_read_again(tmp_path, monkeypatch):
     whole = key_file.read_text()
     torn = ["", whole[: len(whole) // 2]]  # what the first two reads see
     real_read = Path.read_text
-    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: torn.pop(0) if torn
-                        else real_read(self, *a, **k))
+    monkeypatch.setattr(
+        Path, "read_text", lambda self, *a, **k: torn.pop(0) if torn else real_read(self, *a, **k)
+    )
     assert Keys.read(key_file).inference == "inf-1"
     assert not torn  # both torn reads were served and read past
     monkeypatch.undo()
@@ -104,28 +134,74 @@ def test_missing_key_file_says_where_it_comes_from(tmp_path):
     assert "folder it was started from" in missing.value.hint
 
 
-@pytest.mark.parametrize(("status", "body", "kind", "hint"), [
-    (404, {"code": 404, "type": "ModelNotFoundException", "message": "Model not found: x"},
-     errors.NotFound, "tsctl list"),
-    (404, {"code": 404, "type": "ModelNotFoundException",
-           "message": "Given URL file:///etc/passwd does not match any allowed URL(s)"},
-     errors.Refused, "allowed_urls"),
-    (403, {"code": 403, "type": "InvalidModelVersionException",
-           "message": "Cannot remove default version for model m"},
-     errors.Refused, "tsctl set-default"),
-    (400, {"code": 400, "type": "InvalidKeyException", "message": "Token Authorization failed"},
-     errors.KeyRejected, "key_file.json"),
-    (503, {"code": 503, "type": "ServiceUnavailableException", "message": "no worker"},
-     errors.ApiError, "retry later"),
-])
+@pytest.mark.parametrize(
+    ("status", "body", "kind", "hint"),
+    [
+        (
+            404,
+            {"code": 404, "type": "ModelNotFoundException", "message": "Model not found: x"},
+            errors.NotFound,
+            "tsctl list",
+        ),
+        (
+            404,
+            {
+                "code": 404,
+                "type": "ModelNotFoundException",
+                "message": "Given URL file:///etc/passwd does not match any allowed URL(s)",
+            },
+            errors.Refused,
+            "allowed_urls",
+        ),
+        (
+            403,
+            {
+                "code": 403,
+                "type": "InvalidModelVersionException",
+                "message": "Cannot remove default version for model m",
+            },
+            errors.Refused,
+            "tsctl set-default",
+        ),
+        (
+            400,
+            {"code": 400, "type": "InvalidKeyException", "message": "Token Authorization failed"},
+            errors.KeyRejected,
+            "key_file.json",
+        ),
+        (
+            503,
+            {"code": 503, "type": "ServiceUnavailableException", "message": "no worker"},
+            errors.ApiError,
+            "retry later",
+        ),
+    ],
+)
 def test_error_answers_map_to_one_error_each(status, body, kind, hint):
     error = errors.from_response(_response(status, body), "do it")
     assert type(error) is kind and error.status == status and hint in error.hint
 
 
+def test_tritons_error_answers_read_as_the_cores():
+    """Triton's HTTP frontend answers ``{"error": "<message>"}``; this project's models put
+    the core's JSON body in the message, Triton's own errors are plain text."""
+    core = {"code": 400, "type": "InvalidImage", "message": "image 1 of 1: not an image"}
+    error = errors.from_response(_response(400, {"error": json.dumps(core)}), "infer m")
+    assert (error.status, error.type, error.server_message) == (
+        400,
+        "InvalidImage",
+        "infer m: image 1 of 1: not an image",
+    )
+    plain = errors.from_response(
+        _response(400, {"error": "unexpected inference input 'x'"}), "infer m"
+    )
+    assert (plain.type, plain.server_message) == ("", "infer m: unexpected inference input 'x'")
 
-@pytest.mark.parametrize(("header", "seconds"), [("3", 3.0), ("soon", None), (None, None),
-                                             ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0)])
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [("3", 3.0), ("soon", None), (None, None), ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0)],
+)
 def test_a_503_carries_its_retry_after_in_seconds(header, seconds):
     response = _response(503, {"code": 503, "type": "Overloaded", "message": "busy"})
     if header is not None:
@@ -150,6 +226,7 @@ def test_a_slow_call_shows_its_label_and_elapsed_time_on_a_terminal_only():
     with pytest.raises(errors.ApiError, match="no worker"):
         waiting("scaling m", refused, stream=terminal)
 
+
 class FakeServer:
     """Stands in for ``TorchServeClient._send``: refuses keys that are not current, rotates
     the key file on ``/token`` as TorchServe does."""
@@ -166,8 +243,14 @@ class FakeServer:
             return _response(200, "\n")
         token = auth.get("Authorization", "").removeprefix("Bearer ")
         if token in self.expired:
-            return _response(400, {"code": 400, "type": "InvalidKeyException",
-                                   "message": "Token Authorization failed."})
+            return _response(
+                400,
+                {
+                    "code": 400,
+                    "type": "InvalidKeyException",
+                    "message": "Token Authorization failed.",
+                },
+            )
         return _response(200, {"models": [{"modelName": "m", "modelUrl": "m.mar"}]})
 
 
@@ -176,9 +259,11 @@ def test_an_expired_key_is_rotated_once_and_the_call_retried(tmp_path):
     client = TorchServeClient(key_file=key_file)
     client._send = fake = FakeServer(key_file, expired={"man-1"})
     assert client.list_models() == [{"modelName": "m", "modelUrl": "m.mar"}]
-    assert [c[1:] for c in fake.calls] == [("/models", "Bearer man-1"),
-                                           ("/token", "Bearer api-1"),
-                                           ("/models", "Bearer man-1-rotated")]
+    assert [c[1:] for c in fake.calls] == [
+        ("/models", "Bearer man-1"),
+        ("/token", "Bearer api-1"),
+        ("/models", "Bearer man-1-rotated"),
+    ]
     assert Keys.read(key_file).management == "man-1-rotated" and client.rotations == 1
 
 
@@ -216,8 +301,14 @@ def _tsctl(capsys, *argv) -> tuple[int, str, str]:
 
 def test_tsctl_without_a_server_says_how_to_start_one(capsys, tmp_path):
     port = free_port()
-    code, _, err = _tsctl(capsys, "--management-url", f"http://127.0.0.1:{port}",
-                          "--key-file", str(_key_file(tmp_path / "k.json")), "list")
+    code, _, err = _tsctl(
+        capsys,
+        "--management-url",
+        f"http://127.0.0.1:{port}",
+        "--key-file",
+        str(_key_file(tmp_path / "k.json")),
+        "list",
+    )
     assert code == errors.ServerNotRunning.exit_code == 3
     assert f"no TorchServe answers at http://127.0.0.1:{port}" in err and "make serve" in err
 
@@ -227,65 +318,101 @@ def test_tsctl_without_a_key_file_exits_4(capsys, tmp_path):
     assert code == 4 and "no key file" in json.loads(out)["error"] and "hint:" in err
 
 
-@pytest.mark.parametrize("argv", [["describe", "../../x"], ["scale", "a/b", "--min", "1"],
-                                  ["unregister", "resnet50-tagger", "1/2"],
-                                  ["register", "/etc/passwd"],
-                                  ["register", "x.mar", "--name", "../x"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["describe", "../../x"],
+        ["scale", "a/b", "--min", "1"],
+        ["unregister", "resnet50-tagger", "1/2"],
+        ["register", "/etc/passwd"],
+        ["register", "x.mar", "--name", "../x"],
+    ],
+)
 def test_tsctl_refuses_unroutable_names_before_sending(capsys, tmp_path, argv):
     port = free_port()  # nothing listens: a request would exit 3, not 2
-    code, _, err = _tsctl(capsys, "--management-url", f"http://127.0.0.1:{port}",
-                          "--key-file", str(_key_file(tmp_path / "k.json")), *argv)
+    code, _, err = _tsctl(
+        capsys,
+        "--management-url",
+        f"http://127.0.0.1:{port}",
+        "--key-file",
+        str(_key_file(tmp_path / "k.json")),
+        *argv,
+    )
     assert code == 2 and "hint:" in err
 
 
 def test_metrics_summary_from_prometheus_text():
-    text = "\n".join([
-        '# HELP resnet50_batches_total x', '# TYPE resnet50_batches_total counter',
-        'resnet50_batches_total{model="m",engine="torchserve",Hostname="h",} 4.0',
-        'resnet50_requests_total{model="m",engine="torchserve",Hostname="h",} 22.0',
-        'resnet50_images_total{model="m",engine="torchserve",Hostname="h",} 21.0',
-        'resnet50_batches_by_size_total{model="m",engine="torchserve",batch_size="16",'
-        'Hostname="h",} 1.0',
-        'resnet50_batches_by_size_total{model="m",engine="torchserve",batch_size="2",'
-        'Hostname="h",} 3.0',
-        'resnet50_errors_total{model="m",engine="torchserve",error_type="InvalidImage",'
-        'Hostname="h",} 1.0',
-        'resnet50_decode_ms_total{model="m",engine="torchserve",Hostname="h",} 42.0',
-        'resnet50_forward_ms_total{model="m",engine="torchserve",Hostname="h",} 400.0',
-        'ts_inference_requests_total{model_name="m",model_version="default",hostname="h",} 22.0',
-        'ts_inference_latency_microseconds{model_name="m",model_version="default",'
-        'hostname="h",} 2200000.0',
-        'Requests2XX{Level="Host",Hostname="h",} 21.0',
-        'Requests4XX{Level="Host",Hostname="h",} 1.0',
-    ])
+    text = "\n".join(
+        [
+            "# HELP resnet50_batches_total x",
+            "# TYPE resnet50_batches_total counter",
+            'resnet50_batches_total{model="m",engine="torchserve",Hostname="h",} 4.0',
+            'resnet50_requests_total{model="m",engine="torchserve",Hostname="h",} 22.0',
+            'resnet50_images_total{model="m",engine="torchserve",Hostname="h",} 21.0',
+            'resnet50_batches_by_size_total{model="m",engine="torchserve",batch_size="16",'
+            'Hostname="h",} 1.0',
+            'resnet50_batches_by_size_total{model="m",engine="torchserve",batch_size="2",'
+            'Hostname="h",} 3.0',
+            'resnet50_errors_total{model="m",engine="torchserve",error_type="InvalidImage",'
+            'Hostname="h",} 1.0',
+            'resnet50_decode_ms_total{model="m",engine="torchserve",Hostname="h",} 42.0',
+            'resnet50_forward_ms_total{model="m",engine="torchserve",Hostname="h",} 400.0',
+            'ts_inference_requests_total{model_name="m",model_version="default",'
+            'hostname="h",} 22.0',
+            'ts_inference_latency_microseconds{model_name="m",model_version="default",'
+            'hostname="h",} 2200000.0',
+            'Requests2XX{Level="Host",Hostname="h",} 21.0',
+            'Requests4XX{Level="Host",Hostname="h",} 1.0',
+        ]
+    )
     assert metrics.frontend_statuses(text) == {"2XX": 21, "4XX": 1, "5XX": 0}
-    assert metrics.summarise(text) == {"m": {
-        "batches": 4, "requests_in_batches": 22, "images": 21, "mean_batch_size": 5.5,
-        "batch_sizes": {"2": 3, "16": 1}, "errors": {"InvalidImage": 1},
-        "decode_ms_per_image": 2.0, "forward_ms_per_batch": 100.0, "requests": 22,
-        "mean_latency_ms": 100.0}}
-
+    assert metrics.summarise(text) == {
+        "m": {
+            "batches": 4,
+            "requests_in_batches": 22,
+            "images": 21,
+            "mean_batch_size": 5.5,
+            "batch_sizes": {"2": 3, "16": 1},
+            "errors": {"InvalidImage": 1},
+            "decode_ms_per_image": 2.0,
+            "forward_ms_per_batch": 100.0,
+            "requests": 22,
+            "mean_latency_ms": 100.0,
+        }
+    }
 
 
 def test_counters_read_the_same_with_or_without_type_lines():
     """TorchServe declares its counters (``# TYPE ... counter``), ours named with ``_total``,
     its own without; prometheus_client adds ``_total`` where it is missing. Either way a counter
     goes by one name."""
-    typed = ("# TYPE resnet50_batches_total counter\n"
-             'resnet50_batches_total{model="m",engine="torchserve",Hostname="h",} 4.0\n'
-             "# TYPE ts_inference_requests_total counter\n"
-             'ts_inference_requests_total{model_name="m",model_version="default",} 22.0\n'
-             "# TYPE resnet50_batch_size histogram\n"
-             'resnet50_batch_size_sum{model="m",} 22.0\n')
+    typed = (
+        "# TYPE resnet50_batches_total counter\n"
+        'resnet50_batches_total{model="m",engine="torchserve",Hostname="h",} 4.0\n'
+        "# TYPE ts_inference_requests_total counter\n"
+        'ts_inference_requests_total{model_name="m",model_version="default",} 22.0\n'
+        "# TYPE resnet50_batch_size histogram\n"
+        'resnet50_batch_size_sum{model="m",} 22.0\n'
+    )
     assert [(s.name, s.value) for s in metrics.samples(typed)] == [
-        ("resnet50_batches", 4.0), ("ts_inference_requests", 22.0),
-        ("resnet50_batch_size_sum", 22.0)]
+        ("resnet50_batches", 4.0),
+        ("ts_inference_requests", 22.0),
+        ("resnet50_batch_size_sum", 22.0),
+    ]
     assert [s.name for s in metrics.samples(typed.replace("# TYPE", "# X"))] == [
-        "resnet50_batches", "ts_inference_requests", "resnet50_batch_size_sum"]
+        "resnet50_batches",
+        "ts_inference_requests",
+        "resnet50_batch_size_sum",
+    ]
 
 
-@pytest.mark.parametrize("cut", [len('resnet50_batches_total{model="m",Lev'),
-                                 len('resnet50_batches_total{model="m",engine="torchserve",} ')])
+@pytest.mark.parametrize(
+    "cut",
+    [
+        len('resnet50_batches_total{model="m",Lev'),
+        len('resnet50_batches_total{model="m",engine="torchserve",} '),
+    ],
+)
 def test_a_scrape_cut_short_is_a_clear_error(cut):
     line = 'resnet50_batches_total{model="m",engine="torchserve",} 4.0\n'
     text = "# TYPE resnet50_batches_total counter\n" + line + line[:cut]
@@ -294,6 +421,7 @@ def test_a_scrape_cut_short_is_a_clear_error(cut):
     assert caught.value.exit_code == 1 and "read it again" in caught.value.hint
     with pytest.raises(errors.MetricsUnreadable, match="not Prometheus text format"):
         metrics.samples("<html>502 Bad Gateway</html>\n")
+
 
 class _Recorder(__import__("http.server").server.BaseHTTPRequestHandler):
     """Answers every GET with ``{"status": "Healthy"}`` and records what it was asked."""
@@ -338,8 +466,9 @@ def test_keys_to_a_loopback_server_never_go_through_a_proxy(tmp_path, monkeypatc
         client = TorchServeClient(url, url, url, key_file=_key_file(tmp_path / "k.json"))
         assert client.health() == {"status": "Healthy"}
         assert to_server == [("/ping", "Bearer inf-1")] and to_proxy == []
-        remote = TorchServeClient("http://ts.example.invalid:8080", url, url,
-                                  key_file=_key_file(tmp_path / "k.json"))
+        remote = TorchServeClient(
+            "http://ts.example.invalid:8080", url, url, key_file=_key_file(tmp_path / "k.json")
+        )
         assert remote.health() == {"status": "Healthy"}  # answered by the "proxy"
         assert to_proxy == [("http://ts.example.invalid:8080/ping", "Bearer inf-1")]
     finally:

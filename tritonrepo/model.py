@@ -6,13 +6,16 @@ whole batch to ``ImageModel.run`` once, each request as an ``Incoming`` (its ``i
 tensor and ``topk`` parameter, parsed inside the core's per-request boundary), and sends each
 ``Reply`` back as that request's tensors, built straight from its arrays (each output's dtype
 from the model config, as Triton's add_sub example does; no JSON but each tag's BYTES
-element), or as its own error. ``make triton-repo``
+element), an explanation's JSON document, or its own error. ``make triton-repo``
 (``tritonrepo/generate.py``) copies this file to ``<model>/1/model.py`` beside the packages and
-model files it imports, so the stub finds them on its own ``sys.path``.
+model files it imports, so the stub finds them on its own ``sys.path``. The core's metrics go
+out through Triton's custom metrics (``tritonrepo/metrics.py``) on its metrics port.
 """
+
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from functools import partial
 from http import HTTPStatus
 from pathlib import Path
@@ -21,16 +24,25 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from model_files.artifacts import ModelFiles
-from servecore.answers import Prediction
+from servecore.answers import AnswerSpec, Prediction
 from servecore.config import HandlerConfig, Output
-from servecore.encode import tag_json
+from servecore.encode import answer_body, tag_json
 from servecore.errors import error_body
-from servecore.parse import parse_tensor
+from servecore.explain.encode import Explained
+from servecore.parse import EXPLAIN_KEYS, Protocol, parse_tensor
 from servecore.service import ImageModel, ModelSettings, Reply
 from servecore.stages import Incoming
+from tritonrepo.metrics import TritonMetrics
 
 INPUT = "images"  # BYTES [n, 1]: encoded images, or their base64 text
 TOP_K = "topk"  # request parameter
+# Request parameter ``describe: true`` (its ``images`` are not read): the answer is the output
+# of the same name, one JSON text, what TorchServe's describe carries.
+DESCRIBE = "describe"
+# Request parameter ``explain: true``: the request goes through the core's explanation stage
+# (as TorchServe's /explanations), its answer is the ``explanations`` output, one JSON text;
+# the explanation parameters (target, method, ...) ride beside it as request parameters.
+EXPLAIN, EXPLANATIONS = "explain", "explanations"
 
 
 class TritonPythonModel:
@@ -41,62 +53,112 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         parameters = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         folder = Path(args["model_repository"]) / args["model_version"]
-        self.dtypes = output_dtypes(config)
         gpu = args.get("model_instance_kind") == "GPU"
-        self.model = ImageModel(ModelSettings(
-            files=ModelFiles.read(folder, parameters["serialized_file"]),
-            name=args["model_name"],
-            version=args["model_version"],
-            config=HandlerConfig.from_mapping(json.loads(parameters["handler"])),
-            batch_size=max(1, int(config.get("max_batch_size", 1))),
-            gpu_id=int(args["model_instance_device_id"]) if gpu else None,
-        ))
+        self.dtypes = output_dtypes(config)
+        self.metrics = TritonMetrics(pb_utils, args["model_name"])
+        self.model = ImageModel(
+            ModelSettings(
+                files=ModelFiles.read(folder, parameters["serialized_file"]),
+                name=args["model_name"],
+                version=args["model_version"],
+                config=HandlerConfig.from_mapping(json.loads(parameters["handler"])),
+                batch_size=max(1, int(config.get("max_batch_size", 1))),
+                gpu_id=int(args["model_instance_device_id"]) if gpu else None,
+            ),
+            self.metrics,
+        )
 
     def execute(self, requests: list) -> list:
-        replies = self.model.run([self._incoming(request) for request in requests])
-        if len(replies) != len(requests):  # Triton needs exactly one response per request
-            raise RuntimeError(f"the model answered {len(replies)} of {len(requests)} requests")
-        return [response(reply, self.dtypes) for reply in replies]
+        """Describe requests answered here, the rest by the core as one batch; one response
+        per request, in order."""
+        asks = [_parameters(r) for r in requests]
+        served = [(r, ask) for r, ask in zip(requests, asks) if ask.get(DESCRIBE) is not True]
+        replies = self.model.run([self._incoming(*s) for s in served]) if served else []
+        if len(replies) != len(served):  # Triton needs exactly one response per request
+            raise RuntimeError(f"the model answered {len(replies)} of {len(served)} requests")
+        answers = iter(replies)
+        return [
+            self._described()
+            if ask.get(DESCRIBE) is True
+            else response(next(answers), self.dtypes, self.model.answers)
+            for ask in asks
+        ]
 
-    def _incoming(self, request) -> Incoming:
-        return Incoming(request_id=request.request_id() or "?",
-                        parse=partial(_parse, request, self.model.config))
+    def finalize(self) -> None:
+        self.metrics.close()
+
+    def _described(self):
+        """``ImageModel.describe`` as this request's ``describe`` output ([1, 1] BYTES)."""
+        text = json.dumps(self.model.describe())
+        return pb_utils.InferenceResponse(
+            output_tensors=[pb_utils.Tensor(DESCRIBE, np.array([[text]], dtype=np.object_))]
+        )
+
+    def _incoming(self, request, parameters: dict) -> Incoming:
+        return Incoming(
+            request_id=request.request_id() or "?",
+            parse=partial(_parse, request, parameters, self.model.config),
+            explain=parameters.get(EXPLAIN) is True,
+        )
 
 
-def _parse(request, config: HandlerConfig):
+def _parse(request, parameters: dict, config: HandlerConfig):
     """Inside the core's per-request boundary: a missing tensor or bad ``topk`` fails this
-    request alone."""
+    request alone. An explanation request is answered as TorchServe's: one image as
+    ``/explanations`` answers it, several as KServe v1's ``:explain``."""
     tensor = pb_utils.get_input_tensor_by_name(request, INPUT)
-    parameters = json.loads(request.parameters() or "{}")
-    return parse_tensor(tensor.as_numpy().reshape(-1).tolist(), top_k=parameters.get(TOP_K),
-                        request_id=request.request_id() or None, config=config)
+    parsed = parse_tensor(
+        tensor.as_numpy().reshape(-1).tolist(),
+        top_k=parameters.get(TOP_K),
+        request_id=request.request_id() or None,
+        config=config,
+    )
+    # Explanation parameters on a prediction are the core's 400, not silently ignored.
+    options = {k: parameters[k] for k in EXPLAIN_KEYS if k in parameters}
+    if parameters.get(EXPLAIN) is not True:
+        return replace(parsed, options=options)
+    return replace(
+        parsed, protocol=Protocol.PLAIN if len(parsed.images) == 1 else Protocol.V1, options=options
+    )
+
+
+def _parameters(request) -> dict:
+    """The request's parameters (Triton hands them over as JSON text)."""
+    return json.loads(request.parameters() or "{}")
 
 
 def output_dtypes(config: dict) -> dict[str, type]:
     """Each output's numpy dtype, from the model config's ``data_type`` (``TYPE_FP32`` ->
     float32, ``TYPE_STRING`` -> object)."""
-    return {out["name"]: pb_utils.triton_string_to_numpy(out["data_type"])
-            for out in config.get("output", [])}
+    return {
+        out["name"]: pb_utils.triton_string_to_numpy(out["data_type"])
+        for out in config.get("output", [])
+    }
 
 
-def response(reply: Reply, dtypes: dict[str, type]):
-    """A ``Reply`` as Triton's response: the prediction's arrays as the output tensors the model
-    config declares, or the core's error body as this request's error, with the nearest status
-    Triton's HTTP frontend can send."""
+def response(reply: Reply, dtypes: dict[str, type], spec: AnswerSpec):
+    """A ``Reply`` as Triton's response: a prediction's arrays as the output tensors the model
+    config declares, an explanation's JSON document as the ``explanations`` output, or the
+    core's error body as this request's error, with the nearest status Triton's HTTP frontend
+    can send."""
     if reply.error is not None:
-        return pb_utils.InferenceResponse(error=pb_utils.TritonError(
-            json.dumps(error_body(reply.error)), _code(reply.status)))
-    if not isinstance(reply.answer, Prediction):  # explanations never reach Triton (501)
-        raise TypeError(f"Triton answers predictions, not {type(reply.answer).__name__}")
-    tensors = []
-    answer = reply.answer
+        error = pb_utils.TritonError(json.dumps(error_body(reply.error)), _code(reply.status))
+        return pb_utils.InferenceResponse(error=error)
+    if isinstance(reply.answer, Explained):
+        text = json.dumps(answer_body(reply.answer, spec))
+        return pb_utils.InferenceResponse(
+            output_tensors=[pb_utils.Tensor(EXPLANATIONS, np.array([[text]], dtype=np.object_))]
+        )
+    if not isinstance(reply.answer, Prediction):
+        raise TypeError(f"a reply without an error carries an answer, got {reply.answer!r}")
+    answer, tensors = reply.answer, []
     if answer.embeddings is not None and Output.EMBEDDING.value in dtypes:
         name = Output.EMBEDDING.value
         tensors.append(pb_utils.Tensor(name, answer.embeddings.astype(dtypes[name], copy=False)))
     if answer.tags is not None and Output.TAGS.value in dtypes:
         name = Output.TAGS.value
-        tensors.append(pb_utils.Tensor(name, np.array(
-            [[tag_json(tag) for tag in row] for row in answer.tags], dtype=dtypes[name])))
+        rows = [[tag_json(tag) for tag in row] for row in answer.tags]
+        tensors.append(pb_utils.Tensor(name, np.array(rows, dtype=dtypes[name])))
     return pb_utils.InferenceResponse(output_tensors=tensors)
 
 

@@ -4,11 +4,13 @@
 
 The one place that knows how the wheel's ``tritonserver`` must be started: the Python backend
 stub's interpreter found through ``PATH`` (``tritonrepo.install`` says why), the wheel's
-libraries and ``libpython`` on ``LD_LIBRARY_PATH``, every endpoint on 127.0.0.1 at the ports of
+libraries and ``libpython`` on ``LD_LIBRARY_PATH``, every endpoint on 127.0.0.1 (or the
+``host`` given: ``0.0.0.0`` in a container, whose pod IP is the way in) at the ports of
 ``tsclient.ports`` (or the ones given), a shared-memory prefix of its own so two servers on one
 host do not meet. Ctrl-C or SIGTERM stops it the way Triton stops: in-flight requests finish,
 models unload, the stubs exit.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,19 +30,36 @@ from tsclient import ports
 
 REPO = Path(__file__).resolve().parent.parent
 REPOSITORY = REPO / "build" / "triton"
-DEFAULT_PORTS = {"http": ports.TRITON_HTTP, "grpc": ports.TRITON_GRPC,
-                 "metrics": ports.TRITON_METRICS}
-EXIT_TIMEOUT = 30  # seconds Triton gives in-flight requests when told to stop
+DEFAULT_PORTS = {
+    "http": ports.TRITON_HTTP,
+    "grpc": ports.TRITON_GRPC,
+    "metrics": ports.TRITON_METRICS,
+}
+# Seconds Triton gives in-flight requests, and clients' open connections, when told to stop;
+# then it closes them and unloads. In a pod, below the grace period (kserve/triton-runtime).
+EXIT_TIMEOUT = 30
+ANY_ADDRESS = "0.0.0.0"
 
 
 class Triton:
     """One ``tritonserver`` process on ``repository``; ``start`` waits until it is ready
     (every model loaded), ``stop`` ends it and its stubs."""
 
-    def __init__(self, repository: Path = REPOSITORY, *, http: int = ports.TRITON_HTTP,
-                 grpc: int = ports.TRITON_GRPC, metrics: int = ports.TRITON_METRICS,
-                 install: TritonInstall = TritonInstall(), log: IO | None = None) -> None:
+    def __init__(
+        self,
+        repository: Path = REPOSITORY,
+        *,
+        http: int = ports.TRITON_HTTP,
+        grpc: int = ports.TRITON_GRPC,
+        metrics: int = ports.TRITON_METRICS,
+        host: str = ports.HOST,
+        exit_timeout: int = EXIT_TIMEOUT,
+        install: TritonInstall = TritonInstall(),
+        log: IO | None = None,
+    ) -> None:
         self.repository = Path(repository)
+        self.host = host  # every endpoint's address
+        self.exit_timeout = exit_timeout
         self.ports = {"http": http, "grpc": grpc, "metrics": metrics}
         self.install = install
         self.log = log
@@ -48,25 +67,33 @@ class Triton:
 
     @property
     def url(self) -> str:
-        return ports.url(self.ports["http"])
+        """The HTTP endpoint as a client on this host reaches it (loopback for 0.0.0.0)."""
+        return ports.url(self.ports["http"], self._reach)
 
     @property
     def metrics_url(self) -> str:
-        return ports.url(self.ports["metrics"]) + "/metrics"
+        return ports.url(self.ports["metrics"], self._reach) + "/metrics"
+
+    @property
+    def _reach(self) -> str:
+        return ports.HOST if self.host == ANY_ADDRESS else self.host
 
     def command(self) -> list[str]:
-        host = ports.HOST
+        host = self.host
         return [
             str(self.install.binary),
             f"--model-repository={self.repository}",
             f"--backend-directory={self.install.server / 'backends'}",
             f"--cache-directory={self.install.server / 'caches'}",
-            f"--http-address={host}", f"--http-port={self.ports['http']}",
-            f"--grpc-address={host}", f"--grpc-port={self.ports['grpc']}",
-            f"--metrics-address={host}", f"--metrics-port={self.ports['metrics']}",
+            f"--http-address={host}",
+            f"--http-port={self.ports['http']}",
+            f"--grpc-address={host}",
+            f"--grpc-port={self.ports['grpc']}",
+            f"--metrics-address={host}",
+            f"--metrics-port={self.ports['metrics']}",
             # Each stub's shared memory is /dev/shm/<prefix>...: one prefix per server.
             f"--backend-config=python,shm-region-prefix-name=rs{os.getpid()}-{uuid.uuid4().hex[:8]}_",
-            f"--exit-timeout-secs={EXIT_TIMEOUT}",
+            f"--exit-timeout-secs={self.exit_timeout}",
             "--strict-readiness=true",
         ]
 
@@ -84,9 +111,14 @@ class Triton:
 
     def start(self, timeout: float = 300.0) -> Triton:
         self.install.check()
-        self.process = subprocess.Popen(self.command(), env=self.env(), stdin=subprocess.DEVNULL,
-                                        stdout=self.log, stderr=subprocess.STDOUT if self.log
-                                        else None, start_new_session=True)
+        self.process = subprocess.Popen(
+            self.command(),
+            env=self.env(),
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT if self.log else None,
+            start_new_session=True,
+        )
         try:
             self._wait_ready(timeout)
         except BaseException:
@@ -94,9 +126,11 @@ class Triton:
             raise
         return self
 
-    def stop(self, grace: float = EXIT_TIMEOUT + 15) -> int | None:
+    def stop(self, grace: float | None = None) -> int | None:
         """SIGTERM (Triton's own graceful stop), SIGKILL to the process group after ``grace``
-        seconds; the exit code (None if it had to be killed)."""
+        seconds (default: the exit timeout + 15 s to unload); the exit code (None if it had
+        to be killed)."""
+        grace = self.exit_timeout + 15 if grace is None else grace
         if self.process is None:
             return None
         process, self.process = self.process, None
@@ -128,8 +162,9 @@ class Triton:
                 raise RuntimeError("Triton was not started")
             code = self.process.poll()
             if code is not None:
-                raise RuntimeError(f"tritonserver exited with {code} before it was ready "
-                                   "(its log says why)")
+                raise RuntimeError(
+                    f"tritonserver exited with {code} before it was ready (its log says why)"
+                )
             try:
                 if requests.get(self.url + "/v2/health/ready", timeout=5).status_code == 200:
                     return
@@ -139,20 +174,50 @@ class Triton:
         raise TimeoutError(f"Triton not ready at {self.url} after {timeout:.0f} s")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def argument_parser() -> argparse.ArgumentParser:
+    """The launcher's options (``make kserve-lint`` checks our Triton runtime's args with it)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m tritonrepo.server", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--repository", type=Path, default=REPOSITORY)
+    parser.add_argument(
+        "--host",
+        default=ports.HOST,
+        help=f"every endpoint's address (default {ports.HOST}; {ANY_ADDRESS} in a "
+        "container: kserve/triton-runtime)",
+    )
     for name, port in DEFAULT_PORTS.items():
         parser.add_argument(f"--{name}-port", type=int, default=port)
-    args = parser.parse_args(argv)
-    triton = Triton(args.repository, http=args.http_port, grpc=args.grpc_port,
-                    metrics=args.metrics_port)
+    parser.add_argument(
+        "--exit-timeout-secs",
+        type=int,
+        default=EXIT_TIMEOUT,
+        help="seconds in-flight requests and open client connections get when "
+        f"it is told to stop (default {EXIT_TIMEOUT}; in a pod, below the "
+        "grace period)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argument_parser().parse_args(argv)
+    triton = Triton(
+        args.repository,
+        http=args.http_port,
+        grpc=args.grpc_port,
+        metrics=args.metrics_port,
+        host=args.host,
+        exit_timeout=args.exit_timeout_secs,
+    )
     # SIGTERM as Ctrl-C: one path that stops Triton and waits for it.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         triton.start()
-        print(f"Triton ready: {triton.url}/v2 (gRPC {ports.HOST}:{args.grpc_port}, metrics "
-              f"{triton.metrics_url}); Ctrl-C stops it", file=sys.stderr)
+        print(
+            f"Triton ready: {triton.url}/v2 (gRPC {args.host}:{args.grpc_port}, metrics "
+            f"{triton.metrics_url}); Ctrl-C stops it",
+            file=sys.stderr,
+        )
         triton.wait()
         return 1  # it stopped on its own: its log says why
     except KeyboardInterrupt:

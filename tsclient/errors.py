@@ -1,6 +1,9 @@
 """Every failure a client of the server can meet, each with an exit code and a hint on how to
 fix it. ``from_response`` is the one place that turns an HTTP answer into one of them."""
+
 from __future__ import annotations
+
+import json
 
 import requests
 from urllib3.exceptions import InvalidHeader
@@ -79,13 +82,17 @@ class Unhealthy(TsError):
 
 
 KEY_REJECTED = "InvalidKeyException"
-ALLOWED_URLS_HINT = ("register archives by file name from the model store (model_store in "
-                     "config/server.properties), or add the URL's pattern to allowed_urls there "
-                     "and restart the server")
+ALLOWED_URLS_HINT = (
+    "register archives by file name from the model store (model_store in "
+    "config/server.properties), or add the URL's pattern to allowed_urls there "
+    "and restart the server"
+)
 
-MODEL_API_HINT = ("registering and unregistering models is off on this server "
-                  "(enable_model_api=false, config/server.properties says why); restart it with "
-                  "`make serve MODEL_API=1` to turn it on")
+MODEL_API_HINT = (
+    "registering and unregistering models is off on this server "
+    "(enable_model_api=false, config/server.properties says why); restart it with "
+    "`make serve MODEL_API=1` to turn it on"
+)
 
 
 def is_key_rejection(response: requests.Response) -> bool:
@@ -100,32 +107,49 @@ def from_response(response: requests.Response, what: str) -> ApiError:
     type_ = str(body.get("type", ""))
     message = str(body.get("message", response.text.strip() or response.reason))
     if type_ == KEY_REJECTED:
-        return KeyRejected(status, type_, message,
-                         "the key in key_file.json was refused after one rotation: point "
-                         "--key-file at the key_file.json of THIS server (written in the folder "
-                         "torchserve was started from)")
+        return KeyRejected(
+            status,
+            type_,
+            message,
+            "the key in key_file.json was refused after one rotation: point "
+            "--key-file at the key_file.json of THIS server (written in the folder "
+            "torchserve was started from)",
+        )
     if "does not match any allowed URL" in message or "Relative path" in message:
         return Refused(status, type_, f"{what}: {message}", ALLOWED_URLS_HINT)
     if status == 404 and type_ in ("ModelNotFoundException", "ModelVersionNotFoundException"):
-        hint = ("`tsctl list` shows the registered models; `tsctl describe NAME` their versions"
-                if "Model not found at" not in message else
-                "the archive must be a file in the server's model store: copy it there first")
+        hint = (
+            "`tsctl list` shows the registered models; `tsctl describe NAME` their versions"
+            if "Model not found at" not in message
+            else "the archive must be a file in the server's model store: copy it there first"
+        )
         return NotFound(status, type_, f"{what}: {message}", hint)
     if status == 403 and type_ == "InvalidModelVersionException":
-        return Refused(status, type_, f"{what}: {message}",
-                       "make another version the default first: "
-                       "tsctl set-default NAME OTHER_VERSION")
+        return Refused(
+            status,
+            type_,
+            f"{what}: {message}",
+            "make another version the default first: tsctl set-default NAME OTHER_VERSION",
+        )
     if status == 405:
         return Refused(status, type_, f"{what}: {message}", MODEL_API_HINT)
     if status == 503:
-        error = ApiError(status, type_, f"{what}: {message}",
-                         "the model's queue is full or it has no worker: retry later, or "
-                         "`tsctl scale NAME --min N`")
+        error = ApiError(
+            status,
+            type_,
+            f"{what}: {message}",
+            "the model's queue is full or it has no worker: retry later, or "
+            "`tsctl scale NAME --min N`",
+        )
         error.retry_after = _seconds(response.headers.get("Retry-After"))
         return error
     if status == 409:
-        return Refused(status, type_, f"{what}: {message}",
-                       "already registered: `tsctl unregister NAME [VERSION]` first")
+        return Refused(
+            status,
+            type_,
+            f"{what}: {message}",
+            "already registered: `tsctl unregister NAME [VERSION]` first",
+        )
     return ApiError(status, type_, f"{what}: {message}")
 
 
@@ -139,8 +163,19 @@ def _seconds(value: str | None) -> float | None:
 
 
 def _body(response: requests.Response) -> dict:
+    """The JSON error body: TorchServe's and the core's ``{"code", "type", "message"}``, also
+    when Triton wraps it (``{"error": "<the core's body as text>"}``: its HTTP frontend's error
+    answer, which carries a model's error message); Triton's own errors as the message."""
     try:
         body = response.json()
     except ValueError:
         return {}
-    return body if isinstance(body, dict) else {}
+    body = body if isinstance(body, dict) else {}
+    inner = body.get("error") if set(body) == {"error"} else None
+    if not isinstance(inner, str):
+        return body
+    try:
+        wrapped = json.loads(inner)
+    except ValueError:
+        return {"message": inner}
+    return wrapped if isinstance(wrapped, dict) else {"message": inner}

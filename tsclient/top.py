@@ -1,19 +1,28 @@
-"""``tsctl top``: a live view of a running TorchServe, one frame every second or two.
+"""``tsctl top``: a live view of a running TorchServe or Triton (``--url``), one frame every
+second or two.
 
 Each frame compares two reads of ``/metrics`` (and the management API's workers) taken
 ``interval`` seconds apart, so every number is what happened in that interval:
 
 - per model: requests/s and images/s; mean latency and queue time in ms (TorchServe exports
   sums of microseconds, no histogram: a mean is all that can be derived, no percentile); batch
-  size, mean and p50/p95 (from ``resnet50_batches_by_size_total``, a real distribution); the
-  model's errors/s by kind, ``Overloaded`` being its 503 refusals;
+  size, mean and p50/p95 (from ``resnet50_batches_by_size_total``, a real distribution); errors/s
+  by kind, ``Overloaded`` being its 503 refusals;
 - for the server: answers/s by status class (``Requests2XX/4XX/5XX``, the frontend's own 503
   refusals included);
 - per worker: status, pid, resident memory (``resnet50_worker_rss_mb`` of its pid, else the
   management API's) and the precision it serves.
 
+On Triton the core's series are the same (``tritonrepo/metrics.py``); Triton's own take the
+place of TorchServe's frontend counters: requests from ``nv_inference_request_success`` and
+``_failure``, latency and queue time from ``nv_inference_request_duration_us`` and
+``nv_inference_queue_duration_us`` (sums of microseconds too). Triton has no status classes
+(it counts the model's 4xx answers as successes), so that line says so; its instances have no
+pid in its API, so each shows a stub process the core's ``resnet50_worker_rss_mb`` reported.
+
 Lines fit 80 columns. ``run`` redraws until ``q`` or Ctrl-C; ``--once`` prints one frame.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,12 +44,24 @@ from tsclient import metrics
 from tsclient.client import TorchServeClient
 
 WIDTH = 80
+FRONTEND_STATUSES = ("Requests2XX", "Requests4XX", "Requests5XX")
 # Per-model counters a frame turns into rates: metric -> key.
-COUNTERS = {"ts_inference_requests": "requests",
-            "ts_inference_latency_microseconds": "latency_us",
-            "ts_queue_latency_microseconds": "queue_us",
-            "resnet50_images": "images", "resnet50_batches": "batches",
-            "resnet50_requests": "batched_requests"}
+COUNTERS = {
+    "ts_inference_requests": "requests",
+    "ts_inference_latency_microseconds": "latency_us",
+    "ts_queue_latency_microseconds": "queue_us",
+    # Triton's own, under its label "model": every request answered or failed.
+    "nv_inference_request_success": "requests",
+    "nv_inference_request_failure": "requests",
+    "nv_inference_request_duration_us": "latency_us",
+    "nv_inference_queue_duration_us": "queue_us",
+    "resnet50_images": "images",
+    "resnet50_batches": "batches",
+    "resnet50_requests": "batched_requests",
+}
+# Triton times only the requests it answered (a failure's time is not in its duration sums):
+# its means divide by these.
+ANSWERED = {"nv_inference_request_success": "answered"}
 
 
 @dataclass
@@ -55,19 +76,25 @@ class Read:
     statuses: dict[str, int] = field(default_factory=dict)
     precision: dict[str, str] = field(default_factory=dict)
     rss_mb: dict[str, float] = field(default_factory=dict)  # by worker pid
+    pids: dict[str, list[str]] = field(default_factory=dict)  # by model, as the core reported
     workers: dict[str, list[dict]] = field(default_factory=dict)
 
 
 def parse(text: str, workers: dict[str, list[dict]], at: float) -> Read:
     """A ``Read`` from a ``/metrics`` text and ``{model: describe()'s workers}``."""
-    read = Read(at=at, statuses=metrics.frontend_statuses(text), workers=workers)
-    for name, labels, value in metrics.samples(text):
+    samples = metrics.samples(text)
+    # No Requests2XX... at all: not TorchServe (Triton), no status classes to show.
+    classes = any(s.name in FRONTEND_STATUSES for s in samples)
+    read = Read(at=at, statuses=metrics.frontend_statuses(text) if classes else {}, workers=workers)
+    for name, labels, value in samples:
         model = labels.get("model") or labels.get("model_name")
         if model is None:
             continue
         if name in COUNTERS:
             counters = read.counters.setdefault(model, dict.fromkeys(COUNTERS.values(), 0.0))
             counters[COUNTERS[name]] += value
+            if name in ANSWERED:
+                counters[ANSWERED[name]] = counters.get(ANSWERED[name], 0.0) + value
         elif name == "resnet50_batches_by_size" and labels.get("batch_size", "").isdigit():
             sizes = read.batch_sizes.setdefault(model, {})
             size = int(labels["batch_size"])
@@ -80,14 +107,18 @@ def parse(text: str, workers: dict[str, list[dict]], at: float) -> Read:
             read.precision[model] = labels.get("precision", "?")
         elif name == "resnet50_worker_rss_mb":
             read.rss_mb[labels.get("worker_pid", "?")] = value
+            read.pids.setdefault(model, []).append(labels.get("worker_pid", "?"))
     return read
 
 
 def take(client: TorchServeClient) -> Read:
     """Read the server now: its metrics and every model's workers."""
-    workers = {m["modelName"]: [w for entry in client.describe(m["modelName"])
-                                for w in entry.get("workers", [])]
-               for m in client.list_models()}
+    workers = {
+        m["modelName"]: [
+            w for entry in client.describe(m["modelName"]) for w in entry.get("workers", [])
+        ]
+        for m in client.list_models()
+    }
     return parse(client.metrics_text(), workers, time.monotonic())
 
 
@@ -115,41 +146,84 @@ def _num(value: float | None, digits: int = 1) -> str:
 def frame(old: Read, new: Read, *, url: str = "", width: int = WIDTH) -> str:
     """The screen for what happened between ``old`` and ``new``, each line cut to ``width``."""
     seconds = max(new.at - old.at, 1e-9)
-    rate = {code: (new.statuses.get(code, 0) - old.statuses.get(code, 0)) / seconds
-            for code in ("2XX", "4XX", "5XX")}
-    answers = "  ".join(f"{code} {_num(per_s)}" for code, per_s in rate.items())
-    lines = [f"tsctl top  {url}  {datetime.now():%H:%M:%S}  every {seconds:.1f}s",
-             f"answers/s  {answers}  (5XX: 503 queue full, 507 no worker)", ""]
+    answers = "  ".join(
+        f"{code} {_num((new.statuses.get(code, 0) - old.statuses.get(code, 0)) / seconds)}"
+        for code in ("2XX", "4XX", "5XX")
+    )
+    lines = [
+        f"tsctl top  {url}  {datetime.now():%H:%M:%S}  every {seconds:.1f}s",
+        f"answers/s  {answers}  (5XX: 503 queue full, 507 no worker)"
+        if new.statuses
+        else "answers/s  - (no status classes on Triton: errors/s by kind below)",
+        "",
+    ]
     rows, error_lines = [], []
     for model in sorted(set(new.counters) | set(new.workers)):
         d = _delta(new.counters.get(model, {}), old.counters.get(model, {}))
         requests = d.get("requests", 0.0)
+        timed = d.get("answered", requests)  # the requests the latency sums cover
         sizes = _delta(new.batch_sizes.get(model, {}), old.batch_sizes.get(model, {}))
         batches = d.get("batches", 0.0)
         p50, p95 = percentile(sizes, 0.5), percentile(sizes, 0.95)
-        rows.append([model, _num(requests / seconds), _num(d.get("images", 0.0) / seconds),
-                     _num(d["latency_us"] / 1000 / requests if requests and "latency_us" in d
-                          else None),
-                     _num(d["queue_us"] / 1000 / requests if requests and "queue_us" in d
-                          else None),
-                     _num(d.get("batched_requests", 0.0) / batches if batches else None),
-                     f"{p50}/{p95}" if p50 is not None else "-"])
+        rows.append(
+            [
+                model,
+                _num(requests / seconds),
+                _num(d.get("images", 0.0) / seconds),
+                _num(d["latency_us"] / 1000 / timed if timed and "latency_us" in d else None),
+                _num(d["queue_us"] / 1000 / timed if timed and "queue_us" in d else None),
+                _num(d.get("batched_requests", 0.0) / batches if batches else None),
+                f"{p50}/{p95}" if p50 is not None else "-",
+            ]
+        )
         errors = _delta(new.errors.get(model, {}), old.errors.get(model, {}))
-        error_lines.append(f"  {model}: " + (", ".join(
-            f"{kind}{' (503)' if kind == 'Overloaded' else ''} {n / seconds:.1f}/s"
-            for kind, n in sorted(errors.items())) or "none"))
-    lines += tabulate(rows, headers=["model", "req/s", "img/s", "mean ms", "queue ms",
-                                     "batch", "p50/p95"],
-                      tablefmt="plain", disable_numparse=True,
-                      colalign=("left",) + ("right",) * 6).splitlines()
+        error_lines.append(
+            f"  {model}: "
+            + (
+                ", ".join(
+                    f"{kind}{' (503)' if kind == 'Overloaded' else ''} {n / seconds:.1f}/s"
+                    for kind, n in sorted(errors.items())
+                )
+                or "none"
+            )
+        )
+    lines += tabulate(
+        rows,
+        headers=["model", "req/s", "img/s", "mean ms", "queue ms", "batch", "p50/p95"],
+        tablefmt="plain",
+        disable_numparse=True,
+        colalign=("left",) + ("right",) * 6,
+    ).splitlines()
     lines += ["", "errors/s by kind (handler; Overloaded = its 503 refusals)", *error_lines, ""]
-    worker_rows = [[model, w.get("id", "?"), w.get("status", "?"), w.get("pid", "-"),
-                    _num(_rss_mb(new, w), 0), new.precision.get(model, "-")]
-                   for model, workers in sorted(new.workers.items()) for w in workers]
-    lines += tabulate(worker_rows, headers=["model", "worker", "status", "pid", "RSS MB",
-                                            "precision"],
-                      tablefmt="plain", disable_numparse=True).splitlines()
+    worker_rows = [
+        [
+            model,
+            w.get("id", "?"),
+            w.get("status", "?"),
+            w.get("pid", "-"),
+            _num(_rss_mb(new, w), 0),
+            new.precision.get(model, "-"),
+        ]
+        for model, workers in sorted(new.workers.items())
+        for w in _with_pids(workers, new.pids.get(model, []))
+    ]
+    lines += tabulate(
+        worker_rows,
+        headers=["model", "worker", "status", "pid", "RSS MB", "precision"],
+        tablefmt="plain",
+        disable_numparse=True,
+    ).splitlines()
     return "\n".join(line[:width].rstrip() for line in lines)
+
+
+def _with_pids(workers: list[dict], pids: list[str]) -> list[dict]:
+    """Workers without a pid (Triton's instances) take the pids the core reported for their
+    model, in order: one row per stub process."""
+    if all("pid" in w for w in workers):
+        return workers
+    return [
+        w if "pid" in w or i >= len(pids) else {**w, "pid": pids[i]} for i, w in enumerate(workers)
+    ]
 
 
 def _rss_mb(read: Read, worker: dict) -> float | None:
@@ -162,8 +236,9 @@ def _rss_mb(read: Read, worker: dict) -> float | None:
     return memory / 2**20 if isinstance(memory, (int, float)) and memory > 0 else None
 
 
-def first_frame(client: TorchServeClient, interval: float,
-                take_read: Callable[[TorchServeClient], Read] = take) -> tuple[Read, Read]:
+def first_frame(
+    client: TorchServeClient, interval: float, take_read: Callable[[TorchServeClient], Read] = take
+) -> tuple[Read, Read]:
     """Two reads ``interval`` seconds apart: a frame is a difference."""
     old = take_read(client)
     time.sleep(interval)
@@ -176,8 +251,13 @@ def once(client: TorchServeClient, interval: float = 2.0) -> str:
     return frame(old, new, url=client.urls["metrics"].removeprefix("http://"))
 
 
-def run(client: TorchServeClient, *, interval: float = 2.0, out: TextIO = sys.stdout,
-        take_read: Callable[[TorchServeClient], Read] = take) -> int:
+def run(
+    client: TorchServeClient,
+    *,
+    interval: float = 2.0,
+    out: TextIO = sys.stdout,
+    take_read: Callable[[TorchServeClient], Read] = take,
+) -> int:
     """Redraw a frame every ``interval`` seconds until ``q`` (a terminal on stdin) or Ctrl-C;
     lines are cut to the terminal's width. Returns the exit code (0)."""
     url = client.urls["metrics"].removeprefix("http://")
@@ -186,8 +266,7 @@ def run(client: TorchServeClient, *, interval: float = 2.0, out: TextIO = sys.st
         with _Keys() as keys:
             while True:
                 width = shutil.get_terminal_size((WIDTH, 24)).columns
-                out.write("\x1b[H\x1b[2J" + frame(old, new, url=url, width=width)
-                          + "\n\nq quits\n")
+                out.write("\x1b[H\x1b[2J" + frame(old, new, url=url, width=width) + "\n\nq quits\n")
                 out.flush()
                 if keys.quit_within(interval):
                     return 0

@@ -1,7 +1,7 @@
 """Lint the KServe manifests offline: what ``kubectl apply`` and KServe's webhook would refuse,
 and what would deploy but serve badly.
 
-    python -m kserve_tools.lint                  # kserve/runtime, overlays/*, stock/*, triton, ...
+    python -m kserve_tools.lint                  # kserve/runtime, triton-runtime, overlays/*, ...
     python -m kserve_tools.lint PATH ...         # kustomization folders or YAML files
     python -m kserve_tools.lint --bundle DIR     # also a storage bundle (make kserve-bundle)
 
@@ -39,17 +39,23 @@ ships a NetworkPolicy selecting its predictor pods (``serving.kserve.io/inferenc
 that admits TorchServe's inference and metrics ports (or Knative's queue-proxy) only from
 named namespaces, and nothing from everywhere.
 
+For our Triton ClusterServingRuntime (``kserve/triton-runtime``, the same image):
+``tritonruntime`` (the launcher's own argument parser judges its args; v2 only; Triton's
+health routes as probes; a memory-backed ``/dev/shm``; ``TRITON_FOOTPRINT_GIB``, also for every
+InferenceService on it).
+
 For the collection job (``kserve/batch-job``, an Indexed Job): ``kserve_tools.joblint``.
 For the PodMonitor and PrometheusRule (``kserve/monitoring``): ``kserve_tools.monitoring``.
 
 One module per kind of object (``schema``, ``inferenceservice``, ``servingruntime``,
-``network``, ``bundle``; ``memory`` for every pod of our runtime), each rule a function that
-yields the problems it finds (``base.Problem``); this module renders the targets, sends each
-object to its rules and prints the findings.
+``tritonruntime``, ``network``, ``bundle``; ``memory`` for every pod of our runtime), each rule a
+function that yields the problems it finds (``base.Problem``); this module renders the targets,
+sends each object to its rules and prints the findings.
 
 For a bundle: ``config/config.properties`` names exactly the archives in ``model-store/``
 (model names and versions from each archive's manifest) and the models of ``config/models``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,8 +70,10 @@ from kserve_tools.lint.base import (
     ISVC_LABEL,
     KSERVE,
     MODES,
+    OUR_TRITON_RUNTIME,
     RUNTIME_DIR,
     RUNTIME_SERVER_PROPERTIES,
+    TRITON_RUNTIME_DIR,
     Finding,
     finding,
     mode,
@@ -75,7 +83,7 @@ from kserve_tools.lint.base import (
 )
 from kserve_tools.lint.bundle import bundle_findings
 from kserve_tools.lint.inferenceservice import ServingLimits, inference_service_findings
-from kserve_tools.lint.memory import FOOTPRINT_GIB
+from kserve_tools.lint.memory import FOOTPRINT_GIB, TRITON_FOOTPRINT_GIB
 from kserve_tools.lint.network import network_policy_findings
 from kserve_tools.lint.schema import schema_findings, strict
 from kserve_tools.lint.servingruntime import (
@@ -85,6 +93,7 @@ from kserve_tools.lint.servingruntime import (
     runtime_findings,
     runtime_of,
 )
+from kserve_tools.lint.tritonruntime import triton_runtime_findings
 from kserve_tools.render import RenderError, Resource, render
 
 BATCH_JOB_DIR = KSERVE / "batch-job"
@@ -92,20 +101,51 @@ TRITON_DIR = KSERVE / "triton"  # the InferenceService on KServe's Triton runtim
 BASE_ISVC = KSERVE / "base" / "inferenceservice.yaml"
 RUNTIME_KINDS = ("ClusterServingRuntime", "ServingRuntime")
 
-__all__ = ["DEFAULT_MODE", "FOOTPRINT_GIB", "ISVC_LABEL", "MODES", "RUNTIME_DIR", "STOCK_RUNTIME",
-           "TRITON_RUNTIME",
-           "Finding", "Runtime", "ServingLimits", "base_service", "bundle_findings",
-           "default_targets", "finding", "inference_service_findings", "lint", "main", "mode",
-           "network_policy_findings", "port", "runtime_findings", "runtime_of",
-           "schema_findings", "server_properties", "strict"]
+__all__ = [
+    "DEFAULT_MODE",
+    "FOOTPRINT_GIB",
+    "ISVC_LABEL",
+    "MODES",
+    "OUR_TRITON_RUNTIME",
+    "RUNTIME_DIR",
+    "STOCK_RUNTIME",
+    "TRITON_FOOTPRINT_GIB",
+    "TRITON_RUNTIME",
+    "TRITON_RUNTIME_DIR",
+    "Finding",
+    "Runtime",
+    "ServingLimits",
+    "base_service",
+    "bundle_findings",
+    "default_targets",
+    "finding",
+    "inference_service_findings",
+    "lint",
+    "main",
+    "mode",
+    "network_policy_findings",
+    "port",
+    "runtime_findings",
+    "runtime_of",
+    "schema_findings",
+    "server_properties",
+    "strict",
+    "triton_runtime_findings",
+]
 
 
 def default_targets() -> list[Path]:
-    """Our runtime, every overlay, the stock-runtime manifests, the collection job and the
+    """Our runtimes, every overlay, the stock-runtime manifests, the collection job and the
     monitoring objects."""
-    return [RUNTIME_DIR, *sorted(p for p in (KSERVE / "overlays").iterdir() if p.is_dir()),
-            *sorted((KSERVE / "stock").glob("*.yaml")), TRITON_DIR, BATCH_JOB_DIR,
-            monitoring.MONITORING_DIR]
+    return [
+        RUNTIME_DIR,
+        TRITON_RUNTIME_DIR,
+        *sorted(p for p in (KSERVE / "overlays").iterdir() if p.is_dir()),
+        *sorted((KSERVE / "stock").glob("*.yaml")),
+        TRITON_DIR,
+        BATCH_JOB_DIR,
+        monitoring.MONITORING_DIR,
+    ]
 
 
 def base_service() -> tuple[str | None, str]:
@@ -113,12 +153,15 @@ def base_service() -> tuple[str | None, str]:
     the collection job must write to and call."""
     [resource] = render(BASE_ISVC)
     uri = str(resource.obj["spec"]["predictor"]["model"].get("storageUri", ""))
-    bucket = uri[len("s3://"):].split("/", 1)[0] if uri.startswith("s3://") else None
+    bucket = uri[len("s3://") :].split("/", 1)[0] if uri.startswith("s3://") else None
     return bucket, resource.name
 
 
-def lint(targets: list[Path], models: dict[str, dict] | None = None,
-         properties: dict[str, str] | None = None) -> list[Finding]:
+def lint(
+    targets: list[Path],
+    models: dict[str, dict] | None = None,
+    properties: dict[str, str] | None = None,
+) -> list[Finding]:
     """Every finding of every object rendered from ``targets`` (kustomizations or files)."""
     models = repo_models() if models is None else models
     limits = ServingLimits.from_models(models)
@@ -128,14 +171,21 @@ def lint(targets: list[Path], models: dict[str, dict] | None = None,
         try:
             objects = render(target)
         except (RenderError, OSError) as exc:
-            found.append(Finding(rel(Path(target)), "kustomization", "<render>", str(exc),
-                                 "fix the kustomization"))
+            found.append(
+                Finding(
+                    rel(Path(target)),
+                    "kustomization",
+                    "<render>",
+                    str(exc),
+                    "fix the kustomization",
+                )
+            )
             continue
         rendered += objects
         found += network_policy_findings(objects)
     runtimes = {r.name: r for r in (STOCK_RUNTIME, TRITON_RUNTIME)}
-    # Our runtime is known to every InferenceService, linted or not; linted when rendered.
-    for resource in render(RUNTIME_DIR) + rendered:
+    # Our runtimes are known to every InferenceService, linted or not; linted when rendered.
+    for resource in render(RUNTIME_DIR) + render(TRITON_RUNTIME_DIR) + rendered:
         if resource.kind in RUNTIME_KINDS:
             runtimes[resource.name] = runtime_of(resource)
     for resource in rendered:
@@ -143,17 +193,25 @@ def lint(targets: list[Path], models: dict[str, dict] | None = None,
     return found
 
 
-def _findings(resource: Resource, runtimes: dict[str, Runtime], limits: ServingLimits,
-              properties: dict[str, str] | None) -> list[Finding]:
+def _findings(
+    resource: Resource,
+    runtimes: dict[str, Runtime],
+    limits: ServingLimits,
+    properties: dict[str, str] | None,
+) -> list[Finding]:
     """One rendered object's findings, by the rules of its kind."""
     if resource.kind in RUNTIME_KINDS:
+        if resource.name == OUR_TRITON_RUNTIME:
+            return triton_runtime_findings(resource)
         return runtime_findings(resource, properties)
     if resource.kind == "Job":
         return job_findings(resource, *base_service())
     if resource.kind in ("PodMonitor", "PrometheusRule"):
         return monitoring.findings(
-            resource, base_service()[1],
-            port(server_properties(RUNTIME_SERVER_PROPERTIES)["metrics_address"]))
+            resource,
+            base_service()[1],
+            port(server_properties(RUNTIME_SERVER_PROPERTIES)["metrics_address"]),
+        )
     if resource.kind == "NetworkPolicy":
         return []  # checked with its InferenceService, per target
     schema = schema_findings(resource) if resource.kind == "InferenceService" else []
@@ -161,12 +219,22 @@ def _findings(resource: Resource, runtimes: dict[str, Runtime], limits: ServingL
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kserve_tools.lint",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("targets", nargs="*", type=Path,
-                        help="kustomization folders or YAML files (default: all of kserve/)")
-    parser.add_argument("--bundle", type=Path, action="append", default=[],
-                        help="also check a storage bundle folder (make kserve-bundle)")
+    parser = argparse.ArgumentParser(
+        prog="python -m kserve_tools.lint", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "targets",
+        nargs="*",
+        type=Path,
+        help="kustomization folders or YAML files (default: all of kserve/)",
+    )
+    parser.add_argument(
+        "--bundle",
+        type=Path,
+        action="append",
+        default=[],
+        help="also check a storage bundle folder (make kserve-bundle)",
+    )
     args = parser.parse_args(argv)
     targets = args.targets or default_targets()
     try:
@@ -179,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     for problem in found:
         print(problem, file=sys.stderr)
     checked = ", ".join(rel(t) for t in targets + args.bundle)
-    print(f"kserve-lint: {len(found)} problem(s) in {checked}",
-          file=sys.stderr if found else sys.stdout)
+    print(
+        f"kserve-lint: {len(found)} problem(s) in {checked}",
+        file=sys.stderr if found else sys.stdout,
+    )
     return 1 if found else 0

@@ -1,5 +1,6 @@
 """An explanation request's answer: its values (``Explained``: per image, one ``Explanation``
 per target) and their JSON document, per image ``{"method", "explanations": [...]}``."""
+
 from __future__ import annotations
 
 import base64
@@ -39,9 +40,10 @@ class Explained:
 def encode_explanations(answer: Explained, labels: Sequence[str]) -> dict:
     """One request's JSON answer: per image ``{"method", "explanations": [...]}``; the image's
     document itself (plain), or KServe v1's ``{"explanations": [one per instance]}``."""
-    answers = [{"method": answer.method,
-                "explanations": [_explanation(e, labels) for e in image]}
-               for image in answer.images]
+    answers = [
+        {"method": answer.method, "explanations": [_explanation(e, labels) for e in image]}
+        for image in answer.images
+    ]
     return {"explanations": answers} if answer.protocol is Protocol.V1 else answers[0]
 
 
@@ -50,8 +52,13 @@ def _explanation(e: Explanation, labels: Sequence[str]) -> dict:
     if e.target < 0:
         item = {"target": EMBEDDING_TARGET, "label": None, "index": None, "probability": None}
     else:
-        item = {"target": "class", "label": labels[e.target], "index": e.target,
-                "probability": e.probability, "rank": e.rank}
+        item = {
+            "target": "class",
+            "label": labels[e.target],
+            "index": e.target,
+            "probability": e.probability,
+            "rank": e.rank,
+        }
     item.update(grid=[[round(float(v), 4) for v in line] for line in e.grid], empty=e.empty)
     if e.png is not None:
         item["png"] = base64.b64encode(e.png).decode("ascii")

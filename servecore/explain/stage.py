@@ -5,6 +5,7 @@ its images is read, ``refuse_options`` refuses them on a prediction, ``admit`` k
 explanation work within its budget, ``run`` computes the batch's explanations from its pixels
 and logits (``compute``, Captum on the eager model) as ``Explained`` values.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -28,34 +29,49 @@ class Explanations:
     """Explanations on the archive's PyTorch checkpoint (gradients need the eager model,
     whatever backend serves predictions); without one, explanation requests get 501."""
 
-    def __init__(self, checkpoint: Path, config: ExplainConfig, labels: Sequence[str],
-                 embedding_default: bool) -> None:
+    def __init__(
+        self,
+        checkpoint: Path,
+        config: ExplainConfig,
+        labels: Sequence[str],
+        embedding_default: bool,
+    ) -> None:
         self.config = config
         self.labels = labels
         self.embedding_default = embedding_default  # the embedding model explains its vector
         self.explainer = load_explainer(checkpoint, config.png_max_side)
         self.checkpoint_name = checkpoint.name
-        self.budget = Budget("explain.max_passes_per_batch", "explanation passes",
-                             config.max_passes_per_batch, self.cost)
+        self.budget = Budget(
+            "explain.max_passes_per_batch",
+            "explanation passes",
+            config.max_passes_per_batch,
+            self.cost,
+        )
 
     def refuse_options(self, request: ParsedRequest) -> None:
         """A prediction carries no explanation parameters (400)."""
         if request.options:
             raise InvalidParameter(
                 f"{sorted(request.options)} only apply to explanations: POST to "
-                "/explanations/{model} (or KServe v1 :explain)")
+                "/explanations/{model} (or KServe v1 :explain)"
+            )
 
     def spec(self, request: ParsedRequest) -> ExplainSpec:
         """An explanation request's checked parameters (4xx, or 501 when this model cannot
         explain or the protocol has no explanations)."""
         if self.explainer is None:
-            raise NotSupported("this archive carries no PyTorch checkpoint for explanations; "
-                               f"rebuild it with archive.sh (it packs {self.checkpoint_name})")
+            raise NotSupported(
+                "this archive carries no PyTorch checkpoint for explanations; "
+                f"rebuild it with archive.sh (it packs {self.checkpoint_name})"
+            )
         if request.protocol is Protocol.V2:
-            raise NotSupported("explanations answer /explanations/{model} and KServe v1 "
-                               ":explain; the v2 protocol has no explain route")
-        return parse_explain(request.options, request.top_k, self.labels, self.config,
-                             self.embedding_default)
+            raise NotSupported(
+                "explanations answer /explanations/{model} and KServe v1 "
+                ":explain; the v2 protocol has no explain route"
+            )
+        return parse_explain(
+            request.options, request.top_k, self.labels, self.config, self.embedding_default
+        )
 
     @staticmethod
     def cost(request: Opened) -> int:
@@ -74,11 +90,15 @@ class Explanations:
         for i, request in asking:
             cost = self.cost(request)
             if cost > self.budget.limit:  # never fits, unlike one that only lost the race
-                result[i] = Failed(request.request_id, InvalidParameter(
-                    f"this explanation needs {cost} forward/backward passes "
-                    f"({request.image_count} image(s) x {passes(request.spec)}), more than "
-                    f"the limit of {self.budget.limit} (handler.explain.max_passes_per_batch); "
-                    "send fewer images, targets or n_steps"))
+                result[i] = Failed(
+                    request.request_id,
+                    InvalidParameter(
+                        f"this explanation needs {cost} forward/backward passes "
+                        f"({request.image_count} image(s) x {passes(request.spec)}), more than "
+                        f"the limit of {self.budget.limit} (handler.explain.max_passes_per_batch); "
+                        "send fewer images, targets or n_steps"
+                    ),
+                )
         admitted = admission.within([result[i] for i, _ in asking], self.budget)
         for (i, _), state in zip(asking, admitted):
             result[i] = state
@@ -88,19 +108,25 @@ class Explanations:
         """Per explanation request that reached the model (its index in the batch), its
         ``Explained`` (per image, one ``Explanation`` per target); a failure here fails the
         explanation requests only (500), never the batch's predictions."""
-        asking = [(i, r, r.opened) for i, r in enumerate(batch.requests)
-                  if isinstance(r, Placed) and isinstance(r.opened, Explaining)]
+        asking = [
+            (i, r, r.opened)
+            for i, r in enumerate(batch.requests)
+            if isinstance(r, Placed) and isinstance(r.opened, Explaining)
+        ]
         if not asking or batch.pixels is None or self.explainer is None:
             return {}  # no explainer: spec() let no explanation request through
         try:
-            jobs = [ExplainJob(opened.spec, r.rows, self._pictures(opened))
-                    for _, r, opened in asking]
+            jobs = [
+                ExplainJob(opened.spec, r.rows, self._pictures(opened)) for _, r, opened in asking
+            ]
             answers = self.explainer.explain(batch.pixels, logits, jobs)
         except Exception as exc:  # noqa: BLE001 - the boundary of the explanation requests
             error = detached(as_request_error(exc, "explaining", asking[0][1].request_id))
             return {i: Failed(r.request_id, error) for i, r, _ in asking}
-        return {i: Explained(opened.request.protocol, opened.spec.method, answer)
-                for (i, _, opened), answer in zip(asking, answers)}
+        return {
+            i: Explained(opened.request.protocol, opened.spec.method, answer)
+            for (i, _, opened), answer in zip(asking, answers)
+        }
 
     def _pictures(self, request: Explaining) -> list:
         """The request's images, shrunk, for a PNG heatmap (decoded already: no new work but
