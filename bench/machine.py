@@ -94,9 +94,15 @@ def code_version() -> str:
 
 
 def dated() -> str:
-    """A report's provenance line: ``- Date: 2026-11-25 08:10 UTC; code: `abc1234`; CPU``."""
+    """A report's provenance line: ``- Date: 2026-11-25 08:10 UTC; code: `abc1234`; CPU;
+    load average``: when, what code, on what, and how busy the machine was (other work on
+    it inflates every latency)."""
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return f"- Date: {now}; code: `{code_version()}`; {cpu_model()}, {os.cpu_count()} cores"
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return (
+        f"- Date: {now}; code: `{code_version()}`; {cpu_model()}, {os.cpu_count()} cores; "
+        f"load average {load}"
+    )
 
 
 def weights_info(weights_dir: Path) -> dict:
