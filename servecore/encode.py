@@ -1,8 +1,9 @@
 """The JSON protocols' answers: a ``Reply``'s values written as the JSON body of the protocol
 its request came in (plain, KServe v1, KServe v2 JSON), or as the error body. Pure functions,
 called by an engine's edge that answers in JSON (TorchServe's handler); the core itself answers
-in values (``servecore.service.Reply``), and Triton's adapter builds tensors from them, using
-only ``tag_json`` for its BYTES tags. The parsing of the same protocols is ``servecore/parse.py``.
+in values (``servecore.service.Reply``), and Triton's adapter builds a prediction's tensors
+from them, using only ``tag_json`` for its BYTES tags (an explanation, one JSON document there
+too, goes through ``answer_body``). The parsing of the same protocols is ``servecore/parse.py``.
 
 Imports explanations: an explanation's answer is written here too (``servecore.explain.encode``).
 """
