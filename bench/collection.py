@@ -10,7 +10,7 @@ On one local TorchServe (the archives of model-store/):
 2. **job**: ``tsctl embed PHOTOS --out ...`` as a user runs it: wall time, images/s, and the
    client's CPU (its user + system seconds over the wall time: the share of one core);
 3. **kill**: the job again, SIGKILLed once about half the photos are written, then rerun:
-   rows written before the kill, images the server answered by then (its ``HandlerImages``
+   rows written before the kill, images the server answered by then (its ``resnet50_images``
    counter), and what the rerun redid;
 4. **similar**: ``tsclient.search.nearest`` over ``--vectors`` stored random unit vectors, and
    ``tsctl similar`` end to end (the query embedded by the server).
@@ -140,7 +140,7 @@ def handler_images(server: LocalTorchServe) -> float:
     return sum(
         value
         for name, labels, value in metrics.samples(text)
-        if name == "HandlerImages" and labels.get("ModelName") == MODEL
+        if name == "resnet50_images" and labels.get("model") == MODEL
     )
 
 

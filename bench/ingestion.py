@@ -9,8 +9,9 @@ TorchServe's own log (``logs/ts_log.log``) for the batches of that run:
   the worker's socket until the answer is read back;
 * ``handler`` ms per batch: the worker's ``HandlerTime`` (our preprocess + inference +
   postprocess), of which ``open`` (parsing, image headers, admission), ``decode``,
-  ``forward`` and ``answer`` (encoding) are our own ``HandlerOpenMs``, ``HandlerDecodeMs``,
-  ``HandlerForwardMs`` and ``HandlerAnswerMs`` metrics;
+  ``forward`` and ``answer`` (the values and their JSON) are our own
+  ``resnet50_open_ms_total``, ``resnet50_decode_ms_total``, ``resnet50_forward_ms_total`` and
+  ``resnet50_answer_ms_total`` metrics;
 * ``transport`` = backend - handler: the batch through the Unix socket both ways and the
   worker's message parsing (TorchServe's Python ``_retrieve_buffer`` reading the bodies);
 * ``worker busy``: the share of the run's wall time the worker spent on batches (backend ms);
@@ -84,15 +85,15 @@ _BACKEND = re.compile(
 )
 _STAGES = {
     "HandlerTime": "handler",
-    "HandlerOpenMs": "open",
-    "HandlerDecodeMs": "decode",
-    "HandlerForwardMs": "forward",
-    "HandlerAnswerMs": "answer",
+    "resnet50_open_ms_total": "open",
+    "resnet50_decode_ms_total": "decode",
+    "resnet50_forward_ms_total": "forward",
+    "resnet50_answer_ms_total": "answer",
 }
 _METRIC = re.compile(
     r"(?P<worker>W-\d+-[^ ]+?)-stdout .*"
     rf"\[METRICS\](?P<name>{'|'.join(_STAGES)})"
-    r"\.Milliseconds:(?P<ms>[\d.]+)\|#ModelName:(?P<model>[^,|]+)"
+    r"\.Milliseconds:(?P<ms>[\d.]+)\|#(?:ModelName|model):(?P<model>[^,|]+)"
 )
 
 

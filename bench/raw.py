@@ -26,16 +26,16 @@ import torch
 
 from bench.stats import percentile
 from model_files.artifacts import QUANTIZED, SERIALIZED
-from servecore.backends import Backend, RuntimeOptions, load_backend
+from servecore.backends import RUNTIME_DEFAULT, Backend, RuntimeOptions, load_backend
 from servecore.intake import Preprocessor
 
 # Row label -> (backend, serialized file, precision passed to load_backend). The OpenVINO rows
 # are the candidates ``handler.precision: auto`` times (servecore/autoprecision.py): each IR
 # at f32 and bf16 (int8: its quantised layers in int8, the others at that precision).
 VARIANTS = {
-    "eager": ("eager", SERIALIZED["eager"], "auto"),
-    "torchscript": ("torchscript", SERIALIZED["torchscript"], "auto"),
-    "onnx": ("onnx", SERIALIZED["onnx"], "auto"),
+    "eager": ("eager", SERIALIZED["eager"], RUNTIME_DEFAULT),
+    "torchscript": ("torchscript", SERIALIZED["torchscript"], RUNTIME_DEFAULT),
+    "onnx": ("onnx", SERIALIZED["onnx"], RUNTIME_DEFAULT),
     "openvino-f32": ("openvino", SERIALIZED["openvino"], "f32"),
     "openvino-bf16": ("openvino", SERIALIZED["openvino"], "bf16"),
     "openvino-int8": ("openvino", QUANTIZED[("openvino", "int8")], "f32"),

@@ -33,7 +33,7 @@ PANELS: list[tuple[str, str, list[tuple[str, str]], str]] = [
     (
         "Images per second",
         "short",
-        [("ModelName:handler_images:rate1m", "{{ModelName}}")],
+        [("model:resnet50_images:rate1m", "{{model}}")],
         "Images our handler decoded and ran, per model.",
     ),
     (
@@ -50,8 +50,8 @@ PANELS: list[tuple[str, str, list[tuple[str, str]], str]] = [
         "Handler time (ms)",
         "ms",
         [
-            ("ModelName:handler_forward_ms:mean_per_batch1m", "{{ModelName}} forward / batch"),
-            ("ModelName:handler_decode_ms:mean_per_image1m", "{{ModelName}} decode / image"),
+            ("model:resnet50_forward_ms:mean_per_batch1m", "{{model}} forward / batch"),
+            ("model:resnet50_decode_ms:mean_per_image1m", "{{model}} decode / image"),
         ],
         "Where the handler's time goes.",
     ),
@@ -59,8 +59,8 @@ PANELS: list[tuple[str, str, list[tuple[str, str]], str]] = [
         "Batch size",
         "short",
         [
-            ("ModelName:handler_batch_size:mean1m", "{{ModelName}} requests / batch"),
-            ("ModelName:handler_images_per_batch:mean1m", "{{ModelName}} images / batch"),
+            ("model:resnet50_batch_size:mean1m", "{{model}} requests / batch"),
+            ("model:resnet50_images_per_batch:mean1m", "{{model}} images / batch"),
         ],
         "How full the batches the frontend formed were (batchSize is the ceiling).",
     ),
@@ -69,10 +69,10 @@ PANELS: list[tuple[str, str, list[tuple[str, str]], str]] = [
         "percentunit",
         [
             (
-                "sum by (ModelName, BatchSize) (rate(HandlerBatchesBySize[5m]))"
-                " / ignoring (BatchSize) group_left"
-                " sum by (ModelName) (rate(HandlerBatches[5m]))",
-                "{{ModelName}} size {{BatchSize}}",
+                "sum by (model, batch_size) (rate(resnet50_batches_by_size_total[5m]))"
+                " / ignoring (batch_size) group_left"
+                " sum by (model) (rate(resnet50_batches_total[5m]))",
+                "{{model}} size {{batch_size}}",
             )
         ],
         "Share of batches of each size over 5 minutes.",
@@ -86,7 +86,7 @@ PANELS: list[tuple[str, str, list[tuple[str, str]], str]] = [
     (
         "Errors by kind",
         "reqps",
-        [("ModelName:handler_errors:rate1m", "{{ModelName}} {{ErrorType}}")],
+        [("model:resnet50_errors:rate1m", "{{model}} {{error_type}}")],
         "Requests the handler failed, by kind (InvalidImage 400, PayloadTooLarge 413, "
         "Overloaded 503, InternalError 500, ...).",
     ),
@@ -94,7 +94,7 @@ PANELS: list[tuple[str, str, list[tuple[str, str]], str]] = [
         "503 refusals",
         "reqps",
         [
-            ("ModelName:handler_overloaded:rate1m", "{{ModelName}} handler (Overloaded)"),
+            ("model:resnet50_overloaded:rate1m", "{{model}} handler (Overloaded)"),
             ('job:ts_requests:rate1m{code="5xx"}', "frontend 5xx (queue full, no worker)"),
         ],
         "Requests turned away: alert TorchServeSustainedRefusals.",
@@ -103,8 +103,8 @@ PANELS: list[tuple[str, str, list[tuple[str, str]], str]] = [
         "Worker memory (MB)",
         "decmbytes",
         [
-            ("ModelName:handler_worker_rss_mb:max", "{{ModelName}} largest worker"),
-            ("HandlerWorkerRssMB", "{{ModelName}} pid {{WorkerPid}}"),
+            ("model:resnet50_worker_rss_mb:max", "{{model}} largest worker"),
+            ("resnet50_worker_rss_mb", "{{model}} pid {{worker_pid}}"),
         ],
         "Resident memory per worker; alert TorchServeWorkerMemoryHigh at 1800 MB.",
     ),
@@ -121,8 +121,8 @@ STATS: list[tuple[str, str, str]] = [
     ("5xx share", "job:ts_requests_5xx:ratio1m", "5xx"),
     (
         "Precision served",
-        "max by (ModelName, Precision) (HandlerPrecision) == 1",
-        "{{ModelName}} {{Precision}}",
+        "max by (model, precision) (resnet50_precision) == 1",
+        "{{model}} {{precision}}",
     ),
 ]
 

@@ -128,9 +128,11 @@ def evaluate(
     files = ModelFiles.read(weights, serialized)
     photos = find_photos(folder, WEIGHTS.meta["categories"])
     pixels, photos, skipped = preprocess(photos, progress)
-    loaders, excluded = precision_candidates(
+    candidates = precision_candidates(
         files.backend, files.folder, files.serialized, torch.device("cpu"), RuntimeOptions()
     )
+    loaders = {c.precision: c.load for c in candidates if c.load is not None}
+    excluded = {c.precision: c.excluded for c in candidates if c.load is None}
     labels = [p.label for p in photos]
     rows, reference = [], None
     for name, load in loaders.items():

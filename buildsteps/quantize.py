@@ -47,7 +47,7 @@ from model_files.artifacts import (
     refusal_record,
 )
 from model_files.resnet_dual import WEIGHTS
-from servecore.backends import load_backend
+from servecore.backends import RUNTIME_DEFAULT, load_backend
 from servecore.precision import agreement, failures
 
 TARGET = QUANTIZED[("openvino", "int8")]
@@ -186,7 +186,7 @@ def quantize(
         ov.save_model(quantized, str(candidate), compress_to_fp16=False)
 
         probe = heldout_set(heldout, calibration)
-        figures = agreement(_run(fp32, "f32", probe), _run(candidate, "auto", probe))
+        figures = agreement(_run(fp32, "f32", probe), _run(candidate, RUNTIME_DEFAULT, probe))
         failed = failures(figures, thresholds)
         if failed:
             raise FidelityError(

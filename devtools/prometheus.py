@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"Prometheus on {ports.url(args.port)} scraping {', '.join(targets)} every "
         f"{args.interval:g}s with {RULES.relative_to(REPO)}; try "
-        f"{ports.url(args.port)}/graph?g0.expr=ModelName%3Ahandler_requests%3Arate1m"
+        f"{ports.url(args.port)}/graph?g0.expr=model%3Aresnet50_requests%3Arate1m"
         " (Ctrl-C stops it)",
         file=sys.stderr,
         flush=True,

@@ -10,13 +10,15 @@ section holds the model's settings (``servecore.config.HandlerConfig``).
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from handlers.routing import PerRequestHandler, incoming
 from handlers.ts_metrics import TorchServeMetrics
 from model_files.artifacts import ModelFiles
 from servecore.config import HandlerConfig
-from servecore.service import CONTENT_TYPE, ImageModel, ModelSettings
+from servecore.encode import CONTENT_TYPE, json_reply
+from servecore.service import ImageModel, ModelSettings
 from servecore.stages import ComputedBatch, PreparedBatch
 
 
@@ -50,14 +52,18 @@ class ResNetHandler(PerRequestHandler):
         return self.model.infer(batch)
 
     def postprocess(self, batch: ComputedBatch) -> list[str]:
-        replies = self.model.answer(batch)
-        for idx, reply in enumerate(replies):
+        replies, limit = self.model.answer(batch), self.model.config.max_response_bytes
+        started = time.perf_counter()
+        encoded = [json_reply(reply, self.model.answers, limit) for reply in replies]
+        for idx, (reply, _, _) in enumerate(encoded):
             self.context.set_response_content_type(idx, CONTENT_TYPE)
             if reply.error is not None:
                 self.context.set_response_status(reply.status, reply.phrase, idx=idx)
             for name, value in reply.headers.items():
                 self.context.set_response_header(idx, name, value)
-        return [reply.text for reply in replies]
+        refused = [e.refused for e in encoded if e.refused is not None]
+        self.model.encoded(refused, 1000 * (time.perf_counter() - started))
+        return [e.text for e in encoded]
 
     def describe_handle(self) -> str:
         """``GET /models/{name}?customized=true``: which weights and settings this model runs."""

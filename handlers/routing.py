@@ -1,19 +1,28 @@
 """TorchServe's requests as the model's ``Incoming``, and its ``BaseHandler`` with the two
 routing switches set for a handler that answers every request of a batch on its own. (Its own
-module: TorchServe requires the handler module to define exactly one class.)"""
+module: TorchServe requires the handler module to define exactly one class.)
+
+TorchServe hands a request over as a dict (its "row"): ``body`` for a raw body, one key per
+multipart field; JSON arrives parsed. ``http_request`` unpacks it, here and nowhere else."""
 
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 from ts.torch_handler.base_handler import BaseHandler
 
 from servecore.config import HandlerConfig
-from servecore.parse import BODY_KEYS, parse_request
+from servecore.jsonguard import JsonDocument
+from servecore.parse import IMAGE_FIELD, HttpRequest, Payload, parse_http
 from servecore.stages import Incoming
 
 TOP_K_HEADER = "x-top-k"
-EXPLAIN_PROPERTY = "explain"  # "True" on /explanations and KServe v1 :explain (TorchServe 0.12)
+BODY_KEY = "body"  # TorchServe's name for a raw request body in its row
+PAYLOAD_KEYS = (BODY_KEY, IMAGE_FIELD)
+# TorchServe 0.12 sets this property to "True" on /explanations and KServe v1 :explain, and to
+# "False" otherwise, whatever header a client sends.
+EXPLAIN_PROPERTY = "explain"
 
 
 def incoming(context, idx: int, row: dict, config: HandlerConfig) -> Incoming:
@@ -21,10 +30,26 @@ def incoming(context, idx: int, row: dict, config: HandlerConfig) -> Incoming:
     return Incoming(
         request_id=str((context.request_ids or {}).get(idx, "?")),
         parse=partial(
-            parse_request, row, header_top_k=header(context, idx, TOP_K_HEADER), config=config
+            parse_http, http_request(row, header(context, idx, TOP_K_HEADER)), config=config
         ),
         explain=context.get_request_header(idx, EXPLAIN_PROPERTY) == "True",
     )
+
+
+def http_request(row: dict, top_k_header: str | None = None) -> HttpRequest:
+    """TorchServe's row as the core's ``HttpRequest``: ``body`` is the raw body, every other key
+    a form field; JSON TorchServe parsed (any value but text) goes on as a ``JsonDocument``,
+    checked for depth by the core, not serialised again (that would parse every JSON body twice
+    and size-check a text the client never sent)."""
+    return HttpRequest(
+        body=_payload(row[BODY_KEY]) if BODY_KEY in row else None,
+        form={k: _payload(v) if k == IMAGE_FIELD else v for k, v in row.items() if k != BODY_KEY},
+        top_k_header=top_k_header,
+    )
+
+
+def _payload(value: Any) -> Payload:
+    return value if isinstance(value, (bytes, bytearray, str)) else JsonDocument(value)
 
 
 def header(context, idx: int, name: str) -> str | None:
@@ -53,6 +78,6 @@ class PerRequestHandler(BaseHandler):
         if len(processors) != 1 or processors[0] is None:
             return False
         properties = processors[0].get_request_properties()
-        if any(key in properties for key in BODY_KEYS):
+        if any(key in properties for key in PAYLOAD_KEYS):
             return False
         return super()._is_describe()

@@ -2,15 +2,19 @@
 it sends back, and nothing that knows which engine that is (no module here imports TorchServe's
 ``ts`` or Triton's backend utilities; tests/test_layout.py checks).
 
-    service.py     ImageModel: load, prepare -> infer -> answer (one Reply per request)
-    stages.py      per-request values, each made once: Incoming, Opened, Placed, Failed
+    service.py     ImageModel: load, prepare -> infer -> answer (one Reply per request: values)
+    stages.py      per-request values, each made once: Incoming, Opened (Explaining), Placed,
+                   Failed; boundary.py: the one per-request failure boundary
     parse.py       wire formats (plain body, KServe v1, v2) -> ParsedRequest; jsonguard.py
     intake.py      open, admit and decode a batch's requests (images.py decodes)
     admission.py   the batch budgets, fair across batches
-    encode.py      answers in each request's protocol; errors.py: error kinds -> HTTP status
+    answers.py     a prediction as values: embedding rows (float32 arrays), tag lists
+    encode.py      the JSON protocols' bodies, for an edge that answers in JSON (TorchServe)
+    errors.py      error kinds -> HTTP status and error body
     backends.py    runtimes as Backend (eager, TorchScript, ONNX Runtime, OpenVINO)
     precision.py   the ``auto`` precision rule; autoprecision.py measures and remembers
     metrics.py     what the model records, through an engine's MetricsSink
     config.py      HandlerConfig, the typed ``handler:`` settings
-    explain/       explanations, an addon of the prediction path
+    explain/       explanations, a typed stage: ExplainSpec in, Explained out (the modules
+                   that import it say so: stages, intake, service, encode)
 """

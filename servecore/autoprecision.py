@@ -7,11 +7,14 @@ stable (the rule itself is ``servecore.precision``).
   measurement fits in ``BUDGET_S`` (one round when there is a single candidate). The floor
   is two forwards per candidate at each batch size, whatever the machine's speed. One clock
   (``_clock``, monotonic) times the forwards and the budget.
-* One precision per model: TorchServe 0.12 extracts an archive once per registration into one
-  folder that every worker of the model loads from (``ModelArchive.downloadModel`` ->
-  ``ZipUtils.unzip`` into ``$TMPDIR/models/<random id>``; ``ModelLoadModelRequest`` passes
-  ``model.getModelDir()`` to each worker). The first worker measures and writes
-  ``CHOICE_FILE`` there; the others wait on the lock and serve what it chose.
+* One precision per model: the workers of one model on one host serve what the first of them
+  measured. It writes its choice to ``CHOICE_FILE`` in the folder the engine loads the model's
+  files from, keyed by the host, the model's name and version and the archive (the weights'
+  content hash, serialized file, batch sizes, threads, device, candidates), with itself as a
+  holder; a worker that finds a choice there held by a live worker (pid and start time) waits
+  on the lock and serves it, joining the holders. A choice whose holders are all gone (the
+  previous start of the server) is measured again: every engine's workers can tell that,
+  whatever its process tree or folder layout.
 * Stable across restarts: the last choice per host and archive is kept in a small JSON file
   (the host cache), and ``select`` keeps it while it stays within the margin.
 * One lock (``ChoiceStore.locked``): the host cache's, so that two models of one host do not
@@ -34,14 +37,20 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+import psutil
 import torch
 
 from model_files.artifacts import ModelFiles
-from servecore.backends import Backend, RuntimeOptions, load_backend, precision_candidates
+from servecore.backends import (
+    RUNTIME_DEFAULT,
+    Backend,
+    RuntimeOptions,
+    load_backend,
+    precision_candidates,
+)
 from servecore.config import HandlerConfig
 from servecore.host import cpu_model
 from servecore.precision import (
@@ -61,16 +70,6 @@ BUDGET_S = 4.0  # loading, warm-up and timed rounds; one timed round runs whatev
 MAX_ROUNDS = 5
 CACHE_ENTRIES = 64  # host cache: the most recently written archives kept
 _clock = time.perf_counter  # the one clock (monotonic); tests give a simulated one
-
-
-@dataclass(frozen=True)
-class Candidates:
-    """What ``auto`` chooses from: ``loaders`` most precise first (the first is the fidelity
-    reference), ``excluded`` the ones left out and why; timed at ``batch_sizes``."""
-
-    loaders: dict[str, Callable[[], Backend]]
-    excluded: dict[str, str]
-    batch_sizes: tuple[int, ...]
 
 
 def cache_file(setting: str, environ=os.environ) -> Path | None:
@@ -100,60 +99,62 @@ def probe_batch(size: int, seed: int = 0) -> torch.Tensor:
 
 
 def measure(
-    candidates: Candidates, budget_s: float = BUDGET_S
+    candidates: list[Candidate], batch_sizes: tuple[int, ...], budget_s: float = BUDGET_S
 ) -> tuple[list[Candidate], dict[str, Backend]]:
-    """Load and time every loader. Returns the candidates (timed ones, then the excluded
-    untimed), their milliseconds rounded as they are kept, and the loaded backends."""
+    """Load and time every candidate that has a loader (most precise first: the first is the
+    fidelity reference) at ``batch_sizes``. Returns the candidates (timed ones, then the
+    excluded untimed), their milliseconds rounded as they are kept, and the loaded backends."""
     started = _clock()
-    sizes = candidates.batch_sizes
-    probe = probe_batch(max(sizes))
+    probe = probe_batch(max(batch_sizes))
+    loaders = _loaders(candidates)
     backends, outputs = {}, {}
-    for name, load in candidates.loaders.items():
+    for name, load in loaders.items():
         backends[name] = load()
-        for size in sizes:
+        for size in batch_sizes:
             result = backends[name](probe[:size])
         embedding, logits = result
         outputs[name] = (embedding.numpy(), logits.numpy())  # at the largest size
-    times: dict[str, dict[int, list[float]]] = {n: {b: [] for b in sizes} for n in backends}
+    times: dict[str, dict[int, list[float]]] = {n: {b: [] for b in batch_sizes} for n in backends}
     rounds, round_s = 0, 0.0
     # One candidate: its timing is reported, not compared, so one round is enough.
     most = MAX_ROUNDS if len(backends) > 1 else 1
     while rounds < most and (rounds == 0 or _clock() - started + round_s <= budget_s):
         round_started = _clock()
         for name, backend in backends.items():  # interleaved: drift hits every candidate alike
-            for size in sizes:
+            for size in batch_sizes:
                 t = _clock()
                 backend(probe[:size])
                 times[name][size].append(1000 * (_clock() - t))
         round_s, rounds = _clock() - round_started, rounds + 1
     reference = next(iter(backends))
     measured = []
-    for name in backends:
+    for candidate in (c for c in candidates if c.precision in loaders):
+        name = candidate.precision
         fidelity = None if name == reference else agreement(outputs[reference], outputs[name])
         failed = failures(fidelity, FIDELITY_BOUND) if fidelity else []
         measured.append(
-            Candidate(
-                name,
-                {b: round(statistics.median(ms), 1) for b, ms in times[name].items()},
-                fidelity,
-                f"against {reference} on the probe: {'; '.join(failed)}" if failed else "",
+            dataclasses.replace(
+                candidate,
+                ms={b: round(statistics.median(ms), 1) for b, ms in times[name].items()},
+                fidelity=fidelity,
+                excluded=f"against {reference} on the probe: {'; '.join(failed)}" if failed else "",
             )
         )
-    measured += [Candidate(name, excluded=why) for name, why in candidates.excluded.items()]
+    measured += [c for c in candidates if c.load is None]
     return measured, backends
 
 
 class ChoiceStore:
-    """Where choices are kept: the model folder's ``CHOICE_FILE`` (this server's workers of the
-    model share it) and the host cache (the last choice per host and archive, across
-    restarts); and the one lock that orders measuring."""
+    """Where choices are kept: the model folder's ``CHOICE_FILE`` (the workers of the model on
+    this host share it while one of them lives) and the host cache (the last choice per host
+    and archive, across restarts); and the one lock that orders measuring. ``model``: the
+    model's name and version, as the engine loaded it."""
 
-    def __init__(self, model_dir: Path, cache: Path | None, archive: dict) -> None:
+    def __init__(self, model_dir: Path, cache: Path | None, archive: dict, model: str = "") -> None:
         self.shared_file = model_dir / CHOICE_FILE
         self.cache = cache
         self.host_key = _key({"host": host_identity(), **archive})
-        # The frontend's pid: a choice left by another server in the same folder is not reused.
-        self.model_key = _key({"host": self.host_key, "frontend": os.getppid()})
+        self.model_key = _key({"host": self.host_key, "model": model})
         self.lock_files = [
             path
             for path in (
@@ -184,9 +185,20 @@ class ChoiceStore:
                 handle.close()  # closing releases the flock
 
     def shared(self) -> Choice | None:
-        """The choice another worker of this model made on this server, if any."""
+        """The choice a live worker of this model on this host serves, if any."""
         entry = _read(self.shared_file).get(self.model_key)
-        return Choice.from_dict(entry["choice"]) if entry else None
+        if entry and any(_alive(holder) for holder in entry.get("holders", [])):
+            return Choice.from_dict(entry["choice"])
+        return None
+
+    def join(self) -> None:
+        """This worker serves the shared choice too: one more holder (the dead ones dropped)."""
+        entries = _read(self.shared_file)
+        entry = entries.get(self.model_key)
+        if entry:
+            me = _me()
+            entry["holders"] = [h for h in entry.get("holders", []) if _alive(h) and h != me] + [me]
+            _write(self.shared_file, entries)
 
     def last(self) -> Choice | None:
         """The last choice on this host for this archive, if remembered."""
@@ -198,11 +210,33 @@ class ChoiceStore:
         entries[self.host_key] = {"choice": choice.as_dict(), "at": time.time()}
         newest = sorted(entries.items(), key=lambda kv: kv[1].get("at", 0))[-CACHE_ENTRIES:]
         _write(self.cache, dict(newest))
-        _write(self.shared_file, {self.model_key: {"choice": choice.as_dict()}})
+        shared = {
+            k: v
+            for k, v in _read(self.shared_file).items()
+            if any(_alive(h) for h in v.get("holders", []))
+        }
+        shared[self.model_key] = {"choice": choice.as_dict(), "holders": [_me()]}
+        _write(self.shared_file, shared)
+
+
+def _me() -> dict:
+    """This worker as a holder of a shared choice: its pid and start time (a pid alone may be
+    reused)."""
+    return {"pid": os.getpid(), "started": psutil.Process().create_time()}
+
+
+def _alive(holder: dict) -> bool:
+    try:
+        return psutil.Process(holder["pid"]).create_time() == holder["started"]
+    except (psutil.Error, KeyError, TypeError):
+        return False
 
 
 def choose(
-    candidates: Candidates, store: ChoiceStore, budget_s: float = BUDGET_S
+    candidates: list[Candidate],
+    batch_sizes: tuple[int, ...],
+    store: ChoiceStore,
+    budget_s: float = BUDGET_S,
 ) -> tuple[Backend, Choice]:
     """``auto``: the backend to serve and the choice, measured once per model (the first
     worker), remembered per host."""
@@ -211,16 +245,17 @@ def choose(
         if shared is None:
             started = _clock()  # the cost of measuring, not of waiting for the lock
             last = store.last()
-            measured, backends = measure(candidates, budget_s)
+            measured, backends = measure(candidates, batch_sizes, budget_s)
             choice = dataclasses.replace(
                 select(measured, last.precision if last else None),
                 source=f"worker pid {os.getpid()} in {_clock() - started:.1f} s",
             )
             store.keep(choice)
             return backends[choice.precision], choice
+        store.join()
     # Another worker measured: load what it chose (outside the lock: workers load in parallel).
-    backend = candidates.loaders[shared.precision]()
-    for size in candidates.batch_sizes:
+    backend = _loaders(candidates)[shared.precision]()
+    for size in batch_sizes:
         backend(torch.zeros(size, 3, 224, 224))
     return backend, shared
 
@@ -245,17 +280,23 @@ def explicit(
 
 
 def serving_backend(
-    files: ModelFiles, config: HandlerConfig, device: torch.device, batch_sizes: tuple[int, ...]
+    files: ModelFiles,
+    config: HandlerConfig,
+    device: torch.device,
+    batch_sizes: tuple[int, ...],
+    model: str = "",
 ) -> tuple[Backend, Choice]:
-    """The backend a worker serves and the choice behind it, from the handler's settings
+    """The backend a worker of ``model`` (its name and version) serves and the choice behind
+    it, from the handler's settings
     (precision, half_precision, threads, onnx_spinning, auto_int8, precision_cache).
     ``half_precision`` on an eager CUDA worker is an explicit f16. ``auto`` with a single
     candidate is measured on OpenVINO only, whose warm-up it times."""
     kind = files.backend
     options = RuntimeOptions(config.threads, config.onnx_spinning, config.half_precision)
-    loaders, excluded = precision_candidates(
+    candidates = precision_candidates(
         kind, files.folder, files.serialized, device, options, config.auto_int8
     )
+    loaders = _loaders(candidates)
     archive = {
         "backend": kind,
         "serialized": files.serialized,
@@ -265,19 +306,19 @@ def serving_backend(
         "device": device.type,
         "candidates": list(loaders),
     }
-    store = ChoiceStore(files.folder, cache_file(config.precision_cache), archive)
+    store = ChoiceStore(files.folder, cache_file(config.precision_cache), archive, model)
     precision = config.precision
     if config.half_precision and device.type == "cuda" and kind == "eager":
         precision = "f16"
     if precision == "auto" and (len(loaders) > 1 or kind == "openvino"):
-        return choose(Candidates(loaders, excluded, batch_sizes), store)
+        return choose(candidates, batch_sizes, store)
     if precision == "auto":
         # Nothing to choose and no warm-up to time for free (OpenVINO warms up anyway).
         (only,) = loaders.values()
         return only(), Choice(
             "f32",
             f"the only precision {kind} runs on {device.type}",
-            tuple(Candidate(n, excluded=why) for n, why in excluded.items()),
+            tuple(c for c in candidates if c.load is None),
         )
     path = files.folder / files.serialized
     if precision == "int8":
@@ -297,11 +338,16 @@ def serving_backend(
             path,
             device,
             options,
-            "auto" if precision == "f16" else precision,
+            RUNTIME_DEFAULT if precision == "f16" else precision,
             batch_sizes,
         ),
         store,
     )
+
+
+def _loaders(candidates: list[Candidate]) -> dict[str, Callable[[], Backend]]:
+    """The candidates that can be loaded here, by precision, most precise first."""
+    return {c.precision: c.load for c in candidates if c.load is not None}
 
 
 def _key(identity: dict) -> str:

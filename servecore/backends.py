@@ -17,9 +17,13 @@ from pathlib import Path
 import torch
 
 from model_files.artifacts import QUANTIZED, SERIALIZED, fidelity_record, is_quantised
-from servecore.precision import failures
+from servecore.precision import Candidate, failures
 
 logger = logging.getLogger(__name__)
+
+# load_backend's precision when none is forced: whatever the runtime picks on this host,
+# unmeasured (not ``handler.precision: auto``, which measures the candidates).
+RUNTIME_DEFAULT = "runtime-default"
 
 Forward = Callable[[torch.Tensor], "tuple[torch.Tensor, torch.Tensor]"]
 
@@ -82,19 +86,19 @@ def load_backend(
     path: Path,
     device: torch.device,
     options: RuntimeOptions = RuntimeOptions(),
-    precision: str = "auto",
+    precision: str = RUNTIME_DEFAULT,
     warmup: tuple[int, ...] = (),
 ) -> Backend:
     """Load the serialized model at ``path`` for ``kind`` (eager, torchscript, onnx, openvino).
 
-    ``precision``: ``f32``, ``bf16`` or ``int8`` (OpenVINO only), or ``auto``: here the
-    runtime's own default (``handler.precision: auto`` measures instead:
+    ``precision``: ``f32``, ``bf16`` or ``int8`` (OpenVINO only), or ``RUNTIME_DEFAULT``: the
+    runtime's own choice, unmeasured (``handler.precision: auto`` measures instead:
     servecore/autoprecision.py). ``warmup``: batch sizes OpenVINO runs once at load (its first
     call at a new batch size is 1.2-3.5x slower than the next ones).
     """
     if kind == "openvino":
         return _openvino(path, options.threads, precision, warmup)
-    if precision not in ("auto", "f32"):
+    if precision not in (RUNTIME_DEFAULT, "f32"):
         raise ValueError(
             f"handler.precision {precision!r} needs an OpenVINO archive "
             f"(BACKEND=openvino); this one is {kind}: use auto or f32"
@@ -111,17 +115,16 @@ def precision_candidates(
     device: torch.device,
     options: RuntimeOptions,
     allow_int8: bool = True,
-) -> tuple[dict[str, Callable[[], Backend]], dict[str, str]]:
-    """What ``handler.precision: auto`` chooses from in ``folder``: ``{precision: loader}``,
-    most precise first, and ``{precision: why it is left out}`` for the ones this archive,
-    device or config cannot serve.
+) -> list[Candidate]:
+    """What ``handler.precision: auto`` chooses from in ``folder``, most precise first: a
+    ``Candidate`` with its ``load`` for each precision this archive, device and config can
+    serve, one with why it is ``excluded`` for each they cannot.
 
     OpenVINO: every IR the folder carries (the float32 one, the int8 one when its fidelity
     record passed the gate and ``allow_int8``) at f32 and, where the CPU has bf16 units, bf16.
     Eager on CUDA: f32 and f16. Anything else: f32 only.
     """
-    loaders: dict[str, Callable[[], Backend]] = {}
-    excluded: dict[str, str] = {}
+    candidates: list[Candidate] = []
     if kind == "openvino":
         bf16 = _cpu_has_bf16()
         irs = {"": SERIALIZED["openvino"], "int8+": QUANTIZED[("openvino", "int8")]}
@@ -129,26 +132,36 @@ def precision_candidates(
             if not path.is_file():
                 continue
             if prefix and (why := _int8_unusable(path, allow_int8)):
-                excluded[f"{prefix}f32"] = why
+                candidates.append(Candidate(f"{prefix}f32", excluded=why))
                 continue
             for inference in ("f32", "bf16"):
                 if inference == "bf16" and not bf16:
-                    excluded[prefix + inference] = "this CPU has no bf16 units (OpenVINO)"
-                else:
-                    loaders[prefix + inference] = partial(
-                        _openvino, path, options.threads, inference, ()
+                    candidates.append(
+                        Candidate(
+                            prefix + inference, excluded="this CPU has no bf16 units (OpenVINO)"
+                        )
                     )
-        return loaders, excluded
+                else:
+                    candidates.append(
+                        Candidate(
+                            prefix + inference,
+                            load=partial(_openvino, path, options.threads, inference, ()),
+                        )
+                    )
+        return candidates
     path = folder / serialized
     if kind == "onnx":
-        loaders["f32"] = partial(_onnx, path, device, options)
-        return loaders, excluded
-    loaders["f32"] = partial(_torch, kind, path, device, False)
+        return [Candidate("f32", load=partial(_onnx, path, device, options))]
+    candidates.append(Candidate("f32", load=partial(_torch, kind, path, device, False)))
     if kind == "eager" and device.type == "cuda":
-        loaders["f16"] = partial(_torch, kind, path, device, True)
+        candidates.append(Candidate("f16", load=partial(_torch, kind, path, device, True)))
     elif device.type == "cuda":
-        excluded["f16"] = f"{kind} holds its weights as float32 constants: f16 is eager-only"
-    return loaders, excluded
+        candidates.append(
+            Candidate(
+                "f16", excluded=f"{kind} holds its weights as float32 constants: f16 is eager-only"
+            )
+        )
+    return candidates
 
 
 def _cpu_has_bf16() -> bool:
@@ -196,9 +209,9 @@ def _openvino(path: Path, threads: int, precision: str, warmup: tuple[int, ...])
     stream using every core for one synchronous request (the throughput hint splits the cores
     into streams and ran half as fast here).
 
-    ``precision``: ``f32``, ``bf16``, or ``auto`` (OpenVINO's choice: bf16 where the CPU has
-    bf16 units, else f32). An int8 IR (buildsteps/quantize.py) runs its quantised layers in
-    int8 and the others at that precision; ``int8`` then means ``auto``.
+    ``precision``: ``f32``, ``bf16``, or ``RUNTIME_DEFAULT`` (OpenVINO's choice: bf16 where the
+    CPU has bf16 units, else f32). An int8 IR (buildsteps/quantize.py) runs its quantised layers in
+    int8 and the others at that precision; ``int8`` then means ``RUNTIME_DEFAULT``.
     """
     import openvino as ov
     import openvino.properties as props

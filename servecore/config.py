@@ -1,8 +1,9 @@
 """Typed handler settings, read once from the ``handler:`` section of model-config.yaml.
 
-Frontend keys (``batchSize``, ``maxBatchDelay``, ...) stay at the top of that YAML for
-TorchServe; only what the handler itself uses lives under ``handler:``, and the explanation
-settings under ``handler: explain:``. This module is the one source of every default.
+Frontend keys (``batchSize``, ``maxBatchDelay``, ...) stay at the top of that YAML, where
+TorchServe reads them and tritonrepo turns them into Triton's config.pbtxt; only what the model
+itself uses lives under ``handler:``, and the explanation settings under ``handler: explain:``.
+This module is the one source of every default.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ class HandlerConfig:
         labels.
     top_k: default number of tags when a request does not give ``topk`` (1..1000).
     normalize_embedding: L2-normalise embeddings (cosine similarity == dot product).
-    device: ``auto`` takes the GPU TorchServe assigns to the worker, else CPU.
+    device: ``auto`` takes the GPU the engine assigns to the worker, else CPU.
     half_precision: run the eager backend in float16 on GPU (ignored on CPU).
     threads: intra-op threads per worker; 0 keeps the runtime's default (all cores).
     decode_threads: threads decoding a batch's images; 0 = one per usable core (the pod's CPU
@@ -103,7 +104,7 @@ class HandlerConfig:
         ``$XDG_CACHE_HOME/resnet50-serve/precision.json`` (``~/.cache``), ``off`` none.
     max_image_pixels / max_image_bytes: one image's decoded pixels / encoded bytes (413 above).
     max_images_per_request: images one v1/v2 request may carry, counted before any is read
-        (413 above). Each costs a full forward row whatever its size, and TorchServe's queue is
+        (413 above). Each costs a full forward row whatever its size, and an engine's queue is
         first come, first served: a photo waits for the rows of every request ahead of it, so
         8 (16 flooding clients: 128 rows, a few seconds on 2 cores).
     max_batch_images: images (forward rows) one server-side batch may run; requests are
@@ -111,9 +112,10 @@ class HandlerConfig:
         full 224x224 row whatever its size, so this, not pixels, bounds a batch's forward time.
     forward_rows: rows per forward pass (0: the model's ``batchSize``); a batch runs in chunks
         of this many, so a worker's peak memory does not grow with what arrives.
-    max_response_bytes: one answer's size; an answer over it gets 413 alone (TorchServe's
-        frontend drops the worker's whole batch for one answer over ``max_response_size``,
-        which this must not exceed).
+    max_response_bytes: one JSON answer's size, checked where an edge writes JSON
+        (TorchServe's; Triton's sends tensors, bounded by ``max_images_per_request``); an
+        answer over it gets 413 alone (TorchServe's frontend drops the worker's whole batch for
+        one answer over ``max_response_size``, which this must not exceed).
     max_request_pixels: pixels one request may make the worker decode, read from the image
         headers before anything is decoded (413 above); JPEGs count at their draft size.
     max_batch_pixels: pixels one server-side batch may decode; requests are admitted smallest

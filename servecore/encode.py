@@ -1,108 +1,98 @@
-"""Response encoding: the batch's model outputs, computed once per batch (``BatchOutputs``),
-turned into each request's JSON answer in the protocol it came in. Pure functions."""
+"""The JSON protocols' answers: a ``Reply``'s values written as the JSON body of the protocol
+its request came in (plain, KServe v1, KServe v2 JSON), or as the error body. Pure functions,
+called by an engine's edge that answers in JSON (TorchServe's handler); the core itself answers
+in values (``servecore.service.Reply``), and Triton's adapter builds a prediction's tensors
+from them, using only ``tag_json`` for its BYTES tags (an explanation, one JSON document there
+too, goes through ``answer_body``). The parsing of the same protocols is ``servecore/parse.py``.
+
+Imports explanations: an explanation's answer is written here too (``servecore.explain.encode``).
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+import math
+from json.encoder import encode_basestring_ascii
+from typing import NamedTuple
 
-import torch
-
+from servecore.answers import AnswerSpec, Prediction, Tag
 from servecore.config import Output
-from servecore.parse import ParsedRequest, Protocol
+from servecore.errors import PayloadTooLarge, error_body
+from servecore.explain.encode import Explained, encode_explanations
+from servecore.parse import Protocol
+from servecore.service import Reply
+
+CONTENT_TYPE = "application/json"
 
 
-@dataclass(frozen=True)
-class AnswerSpec:
-    """How a model answers, fixed when it loads: its name and version (v2 echoes them), its
-    task (the default output), the class labels, the default ``topk`` and whether embeddings
-    are L2-normalised."""
+class JsonReply(NamedTuple):
+    """A reply as a JSON protocol sends it: ``reply`` (the core's, or its 413 when the body
+    would exceed the limit), its body as ``text``, and ``refused``: that 413's error, if so."""
 
-    model_name: str
-    model_version: str
-    task: Output
-    labels: Sequence[str]
-    default_top_k: int
-    normalize_embedding: bool
+    reply: Reply
+    text: str
+    refused: PayloadTooLarge | None = None
 
 
-@dataclass(frozen=True)
-class TopK:
-    """The ``k`` most probable classes of every image row of a batch, most probable first."""
-
-    indices: list[list[int]]
-    probabilities: list[list[float]]
-
-    @classmethod
-    def of(cls, logits: torch.Tensor, k: int) -> TopK:
-        top = torch.softmax(logits, dim=1).topk(k, dim=1)
-        return cls(top.indices.tolist(), top.values.tolist())
-
-    def tags(self, row: int, k: int, labels: Sequence[str]) -> list[dict]:
-        """``[{"label", "index", "probability"}, ...]`` of one row, its ``k`` first."""
-        return [
-            {"label": labels[i], "index": i, "probability": p}
-            for i, p in zip(self.indices[row][:k], self.probabilities[row][:k])
-        ]
+def json_reply(reply: Reply, spec: AnswerSpec, max_bytes: int) -> JsonReply:
+    """``reply``'s JSON body; an answer longer than ``max_bytes`` (``handler.max_response_bytes``)
+    becomes this request's own 413."""
+    if reply.error is not None:
+        return JsonReply(reply, json.dumps(error_body(reply.error)))
+    text = json.dumps(answer_body(reply.answer, spec))
+    if len(text) > max_bytes:  # json.dumps writes ASCII: characters are bytes
+        error = PayloadTooLarge(
+            f"the answer would be {len(text)} bytes, more than the limit of {max_bytes} "
+            "(handler.max_response_bytes); send fewer images or ask for less"
+        )
+        return JsonReply(reply.refused(error), json.dumps(error_body(error)), error)
+    return JsonReply(reply, text)
 
 
-@dataclass(frozen=True)
-class BatchOutputs:
-    """The model's answers for every image row of a batch as Python lists, computed once per
-    batch: embeddings only when some request wants them, tags up to the largest ``topk``."""
-
-    embeddings: list[list[float]]
-    top: TopK
-
-    @classmethod
-    def of(
-        cls,
-        embedding: torch.Tensor,
-        logits: torch.Tensor,
-        requests: Sequence[ParsedRequest],
-        spec: AnswerSpec,
-    ) -> BatchOutputs:
-        embeddings: list[list[float]] = []
-        if any(r.wants(Output.EMBEDDING, spec.task) for r in requests):
-            if spec.normalize_embedding:
-                embedding = torch.nn.functional.normalize(embedding, dim=1)
-            embeddings = embedding.tolist()
-        k = max((r.tags_top_k(spec.default_top_k) for r in requests), default=1)
-        return cls(embeddings, TopK.of(logits, k))
-
-
-def encode_response(
-    request: ParsedRequest, rows: range, outputs: BatchOutputs, spec: AnswerSpec
-) -> dict | list:
-    """One request's JSON answer, in its own protocol, from its image ``rows`` of the batch."""
-    k = request.tags_top_k(spec.default_top_k)
-    embeddings = (
-        [outputs.embeddings[r] for r in rows]
-        if request.wants(Output.EMBEDDING, spec.task)
-        else None
-    )
-    tags = (
-        [outputs.top.tags(r, k, spec.labels) for r in rows]
-        if request.wants(Output.TAGS, spec.task)
-        else None
-    )
-    if request.protocol is Protocol.V2:
-        return _v2_response(spec, request.request_id, embeddings, tags)
+def answer_body(answer: Prediction | Explained | None, spec: AnswerSpec) -> dict | list:
+    """An answer as the JSON document of its protocol."""
+    if isinstance(answer, Explained):
+        return encode_explanations(answer, spec.labels)
+    if answer is None:
+        raise ValueError("a reply without an error carries an answer")
+    embeddings = None if answer.embeddings is None else answer.embeddings.tolist()
+    tags = None if answer.tags is None else [[_tag(t) for t in row] for row in answer.tags]
+    if answer.protocol is Protocol.V2:
+        return _v2_response(spec, answer.request_id, embeddings, answer.tags)
     answers = tags if embeddings is None else [{"embedding": e} for e in embeddings]
-    if answers is None:  # a request without outputs wants its model's own
-        raise RuntimeError(f"request {request.request_id} asked for no output")
-    return {"predictions": answers} if request.protocol is Protocol.V1 else answers[0]
+    if answers is None:
+        raise ValueError("a prediction carries embeddings or tags")
+    return {"predictions": answers} if answer.protocol is Protocol.V1 else answers[0]
+
+
+def tag_json(tag: Tag) -> str:
+    """A tag as one KServe v2 BYTES element: the JSON text ``json.dumps`` writes for
+    ``{"label", "index", "probability"}``, written without building the dict."""
+    return (
+        f'{{"label": {encode_basestring_ascii(tag.label)}, "index": {tag.index}, '
+        f'"probability": {_float_json(tag.probability)}}}'
+    )
+
+
+def _float_json(value: float) -> str:
+    """A float as ``json.dumps`` writes it (``NaN`` and ``Infinity`` included)."""
+    if math.isfinite(value):
+        return float.__repr__(value)
+    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+
+
+def _tag(tag: Tag) -> dict:
+    return {"label": tag.label, "index": tag.index, "probability": tag.probability}
 
 
 def _v2_response(
     spec: AnswerSpec,
     request_id: str | None,
     embeddings: list[list[float]] | None,
-    tags: list[list[dict]] | None,
+    tags: list[list[Tag]] | None,
 ) -> dict:
     """An Open Inference Protocol response; ``tags`` elements are JSON-encoded strings."""
-    outputs = []
+    outputs: list[dict] = []
     if embeddings is not None:
         outputs.append(
             {
@@ -118,7 +108,7 @@ def _v2_response(
                 "name": Output.TAGS.value,
                 "datatype": "BYTES",
                 "shape": [len(tags), len(tags[0])],
-                "data": [json.dumps(t) for row in tags for t in row],
+                "data": [tag_json(t) for row in tags for t in row],
             }
         )
     response = {

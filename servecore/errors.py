@@ -104,7 +104,7 @@ class PayloadTooLarge(ClientError):
 
 
 class NotSupported(ClientError):
-    """An endpoint TorchServe routes to every handler that this one does not implement."""
+    """An endpoint or protocol feature this model does not implement (501)."""
 
 
 class Overloaded(RequestError):

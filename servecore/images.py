@@ -1,6 +1,6 @@
 """Decode uploaded image bytes into an RGB ``PIL.Image``, safely and fast.
 
-Pure functions, no TorchServe: every client mistake becomes a ``RequestError`` with the status
+Pure functions, no engine: every client mistake becomes a ``RequestError`` with the status
 it deserves (400 not an image / truncated, 415 unsupported format, 413 too large), and nothing a
 client sends escapes as another exception.
 """

@@ -1,54 +1,48 @@
 """A batch's requests through open, admit and decode, each request on its own.
 
-Each request is parsed and its images' headers read on its own (``Intake.open``); the batch's
-work is admitted within its budgets (``servecore.admission``: forward rows, decoded pixels, an
-addon's work) before anything is decoded; the admitted images are decoded on a small thread
-pool (PIL and torch release the GIL) and stacked into one CPU tensor. Whatever goes wrong fails
-its own request only: failures are exceptions, caught at one per-request boundary
-(``_attempt``) and returned as that request's ``Failed``.
+Each request is parsed and its images' headers read on its own (``Intake.open``; an explanation
+request's parameters are checked in between, before any image is read); the batch's work is
+admitted within its budgets (``servecore.admission``: forward rows, decoded pixels, explanation
+passes) before anything is decoded; the admitted images are decoded on a small thread pool (PIL
+and torch release the GIL) and stacked into one CPU tensor. Whatever goes wrong fails its own
+request only (``servecore.boundary``).
+
+Imports explanations: the intake calls the explanation stage (``servecore.explain.stage``) to
+check an explanation request's parameters and admit the batch's explanation work.
 """
 
 from __future__ import annotations
 
-import functools
-import logging
 import math
 import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
 
 import torch
 
 from servecore.admission import Admission, Budget
+from servecore.boundary import attempt, each_image
 from servecore.config import HandlerConfig
-from servecore.errors import InternalError, PayloadTooLarge, RequestError, detached
+from servecore.errors import PayloadTooLarge, detached
+from servecore.explain.stage import Explanations
 from servecore.images import OpenedImage, decode, open_image
 from servecore.parse import ParsedRequest
-from servecore.stages import Admitted, Failed, Incoming, Opened, Placed, PreparedBatch, State
+from servecore.stages import (
+    Admitted,
+    Explaining,
+    Failed,
+    Incoming,
+    Opened,
+    Placed,
+    PreparedBatch,
+    State,
+)
 
-logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
 # handler.decode_threads 0 = one decode thread per usable core, at most this many.
 MAX_DECODE_THREADS = 4
-Failure = Callable[[Exception], RequestError]
-
-
-class Addon(Protocol):
-    """A feature that rides on the prediction path (explanations): the intake asks it about
-    each request and the batch through this protocol and imports no feature; the model
-    (``servecore.service``) builds the addon and hands it over."""
-
-    def open(self, request: ParsedRequest, explain_route: bool) -> Any:
-        """This request's state for the addon (``Opened.addon``), or None when the request is
-        a plain prediction; raises ``RequestError`` to fail the request."""
-
-    def admit(self, requests: Sequence[Admitted], admission: Admission) -> list[Admitted]:
-        """``requests`` with the opened ones whose addon work this batch has no room for
-        replaced by their ``Failed``."""
 
 
 class Preprocessor:
@@ -84,9 +78,11 @@ class Preprocessor:
 class Intake:
     """Turns one batch of ``Incoming`` requests into a ``PreparedBatch``."""
 
-    def __init__(self, config: HandlerConfig, addon: Addon, admission: Admission) -> None:
+    def __init__(
+        self, config: HandlerConfig, explanations: Explanations, admission: Admission
+    ) -> None:
         self.config = config
-        self.addon = addon
+        self.explanations = explanations
         self.admission = admission
         self.preprocessor = Preprocessor(config)
         self.budgets = (
@@ -111,7 +107,7 @@ class Intake:
         requests: list[Admitted] = [self.open(request) for request in incoming]
         for budget in self.budgets:
             requests = self.admission.within(requests, budget)
-        requests = self.addon.admit(requests, self.admission)
+        requests = self.explanations.admit(requests, self.admission)
         self.admission.served(requests)
         opened = time.perf_counter()
         states, tensors = self._decode(requests)
@@ -123,31 +119,30 @@ class Intake:
         )
 
     def open(self, incoming: Incoming) -> Opened | Failed:
-        """Parse one request and read its images' headers."""
-        request_id = incoming.request_id
+        """Parse one request and read its images' headers: an ``Explaining`` when it came on
+        an explanation route, else an ``Opened``, or its ``Failed``."""
+        return attempt(incoming.request_id, "parsing", partial(self._open, incoming))
 
-        def parse(_: Failure) -> tuple[ParsedRequest, Any]:
-            request = incoming.parse()
-            return request, self.addon.open(request, incoming.explain)
+    def _open(self, incoming: Incoming) -> Opened:
+        request = incoming.parse()
+        if incoming.explain:
+            spec = self.explanations.spec(request)
+            return Explaining(incoming.request_id, request, self._read(incoming, request), spec)
+        self.explanations.refuse_options(request)
+        return Opened(incoming.request_id, request, self._read(incoming, request))
 
-        parsed = _attempt(request_id, "parsing", parse)
-        if isinstance(parsed, Failed):
-            return parsed
-        return _attempt(request_id, "reading", functools.partial(self._read, request_id, *parsed))
-
-    def _read(
-        self, request_id: str, request: ParsedRequest, addon: Any, failure: Failure
-    ) -> Opened:
-        images = tuple(_each_image(request.images, self.preprocessor.open, failure))
-        opened = Opened(request_id, request, images, addon)
-        limit = self.config.max_request_pixels
-        if opened.pixel_count > limit:
+    def _read(self, incoming: Incoming, request: ParsedRequest) -> tuple[OpenedImage, ...]:
+        images = tuple(
+            each_image(incoming.request_id, "reading", request.images, self.preprocessor.open)
+        )
+        pixels, limit = sum(image.pixels for image in images), self.config.max_request_pixels
+        if pixels > limit:
             raise PayloadTooLarge(
-                f"request would decode {opened.pixel_count} pixels ({len(images)} image(s)), "
+                f"request would decode {pixels} pixels ({len(images)} image(s)), "
                 f"more than the limit of {limit} (handler.max_request_pixels); send fewer "
                 "or smaller images"
             )
-        return opened
+        return images
 
     def _decode(self, requests: Sequence[Admitted]) -> tuple[list[State], list[torch.Tensor]]:
         """The admitted requests' images as model inputs, in order; a request whose image
@@ -166,10 +161,10 @@ class Intake:
             if isinstance(request, Failed):
                 states.append(request)
                 continue
-            decoded = _attempt(
+            decoded = attempt(
                 request.request_id,
                 "decoding",
-                functools.partial(_each_image, futures, Future.result),
+                partial(each_image, request.request_id, "decoding", futures, Future.result),
             )
             if isinstance(decoded, Failed):
                 states.append(decoded)
@@ -202,42 +197,6 @@ def _cgroup_quota(root: Path) -> float | None:
             continue
         return cfs_quota / cfs_period if cfs_quota > 0 and cfs_period > 0 else None
     return None
-
-
-def as_request_error(exc: Exception, stage: str, request_id: str) -> RequestError:
-    """``exc`` as the request's error. Anything but a ``RequestError`` is a bug of ours:
-    logged with the request id and answered 500 for this request alone, never a failed
-    batch."""
-    if isinstance(exc, RequestError):
-        return exc
-    logger.error(
-        "request %s: unexpected %s while %s", request_id, type(exc).__name__, stage, exc_info=exc
-    )
-    return InternalError(
-        f"unexpected error while {stage} this request "
-        f"({type(exc).__name__}); request id {request_id}"
-    )
-
-
-def _attempt(request_id: str, stage: str, step: Callable[[Failure], T]) -> T | Failed:
-    """The one place a request's failure is caught: ``step``'s result, or the request's
-    ``Failed``. ``step`` gets the converter ``_each_image`` uses."""
-    failure = functools.partial(as_request_error, stage=stage, request_id=request_id)
-    try:
-        return step(failure)
-    except Exception as exc:  # noqa: BLE001 - the last line of defence, per request
-        return Failed(request_id, detached(failure(exc)))
-
-
-def _each_image(items: Sequence[Any], step: Callable[[Any], Any], failure: Failure) -> list:
-    """``step`` of every image of a request; the first failure says which image it was."""
-    results = []
-    for k, item in enumerate(items):
-        try:
-            results.append(step(item))
-        except Exception as exc:  # noqa: BLE001 - converted, then raised to the boundary
-            raise failure(exc).of_image(k, len(items)) from None
-    return results
 
 
 def _now(fn: Callable, *args) -> Future:

@@ -4,6 +4,7 @@ so no request can make the parser recurse deeply or allocate without bound."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -14,32 +15,42 @@ from servecore.errors import InvalidRequest, PayloadTooLarge
 
 def is_json(text: str | bytes | bytearray) -> bool:
     """Whether a text body is JSON (or a client's broken JSON): JSON sent under another type
-    than ``application/json``, or too deep for TorchServe's own parser, arrives as text.
+    than ``application/json`` (or, on TorchServe, too deep for its own parser) arrives as text.
     Image formats never start with ``{`` or ``[``."""
     if isinstance(text, str):
         return text[:64].lstrip()[:1] in ("{", "[")
     return bytes(text[:64].lstrip()[:1]) in (b"{", b"[")
 
 
-def load_json(value: Any, config: HandlerConfig) -> Any:
+@dataclass(frozen=True)
+class JsonDocument:
+    """A JSON body an engine has already parsed (TorchServe parses ``application/json`` bodies
+    itself, Triton hands over bytes): handed over as such, so that it is checked for depth
+    (``checked``) rather than serialised again to go through ``load_json``."""
+
+    value: Any
+
+    def checked(self, config: HandlerConfig) -> Any:
+        """The document, its nesting depth checked (400 above ``handler.max_json_depth``)."""
+        if isinstance(self.value, (dict, list)):
+            _check_depth(parsed_depth(self.value, config.max_json_depth + 1), config)
+        return self.value
+
+
+def load_json(text: str | bytes | bytearray, config: HandlerConfig) -> Any:
     """A JSON body (``is_json``) as parsed JSON, its size and nesting depth checked before
-    ``json.loads`` runs; a body TorchServe already parsed is checked for depth too."""
-    if isinstance(value, str):
-        value = value.encode("utf-8")
-    if isinstance(value, (bytes, bytearray)):
-        if len(value) > config.max_json_bytes:
-            raise PayloadTooLarge(
-                f"JSON body is {len(value)} bytes, more than the limit of "
-                f"{config.max_json_bytes} (handler.max_json_bytes)"
-            )
-        _check_depth(json_depth(bytes(value), config.max_json_depth), config)
-        try:
-            return json.loads(value)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise InvalidRequest(f"malformed JSON body: {exc}") from None
-    if isinstance(value, (dict, list)):
-        _check_depth(parsed_depth(value, config.max_json_depth + 1), config)
-    return value
+    ``json.loads`` runs."""
+    data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+    if len(data) > config.max_json_bytes:
+        raise PayloadTooLarge(
+            f"JSON body is {len(data)} bytes, more than the limit of "
+            f"{config.max_json_bytes} (handler.max_json_bytes)"
+        )
+    _check_depth(json_depth(data, config.max_json_depth), config)
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"malformed JSON body: {exc}") from None
 
 
 def _check_depth(depth: int, config: HandlerConfig) -> None:

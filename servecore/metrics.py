@@ -1,26 +1,34 @@
-"""The model's own metrics, what they mean, and the small interface an engine implements to
-export them (``MetricsSink``; TorchServe's is ``handlers/ts_metrics.py``).
+"""The model's own metrics, declared once for every engine (``METRICS``: name, kind, labels,
+help), and the small interface an engine's adapter implements to export them (``MetricsSink``:
+TorchServe's ``handlers/ts_metrics.py`` with ``config/metrics.yaml`` to match; Triton's walks
+the same table into the Python backend's ``pb_utils.MetricFamily``).
 
-How many requests and images each batch the frontend formed held, which requests failed and
-why, where a batch's time went, what arithmetic the worker serves and how much memory it holds:
+How many requests and images each batch the engine formed held, which requests failed and why,
+where a batch's time went, what arithmetic the worker serves and how much memory it holds.
+Every metric carries ``model`` (the model's name) and ``engine`` (``torchserve``, ``triton``)
+first, then its own labels:
 
-    HandlerBatches, HandlerRequests, HandlerImages      batches, requests in them, good images
-    HandlerBatchesBySize{BatchSize="8"}                 batches of each size (at most batchSize
+    resnet50_batches_total, resnet50_requests_total,    batches, requests in them, good images
+    resnet50_images_total
+    resnet50_batches_by_size_total{batch_size="8"}      batches of each size (at most batchSize
                                                         label values)
-    HandlerErrors{ErrorType="InvalidImage"}             failed requests by error type
-    HandlerOpenMs, HandlerDecodeMs, HandlerForwardMs,   wall-clock ms of each step of a batch,
-    HandlerAnswerMs                                     summed over batches: parsing, reading
+    resnet50_errors_total{error_type="InvalidImage"}    failed requests by error type
+    resnet50_open_ms_total, resnet50_decode_ms_total,   wall-clock ms of each step of a batch,
+    resnet50_forward_ms_total, resnet50_answer_ms_total summed over batches: parsing, reading
                                                         image headers and admission / decoding
                                                         and transforming the images / the
-                                                        forward pass / encoding the answers
-    HandlerBatchSize, HandlerImagesPerBatch             the same sizes as histograms
-    HandlerPrecision{Precision="int8+f32"}              1: the precision this worker serves
-    HandlerWorkerRssMB{WorkerPid="1234"}                the worker's resident memory, MiB
+                                                        forward pass / answering (the values
+                                                        and the edge's encoding)
+    resnet50_batch_size, resnet50_images_per_batch      the same sizes as histograms
+    resnet50_precision{precision="int8+f32"}            1: the precision this worker serves
+    resnet50_worker_rss_mb{worker_pid="1234"}           the worker's resident memory, MiB
 
-Mean batch size = rate(HandlerRequests) / rate(HandlerBatches). TorchServe 0.12 keeps its
-histograms' default buckets (0.005 ... 10, shaped for seconds: every batch above 10 lands in
-``+Inf``), so batch sizes are counters too. TorchServe exposes counters without a ``_total``
-suffix, and needs every metric declared in ``config/metrics.yaml``.
+Mean batch size = rate(resnet50_requests_total) / rate(resnet50_batches_total). Counters are
+named with ``_total`` and exported as named (TorchServe 0.12 appends no suffix; a sink whose
+library appends one passes the name without it). TorchServe keeps its histograms' default
+buckets (0.005 ... 10, shaped for seconds: every batch above 10 lands in ``+Inf``), so batch
+sizes are counters too. The names before #34 (``HandlerBatches{ModelName}``, ...) and how a
+dashboard on them migrates: docs/operations.md.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import enum
 import os
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Protocol
 
 import psutil
@@ -40,43 +49,100 @@ class Kind(enum.Enum):
     HISTOGRAM = "histogram"
 
 
-BATCH_METRIC, IMAGES_METRIC = "HandlerBatchSize", "HandlerImagesPerBatch"
-BATCHES, REQUESTS, IMAGES = "HandlerBatches", "HandlerRequests", "HandlerImages"
-BY_SIZE, ERRORS = "HandlerBatchesBySize", "HandlerErrors"
-OPEN_MS, DECODE_MS = "HandlerOpenMs", "HandlerDecodeMs"
-FORWARD_MS, ANSWER_MS = "HandlerForwardMs", "HandlerAnswerMs"
-PRECISION, WORKER_RSS = "HandlerPrecision", "HandlerWorkerRssMB"
+# The labels every metric carries first, in this order: the model's name, the serving engine.
+COMMON_LABELS = ("model", "engine")
 
-# Every metric: its kind and the dimensions it adds to the model's own (ModelName, Level).
-METRICS: dict[str, tuple[Kind, tuple[str, ...]]] = {
-    BATCH_METRIC: (Kind.HISTOGRAM, ()),
-    IMAGES_METRIC: (Kind.HISTOGRAM, ()),
-    BATCHES: (Kind.COUNTER, ()),
-    REQUESTS: (Kind.COUNTER, ()),
-    IMAGES: (Kind.COUNTER, ()),
-    BY_SIZE: (Kind.COUNTER, ("BatchSize",)),
-    ERRORS: (Kind.COUNTER, ("ErrorType",)),
-    OPEN_MS: (Kind.COUNTER, ()),
-    DECODE_MS: (Kind.COUNTER, ()),
-    FORWARD_MS: (Kind.COUNTER, ()),
-    ANSWER_MS: (Kind.COUNTER, ()),
-    PRECISION: (Kind.GAUGE, ("Precision",)),
-    WORKER_RSS: (Kind.GAUGE, ("WorkerPid",)),
-}
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric as any sink declares it: its ``name``, ``kind``, its own ``labels`` (after
+    ``COMMON_LABELS``) and a one-line ``help``."""
+
+    name: str
+    kind: Kind
+    labels: tuple[str, ...]
+    help: str
+
+
+BATCH_SIZE = Metric(
+    "resnet50_batch_size", Kind.HISTOGRAM, (), "requests in each batch the engine formed"
+)
+IMAGES_PER_BATCH = Metric(
+    "resnet50_images_per_batch", Kind.HISTOGRAM, (), "good images in each batch"
+)
+BATCHES = Metric("resnet50_batches_total", Kind.COUNTER, (), "batches handled")
+REQUESTS = Metric("resnet50_requests_total", Kind.COUNTER, (), "requests in the batches")
+IMAGES = Metric("resnet50_images_total", Kind.COUNTER, (), "good images in the batches")
+BY_SIZE = Metric(
+    "resnet50_batches_by_size_total",
+    Kind.COUNTER,
+    ("batch_size",),
+    "batches of each size (requests per batch)",
+)
+ERRORS = Metric(
+    "resnet50_errors_total",
+    Kind.COUNTER,
+    ("error_type",),
+    "failed requests by error type (the error body's type)",
+)
+OPEN_MS = Metric(
+    "resnet50_open_ms_total",
+    Kind.COUNTER,
+    (),
+    "ms parsing, reading image headers and admitting, summed over batches",
+)
+DECODE_MS = Metric(
+    "resnet50_decode_ms_total",
+    Kind.COUNTER,
+    (),
+    "ms decoding and transforming images, summed over batches",
+)
+FORWARD_MS = Metric(
+    "resnet50_forward_ms_total", Kind.COUNTER, (), "ms in the forward pass, summed over batches"
+)
+ANSWER_MS = Metric(
+    "resnet50_answer_ms_total",
+    Kind.COUNTER,
+    (),
+    "ms answering (values and the edge's encoding), summed over batches",
+)
+PRECISION = Metric(
+    "resnet50_precision", Kind.GAUGE, ("precision",), "1 for the precision this worker serves"
+)
+WORKER_RSS = Metric(
+    "resnet50_worker_rss_mb", Kind.GAUGE, ("worker_pid",), "the worker's resident memory, MiB"
+)
+
+# Every metric, declared once: a sink walks this table (config/metrics.yaml must match it).
+METRICS: tuple[Metric, ...] = (
+    BATCH_SIZE,
+    IMAGES_PER_BATCH,
+    BATCHES,
+    REQUESTS,
+    IMAGES,
+    BY_SIZE,
+    ERRORS,
+    OPEN_MS,
+    DECODE_MS,
+    FORWARD_MS,
+    ANSWER_MS,
+    PRECISION,
+    WORKER_RSS,
+)
 
 
 class MetricsSink(Protocol):
     """Where an engine exports metrics. ``add``: count ``value`` into a counter, set a gauge
-    to it or observe it in a histogram (``METRICS`` says which), with the values of the
-    metric's own dimensions in ``labels``."""
+    to it or observe it in a histogram (the metric's kind says which), with the values of the
+    metric's own labels in ``labels`` (the sink adds ``COMMON_LABELS``' values)."""
 
-    def add(self, name: str, value: float, labels: tuple[str, ...] = ()) -> None: ...
+    def add(self, metric: Metric, value: float, labels: tuple[str, ...] = ()) -> None: ...
 
 
 class NoMetrics:
     """A sink that drops everything (an engine without metrics, tests)."""
 
-    def add(self, name: str, value: float, labels: tuple[str, ...] = ()) -> None:
+    def add(self, metric: Metric, value: float, labels: tuple[str, ...] = ()) -> None:
         pass
 
 
@@ -91,16 +157,16 @@ class BatchMetrics:
 
     def batch(self, requests: int, images: int, open_ms: float, decode_ms: float) -> None:
         """One batch: ``requests`` requests carrying ``images`` good images."""
-        for name, value in (
-            (BATCH_METRIC, requests),
-            (IMAGES_METRIC, images),
+        for metric, value in (
+            (BATCH_SIZE, requests),
+            (IMAGES_PER_BATCH, images),
             (BATCHES, 1),
             (REQUESTS, requests),
             (IMAGES, images),
             (OPEN_MS, open_ms),
             (DECODE_MS, decode_ms),
         ):
-            self.sink.add(name, value)
+            self.sink.add(metric, value)
         self.sink.add(BY_SIZE, 1, (str(requests),))
         self.sink.add(PRECISION, 1, (self.precision,))
         self.sink.add(WORKER_RSS, round(self.process.memory_info().rss / 2**20, 1), (self.pid,))

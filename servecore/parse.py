@@ -1,17 +1,20 @@
-"""The wire formats a request may come in, parsed into a ``ParsedRequest``: pure functions,
-testable without TorchServe.
+"""The wire formats a request may come in, parsed into a ``ParsedRequest``: pure functions of
+the values an engine's adapter hands over.
 
-One TorchServe request arrives as a dict of named inputs. The forms we accept:
+An HTTP request (``HttpRequest``: a raw body, or form fields; ``parse_http``) in one of the forms
+we accept:
 
-- raw body (``curl -T img.jpg`` / ``--data-binary``): ``{"body": <bytes>}``;
-- multipart field ``data`` (``curl -F data=@img.jpg``): ``{"data": <bytes>}``;
-- JSON ``{"data": "<base64>", "topk": 3}`` (TorchServe has already parsed JSON bodies);
+- raw body (``curl -T img.jpg`` / ``--data-binary``): the image bytes;
+- multipart field ``data`` (``curl -F data=@img.jpg``), beside optional fields;
+- JSON ``{"data": "<base64>", "topk": 3}`` (as text, or as a ``JsonDocument`` an engine parsed);
 - KServe v1 ``{"instances": [...], "parameters": {...}}``;
 - KServe v2 / Open Inference Protocol ``{"id", "inputs": [BYTES tensor], "outputs", "parameters"}``.
 
-``topk`` may also come as a multipart field or an ``X-Top-K`` header. (TorchServe 0.12 drops
-query strings on ``/predictions``, so ``?topk=3`` never reaches a handler.) Explanation
-parameters are collected as sent (``ParsedRequest.options``); ``servecore.explain`` reads them.
+Or a KServe v2 request an engine has already read into tensors (``parse_tensor``: the elements
+of its BYTES input and its parameters).
+
+``topk`` may also come as a multipart field or an ``X-Top-K`` header. Explanation parameters are
+collected as sent (``ParsedRequest.options``); ``servecore.explain`` reads them.
 """
 
 from __future__ import annotations
@@ -21,17 +24,17 @@ import binascii
 import dataclasses
 import enum
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from servecore.config import HandlerConfig, Output
 from servecore.errors import InvalidParameter, InvalidRequest, PayloadTooLarge, echo, echo_all
-from servecore.jsonguard import is_json, load_json
+from servecore.jsonguard import JsonDocument, is_json, load_json
 
 MAX_TOP_K = 1000
 MAX_ID_CHARS = 256  # a v2 request id, echoed in the answer
-BODY_KEYS = ("body", "data")
+IMAGE_FIELD = "data"  # the multipart field, or JSON field, that carries the image
 PARAM_KEYS = ("topk",)
 # Explanation parameters (``/explanations``, KServe v1 ``:explain``): a form field, a JSON
 # field or a v1 ``parameters`` key, passed on unread to servecore.explain.
@@ -78,18 +81,31 @@ class ParsedRequest:
         return output is task
 
 
-def parse_request(
-    row: dict[str, Any], *, header_top_k: Any = None, config: HandlerConfig
-) -> ParsedRequest:
-    """Turn one TorchServe input dict into a ``ParsedRequest`` or raise a ``RequestError``.
+Payload = bytes | bytearray | str | JsonDocument
 
-    ``header_top_k`` is the request's ``X-Top-K`` header, if any; any ``topk`` in the request
-    itself wins over it, and the header is only read (and checked) when it is used.
-    ``config``: how many images, how deep and how large a JSON body (4xx above).
+
+@dataclass(frozen=True)
+class HttpRequest:
+    """One HTTP request as an engine hands it over: its raw ``body`` (None when it came as form
+    fields), its ``form`` fields by name (``data``: the image, ``topk``, the explanation
+    parameters) and its ``X-Top-K`` header, if any. A body or ``data`` field is bytes or text,
+    or a ``JsonDocument`` when the engine parsed the JSON itself."""
+
+    body: Payload | None = None
+    form: Mapping[str, Any] = field(default_factory=dict)
+    top_k_header: Any = None
+
+
+def parse_http(request: HttpRequest, config: HandlerConfig) -> ParsedRequest:
+    """Turn one HTTP request into a ``ParsedRequest`` or raise a ``RequestError``.
+
+    Any ``topk`` in the request itself wins over its ``X-Top-K`` header, which is only read
+    (and checked) when it is used. ``config``: how many images, how deep and how large a JSON
+    body (4xx above).
     """
-    parsed = _parse(row, config)
-    if parsed.top_k is None and header_top_k is not None:
-        return dataclasses.replace(parsed, top_k=parse_top_k(header_top_k))
+    parsed = _parse(request, config)
+    if parsed.top_k is None and request.top_k_header is not None:
+        return dataclasses.replace(parsed, top_k=parse_top_k(request.top_k_header))
     return parsed
 
 
@@ -128,25 +144,28 @@ def _tensor_image(item: bytes, where: str) -> bytes:
 _BASE64_TEXT = re.compile(rb"(data:[\w/+.-]*;base64,)?[A-Za-z0-9+/=_\s-]+")
 
 
-def _parse(row: dict[str, Any], config: HandlerConfig) -> ParsedRequest:
-    body_keys = [k for k in BODY_KEYS if k in row]
-    unknown = sorted(set(row) - set(BODY_KEYS) - set(PARAM_KEYS) - set(EXPLAIN_KEYS))
+def _parse(request: HttpRequest, config: HandlerConfig) -> ParsedRequest:
+    form = request.form
+    unknown = sorted(set(form) - {IMAGE_FIELD} - set(PARAM_KEYS) - set(EXPLAIN_KEYS))
     if unknown:
         raise InvalidParameter(
             f"unknown request parameter(s) {echo_all(unknown)}; accepted: the image as the body or "
             f"form field 'data', 'topk', and for explanations {list(EXPLAIN_KEYS)}"
         )
-    options = {k: row[k] for k in EXPLAIN_KEYS if k in row}
-    if not body_keys:
+    options = {k: form[k] for k in EXPLAIN_KEYS if k in form}
+    if request.body is None and IMAGE_FIELD not in form:
         raise InvalidRequest("empty request: send an image as the body or as form field 'data'")
-    if len(body_keys) > 1:
+    if request.body is not None and IMAGE_FIELD in form:
         raise InvalidRequest("send the image once: as the body or as form field 'data', not both")
-    query_top_k = parse_top_k(row["topk"]) if "topk" in row else None
-    payload = row[body_keys[0]]
-    if isinstance(payload, (str, bytes, bytearray)) and not is_json(payload):
+    query_top_k = parse_top_k(form["topk"]) if "topk" in form else None
+    payload = request.body if request.body is not None else form[IMAGE_FIELD]
+    if isinstance(payload, JsonDocument):
+        payload = payload.checked(config)
+    elif not is_json(payload):
         data = payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
         return ParsedRequest(Protocol.PLAIN, [data], top_k=query_top_k, options=options)
-    payload = load_json(payload, config)  # JSON text, or JSON TorchServe parsed
+    else:
+        payload = load_json(payload, config)
     if not isinstance(payload, dict):
         raise InvalidRequest(
             f'JSON body must be an object such as {{"data": "<base64 image>"}}, '

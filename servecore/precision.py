@@ -11,9 +11,14 @@ weigh the same.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # backends imports this module: the type only, for the loader
+    from servecore.backends import Backend
 
 # Most precise first: the order that breaks ties and names the reference.
 PRECISE_FIRST = ("f32", "f16", "bf16", "int8+f32", "int8+bf16")
@@ -27,8 +32,12 @@ FIDELITY_BOUND = {"embedding_cosine_min": 0.99, "top1_agreement": 0.75}
 
 @dataclass(frozen=True)
 class Candidate:
-    """One precision this worker could serve.
+    """One precision this worker could serve, the one type from the archive's offer
+    (``servecore.backends.precision_candidates``) through the measurement
+    (``servecore.autoprecision``) to the rule (``select``) and what describe reports.
 
+    load: loads the runtime at this precision; None when it cannot be loaded here (excluded)
+        or when read back from a kept choice.
     ms: batch size -> measured milliseconds per batch (median); empty when not timed.
     fidelity: agreement figures against the reference (``agreement``); None for the reference.
     excluded: why it may not be served (failed fidelity, unsupported here); "" when eligible.
@@ -38,6 +47,7 @@ class Candidate:
     ms: dict[int, float] = field(default_factory=dict)
     fidelity: dict | None = None
     excluded: str = ""
+    load: Callable[[], Backend] | None = field(default=None, compare=False, repr=False)
 
     @property
     def ms_per_image(self) -> float | None:

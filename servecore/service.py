@@ -1,40 +1,43 @@
 """One loaded model and the three steps an engine calls per batch: ``prepare`` (each request
 parsed, admitted and decoded), ``infer`` (one forward for the batch's good images, then the
-explanations) and ``answer`` (one ``Reply`` per request, in its own protocol). ``run`` chains
-them for an engine with one call per batch.
+explanations) and ``answer`` (one ``Reply`` per request: its answer as values, or its error).
+``run`` chains them for an engine with one call per batch.
 
-Engines are adapters around this: TorchServe's handler (``handlers/resnet_handler.py``) maps
-its context and hooks onto ``ModelSettings`` and these steps; an engine hands requests over as
-``Incoming`` and sends each ``Reply`` back as its own response.
+Engines are adapters around this: an engine hands requests over as ``Incoming`` and turns each
+``Reply`` into its own response (TorchServe's handler writes JSON with ``servecore.encode``,
+Triton's adapter builds tensors from the arrays).
+
+Imports explanations: the model loads the explanation stage (``servecore.explain.stage``),
+runs it after the forward pass and answers explanation requests with its ``Explained``.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from http import HTTPStatus
-from typing import Any
 
 import torch
 
 from model_files.artifacts import ModelFiles
 from servecore.admission import Admission
+from servecore.answers import AnswerSpec, BatchOutputs, Prediction
 from servecore.autoprecision import serving_backend
 from servecore.backends import pick_device
 from servecore.config import HandlerConfig, Output
-from servecore.encode import AnswerSpec, BatchOutputs, encode_response
-from servecore.errors import PayloadTooLarge, RequestError, error_body
-from servecore.explain import Explanations
+from servecore.errors import RequestError
+from servecore.explain.encode import Explained
+from servecore.explain.stage import Explanations
 from servecore.intake import Intake
 from servecore.metrics import BatchMetrics, MetricsSink, NoMetrics
-from servecore.stages import ComputedBatch, Failed, Incoming, Placed, PreparedBatch
+from servecore.stages import ComputedBatch, Explaining, Failed, Incoming, Placed, PreparedBatch
 
 logger = logging.getLogger(__name__)
 
-CONTENT_TYPE = "application/json"
 BATCH_HEADER = "X-Batch-Size"  # how many requests the engine batched with this one
 PRECISION_HEADER = "X-Precision"  # the arithmetic that computed this answer
 
@@ -52,20 +55,49 @@ class ModelSettings:
     gpu_id: int | None = None
 
 
+Answer = Prediction | Explained
+
+
 @dataclass(frozen=True)
 class Reply:
-    """One request's answer: its HTTP ``status``, the headers to add, the JSON ``body`` (the
-    error body when it failed) and the same as ``text``; ``error``: why it failed, or None."""
+    """One request's outcome as values: its ``answer`` (a ``Prediction`` or, for an
+    explanation request, an ``Explained``) or its ``error``, never both; ``batch_size``: how many
+    requests the engine batched with it; ``precision``: the arithmetic that computed it. The
+    status and the headers the core names follow from these; the engine's edge writes the body.
+    """
 
-    status: int
-    headers: dict[str, str]
-    body: Any
-    text: str
+    batch_size: int
+    precision: str
+    answer: Answer | None = None
     error: RequestError | None = None
+
+    def __post_init__(self) -> None:
+        if (self.answer is None) == (self.error is None):
+            raise ValueError("a reply carries an answer or an error, exactly one")
+
+    @property
+    def status(self) -> int:
+        return int(HTTPStatus.OK) if self.error is None else int(self.error.status)
 
     @property
     def phrase(self) -> str:
         return HTTPStatus(self.status).phrase
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """``X-Batch-Size``, then ``X-Precision`` on an answer or the error's own headers
+        (``Retry-After``)."""
+        headers = {BATCH_HEADER: str(self.batch_size)}
+        if self.error is None:
+            headers[PRECISION_HEADER] = self.precision
+        else:
+            headers.update(self.error.headers)
+        return headers
+
+    def refused(self, error: RequestError) -> Reply:
+        """This request failed after all, with ``error`` (an edge refusing an answer too large
+        to send)."""
+        return dataclasses.replace(self, answer=None, error=error)
 
 
 class ImageModel:
@@ -82,7 +114,11 @@ class ImageModel:
             torch.set_num_threads(config.threads)
         self.forward_rows = config.forward_rows or settings.batch_size
         self.backend, self.choice = serving_backend(
-            files, config, self.device, tuple(sorted({1, self.forward_rows}))
+            files,
+            config,
+            self.device,
+            tuple(sorted({1, self.forward_rows})),
+            f"{settings.name} {settings.version}",
         )
         # Operators grep worker logs for this line.
         logger.info("%s precision_choice %s", settings.name, self.choice.line())
@@ -145,36 +181,46 @@ class ImageModel:
         return ComputedBatch(batch, embedding, logits, self.explanations.run(batch, logits))
 
     def answer(self, batch: ComputedBatch) -> list[Reply]:
-        """One reply per request, in order and in its own protocol; a failed request gets its
-        own status and error body, and so does an answer over ``handler.max_response_bytes``."""
+        """One reply per request, in order: its answer as values, or its own error."""
         started = time.perf_counter()
         requests = batch.prepared.requests
         plain = [
-            r.opened.request for r in requests if isinstance(r, Placed) and r.opened.addon is None
+            r.opened.request
+            for r in requests
+            if isinstance(r, Placed) and not isinstance(r.opened, Explaining)
         ]
         outputs = (
             BatchOutputs.of(batch.embedding, batch.logits, plain, self.answers)
             if batch.embedding is not None and batch.logits is not None
             else None
         )
-        common = {BATCH_HEADER: str(len(requests))}
+        reply = partial(Reply, len(requests), self.backend.precision)
         replies = []
         for i, request in enumerate(requests):
-            failed = batch.addon_results.get(i, request)
-            if isinstance(request, Failed) or isinstance(failed, Failed):
-                replies.append(_failed(failed.error, common))
-                continue
-            body: dict | list
-            if request.opened.addon is not None:
-                body = self.explanations.answer(request, batch.addon_results[i])
-            elif outputs is not None:
-                body = encode_response(request.opened.request, request.rows, outputs, self.answers)
-            else:  # a placed request has rows, so the batch ran
-                raise RuntimeError(f"request {request.request_id} placed but no forward ran")
-            replies.append(self._encoded(body, common))
+            if isinstance(request, Failed):
+                replies.append(reply(error=request.error))
+            elif isinstance(request.opened, Explaining):
+                explained = batch.explained[i]
+                replies.append(
+                    reply(error=explained.error)
+                    if isinstance(explained, Failed)
+                    else reply(explained)
+                )
+            elif outputs is None:  # a placed request always reached the model
+                raise RuntimeError(f"request {request.request_id} was placed but not computed")
+            else:
+                replies.append(
+                    reply(outputs.prediction(request.opened.request, request.rows, self.answers))
+                )
         self.metrics.errors(r.error.kind for r in replies if r.error is not None)
         self.metrics.answer(1000 * (time.perf_counter() - started))
         return replies
+
+    def encoded(self, refused: Sequence[RequestError], encode_ms: float) -> None:
+        """What an edge's encoding of a batch's replies cost, and the answers it refused
+        (too large to send): counted with the batch's answer time and errors."""
+        self.metrics.errors(error.kind for error in refused)
+        self.metrics.answer(encode_ms)
 
     def run(self, incoming: Sequence[Incoming]) -> list[Reply]:
         """``prepare``, ``infer`` and ``answer`` of one batch."""
@@ -193,24 +239,3 @@ class ImageModel:
             "device": str(self.device),
             "preprocessing": repr(self.intake.preprocessor.transform).replace("\n", " "),
         }
-
-    def _encoded(self, body: Any, common: dict[str, str]) -> Reply:
-        text = json.dumps(body)
-        limit = self.config.max_response_bytes
-        if len(text) > limit:  # json.dumps writes ASCII: characters are bytes
-            return _failed(
-                PayloadTooLarge(
-                    f"the answer would be {len(text)} bytes, more than the limit of {limit} "
-                    "(handler.max_response_bytes); send fewer images or ask for less"
-                ),
-                common,
-            )
-        return Reply(
-            int(HTTPStatus.OK), {**common, PRECISION_HEADER: self.backend.precision}, body, text
-        )
-
-
-def _failed(error: RequestError, common: dict[str, str]) -> Reply:
-    """The one mapping of an error to a reply: its status, headers and error body."""
-    body = error_body(error)
-    return Reply(int(error.status), {**common, **error.headers}, body, json.dumps(body), error)

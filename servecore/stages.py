@@ -1,10 +1,14 @@
 """One request's values on its way through a batch, each made once by the step that owns it.
 
     Incoming --open--> Opened | Failed --admit--> Opened | Failed --decode--> Placed | Failed
-             --answer--> Reply
+             --infer--> (explanations: Explained | Failed) --answer--> Reply
 
-A step returns what it produced; a request that failed is a ``Failed`` from then on and carries
-its error to the end, unchanged: no later step writes into an earlier step's value.
+An explanation request is an ``Explaining``, the ``Opened`` that also carries its ``ExplainSpec``;
+it travels the same steps, and ``ComputedBatch.explained`` holds its result. A step returns what
+it produced; a request that failed is a ``Failed`` from then on and carries its error to the
+end, unchanged: no later step writes into an earlier step's value.
+
+Imports the explanation's types (its spec and its result), nothing that computes one.
 """
 
 from __future__ import annotations
@@ -13,11 +17,12 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
 
 import torch
 
 from servecore.errors import RequestError
+from servecore.explain.encode import Explained
+from servecore.explain.options import ExplainSpec
 from servecore.images import OpenedImage
 from servecore.parse import ParsedRequest
 
@@ -28,7 +33,7 @@ _SAMPLE = 64 * 1024  # bytes of each end of an image that its fingerprint reads
 class Incoming:
     """A request as an engine hands it over. ``parse`` turns it into a ``ParsedRequest`` (or
     raises a ``RequestError``), called inside the request's own failure boundary; ``explain``:
-    it came on an explanation route (TorchServe's ``/explanations``, KServe v1 ``:explain``)."""
+    it came on an explanation route (``/explanations``, KServe v1 ``:explain``)."""
 
     request_id: str
     parse: Callable[[], ParsedRequest]
@@ -46,13 +51,11 @@ class Failed:
 @dataclass(frozen=True)
 class Opened:
     """Parsed, its images' headers read, nothing decoded: what the batch's budgets decide on.
-    ``addon``: an addon's own state for it (explanations: the checked parameters), None for a
-    plain prediction."""
+    A prediction; an explanation request is the ``Explaining`` below."""
 
     request_id: str
     request: ParsedRequest
     images: tuple[OpenedImage, ...]
-    addon: Any = None
 
     @cached_property
     def fingerprint(self) -> bytes:
@@ -69,6 +72,13 @@ class Opened:
     def pixel_count(self) -> int:
         """The decoding work this request asks for."""
         return sum(image.pixels for image in self.images)
+
+
+@dataclass(frozen=True)
+class Explaining(Opened):
+    """An explanation request, opened: ``spec`` is what it asks (its checked parameters)."""
+
+    spec: ExplainSpec
 
 
 def fingerprint(images: tuple[bytes, ...] | list[bytes]) -> bytes:
@@ -114,9 +124,10 @@ class PreparedBatch:
 @dataclass(frozen=True)
 class ComputedBatch:
     """A batch after ``infer``: the model's outputs for every row (None when nothing reached
-    the model) and, per request index, an addon's result (its answer, or a ``Failed``)."""
+    the model) and, per index of an ``Explaining`` request that reached the model, its
+    explanations (or its ``Failed``)."""
 
     prepared: PreparedBatch
     embedding: torch.Tensor | None
     logits: torch.Tensor | None
-    addon_results: dict[int, Any]
+    explained: dict[int, Explained | Failed]

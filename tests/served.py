@@ -115,14 +115,12 @@ def raw_answer(ts, model: str, image: bytes, **headers):
 
 def handled(server, model: str) -> tuple[float, float]:
     """(requests, batches) ``model``'s handler has seen on ``server`` (anything with a
-    ``metrics_url``): the sum and count of its ``HandlerBatchSize`` histogram on /metrics."""
+    ``metrics_url``): the sum and count of its ``resnet50_batch_size`` histogram on /metrics."""
     text = requests.get(f"{server.metrics_url}/metrics", timeout=30).text
     values = {
-        name: value
-        for name, labels, value in metrics.samples(text)
-        if labels.get("ModelName") == model
+        name: value for name, labels, value in metrics.samples(text) if labels.get("model") == model
     }
-    return values.get("HandlerBatchSize_sum", 0.0), values.get("HandlerBatchSize_count", 0.0)
+    return values.get("resnet50_batch_size_sum", 0.0), values.get("resnet50_batch_size_count", 0.0)
 
 
 def settled(

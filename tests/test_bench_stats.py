@@ -111,8 +111,8 @@ def _ts_log(
         "org.pytorch.serve.wlm.WorkerLifeCycle - result=[METRICS]"
     )
     lines = [
-        f"{stdout}HandlerDecodeMs.Milliseconds:{decode_ms}|#ModelName:{model},Level:Model"
-        "|#type:COUNTER|#hostname:vm,1795349665, pattern=[METRICS]",
+        f"{stdout}resnet50_decode_ms_total.Milliseconds:{decode_ms}|#model:{model},"
+        "engine:torchserve|#type:COUNTER|#hostname:vm,1795349665, pattern=[METRICS]",
         f"{stdout}HandlerTime.Milliseconds:{handler_ms}|#ModelName:{model},Level:Model"
         f"|#type:GAUGE|#hostname:vm,1795349666,{','.join(ids)}, pattern=[METRICS]",
         _backend_line(model, backend_ms),
@@ -159,7 +159,9 @@ def test_ingestion_does_not_count_a_describe_as_a_batch():
     batch's stages: counted, it would pair each batch's decode with the previous handler."""
     model = "resnet50-tagger"
     describe = [
-        line for line in _ts_log(model, 2, 1.37, 0.0, ids=("d1",)) if "HandlerDecodeMs" not in line
+        line
+        for line in _ts_log(model, 2, 1.37, 0.0, ids=("d1",))
+        if "resnet50_decode_ms_total" not in line
     ]
     times = batch_times(
         [

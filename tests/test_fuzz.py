@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import HypothesisWarning
 
+from handlers import routing
 from servecore import jsonguard, parse
 from servecore.config import HandlerConfig
 from servecore.errors import RequestError
@@ -111,9 +112,9 @@ headers = st.none() | st.text(max_size=12)
 
 
 @given(row=rows, header_top_k=headers)
-def test_parse_request_answers_or_refuses(row, header_top_k):
+def test_a_torchserve_row_parses_or_is_refused(row, header_top_k):
     try:
-        parsed = parse.parse_request(row, header_top_k=header_top_k, config=CONFIG)
+        parsed = parse.parse_http(routing.http_request(row, header_top_k), config=CONFIG)
     except RequestError as error:
         assert 400 <= int(error.status) < 500 and error.message
         return
@@ -134,7 +135,7 @@ def test_deep_json_is_refused_before_parsing(depth, wrapper):
     closing = "]" if wrapper == "[" else "}"
     text = ('{"data": ' + wrapper * depth + "1" + closing * depth + "}").encode()
     with pytest.raises(RequestError) as caught:
-        parse.parse_request({"body": text}, config=CONFIG)
+        parse.parse_http(parse.HttpRequest(text), config=CONFIG)
     assert "handler.max_json_depth" in caught.value.message
 
 

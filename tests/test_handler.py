@@ -126,15 +126,15 @@ def test_bad_request_fails_alone_in_its_batch(tagger, caplog):
     assert "topk" in json.loads(responses[2])["message"]
     assert json.loads(responses[0]) == json.loads(responses[3])
     # Only the good images reached the model: the batch's metric an operator reads.
-    assert _emitted(caplog.records, "HandlerImagesPerBatch") == [2.0]
+    assert _emitted(caplog.records, "resnet50_images_per_batch") == [2.0]
 
 
 def test_every_request_bad_gives_no_forward_pass(tagger, caplog):
     handler, context = tagger
     with caplog.at_level("INFO", logger="ts.metrics"):
         responses, statuses, _ = run_batch(handler, context, [{"body": b""}, {"body": b"{"}])
-    assert _emitted(caplog.records, "HandlerImagesPerBatch") == [0.0]
-    assert "HandlerForwardMs" not in "\n".join(r.getMessage() for r in caplog.records)
+    assert _emitted(caplog.records, "resnet50_images_per_batch") == [0.0]
+    assert "resnet50_forward_ms_total" not in "\n".join(r.getMessage() for r in caplog.records)
     assert [s[0] for s in statuses] == [400, 400]
     assert [json.loads(r)["type"] for r in responses] == ["InvalidRequest", "InvalidRequest"]
 
@@ -153,7 +153,9 @@ def _emitted(records, name: str) -> list[float]:
     values = []
     for record in records:
         match = re.search(
-            rf"\[METRICS\]{name}\.Count:([0-9.]+)\|#ModelName:resnet50-tagger", record.getMessage()
+            rf"\[METRICS\]{name}\.Count:([0-9.]+)\|"
+            r"#model:resnet50-tagger,engine:torchserve",
+            record.getMessage(),
         )
         if match:
             values.append(float(match.group(1)))
@@ -169,35 +171,40 @@ def test_batch_metrics_are_emitted_with_requests_good_images_errors_and_time(tag
     ]
     with caplog.at_level("INFO", logger="ts.metrics"):
         run_batch(handler, context, rows)
-    assert _emitted(caplog.records, "HandlerBatchSize") == [3.0]
-    assert _emitted(caplog.records, "HandlerImagesPerBatch") == [2.0]
+    assert _emitted(caplog.records, "resnet50_batch_size") == [3.0]
+    assert _emitted(caplog.records, "resnet50_images_per_batch") == [2.0]
     # The counters a dashboard uses (histogram buckets are fixed in TorchServe 0.12).
-    assert _emitted(caplog.records, "HandlerBatches") == [1.0]
-    assert _emitted(caplog.records, "HandlerRequests") == [3.0]
-    assert _emitted(caplog.records, "HandlerImages") == [2.0]
+    assert _emitted(caplog.records, "resnet50_batches_total") == [1.0]
+    assert _emitted(caplog.records, "resnet50_requests_total") == [3.0]
+    assert _emitted(caplog.records, "resnet50_images_total") == [2.0]
     lines = "\n".join(r.getMessage() for r in caplog.records)
     assert re.search(
-        r"\[METRICS\]HandlerBatchesBySize\.Count:1(\.0)?\|#ModelName:resnet50-tagger,"
-        r"Level:Model,BatchSize:3\|",
+        r"\[METRICS\]resnet50_batches_by_size_total\.Count:1(\.0)?\|"
+        r"#model:resnet50-tagger,engine:torchserve,batch_size:3\|",
         lines,
     ), lines
     assert re.search(
-        r"\[METRICS\]HandlerErrors\.Count:1(\.0)?\|#ModelName:resnet50-tagger,"
-        r"Level:Model,ErrorType:InvalidImage\|",
+        r"\[METRICS\]resnet50_errors_total\.Count:1(\.0)?\|"
+        r"#model:resnet50-tagger,engine:torchserve,error_type:InvalidImage\|",
         lines,
     ), lines
-    for name in ("HandlerOpenMs", "HandlerDecodeMs", "HandlerForwardMs", "HandlerAnswerMs"):
+    for name in (
+        "resnet50_open_ms_total",
+        "resnet50_decode_ms_total",
+        "resnet50_forward_ms_total",
+        "resnet50_answer_ms_total",
+    ):
         spent = re.search(rf"\[METRICS\]{name}\.\w+:([0-9.]+)\|", lines)
         assert spent and float(spent.group(1)) > 0, name
     # What the worker serves and holds: the precision as a label, its RSS in MiB.
     assert re.search(
-        r"\[METRICS\]HandlerPrecision\.\w+:1(\.0)?\|#ModelName:resnet50-tagger,"
-        r"Level:Model,Precision:f32\|",
+        r"\[METRICS\]resnet50_precision\.\w+:1(\.0)?\|#model:resnet50-tagger,"
+        r"engine:torchserve,precision:f32\|",
         lines,
     ), lines
     rss = re.search(
-        r"\[METRICS\]HandlerWorkerRssMB\.\w+:([0-9.]+)\|#ModelName:resnet50-tagger,"
-        rf"Level:Model,WorkerPid:{os.getpid()}\|",
+        r"\[METRICS\]resnet50_worker_rss_mb\.\w+:([0-9.]+)\|#model:resnet50-tagger,"
+        rf"engine:torchserve,worker_pid:{os.getpid()}\|",
         lines,
     )
     assert rss and 50 < float(rss.group(1)) < 64 * 1024, lines
@@ -227,7 +234,7 @@ def test_undeclared_metrics_do_not_fail_batches(weights_dir, caplog):
     handler = ResNetHandler()
     with caplog.at_level("WARNING"):
         handler.initialize(context)
-    assert any("metric HandlerBatchSize off" in r.getMessage() for r in caplog.records)
+    assert any("metric resnet50_batch_size off" in r.getMessage() for r in caplog.records)
     _, statuses, _ = run_batch(handler, context, [{"body": IMAGES["png-200x300"]}])
     assert statuses == [(200, None)]
 

@@ -32,6 +32,11 @@ HOSTILE = corpus.hostile_inputs()
 CONFIG = HandlerConfig()
 
 
+def parse_row(row: dict):
+    """A TorchServe row through its adapter into the core's parser."""
+    return parse.parse_http(routing.http_request(row), config=CONFIG)
+
+
 @pytest.fixture(scope="module")
 def tagger(weights_dir):
     return make_handler(weights_dir, task="tags")
@@ -173,14 +178,14 @@ def test_unexpected_failure_is_a_500_for_that_request_only(tagger, alone, monkey
 
 def test_unexpected_parse_failure_is_a_500_for_that_request_only(tagger, monkeypatch):
     handler, context = tagger
-    real = parse.parse_request
+    real = parse.parse_http
 
-    def broken(row, **kwargs):
-        if "topk" in row:
+    def broken(request, **kwargs):
+        if "topk" in request.form:
             raise KeyError("simulated bug")
-        return real(row, **kwargs)
+        return real(request, **kwargs)
 
-    monkeypatch.setattr(routing, "parse_request", broken)
+    monkeypatch.setattr(routing, "parse_http", broken)
     responses, statuses, _ = run_batch(
         handler, context, [{"data": GOOD, "topk": b"3"}, {"body": GOOD}]
     )
@@ -274,7 +279,7 @@ def test_rows_are_budgeted_per_batch_fewest_first(tagger, alone, caplog):
         == [8] * 7
     )
     # The photo and seven requests of 8 reached the model, nothing else: the batch's metric.
-    images = re.findall(r"\[METRICS\]HandlerImagesPerBatch\.Count:([0-9.]+)\|", caplog.text)
+    images = re.findall(r"\[METRICS\]resnet50_images_per_batch\.Count:([0-9.]+)\|", caplog.text)
     assert [float(n) for n in images] == [57.0]
 
 
@@ -373,10 +378,10 @@ def test_a_v2_id_is_capped():
             "inputs": [{"name": "a", "datatype": "BYTES", "shape": [1], "data": [b64(TINY)]}],
         }
     }
-    assert parse.parse_request(ok, config=CONFIG).request_id == "i" * 256
+    assert parse_row(ok).request_id == "i" * 256
     ok["body"]["id"] = "i" * 257
     with pytest.raises(InvalidRequest) as caught:
-        parse.parse_request(ok, config=CONFIG)
+        parse_row(ok)
     assert caught.value.status == 400 and "more than 256" in caught.value.message
 
 
@@ -401,7 +406,7 @@ def test_the_image_count_is_checked_before_any_item_is_read(body, monkeypatch):
     decoded = []
     monkeypatch.setattr(parse, "decode_base64", lambda *args: decoded.append(args))
     with pytest.raises(PayloadTooLarge) as caught:
-        parse.parse_request({"body": body}, config=CONFIG)
+        parse_row({"body": body})
     assert "request carries 200000 images" in caught.value.message and not decoded
 
 

@@ -12,6 +12,7 @@ import pytest
 import requests
 
 from devtools.prometheus import RULES, UNIT_TESTS, LocalPrometheus, alert_rules
+from servecore.metrics import COMMON_LABELS, METRICS
 from tests.conftest import REPO
 from tests.served import settled
 from tsclient import metrics
@@ -24,6 +25,27 @@ def _promtool() -> str:
             "promtool missing: `make setup` installs Prometheus (devtools/ensure_prometheus.sh)"
         )
     return path
+
+
+def test_torchserves_metrics_yaml_declares_the_cores_metrics_as_the_core_does():
+    """servecore/metrics.py declares every metric once (name, kind, labels); TorchServe needs
+    each in config/metrics.yaml, with the same kind and the dimensions model, engine and its
+    own labels, in that order (a worker sets them positionally)."""
+    import yaml
+
+    declared = yaml.safe_load((REPO / "config" / "metrics.yaml").read_text())["model_metrics"]
+    found = {
+        entry["name"]: (kind, tuple(entry["dimensions"]))
+        for kind, entries in declared.items()
+        for entry in entries
+    }
+    for metric in METRICS:
+        assert found.get(metric.name) == (metric.kind.value, (*COMMON_LABELS, *metric.labels)), (
+            metric.name
+        )
+        assert metric.help and "\n" not in metric.help  # what a sink with help text shows
+    ours = {name for name in found if name.startswith("resnet50_")}
+    assert ours == {metric.name for metric in METRICS}
 
 
 def test_promtool_accepts_the_rules():
@@ -90,13 +112,13 @@ def _server_counters(torchserve) -> dict[str, float]:
     wanted = {
         "ts_inference_requests",
         "ts_inference_latency_microseconds",
-        "HandlerBatchSize_sum",
-        "HandlerBatchSize_count",
-        "HandlerImages",
+        "resnet50_batch_size_sum",
+        "resnet50_batch_size_count",
+        "resnet50_images",
     }
     values = dict.fromkeys(wanted, 0.0)
     for name, labels, value in metrics.samples(text):
-        if name in wanted and MODEL in (labels.get("ModelName"), labels.get("model_name")):
+        if name in wanted and MODEL in (labels.get("model"), labels.get("model_name")):
             values[name] += value
     return values
 
@@ -112,7 +134,9 @@ def test_recording_rules_agree_with_the_requests_sent(torchserve, prometheus):
     assert requests.post(url, data=photo, headers=headers, timeout=120).status_code == 200
     assert requests.post(url, data=b"not an image", headers=headers, timeout=120).status_code == 400
     seen = settled(
-        lambda: prometheus.value(f'min(count_over_time(HandlerErrors{{ModelName="{MODEL}"}}[1m]))'),
+        lambda: prometheus.value(
+            f'min(count_over_time(resnet50_errors_total{{model="{MODEL}"}}[1m]))'
+        ),
         lambda n: n is not None and n >= 3,
         timeout_s=60,
     )
@@ -127,12 +151,12 @@ def test_recording_rules_agree_with_the_requests_sent(torchserve, prometheus):
     assert sorted(statuses) == [200] * GOOD + [400] * BAD
     after = settled(
         lambda: _server_counters(torchserve),
-        lambda c: c["HandlerBatchSize_sum"] - before["HandlerBatchSize_sum"] >= GOOD + BAD,
+        lambda c: c["resnet50_batch_size_sum"] - before["resnet50_batch_size_sum"] >= GOOD + BAD,
     )
     delta = {name: after[name] - before[name] for name in after}
     assert delta["ts_inference_requests"] == GOOD + BAD
-    assert delta["HandlerBatchSize_sum"] == GOOD + BAD
-    assert delta["HandlerImages"] == GOOD
+    assert delta["resnet50_batch_size_sum"] == GOOD + BAD
+    assert delta["resnet50_images"] == GOOD
 
     # Ratios of two counters scraped together are exact; rates over the 1m window carry
     # rate()'s extrapolation to the window's edges (at most a scrape interval each side).
@@ -141,16 +165,16 @@ def test_recording_rules_agree_with_the_requests_sent(torchserve, prometheus):
         "images": GOOD,
         "invalid": BAD,
         "4xx": BAD,
-        "batch": delta["HandlerBatchSize_sum"] / delta["HandlerBatchSize_count"],
+        "batch": delta["resnet50_batch_size_sum"] / delta["resnet50_batch_size_count"],
         "latency": delta["ts_inference_latency_microseconds"] / 1000 / (GOOD + BAD),
     }
     queries = {
         "requests": f'model_name:ts_inference_requests:rate1m{{model_name="{MODEL}"}} * 60',
-        "images": f'ModelName:handler_images:rate1m{{ModelName="{MODEL}"}} * 60',
-        "invalid": f'ModelName:handler_errors:rate1m{{ModelName="{MODEL}",'
-        'ErrorType="InvalidImage"} * 60',
+        "images": f'model:resnet50_images:rate1m{{model="{MODEL}"}} * 60',
+        "invalid": f'model:resnet50_errors:rate1m{{model="{MODEL}",'
+        'error_type="InvalidImage"} * 60',
         "4xx": 'job:ts_requests:rate1m{code="4xx"} * 60',
-        "batch": f'ModelName:handler_batch_size:mean1m{{ModelName="{MODEL}"}}',
+        "batch": f'model:resnet50_batch_size:mean1m{{model="{MODEL}"}}',
         "latency": f'model_name:ts_inference_latency_ms:mean1m{{model_name="{MODEL}"}}',
     }
 
@@ -279,8 +303,8 @@ def test_every_dashboard_query_names_a_real_series_and_parses(tmp_path):
 
 def test_series_names_are_read_from_an_expression():
     expr = (
-        'sum by (ModelName, BatchSize) (rate(HandlerBatchesBySize{job="x"}[5m])) / '
-        "ignoring (BatchSize) group_left sum by (ModelName) (rate(HandlerBatches[5m]))"
+        'sum by (model, batch_size) (rate(resnet50_batches_by_size_total{job="x"}[5m])) / '
+        "ignoring (batch_size) group_left sum by (model) (rate(resnet50_batches_total[5m]))"
     )
-    assert _series_names(expr) == {"HandlerBatchesBySize", "HandlerBatches"}
+    assert _series_names(expr) == {"resnet50_batches_by_size_total", "resnet50_batches_total"}
     assert _series_names('job:ts_requests:rate1m{code="5xx"} > 0.5') == {"job:ts_requests:rate1m"}

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -183,6 +185,13 @@ def fake(precision: str, ms_per_image: float, noise: float = 0.0, calls: list | 
     return load
 
 
+def offer(loaders: dict, excluded: dict | None = None) -> list[Candidate]:
+    """What ``backends.precision_candidates`` offers: loadable candidates, then excluded ones."""
+    return [Candidate(name, load=load) for name, load in loaders.items()] + [
+        Candidate(name, excluded=why) for name, why in (excluded or {}).items()
+    ]
+
+
 def test_measure_times_every_candidate_and_judges_fidelity():
     loaders = {
         "f32": fake("f32", 20),
@@ -190,7 +199,7 @@ def test_measure_times_every_candidate_and_judges_fidelity():
         "int8+f32": fake("int8+f32", 5, noise=10.0),
     }
     candidates, backends = autoprecision.measure(
-        autoprecision.Candidates(loaders, {"int8+bf16": "no bf16 units"}, (1, 4)), budget_s=0.2
+        offer(loaders, {"int8+bf16": "no bf16 units"}), (1, 4), budget_s=0.2
     )
     by_name = {c.precision: c for c in candidates}
     assert list(by_name) == ["f32", "bf16", "int8+f32", "int8+bf16"]
@@ -215,9 +224,7 @@ def four(int8_noise: float = 0.0) -> dict:
 
 
 def test_auto_weighs_four_candidates_against_f32_and_picks_a_faithful_int8():
-    candidates, _ = autoprecision.measure(
-        autoprecision.Candidates(four(), {}, (1, 4)), budget_s=0.5
-    )
+    candidates, _ = autoprecision.measure(offer(four()), (1, 4), budget_s=0.5)
     by_name = {c.precision: c for c in candidates}
     assert by_name["f32"].fidelity is None  # the reference: every other is judged against it
     assert all(
@@ -230,9 +237,7 @@ def test_auto_weighs_four_candidates_against_f32_and_picks_a_faithful_int8():
 
 
 def test_an_int8_that_fails_fidelity_is_never_served():
-    candidates, _ = autoprecision.measure(
-        autoprecision.Candidates(four(int8_noise=10.0), {}, (1, 4)), budget_s=0.5
-    )
+    candidates, _ = autoprecision.measure(offer(four(int8_noise=10.0)), (1, 4), budget_s=0.5)
     by_name = {c.precision: c for c in candidates}
     for name in ("int8+f32", "int8+bf16"):
         assert by_name[name].excluded.startswith("against f32 on the probe: embedding_cosine")
@@ -262,9 +267,7 @@ def store(model_dir, cache):
 
 def choose(model_dir, cache, loaders, excluded=None):
     return autoprecision.choose(
-        autoprecision.Candidates(loaders, excluded or {}, (1, 4)),
-        store(model_dir, cache),
-        budget_s=0.2,
+        offer(loaders, excluded), (1, 4), store(model_dir, cache), budget_s=0.2
     )
 
 
@@ -287,6 +290,46 @@ def test_the_first_worker_measures_and_the_others_serve_its_choice(tmp_path):
     assert sorted(name for _, _, name in calls) == ["bf16", "bf16", "f32"]
     shared = json.loads((tmp_path / "model" / autoprecision.CHOICE_FILE).read_text())
     assert [entry["choice"]["choice"] for entry in shared.values()] == ["bf16"]
+
+
+def test_a_choice_is_shared_while_a_worker_holds_it_and_measured_again_after(tmp_path):
+    """Workers of one model share the choice of a live worker; a choice whose holders are all
+    gone (the server's previous start) is measured again, whatever the engine."""
+    model_dir, cache = tmp_path / "model", tmp_path / "cache.json"
+    choose(model_dir, cache, {"f32": fake("f32", 20), "bf16": fake("bf16", 10)})
+    calls: list = []
+    _, second = choose(
+        model_dir,
+        cache,
+        {"f32": fake("f32", 5, calls=calls), "bf16": fake("bf16", 20, calls=calls)},
+    )
+    assert second.precision == "bf16" and [name for _, _, name in calls] == ["bf16"]
+    shared = json.loads((model_dir / autoprecision.CHOICE_FILE).read_text())
+    (entry,) = shared.values()
+    assert [h["pid"] for h in entry["holders"]] == [os.getpid()]  # one holder, not two
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    entry["holders"] = [{"pid": int(gone.stdout), "started": 0.0}]
+    (model_dir / autoprecision.CHOICE_FILE).write_text(json.dumps(shared))
+    _, third = choose(model_dir, cache, {"f32": fake("f32", 5), "bf16": fake("bf16", 20)})
+    assert third.measured and third.precision == "f32"
+
+
+def test_workers_of_two_models_do_not_share_a_choice(tmp_path):
+    calls: list = []
+    loaders = {"f32": fake("f32", 20, calls=calls), "bf16": fake("bf16", 10, calls=calls)}
+    for model in ("resnet50-tagger 1.0", "resnet50-embedding 1.0"):
+        autoprecision.choose(
+            offer(loaders),
+            (1, 4),
+            autoprecision.ChoiceStore(tmp_path / "model", tmp_path / "cache.json", ARCHIVE, model),
+            budget_s=0.2,
+        )
+    assert sorted(name for _, _, name in calls) == ["bf16", "bf16", "f32", "f32"]
 
 
 def test_a_restart_keeps_the_previous_choice_unless_clearly_slower(tmp_path):

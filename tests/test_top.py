@@ -31,26 +31,26 @@ def _metrics(
     statuses: tuple[int, int, int],
 ) -> str:
     labels = f'model_name="{TAGGER}",model_version="default",hostname="h"'
-    handler = f'ModelName="{TAGGER}",Level="Model",Hostname="h"'
+    handler = f'model="{TAGGER}",engine="torchserve",Hostname="h"'
     lines = [
         f"ts_inference_requests_total{{{labels},}} {requests_}.0",
         f"ts_inference_latency_microseconds{{{labels},}} {latency_us}",
         f"ts_queue_latency_microseconds{{{labels},}} {queue_us}",
-        f"HandlerImages{{{handler},}} {images}.0",
-        f"HandlerBatches{{{handler},}} {sum(sizes.values())}.0",
-        f"HandlerRequests{{{handler},}} {sum(s * n for s, n in sizes.items())}.0",
-        f'HandlerPrecision{{ModelName="{TAGGER}",Level="Model",Precision="int8+f32",'
+        f"resnet50_images_total{{{handler},}} {images}.0",
+        f"resnet50_batches_total{{{handler},}} {sum(sizes.values())}.0",
+        f"resnet50_requests_total{{{handler},}} {sum(s * n for s, n in sizes.items())}.0",
+        f'resnet50_precision{{model="{TAGGER}",engine="torchserve",precision="int8+f32",'
         'Hostname="h",} 1.0',
-        f'HandlerWorkerRssMB{{ModelName="{TAGGER}",Level="Model",WorkerPid="4242",'
+        f'resnet50_worker_rss_mb{{model="{TAGGER}",engine="torchserve",worker_pid="4242",'
         'Hostname="h",} 1024.4',
     ]
     lines += [
-        f'HandlerBatchesBySize{{ModelName="{TAGGER}",Level="Model",BatchSize="{s}",'
+        f'resnet50_batches_by_size_total{{model="{TAGGER}",engine="torchserve",batch_size="{s}",'
         f'Hostname="h",}} {n}.0'
         for s, n in sizes.items()
     ]
     lines += [
-        f'HandlerErrors{{ModelName="{TAGGER}",Level="Model",ErrorType="{kind}",'
+        f'resnet50_errors_total{{model="{TAGGER}",engine="torchserve",error_type="{kind}",'
         f'Hostname="h",}} {n}.0'
         for kind, n in errors.items()
     ]
@@ -123,21 +123,26 @@ def _triton_metrics(
 ) -> str:
     """Triton's metrics port: its own nv_* under "model", the core's as on TorchServe."""
     model = f'model="{TAGGER}",version="1"'
-    handler = f'Hostname="h",Level="Model",ModelName="{TAGGER}"'
+    handler = f'Hostname="h",engine="triton",model="{TAGGER}"'
     lines = [
         f"nv_inference_request_success{{{model}}} {success}",
         f'nv_inference_request_failure{{{model},reason="REJECTED"}} {failure}',
         f"nv_inference_request_duration_us{{{model}}} {duration_us}",
         f"nv_inference_queue_duration_us{{{model}}} {queue_us}",
         f"nv_inference_count{{{model}}} {images}",
-        f"HandlerImages{{{handler}}} {images}",
-        f"HandlerBatches{{{handler}}} {sum(sizes.values())}",
-        f"HandlerRequests{{{handler}}} {sum(s * n for s, n in sizes.items())}",
-        f'HandlerPrecision{{{handler},Precision="f32"}} 1',
-        f'HandlerWorkerRssMB{{{handler},WorkerPid="777"}} 1200.4',
+        f"resnet50_images_total{{{handler}}} {images}",
+        f"resnet50_batches_total{{{handler}}} {sum(sizes.values())}",
+        f"resnet50_requests_total{{{handler}}} {sum(s * n for s, n in sizes.items())}",
+        f'resnet50_precision{{{handler},precision="f32"}} 1',
+        f'resnet50_worker_rss_mb{{{handler},worker_pid="777"}} 1200.4',
     ]
-    lines += [f'HandlerBatchesBySize{{BatchSize="{s}",{handler}}} {n}' for s, n in sizes.items()]
-    lines += [f'HandlerErrors{{ErrorType="{kind}",{handler}}} {n}' for kind, n in errors.items()]
+    lines += [
+        f'resnet50_batches_by_size_total{{batch_size="{s}",{handler}}} {n}'
+        for s, n in sizes.items()
+    ]
+    lines += [
+        f'resnet50_errors_total{{error_type="{kind}",{handler}}} {n}' for kind, n in errors.items()
+    ]
     return "\n".join(lines) + "\n"
 
 

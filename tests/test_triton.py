@@ -10,9 +10,13 @@ the end (the last test checks that it stops cleanly). Skipped, saying why, when
 from __future__ import annotations
 
 import base64
+import importlib
 import json
+import math
 import os
+import sys
 import threading
+import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,7 +27,9 @@ import requests
 import torch
 
 from buildsteps.configgen import frontend_settings, repo_models
+from servecore.answers import Tag
 from servecore.config import HandlerConfig
+from servecore.encode import tag_json
 from servecore.errors import InvalidParameter, InvalidRequest, PayloadTooLarge
 from servecore.parse import Protocol, parse_tensor
 from tests.imagegen import jpeg, png
@@ -51,6 +57,175 @@ def test_a_tensor_element_is_an_image_or_its_base64_text():
     many = config.max_images_per_request + 1
     with pytest.raises(PayloadTooLarge, match=f"{many} images"):
         parse_tensor([PHOTOS[0]] * many, config=config)
+
+
+def test_a_tag_element_is_the_json_text_json_dumps_writes():
+    """Triton's BYTES tags and TorchServe's v2 tags: the same text as ``json.dumps`` of the tag."""
+    labels = ["tabby", 'say "cheese"', "back\\slash", "caf\u00e9 cr\u00e8me", "tab\tline\n", ""]
+    probabilities = [
+        0.4199999868869781,
+        1.0,
+        0.0,
+        1e-45,
+        3.4028234663852886e38,
+        0.1 + 0.2,
+        math.nan,
+        math.inf,
+    ]
+    for index, label in enumerate(labels):
+        for p in probabilities:
+            tag = Tag(label, index, p)
+            assert tag_json(tag) == json.dumps({"label": label, "index": index, "probability": p})
+
+
+class FakeTensor:
+    """``pb_utils.Tensor``: a name and its numpy array."""
+
+    def __init__(self, name: str, array: np.ndarray) -> None:
+        self.name, self.array = name, array
+
+    def as_numpy(self) -> np.ndarray:
+        return self.array
+
+
+class FakeError:
+    UNAVAILABLE, INVALID_ARG, INTERNAL = "unavailable", "invalid", "internal"
+
+    def __init__(self, message: str, code: str = INTERNAL) -> None:
+        self.message, self.code = message, code
+
+
+class FakeResponse:
+    def __init__(self, output_tensors=(), error=None) -> None:
+        self.tensors = {t.name: t.array for t in output_tensors}
+        self.error = error
+
+
+class NoMetricFamily:
+    """``pb_utils.MetricFamily`` of a server started with ``--allow-metrics=false``: every
+    family refused (the adapter's metrics then switch off with a warning)."""
+
+    COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+
+    def __init__(self, **_) -> None:
+        raise RuntimeError("metrics not enabled")
+
+
+class FakeRequest:
+    """``pb_utils.InferenceRequest`` as the adapter reads it."""
+
+    def __init__(self, images: list[bytes], parameters: str = "{}", request_id: str = "") -> None:
+        self.images = np.array([[image] for image in images], dtype=object)
+        self.text, self.id = parameters, request_id
+
+    def request_id(self) -> str:
+        return self.id
+
+    def parameters(self) -> str:
+        return self.text
+
+
+@pytest.fixture
+def fake_pb_utils(monkeypatch):
+    """The Python backend's ``triton_python_backend_utils`` as far as tritonrepo/model.py uses
+    it, so that the adapter runs without a Triton server."""
+    module = types.ModuleType("triton_python_backend_utils")
+    module.Tensor, module.TritonError = FakeTensor, FakeError
+    module.InferenceResponse, module.MetricFamily = FakeResponse, NoMetricFamily
+    module.triton_string_to_numpy = {"TYPE_FP32": np.float32, "TYPE_STRING": np.object_}.__getitem__
+    module.get_input_tensor_by_name = lambda request, name: FakeTensor(name, request.images)
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", module)
+    monkeypatch.delitem(sys.modules, "tritonrepo.model", raising=False)
+    yield importlib.import_module("tritonrepo.model")
+    sys.modules.pop("tritonrepo.model", None)
+
+
+def triton_model(module, weights_dir: Path, task: str):
+    """The adapter's model, initialised as Triton would with a generated config (f32)."""
+    output = {
+        "embedding": {"name": "embedding", "data_type": "TYPE_FP32", "dims": [2048]},
+        "tags": {"name": "tags", "data_type": "TYPE_STRING", "dims": [-1]},
+    }[task]
+    handler = {"task": task, "precision": "f32", "draft_decode": False}
+    config = {
+        "name": task,
+        "max_batch_size": 8,
+        "output": [output],
+        "parameters": {
+            "serialized_file": {"string_value": "resnet50_dual.xml"},
+            "handler": {"string_value": json.dumps(handler)},
+        },
+    }
+    model = module.TritonPythonModel()
+    model.initialize(
+        {
+            "model_config": json.dumps(config),
+            "model_name": task,
+            "model_repository": str(weights_dir.parent),
+            "model_version": weights_dir.name,
+            "model_instance_kind": "CPU",
+        }
+    )
+    return model
+
+
+def test_the_triton_adapter_answers_with_tensors_and_no_json(
+    fake_pb_utils, weights_dir, reference, monkeypatch
+):
+    """Issue #34: Triton's answers go from the core's arrays straight into tensors; the only
+    JSON on the path is reading each request's parameters."""
+    tagger = triton_model(fake_pb_utils, weights_dir, "tags")
+    embedder = triton_model(fake_pb_utils, weights_dir, "embedding")
+    labels = tagger.model.answers.labels
+    requests_ = [FakeRequest(PHOTOS[:2], '{"topk": 3}', "a"), FakeRequest(PHOTOS[2:], "{}", "b")]
+    loaded = []
+
+    def loads(text, *args, **kwargs):
+        assert text in ('{"topk": 3}', "{}"), "json.loads on Triton's answer path"
+        loaded.append(text)
+        return json.JSONDecoder().decode(text)
+
+    def dumps(*args, **kwargs):
+        raise AssertionError("json.dumps on Triton's answer path")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(json, "loads", loads)
+        patch.setattr(json, "dumps", dumps)
+        tagged = tagger.execute(requests_)
+        embedded = embedder.execute(requests_)
+    assert sorted(loaded) == sorted(['{"topk": 3}', "{}"] * 2)
+    assert [r.error for r in tagged + embedded] == [None] * 4
+    assert [r.tensors["tags"].shape for r in tagged] == [(2, 3), (1, 5)]
+    for row, photo in zip([*tagged[0].tensors["tags"], *tagged[1].tensors["tags"]], PHOTOS):
+        assert_same_tags(
+            [json.loads(t) for t in row], expected_tags(reference, labels, photo, len(row))
+        )
+    for response, photos in zip(embedded, (PHOTOS[:2], PHOTOS[2:])):
+        array = response.tensors["embedding"]
+        assert list(response.tensors) == ["embedding"]
+        assert (array.dtype, array.shape) == (np.float32, (len(photos), 2048))
+        for vector, photo in zip(array, photos):
+            expected = reference(photo)[0]
+            assert rel_error(vector, expected / expected.norm()) <= tolerance("f32")
+
+
+def test_the_triton_adapter_sends_the_core_error_body(fake_pb_utils, weights_dir):
+    """Each failed request gets its own error (the core's JSON error body), the good one its
+    tags."""
+    tagger = triton_model(fake_pb_utils, weights_dir, "tags")
+    responses = tagger.execute(
+        [
+            FakeRequest([b"\xff\xd8\xff\xe0 not a JPEG"]),
+            FakeRequest([PHOTOS[0]], '{"topk": 0}'),
+            FakeRequest([PHOTOS[1]]),
+        ]
+    )
+    for response, kind in zip(responses, ("InvalidImage", "InvalidParameter")):
+        assert response.tensors == {}
+        assert response.error.code == FakeError.INVALID_ARG
+        body = json.loads(response.error.message)
+        assert (body["code"], body["type"]) == (400, kind)
+    assert responses[2].error is None and responses[2].tensors["tags"].shape == (1, 5)
 
 
 @pytest.mark.parametrize("model", [EMBEDDING, TAGGER])

@@ -24,7 +24,7 @@ import pytest
 import requests
 
 from buildsteps.configgen import frontend_settings
-from servecore.metrics import METRICS, BatchMetrics
+from servecore.metrics import BATCH_SIZE, BATCHES, ERRORS, METRICS, BatchMetrics
 from tests.conftest import REPO
 from tests.served import TSCTL, local_triton, settled
 from tests.served import v2_infer as infer
@@ -79,15 +79,15 @@ def fake_pb_utils(refused: set[str] = frozenset()):
 
 def test_the_sink_declares_the_core_table_under_its_names_and_kinds():
     sink = TritonMetrics(fake_pb_utils(), TAGGER, hostname="h")
-    assert set(sink.families) == set(METRICS)
-    for name, (kind, _) in METRICS.items():
-        assert sink.families[name].kind == kind.value
-        assert sink.families[name].description  # Triton requires a description
+    assert set(sink.families) == {metric.name for metric in METRICS}
+    for metric in METRICS:
+        assert sink.families[metric.name].kind == metric.kind.value
+        assert sink.families[metric.name].description == metric.help  # Triton requires one
 
 
-def test_a_batch_reaches_triton_as_torchserves_series():
+def test_a_batch_reaches_triton_as_the_same_series_as_on_torchserve():
     """What the core records for one batch, as the metric calls and labels Triton gets:
-    ModelName, Level and Hostname as TorchServe adds them, then the metric's own."""
+    model and engine, the Hostname TorchServe adds, then the metric's own."""
     sink = TritonMetrics(fake_pb_utils(), TAGGER, hostname="h")
     recorded = BatchMetrics(sink, "int8+f32")
     recorded.batch(requests=3, images=2, open_ms=1.5, decode_ms=4.0)
@@ -98,48 +98,51 @@ def test_a_batch_reaches_triton_as_torchserves_series():
     def series(name: str) -> dict[tuple, list]:
         return {tuple(sorted(m.labels.items())): m.calls for m in sink.families[name].metrics}
 
-    base = (("Hostname", "h"), ("Level", "Model"), ("ModelName", TAGGER))
-    assert series("HandlerRequests") == {base: [("increment", 3), ("increment", 3)]}
-    assert series("HandlerImages") == {base: [("increment", 2), ("increment", 3)]}
-    assert series("HandlerDecodeMs") == {base: [("increment", 4.0), ("increment", 6.0)]}
-    assert series("HandlerForwardMs") == {base: [("increment", 12.0)]}
-    assert series("HandlerBatchesBySize") == {
-        tuple(sorted((*base, ("BatchSize", "3")))): [("increment", 1), ("increment", 1)]
+    base = (("Hostname", "h"), ("engine", "triton"), ("model", TAGGER))
+    assert series("resnet50_requests_total") == {base: [("increment", 3), ("increment", 3)]}
+    assert series("resnet50_images_total") == {base: [("increment", 2), ("increment", 3)]}
+    assert series("resnet50_decode_ms_total") == {base: [("increment", 4.0), ("increment", 6.0)]}
+    assert series("resnet50_forward_ms_total") == {base: [("increment", 12.0)]}
+    assert series("resnet50_batches_by_size_total") == {
+        tuple(sorted((*base, ("batch_size", "3")))): [("increment", 1), ("increment", 1)]
     }
-    assert series("HandlerErrors") == {
-        tuple(sorted((*base, ("ErrorType", "InvalidImage")))): [("increment", 2)],
-        tuple(sorted((*base, ("ErrorType", "Overloaded")))): [("increment", 1)],
+    assert series("resnet50_errors_total") == {
+        tuple(sorted((*base, ("error_type", "InvalidImage")))): [("increment", 2)],
+        tuple(sorted((*base, ("error_type", "Overloaded")))): [("increment", 1)],
     }
-    assert series("HandlerPrecision") == {
-        tuple(sorted((*base, ("Precision", "int8+f32")))): [("set", 1), ("set", 1)]
+    assert series("resnet50_precision") == {
+        tuple(sorted((*base, ("precision", "int8+f32")))): [("set", 1), ("set", 1)]
     }
-    assert series("HandlerBatchSize") == {base: [("observe", 3), ("observe", 3)]}
-    [histogram] = sink.families["HandlerImagesPerBatch"].metrics
+    assert series("resnet50_batch_size") == {base: [("observe", 3), ("observe", 3)]}
+    [histogram] = sink.families["resnet50_images_per_batch"].metrics
     assert histogram.calls == [("observe", 2), ("observe", 3)]
     assert histogram.buckets == BUCKETS and BUCKETS[0] == 1 and BUCKETS[-1] >= 1000
-    [counter] = sink.families["HandlerImages"].metrics
+    [counter] = sink.families["resnet50_images_total"].metrics
     assert counter.buckets is None  # Triton refuses buckets on anything but a histogram
 
 
 def test_the_hostname_is_this_hosts_by_default():
     sink = TritonMetrics(fake_pb_utils(), TAGGER)
-    sink.add("HandlerBatches", 1)
-    assert sink.families["HandlerBatches"].metrics[0].labels["Hostname"] == socket.gethostname()
+    sink.add(BATCHES, 1)
+    assert (
+        sink.families["resnet50_batches_total"].metrics[0].labels["Hostname"]
+        == socket.gethostname()
+    )
 
 
 def test_a_metric_the_server_refuses_is_off_with_a_warning_not_a_failed_batch(caplog):
     with caplog.at_level("WARNING"):
-        sink = TritonMetrics(fake_pb_utils(refused={"HandlerBatchSize"}), TAGGER, hostname="h")
-    assert any("metric HandlerBatchSize off" in r.getMessage() for r in caplog.records)
-    sink.add("HandlerBatchSize", 4)  # nothing to send it to: dropped
-    sink.add("HandlerBatches", 1)
-    assert sink.families["HandlerBatches"].metrics[0].calls == [("increment", 1)]
+        sink = TritonMetrics(fake_pb_utils(refused={"resnet50_batch_size"}), TAGGER, hostname="h")
+    assert any("metric resnet50_batch_size off" in r.getMessage() for r in caplog.records)
+    sink.add(BATCH_SIZE, 4)  # nothing to send it to: dropped
+    sink.add(BATCHES, 1)
+    assert sink.families["resnet50_batches_total"].metrics[0].calls == [("increment", 1)]
 
 
 def test_wrong_labels_are_a_loud_error():
     sink = TritonMetrics(fake_pb_utils(), TAGGER, hostname="h")
-    with pytest.raises(ValueError, match=r"HandlerErrors takes labels \('ErrorType',\)"):
-        sink.add("HandlerErrors", 1)
+    with pytest.raises(ValueError, match=r"resnet50_errors_total takes labels \('error_type',\)"):
+        sink.add(ERRORS, 1)
 
 
 # ---------------------------------------------------------------------- a real Triton
@@ -157,9 +160,9 @@ def tagger_series(triton) -> dict[str, float]:
     values: dict[str, float] = {}
     text = requests.get(triton.metrics_url, timeout=30).text
     for name, labels, value in metrics.samples(text):
-        if TAGGER not in (labels.get("ModelName"), labels.get("model")):
+        if labels.get("model") != TAGGER:
             continue
-        own = [labels[k] for k in ("ErrorType", "Precision", "BatchSize") if k in labels]
+        own = [labels[k] for k in ("error_type", "precision", "batch_size") if k in labels]
         key = ":".join([name, *own])
         values[key] = values.get(key, 0.0) + value
     return values
@@ -167,7 +170,7 @@ def tagger_series(triton) -> dict[str, float]:
 
 def test_the_core_counts_what_was_sent_on_tritons_metrics_port(triton):
     """Requests, images and errors as the core counted them equal what the test sent and what
-    Triton itself counted; the labels are TorchServe's."""
+    Triton itself counted; the labels are the same as on TorchServe but for the engine."""
     photo = (REPO / "build" / "samples" / "chelsea.jpg").read_bytes()
     good, bad, three = 8, 3, 1  # one-photo requests, undecodable ones, a three-photo request
     assert infer(triton, TAGGER, [photo]).status_code == 200  # every series exists from here
@@ -179,37 +182,37 @@ def test_the_core_counts_what_was_sent_on_tritons_metrics_port(triton):
     sent = good + bad + three
     after = settled(
         lambda: tagger_series(triton),
-        lambda v: v["HandlerRequests"] - before["HandlerRequests"] >= sent,
+        lambda v: v["resnet50_requests"] - before["resnet50_requests"] >= sent,
     )
     delta = {name: after[name] - before.get(name, 0.0) for name in after}
-    assert delta["HandlerRequests"] == delta["HandlerBatchSize_sum"] == sent
-    assert delta["HandlerImages"] == delta["HandlerImagesPerBatch_sum"] == good + 3 * three
-    assert delta["HandlerErrors:InvalidImage"] == bad
+    assert delta["resnet50_requests"] == delta["resnet50_batch_size_sum"] == sent
+    assert delta["resnet50_images"] == delta["resnet50_images_per_batch_sum"] == good + 3 * three
+    assert delta["resnet50_errors:InvalidImage"] == bad
     # Triton's own counts of the same traffic. The python backend reports every request it
     # sent a response for as a success, the core's 4xx error responses included: only the
-    # core's HandlerErrors tells them apart (docs/operations.md).
+    # core's resnet50_errors_total tells them apart (docs/operations.md).
     assert delta["nv_inference_request_success"] == sent
     assert delta.get("nv_inference_request_failure", 0) == 0
     assert (
-        delta["HandlerBatches"]
-        == delta["HandlerBatchSize_count"]
+        delta["resnet50_batches"]
+        == delta["resnet50_batch_size_count"]
         == delta["nv_inference_exec_count"]
     )
     # What docs/operations.md offers in place of TorchServe's latency rules.
     assert delta["nv_inference_request_duration_us"] > delta["nv_inference_queue_duration_us"] > 0
     assert (
-        sum(v for k, v in delta.items() if k.startswith("HandlerBatchesBySize:"))
-        == delta["HandlerBatches"]
+        sum(v for k, v in delta.items() if k.startswith("resnet50_batches_by_size:"))
+        == delta["resnet50_batches"]
     )
-    assert after["HandlerPrecision:f32"] == 1  # the repository is pinned to f32
+    assert after["resnet50_precision:f32"] == 1  # the repository is pinned to f32
 
     text = requests.get(triton.metrics_url, timeout=30).text
     [labels] = [
         s.labels
         for s in metrics.samples(text)
-        if s.name == "HandlerRequests" and s.labels.get("ModelName") == TAGGER
+        if s.name == "resnet50_requests" and s.labels.get("model") == TAGGER
     ]
-    assert labels == {"ModelName": TAGGER, "Level": "Model", "Hostname": socket.gethostname()}
+    assert labels == {"model": TAGGER, "engine": "triton", "Hostname": socket.gethostname()}
 
 
 # ---------------------------------------------------------------------- Prometheus on Triton
@@ -243,7 +246,9 @@ def test_prometheus_with_the_shipped_rules_reads_the_core_on_triton(triton, tmp_
     target = triton.metrics_url.removeprefix("http://").removesuffix("/metrics")
     with LocalPrometheus(tmp_path / "prometheus", [target], interval_s=1) as prom:
         seen = settled(
-            lambda: prom.value(f'min(count_over_time(HandlerErrors{{ModelName="{TAGGER}"}}[1m]))'),
+            lambda: prom.value(
+                f'min(count_over_time(resnet50_errors_total{{model="{TAGGER}"}}[1m]))'
+            ),
             lambda n: n is not None and n >= 3,
             timeout_s=60,
         )
@@ -258,7 +263,7 @@ def test_prometheus_with_the_shipped_rules_reads_the_core_on_triton(triton, tmp_
             )
         assert sorted(statuses) == [200] * good + [400] * bad
         after = tagger_series(triton)
-        batches = after["HandlerBatches"] - before["HandlerBatches"]
+        batches = after["resnet50_batches"] - before["resnet50_batches"]
         expected = {
             "requests": good + bad,
             "images": good,
@@ -267,11 +272,11 @@ def test_prometheus_with_the_shipped_rules_reads_the_core_on_triton(triton, tmp_
             "up": 1,
         }
         queries = {
-            "requests": f'ModelName:handler_requests:rate1m{{ModelName="{TAGGER}"}} * 60',
-            "images": f'ModelName:handler_images:rate1m{{ModelName="{TAGGER}"}} * 60',
-            "invalid": f'ModelName:handler_errors:rate1m{{ModelName="{TAGGER}",'
-            'ErrorType="InvalidImage"} * 60',
-            "batch": f'ModelName:handler_batch_size:mean1m{{ModelName="{TAGGER}"}}',
+            "requests": f'model:resnet50_requests:rate1m{{model="{TAGGER}"}} * 60',
+            "images": f'model:resnet50_images:rate1m{{model="{TAGGER}"}} * 60',
+            "invalid": f'model:resnet50_errors:rate1m{{model="{TAGGER}",'
+            'error_type="InvalidImage"} * 60',
+            "batch": f'model:resnet50_batch_size:mean1m{{model="{TAGGER}"}}',
             "up": 'up{job="torchserve"}',
         }
 
@@ -301,7 +306,7 @@ def test_prometheus_with_the_shipped_rules_reads_the_core_on_triton(triton, tmp_
             f"readings every 0.5 s: {readings[::4]}"
         )
         # The memory rule reads the worker's gauge: one Triton stub's resident MB.
-        rss = prom.value(f'ModelName:handler_worker_rss_mb:max{{ModelName="{TAGGER}"}}')
+        rss = prom.value(f'model:resnet50_worker_rss_mb:max{{model="{TAGGER}"}}')
         assert rss is not None and 100 < rss < 64 * 1024
 
 

@@ -344,16 +344,19 @@ def test_tsctl_refuses_unroutable_names_before_sending(capsys, tmp_path, argv):
 def test_metrics_summary_from_prometheus_text():
     text = "\n".join(
         [
-            "# HELP HandlerBatches x",
-            "# TYPE HandlerBatches counter",
-            'HandlerBatches{ModelName="m",Level="Model",Hostname="h",} 4.0',
-            'HandlerRequests{ModelName="m",Level="Model",Hostname="h",} 22.0',
-            'HandlerImages{ModelName="m",Level="Model",Hostname="h",} 21.0',
-            'HandlerBatchesBySize{ModelName="m",Level="Model",BatchSize="16",Hostname="h",} 1.0',
-            'HandlerBatchesBySize{ModelName="m",Level="Model",BatchSize="2",Hostname="h",} 3.0',
-            'HandlerErrors{ModelName="m",Level="Model",ErrorType="InvalidImage",Hostname="h",} 1.0',
-            'HandlerDecodeMs{ModelName="m",Level="Model",Hostname="h",} 42.0',
-            'HandlerForwardMs{ModelName="m",Level="Model",Hostname="h",} 400.0',
+            "# HELP resnet50_batches_total x",
+            "# TYPE resnet50_batches_total counter",
+            'resnet50_batches_total{model="m",engine="torchserve",Hostname="h",} 4.0',
+            'resnet50_requests_total{model="m",engine="torchserve",Hostname="h",} 22.0',
+            'resnet50_images_total{model="m",engine="torchserve",Hostname="h",} 21.0',
+            'resnet50_batches_by_size_total{model="m",engine="torchserve",batch_size="16",'
+            'Hostname="h",} 1.0',
+            'resnet50_batches_by_size_total{model="m",engine="torchserve",batch_size="2",'
+            'Hostname="h",} 3.0',
+            'resnet50_errors_total{model="m",engine="torchserve",error_type="InvalidImage",'
+            'Hostname="h",} 1.0',
+            'resnet50_decode_ms_total{model="m",engine="torchserve",Hostname="h",} 42.0',
+            'resnet50_forward_ms_total{model="m",engine="torchserve",Hostname="h",} 400.0',
             'ts_inference_requests_total{model_name="m",model_version="default",'
             'hostname="h",} 22.0',
             'ts_inference_latency_microseconds{model_name="m",model_version="default",'
@@ -380,35 +383,39 @@ def test_metrics_summary_from_prometheus_text():
 
 
 def test_counters_read_the_same_with_or_without_type_lines():
-    """TorchServe declares its counters (``# TYPE ... counter``); prometheus_client then adds
-    ``_total`` to those written without it. Either way a counter goes by one name."""
+    """TorchServe declares its counters (``# TYPE ... counter``), ours named with ``_total``,
+    its own without; prometheus_client adds ``_total`` where it is missing. Either way a counter
+    goes by one name."""
     typed = (
-        "# TYPE HandlerBatches counter\n"
-        'HandlerBatches{ModelName="m",Level="Model",Hostname="h",} 4.0\n'
+        "# TYPE resnet50_batches_total counter\n"
+        'resnet50_batches_total{model="m",engine="torchserve",Hostname="h",} 4.0\n'
         "# TYPE ts_inference_requests_total counter\n"
         'ts_inference_requests_total{model_name="m",model_version="default",} 22.0\n'
-        "# TYPE HandlerBatchSize histogram\n"
-        'HandlerBatchSize_sum{ModelName="m",} 22.0\n'
+        "# TYPE resnet50_batch_size histogram\n"
+        'resnet50_batch_size_sum{model="m",} 22.0\n'
     )
     assert [(s.name, s.value) for s in metrics.samples(typed)] == [
-        ("HandlerBatches", 4.0),
+        ("resnet50_batches", 4.0),
         ("ts_inference_requests", 22.0),
-        ("HandlerBatchSize_sum", 22.0),
+        ("resnet50_batch_size_sum", 22.0),
     ]
     assert [s.name for s in metrics.samples(typed.replace("# TYPE", "# X"))] == [
-        "HandlerBatches",
+        "resnet50_batches",
         "ts_inference_requests",
-        "HandlerBatchSize_sum",
+        "resnet50_batch_size_sum",
     ]
 
 
 @pytest.mark.parametrize(
     "cut",
-    [len('HandlerBatches{ModelName="m",Lev'), len('HandlerBatches{ModelName="m",Level="Model",} ')],
+    [
+        len('resnet50_batches_total{model="m",Lev'),
+        len('resnet50_batches_total{model="m",engine="torchserve",} '),
+    ],
 )
 def test_a_scrape_cut_short_is_a_clear_error(cut):
-    line = 'HandlerBatches{ModelName="m",Level="Model",} 4.0\n'
-    text = "# TYPE HandlerBatches counter\n" + line + line[:cut]
+    line = 'resnet50_batches_total{model="m",engine="torchserve",} 4.0\n'
+    text = "# TYPE resnet50_batches_total counter\n" + line + line[:cut]
     with pytest.raises(errors.MetricsUnreadable, match=r"ends mid-line .* cut short") as caught:
         metrics.summarise(text)
     assert caught.value.exit_code == 1 and "read it again" in caught.value.hint

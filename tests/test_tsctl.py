@@ -169,7 +169,9 @@ def test_metrics_counts_batches_errors_and_time(torchserve):
     assert after["mean_batch_size"] >= 1 and after["decode_ms_per_image"] > 0
     assert after["forward_ms_per_batch"] > 0 and after["mean_latency_ms"] > 0
     text = requests.get(f"{torchserve.metrics_url}/metrics", timeout=30).text
-    assert 'HandlerBatchesBySize{ModelName="resnet50-tagger",Level="Model",BatchSize="' in text
+    assert (
+        'resnet50_batches_by_size_total{model="resnet50-tagger",engine="torchserve",batch_size="'
+    ) in text
     human = tsctl(torchserve, "metrics")
     assert human.returncode == 0 and "mean batch size" in human.stdout
     statuses = json.loads(tsctl(torchserve, "--json", "metrics").stdout)["statuses"]

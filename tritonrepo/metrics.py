@@ -2,12 +2,12 @@
 metrics API, on Triton's own metrics port beside its ``nv_*`` series.
 
 One naming for both engines: every metric of the core's table (``METRICS``) under its own
-name, kind and dimensions, with the labels TorchServe adds to a model metric (``ModelName``,
-``Level="Model"``, ``Hostname``), so config/monitoring's rules and dashboard read either
-engine. Triton's exposition writes counters without a ``_total`` suffix, as TorchServe 0.12
-does. Histograms (the python backend has them since 24.08; the wheel's 2.51 is 24.10) get
-buckets of powers of two, not TorchServe's fixed 0.005 ... 10: the rules read only their
-``_sum`` and ``_count``.
+name, kind and labels, with the common ones (``model``, ``engine="triton"``) and the
+``Hostname`` TorchServe adds to a model metric, so config/monitoring's rules and dashboard read
+either engine. Triton's exposition writes a counter as named (ours end in ``_total``), as
+TorchServe 0.12 does. Histograms (the python backend has them since 24.08; the wheel's 2.51 is
+24.10) get buckets of powers of two, not TorchServe's fixed 0.005 ... 10: the rules read only
+their ``_sum`` and ``_count``.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import socket
 from types import ModuleType
 from typing import Any
 
-from servecore.metrics import METRICS, Kind
+from servecore.metrics import METRICS, Kind, Metric
 
 logger = logging.getLogger(__name__)
 
-LEVEL = "Model"  # TorchServe's Level dimension of a model metric
+ENGINE = "triton"  # the engine label's value
 # Batch sizes and images per batch: 1, 2, 4 ... 1024 (TorchServe's are shaped for seconds).
 BUCKETS = [float(2**i) for i in range(11)]
 
@@ -38,8 +38,8 @@ class TritonMetrics:
 
     def __init__(self, pb_utils: ModuleType, model_name: str, hostname: str | None = None) -> None:
         self.labels = {
-            "ModelName": model_name,
-            "Level": LEVEL,
+            "model": model_name,
+            "engine": ENGINE,
             "Hostname": hostname or socket.gethostname(),
         }
         kinds = {
@@ -48,31 +48,28 @@ class TritonMetrics:
             Kind.HISTOGRAM: pb_utils.MetricFamily.HISTOGRAM,
         }
         self.families: dict = {}
-        for name, (kind, _) in METRICS.items():
+        for metric in METRICS:
             try:
-                self.families[name] = pb_utils.MetricFamily(
-                    name=name,
-                    description=f"{name}: resnet50-serve's servecore/metrics.py",
-                    kind=kinds[kind],
+                self.families[metric.name] = pb_utils.MetricFamily(
+                    name=metric.name, description=metric.help, kind=kinds[metric.kind]
                 )
             except Exception as exc:  # noqa: BLE001 - pb_utils raises TritonModelException
-                logger.warning("metric %s off: %s", name, exc)
+                logger.warning("metric %s off: %s", metric.name, exc)
         # pb_utils' Metric objects (the stub's classes, untyped), by name and label values.
         self.series: dict[tuple[str, tuple[str, ...]], Any] = {}
 
-    def add(self, name: str, value: float, labels: tuple[str, ...] = ()) -> None:
-        metric = self.series.get((name, labels))
-        if metric is None:
-            metric = self._series(name, labels)
-        if metric is None:
+    def add(self, metric: Metric, value: float, labels: tuple[str, ...] = ()) -> None:
+        series = self.series.get((metric.name, labels))
+        if series is None:
+            series = self._series(metric, labels)
+        if series is None:
             return
-        kind = METRICS[name][0]
-        if kind is Kind.COUNTER:
-            metric.increment(value)
-        elif kind is Kind.GAUGE:
-            metric.set(value)
+        if metric.kind is Kind.COUNTER:
+            series.increment(value)
+        elif metric.kind is Kind.GAUGE:
+            series.set(value)
         else:
-            metric.observe(value)
+            series.observe(value)
 
     def close(self) -> None:
         """Let go of every series, then the families (Triton's order: a family deleted before
@@ -80,16 +77,15 @@ class TritonMetrics:
         self.series.clear()
         self.families.clear()
 
-    def _series(self, name: str, labels: tuple[str, ...]):
-        family = self.families.get(name)
+    def _series(self, metric: Metric, labels: tuple[str, ...]):
+        family = self.families.get(metric.name)
         if family is None:
             return None
-        kind, dimensions = METRICS[name]
-        if len(labels) != len(dimensions):
-            raise ValueError(f"metric {name} takes labels {dimensions}, got {labels}")
-        metric = family.Metric(
-            labels={**self.labels, **dict(zip(dimensions, labels))},
-            buckets=BUCKETS if kind is Kind.HISTOGRAM else None,
+        if len(labels) != len(metric.labels):
+            raise ValueError(f"metric {metric.name} takes labels {metric.labels}, got {labels}")
+        series = family.Metric(
+            labels={**self.labels, **dict(zip(metric.labels, labels))},
+            buckets=BUCKETS if metric.kind is Kind.HISTOGRAM else None,
         )
-        self.series[(name, labels)] = metric
-        return metric
+        self.series[(metric.name, labels)] = series
+        return series

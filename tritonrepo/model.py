@@ -4,7 +4,9 @@ An adapter like TorchServe's (``handlers/resnet_handler.py``): ``initialize`` tu
 arguments and this model's ``config.pbtxt`` into ``ModelSettings``; ``execute`` hands Triton's
 whole batch to ``ImageModel.run`` once, each request as an ``Incoming`` (its ``images`` BYTES
 tensor and ``topk`` parameter, parsed inside the core's per-request boundary), and sends each
-``Reply`` back as that request's tensors or its own error. ``make triton-repo``
+``Reply`` back as that request's tensors, built straight from its arrays (each output's dtype
+from the model config, as Triton's add_sub example does; no JSON but each tag's BYTES
+element), an explanation's JSON document, or its own error. ``make triton-repo``
 (``tritonrepo/generate.py``) copies this file to ``<model>/1/model.py`` beside the packages and
 model files it imports, so the stub finds them on its own ``sys.path``. The core's metrics go
 out through Triton's custom metrics (``tritonrepo/metrics.py``) on its metrics port.
@@ -22,7 +24,11 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from model_files.artifacts import ModelFiles
-from servecore.config import HandlerConfig
+from servecore.answers import AnswerSpec, Prediction
+from servecore.config import HandlerConfig, Output
+from servecore.encode import answer_body, tag_json
+from servecore.errors import error_body
+from servecore.explain.encode import Explained
 from servecore.parse import EXPLAIN_KEYS, Protocol, parse_tensor
 from servecore.service import ImageModel, ModelSettings, Reply
 from servecore.stages import Incoming
@@ -37,8 +43,6 @@ DESCRIBE = "describe"
 # (as TorchServe's /explanations), its answer is the ``explanations`` output, one JSON text;
 # the explanation parameters (target, method, ...) ride beside it as request parameters.
 EXPLAIN, EXPLANATIONS = "explain", "explanations"
-# A v2 answer's tensor datatype -> numpy's (BYTES elements are JSON text).
-DTYPES = {"FP32": np.float32, "BYTES": np.object_}
 
 
 class TritonPythonModel:
@@ -50,6 +54,7 @@ class TritonPythonModel:
         parameters = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         folder = Path(args["model_repository"]) / args["model_version"]
         gpu = args.get("model_instance_kind") == "GPU"
+        self.dtypes = output_dtypes(config)
         self.metrics = TritonMetrics(pb_utils, args["model_name"])
         self.model = ImageModel(
             ModelSettings(
@@ -75,7 +80,7 @@ class TritonPythonModel:
         return [
             self._described()
             if ask.get(DESCRIBE) is True
-            else response(next(answers), explained=ask.get(EXPLAIN) is True)
+            else response(next(answers), self.dtypes, self.model.answers)
             for ask in asks
         ]
 
@@ -122,29 +127,39 @@ def _parameters(request) -> dict:
     return json.loads(request.parameters() or "{}")
 
 
-def response(reply: Reply, explained: bool = False):
-    """A ``Reply`` as Triton's response: the v2 body's outputs as tensors (an explanation's
-    JSON as the ``explanations`` output), or the core's error body as this request's error, with
-    the nearest status Triton's HTTP frontend can send."""
+def output_dtypes(config: dict) -> dict[str, type]:
+    """Each output's numpy dtype, from the model config's ``data_type`` (``TYPE_FP32`` ->
+    float32, ``TYPE_STRING`` -> object)."""
+    return {
+        out["name"]: pb_utils.triton_string_to_numpy(out["data_type"])
+        for out in config.get("output", [])
+    }
+
+
+def response(reply: Reply, dtypes: dict[str, type], spec: AnswerSpec):
+    """A ``Reply`` as Triton's response: a prediction's arrays as the output tensors the model
+    config declares, an explanation's JSON document as the ``explanations`` output, or the
+    core's error body as this request's error, with the nearest status Triton's HTTP frontend
+    can send."""
     if reply.error is not None:
+        error = pb_utils.TritonError(json.dumps(error_body(reply.error)), _code(reply.status))
+        return pb_utils.InferenceResponse(error=error)
+    if isinstance(reply.answer, Explained):
+        text = json.dumps(answer_body(reply.answer, spec))
         return pb_utils.InferenceResponse(
-            error=pb_utils.TritonError(reply.text, _code(reply.status))
+            output_tensors=[pb_utils.Tensor(EXPLANATIONS, np.array([[text]], dtype=np.object_))]
         )
-    if explained:
-        return pb_utils.InferenceResponse(
-            output_tensors=[
-                pb_utils.Tensor(EXPLANATIONS, np.array([[reply.text]], dtype=np.object_))
-            ]
-        )
-    return pb_utils.InferenceResponse(
-        output_tensors=[
-            pb_utils.Tensor(
-                out["name"],
-                np.array(out["data"], dtype=DTYPES[out["datatype"]]).reshape(out["shape"]),
-            )
-            for out in reply.body["outputs"]
-        ]
-    )
+    if not isinstance(reply.answer, Prediction):
+        raise TypeError(f"a reply without an error carries an answer, got {reply.answer!r}")
+    answer, tensors = reply.answer, []
+    if answer.embeddings is not None and Output.EMBEDDING.value in dtypes:
+        name = Output.EMBEDDING.value
+        tensors.append(pb_utils.Tensor(name, answer.embeddings.astype(dtypes[name], copy=False)))
+    if answer.tags is not None and Output.TAGS.value in dtypes:
+        name = Output.TAGS.value
+        rows = [[tag_json(tag) for tag in row] for row in answer.tags]
+        tensors.append(pb_utils.Tensor(name, np.array(rows, dtype=dtypes[name])))
+    return pb_utils.InferenceResponse(output_tensors=tensors)
 
 
 def _code(status: int) -> int:

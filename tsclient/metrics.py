@@ -2,11 +2,11 @@
 summarise what an operator asks: how big the batches were, how many requests and which errors,
 how long decoding, the forward pass and whole requests took.
 
-TorchServe 0.12 (simpleclient 0.9) declares its counters without a ``_total`` suffix, except its
-own ``ts_*`` ones; prometheus_client appends ``_total`` to the first kind. ``samples`` names
-every counter without the suffix, so a name reads the same whichever way it was written. The
-handler's counters are declared in ``config/metrics.yaml`` and written by
-``handlers/metrics.py``.
+TorchServe 0.12 (simpleclient 0.9) exports a counter as declared: its own without a ``_total``
+suffix (but ``ts_inference_requests_total``), ours (``resnet50_*_total``, the same names on
+every engine: ``servecore/metrics.py``) with one; prometheus_client's parser appends it where
+it is missing. ``samples`` names every counter without the suffix, so a name reads the same
+whichever way it was written.
 """
 
 from __future__ import annotations
@@ -45,20 +45,20 @@ def samples(text: str) -> list[Sample]:
         ) from None
 
 
-# Metric name -> the total it adds to (handlers/metrics.py writes the Handler* counters).
+# Metric name (without _total) -> the total it adds to (servecore/metrics.py's counters).
 TOTALS = {
-    "HandlerBatches": "batches",
-    "HandlerRequests": "requests",
-    "HandlerImages": "images",
-    "HandlerDecodeMs": "decode_ms",
-    "HandlerForwardMs": "forward_ms",
+    "resnet50_batches": "batches",
+    "resnet50_requests": "requests",
+    "resnet50_images": "images",
+    "resnet50_decode_ms": "decode_ms",
+    "resnet50_forward_ms": "forward_ms",
     "ts_inference_requests": "served",
     "ts_inference_latency_microseconds": "latency_us",
 }
 # Metric name -> (the breakdown it adds to, the label it is broken down by).
 BREAKDOWNS = {
-    "HandlerBatchesBySize": ("batch_sizes", "BatchSize"),
-    "HandlerErrors": ("errors", "ErrorType"),
+    "resnet50_batches_by_size": ("batch_sizes", "batch_size"),
+    "resnet50_errors": ("errors", "error_type"),
 }
 
 
@@ -70,7 +70,7 @@ def summarise(text: str) -> dict[str, dict]:
         lambda: {**dict.fromkeys(TOTALS.values(), 0.0), **{b: {} for b, _ in BREAKDOWNS.values()}}
     )
     for name, labels, value in samples(text):
-        model = labels.get("ModelName") or labels.get("model_name")
+        model = labels.get("model") or labels.get("model_name")
         if model is None:
             continue
         entry = models[model]

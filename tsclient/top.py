@@ -6,11 +6,11 @@ Each frame compares two reads of ``/metrics`` (and the management API's workers)
 
 - per model: requests/s and images/s; mean latency and queue time in ms (TorchServe exports
   sums of microseconds, no histogram: a mean is all that can be derived, no percentile); batch
-  size, mean and p50/p95 (from ``HandlerBatchesBySize``, a real distribution); handler errors/s
+  size, mean and p50/p95 (from ``resnet50_batches_by_size_total``, a real distribution); errors/s
   by kind, ``Overloaded`` being its 503 refusals;
 - for the server: answers/s by status class (``Requests2XX/4XX/5XX``, the frontend's own 503
   refusals included);
-- per worker: status, pid, resident memory (``HandlerWorkerRssMB`` of its pid, else the
+- per worker: status, pid, resident memory (``resnet50_worker_rss_mb`` of its pid, else the
   management API's) and the precision it serves.
 
 On Triton the core's series are the same (``tritonrepo/metrics.py``); Triton's own take the
@@ -18,7 +18,7 @@ place of TorchServe's frontend counters: requests from ``nv_inference_request_su
 ``_failure``, latency and queue time from ``nv_inference_request_duration_us`` and
 ``nv_inference_queue_duration_us`` (sums of microseconds too). Triton has no status classes
 (it counts the model's 4xx answers as successes), so that line says so; its instances have no
-pid in its API, so each shows a stub process the core's ``HandlerWorkerRssMB`` reported.
+pid in its API, so each shows a stub process the core's ``resnet50_worker_rss_mb`` reported.
 
 Lines fit 80 columns. ``run`` redraws until ``q`` or Ctrl-C; ``--once`` prints one frame.
 """
@@ -55,9 +55,9 @@ COUNTERS = {
     "nv_inference_request_failure": "requests",
     "nv_inference_request_duration_us": "latency_us",
     "nv_inference_queue_duration_us": "queue_us",
-    "HandlerImages": "images",
-    "HandlerBatches": "batches",
-    "HandlerRequests": "batched_requests",
+    "resnet50_images": "images",
+    "resnet50_batches": "batches",
+    "resnet50_requests": "batched_requests",
 }
 # Triton times only the requests it answered (a failure's time is not in its duration sums):
 # its means divide by these.
@@ -87,7 +87,7 @@ def parse(text: str, workers: dict[str, list[dict]], at: float) -> Read:
     classes = any(s.name in FRONTEND_STATUSES for s in samples)
     read = Read(at=at, statuses=metrics.frontend_statuses(text) if classes else {}, workers=workers)
     for name, labels, value in samples:
-        model = labels.get("ModelName") or labels.get("model_name") or labels.get("model")
+        model = labels.get("model") or labels.get("model_name")
         if model is None:
             continue
         if name in COUNTERS:
@@ -95,20 +95,19 @@ def parse(text: str, workers: dict[str, list[dict]], at: float) -> Read:
             counters[COUNTERS[name]] += value
             if name in ANSWERED:
                 counters[ANSWERED[name]] = counters.get(ANSWERED[name], 0.0) + value
-        elif name == "HandlerBatchesBySize" and labels.get("BatchSize", "").isdigit():
+        elif name == "resnet50_batches_by_size" and labels.get("batch_size", "").isdigit():
             sizes = read.batch_sizes.setdefault(model, {})
-            size = int(labels["BatchSize"])
+            size = int(labels["batch_size"])
             sizes[size] = sizes.get(size, 0.0) + value
-        elif name == "HandlerErrors":
+        elif name == "resnet50_errors":
             kinds = read.errors.setdefault(model, {})
-            kinds[labels.get("ErrorType", "?")] = (
-                kinds.get(labels.get("ErrorType", "?"), 0.0) + value
-            )
-        elif name == "HandlerPrecision" and value == 1:
-            read.precision[model] = labels.get("Precision", "?")
-        elif name == "HandlerWorkerRssMB":
-            read.rss_mb[labels.get("WorkerPid", "?")] = value
-            read.pids.setdefault(model, []).append(labels.get("WorkerPid", "?"))
+            kind = labels.get("error_type", "?")
+            kinds[kind] = kinds.get(kind, 0.0) + value
+        elif name == "resnet50_precision" and value == 1:
+            read.precision[model] = labels.get("precision", "?")
+        elif name == "resnet50_worker_rss_mb":
+            read.rss_mb[labels.get("worker_pid", "?")] = value
+            read.pids.setdefault(model, []).append(labels.get("worker_pid", "?"))
     return read
 
 

@@ -1,6 +1,6 @@
 """Explanations people can look at: where the model looked, for the class a request asks about.
 
-Pure functions and one small class, testable without TorchServe. ``Explainer.explain``: for
+Pure functions and one small class, testable without an engine. ``Explainer.explain``: for
 the explanation requests of one batch (each an ``ExplainSpec``), resolve each image's targets
 from the batch's logits, run Captum on the eager PyTorch model (one call per method and
 settings, every row with its own target), normalise to a compact grid in [0, 1] and, when

@@ -1,4 +1,5 @@
-"""An explanation request's answer: per image ``{"method", "explanations": [...]}``."""
+"""An explanation request's answer: its values (``Explained``: per image, one ``Explanation``
+per target) and their JSON document, per image ``{"method", "explanations": [...]}``."""
 
 from __future__ import annotations
 
@@ -26,16 +27,24 @@ class Explanation:
     png: bytes | None = None
 
 
-def encode_explanations(
-    protocol: Protocol, method: str, images: Sequence[Sequence[Explanation]], labels: Sequence[str]
-) -> dict:
-    """One request's answer: per image ``{"method", "explanations": [...]}``; the image's
+@dataclass(frozen=True)
+class Explained:
+    """One explanation request's answer: per image, its explanations (one per target), by
+    ``method``; ``protocol`` says how the edge writes it."""
+
+    protocol: Protocol
+    method: str
+    images: list[list[Explanation]]
+
+
+def encode_explanations(answer: Explained, labels: Sequence[str]) -> dict:
+    """One request's JSON answer: per image ``{"method", "explanations": [...]}``; the image's
     document itself (plain), or KServe v1's ``{"explanations": [one per instance]}``."""
     answers = [
-        {"method": method, "explanations": [_explanation(e, labels) for e in image]}
-        for image in images
+        {"method": answer.method, "explanations": [_explanation(e, labels) for e in image]}
+        for image in answer.images
     ]
-    return {"explanations": answers} if protocol is Protocol.V1 else answers[0]
+    return {"explanations": answers} if answer.protocol is Protocol.V1 else answers[0]
 
 
 def _explanation(e: Explanation, labels: Sequence[str]) -> dict:

@@ -1,0 +1,110 @@
+"""A prediction's answer as values: the batch's model outputs, computed once per batch
+(``BatchOutputs``), sliced into each request's ``Prediction`` (its embedding rows as a float32
+array, its tags as ``Tag`` lists). No text: each engine's edge encodes these values, the JSON
+protocols in ``servecore/encode.py`` (TorchServe), tensors in Triton's adapter."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from servecore.config import Output
+from servecore.parse import ParsedRequest, Protocol
+
+
+@dataclass(frozen=True)
+class AnswerSpec:
+    """How a model answers, fixed when it loads: its name and version (v2 echoes them), its
+    task (the default output), the class labels, the default ``topk`` and whether embeddings
+    are L2-normalised."""
+
+    model_name: str
+    model_version: str
+    task: Output
+    labels: Sequence[str]
+    default_top_k: int
+    normalize_embedding: bool
+
+
+@dataclass(frozen=True)
+class Tag:
+    """One ImageNet class of an image's top k: its label, index and probability."""
+
+    label: str
+    index: int
+    probability: float
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One request's prediction: per image, its embedding (``embeddings``, float32 [n, 2048])
+    and/or its tags (most probable first), whichever the request asked for (None: not asked);
+    ``protocol`` and ``request_id`` (KServe v2's ``id``) say how the edge writes it."""
+
+    protocol: Protocol
+    request_id: str | None
+    embeddings: np.ndarray | None
+    tags: list[list[Tag]] | None
+
+
+@dataclass(frozen=True)
+class TopK:
+    """The ``k`` most probable classes of every image row of a batch, most probable first."""
+
+    indices: list[list[int]]
+    probabilities: list[list[float]]
+
+    @classmethod
+    def of(cls, logits: torch.Tensor, k: int) -> TopK:
+        top = torch.softmax(logits, dim=1).topk(k, dim=1)
+        return cls(top.indices.tolist(), top.values.tolist())
+
+    def tags(self, row: int, k: int, labels: Sequence[str]) -> list[Tag]:
+        """One row's ``k`` first tags."""
+        return [
+            Tag(labels[i], i, p) for i, p in zip(self.indices[row][:k], self.probabilities[row][:k])
+        ]
+
+
+@dataclass(frozen=True)
+class BatchOutputs:
+    """The model's answers for every image row of a batch, computed once per batch: the
+    embeddings (float32, L2-normalised when the model says so) only when some request wants
+    them, tags up to the largest ``topk``."""
+
+    embeddings: np.ndarray | None
+    top: TopK
+
+    @classmethod
+    def of(
+        cls,
+        embedding: torch.Tensor,
+        logits: torch.Tensor,
+        requests: Sequence[ParsedRequest],
+        spec: AnswerSpec,
+    ) -> BatchOutputs:
+        embeddings = None
+        if any(r.wants(Output.EMBEDDING, spec.task) for r in requests):
+            if spec.normalize_embedding:
+                embedding = torch.nn.functional.normalize(embedding, dim=1)
+            embeddings = embedding.numpy()
+        k = max((r.tags_top_k(spec.default_top_k) for r in requests), default=1)
+        return cls(embeddings, TopK.of(logits, k))
+
+    def prediction(self, request: ParsedRequest, rows: range, spec: AnswerSpec) -> Prediction:
+        """One request's prediction, from its image ``rows`` of the batch."""
+        k = request.tags_top_k(spec.default_top_k)
+        embeddings = (
+            self.embeddings[rows.start : rows.stop]
+            if self.embeddings is not None and request.wants(Output.EMBEDDING, spec.task)
+            else None
+        )
+        tags = (
+            [self.top.tags(r, k, spec.labels) for r in rows]
+            if request.wants(Output.TAGS, spec.task)
+            else None
+        )
+        return Prediction(request.protocol, request.request_id, embeddings, tags)
