@@ -12,6 +12,7 @@ import base64
 import json
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import pytest
 import requests
 import torch
 
-from buildsteps.configgen import frontend_settings, repo_models
+from buildsteps.configgen import frontend_settings, job_queue_size, repo_models
 from devtools.server import free_ports
 from servecore.config import HandlerConfig
 from servecore.errors import InvalidParameter, InvalidRequest, PayloadTooLarge
@@ -58,13 +59,19 @@ def test_a_tensor_element_is_an_image_or_its_base64_text():
 def test_config_pbtxt_carries_the_model_yaml(model):
     yaml_path = REPO / "config" / "models" / f"{model}.yaml"
     settings = frontend_settings(yaml_path)
-    text = config_pbtxt(model, settings, {"task": "tags"}, "resnet50_dual.xml")
+    text = config_pbtxt(model, settings, {"task": "tags"}, "resnet50_dual.xml", queue_size=16)
     assert f"max_batch_size: {settings['batchSize']}\n" in text
     assert f"max_queue_delay_microseconds: {settings['maxBatchDelay'] * 1000} " in text
     assert f"count: {settings['minWorkers']} kind: KIND_CPU" in text
     assert 'string_value: "{\\"task\\": \\"tags\\"}"' in text
     assert "EXECUTION_ENV_PATH" not in text
-    packed = config_pbtxt(model, settings, {"task": "tags"}, "resnet50_dual.xml", "env.tar.gz")
+    # Overload is refused, not queued: the bound, and a request queued past responseTimeout.
+    assert ("default_queue_policy { max_queue_size: 16 timeout_action: REJECT "
+            f"default_timeout_microseconds: {settings['responseTimeout'] * 1_000_000} }}") in text
+    with pytest.raises(ValueError, match="at least 1"):
+        config_pbtxt(model, settings, {"task": "tags"}, "resnet50_dual.xml", queue_size=0)
+    packed = config_pbtxt(model, settings, {"task": "tags"}, "resnet50_dual.xml", "env.tar.gz",
+                          queue_size=16)
     assert ('key: "EXECUTION_ENV_PATH" value: { string_value: '
             '"$$TRITON_MODEL_DIRECTORY/env.tar.gz" }') in packed
 
@@ -134,6 +141,13 @@ def output(response: requests.Response, name: str) -> np.ndarray:
     out = {o["name"]: o for o in response.json()["outputs"]}[name]
     return np.array(out["data"], dtype=object if out["datatype"] == "BYTES" else np.float32
                     ).reshape(out["shape"])
+
+
+def stats(triton, model: str) -> dict:
+    """Triton's statistics of ``model``."""
+    answer = requests.get(f"{triton.url}/v2/models/{model}/stats", timeout=30)
+    assert answer.status_code == 200, answer.text
+    return answer.json()["model_stats"][0]
 
 
 def expected_tags(reference, labels: list[str], image: bytes, k: int) -> list[dict]:
@@ -251,6 +265,49 @@ def test_tsctl_tags_and_embeds_through_triton_unchanged(triton, tmp_path, refere
     for name, row in zip(names, matrix):
         expected = reference(PHOTOS[[str(p) for p in paths].index(name)])[0]
         assert rel_error(row / np.linalg.norm(row), expected / expected.norm()) <= 1e-4
+
+
+def test_an_open_loop_flood_is_refused_at_the_queue_bound_not_queued(triton):
+    """A few hundred requests at once, beyond the queue bound (TorchServe's job_queue_size):
+    the excess is answered 503 at once instead of queued, so the last answer comes back long
+    before a queue holding them all would have drained; a request right after is answered."""
+    bound = job_queue_size()
+    config = (triton.repository / TAGGER / "config.pbtxt").read_text()
+    assert f"max_queue_size: {bound} timeout_action: REJECT" in config
+    max_batch = frontend_settings(REPO / "config" / "models" / f"{TAGGER}.yaml")["batchSize"]
+    before = stats(triton, TAGGER)
+    flood = 300
+    body = {"inputs": [{"name": "images", "datatype": "BYTES", "shape": [1, 1],
+                        "data": [base64.b64encode(jpeg(64, 64, seed=7)).decode()]}]}
+    start = threading.Barrier(flood)
+
+    def send(_):
+        session = requests.Session()  # connected before the barrier: the flood is the posts
+        session.get(f"{triton.url}/v2/health/live", timeout=60)
+        start.wait()
+        began = time.monotonic()
+        answer = session.post(f"{triton.url}/v2/models/{TAGGER}/infer", json=body, timeout=300)
+        return answer.status_code, answer.json(), time.monotonic() - began
+
+    with ThreadPoolExecutor(flood) as pool:
+        answers = list(pool.map(send, range(flood)))
+    refused = [a for a in answers if a[0] != 200]
+    served = [a for a in answers if a[0] == 200]
+    assert refused and served
+    assert {(status, body["error"].split("] ", 1)[-1]) for status, body, _ in refused} == \
+        {(503, "Exceeds maximum queue size")}
+    # Triton's own statistics: what it ran for the flood, batch by batch.
+    after = stats(triton, TAGGER)
+    batches = after["execution_count"] - before["execution_count"]
+    compute_s = (after["inference_stats"]["compute_infer"]["ns"]
+                 - before["inference_stats"]["compute_infer"]["ns"]) / 1e9
+    assert after["inference_stats"]["success"]["count"] \
+        - before["inference_stats"]["success"]["count"] == len(served)
+    # Queued without a bound, the last of them would wait for every batch before it:
+    # flood / max_batch batches at least, each as long as this flood's batches took.
+    drained_s = flood / max_batch * compute_s / batches
+    assert max(seconds for _, _, seconds in served) < drained_s / 2, (drained_s, len(served))
+    assert output(infer(triton, TAGGER, PHOTOS[:2]), "tags").shape == (2, 5)
 
 
 @pytest.mark.slow

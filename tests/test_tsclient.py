@@ -116,10 +116,22 @@ def test_missing_key_file_says_where_it_comes_from(tmp_path):
      errors.KeyRejected, "key_file.json"),
     (503, {"code": 503, "type": "ServiceUnavailableException", "message": "no worker"},
      errors.ApiError, "retry later"),
+    # Triton's own answers: {"error": text}.
+    (503, {"error": "[request id: <id_unknown>] Exceeds maximum queue size"},
+     errors.ApiError, "max_queue_size"),
 ])
 def test_error_answers_map_to_one_error_each(status, body, kind, hint):
     error = errors.from_response(_response(status, body), "do it")
     assert type(error) is kind and error.status == status and hint in error.hint
+
+
+def test_triton_carries_the_core_s_error_body_as_its_error_text():
+    core = {"code": 400, "type": "InvalidImage", "message": "images[0] is not an image"}
+    error = errors.from_response(_response(400, {"error": json.dumps(core)}), "infer")
+    assert (error.status, error.type) == (400, "InvalidImage")
+    assert error.message == "HTTP 400 InvalidImage: infer: images[0] is not an image"
+    plain = errors.from_response(_response(404, {"error": "Not Found"}), "register x")
+    assert plain.message == "HTTP 404: register x: Not Found"
 
 
 

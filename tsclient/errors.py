@@ -1,6 +1,10 @@
 """Every failure a client of the server can meet, each with an exit code and a hint on how to
-fix it. ``from_response`` is the one place that turns an HTTP answer into one of them."""
+fix it. ``from_response`` is the one place that turns an HTTP answer into one of them, from
+TorchServe (``{"code", "type", "message"}``) or Triton (``{"error": text}``, the text being the
+core's own error body when the model refused the request)."""
 from __future__ import annotations
+
+import json
 
 import requests
 from urllib3.exceptions import InvalidHeader
@@ -120,7 +124,9 @@ def from_response(response: requests.Response, what: str) -> ApiError:
     if status == 503:
         error = ApiError(status, type_, f"{what}: {message}",
                          "the model's queue is full or it has no worker: retry later, or "
-                         "`tsctl scale NAME --min N`")
+                         "`tsctl scale NAME --min N`" if "maximum queue size" not in message
+                         else "Triton's queue for the model is full (max_queue_size): retry "
+                              "later, or send fewer requests at once")
         error.retry_after = _seconds(response.headers.get("Retry-After"))
         return error
     if status == 409:
@@ -139,8 +145,19 @@ def _seconds(value: str | None) -> float | None:
 
 
 def _body(response: requests.Response) -> dict:
+    """The error body as TorchServe writes it; Triton's ``{"error": text}`` read as one: the
+    core's own body when the text is one (a request the model refused), else the text as its
+    ``message``."""
     try:
         body = response.json()
     except ValueError:
         return {}
-    return body if isinstance(body, dict) else {}
+    if not isinstance(body, dict):
+        return {}
+    if set(body) == {"error"} and isinstance(body["error"], str):
+        try:
+            inner = json.loads(body["error"])
+        except ValueError:
+            inner = None
+        return inner if isinstance(inner, dict) else {"message": body["error"]}
+    return body
