@@ -68,6 +68,8 @@ def test_config_pbtxt_carries_the_model_yaml(model):
     # Overload is refused, not queued: the bound, and a request queued past responseTimeout.
     assert ("default_queue_policy { max_queue_size: 16 timeout_action: REJECT "
             f"default_timeout_microseconds: {settings['responseTimeout'] * 1_000_000} }}") in text
+    assert 'output [ { name: "tags" data_type: TYPE_STRING dims: [ -1 ] }, ' \
+           '{ name: "precision" data_type: TYPE_STRING dims: [ 1 ] } ]' in text
     with pytest.raises(ValueError, match="at least 1"):
         config_pbtxt(model, settings, {"task": "tags"}, "resnet50_dual.xml", queue_size=0)
     packed = config_pbtxt(model, settings, {"task": "tags"}, "resnet50_dual.xml", "env.tar.gz",
@@ -137,8 +139,11 @@ def infer(triton, model: str, images: list[bytes], **parameters) -> requests.Res
 
 
 def output(response: requests.Response, name: str) -> np.ndarray:
+    """Output ``name`` of a 200 answer, which names its precision for every image."""
     assert response.status_code == 200, response.text
-    out = {o["name"]: o for o in response.json()["outputs"]}[name]
+    outputs = {o["name"]: o for o in response.json()["outputs"]}
+    out = outputs[name]
+    assert outputs["precision"]["data"] == ["f32"] * out["shape"][0]  # the pinned precision
     return np.array(out["data"], dtype=object if out["datatype"] == "BYTES" else np.float32
                     ).reshape(out["shape"])
 
@@ -164,7 +169,8 @@ def test_health_ready_metadata_and_metrics_answer(triton):
         assert requests.get(f"{triton.url}/v2/models/{model}/ready", timeout=30).status_code == 200
         meta = requests.get(f"{triton.url}/v2/models/{model}", timeout=30).json()
         assert meta["inputs"] == [{"name": "images", "datatype": "BYTES", "shape": [-1, 1]}]
-        assert meta["outputs"] == [{"name": out, "datatype": datatype, "shape": shape}]
+        assert meta["outputs"] == [{"name": out, "datatype": datatype, "shape": shape},
+                                   {"name": "precision", "datatype": "BYTES", "shape": [-1, 1]}]
     metrics = requests.get(triton.metrics_url, timeout=30)
     assert metrics.status_code == 200
     assert f'nv_inference_count{{model="{TAGGER}",version="1"}}' in metrics.text
@@ -197,6 +203,7 @@ def test_tags_match_the_reference_in_json_and_binary_requests(triton, reference,
     tensor.set_data_from_numpy(np.array([[p] for p in PHOTOS], dtype=object), binary_data=True)
     result = client.infer(TAGGER, [tensor], parameters={"topk": 3})
     binary = result.as_numpy("tags")
+    assert result.as_numpy("precision").tolist() == [[b"f32"]] * len(PHOTOS)
     assert [[json.loads(t)["index"] for t in row] for row in binary] == \
         [[json.loads(t)["index"] for t in row] for row in from_json]
 
@@ -239,6 +246,8 @@ def test_tsctl_tags_and_embeds_through_triton_unchanged(triton, tmp_path, refere
     """The v2 commands with ``--url``: a broken file fails alone, the rest are answered."""
     import subprocess
 
+    import pyarrow.parquet as pq
+
     from tsclient.vectors import read_matrix
 
     paths = []
@@ -261,6 +270,8 @@ def test_tsctl_tags_and_embeds_through_triton_unchanged(triton, tmp_path, refere
     out = tmp_path / "emb.parquet"
     embedded = tsctl("embed", "--url", triton.url, *map(str, paths), "--out", str(out))
     assert embedded.returncode == 0, embedded.stderr
+    # Every row names the precision that computed it, as from TorchServe's X-Precision.
+    assert pq.read_table(out, columns=["precision"]).column(0).to_pylist() == ["f32"] * len(paths)
     names, matrix = read_matrix(out)
     for name, row in zip(names, matrix):
         expected = reference(PHOTOS[[str(p) for p in paths].index(name)])[0]

@@ -12,6 +12,7 @@ import requests
 
 from devtools.server import free_port
 from tsclient import cli, errors, metrics, ports
+from tsclient.engine import Engine, detect
 from tsclient.progress import waiting
 from tsclient.client import MAX_NAME, TorchServeClient, check_archive, check_name
 from tsclient.keys import Keys
@@ -69,6 +70,7 @@ def test_client_and_tsctl_default_to_the_same_ports(monkeypatch):
     assert client.urls == expected
     assert {api: getattr(args, f"{api}_url") for api in expected} == expected
     assert Path(args.key_file) == client.key_file
+    assert cli.make_client(args).engine is Engine.TORCHSERVE  # the local one: asked nothing
 
 
 def test_key_file_expiry_is_read(tmp_path):
@@ -351,3 +353,19 @@ def test_keys_to_a_loopback_server_never_go_through_a_proxy(tmp_path, monkeypatc
     finally:
         server.shutdown()
         proxy.shutdown()
+
+
+def test_the_engine_is_asked_once_without_a_key():
+    """``TorchServeClient.engine``: Triton's server metadata names it (tests/test_triton.py);
+    anything else at ``/v2`` is TorchServe; no key goes out before the engine is known."""
+    seen = []
+    server = _serve(seen)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        client = TorchServeClient(url, url, url, keys=Keys("inf", "mgmt"))
+        assert client.engine is Engine.TORCHSERVE and client.engine is Engine.TORCHSERVE
+        assert seen == [("/v2", None)]
+    finally:
+        server.shutdown()
+    with pytest.raises(errors.ServerNotRunning):
+        detect(f"http://127.0.0.1:{free_port()}")

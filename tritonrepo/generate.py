@@ -39,6 +39,9 @@ OUTPUTS = {
     "embedding": ('name: "embedding"', "data_type: TYPE_FP32", f"dims: [ {EMBEDDING_SIZE} ]"),
     "tags": ('name: "tags"', "data_type: TYPE_STRING", "dims: [ -1 ]"),
 }
+# Every answer also names the arithmetic that computed it (TorchServe's X-Precision), one
+# element per image: the 2.51 stub can set neither headers nor response parameters.
+PRECISION_OUTPUT = ('name: "precision"', "data_type: TYPE_STRING", "dims: [ 1 ]")
 
 
 def config_pbtxt(model: str, settings: dict, handler: dict, serialized: str,
@@ -53,7 +56,7 @@ def config_pbtxt(model: str, settings: dict, handler: dict, serialized: str,
     TorchServe client would have given up on it by then."""
     if queue_size < 1:
         raise ValueError(f"queue_size {queue_size}: at least 1 (Triton reads 0 as no bound)")
-    output = OUTPUTS[handler.get("task", "embedding")]
+    outputs = (OUTPUTS[handler.get("task", "embedding")], PRECISION_OUTPUT)
     parameters = {"serialized_file": serialized, "handler": json.dumps(handler, sort_keys=True)}
     if execution_env:
         parameters["EXECUTION_ENV_PATH"] = f"$$TRITON_MODEL_DIRECTORY/{execution_env}"
@@ -65,7 +68,7 @@ def config_pbtxt(model: str, settings: dict, handler: dict, serialized: str,
         f"max_batch_size: {int(settings['batchSize'])}",
         # One image per row: [n, 1] for a request of n images (the batch dimension first).
         'input [ { name: "images" data_type: TYPE_STRING dims: [ 1 ] } ]',
-        f"output [ {{ {' '.join(output)} }} ]",
+        "output [ " + ", ".join(f"{{ {' '.join(o)} }}" for o in outputs) + " ]",
         "dynamic_batching { max_queue_delay_microseconds: "
         f"{int(settings['maxBatchDelay']) * 1000} default_queue_policy {{ "
         f"max_queue_size: {int(queue_size)} timeout_action: REJECT "

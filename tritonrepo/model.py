@@ -21,11 +21,12 @@ import triton_python_backend_utils as pb_utils
 from model_files.artifacts import ModelFiles
 from servecore.config import HandlerConfig
 from servecore.parse import parse_tensor
-from servecore.service import ImageModel, ModelSettings, Reply
+from servecore.service import PRECISION_HEADER, ImageModel, ModelSettings, Reply
 from servecore.stages import Incoming
 
 INPUT = "images"  # BYTES [n, 1]: encoded images, or their base64 text
 TOP_K = "topk"  # request parameter
+PRECISION = "precision"  # BYTES [n, 1]: the arithmetic that computed each answer
 # A v2 answer's tensor datatype -> numpy's (BYTES elements are JSON text).
 DTYPES = {"FP32": np.float32, "BYTES": np.object_}
 
@@ -69,14 +70,18 @@ def _parse(request, config: HandlerConfig):
 
 
 def response(reply: Reply):
-    """A ``Reply`` as Triton's response: the v2 body's outputs as tensors, or the core's error
-    body as this request's error, with the nearest status Triton's HTTP frontend can send."""
+    """A ``Reply`` as Triton's response: the v2 body's outputs as tensors and the precision
+    (TorchServe's ``X-Precision``) as the ``precision`` output, one per image (the 2.51 stub has
+    no response parameters); or the core's error body as this request's error, with the
+    nearest status Triton's HTTP frontend can send."""
     if reply.error is not None:
         return pb_utils.InferenceResponse(error=pb_utils.TritonError(reply.text, _code(reply.status)))
+    outputs = reply.body["outputs"]
+    precision = np.full((outputs[0]["shape"][0], 1), reply.headers[PRECISION_HEADER], np.object_)
     return pb_utils.InferenceResponse(output_tensors=[
-        pb_utils.Tensor(out["name"], np.array(out["data"], dtype=DTYPES[out["datatype"]])
-                        .reshape(out["shape"]))
-        for out in reply.body["outputs"]])
+        *(pb_utils.Tensor(out["name"], np.array(out["data"], dtype=DTYPES[out["datatype"]])
+                          .reshape(out["shape"])) for out in outputs),
+        pb_utils.Tensor(PRECISION, precision)])
 
 
 def _code(status: int) -> int:

@@ -38,6 +38,7 @@ from tabulate import tabulate
 
 from tsclient import errors, metrics, objectstore, ports
 from tsclient.client import TIMEOUT_S, TorchServeClient
+from tsclient.engine import Engine
 from tsclient.collection import STDIN, Collection, Shard
 from tsclient.keys import KEY_FILE, KINDS, Keys
 from tsclient.progress import JobProgress, waiting
@@ -568,7 +569,8 @@ def make_client(args) -> TorchServeClient:
     environment (none when the variable is unset) and TLS verified."""
     if getattr(args, "url", None) is None:
         return TorchServeClient(args.inference_url, args.management_url, args.metrics_url,
-                                key_file=args.key_file, timeout=args.timeout)
+                                key_file=args.key_file, timeout=args.timeout,
+                                engine=Engine.TORCHSERVE)
     token = os.environ.get(args.token_env, "")
     client = TorchServeClient(args.url, args.url, args.url, keys=Keys(token, token),
                               timeout=args.timeout)
