@@ -2,9 +2,10 @@
 repository generated from the archives (``tritonrepo``), asked over HTTP as a client would.
 
 One Triton for the module, on free loopback ports, the repository pinned to f32 so its answers
-can be held to the float32 reference (tests/reference.py) as tightly as f32 allows; stopped at
-the end (the last test checks that it stops cleanly). Skipped, saying why, when
-``make triton-server`` could not install the wheel.
+can be held to the float32 reference (tests/reference.py) as tightly as f32 allows, with keys
+on its restricted APIs as ``make serve-triton`` starts it; stopped at the end (the last test
+checks that it stops cleanly). Skipped, saying why, when ``make triton-server`` could not
+install the wheel.
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ from tests.reference import assert_same_tags, rel_error, tolerance
 from tests.served import variant_server
 from tritonrepo.generate import config_pbtxt, generate
 from tritonrepo.install import NotInstalled, TritonInstall
-from tritonrepo.server import Triton
+from tritonrepo.server import Triton, server_keys
+from tsclient.keys import Keys
 
 REPO = Path(__file__).resolve().parent.parent
 EMBEDDING, TAGGER = "resnet50-embedding", "resnet50-tagger"
@@ -78,6 +80,28 @@ def test_config_pbtxt_carries_the_model_yaml(model):
             '"$$TRITON_MODEL_DIRECTORY/env.tar.gz" }') in packed
 
 
+def test_the_launcher_restricts_each_api_group_to_its_key_from_a_kept_key_file(tmp_path):
+    """``Triton.command()``: inference and metadata want the inference key, the repository,
+    configuration, statistics, trace, logging and shared-memory APIs the management key, over
+    HTTP and gRPC; health is left open. The key file (0600) survives a restart; ``new`` (the
+    launcher's --new-keys) replaces it; no key file: every API open."""
+    key_file = tmp_path / "key_file.json"
+    keys = Triton(tmp_path, key_file=key_file).keys
+    assert key_file.stat().st_mode & 0o777 == 0o600 and keys == Keys.read(key_file)
+    inference = "inference,metadata"
+    management = "model-repository,model-config,statistics,trace,logging,shared-memory"
+    restricted = [f for f in Triton(tmp_path, key_file=key_file).command() if "restricted" in f]
+    assert restricted == [
+        f"--http-restricted-api={inference}:Authorization=Bearer {keys.inference}",
+        f"--grpc-restricted-protocol={inference}:authorization=Bearer {keys.inference}",
+        f"--http-restricted-api={management}:Authorization=Bearer {keys.management}",
+        f"--grpc-restricted-protocol={management}:authorization=Bearer {keys.management}"]
+    assert keys.inference != keys.management and keys.expires("inference") is None
+    rotated = server_keys(key_file, new=True)
+    assert rotated.inference != keys.inference and rotated.management != keys.management
+    assert not any("restricted" in f for f in Triton(tmp_path).command())
+
+
 def test_the_kserve_triton_manifest_passes_the_lint_and_its_rules_apply():
     """kserve/triton: KServe's Triton runtime on the repository, v2 only, its pods fenced."""
     import copy
@@ -117,7 +141,7 @@ def triton(tmp_path_factory, model_store):
     generate(work / "repository", model_store=model_store, precision="f32")
     ports = free_ports(("http", "grpc", "metrics"))
     with (work / "triton.log").open("w") as log:
-        server = Triton(work / "repository", log=log, **ports)
+        server = Triton(work / "repository", log=log, key_file=work / "key_file.json", **ports)
         try:
             server.start()
         except (RuntimeError, TimeoutError) as exc:
@@ -130,12 +154,14 @@ def triton(tmp_path_factory, model_store):
 
 
 def infer(triton, model: str, images: list[bytes], **parameters) -> requests.Response:
-    """The JSON body TorchServe's v2 route takes: base64 images in a BYTES tensor's data."""
+    """The JSON body TorchServe's v2 route takes: base64 images in a BYTES tensor's data, with
+    the inference key."""
     body = {"inputs": [{"name": "images", "datatype": "BYTES", "shape": [len(images), 1],
                         "data": [base64.b64encode(i).decode() for i in images]}]}
     if parameters:
         body["parameters"] = parameters
-    return requests.post(f"{triton.url}/v2/models/{model}/infer", json=body, timeout=300)
+    return requests.post(f"{triton.url}/v2/models/{model}/infer", json=body, timeout=300,
+                         headers=triton.keys.inference_headers())
 
 
 def output(response: requests.Response, name: str) -> np.ndarray:
@@ -149,8 +175,9 @@ def output(response: requests.Response, name: str) -> np.ndarray:
 
 
 def stats(triton, model: str) -> dict:
-    """Triton's statistics of ``model``."""
-    answer = requests.get(f"{triton.url}/v2/models/{model}/stats", timeout=30)
+    """Triton's statistics of ``model`` (a management API: the management key)."""
+    answer = requests.get(f"{triton.url}/v2/models/{model}/stats", timeout=30,
+                          headers=triton.keys.management_headers())
     assert answer.status_code == 200, answer.text
     return answer.json()["model_stats"][0]
 
@@ -167,7 +194,8 @@ def test_health_ready_metadata_and_metrics_answer(triton):
     for model, out, datatype, shape in ((EMBEDDING, "embedding", "FP32", [-1, 2048]),
                                         (TAGGER, "tags", "BYTES", [-1, -1])):
         assert requests.get(f"{triton.url}/v2/models/{model}/ready", timeout=30).status_code == 200
-        meta = requests.get(f"{triton.url}/v2/models/{model}", timeout=30).json()
+        meta = requests.get(f"{triton.url}/v2/models/{model}", timeout=30,
+                            headers=triton.keys.inference_headers()).json()
         assert meta["inputs"] == [{"name": "images", "datatype": "BYTES", "shape": [-1, 1]}]
         assert meta["outputs"] == [{"name": out, "datatype": datatype, "shape": shape},
                                    {"name": "precision", "datatype": "BYTES", "shape": [-1, 1]}]
@@ -201,7 +229,8 @@ def test_tags_match_the_reference_in_json_and_binary_requests(triton, reference,
     client = httpclient.InferenceServerClient(triton.url.removeprefix("http://"))
     tensor = httpclient.InferInput("images", [len(PHOTOS), 1], "BYTES")
     tensor.set_data_from_numpy(np.array([[p] for p in PHOTOS], dtype=object), binary_data=True)
-    result = client.infer(TAGGER, [tensor], parameters={"topk": 3})
+    result = client.infer(TAGGER, [tensor], parameters={"topk": 3},
+                          headers=triton.keys.inference_headers())
     binary = result.as_numpy("tags")
     assert result.as_numpy("precision").tolist() == [[b"f32"]] * len(PHOTOS)
     assert [[json.loads(t)["index"] for t in row] for row in binary] == \
@@ -236,9 +265,8 @@ def test_concurrent_requests_are_batched(triton):
 
     with ThreadPoolExecutor(clients) as pool:
         assert list(pool.map(send, range(clients))) == [200] * clients
-    stats = requests.get(f"{triton.url}/v2/models/{TAGGER}/stats", timeout=30).json()
     sizes = {b["batch_size"]: b["compute_infer"]["count"]
-             for b in stats["model_stats"][0]["batch_stats"]}
+             for b in stats(triton, TAGGER)["batch_stats"]}
     assert max(sizes) > 1, sizes
 
 
@@ -255,7 +283,8 @@ def test_tsctl_tags_and_embeds_through_triton_unchanged(triton, tmp_path, refere
         paths.append(tmp_path / f"p{i}.img")
         paths[-1].write_bytes(photo)
     (tmp_path / "broken.jpg").write_bytes(b"not an image")
-    env = dict(os.environ, PYTHONPATH=str(REPO))  # this checkout's client
+    # This checkout's client; --url takes a bearer token from TSCTL_TOKEN: the inference key.
+    env = dict(os.environ, PYTHONPATH=str(REPO), TSCTL_TOKEN=triton.keys.inference)
 
     def tsctl(*argv):
         return subprocess.run([str(REPO / ".venv" / "bin" / "tsctl"), *argv], env=env,
@@ -278,6 +307,28 @@ def test_tsctl_tags_and_embeds_through_triton_unchanged(triton, tmp_path, refere
         assert rel_error(row / np.linalg.norm(row), expected / expected.norm()) <= 1e-4
 
 
+def test_the_keys_guard_inference_and_management_and_leave_health_open(triton):
+    """Triton's restricted APIs with the key file's keys: no key or the other kind's is refused
+    (HTTP 403 naming the header), the right one answered; health and metrics need none."""
+    keys = triton.keys
+    body = {"inputs": [{"name": "images", "datatype": "BYTES", "shape": [1, 1],
+                        "data": [base64.b64encode(PHOTOS[0]).decode()]}]}
+    infer_url = f"{triton.url}/v2/models/{TAGGER}/infer"
+    index_url = f"{triton.url}/v2/repository/index"
+    refusal = {"error": "This API is restricted, expecting header 'Authorization'"}
+    for url, right, wrong in ((infer_url, keys.inference_headers(), keys.management_headers()),
+                              (index_url, keys.management_headers(), keys.inference_headers())):
+        for headers in ({}, wrong, {"Authorization": "Bearer not-the-key"}):
+            refused = requests.post(url, json=body, headers=headers, timeout=60)
+            assert (refused.status_code, refused.json()) == (403, refusal), url
+        assert requests.post(url, json=body, headers=right, timeout=60).status_code == 200
+    assert requests.get(f"{triton.url}/v2/models/{TAGGER}/config", timeout=30).status_code == 403
+    for open_url in (f"{triton.url}/v2/health/ready", f"{triton.url}/v2/models/{TAGGER}/ready",
+                     triton.metrics_url):
+        assert requests.get(open_url, timeout=30).status_code == 200, open_url
+
+
+
 def test_an_open_loop_flood_is_refused_at_the_queue_bound_not_queued(triton):
     """A few hundred requests at once, beyond the queue bound (TorchServe's job_queue_size):
     the excess is answered 503 at once instead of queued, so the last answer comes back long
@@ -297,7 +348,8 @@ def test_an_open_loop_flood_is_refused_at_the_queue_bound_not_queued(triton):
         session.get(f"{triton.url}/v2/health/live", timeout=60)
         start.wait()
         began = time.monotonic()
-        answer = session.post(f"{triton.url}/v2/models/{TAGGER}/infer", json=body, timeout=300)
+        answer = session.post(f"{triton.url}/v2/models/{TAGGER}/infer", json=body,
+                              headers=triton.keys.inference_headers(), timeout=300)
         return answer.status_code, answer.json(), time.monotonic() - began
 
     with ThreadPoolExecutor(flood) as pool:

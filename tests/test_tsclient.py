@@ -121,6 +121,8 @@ def test_missing_key_file_says_where_it_comes_from(tmp_path):
     # Triton's own answers: {"error": text}.
     (503, {"error": "[request id: <id_unknown>] Exceeds maximum queue size"},
      errors.ApiError, "max_queue_size"),
+    (403, {"error": "This API is restricted, expecting header 'Authorization'"},
+     errors.KeyRejected, "--new-keys"),
 ])
 def test_error_answers_map_to_one_error_each(status, body, kind, hint):
     error = errors.from_response(_response(status, body), "do it")

@@ -1,6 +1,7 @@
 """Run Triton on a model repository, on loopback, and stop it cleanly.
 
     python -m tritonrepo.server [--repository build/triton]     # make serve-triton
+    python -m tritonrepo.server --new-keys      # fresh keys first (the only way to rotate)
 
 The one place that knows how the wheel's ``tritonserver`` must be started: the Python backend
 stub's interpreter found through ``PATH`` (``tritonrepo.install`` says why), the wheel's
@@ -8,11 +9,21 @@ libraries and ``libpython`` on ``LD_LIBRARY_PATH``, every endpoint on 127.0.0.1 
 ``tsclient.ports`` (or the ones given), a shared-memory prefix of its own so two servers on one
 host do not meet. Ctrl-C or SIGTERM stops it the way Triton stops: in-flight requests finish,
 models unload, the stubs exit.
+
+Keys: Triton's restricted APIs demand a header per API group, the value fixed at start. With
+``keys``, inference and metadata want the inference key and the repository, configuration,
+statistics, trace, logging and shared-memory APIs the management key, as ``Authorization:
+Bearer KEY`` over HTTP (what TorchServe's token authorization reads, so clients send the same
+header to either) and as gRPC metadata ``triton-grpc-protocol-authorization: Bearer KEY``
+(Triton prefixes gRPC's). Health stays open (probes) and so do metrics (their own port).
+``server_keys`` keeps them in a key file of TorchServe's format (``tsctl --key-file``).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -25,12 +36,36 @@ import requests
 
 from tritonrepo.install import TritonInstall
 from tsclient import ports
+from tsclient.keys import Keys
 
 REPO = Path(__file__).resolve().parent.parent
 REPOSITORY = REPO / "build" / "triton"
 DEFAULT_PORTS = {"http": ports.TRITON_HTTP, "grpc": ports.TRITON_GRPC,
                  "metrics": ports.TRITON_METRICS}
 EXIT_TIMEOUT = 30  # seconds Triton gives in-flight requests when told to stop
+# Not ./key_file.json: TorchServe rewrites that one when it starts in the same folder.
+KEY_FILE = REPO / "build" / "triton-key_file.json"
+# Triton's API groups (its RESTRICTED_CATEGORY_NAMES) by the key each wants; "health" open.
+RESTRICTED = {"inference": ("inference", "metadata"),
+              "management": ("model-repository", "model-config", "statistics", "trace",
+                             "logging", "shared-memory")}
+KEY_HEADER = "Authorization"  # gRPC metadata: triton-grpc-protocol-authorization
+
+
+def server_keys(path: Path = KEY_FILE, new: bool = False) -> Keys:
+    """The keys in ``path``, written first (fresh, mode 0600) when it is missing or ``new``: a
+    key file as TorchServe writes one, without an expiry (Triton keeps a key until it
+    restarts) or an API key (Triton has no rotation API)."""
+    path = Path(path)
+    if new or not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps({kind: {"key": secrets.token_urlsafe(24)} for kind in RESTRICTED},
+                          indent=2)
+        fd = os.open(path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text + "\n")
+        os.replace(path.with_suffix(".tmp"), path)  # a reader never meets it half-written
+    return Keys.read(path)
 
 
 class Triton:
@@ -39,11 +74,17 @@ class Triton:
 
     def __init__(self, repository: Path = REPOSITORY, *, http: int = ports.TRITON_HTTP,
                  grpc: int = ports.TRITON_GRPC, metrics: int = ports.TRITON_METRICS,
-                 install: TritonInstall = TritonInstall(), log: IO | None = None) -> None:
+                 install: TritonInstall = TritonInstall(), log: IO | None = None,
+                 key_file: Path | None = None) -> None:
+        """``key_file``: where the keys the restricted APIs demand are kept (``server_keys``:
+        written when missing); None: every API open, for a server behind a gate of its own
+        (KServe's)."""
         self.repository = Path(repository)
         self.ports = {"http": http, "grpc": grpc, "metrics": metrics}
         self.install = install
         self.log = log
+        self.key_file = Path(key_file) if key_file is not None else None
+        self.keys: Keys | None = server_keys(self.key_file) if key_file is not None else None
         self.process: subprocess.Popen | None = None
 
     @property
@@ -68,7 +109,22 @@ class Triton:
             f"--backend-config=python,shm-region-prefix-name=rs{os.getpid()}-{uuid.uuid4().hex[:8]}_",
             f"--exit-timeout-secs={EXIT_TIMEOUT}",
             "--strict-readiness=true",
+            *self._restrictions(),
         ]
+
+    def _restrictions(self) -> list[str]:
+        """``--http-restricted-api`` / ``--grpc-restricted-protocol`` (2.51's name for gRPC),
+        ``GROUP[,GROUP]:HEADER=VALUE``, one per key. Triton reads no key file: the values are
+        on its command line (and so in ``ps`` for this host's users)."""
+        if self.keys is None:
+            return []
+        flags = []
+        for kind, groups in RESTRICTED.items():
+            value = f"Bearer {self.keys.key(kind)}"
+            flags += [f"--http-restricted-api={','.join(groups)}:{KEY_HEADER}={value}",
+                      f"--grpc-restricted-protocol={','.join(groups)}:"
+                      f"{KEY_HEADER.lower()}={value}"]
+        return flags
 
     def env(self) -> dict[str, str]:
         """This environment with the Triton venv's ``python3`` first on ``PATH`` (the stub's
@@ -136,15 +192,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repository", type=Path, default=REPOSITORY)
     for name, port in DEFAULT_PORTS.items():
         parser.add_argument(f"--{name}-port", type=int, default=port)
+    parser.add_argument("--key-file", type=Path, default=KEY_FILE,
+                        help="the keys the restricted APIs demand, written when missing "
+                             f"(default {KEY_FILE.relative_to(REPO)}; tsctl --key-file)")
+    parser.add_argument("--new-keys", action="store_true",
+                        help="write fresh keys into --key-file first (rotation: Triton reads "
+                             "them at start)")
+    parser.add_argument("--no-keys", action="store_true",
+                        help="every API open (behind a gate of your own)")
     args = parser.parse_args(argv)
+    if args.no_keys and args.new_keys:
+        parser.error("--no-keys and --new-keys contradict each other")
+    if args.new_keys:
+        server_keys(args.key_file, new=True)
     triton = Triton(args.repository, http=args.http_port, grpc=args.grpc_port,
-                    metrics=args.metrics_port)
+                    metrics=args.metrics_port, key_file=None if args.no_keys else args.key_file)
     # SIGTERM as Ctrl-C: one path that stops Triton and waits for it.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         triton.start()
         print(f"Triton ready: {triton.url}/v2 (gRPC {ports.HOST}:{args.grpc_port}, metrics "
-              f"{triton.metrics_url}); Ctrl-C stops it", file=sys.stderr)
+              f"{triton.metrics_url}); "
+              + ("every API open" if triton.keys is None else f"keys in {triton.key_file}")
+              + "; Ctrl-C stops it", file=sys.stderr)
         triton.process.wait()
         return 1  # it stopped on its own: its log says why
     except KeyboardInterrupt:

@@ -177,6 +177,10 @@ class TorchServeClient:
                 if current == used:  # nobody rotated it yet: expired (or wrong)
                     current = self.rotate(kind).key(kind)
             response = self._send(method, port, path, params, bearer(current), **kwargs)
+        elif used is not None and errors.is_restricted(response):  # Triton: no rotation
+            current = self.keys.key(kind)
+            if current != used:  # restarted with new keys since this call read the file
+                response = self._send(method, port, path, params, bearer(current), **kwargs)
         if response.status_code >= 400:
             raise errors.from_response(response, what)
         return response

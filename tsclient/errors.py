@@ -83,6 +83,11 @@ class Unhealthy(TsError):
 
 
 KEY_REJECTED = "InvalidKeyException"
+# Triton's answer to a missing or wrong header on a restricted API (HTTP 403).
+TRITON_RESTRICTED = "This API is restricted"
+TRITON_KEY_HINT = ("Triton's keys are the ones it was started with: point --key-file at the key "
+                   "file tritonrepo.server wrote (build/triton-key_file.json by default); "
+                   "they change only when Triton restarts with --new-keys")
 ALLOWED_URLS_HINT = ("register archives by file name from the model store (model_store in "
                      "config/server.properties), or add the URL's pattern to allowed_urls there "
                      "and restart the server")
@@ -93,8 +98,16 @@ MODEL_API_HINT = ("registering and unregistering models is off on this server "
 
 
 def is_key_rejection(response: requests.Response) -> bool:
-    """TorchServe's answer to a missing, wrong or expired key: 400 InvalidKeyException."""
+    """TorchServe's answer to a missing, wrong or expired key: 400 InvalidKeyException (a new
+    key can be had: ``/token``)."""
     return response.status_code == 400 and _body(response).get("type") == KEY_REJECTED
+
+
+def is_restricted(response: requests.Response) -> bool:
+    """Triton's answer to a missing or wrong key on a restricted API: 403 (no rotation: its
+    keys change only with a restart)."""
+    return response.status_code == 403 and \
+        str(_body(response).get("message", "")).startswith(TRITON_RESTRICTED)
 
 
 def from_response(response: requests.Response, what: str) -> ApiError:
@@ -103,6 +116,8 @@ def from_response(response: requests.Response, what: str) -> ApiError:
     status = response.status_code
     type_ = str(body.get("type", ""))
     message = str(body.get("message", response.text.strip() or response.reason))
+    if is_restricted(response):
+        return KeyRejected(status, "Forbidden", f"{what}: {message}", TRITON_KEY_HINT)
     if type_ == KEY_REJECTED:
         return KeyRejected(status, type_, message,
                          "the key in key_file.json was refused after one rotation: point "
