@@ -38,6 +38,8 @@ from tsclient.keys import Keys
 
 REPO = Path(__file__).resolve().parent.parent
 EMBEDDING, TAGGER = "resnet50-embedding", "resnet50-tagger"
+HOST = "127.0.0.1"
+GRPC_KEY = "triton-grpc-protocol-authorization"  # Triton's gRPC name of the Authorization key
 PHOTOS = [jpeg(320, 240, seed=1), png(300, 300, seed=2), jpeg(500, 280, seed=3)]
 
 
@@ -307,9 +309,75 @@ def test_tsctl_tags_and_embeds_through_triton_unchanged(triton, tmp_path, refere
         assert rel_error(row / np.linalg.norm(row), expected / expected.norm()) <= 1e-4
 
 
+def grpc_client(triton):
+    import tritonclient.grpc as grpcclient
+
+    return grpcclient.InferenceServerClient(f"{HOST}:{triton.ports['grpc']}")
+
+
+def grpc_headers(keys_headers: dict) -> dict:
+    """Triton's gRPC restriction reads the same value under its own metadata name."""
+    return {GRPC_KEY: value for value in keys_headers.values()}
+
+
+def grpc_infer(triton, model: str, images: list[bytes], **parameters):
+    import tritonclient.grpc as grpcclient
+
+    tensor = grpcclient.InferInput("images", [len(images), 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[i] for i in images], dtype=object))
+    return grpc_client(triton).infer(model, [tensor], parameters=parameters or None,
+                                     headers=grpc_headers(triton.keys.inference_headers()))
+
+
+@pytest.mark.parametrize("model, name", [(EMBEDDING, "embedding"), (TAGGER, "tags")])
+def test_grpc_answers_equal_http_answers(triton, model, name):
+    """NVIDIA's gRPC client (KServe's Triton runtime serves gRPC on 9000): the same tensors as
+    the JSON body over HTTP, each answer naming its precision, ``topk`` honoured."""
+    topk = {"topk": 3} if name == "tags" else {}
+    over_http = output(infer(triton, model, PHOTOS, **topk), name)
+    over_grpc = grpc_infer(triton, model, PHOTOS, **topk)
+    assert over_grpc.as_numpy("precision").tolist() == [[b"f32"]] * len(PHOTOS)
+    if name == "embedding":
+        np.testing.assert_array_equal(over_grpc.as_numpy(name), over_http)
+    else:
+        tags = over_grpc.as_numpy(name)
+        assert tags.shape == (len(PHOTOS), 3)
+        assert [[json.loads(t) for t in row] for row in tags] == \
+            [[json.loads(t) for t in row] for row in over_http]
+
+
+def test_a_broken_image_fails_alone_over_grpc_too(triton):
+    from tritonclient.utils import InferenceServerException
+
+    bodies = [[PHOTOS[0]], [b"\xff\xd8\xff\xe0 this is not a JPEG"], [PHOTOS[1]], [PHOTOS[2]]]
+    start = threading.Barrier(len(bodies))
+
+    def send(images):
+        start.wait()
+        try:
+            return grpc_infer(triton, TAGGER, images)
+        except InferenceServerException as exc:
+            return exc
+
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        answers = list(pool.map(send, bodies))
+    refused = answers.pop(1)
+    assert isinstance(refused, InferenceServerException)
+    assert refused.status() == "StatusCode.INVALID_ARGUMENT"
+    error = json.loads(refused.message())  # the core's own error body, as over HTTP
+    assert error["type"] == "InvalidImage" and error["code"] == 400
+    for answer in answers:
+        assert answer.as_numpy("tags").shape == (1, 5)
+        assert answer.as_numpy("precision").tolist() == [[b"f32"]]
+
+
 def test_the_keys_guard_inference_and_management_and_leave_health_open(triton):
     """Triton's restricted APIs with the key file's keys: no key or the other kind's is refused
-    (HTTP 403 naming the header), the right one answered; health and metrics need none."""
+    (HTTP 403 naming the header; gRPC UNAVAILABLE), the right one answered; health and metrics
+    need none."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
     keys = triton.keys
     body = {"inputs": [{"name": "images", "datatype": "BYTES", "shape": [1, 1],
                         "data": [base64.b64encode(PHOTOS[0]).decode()]}]}
@@ -327,6 +395,23 @@ def test_the_keys_guard_inference_and_management_and_leave_health_open(triton):
                      triton.metrics_url):
         assert requests.get(open_url, timeout=30).status_code == 200, open_url
 
+    client = grpc_client(triton)
+    assert client.is_server_ready() and client.is_model_ready(TAGGER)  # health: no key
+    tensor = grpcclient.InferInput("images", [1, 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[PHOTOS[0]]], dtype=object))
+    for headers in ({}, grpc_headers(keys.management_headers())):
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer(TAGGER, [tensor], headers=headers)
+        assert refused.value.status() == "StatusCode.UNAVAILABLE"
+        assert f"This protocol is restricted, expecting header '{GRPC_KEY}'" in \
+            refused.value.message()
+    answered = client.infer(TAGGER, [tensor], headers=grpc_headers(keys.inference_headers()))
+    assert answered.as_numpy("tags").shape == (1, 5)
+    with pytest.raises(InferenceServerException):
+        client.get_model_repository_index(headers=grpc_headers(keys.inference_headers()))
+    index = client.get_model_repository_index(
+        headers=grpc_headers(keys.management_headers()), as_json=True)
+    assert sorted(m["name"] for m in index["models"]) == [EMBEDDING, TAGGER]
 
 
 def test_an_open_loop_flood_is_refused_at_the_queue_bound_not_queued(triton):
