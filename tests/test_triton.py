@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -274,8 +275,6 @@ def test_concurrent_requests_are_batched(triton):
 
 def test_tsctl_tags_and_embeds_through_triton_unchanged(triton, tmp_path, reference):
     """The v2 commands with ``--url``: a broken file fails alone, the rest are answered."""
-    import subprocess
-
     import pyarrow.parquet as pq
 
     from tsclient.vectors import read_matrix
@@ -456,6 +455,53 @@ def test_an_open_loop_flood_is_refused_at_the_queue_bound_not_queued(triton):
     drained_s = flood / max_batch * compute_s / batches
     assert max(seconds for _, _, seconds in served) < drained_s / 2, (drained_s, len(served))
     assert output(infer(triton, TAGGER, PHOTOS[:2]), "tags").shape == (2, 5)
+
+
+def test_tsctl_lists_checks_and_reads_triton_and_says_what_it_cannot(triton):
+    """``list``, ``health`` and ``metrics`` with ``--url`` read Triton's repository, readiness
+    and metrics; TorchServe's management commands say they are not available there."""
+    def tsctl(*argv):
+        return subprocess.run([str(REPO / ".venv" / "bin" / "tsctl"), "--key-file",
+                               str(triton.key_file), *argv],
+                              env=dict(os.environ, PYTHONPATH=str(REPO)),
+                              capture_output=True, text=True, timeout=300)
+
+    infer(triton, TAGGER, PHOTOS[:2])  # something for the metrics to count
+    listed = tsctl("--json", "list", "--url", triton.url)
+    assert listed.returncode == 0, listed.stderr
+    for row in json.loads(listed.stdout):
+        settings = frontend_settings(REPO / "config" / "models" / f"{row['model']}.yaml")
+        assert (row["version"], row["workers"], row["ready"], row["state"]) == \
+            ("1", settings["minWorkers"], settings["minWorkers"], "READY")
+        assert (row["batchSize"], row["maxBatchDelay"], row["maxQueueSize"]) == \
+            (settings["batchSize"], settings["maxBatchDelay"], job_queue_size())
+    assert sorted(r["model"] for r in json.loads(listed.stdout)) == [EMBEDDING, TAGGER]
+    health = tsctl("health", "--url", triton.url)
+    assert health.returncode == 0, health.stderr
+    assert health.stdout.splitlines() == ["server: ready (Triton)", f"{EMBEDDING}/1: READY",
+                                          f"{TAGGER}/1: READY"]
+    metrics_base = triton.metrics_url.removesuffix("/metrics")  # tsctl's URLs are bases
+    read = tsctl("--metrics-url", metrics_base, "--json", "metrics", "--url", triton.url)
+    assert read.returncode == 0, read.stderr
+    tagger = json.loads(read.stdout)["models"][TAGGER]
+    assert tagger["requests"] == stats(triton, TAGGER)["inference_stats"]["success"]["count"]
+    assert tagger["images"] >= 2 and tagger["batches"] >= 1
+
+    keyless = subprocess.run([str(REPO / ".venv" / "bin" / "tsctl"), "list", "--url",
+                              triton.url], env=dict(os.environ, PYTHONPATH=str(REPO)),
+                             capture_output=True, text=True, timeout=300)
+    assert keyless.returncode == 4  # a refused key
+    assert "This API is restricted" in keyless.stderr and "--key-file" in keyless.stderr
+
+    for argv in (["register", "x.mar"], ["scale", TAGGER, "--min", "2"],
+                 ["set-default", TAGGER, "1"], ["unregister", TAGGER],
+                 ["keys", "--rotate", "inference"]):
+        refused = tsctl(*argv, "--url", triton.url)
+        assert refused.returncode == 6, (argv, refused.stderr)
+        assert f"error: not available on Triton: {argv[0]}" in refused.stderr
+    # Pointed at Triton through TorchServe's own address options: the same, after its 404.
+    behind = tsctl("--management-url", triton.url, "scale", TAGGER, "--min", "2")
+    assert behind.returncode == 6 and "not available on Triton: scale" in behind.stderr
 
 
 @pytest.mark.slow

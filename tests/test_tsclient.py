@@ -68,9 +68,9 @@ def test_client_and_tsctl_default_to_the_same_ports(monkeypatch):
                 "management": f"http://127.0.0.1:{ports.MANAGEMENT}",
                 "metrics": f"http://127.0.0.1:{ports.METRICS}"}
     assert client.urls == expected
-    assert {api: getattr(args, f"{api}_url") for api in expected} == expected
-    assert Path(args.key_file) == client.key_file
-    assert cli.make_client(args).engine is Engine.TORCHSERVE  # the local one: asked nothing
+    made = cli.make_client(args)  # without --url: the local TorchServe, asked nothing
+    assert made.urls == expected and made.key_file == client.key_file
+    assert made.engine is Engine.TORCHSERVE
 
 
 def test_key_file_expiry_is_read(tmp_path):
@@ -371,3 +371,23 @@ def test_the_engine_is_asked_once_without_a_key():
         server.shutdown()
     with pytest.raises(errors.ServerNotRunning):
         detect(f"http://127.0.0.1:{free_port()}")
+
+
+def test_tritons_own_series_are_summarised_per_model():
+    """``tsctl metrics --url`` on Triton: its nv_inference_* counters per model."""
+    from tsclient import triton
+
+    text = "".join(f"# TYPE {name} counter\n{name}{{model=\"m\",{labels}version=\"1\"}} {value}\n"
+                   for name, labels, value in (
+                       ("nv_inference_request_success", "", 4),
+                       ("nv_inference_request_failure", 'reason="REJECTED",', 2),
+                       ("nv_inference_count", "", 12), ("nv_inference_exec_count", "", 3),
+                       ("nv_inference_request_duration_us", "", 80000),
+                       ("nv_inference_queue_duration_us", "", 20000),
+                       ("nv_inference_compute_infer_duration_us", "", 40000)))
+    assert triton.summarise(text + "# TYPE nv_cpu_utilization gauge\nnv_cpu_utilization 0.5\n") \
+        == {"m": {"requests": 4, "failed": {"REJECTED": 2}, "images": 12, "batches": 3,
+                  "mean_batch_images": 4.0, "mean_latency_ms": 20.0, "mean_queue_ms": 5.0,
+                  "compute_ms_per_request": 10.0}}
+    assert triton.metrics_url("http://127.0.0.1:8000") == "http://127.0.0.1:8002"
+    assert triton.metrics_url("https://[::1]:9000/x") == "https://[::1]:8002"

@@ -75,6 +75,12 @@ class Refused(ApiError):
     exit_code = 6
 
 
+class NotOnTriton(TsError):
+    """A TorchServe-only command (management, key rotation) pointed at Triton."""
+
+    exit_code = 6
+
+
 class Unhealthy(TsError):
     """``health``: the server answers but a model has no READY worker; ``tag``/``embed``: some
     files failed."""
