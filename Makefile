@@ -175,9 +175,11 @@ bench-ingestion: setup config archives samples
 # Every kind of client at once against one local server (photos, v2 x8, explanations, bad
 # inputs, the floods) -> results/soak.md and .png: latency per class, statuses, worker
 # restarts, RSS over time. Bounded: SOAK_MINUTES (10), loopback only; SOAK_QUICK=1 for 30 s.
+# ENGINE=triton: the v2 part of the mix against Triton -> results/soak-triton.md and .png.
 SOAK_MINUTES ?= 10
-soak: setup config archives samples
-	$(PY) -m bench.soak --minutes $(SOAK_MINUTES) $(if $(SOAK_QUICK),--quick)
+ENGINE ?= torchserve
+soak: setup config archives samples $(if $(filter triton,$(ENGINE)),triton-server)
+	$(PY) -m bench.soak --engine $(ENGINE) --minutes $(SOAK_MINUTES) $(if $(SOAK_QUICK),--quick)
 
 # tsctl embed over 2,000 generated photos vs the server's own throughput, a SIGKILL at ~50%
 # and the rerun, exact search over 100,000 vectors -> results/collection.md (about 6 minutes).

@@ -1,6 +1,7 @@
-"""A bounded soak of a real TorchServe: every kind of client at once, for minutes.
+"""A bounded soak of a real TorchServe, or Triton: every kind of client at once, for minutes.
 
     python -m bench.soak [--minutes 10] [--quick]      # make soak [SOAK_MINUTES=10]
+    python -m bench.soak --engine triton [--quick]     # make soak ENGINE=triton
 
 One server with the shipped config and both models (``devtools.server.LocalTorchServe``,
 loopback only). Each traffic class below is a few closed-loop clients with a pause of their
@@ -14,6 +15,12 @@ memory at start and end) and ``results/soak.png`` (RSS over time).
 What a healthy run shows: no 5xx but 503 (``Overloaded`` from the handler's budgets or a full
 queue), no worker restart, memory flat after the first minute. ``--quick`` is a 30 s smoke
 run (the numbers mean little).
+
+``--engine triton``: the same models on Triton from a repository generated with the shipped
+settings and keys (``tritonrepo``), sent the part of the mix Triton takes: KServe v2 only
+(``[n, 1]`` tensors; no ``/predictions``, no explanations), the same photos, floods, 1 MB names
+and deep JSON. Its "frontend" is the ``tritonserver`` process, its workers the Python-backend
+stubs (a new stub pid is a restart); ``soak-triton.md``/``.json``/``.png``.
 """
 from __future__ import annotations
 
@@ -34,7 +41,7 @@ from bench.layout import BUILD, EMBEDDING, MODEL_STORE, RESULTS, SAMPLES, TAGGER
     setup_cli
 from bench.memory import _rss
 from bench.stats import percentile
-from devtools.server import LocalTorchServe
+from devtools.server import LocalTorchServe, free_ports
 
 log = logging.getLogger("bench.soak")
 SAMPLE_EVERY_S = 5.0
@@ -57,9 +64,12 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def _v2(images: list[bytes], name: str = "images", shape: list[int] | None = None) -> bytes:
+def _v2(images: list[bytes], name: str = "images", shape: list[int] | None = None,
+        rows: bool = False) -> bytes:
+    """A v2 body; ``rows``: shape ``[n, 1]``, the batch dimension first, as Triton wants it."""
+    default = [len(images), 1] if rows else [len(images)]
     return json.dumps({"inputs": [{"name": name, "datatype": "BYTES",
-                                   "shape": shape or [len(images)],
+                                   "shape": shape or default,
                                    "data": [_b64(i) for i in images]}]}).encode()
 
 
@@ -90,14 +100,17 @@ class TrafficClass:
     expect: tuple[int, ...]
 
 
-def traffic(samples: Path) -> list[TrafficClass]:
-    """The mix: what users send, and what hostile clients send beside them."""
+def traffic(samples: Path, engine: str = "torchserve") -> list[TrafficClass]:
+    """The mix: what users send, and what hostile clients send beside them (on Triton, the
+    v2 part of it)."""
     photo = (samples / "chelsea.jpg").read_bytes()
     other = (samples / "coffee.jpg").read_bytes()
     tiny = _tiny_png()
     explain, explain_type = _multipart({"data": photo, "n_steps": b"16"})
     deep = (b'{"data": ' * 20_000) + b'"x"' + b"}" * 20_000
     json_type = "application/json"
+    if engine == "triton":
+        return triton_traffic(photo, other, tiny, deep)
     return [
         TrafficClass("photo", f"/predictions/{TAGGER}", photo, "image/jpeg", 2, 0.2, (200,)),
         TrafficClass("embedding", f"/predictions/{EMBEDDING}", other, "image/jpeg", 1, 0.5,
@@ -116,6 +129,31 @@ def traffic(samples: Path) -> list[TrafficClass]:
     ]
 
 
+def triton_traffic(photo: bytes, other: bytes, tiny: bytes, deep: bytes) -> list[TrafficClass]:
+    """The mix as Triton takes it: every class a v2 request (TorchServe's photo, embedding and
+    bad-image classes sent as one-image v2 requests). Triton answers a request it cannot read
+    (unknown input name, JSON without ``inputs``) itself: 400, or 500 for the deep JSON
+    (its parser's error is an internal one)."""
+    def infer(model: str) -> str:
+        return f"/v2/models/{model}/infer"
+
+    json_type = "application/json"
+    return [
+        TrafficClass("photo", infer(TAGGER), _v2([photo], rows=True), json_type, 2, 0.2, (200,)),
+        TrafficClass("embedding", infer(EMBEDDING), _v2([other], rows=True), json_type, 1, 0.5,
+                     (200,)),
+        TrafficClass("v2 x8", infer(TAGGER), _v2([photo, other] * 4, rows=True), json_type, 1,
+                     1.0, (200, 503)),
+        TrafficClass("bad image", infer(TAGGER), _v2([b"not an image" * 100], rows=True),
+                     json_type, 1, 1.0, (400,)),
+        TrafficClass("row flood", infer(TAGGER), _v2([tiny] * V2_IMAGES, rows=True), json_type,
+                     FLOOD_CLIENTS, 0.0, (200, 503)),
+        TrafficClass("1 MB name", infer(TAGGER), _v2([tiny], name="n" * 1_000_000, shape=[1, 1]),
+                     json_type, 1, 2.0, (400,)),
+        TrafficClass("deep JSON", infer(TAGGER), deep, json_type, 1, 2.0, (400, 500)),
+    ]
+
+
 @dataclass
 class Record:
     """What one class saw: latencies (ms) and outcomes (``"200"``, ``"503 Overloaded"``,
@@ -127,10 +165,19 @@ class Record:
 
 
 def _outcome(status: int, body: bytes) -> str:
+    """``"200"``, or the status and the error's kind: TorchServe's ``type``; from Triton, the
+    core's ``type`` inside its ``{"error": text}``, or the text's start."""
     if status == 200:
         return "200"
     try:
-        kind = json.loads(body).get("type", "")
+        parsed = json.loads(body)
+        kind = parsed.get("type", "")
+        if not kind and isinstance(parsed.get("error"), str):
+            error = parsed["error"]
+            try:
+                kind = json.loads(error).get("type", "")
+            except (ValueError, AttributeError):
+                kind = error.split("] ", 1)[-1][:40]
     except (ValueError, AttributeError):
         kind = ""
     return f"{status} {kind}".strip()
@@ -180,17 +227,86 @@ class MemorySeries:
     pids: dict[str, set[int]] = field(default_factory=dict)
 
 
-def sample_memory(server: LocalTorchServe, series: MemorySeries, t0: float) -> None:
-    """One sample: the frontend's RSS, and each model's worker pids (describe) and RSS."""
-    client = server.client(timeout=30)
-    tree = server.processes()  # the frontend first, then its descendants
+class SoakedTorchServe:
+    """A fresh local TorchServe with the shipped config: its port, key, processes and each
+    model's worker pids (from describe)."""
+
+    label = "one local TorchServe (shipped config, both models)"
+    frontend = "frontend (JVM)"
+
+    def __init__(self) -> None:
+        self.server = LocalTorchServe(fresh_dir(BUILD / "soak"), MODEL_STORE)
+
+    def start(self) -> None:
+        self.server.start()
+        self.port = int(self.server.inference_url.rsplit(":", 1)[1])
+        self.headers = self.server.keys.inference_headers()
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def processes(self) -> list:
+        return self.server.processes()  # the frontend first, then its descendants
+
+    def worker_pids(self, model: str, processes: list) -> list[int]:
+        client = self.server.client(timeout=30)
+        return [w["pid"] for w in client.describe(model)[0]["workers"] if w.get("pid")]
+
+
+class SoakedTriton:
+    """A fresh Triton on a repository generated with the shipped settings and keys: its HTTP
+    port, inference key, process tree and each model's Python-backend stubs."""
+
+    label = "one local Triton (generated repository, shipped settings and keys, both models)"
+    frontend = "tritonserver"
+
+    def __init__(self) -> None:
+        from tritonrepo.generate import generate
+        from tritonrepo.install import TritonInstall
+        from tritonrepo.server import Triton
+
+        TritonInstall().check()
+        work = fresh_dir(BUILD / "soak-triton")
+        generate(work / "repository", model_store=MODEL_STORE)
+        self.log = (work / "triton.log").open("w")
+        self.server = Triton(work / "repository", log=self.log, key_file=work / "key_file.json",
+                             **free_ports(("http", "grpc", "metrics")))
+
+    def start(self) -> None:
+        self.server.start()
+        self.port = self.server.ports["http"]
+        self.headers = self.server.keys.inference_headers()
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.log.close()
+
+    def processes(self) -> list:
+        import psutil
+
+        if self.server.process is None:
+            return []
+        root = psutil.Process(self.server.process.pid)
+        return [root, *root.children(recursive=True)]
+
+    def worker_pids(self, model: str, processes: list) -> list[int]:
+        """The stubs serving ``model``: their first argument is its ``<model>/1/model.py``."""
+        return [p.pid for p in processes[1:] if any(f"/{model}/" in a for a in p.cmdline()[1:2])]
+
+
+ENGINES = {"torchserve": SoakedTorchServe, "triton": SoakedTriton}
+
+
+def sample_memory(server, series: MemorySeries, t0: float) -> None:
+    """One sample: the frontend's RSS, and each model's worker pids and RSS."""
+    tree = server.processes()
     processes = {p.pid: p for p in tree}
     frontend = tree[0] if tree else None
     series.t.append(time.monotonic() - t0)
     series.frontend.append(_rss(frontend) / 2**20 if frontend else 0.0)
     for model in (TAGGER, EMBEDDING):
         try:
-            pids = [w["pid"] for w in client.describe(model)[0]["workers"] if w.get("pid")]
+            pids = server.worker_pids(model, tree)
         except Exception:  # a sample is skipped, not the soak
             pids = []
         series.pids.setdefault(model, set()).update(pids)
@@ -198,18 +314,18 @@ def sample_memory(server: LocalTorchServe, series: MemorySeries, t0: float) -> N
         series.workers.setdefault(model, []).append(rss)
 
 
-def soak(duration_s: float, out_dir: Path, stem: str = "soak") -> dict:
-    """Run the mix for ``duration_s`` against a fresh server; write the reports; return the
-    summary."""
-    classes = traffic(SAMPLES)
-    server = LocalTorchServe(fresh_dir(BUILD / "soak"), MODEL_STORE)
+def soak(duration_s: float, out_dir: Path, stem: str = "soak",
+         engine: str = "torchserve") -> dict:
+    """Run the mix for ``duration_s`` against a fresh server of ``engine``; write the
+    reports; return the summary."""
+    classes = traffic(SAMPLES, engine)
+    server = ENGINES[engine]()
     records = {cls.name: Record() for cls in classes}
     series = MemorySeries()
     lock = threading.Lock()
     try:
         server.start()
-        port = int(server.inference_url.rsplit(":", 1)[1])
-        headers = server.keys.inference_headers()
+        port, headers = server.port, server.headers
         t0 = time.monotonic()
         deadline = t0 + duration_s
         threads = [threading.Thread(target=run_class, daemon=True,
@@ -227,7 +343,8 @@ def soak(duration_s: float, out_dir: Path, stem: str = "soak") -> dict:
         sample_memory(server, series, t0)
     finally:
         server.stop()
-    summary = summarize(classes, records, series, duration_s)
+    summary = {**summarize(classes, records, series, duration_s), "engine": engine,
+               "server": server.label, "frontend": server.frontend, "stem": stem}
     write_reports(summary, series, out_dir, stem)
     return summary
 
@@ -257,7 +374,7 @@ def summarize(classes: list[TrafficClass], records: dict[str, Record], series: M
 
     return {
         "duration_s": duration_s, "classes": rows,
-        "restarts": {m: len(p) - 1 for m, p in series.pids.items()},
+        "restarts": {m: max(0, len(p) - 1) for m, p in series.pids.items()},
         "five_hundreds_not_503": five_hundreds,
         "memory": {"frontend": memory(series.frontend),
                    **{f"{m} worker": memory(v) for m, v in series.workers.items()}},
@@ -278,7 +395,7 @@ def render_markdown(summary: dict) -> str:
     lines = [
         "# Soak", "",
         f"`python -m bench.soak` (`make soak`): {summary['duration_s'] / 60:.1f} minutes of every "
-        "traffic class at once against one local TorchServe (shipped config, both models). "
+        f"traffic class at once against {summary.get('server', 'one local TorchServe')}. "
         "Latency in ms per request, from send to the last byte of the answer. Memory is RSS "
         "in MiB; start is the first sample after a minute (or half-way through a short run).",
         "",
@@ -289,12 +406,12 @@ def render_markdown(summary: dict) -> str:
         + (", ".join(f"{k}: {n}" for k, n in summary["five_hundreds_not_503"].items()) or "none"),
         "",
         *report.table(["process", "start", "end", "max"], memory), "",
-        "RSS over time: `results/soak.png` (not in git).",
+        f"RSS over time: `results/{summary.get('stem', 'soak')}.png` (not in git).",
     ]
     return "\n".join(lines) + "\n"
 
 
-def render_plot(series: MemorySeries, path: Path) -> None:
+def render_plot(series: MemorySeries, path: Path, frontend: str = "frontend (JVM)") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -302,7 +419,7 @@ def render_plot(series: MemorySeries, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     minutes = [t / 60 for t in series.t]
-    ax.plot(minutes, series.frontend, label="frontend (JVM)")
+    ax.plot(minutes, series.frontend, label=frontend)
     for model, values in series.workers.items():
         ax.plot(minutes, values, label=f"{model} worker")
     ax.set_xlabel("minutes")
@@ -319,7 +436,7 @@ def write_reports(summary: dict, series: MemorySeries, out_dir: Path, stem: str)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{stem}.md").write_text(render_markdown(summary))
     report.write_json(summary, out_dir / f"{stem}.json")
-    render_plot(series, out_dir / f"{stem}.png")
+    render_plot(series, out_dir / f"{stem}.png", summary.get("frontend", "frontend (JVM)"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -329,11 +446,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="30 s, a smoke run")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--engine", choices=sorted(ENGINES), default="torchserve",
+                        help="the server soaked (triton: results/soak-triton.*)")
     args = parser.parse_args(argv)
     setup_cli("soak", args.quiet)
     if not 0 < args.minutes <= 60:
         parser.error("--minutes must be in (0, 60]: the soak is bounded")
-    summary = soak(30.0 if args.quick else args.minutes * 60, args.out)
+    stem = "soak" if args.engine == "torchserve" else f"soak-{args.engine}"
+    summary = soak(30.0 if args.quick else args.minutes * 60, args.out, stem, args.engine)
     print(render_markdown(summary))
     return 0
 

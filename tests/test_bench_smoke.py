@@ -113,3 +113,31 @@ def test_soak_runs_every_class_and_reports(tmp_path, model_store):
     assert set(summary["restarts"].values()) == {0}
     assert "| photo |" in (tmp_path / "soak.md").read_text()
     assert (tmp_path / "soak.png").stat().st_size > 10_000
+
+
+def test_soak_runs_the_v2_mix_against_triton(tmp_path, model_store):
+    """``python -m bench.soak --engine triton --quick``: every v2 class was sent and answered as
+    Triton answers it, no stub restarted; the only 5xx is Triton's own 500 for the deep JSON
+    (its parser's error, before any code of ours runs)."""
+    from tritonrepo.install import NotInstalled, TritonInstall
+
+    try:
+        TritonInstall().check()
+    except NotInstalled as exc:
+        pytest.skip(f"no Triton server: {exc}")
+    run = subprocess.run([sys.executable, "-m", "bench.soak", "--engine", "triton", "--quick",
+                          "--quiet", "--out", str(tmp_path)], cwd=REPO, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads((tmp_path / "soak-triton.json").read_text())
+    assert set(summary["classes"]) == {"photo", "embedding", "v2 x8", "bad image", "row flood",
+                                       "1 MB name", "deep JSON"}
+    for name, row in summary["classes"].items():
+        assert row["requests"] > 0, name
+        assert not row["unexpected"], (name, row)
+    assert summary["classes"]["bad image"]["outcomes"] == {
+        "400 InvalidImage": summary["classes"]["bad image"]["requests"]}
+    assert all(k.startswith("500 Unable to parse") for k in summary["five_hundreds_not_503"])
+    assert summary["restarts"] == {"resnet50-tagger": 0, "resnet50-embedding": 0}
+    assert "one local Triton" in (tmp_path / "soak-triton.md").read_text()
+    assert (tmp_path / "soak-triton.png").stat().st_size > 10_000
