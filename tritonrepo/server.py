@@ -11,7 +11,7 @@ host do not meet. Ctrl-C or SIGTERM stops it the way Triton stops: in-flight req
 models unload, the stubs exit.
 
 Keys: Triton's restricted APIs demand a header per API group, the value fixed at start. With
-``keys``, inference and metadata want the inference key and the repository, configuration,
+a key file, inference and metadata want the inference key and the repository, configuration,
 statistics, trace, logging and shared-memory APIs the management key, as ``Authorization:
 Bearer KEY`` over HTTP (what TorchServe's token authorization reads, so clients send the same
 header to either) and as gRPC metadata ``triton-grpc-protocol-authorization: Bearer KEY``

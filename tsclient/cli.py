@@ -666,7 +666,7 @@ def _check_engine(client: TorchServeClient, args) -> None:
 
 def _triton_behind(client: TorchServeClient, args, exc: errors.ApiError) -> bool:
     """Whether a TorchServe-only command failed because Triton answered (``--management-url``
-    pointed at it): checked only after a 4xx, so TorchServe is not asked anything more."""
+    pointed at it): asked only after a 4xx, so a working TorchServe is asked nothing more."""
     if args.command not in NOT_ON_TRITON or not 400 <= exc.status < 500:
         return False
     try:
