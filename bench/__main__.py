@@ -17,6 +17,7 @@
 Writes ``results/benchmark.{md,json,png}`` and prints the Markdown (progress goes to stderr).
 Every server is stopped in a ``finally``; nothing is left running.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,19 @@ from pathlib import Path
 
 from bench import explain_cost, machine, raw, report, stock, triton
 from bench.archives import ArchiveInfo
-from bench.layout import (BUILD, EMBEDDING, IMAGES, MODEL_STORE, REPO, RESULTS, SAMPLES,
-                          TAGGER as OURS, WEIGHTS, fresh_dir, setup_cli)
+from bench.layout import (
+    BUILD,
+    EMBEDDING,
+    IMAGES,
+    MODEL_STORE,
+    REPO,
+    RESULTS,
+    SAMPLES,
+    TAGGER as OURS,
+    WEIGHTS,
+    fresh_dir,
+    setup_cli,
+)
 from bench.serving import LoadPlan, measure_model
 from bench.targets import evaluate
 from servecore.config import HandlerConfig
@@ -62,20 +74,23 @@ def load_inputs() -> tuple[dict[str, bytes], ArchiveInfo, dict]:
     other weights than build/weights (the comparison must use one checkpoint)."""
     _require(WEIGHTS / CHECKPOINT, "make archives")
     weights = machine.weights_info(WEIGHTS)
-    images = {name: _require(SAMPLES / f, "make samples").read_bytes()
-              for name, f in IMAGES.items()}
+    images = {
+        name: _require(SAMPLES / f, "make samples").read_bytes() for name, f in IMAGES.items()
+    }
     for name in (EMBEDDING, OURS):
         _require(MODEL_STORE / f"{name}.mar", "make archives")
     archive = ArchiveInfo.read(MODEL_STORE / f"{OURS}.mar")
     if archive.weights.get("sha256") != weights["sha256"]:
         raise InputsMissing(
             f"bench: model-store/{OURS}.mar holds weights {archive.weights.get('sha256')}, "
-            f"build/weights holds {weights['sha256']}: run `make archives` first")
+            f"build/weights holds {weights['sha256']}: run `make archives` first"
+        )
     return images, archive, weights
 
 
-def run_raw(config: HandlerConfig, images: dict[str, bytes], budget: raw.Budget,
-            batches: tuple[int, ...]) -> dict:
+def run_raw(
+    config: HandlerConfig, images: dict[str, bytes], budget: raw.Budget, batches: tuple[int, ...]
+) -> dict:
     from buildsteps.export import export
 
     # `make weights` exports only the chosen backend; export() reports on stdout, which
@@ -98,35 +113,50 @@ def run_pipeline(label: str, config: HandlerConfig, image: bytes, budget: raw.Bu
     """The served tagger's work without serving: the raw row ``label`` (what it serves) at its
     handler settings."""
     backend = raw.load_variant(WEIGHTS, label)
-    measured = raw.pipeline_throughput(backend, Preprocessor(config), image, 8, budget,
-                                       config.decode_threads)
+    measured = raw.pipeline_throughput(
+        backend, Preprocessor(config), image, 8, budget, config.decode_threads
+    )
     return {"backend": label, "precision": backend.precision, **measured}
 
 
-def serve_ours(images: dict[str, bytes], plan: LoadPlan, weights: dict, *,
-               store: Path = MODEL_STORE, config: Path | None = None,
-               load_models: list[str] | None = None, run: str = "ours") -> dict:
+def serve_ours(
+    images: dict[str, bytes],
+    plan: LoadPlan,
+    weights: dict,
+    *,
+    store: Path = MODEL_STORE,
+    config: Path | None = None,
+    load_models: list[str] | None = None,
+    run: str = "ours",
+) -> dict:
     workdir = fresh_dir(BUILD / "run" / run)
-    server = LocalTorchServe(workdir, store, load_models=load_models,
-                             **({"config": config} if config else {}))
+    server = LocalTorchServe(
+        workdir, store, load_models=load_models, **({"config": config} if config else {})
+    )
     try:
         started = time.monotonic()
         server.start()
         startup_s = time.monotonic() - started
-        meta = server.client().describe(OURS, customized=True)[0].get(
-            "customizedMetadata") or {}
+        meta = server.client().describe(OURS, customized=True)[0].get("customizedMetadata") or {}
         served_sha = meta.get("weights", {}).get("sha256")
         if served_sha != weights["sha256"]:
-            raise RuntimeError(f"served {OURS} reports weights {served_sha}, expected "
-                               f"{weights['sha256']}")
-        measured = measure_model(server, OURS, images, plan, batches_from_log=False,
-                                 progress=log.info)
+            raise RuntimeError(
+                f"served {OURS} reports weights {served_sha}, expected {weights['sha256']}"
+            )
+        measured = measure_model(
+            server, OURS, images, plan, batches_from_log=False, progress=log.info
+        )
     finally:
         server.stop()
-    return {"model": OURS, "backend": meta.get("backend", "unknown"),
-            "precision": meta.get("precision", "unknown"),
-            "precision_choice": meta.get("precision_choice"),
-            "quantization": meta.get("quantization"), "startup_s": startup_s, **measured}
+    return {
+        "model": OURS,
+        "backend": meta.get("backend", "unknown"),
+        "precision": meta.get("precision", "unknown"),
+        "precision_choice": meta.get("precision_choice"),
+        "quantization": meta.get("quantization"),
+        "startup_s": startup_s,
+        **measured,
+    }
 
 
 def serve_stock(images: dict[str, bytes], plan: LoadPlan) -> dict:
@@ -135,26 +165,37 @@ def serve_stock(images: dict[str, bytes], plan: LoadPlan) -> dict:
     stock.archive_stock(serialized, WEIGHTS / LABELS, store, BUILD / "archiver-tmp")
     config = stock.stock_config(BUILD / "stock.properties", like=OURS)
     workdir = fresh_dir(BUILD / "run" / "stock")
-    server = LocalTorchServe(workdir, store, config=config,
-                             load_models=[f"{stock.MODEL_NAME}.mar"])
+    server = LocalTorchServe(workdir, store, config=config, load_models=[f"{stock.MODEL_NAME}.mar"])
     try:
         started = time.monotonic()
         server.start()
         startup_s = time.monotonic() - started
-        measured = measure_model(server, stock.MODEL_NAME, images, plan, batches_from_log=True,
-                                 progress=log.info)
+        measured = measure_model(
+            server, stock.MODEL_NAME, images, plan, batches_from_log=True, progress=log.info
+        )
     finally:
         server.stop()
-    return {"model": stock.MODEL_NAME, "backend": "torchscript (stock handler)",
-            "startup_s": startup_s, **measured}
+    return {
+        "model": stock.MODEL_NAME,
+        "backend": "torchscript (stock handler)",
+        "startup_s": startup_s,
+        **measured,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=RESULTS,
-                        help="where benchmark.md/.json/.png go (default: results/)")
-    parser.add_argument("--quick", action="store_true",
-                        help="seconds-long runs: a smoke test of the pipeline, not a benchmark")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=RESULTS,
+        help="where benchmark.md/.json/.png go (default: results/)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="seconds-long runs: a smoke test of the pipeline, not a benchmark",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     args = parser.parse_args(argv)
     setup_cli("bench", args.quiet)
@@ -177,8 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     log.info("in-process pipeline: %s (what the tagger served)", served)
     pipeline = run_pipeline(served, config, images["small"], budget)
     log.info("served: ours on Triton (%s at %s)", OURS, ours["precision"])
-    triton_results = triton.serve_triton(images, plan, ours["precision"],
-                                         model_store=MODEL_STORE, progress=log.info)
+    triton_results = triton.serve_triton(
+        images, plan, ours["precision"], model_store=MODEL_STORE, progress=log.info
+    )
     log.info("served: stock image_classifier")
     stock_results = serve_stock(images, plan)
 
@@ -196,9 +238,18 @@ def main(argv: list[str] | None = None) -> int:
         "pipeline": pipeline,
         "explain": explain_results,
         "served": {"ours": ours, "triton": triton_results, "stock": stock_results},
-        "targets": [t.to_dict() for t in evaluate(raw_results, served, ours, stock_results,
-                                                  raw_batch=batch_size, pipeline=pipeline,
-                                                  cpu_flags=machine_info.get("cpu_flags"))],
+        "targets": [
+            t.to_dict()
+            for t in evaluate(
+                raw_results,
+                served,
+                ours,
+                stock_results,
+                raw_batch=batch_size,
+                pipeline=pipeline,
+                cpu_flags=machine_info.get("cpu_flags"),
+            )
+        ],
     }
     print(report.write_reports(results, args.out), end="")
     return 0

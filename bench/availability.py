@@ -7,6 +7,7 @@ availability option (2 workers, ``threads: 1`` each). For each: 16 closed-loop c
 small JPEG (img/s, p50, p99), then the same load while one worker is killed with SIGKILL
 (failed requests, and whether the model answered throughout). Prints a Markdown table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,19 +30,22 @@ WORK = BUILD / "availability"
 CLIENTS = 16
 
 
-def measure(server: LocalTorchServe, body: bytes, workers: int, threads: int | None,
-            plan: LoadPlan) -> dict:
+def measure(
+    server: LocalTorchServe, body: bytes, workers: int, threads: int | None, plan: LoadPlan
+) -> dict:
     base = MODELS_DIR / f"{TAGGER}.yaml"
     frontend = yaml.safe_load(base.read_text())
     config = variant_config(base, frontend["batchSize"], frontend["maxBatchDelay"], workers)
     if threads is not None:
         config["handler"] = {**config.get("handler", {}), "threads": threads}
     archive = ArchiveInfo.read(MODEL_STORE / f"{TAGGER}.mar")
-    with registered_variant(server, archive, config, f"{TAGGER}-w{workers}.mar",
-                            WORK) as settings:
+    with registered_variant(server, archive, config, f"{TAGGER}-w{workers}.mar", WORK) as settings:
         mut = ModelUnderTest(server, TAGGER, batches_from_log=False, plan=plan)
-        row = {"workers": workers, "threads": threads or "all cores",
-               **mut.closed("small", body, CLIENTS, {})}
+        row = {
+            "workers": workers,
+            "threads": threads or "all cores",
+            **mut.closed("small", body, CLIENTS, {}),
+        }
         # The same load while one worker is killed: count what fails.
         endpoint = mut.endpoint(body)
         victim = settings["worker_pids"][0]
@@ -49,21 +53,27 @@ def measure(server: LocalTorchServe, body: bytes, workers: int, threads: int | N
         killer.start()
         stats = summarize(closed_loop(endpoint, CLIENTS, plan.closed_s, 10_000))
         killer.join()
-        return row | {"kill_requests": stats.requests, "kill_errors": stats.errors,
-                      "kill_error_kinds": stats.error_kinds, "kill_throughput": stats.throughput}
+        return row | {
+            "kill_requests": stats.requests,
+            "kill_errors": stats.errors,
+            "kill_error_kinds": stats.error_kinds,
+            "kill_throughput": stats.throughput,
+        }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.availability",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.availability", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--seconds", type=float, default=12.0)
     args = parser.parse_args(argv)
     setup_cli("availability", quiet=False)  # SIGTERM reaches the finally that stops the server
     plan = LoadPlan(closed_s=args.seconds)
     body = (SAMPLES / IMAGES["small"]).read_bytes()
     (WORK / "store").mkdir(parents=True, exist_ok=True)
-    server = LocalTorchServe(fresh_dir(WORK / "run"), WORK / "store", load_models=[],
-                             model_api=True)
+    server = LocalTorchServe(
+        fresh_dir(WORK / "run"), WORK / "store", load_models=[], model_api=True
+    )
     rows = []
     try:
         server.start()
@@ -71,14 +81,20 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(measure(server, body, workers, threads, plan))
     finally:
         server.stop()
-    print(f"tagger, {CLIENTS} clients, small JPEG, {time.strftime('%Y-%m-%d')}, load average "
-          f"{os.getloadavg()[0]:.1f}\n")
-    print("| workers x threads | img/s | p50 ms | p99 ms | worker killed: failed / requests "
-          "| img/s during kill |\n| --- | --- | --- | --- | --- | --- |")
+    print(
+        f"tagger, {CLIENTS} clients, small JPEG, {time.strftime('%Y-%m-%d')}, load average "
+        f"{os.getloadavg()[0]:.1f}\n"
+    )
+    print(
+        "| workers x threads | img/s | p50 ms | p99 ms | worker killed: failed / requests "
+        "| img/s during kill |\n| --- | --- | --- | --- | --- | --- |"
+    )
     for r in rows:
-        print(f"| {r['workers']} x {r['threads']} | {r['throughput']:.1f} | {r['p50_ms']:.0f} | "
-              f"{r['p99_ms']:.0f} | {r['kill_errors']} / {r['kill_requests']} "
-              f"{r['kill_error_kinds'] or ''} | {r['kill_throughput']:.1f} |")
+        print(
+            f"| {r['workers']} x {r['threads']} | {r['throughput']:.1f} | {r['p50_ms']:.0f} | "
+            f"{r['p99_ms']:.0f} | {r['kill_errors']} / {r['kill_requests']} "
+            f"{r['kill_error_kinds'] or ''} | {r['kill_throughput']:.1f} |"
+        )
     return 0
 
 

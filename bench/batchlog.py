@@ -10,6 +10,7 @@ request ids of that batch; the frontend copies the line into ``logs/ts_log.log``
 and every response carries its request id in ``x-request-id``, so each answer can be matched
 with the size of the batch it was computed in.
 """
+
 from __future__ import annotations
 
 import logging
@@ -48,8 +49,12 @@ def batches_by_request(lines: Iterable[str], model: str) -> dict[str, int]:
     return sizes
 
 
-def settled_log(log_file: Path, parse: Callable[[list[str]], T], done: Callable[[T], bool],
-                timeout_s: float = 30.0) -> T:
+def settled_log(
+    log_file: Path,
+    parse: Callable[[list[str]], T],
+    done: Callable[[T], bool],
+    timeout_s: float = 30.0,
+) -> T:
     """``parse`` of the log's lines once ``done`` holds for what it returns. TorchServe logs
     asynchronously, and the frontend copies the worker's lines after the answers went out, so a
     client can hold every answer before their lines are in. Each look reads only what was
@@ -69,8 +74,11 @@ def settled_log(log_file: Path, parse: Callable[[list[str]], T], done: Callable[
         if done(value):
             return value
         if time.monotonic() > deadline:
-            log.warning("%s: what was waited for is not in the log after %.0f s; using what is",
-                        log_file, timeout_s)
+            log.warning(
+                "%s: what was waited for is not in the log after %.0f s; using what is",
+                log_file,
+                timeout_s,
+            )
             return value
         time.sleep(0.1)
 
@@ -79,7 +87,14 @@ def with_logged_batches(samples: Sequence[Sample], log_file: Path, model: str) -
     """``samples`` with ``batch_size`` filled from the log wherever it was unknown, once every
     answered request is in the log."""
     wanted = {s.request_id for s in samples if s.ok and not s.batch_size and s.request_id}
-    sizes = settled_log(log_file, lambda lines: batches_by_request(lines, model),
-                        lambda sizes: wanted <= sizes.keys())
-    return [s if s.batch_size or s.request_id not in sizes
-            else replace(s, batch_size=sizes[s.request_id]) for s in samples]
+    sizes = settled_log(
+        log_file,
+        lambda lines: batches_by_request(lines, model),
+        lambda sizes: wanted <= sizes.keys(),
+    )
+    return [
+        s
+        if s.batch_size or s.request_id not in sizes
+        else replace(s, batch_size=sizes[s.request_id])
+        for s in samples
+    ]

@@ -17,6 +17,7 @@ On one local TorchServe (the archives of model-store/):
 
 The photos (mixed sizes, JPEG and PNG, seeded) are generated once into build/bench-collection/.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,13 @@ WORK = REPO / "build" / "bench-collection"
 MODEL = "resnet50-embedding"
 TSCTL = REPO / ".venv" / "bin" / "tsctl"
 # (share of the photos, width, height, format): phone-sized and web-sized photos, some PNG.
-MIX = ((0.35, 320, 240, "JPEG"), (0.35, 800, 600, "JPEG"), (0.2, 1600, 1200, "JPEG"),
-       (0.05, 2400, 1800, "JPEG"), (0.05, 640, 480, "PNG"))
+MIX = (
+    (0.35, 320, 240, "JPEG"),
+    (0.35, 800, 600, "JPEG"),
+    (0.2, 1600, 1200, "JPEG"),
+    (0.05, 2400, 1800, "JPEG"),
+    (0.05, 640, 480, "PNG"),
+)
 
 
 def generate(folder: Path, count: int) -> list[Path]:
@@ -96,29 +102,46 @@ def server_throughput(server: LocalTorchServe, photos: list[Path], clients: int)
     for thread in threads:
         thread.join()
     stats = summarize(samples)
-    return {"clients": clients, "images": len(samples), "ok": stats.ok,
-            "seconds": round(stats.duration_s, 2), "images_per_s": round(stats.throughput, 2)}
+    return {
+        "clients": clients,
+        "images": len(samples),
+        "ok": stats.ok,
+        "seconds": round(stats.duration_s, 2),
+        "images_per_s": round(stats.throughput, 2),
+    }
 
 
 def run_tsctl(server: LocalTorchServe, argv: list[str]) -> dict:
     """One tsctl run: its JSON answer, wall seconds, and CPU seconds (user + system)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
-    done = subprocess.run([str(TSCTL), "--json", *argv], env=server.cli_env(),
-                          capture_output=True, text=True, timeout=3600)
+    done = subprocess.run(
+        [str(TSCTL), "--json", *argv],
+        env=server.cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     wall = time.monotonic() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if done.returncode not in (0, 7):
         raise RuntimeError(f"tsctl {argv[0]} failed ({done.returncode}): {done.stderr}")
-    return {"answer": json.loads(done.stdout), "wall_s": round(wall, 2),
-            "cpu_s": round(cpu, 2), "cpu_share": round(cpu / wall, 3)}
+    return {
+        "answer": json.loads(done.stdout),
+        "wall_s": round(wall, 2),
+        "cpu_s": round(cpu, 2),
+        "cpu_share": round(cpu / wall, 3),
+    }
 
 
 def handler_images(server: LocalTorchServe) -> float:
     text = server.client().metrics_text()
-    return sum(value for name, labels, value in metrics.samples(text)
-               if name == "HandlerImages" and labels.get("ModelName") == MODEL)
+    return sum(
+        value
+        for name, labels, value in metrics.samples(text)
+        if name == "HandlerImages" and labels.get("ModelName") == MODEL
+    )
 
 
 def killed_and_resumed(server: LocalTorchServe, photos_dir: Path, total: int) -> dict:
@@ -131,9 +154,12 @@ def killed_and_resumed(server: LocalTorchServe, photos_dir: Path, total: int) ->
         return sum(pq.ParquetFile(p).metadata.num_rows for p in parts.glob("part-*.parquet"))
 
     answered_before = handler_images(server)
-    process = subprocess.Popen([str(TSCTL), "embed", str(photos_dir), "--out", str(out)],
-                               env=server.cli_env(), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [str(TSCTL), "embed", str(photos_dir), "--out", str(out)],
+        env=server.cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     while process.poll() is None and written() < total // 2:
         time.sleep(0.05)
     os.kill(process.pid, signal.SIGKILL)
@@ -142,10 +168,15 @@ def killed_and_resumed(server: LocalTorchServe, photos_dir: Path, total: int) ->
     rows = written()
     answered = handler_images(server) - answered_before
     rerun = run_tsctl(server, ["embed", str(photos_dir), "--out", str(out)])["answer"]
-    return {"rows_written_at_kill": rows, "answered_by_server_at_kill": int(answered),
-            "lost": int(answered) - rows, "rerun_skipped": rerun["skipped"],
-            "rerun_done": rerun["done"], "rerun_failed": rerun["failed"],
-            "final_rows": rerun["rows"]}
+    return {
+        "rows_written_at_kill": rows,
+        "answered_by_server_at_kill": int(answered),
+        "lost": int(answered) - rows,
+        "rerun_skipped": rerun["skipped"],
+        "rerun_done": rerun["done"],
+        "rerun_failed": rerun["failed"],
+        "final_rows": rerun["rows"],
+    }
 
 
 def similar_over(server: LocalTorchServe, count: int, query: Path) -> dict:
@@ -158,8 +189,9 @@ def similar_over(server: LocalTorchServe, count: int, query: Path) -> dict:
             n = min(10000, count - start)
             matrix = rng.normal(size=(n, EMBEDDING_DIM)).astype(np.float32)
             matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
-            output.write_part([Row(f"v/{start + i:07d}.jpg", 1, 1, "0" * 64, None, matrix[i])
-                               for i in range(n)])
+            output.write_part(
+                [Row(f"v/{start + i:07d}.jpg", 1, 1, "0" * 64, None, matrix[i]) for i in range(n)]
+            )
         output.merge()
     vector = np.random.default_rng(1).normal(size=EMBEDDING_DIM).astype(np.float32)
     for stale in index.parent.glob(index.name + ".search.*"):
@@ -173,58 +205,71 @@ def similar_over(server: LocalTorchServe, count: int, query: Path) -> dict:
         nearest(index, vector, k=10)
         timings.append(time.monotonic() - start)
     cli = run_tsctl(server, ["similar", str(query), "--index", str(index), "-k", "10"])
-    return {"vectors": count, "file_mb": round(index.stat().st_size / 2**20, 1),
-            "first_search_s": round(first, 3), "search_s": [round(t, 3) for t in timings],
-            "tsctl_similar_wall_s": cli["wall_s"]}
+    return {
+        "vectors": count,
+        "file_mb": round(index.stat().st_size / 2**20, 1),
+        "first_search_s": round(first, 3),
+        "search_s": [round(t, 3) for t in timings],
+        "tsctl_similar_wall_s": cli["wall_s"],
+    }
 
 
 def report(results: dict) -> str:
     s, j, k, q = results["server"], results["job"], results["kill"], results["similar"]
     ratio = j["images_per_s"] / s["images_per_s"] if s["images_per_s"] else float("nan")
-    return "\n".join([
-        "# The collection job (`make bench-collection`)",
-        "",
-        f"Generated by `python -m bench.collection` on {results['machine']}: "
-        f"{results['photos']} photos of mixed sizes ({results['mix']}), one local TorchServe, "
-        f"{MODEL} (batchSize {results['plan']['batch_size']}, "
-        f"{results['plan']['workers']} worker(s)).",
-        "",
-        "| run | images | seconds | images/s | client CPU (share of one core) |",
-        "| --- | ---: | ---: | ---: | ---: |",
-        f"| server alone (bench load generator, {s['clients']} clients, /predictions) | "
-        f"{s['ok']} | {s['seconds']} | {s['images_per_s']} | - |",
-        *([f"| the rest of the {s['images']} it sent: not answered 200 (no retries: "
-           f"what {s['clients']} clients send beyond the frontend's queue (job_queue_size) is refused "
-           f"with 503; tsctl waits and retries) | {s['images'] - s['ok']} | | | |"]
-          if s["images"] > s["ok"] else []),
-        f"| `tsctl embed` ({results['plan']['concurrency']} requests x "
-        f"{results['plan']['per_request']} images in flight, v2) | {j['done'] + j['failed']} | "
-        f"{j['wall_s']} | {j['images_per_s']} | {j['cpu_share']:.1%} ({j['cpu_s']} s) |",
-        "",
-        f"The job ran at **{ratio:.2f}x** the server's own throughput (target >= 0.9).",
-        "",
-        "## SIGKILL at about 50%, then rerun",
-        "",
-        f"Rows written at the kill: {k['rows_written_at_kill']}; images the server had answered "
-        f"by then: {k['answered_by_server_at_kill']} (so {k['lost']} answered but not yet "
-        f"written, the in-flight requests and the last flush interval). The rerun skipped "
-        f"{k['rerun_skipped']}, embedded {k['rerun_done']} ({k['rerun_failed']} failed) and "
-        f"ended with {k['final_rows']} rows.",
-        "",
-        "## Exact search",
-        "",
-        f"`tsclient.search.nearest` over {q['vectors']:,} stored vectors ({q['file_mb']} MB of "
-        f"Parquet), k=10: the first search {q['first_search_s']} s (it decodes the Parquet "
-        f"once and writes the unit vectors beside it as `.search.npy`), then three runs: "
-        f"{', '.join(f'{t} s' for t in q['search_s'])}; "
-        f"`tsctl similar` end to end (start, embed the query on the server, search): "
-        f"{q['tsctl_similar_wall_s']} s.",
-        ""])
+    return "\n".join(
+        [
+            "# The collection job (`make bench-collection`)",
+            "",
+            f"Generated by `python -m bench.collection` on {results['machine']}: "
+            f"{results['photos']} photos of mixed sizes ({results['mix']}), one local TorchServe, "
+            f"{MODEL} (batchSize {results['plan']['batch_size']}, "
+            f"{results['plan']['workers']} worker(s)).",
+            "",
+            "| run | images | seconds | images/s | client CPU (share of one core) |",
+            "| --- | ---: | ---: | ---: | ---: |",
+            f"| server alone (bench load generator, {s['clients']} clients, /predictions) | "
+            f"{s['ok']} | {s['seconds']} | {s['images_per_s']} | - |",
+            *(
+                [
+                    f"| the rest of the {s['images']} it sent: not answered 200 (no retries: "
+                    f"what {s['clients']} clients send beyond the frontend's queue (job_queue_size) is refused "
+                    f"with 503; tsctl waits and retries) | {s['images'] - s['ok']} | | | |"
+                ]
+                if s["images"] > s["ok"]
+                else []
+            ),
+            f"| `tsctl embed` ({results['plan']['concurrency']} requests x "
+            f"{results['plan']['per_request']} images in flight, v2) | {j['done'] + j['failed']} | "
+            f"{j['wall_s']} | {j['images_per_s']} | {j['cpu_share']:.1%} ({j['cpu_s']} s) |",
+            "",
+            f"The job ran at **{ratio:.2f}x** the server's own throughput (target >= 0.9).",
+            "",
+            "## SIGKILL at about 50%, then rerun",
+            "",
+            f"Rows written at the kill: {k['rows_written_at_kill']}; images the server had answered "
+            f"by then: {k['answered_by_server_at_kill']} (so {k['lost']} answered but not yet "
+            f"written, the in-flight requests and the last flush interval). The rerun skipped "
+            f"{k['rerun_skipped']}, embedded {k['rerun_done']} ({k['rerun_failed']} failed) and "
+            f"ended with {k['final_rows']} rows.",
+            "",
+            "## Exact search",
+            "",
+            f"`tsclient.search.nearest` over {q['vectors']:,} stored vectors ({q['file_mb']} MB of "
+            f"Parquet), k=10: the first search {q['first_search_s']} s (it decodes the Parquet "
+            f"once and writes the unit vectors beside it as `.search.npy`), then three runs: "
+            f"{', '.join(f'{t} s' for t in q['search_s'])}; "
+            f"`tsctl similar` end to end (start, embed the query on the server, search): "
+            f"{q['tsctl_similar_wall_s']} s.",
+            "",
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.collection",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.collection", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--photos", type=int, default=2000)
     parser.add_argument("--vectors", type=int, default=100_000)
     parser.add_argument("--out", type=Path, default=REPO / "results" / "collection.md")
@@ -247,12 +292,21 @@ def main(argv: list[str] | None = None) -> int:
         kill = killed_and_resumed(server, photos_dir, len(photos))
         print("bench.collection: similar", file=sys.stderr)
         similar = similar_over(server, args.vectors, photos[0])
-    results = {"machine": f"{cpu_model()}, {os.cpu_count()} CPUs", "photos": len(photos),
-               "mix": ", ".join(f"{int(share * 100)}% {w}x{h} {f}" for share, w, h, f in MIX),
-               "plan": {"batch_size": entry.get("batchSize"),
-                        "workers": len(entry.get("workers") or []),
-                        "concurrency": plan.concurrency, "per_request": plan.per_request},
-               "server": alone, "job": job, "kill": kill, "similar": similar}
+    results = {
+        "machine": f"{cpu_model()}, {os.cpu_count()} CPUs",
+        "photos": len(photos),
+        "mix": ", ".join(f"{int(share * 100)}% {w}x{h} {f}" for share, w, h, f in MIX),
+        "plan": {
+            "batch_size": entry.get("batchSize"),
+            "workers": len(entry.get("workers") or []),
+            "concurrency": plan.concurrency,
+            "per_request": plan.per_request,
+        },
+        "server": alone,
+        "job": job,
+        "kill": kill,
+        "similar": similar,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(report(results))
     args.out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")

@@ -7,6 +7,7 @@ measures the batch-8 forward of both runtimes, from the same weights, alone and 
 two busy-looping processes, and one PyTorch process running its own OpenMP threads (what a test
 suite or another model server next to TorchServe looks like). Prints a Markdown table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,11 +25,13 @@ from model_files.artifacts import SERIALIZED
 
 # Each neighbour prints "ready" once it is busy, so no measurement starts before it does.
 BUSY_LOOP = "print('ready', flush=True)\nwhile True: pass\n"
-TORCH_LOOP = ("import torch, torchvision\n"
-              "m = torchvision.models.resnet18().eval(); x = torch.rand(4, 3, 224, 224)\n"
-              "with torch.inference_mode():\n"
-              "    m(x); print('ready', flush=True)\n"
-              "    while True: m(x)\n")
+TORCH_LOOP = (
+    "import torch, torchvision\n"
+    "m = torchvision.models.resnet18().eval(); x = torch.rand(4, 3, 224, 224)\n"
+    "with torch.inference_mode():\n"
+    "    m(x); print('ready', flush=True)\n"
+    "    while True: m(x)\n"
+)
 NEIGHBOURS = {
     "nothing": [],
     "one busy-looping process": [BUSY_LOOP],
@@ -38,8 +41,11 @@ NEIGHBOURS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.contention", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.contention",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--seconds", type=float, default=6.0, help="per measurement")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
@@ -57,24 +63,36 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     for label, codes in NEIGHBOURS.items():
-        neighbours = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                                       text=True) for code in codes]
+        neighbours = [
+            subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+            for code in codes
+        ]
         try:
             for process in neighbours:
                 if process.stdout.readline().strip() != "ready":
                     raise RuntimeError(f"neighbour {label!r} did not start")
-            rates = [raw.forward_throughput(run, image, 8, budget)["images_per_s"]
-                     for run in (run_stock, ours)]
+            rates = [
+                raw.forward_throughput(run, image, 8, budget)["images_per_s"]
+                for run in (run_stock, ours)
+            ]
         finally:
             for process in neighbours:
                 process.kill()
                 process.wait()
         rows.append([label, *(report.fmt(rate) for rate in rates)])
         print(" | ".join(rows[-1]), file=sys.stderr)
-    lines = report.table(["beside", "TorchScript float32 (stock's runtime), img/s",
-                          f"OpenVINO {ours.precision} (ours), img/s"], rows)
-    print(f"Batch-8 forward, {STOCK_FILE} vs {SERIALIZED['openvino']}, "
-          f"{args.seconds:g} s each.\n\n" + "\n".join(lines))
+    lines = report.table(
+        [
+            "beside",
+            "TorchScript float32 (stock's runtime), img/s",
+            f"OpenVINO {ours.precision} (ours), img/s",
+        ],
+        rows,
+    )
+    print(
+        f"Batch-8 forward, {STOCK_FILE} vs {SERIALIZED['openvino']}, "
+        f"{args.seconds:g} s each.\n\n" + "\n".join(lines)
+    )
     return 0
 
 

@@ -2,6 +2,7 @@
 settings (``servecore.config.HandlerConfig``), through ``servecore.explain.compute.Explainer`` exactly as
 the handler runs it (top-1 target, no PNG; the PNG is measured on its own), plus the load time
 and resident memory of the eager model the explanations need beside the serving backend."""
+
 from __future__ import annotations
 
 import time
@@ -33,8 +34,9 @@ def run_explain(weights_dir: Path, image: bytes, config: HandlerConfig, quick: b
     explainer = explain.load_explainer(weights_dir / CHECKPOINT, config.explain.png_max_side)
     load_s = time.monotonic() - started
     rss_added_mb = (psutil.Process().memory_info().rss - rss) / 2**20
-    picture = decode_image(image, max_pixels=config.max_image_pixels,
-                           max_bytes=config.max_image_bytes)
+    picture = decode_image(
+        image, max_pixels=config.max_image_pixels, max_bytes=config.max_image_bytes
+    )
     pixels = Preprocessor(config).transform(picture).unsqueeze(0)
     with torch.no_grad():
         logits = explainer.dual(pixels)[1]
@@ -43,20 +45,33 @@ def run_explain(weights_dir: Path, image: bytes, config: HandlerConfig, quick: b
     results: dict[str, dict] = {}
     for method in methods:
         n_steps = QUICK_IG_STEPS if quick else config.explain.n_steps
-        spec = ExplainSpec(method, (), 1, n_steps, config.explain.internal_batch_size,
-                                 False)
+        spec = ExplainSpec(method, (), 1, n_steps, config.explain.internal_batch_size, False)
         job = [explain.ExplainJob(spec, range(1), [])]
-        times = [t * 1000 for t in timed_loop(lambda: explainer.explain(pixels, logits, job),
-                                               budget)]
-        results[method] = {"n_steps": n_steps if method == "ig" else None,
-                           "internal_batch_size": config.explain.internal_batch_size,
-                           "passes": explain.passes(spec), "iterations": len(times),
-                           "ms_per_image_p50": percentile(times, 50)}
+        times = [
+            t * 1000 for t in timed_loop(lambda: explainer.explain(pixels, logits, job), budget)
+        ]
+        results[method] = {
+            "n_steps": n_steps if method == "ig" else None,
+            "internal_batch_size": config.explain.internal_batch_size,
+            "passes": explain.passes(spec),
+            "iterations": len(times),
+            "ms_per_image_p50": percentile(times, 50),
+        }
     grid = torch.rand(7, 7)
-    png_times = [t * 1000 for t in timed_loop(
-        lambda: explain.render_png(picture, grid, config.explain.png_max_side), budget)]
+    png_times = [
+        t * 1000
+        for t in timed_loop(
+            lambda: explain.render_png(picture, grid, config.explain.png_max_side), budget
+        )
+    ]
     png = explain.render_png(picture, grid, config.explain.png_max_side)
-    return {"load_s": load_s, "rss_added_mb": rss_added_mb, "methods": results,
-            "png": {"ms_p50": percentile(png_times, 50), "bytes": len(png),
-                    "max_side": config.explain.png_max_side}}
-
+    return {
+        "load_s": load_s,
+        "rss_added_mb": rss_added_mb,
+        "methods": results,
+        "png": {
+            "ms_p50": percentile(png_times, 50),
+            "bytes": len(png),
+            "max_side": config.explain.png_max_side,
+        },
+    }

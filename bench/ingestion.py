@@ -24,6 +24,7 @@ TorchServe's own log (``logs/ts_log.log``) for the batches of that run:
 
 Writes ``results/ingestion.{md,json}``; prints the Markdown. Every server is stopped.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,17 @@ import torch
 from bench import machine, raw, report
 from bench.archives import ArchiveInfo
 from bench.batchlog import request_ids, settled_log
-from bench.layout import (BUILD, IMAGES, MODEL_STORE, RESULTS, SAMPLES, TAGGER, WEIGHTS,
-                          fresh_dir, setup_cli)
+from bench.layout import (
+    BUILD,
+    IMAGES,
+    MODEL_STORE,
+    RESULTS,
+    SAMPLES,
+    TAGGER,
+    WEIGHTS,
+    fresh_dir,
+    setup_cli,
+)
 from bench.loadgen import closed_loop
 from bench.serving import LoadPlan, ModelUnderTest
 from bench.stats import percentile, summarize
@@ -68,13 +78,22 @@ VARIANTS = {
 PLAN = LoadPlan(warmup_s=2.0, closed_s=8.0, closed_max_requests=2000)  # clients 1 and 16
 QUICK = replace(PLAN, warmup_s=0.5, closed_s=1.5)
 
-_BACKEND = re.compile(r"(?P<worker>W-\d+-(?P<model>[^ ]+?)_[^ ]+) org\.pytorch\.serve\.wlm\."
-                      r"WorkerThread - Backend response time: (?P<ms>\d+)")
-_STAGES = {"HandlerTime": "handler", "HandlerOpenMs": "open", "HandlerDecodeMs": "decode",
-           "HandlerForwardMs": "forward", "HandlerAnswerMs": "answer"}
-_METRIC = re.compile(r"(?P<worker>W-\d+-[^ ]+?)-stdout .*"
-                     rf"\[METRICS\](?P<name>{'|'.join(_STAGES)})"
-                     r"\.Milliseconds:(?P<ms>[\d.]+)\|#ModelName:(?P<model>[^,|]+)")
+_BACKEND = re.compile(
+    r"(?P<worker>W-\d+-(?P<model>[^ ]+?)_[^ ]+) org\.pytorch\.serve\.wlm\."
+    r"WorkerThread - Backend response time: (?P<ms>\d+)"
+)
+_STAGES = {
+    "HandlerTime": "handler",
+    "HandlerOpenMs": "open",
+    "HandlerDecodeMs": "decode",
+    "HandlerForwardMs": "forward",
+    "HandlerAnswerMs": "answer",
+}
+_METRIC = re.compile(
+    r"(?P<worker>W-\d+-[^ ]+?)-stdout .*"
+    rf"\[METRICS\](?P<name>{'|'.join(_STAGES)})"
+    r"\.Milliseconds:(?P<ms>[\d.]+)\|#ModelName:(?P<model>[^,|]+)"
+)
 
 
 def batch_times(lines: Iterable[str], model: str) -> dict[str, list]:
@@ -86,8 +105,7 @@ def batch_times(lines: Iterable[str], model: str) -> dict[str, list]:
     millisecond timestamp and a worker, HandlerTime also request ids). A call that reached the
     handler without a batch's stages (a describe: HandlerTime and a backend time, no decode) is
     not a batch: counting it would shift the stage lists against the handler and backend ones."""
-    times: dict[str, list] = {"backend": [], **{key: [] for key in _STAGES.values()},
-                              "ids": []}
+    times: dict[str, list] = {"backend": [], **{key: [] for key in _STAGES.values()}, "ids": []}
     seen: set[str] = set()
     loaded: set[str] = set()
     staged: set[str] = set()  # workers with stage lines since their last HandlerTime
@@ -128,7 +146,7 @@ def run_batches(times: dict[str, list], run_ids: set[str]) -> dict[str, list]:
     hits = [i for i, ids in enumerate(times["ids"]) if run_ids.intersection(ids)]
     if not hits:
         return {key: [] for key in times}
-    return {key: values[hits[0]:hits[-1] + 1] for key, values in times.items()}
+    return {key: values[hits[0] : hits[-1] + 1] for key, values in times.items()}
 
 
 def _mean(values: list[float]) -> float:
@@ -138,16 +156,19 @@ def _mean(values: list[float]) -> float:
 def split(times: dict[str, list[float]], wall_s: float) -> dict:
     """Means per batch, the transport share and how busy the worker was."""
     means = {key: _mean(times[key]) for key in ("backend", *_STAGES.values())}
-    return {"batches": len(times["backend"]),
-            **{f"{key}_ms": value for key, value in means.items()},
-            "transport_ms": means["backend"] - means["handler"],
-            "backend_p50_ms": percentile(times["backend"], 50),
-            "worker_busy": sum(times["backend"]) / 1000.0 / wall_s if wall_s > 0 else float("nan")}
+    return {
+        "batches": len(times["backend"]),
+        **{f"{key}_ms": value for key, value in means.items()},
+        "transport_ms": means["backend"] - means["handler"],
+        "backend_p50_ms": percentile(times["backend"], 50),
+        "worker_busy": sum(times["backend"]) / 1000.0 / wall_s if wall_s > 0 else float("nan"),
+    }
 
 
 def cpu_seconds(server: LocalTorchServe) -> dict[str, float]:
     """CPU seconds (user + system) so far of the load generator (this process), the server's
     Java frontend and its workers (the frontend's descendants)."""
+
     def used(process: psutil.Process) -> float:
         try:
             times = process.cpu_times()
@@ -156,18 +177,22 @@ def cpu_seconds(server: LocalTorchServe) -> dict[str, float]:
             return 0.0
 
     frontend, *workers = server.processes() or [None]
-    return {"client": used(psutil.Process()),
-            "frontend": used(frontend) if frontend else 0.0,
-            "worker": sum(used(w) for w in workers)}
+    return {
+        "client": used(psutil.Process()),
+        "frontend": used(frontend) if frontend else 0.0,
+        "worker": sum(used(w) for w in workers),
+    }
 
 
-def measure_variant(name: str, overrides: dict[str, str], images: dict[str, bytes],
-                    plan: LoadPlan, round_: int) -> list[dict]:
+def measure_variant(
+    name: str, overrides: dict[str, str], images: dict[str, bytes], plan: LoadPlan, round_: int
+) -> list[dict]:
     """Start the tagger alone with ``overrides``, and measure each image and client count
     (each row also says what the worker served: describe's backend and precision)."""
     workdir = fresh_dir(BUILD / "ingestion" / f"round{round_}-{list(VARIANTS).index(name)}")
-    server = LocalTorchServe(workdir, MODEL_STORE, load_models=[f"{TAGGER}.mar"],
-                             properties=overrides)
+    server = LocalTorchServe(
+        workdir, MODEL_STORE, load_models=[f"{TAGGER}.mar"], properties=overrides
+    )
     rows = []
     try:
         server.start()
@@ -191,20 +216,36 @@ def measure_variant(name: str, overrides: dict[str, str], images: dict[str, byte
                 run_ids = {s.request_id for s in samples if s.request_id}
                 answered = {s.request_id for s in samples if s.ok} & run_ids
                 # Every answered request's batch and as many frontend lines as batches.
-                times = settled_log(log_file, lambda lines: batch_times(lines, TAGGER),
-                                    lambda t: answered <= {i for ids in t["ids"] for i in ids}
-                                    and len(t["backend"]) >= len(t["handler"]))
+                times = settled_log(
+                    log_file,
+                    lambda lines: batch_times(lines, TAGGER),
+                    lambda t: (
+                        answered <= {i for ids in t["ids"] for i in ids}
+                        and len(t["backend"]) >= len(t["handler"])
+                    ),
+                )
                 parts = split(run_batches(times, run_ids), wall)
                 outside = (stats["p50_ms"] - parts["backend_p50_ms"]) if clients == 1 else None
                 images_done = max(stats["ok"], 1)
-                cpu = {f"cpu_{side}_ms": 1000 * (cpu_after[side] - cpu_before[side]) / images_done
-                       for side in cpu_after}
-                rows.append({"variant": name, "round": round_, "image": image,
-                             "clients": clients, "backend": served["backend"],
-                             "precision": served["precision"], **stats, **parts,
-                             "outside_ms": outside,
-                             **cpu, "cores_available_ms": 1000 * wall * (os.cpu_count() or 1)
-                             / images_done})
+                cpu = {
+                    f"cpu_{side}_ms": 1000 * (cpu_after[side] - cpu_before[side]) / images_done
+                    for side in cpu_after
+                }
+                rows.append(
+                    {
+                        "variant": name,
+                        "round": round_,
+                        "image": image,
+                        "clients": clients,
+                        "backend": served["backend"],
+                        "precision": served["precision"],
+                        **stats,
+                        **parts,
+                        "outside_ms": outside,
+                        **cpu,
+                        "cores_available_ms": 1000 * wall * (os.cpu_count() or 1) / images_done,
+                    }
+                )
     finally:
         server.stop()
     return rows
@@ -228,13 +269,32 @@ def combine(rows: list[dict]) -> list[dict]:
     for row in rows:
         grouped.setdefault((row["variant"], row["image"], row["clients"]), []).append(row)
     out = []
-    numeric = ("throughput", "p50_ms", "batch_mean", "backend_ms", "handler_ms", "open_ms",
-               "decode_ms", "forward_ms", "answer_ms", "transport_ms", "worker_busy",
-               "outside_ms", "errors",
-               "cpu_client_ms", "cpu_frontend_ms", "cpu_worker_ms", "cores_available_ms")
+    numeric = (
+        "throughput",
+        "p50_ms",
+        "batch_mean",
+        "backend_ms",
+        "handler_ms",
+        "open_ms",
+        "decode_ms",
+        "forward_ms",
+        "answer_ms",
+        "transport_ms",
+        "worker_busy",
+        "outside_ms",
+        "errors",
+        "cpu_client_ms",
+        "cpu_frontend_ms",
+        "cpu_worker_ms",
+        "cores_available_ms",
+    )
     for (variant, image, clients), group in grouped.items():
-        row = {"variant": variant, "image": image, "clients": clients,
-               "rounds_throughput": [g["throughput"] for g in group]}
+        row = {
+            "variant": variant,
+            "image": image,
+            "clients": clients,
+            "rounds_throughput": [g["throughput"] for g in group],
+        }
         for key in numeric:
             row[key] = _mean([g[key] for g in group if g.get(key) is not None])
         out.append(row)
@@ -244,22 +304,47 @@ def combine(rows: list[dict]) -> list[dict]:
 def markdown(meta: dict, rows: list[dict]) -> str:
     f = report.fmt
     raw_rate = meta["raw"]["images_per_s"]
-    header = ["variant", "image", "clients", "img/s (per round)", "of raw", "p50 ms", "batch",
-              "backend ms", "handler ms", "open / decode / forward / answer ms",
-              "transport ms", "worker busy", "outside ms",
-              "CPU ms/img client / frontend / worker (of available)", "errors"]
-    table = [[r["variant"], r["image"], str(r["clients"]),
-              f"{f(r['throughput'])} ({' / '.join(f(t) for t in r['rounds_throughput'])})",
-              f"{r['throughput'] / raw_rate:.2f}x", f(r["p50_ms"]), f(r["batch_mean"]),
-              f(r["backend_ms"]), f(r["handler_ms"]),
-              " / ".join(f(r[k]) for k in ("open_ms", "decode_ms", "forward_ms", "answer_ms")),
-              f(r["transport_ms"]),
-              f(r["worker_busy"], 2), f(r["outside_ms"]),
-              f"{f(r['cpu_client_ms'], 0)} / {f(r['cpu_frontend_ms'], 0)} / "
-              f"{f(r['cpu_worker_ms'], 0)} ({f(r['cores_available_ms'], 0)})",
-              f(r["errors"], 0)] for r in rows]
+    header = [
+        "variant",
+        "image",
+        "clients",
+        "img/s (per round)",
+        "of raw",
+        "p50 ms",
+        "batch",
+        "backend ms",
+        "handler ms",
+        "open / decode / forward / answer ms",
+        "transport ms",
+        "worker busy",
+        "outside ms",
+        "CPU ms/img client / frontend / worker (of available)",
+        "errors",
+    ]
+    table = [
+        [
+            r["variant"],
+            r["image"],
+            str(r["clients"]),
+            f"{f(r['throughput'])} ({' / '.join(f(t) for t in r['rounds_throughput'])})",
+            f"{r['throughput'] / raw_rate:.2f}x",
+            f(r["p50_ms"]),
+            f(r["batch_mean"]),
+            f(r["backend_ms"]),
+            f(r["handler_ms"]),
+            " / ".join(f(r[k]) for k in ("open_ms", "decode_ms", "forward_ms", "answer_ms")),
+            f(r["transport_ms"]),
+            f(r["worker_busy"], 2),
+            f(r["outside_ms"]),
+            f"{f(r['cpu_client_ms'], 0)} / {f(r['cpu_frontend_ms'], 0)} / "
+            f"{f(r['cpu_worker_ms'], 0)} ({f(r['cores_available_ms'], 0)})",
+            f(r["errors"], 0),
+        ]
+        for r in rows
+    ]
     lines = [
-        "# Ingestion: where a request's time goes between the client and the worker", "",
+        "# Ingestion: where a request's time goes between the client and the worker",
+        "",
         f"- Date: {meta['machine']['date']}; `{meta['command']}` took {meta['elapsed_s']:.0f} s; "
         f"{meta['rounds']} round(s), variants alternated; {meta['measure_s']:g} s measured per "
         "row after a warm-up.",
@@ -272,28 +357,35 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         f"- Raw forward of what it serves ({meta['raw']['row']}, precision "
         f"{meta['raw']['precision']}) at batch {meta['raw']['batch']}: "
         f"{meta['raw']['images_per_s']:.1f} img/s in this process after the servers stopped "
-        "(the \"of raw\" column).",
-        "", "Per batch (means): backend = the frontend's \"Backend response time\" (batch "
+        '(the "of raw" column).',
+        "",
+        'Per batch (means): backend = the frontend\'s "Backend response time" (batch '
         "written to the worker until its answer is read), handler = the worker's HandlerTime "
         "(open, decode, forward and answer are parts of it), transport = backend - handler (socket both "
         "ways, TorchServe's message parsing in the worker). Worker busy = backend time / wall "
         "time. Outside (1 client) = client p50 - backend p50 (upload, frontend, answer). "
         "CPU ms per image: the load generator / the Java frontend / the worker, against the "
-        "core-ms per image the machine had (cores x wall time / images).", "",
+        "core-ms per image the machine had (cores x wall time / images).",
+        "",
         *report.table(header, table),
     ]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.ingestion", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.ingestion",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--quick", action="store_true", help="seconds, not minutes (smoke)")
     parser.add_argument("--rounds", type=int, default=None, help="default 2 (--quick: 1)")
-    parser.add_argument("--images", default="small,12mp-noisy",
-                        help=f"comma-separated, of {sorted(IMAGES)}")
-    parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help=f"comma-separated, of {list(VARIANTS)}")
+    parser.add_argument(
+        "--images", default="small,12mp-noisy", help=f"comma-separated, of {sorted(IMAGES)}"
+    )
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS), help=f"comma-separated, of {list(VARIANTS)}"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
@@ -308,19 +400,23 @@ def main(argv: list[str] | None = None) -> int:
     for round_ in range(rounds):
         for name in args.variants.split(","):
             rows += measure_variant(name, VARIANTS[name], images, plan, round_)
-    meta = {"command": " ".join(["python -m bench.ingestion", *(argv or sys.argv[1:])]),
-            "machine": machine_info, "backend": f"{archive.backend} (QUANTIZE {archive.quantize})",
-            "raw": raw_forward(rows[0], int(archive.model_config.get("batchSize", 16)),
-                               args.quick),
-            "rounds": rounds, "measure_s": plan.closed_s,
-            "elapsed_s": time.monotonic() - started,
-            "loadavg_at_end": [round(x, 2) for x in os.getloadavg()]}
+    meta = {
+        "command": " ".join(["python -m bench.ingestion", *(argv or sys.argv[1:])]),
+        "machine": machine_info,
+        "backend": f"{archive.backend} (QUANTIZE {archive.quantize})",
+        "raw": raw_forward(rows[0], int(archive.model_config.get("batchSize", 16)), args.quick),
+        "rounds": rounds,
+        "measure_s": plan.closed_s,
+        "elapsed_s": time.monotonic() - started,
+        "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
+    }
     combined = combine(rows)
     text = markdown(meta, combined)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "ingestion.md").write_text(text)
-    report.write_json({"meta": meta, "rows": rows, "combined": combined},
-                      args.out / "ingestion.json")
+    report.write_json(
+        {"meta": meta, "rows": rows, "combined": combined}, args.out / "ingestion.json"
+    )
     print(text, end="")
     return 0
 

@@ -1,6 +1,7 @@
 """Where the benchmark reads its inputs and writes its build output, and the CLI plumbing
 its commands share (bench, bench.sweep, bench.ingestion, bench.contention,
 bench.availability)."""
+
 from __future__ import annotations
 
 import logging
@@ -18,8 +19,11 @@ RESULTS = REPO / "results"
 TAGGER = "resnet50-tagger"
 EMBEDDING = "resnet50-embedding"
 # written by `make samples`; the noisy one is what phone photos are like (3.3 MB, not 0.8 MB)
-IMAGES = {"small": "chelsea.jpg", "12mp": "chelsea-12mp.jpg",
-          "12mp-noisy": "chelsea-12mp-noisy.jpg"}
+IMAGES = {
+    "small": "chelsea.jpg",
+    "12mp": "chelsea-12mp.jpg",
+    "12mp-noisy": "chelsea-12mp-noisy.jpg",
+}
 
 
 def fresh_dir(path: Path) -> Path:
@@ -32,9 +36,12 @@ def fresh_dir(path: Path) -> Path:
 def setup_cli(name: str, quiet: bool) -> None:
     """Progress lines on stderr (stdout carries only the report), and SIGTERM turned into an
     exception so that every ``finally`` stops its TorchServe."""
-    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
-                        format=f"%(asctime)s {name}: %(message)s", datefmt="%H:%M:%S",
-                        stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.WARNING if quiet else logging.INFO,
+        format=f"%(asctime)s {name}: %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")

@@ -3,6 +3,7 @@ Poisson arrivals. Loopback only; every loop is bounded by a duration *and* a req
 
 Each function returns the raw ``Sample`` list; ``bench.stats.summarize`` turns it into numbers.
 """
+
 from __future__ import annotations
 
 import http.client
@@ -66,8 +67,7 @@ class Connection:
             self.conn = None
 
 
-def post_once(connection: Connection, endpoint: Endpoint,
-              start: float | None = None) -> Sample:
+def post_once(connection: Connection, endpoint: Endpoint, start: float | None = None) -> Sample:
     """One request. ``start`` (monotonic) defaults to now; any non-200 or exception is an
     error sample, never raised."""
     start = time.monotonic() if start is None else start
@@ -80,12 +80,18 @@ def post_once(connection: Connection, endpoint: Endpoint,
     if status != 200:
         return Sample(start, end, False, f"HTTP {status}", request_id=request_id)
     batch = headers.get(BATCH_HEADER.lower())
-    return Sample(start, end, True, batch_size=int(batch) if batch and batch.isdigit() else None,
-                  request_id=request_id)
+    return Sample(
+        start,
+        end,
+        True,
+        batch_size=int(batch) if batch and batch.isdigit() else None,
+        request_id=request_id,
+    )
 
 
-def closed_loop(endpoint: Endpoint, clients: int, duration_s: float,
-                max_requests: int) -> list[Sample]:
+def closed_loop(
+    endpoint: Endpoint, clients: int, duration_s: float, max_requests: int
+) -> list[Sample]:
     """``clients`` threads, each sending its next request when the previous answer arrives,
     until ``duration_s`` has passed or ``max_requests`` have been sent in total."""
     samples: list[Sample] = []
@@ -118,8 +124,9 @@ def closed_loop(endpoint: Endpoint, clients: int, duration_s: float,
         return list(samples)
 
 
-def poisson_schedule(rate: float, duration_s: float, max_requests: int,
-                     seed: int = 0) -> list[float]:
+def poisson_schedule(
+    rate: float, duration_s: float, max_requests: int, seed: int = 0
+) -> list[float]:
     """Arrival offsets (s from the start) of a Poisson process at ``rate`` per second,
     cut at ``duration_s`` or ``max_requests``; seeded so ours and stock get the same one."""
     if rate <= 0:
@@ -133,8 +140,14 @@ def poisson_schedule(rate: float, duration_s: float, max_requests: int,
     return offsets
 
 
-def open_loop(endpoint: Endpoint, rate: float, duration_s: float, max_requests: int,
-              max_in_flight: int = 64, seed: int = 0) -> list[Sample]:
+def open_loop(
+    endpoint: Endpoint,
+    rate: float,
+    duration_s: float,
+    max_requests: int,
+    max_in_flight: int = 64,
+    seed: int = 0,
+) -> list[Sample]:
     """Send requests at Poisson arrival times regardless of answers (an open system).
 
     Latency runs from each request's *scheduled* time: when all ``max_in_flight`` client

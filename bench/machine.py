@@ -1,4 +1,5 @@
 """What the numbers were measured on: machine, load, software versions, weights."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -13,8 +14,15 @@ import psutil
 
 from servecore.host import cpu_model
 
-PACKAGES = ("torch", "torchvision", "onnxruntime", "openvino", "nncf", "torchserve",
-            "torch-model-archiver")
+PACKAGES = (
+    "torch",
+    "torchvision",
+    "onnxruntime",
+    "openvino",
+    "nncf",
+    "torchserve",
+    "torch-model-archiver",
+)
 # The CPU features the bf16 and int8 paths use (AMX: the next step up, absent on Zen 4).
 CPU_FLAGS = ("avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")
 
@@ -25,8 +33,10 @@ def cpu_flags() -> dict[str, bool]:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return {}
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines()
-                  if line.startswith("flags")), [])
+    flags = next(
+        (line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")),
+        [],
+    )
     return {flag: flag in flags for flag in CPU_FLAGS}
 
 

@@ -4,6 +4,7 @@ The server is whatever ``LocalTorchServe.processes`` lists: the Java frontend pl
 descendant (the Python workers). Summed RSS counts shared pages once per process, so it is an
 upper bound of what the server really holds; it is the same measure for every server compared.
 """
+
 from __future__ import annotations
 
 import threading
@@ -24,8 +25,12 @@ class PeakRss:
     ``interval_s`` until the block ends; then ``peak.total_mb`` is the peak summed RSS of the
     whole server and ``peak.watched_mb[name]`` the peak RSS of each watched process."""
 
-    def __init__(self, processes: Callable[[], list[psutil.Process]],
-                 watch: dict[str, int] | None = None, interval_s: float = 0.2) -> None:
+    def __init__(
+        self,
+        processes: Callable[[], list[psutil.Process]],
+        watch: dict[str, int] | None = None,
+        interval_s: float = 0.2,
+    ) -> None:
         self.processes = processes
         self.watch = dict(watch or {})
         self.interval_s = interval_s

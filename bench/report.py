@@ -2,22 +2,30 @@
 
 Rendering only: no measuring, no numbers invented. Missing values print as ``n/a``.
 """
+
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
 
-SERVERS = (("ours", "tagger (ours)"), ("triton", "tagger on Triton"),
-           ("stock", "stock image_classifier"))
-IMAGE_NAMES = {"small": "small JPEG 451x300", "12mp": "12 MP photo 4242x2828",
-               "12mp-noisy": "noisy 12 MP photo 4242x2828"}
+SERVERS = (
+    ("ours", "tagger (ours)"),
+    ("triton", "tagger on Triton"),
+    ("stock", "stock image_classifier"),
+)
+IMAGE_NAMES = {
+    "small": "small JPEG 451x300",
+    "12mp": "12 MP photo 4242x2828",
+    "12mp-noisy": "noisy 12 MP photo 4242x2828",
+}
 
 
 def _servers(results: dict):
     """(key, label, runs) of each server measured in this run."""
-    return [(key, label, results["served"][key]) for key, label in SERVERS
-            if results["served"].get(key)]
+    return [
+        (key, label, results["served"][key]) for key, label in SERVERS if results["served"].get(key)
+    ]
 
 
 def fmt(value, digits: int = 1) -> str:
@@ -91,13 +99,15 @@ def _header(results: dict) -> list[str]:
 def _triton_line(triton: dict | None) -> list[str]:
     if not triton:
         return ["- Triton: not measured (no `make triton-server`: nvidia-pytriton missing)."]
-    return [f"- Triton: the same tagger archive's files and handler settings at precision "
-            f"**{triton['precision']}** (pinned to what ours served; the embedding model "
-            "loaded too, idle), in Triton 2.51 from the "
-            "nvidia-pytriton wheel (`tritonrepo`, docs/triton.md): the same batchSize and "
-            "maxBatchDelay as `max_batch_size` and `max_queue_delay_microseconds`; requests "
-            "carry the raw image in the binary tensor extension; its batch mean is per batch "
-            "(Triton's statistics), not per request."]
+    return [
+        f"- Triton: the same tagger archive's files and handler settings at precision "
+        f"**{triton['precision']}** (pinned to what ours served; the embedding model "
+        "loaded too, idle), in Triton 2.51 from the "
+        "nvidia-pytriton wheel (`tritonrepo`, docs/triton.md): the same batchSize and "
+        "maxBatchDelay as `max_batch_size` and `max_queue_delay_microseconds`; requests "
+        "carry the raw image in the binary tensor extension; its batch mean is per batch "
+        "(Triton's statistics), not per request."
+    ]
 
 
 def _choice(served: dict) -> dict:
@@ -108,22 +118,33 @@ def _fidelity(record: dict | None) -> str:
     if not record:
         return "n/a"
     f = record["fidelity_vs_f32"]
-    return (f"embedding cosine mean {f['embedding_cosine_mean']:.4f} / min "
-            f"{f['embedding_cosine_min']:.4f}, top-1 agreement {f['top1_agreement']:.3f}, top-5 "
-            f"overlap {f['top5_overlap']:.3f} on {f['photos']} photos (untrained weights: "
-            f"{f['reference_distinct_top1']} distinct top-1 class(es), says nothing about "
-            "accuracy)")
+    return (
+        f"embedding cosine mean {f['embedding_cosine_mean']:.4f} / min "
+        f"{f['embedding_cosine_min']:.4f}, top-1 agreement {f['top1_agreement']:.3f}, top-5 "
+        f"overlap {f['top5_overlap']:.3f} on {f['photos']} photos (untrained weights: "
+        f"{f['reference_distinct_top1']} distinct top-1 class(es), says nothing about "
+        "accuracy)"
+    )
 
 
 def _settings(s: dict) -> str:
-    return (f"batchSize {s['batchSize']}, maxBatchDelay {s['maxBatchDelay']} ms, "
-            f"{s['workers']} worker(s)")
+    return (
+        f"batchSize {s['batchSize']}, maxBatchDelay {s['maxBatchDelay']} ms, "
+        f"{s['workers']} worker(s)"
+    )
 
 
 def _targets(results: dict) -> list[str]:
-    rows = [[t["key"], t["description"], f"{fmt(t['value'], 3)} ({t['detail']})",
-             f"{t['op']} {fmt(t['threshold'], 2)}", "PASS" if t["passed"] else "**MISS**"]
-            for t in results["targets"]]
+    rows = [
+        [
+            t["key"],
+            t["description"],
+            f"{fmt(t['value'], 3)} ({t['detail']})",
+            f"{t['op']} {fmt(t['threshold'], 2)}",
+            "PASS" if t["passed"] else "**MISS**",
+        ]
+        for t in results["targets"]
+    ]
     return ["## Targets", "", *table(["", "target", "measured", "needed", "result"], rows)]
 
 
@@ -131,56 +152,118 @@ def _raw(results: dict) -> list[str]:
     timed = {label: r for label, r in results["raw"].items() if "forward" in r}
     batches = sorted({f["batch"] for r in timed.values() for f in r["forward"]})
     images = list(next(iter(timed.values()))["single_image"])
-    header = (["backend", "precision"] + [f"forward batch {b} (img/s)" for b in batches]
-              + [f"decode+preprocess+forward, {IMAGE_NAMES.get(i, i)}, p50 (ms)" for i in images])
+    header = (
+        ["backend", "precision"]
+        + [f"forward batch {b} (img/s)" for b in batches]
+        + [f"decode+preprocess+forward, {IMAGE_NAMES.get(i, i)}, p50 (ms)" for i in images]
+    )
     served = (results.get("pipeline") or {}).get("backend")
     rows = []
     for backend, r in timed.items():
         by_batch = {f["batch"]: f["images_per_s"] for f in r["forward"]}
         label = f"**{backend}** (served)" if backend == served else backend
-        rows.append([label, r.get("precision", "n/a")] + [fmt(by_batch.get(b)) for b in batches]
-                    + [fmt(r["single_image"][i]["p50_ms"]) for i in images])
-    lines = ["## Raw model, no serving (this process, one image repeated to the batch size)", "",
-             *table(header, rows)]
-    skipped = [f"{label} ({r['skipped']})" for label, r in results["raw"].items()
-               if "skipped" in r]
+        rows.append(
+            [label, r.get("precision", "n/a")]
+            + [fmt(by_batch.get(b)) for b in batches]
+            + [fmt(r["single_image"][i]["p50_ms"]) for i in images]
+        )
+    lines = [
+        "## Raw model, no serving (this process, one image repeated to the batch size)",
+        "",
+        *table(header, rows),
+    ]
+    skipped = [f"{label} ({r['skipped']})" for label, r in results["raw"].items() if "skipped" in r]
     if skipped:
         lines += ["", "Not run: " + "; ".join(skipped) + "."]
     pipeline = results.get("pipeline")
     if pipeline:
-        lines += ["", f"In-process pipeline (small JPEG decoded and preprocessed on the handler's "
-                      f"decode threads, stacked, one {pipeline['backend']} forward at batch "
-                      f"{pipeline['batch']}, precision {pipeline['precision']}, no HTTP): "
-                      f"**{fmt(pipeline['images_per_s'])} img/s**."]
+        lines += [
+            "",
+            f"In-process pipeline (small JPEG decoded and preprocessed on the handler's "
+            f"decode threads, stacked, one {pipeline['backend']} forward at batch "
+            f"{pipeline['batch']}, precision {pipeline['precision']}, no HTTP): "
+            f"**{fmt(pipeline['images_per_s'])} img/s**.",
+        ]
     return lines
 
 
 def _closed(results: dict) -> list[str]:
-    header = ["server", "image", "clients", "img/s", "p50 ms", "p95 ms", "p99 ms", "requests",
-              "errors", "batch mean / max", "peak RSS server MB", "peak RSS worker MB"]
+    header = [
+        "server",
+        "image",
+        "clients",
+        "img/s",
+        "p50 ms",
+        "p95 ms",
+        "p99 ms",
+        "requests",
+        "errors",
+        "batch mean / max",
+        "peak RSS server MB",
+        "peak RSS worker MB",
+    ]
     rows = []
     for key, label, served in _servers(results):
         for run in served["closed"]:
-            rows.append([label, IMAGE_NAMES.get(run["image"], run["image"]), str(run["clients"]),
-                         fmt(run["throughput"]), fmt(run["p50_ms"]), fmt(run["p95_ms"]),
-                         fmt(run["p99_ms"]), str(run["requests"]), _errors(run), _batch(run),
-                         fmt(run["rss_server_mb"], 0), fmt(run["rss_worker_mb"], 0)])
-    return ["## Served, closed loop (each client sends its next request when the answer "
-            "arrives)", "", *table(header, rows)]
+            rows.append(
+                [
+                    label,
+                    IMAGE_NAMES.get(run["image"], run["image"]),
+                    str(run["clients"]),
+                    fmt(run["throughput"]),
+                    fmt(run["p50_ms"]),
+                    fmt(run["p95_ms"]),
+                    fmt(run["p99_ms"]),
+                    str(run["requests"]),
+                    _errors(run),
+                    _batch(run),
+                    fmt(run["rss_server_mb"], 0),
+                    fmt(run["rss_worker_mb"], 0),
+                ]
+            )
+    return [
+        "## Served, closed loop (each client sends its next request when the answer arrives)",
+        "",
+        *table(header, rows),
+    ]
 
 
 def _open(results: dict) -> list[str]:
-    header = ["server", "Poisson rate req/s", "achieved img/s", "p50 ms", "p95 ms", "p99 ms",
-              "requests", "errors", "batch mean / max", "peak RSS server MB"]
+    header = [
+        "server",
+        "Poisson rate req/s",
+        "achieved img/s",
+        "p50 ms",
+        "p95 ms",
+        "p99 ms",
+        "requests",
+        "errors",
+        "batch mean / max",
+        "peak RSS server MB",
+    ]
     rows = []
     for key, label, served in _servers(results):
         for run in served["open"]:
-            rows.append([label, fmt(run["rate"], 0), fmt(run["throughput"]), fmt(run["p50_ms"]),
-                         fmt(run["p95_ms"]), fmt(run["p99_ms"]), str(run["requests"]),
-                         _errors(run), _batch(run), fmt(run["rss_server_mb"], 0)])
+            rows.append(
+                [
+                    label,
+                    fmt(run["rate"], 0),
+                    fmt(run["throughput"]),
+                    fmt(run["p50_ms"]),
+                    fmt(run["p95_ms"]),
+                    fmt(run["p99_ms"]),
+                    str(run["requests"]),
+                    _errors(run),
+                    _batch(run),
+                    fmt(run["rss_server_mb"], 0),
+                ]
+            )
     image = results["meta"]["plan"]["open_image"]
-    return [f"## Served, open loop (Poisson arrivals, {IMAGE_NAMES.get(image, image)})", "",
-            *table(header, rows)]
+    return [
+        f"## Served, open loop (Poisson arrivals, {IMAGE_NAMES.get(image, image)})",
+        "",
+        *table(header, rows),
+    ]
 
 
 def _method(results: dict) -> list[str]:
@@ -209,20 +292,38 @@ def _method(results: dict) -> list[str]:
 
 def _explain(result: dict) -> list[str]:
     """``bench.explain_cost.run_explain``'s result: load, memory, PNG and each method's cost."""
-    lines = ["## Explanations (one image, top-1 target, eager PyTorch on CPU)", "",
-             f"Eager model for gradients: loaded in {fmt(result['load_s'], 2)} s, "
-             f"+{fmt(result['rss_added_mb'], 0)} MB resident beside the serving backend. "
-             f"PNG overlay (longer side <= {result['png']['max_side']} px): "
-             f"{fmt(result['png']['ms_p50'], 0)} ms, {result['png']['bytes'] / 1024:.0f} KiB.", ""]
-    rows = [[method, f"n_steps {r['n_steps']}, internal_batch_size {r['internal_batch_size']}"
-             if r["n_steps"] else "defaults", str(r["passes"]), fmt(r["ms_per_image_p50"], 0)]
-            for method, r in result["methods"].items()]
+    lines = [
+        "## Explanations (one image, top-1 target, eager PyTorch on CPU)",
+        "",
+        f"Eager model for gradients: loaded in {fmt(result['load_s'], 2)} s, "
+        f"+{fmt(result['rss_added_mb'], 0)} MB resident beside the serving backend. "
+        f"PNG overlay (longer side <= {result['png']['max_side']} px): "
+        f"{fmt(result['png']['ms_p50'], 0)} ms, {result['png']['bytes'] / 1024:.0f} KiB.",
+        "",
+    ]
+    rows = [
+        [
+            method,
+            f"n_steps {r['n_steps']}, internal_batch_size {r['internal_batch_size']}"
+            if r["n_steps"]
+            else "defaults",
+            str(r["passes"]),
+            fmt(r["ms_per_image_p50"], 0),
+        ]
+        for method, r in result["methods"].items()
+    ]
     return lines + table(["method", "settings", "passes", "ms/image (p50)"], rows) + [""]
 
 
 def render_markdown(results: dict) -> str:
-    parts = [_header(results), _targets(results), _raw(results), _closed(results),
-             _open(results), _method(results)]
+    parts = [
+        _header(results),
+        _targets(results),
+        _raw(results),
+        _closed(results),
+        _open(results),
+        _method(results),
+    ]
     if "explain" in results:
         parts.append(_explain(results["explain"]))
     return "\n".join(line for part in parts for line in [*part, ""]).rstrip() + "\n"
@@ -244,8 +345,9 @@ def render_plot(results: dict, path: Path) -> None:
         ys = [r["p50_ms"] for r in runs]
         ax.plot(xs, ys, marker=marker, label=label)
         for run, x, y in zip(runs, xs, ys):
-            ax.annotate(f"{run['rate']:g}/s", (x, y), textcoords="offset points",
-                        xytext=(4, 4), fontsize=8)
+            ax.annotate(
+                f"{run['rate']:g}/s", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8
+            )
     ax.set_xlabel("achieved throughput (img/s)")
     ax.set_ylabel("p50 latency (ms)")
     ax.set_yscale("log")

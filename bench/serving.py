@@ -2,6 +2,7 @@
 then an open-loop Poisson rate sweep, each with the server's peak memory; and serve a variant
 archive of the tagger for one measurement (``registered_variant``: the sweep, the
 availability study)."""
+
 from __future__ import annotations
 
 import time
@@ -56,23 +57,29 @@ def served_settings(info: dict) -> dict:
 class ModelUnderTest:
     """One model on one started server: how to call it and how to read its batch sizes."""
 
-    def __init__(self, server: LocalTorchServe, model: str, *, batches_from_log: bool,
-                 plan: LoadPlan) -> None:
+    def __init__(
+        self, server: LocalTorchServe, model: str, *, batches_from_log: bool, plan: LoadPlan
+    ) -> None:
         self.server = server
         self.model = model
         self.batches_from_log = batches_from_log
         self.plan = plan
 
     def endpoint(self, body: bytes) -> Endpoint:
-        return Endpoint(f"{self.server.inference_url}/predictions/{self.model}",
-                        self.server.keys.inference_headers(), body, self.plan.timeout_s)
+        return Endpoint(
+            f"{self.server.inference_url}/predictions/{self.model}",
+            self.server.keys.inference_headers(),
+            body,
+            self.plan.timeout_s,
+        )
 
     def _measured(self, run: Callable[[], list[Sample]], watch: dict[str, int]) -> dict:
         with PeakRss(self.server.processes, watch) as peak:
             samples = run()
         if self.batches_from_log:
-            samples = with_logged_batches(samples, self.server.workdir / "logs" / "ts_log.log",
-                                          self.model)
+            samples = with_logged_batches(
+                samples, self.server.workdir / "logs" / "ts_log.log", self.model
+            )
         stats = summarize(samples).to_dict()
         stats["rss_server_mb"] = peak.total_mb
         stats["rss_worker_mb"] = max(peak.watched_mb.values(), default=0.0)
@@ -84,8 +91,8 @@ class ModelUnderTest:
         plan = self.plan
         closed_loop(endpoint, clients, plan.warmup_s, plan.closed_max_requests)
         stats = self._measured(
-            lambda: closed_loop(endpoint, clients, plan.closed_s, plan.closed_max_requests),
-            watch)
+            lambda: closed_loop(endpoint, clients, plan.closed_s, plan.closed_max_requests), watch
+        )
         return {"image": image, "clients": clients, **stats}
 
     def open(self, image: str, body: bytes, rate: float, watch: dict[str, int]) -> dict:
@@ -93,15 +100,28 @@ class ModelUnderTest:
         endpoint = self.endpoint(body)
         plan = self.plan
         stats = self._measured(
-            lambda: open_loop(endpoint, rate, plan.open_s, plan.open_max_requests,
-                              plan.open_max_in_flight, seed=int(rate * 1000)),
-            watch)
+            lambda: open_loop(
+                endpoint,
+                rate,
+                plan.open_s,
+                plan.open_max_requests,
+                plan.open_max_in_flight,
+                seed=int(rate * 1000),
+            ),
+            watch,
+        )
         return {"image": image, "rate": rate, **stats}
 
 
-def measure_model(server: LocalTorchServe, model: str, images: dict[str, bytes],
-                  plan: LoadPlan, *, batches_from_log: bool,
-                  progress: Callable[[str], None] = lambda _: None) -> dict:
+def measure_model(
+    server: LocalTorchServe,
+    model: str,
+    images: dict[str, bytes],
+    plan: LoadPlan,
+    *,
+    batches_from_log: bool,
+    progress: Callable[[str], None] = lambda _: None,
+) -> dict:
     """Every closed-loop run (each image x each client count), then the open-loop sweep on
     ``plan.open_image``. Returns ``{"settings": ..., "closed": [...], "open": [...]}``."""
     mut = ModelUnderTest(server, model, batches_from_log=batches_from_log, plan=plan)
@@ -110,8 +130,14 @@ def measure_model(server: LocalTorchServe, model: str, images: dict[str, bytes],
     return {"settings": settings, **run_plan(mut, images, plan, watch, model, progress)}
 
 
-def run_plan(mut, images: dict[str, bytes], plan: LoadPlan, watch: dict[str, int], label: str,
-             progress: Callable[[str], None] = lambda _: None) -> dict:
+def run_plan(
+    mut,
+    images: dict[str, bytes],
+    plan: LoadPlan,
+    watch: dict[str, int],
+    label: str,
+    progress: Callable[[str], None] = lambda _: None,
+) -> dict:
     """``plan`` against one model under test (``closed`` and ``open`` like ModelUnderTest's,
     whatever the server): each image at each client count, then the open-loop sweep.
     ``watch``: the processes whose RSS is sampled. Returns ``{"closed": [...], "open": [...]}``."""
@@ -131,8 +157,9 @@ class SettingNotApplied(RuntimeError):
     """The registered variant does not run with the settings its archive asked for."""
 
 
-def wait_for_setting(server: LocalTorchServe, batch_size: int, delay: int, workers: int,
-                     timeout_s: float = 120.0) -> dict:
+def wait_for_setting(
+    server: LocalTorchServe, batch_size: int, delay: int, workers: int, timeout_s: float = 120.0
+) -> dict:
     """Poll the describe API until the tagger has ``workers`` READY workers; then insist that
     batchSize and maxBatchDelay are the asked ones. Returns the frontend settings."""
     deadline = time.monotonic() + timeout_s
@@ -142,8 +169,7 @@ def wait_for_setting(server: LocalTorchServe, batch_size: int, delay: int, worke
         if settings["ready"] == workers and settings["workers"] == workers:
             break
         time.sleep(0.5)
-    wanted = {"batchSize": batch_size, "maxBatchDelay": delay, "workers": workers,
-              "ready": workers}
+    wanted = {"batchSize": batch_size, "maxBatchDelay": delay, "workers": workers, "ready": workers}
     got = {k: settings.get(k) for k in wanted}
     if got != wanted:
         raise SettingNotApplied(f"wanted {wanted}, the describe API says {got}")
@@ -169,18 +195,26 @@ def unregister_all(server: LocalTorchServe, timeout_s: float = 120.0) -> None:
 
 
 @contextmanager
-def registered_variant(server: LocalTorchServe, archive: ArchiveInfo, config: dict, name: str,
-                       work: Path) -> Iterator[dict]:
+def registered_variant(
+    server: LocalTorchServe, archive: ArchiveInfo, config: dict, name: str, work: Path
+) -> Iterator[dict]:
     """Archive the tagger with ``config`` as its model-config.yaml (``archive``'s backend and
     QUANTIZE) into ``work/store/name``, register it, and yield its describe settings once
     batchSize, maxBatchDelay and the READY workers are the config's (``SettingNotApplied``
     otherwise). Afterwards every model is unregistered and the archive deleted."""
     batch_size, delay, workers = config["batchSize"], config["maxBatchDelay"], config["minWorkers"]
-    mar = build_variant(TAGGER, config, archive.backend, work / "archive-work",
-                        work / "store" / name, quantize=archive.quantize)
+    mar = build_variant(
+        TAGGER,
+        config,
+        archive.backend,
+        work / "archive-work",
+        work / "store" / name,
+        quantize=archive.quantize,
+    )
     try:
-        server.client().register(name, workers=workers, batch_size=batch_size,
-                                 max_batch_delay=delay)
+        server.client().register(
+            name, workers=workers, batch_size=batch_size, max_batch_delay=delay
+        )
         yield wait_for_setting(server, batch_size, delay, workers)
     finally:
         unregister_all(server)

@@ -22,6 +22,7 @@ settings and keys (``tritonrepo``), sent the part of the mix Triton takes: KServ
 and deep JSON. Its "frontend" is the ``tritonserver`` process, its workers the Python-backend
 stubs (a new stub pid is a restart); ``soak-triton.md``/``.json``/``.png``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import report
-from bench.layout import BUILD, EMBEDDING, MODEL_STORE, RESULTS, SAMPLES, TAGGER, fresh_dir, \
-    setup_cli
+from bench.layout import (
+    BUILD,
+    EMBEDDING,
+    MODEL_STORE,
+    RESULTS,
+    SAMPLES,
+    TAGGER,
+    fresh_dir,
+    setup_cli,
+)
 from bench.memory import _rss
 from bench.stats import percentile
 from devtools.server import LocalTorchServe, free_ports
@@ -64,21 +73,34 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def _v2(images: list[bytes], name: str = "images", shape: list[int] | None = None,
-        rows: bool = False) -> bytes:
+def _v2(
+    images: list[bytes], name: str = "images", shape: list[int] | None = None, rows: bool = False
+) -> bytes:
     """A v2 body; ``rows``: shape ``[n, 1]``, the batch dimension first, as Triton wants it."""
     default = [len(images), 1] if rows else [len(images)]
-    return json.dumps({"inputs": [{"name": name, "datatype": "BYTES",
-                                   "shape": shape or default,
-                                   "data": [_b64(i) for i in images]}]}).encode()
+    return json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": name,
+                    "datatype": "BYTES",
+                    "shape": shape or default,
+                    "data": [_b64(i) for i in images],
+                }
+            ]
+        }
+    ).encode()
 
 
 def _multipart(fields: dict[str, bytes]) -> tuple[bytes, str]:
     boundary = "soak-boundary-7d1f"
     parts = []
     for name, value in fields.items():
-        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"'
-                     + ('; filename="image.jpg"' if name == "data" else "") + "\r\n\r\n")
+        parts.append(
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"'
+            + ('; filename="image.jpg"' if name == "data" else "")
+            + "\r\n\r\n"
+        )
         parts.append(value)
         parts.append(b"\r\n")
     parts.append(f"--{boundary}--\r\n")
@@ -113,18 +135,46 @@ def traffic(samples: Path, engine: str = "torchserve") -> list[TrafficClass]:
         return triton_traffic(photo, other, tiny, deep)
     return [
         TrafficClass("photo", f"/predictions/{TAGGER}", photo, "image/jpeg", 2, 0.2, (200,)),
-        TrafficClass("embedding", f"/predictions/{EMBEDDING}", other, "image/jpeg", 1, 0.5,
-                     (200,)),
-        TrafficClass("v2 x8", f"/v2/models/{TAGGER}/infer", _v2([photo, other] * 4),
-                     json_type, 1, 1.0, (200, 503)),
-        TrafficClass("explanation", f"/explanations/{TAGGER}", explain, explain_type, 1, 3.0,
-                     (200, 503)),
-        TrafficClass("bad image", f"/predictions/{TAGGER}", b"not an image" * 100,
-                     "application/octet-stream", 1, 1.0, (400,)),
-        TrafficClass("row flood", f"/v2/models/{TAGGER}/infer", _v2([tiny] * V2_IMAGES),
-                     json_type, FLOOD_CLIENTS, 0.0, (200, 503)),
-        TrafficClass("1 MB name", f"/v2/models/{TAGGER}/infer",
-                     _v2([tiny], name="n" * 1_000_000, shape=[2]), json_type, 1, 2.0, (400,)),
+        TrafficClass("embedding", f"/predictions/{EMBEDDING}", other, "image/jpeg", 1, 0.5, (200,)),
+        TrafficClass(
+            "v2 x8",
+            f"/v2/models/{TAGGER}/infer",
+            _v2([photo, other] * 4),
+            json_type,
+            1,
+            1.0,
+            (200, 503),
+        ),
+        TrafficClass(
+            "explanation", f"/explanations/{TAGGER}", explain, explain_type, 1, 3.0, (200, 503)
+        ),
+        TrafficClass(
+            "bad image",
+            f"/predictions/{TAGGER}",
+            b"not an image" * 100,
+            "application/octet-stream",
+            1,
+            1.0,
+            (400,),
+        ),
+        TrafficClass(
+            "row flood",
+            f"/v2/models/{TAGGER}/infer",
+            _v2([tiny] * V2_IMAGES),
+            json_type,
+            FLOOD_CLIENTS,
+            0.0,
+            (200, 503),
+        ),
+        TrafficClass(
+            "1 MB name",
+            f"/v2/models/{TAGGER}/infer",
+            _v2([tiny], name="n" * 1_000_000, shape=[2]),
+            json_type,
+            1,
+            2.0,
+            (400,),
+        ),
         TrafficClass("deep JSON", f"/predictions/{TAGGER}", deep, json_type, 1, 2.0, (400,)),
     ]
 
@@ -134,22 +184,52 @@ def triton_traffic(photo: bytes, other: bytes, tiny: bytes, deep: bytes) -> list
     bad-image classes sent as one-image v2 requests). Triton answers a request it cannot read
     (unknown input name, JSON without ``inputs``) itself: 400, or 500 for the deep JSON
     (its parser's error is an internal one)."""
+
     def infer(model: str) -> str:
         return f"/v2/models/{model}/infer"
 
     json_type = "application/json"
     return [
         TrafficClass("photo", infer(TAGGER), _v2([photo], rows=True), json_type, 2, 0.2, (200,)),
-        TrafficClass("embedding", infer(EMBEDDING), _v2([other], rows=True), json_type, 1, 0.5,
-                     (200,)),
-        TrafficClass("v2 x8", infer(TAGGER), _v2([photo, other] * 4, rows=True), json_type, 1,
-                     1.0, (200, 503)),
-        TrafficClass("bad image", infer(TAGGER), _v2([b"not an image" * 100], rows=True),
-                     json_type, 1, 1.0, (400,)),
-        TrafficClass("row flood", infer(TAGGER), _v2([tiny] * V2_IMAGES, rows=True), json_type,
-                     FLOOD_CLIENTS, 0.0, (200, 503)),
-        TrafficClass("1 MB name", infer(TAGGER), _v2([tiny], name="n" * 1_000_000, shape=[1, 1]),
-                     json_type, 1, 2.0, (400,)),
+        TrafficClass(
+            "embedding", infer(EMBEDDING), _v2([other], rows=True), json_type, 1, 0.5, (200,)
+        ),
+        TrafficClass(
+            "v2 x8",
+            infer(TAGGER),
+            _v2([photo, other] * 4, rows=True),
+            json_type,
+            1,
+            1.0,
+            (200, 503),
+        ),
+        TrafficClass(
+            "bad image",
+            infer(TAGGER),
+            _v2([b"not an image" * 100], rows=True),
+            json_type,
+            1,
+            1.0,
+            (400,),
+        ),
+        TrafficClass(
+            "row flood",
+            infer(TAGGER),
+            _v2([tiny] * V2_IMAGES, rows=True),
+            json_type,
+            FLOOD_CLIENTS,
+            0.0,
+            (200, 503),
+        ),
+        TrafficClass(
+            "1 MB name",
+            infer(TAGGER),
+            _v2([tiny], name="n" * 1_000_000, shape=[1, 1]),
+            json_type,
+            1,
+            2.0,
+            (400,),
+        ),
         TrafficClass("deep JSON", infer(TAGGER), deep, json_type, 1, 2.0, (400, 500)),
     ]
 
@@ -183,8 +263,14 @@ def _outcome(status: int, body: bytes) -> str:
     return f"{status} {kind}".strip()
 
 
-def run_class(cls: TrafficClass, port: int, headers: dict[str, str], deadline: float,
-              record: Record, lock: threading.Lock) -> None:
+def run_class(
+    cls: TrafficClass,
+    port: int,
+    headers: dict[str, str],
+    deadline: float,
+    record: Record,
+    lock: threading.Lock,
+) -> None:
     """One client of ``cls`` until ``deadline`` (monotonic)."""
     rng = random.Random()
     time.sleep(rng.uniform(0, max(cls.pause_s, 0.2)))  # the clients do not start in step
@@ -194,8 +280,12 @@ def run_class(cls: TrafficClass, port: int, headers: dict[str, str], deadline: f
         try:
             if conn is None:
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT_S)
-            conn.request("POST", cls.path, body=cls.body,
-                         headers={**headers, "Content-Type": cls.content_type})
+            conn.request(
+                "POST",
+                cls.path,
+                body=cls.body,
+                headers={**headers, "Content-Type": cls.content_type},
+            )
             response = conn.getresponse()
             body = response.read()
             status, outcome = response.status, _outcome(response.status, body)
@@ -269,8 +359,12 @@ class SoakedTriton:
         work = fresh_dir(BUILD / "soak-triton")
         generate(work / "repository", model_store=MODEL_STORE)
         self.log = (work / "triton.log").open("w")
-        self.server = Triton(work / "repository", log=self.log, key_file=work / "key_file.json",
-                             **free_ports(("http", "grpc", "metrics")))
+        self.server = Triton(
+            work / "repository",
+            log=self.log,
+            key_file=work / "key_file.json",
+            **free_ports(("http", "grpc", "metrics")),
+        )
 
     def start(self) -> None:
         self.server.start()
@@ -314,8 +408,7 @@ def sample_memory(server, series: MemorySeries, t0: float) -> None:
         series.workers.setdefault(model, []).append(rss)
 
 
-def soak(duration_s: float, out_dir: Path, stem: str = "soak",
-         engine: str = "torchserve") -> dict:
+def soak(duration_s: float, out_dir: Path, stem: str = "soak", engine: str = "torchserve") -> dict:
     """Run the mix for ``duration_s`` against a fresh server of ``engine``; write the
     reports; return the summary."""
     classes = traffic(SAMPLES, engine)
@@ -328,13 +421,20 @@ def soak(duration_s: float, out_dir: Path, stem: str = "soak",
         port, headers = server.port, server.headers
         t0 = time.monotonic()
         deadline = t0 + duration_s
-        threads = [threading.Thread(target=run_class, daemon=True,
-                                    args=(cls, port, headers, deadline, records[cls.name], lock))
-                   for cls in classes for _ in range(cls.clients)]
+        threads = [
+            threading.Thread(
+                target=run_class,
+                daemon=True,
+                args=(cls, port, headers, deadline, records[cls.name], lock),
+            )
+            for cls in classes
+            for _ in range(cls.clients)
+        ]
         for thread in threads:
             thread.start()
-        log.info("soak: %d clients in %d classes for %.0f s", len(threads), len(classes),
-                 duration_s)
+        log.info(
+            "soak: %d clients in %d classes for %.0f s", len(threads), len(classes), duration_s
+        )
         while time.monotonic() < deadline:
             sample_memory(server, series, t0)
             time.sleep(min(SAMPLE_EVERY_S, max(0.0, deadline - time.monotonic())))
@@ -343,14 +443,20 @@ def soak(duration_s: float, out_dir: Path, stem: str = "soak",
         sample_memory(server, series, t0)
     finally:
         server.stop()
-    summary = {**summarize(classes, records, series, duration_s), "engine": engine,
-               "server": server.label, "frontend": server.frontend, "stem": stem}
+    summary = {
+        **summarize(classes, records, series, duration_s),
+        "engine": engine,
+        "server": server.label,
+        "frontend": server.frontend,
+        "stem": stem,
+    }
     write_reports(summary, series, out_dir, stem)
     return summary
 
 
-def summarize(classes: list[TrafficClass], records: dict[str, Record], series: MemorySeries,
-              duration_s: float) -> dict:
+def summarize(
+    classes: list[TrafficClass], records: dict[str, Record], series: MemorySeries, duration_s: float
+) -> dict:
     """Per class: count, latency percentiles, outcomes, unexpected outcomes; the server's
     restarts, 5xx other than 503, and memory at the start, end and peak."""
     rows = {}
@@ -358,26 +464,40 @@ def summarize(classes: list[TrafficClass], records: dict[str, Record], series: M
         record = records[cls.name]
         lat = record.latencies
         rows[cls.name] = {
-            "requests": len(lat), "p50_ms": percentile(lat, 50) if lat else None,
+            "requests": len(lat),
+            "p50_ms": percentile(lat, 50) if lat else None,
             "p95_ms": percentile(lat, 95) if lat else None,
-            "p99_ms": percentile(lat, 99) if lat else None, "max_ms": max(lat, default=None),
-            "outcomes": dict(record.outcomes), "unexpected": dict(record.unexpected)}
-    five_hundreds = {k: n for r in rows.values() for k, n in r["outcomes"].items()
-                     if k[:1] == "5" and not k.startswith("503")}
+            "p99_ms": percentile(lat, 99) if lat else None,
+            "max_ms": max(lat, default=None),
+            "outcomes": dict(record.outcomes),
+            "unexpected": dict(record.unexpected),
+        }
+    five_hundreds = {
+        k: n
+        for r in rows.values()
+        for k, n in r["outcomes"].items()
+        if k[:1] == "5" and not k.startswith("503")
+    }
     # The first sample is taken before any request: "start" is the first one after a minute
     # (or half-way through a short run), when caches and pools are warm.
     warm = next((i for i, t in enumerate(series.t) if t >= min(60.0, duration_s / 2)), 0)
 
     def memory(values: list[float]) -> dict:
-        return {"start_mib": values[warm] if values else None,
-                "end_mib": values[-1] if values else None, "max_mib": max(values, default=None)}
+        return {
+            "start_mib": values[warm] if values else None,
+            "end_mib": values[-1] if values else None,
+            "max_mib": max(values, default=None),
+        }
 
     return {
-        "duration_s": duration_s, "classes": rows,
+        "duration_s": duration_s,
+        "classes": rows,
         "restarts": {m: max(0, len(p) - 1) for m, p in series.pids.items()},
         "five_hundreds_not_503": five_hundreds,
-        "memory": {"frontend": memory(series.frontend),
-                   **{f"{m} worker": memory(v) for m, v in series.workers.items()}},
+        "memory": {
+            "frontend": memory(series.frontend),
+            **{f"{m} worker": memory(v) for m, v in series.workers.items()},
+        },
     }
 
 
@@ -386,26 +506,46 @@ def render_markdown(summary: dict) -> str:
     for name, r in summary["classes"].items():
         outcomes = ", ".join(f"{k}: {n}" for k, n in sorted(r["outcomes"].items()))
         unexpected = ", ".join(f"{k}: {n}" for k, n in sorted(r["unexpected"].items())) or "-"
-        rows.append([name, str(r["requests"]), report.fmt(r["p50_ms"], 0),
-                     report.fmt(r["p95_ms"], 0), report.fmt(r["p99_ms"], 0),
-                     report.fmt(r["max_ms"], 0), outcomes, unexpected])
-    memory = [[name, report.fmt(m["start_mib"], 0), report.fmt(m["end_mib"], 0),
-               report.fmt(m["max_mib"], 0)] for name, m in summary["memory"].items()]
+        rows.append(
+            [
+                name,
+                str(r["requests"]),
+                report.fmt(r["p50_ms"], 0),
+                report.fmt(r["p95_ms"], 0),
+                report.fmt(r["p99_ms"], 0),
+                report.fmt(r["max_ms"], 0),
+                outcomes,
+                unexpected,
+            ]
+        )
+    memory = [
+        [
+            name,
+            report.fmt(m["start_mib"], 0),
+            report.fmt(m["end_mib"], 0),
+            report.fmt(m["max_mib"], 0),
+        ]
+        for name, m in summary["memory"].items()
+    ]
     restarts = ", ".join(f"{m}: {n}" for m, n in summary["restarts"].items())
     lines = [
-        "# Soak", "",
+        "# Soak",
+        "",
         f"`python -m bench.soak` (`make soak`): {summary['duration_s'] / 60:.1f} minutes of every "
         f"traffic class at once against {summary.get('server', 'one local TorchServe')}. "
         "Latency in ms per request, from send to the last byte of the answer. Memory is RSS "
         "in MiB; start is the first sample after a minute (or half-way through a short run).",
         "",
-        *report.table(["class", "requests", "p50", "p95", "p99", "max", "outcomes",
-                       "unexpected"], rows), "",
+        *report.table(
+            ["class", "requests", "p50", "p95", "p99", "max", "outcomes", "unexpected"], rows
+        ),
+        "",
         f"- worker restarts: {restarts}",
         "- 5xx other than 503: "
         + (", ".join(f"{k}: {n}" for k, n in summary["five_hundreds_not_503"].items()) or "none"),
         "",
-        *report.table(["process", "start", "end", "max"], memory), "",
+        *report.table(["process", "start", "end", "max"], memory),
+        "",
         f"RSS over time: `results/{summary.get('stem', 'soak')}.png` (not in git).",
     ]
     return "\n".join(lines) + "\n"
@@ -440,14 +580,19 @@ def write_reports(summary: dict, series: MemorySeries, out_dir: Path, stem: str)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.soak",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.soak", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--minutes", type=float, default=10.0, help="how long (default 10)")
     parser.add_argument("--quick", action="store_true", help="30 s, a smoke run")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--quiet", action="store_true")
-    parser.add_argument("--engine", choices=sorted(ENGINES), default="torchserve",
-                        help="the server soaked (triton: results/soak-triton.*)")
+    parser.add_argument(
+        "--engine",
+        choices=sorted(ENGINES),
+        default="torchserve",
+        help="the server soaked (triton: results/soak-triton.*)",
+    )
     args = parser.parse_args(argv)
     setup_cli("soak", args.quiet)
     if not 0 < args.minutes <= 60:

@@ -3,6 +3,7 @@
 No I/O, no clocks: everything here takes plain numbers, so it is unit-tested on its own
 (``tests/test_bench_stats.py``).
 """
+
 from __future__ import annotations
 
 import math

@@ -8,6 +8,7 @@ the SAME weights as a plain torchvision ResNet50 (logits only), TorchScript trac
   settings (batchSize, maxBatchDelay, workers, timeout) our tagger gets from
   ``config/models/resnet50-tagger.yaml``, so the comparison differs only in handler and runtime.
 """
+
 from __future__ import annotations
 
 import os
@@ -17,8 +18,7 @@ import warnings
 from pathlib import Path
 
 from buildsteps import configgen
-from model_files.artifacts import (CHECKPOINT, checkpoint_sha256, is_current, mark_current,
-                                   sha256_of)
+from model_files.artifacts import CHECKPOINT, checkpoint_sha256, is_current, mark_current, sha256_of
 
 MODEL_NAME = "resnet50-stock"
 SERIALIZED = "resnet50_stock.torchscript.pt"
@@ -36,8 +36,9 @@ def export_stock_model(weights_dir: Path, out_dir: Path) -> Path:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     model = resnet50(weights=None)
-    model.load_state_dict(torch.load(weights_dir / CHECKPOINT, map_location="cpu",
-                                     weights_only=True))
+    model.load_state_dict(
+        torch.load(weights_dir / CHECKPOINT, map_location="cpu", weights_only=True)
+    )
     model.eval()
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # tracer deprecation chatter
@@ -47,8 +48,7 @@ def export_stock_model(weights_dir: Path, out_dir: Path) -> Path:
     return target
 
 
-def archive_stock(serialized: Path, index_to_name: Path, model_store: Path,
-                  tmpdir: Path) -> Path:
+def archive_stock(serialized: Path, index_to_name: Path, model_store: Path, tmpdir: Path) -> Path:
     """``resnet50-stock.mar`` in ``model_store``, rebuilt when the serialized model changed.
 
     torch-model-archiver stages in ``$TMPDIR/<model-name>`` and deletes it first, so it runs
@@ -61,10 +61,25 @@ def archive_stock(serialized: Path, index_to_name: Path, model_store: Path,
     tmpdir.mkdir(parents=True, exist_ok=True)
     archiver = Path(sys.executable).parent / "torch-model-archiver"
     subprocess.run(
-        [str(archiver), "--model-name", MODEL_NAME, "--version", configgen.VERSION,
-         "--serialized-file", str(serialized), "--handler", "image_classifier",
-         "--extra-files", str(index_to_name), "--export-path", str(model_store), "--force"],
-        env={**os.environ, "TMPDIR": str(tmpdir)}, check=True, stdout=subprocess.DEVNULL,
+        [
+            str(archiver),
+            "--model-name",
+            MODEL_NAME,
+            "--version",
+            configgen.VERSION,
+            "--serialized-file",
+            str(serialized),
+            "--handler",
+            "image_classifier",
+            "--extra-files",
+            str(index_to_name),
+            "--export-path",
+            str(model_store),
+            "--force",
+        ],
+        env={**os.environ, "TMPDIR": str(tmpdir)},
+        check=True,
+        stdout=subprocess.DEVNULL,
         timeout=600,
     )
     mark_current(mar, source)
@@ -76,6 +91,9 @@ def stock_config(out: Path, like: str = "resnet50-tagger") -> Path:
     model, the stock one, given ``like``'s frontend settings from ``config/models/``."""
     settings = configgen.frontend_settings(configgen.MODELS_DIR / f"{like}.yaml")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(configgen.local_config(configgen.REPO / "config" / "server.properties",
-                                          {MODEL_NAME: settings}))
+    out.write_text(
+        configgen.local_config(
+            configgen.REPO / "config" / "server.properties", {MODEL_NAME: settings}
+        )
+    )
     return out

@@ -10,6 +10,7 @@ archive. The exit status is 1 when any setting failed.
 
 Writes ``results/sweep.{md,json}`` and prints the Markdown (progress goes to stderr).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,11 +24,18 @@ from pathlib import Path
 
 from bench import machine, report
 from bench.archives import ArchiveInfo, variant_config
-from bench.layout import (BUILD, IMAGES, MODEL_STORE, RESULTS, SAMPLES, TAGGER as OURS,
-                          fresh_dir, setup_cli)
+from bench.layout import (
+    BUILD,
+    IMAGES,
+    MODEL_STORE,
+    RESULTS,
+    SAMPLES,
+    TAGGER as OURS,
+    fresh_dir,
+    setup_cli,
+)
 from buildsteps.configgen import MODELS_DIR
-from bench.serving import (LoadPlan, ModelUnderTest, SettingNotApplied,
-                           registered_variant)
+from bench.serving import LoadPlan, ModelUnderTest, SettingNotApplied, registered_variant
 from tsclient.errors import ApiError
 from devtools.server import LocalTorchServe
 
@@ -43,15 +51,26 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x.strip())
 
 
-def run_setting(server: LocalTorchServe, archive: ArchiveInfo, base_yaml: Path, body: bytes,
-                plan: LoadPlan, batch_size: int, delay: int, workers: int) -> dict:
+def run_setting(
+    server: LocalTorchServe,
+    archive: ArchiveInfo,
+    base_yaml: Path,
+    body: bytes,
+    plan: LoadPlan,
+    batch_size: int,
+    delay: int,
+    workers: int,
+) -> dict:
     """Build, register, verify, measure and unregister one setting."""
     row = {"batchSize": batch_size, "maxBatchDelay": delay, "workers": workers}
     try:
-        with registered_variant(server, archive,
-                                variant_config(base_yaml, batch_size, delay, workers),
-                                f"{OURS}-b{batch_size}-d{delay}-w{workers}.mar",
-                                SWEEP) as settings:
+        with registered_variant(
+            server,
+            archive,
+            variant_config(base_yaml, batch_size, delay, workers),
+            f"{OURS}-b{batch_size}-d{delay}-w{workers}.mar",
+            SWEEP,
+        ) as settings:
             mut = ModelUnderTest(server, OURS, batches_from_log=False, plan=plan)
             watch = {f"worker {pid}": pid for pid in settings["worker_pids"] if pid}
             row.update(mut.closed(IMAGE, body, CLIENTS, watch))
@@ -74,8 +93,14 @@ def recommended(rows: list[dict]) -> dict | None:
     best = winner(rows)
     if best is None:
         return None
-    tied = [r for r in rows if "failed" not in r and r["errors"] == 0 and r["ok"]
-            and r["throughput"] >= (1 - TIE) * best["throughput"]]
+    tied = [
+        r
+        for r in rows
+        if "failed" not in r
+        and r["errors"] == 0
+        and r["ok"]
+        and r["throughput"] >= (1 - TIE) * best["throughput"]
+    ]
     return min(tied, key=lambda r: (r["maxBatchDelay"], -r["throughput"]))
 
 
@@ -104,35 +129,55 @@ def render_markdown(results: dict) -> str:
     ]
     for row in results["rows"]:
         if "failed" in row:
-            lines.append(f"| {row['batchSize']} | {row['maxBatchDelay']} | {row['workers']} | "
-                         f"failed: {row['failed']} | | | | | |")
+            lines.append(
+                f"| {row['batchSize']} | {row['maxBatchDelay']} | {row['workers']} | "
+                f"failed: {row['failed']} | | | | | |"
+            )
             continue
-        cells = [str(row["batchSize"]), str(row["maxBatchDelay"]), str(row["workers"]),
-                 fmt(row["throughput"]), fmt(row["p50_ms"]), fmt(row["p99_ms"]),
-                 str(row["errors"]), f"{fmt(row['batch_mean'])} / {row['batch_max']}",
-                 fmt(row["rss_server_mb"], 0)]
+        cells = [
+            str(row["batchSize"]),
+            str(row["maxBatchDelay"]),
+            str(row["workers"]),
+            fmt(row["throughput"]),
+            fmt(row["p50_ms"]),
+            fmt(row["p99_ms"]),
+            str(row["errors"]),
+            f"{fmt(row['batch_mean'])} / {row['batch_max']}",
+            fmt(row["rss_server_mb"], 0),
+        ]
         if row is best:
             cells = [f"**{c}**" for c in cells]
             cells[0] = "★ " + cells[0]
-        elif "failed" not in row and row["errors"] == 0 and best is not None \
-                and row["throughput"] >= (1 - TIE) * best["throughput"]:
+        elif (
+            "failed" not in row
+            and row["errors"] == 0
+            and best is not None
+            and row["throughput"] >= (1 - TIE) * best["throughput"]
+        ):
             cells[0] = "≈ " + cells[0]
         lines.append("| " + " | ".join(cells) + " |")
     if best is not None:
-        lines += ["", f"Winner: batchSize {best['batchSize']}, maxBatchDelay "
-                      f"{best['maxBatchDelay']} ms, {best['workers']} worker(s): "
-                      f"{fmt(best['throughput'])} img/s, p99 {fmt(best['p99_ms'])} ms."]
+        lines += [
+            "",
+            f"Winner: batchSize {best['batchSize']}, maxBatchDelay "
+            f"{best['maxBatchDelay']} ms, {best['workers']} worker(s): "
+            f"{fmt(best['throughput'])} img/s, p99 {fmt(best['p99_ms'])} ms.",
+        ]
         pick = recommended(results["rows"])
-        lines += ["", f"Recommended (the tied setting with the shortest maxBatchDelay, which a "
-                      f"lone request always waits): batchSize {pick['batchSize']}, "
-                      f"maxBatchDelay {pick['maxBatchDelay']} ms, {pick['workers']} worker(s): "
-                      f"{fmt(pick['throughput'])} img/s."]
+        lines += [
+            "",
+            f"Recommended (the tied setting with the shortest maxBatchDelay, which a "
+            f"lone request always waits): batchSize {pick['batchSize']}, "
+            f"maxBatchDelay {pick['maxBatchDelay']} ms, {pick['workers']} worker(s): "
+            f"{fmt(pick['throughput'])} img/s.",
+        ]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.sweep",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.sweep", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--batch-sizes", type=_ints, default=(1, 4, 8, 16))
     parser.add_argument("--delays", type=_ints, default=(1, 5, 20), help="maxBatchDelay, ms")
     parser.add_argument("--workers", type=_ints, default=(1, 2))
@@ -151,32 +196,48 @@ def main(argv: list[str] | None = None) -> int:
     base_yaml = MODELS_DIR / f"{OURS}.yaml"
     settings = list(itertools.product(args.batch_sizes, args.delays, args.workers))
     (SWEEP / "store").mkdir(parents=True, exist_ok=True)
-    server = LocalTorchServe(fresh_dir(SWEEP / "run"), SWEEP / "store", load_models=[],
-                             model_api=True)
+    server = LocalTorchServe(
+        fresh_dir(SWEEP / "run"), SWEEP / "store", load_models=[], model_api=True
+    )
     rows = []
     try:
         server.start()
         for i, (batch_size, delay, workers) in enumerate(settings, 1):
-            log.info("%d/%d: batchSize %d, maxBatchDelay %d ms, %d worker(s)", i,
-                     len(settings), batch_size, delay, workers)
-            rows.append(run_setting(server, archive, base_yaml, body, plan, batch_size, delay,
-                                    workers))
+            log.info(
+                "%d/%d: batchSize %d, maxBatchDelay %d ms, %d worker(s)",
+                i,
+                len(settings),
+                batch_size,
+                delay,
+                workers,
+            )
+            rows.append(
+                run_setting(server, archive, base_yaml, body, plan, batch_size, delay, workers)
+            )
     finally:
         server.stop()
 
     results = {
-        "meta": {"command": " ".join(["python -m bench.sweep", *(argv or sys.argv[1:])]),
-                 "machine": machine_info, "backend": archive.backend,
-                 "quantize": archive.quantize,
-                 "plan": {"warmup_s": plan.warmup_s, "closed_s": plan.closed_s,
-                          "clients": CLIENTS, "image": IMAGE},
-                 "elapsed_s": time.monotonic() - started,
-                 "loadavg_at_end": [round(x, 2) for x in os.getloadavg()]},
+        "meta": {
+            "command": " ".join(["python -m bench.sweep", *(argv or sys.argv[1:])]),
+            "machine": machine_info,
+            "backend": archive.backend,
+            "quantize": archive.quantize,
+            "plan": {
+                "warmup_s": plan.warmup_s,
+                "closed_s": plan.closed_s,
+                "clients": CLIENTS,
+                "image": IMAGE,
+            },
+            "elapsed_s": time.monotonic() - started,
+            "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
+        },
         "rows": rows,
     }
     best = winner(rows)
-    results["winner"] = None if best is None else {
-        k: best[k] for k in ("batchSize", "maxBatchDelay", "workers")}
+    results["winner"] = (
+        None if best is None else {k: best[k] for k in ("batchSize", "maxBatchDelay", "workers")}
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     report.write_json(results, args.out / "sweep.json")
     markdown = render_markdown(results)

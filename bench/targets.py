@@ -4,6 +4,7 @@ The thresholds are data (``bench/targets.yaml``); this module only measures each
 from the result dicts ``bench.__main__`` assembles. A target whose inputs are missing (NaN) is a
 MISS, never a PASS.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,8 +19,10 @@ from bench.stats import find_run, ratio
 
 TARGETS_FILE = Path(__file__).with_name("targets.yaml")
 OVERLOADED = "HTTP 503"  # the error kind bench.stats records for a 503 answer
-OPS: dict[str, Callable[[float, float], bool]] = {">=": lambda v, t: v >= t,
-                                                   "<=": lambda v, t: v <= t}
+OPS: dict[str, Callable[[float, float], bool]] = {
+    ">=": lambda v, t: v >= t,
+    "<=": lambda v, t: v <= t,
+}
 
 
 @dataclass(frozen=True)
@@ -43,9 +46,17 @@ def _get(run: dict | None, key: str) -> float:
     return math.nan if run is None else float(run.get(key, math.nan))
 
 
-def _measures(raw: dict, backend: str, ours: dict, stock: dict, raw_batch: int, small: str,
-              large: str, noisy: str,
-              pipeline: dict | None) -> dict[str, tuple[float, str]]:
+def _measures(
+    raw: dict,
+    backend: str,
+    ours: dict,
+    stock: dict,
+    raw_batch: int,
+    small: str,
+    large: str,
+    noisy: str,
+    pipeline: dict | None,
+) -> dict[str, tuple[float, str]]:
     """``{key: (value, detail)}`` for every target key ``targets.yaml`` may name."""
     ours16 = find_run(ours["closed"], image=small, clients=16)
     stock16 = find_run(stock["closed"], image=small, clients=16)
@@ -53,8 +64,10 @@ def _measures(raw: dict, backend: str, ours: dict, stock: dict, raw_batch: int, 
     stock16l = find_run(stock["closed"], image=large, clients=16)
     ours1 = find_run(ours["closed"], image=small, clients=1)
     stock1 = find_run(stock["closed"], image=small, clients=1)
-    noisy16 = (_get(find_run(ours["closed"], image=noisy, clients=16), "throughput"),
-               _get(find_run(stock["closed"], image=noisy, clients=16), "throughput"))
+    noisy16 = (
+        _get(find_run(ours["closed"], image=noisy, clients=16), "throughput"),
+        _get(find_run(stock["closed"], image=noisy, clients=16), "throughput"),
+    )
     pipeline_ips = _get(pipeline, "images_per_s")
     p50 = (_get(ours1, "p50_ms"), _get(stock1, "p50_ms"))
     raw_backend = raw.get(backend, {})
@@ -69,38 +82,52 @@ def _measures(raw: dict, backend: str, ours: dict, stock: dict, raw_batch: int, 
     ips = (_get(ours16, "throughput"), _get(stock16, "throughput"))
     ips_large = (_get(ours16l, "throughput"), _get(stock16l, "throughput"))
     best, best_ips = _best_eligible(raw, ours, raw_batch)
-    f32_ips = _forward_ips(raw.get(variant_for(ours.get("backend", ""), "f32") or "", {}),
-                           raw_batch)
+    f32_ips = _forward_ips(
+        raw.get(variant_for(ours.get("backend", ""), "f32") or "", {}), raw_batch
+    )
     return {
         "a1": (ratio(*ips), f"{ips[0]:.1f} vs {ips[1]:.1f} img/s"),
         "a2": (ratio(ips[0], forward_ips), f"{ips[0]:.1f} vs {forward_ips:.1f} img/s"),
         "b": (ratio(*ips_large), f"{ips_large[0]:.2f} vs {ips_large[1]:.2f} img/s"),
-        "c": (ratio(_get(ours1, "p50_ms"), single_p50),
-              f"{_get(ours1, 'p50_ms'):.1f} vs {single_p50:.1f} ms"),
+        "c": (
+            ratio(_get(ours1, "p50_ms"), single_p50),
+            f"{_get(ours1, 'p50_ms'):.1f} vs {single_p50:.1f} ms",
+        ),
         "b2": (ratio(*noisy16), f"{noisy16[0]:.2f} vs {noisy16[1]:.2f} img/s"),
         "c2": (ratio(*p50), f"{p50[0]:.1f} vs {p50[1]:.1f} ms"),
         "e": (ratio(ips[0], pipeline_ips), f"{ips[0]:.1f} vs {pipeline_ips:.1f} img/s"),
-        "d": (float(our_errors), f"{our_errors} of {sum(r['requests'] for r in our_runs)} "
-                                 f"requests, besides {our_503} HTTP 503 (stock: {stock_errors} "
-                                 "errors, 503 included)"),
-        "p1": (ratio(forward_ips, best_ips),
-               f"{backend} {forward_ips:.1f} vs {best} {best_ips:.1f} img/s"),
-        "p2": (ratio(forward_ips, f32_ips),
-               f"{backend} {forward_ips:.1f} vs f32 {f32_ips:.1f} img/s"),
+        "d": (
+            float(our_errors),
+            f"{our_errors} of {sum(r['requests'] for r in our_runs)} "
+            f"requests, besides {our_503} HTTP 503 (stock: {stock_errors} "
+            "errors, 503 included)",
+        ),
+        "p1": (
+            ratio(forward_ips, best_ips),
+            f"{backend} {forward_ips:.1f} vs {best} {best_ips:.1f} img/s",
+        ),
+        "p2": (
+            ratio(forward_ips, f32_ips),
+            f"{backend} {forward_ips:.1f} vs f32 {f32_ips:.1f} img/s",
+        ),
     }
 
 
 def _forward_ips(row: dict, batch: int) -> float:
-    return _get(next((f for f in row.get("forward", []) if f["batch"] == batch), None),
-                "images_per_s")
+    return _get(
+        next((f for f in row.get("forward", []) if f["batch"] == batch), None), "images_per_s"
+    )
 
 
 def _best_eligible(raw: dict, ours: dict, batch: int) -> tuple[str, float]:
     """The fastest raw row, at ``batch``, among the precisions ``auto`` could serve (describe's
     candidates that were not excluded): ``(row, img/s)``, NaN when none was timed."""
     choice = ours.get("precision_choice") or {}
-    rows = [variant_for(ours.get("backend", ""), c["precision"])
-            for c in choice.get("candidates", []) if not c.get("excluded")]
+    rows = [
+        variant_for(ours.get("backend", ""), c["precision"])
+        for c in choice.get("candidates", [])
+        if not c.get("excluded")
+    ]
     timed = [(row, _forward_ips(raw.get(row, {}), batch)) for row in rows if row in raw]
     timed = [(row, ips) for row, ips in timed if not math.isnan(ips)]
     return max(timed, key=lambda t: t[1]) if timed else ("n/a", math.nan)
@@ -116,10 +143,20 @@ def served_kind(precision: str | None, cpu_flags: dict | None) -> str:
     return "bf16" if precision.startswith("bf16") else "f32"
 
 
-def evaluate(raw: dict, backend: str, ours: dict, stock: dict, *, raw_batch: int = 8,
-             small: str = "small", large: str = "12mp", noisy: str = "12mp-noisy",
-             pipeline: dict | None = None, cpu_flags: dict | None = None,
-             targets_file: Path = TARGETS_FILE) -> list[Target]:
+def evaluate(
+    raw: dict,
+    backend: str,
+    ours: dict,
+    stock: dict,
+    *,
+    raw_batch: int = 8,
+    small: str = "small",
+    large: str = "12mp",
+    noisy: str = "12mp-noisy",
+    pipeline: dict | None = None,
+    cpu_flags: dict | None = None,
+    targets_file: Path = TARGETS_FILE,
+) -> list[Target]:
     """Every target of ``targets_file``, in its order, with its measured value (``pipeline``:
     the in-process pipeline; None = not measured). ``backend``: the raw row that runs what the
     tagger served; ``raw_batch``: the batch size the served tagger is compared at. A target's
@@ -133,7 +170,14 @@ def evaluate(raw: dict, backend: str, ours: dict, stock: dict, *, raw_batch: int
         description = spec["description"].format(backend=backend, raw_batch=raw_batch)
         special = spec.get("threshold_if", {})
         threshold = special.get(kind, spec["threshold"])
-        targets.append(Target(spec["key"], description, value, spec["op"], float(threshold),
-                              detail + (f" (threshold where {kind} is served)"
-                                        if kind in special else "")))
+        targets.append(
+            Target(
+                spec["key"],
+                description,
+                value,
+                spec["op"],
+                float(threshold),
+                detail + (f" (threshold where {kind} is served)" if kind in special else ""),
+            )
+        )
     return targets

@@ -7,6 +7,7 @@ Batch sizes come from Triton's own statistics (``/v2/models/<m>/stats``: images 
 execution over each run, and the largest batch size that ran in it), not from a header, which
 Triton's Python backend cannot set; so the mean is per batch, where TorchServe's is per request.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,12 +28,24 @@ from tritonrepo.server import Triton
 
 def binary_request(image: bytes) -> tuple[bytes, dict[str, str]]:
     """A v2 request of one image in Triton's binary tensor extension: body and headers."""
-    header = json.dumps({"inputs": [{"name": "images", "datatype": "BYTES", "shape": [1, 1],
-                                     "parameters": {"binary_data_size": len(image) + 4}}],
-                         "outputs": [{"name": "tags", "parameters": {"binary_data": False}}]})
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "images",
+                    "datatype": "BYTES",
+                    "shape": [1, 1],
+                    "parameters": {"binary_data_size": len(image) + 4},
+                }
+            ],
+            "outputs": [{"name": "tags", "parameters": {"binary_data": False}}],
+        }
+    )
     element = len(image).to_bytes(4, "little") + image  # BYTES: a 4-byte length, then the data
-    return header.encode() + element, {"Inference-Header-Content-Length": str(len(header)),
-                                       "Content-Type": "application/octet-stream"}
+    return header.encode() + element, {
+        "Inference-Header-Content-Length": str(len(header)),
+        "Content-Type": "application/octet-stream",
+    }
 
 
 class TritonUnderTest(ModelUnderTest):
@@ -49,8 +62,9 @@ class TritonUnderTest(ModelUnderTest):
 
     def endpoint(self, body: bytes) -> Endpoint:
         payload, headers = binary_request(body)
-        return Endpoint(f"{self.triton.url}/v2/models/{self.model}/infer", headers, payload,
-                        self.plan.timeout_s)
+        return Endpoint(
+            f"{self.triton.url}/v2/models/{self.model}/infer", headers, payload, self.plan.timeout_s
+        )
 
     def _measured(self, run, watch):
         before = self._counts()
@@ -58,24 +72,34 @@ class TritonUnderTest(ModelUnderTest):
         after = self._counts()
         images, executions = after[0] - before[0], after[1] - before[1]
         stats["batch_mean"] = images / executions if executions else float("nan")
-        stats["batch_max"] = max((size for size, count in after[2].items()
-                                  if count > before[2].get(size, 0)), default=0)
+        stats["batch_max"] = max(
+            (size for size, count in after[2].items() if count > before[2].get(size, 0)), default=0
+        )
         return stats
 
     def _counts(self) -> tuple[int, int, dict[int, int]]:
         """(images inferred, model executions, executions per batch size) so far: Triton
         keeps totals only, so a run's figures are the differences across it."""
         stats = self._stats()
-        return (stats["inference_count"], stats["execution_count"],
-                {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]})
+        return (
+            stats["inference_count"],
+            stats["execution_count"],
+            {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]},
+        )
 
     def _stats(self) -> dict:
         url = f"{self.triton.url}/v2/models/{self.model}/stats"
         return requests.get(url, timeout=30).json()["model_stats"][0]
 
 
-def serve_triton(images: dict[str, bytes], plan: LoadPlan, precision: str, *,
-                 model_store: Path, progress=lambda _: None) -> dict | None:
+def serve_triton(
+    images: dict[str, bytes],
+    plan: LoadPlan,
+    precision: str,
+    *,
+    model_store: Path,
+    progress=lambda _: None,
+) -> dict | None:
     """Triton serving the tagger of ``model_store`` at ``precision`` (what TorchServe's tagger
     served), every closed-loop run and the open-loop sweep; None when Triton is not installed."""
     try:
@@ -96,12 +120,21 @@ def serve_triton(images: dict[str, bytes], plan: LoadPlan, precision: str, *,
             mut = TritonUnderTest(triton, TAGGER, plan)
             # The tagger's Python-backend stub (its model.py is its first argument): the
             # "worker" of this row.
-            watch = {f"stub {p.pid}": p.pid for p in mut.processes()[1:]
-                     if any(f"/{TAGGER}/" in arg for arg in p.cmdline()[1:2])}
+            watch = {
+                f"stub {p.pid}": p.pid
+                for p in mut.processes()[1:]
+                if any(f"/{TAGGER}/" in arg for arg in p.cmdline()[1:2])
+            }
             runs = run_plan(mut, images, plan, watch, f"triton {TAGGER}", progress)
         finally:
             triton.stop()
     config = (work / "repository" / TAGGER / "config.pbtxt").read_text()
-    return {"model": TAGGER, "backend": f"Triton 2.51 Python backend, {pinned}",
-            "precision": pinned, "startup_s": startup_s, "config_pbtxt": config,
-            "settings": {}, **runs}
+    return {
+        "model": TAGGER,
+        "backend": f"Triton 2.51 Python backend, {pinned}",
+        "precision": pinned,
+        "startup_s": startup_s,
+        "config_pbtxt": config,
+        "settings": {},
+        **runs,
+    }

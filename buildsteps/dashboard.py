@@ -6,6 +6,7 @@ fails when it drifts from this code, or names a series that nothing exports or r
     python -m buildsteps.dashboard          # rewrite config/monitoring/dashboard.json
     python -m buildsteps.dashboard --check  # exit 1 if the committed JSON is stale
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,55 +24,106 @@ DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 
 # (title, unit, [(expr, legend)], description): one time series panel each, in reading order.
 PANELS: list[tuple[str, str, list[tuple[str, str]], str]] = [
-    ("Requests per second", "reqps",
-     [("model_name:ts_inference_requests:rate1m", "{{model_name}}")],
-     "Every request the frontend answered, per model (all statuses)."),
-    ("Images per second", "short",
-     [("ModelName:handler_images:rate1m", "{{ModelName}}")],
-     "Images our handler decoded and ran, per model."),
-    ("Mean latency (ms)", "ms",
-     [("model_name:ts_inference_latency_ms:mean1m", "{{model_name}} total"),
-      ("model_name:ts_queue_latency_ms:mean1m", "{{model_name}} queued")],
-     "Arrival to answer, and the part spent queued. TorchServe exports sums, not "
-     "histograms: means, no percentiles."),
-    ("Handler time (ms)", "ms",
-     [("ModelName:handler_forward_ms:mean_per_batch1m", "{{ModelName}} forward / batch"),
-      ("ModelName:handler_decode_ms:mean_per_image1m", "{{ModelName}} decode / image")],
-     "Where the handler's time goes."),
-    ("Batch size", "short",
-     [("ModelName:handler_batch_size:mean1m", "{{ModelName}} requests / batch"),
-      ("ModelName:handler_images_per_batch:mean1m", "{{ModelName}} images / batch")],
-     "How full the batches the frontend formed were (batchSize is the ceiling)."),
-    ("Batches by size (share)", "percentunit",
-     [("sum by (ModelName, BatchSize) (rate(HandlerBatchesBySize[5m]))"
-       " / ignoring (BatchSize) group_left"
-       " sum by (ModelName) (rate(HandlerBatches[5m]))", "{{ModelName}} size {{BatchSize}}")],
-     "Share of batches of each size over 5 minutes."),
-    ("Answers by status class", "reqps",
-     [("job:ts_requests:rate1m", "{{code}}")],
-     "All answers by class; 5xx includes the frontend's 503 (queue full) and 507."),
-    ("Errors by kind", "reqps",
-     [("ModelName:handler_errors:rate1m", "{{ModelName}} {{ErrorType}}")],
-     "Requests the handler failed, by kind (InvalidImage 400, PayloadTooLarge 413, "
-     "Overloaded 503, InternalError 500, ...)."),
-    ("503 refusals", "reqps",
-     [("ModelName:handler_overloaded:rate1m", "{{ModelName}} handler (Overloaded)"),
-      ('job:ts_requests:rate1m{code="5xx"}', "frontend 5xx (queue full, no worker)")],
-     "Requests turned away: alert TorchServeSustainedRefusals."),
-    ("Worker memory (MB)", "decmbytes",
-     [("ModelName:handler_worker_rss_mb:max", "{{ModelName}} largest worker"),
-      ("HandlerWorkerRssMB", "{{ModelName}} pid {{WorkerPid}}")],
-     "Resident memory per worker; alert TorchServeWorkerMemoryHigh at 1800 MB."),
-    ("Worker restarts (15 min)", "short",
-     [("model_name:ts_worker_restarts:changes15m", "{{model_name}}")],
-     "Restarts in the last 15 minutes; alert TorchServeWorkerRestarting at 3."),
+    (
+        "Requests per second",
+        "reqps",
+        [("model_name:ts_inference_requests:rate1m", "{{model_name}}")],
+        "Every request the frontend answered, per model (all statuses).",
+    ),
+    (
+        "Images per second",
+        "short",
+        [("ModelName:handler_images:rate1m", "{{ModelName}}")],
+        "Images our handler decoded and ran, per model.",
+    ),
+    (
+        "Mean latency (ms)",
+        "ms",
+        [
+            ("model_name:ts_inference_latency_ms:mean1m", "{{model_name}} total"),
+            ("model_name:ts_queue_latency_ms:mean1m", "{{model_name}} queued"),
+        ],
+        "Arrival to answer, and the part spent queued. TorchServe exports sums, not "
+        "histograms: means, no percentiles.",
+    ),
+    (
+        "Handler time (ms)",
+        "ms",
+        [
+            ("ModelName:handler_forward_ms:mean_per_batch1m", "{{ModelName}} forward / batch"),
+            ("ModelName:handler_decode_ms:mean_per_image1m", "{{ModelName}} decode / image"),
+        ],
+        "Where the handler's time goes.",
+    ),
+    (
+        "Batch size",
+        "short",
+        [
+            ("ModelName:handler_batch_size:mean1m", "{{ModelName}} requests / batch"),
+            ("ModelName:handler_images_per_batch:mean1m", "{{ModelName}} images / batch"),
+        ],
+        "How full the batches the frontend formed were (batchSize is the ceiling).",
+    ),
+    (
+        "Batches by size (share)",
+        "percentunit",
+        [
+            (
+                "sum by (ModelName, BatchSize) (rate(HandlerBatchesBySize[5m]))"
+                " / ignoring (BatchSize) group_left"
+                " sum by (ModelName) (rate(HandlerBatches[5m]))",
+                "{{ModelName}} size {{BatchSize}}",
+            )
+        ],
+        "Share of batches of each size over 5 minutes.",
+    ),
+    (
+        "Answers by status class",
+        "reqps",
+        [("job:ts_requests:rate1m", "{{code}}")],
+        "All answers by class; 5xx includes the frontend's 503 (queue full) and 507.",
+    ),
+    (
+        "Errors by kind",
+        "reqps",
+        [("ModelName:handler_errors:rate1m", "{{ModelName}} {{ErrorType}}")],
+        "Requests the handler failed, by kind (InvalidImage 400, PayloadTooLarge 413, "
+        "Overloaded 503, InternalError 500, ...).",
+    ),
+    (
+        "503 refusals",
+        "reqps",
+        [
+            ("ModelName:handler_overloaded:rate1m", "{{ModelName}} handler (Overloaded)"),
+            ('job:ts_requests:rate1m{code="5xx"}', "frontend 5xx (queue full, no worker)"),
+        ],
+        "Requests turned away: alert TorchServeSustainedRefusals.",
+    ),
+    (
+        "Worker memory (MB)",
+        "decmbytes",
+        [
+            ("ModelName:handler_worker_rss_mb:max", "{{ModelName}} largest worker"),
+            ("HandlerWorkerRssMB", "{{ModelName}} pid {{WorkerPid}}"),
+        ],
+        "Resident memory per worker; alert TorchServeWorkerMemoryHigh at 1800 MB.",
+    ),
+    (
+        "Worker restarts (15 min)",
+        "short",
+        [("model_name:ts_worker_restarts:changes15m", "{{model_name}}")],
+        "Restarts in the last 15 minutes; alert TorchServeWorkerRestarting at 3.",
+    ),
 ]
 # (title, expr, legend): stat panels across the top.
 STATS: list[tuple[str, str, str]] = [
     ("Scrape targets up", 'sum(up{job="torchserve"})', "up"),
     ("5xx share", "job:ts_requests_5xx:ratio1m", "5xx"),
-    ("Precision served", "max by (ModelName, Precision) (HandlerPrecision) == 1",
-     "{{ModelName}} {{Precision}}"),
+    (
+        "Precision served",
+        "max by (ModelName, Precision) (HandlerPrecision) == 1",
+        "{{ModelName}} {{Precision}}",
+    ),
 ]
 
 
@@ -81,21 +133,40 @@ def _query(expr: str, legend: str, ref: str) -> prometheus.Dataquery:
 
 def build() -> dict:
     """The dashboard as Grafana's JSON model."""
-    board = (dashboard.Dashboard("resnet50-serve: TorchServe")
-             .uid("resnet50-serve-torchserve")
-             .description("Throughput, latency, batches, errors, refusals and workers of the "
-                          "resnet50-serve models (config/monitoring; docs/operations.md).")
-             .tags(["torchserve", "resnet50-serve"])
-             .refresh("30s")
-             .time("now-1h", "now")
-             .with_variable(dashboard.DatasourceVariable("datasource").label("Prometheus")
-                            .type("prometheus")))
+    board = (
+        dashboard.Dashboard("resnet50-serve: TorchServe")
+        .uid("resnet50-serve-torchserve")
+        .description(
+            "Throughput, latency, batches, errors, refusals and workers of the "
+            "resnet50-serve models (config/monitoring; docs/operations.md)."
+        )
+        .tags(["torchserve", "resnet50-serve"])
+        .refresh("30s")
+        .time("now-1h", "now")
+        .with_variable(
+            dashboard.DatasourceVariable("datasource").label("Prometheus").type("prometheus")
+        )
+    )
     for title, expr, legend in STATS:
-        board = board.with_panel(stat.Panel().title(title).datasource(DATASOURCE).span(8)
-                                 .height(4).with_target(_query(expr, legend, "A")))
+        board = board.with_panel(
+            stat.Panel()
+            .title(title)
+            .datasource(DATASOURCE)
+            .span(8)
+            .height(4)
+            .with_target(_query(expr, legend, "A"))
+        )
     for title, unit, queries, description in PANELS:
-        panel = (timeseries.Panel().title(title).description(description).unit(unit)
-                 .datasource(DATASOURCE).span(12).height(8).min(0))
+        panel = (
+            timeseries.Panel()
+            .title(title)
+            .description(description)
+            .unit(unit)
+            .datasource(DATASOURCE)
+            .span(12)
+            .height(8)
+            .min(0)
+        )
         for index, (expr, legend) in enumerate(queries):
             panel = panel.with_target(_query(expr, legend, "ABCDEFGH"[index]))
         board = board.with_panel(panel)
@@ -108,8 +179,12 @@ def render() -> str:
 
 def exprs(model: dict) -> list[str]:
     """Every query expression of a dashboard JSON model."""
-    return [target["expr"] for panel in model.get("panels", [])
-            for target in panel.get("targets", []) if "expr" in target]
+    return [
+        target["expr"]
+        for panel in model.get("panels", [])
+        for target in panel.get("targets", [])
+        if "expr" in target
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,8 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     text = render()
     if args.check:
         if not OUT.is_file() or OUT.read_text() != text:
-            print(f"{OUT.relative_to(REPO)} is stale: run python -m buildsteps.dashboard",
-                  file=sys.stderr)
+            print(
+                f"{OUT.relative_to(REPO)} is stale: run python -m buildsteps.dashboard",
+                file=sys.stderr,
+            )
             return 1
         return 0
     OUT.write_text(text)

@@ -16,6 +16,7 @@ What it proves: how far each precision is from float32 on these photos, and how 
 is on these labels. Without labels it says nothing about accuracy; with untrained (seeded)
 weights it says nothing about ImageNet (docs/backends.md, "Check int8 on your own photos").
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,8 +68,9 @@ def find_photos(folder: Path, categories: list[str]) -> list[Photo]:
     for path in sorted(Path(folder).rglob("*")):
         if path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES:
             parts = path.relative_to(folder).parts
-            photos.append(Photo(path, class_index(parts[0], categories) if len(parts) > 1
-                                else None))
+            photos.append(
+                Photo(path, class_index(parts[0], categories) if len(parts) > 1 else None)
+            )
     if not photos:
         raise SystemExit(f"evaluate: no images ({', '.join(IMAGE_SUFFIXES)}) under {folder}")
     return photos
@@ -112,49 +114,80 @@ def accuracy(logits: np.ndarray, labels: list[int | None]) -> dict:
         return {"labelled": 0, "top1_accuracy": None, "top5_accuracy": None}
     top5 = np.argsort(-logits[rows], axis=1)[:, :5]
     truth = np.array([labels[i] for i in rows])
-    return {"labelled": len(rows), "top1_accuracy": float((top5[:, 0] == truth).mean()),
-            "top5_accuracy": float((top5 == truth[:, None]).any(axis=1).mean())}
+    return {
+        "labelled": len(rows),
+        "top1_accuracy": float((top5[:, 0] == truth).mean()),
+        "top5_accuracy": float((top5 == truth[:, None]).any(axis=1).mean()),
+    }
 
 
-def evaluate(folder: Path, weights: Path, serialized: str, batch: int = 16,
-             progress: bool = True) -> dict:
+def evaluate(
+    folder: Path, weights: Path, serialized: str, batch: int = 16, progress: bool = True
+) -> dict:
     """Every precision the files in ``weights`` can run here, on the photos of ``folder``."""
     files = ModelFiles.read(weights, serialized)
     photos = find_photos(folder, WEIGHTS.meta["categories"])
     pixels, photos, skipped = preprocess(photos, progress)
-    loaders, excluded = precision_candidates(files.backend, files.folder, files.serialized,
-                                             torch.device("cpu"), RuntimeOptions())
+    loaders, excluded = precision_candidates(
+        files.backend, files.folder, files.serialized, torch.device("cpu"), RuntimeOptions()
+    )
     labels = [p.label for p in photos]
     rows, reference = [], None
     for name, load in loaders.items():
         embedding, logits, ms = run(load(), pixels, batch, name, progress)
         reference = reference or (embedding, logits)
         figures = agreement(reference, (embedding, logits))
-        rows.append({"precision": name, **accuracy(logits, labels),
-                     "top1_agreement_vs_f32": figures["top1_agreement"],
-                     "embedding_cosine_mean": figures["embedding_cosine_mean"],
-                     "embedding_cosine_min": figures["embedding_cosine_min"],
-                     "ms_per_image": round(ms, 2)})
-    return {"folder": str(folder), "photos": len(photos), "labelled": sum(
-        label is not None for label in labels), "batch": batch, "weights": files.weights,
-        "reference": next(iter(loaders)), "precisions": rows, "excluded": excluded,
-        "skipped": skipped}
+        rows.append(
+            {
+                "precision": name,
+                **accuracy(logits, labels),
+                "top1_agreement_vs_f32": figures["top1_agreement"],
+                "embedding_cosine_mean": figures["embedding_cosine_mean"],
+                "embedding_cosine_min": figures["embedding_cosine_min"],
+                "ms_per_image": round(ms, 2),
+            }
+        )
+    return {
+        "folder": str(folder),
+        "photos": len(photos),
+        "labelled": sum(label is not None for label in labels),
+        "batch": batch,
+        "weights": files.weights,
+        "reference": next(iter(loaders)),
+        "precisions": rows,
+        "excluded": excluded,
+        "skipped": skipped,
+    }
 
 
 def table(report: dict) -> str:
     """The report as a terminal table, with what it can and cannot say underneath."""
+
     def pct(value):
         return "-" if value is None else f"{100 * value:.1f}%"
 
-    body = [[r["precision"], pct(r["top1_accuracy"]), pct(r["top5_accuracy"]),
-             pct(r["top1_agreement_vs_f32"]), f"{r['embedding_cosine_mean']:.4f}",
-             f"{r['embedding_cosine_min']:.4f}", f"{r['ms_per_image']:.1f}"]
-            for r in report["precisions"]]
-    lines = [tabulate(body, headers=["precision", "top-1", "top-5", "agrees f32",
-                                     "cos mean", "cos min", "ms/img"], disable_numparse=True),
-             f"{report['photos']} photos ({report['labelled']} labelled) from "
-             f"{report['folder']}, batch {report['batch']}; weights: "
-             f"{report['weights'].get('source')}"]
+    body = [
+        [
+            r["precision"],
+            pct(r["top1_accuracy"]),
+            pct(r["top5_accuracy"]),
+            pct(r["top1_agreement_vs_f32"]),
+            f"{r['embedding_cosine_mean']:.4f}",
+            f"{r['embedding_cosine_min']:.4f}",
+            f"{r['ms_per_image']:.1f}",
+        ]
+        for r in report["precisions"]
+    ]
+    lines = [
+        tabulate(
+            body,
+            headers=["precision", "top-1", "top-5", "agrees f32", "cos mean", "cos min", "ms/img"],
+            disable_numparse=True,
+        ),
+        f"{report['photos']} photos ({report['labelled']} labelled) from "
+        f"{report['folder']}, batch {report['batch']}; weights: "
+        f"{report['weights'].get('source')}",
+    ]
     if not report["weights"].get("trained", False):
         lines.append("UNTRAINED (seeded) weights: accuracy here says nothing about ImageNet")
     if not report["labelled"]:
@@ -168,11 +201,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path)
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--weights", type=Path, default=Path("build/weights"),
-                        help="a weights folder (the files the archives are built from)")
+    source.add_argument(
+        "--weights",
+        type=Path,
+        default=Path("build/weights"),
+        help="a weights folder (the files the archives are built from)",
+    )
     source.add_argument("--archive", type=Path, help="a .mar: evaluate the files it carries")
-    parser.add_argument("--backend", choices=sorted(SERIALIZED), default=DEFAULT_BACKEND,
-                        help="with --weights: which runtime's files")
+    parser.add_argument(
+        "--backend",
+        choices=sorted(SERIALIZED),
+        default=DEFAULT_BACKEND,
+        help="with --weights: which runtime's files",
+    )
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--json", action="store_true", help="the report as JSON on stdout")
     args = parser.parse_args(argv)
@@ -185,8 +226,13 @@ def main(argv: list[str] | None = None) -> int:
                 mar.extractall(tmp)
                 serialized = read_manifest(mar)["serializedFile"]
             weights = Path(tmp)
-        report = evaluate(args.folder, weights, serialized, args.batch,
-                          progress=sys.stderr.isatty() or not args.json)
+        report = evaluate(
+            args.folder,
+            weights,
+            serialized,
+            args.batch,
+            progress=sys.stderr.isatty() or not args.json,
+        )
     print(json.dumps(report, indent=2) if args.json else table(report))
     return 0
 

@@ -9,14 +9,20 @@ reads ``resnet50.pt`` from the weights folder and writes next to it
 [N, 3, 224, 224] float32 and return ``embedding`` [N, 2048] and ``logits`` [N, 1000] from one
 run. An export is redone only when the checkpoint's sha256 changed (``<file>.sha256``).
 """
+
 from __future__ import annotations
 
 import argparse
 import warnings
 from pathlib import Path
 
-from model_files.artifacts import (CHECKPOINT, SERIALIZED, checkpoint_sha256, is_current,
-                                   mark_current)
+from model_files.artifacts import (
+    CHECKPOINT,
+    SERIALIZED,
+    checkpoint_sha256,
+    is_current,
+    mark_current,
+)
 
 EXPORTED = tuple(b for b in SERIALIZED if SERIALIZED[b] != CHECKPOINT)  # onnx, torchscript
 
@@ -39,17 +45,20 @@ def export(backend: str, weights_dir: Path) -> Path:
 
     from model_files.resnet_dual import build_dual
 
-    model = build_dual(torch.load(weights_dir / CHECKPOINT, map_location="cpu",
-                                  weights_only=True))
+    model = build_dual(torch.load(weights_dir / CHECKPOINT, map_location="cpu", weights_only=True))
     example = torch.randn(2, 3, 224, 224)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # tracer/exporter deprecation chatter
         if backend == "onnx":
             torch.onnx.export(
-                model, (example,), str(target), input_names=["input"],
+                model,
+                (example,),
+                str(target),
+                input_names=["input"],
                 output_names=["embedding", "logits"],
                 dynamic_axes={name: {0: "batch"} for name in ("input", "embedding", "logits")},
-                opset_version=17, dynamo=False,
+                opset_version=17,
+                dynamo=False,
             )
         else:
             torch.jit.freeze(torch.jit.trace(model, example).eval()).save(str(target))

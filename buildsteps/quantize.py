@@ -22,6 +22,7 @@ same embedding and the same top-1 class, so agreement there is easy and says not
 ImageNet; with trained weights, run this on your own labelled photos (``--heldout``) and check
 accuracy of the archive against your labels as well.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,13 @@ import torch
 import yaml
 from PIL import Image, ImageEnhance, ImageOps
 
-from model_files.artifacts import (QUANTIZED, checkpoint_sha256, companions, fidelity_record,
-                                   refusal_record)
+from model_files.artifacts import (
+    QUANTIZED,
+    checkpoint_sha256,
+    companions,
+    fidelity_record,
+    refusal_record,
+)
 from servecore.backends import load_backend
 from servecore.precision import agreement, failures
 from model_files.resnet_dual import WEIGHTS
@@ -113,12 +119,15 @@ def _model_inputs(images: list[Image.Image]) -> torch.Tensor:
 def calibration_set(photos: list[Image.Image], size: int, seed: int = 0) -> torch.Tensor:
     """``size`` preprocessed tensors: each photo as it is, then augmentations in turn."""
     rng = np.random.default_rng(seed)
-    return _model_inputs(photos[:size] + [augment(photos[i % len(photos)], rng)
-                                          for i in range(max(0, size - len(photos)))])
+    return _model_inputs(
+        photos[:size]
+        + [augment(photos[i % len(photos)], rng) for i in range(max(0, size - len(photos)))]
+    )
 
 
-def heldout_set(heldout: list[Image.Image], calibration: list[Image.Image],
-                augmented: int = 24) -> torch.Tensor:
+def heldout_set(
+    heldout: list[Image.Image], calibration: list[Image.Image], augmented: int = 24
+) -> torch.Tensor:
     """Photos never calibrated on, as they are and mirrored, plus augmentations of the
     calibration photos drawn with another seed."""
     images = [*heldout, *(ImageOps.mirror(p) for p in heldout)]
@@ -134,8 +143,14 @@ def _run(path: Path, precision: str, pixels: torch.Tensor) -> tuple[np.ndarray, 
     return (torch.cat([o[0] for o in outputs]).numpy(), torch.cat([o[1] for o in outputs]).numpy())
 
 
-def quantize(weights_dir: Path, calibration: list[Image.Image], heldout: list[Image.Image],
-             thresholds: dict, size: int = 200, subset_size: int | None = None) -> Path:
+def quantize(
+    weights_dir: Path,
+    calibration: list[Image.Image],
+    heldout: list[Image.Image],
+    thresholds: dict,
+    size: int = 200,
+    subset_size: int | None = None,
+) -> Path:
     """Write the int8 IR beside the float32 one and return its path, or raise FidelityError
     (nothing written) when it disagrees with float32 beyond ``thresholds``."""
     # NNCF sends usage telemetry unless told otherwise; its documented switch is this variable.
@@ -154,10 +169,15 @@ def quantize(weights_dir: Path, calibration: list[Image.Image], heldout: list[Im
     # MINMAX activation ranges: on this model the default (quantile) estimator gave a worst
     # embedding 5x further from float32 (scratch measurements, 80 held-apart photos).
     quantized = nncf.quantize(
-        ov.Core().read_model(str(fp32)), dataset, preset=nncf.QuantizationPreset.PERFORMANCE,
-        target_device=nncf.TargetDevice.CPU, subset_size=subset_size or size,
+        ov.Core().read_model(str(fp32)),
+        dataset,
+        preset=nncf.QuantizationPreset.PERFORMANCE,
+        target_device=nncf.TargetDevice.CPU,
+        subset_size=subset_size or size,
         advanced_parameters=AdvancedQuantizationParameters(
-            activations_range_estimator_params=RangeEstimatorParametersSet.MINMAX))
+            activations_range_estimator_params=RangeEstimatorParametersSet.MINMAX
+        ),
+    )
     # Staged beside the weights (same file system: the final moves are renames); whatever
     # fails, the staging folder goes and nothing half-written reaches weights_dir.
     with tempfile.TemporaryDirectory(prefix="int8.", dir=weights_dir) as tmp:
@@ -173,13 +193,20 @@ def quantize(weights_dir: Path, calibration: list[Image.Image], heldout: list[Im
                 f"int8 model refused by the fidelity gate: {'; '.join(failed)} (against "
                 f"float32 on {figures['photos']} held-apart photos); the archives carry no "
                 "int8. Calibrate on photos like the ones you serve (--calibration), or judge "
-                "on your own (GATE_PHOTOS=dir).", figures)
+                "on your own (GATE_PHOTOS=dir).",
+                figures,
+            )
         record = {
-            "precision": "int8", "method": "NNCF post-training quantisation, MINMAX ranges",
-            "nncf": nncf.__version__, "openvino": ov.get_version(),
-            "calibration_tensors": size, "calibration_photos": len(calibration),
-            "heldout_photos": len(heldout), "fidelity_vs_f32": figures,
-            "thresholds": thresholds, "checkpoint_sha256": checkpoint_sha256(weights_dir),
+            "precision": "int8",
+            "method": "NNCF post-training quantisation, MINMAX ranges",
+            "nncf": nncf.__version__,
+            "openvino": ov.get_version(),
+            "calibration_tensors": size,
+            "calibration_photos": len(calibration),
+            "heldout_photos": len(heldout),
+            "fidelity_vs_f32": figures,
+            "thresholds": thresholds,
+            "checkpoint_sha256": checkpoint_sha256(weights_dir),
             "note": "agreement with float32 on the same weights, not ImageNet accuracy",
             "build_s": round(time.monotonic() - started, 1),
         }
@@ -199,34 +226,62 @@ def _clear(weights_dir: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--weights", type=Path, default=Path("build/weights"))
-    parser.add_argument("--calibration", type=Path, default=Path("build/samples"),
-                        help="folder of photos like the ones you serve")
-    parser.add_argument("--heldout", type=Path, default=Path("build/heldout"),
-                        help="folder of other photos, never calibrated on")
-    parser.add_argument("--gate-photos", type=Path, default=None,
-                        help="judge on your own photos: every image under this folder")
+    parser.add_argument(
+        "--calibration",
+        type=Path,
+        default=Path("build/samples"),
+        help="folder of photos like the ones you serve",
+    )
+    parser.add_argument(
+        "--heldout",
+        type=Path,
+        default=Path("build/heldout"),
+        help="folder of other photos, never calibrated on",
+    )
+    parser.add_argument(
+        "--gate-photos",
+        type=Path,
+        default=None,
+        help="judge on your own photos: every image under this folder",
+    )
     parser.add_argument("--gate", type=Path, default=GATE, help="thresholds (YAML)")
     parser.add_argument("--size", type=int, default=200, help="calibration tensors")
-    parser.add_argument("--allow-refusal", action="store_true",
-                        help="a refusal by the gate exits 0 (the archives then carry no int8)")
+    parser.add_argument(
+        "--allow-refusal",
+        action="store_true",
+        help="a refusal by the gate exits 0 (the archives then carry no int8)",
+    )
     args = parser.parse_args(argv)
     target, record_path = args.weights / TARGET, args.weights / fidelity_record(TARGET)
     refused_path = args.weights / refusal_record(TARGET)
     thresholds = yaml.safe_load(args.gate.read_text())["thresholds"]
-    heldout = (spread(photo_paths(args.gate_photos, recursive=True), MAX_GATE_PHOTOS)
-               if args.gate_photos else photo_paths(args.heldout))
-    key = {"checkpoint_sha256": checkpoint_sha256(args.weights), "thresholds": thresholds,
-           "gate_photos": photo_set_id(heldout)}
+    heldout = (
+        spread(photo_paths(args.gate_photos, recursive=True), MAX_GATE_PHOTOS)
+        if args.gate_photos
+        else photo_paths(args.heldout)
+    )
+    key = {
+        "checkpoint_sha256": checkpoint_sha256(args.weights),
+        "thresholds": thresholds,
+        "gate_photos": photo_set_id(heldout),
+    }
     for path in (record_path, refused_path):
         if path.is_file() and {k: json.loads(path.read_text()).get(k) for k in key} == key:
             return _report(path, args.allow_refusal)  # up to date
     _clear(args.weights)
     try:
-        quantize(args.weights, load_photos(photo_paths(args.calibration)),
-                 load_photos(heldout), thresholds, args.size)
+        quantize(
+            args.weights,
+            load_photos(photo_paths(args.calibration)),
+            load_photos(heldout),
+            thresholds,
+            args.size,
+        )
     except FidelityError as error:
-        refused_path.write_text(json.dumps({**key, "refused": str(error),
-                                            "fidelity_vs_f32": error.figures}, indent=2) + "\n")
+        refused_path.write_text(
+            json.dumps({**key, "refused": str(error), "fidelity_vs_f32": error.figures}, indent=2)
+            + "\n"
+        )
     else:
         record = json.loads(record_path.read_text())
         record_path.write_text(json.dumps({**record, **key}, indent=2) + "\n")
@@ -238,10 +293,13 @@ def _report(path: Path, allow_refusal: bool) -> int:
     if "refused" in record:
         print(f"int8: {record['refused']}", file=sys.stderr)
         return 0 if allow_refusal else 1
-    figures = {k: round(v, 4) if isinstance(v, float) else v
-               for k, v in record["fidelity_vs_f32"].items()}
-    print(f"int8: {TARGET} passed the fidelity gate against float32 (quantised in "
-          f"{record['build_s']} s): {json.dumps(figures)}")
+    figures = {
+        k: round(v, 4) if isinstance(v, float) else v for k, v in record["fidelity_vs_f32"].items()
+    }
+    print(
+        f"int8: {TARGET} passed the fidelity gate against float32 (quantised in "
+        f"{record['build_s']} s): {json.dumps(figures)}"
+    )
     return 0
 
 

@@ -17,6 +17,7 @@ renamed into place, so an interrupted build never leaves a partial ``resnet50.pt
 is unreachable, falls back to seeded *untrained* weights with a loud warning: those serve the
 right shapes and pass parity tests, but their labels are meaningless.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -122,14 +123,17 @@ def build(source: str | None, out: Path) -> dict:
     info_path = out / INFO
     if info_path.is_file() and (out / CHECKPOINT).is_file():
         info = json.loads(info_path.read_text())
-        wanted = source is None or (info.get("requested") == source
-                                    and _still_current(source, info))
+        wanted = source is None or (
+            info.get("requested") == source and _still_current(source, info)
+        )
         if wanted and sha256_of(out / CHECKPOINT) == info.get("sha256"):
             print(f"weights up to date: {info['source']} ({info_path})")
             return info
         if wanted:  # a checkpoint that is not the one recorded: rebuild from the same source
-            print(f"weights: {out / CHECKPOINT} does not match its recorded sha256; rebuilding",
-                  file=sys.stderr)
+            print(
+                f"weights: {out / CHECKPOINT} does not match its recorded sha256; rebuilding",
+                file=sys.stderr,
+            )
             source = source or info.get("requested")
     source = source or "auto"
 
@@ -155,9 +159,12 @@ def build(source: str | None, out: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--source", default=None,
-                        help="auto (ImageNet, else seeded), imagenet, seeded, or a .pt path; "
-                             "default: keep the weights already built, else auto")
+    parser.add_argument(
+        "--source",
+        default=None,
+        help="auto (ImageNet, else seeded), imagenet, seeded, or a .pt path; "
+        "default: keep the weights already built, else auto",
+    )
     parser.add_argument("--out", type=Path, default=Path("build/weights"))
     args = parser.parse_args(argv)
     info = build(args.source or None, args.out)

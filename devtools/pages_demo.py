@@ -13,6 +13,7 @@ indexed (``broken.jpg``), and one copied to a file deleted after it was indexed
 Chromium is Debian's (``devtools/ensure_chromium.sh``), driven by the ``playwright`` package
 with ``executable_path``: Playwright's own browser downloads are not needed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -94,10 +95,25 @@ def page_commands(album: Album, index: Path, out: Path) -> dict[str, list[str]]:
     output of ``album.root / "album"``. Duplicates at 0.999: exact copies only, whatever the
     weights (seeded ones put every photo close)."""
     return {
-        "similar": ["similar", str(album.query), "--index", str(index), "-k", "5",
-                    "--html", str(out / "similar.html")],
-        "duplicates": ["duplicates", "--index", str(index), "--threshold", "0.99999",
-                       "--html", str(out / "duplicates.html")],
+        "similar": [
+            "similar",
+            str(album.query),
+            "--index",
+            str(index),
+            "-k",
+            "5",
+            "--html",
+            str(out / "similar.html"),
+        ],
+        "duplicates": [
+            "duplicates",
+            "--index",
+            str(index),
+            "--threshold",
+            "0.99999",
+            "--html",
+            str(out / "duplicates.html"),
+        ],
         "explain": ["explain", str(album.explain), "--html", str(out / "explain.html")],
     }
 
@@ -115,8 +131,13 @@ class PageView:
     links: list[str]
 
 
-def look(browser, html: Path, screenshot: Path, full_page: bool = True,
-         viewport: tuple[int, int] = (1100, 800)) -> PageView:
+def look(
+    browser,
+    html: Path,
+    screenshot: Path,
+    full_page: bool = True,
+    viewport: tuple[int, int] = (1100, 800),
+) -> PageView:
     """Open ``html`` from disk in a new page of ``browser`` (Playwright), read what it shows,
     save a screenshot."""
     page = browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
@@ -129,13 +150,20 @@ def look(browser, html: Path, screenshot: Path, full_page: bool = True,
     page.on("dialog", dialog)
     try:
         page.goto(html.resolve().as_uri(), wait_until="load")
-        images = [tuple(x) for x in page.eval_on_selector_all(
-            "img", "els => els.map(e => [e.alt, e.complete ? e.naturalWidth : 0])")]
+        images = [
+            tuple(x)
+            for x in page.eval_on_selector_all(
+                "img", "els => els.map(e => [e.alt, e.complete ? e.naturalWidth : 0])"
+            )
+        ]
         placeholders = page.eval_on_selector_all(
-            ".placeholder", "els => els.filter(e => e.offsetWidth > 0 && e.offsetHeight > 0)"
-                            ".map(e => e.innerText)")
-        scripted = page.evaluate("document.querySelectorAll('script, iframe, object, embed, "
-                                 "[onerror], [onload], [onclick]').length")
+            ".placeholder",
+            "els => els.filter(e => e.offsetWidth > 0 && e.offsetHeight > 0).map(e => e.innerText)",
+        )
+        scripted = page.evaluate(
+            "document.querySelectorAll('script, iframe, object, embed, "
+            "[onerror], [onload], [onclick]').length"
+        )
         links = page.eval_on_selector_all("a[href]", "els => els.map(e => e.href)")
         text = page.inner_text("body")
         screenshot.parent.mkdir(parents=True, exist_ok=True)
@@ -153,8 +181,7 @@ def small_png(shot: Path, out: Path, colours: int = 128) -> int:
     image = Image.open(shot).convert("RGB")
     while True:
         buffer = io.BytesIO()
-        image.quantize(colours, method=Image.Quantize.MEDIANCUT).save(buffer, "PNG",
-                                                                        optimize=True)
+        image.quantize(colours, method=Image.Quantize.MEDIANCUT).save(buffer, "PNG", optimize=True)
         if buffer.tell() <= DOC_SHOT_MAX_BYTES:
             out.write_bytes(buffer.getvalue())
             return buffer.tell()
@@ -174,8 +201,10 @@ def docs_screenshots(docs: Path, work: Path) -> dict[str, int]:
 
     chromium = chromium_path()
     if chromium is None:
-        raise SystemExit("error: Chromium not found: run devtools/ensure_chromium.sh "
-                         "(apt-get install -y chromium)")
+        raise SystemExit(
+            "error: Chromium not found: run devtools/ensure_chromium.sh "
+            "(apt-get install -y chromium)"
+        )
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     photos = []
@@ -190,10 +219,16 @@ def docs_screenshots(docs: Path, work: Path) -> dict[str, int]:
     index = album.root / "album.parquet"
     sizes = {}
     with LocalTorchServe(work / "torchserve", REPO / "model-store") as server:
+
         def tsctl(*argv: str) -> None:
-            run = subprocess.run([str(REPO / ".venv" / "bin" / "tsctl"), *argv], cwd=REPO,
-                                 env=server.cli_env(), capture_output=True, text=True,
-                                 timeout=600)
+            run = subprocess.run(
+                [str(REPO / ".venv" / "bin" / "tsctl"), *argv],
+                cwd=REPO,
+                env=server.cli_env(),
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
             if run.returncode not in (0, 7):  # 7: some files failed, as they should here
                 raise SystemExit(f"tsctl {' '.join(argv)}: exit {run.returncode}\n{run.stderr}")
 
@@ -204,8 +239,13 @@ def docs_screenshots(docs: Path, work: Path) -> dict[str, int]:
             with sync_playwright() as playwright:
                 browser = playwright.chromium.launch(executable_path=chromium)
                 try:
-                    look(browser, work / f"{name}.html", work / f"{name}.png", full_page=False,
-                         viewport=(1000, 620))
+                    look(
+                        browser,
+                        work / f"{name}.html",
+                        work / f"{name}.png",
+                        full_page=False,
+                        viewport=(1000, 620),
+                    )
                 finally:
                     browser.close()
             sizes[name] = small_png(work / f"{name}.png", docs / f"page-{name}.png")

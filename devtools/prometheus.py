@@ -8,6 +8,7 @@ integration test (``LocalPrometheus``: a free port, its own storage, always stop
 
     python -m devtools.prometheus [--target HOST:PORT ...] [--port 9090]   # make monitor
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,28 +42,39 @@ def recording_rules(path: Path = RULES) -> dict[str, str]:
     """``{recorded name: expr}`` of every recording rule (one name may be recorded by several
     rules with different labels: the last expr is kept)."""
     groups = yaml.safe_load(path.read_text())["groups"]
-    return {rule["record"]: rule["expr"] for group in groups for rule in group["rules"]
-            if "record" in rule}
+    return {
+        rule["record"]: rule["expr"]
+        for group in groups
+        for rule in group["rules"]
+        if "record" in rule
+    }
 
 
 def config(targets: list[str], interval_s: float, rules: Path = RULES) -> dict:
     """prometheus.yml: one job scraping ``targets`` (host:port of TorchServe metrics ports)
     every ``interval_s``, and the rules evaluated as often."""
     every = f"{interval_s:g}s"
-    return {"global": {"scrape_interval": every, "evaluation_interval": every,
-                       "scrape_timeout": every},
-            "rule_files": [str(rules)],
-            "scrape_configs": [{"job_name": JOB, "static_configs": [{"targets": targets}]}]}
+    return {
+        "global": {"scrape_interval": every, "evaluation_interval": every, "scrape_timeout": every},
+        "rule_files": [str(rules)],
+        "scrape_configs": [{"job_name": JOB, "static_configs": [{"targets": targets}]}],
+    }
 
 
 def command(config_file: Path, storage: Path, port: int) -> list[str]:
     """The ``prometheus`` command line: UI and API on 127.0.0.1 only."""
     binary = shutil.which("prometheus")
     if binary is None:
-        raise RuntimeError("prometheus not found: `make setup` installs it "
-                           "(devtools/ensure_prometheus.sh)")
-    return [binary, f"--config.file={config_file}", f"--storage.tsdb.path={storage}",
-            f"--web.listen-address={ports.HOST}:{port}", "--storage.tsdb.retention.time=1d"]
+        raise RuntimeError(
+            "prometheus not found: `make setup` installs it (devtools/ensure_prometheus.sh)"
+        )
+    return [
+        binary,
+        f"--config.file={config_file}",
+        f"--storage.tsdb.path={storage}",
+        f"--web.listen-address={ports.HOST}:{port}",
+        "--storage.tsdb.retention.time=1d",
+    ]
 
 
 class LocalPrometheus:
@@ -85,7 +97,10 @@ class LocalPrometheus:
         with open(self.workdir / "prometheus.log", "ab") as log:
             self._proc = subprocess.Popen(
                 command(config_file, self.workdir / "data", self.port),
-                cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT)
+                cwd=self.workdir,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
@@ -97,8 +112,10 @@ class LocalPrometheus:
                 pass
             time.sleep(0.2)
         self.stop()
-        raise RuntimeError(f"Prometheus on {self.url} not ready after {timeout:.0f}s\n"
-                           + tails(self.workdir, ("prometheus.log",)))
+        raise RuntimeError(
+            f"Prometheus on {self.url} not ready after {timeout:.0f}s\n"
+            + tails(self.workdir, ("prometheus.log",))
+        )
 
     def stop(self) -> None:
         """SIGTERM (Prometheus shuts down cleanly), then SIGKILL if it lingers."""
@@ -127,9 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     """``make monitor``: Prometheus in the foreground (Ctrl-C stops it), its config and storage
     under build/monitor/."""
     p = argparse.ArgumentParser(prog="make monitor", description=main.__doc__)
-    p.add_argument("--target", action="append",
-                   help=f"a TorchServe metrics port, host:port (default "
-                        f"{ports.HOST}:{ports.METRICS}, make serve's); repeat for more")
+    p.add_argument(
+        "--target",
+        action="append",
+        help=f"a TorchServe metrics port, host:port (default "
+        f"{ports.HOST}:{ports.METRICS}, make serve's); repeat for more",
+    )
     p.add_argument("--port", type=int, default=9090, help="the UI and API port (9090)")
     p.add_argument("--interval", type=float, default=5.0, help="scrape every N seconds (5)")
     args = p.parse_args(argv)
@@ -139,10 +159,14 @@ def main(argv: list[str] | None = None) -> int:
     targets = args.target or [f"{ports.HOST}:{ports.METRICS}"]
     config_file.write_text(yaml.safe_dump(config(targets, args.interval)))
     argv_ = command(config_file, workdir / "data", args.port)
-    print(f"Prometheus on {ports.url(args.port)} scraping {', '.join(targets)} every "
-          f"{args.interval:g}s with {RULES.relative_to(REPO)}; try "
-          f"{ports.url(args.port)}/graph?g0.expr=model_name%3Ats_inference_requests%3Arate1m"
-          " (Ctrl-C stops it)", file=sys.stderr, flush=True)
+    print(
+        f"Prometheus on {ports.url(args.port)} scraping {', '.join(targets)} every "
+        f"{args.interval:g}s with {RULES.relative_to(REPO)}; try "
+        f"{ports.url(args.port)}/graph?g0.expr=model_name%3Ats_inference_requests%3Arate1m"
+        " (Ctrl-C stops it)",
+        file=sys.stderr,
+        flush=True,
+    )
     os.execv(argv_[0], argv_)  # Ctrl-C goes straight to Prometheus, which stops cleanly
 
 

@@ -13,6 +13,7 @@ has and which JPEG compresses badly (about 3 MB at quality 90 against 0.8 MB smo
 writes other bundled scikit-image photos, never used for calibration, for the int8 gate
 (buildsteps/quantize.py).
 """
+
 from __future__ import annotations
 
 import argparse

@@ -9,6 +9,7 @@ Python process per worker).
     with LocalTorchServe(workdir, model_store, load_models=["resnet50-tagger.mar"]) as ts:
         requests.get(ts.inference_url + "/ping", headers=ts.keys.inference_headers())
 """
+
 from __future__ import annotations
 
 import os
@@ -82,32 +83,46 @@ def free_ports(names: tuple[str, ...] = SERVER_PORTS) -> dict[str, int]:
 
 def loopback_urls(ports: dict[str, int]) -> dict[str, str]:
     """The inference, management and metrics URLs of a TorchServe on these loopback ports."""
-    return {name: f"http://127.0.0.1:{ports[name]}"
-            for name in ("inference", "management", "metrics")}
+    return {
+        name: f"http://127.0.0.1:{ports[name]}" for name in ("inference", "management", "metrics")
+    }
 
 
 def port_properties(ports: dict[str, int]) -> dict[str, str]:
     """config.properties settings that put a TorchServe on these loopback ports, with a fresh
     range of worker ports (sockets of an earlier run may still be there)."""
     urls = loopback_urls(ports)
-    return {"inference_address": urls["inference"], "management_address": urls["management"],
-            "metrics_address": urls["metrics"],
-            "grpc_inference_port": str(ports["grpc_inference"]),
-            "grpc_management_port": str(ports["grpc_management"]),
-            "initial_worker_port": str(free_worker_ports())}
+    return {
+        "inference_address": urls["inference"],
+        "management_address": urls["management"],
+        "metrics_address": urls["metrics"],
+        "grpc_inference_port": str(ports["grpc_inference"]),
+        "grpc_management_port": str(ports["grpc_management"]),
+        "initial_worker_port": str(free_worker_ports()),
+    }
 
 
 def private_env(workdir: Path) -> dict[str, str]:
     """The variables that give one TorchServe its own pid file (``TMPDIR``) and logs."""
-    return {"TMPDIR": str(workdir / "tmp"), "LOG_LOCATION": str(workdir / "logs"),
-            "METRICS_LOCATION": str(workdir / "logs")}
+    return {
+        "TMPDIR": str(workdir / "tmp"),
+        "LOG_LOCATION": str(workdir / "logs"),
+        "METRICS_LOCATION": str(workdir / "logs"),
+    }
 
 
 def stop_torchserve(torchserve: str, cwd: Path, env: dict[str, str], pids: set[int]) -> None:
     """``torchserve --stop`` (TorchServe's own way: the pid file under ``TMPDIR`` in ``env``),
     then kill whatever of ``pids`` (the frontend and its workers) survived."""
-    subprocess.run([torchserve, "--stop"], cwd=cwd, env=env, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, timeout=120, check=False)
+    subprocess.run(
+        [torchserve, "--stop"],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=120,
+        check=False,
+    )
     stop_processes(pids)
 
 
@@ -144,20 +159,33 @@ class LocalTorchServe:
     register archives.
     """
 
-    def __init__(self, workdir: Path, model_store: Path, *, config: Path = DEFAULT_CONFIG,
-                 load_models: list[str] | None = None, properties: dict[str, str] | None = None,
-                 env: dict[str, str] | None = None, model_api: bool = False) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        model_store: Path,
+        *,
+        config: Path = DEFAULT_CONFIG,
+        load_models: list[str] | None = None,
+        properties: dict[str, str] | None = None,
+        env: dict[str, str] | None = None,
+        model_api: bool = False,
+    ) -> None:
         self.workdir = Path(workdir).resolve()
         self.model_store = Path(model_store).resolve()
         self.config = Path(config)
         self.load_models = load_models
-        self.properties = {**({"enable_model_api": "true"} if model_api else {}),
-                           **(properties or {})}
+        self.properties = {
+            **({"enable_model_api": "true"} if model_api else {}),
+            **(properties or {}),
+        }
         self.extra_env = dict(env or {})
         self.ports = free_ports()
         urls = loopback_urls(self.ports)
         self.inference_url, self.management_url, self.metrics_url = (
-            urls["inference"], urls["management"], urls["metrics"])
+            urls["inference"],
+            urls["management"],
+            urls["metrics"],
+        )
         self.tmpdir = self.workdir / "tmp"
         self.pid_file = self.tmpdir / ".model_server.pid"  # written by `torchserve --start`
         self.keys: Keys | None = None
@@ -181,11 +209,23 @@ class LocalTorchServe:
         text = rewrite_properties(self.config.read_text(), overrides)
         config_path.write_text(text)
         self._expected = _startup_models(text, self.model_store)
-        command = [str(Path(sys.executable).parent / "torchserve"), "--start", "--ncs",
-                   "--ts-config", str(config_path)]
+        command = [
+            str(Path(sys.executable).parent / "torchserve"),
+            "--start",
+            "--ncs",
+            "--ts-config",
+            str(config_path),
+        ]
         with open(self.workdir / "torchserve.out", "ab") as out:
-            subprocess.run(command, cwd=self.workdir, env=self._env(), stdout=out,
-                           stderr=subprocess.STDOUT, check=True, timeout=120)
+            subprocess.run(
+                command,
+                cwd=self.workdir,
+                env=self._env(),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                check=True,
+                timeout=120,
+            )
         try:
             self._wait_ready(timeout)
         except BaseException:
@@ -196,8 +236,9 @@ class LocalTorchServe:
     def stop(self) -> None:
         """``torchserve --stop``, then kill whatever of the server and its workers survived."""
         self._pids |= self._server_pids()
-        stop_torchserve(str(Path(sys.executable).parent / "torchserve"), self.workdir,
-                        self._env(), self._pids)
+        stop_torchserve(
+            str(Path(sys.executable).parent / "torchserve"), self.workdir, self._env(), self._pids
+        )
 
     def __enter__(self) -> "LocalTorchServe":
         return self.start()
@@ -217,15 +258,23 @@ class LocalTorchServe:
     def client(self, timeout: float = 300.0) -> TorchServeClient:
         """The user-facing client for this server: keys from its ``key_file.json``, rotated
         when they expire."""
-        return TorchServeClient(self.inference_url, self.management_url, self.metrics_url,
-                                key_file=self.workdir / "key_file.json", timeout=timeout)
+        return TorchServeClient(
+            self.inference_url,
+            self.management_url,
+            self.metrics_url,
+            key_file=self.workdir / "key_file.json",
+            timeout=timeout,
+        )
 
     def cli_env(self) -> dict[str, str]:
         """Environment that points ``tsctl`` at this server."""
-        return dict(os.environ, TSCTL_INFERENCE_URL=self.inference_url,
-                    TSCTL_MANAGEMENT_URL=self.management_url,
-                    TSCTL_METRICS_URL=self.metrics_url,
-                    TSCTL_KEY_FILE=str(self.workdir / "key_file.json"))
+        return dict(
+            os.environ,
+            TSCTL_INFERENCE_URL=self.inference_url,
+            TSCTL_MANAGEMENT_URL=self.management_url,
+            TSCTL_METRICS_URL=self.metrics_url,
+            TSCTL_KEY_FILE=str(self.workdir / "key_file.json"),
+        )
 
     def _server_pids(self) -> set[int]:
         return {p.pid for p in self.processes()}
@@ -250,7 +299,8 @@ class LocalTorchServe:
             time.sleep(0.5)
         raise RuntimeError(
             f"TorchServe in {self.workdir} not ready after {timeout:.0f}s ({last}).\n"
-            + tails(self.workdir, ("logs/ts_log.log", "logs/model_log.log")))
+            + tails(self.workdir, ("logs/ts_log.log", "logs/model_log.log"))
+        )
 
     def _all_ready(self) -> bool:
         headers = self.keys.management_headers()
@@ -260,15 +310,15 @@ class LocalTorchServe:
         if len(names) < self._expected:
             return False
         for name in names:
-            described = requests.get(f"{self.management_url}/models/{name}", headers=headers,
-                                     timeout=10)
+            described = requests.get(
+                f"{self.management_url}/models/{name}", headers=headers, timeout=10
+            )
             described.raise_for_status()
             info = described.json()[0]
             workers = info.get("workers", [])
             if not workers or any(w["status"] != "READY" for w in workers):
                 return False
         return True
-
 
 
 def _startup_models(properties: str, model_store: Path) -> int:

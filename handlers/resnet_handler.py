@@ -6,6 +6,7 @@ engine-neutral model (``servecore.service.ImageModel``); the hooks hand each bat
 set every request's own status and headers. The archive's ``model-config.yaml`` ``handler:``
 section holds the model's settings (``servecore.config.HandlerConfig``).
 """
+
 from __future__ import annotations
 
 import json
@@ -26,20 +27,24 @@ class ResNetHandler(PerRequestHandler):
         self.context = context
         model = context.manifest["model"]
         properties = context.system_properties
-        self.model = ImageModel(ModelSettings(
-            files=ModelFiles.read(Path(properties["model_dir"]), model["serializedFile"]),
-            name=context.model_name,
-            version=str(model.get("modelVersion", "1.0")),
-            config=HandlerConfig.from_mapping((context.model_yaml_config or {}).get("handler")),
-            batch_size=int(properties.get("batch_size") or 1),
-            gpu_id=properties.get("gpu_id"),
-        ), TorchServeMetrics(context.metrics, context.model_name))
+        self.model = ImageModel(
+            ModelSettings(
+                files=ModelFiles.read(Path(properties["model_dir"]), model["serializedFile"]),
+                name=context.model_name,
+                version=str(model.get("modelVersion", "1.0")),
+                config=HandlerConfig.from_mapping((context.model_yaml_config or {}).get("handler")),
+                batch_size=int(properties.get("batch_size") or 1),
+                gpu_id=properties.get("gpu_id"),
+            ),
+            TorchServeMetrics(context.metrics, context.model_name),
+        )
         self.initialized = True
 
     def preprocess(self, data: list[dict]) -> PreparedBatch:
         config = self.model.config
-        return self.model.prepare([incoming(self.context, idx, row, config)
-                                   for idx, row in enumerate(data)])
+        return self.model.prepare(
+            [incoming(self.context, idx, row, config) for idx, row in enumerate(data)]
+        )
 
     def inference(self, batch: PreparedBatch, *args, **kwargs) -> ComputedBatch:
         return self.model.infer(batch)

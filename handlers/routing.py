@@ -1,6 +1,7 @@
 """TorchServe's requests as the model's ``Incoming``, and its ``BaseHandler`` with the two
 routing switches set for a handler that answers every request of a batch on its own. (Its own
 module: TorchServe requires the handler module to define exactly one class.)"""
+
 from __future__ import annotations
 
 from functools import partial
@@ -19,8 +20,9 @@ def incoming(context, idx: int, row: dict, config: HandlerConfig) -> Incoming:
     """Request ``idx`` of TorchServe's batch: its id (for the logs), its parsing, its route."""
     return Incoming(
         request_id=str((context.request_ids or {}).get(idx, "?")),
-        parse=partial(parse_request, row, header_top_k=header(context, idx, TOP_K_HEADER),
-                      config=config),
+        parse=partial(
+            parse_request, row, header_top_k=header(context, idx, TOP_K_HEADER), config=config
+        ),
         explain=context.get_request_header(idx, EXPLAIN_PROPERTY) == "True",
     )
 

@@ -1,4 +1,5 @@
 """The model's metrics (``servecore.metrics``) exported through TorchServe's metrics cache."""
+
 from __future__ import annotations
 
 import logging
@@ -22,8 +23,9 @@ class TorchServeMetrics:
             try:
                 self.metrics[name] = cache.get_metric(name, MetricTypes[kind.name])
             except Exception as exc:  # noqa: BLE001 - MetricsCacheKeyError and friends
-                logger.warning("metric %s off: %s (declare it as in config/metrics.yaml)",
-                               name, exc)
+                logger.warning(
+                    "metric %s off: %s (declare it as in config/metrics.yaml)", name, exc
+                )
 
     def add(self, name: str, value: float, labels: tuple[str, ...] = ()) -> None:
         metric = self.metrics.get(name)

@@ -21,6 +21,7 @@ Name: ``resnet50-serve``, plus ``-gpu`` for ``--device gpu`` (``deviceType: gpu`
 ``config/`` and ``model-store/`` at its top: kserve-storage unpacks a single archive it
 downloads into ``/mnt/models``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,7 +57,9 @@ class Bundle:
 
 def bundle_name(device: str = "cpu", version: str = VERSION) -> str:
     """``resnet50-serve[-gpu][-<version>]``: the last path element of the storageUri."""
-    return NAME + ("-gpu" if device == "gpu" else "") + ("" if version == VERSION else f"-{version}")
+    return (
+        NAME + ("-gpu" if device == "gpu" else "") + ("" if version == VERSION else f"-{version}")
+    )
 
 
 def bundle_config(device: str = "cpu", version: str = VERSION) -> str:
@@ -86,15 +89,30 @@ def _copy_archives(store: Path, models: list[str], version: str, source: Path) -
     # Another version: the same handler, weights and configs, archived under that version with
     # the backend and QUANTIZE the store's archives were built with.
     with zipfile.ZipFile(built[0]) as mar:
-        serialized, quantize = read_manifest(mar)["serializedFile"], archive_quantize(
-            mar.namelist())
-    subprocess.run([str(REPO / "archive.sh")], cwd=REPO, check=True,
-                   env=dict(os.environ, VERSION=version, OUT=str(store),
-                            BACKEND=backend_of(serialized), QUANTIZE=quantize))
+        serialized, quantize = (
+            read_manifest(mar)["serializedFile"],
+            archive_quantize(mar.namelist()),
+        )
+    subprocess.run(
+        [str(REPO / "archive.sh")],
+        cwd=REPO,
+        check=True,
+        env=dict(
+            os.environ,
+            VERSION=version,
+            OUT=str(store),
+            BACKEND=backend_of(serialized),
+            QUANTIZE=quantize,
+        ),
+    )
 
 
-def build(out: Path = REPO / "build" / "kserve", device: str = "cpu", version: str = VERSION,
-          model_store: Path = MODEL_STORE) -> Bundle:
+def build(
+    out: Path = REPO / "build" / "kserve",
+    device: str = "cpu",
+    version: str = VERSION,
+    model_store: Path = MODEL_STORE,
+) -> Bundle:
     """Build ``out/<name>/`` and ``out/<name>.tar.gz`` (replacing older ones)."""
     if device not in DEVICES:
         raise SystemExit(f"device must be one of {DEVICES}, got {device!r}")
@@ -116,9 +134,11 @@ def build(out: Path = REPO / "build" / "kserve", device: str = "cpu", version: s
             if mar_version != version:
                 raise SystemExit(f"{mar.name} is version {mar_version}, the bundle {version}")
             if device == "gpu" and backend != "eager":
-                raise SystemExit(f"{mar.name} runs on {backend}: a GPU bundle needs eager "
-                                 "archives; run `make kserve-bundle BACKEND=eager "
-                                 "KSERVE_DEVICE=gpu`")
+                raise SystemExit(
+                    f"{mar.name} runs on {backend}: a GPU bundle needs eager "
+                    "archives; run `make kserve-bundle BACKEND=eager "
+                    "KSERVE_DEVICE=gpu`"
+                )
         tarball = Path(tmp) / f"{name}.tar.gz"
         # Level 1: the .mar files are zip archives already; more effort gains nothing.
         with tarfile.open(tarball, "w:gz", compresslevel=1) as tar:
@@ -139,12 +159,16 @@ def _portable(info: tarfile.TarInfo) -> tarfile.TarInfo:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kserve_tools.bundle",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m kserve_tools.bundle", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--out", type=Path, default=REPO / "build" / "kserve")
     parser.add_argument("--device", choices=DEVICES, default="cpu")
-    parser.add_argument("--model-version", default=VERSION,
-                        help=f"archive version, the key of models={{...}} ({VERSION})")
+    parser.add_argument(
+        "--model-version",
+        default=VERSION,
+        help=f"archive version, the key of models={{...}} ({VERSION})",
+    )
     args = parser.parse_args(argv)
     bundle = build(args.out, args.device, args.model_version)
     print(f"bundle folder:  {bundle.folder}\nbundle tarball: {bundle.tarball}")

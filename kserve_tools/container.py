@@ -12,6 +12,7 @@ the grace period.
     with RuntimeContainer(container, image, bundle_folder) as pod:
         requests.post(pod.inference_url + "/v1/models/resnet50-tagger:predict", json=...)
 """
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,15 @@ def cpus(quantity: str) -> str:
 class RuntimeContainer:
     """The image started as the pod would start it; ``stop()`` always removes the container."""
 
-    def __init__(self, container: dict, image: str, bundle: Path, *, emptydirs: tuple = (),
-                 grace: int = GRACE_SECONDS) -> None:
+    def __init__(
+        self,
+        container: dict,
+        image: str,
+        bundle: Path,
+        *,
+        emptydirs: tuple = (),
+        grace: int = GRACE_SECONDS,
+    ) -> None:
         self.container = container
         self.image = image
         self.bundle = Path(bundle).resolve()
@@ -60,9 +68,16 @@ class RuntimeContainer:
         c = self.container
         security = c.get("securityContext") or {}
         limits = (c.get("resources") or {}).get("limits") or {}
-        flags = ["--detach", "--name", self.name, *limit_flags(),
-                 "-v", f"{self.bundle}:{MOUNT}:ro",
-                 "-p", f"127.0.0.1::{self.container_port}"]
+        flags = [
+            "--detach",
+            "--name",
+            self.name,
+            *limit_flags(),
+            "-v",
+            f"{self.bundle}:{MOUNT}:ro",
+            "-p",
+            f"127.0.0.1::{self.container_port}",
+        ]
         if c.get("command"):
             flags += ["--entrypoint", json.dumps(c["command"])]
         for item in c.get("env") or []:
@@ -106,8 +121,12 @@ class RuntimeContainer:
 
     def exec(self, command: list[str], timeout: float) -> subprocess.CompletedProcess:
         """A command inside the container, as the container's user (a kubelet exec probe)."""
-        return subprocess.run([*self.engine, "exec", self.name, *command], capture_output=True,
-                              text=True, timeout=timeout)
+        return subprocess.run(
+            [*self.engine, "exec", self.name, *command],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def probe(self, kind: str = "readinessProbe") -> bool:
         """Whether one of the container's probes passes, judged as the kubelet does."""
@@ -164,5 +183,6 @@ class RuntimeContainer:
         self.remove()
 
     def _engine(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run([*self.engine, *args], check=check, capture_output=True,
-                              text=True, timeout=120)
+        return subprocess.run(
+            [*self.engine, *args], check=check, capture_output=True, text=True, timeout=120
+        )

@@ -8,6 +8,7 @@ explicit open-files and process limits no higher than this machine's hard limits
 defaults are refused where the hard limits are lower than they are) nor, for processes, than
 the kernel's ``pid_max``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -31,11 +32,15 @@ def engine() -> str:
     info`` can take seconds)."""
     if shutil.which("podman"):
         return "podman"
-    if shutil.which("docker") and subprocess.run(
-            ["docker", "info"], capture_output=True, timeout=60).returncode == 0:
+    if (
+        shutil.which("docker")
+        and subprocess.run(["docker", "info"], capture_output=True, timeout=60).returncode == 0
+    ):
         return "docker"
-    raise EngineMissing("no container engine: install podman (`devtools/ensure_podman.sh`, "
-                        "or apt-get install -y podman runc) or start docker")
+    raise EngineMissing(
+        "no container engine: install podman (`devtools/ensure_podman.sh`, "
+        "or apt-get install -y podman runc) or start docker"
+    )
 
 
 def base_command(name: str | None = None) -> list[str]:

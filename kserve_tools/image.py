@@ -21,6 +21,7 @@
   with the current key is reused (so a fresh clone on a machine whose engine still holds it
   builds nothing), and also tagged ``<name>:<version>``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,6 +52,7 @@ PIP_LOCATION_KEYS = ("find-links", "index-url", "extra-index-url")  # local ones
 
 
 # ------------------------------------------------------------------ names and the cache key
+
 
 def runtime_requirements() -> str:
     """The lines of requirements.txt the image installs (above :data:`RUNTIME_END`)."""
@@ -83,34 +85,47 @@ def _engine(*args: str, check: bool = True, **kwargs) -> subprocess.CompletedPro
 
 def image_id(ref: str) -> str | None:
     """The engine's id of an image, or None when it has none by that name."""
-    done = _engine("image", "inspect", "--format", "{{.Id}}", ref, check=False,
-                   capture_output=True, text=True)
+    done = _engine(
+        "image", "inspect", "--format", "{{.Id}}", ref, check=False, capture_output=True, text=True
+    )
     return done.stdout.strip() if done.returncode == 0 else None
 
 
 # ------------------------------------------------------------------ the base image
+
 
 def debian_base(mirror: str = DEBIAN_MIRROR) -> str:
     """:data:`DEBIAN_BASE`, debootstrapped and imported unless the engine has it already."""
     if image_id(DEBIAN_BASE):
         return DEBIAN_BASE
     if shutil.which("debootstrap") is None:
-        raise SystemExit("debootstrap not found (apt-get install -y debootstrap), or pass "
-                         "--base python:3.11-slim-bookworm (KSERVE_BASE=...) where a registry "
-                         "is reachable")
+        raise SystemExit(
+            "debootstrap not found (apt-get install -y debootstrap), or pass "
+            "--base python:3.11-slim-bookworm (KSERVE_BASE=...) where a registry "
+            "is reachable"
+        )
     STAGE.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=STAGE) as tmp:
         root = Path(tmp) / "rootfs"
         print(f"debootstrap bookworm from {mirror} (about a minute)...", file=sys.stderr)
-        subprocess.run(["debootstrap", "--variant=minbase", "bookworm", str(root), mirror],
-                       check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            ["debootstrap", "--variant=minbase", "bookworm", str(root), mirror],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         for deb in (root / "var" / "cache" / "apt" / "archives").glob("*.deb"):
             deb.unlink()
         tar = subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE)
         # An imported image has no environment: RUN steps and the Dockerfile's PATH need one.
-        _engine("import", "--change",
-                "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                "-", DEBIAN_BASE, stdin=tar.stdout, stdout=subprocess.DEVNULL)
+        _engine(
+            "import",
+            "--change",
+            "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "-",
+            DEBIAN_BASE,
+            stdin=tar.stdout,
+            stdout=subprocess.DEVNULL,
+        )
         if tar.wait() != 0:
             raise SystemExit("tar of the debootstrapped root failed")
     return DEBIAN_BASE
@@ -132,18 +147,22 @@ def default_torch_index(timeout: float = 10.0) -> str:
         with urllib.request.urlopen(f"{CPU_TORCH_INDEX}/torch/", timeout=timeout):
             return CPU_TORCH_INDEX
     except OSError:
-        print(f"{CPU_TORCH_INDEX} unreachable: torch from PyPI, CUDA libraries included",
-              file=sys.stderr)
+        print(
+            f"{CPU_TORCH_INDEX} unreachable: torch from PyPI, CUDA libraries included",
+            file=sys.stderr,
+        )
         return ""
 
 
 # ------------------------------------------------------------------ this machine's pip settings
 
+
 def pip_settings() -> dict[str, str]:
     """``section.key -> value`` of ``pip config list`` here; environment variables win over
     files, a later file over an earlier one (pip's order)."""
-    listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], check=True,
-                            capture_output=True, text=True).stdout
+    listed = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], check=True, capture_output=True, text=True
+    ).stdout
     files, env = {}, {}
     for line in listed.splitlines():
         name, sep, value = line.partition("=")
@@ -195,21 +214,36 @@ def stage_pip_settings(stage: Path = STAGE / "pip") -> list[str]:
 
 # ------------------------------------------------------------------ the build
 
+
 def build(base: str = "debian", torch_index: str | None = None, host_pip: bool = True) -> str:
     """Build (or reuse) the image; returns its keyed reference."""
     base_ref, base_id = resolve_base(base)
-    args = {"BASE": base_ref,
-            "TORCH_INDEX": default_torch_index() if torch_index is None else torch_index}
+    args = {
+        "BASE": base_ref,
+        "TORCH_INDEX": default_torch_index() if torch_index is None else torch_index,
+    }
     mounts: list[str] = []
     if host_pip and engine() == "podman":
         mounts = stage_pip_settings()
         args["PIP_CONFIG_FILE"] = f"{PIP_MOUNT}/pip.conf"
     ref = f"{NAME}:{version()}-{cache_key(base_id, args)}"
     if image_id(ref) is None:
-        command = [*base_command(), "build", "--network", "host", *limit_flags(), *mounts,
-                   *(f for k, v in args.items() for f in ("--build-arg", f"{k}={v}")),
-                   "--label", f"org.opencontainers.image.base.name={base_ref}",
-                   "-f", str(DOCKERFILE), "-t", ref, str(REPO)]
+        command = [
+            *base_command(),
+            "build",
+            "--network",
+            "host",
+            *limit_flags(),
+            *mounts,
+            *(f for k, v in args.items() for f in ("--build-arg", f"{k}={v}")),
+            "--label",
+            f"org.opencontainers.image.base.name={base_ref}",
+            "-f",
+            str(DOCKERFILE),
+            "-t",
+            ref,
+            str(REPO),
+        ]
         print("+ " + shlex.join(command), file=sys.stderr)
         subprocess.run(command, check=True)
     _engine("tag", ref, f"{NAME}:{version()}")
@@ -217,16 +251,26 @@ def build(base: str = "debian", torch_index: str | None = None, host_pip: bool =
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kserve_tools.image",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--base", default="debian",
-                        help="'debian' (debootstrapped here) or an image, e.g. "
-                             "python:3.11-slim-bookworm")
-    parser.add_argument("--torch-index", default=None,
-                        help=f"extra index for torch ('' = PyPI's wheels; default: "
-                             f"{CPU_TORCH_INDEX} when it answers)")
-    parser.add_argument("--no-host-pip", dest="host_pip", action="store_false",
-                        help="do not pass this machine's pip settings to the build")
+    parser = argparse.ArgumentParser(
+        prog="python -m kserve_tools.image", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--base",
+        default="debian",
+        help="'debian' (debootstrapped here) or an image, e.g. python:3.11-slim-bookworm",
+    )
+    parser.add_argument(
+        "--torch-index",
+        default=None,
+        help=f"extra index for torch ('' = PyPI's wheels; default: "
+        f"{CPU_TORCH_INDEX} when it answers)",
+    )
+    parser.add_argument(
+        "--no-host-pip",
+        dest="host_pip",
+        action="store_false",
+        help="do not pass this machine's pip settings to the build",
+    )
     args = parser.parse_args(argv)
     ref = build(args.base, args.torch_index, args.host_pip)
     print(ref)

@@ -16,6 +16,7 @@ the way the kubelet would.
     with RuntimePod(runtime_container, mount=download_dir, workdir=tmp) as pod:
         requests.post(pod.inference_url + "/v1/models/resnet50-tagger:predict", json=...)
 """
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,16 @@ from pathlib import Path
 
 import requests
 
-from devtools.server import (free_ports, loopback_urls, port_properties, private_env,
-                             process_tree, rewrite_properties, stop_torchserve, tails)
+from devtools.server import (
+    free_ports,
+    loopback_urls,
+    port_properties,
+    private_env,
+    process_tree,
+    rewrite_properties,
+    stop_torchserve,
+    tails,
+)
 
 MOUNT = "/mnt/models"
 BUNDLE_CONFIG = f"{MOUNT}/config/config.properties"
@@ -36,8 +45,9 @@ BUNDLE_CONFIG = f"{MOUNT}/config/config.properties"
 def http_probe(base_url: str, spec: dict, timeout: float) -> bool:
     """An ``httpGet`` probe as the kubelet judges it: a 2xx or 3xx answer in time."""
     try:
-        status = requests.get(base_url + spec["httpGet"].get("path", "/"),
-                              timeout=timeout).status_code
+        status = requests.get(
+            base_url + spec["httpGet"].get("path", "/"), timeout=timeout
+        ).status_code
     except requests.RequestException:
         return False
     return 200 <= status < 400
@@ -54,7 +64,10 @@ class RuntimePod:
         ports = free_ports()
         urls = loopback_urls(ports)
         self.inference_url, self.management_url, self.metrics_url = (
-            urls["inference"], urls["management"], urls["metrics"])
+            urls["inference"],
+            urls["management"],
+            urls["metrics"],
+        )
         self.port_overrides = port_properties(ports)
         self.container_port = (container.get("ports") or [{}])[0].get("containerPort", 8080)
         self.process: subprocess.Popen | None = None
@@ -105,8 +118,13 @@ class RuntimePod:
         self.tmpdir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(self.config_text())
         with open(self.workdir / "container.log", "ab") as log:
-            self.process = subprocess.Popen(self.command(), cwd=self.workdir, env=self.env(),
-                                            stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                self.command(),
+                cwd=self.workdir,
+                env=self.env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         try:
             self.wait_ready(timeout)
         except BaseException:
@@ -123,13 +141,22 @@ class RuntimePod:
         if "exec" in spec:
             command = [self.remap(word) for word in spec["exec"]["command"]]
             try:
-                return subprocess.run(command, cwd=self.workdir, env=self.env(),
-                                      capture_output=True, timeout=timeout).returncode == 0
+                return (
+                    subprocess.run(
+                        command,
+                        cwd=self.workdir,
+                        env=self.env(),
+                        capture_output=True,
+                        timeout=timeout,
+                    ).returncode
+                    == 0
+                )
             except subprocess.TimeoutExpired:
                 return False
         if spec["httpGet"].get("port", self.container_port) != self.container_port:
-            raise ValueError(f"{kind} probes port {spec['httpGet']['port']}, not the "
-                             "container's port")
+            raise ValueError(
+                f"{kind} probes port {spec['httpGet']['port']}, not the container's port"
+            )
         return http_probe(self.inference_url, spec, timeout)
 
     def wait_ready(self, timeout: float) -> None:
@@ -138,8 +165,9 @@ class RuntimePod:
         while time.monotonic() < deadline:
             self._pids |= self._tree()
             if self.process.poll() is not None:
-                raise RuntimeError(f"the container exited with {self.process.returncode}:\n"
-                                   f"{self.log_tail()}")
+                raise RuntimeError(
+                    f"the container exited with {self.process.returncode}:\n{self.log_tail()}"
+                )
             self.readiness.append(self.probe())
             if self.readiness[-1]:
                 return
@@ -168,5 +196,6 @@ class RuntimePod:
         return {p.pid for p in process_tree(self.process.pid)}
 
     def log_tail(self, lines: int = 40) -> str:
-        return tails(self.workdir, ("container.log", "logs/ts_log.log", "logs/model_log.log"),
-                     lines)
+        return tails(
+            self.workdir, ("container.log", "logs/ts_log.log", "logs/model_log.log"), lines
+        )

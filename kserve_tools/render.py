@@ -3,6 +3,7 @@
 Kustomization folders are rendered by ``kubectl kustomize`` itself (the tool users apply
 with; ``devtools/ensure_kubectl.sh`` installs it), plain YAML files are read as they are.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -39,13 +40,17 @@ def kustomize(folder: Path) -> list[dict]:
     """The non-empty YAML documents ``kubectl kustomize FOLDER`` prints; RenderError when
     kubectl is missing or refuses the folder (with kubectl's stderr)."""
     if shutil.which(KUBECTL) is None:
-        raise RenderError(f"{folder}: kubectl not found; it renders kserve/'s kustomizations "
-                          "(`make kubectl` installs it)")
-    done = subprocess.run([KUBECTL, "kustomize", str(folder)], capture_output=True, text=True,
-                          timeout=120)
+        raise RenderError(
+            f"{folder}: kubectl not found; it renders kserve/'s kustomizations "
+            "(`make kubectl` installs it)"
+        )
+    done = subprocess.run(
+        [KUBECTL, "kustomize", str(folder)], capture_output=True, text=True, timeout=120
+    )
     if done.returncode != 0:
-        raise RenderError(f"{folder}: kubectl kustomize failed (exit {done.returncode}): "
-                          f"{done.stderr.strip()}")
+        raise RenderError(
+            f"{folder}: kubectl kustomize failed (exit {done.returncode}): {done.stderr.strip()}"
+        )
     return [d for d in yaml.safe_load_all(done.stdout) if d is not None]
 
 

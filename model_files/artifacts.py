@@ -11,6 +11,7 @@ rule for when a file made from the checkpoint is current.
 (``archive.sh`` and the Makefile ask this way, so the tables below are the only place that names
 the files and the build's defaults. Standard library only: make asks before the venv exists.)
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -63,8 +64,11 @@ def int8_to_pack(weights_dir: Path, backend: str, quantize: str) -> tuple[list[s
     or built from other weights."""
     name = quantized(backend, quantize)
     if name is None:
-        return [], (f"no int8: QUANTIZE={quantize}" if quantize == "none" else
-                    f"no int8: QUANTIZE=int8 applies to BACKEND=openvino, not {backend}")
+        return [], (
+            f"no int8: QUANTIZE={quantize}"
+            if quantize == "none"
+            else f"no int8: QUANTIZE=int8 applies to BACKEND=openvino, not {backend}"
+        )
     record, refused = weights_dir / fidelity_record(name), weights_dir / refusal_record(name)
     checkpoint = checkpoint_sha256(weights_dir)
     if refused.is_file() and json.loads(refused.read_text())["checkpoint_sha256"] == checkpoint:
@@ -123,8 +127,10 @@ def backend_of(serialized_file: str) -> str:
     for backend, name in [*SERIALIZED.items(), *((b, n) for (b, _), n in QUANTIZED.items())]:
         if Path(serialized_file).name == name:
             return backend
-    raise ValueError(f"unknown serialized model file {serialized_file!r}; archive.sh packs one "
-                     f"of {sorted([*SERIALIZED.values(), *QUANTIZED.values()])}")
+    raise ValueError(
+        f"unknown serialized model file {serialized_file!r}; archive.sh packs one "
+        f"of {sorted([*SERIALIZED.values(), *QUANTIZED.values()])}"
+    )
 
 
 @dataclass(frozen=True)
@@ -205,9 +211,11 @@ def mark_current(target: Path, source_sha256: str) -> None:
     _stamp(target).write_text(source_sha256 + "\n")
 
 
-USAGE = (f"usage: python -m model_files.artifacts defaults | serialized BACKEND | files BACKEND"
-         f" | int8 BACKEND QUANTIZE WEIGHTS_DIR   (BACKEND: {', '.join(SERIALIZED)}; "
-         f"QUANTIZE: {', '.join(QUANTIZE)})")
+USAGE = (
+    f"usage: python -m model_files.artifacts defaults | serialized BACKEND | files BACKEND"
+    f" | int8 BACKEND QUANTIZE WEIGHTS_DIR   (BACKEND: {', '.join(SERIALIZED)}; "
+    f"QUANTIZE: {', '.join(QUANTIZE)})"
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,7 @@
 The weights are a plain torchvision ``resnet50`` state dict, so the same file can be loaded by
 torchvision (our tests' reference) or by TorchServe's stock handler (the benchmark's peer).
 """
+
 from __future__ import annotations
 
 import torch

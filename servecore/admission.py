@@ -13,6 +13,7 @@ refusals out of 46 in 92 s).
 The memory is per worker (a retry that lands on another worker of the model starts afresh
 there) and bounded: ``REMEMBERED`` fingerprints, the least recently refused forgotten first.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -36,16 +37,18 @@ class Budget:
     cost: Callable[[Opened], int]
 
 
-def admit(costs: Sequence[int], budget: int,
-          waiting: Sequence[int | None] | None = None) -> list[bool]:
+def admit(
+    costs: Sequence[int], budget: int, waiting: Sequence[int | None] | None = None
+) -> list[bool]:
     """Which requests get their work done in this batch, given each one's cost. Order: the
     requests ``waiting`` since an earlier refusal (a sequence number, smaller = refused
     earlier), oldest first; then the others, cheapest first. Each is admitted in that order if
     it fits in what is left of ``budget``; the first one always, whatever its cost."""
     waiting = waiting or [None] * len(costs)
     never = float("inf")
-    order = sorted(range(len(costs)), key=lambda i: (
-        never if waiting[i] is None else waiting[i], costs[i]))
+    order = sorted(
+        range(len(costs)), key=lambda i: (never if waiting[i] is None else waiting[i], costs[i])
+    )
     admitted = [False] * len(costs)
     spent = 0
     for i in order:
@@ -70,16 +73,19 @@ class Admission:
         503 ``Failed``."""
         opened = [(i, r) for i, r in enumerate(requests) if isinstance(r, Opened)]
         costs = [budget.cost(r) for _, r in opened]
-        waiting = ([self._refused.get(r.fingerprint) for _, r in opened] if self._refused
-                   else None)
+        waiting = [self._refused.get(r.fingerprint) for _, r in opened] if self._refused else None
         result = list(requests)
         for (i, request), cost, fits in zip(opened, costs, admit(costs, budget.limit, waiting)):
             if not fits:
                 self._refuse(request.fingerprint)
-                result[i] = Failed(request.request_id, Overloaded(
-                    f"this batch's budget of {budget.limit} {budget.unit} "
-                    f"(handler.{budget.setting}) was taken by other requests; this one needs "
-                    f"{cost}: retry"))
+                result[i] = Failed(
+                    request.request_id,
+                    Overloaded(
+                        f"this batch's budget of {budget.limit} {budget.unit} "
+                        f"(handler.{budget.setting}) was taken by other requests; this one needs "
+                        f"{cost}: retry"
+                    ),
+                )
         return result
 
     def served(self, requests: Sequence[Admitted]) -> None:

@@ -20,6 +20,7 @@ stable (the rule itself is ``servecore.precision``).
 * An explicit precision is loaded as asked, without timing; its reason cites the last ``auto``
   measurement of this host and archive when one was clearly faster.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -43,8 +44,15 @@ from model_files.artifacts import ModelFiles
 from servecore.backends import Backend, RuntimeOptions, load_backend, precision_candidates
 from servecore.config import HandlerConfig
 from servecore.host import cpu_model
-from servecore.precision import (FIDELITY_BOUND, Candidate, Choice, agreement, failures,
-                                 forced, select)
+from servecore.precision import (
+    FIDELITY_BOUND,
+    Candidate,
+    Choice,
+    agreement,
+    failures,
+    forced,
+    select,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -86,12 +94,14 @@ def probe_batch(size: int, seed: int = 0) -> torch.Tensor:
     of the weights' transform): the same on every host and every start."""
     generator = torch.Generator().manual_seed(seed)
     coarse = torch.randn(size, 3, 7, 7, generator=generator)
-    return torch.nn.functional.interpolate(coarse, size=(224, 224), mode="bicubic",
-                                           align_corners=False).contiguous()
+    return torch.nn.functional.interpolate(
+        coarse, size=(224, 224), mode="bicubic", align_corners=False
+    ).contiguous()
 
 
-def measure(candidates: Candidates, budget_s: float = BUDGET_S
-            ) -> tuple[list[Candidate], dict[str, Backend]]:
+def measure(
+    candidates: Candidates, budget_s: float = BUDGET_S
+) -> tuple[list[Candidate], dict[str, Backend]]:
     """Load and time every loader. Returns the candidates (timed ones, then the excluded
     untimed), their milliseconds rounded as they are kept, and the loaded backends."""
     started = _clock()
@@ -120,9 +130,14 @@ def measure(candidates: Candidates, budget_s: float = BUDGET_S
     for name in backends:
         fidelity = None if name == reference else agreement(outputs[reference], outputs[name])
         failed = failures(fidelity, FIDELITY_BOUND) if fidelity else []
-        measured.append(Candidate(
-            name, {b: round(statistics.median(ms), 1) for b, ms in times[name].items()},
-            fidelity, f"against {reference} on the probe: {'; '.join(failed)}" if failed else ""))
+        measured.append(
+            Candidate(
+                name,
+                {b: round(statistics.median(ms), 1) for b, ms in times[name].items()},
+                fidelity,
+                f"against {reference} on the probe: {'; '.join(failed)}" if failed else "",
+            )
+        )
     measured += [Candidate(name, excluded=why) for name, why in candidates.excluded.items()]
     return measured, backends
 
@@ -138,8 +153,14 @@ class ChoiceStore:
         self.host_key = _key({"host": host_identity(), **archive})
         # The frontend's pid: a choice left by another server in the same folder is not reused.
         self.model_key = _key({"host": self.host_key, "frontend": os.getppid()})
-        self.lock_files = [path for path in (cache and cache.with_name(cache.name + ".lock"),
-                                             model_dir / f".{CHOICE_FILE}.lock") if path]
+        self.lock_files = [
+            path
+            for path in (
+                cache and cache.with_name(cache.name + ".lock"),
+                model_dir / f".{CHOICE_FILE}.lock",
+            )
+            if path
+        ]
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -179,8 +200,9 @@ class ChoiceStore:
         _write(self.shared_file, {self.model_key: {"choice": choice.as_dict()}})
 
 
-def choose(candidates: Candidates, store: ChoiceStore, budget_s: float = BUDGET_S
-           ) -> tuple[Backend, Choice]:
+def choose(
+    candidates: Candidates, store: ChoiceStore, budget_s: float = BUDGET_S
+) -> tuple[Backend, Choice]:
     """``auto``: the backend to serve and the choice, measured once per model (the first
     worker), remembered per host."""
     with store.locked():
@@ -191,7 +213,8 @@ def choose(candidates: Candidates, store: ChoiceStore, budget_s: float = BUDGET_
             measured, backends = measure(candidates, budget_s)
             choice = dataclasses.replace(
                 select(measured, last.precision if last else None),
-                source=f"worker pid {os.getpid()} in {_clock() - started:.1f} s")
+                source=f"worker pid {os.getpid()} in {_clock() - started:.1f} s",
+            )
             store.keep(choice)
             return backends[choice.precision], choice
     # Another worker measured: load what it chose (outside the lock: workers load in parallel).
@@ -201,27 +224,36 @@ def choose(candidates: Candidates, store: ChoiceStore, budget_s: float = BUDGET_
     return backend, shared
 
 
-def explicit(requested: str, load: Callable[[], Backend], store: ChoiceStore
-             ) -> tuple[Backend, Choice]:
+def explicit(
+    requested: str, load: Callable[[], Backend], store: ChoiceStore
+) -> tuple[Backend, Choice]:
     """An explicit precision: load it; the choice cites this host's last ``auto`` timings."""
     backend = load()
     last = store.last()
     return backend, forced(requested, backend.precision, list(last.candidates) if last else None)
 
 
-def serving_backend(files: ModelFiles, config: HandlerConfig, device: torch.device,
-                    batch_sizes: tuple[int, ...]) -> tuple[Backend, Choice]:
+def serving_backend(
+    files: ModelFiles, config: HandlerConfig, device: torch.device, batch_sizes: tuple[int, ...]
+) -> tuple[Backend, Choice]:
     """The backend a worker serves and the choice behind it, from the handler's settings
     (precision, half_precision, threads, onnx_spinning, auto_int8, precision_cache).
     ``half_precision`` on an eager CUDA worker is an explicit f16. ``auto`` with a single
     candidate is measured on OpenVINO only, whose warm-up it times."""
     kind = files.backend
     options = RuntimeOptions(config.threads, config.onnx_spinning, config.half_precision)
-    loaders, excluded = precision_candidates(kind, files.folder, files.serialized, device,
-                                             options, config.auto_int8)
-    archive = {"backend": kind, "serialized": files.serialized,
-               "weights": files.weights["sha256"], "batch_sizes": list(batch_sizes),
-               "threads": config.threads, "device": device.type, "candidates": list(loaders)}
+    loaders, excluded = precision_candidates(
+        kind, files.folder, files.serialized, device, options, config.auto_int8
+    )
+    archive = {
+        "backend": kind,
+        "serialized": files.serialized,
+        "weights": files.weights["sha256"],
+        "batch_sizes": list(batch_sizes),
+        "threads": config.threads,
+        "device": device.type,
+        "candidates": list(loaders),
+    }
     store = ChoiceStore(files.folder, cache_file(config.precision_cache), archive)
     precision = config.precision
     if config.half_precision and device.type == "cuda" and kind == "eager":
@@ -231,19 +263,34 @@ def serving_backend(files: ModelFiles, config: HandlerConfig, device: torch.devi
     if precision == "auto":
         # Nothing to choose and no warm-up to time for free (OpenVINO warms up anyway).
         (only,) = loaders.values()
-        return only(), Choice("f32", f"the only precision {kind} runs on {device.type}",
-                              tuple(Candidate(n, excluded=why) for n, why in excluded.items()))
+        return only(), Choice(
+            "f32",
+            f"the only precision {kind} runs on {device.type}",
+            tuple(Candidate(n, excluded=why) for n, why in excluded.items()),
+        )
     path = files.folder / files.serialized
     if precision == "int8":
         if files.int8 is None:
-            raise ValueError(f"handler.precision is int8 but this archive carries no int8 "
-                             f"model beside {files.serialized}: build it with QUANTIZE=int8 "
-                             "(the default, BACKEND=openvino) and check the build's fidelity "
-                             "gate verdict (make weights)")
+            raise ValueError(
+                f"handler.precision is int8 but this archive carries no int8 "
+                f"model beside {files.serialized}: build it with QUANTIZE=int8 "
+                "(the default, BACKEND=openvino) and check the build's fidelity "
+                "gate verdict (make weights)"
+            )
         path = files.int8
-    return explicit(precision, partial(
-        load_backend, kind, path, device, options, "auto" if precision == "f16" else precision,
-        batch_sizes), store)
+    return explicit(
+        precision,
+        partial(
+            load_backend,
+            kind,
+            path,
+            device,
+            options,
+            "auto" if precision == "f16" else precision,
+            batch_sizes,
+        ),
+        store,
+    )
 
 
 def _key(identity: dict) -> str:

@@ -4,6 +4,7 @@ A ``Backend`` is one loaded runtime with a name: which runtime (``name``), the a
 really runs (``precision``, what ``describe`` reports) and its ``forward``. Each crosses the
 device boundary once per batch: one copy in, one forward, one copy out.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,12 @@ class Backend:
         return self.forward(pixels)
 
     def describe(self) -> dict:
-        return {"name": self.name, "precision": self.precision, "file": self.file,
-                "device": self.device}
+        return {
+            "name": self.name,
+            "precision": self.precision,
+            "file": self.file,
+            "device": self.device,
+        }
 
 
 @dataclass(frozen=True)
@@ -62,13 +67,19 @@ def pick_device(wanted: str, gpu_id) -> torch.device:
     if wanted == "cuda":
         raise RuntimeError(
             "handler.device is 'cuda' but the engine gave this worker no GPU "
-            f"(gpu_id={gpu_id}, cuda available={torch.cuda.is_available()})")
+            f"(gpu_id={gpu_id}, cuda available={torch.cuda.is_available()})"
+        )
     return torch.device("cpu")
 
 
-def load_backend(kind: str, path: Path, device: torch.device,
-                 options: RuntimeOptions = RuntimeOptions(), precision: str = "auto",
-                 warmup: tuple[int, ...] = ()) -> Backend:
+def load_backend(
+    kind: str,
+    path: Path,
+    device: torch.device,
+    options: RuntimeOptions = RuntimeOptions(),
+    precision: str = "auto",
+    warmup: tuple[int, ...] = (),
+) -> Backend:
     """Load the serialized model at ``path`` for ``kind`` (eager, torchscript, onnx, openvino).
 
     ``precision``: ``f32``, ``bf16`` or ``int8`` (OpenVINO only), or ``auto``: here the
@@ -79,16 +90,23 @@ def load_backend(kind: str, path: Path, device: torch.device,
     if kind == "openvino":
         return _openvino(path, options.threads, precision, warmup)
     if precision not in ("auto", "f32"):
-        raise ValueError(f"handler.precision {precision!r} needs an OpenVINO archive "
-                         f"(BACKEND=openvino); this one is {kind}: use auto or f32")
+        raise ValueError(
+            f"handler.precision {precision!r} needs an OpenVINO archive "
+            f"(BACKEND=openvino); this one is {kind}: use auto or f32"
+        )
     if kind == "onnx":
         return _onnx(path, device, options)
     return _torch(kind, path, device, options.half)
 
 
-def precision_candidates(kind: str, folder: Path, serialized: str, device: torch.device,
-                         options: RuntimeOptions, allow_int8: bool = True
-                         ) -> tuple[dict[str, Callable[[], Backend]], dict[str, str]]:
+def precision_candidates(
+    kind: str,
+    folder: Path,
+    serialized: str,
+    device: torch.device,
+    options: RuntimeOptions,
+    allow_int8: bool = True,
+) -> tuple[dict[str, Callable[[], Backend]], dict[str, str]]:
     """What ``handler.precision: auto`` chooses from in ``folder``: ``{precision: loader}``,
     most precise first, and ``{precision: why it is left out}`` for the ones this archive,
     device or config cannot serve.
@@ -112,8 +130,9 @@ def precision_candidates(kind: str, folder: Path, serialized: str, device: torch
                 if inference == "bf16" and not bf16:
                     excluded[prefix + inference] = "this CPU has no bf16 units (OpenVINO)"
                 else:
-                    loaders[prefix + inference] = partial(_openvino, path, options.threads,
-                                                          inference, ())
+                    loaders[prefix + inference] = partial(
+                        _openvino, path, options.threads, inference, ()
+                    )
         return loaders, excluded
     path = folder / serialized
     if kind == "onnx":
@@ -162,8 +181,9 @@ def _torch(kind: str, path: Path, device: torch.device, half: bool) -> Backend:
             embedding, logits = module(batch.to(device, dtype, non_blocking=True))
             return embedding.float().cpu(), logits.float().cpu()
 
-    return Backend(kind, "f16" if dtype == torch.float16 else "f32", path.name, str(device),
-                   forward)
+    return Backend(
+        kind, "f16" if dtype == torch.float16 else "f32", path.name, str(device), forward
+    )
 
 
 def _openvino(path: Path, threads: int, precision: str, warmup: tuple[int, ...]) -> Backend:
@@ -181,9 +201,11 @@ def _openvino(path: Path, threads: int, precision: str, warmup: tuple[int, ...])
 
     quantised = is_quantised(path.name)
     if precision == "int8" and not quantised:
-        raise ValueError(f"handler.precision is int8 but {path.name} is not quantised: "
-                         "archive with QUANTIZE=int8 (make archives BACKEND=openvino "
-                         "QUANTIZE=int8)")
+        raise ValueError(
+            f"handler.precision is int8 but {path.name} is not quantised: "
+            "archive with QUANTIZE=int8 (make archives BACKEND=openvino "
+            "QUANTIZE=int8)"
+        )
     config = {hints.performance_mode: hints.PerformanceMode.LATENCY}
     if precision in ("f32", "bf16"):
         config[hints.inference_precision] = ov.Type.f32 if precision == "f32" else ov.Type.bf16
@@ -203,9 +225,14 @@ def _openvino(path: Path, threads: int, precision: str, warmup: tuple[int, ...])
 
     for size in warmup:
         forward(torch.zeros(size, 3, 224, 224))
-    logger.info("OpenVINO %s: %s, inference precision %s%s, %s threads", ov.get_version(),
-                path.name, used, " (int8 layers)" if quantised else "",
-                compiled.get_property(props.inference_num_threads))
+    logger.info(
+        "OpenVINO %s: %s, inference precision %s%s, %s threads",
+        ov.get_version(),
+        path.name,
+        used,
+        " (int8 layers)" if quantised else "",
+        compiled.get_property(props.inference_num_threads),
+    )
     return Backend("openvino", f"int8+{used}" if quantised else used, path.name, "cpu", forward)
 
 
@@ -217,15 +244,19 @@ def _onnx(path: Path, device: torch.device, options: RuntimeOptions) -> Backend:
     if options.threads:
         session_options.intra_op_num_threads = options.threads
         session_options.inter_op_num_threads = 1
-    session_options.add_session_config_entry("session.intra_op.allow_spinning",
-                                             "1" if options.spin else "0")
+    session_options.add_session_config_entry(
+        "session.intra_op.allow_spinning", "1" if options.spin else "0"
+    )
     providers = ["CPUExecutionProvider"]
     if device.type == "cuda":
         if "CUDAExecutionProvider" in ort.get_available_providers():
             providers.insert(0, ("CUDAExecutionProvider", {"device_id": device.index or 0}))
         else:  # the pinned onnxruntime wheel is the CPU build
-            logger.warning("ONNX Runtime has no CUDA provider here: running on CPU although "
-                           "the worker has %s; archive with BACKEND=eager for the GPU", device)
+            logger.warning(
+                "ONNX Runtime has no CUDA provider here: running on CPU although "
+                "the worker has %s; archive with BACKEND=eager for the GPU",
+                device,
+            )
     session = ort.InferenceSession(str(path), session_options, providers=providers)
     input_name = session.get_inputs()[0].name
 

@@ -4,6 +4,7 @@ Frontend keys (``batchSize``, ``maxBatchDelay``, ...) stay at the top of that YA
 TorchServe; only what the handler itself uses lives under ``handler:``, and the explanation
 settings under ``handler: explain:``. This module is the one source of every default.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -58,16 +59,21 @@ class ExplainConfig:
 
     def check(self) -> None:
         if self.method not in EXPLAIN_METHODS:
-            raise ConfigError(f"handler.explain.method must be one of {EXPLAIN_METHODS}, "
-                              f"got {self.method!r}")
-        _check_ranges(self, "handler.explain.", (
-            ("n_steps", 1, self.max_n_steps),
-            ("max_n_steps", 1, 1024),
-            ("internal_batch_size", 1, 64),
-            ("max_targets", 1, 1000),
-            ("png_max_side", 16, 2048),
-            ("max_passes_per_batch", 1, 1_000_000),
-        ))
+            raise ConfigError(
+                f"handler.explain.method must be one of {EXPLAIN_METHODS}, got {self.method!r}"
+            )
+        _check_ranges(
+            self,
+            "handler.explain.",
+            (
+                ("n_steps", 1, self.max_n_steps),
+                ("max_n_steps", 1, 1024),
+                ("internal_batch_size", 1, 64),
+                ("max_targets", 1, 1000),
+                ("png_max_side", 16, 2048),
+                ("max_passes_per_batch", 1, 1_000_000),
+            ),
+        )
 
 
 @dataclass(frozen=True)
@@ -162,32 +168,39 @@ class HandlerConfig:
             raise ConfigError(f"handler.device must be one of {DEVICES}, got {self.device!r}")
         if self.precision not in PRECISIONS:
             raise ConfigError(
-                f"handler.precision must be one of {PRECISIONS}, got {self.precision!r}")
-        _check_ranges(self, "handler.", (
-            ("top_k", 1, 1000),
-            ("threads", 0, 1024),
-            ("decode_threads", 0, 64),
-            ("max_image_pixels", 1, 1_000_000_000),
-            ("max_image_bytes", 1, 1 << 31),
-            ("max_images_per_request", 1, 4096),
-            ("max_batch_images", 1, 4096),
-            ("forward_rows", 0, 4096),
-            ("max_response_bytes", 1024, 1 << 31),
-            ("max_request_pixels", 1, 10_000_000_000),
-            ("max_batch_pixels", 1, 100_000_000_000),
-            ("max_json_depth", 4, 1000),
-            ("max_json_bytes", 1, 1 << 31),
-        ))
+                f"handler.precision must be one of {PRECISIONS}, got {self.precision!r}"
+            )
+        _check_ranges(
+            self,
+            "handler.",
+            (
+                ("top_k", 1, 1000),
+                ("threads", 0, 1024),
+                ("decode_threads", 0, 64),
+                ("max_image_pixels", 1, 1_000_000_000),
+                ("max_image_bytes", 1, 1 << 31),
+                ("max_images_per_request", 1, 4096),
+                ("max_batch_images", 1, 4096),
+                ("forward_rows", 0, 4096),
+                ("max_response_bytes", 1024, 1 << 31),
+                ("max_request_pixels", 1, 10_000_000_000),
+                ("max_batch_pixels", 1, 100_000_000_000),
+                ("max_json_depth", 4, 1000),
+                ("max_json_bytes", 1, 1 << 31),
+            ),
+        )
         if self.max_images_per_request > self.max_batch_images:
             raise ConfigError(
                 f"handler.max_images_per_request ({self.max_images_per_request}) must not "
                 f"exceed handler.max_batch_images ({self.max_batch_images}): a request alone "
-                "must fit in a batch")
+                "must fit in a batch"
+            )
         if self.max_request_pixels > self.max_batch_pixels:
             raise ConfigError(
                 f"handler.max_request_pixels ({self.max_request_pixels}) must not exceed "
                 f"handler.max_batch_pixels ({self.max_batch_pixels}): a request alone must fit "
-                "in a batch")
+                "in a batch"
+            )
         self.explain.check()
 
 
@@ -197,8 +210,10 @@ def _typed(cls, section: Mapping[str, Any], prefix: str):
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(section) - set(fields))
     if unknown:
-        raise ConfigError(f"unknown {prefix.rstrip('.')} setting(s) {unknown} in "
-                          f"model-config.yaml; known: {sorted(fields)}")
+        raise ConfigError(
+            f"unknown {prefix.rstrip('.')} setting(s) {unknown} in "
+            f"model-config.yaml; known: {sorted(fields)}"
+        )
     for name, value in section.items():
         default = fields[name].default
         if default is dataclasses.MISSING:  # a nested section, already built

@@ -1,5 +1,6 @@
 """Response encoding: the batch's model outputs, computed once per batch (``BatchOutputs``),
 turned into each request's JSON answer in the protocol it came in. Pure functions."""
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,10 @@ class TopK:
 
     def tags(self, row: int, k: int, labels: Sequence[str]) -> list[dict]:
         """``[{"label", "index", "probability"}, ...]`` of one row, its ``k`` first."""
-        return [{"label": labels[i], "index": i, "probability": p}
-                for i, p in zip(self.indices[row][:k], self.probabilities[row][:k])]
+        return [
+            {"label": labels[i], "index": i, "probability": p}
+            for i, p in zip(self.indices[row][:k], self.probabilities[row][:k])
+        ]
 
 
 @dataclass(frozen=True)
@@ -53,8 +56,13 @@ class BatchOutputs:
     top: TopK
 
     @classmethod
-    def of(cls, embedding: torch.Tensor, logits: torch.Tensor,
-           requests: Sequence[ParsedRequest], spec: AnswerSpec) -> "BatchOutputs":
+    def of(
+        cls,
+        embedding: torch.Tensor,
+        logits: torch.Tensor,
+        requests: Sequence[ParsedRequest],
+        spec: AnswerSpec,
+    ) -> "BatchOutputs":
         embeddings: list[list[float]] = []
         if any(r.wants(Output.EMBEDDING, spec.task) for r in requests):
             if spec.normalize_embedding:
@@ -64,40 +72,58 @@ class BatchOutputs:
         return cls(embeddings, TopK.of(logits, k))
 
 
-def encode_response(request: ParsedRequest, rows: range, outputs: BatchOutputs,
-                    spec: AnswerSpec) -> dict | list:
+def encode_response(
+    request: ParsedRequest, rows: range, outputs: BatchOutputs, spec: AnswerSpec
+) -> dict | list:
     """One request's JSON answer, in its own protocol, from its image ``rows`` of the batch."""
     k = request.tags_top_k(spec.default_top_k)
-    embeddings = ([outputs.embeddings[r] for r in rows]
-                  if request.wants(Output.EMBEDDING, spec.task) else None)
-    tags = ([outputs.top.tags(r, k, spec.labels) for r in rows]
-            if request.wants(Output.TAGS, spec.task) else None)
+    embeddings = (
+        [outputs.embeddings[r] for r in rows]
+        if request.wants(Output.EMBEDDING, spec.task)
+        else None
+    )
+    tags = (
+        [outputs.top.tags(r, k, spec.labels) for r in rows]
+        if request.wants(Output.TAGS, spec.task)
+        else None
+    )
     if request.protocol is Protocol.V2:
         return _v2_response(spec, request.request_id, embeddings, tags)
     answers = tags if embeddings is None else [{"embedding": e} for e in embeddings]
     return {"predictions": answers} if request.protocol is Protocol.V1 else answers[0]
 
 
-def _v2_response(spec: AnswerSpec, request_id: str | None,
-                 embeddings: list[list[float]] | None, tags: list[list[dict]] | None) -> dict:
+def _v2_response(
+    spec: AnswerSpec,
+    request_id: str | None,
+    embeddings: list[list[float]] | None,
+    tags: list[list[dict]] | None,
+) -> dict:
     """An Open Inference Protocol response; ``tags`` elements are JSON-encoded strings."""
     outputs = []
     if embeddings is not None:
-        outputs.append({
-            "name": Output.EMBEDDING.value,
-            "datatype": "FP32",
-            "shape": [len(embeddings), len(embeddings[0])],
-            "data": [x for row in embeddings for x in row],
-        })
+        outputs.append(
+            {
+                "name": Output.EMBEDDING.value,
+                "datatype": "FP32",
+                "shape": [len(embeddings), len(embeddings[0])],
+                "data": [x for row in embeddings for x in row],
+            }
+        )
     if tags is not None:
-        outputs.append({
-            "name": Output.TAGS.value,
-            "datatype": "BYTES",
-            "shape": [len(tags), len(tags[0])],
-            "data": [json.dumps(t) for row in tags for t in row],
-        })
-    response = {"model_name": spec.model_name, "model_version": spec.model_version,
-                "outputs": outputs}
+        outputs.append(
+            {
+                "name": Output.TAGS.value,
+                "datatype": "BYTES",
+                "shape": [len(tags), len(tags[0])],
+                "data": [json.dumps(t) for row in tags for t in row],
+            }
+        )
+    response = {
+        "model_name": spec.model_name,
+        "model_version": spec.model_version,
+        "outputs": outputs,
+    }
     if request_id is not None:
         response["id"] = request_id
     return response

@@ -6,6 +6,7 @@ of ours (500). ``STATUS`` below is the only place that says which HTTP status ea
 and the class name is the ``type`` a client reads in the body. ``servecore.intake`` catches them
 at one per-request boundary, so one bad input fails only its own request.
 """
+
 from __future__ import annotations
 
 from http import HTTPStatus

@@ -4,6 +4,7 @@ Pure functions, no TorchServe: every client mistake becomes a ``RequestError`` w
 it deserves (400 not an image / truncated, 415 unsupported format, 413 too large), and nothing a
 client sends escapes as another exception.
 """
+
 from __future__ import annotations
 
 import io
@@ -32,13 +33,31 @@ _OTHER_MAGIC = (
     (b"\xff\x0a", "JPEG XL"),
     (b"\x00\x00\x00\x0cJXL ", "JPEG XL"),
 )
-_ISOBMFF_BRANDS = {b"heic": "HEIC", b"heix": "HEIC", b"mif1": "HEIF", b"msf1": "HEIF",
-                   b"avif": "AVIF", b"avis": "AVIF"}
+_ISOBMFF_BRANDS = {
+    b"heic": "HEIC",
+    b"heix": "HEIC",
+    b"mif1": "HEIF",
+    b"msf1": "HEIF",
+    b"avif": "AVIF",
+    b"avis": "AVIF",
+}
 
 # Other formats PIL can identify by a reliable signature (identified only, never decoded).
 # Formats with loose signatures (TGA, PCX, ...) are left out so junk is not called an image.
-_IDENTIFIABLE = ("AVIF", "ICO", "ICNS", "PPM", "JPEG2000", "SGI", "EPS", "QOI", "DDS", "PSD",
-                 "FITS", "BLP")
+_IDENTIFIABLE = (
+    "AVIF",
+    "ICO",
+    "ICNS",
+    "PPM",
+    "JPEG2000",
+    "SGI",
+    "EPS",
+    "QOI",
+    "DDS",
+    "PSD",
+    "FITS",
+    "BLP",
+)
 
 _ALPHA_MODES = {"RGBA", "LA", "PA", "RGBa", "La"}
 _WIDE_GRAY_MODES = {"I", "I;16", "I;16B", "I;16L", "I;16N", "F"}
@@ -58,8 +77,9 @@ def decode_image(
 ) -> Image.Image:
     """Decode ``data`` into an RGB image, upright, alpha flattened on white:
     ``decode(open_image(...))``."""
-    return decode(open_image(data, max_pixels=max_pixels, max_bytes=max_bytes,
-                             draft_size=draft_size))
+    return decode(
+        open_image(data, max_pixels=max_pixels, max_bytes=max_bytes, draft_size=draft_size)
+    )
 
 
 def open_image(
@@ -75,7 +95,9 @@ def open_image(
     ``UnsupportedMediaType`` (an image in another format) or ``InvalidImage`` (anything else).
     """
     if not data:
-        raise InvalidRequest(f"empty image: the request carried no bytes; send a {ACCEPTED_TEXT} file")
+        raise InvalidRequest(
+            f"empty image: the request carried no bytes; send a {ACCEPTED_TEXT} file"
+        )
     if len(data) > max_bytes:
         raise PayloadTooLarge(
             f"image is {len(data)} bytes, more than the limit of {max_bytes} bytes "
@@ -92,8 +114,9 @@ def open_image(
         try:
             image.draft(None, (draft_size, draft_size))  # sets the size decoding will produce
         except Exception as exc:  # noqa: BLE001 - a header PIL cannot scale is a bad file
-            raise InvalidImage(f"JPEG image could not be decoded ({exc}); the file is "
-                               "truncated or corrupt") from None
+            raise InvalidImage(
+                f"JPEG image could not be decoded ({exc}); the file is truncated or corrupt"
+            ) from None
     return OpenedImage(image, image.size[0] * image.size[1])
 
 
@@ -141,8 +164,13 @@ def _open(data: bytes) -> Image.Image:
 
 
 _ACCEPTED_SIGNATURES = (
-    (b"\xff\xd8\xff", "JPEG"), (b"\x89PNG\r\n\x1a\n", "PNG"), (b"GIF87a", "GIF"),
-    (b"GIF89a", "GIF"), (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"), (b"BM", "BMP"),
+    (b"\xff\xd8\xff", "JPEG"),
+    (b"\x89PNG\r\n\x1a\n", "PNG"),
+    (b"GIF87a", "GIF"),
+    (b"GIF89a", "GIF"),
+    (b"II*\x00", "TIFF"),
+    (b"MM\x00*", "TIFF"),
+    (b"BM", "BMP"),
 )
 
 

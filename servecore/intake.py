@@ -7,6 +7,7 @@ pool (PIL and torch release the GIL) and stacked into one CPU tensor. Whatever g
 its own request only: failures are exceptions, caught at one per-request boundary
 (``_attempt``) and returned as that request's ``Failed``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -62,8 +63,12 @@ class Preprocessor:
 
     def open(self, data: bytes) -> OpenedImage:
         """Header only: checks bytes and pixel limits and tells the decoding cost."""
-        return open_image(data, max_pixels=self.config.max_image_pixels,
-                          max_bytes=self.config.max_image_bytes, draft_size=self.draft_size)
+        return open_image(
+            data,
+            max_pixels=self.config.max_image_pixels,
+            max_bytes=self.config.max_image_bytes,
+            draft_size=self.draft_size,
+        )
 
     def decode(self, opened: OpenedImage) -> torch.Tensor:
         return self.transform(decode(opened))
@@ -81,10 +86,18 @@ class Intake:
         self.admission = admission
         self.preprocessor = Preprocessor(config)
         self.budgets = (
-            Budget("max_batch_images", "images", config.max_batch_images,
-                   lambda request: request.image_count),
-            Budget("max_batch_pixels", "decoded pixels", config.max_batch_pixels,
-                   lambda request: request.pixel_count),
+            Budget(
+                "max_batch_images",
+                "images",
+                config.max_batch_images,
+                lambda request: request.image_count,
+            ),
+            Budget(
+                "max_batch_pixels",
+                "decoded pixels",
+                config.max_batch_pixels,
+                lambda request: request.pixel_count,
+            ),
         )
         threads = config.decode_threads or min(4, usable_cpus())
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="decode")
@@ -98,9 +111,12 @@ class Intake:
         self.admission.served(requests)
         opened = time.perf_counter()
         states, tensors = self._decode(requests)
-        return PreparedBatch(tuple(states), torch.stack(tensors) if tensors else None,
-                             open_ms=1000 * (opened - started),
-                             decode_ms=1000 * (time.perf_counter() - opened))
+        return PreparedBatch(
+            tuple(states),
+            torch.stack(tensors) if tensors else None,
+            open_ms=1000 * (opened - started),
+            decode_ms=1000 * (time.perf_counter() - opened),
+        )
 
     def open(self, incoming: Incoming) -> Opened | Failed:
         """Parse one request and read its images' headers."""
@@ -115,8 +131,9 @@ class Intake:
             return parsed
         return _attempt(request_id, "reading", functools.partial(self._read, request_id, *parsed))
 
-    def _read(self, request_id: str, request: ParsedRequest, addon: Any,
-              failure: Failure) -> Opened:
+    def _read(
+        self, request_id: str, request: ParsedRequest, addon: Any, failure: Failure
+    ) -> Opened:
         images = tuple(_each_image(request.images, self.preprocessor.open, failure))
         opened = Opened(request_id, request, images, addon)
         limit = self.config.max_request_pixels
@@ -124,7 +141,8 @@ class Intake:
             raise PayloadTooLarge(
                 f"request would decode {opened.pixel_count} pixels ({len(images)} image(s)), "
                 f"more than the limit of {limit} (handler.max_request_pixels); send fewer "
-                "or smaller images")
+                "or smaller images"
+            )
         return opened
 
     def _decode(self, requests: Sequence[Admitted]) -> tuple[list[State], list[torch.Tensor]]:
@@ -132,16 +150,23 @@ class Intake:
         fails becomes its ``Failed`` and gets no rows."""
         work = sum(r.image_count for r in requests if isinstance(r, Opened))
         start = self.pool.submit if work > 1 else _now
-        pending = [[start(self.preprocessor.decode, image) for image in r.images]
-                   if isinstance(r, Opened) else None for r in requests]
+        pending = [
+            [start(self.preprocessor.decode, image) for image in r.images]
+            if isinstance(r, Opened)
+            else None
+            for r in requests
+        ]
         states: list[State] = []
         tensors: list[torch.Tensor] = []
         for request, futures in zip(requests, pending):
             if futures is None:
                 states.append(request)
                 continue
-            decoded = _attempt(request.request_id, "decoding", functools.partial(
-                _each_image, futures, Future.result))
+            decoded = _attempt(
+                request.request_id,
+                "decoding",
+                functools.partial(_each_image, futures, Future.result),
+            )
             if isinstance(decoded, Failed):
                 states.append(decoded)
                 continue
@@ -181,10 +206,13 @@ def as_request_error(exc: Exception, stage: str, request_id: str) -> RequestErro
     batch."""
     if isinstance(exc, RequestError):
         return exc
-    logger.error("request %s: unexpected %s while %s", request_id, type(exc).__name__, stage,
-                 exc_info=exc)
-    return InternalError(f"unexpected error while {stage} this request "
-                         f"({type(exc).__name__}); request id {request_id}")
+    logger.error(
+        "request %s: unexpected %s while %s", request_id, type(exc).__name__, stage, exc_info=exc
+    )
+    return InternalError(
+        f"unexpected error while {stage} this request "
+        f"({type(exc).__name__}); request id {request_id}"
+    )
 
 
 def _attempt(request_id: str, stage: str, step: Callable[[Failure], T]) -> T | Failed:

@@ -1,5 +1,6 @@
 """The JSON guard: a body is measured for size and nesting depth before ``json.loads`` runs,
 so no request can make the parser recurse deeply or allocate without bound."""
+
 from __future__ import annotations
 
 import json
@@ -28,7 +29,8 @@ def load_json(value: Any, config: HandlerConfig) -> Any:
         if len(value) > config.max_json_bytes:
             raise PayloadTooLarge(
                 f"JSON body is {len(value)} bytes, more than the limit of "
-                f"{config.max_json_bytes} (handler.max_json_bytes)")
+                f"{config.max_json_bytes} (handler.max_json_bytes)"
+            )
         _check_depth(json_depth(bytes(value), config.max_json_depth), config)
         try:
             return json.loads(value)
@@ -43,7 +45,8 @@ def _check_depth(depth: int, config: HandlerConfig) -> None:
     if depth > config.max_json_depth:
         raise InvalidRequest(
             f"JSON body is nested more than {config.max_json_depth} levels deep "
-            "(handler.max_json_depth); a KServe v2 request needs 4")
+            "(handler.max_json_depth); a KServe v2 request needs 4"
+        )
 
 
 _STEP = np.zeros(256, dtype=np.int32)
@@ -77,6 +80,5 @@ def parsed_depth(value: Any, stop: int) -> int:
         node, depth = pending.pop()
         deepest = max(deepest, depth)
         children = node.values() if isinstance(node, dict) else node
-        pending.extend((child, depth + 1) for child in children
-                       if isinstance(child, (dict, list)))
+        pending.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
     return deepest

@@ -22,6 +22,7 @@ histograms' default buckets (0.005 ... 10, shaped for seconds: every batch above
 ``+Inf``), so batch sizes are counters too. TorchServe exposes counters without a ``_total``
 suffix, and needs every metric declared in ``config/metrics.yaml``.
 """
+
 from __future__ import annotations
 
 import enum
@@ -89,9 +90,15 @@ class BatchMetrics:
 
     def batch(self, requests: int, images: int, open_ms: float, decode_ms: float) -> None:
         """One batch: ``requests`` requests carrying ``images`` good images."""
-        for name, value in ((BATCH_METRIC, requests), (IMAGES_METRIC, images), (BATCHES, 1),
-                            (REQUESTS, requests), (IMAGES, images), (OPEN_MS, open_ms),
-                            (DECODE_MS, decode_ms)):
+        for name, value in (
+            (BATCH_METRIC, requests),
+            (IMAGES_METRIC, images),
+            (BATCHES, 1),
+            (REQUESTS, requests),
+            (IMAGES, images),
+            (OPEN_MS, open_ms),
+            (DECODE_MS, decode_ms),
+        ):
             self.sink.add(name, value)
         self.sink.add(BY_SIZE, 1, (str(requests),))
         self.sink.add(PRECISION, 1, (self.precision,))

@@ -13,6 +13,7 @@ One TorchServe request arrives as a dict of named inputs. The forms we accept:
 query strings on ``/predictions``, so ``?topk=3`` never reaches a handler.) Explanation
 parameters are collected as sent (``ParsedRequest.options``); ``servecore.explain`` reads them.
 """
+
 from __future__ import annotations
 
 import base64
@@ -52,8 +53,6 @@ class OutputSpec:
     top_k: int | None = None
 
 
-
-
 @dataclass(frozen=True)
 class ParsedRequest:
     """What one request asks for: its encoded images and how to answer."""
@@ -78,8 +77,9 @@ class ParsedRequest:
         return output is task
 
 
-def parse_request(row: dict[str, Any], *, header_top_k: Any = None,
-                  config: HandlerConfig) -> ParsedRequest:
+def parse_request(
+    row: dict[str, Any], *, header_top_k: Any = None, config: HandlerConfig
+) -> ParsedRequest:
     """Turn one TorchServe input dict into a ``ParsedRequest`` or raise a ``RequestError``.
 
     ``header_top_k`` is the request's ``X-Top-K`` header, if any; any ``topk`` in the request
@@ -92,8 +92,13 @@ def parse_request(row: dict[str, Any], *, header_top_k: Any = None,
     return parsed
 
 
-def parse_tensor(elements: Sequence[bytes], *, top_k: Any = None, request_id: str | None = None,
-                 config: HandlerConfig) -> ParsedRequest:
+def parse_tensor(
+    elements: Sequence[bytes],
+    *,
+    top_k: Any = None,
+    request_id: str | None = None,
+    config: HandlerConfig,
+) -> ParsedRequest:
     """A KServe v2 request an engine has already read (Triton's Python backend): the elements
     of its BYTES input tensor and its ``topk`` request parameter, as a ``ParsedRequest`` or a
     ``RequestError``. An element is an encoded image (the binary tensor extension) or, as a JSON
@@ -102,9 +107,12 @@ def parse_tensor(elements: Sequence[bytes], *, top_k: Any = None, request_id: st
     if not elements:
         raise InvalidRequest("input 'images' is empty: send at least one image")
     images = [_tensor_image(bytes(item), f"images[{i}]") for i, item in enumerate(elements)]
-    return ParsedRequest(Protocol.V2, images,
-                         top_k=None if top_k is None else parse_top_k(top_k),
-                         request_id=request_id)
+    return ParsedRequest(
+        Protocol.V2,
+        images,
+        top_k=None if top_k is None else parse_top_k(top_k),
+        request_id=request_id,
+    )
 
 
 def _tensor_image(item: bytes, where: str) -> bytes:
@@ -140,7 +148,7 @@ def _parse(row: dict[str, Any], config: HandlerConfig) -> ParsedRequest:
     payload = load_json(payload, config)  # JSON text, or JSON TorchServe parsed
     if not isinstance(payload, dict):
         raise InvalidRequest(
-            f"JSON body must be an object such as {{\"data\": \"<base64 image>\"}}, "
+            f'JSON body must be an object such as {{"data": "<base64 image>"}}, '
             f"got {type(payload).__name__}"
         )
     if "inputs" in payload:
@@ -150,12 +158,15 @@ def _parse(row: dict[str, Any], config: HandlerConfig) -> ParsedRequest:
     if "data" in payload:
         extra = sorted(set(payload) - {"data", "topk", *EXPLAIN_KEYS})
         if extra:
-            raise InvalidRequest(f"unknown JSON field(s) {echo_all(extra)}; expected 'data', 'topk' and "
-                                 f"for explanations {list(EXPLAIN_KEYS)}")
+            raise InvalidRequest(
+                f"unknown JSON field(s) {echo_all(extra)}; expected 'data', 'topk' and "
+                f"for explanations {list(EXPLAIN_KEYS)}"
+            )
         top_k = parse_top_k(payload["topk"]) if "topk" in payload else query_top_k
         options.update((k, payload[k]) for k in EXPLAIN_KEYS if k in payload)
-        return ParsedRequest(Protocol.PLAIN, [decode_base64(payload["data"], "data")], top_k=top_k,
-                             options=options)
+        return ParsedRequest(
+            Protocol.PLAIN, [decode_base64(payload["data"], "data")], top_k=top_k, options=options
+        )
     raise InvalidRequest(
         "JSON body must have 'data' (base64 image), 'instances' (KServe v1) or 'inputs' "
         f"(KServe v2); got keys {echo_all(sorted(payload))}"
@@ -192,6 +203,7 @@ def decode_base64(value: Any, where: str) -> bytes:
         raise InvalidRequest(f"{where} is empty: expected a base64-encoded image")
     return data
 
+
 def _require(mapping: dict, key: str, kind: type, where: str) -> Any:
     value = mapping.get(key)
     if not isinstance(value, kind) or isinstance(value, bool):
@@ -216,11 +228,13 @@ def _count_images(count: int, config: HandlerConfig) -> None:
         raise PayloadTooLarge(
             f"request carries {count} images, more than the limit of "
             f"{config.max_images_per_request} (handler.max_images_per_request); split it into "
-            "several requests")
+            "several requests"
+        )
 
 
-def _parse_v1(payload: dict, query_top_k: int | None, options: dict,
-              config: HandlerConfig) -> ParsedRequest:
+def _parse_v1(
+    payload: dict, query_top_k: int | None, options: dict, config: HandlerConfig
+) -> ParsedRequest:
     instances = _require(payload, "instances", list, "body")
     if not instances:
         raise InvalidRequest("body.instances is empty: send at least one image")
@@ -243,7 +257,7 @@ def _v1_instance(item: Any, where: str) -> bytes:
                     return decode_base64(value["b64"], f"{where}.{key}.b64")
                 return decode_base64(value, f"{where}.{key}")
     raise InvalidRequest(
-        f"{where} must be {{\"data\": \"<base64>\"}} or {{\"image\": {{\"b64\": \"<base64>\"}}}}"
+        f'{where} must be {{"data": "<base64>"}} or {{"image": {{"b64": "<base64>"}}}}'
     )
 
 
@@ -252,8 +266,10 @@ def _parse_v2(payload: dict, query_top_k: int | None, config: HandlerConfig) -> 
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidRequest(f"body.id must be a string, got {type(request_id).__name__}")
     if request_id is not None and len(request_id) > MAX_ID_CHARS:
-        raise InvalidRequest(f"body.id is {len(request_id)} characters long, more than "
-                             f"{MAX_ID_CHARS}: the answer echoes it")
+        raise InvalidRequest(
+            f"body.id is {len(request_id)} characters long, more than "
+            f"{MAX_ID_CHARS}: the answer echoes it"
+        )
     inputs = _require(payload, "inputs", list, "body")
     if len(inputs) != 1 or not isinstance(inputs[0], dict):
         raise InvalidRequest(
@@ -264,7 +280,7 @@ def _parse_v2(payload: dict, query_top_k: int | None, config: HandlerConfig) -> 
     where = f"inputs[0] ({echo(name)})" if isinstance(name, str) else "inputs[0]"
     if tensor.get("datatype") != "BYTES":
         raise InvalidRequest(
-            f"{where}.datatype must be \"BYTES\" (base64-encoded images), "
+            f'{where}.datatype must be "BYTES" (base64-encoded images), '
             f"got {echo(tensor.get('datatype'))}"
         )
     data = _require(tensor, "data", list, where)
@@ -279,16 +295,16 @@ def _parse_v2(payload: dict, query_top_k: int | None, config: HandlerConfig) -> 
     top_k = _parameters_top_k(tensor.get("parameters"), f"{where}.parameters", top_k)
     outputs = _v2_outputs(payload.get("outputs"), top_k)
     images = [decode_base64(item, f"{where}.data[{i}]") for i, item in enumerate(data)]
-    return ParsedRequest(Protocol.V2, images, top_k=top_k, request_id=request_id,
-                         outputs=outputs)
+    return ParsedRequest(Protocol.V2, images, top_k=top_k, request_id=request_id, outputs=outputs)
 
 
 def _v2_outputs(outputs: Any, top_k: int | None) -> tuple[OutputSpec, ...]:
     if outputs is None:
         return ()
     if not isinstance(outputs, list) or not 1 <= len(outputs) <= len(Output):
-        raise InvalidRequest(f"body.outputs must be a list of 1 to {len(Output)} "
-                             "{\"name\": ...}, one per output")
+        raise InvalidRequest(
+            f'body.outputs must be a list of 1 to {len(Output)} {{"name": ...}}, one per output'
+        )
     specs = []
     for i, item in enumerate(outputs):
         name = item.get("name") if isinstance(item, dict) else None

@@ -8,6 +8,7 @@ precise candidate (``PRECISE_FIRST``). Speed is the mean over the served batch s
 model's batchSize) of milliseconds per image, so latency when idle and throughput under load
 weigh the same.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -48,14 +49,21 @@ class Candidate:
     @classmethod
     def from_dict(cls, row: dict) -> "Candidate":
         """The inverse of ``as_dict``."""
-        return cls(row["precision"], {int(k): v for k, v in row["ms_per_batch"].items()},
-                   row.get("fidelity"), row.get("excluded") or "")
+        return cls(
+            row["precision"],
+            {int(k): v for k, v in row["ms_per_batch"].items()},
+            row.get("fidelity"),
+            row.get("excluded") or "",
+        )
 
     def as_dict(self) -> dict:
-        return {"precision": self.precision,
-                "ms_per_batch": {str(size): round(ms, 1) for size, ms in sorted(self.ms.items())},
-                "ms_per_image": None if self.ms_per_image is None else round(self.ms_per_image, 2),
-                "fidelity": self.fidelity, "excluded": self.excluded or None}
+        return {
+            "precision": self.precision,
+            "ms_per_batch": {str(size): round(ms, 1) for size, ms in sorted(self.ms.items())},
+            "ms_per_image": None if self.ms_per_image is None else round(self.ms_per_image, 2),
+            "fidelity": self.fidelity,
+            "excluded": self.excluded or None,
+        }
 
 
 @dataclass(frozen=True)
@@ -72,19 +80,29 @@ class Choice:
 
     def as_dict(self) -> dict:
         """What describe reports; ``summary`` is ``line()`` (what ``tsctl describe`` prints)."""
-        fields = {"requested": self.requested, "choice": self.precision, "reason": self.reason,
-                  "measured": self.measured, "source": self.source, "margin": MARGIN,
-                  "fidelity_bound": FIDELITY_BOUND,
-                  "candidates": [c.as_dict() for c in self.candidates]}
+        fields = {
+            "requested": self.requested,
+            "choice": self.precision,
+            "reason": self.reason,
+            "measured": self.measured,
+            "source": self.source,
+            "margin": MARGIN,
+            "fidelity_bound": FIDELITY_BOUND,
+            "candidates": [c.as_dict() for c in self.candidates],
+        }
         return {**fields, "summary": summary_line(fields)}
 
     @classmethod
     def from_dict(cls, choice: dict) -> "Choice":
         """The inverse of ``as_dict``."""
-        fields = {"precision": choice["choice"], "reason": choice["reason"],
-                  "candidates": tuple(Candidate.from_dict(c) for c in choice["candidates"]),
-                  "measured": choice["measured"], "source": choice.get("source", ""),
-                  "requested": choice.get("requested", "auto")}
+        fields = {
+            "precision": choice["choice"],
+            "reason": choice["reason"],
+            "candidates": tuple(Candidate.from_dict(c) for c in choice["candidates"]),
+            "measured": choice["measured"],
+            "source": choice.get("source", ""),
+            "requested": choice.get("requested", "auto"),
+        }
         return cls(**fields)
 
     def line(self) -> str:
@@ -105,20 +123,31 @@ def summary_line(choice: dict) -> str:
             parts.append(f"{c['precision']} {timings} ms at batch {sizes}")
         else:
             parts.append(f"{c['precision']} not timed")
-    measured = (f"measured by {choice.get('source') or 'this worker'}" if choice.get("measured")
-                else "not measured")
-    chosen = next((c for c in choice.get("candidates", [])
-                   if c["precision"] == choice.get("choice")), {})
+    measured = (
+        f"measured by {choice.get('source') or 'this worker'}"
+        if choice.get("measured")
+        else "not measured"
+    )
+    chosen = next(
+        (c for c in choice.get("candidates", []) if c["precision"] == choice.get("choice")), {}
+    )
     fidelity = chosen.get("fidelity")
     # How far the served arithmetic is from f32's answers: what an operator checks first.
-    against = (f"; vs f32: embedding cosine min {fidelity['embedding_cosine_min']:.4f}, top-1 "
-               f"agreement {fidelity['top1_agreement']:.2f}" if fidelity else "")
-    return (f"{choice.get('requested', 'auto')} -> {choice.get('choice')} ({measured}"
-            f"{'; ' + '; '.join(parts) if parts else ''}): {choice.get('reason')}{against}")
+    against = (
+        f"; vs f32: embedding cosine min {fidelity['embedding_cosine_min']:.4f}, top-1 "
+        f"agreement {fidelity['top1_agreement']:.2f}"
+        if fidelity
+        else ""
+    )
+    return (
+        f"{choice.get('requested', 'auto')} -> {choice.get('choice')} ({measured}"
+        f"{'; ' + '; '.join(parts) if parts else ''}): {choice.get('reason')}{against}"
+    )
 
 
-def agreement(reference: tuple[np.ndarray, np.ndarray],
-              candidate: tuple[np.ndarray, np.ndarray]) -> dict:
+def agreement(
+    reference: tuple[np.ndarray, np.ndarray], candidate: tuple[np.ndarray, np.ndarray]
+) -> dict:
     """How closely ``candidate``'s (embedding, logits) follow ``reference``'s, per image:
     embedding cosine (mean and worst), top-1 agreement, top-5 overlap (fraction of the
     reference's top 5 among the candidate's top 5)."""
@@ -131,8 +160,7 @@ def agreement(reference: tuple[np.ndarray, np.ndarray],
         "embedding_cosine_mean": float(cosine.mean()),
         "embedding_cosine_min": float(cosine.min()),
         "top1_agreement": float((l0.argmax(1) == l1.argmax(1)).mean()),
-        "top5_overlap": float(np.mean([len(set(a) & set(b)) / 5
-                                       for a, b in zip(top5_0, top5_1)])),
+        "top5_overlap": float(np.mean([len(set(a) & set(b)) / 5 for a, b in zip(top5_0, top5_1)])),
         # How informative top-1 agreement is: 1 distinct class = every image got the same one.
         "reference_distinct_top1": int(len(set(l0.argmax(1).tolist()))),
     }
@@ -143,16 +171,18 @@ def failures(figures: dict, bound: dict) -> list[str]:
     unknown = sorted(set(bound) - set(figures))
     if unknown:
         raise ValueError(f"bound {unknown} names no measured figure; known: {sorted(figures)}")
-    return [f"{name} {figures[name]:.4f} < {low}" for name, low in bound.items()
-            if figures[name] < low]
+    return [
+        f"{name} {figures[name]:.4f} < {low}" for name, low in bound.items() if figures[name] < low
+    ]
 
 
 def _rank(precision: str) -> int:
     return PRECISE_FIRST.index(precision) if precision in PRECISE_FIRST else len(PRECISE_FIRST)
 
 
-def select(candidates: list[Candidate], previous: str | None = None,
-           margin: float = MARGIN) -> Choice:
+def select(
+    candidates: list[Candidate], previous: str | None = None, margin: float = MARGIN
+) -> Choice:
     """The ``auto`` rule (module docstring) over measured ``candidates``.
 
     Raises ValueError when no candidate is eligible and timed (the reference always is).
@@ -164,20 +194,32 @@ def select(candidates: list[Candidate], previous: str | None = None,
     tied = [c for c in eligible if c.ms_per_image <= fastest.ms_per_image * (1 + margin)]
     kept = next((c for c in tied if c.precision == previous), None)
     if len(eligible) == 1:
-        chosen, why = fastest, ("the only eligible candidate" if len(candidates) > 1 else
-                               "the only candidate this archive and device offer")
+        chosen, why = (
+            fastest,
+            (
+                "the only eligible candidate"
+                if len(candidates) > 1
+                else "the only candidate this archive and device offer"
+            ),
+        )
     elif kept is not None and kept is not fastest:
-        chosen, why = kept, (f"kept from the last start on this host: within {margin:.0%} of "
-                             f"the fastest, {fastest.precision}")
+        chosen, why = (
+            kept,
+            (
+                f"kept from the last start on this host: within {margin:.0%} of "
+                f"the fastest, {fastest.precision}"
+            ),
+        )
     elif kept is not None:
         chosen, why = kept, "fastest within fidelity, as at the last start on this host"
     else:
         chosen = min(tied, key=lambda c: _rank(c.precision))
         if chosen is fastest:
-            why = "fastest within fidelity" + (f" ({_ratio(eligible, chosen)})"
-                                              if len(tied) == 1 else "")
+            why = "fastest within fidelity" + (
+                f" ({_ratio(eligible, chosen)})" if len(tied) == 1 else ""
+            )
         else:
-            why = (f"within {margin:.0%} of the fastest, {fastest.precision}, and more precise")
+            why = f"within {margin:.0%} of the fastest, {fastest.precision}, and more precise"
         if previous and previous != chosen.precision:
             why += f" (the last start on this host served {previous})"
     return Choice(chosen.precision, why, tuple(candidates), measured=True)
@@ -189,8 +231,9 @@ def _ratio(eligible: list[Candidate], chosen: Candidate) -> str:
     return f"{others[0].ms_per_image / chosen.ms_per_image:.2f}x faster than {others[0].precision}"
 
 
-def forced(requested: str, served: str, last: list[Candidate] | None = None,
-           margin: float = MARGIN) -> Choice:
+def forced(
+    requested: str, served: str, last: list[Candidate] | None = None, margin: float = MARGIN
+) -> Choice:
     """An explicit ``handler.precision`` (``requested``; ``served``: what the runtime runs for
     it): no measurement. ``last``: the candidates of the last ``auto`` measurement on this
     host, if any; the reason then says when one of them was clearly faster."""
@@ -201,7 +244,15 @@ def forced(requested: str, served: str, last: list[Candidate] | None = None,
         faster = [c for c in timed.values() if c.ms_per_image * (1 + margin) < own.ms_per_image]
         if faster:
             best = min(faster, key=lambda c: c.ms_per_image)
-            reason += (f"; the last measurement on this host had {best.precision} "
-                       f"{own.ms_per_image / best.ms_per_image:.2f}x faster than {served}")
-    return Choice(served, reason, tuple(last or ()), measured=False, source="handler.precision",
-                  requested=requested)
+            reason += (
+                f"; the last measurement on this host had {best.precision} "
+                f"{own.ms_per_image / best.ms_per_image:.2f}x faster than {served}"
+            )
+    return Choice(
+        served,
+        reason,
+        tuple(last or ()),
+        measured=False,
+        source="handler.precision",
+        requested=requested,
+    )

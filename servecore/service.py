@@ -7,6 +7,7 @@ Engines are adapters around this: TorchServe's handler (``handlers/resnet_handle
 its context and hooks onto ``ModelSettings`` and these steps; an engine hands requests over as
 ``Incoming`` and sends each ``Reply`` back as its own response.
 """
+
 from __future__ import annotations
 
 import json
@@ -79,28 +80,50 @@ class ImageModel:
         if config.threads:
             torch.set_num_threads(config.threads)
         self.forward_rows = config.forward_rows or settings.batch_size
-        self.backend, self.choice = serving_backend(files, config, self.device,
-                                                    tuple(sorted({1, self.forward_rows})))
+        self.backend, self.choice = serving_backend(
+            files, config, self.device, tuple(sorted({1, self.forward_rows}))
+        )
         # Operators grep worker logs for this line.
         logger.info("%s precision_choice %s", settings.name, self.choice.line())
-        self.answers = AnswerSpec(settings.name, settings.version, Output(config.task),
-                                  files.labels, config.top_k, config.normalize_embedding)
-        self.explanations = Explanations(files.checkpoint, config.explain, self.answers.labels,
-                                         embedding_default=self.answers.task is Output.EMBEDDING)
+        self.answers = AnswerSpec(
+            settings.name,
+            settings.version,
+            Output(config.task),
+            files.labels,
+            config.top_k,
+            config.normalize_embedding,
+        )
+        self.explanations = Explanations(
+            files.checkpoint,
+            config.explain,
+            self.answers.labels,
+            embedding_default=self.answers.task is Output.EMBEDDING,
+        )
         self.intake = Intake(config, self.explanations, Admission())
         self.metrics = BatchMetrics(metrics, self.backend.precision)
         if not files.weights.get("trained", False):
             logger.warning("%s: %s", settings.name, files.weights.get("warning"))
-        logger.info("%s ready: task=%s backend=%s precision=%s device=%s weights=%s sha256=%s",
-                    settings.name, config.task, self.backend.name, self.backend.precision,
-                    self.device, files.weights["source"], files.weights["sha256"][:16])
+        logger.info(
+            "%s ready: task=%s backend=%s precision=%s device=%s weights=%s sha256=%s",
+            settings.name,
+            config.task,
+            self.backend.name,
+            self.backend.precision,
+            self.device,
+            files.weights["source"],
+            files.weights["sha256"][:16],
+        )
 
     def prepare(self, incoming: Sequence[Incoming]) -> PreparedBatch:
         """Each request through its own path (``Intake.prepare``), the good images stacked
         into one CPU tensor. Whatever goes wrong fails its own request only."""
         batch = self.intake.prepare(incoming)
-        self.metrics.batch(len(incoming), 0 if batch.pixels is None else len(batch.pixels),
-                           batch.open_ms, batch.decode_ms)
+        self.metrics.batch(
+            len(incoming),
+            0 if batch.pixels is None else len(batch.pixels),
+            batch.open_ms,
+            batch.decode_ms,
+        )
         return batch
 
     def infer(self, batch: PreparedBatch) -> ComputedBatch:
@@ -114,8 +137,10 @@ class ImageModel:
         self.metrics.forward(1000 * (time.perf_counter() - started))
         rows = (len(batch.pixels), len(embedding), len(logits))
         if len(set(rows)) != 1:
-            raise RuntimeError(f"backend returned {rows[1]} embeddings and {rows[2]} logit "
-                               f"rows for a batch of {rows[0]} images")
+            raise RuntimeError(
+                f"backend returned {rows[1]} embeddings and {rows[2]} logit "
+                f"rows for a batch of {rows[0]} images"
+            )
         return ComputedBatch(batch, embedding, logits, self.explanations.run(batch, logits))
 
     def answer(self, batch: ComputedBatch) -> list[Reply]:
@@ -123,10 +148,14 @@ class ImageModel:
         own status and error body, and so does an answer over ``handler.max_response_bytes``."""
         started = time.perf_counter()
         requests = batch.prepared.requests
-        plain = [r.opened.request for r in requests
-                 if isinstance(r, Placed) and r.opened.addon is None]
-        outputs = (BatchOutputs.of(batch.embedding, batch.logits, plain, self.answers)
-                   if batch.embedding is not None else None)
+        plain = [
+            r.opened.request for r in requests if isinstance(r, Placed) and r.opened.addon is None
+        ]
+        outputs = (
+            BatchOutputs.of(batch.embedding, batch.logits, plain, self.answers)
+            if batch.embedding is not None
+            else None
+        )
         common = {BATCH_HEADER: str(len(requests))}
         replies = []
         for i, request in enumerate(requests):
@@ -134,9 +163,11 @@ class ImageModel:
             if isinstance(request, Failed) or isinstance(result, Failed):
                 replies.append(_failed((result or request).error, common))
                 continue
-            body = (self.explanations.answer(request, result) if request.opened.addon is not None
-                    else encode_response(request.opened.request, request.rows, outputs,
-                                         self.answers))
+            body = (
+                self.explanations.answer(request, result)
+                if request.opened.addon is not None
+                else encode_response(request.opened.request, request.rows, outputs, self.answers)
+            )
             replies.append(self._encoded(body, common))
         self.metrics.errors(r.error.kind for r in replies if r.error is not None)
         self.metrics.answer(1000 * (time.perf_counter() - started))
@@ -164,11 +195,16 @@ class ImageModel:
         text = json.dumps(body)
         limit = self.config.max_response_bytes
         if len(text) > limit:  # json.dumps writes ASCII: characters are bytes
-            return _failed(PayloadTooLarge(
-                f"the answer would be {len(text)} bytes, more than the limit of {limit} "
-                "(handler.max_response_bytes); send fewer images or ask for less"), common)
-        return Reply(int(HTTPStatus.OK), {**common, PRECISION_HEADER: self.backend.precision},
-                     body, text)
+            return _failed(
+                PayloadTooLarge(
+                    f"the answer would be {len(text)} bytes, more than the limit of {limit} "
+                    "(handler.max_response_bytes); send fewer images or ask for less"
+                ),
+                common,
+            )
+        return Reply(
+            int(HTTPStatus.OK), {**common, PRECISION_HEADER: self.backend.precision}, body, text
+        )
 
 
 def _failed(error: RequestError, common: dict[str, str]) -> Reply:

@@ -6,6 +6,7 @@
 A step returns what it produced; a request that failed is a ``Failed`` from then on and carries
 its error to the end, unchanged: no later step writes into an earlier step's value.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -1,4 +1,5 @@
 """Shared fixtures: weights, archives, the reference model, and one TorchServe per session."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -44,7 +45,9 @@ def model_store() -> Path:
     store = REPO / "model-store"
     missing = [m for m in MODELS if not (store / f"{m}.mar").is_file()]
     if missing:
-        pytest.fail(f"archives {missing} missing from {store}: run `make archives` (or `make test`)")
+        pytest.fail(
+            f"archives {missing} missing from {store}: run `make archives` (or `make test`)"
+        )
     return store
 
 

@@ -1,6 +1,7 @@
 """The test corpus: good images in every accepted format (with the RGB pixels each must decode
 to, computed independently of the handler), and bad inputs with the status, error type and
 message each must get."""
+
 from __future__ import annotations
 
 import base64
@@ -55,7 +56,7 @@ def good_images() -> dict[str, Good]:
     rgb = np.asarray(source)
     rgba = np.dstack([rgb, np.tile(np.linspace(0, 255, W, dtype=np.uint8), (H, 1))])
     palette = source.quantize(colors=32)
-    gray16 = (np.arange(W * H, dtype=np.uint32).reshape(H, W) * 65535 // (W * H - 1))
+    gray16 = np.arange(W * H, dtype=np.uint32).reshape(H, W) * 65535 // (W * H - 1)
     gray16 = gray16.astype(np.uint16)
     frame2 = Image.new("RGB", (W, H), (255, 0, 0)).quantize(colors=2)
     oriented = Image.fromarray(rgb)
@@ -70,21 +71,25 @@ def good_images() -> dict[str, Good]:
         "png-rgb": Good(_save(source, "PNG"), rgb),
         "png-rgba": Good(_save(Image.fromarray(rgba, "RGBA"), "PNG"), _rgba_on_white(rgba)),
         "png-palette": Good(_save(palette, "PNG"), np.asarray(palette.convert("RGB"))),
-        "png-grayscale": Good(_save(source.convert("L"), "PNG"),
-                              np.repeat(np.asarray(source.convert("L"))[..., None], 3, 2)),
+        "png-grayscale": Good(
+            _save(source.convert("L"), "PNG"),
+            np.repeat(np.asarray(source.convert("L"))[..., None], 3, 2),
+        ),
         "png-16bit-grayscale": Good(
             _save(Image.fromarray(gray16), "PNG"),
-            np.repeat(np.round(gray16 / 257.0).astype(np.uint8)[..., None], 3, 2)),
+            np.repeat(np.round(gray16 / 257.0).astype(np.uint8)[..., None], 3, 2),
+        ),
         "png-exif-rotated": Good(_save(oriented, "PNG", exif=exif), np.rot90(rgb, k=-1)),
         "webp-lossless": Good(_save(source, "WEBP", lossless=True), rgb),
         "webp-lossy": _lossy(_save(source, "WEBP", quality=95)),
-        "gif-first-frame": Good(_save(palette, "GIF", save_all=True, append_images=[frame2]),
-                                np.asarray(palette.convert("RGB"))),
+        "gif-first-frame": Good(
+            _save(palette, "GIF", save_all=True, append_images=[frame2]),
+            np.asarray(palette.convert("RGB")),
+        ),
         "bmp": Good(_save(source, "BMP"), rgb),
         "tiff": Good(_save(source, "TIFF"), rgb),
         "tiff-lzw": Good(_save(source, "TIFF", compression="tiff_lzw"), rgb),
-        "jpeg-exif-rotated": _lossy(_save(oriented, "JPEG", quality=95, exif=exif),
-                                    rotate_cw=True),
+        "jpeg-exif-rotated": _lossy(_save(oriented, "JPEG", quality=95, exif=exif), rotate_cw=True),
         "jpeg-1x1": _lossy(_save(Image.new("RGB", (1, 1), (10, 200, 30)), "JPEG")),
     }
 
@@ -120,95 +125,198 @@ def bad_inputs(max_image_bytes: int = 30 * 1024 * 1024) -> dict[str, Bad]:
     not_image = "not a JPEG, PNG, WebP, GIF, BMP or TIFF image"
     truncated = "truncated or corrupt"
     unsupported = "images are not supported; send JPEG, PNG, WebP, GIF, BMP or TIFF"
-    v2 = lambda **k: {"inputs": [{"name": "images", "shape": [1], "datatype": "BYTES",  # noqa
-                                  "data": [b64(jpeg)], **k}]}
+    v2 = lambda **k: {
+        "inputs": [
+            {
+                "name": "images",
+                "shape": [1],
+                "datatype": "BYTES",  # noqa
+                "data": [b64(jpeg)],
+                **k,
+            }
+        ]
+    }
     return {
         "empty-body": Bad("raw", 400, "InvalidRequest", "empty", body=b""),
-        "random-bytes": Bad("raw", 400, "InvalidImage", not_image,
-                            body=bytes(np.random.default_rng(3).integers(0, 256, 4096,
-                                                                         dtype=np.uint8))),
-        "plain-text": Bad("raw", 400, "InvalidImage", not_image,
-                          body=b"hello, this is text and not an image"),
+        "random-bytes": Bad(
+            "raw",
+            400,
+            "InvalidImage",
+            not_image,
+            body=bytes(np.random.default_rng(3).integers(0, 256, 4096, dtype=np.uint8)),
+        ),
+        "plain-text": Bad(
+            "raw", 400, "InvalidImage", not_image, body=b"hello, this is text and not an image"
+        ),
         "jpeg-truncated": Bad("raw", 400, "InvalidImage", truncated, body=jpeg[: len(jpeg) // 2]),
         "jpeg-header-only": Bad("raw", 400, "InvalidImage", truncated, body=jpeg[:400]),
         "png-truncated": Bad("raw", 400, "InvalidImage", truncated, body=png[: len(png) // 2]),
-        "png-corrupt-data": Bad("raw", 400, "InvalidImage", truncated,
-                                body=png[:60] + bytes(200) + png[260:]),
+        "png-corrupt-data": Bad(
+            "raw", 400, "InvalidImage", truncated, body=png[:60] + bytes(200) + png[260:]
+        ),
         "gif-truncated": Bad("raw", 400, "InvalidImage", truncated, body=gif[:100]),
         "webp-truncated": Bad("raw", 400, "InvalidImage", "", body=webp[:60]),
-        "svg": Bad("raw", 415, "UnsupportedMediaType", "SVG " + unsupported,
-                   body=b'<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>'),
-        "pdf": Bad("raw", 415, "UnsupportedMediaType", "PDF " + unsupported,
-                   body=b"%PDF-1.4\n1 0 obj<<>>endobj\ntrailer<<>>\n%%EOF"),
+        "svg": Bad(
+            "raw",
+            415,
+            "UnsupportedMediaType",
+            "SVG " + unsupported,
+            body=b'<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>',
+        ),
+        "pdf": Bad(
+            "raw",
+            415,
+            "UnsupportedMediaType",
+            "PDF " + unsupported,
+            body=b"%PDF-1.4\n1 0 obj<<>>endobj\ntrailer<<>>\n%%EOF",
+        ),
         "ico": Bad("raw", 415, "UnsupportedMediaType", "ICO " + unsupported, body=other("ICO")),
         "ppm": Bad("raw", 415, "UnsupportedMediaType", "PPM " + unsupported, body=other("PPM")),
-        "avif": Bad("raw", 415, "UnsupportedMediaType", "AVIF " + unsupported,
-                    body=other("AVIF")),
-        "heic-signature": Bad("raw", 415, "UnsupportedMediaType", "HEIC " + unsupported,
-                              body=b"\x00\x00\x00\x18ftypheic\x00\x00\x00\x00" + bytes(64)),
-        "decompression-bomb": Bad("raw", 413, "PayloadTooLarge",
-                                  "10000x10000 = 100000000 pixels, more than the limit",
-                                  body=bomb),
-        "too-many-bytes": Bad("raw", 413, "PayloadTooLarge",
-                              f"more than the limit of {max_image_bytes} bytes",
-                              body=jpeg + bytes(max_image_bytes)),
-        "json-malformed": Bad("json", 400, "InvalidRequest", "malformed JSON body",
-                              text='{"data": "abc'),
-        "json-no-data": Bad("json", 400, "InvalidRequest",
-                            "JSON body must have 'data' (base64 image), 'instances'",
-                            body={"image": b64(jpeg)}),
-        "json-not-object": Bad("json", 400, "InvalidRequest", "JSON body must be an object",
-                               body=[b64(jpeg)]),
-        "json-bad-base64": Bad("json", 400, "InvalidRequest", "data is not valid base64",
-                               body={"data": "@@not base64@@"}),
-        "json-data-not-string": Bad("json", 400, "InvalidRequest",
-                                    "data must be a base64 string, got int", body={"data": 5}),
-        "json-base64-of-text": Bad("json", 400, "InvalidImage", not_image,
-                                   body={"data": b64(b"just some text, no pixels")}),
-        "json-empty-data": Bad("json", 400, "InvalidRequest", "data is empty",
-                               body={"data": ""}),
-        "topk-zero": Bad("multipart", 400, "InvalidParameter",
-                         "topk must be an integer from 1 to 1000, got '0'", body=jpeg,
-                         fields={"topk": "0"}),
-        "topk-unicode-digit": Bad("multipart", 400, "InvalidParameter",
-                                  "topk must be an integer from 1 to 1000, got '²'", body=jpeg,
-                                  fields={"topk": "²"}),
-        "v1-too-many-images": Bad("json", 413, "PayloadTooLarge",
-                                  "request carries 9 images, more than the limit of 8",
-                                  body={"instances": [{"data": b64(jpeg)}] * 9}),
-        "topk-json-bool": Bad("json", 400, "InvalidParameter",
-                              "topk must be an integer from 1 to 1000, got True",
-                              body={"data": b64(jpeg), "topk": True}),
-        "unknown-form-field": Bad("multipart", 400, "InvalidParameter",
-                                  "unknown request parameter(s) ['size']", body=jpeg,
-                                  fields={"size": "large"}),
-        "v1-empty-instances": Bad("json", 400, "InvalidRequest", "body.instances is empty",
-                                  body={"instances": []}),
-        "v1-instances-not-list": Bad("json", 400, "InvalidRequest",
-                                     "body.instances must be a list",
-                                     body={"instances": {"data": b64(jpeg)}}),
-        "v1-bad-instance": Bad("json", 400, "InvalidRequest", "instances[1].data is not valid",
-                               body={"instances": [{"data": b64(jpeg)}, {"data": "%%%"}]}),
-        "v1-second-image-corrupt": Bad("json", 400, "InvalidImage", not_image,
-                                       body={"instances": [{"data": b64(jpeg)},
-                                                           {"data": b64(b"nope")}]}),
-        "v2-wrong-datatype": Bad("json", 400, "InvalidRequest",
-                                 'datatype must be "BYTES" (base64-encoded images), got \'FP32\'',
-                                 body={"inputs": [{"name": "x", "shape": [1], "datatype": "FP32",
-                                                   "data": [0.5]}]}),
-        "v2-shape-mismatch": Bad("json", 400, "InvalidRequest", "shape must be [n]",
-                                 body=v2(shape=[3])),
-        "v2-no-inputs": Bad("json", 400, "InvalidRequest",
-                            "body.inputs must hold exactly one input tensor",
-                            body={"inputs": []}),
-        "v2-unknown-output": Bad("json", 400, "InvalidRequest",
-                                 "outputs[0].name must be one of ['embedding', 'tags']",
-                                 body={**v2(), "outputs": [{"name": "logits"}]}),
-        "v2-id-not-string": Bad("json", 400, "InvalidRequest", "body.id must be a string",
-                                body={**v2(), "id": 42}),
-        "v2-bad-topk": Bad("json", 400, "InvalidParameter",
-                           "topk must be an integer from 1 to 1000, got 5000",
-                           body={**v2(), "parameters": {"topk": 5000}}),
+        "avif": Bad("raw", 415, "UnsupportedMediaType", "AVIF " + unsupported, body=other("AVIF")),
+        "heic-signature": Bad(
+            "raw",
+            415,
+            "UnsupportedMediaType",
+            "HEIC " + unsupported,
+            body=b"\x00\x00\x00\x18ftypheic\x00\x00\x00\x00" + bytes(64),
+        ),
+        "decompression-bomb": Bad(
+            "raw",
+            413,
+            "PayloadTooLarge",
+            "10000x10000 = 100000000 pixels, more than the limit",
+            body=bomb,
+        ),
+        "too-many-bytes": Bad(
+            "raw",
+            413,
+            "PayloadTooLarge",
+            f"more than the limit of {max_image_bytes} bytes",
+            body=jpeg + bytes(max_image_bytes),
+        ),
+        "json-malformed": Bad(
+            "json", 400, "InvalidRequest", "malformed JSON body", text='{"data": "abc'
+        ),
+        "json-no-data": Bad(
+            "json",
+            400,
+            "InvalidRequest",
+            "JSON body must have 'data' (base64 image), 'instances'",
+            body={"image": b64(jpeg)},
+        ),
+        "json-not-object": Bad(
+            "json", 400, "InvalidRequest", "JSON body must be an object", body=[b64(jpeg)]
+        ),
+        "json-bad-base64": Bad(
+            "json",
+            400,
+            "InvalidRequest",
+            "data is not valid base64",
+            body={"data": "@@not base64@@"},
+        ),
+        "json-data-not-string": Bad(
+            "json", 400, "InvalidRequest", "data must be a base64 string, got int", body={"data": 5}
+        ),
+        "json-base64-of-text": Bad(
+            "json", 400, "InvalidImage", not_image, body={"data": b64(b"just some text, no pixels")}
+        ),
+        "json-empty-data": Bad("json", 400, "InvalidRequest", "data is empty", body={"data": ""}),
+        "topk-zero": Bad(
+            "multipart",
+            400,
+            "InvalidParameter",
+            "topk must be an integer from 1 to 1000, got '0'",
+            body=jpeg,
+            fields={"topk": "0"},
+        ),
+        "topk-unicode-digit": Bad(
+            "multipart",
+            400,
+            "InvalidParameter",
+            "topk must be an integer from 1 to 1000, got '²'",
+            body=jpeg,
+            fields={"topk": "²"},
+        ),
+        "v1-too-many-images": Bad(
+            "json",
+            413,
+            "PayloadTooLarge",
+            "request carries 9 images, more than the limit of 8",
+            body={"instances": [{"data": b64(jpeg)}] * 9},
+        ),
+        "topk-json-bool": Bad(
+            "json",
+            400,
+            "InvalidParameter",
+            "topk must be an integer from 1 to 1000, got True",
+            body={"data": b64(jpeg), "topk": True},
+        ),
+        "unknown-form-field": Bad(
+            "multipart",
+            400,
+            "InvalidParameter",
+            "unknown request parameter(s) ['size']",
+            body=jpeg,
+            fields={"size": "large"},
+        ),
+        "v1-empty-instances": Bad(
+            "json", 400, "InvalidRequest", "body.instances is empty", body={"instances": []}
+        ),
+        "v1-instances-not-list": Bad(
+            "json",
+            400,
+            "InvalidRequest",
+            "body.instances must be a list",
+            body={"instances": {"data": b64(jpeg)}},
+        ),
+        "v1-bad-instance": Bad(
+            "json",
+            400,
+            "InvalidRequest",
+            "instances[1].data is not valid",
+            body={"instances": [{"data": b64(jpeg)}, {"data": "%%%"}]},
+        ),
+        "v1-second-image-corrupt": Bad(
+            "json",
+            400,
+            "InvalidImage",
+            not_image,
+            body={"instances": [{"data": b64(jpeg)}, {"data": b64(b"nope")}]},
+        ),
+        "v2-wrong-datatype": Bad(
+            "json",
+            400,
+            "InvalidRequest",
+            "datatype must be \"BYTES\" (base64-encoded images), got 'FP32'",
+            body={"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [0.5]}]},
+        ),
+        "v2-shape-mismatch": Bad(
+            "json", 400, "InvalidRequest", "shape must be [n]", body=v2(shape=[3])
+        ),
+        "v2-no-inputs": Bad(
+            "json",
+            400,
+            "InvalidRequest",
+            "body.inputs must hold exactly one input tensor",
+            body={"inputs": []},
+        ),
+        "v2-unknown-output": Bad(
+            "json",
+            400,
+            "InvalidRequest",
+            "outputs[0].name must be one of ['embedding', 'tags']",
+            body={**v2(), "outputs": [{"name": "logits"}]},
+        ),
+        "v2-id-not-string": Bad(
+            "json", 400, "InvalidRequest", "body.id must be a string", body={**v2(), "id": 42}
+        ),
+        "v2-bad-topk": Bad(
+            "json",
+            400,
+            "InvalidParameter",
+            "topk must be an integer from 1 to 1000, got 5000",
+            body={**v2(), "parameters": {"topk": 5000}},
+        ),
     }
 
 
@@ -223,18 +331,32 @@ def hostile_inputs() -> dict[str, Bad]:
     before any pixel is decoded."""
     flood = b64(flat_webp())
     return {
-        "json-nested-5000": Bad("json", 400, "InvalidRequest",
-                                "JSON body is nested more than 16 levels deep "
-                                "(handler.max_json_depth)",
-                                text='{"data": ' + "[" * 5000 + "]" * 5000 + "}"),
-        "json-nested-30": Bad("json", 400, "InvalidRequest",
-                              "nested more than 16 levels deep",
-                              text='{"data": ' + "[" * 30 + "]" * 30 + "}"),
-        "v2-pixel-flood": Bad("json", 413, "PayloadTooLarge",
-                              "request would decode 288000000 pixels (8 image(s)), more than "
-                              "the limit of 100000000 (handler.max_request_pixels)",
-                              body={"inputs": [{"name": "images", "shape": [8],
-                                                "datatype": "BYTES", "data": [flood] * 8}]}),
+        "json-nested-5000": Bad(
+            "json",
+            400,
+            "InvalidRequest",
+            "JSON body is nested more than 16 levels deep (handler.max_json_depth)",
+            text='{"data": ' + "[" * 5000 + "]" * 5000 + "}",
+        ),
+        "json-nested-30": Bad(
+            "json",
+            400,
+            "InvalidRequest",
+            "nested more than 16 levels deep",
+            text='{"data": ' + "[" * 30 + "]" * 30 + "}",
+        ),
+        "v2-pixel-flood": Bad(
+            "json",
+            413,
+            "PayloadTooLarge",
+            "request would decode 288000000 pixels (8 image(s)), more than "
+            "the limit of 100000000 (handler.max_request_pixels)",
+            body={
+                "inputs": [
+                    {"name": "images", "shape": [8], "datatype": "BYTES", "data": [flood] * 8}
+                ]
+            },
+        ),
     }
 
 

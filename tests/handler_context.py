@@ -1,5 +1,6 @@
 """A small stand-in for the context TorchServe gives a handler: the real ``ts.context.Context``
 and metrics cache, without a server."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,26 +13,47 @@ from handlers.resnet_handler import ResNetHandler
 REPO = Path(__file__).resolve().parent.parent
 
 
-def make_context(model_dir: Path, handler_config: dict | None = None,
-                 model_name: str = "resnet50-tagger", serialized: str = "resnet50.pt") -> Context:
+def make_context(
+    model_dir: Path,
+    handler_config: dict | None = None,
+    model_name: str = "resnet50-tagger",
+    serialized: str = "resnet50.pt",
+) -> Context:
     metrics = MetricsCacheYamlImpl(str(REPO / "config" / "metrics.yaml"))
     metrics.initialize_cache()
-    manifest = {"model": {"modelName": model_name, "serializedFile": serialized,
-                          "handler": "resnet_handler.py", "modelVersion": "1.0"}}
-    return Context(model_name, str(model_dir), manifest, 8, None, "0.12.0", True, metrics,
-                   {"handler": handler_config or {}})
+    manifest = {
+        "model": {
+            "modelName": model_name,
+            "serializedFile": serialized,
+            "handler": "resnet_handler.py",
+            "modelVersion": "1.0",
+        }
+    }
+    return Context(
+        model_name,
+        str(model_dir),
+        manifest,
+        8,
+        None,
+        "0.12.0",
+        True,
+        metrics,
+        {"handler": handler_config or {}},
+    )
 
 
-def make_handler(model_dir: Path, serialized: str = "resnet50.pt",
-                 **handler_config) -> tuple[ResNetHandler, Context]:
+def make_handler(
+    model_dir: Path, serialized: str = "resnet50.pt", **handler_config
+) -> tuple[ResNetHandler, Context]:
     context = make_context(model_dir, handler_config, serialized=serialized)
     handler = ResNetHandler()
     handler.initialize(context)
     return handler, context
 
 
-def run_batch(handler: ResNetHandler, context: Context, rows: list[dict],
-              headers: list[dict] | None = None):
+def run_batch(
+    handler: ResNetHandler, context: Context, rows: list[dict], headers: list[dict] | None = None
+):
     """What TorchServe does for one batch: fresh per-request state, then ``handle``.
     Returns ``(responses, [(status, phrase), ...], prepared batch)``."""
     headers = headers or [{} for _ in rows]

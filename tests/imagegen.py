@@ -1,5 +1,6 @@
 """Images generated on the fly for tests: photo-like content (gradients, shapes, noise) so that
 different seeds give clearly different embeddings."""
+
 from __future__ import annotations
 
 import io

@@ -1,5 +1,6 @@
 """The independent reference: torchvision's own resnet50 and the weights' own transform, run
 directly, with the embedding taken from a forward hook on ``avgpool``."""
+
 from __future__ import annotations
 
 import io
@@ -62,4 +63,5 @@ def assert_same_tags(tags: list[dict], expected: list[dict]) -> None:
     assert [t["index"] for t in tags] == [t["index"] for t in expected]
     assert [t["label"] for t in tags] == [t["label"] for t in expected]
     assert [t["probability"] for t in tags] == pytest.approx(
-        [t["probability"] for t in expected], rel=1e-4, abs=1e-7)
+        [t["probability"] for t in expected], rel=1e-4, abs=1e-7
+    )

@@ -1,5 +1,6 @@
 """Helpers for tests that talk to a running TorchServe (``devtools.server.LocalTorchServe``):
 its answers, its metrics, and ``tsctl`` pointed at it."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,9 @@ T = TypeVar("T")
 
 
 @contextmanager
-def variant_server(tmp_path_factory, model_store, model: str, handler: dict | None = None,
-                   **frontend) -> Iterator:
+def variant_server(
+    tmp_path_factory, model_store, model: str, handler: dict | None = None, **frontend
+) -> Iterator:
     """A second TorchServe serving only ``model``, archived from the shipped config with
     ``frontend`` settings (batchSize, ...) and ``handler`` settings replaced, always stopped."""
     from bench.archives import ArchiveInfo, build_variant
@@ -33,10 +35,17 @@ def variant_server(tmp_path_factory, model_store, model: str, handler: dict | No
     config["handler"] = {**config.get("handler", {}), **(handler or {})}
     store = tmp_path_factory.mktemp(f"{model}-variant-store")
     shipped = ArchiveInfo.read(model_store / f"{model}.mar")
-    build_variant(model, config, shipped.backend, tmp_path_factory.mktemp("variant") / "work",
-                  store / f"{model}.mar", quantize=shipped.quantize)
-    server = LocalTorchServe(tmp_path_factory.mktemp(f"{model}-variant-ts"), store,
-                             load_models=[f"{model}.mar"])
+    build_variant(
+        model,
+        config,
+        shipped.backend,
+        tmp_path_factory.mktemp("variant") / "work",
+        store / f"{model}.mar",
+        quantize=shipped.quantize,
+    )
+    server = LocalTorchServe(
+        tmp_path_factory.mktemp(f"{model}-variant-ts"), store, load_models=[f"{model}.mar"]
+    )
     server.start()
     try:
         yield server
@@ -46,8 +55,12 @@ def variant_server(tmp_path_factory, model_store, model: str, handler: dict | No
 
 
 def raw_answer(ts, model: str, image: bytes, **headers):
-    response = requests.post(f"{ts.inference_url}/predictions/{model}", data=image, timeout=120,
-                             headers={**ts.keys.inference_headers(), **headers})
+    response = requests.post(
+        f"{ts.inference_url}/predictions/{model}",
+        data=image,
+        timeout=120,
+        headers={**ts.keys.inference_headers(), **headers},
+    )
     assert response.status_code == 200, response.text
     return response.json()
 
@@ -56,13 +69,17 @@ def handled(server, model: str) -> tuple[float, float]:
     """(requests, batches) ``model``'s handler has seen on ``server`` (anything with a
     ``metrics_url``): the sum and count of its ``HandlerBatchSize`` histogram on /metrics."""
     text = requests.get(f"{server.metrics_url}/metrics", timeout=30).text
-    values = {name: value for name, labels, value in metrics.samples(text)
-              if labels.get("ModelName") == model}
+    values = {
+        name: value
+        for name, labels, value in metrics.samples(text)
+        if labels.get("ModelName") == model
+    }
     return values.get("HandlerBatchSize_sum", 0.0), values.get("HandlerBatchSize_count", 0.0)
 
 
-def settled(read: Callable[[], T], done: Callable[[T], bool], timeout_s: float = 30.0,
-            every_s: float = 0.2) -> T:
+def settled(
+    read: Callable[[], T], done: Callable[[T], bool], timeout_s: float = 30.0, every_s: float = 0.2
+) -> T:
     """``read()`` again (every ``every_s``, up to ``timeout_s``) until ``done`` holds for what
     it returns, and return the last value. E.g. TorchServe's frontend copies the worker's
     metric lines to ``/metrics`` from another thread, so the metrics can lag behind an answer."""
@@ -78,8 +95,9 @@ def tsctl(server, *argv: str, timeout: float = 300) -> subprocess.CompletedProce
     """Run the installed ``tsctl`` against ``server``; the test fails if it is not installed."""
     if not TSCTL.exists():
         pytest.fail(f"{TSCTL} missing: `make setup` installs it (pip install -e .)")
-    return subprocess.run([str(TSCTL), *argv], env=server.cli_env(), capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [str(TSCTL), *argv], env=server.cli_env(), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def marker_model(folder, marker) -> str:
@@ -87,11 +105,14 @@ def marker_model(folder, marker) -> str:
     handler appends a line to ``marker`` when a worker imports it; return the folder's path.
     What a management key could register by path if the server allowed it."""
     (folder / "MAR-INF").mkdir(parents=True)
-    manifest = {"runtime": "python", "archiverVersion": "0.12.0",
-                "model": {"modelName": "marker", "modelVersion": "1.0",
-                          "handler": "marker_handler.py"}}
+    manifest = {
+        "runtime": "python",
+        "archiverVersion": "0.12.0",
+        "model": {"modelName": "marker", "modelVersion": "1.0", "handler": "marker_handler.py"},
+    }
     (folder / "MAR-INF" / "MANIFEST.json").write_text(json.dumps(manifest))
     (folder / "marker_handler.py").write_text(
         f"open({str(marker)!r}, 'a').write('handler code ran\\n')\n\n\n"
-        "def handle(data, context):\n    return ['ok'] * len(data or [])\n")
+        "def handle(data, context):\n    return ['ok'] * len(data or [])\n"
+    )
     return str(folder.resolve())

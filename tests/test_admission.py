@@ -3,6 +3,7 @@ back, so the largest request a config allows completes under a steady stream of 
 smaller ones. The rule and the worker's memory without a server, then the case of the issue
 against a real TorchServe: small requests without pause, one large request retrying as
 ``Retry-After`` says."""
+
 from __future__ import annotations
 
 import json
@@ -29,18 +30,30 @@ MAX_RETRIES = 2
 
 
 def v2(count: int) -> dict:
-    return {"inputs": [{"name": "images", "datatype": "BYTES", "shape": [count],
-                        "data": [b64(p) for p in PHOTOS[:count]]}]}
+    return {
+        "inputs": [
+            {
+                "name": "images",
+                "datatype": "BYTES",
+                "shape": [count],
+                "data": [b64(p) for p in PHOTOS[:count]],
+            }
+        ]
+    }
 
 
 # ------------------------------------------------------------------------ the rule
 
-@pytest.mark.parametrize("costs, waiting, expected", [
-    ([3, 3, 4], None, [True, True, False]),  # cheapest first: the large one never fits
-    ([3, 3, 4], [None, None, 0], [True, False, True]),  # refused before: it goes first
-    ([5, 5, 3], [5, 2, None], [False, True, True]),  # the older refusal first, then what fits
-    ([9, 1], [0, None], [True, False]),  # the first in line always, whatever its cost
-])
+
+@pytest.mark.parametrize(
+    "costs, waiting, expected",
+    [
+        ([3, 3, 4], None, [True, True, False]),  # cheapest first: the large one never fits
+        ([3, 3, 4], [None, None, 0], [True, False, True]),  # refused before: it goes first
+        ([5, 5, 3], [5, 2, None], [False, True, True]),  # the older refusal first, then what fits
+        ([9, 1], [0, None], [True, False]),  # the first in line always, whatever its cost
+    ],
+)
 def test_waiting_requests_go_first_oldest_first(costs, waiting, expected):
     assert admit(costs, 8, waiting) == expected
 
@@ -61,12 +74,14 @@ def test_a_refused_request_is_admitted_at_its_next_attempt_and_then_forgotten():
     large = opened("large", LARGE)
     first = admission.within([opened("a", SMALL), opened("b", SMALL), large], budget)
     assert isinstance(first[2], Failed) and first[2].error.status == 503
-    again = admission.within([opened("c", SMALL), opened("d", SMALL),
-                              opened("large", LARGE)], budget)
+    again = admission.within(
+        [opened("c", SMALL), opened("d", SMALL), opened("large", LARGE)], budget
+    )
     assert [isinstance(r, Opened) for r in again] == [True, False, True]
     admission.served(again)
-    third = admission.within([opened("e", SMALL), opened("f", SMALL),
-                              opened("large", LARGE)], budget)
+    third = admission.within(
+        [opened("e", SMALL), opened("f", SMALL), opened("large", LARGE)], budget
+    )
     assert isinstance(third[2], Failed)  # served once: no priority any more
 
 
@@ -95,10 +110,17 @@ def test_the_handler_answers_the_large_request_at_its_retry(weights_dir):
 
 # ------------------------------------------------------------------------ a real TorchServe
 
+
 @pytest.fixture(scope="module")
 def fair_server(tmp_path_factory, model_store):
-    with variant_server(tmp_path_factory, model_store, "resnet50-tagger", handler=BUDGET,
-                        batchSize=8, maxBatchDelay=200) as server:
+    with variant_server(
+        tmp_path_factory,
+        model_store,
+        "resnet50-tagger",
+        handler=BUDGET,
+        batchSize=8,
+        maxBatchDelay=200,
+    ) as server:
         yield server
 
 

@@ -1,6 +1,7 @@
 """Parity of the runtimes an archive can use: ONNX Runtime, TorchScript and OpenVINO (at f32;
 tests/test_openvino.py covers its other precisions) against eager PyTorch, on the same images
 through the same handler."""
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,7 @@ def eager(weights_dir):
 @pytest.mark.parametrize("backend", EXPORTED)
 def test_backend_matches_eager(weights_dir, eager, backend):
     path = export(backend, weights_dir)
-    handler, context = make_handler(weights_dir, serialized=path.name, task="tags",
-                                    precision="f32")
+    handler, context = make_handler(weights_dir, serialized=path.name, task="tags", precision="f32")
     assert json.loads(handler.describe_handle())["backend"] == backend
     responses, statuses, batch = run_batch(handler, context, IMAGES)
     eager_responses, _, eager_batch = eager
@@ -46,5 +46,7 @@ def test_export_is_skipped_when_up_to_date(weights_dir):
     before = path.stat().st_mtime_ns
     assert export("onnx", weights_dir) == path
     assert path.stat().st_mtime_ns == before
-    assert stamp.read_text().strip() == json.loads(
-        (weights_dir / "weights_info.json").read_text())["sha256"]
+    assert (
+        stamp.read_text().strip()
+        == json.loads((weights_dir / "weights_info.json").read_text())["sha256"]
+    )

@@ -2,6 +2,7 @@
 kustomize, linted (kserve_tools.joblint), mutated copies failing with the expected message,
 and its shard arithmetic: the n pods' ``--shard`` values split a collection into disjoint
 parts that add up to the whole."""
+
 from __future__ import annotations
 
 import copy
@@ -100,17 +101,20 @@ def _mutate(name):
     return resource
 
 
-@pytest.mark.parametrize("mutation, message", [
-    ("completions", "would not add up to the collection (completions is 5)"),
-    ("mode", "pods get no JOB_COMPLETION_INDEX"),
-    ("parallelism", "9 pods for 4 shards"),
-    ("restart", "redoes the whole shard"),
-    ("out", "shards overwrite each other"),
-    ("bucket", "not in the bucket the storage initializer reads (YOUR-BUCKET)"),
-    ("url", "is not the InferenceService 'resnet50'"),
-    ("workdir", "is not an emptyDir mount"),
-    ("secret", "AWS_ACCESS_KEY_ID does not come from a Secret"),
-])
+@pytest.mark.parametrize(
+    "mutation, message",
+    [
+        ("completions", "would not add up to the collection (completions is 5)"),
+        ("mode", "pods get no JOB_COMPLETION_INDEX"),
+        ("parallelism", "9 pods for 4 shards"),
+        ("restart", "redoes the whole shard"),
+        ("out", "shards overwrite each other"),
+        ("bucket", "not in the bucket the storage initializer reads (YOUR-BUCKET)"),
+        ("url", "is not the InferenceService 'resnet50'"),
+        ("workdir", "is not an emptyDir mount"),
+        ("secret", "AWS_ACCESS_KEY_ID does not come from a Secret"),
+    ],
+)
 def test_mutated_job_fails_with_the_expected_message(mutation, message):
     problems = findings(_mutate(mutation))
     assert any(message in p for p in problems), problems

@@ -2,6 +2,7 @@
 ``python -m bench.ingestion --quick`` and ``python -m bench.contention`` (seconds-long loads,
 so their numbers mean nothing; what is checked is that every measurement ran, was reported and
 is consistent with itself)."""
+
 from __future__ import annotations
 
 import json
@@ -17,14 +18,24 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_quick_benchmark_reports_every_measurement(tmp_path, model_store):
-    run = subprocess.run([sys.executable, "-m", "bench", "--quick", "--quiet", "--out",
-                          str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=840)
+    run = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--quiet", "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=840,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     results = json.loads((tmp_path / "benchmark.json").read_text())
     # The int8 rows are raw-timed only when its IR was built (the default build), the bf16 rows
     # say why they were not run on a CPU without bf16 units.
     assert set(results["raw"]) - {"openvino-int8", "openvino-int8-bf16"} == {
-        "eager", "torchscript", "onnx", "openvino-f32", "openvino-bf16"}
+        "eager",
+        "torchscript",
+        "onnx",
+        "openvino-f32",
+        "openvino-bf16",
+    }
     choice = results["served"]["ours"]["precision_choice"]
     assert choice["measured"] and choice["choice"] == results["served"]["ours"]["precision"]
     assert results["pipeline"]["precision"] == choice["choice"]
@@ -38,10 +49,10 @@ def test_quick_benchmark_reports_every_measurement(tmp_path, model_store):
         assert all(r["errors"] == 0 and r["requests"] > 0 for r in runs["closed"])
         # An open loop offers a fixed rate: above what a busy machine serves, the frontend's
         # queue (job_queue_size 16) refuses the excess with 503, and nothing else may fail.
-        assert all(r["requests"] > 0 and set(r["error_kinds"]) <= {"HTTP 503"}
-                   for r in runs["open"]), runs["open"]
-    assert {t["key"] for t in results["targets"]} >= {"a1", "a2", "b", "b2", "c", "c2",
-                                                      "d", "e"}
+        assert all(
+            r["requests"] > 0 and set(r["error_kinds"]) <= {"HTTP 503"} for r in runs["open"]
+        ), runs["open"]
+    assert {t["key"] for t in results["targets"]} >= {"a1", "a2", "b", "b2", "c", "c2", "d", "e"}
     markdown = (tmp_path / "benchmark.md").read_text()
     assert "## Targets" in markdown and "## Raw model" in markdown
     assert (tmp_path / "benchmark.png").stat().st_size > 10_000
@@ -62,13 +73,28 @@ def test_ingestion_split_reads_a_real_torchserve_log(tmp_path, model_store):
     """``python -m bench.ingestion --quick`` on the shipped settings: every row found its
     batches in TorchServe's own log, and the parts add up (the worker's handler time is part
     of the frontend's backend time; decode and forward are parts of the handler time)."""
-    run = subprocess.run([sys.executable, "-m", "bench.ingestion", "--quick", "--quiet",
-                          "--variants", "shipped", "--out", str(tmp_path)],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.ingestion",
+            "--quick",
+            "--quiet",
+            "--variants",
+            "shipped",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     rows = json.loads((tmp_path / "ingestion.json").read_text())["rows"]
     assert {(r["image"], r["clients"]) for r in rows} == {
-        (image, clients) for image in ("small", "12mp-noisy") for clients in (1, 16)}
+        (image, clients) for image in ("small", "12mp-noisy") for clients in (1, 16)
+    }
     for r in rows:
         assert r["errors"] == 0 and r["requests"] > 0, r
         assert r["batches"] > 0, r
@@ -85,14 +111,25 @@ def test_ingestion_split_reads_a_real_torchserve_log(tmp_path, model_store):
 
 
 def test_contention_probe_measures_both_runtimes_beside_each_neighbour(model_store):
-    run = subprocess.run([sys.executable, "-m", "bench.contention", "--seconds", "0.5",
-                          "--quiet"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.contention", "--seconds", "0.5", "--quiet"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
-    rows = [line for line in run.stdout.splitlines()
-            if line.startswith("| ") and not line.startswith(("| beside", "| ---"))]
+    rows = [
+        line
+        for line in run.stdout.splitlines()
+        if line.startswith("| ") and not line.startswith(("| beside", "| ---"))
+    ]
     assert [r.split("|")[1].strip() for r in rows] == [
-        "nothing", "one busy-looping process", "two busy-looping processes",
-        "one PyTorch process (ResNet18 loop, its own OpenMP threads)"]
+        "nothing",
+        "one busy-looping process",
+        "two busy-looping processes",
+        "one PyTorch process (ResNet18 loop, its own OpenMP threads)",
+    ]
     for row in rows:
         stock, ours = (float(cell) for cell in row.strip("|").split("|")[1:])
         assert stock > 0 and ours > 0, row
@@ -102,8 +139,13 @@ def test_soak_runs_every_class_and_reports(tmp_path, model_store):
     """``python -m bench.soak --quick``: 30 s of every traffic class against a real server;
     every class was sent and answered as a healthy server answers it, no worker restarted,
     and the report and plot were written."""
-    run = subprocess.run([sys.executable, "-m", "bench.soak", "--quick", "--quiet", "--out",
-                          str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.soak", "--quick", "--quiet", "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     summary = json.loads((tmp_path / "soak.json").read_text())
     for name, row in summary["classes"].items():
@@ -125,18 +167,40 @@ def test_soak_runs_the_v2_mix_against_triton(tmp_path, model_store):
         TritonInstall().check()
     except NotInstalled as exc:
         pytest.skip(f"no Triton server: {exc}")
-    run = subprocess.run([sys.executable, "-m", "bench.soak", "--engine", "triton", "--quick",
-                          "--quiet", "--out", str(tmp_path)], cwd=REPO, capture_output=True,
-                         text=True, timeout=600)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.soak",
+            "--engine",
+            "triton",
+            "--quick",
+            "--quiet",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     summary = json.loads((tmp_path / "soak-triton.json").read_text())
-    assert set(summary["classes"]) == {"photo", "embedding", "v2 x8", "bad image", "row flood",
-                                       "1 MB name", "deep JSON"}
+    assert set(summary["classes"]) == {
+        "photo",
+        "embedding",
+        "v2 x8",
+        "bad image",
+        "row flood",
+        "1 MB name",
+        "deep JSON",
+    }
     for name, row in summary["classes"].items():
         assert row["requests"] > 0, name
         assert not row["unexpected"], (name, row)
     assert summary["classes"]["bad image"]["outcomes"] == {
-        "400 InvalidImage": summary["classes"]["bad image"]["requests"]}
+        "400 InvalidImage": summary["classes"]["bad image"]["requests"]
+    }
     assert all(k.startswith("500 Unable to parse") for k in summary["five_hundreds_not_503"])
     assert summary["restarts"] == {"resnet50-tagger": 0, "resnet50-embedding": 0}
     assert "one local Triton" in (tmp_path / "soak-triton.md").read_text()

@@ -1,6 +1,7 @@
 """The collection job's parts without a server: walking (nested folders, extensions, a symlink
 loop, stdin), sharding, the Parquet schema, parts, merge and resume index, chunked search, and
 the job's pacing and retries against a fake client."""
+
 from __future__ import annotations
 
 import io
@@ -22,8 +23,16 @@ META = {"model": "resnet50-embedding", "model_version": "1.0", "weights_sha256":
 
 
 def _tree(root):
-    for rel in ("a.jpg", "b.PNG", "notes.txt", "sub/c.jpeg", "sub/deeper/d.webp",
-                "sub/deeper/e.gif", "z/f.tiff", "z/readme.md"):
+    for rel in (
+        "a.jpg",
+        "b.PNG",
+        "notes.txt",
+        "sub/c.jpeg",
+        "sub/deeper/d.webp",
+        "sub/deeper/e.gif",
+        "z/f.tiff",
+        "z/readme.md",
+    ):
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(rel.encode())
@@ -32,12 +41,19 @@ def _tree(root):
 
 # ------------------------------------------------------------------ walking
 
+
 def test_walk_finds_image_files_in_nested_folders_in_sorted_order(tmp_path):
     root = _tree(tmp_path / "photos")
     paths = [e.path for e in Collection([str(root)]).entries()]
     rel = [os.path.relpath(p, root) for p in paths]
-    assert rel == ["a.jpg", "b.PNG", "sub/c.jpeg", "sub/deeper/d.webp", "sub/deeper/e.gif",
-                   "z/f.tiff"]
+    assert rel == [
+        "a.jpg",
+        "b.PNG",
+        "sub/c.jpeg",
+        "sub/deeper/d.webp",
+        "sub/deeper/e.gif",
+        "z/f.tiff",
+    ]
     entry = Collection([str(root)]).entries().__next__()
     assert entry.key == "a.jpg" and entry.size == len(b"a.jpg") and entry.mtime_ns > 0
 
@@ -49,8 +65,9 @@ def test_symlink_loops_and_twice_linked_folders_are_walked_once(tmp_path):
     (root / "dangling.jpg").symlink_to(tmp_path / "missing.jpg")
     entries = list(Collection([str(root)]).entries())
     names = [os.path.basename(e.path) for e in entries]
-    assert sorted(names) == sorted(["a.jpg", "b.PNG", "c.jpeg", "d.webp", "e.gif", "f.tiff",
-                                    "dangling.jpg"])
+    assert sorted(names) == sorted(
+        ["a.jpg", "b.PNG", "c.jpeg", "d.webp", "e.gif", "f.tiff", "dangling.jpg"]
+    )
     [dangling] = [e for e in entries if e.path.endswith("dangling.jpg")]
     assert dangling.size is None and "cannot read" in dangling.error
 
@@ -60,9 +77,14 @@ def test_files_given_are_kept_whatever_their_extension_and_stdin_lists_paths(tmp
     stdin = io.StringIO(f"{root / 'notes.txt'}\n\n{root / 'sub'}\n{tmp_path / 'nope.jpg'}\n")
     collection = Collection([str(root / "z" / "readme.md"), "-"], stdin=stdin)
     first = [(os.path.relpath(e.path, root), e.error is None) for e in collection.entries()]
-    assert first == [("z/readme.md", True), ("notes.txt", True), ("sub/c.jpeg", True),
-                     ("sub/deeper/d.webp", True), ("sub/deeper/e.gif", True),
-                     ("../nope.jpg", False)]
+    assert first == [
+        ("z/readme.md", True),
+        ("notes.txt", True),
+        ("sub/c.jpeg", True),
+        ("sub/deeper/d.webp", True),
+        ("sub/deeper/e.gif", True),
+        ("../nope.jpg", False),
+    ]
     again = [(os.path.relpath(e.path, root), e.error is None) for e in collection.entries()]
     assert again == first  # stdin was spooled: a second walk sees the same list
 
@@ -74,6 +96,7 @@ def test_no_sources_is_a_usage_error():
 
 # ------------------------------------------------------------------ sharding
 
+
 def test_shards_are_disjoint_and_together_the_whole(tmp_path):
     keys = [f"album{i % 7}/photo{i}.jpg" for i in range(3000)]
     for n in (1, 2, 3, 8):
@@ -83,9 +106,13 @@ def test_shards_are_disjoint_and_together_the_whole(tmp_path):
         assert sizes.min() > 0.8 * len(keys) / n  # roughly even
     assert shard_of("album1/photo1.jpg", 8) == shard_of("album1/photo1.jpg", 8)
     # Stable across processes and versions: a pinned value.
-    assert [shard_of(f"p{i}.jpg", 4) for i in range(8)] == \
-        [int.from_bytes(__import__("hashlib").blake2b(f"p{i}.jpg".encode(), digest_size=8)
-                        .digest(), "big") % 4 for i in range(8)]
+    assert [shard_of(f"p{i}.jpg", 4) for i in range(8)] == [
+        int.from_bytes(
+            __import__("hashlib").blake2b(f"p{i}.jpg".encode(), digest_size=8).digest(), "big"
+        )
+        % 4
+        for i in range(8)
+    ]
 
 
 def test_shard_keys_are_relative_to_the_folder_so_mount_points_do_not_matter(tmp_path):
@@ -109,14 +136,22 @@ def test_bad_shards_are_usage_errors(text):
 
 # ------------------------------------------------------------------ Parquet
 
+
 def _rows(n, start=0, fail=()):
     rng = np.random.default_rng(start)
     rows = []
     for i in range(start, start + n):
         vector = rng.normal(size=EMBEDDING_DIM).astype(np.float32)
-        rows.append(Row(f"p/{i:04d}.jpg", 100 + i, 1_700_000_000_000_000_000 + i, f"{i:064x}",
-                        "HTTP 400 InvalidImage: bad" if i in fail else None,
-                        None if i in fail else vector))
+        rows.append(
+            Row(
+                f"p/{i:04d}.jpg",
+                100 + i,
+                1_700_000_000_000_000_000 + i,
+                f"{i:064x}",
+                "HTTP 400 InvalidImage: bad" if i in fail else None,
+                None if i in fail else vector,
+            )
+        )
     return rows
 
 
@@ -130,8 +165,16 @@ def test_schema_parts_merge_and_readers(tmp_path):
     schema = pq.read_schema(out.out)
     assert schema.field("embedding").type == pa.list_(pa.float32(), EMBEDDING_DIM)
     assert schema.field("mtime").type == pa.timestamp("ns", tz="UTC")
-    assert [f.name for f in schema] == ["path", "size", "mtime", "sha256", "status", "error",
-                                        "precision", "embedding"]
+    assert [f.name for f in schema] == [
+        "path",
+        "size",
+        "mtime",
+        "sha256",
+        "status",
+        "error",
+        "precision",
+        "embedding",
+    ]
     assert metadata(out.out)["model"] == "resnet50-embedding"
     assert metadata(out.out)["task"] == "embedding"
     import duckdb
@@ -162,12 +205,13 @@ def test_a_schema_1_output_merges_with_new_rows_its_precision_null(tmp_path):
 
 def test_tags_schema(tmp_path):
     out = Output(tmp_path / "t.parquet", "tags", META)
-    out.write_part([Row("a.jpg", 1, 2, "0" * 64, None,
-                        [{"label": "tabby", "index": 281, "probability": 0.5}])])
+    out.write_part(
+        [Row("a.jpg", 1, 2, "0" * 64, None, [{"label": "tabby", "index": 281, "probability": 0.5}])]
+    )
     out.merge()
     assert pq.read_schema(out.out).field("tags").type == pa.list_(
-        pa.struct([("label", pa.string()), ("index", pa.int32()),
-                   ("probability", pa.float32())]))
+        pa.struct([("label", pa.string()), ("index", pa.int32()), ("probability", pa.float32())])
+    )
     assert pq.read_table(out.out).column("tags").to_pylist()[0][0]["label"] == "tabby"
 
 
@@ -204,11 +248,12 @@ def test_kill_leftovers_are_cleaned_and_other_weights_refused(tmp_path):
 
 # ------------------------------------------------------------------ search
 
+
 def test_chunked_nearest_equals_brute_force_and_excludes_the_query(tmp_path):
     out = Output(tmp_path / "v.parquet", "embedding", META)
     rows = _rows(300, fail={7})
     for start in range(0, 300, 64):
-        out.write_part(rows[start:start + 64])
+        out.write_part(rows[start : start + 64])
     out.merge()
     paths, matrix = read_matrix(out.out)
     unit = matrix / np.linalg.norm(matrix, axis=1, keepdims=True)
@@ -252,8 +297,11 @@ def test_search_cache_is_used_and_follows_a_changed_index(tmp_path, monkeypatch)
     assert np.load(cache).shape == (50, EMBEDDING_DIM)
     # A folder that cannot be written is searched from the Parquet itself.
     cache.unlink()
-    monkeypatch.setattr(search, "_write_cache", lambda *_a: (_ for _ in ()).throw(
-        PermissionError("read-only folder")))
+    monkeypatch.setattr(
+        search,
+        "_write_cache",
+        lambda *_a: (_ for _ in ()).throw(PermissionError("read-only folder")),
+    )
     assert nearest(out.out, later[3].answer, k=1)[0][0][0] == "p/0043.jpg"
     assert not cache.exists()
 
@@ -272,11 +320,14 @@ def test_duplicates_groups_chains_across_chunks(tmp_path):
     for chunk in (7, 100):
         groups = duplicates(out.out, 0.97, rows=chunk)
         assert [sorted(g["paths"]) for g in groups] == [
-            ["030.jpg", "copy-of-030.jpg", "copy2-of-030.jpg"], ["003.jpg", "copy-of-003.jpg"]]
+            ["030.jpg", "copy-of-030.jpg", "copy2-of-030.jpg"],
+            ["003.jpg", "copy-of-003.jpg"],
+        ]
         assert all(0.97 <= g["min_score"] <= 1.0 for g in groups)
 
 
 # ------------------------------------------------------------------ the job, fake server
+
 
 class FakeClient:
     """``infer`` like TorchServeClient's: a bad image fails a multi-image request whole; the
@@ -313,6 +364,7 @@ def _files(tmp_path, n, bad=()):
 def test_a_job_waits_for_a_busy_model_to_describe_it():
     """After a killed job the model's queue is still full of its requests and TorchServe
     answers the customized describe with 503: the next job waits instead of failing."""
+
     class Busy:
         calls = 0
 
@@ -330,9 +382,9 @@ def test_a_job_waits_for_a_busy_model_to_describe_it():
         described(Busy(), "m", wait_s=0.0, sleep=pauses.append)
 
 
-
 def test_a_busy_answer_is_retried_after_its_retry_after():
     """The server's Retry-After wins over the job's own pause, whatever the attempt."""
+
     class Busy:
         calls = 0
 
@@ -358,8 +410,9 @@ def test_tritons_full_queue_is_retried_after_growing_pauses():
 
     full = requests.Response()
     full.status_code = 503
-    full._content = json.dumps({"error": "[request id: <id_unknown>] Exceeds maximum queue "
-                                         "size"}).encode()
+    full._content = json.dumps(
+        {"error": "[request id: <id_unknown>] Exceeds maximum queue size"}
+    ).encode()
 
     class Busy:
         calls = 0
@@ -381,14 +434,19 @@ def test_a_request_refused_as_busy_is_retried_a_bounded_number_of_times(tmp_path
     client = FakeClient(busy=10**6)
     sink = ListSink()
     summary = Job(client, "m", "embedding", sink, Plan(1, 2), max_busy_retries=3).run(
-        _files(tmp_path, 2))
+        _files(tmp_path, 2)
+    )
     assert client.calls == [2] * 4
     assert (summary.done, summary.failed) == (0, 2)
     assert all("503 Overloaded: busy" in row.error for row in sink.rows)
 
+
 def test_plan_from_describe():
-    entry = {"batchSize": 16, "workers": [{}, {}], "customizedMetadata": {
-        "handler": {"max_batch_images": 64, "max_images_per_request": 32}}}
+    entry = {
+        "batchSize": 16,
+        "workers": [{}, {}],
+        "customizedMetadata": {"handler": {"max_batch_images": 64, "max_images_per_request": 32}},
+    }
     assert Plan.from_describe(entry) == Plan(concurrency=64, per_request=4)
     assert Plan.from_describe(entry, concurrency=3, per_request=1) == Plan(3, 1)
     assert Plan.from_describe({"batchSize": 1, "workers": [{}]}) == Plan(2, 32)
@@ -398,8 +456,7 @@ def test_plan_from_describe():
 def test_job_isolates_a_bad_image_and_honours_503(tmp_path):
     client = FakeClient(busy=2)
     sink = ListSink()
-    summary = Job(client, "m", "embedding", sink, Plan(2, 4)).run(
-        _files(tmp_path, 10, bad={5}))
+    summary = Job(client, "m", "embedding", sink, Plan(2, 4)).run(_files(tmp_path, 10, bad={5}))
     assert (summary.done, summary.failed) == (9, 1)
     rows = {os.path.basename(r.path): r for r in sink.rows}
     assert "InvalidImage" in rows["005.jpg"].error and rows["005.jpg"].answer is None
@@ -411,11 +468,11 @@ def test_job_isolates_a_bad_image_and_honours_503(tmp_path):
 
 def test_job_retries_an_outage_then_gives_up_and_keeps_what_is_written(tmp_path):
     summary = Job(FakeClient(down=2), "m", "embedding", ListSink(), Plan(1, 4)).run(
-        _files(tmp_path, 3))
+        _files(tmp_path, 3)
+    )
     assert summary.done == 3
     out = Output(tmp_path / "v.parquet", "embedding", META)
-    job = Job(FakeClient(down=10**6), "m", "embedding", PartSink(out), Plan(1, 2),
-              max_outage_s=0.5)
+    job = Job(FakeClient(down=10**6), "m", "embedding", PartSink(out), Plan(1, 2), max_outage_s=0.5)
     with pytest.raises(errors.ServerNotRunning):
         job.run(_files(tmp_path, 4))
     assert not out.out.exists()  # not merged: a rerun resumes from the parts

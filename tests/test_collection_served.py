@@ -2,6 +2,7 @@
 one row per image file (a broken one with its error, non-images left out), vectors equal to
 single requests, a SIGKILLed run resumed to the same content, shards that add up to the whole,
 and a photo's flipped copy found first."""
+
 from __future__ import annotations
 
 import json
@@ -50,8 +51,7 @@ def _same_content(a, b):
             assert rel_error(list(x), list(y)) <= 1e-4
 
 
-def test_a_folder_gets_one_row_per_image_and_vectors_equal_single_requests(torchserve,
-                                                                            tmp_path):
+def test_a_folder_gets_one_row_per_image_and_vectors_equal_single_requests(torchserve, tmp_path):
     root = tmp_path / "photos"
     photos = _album(root, 7, seed=500)
     (root / "y0" / "broken.jpg").write_bytes(b"not an image at all")
@@ -70,9 +70,12 @@ def test_a_folder_gets_one_row_per_image_and_vectors_equal_single_requests(torch
     assert meta["model"] == "resnet50-embedding" and meta["model_version"] == "1.0"
     assert len(meta["weights_sha256"]) == 64 and meta["precision"]
     # Each row names the arithmetic that computed it: the X-Precision the server sends.
-    served = requests.post(f"{torchserve.inference_url}/predictions/resnet50-embedding",
-                           data=open(photos[0], "rb").read(), timeout=120,
-                           headers=torchserve.keys.inference_headers()).headers["X-Precision"]
+    served = requests.post(
+        f"{torchserve.inference_url}/predictions/resnet50-embedding",
+        data=open(photos[0], "rb").read(),
+        timeout=120,
+        headers=torchserve.keys.inference_headers(),
+    ).headers["X-Precision"]
     assert served and set(frame["precision"].dropna()) == {served}
     assert frame["precision"].isna().tolist() == (frame["status"] == "error").tolist()
     client = torchserve.client()
@@ -87,10 +90,27 @@ def test_a_folder_gets_one_row_per_image_and_vectors_equal_single_requests(torch
     # Tags, KServe v1, through --url with a bearer token from the environment.
     tags = tmp_path / "t.parquet"
     env = {**torchserve.cli_env(), "MY_TOKEN": torchserve.keys.inference}
-    tagged = subprocess.run([str(TSCTL), "tag", str(root / "y1"), "--out", str(tags),
-                             "--protocol", "v1", "--url", torchserve.inference_url,
-                             "--token-env", "MY_TOKEN", "--topk", "3"], env=env,
-                            capture_output=True, text=True, timeout=300)
+    tagged = subprocess.run(
+        [
+            str(TSCTL),
+            "tag",
+            str(root / "y1"),
+            "--out",
+            str(tags),
+            "--protocol",
+            "v1",
+            "--url",
+            torchserve.inference_url,
+            "--token-env",
+            "MY_TOKEN",
+            "--topk",
+            "3",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert tagged.returncode == 0, tagged.stderr
     rows = pq.read_table(tags).to_pylist()
     assert len(rows) == sum("/y1/" in p for p in photos)
@@ -108,10 +128,22 @@ def test_a_killed_run_resumes_to_the_same_content(torchserve, tmp_path):
     assert tsctl(torchserve, "embed", str(root), "--out", str(whole)).returncode == 0
     out = tmp_path / "killed.parquet"
     parts = tmp_path / "killed.parquet.parts"
-    process = subprocess.Popen([str(TSCTL), "embed", str(root), "--out", str(out),
-                                "--concurrency", "4", "--per-request", "2"],
-                               env=torchserve.cli_env(), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [
+            str(TSCTL),
+            "embed",
+            str(root),
+            "--out",
+            str(out),
+            "--concurrency",
+            "4",
+            "--per-request",
+            "2",
+        ],
+        env=torchserve.cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 120
     while not (parts.is_dir() and any(parts.glob("part-*.parquet"))):
         assert process.poll() is None, "finished before it could be killed"
@@ -159,8 +191,14 @@ def test_similar_finds_a_photos_flipped_copy_first(torchserve, tmp_path):
     index = tmp_path / "v.parquet"
     # Paths on stdin, as from `find`.
     listing = "\n".join(photos + [str(flipped)]) + "\n"
-    run = subprocess.run([str(TSCTL), "embed", "-", "--out", str(index)], input=listing,
-                         env=torchserve.cli_env(), capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [str(TSCTL), "embed", "-", "--out", str(index)],
+        input=listing,
+        env=torchserve.cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     found = tsctl(torchserve, "similar", query, "--index", str(index), "-k", "3", "--json")
     assert found.returncode == 0, found.stderr
@@ -170,8 +208,9 @@ def test_similar_finds_a_photos_flipped_copy_first(torchserve, tmp_path):
     assert hits[0]["score"] > hits[1]["score"]
     # Untrained weights (a seeded build) put every photo close: cut between the two scores.
     threshold = (hits[0]["score"] + hits[1]["score"]) / 2
-    dups = tsctl(torchserve, "duplicates", "--index", str(index), "--threshold",
-                 f"{threshold:.6f}", "--json")
+    dups = tsctl(
+        torchserve, "duplicates", "--index", str(index), "--threshold", f"{threshold:.6f}", "--json"
+    )
     assert dups.returncode == 0, dups.stderr
     groups = json.loads(dups.stdout)
     assert any({query, str(flipped)} <= set(g["paths"]) for g in groups), groups

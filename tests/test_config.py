@@ -1,6 +1,7 @@
 """The shipped configuration: typed handler settings, and the generated config.properties files
 current with their sources (config/server-base.properties, each server.properties,
 tsclient/ports.py, config/models/*.yaml), each setting written in one of them."""
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,7 @@ def test_staleness_check_notices_an_edited_model_config(tmp_path):
     for part in ("config", "kserve"):
         shutil.copytree(REPO / part, tmp_path / part)
     tagger = tmp_path / "config" / "models" / "resnet50-tagger.yaml"
-    tagger.write_text(re.sub(r"^batchSize: \d+$", "batchSize: 7", tagger.read_text(),
-                             flags=re.M))
+    tagger.write_text(re.sub(r"^batchSize: \d+$", "batchSize: 7", tagger.read_text(), flags=re.M))
     assert not all(g.current for g in configgen.generated(tmp_path))
     for g in configgen.generated(tmp_path):
         g.path.write_text(g.text)
@@ -45,8 +45,13 @@ def test_staleness_check_notices_an_edited_model_config(tmp_path):
 
 
 def _configgen(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "buildsteps.configgen",
-                           *args], cwd=REPO, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [str(REPO / ".venv" / "bin" / "python"), "-m", "buildsteps.configgen", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_check_command_passes_on_the_repository():
@@ -54,8 +59,11 @@ def test_check_command_passes_on_the_repository():
     assert result.returncode == 0, result.stderr
 
 
-SERVER_FILES = ["config/server.properties", "kserve/server.properties",
-                "kserve/runtime/server.properties"]
+SERVER_FILES = [
+    "config/server.properties",
+    "kserve/server.properties",
+    "kserve/runtime/server.properties",
+]
 
 
 @pytest.mark.parametrize("server_file", SERVER_FILES)
@@ -82,13 +90,20 @@ def test_a_setting_in_the_base_and_a_server_file_is_refused(tmp_path, server_fil
 def test_local_addresses_are_the_clients_default_ports():
     """config/server.properties binds nothing itself: the generator writes tsclient.ports'
     addresses, where TorchServeClient and tsctl look by default."""
-    assert not {"inference_address", "management_address", "metrics_address"} & _properties(
-        REPO / "config" / "server.properties").keys()
+    assert (
+        not {"inference_address", "management_address", "metrics_address"}
+        & _properties(REPO / "config" / "server.properties").keys()
+    )
     properties = _properties(REPO / "config" / "config.properties")
-    assert (properties["inference_address"], properties["management_address"],
-            properties["metrics_address"]) == (
-        f"http://127.0.0.1:{ports.INFERENCE}", f"http://127.0.0.1:{ports.MANAGEMENT}",
-        f"http://127.0.0.1:{ports.METRICS}")
+    assert (
+        properties["inference_address"],
+        properties["management_address"],
+        properties["metrics_address"],
+    ) == (
+        f"http://127.0.0.1:{ports.INFERENCE}",
+        f"http://127.0.0.1:{ports.MANAGEMENT}",
+        f"http://127.0.0.1:{ports.METRICS}",
+    )
 
 
 def test_kserve_configs_bind_their_own_addresses():
@@ -101,17 +116,23 @@ def test_kserve_configs_bind_their_own_addresses():
 def test_archive_sh_writes_no_default_of_its_own():
     """archive.sh asks model_files.artifacts (BACKEND, QUANTIZE) and configgen (VERSION, the
     archive's name) instead of repeating their values."""
-    code = "\n".join(line for line in (REPO / "archive.sh").read_text().splitlines()
-                     if not line.lstrip().startswith("#"))
+    code = "\n".join(
+        line
+        for line in (REPO / "archive.sh").read_text().splitlines()
+        if not line.lstrip().startswith("#")
+    )
     assert not re.findall(r":-(?:openvino|none|auto|\d+\.\d+)\}|\"\d+\.\d+\"|-\$VERSION", code)
 
 
-@pytest.mark.parametrize("args, printed", [
-    (["version"], configgen.VERSION),
-    (["archive-name", "resnet50-tagger"], "resnet50-tagger.mar"),
-    (["archive-name", "resnet50-tagger", configgen.VERSION], "resnet50-tagger.mar"),
-    (["archive-name", "resnet50-tagger", "2.0"], "resnet50-tagger-2.0.mar"),
-])
+@pytest.mark.parametrize(
+    "args, printed",
+    [
+        (["version"], configgen.VERSION),
+        (["archive-name", "resnet50-tagger"], "resnet50-tagger.mar"),
+        (["archive-name", "resnet50-tagger", configgen.VERSION], "resnet50-tagger.mar"),
+        (["archive-name", "resnet50-tagger", "2.0"], "resnet50-tagger-2.0.mar"),
+    ],
+)
 def test_archive_sh_asks_for_the_version_and_the_archive_name(args, printed):
     result = _configgen(*args)
     assert (result.returncode, result.stdout) == (0, printed + "\n"), result.stderr
@@ -128,7 +149,8 @@ def test_config_properties_carries_each_model_yaml(model):
     for key in configgen.FRONTEND_KEYS:
         assert entry[key] == model_yaml[key], key
     assert HandlerConfig.from_mapping(model_yaml["handler"]).task == (
-        "embedding" if model.endswith("embedding") else "tags")
+        "embedding" if model.endswith("embedding") else "tags"
+    )
 
 
 def test_config_properties_keeps_token_auth_and_the_model_api_off():
@@ -138,16 +160,21 @@ def test_config_properties_keeps_token_auth_and_the_model_api_off():
     assert properties["load_models"] == "resnet50-embedding.mar,resnet50-tagger.mar"
 
 
-@pytest.mark.parametrize("section, message", [
-    ({"task": "segment"}, "handler.task must be one of ('embedding', 'tags'), got 'segment'"),
-    ({"top_k": 0}, "handler.top_k must be in 1..1000, got 0"),
-    ({"top_k": True}, "handler.top_k must be int, got True"),
-    ({"top_k": "5"}, "handler.top_k must be int, got '5'"),
-    ({"device": "tpu"}, "handler.device must be one of ('auto', 'cpu', 'cuda'), got 'tpu'"),
-    ({"precision": "fp16"},
-     "handler.precision must be one of ('auto', 'f32', 'bf16', 'int8'), got 'fp16'"),
-    ({"topk": 3}, "unknown handler setting(s) ['topk']"),
-])
+@pytest.mark.parametrize(
+    "section, message",
+    [
+        ({"task": "segment"}, "handler.task must be one of ('embedding', 'tags'), got 'segment'"),
+        ({"top_k": 0}, "handler.top_k must be in 1..1000, got 0"),
+        ({"top_k": True}, "handler.top_k must be int, got True"),
+        ({"top_k": "5"}, "handler.top_k must be int, got '5'"),
+        ({"device": "tpu"}, "handler.device must be one of ('auto', 'cpu', 'cuda'), got 'tpu'"),
+        (
+            {"precision": "fp16"},
+            "handler.precision must be one of ('auto', 'f32', 'bf16', 'int8'), got 'fp16'",
+        ),
+        ({"topk": 3}, "unknown handler setting(s) ['topk']"),
+    ],
+)
 def test_bad_settings_are_refused_with_a_useful_message(section, message):
     with pytest.raises(ConfigError) as caught:
         HandlerConfig.from_mapping(section)
@@ -156,8 +183,9 @@ def test_bad_settings_are_refused_with_a_useful_message(section, message):
 
 def test_explain_settings_are_one_nested_section():
     """``handler: explain:`` reaches the explanation settings, checked like the rest."""
-    config = HandlerConfig.from_mapping({"max_json_depth": 8,
-                                         "explain": {"max_n_steps": 100, "method": "ig"}})
+    config = HandlerConfig.from_mapping(
+        {"max_json_depth": 8, "explain": {"max_n_steps": 100, "method": "ig"}}
+    )
     assert config.max_json_depth == 8
     assert (config.explain.max_n_steps, config.explain.method) == (100, "ig")
     assert config.explain.n_steps == HandlerConfig().explain.n_steps

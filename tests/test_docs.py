@@ -9,6 +9,7 @@ kserve/ and name upstream files), every repository path in backticks or a code b
 except the generated ones listed in GENERATED; the README's layout map names only what exists;
 and the README stays a front door (at most README_MAX_LINES lines).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,13 @@ README_MAX_LINES = 250
 
 
 def _docs() -> list[Path]:
-    return [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "bench" / "README.md",
-            ROOT / "kserve" / "README.md", ROOT / "results" / "history.md"]
+    return [
+        README,
+        *sorted((ROOT / "docs").glob("*.md")),
+        ROOT / "bench" / "README.md",
+        ROOT / "kserve" / "README.md",
+        ROOT / "results" / "history.md",
+    ]
 
 
 def _own_docs() -> list[Path]:
@@ -39,13 +45,42 @@ def _own_docs() -> list[Path]:
 # Build output and run-time files: named by the docs, never in git (fnmatch patterns; a
 # pattern ending in "/" covers everything below it).
 GENERATED = (
-    "build/", "logs/", ".venv/", "model-store/*.mar", "key_file.json",
-    "config/config.properties", "kserve/config.properties", "kserve/runtime/config.properties",
-    "results/*.png", "results/*.json", "*.egg-info/",
+    "build/",
+    "logs/",
+    ".venv/",
+    "model-store/*.mar",
+    "key_file.json",
+    "config/config.properties",
+    "kserve/config.properties",
+    "kserve/runtime/config.properties",
+    "results/*.png",
+    "results/*.json",
+    "*.egg-info/",
 )
 # File names the path checks treat as files (a dot alone, as in "e.g.", is not an extension).
-EXTENSIONS = ("py", "sh", "yaml", "yml", "md", "json", "properties", "toml", "ini", "txt",
-              "mar", "png", "jpg", "jpeg", "npy", "pt", "onnx", "xml", "bin", "gz", "cfg")
+EXTENSIONS = (
+    "py",
+    "sh",
+    "yaml",
+    "yml",
+    "md",
+    "json",
+    "properties",
+    "toml",
+    "ini",
+    "txt",
+    "mar",
+    "png",
+    "jpg",
+    "jpeg",
+    "npy",
+    "pt",
+    "onnx",
+    "xml",
+    "bin",
+    "gz",
+    "cfg",
+)
 SHELL_FENCES = ("bash", "sh", "shell", "console")
 PATHLIKE = re.compile(rf"^[A-Za-z_.][\w.\-/*]*(?:/|\.(?:{'|'.join(EXTENSIONS)}))$")
 
@@ -69,8 +104,12 @@ class Doc:
 
     def shell(self) -> list[str]:
         """Lines of the fenced blocks that hold shell commands, comments cut off."""
-        return [re.sub(r"(^|\s)#.*", "", line) for info, text in self.fences
-                if info in SHELL_FENCES for line in text.splitlines()]
+        return [
+            re.sub(r"(^|\s)#.*", "", line)
+            for info, text in self.fences
+            if info in SHELL_FENCES
+            for line in text.splitlines()
+        ]
 
 
 CODE_SPAN = re.compile(r"(`+)(.+?)\1")
@@ -128,6 +167,7 @@ def _problems_message(problems: list[str]) -> str:
 
 # ---- links -----------------------------------------------------------------------------------
 
+
 def link_problems(doc: Doc) -> list[str]:
     problems = []
     for line in doc.prose:
@@ -140,12 +180,12 @@ def link_problems(doc: Doc) -> list[str]:
             if not dest.exists():
                 problems.append(f"{doc.name}: link {target!r}: {file_part} does not exist")
             elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
-                problems.append(f"{doc.name}: link {target!r}: no heading #{anchor} in "
-                                f"{rel(dest)}")
+                problems.append(f"{doc.name}: link {target!r}: no heading #{anchor} in {rel(dest)}")
     return problems
 
 
 # ---- make targets ----------------------------------------------------------------------------
+
 
 @cache
 def makefile_targets() -> frozenset[str]:
@@ -182,12 +222,15 @@ def make_problems(doc: Doc) -> list[str]:
     for text in (*doc.shell(), *doc.spans()):
         for goal in make_goals(text):
             if goal not in makefile_targets():
-                problems.append(f"{doc.name}: `make {goal}`: no such target in the Makefile "
-                                f"(in {text.strip()!r})")
+                problems.append(
+                    f"{doc.name}: `make {goal}`: no such target in the Makefile "
+                    f"(in {text.strip()!r})"
+                )
     return problems
 
 
 # ---- tsctl commands --------------------------------------------------------------------------
+
 
 @cache
 def tsctl_parser() -> argparse.ArgumentParser:
@@ -196,9 +239,12 @@ def tsctl_parser() -> argparse.ArgumentParser:
 
     for name, fn in inspect.getmembers(cli, inspect.isfunction):
         if fn.__module__ == cli.__name__ and not any(
-                p.default is p.empty for p in inspect.signature(fn).parameters.values()):
-            if inspect.signature(fn).return_annotation in (argparse.ArgumentParser,
-                                                           "argparse.ArgumentParser"):
+            p.default is p.empty for p in inspect.signature(fn).parameters.values()
+        ):
+            if inspect.signature(fn).return_annotation in (
+                argparse.ArgumentParser,
+                "argparse.ArgumentParser",
+            ):
                 return fn()
     raise AssertionError("tsclient.cli has no function returning its ArgumentParser")
 
@@ -207,8 +253,7 @@ def tsctl_commands() -> tuple[set[str], set[str]]:
     """(subcommands, global options that take a value)."""
     p = tsctl_parser()
     subs = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
-    valued = {s for a in p._actions if a.option_strings and a.nargs != 0
-              for s in a.option_strings}
+    valued = {s for a in p._actions if a.option_strings and a.nargs != 0 for s in a.option_strings}
     return set(subs.choices), valued
 
 
@@ -233,12 +278,16 @@ def tsctl_subcommands_named(text: str) -> list[str]:
 
 def tsctl_problems(doc: Doc) -> list[str]:
     known, _ = tsctl_commands()
-    return [f"{doc.name}: `tsctl {name}`: tsctl has no such command (it has {sorted(known)})"
-            for text in (*doc.shell(), *doc.spans())
-            for name in tsctl_subcommands_named(text) if name not in known]
+    return [
+        f"{doc.name}: `tsctl {name}`: tsctl has no such command (it has {sorted(known)})"
+        for text in (*doc.shell(), *doc.spans())
+        for name in tsctl_subcommands_named(text)
+        if name not in known
+    ]
 
 
 # ---- python -m -------------------------------------------------------------------------------
+
 
 def module_problems(doc: Doc) -> list[str]:
     problems = []
@@ -255,10 +304,12 @@ def module_problems(doc: Doc) -> list[str]:
 
 # ---- repository paths ------------------------------------------------------------------------
 
+
 def generated(path: str) -> bool:
     path = path.removeprefix("./")
-    return any(path.startswith(p) if p.endswith("/") else fnmatch.fnmatch(path, p)
-               for p in GENERATED)
+    return any(
+        path.startswith(p) if p.endswith("/") else fnmatch.fnmatch(path, p) for p in GENERATED
+    )
 
 
 def path_words(text: str) -> list[str]:
@@ -288,13 +339,21 @@ def exists(word: str, doc: Path) -> bool:
 def path_problems(doc: Doc) -> list[str]:
     layout = layout_block(doc)
     texts = [*doc.spans(), *(text for _, text in doc.fences if text is not layout)]
-    return sorted({f"{doc.name}: `{word}` does not exist"
-                   for text in texts for word in path_words(text)
-                   if not generated(word) and not exists(word, doc.path)})
+    return sorted(
+        {
+            f"{doc.name}: `{word}` does not exist"
+            for text in texts
+            for word in path_words(text)
+            if not generated(word) and not exists(word, doc.path)
+        }
+    )
 
 
-@pytest.mark.parametrize("check", [link_problems, make_problems, tsctl_problems,
-                                   module_problems], ids=lambda check: check.__name__)
+@pytest.mark.parametrize(
+    "check",
+    [link_problems, make_problems, tsctl_problems, module_problems],
+    ids=lambda check: check.__name__,
+)
 @pytest.mark.parametrize("path", _docs(), ids=rel)
 def test_docs_are_honest(check, path):
     """Links resolve, and every make target, tsctl command and python module named exists."""
@@ -311,8 +370,14 @@ def test_named_paths_exist(path):
 def layout_block(doc: Doc) -> str | None:
     """The layout map: the code block with a line starting 'handlers/' (entries relative to
     the root, the names after them relative to each entry)."""
-    return next((text for info, text in doc.fences if info in ("", "text")
-                 and re.search(r"^handlers/\s", text, re.M)), None)
+    return next(
+        (
+            text
+            for info, text in doc.fences
+            if info in ("", "text") and re.search(r"^handlers/\s", text, re.M)
+        ),
+        None,
+    )
 
 
 def layout_problems(doc: Doc) -> list[str]:
@@ -357,10 +422,12 @@ def test_readme_layout_map_names_what_exists():
 def test_readme_is_a_front_door():
     lines = README.read_text(encoding="utf-8").count("\n")
     assert lines <= README_MAX_LINES, (
-        f"README.md has {lines} lines (at most {README_MAX_LINES}): move details to docs/")
+        f"README.md has {lines} lines (at most {README_MAX_LINES}): move details to docs/"
+    )
 
 
 # ---- the checks can fail ---------------------------------------------------------------------
+
 
 def test_checks_catch_breakage(tmp_path):
     """A broken link, a missing anchor, an unknown target, command, module or path: each is

@@ -2,6 +2,7 @@
 labels say, for a model whose answers are known independently (torchvision's own resnet50 on
 the same weights picks the labels); every precision the weights folder can run is reported
 against float32."""
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,14 @@ def labelled(tmp_path_factory, reference):
         truth = int(top.indices[0])
         wrong = filed >= 4
         label = (truth + 1) % len(CATEGORIES) if wrong else truth
-        name = [CATEGORIES[label], CATEGORIES[label].replace(" ", "_").upper(), str(label),
-                CATEGORIES[label], str(label), CATEGORIES[label]][filed]
+        name = [
+            CATEGORIES[label],
+            CATEGORIES[label].replace(" ", "_").upper(),
+            str(label),
+            CATEGORIES[label],
+            str(label),
+            CATEGORIES[label],
+        ][filed]
         (folder / name).mkdir(exist_ok=True)
         (folder / name / f"photo-{seed}.jpg").write_bytes(data)
         top1_hits += not wrong
@@ -49,15 +56,16 @@ def labelled(tmp_path_factory, reference):
 
 def test_accuracy_is_what_the_labels_say(labelled, weights_dir):
     folder, top1, top5 = labelled
-    report = evaluate.evaluate(folder, weights_dir, "resnet50_dual.xml", batch=4,
-                               progress=False)
+    report = evaluate.evaluate(folder, weights_dir, "resnet50_dual.xml", batch=4, progress=False)
     assert (report["photos"], report["labelled"]) == (7, 6)
     assert [s["path"].endswith("not-an-image.jpg") for s in report["skipped"]] == [True]
     rows = {r["precision"]: r for r in report["precisions"]}
     assert report["reference"] == "f32" and list(rows)[0] == "f32"
     f32 = rows["f32"]
-    assert (f32["top1_accuracy"], f32["top5_accuracy"]) == (pytest.approx(top1),
-                                                            pytest.approx(top5))
+    assert (f32["top1_accuracy"], f32["top5_accuracy"]) == (
+        pytest.approx(top1),
+        pytest.approx(top5),
+    )
     assert f32["top1_agreement_vs_f32"] == 1.0 and f32["embedding_cosine_min"] > 0.99999
     for row in rows.values():  # every precision this host runs, each timed
         assert row["ms_per_image"] > 0 and row["labelled"] == 6
@@ -71,8 +79,18 @@ def test_the_command_prints_a_table_or_json(labelled, weights_dir, capsys):
     assert report["precisions"][0]["top1_accuracy"] == pytest.approx(top1)
     assert evaluate.main([str(folder), "--weights", str(weights_dir)]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0].split() == ["precision", "top-1", "top-5", "agrees", "f32",
-                                           "cos", "mean", "cos", "min", "ms/img"]
+    assert out.splitlines()[0].split() == [
+        "precision",
+        "top-1",
+        "top-5",
+        "agrees",
+        "f32",
+        "cos",
+        "mean",
+        "cos",
+        "min",
+        "ms/img",
+    ]
     assert f"{100 * top1:.1f}%" in out.splitlines()[2]
 
 
@@ -85,7 +103,16 @@ def test_an_unlabelled_folder_gives_agreement_only(tmp_path, weights_dir):
     assert "agreement only" in evaluate.table(report)
 
 
-@pytest.mark.parametrize("name, index", [("tabby", 281), ("TABBY", 281), ("tiger_cat", 282),
-                                         ("281", 281), ("1000", None), ("holiday", None)])
+@pytest.mark.parametrize(
+    "name, index",
+    [
+        ("tabby", 281),
+        ("TABBY", 281),
+        ("tiger_cat", 282),
+        ("281", 281),
+        ("1000", None),
+        ("holiday", None),
+    ],
+)
 def test_folder_names_as_classes(name, index):
     assert evaluate.class_index(name, CATEGORIES) == index

@@ -1,6 +1,7 @@
 """Explanations, driven through the handler without a server: compared with Captum run directly
 on torchvision's resnet50, checked to mean something on a synthetic case with a known answer,
 and every bad request answered with its own 4xx."""
+
 from __future__ import annotations
 
 import base64
@@ -36,8 +37,9 @@ def tagger(weights_dir):
 
 def explained(handler_context, rows, headers=None):
     handler, context = handler_context
-    responses, statuses, _ = run_batch(handler, context, rows,
-                                       headers or [dict(EXPLAIN) for _ in rows])
+    responses, statuses, _ = run_batch(
+        handler, context, rows, headers or [dict(EXPLAIN) for _ in rows]
+    )
     return [json.loads(r) for r in responses], statuses
 
 
@@ -69,13 +71,17 @@ def test_gradcam_equals_captum_on_torchvision(tagger, reference):
 
 
 def test_integrated_gradients_equals_captum_on_torchvision(tagger, reference):
-    answers, statuses = explained(tagger, [as_json(target=281, method="ig", n_steps=4,
-                                                   internal_batch_size=4)])
+    answers, statuses = explained(
+        tagger, [as_json(target=281, method="ig", n_steps=4, internal_batch_size=4)]
+    )
     assert statuses == [(200, None)]
     (item,) = answers[0]["explanations"]
     pixels = reference.input(IMAGE)
-    attributions = IntegratedGradients(reference.model).attribute(
-        pixels, baselines=torch.zeros_like(pixels), target=281, n_steps=4).detach()
+    attributions = (
+        IntegratedGradients(reference.model)
+        .attribute(pixels, baselines=torch.zeros_like(pixels), target=281, n_steps=4)
+        .detach()
+    )
     expected = scaled_to_max(F.avg_pool2d(attributions.abs().sum(dim=1), 8)[0])
     assert (item["index"], item["label"]) == (281, CATEGORIES[281])
     assert torch.tensor(item["grid"]).shape == (28, 28)
@@ -105,18 +111,19 @@ def mass_in_region(grid) -> float:
     """The share of a heatmap's mass (stretched over the 224x224 crop as the PNG shows it)
     inside REGION."""
     grid = torch.as_tensor(grid, dtype=torch.float32)
-    up = F.interpolate(grid[None, None], size=(224, 224), mode="bilinear",
-                       align_corners=False)[0, 0].clamp(min=0)
+    up = F.interpolate(grid[None, None], size=(224, 224), mode="bilinear", align_corners=False)[
+        0, 0
+    ].clamp(min=0)
     return float(up[REGION].sum() / up.sum())
 
 
 @pytest.mark.parametrize("method,share", [("gradcam", 0.45), ("ig", 0.9)])
-def test_heatmap_mass_falls_where_the_model_can_see(weights_dir, reference, method,
-                                                     share):
+def test_heatmap_mass_falls_where_the_model_can_see(weights_dir, reference, method, share):
     dual = build_dual(torch.load(weights_dir / "resnet50.pt", weights_only=True))
     masked = OnlyRegionSeen(dual).eval()
-    explainer = explain.Explainer(masked, dual.backbone.layer4,
-                                  HandlerConfig().explain.png_max_side)
+    explainer = explain.Explainer(
+        masked, dual.backbone.layer4, HandlerConfig().explain.png_max_side
+    )
     pixels = torch.cat([reference.input(imagegen.jpeg(300, 300, seed=s)) for s in (1, 2)])
     with torch.no_grad():
         logits = masked(pixels)[1]
@@ -140,14 +147,20 @@ def test_heatmap_mass_falls_where_the_model_can_see(weights_dir, reference, meth
 def test_mixed_batch_each_request_gets_its_own_answer(tagger, reference):
     multipart_png = {"data": PORTRAIT, "target": b"tabby", "png": b"true"}
     rows = [
-        {"body": IMAGE},                                   # a prediction
-        multipart_png,                                     # explain a named class, with PNG
+        {"body": IMAGE},  # a prediction
+        multipart_png,  # explain a named class, with PNG
         as_json(topk=3),  # explain the top 3
         as_json(target="no such class"),
         as_json(method="lime"),
         as_json(method="ig", n_steps=10_000),
-        {"body": json.dumps({"instances": [{"data": base64.b64encode(IMAGE).decode()}] * 2,
-                             "parameters": {"target": [5, "goldfish"]}}).encode()},
+        {
+            "body": json.dumps(
+                {
+                    "instances": [{"data": base64.b64encode(IMAGE).decode()}] * 2,
+                    "parameters": {"target": [5, "goldfish"]},
+                }
+            ).encode()
+        },
     ]
     headers = [PREDICT] + [EXPLAIN] * 6
     answers, statuses = explained(tagger, rows, headers)
@@ -171,8 +184,10 @@ def test_mixed_batch_each_request_gets_its_own_answer(tagger, reference):
     assert bad_method["type"] == "InvalidParameter" and "lime" in bad_method["message"]
     assert too_many["type"] == "InvalidParameter" and "n_steps" in too_many["message"]
     assert len(v1["explanations"]) == 2
-    assert [[e["index"] for e in image["explanations"]] for image in v1["explanations"]] == \
-        [[5, 1], [5, 1]]
+    assert [[e["index"] for e in image["explanations"]] for image in v1["explanations"]] == [
+        [5, 1],
+        [5, 1],
+    ]
 
 
 def test_png_is_bounded_and_keeps_the_aspect_ratio(tagger):
@@ -190,12 +205,15 @@ def test_item_in_batch_equals_item_alone(tagger):
     batched, statuses = explained(tagger, [{"data": PORTRAIT}, {"data": IMAGE, "target": b"7"}])
     assert statuses == [(200, None)] * 2
     assert torch.tensor(batched[1]["explanations"][0]["grid"]) == pytest.approx(
-        torch.tensor(alone[0]["explanations"][0]["grid"]), abs=1e-3)
+        torch.tensor(alone[0]["explanations"][0]["grid"]), abs=1e-3
+    )
 
 
 def test_embedding_model_explains_its_embedding_by_default(weights_dir):
-    answers, statuses = explained(make_handler(weights_dir, task="embedding"),
-                                  [{"body": IMAGE}, {"data": IMAGE, "target": b"tabby"}])
+    answers, statuses = explained(
+        make_handler(weights_dir, task="embedding"),
+        [{"body": IMAGE}, {"data": IMAGE, "target": b"tabby"}],
+    )
     assert statuses == [(200, None)] * 2
     assert answers[0]["explanations"][0]["target"] == "embedding"
     assert answers[1]["explanations"][0]["label"] == "tabby"
@@ -206,9 +224,16 @@ def test_embedding_model_explains_its_embedding_by_default(weights_dir):
 
 def test_explanation_work_beyond_the_batch_budget_is_a_503(weights_dir):
     handler = make_handler(weights_dir, explain={"max_passes_per_batch": 2})
-    answers, statuses = explained(handler, [
-        {"data": IMAGE}, {"data": IMAGE, "topk": b"2"}, {"body": IMAGE}, {"data": IMAGE},
-        {"data": IMAGE, "method": b"ig", "n_steps": b"3"}])
+    answers, statuses = explained(
+        handler,
+        [
+            {"data": IMAGE},
+            {"data": IMAGE, "topk": b"2"},
+            {"body": IMAGE},
+            {"data": IMAGE},
+            {"data": IMAGE, "method": b"ig", "n_steps": b"3"},
+        ],
+    )
     assert [s[0] for s in statuses] == [200, 503, 200, 503, 400]
     assert answers[1]["type"] == "Overloaded"
     assert "explain.max_passes_per_batch" in answers[4]["message"]
@@ -224,16 +249,23 @@ def test_explain_parameters_on_a_prediction_are_a_400(tagger):
 
 def test_a_client_explain_header_does_not_turn_a_prediction_into_an_explanation(tagger):
     # TorchServe sets "explain" itself; a client's "Explain: True" arrives beside it.
-    answers, statuses = explained(tagger, [{"body": IMAGE}], [{"explain": "False",
-                                                                "Explain": "True"}])
+    answers, statuses = explained(
+        tagger, [{"body": IMAGE}], [{"explain": "False", "Explain": "True"}]
+    )
     assert statuses == [(200, None)] and len(answers[0]) == 5
 
 
-@pytest.mark.parametrize("options,word", [
-    ({"target": 1000}, "1000"), ({"target": []}, "at least one"), ({"png": "maybe"}, "png"),
-    ({"topk": 6}, "at most 5"), ({"n_steps": 0}, "n_steps"),
-    ({"internal_batch_size": "x"}, "internal_batch_size"),
-])
+@pytest.mark.parametrize(
+    "options,word",
+    [
+        ({"target": 1000}, "1000"),
+        ({"target": []}, "at least one"),
+        ({"png": "maybe"}, "png"),
+        ({"topk": 6}, "at most 5"),
+        ({"n_steps": 0}, "n_steps"),
+        ({"internal_batch_size": "x"}, "internal_batch_size"),
+    ],
+)
 def test_bad_explain_parameters_are_400s(tagger, options, word):
     answers, statuses = explained(tagger, [as_json(**options)])
     assert statuses == [(400, "Bad Request")]

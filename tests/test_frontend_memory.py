@@ -6,6 +6,7 @@ Every request of the burst is refused on its own (the handler's 413 for a body o
 bodies still arriving, 507 or a reset connection for that upload), and afterwards the same
 frontend and the same workers answer ordinary photos with 200.
 """
+
 from __future__ import annotations
 
 import http.client
@@ -82,8 +83,12 @@ def test_a_burst_of_maximum_size_bodies_leaves_the_frontend_answering(server):
 
     photo = (REPO / "build" / "samples" / "chelsea.jpg").read_bytes()
     for model in MODELS:
-        answer = requests.post(f"{server.inference_url}/predictions/{model}", data=photo,
-                               headers=server.keys.inference_headers(), timeout=120)
+        answer = requests.post(
+            f"{server.inference_url}/predictions/{model}",
+            data=photo,
+            headers=server.keys.inference_headers(),
+            timeout=120,
+        )
         assert answer.status_code == 200, answer.text
     assert server.processes()[0].pid == frontend
     assert _pids(server) == workers  # no worker restarted

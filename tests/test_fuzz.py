@@ -6,6 +6,7 @@ The default run is short (the ``ci`` profile, seconds); a longer one:
 
     HYPOTHESIS_PROFILE=fuzz .venv/bin/pytest tests/test_fuzz.py
 """
+
 from __future__ import annotations
 
 import base64
@@ -27,10 +28,12 @@ from tests import corpus
 # decode up to 40 MP (about 1 s per thread here, several times that on a loaded machine), and
 # Hypothesis fails as "flaky" an example over the deadline once and under it when replayed.
 DEADLINE_MS = 30_000
-settings.register_profile("ci", max_examples=150, deadline=DEADLINE_MS,
-                          suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("fuzz", max_examples=20_000, deadline=DEADLINE_MS,
-                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile(
+    "ci", max_examples=150, deadline=DEADLINE_MS, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "fuzz", max_examples=20_000, deadline=DEADLINE_MS, suppress_health_check=[HealthCheck.too_slow]
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # Examples carry base64 images: their reprs are large, which Hypothesis warns about.
 pytestmark = pytest.mark.filterwarnings(f"ignore::{HypothesisWarning.__module__}.HypothesisWarning")
@@ -41,36 +44,60 @@ SEEDS = [case.data for case in corpus.good_images().values()]
 B64 = base64.b64encode(SEEDS[0]).decode()
 
 json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text()
-json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=5)
-                           | st.dictionaries(st.text(max_size=8), inner, max_size=5),
-                           max_leaves=30)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: (
+        st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5)
+    ),
+    max_leaves=30,
+)
 # Documents shaped like ours, with any field replaced by anything.
 field_values = json_values | st.just(B64) | st.just([B64]) | st.just([{"data": B64}])
-plain_docs = st.fixed_dictionaries({"data": field_values},
-                                   optional={"topk": field_values, "extra": field_values})
+plain_docs = st.fixed_dictionaries(
+    {"data": field_values}, optional={"topk": field_values, "extra": field_values}
+)
 v1_docs = st.fixed_dictionaries(
-    {"instances": field_values | st.lists(field_values | st.fixed_dictionaries(
-        {"data": field_values}) | st.fixed_dictionaries(
-        {"image": st.fixed_dictionaries({"b64": field_values})}), max_size=4)},
-    optional={"parameters": field_values | st.fixed_dictionaries({"topk": field_values})})
+    {
+        "instances": field_values
+        | st.lists(
+            field_values
+            | st.fixed_dictionaries({"data": field_values})
+            | st.fixed_dictionaries({"image": st.fixed_dictionaries({"b64": field_values})}),
+            max_size=4,
+        )
+    },
+    optional={"parameters": field_values | st.fixed_dictionaries({"topk": field_values})},
+)
 v2_tensor = st.fixed_dictionaries(
-    {"name": field_values, "shape": field_values | st.lists(st.integers(-2, 5), max_size=3),
-     "datatype": st.sampled_from(["BYTES", "FP32"]) | field_values,
-     "data": field_values | st.lists(field_values, max_size=4)},
-    optional={"parameters": field_values | st.fixed_dictionaries({"topk": field_values})})
+    {
+        "name": field_values,
+        "shape": field_values | st.lists(st.integers(-2, 5), max_size=3),
+        "datatype": st.sampled_from(["BYTES", "FP32"]) | field_values,
+        "data": field_values | st.lists(field_values, max_size=4),
+    },
+    optional={"parameters": field_values | st.fixed_dictionaries({"topk": field_values})},
+)
 v2_docs = st.fixed_dictionaries(
     {"inputs": field_values | st.lists(v2_tensor, max_size=2)},
-    optional={"id": field_values,
-              "outputs": field_values | st.lists(st.fixed_dictionaries(
-                  {"name": st.sampled_from(["embedding", "tags", "logits"]) | field_values},
-                  optional={"parameters": field_values}), max_size=3),
-              "parameters": field_values})
+    optional={
+        "id": field_values,
+        "outputs": field_values
+        | st.lists(
+            st.fixed_dictionaries(
+                {"name": st.sampled_from(["embedding", "tags", "logits"]) | field_values},
+                optional={"parameters": field_values},
+            ),
+            max_size=3,
+        ),
+        "parameters": field_values,
+    },
+)
 documents = plain_docs | v1_docs | v2_docs | json_values
 # A document reaches the handler parsed (application/json), as text bytes, or truncated bytes.
 as_sent = st.one_of(
     documents,
     documents.map(lambda d: json.dumps(d).encode()),
-    st.tuples(documents, st.integers(0, 200)).map(lambda t: json.dumps(t[0]).encode()[:t[1]]),
+    st.tuples(documents, st.integers(0, 200)).map(lambda t: json.dumps(t[0]).encode()[: t[1]]),
     st.binary(max_size=300),
     st.text(max_size=100),
 )

@@ -1,4 +1,5 @@
 """The handler driven directly, compared with torchvision's resnet50 and transform run directly."""
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,9 @@ def embedder(weights_dir):
 
 @pytest.fixture(scope="module")
 def raw_embedder(weights_dir):
-    return make_handler(weights_dir, task="embedding", normalize_embedding=False,
-                        draft_decode=False)
+    return make_handler(
+        weights_dir, task="embedding", normalize_embedding=False, draft_decode=False
+    )
 
 
 IMAGES = {
@@ -108,8 +110,12 @@ def test_item_in_batch_equals_item_alone(tagger):
 def test_bad_request_fails_alone_in_its_batch(tagger):
     handler, context = tagger
     good = IMAGES["jpeg-320x240"]
-    rows = [{"body": good}, {"body": b"this is not an image"}, {"body": good, "topk": b"0"},
-            {"data": good}]
+    rows = [
+        {"body": good},
+        {"body": b"this is not an image"},
+        {"body": good, "topk": b"0"},
+        {"data": good},
+    ]
     responses, statuses, batch = run_batch(handler, context, rows)
     assert [s[0] for s in statuses] == [200, 400, 400, 200]
     error = json.loads(responses[1])
@@ -131,8 +137,9 @@ def test_every_request_bad_gives_no_forward_pass(tagger):
 
 def test_top_k_header(tagger):
     handler, context = tagger
-    responses, _, _ = run_batch(handler, context, [{"body": IMAGES["png-200x300"]}],
-                                headers=[{"X-Top-K": "3"}])
+    responses, _, _ = run_batch(
+        handler, context, [{"body": IMAGES["png-200x300"]}], headers=[{"X-Top-K": "3"}]
+    )
     assert len(json.loads(responses[0])) == 3
 
 
@@ -141,8 +148,9 @@ def _emitted(records, name: str) -> list[float]:
     them; the frontend turns them into the Prometheus series)."""
     values = []
     for record in records:
-        match = re.search(rf"\[METRICS\]{name}\.Count:([0-9.]+)\|#ModelName:resnet50-tagger",
-                          record.getMessage())
+        match = re.search(
+            rf"\[METRICS\]{name}\.Count:([0-9.]+)\|#ModelName:resnet50-tagger", record.getMessage()
+        )
         if match:
             values.append(float(match.group(1)))
     return values
@@ -150,7 +158,11 @@ def _emitted(records, name: str) -> list[float]:
 
 def test_batch_metrics_are_emitted_with_requests_good_images_errors_and_time(tagger, caplog):
     handler, context = tagger
-    rows = [{"body": IMAGES["png-200x300"]}, {"body": b"not an image"}, {"body": IMAGES["png-200x300"]}]
+    rows = [
+        {"body": IMAGES["png-200x300"]},
+        {"body": b"not an image"},
+        {"body": IMAGES["png-200x300"]},
+    ]
     with caplog.at_level("INFO", logger="ts.metrics"):
         run_batch(handler, context, rows)
     assert _emitted(caplog.records, "HandlerBatchSize") == [3.0]
@@ -160,18 +172,30 @@ def test_batch_metrics_are_emitted_with_requests_good_images_errors_and_time(tag
     assert _emitted(caplog.records, "HandlerRequests") == [3.0]
     assert _emitted(caplog.records, "HandlerImages") == [2.0]
     lines = "\n".join(r.getMessage() for r in caplog.records)
-    assert re.search(r"\[METRICS\]HandlerBatchesBySize\.Count:1(\.0)?\|#ModelName:resnet50-tagger,"
-                     r"Level:Model,BatchSize:3\|", lines), lines
-    assert re.search(r"\[METRICS\]HandlerErrors\.Count:1(\.0)?\|#ModelName:resnet50-tagger,"
-                     r"Level:Model,ErrorType:InvalidImage\|", lines), lines
+    assert re.search(
+        r"\[METRICS\]HandlerBatchesBySize\.Count:1(\.0)?\|#ModelName:resnet50-tagger,"
+        r"Level:Model,BatchSize:3\|",
+        lines,
+    ), lines
+    assert re.search(
+        r"\[METRICS\]HandlerErrors\.Count:1(\.0)?\|#ModelName:resnet50-tagger,"
+        r"Level:Model,ErrorType:InvalidImage\|",
+        lines,
+    ), lines
     for name in ("HandlerOpenMs", "HandlerDecodeMs", "HandlerForwardMs", "HandlerAnswerMs"):
         spent = re.search(rf"\[METRICS\]{name}\.\w+:([0-9.]+)\|", lines)
         assert spent and float(spent.group(1)) > 0, name
     # What the worker serves and holds: the precision as a label, its RSS in MiB.
-    assert re.search(r"\[METRICS\]HandlerPrecision\.\w+:1(\.0)?\|#ModelName:resnet50-tagger,"
-                     r"Level:Model,Precision:f32\|", lines), lines
-    rss = re.search(r"\[METRICS\]HandlerWorkerRssMB\.\w+:([0-9.]+)\|#ModelName:resnet50-tagger,"
-                    rf"Level:Model,WorkerPid:{os.getpid()}\|", lines)
+    assert re.search(
+        r"\[METRICS\]HandlerPrecision\.\w+:1(\.0)?\|#ModelName:resnet50-tagger,"
+        r"Level:Model,Precision:f32\|",
+        lines,
+    ), lines
+    rss = re.search(
+        r"\[METRICS\]HandlerWorkerRssMB\.\w+:([0-9.]+)\|#ModelName:resnet50-tagger,"
+        rf"Level:Model,WorkerPid:{os.getpid()}\|",
+        lines,
+    )
     assert rss and 50 < float(rss.group(1)) < 64 * 1024, lines
 
 
@@ -208,15 +232,19 @@ def test_undeclared_metrics_do_not_fail_batches(weights_dir, caplog):
 def test_bad_top_k_header_is_a_400_for_that_request_only(tagger, header):
     handler, context = tagger
     good = IMAGES["png-200x300"]
-    responses, statuses, _ = run_batch(handler, context, [{"body": good}, {"body": good}],
-                                       headers=[{"X-Top-K": header}, {}])
+    responses, statuses, _ = run_batch(
+        handler, context, [{"body": good}, {"body": good}], headers=[{"X-Top-K": header}, {}]
+    )
     assert statuses[0][0] == 400 and json.loads(responses[0])["type"] == "InvalidParameter"
     assert statuses[1] == (200, None)
 
 
 def test_top_k_in_the_request_wins_over_a_bad_header(tagger):
     handler, context = tagger
-    responses, statuses, _ = run_batch(handler, context,
-                                       [{"data": IMAGES["png-200x300"], "topk": b"2"}],
-                                       headers=[{"X-Top-K": "junk"}])
+    responses, statuses, _ = run_batch(
+        handler,
+        context,
+        [{"data": IMAGES["png-200x300"], "topk": b"2"}],
+        headers=[{"X-Top-K": "junk"}],
+    )
     assert statuses == [(200, None)] and len(json.loads(responses[0])) == 2

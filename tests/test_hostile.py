@@ -4,6 +4,7 @@ any decoding; the batch's decoding work and rows are bounded and run in bounded 
 unexpected failure is one request's 500; nothing a client sends is echoed without bound; an
 answer too large for the frontend fails alone; explanation memory stays under the configured
 ceiling; decode threads follow the CPU quota."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -88,8 +89,10 @@ def test_json_body_size_limit_names_the_setting(weights_dir):
     body = json.dumps({"data": "A" * 2000}).encode()
     responses, statuses, _ = run_batch(handler, context, [{"body": body}])
     assert statuses[0][0] == 413
-    assert "more than the limit of 1000 (handler.max_json_bytes)" in json.loads(
-        responses[0])["message"]
+    assert (
+        "more than the limit of 1000 (handler.max_json_bytes)"
+        in json.loads(responses[0])["message"]
+    )
 
 
 @pytest.mark.parametrize("fmt", ["PNG", "WEBP", "GIF", "TIFF", "BMP"])
@@ -110,8 +113,9 @@ def test_jpeg_is_costed_at_its_draft_size():
 def test_batch_budget_admits_cheap_requests_first(weights_dir, alone):
     """Three requests of 1 MP each cannot share a 1 MP batch budget with the cheap ones: they
     get 503 with Retry-After, the cheap ones their normal answer, whatever the order."""
-    handler, context = make_handler(weights_dir, max_batch_pixels=1_000_000,
-                                    max_request_pixels=1_000_000)
+    handler, context = make_handler(
+        weights_dir, max_batch_pixels=1_000_000, max_request_pixels=1_000_000
+    )
     heavy = imagegen.encode(Image.new("RGB", (1000, 1000), (200, 10, 10)), "PNG")
     rows = [{"body": heavy}, {"body": GOOD}, {"body": heavy}, {"body": GOOD}, {"body": heavy}]
     responses, statuses, _ = run_batch(handler, context, rows)
@@ -125,13 +129,16 @@ def test_batch_budget_admits_cheap_requests_first(weights_dir, alone):
     assert statuses == [(200, None)]
 
 
-@pytest.mark.parametrize("costs, budget, expected", [
-    ([5, 1, 1], 3, [False, True, True]),
-    ([5], 3, [True]),  # a lone request always fits
-    ([2, 2, 2], 4, [True, True, False]),
-    ([], 10, []),
-    ([0, 10, 0], 9, [True, True, True]),  # the first costly one is the cheapest left
-])
+@pytest.mark.parametrize(
+    "costs, budget, expected",
+    [
+        ([5, 1, 1], 3, [False, True, True]),
+        ([5], 3, [True]),  # a lone request always fits
+        ([2, 2, 2], 4, [True, True, False]),
+        ([], 10, []),
+        ([0, 10, 0], 9, [True, True, True]),  # the first costly one is the cheapest left
+    ],
+)
 def test_admission_rule(costs, budget, expected):
     assert admit(costs, budget) == expected
 
@@ -151,11 +158,15 @@ def test_unexpected_failure_is_a_500_for_that_request_only(tagger, alone, monkey
         responses, statuses, _ = run_batch(handler, context, [{"body": GOOD}, {"body": odd}])
     assert statuses[0] == (200, None) and statuses[1][0] == 500
     error = json.loads(responses[1])
-    assert error == {"code": 500, "type": "InternalError", "message":
-                     "unexpected error while decoding this request (RuntimeError); "
-                     "request id req-1"}
-    assert any("request req-1: unexpected RuntimeError while decoding" in r.getMessage()
-               for r in caplog.records)
+    assert error == {
+        "code": 500,
+        "type": "InternalError",
+        "message": "unexpected error while decoding this request (RuntimeError); request id req-1",
+    }
+    assert any(
+        "request req-1: unexpected RuntimeError while decoding" in r.getMessage()
+        for r in caplog.records
+    )
     assert_same_tags(json.loads(responses[0]), alone)
 
 
@@ -169,8 +180,9 @@ def test_unexpected_parse_failure_is_a_500_for_that_request_only(tagger, monkeyp
         return real(row, **kwargs)
 
     monkeypatch.setattr(routing, "parse_request", broken)
-    responses, statuses, _ = run_batch(handler, context,
-                                       [{"data": GOOD, "topk": b"3"}, {"body": GOOD}])
+    responses, statuses, _ = run_batch(
+        handler, context, [{"data": GOOD, "topk": b"3"}, {"body": GOOD}]
+    )
     assert statuses[0][0] == 500 and json.loads(responses[0])["type"] == "InternalError"
     assert statuses[1] == (200, None)
 
@@ -181,12 +193,19 @@ def test_failed_requests_leave_no_reference_cycles(tagger):
     until a full garbage collection; under bad inputs the worker's RSS rose for minutes (#16).
     With no cycle, a batch's memory is freed when its answers are written."""
     handler, context = tagger
-    rows = [{"body": b"not an image" * 100},  # decoded alone
-            {"body": {"inputs": [{"name": "n" * 100_000, "datatype": "BYTES", "shape": [2],
-                                  "data": [b64(TINY)]}]}},  # refused while parsing
-            v2(2, data=[b64(GOOD), b64(b"broken")]),  # two images: the decode pool's path
-            {"data": GOOD, "method": b"nope"},  # an explanation refused
-            {"body": GOOD}]
+    rows = [
+        {"body": b"not an image" * 100},  # decoded alone
+        {
+            "body": {
+                "inputs": [
+                    {"name": "n" * 100_000, "datatype": "BYTES", "shape": [2], "data": [b64(TINY)]}
+                ]
+            }
+        },  # refused while parsing
+        v2(2, data=[b64(GOOD), b64(b"broken")]),  # two images: the decode pool's path
+        {"data": GOOD, "method": b"nope"},  # an explanation refused
+        {"body": GOOD},
+    ]
     headers = [{}, {}, {}, {"explain": "True"}, {}]
     gc.collect()
     gc.set_debug(gc.DEBUG_SAVEALL)
@@ -204,19 +223,34 @@ def test_failed_requests_leave_no_reference_cycles(tagger):
 def test_describe_reports_the_limits(tagger):
     handler, _ = tagger
     limits = json.loads(handler.describe_handle())["handler"]
-    assert {k: limits[k] for k in ("max_request_pixels", "max_batch_pixels", "max_json_depth",
-                                   "max_json_bytes")} == {
+    assert {
+        k: limits[k]
+        for k in ("max_request_pixels", "max_batch_pixels", "max_json_depth", "max_json_bytes")
+    } == {
         "max_request_pixels": handler.model.config.max_request_pixels,
         "max_batch_pixels": handler.model.config.max_batch_pixels,
-        "max_json_depth": 16, "max_json_bytes": 32 * 1024 * 1024}
+        "max_json_depth": 16,
+        "max_json_bytes": 32 * 1024 * 1024,
+    }
 
 
 # ---- round two (issue #16): rows, echoes, answer sizes, memory
 
 
 def v2(count: int, image: bytes = TINY, **tensor) -> dict:
-    return {"body": {"inputs": [{"name": "images", "shape": [count], "datatype": "BYTES",
-                                 "data": [b64(image)] * count, **tensor}]}}
+    return {
+        "body": {
+            "inputs": [
+                {
+                    "name": "images",
+                    "shape": [count],
+                    "datatype": "BYTES",
+                    "data": [b64(image)] * count,
+                    **tensor,
+                }
+            ]
+        }
+    }
 
 
 def test_rows_are_budgeted_per_batch_fewest_first(tagger, alone):
@@ -229,8 +263,9 @@ def test_rows_are_budgeted_per_batch_fewest_first(tagger, alone):
     assert statuses[4] == (200, None)
     assert_same_tags(json.loads(responses[4]), alone)
     refused = [json.loads(r) for r, s in zip(responses, statuses) if s[0] == 503]
-    assert all(r["type"] == "Overloaded" and "handler.max_batch_images" in r["message"]
-               for r in refused)
+    assert all(
+        r["type"] == "Overloaded" and "handler.max_batch_images" in r["message"] for r in refused
+    )
     assert len(prepared.pixels) == 57  # the photo and seven requests of 8, nothing else
 
 
@@ -265,21 +300,52 @@ def test_an_answer_over_the_response_limit_is_a_413_alone(weights_dir, alone):
     assert_same_tags(json.loads(responses[1]), alone)
 
 
-@pytest.mark.parametrize("row", [
-    pytest.param(v2(1, name="n" * 1_000_000, shape=[2]), id="v2-name-1MB-bad-shape"),
-    pytest.param({"data": GOOD, "topk": b"7" * 1_100_000}, id="topk-1.1MB"),
-    pytest.param({"body": {"inputs": [{"name": "x" * 1_000_000, "datatype": "FP32",
-                                       "shape": [1], "data": [1]}]}}, id="v2-datatype"),
-    pytest.param({"body": {"data": b64(GOOD), "k" * 1_000_000: 1}}, id="json-field"),
-    pytest.param({"body": GOOD, **{f"f{i}" * 1000: b"1" for i in range(50)}}, id="form-fields"),
-    pytest.param({"body": {"inputs": [{"name": "images", "datatype": "BYTES",
-                                       "shape": list(range(200_000)), "data": [b64(TINY)]}]}},
-                 id="v2-shape"),
-    pytest.param({"body": {"x" * 1_000_000: 1}}, id="json-keys"),
-    pytest.param({"body": {"inputs": [{"name": "images", "datatype": "BYTES", "shape": [1],
-                                       "data": [b64(TINY)]}],
-                           "outputs": [{"name": "z" * 1_000_000}]}}, id="v2-output-name"),
-])
+@pytest.mark.parametrize(
+    "row",
+    [
+        pytest.param(v2(1, name="n" * 1_000_000, shape=[2]), id="v2-name-1MB-bad-shape"),
+        pytest.param({"data": GOOD, "topk": b"7" * 1_100_000}, id="topk-1.1MB"),
+        pytest.param(
+            {
+                "body": {
+                    "inputs": [
+                        {"name": "x" * 1_000_000, "datatype": "FP32", "shape": [1], "data": [1]}
+                    ]
+                }
+            },
+            id="v2-datatype",
+        ),
+        pytest.param({"body": {"data": b64(GOOD), "k" * 1_000_000: 1}}, id="json-field"),
+        pytest.param({"body": GOOD, **{f"f{i}" * 1000: b"1" for i in range(50)}}, id="form-fields"),
+        pytest.param(
+            {
+                "body": {
+                    "inputs": [
+                        {
+                            "name": "images",
+                            "datatype": "BYTES",
+                            "shape": list(range(200_000)),
+                            "data": [b64(TINY)],
+                        }
+                    ]
+                }
+            },
+            id="v2-shape",
+        ),
+        pytest.param({"body": {"x" * 1_000_000: 1}}, id="json-keys"),
+        pytest.param(
+            {
+                "body": {
+                    "inputs": [
+                        {"name": "images", "datatype": "BYTES", "shape": [1], "data": [b64(TINY)]}
+                    ],
+                    "outputs": [{"name": "z" * 1_000_000}],
+                }
+            },
+            id="v2-output-name",
+        ),
+    ],
+)
 def test_client_values_are_echoed_short(tagger, row):
     handler, context = tagger
     responses, statuses, _ = run_batch(handler, context, [row, {"body": GOOD}])
@@ -292,8 +358,12 @@ def test_no_message_grows_with_the_request():
 
 
 def test_a_v2_id_is_capped():
-    ok = {"body": {"id": "i" * 256, "inputs": [{"name": "a", "datatype": "BYTES",
-                                                 "shape": [1], "data": [b64(TINY)]}]}}
+    ok = {
+        "body": {
+            "id": "i" * 256,
+            "inputs": [{"name": "a", "datatype": "BYTES", "shape": [1], "data": [b64(TINY)]}],
+        }
+    }
     assert parse.parse_request(ok, config=CONFIG).request_id == "i" * 256
     ok["body"]["id"] = "i" * 257
     with pytest.raises(Exception) as caught:
@@ -301,11 +371,22 @@ def test_a_v2_id_is_capped():
     assert caught.value.status == 400 and "more than 256" in caught.value.message
 
 
-@pytest.mark.parametrize("body", [
-    {"inputs": [{"name": "n" * 1000, "datatype": "BYTES", "shape": [200_000],
-                 "data": ["!not base64!"] * 200_000}]},
-    {"instances": [{"data": "!not base64!"}] * 200_000},
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {
+            "inputs": [
+                {
+                    "name": "n" * 1000,
+                    "datatype": "BYTES",
+                    "shape": [200_000],
+                    "data": ["!not base64!"] * 200_000,
+                }
+            ]
+        },
+        {"instances": [{"data": "!not base64!"}] * 200_000},
+    ],
+)
 def test_the_image_count_is_checked_before_any_item_is_read(body, monkeypatch):
     """Far too many items (each one bad) fail on the count, before any item is decoded."""
     decoded = []
@@ -325,22 +406,26 @@ def test_explanation_rows_per_pass_only_go_down(tagger):
     responses, statuses, _ = run_batch(handler, context, [lower, higher], context_headers)
     assert statuses[0] == (200, None)
     assert statuses[1][0] == 400
-    assert f"internal_batch_size must be an integer from 1 to {ceiling}" in json.loads(
-        responses[1])["message"]
+    assert (
+        f"internal_batch_size must be an integer from 1 to {ceiling}"
+        in json.loads(responses[1])["message"]
+    )
 
 
-@pytest.mark.parametrize("files, expected", [
-    ({"cpu.max": "150000 100000\n"}, 2),
-    ({"cpu.max": "max 100000\n"}, None),
-    ({"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1),
-    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
-    ({}, None),
-])
+@pytest.mark.parametrize(
+    "files, expected",
+    [
+        ({"cpu.max": "150000 100000\n"}, 2),
+        ({"cpu.max": "max 100000\n"}, None),
+        ({"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1),
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+        ({}, None),
+    ],
+)
 def test_decode_threads_follow_the_cpu_quota(tmp_path, files, expected):
     """A pod's CPU limit (cgroup v2 or v1), not the node's cores, sets the usable cores."""
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     unlimited = intake.usable_cpus(tmp_path / "absent")
-    assert intake.usable_cpus(tmp_path) == (min(expected, unlimited) if expected
-                                            else unlimited)
+    assert intake.usable_cpus(tmp_path) == (min(expected, unlimited) if expected else unlimited)

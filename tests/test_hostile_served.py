@@ -2,6 +2,7 @@
 requests does not hold an ordinary photo back, long client values come back as short 4xx
 answers, and an answer too large for the frontend is one request's 413 while the rest of its
 batch is answered, with no worker restarted."""
+
 from __future__ import annotations
 
 import threading
@@ -23,13 +24,17 @@ MODEL = "resnet50-tagger"
 
 
 def v2_body(count: int, image: bytes = TINY, name: str = "images") -> dict:
-    return {"inputs": [{"name": name, "shape": [count], "datatype": "BYTES",
-                        "data": [b64(image)] * count}]}
+    return {
+        "inputs": [
+            {"name": name, "shape": [count], "datatype": "BYTES", "data": [b64(image)] * count}
+        ]
+    }
 
 
 def worker_pids(ts, model: str = MODEL) -> list[int]:
-    described = requests.get(f"{ts.management_url}/models/{model}",
-                             headers=ts.keys.management_headers(), timeout=30).json()[0]
+    described = requests.get(
+        f"{ts.management_url}/models/{model}", headers=ts.keys.management_headers(), timeout=30
+    ).json()[0]
     return sorted(w["pid"] for w in described["workers"])
 
 
@@ -45,8 +50,7 @@ def test_an_ordinary_photo_is_answered_during_a_row_flood(torchserve):
     alone = []
     for _ in range(3):
         started = time.monotonic()
-        assert requests.post(url, json=v2_body(8), headers=headers,
-                             timeout=120).status_code == 200
+        assert requests.post(url, json=v2_body(8), headers=headers, timeout=120).status_code == 200
         alone.append(time.monotonic() - started)
     bound = 20 * sorted(alone)[1] + 5  # 16 ahead + 1 in progress, with room for the photos
     stop = threading.Event()
@@ -55,8 +59,9 @@ def test_an_ordinary_photo_is_answered_during_a_row_flood(torchserve):
     def flood() -> None:
         deadline = time.monotonic() + 120  # bounded whatever happens to the test
         while not stop.is_set() and time.monotonic() < deadline:
-            statuses.append(requests.post(url, json=v2_body(8), headers=headers,
-                                          timeout=120).status_code)
+            statuses.append(
+                requests.post(url, json=v2_body(8), headers=headers, timeout=120).status_code
+            )
 
     latencies = []
     with ThreadPoolExecutor(16) as pool:
@@ -77,15 +82,22 @@ def test_an_ordinary_photo_is_answered_during_a_row_flood(torchserve):
     assert worker_pids(torchserve) == pids
 
 
-@pytest.mark.parametrize("body", [
-    pytest.param({**v2_body(2, name="n" * 1_000_000)}, id="v2-name-1MB-shape-disagrees"),
-    pytest.param({"data": b64(PHOTO), "topk": "7" * 1_100_000}, id="topk-1.1MB"),
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param({**v2_body(2, name="n" * 1_000_000)}, id="v2-name-1MB-shape-disagrees"),
+        pytest.param({"data": b64(PHOTO), "topk": "7" * 1_100_000}, id="topk-1.1MB"),
+    ],
+)
 def test_long_client_values_get_short_4xx_answers(torchserve, body):
     if "inputs" in body:
         body["inputs"][0]["data"] = body["inputs"][0]["data"][:1]
-    response = requests.post(f"{torchserve.inference_url}/predictions/{MODEL}", json=body,
-                             headers=torchserve.keys.inference_headers(), timeout=120)
+    response = requests.post(
+        f"{torchserve.inference_url}/predictions/{MODEL}",
+        json=body,
+        headers=torchserve.keys.inference_headers(),
+        timeout=120,
+    )
     assert response.status_code == 400, response.text[:300]
     assert len(response.content) < 1500, len(response.content)
     assert "chars)" in response.json()["message"]
@@ -95,9 +107,14 @@ def test_long_client_values_get_short_4xx_answers(torchserve, body):
 def small_answers_server(tmp_path_factory, model_store):
     """A TorchServe whose tagger answers at most 64 KB per request and forms batches of 4
     (waiting up to 30 s to fill one, so 4 concurrent requests are one batch)."""
-    with variant_server(tmp_path_factory, model_store, MODEL,
-                        handler={"max_response_bytes": 65536},
-                        batchSize=4, maxBatchDelay=30000) as server:
+    with variant_server(
+        tmp_path_factory,
+        model_store,
+        MODEL,
+        handler={"max_response_bytes": 65536},
+        batchSize=4,
+        maxBatchDelay=30000,
+    ) as server:
         yield server
 
 

@@ -1,4 +1,5 @@
 """Decoding what people upload, and refusing what they should not, without TorchServe."""
+
 from __future__ import annotations
 
 import json
@@ -88,8 +89,7 @@ def test_mutated_images_never_escape_as_other_errors():
     """Bit flips and cuts in every accepted format: each either decodes or is a RequestError."""
     rng = np.random.default_rng(0)
     source = imagegen.photo(120, 80, seed=9)
-    seeds = [imagegen.encode(source, fmt) for fmt in ("JPEG", "PNG", "GIF", "BMP", "TIFF",
-                                                       "WEBP")]
+    seeds = [imagegen.encode(source, fmt) for fmt in ("JPEG", "PNG", "GIF", "BMP", "TIFF", "WEBP")]
     outcomes = {"decoded": 0, "refused": 0}
     for data in seeds:
         for _ in range(60):

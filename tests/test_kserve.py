@@ -2,6 +2,7 @@
 stock-runtime variant) through ``kserve_tools.lint`` (the CRD schema made strict plus the
 webhook rules and ours), mutated copies failing with the expected message, and the generated
 config.properties files in step with config/config.properties and the archives."""
+
 from __future__ import annotations
 
 import copy
@@ -48,8 +49,11 @@ def isvc(target: str):
 
 def policy(target: str):
     """The one NetworkPolicy rendered from an overlay name."""
-    [resource] = [r for r in copy.deepcopy(_rendered(KSERVE / "overlays" / target))
-                  if r.kind == "NetworkPolicy"]
+    [resource] = [
+        r
+        for r in copy.deepcopy(_rendered(KSERVE / "overlays" / target))
+        if r.kind == "NetworkPolicy"
+    ]
     return resource
 
 
@@ -60,39 +64,59 @@ def runtime():
 
 def findings(resource) -> list[str]:
     """Every finding of the lint for one (possibly mutated) InferenceService."""
-    runtimes = {kserve_lint.STOCK_RUNTIME.name: kserve_lint.STOCK_RUNTIME,
-                OUR_RUNTIME: kserve_lint.runtime_of(runtime())}
-    return [str(f) for f in kserve_lint.schema_findings(resource)
-            + kserve_lint.inference_service_findings(resource, runtimes, LIMITS)]
+    runtimes = {
+        kserve_lint.STOCK_RUNTIME.name: kserve_lint.STOCK_RUNTIME,
+        OUR_RUNTIME: kserve_lint.runtime_of(runtime()),
+    }
+    return [
+        str(f)
+        for f in kserve_lint.schema_findings(resource)
+        + kserve_lint.inference_service_findings(resource, runtimes, LIMITS)
+    ]
 
 
 # ------------------------------------------------------------------ every manifest passes
 
-@pytest.mark.parametrize("target", kserve_lint.default_targets(),
-                         ids=lambda p: str(p.relative_to(KSERVE)))
+
+@pytest.mark.parametrize(
+    "target", kserve_lint.default_targets(), ids=lambda p: str(p.relative_to(KSERVE))
+)
 def test_every_manifest_passes_the_lint(target):
     problems = kserve_lint.lint([target])
     assert not problems, "\n".join(map(str, problems))
 
 
 def test_lint_command_passes_on_the_repository_and_fails_on_a_bad_file(tmp_path):
-    ok = subprocess.run([sys.executable, "-m", "kserve_tools.lint"], cwd=REPO,
-                        capture_output=True, text=True, timeout=300)
+    ok = subprocess.run(
+        [sys.executable, "-m", "kserve_tools.lint"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert ok.returncode == 0, ok.stderr
     assert "kserve-lint: 0 problem(s)" in ok.stdout
     bad = copy.deepcopy(isvc("v1").obj)
     bad["spec"]["predictor"]["containerConcurrency"] = 4
     path = tmp_path / "isvc.yaml"
     path.write_text(yaml.safe_dump(bad))
-    failed = subprocess.run([sys.executable, "-m", "kserve_tools.lint", str(path)], cwd=REPO,
-                            capture_output=True, text=True, timeout=300)
+    failed = subprocess.run(
+        [sys.executable, "-m", "kserve_tools.lint", str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert failed.returncode == 1
-    assert (f"{path}: InferenceService resnet50: spec.predictor.containerConcurrency: 4 is "
-            f"below batchSize x maxWorkers = {LIMITS.min_concurrency}") in failed.stderr
+    assert (
+        f"{path}: InferenceService resnet50: spec.predictor.containerConcurrency: 4 is "
+        f"below batchSize x maxWorkers = {LIMITS.min_concurrency}"
+    ) in failed.stderr
     assert f"fix: set it to at least {LIMITS.min_concurrency}" in failed.stderr
 
 
 # ------------------------------------------------------------------ the variants say what they are
+
 
 def test_overlays_share_the_base_and_change_only_their_part():
     base = isvc("v1").obj
@@ -105,8 +129,10 @@ def test_overlays_share_the_base_and_change_only_their_part():
     assert str(gpu["resources"]["limits"]["nvidia.com/gpu"]) == "1"
     assert gpu["storageUri"].endswith("/resnet50-serve-gpu/") and gpu["image"].endswith("-gpu")
     hpa = isvc("standard-hpa").obj
-    assert hpa["metadata"]["annotations"] == {"serving.kserve.io/deploymentMode": "Standard",
-                                              "serving.kserve.io/autoscalerClass": "hpa"}
+    assert hpa["metadata"]["annotations"] == {
+        "serving.kserve.io/deploymentMode": "Standard",
+        "serving.kserve.io/autoscalerClass": "hpa",
+    }
     assert hpa["spec"]["predictor"]["scaleMetric"] == "cpu"
     knative = isvc("knative").obj
     assert knative["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "Knative"
@@ -118,8 +144,9 @@ def test_overlays_share_the_base_and_change_only_their_part():
     canary = isvc("canary").obj["spec"]["predictor"]
     assert canary["model"]["storageUri"].endswith("/resnet50-serve-2.0/")
     assert 0 < canary["canaryTrafficPercent"] < 100
-    assert {k: v for k, v in canary.items() if k not in ("model", "canaryTrafficPercent")} == \
-        {k: v for k, v in predictor.items() if k != "model"}
+    assert {k: v for k, v in canary.items() if k not in ("model", "canaryTrafficPercent")} == {
+        k: v for k, v in predictor.items() if k != "model"
+    }
 
 
 def test_runtime_image_is_set_by_kustomize_and_the_bundle_config_is_generated():
@@ -135,24 +162,44 @@ def test_dockerfile_installs_the_runtime_pins_only():
     marker = "# build, test and benchmark tools"
     assert f"sed '/^{marker}/,$d'" in (KSERVE / "runtime" / "Dockerfile").read_text()
     lines = (REPO / "requirements.txt").read_text().splitlines()
-    runtime_pins = {re.split(r"[=<>\[]", line)[0] for line in lines[:lines.index(marker)]
-                    if line and not line.startswith("#")}
-    assert {"torch", "torchvision", "torchserve", "onnxruntime", "openvino",
-            "pillow"} <= runtime_pins
-    assert not runtime_pins & {"pytest", "kserve", "kserve-storage", "moto", "boto3",
-                               "tritonclient", "nncf"}
+    runtime_pins = {
+        re.split(r"[=<>\[]", line)[0]
+        for line in lines[: lines.index(marker)]
+        if line and not line.startswith("#")
+    }
+    assert {
+        "torch",
+        "torchvision",
+        "torchserve",
+        "onnxruntime",
+        "openvino",
+        "pillow",
+    } <= runtime_pins
+    assert not runtime_pins & {
+        "pytest",
+        "kserve",
+        "kserve-storage",
+        "moto",
+        "boto3",
+        "tritonclient",
+        "nncf",
+    }
 
 
 def test_a_kustomization_kubectl_refuses_is_named_with_kubectl_s_message(tmp_path):
     (tmp_path / "kustomization.yaml").write_text("resources: [missing.yaml]\n")
-    with pytest.raises(RenderError, match=f"^{re.escape(str(tmp_path))}: kubectl kustomize "
-                                          r"failed .*missing\.yaml"):
+    with pytest.raises(
+        RenderError,
+        match=f"^{re.escape(str(tmp_path))}: kubectl kustomize "
+        r"failed .*missing\.yaml",
+    ):
         render(tmp_path)
     problems = [str(p) for p in kserve_lint.lint([tmp_path])]
     assert len(problems) == 1 and "kustomization: <render>: " in problems[0], problems
 
 
 # ------------------------------------------------------------------ mutated copies fail
+
 
 def _set(path: str, value):
     def mutate(obj):
@@ -161,6 +208,7 @@ def _set(path: str, value):
         for key in parents:
             node = node.setdefault(key, {})
         node[leaf] = value
+
     return mutate
 
 
@@ -175,34 +223,65 @@ def _knative(obj) -> bool:
 
 ISVC_MUTATIONS = {
     "name": (_set("metadata.name", "ResNet50"), "metadata.name: 'ResNet50' does not match"),
-    "two-implementations": (_set("spec.predictor.sklearn", {"storageUri": "s3://b/m/"}),
-                            "exactly one predictor implementation"),
-    "model-name": (_set("spec.predictor.model.name", "tagger"),
-                   "not allowed in standard predictor"),
-    "storage-uris": (_set("spec.predictor.storageUris", [{"uri": "s3://b/other/"}]),
-                     "both storageUri and storageUris"),
-    "replicas": (lambda o: o["spec"]["predictor"].update(minReplicas=5, maxReplicas=2),
-                 "minReplicas 5 is above maxReplicas 2"),
-    "negative-concurrency": (_set("spec.predictor.containerConcurrency", -1),
-                             "containerConcurrency: -1 is negative"),
-    "scale-metric": (lambda o: o["spec"]["predictor"].update(
-        scaleMetric="cpu" if _knative(o) else "rps"), "is not allowed with"),
-    "autoscaler-class": (lambda o: _annotate(o, "serving.kserve.io/autoscalerClass", "kpa"),
-                         "[kpa] is not a supported autoscaler class type"),
-    "pythonpath": (lambda o: o["spec"]["predictor"]["model"].setdefault("env", []).append(
-        {"name": "PYTHONPATH", "value": "/x"}), "setting PYTHONPATH in container"),
-    "protocol": (_set("spec.predictor.model.protocolVersion", "grpc-v1"),
-                 "'grpc-v1' is not supported by runtime"),
-    "model-format": (_set("spec.predictor.model.modelFormat.name", "sklearn"),
-                     "does not support sklearn"),
-    "concurrency-below-batch": (_set("spec.predictor.containerConcurrency", 2),
-                                "containerConcurrency: 2 is below batchSize x maxWorkers"),
+    "two-implementations": (
+        _set("spec.predictor.sklearn", {"storageUri": "s3://b/m/"}),
+        "exactly one predictor implementation",
+    ),
+    "model-name": (
+        _set("spec.predictor.model.name", "tagger"),
+        "not allowed in standard predictor",
+    ),
+    "storage-uris": (
+        _set("spec.predictor.storageUris", [{"uri": "s3://b/other/"}]),
+        "both storageUri and storageUris",
+    ),
+    "replicas": (
+        lambda o: o["spec"]["predictor"].update(minReplicas=5, maxReplicas=2),
+        "minReplicas 5 is above maxReplicas 2",
+    ),
+    "negative-concurrency": (
+        _set("spec.predictor.containerConcurrency", -1),
+        "containerConcurrency: -1 is negative",
+    ),
+    "scale-metric": (
+        lambda o: o["spec"]["predictor"].update(scaleMetric="cpu" if _knative(o) else "rps"),
+        "is not allowed with",
+    ),
+    "autoscaler-class": (
+        lambda o: _annotate(o, "serving.kserve.io/autoscalerClass", "kpa"),
+        "[kpa] is not a supported autoscaler class type",
+    ),
+    "pythonpath": (
+        lambda o: (
+            o["spec"]["predictor"]["model"]
+            .setdefault("env", [])
+            .append({"name": "PYTHONPATH", "value": "/x"})
+        ),
+        "setting PYTHONPATH in container",
+    ),
+    "protocol": (
+        _set("spec.predictor.model.protocolVersion", "grpc-v1"),
+        "'grpc-v1' is not supported by runtime",
+    ),
+    "model-format": (
+        _set("spec.predictor.model.modelFormat.name", "sklearn"),
+        "does not support sklearn",
+    ),
+    "concurrency-below-batch": (
+        _set("spec.predictor.containerConcurrency", 2),
+        "containerConcurrency: 2 is below batchSize x maxWorkers",
+    ),
     "timeout": (_set("spec.predictor.timeout", 30), "30 s is below TorchServe's responseTimeout"),
-    "unknown-field": (lambda o: o["spec"]["predictor"]["model"].update(
-        storageURI=o["spec"]["predictor"]["model"].pop("storageUri")),
-        "'storageURI' was unexpected"),
-    "mode": (lambda o: _annotate(o, "serving.kserve.io/deploymentMode", "Serverfull"),
-             "'Serverfull' is not a deployment mode"),
+    "unknown-field": (
+        lambda o: o["spec"]["predictor"]["model"].update(
+            storageURI=o["spec"]["predictor"]["model"].pop("storageUri")
+        ),
+        "'storageURI' was unexpected",
+    ),
+    "mode": (
+        lambda o: _annotate(o, "serving.kserve.io/deploymentMode", "Serverfull"),
+        "'Serverfull' is not a deployment mode",
+    ),
 }
 
 
@@ -229,8 +308,10 @@ def test_deprecated_mode_names_are_normalised_like_the_webhook_does():
 def test_keda_takes_no_scale_metric_and_kpa_is_no_autoscaler_class():
     resource = isvc("standard-hpa")
     resource.obj["metadata"]["annotations"]["serving.kserve.io/autoscalerClass"] = "keda"
-    assert any("'cpu' is not allowed with KEDA" in p and "autoScaling.metrics" in p
-               for p in findings(resource))
+    assert any(
+        "'cpu' is not allowed with KEDA" in p and "autoScaling.metrics" in p
+        for p in findings(resource)
+    )
     del resource.obj["spec"]["predictor"]["scaleMetric"]
     del resource.obj["spec"]["predictor"]["scaleTarget"]
     assert findings(resource) == []
@@ -248,8 +329,10 @@ def test_gpu_and_canary_bundle_configs_come_from_the_same_source():
             assert entry.get("deviceType") == ("gpu" if device == "gpu" else None)
         assert properties.get("number_of_gpu") == ("1" if device == "gpu" else None)
     assert bundle_name("gpu") + "/" in isvc("gpu").obj["spec"]["predictor"]["model"]["storageUri"]
-    assert bundle_name(version="2.0") + "/" in \
-        isvc("canary").obj["spec"]["predictor"]["model"]["storageUri"]
+    assert (
+        bundle_name(version="2.0") + "/"
+        in isvc("canary").obj["spec"]["predictor"]["model"]["storageUri"]
+    )
 
 
 def _container(obj) -> dict:
@@ -257,33 +340,53 @@ def _container(obj) -> dict:
 
 
 RUNTIME_MUTATIONS = {
-    "auto-select": (lambda o: o["spec"]["supportedModelFormats"][0].update(autoSelect=True),
-                    "must not be picked automatically"),
-    "pythonpath": (lambda o: _container(o)["env"].append({"name": "PYTHONPATH", "value": "/x"}),
-                   "setting PYTHONPATH in container 'kserve-container' is not allowed"),
-    "probe": (lambda o: _container(o).update(readinessProbe={"httpGet": {
-        "path": "/ping", "port": 8080}}), "only the bundle's readiness check waits"),
-    "port-name": (lambda o: _container(o)["ports"][0].update(name="http"),
-                  "Knative needs http1 or h2c"),
-    "port": (lambda o: _container(o)["ports"][0].update(containerPort=9090),
-             "9090 is not TorchServe's inference port 8080"),
-    "two-ports": (lambda o: _container(o)["ports"].append({"name": "metrics",
-                                                          "containerPort": 8082}),
-                  "2 ports; Knative allows exactly one"),
-    "background": (lambda o: _container(o)["args"].remove("--foreground"),
-                   "--foreground missing"),
-    "mount": (lambda o: _container(o)["args"].__setitem__(
-        3, "--model-store=/models/model-store"), "--model-store=/mnt/models/model-store missing"),
-    "metrics-port": (lambda o: o["spec"]["annotations"].update(
-        {"prometheus.kserve.io/port": "9091"}), "is not TorchServe's metrics port 8082"),
+    "auto-select": (
+        lambda o: o["spec"]["supportedModelFormats"][0].update(autoSelect=True),
+        "must not be picked automatically",
+    ),
+    "pythonpath": (
+        lambda o: _container(o)["env"].append({"name": "PYTHONPATH", "value": "/x"}),
+        "setting PYTHONPATH in container 'kserve-container' is not allowed",
+    ),
+    "probe": (
+        lambda o: _container(o).update(readinessProbe={"httpGet": {"path": "/ping", "port": 8080}}),
+        "only the bundle's readiness check waits",
+    ),
+    "port-name": (
+        lambda o: _container(o)["ports"][0].update(name="http"),
+        "Knative needs http1 or h2c",
+    ),
+    "port": (
+        lambda o: _container(o)["ports"][0].update(containerPort=9090),
+        "9090 is not TorchServe's inference port 8080",
+    ),
+    "two-ports": (
+        lambda o: _container(o)["ports"].append({"name": "metrics", "containerPort": 8082}),
+        "2 ports; Knative allows exactly one",
+    ),
+    "background": (lambda o: _container(o)["args"].remove("--foreground"), "--foreground missing"),
+    "mount": (
+        lambda o: _container(o)["args"].__setitem__(3, "--model-store=/models/model-store"),
+        "--model-store=/mnt/models/model-store missing",
+    ),
+    "metrics-port": (
+        lambda o: o["spec"]["annotations"].update({"prometheus.kserve.io/port": "9091"}),
+        "is not TorchServe's metrics port 8082",
+    ),
     "protocols": (_set("spec.protocolVersions", ["v1"]), "must include v1 and v2"),
     "unknown-field": (_set("spec.supportedModelFormat", []), "spec.supportedModelFormat: unknown"),
-    "container-name": (lambda o: _container(o).update(name="torchserve"),
-                       "expected exactly one container named kserve-container"),
-    "seccomp": (lambda o: _container(o)["securityContext"].pop("seccompProfile"),
-                "securityContext.seccompProfile: missing: no syscall filter"),
-    "memory": (lambda o: _container(o)["resources"]["limits"].update(memory="4Gi"),
-               "resources.limits.memory: '4Gi' is below the measured footprint"),
+    "container-name": (
+        lambda o: _container(o).update(name="torchserve"),
+        "expected exactly one container named kserve-container",
+    ),
+    "seccomp": (
+        lambda o: _container(o)["securityContext"].pop("seccompProfile"),
+        "securityContext.seccompProfile: missing: no syscall filter",
+    ),
+    "memory": (
+        lambda o: _container(o)["resources"]["limits"].update(memory="4Gi"),
+        "resources.limits.memory: '4Gi' is below the measured footprint",
+    ),
 }
 
 
@@ -294,16 +397,19 @@ def test_mutated_runtime_fails_with_the_expected_message(mutation):
     mutate(resource.obj)
     problems = [str(f) for f in kserve_lint.runtime_findings(resource)]
     assert any(expected in p for p in problems), problems
-    assert all(p.startswith("kserve/runtime/kustomization.yaml: ClusterServingRuntime "
-                            f"{OUR_RUNTIME}: ") for p in problems)
+    assert all(
+        p.startswith(f"kserve/runtime/kustomization.yaml: ClusterServingRuntime {OUR_RUNTIME}: ")
+        for p in problems
+    )
 
 
 def test_runtime_with_token_auth_on_fails():
     properties = kserve_lint.server_properties()
     properties["disable_token_authorization"] = "false"
     problems = [str(f) for f in kserve_lint.runtime_findings(runtime(), properties)]
-    assert any("token authorization is on" in p and "authenticate at the gateway" in p
-               for p in problems), problems
+    assert any(
+        "token authorization is on" in p and "authenticate at the gateway" in p for p in problems
+    ), problems
 
 
 # ------------------------------------------------------------------ the stock-runtime variant
@@ -334,8 +440,9 @@ def _snapshot() -> dict:
 
 
 def test_kserve_config_keeps_the_per_model_settings_of_config_properties():
-    shipped = json.loads(javaproperties.loads(
-        (REPO / "config" / "config.properties").read_text())["models"])
+    shipped = json.loads(
+        javaproperties.loads((REPO / "config" / "config.properties").read_text())["models"]
+    )
     snapshot = _snapshot()
     assert set(snapshot["models"]) == set(shipped) == set(MODELS)
     assert snapshot["modelCount"] == len(MODELS)  # TorchServe loads nothing when it is 0
@@ -345,7 +452,9 @@ def test_kserve_config_keeps_the_per_model_settings_of_config_properties():
         assert entry["marName"] == ours["marName"] == f"{model}.mar"
         assert entry["defaultVersion"] is True
         for key in PER_MODEL:
-            assert entry[key] == ours[key], f"{model} {key}: kserve {entry[key]} != config {ours[key]}"
+            assert entry[key] == ours[key], (
+                f"{model} {key}: kserve {entry[key]} != config {ours[key]}"
+            )
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -368,8 +477,10 @@ def test_kserve_wrapper_can_parse_the_config():
         if not line.startswith("#") and "=" in line:
             name, value = line.split("=", 1)
             config[name.strip()] = value.strip()
-    assert not any(line.rstrip().endswith("\\")
-                   for line in (KSERVE / "config.properties").read_text().splitlines())
+    assert not any(
+        line.rstrip().endswith("\\")
+        for line in (KSERVE / "config.properties").read_text().splitlines()
+    )
     assert sorted(json.loads(config["model_snapshot"])["models"]) == sorted(MODELS)
     assert config["model_store"] == "/mnt/models/model-store"
     assert config["inference_address"].startswith("http://")  # it splits at "//" for host:port
@@ -378,8 +489,10 @@ def test_kserve_wrapper_can_parse_the_config():
 
 def test_kserve_config_fits_the_runtime():
     properties = _kserve_properties()
-    ports = {key: int(properties[key].rsplit(":", 1)[1])
-             for key in ("inference_address", "management_address", "metrics_address")}
+    ports = {
+        key: int(properties[key].rsplit(":", 1)[1])
+        for key in ("inference_address", "management_address", "metrics_address")
+    }
     # The wrapper's ModelServer holds 8080 (HTTP) and 8081 (gRPC) in the same container.
     assert not {ports["inference_address"], ports["management_address"]} & {8080, 8081}
     assert properties["inference_address"].startswith("http://127.0.0.1:")
@@ -408,31 +521,71 @@ def test_every_overlay_ships_a_network_policy_for_its_pods(target):
     """Only named namespaces reach the pods: the ingress gateway's the inference port (or
     Knative's queue-proxy), the monitoring one the metrics port; each name set once in
     kserve/base/namespaces.env."""
-    names = dict(line.split("=", 1) for line in
-                 (KSERVE / "base" / "namespaces.env").read_text().splitlines()
-                 if line and not line.startswith("#"))
+    names = dict(
+        line.split("=", 1)
+        for line in (KSERVE / "base" / "namespaces.env").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
     spec = policy(target).obj["spec"]
     assert spec["podSelector"]["matchLabels"] == {kserve_lint.ISVC_LABEL: isvc(target).name}
-    allowed = {(peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
-                port["port"]) for rule in spec["ingress"] for peer in rule["from"]
-               for port in rule["ports"]}
-    inference = 8012 if kserve_lint.mode(isvc(target).obj["metadata"]["annotations"]) in (
-        "Knative", "Serverless") else 8080
+    allowed = {
+        (peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"], port["port"])
+        for rule in spec["ingress"]
+        for peer in rule["from"]
+        for port in rule["ports"]
+    }
+    inference = (
+        8012
+        if kserve_lint.mode(isvc(target).obj["metadata"]["annotations"])
+        in ("Knative", "Serverless")
+        else 8080
+    )
     assert {(names["ingress"], inference), (names["monitoring"], PROMETHEUS_PORT)} <= allowed
-    assert {namespace for namespace, _ in allowed} <= {names["ingress"], names["monitoring"],
-                                                      "knative-serving"}
+    assert {namespace for namespace, _ in allowed} <= {
+        names["ingress"],
+        names["monitoring"],
+        "knative-serving",
+    }
 
 
-@pytest.mark.parametrize("mutation, expected", [
-    (lambda objs: [o for o in objs if o.kind != "NetworkPolicy"], "no NetworkPolicy selects"),
-    (lambda objs: [o for o in objs if not (o.kind == "NetworkPolicy" and o.obj["spec"][
-        "ingress"][0].update({"from": []}))], "admits more than named namespaces"),
-    (lambda objs: [o for o in objs if not (o.kind == "NetworkPolicy" and o.obj["spec"][
-        "ingress"].pop(1) is None)], "port 8082 is admitted from no namespace"),
-    (lambda objs: [o for o in objs if not (o.kind == "NetworkPolicy" and o.obj["spec"][
-        "podSelector"]["matchLabels"].update({kserve_lint.ISVC_LABEL: "other"}))],
-     "no NetworkPolicy selects"),
-], ids=["missing", "open-rule", "no-metrics-rule", "wrong-pods"])
+@pytest.mark.parametrize(
+    "mutation, expected",
+    [
+        (lambda objs: [o for o in objs if o.kind != "NetworkPolicy"], "no NetworkPolicy selects"),
+        (
+            lambda objs: [
+                o
+                for o in objs
+                if not (
+                    o.kind == "NetworkPolicy" and o.obj["spec"]["ingress"][0].update({"from": []})
+                )
+            ],
+            "admits more than named namespaces",
+        ),
+        (
+            lambda objs: [
+                o
+                for o in objs
+                if not (o.kind == "NetworkPolicy" and o.obj["spec"]["ingress"].pop(1) is None)
+            ],
+            "port 8082 is admitted from no namespace",
+        ),
+        (
+            lambda objs: [
+                o
+                for o in objs
+                if not (
+                    o.kind == "NetworkPolicy"
+                    and o.obj["spec"]["podSelector"]["matchLabels"].update(
+                        {kserve_lint.ISVC_LABEL: "other"}
+                    )
+                )
+            ],
+            "no NetworkPolicy selects",
+        ),
+    ],
+    ids=["missing", "open-rule", "no-metrics-rule", "wrong-pods"],
+)
 def test_a_missing_or_open_network_policy_fails_the_lint(mutation, expected):
     objects = mutation(list(copy.deepcopy(_rendered(KSERVE / "overlays" / "v1"))))
     problems = [str(f) for f in kserve_lint.network_policy_findings(objects)]
@@ -445,8 +598,9 @@ def test_memory_covers_the_documented_footprint():
     assert f"{kserve_lint.FOOTPRINT_GIB} GiB" in readme
     low = isvc("v1")
     low.obj["spec"]["predictor"]["model"]["resources"]["limits"]["memory"] = "4Gi"
-    assert any("resources.limits.memory: '4Gi' is below the measured footprint" in p
-               for p in findings(low))
+    assert any(
+        "resources.limits.memory: '4Gi' is below the measured footprint" in p for p in findings(low)
+    )
     for enough in ("8Gi", "8192Mi", "8.5e9", "8.1G"):
         low.obj["spec"]["predictor"]["model"]["resources"]["limits"]["memory"] = enough
         assert not any("limits.memory" in p for p in findings(low)), enough
@@ -455,8 +609,10 @@ def test_memory_covers_the_documented_footprint():
 def test_a_memory_size_kubernetes_cannot_read_is_a_finding():
     bad = isvc("v1")
     bad.obj["spec"]["predictor"]["model"]["resources"]["requests"]["memory"] = "1.2.3"
-    assert ("InferenceService resnet50: spec.predictor.model.resources.requests.memory: '1.2.3' "
-            "is not a Kubernetes quantity") in "\n".join(findings(bad))
+    assert (
+        "InferenceService resnet50: spec.predictor.model.resources.requests.memory: '1.2.3' "
+        "is not a Kubernetes quantity"
+    ) in "\n".join(findings(bad))
 
 
 def test_docker_build_context_sends_only_requirements():
@@ -464,6 +620,9 @@ def test_docker_build_context_sends_only_requirements():
     requirements.txt: the .dockerignore there keeps weights, archives and keys out."""
     dockerfile = (KSERVE / "runtime" / "Dockerfile").read_text()
     assert re.findall(r"^COPY (\S+)", dockerfile, re.M) == ["requirements.txt"]
-    lines = [line for line in (REPO / ".dockerignore").read_text().splitlines()
-             if line and not line.startswith("#")]
+    lines = [
+        line
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
     assert lines == ["*", "!requirements.txt"]

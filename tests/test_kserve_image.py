@@ -4,6 +4,7 @@
 ``securityContext`` and limits, ``/mnt/models`` the bundle of ``make kserve-bundle`` mounted
 read-only, the port published on 127.0.0.1. Answers are compared with the local server's (the
 session ``torchserve``), as in tests/test_kserve_runtime.py."""
+
 from __future__ import annotations
 
 import json
@@ -74,14 +75,17 @@ def _inside(pod, code: str) -> str:
 
 def _worker_states(pod) -> dict[str, list[str]]:
     """Each model's worker states, asked of the loopback management API inside the container."""
-    code = ("import json, urllib.request as u\n"
-            "b = 'http://127.0.0.1:8081/models/'\n"
-            f"print(json.dumps({{m: [w['status'] for w in json.load(u.urlopen(b + m))[0]"
-            f"['workers']] for m in {sorted(repo_models())!r}}}))")
+    code = (
+        "import json, urllib.request as u\n"
+        "b = 'http://127.0.0.1:8081/models/'\n"
+        f"print(json.dumps({{m: [w['status'] for w in json.load(u.urlopen(b + m))[0]"
+        f"['workers']] for m in {sorted(repo_models())!r}}}))"
+    )
     return json.loads(_inside(pod, code))
 
 
 # ------------------------------------------------------------------ what only a container shows
+
 
 def test_container_runs_as_uid_1000_with_java_17_and_a_read_only_bundle(pod):
     assert pod.exec(["id", "-u"], timeout=30).stdout.strip() == "1000"
@@ -98,35 +102,51 @@ def test_readiness_probe_fails_until_every_worker_is_loaded(pod):
     assert pod.readiness[-1] and not any(pod.readiness[:-1]), pod.readiness
     assert pod.readiness[0] is False
     # Some failures came from the management API itself: models registered, workers loading.
-    assert any("workers loaded" in r or "no model registered" in r for r in pod.reasons), \
+    assert any("workers loaded" in r or "no model registered" in r for r in pod.reasons), (
         pod.reasons
-    assert _worker_states(pod) == {name: ["READY"] * settings["minWorkers"]
-                                   for name, settings in repo_models().items()}
+    )
+    assert _worker_states(pod) == {
+        name: ["READY"] * settings["minWorkers"] for name, settings in repo_models().items()
+    }
     assert pod.probe("readinessProbe") and pod.probe("livenessProbe")
     print(f"\ncold start (container run -> readinessProbe passes): {pod.ready_after:.1f} s")
 
 
 # ------------------------------------------------------------------ answers through the port
 
+
 @pytest.fixture(scope="module")
 def local_answers(torchserve):
-    return [(raw_answer(torchserve, "resnet50-embedding", image)["embedding"],
-             raw_answer(torchserve, "resnet50-tagger", image, **{"X-Top-K": str(TOPK)}))
-            for image in IMAGES]
+    return [
+        (
+            raw_answer(torchserve, "resnet50-embedding", image)["embedding"],
+            raw_answer(torchserve, "resnet50-tagger", image, **{"X-Top-K": str(TOPK)}),
+        )
+        for image in IMAGES
+    ]
 
 
 def test_v1_and_v2_answers_equal_the_local_server(pod, local_answers):
     for image, (embedding, tags) in zip(IMAGES, local_answers):
-        v1 = requests.post(f"{pod.inference_url}/v1/models/resnet50-tagger:predict",
-                           json={"instances": [{"data": b64(image)}],
-                                 "parameters": {"topk": TOPK}}, timeout=120)
+        v1 = requests.post(
+            f"{pod.inference_url}/v1/models/resnet50-tagger:predict",
+            json={"instances": [{"data": b64(image)}], "parameters": {"topk": TOPK}},
+            timeout=120,
+        )
         assert v1.status_code == 200, v1.text
         assert_same_tags(v1.json()["predictions"][0], tags)
-        v2 = requests.post(f"{pod.inference_url}/v2/models/resnet50-embedding/infer", json={
-            "id": "r-1", "parameters": {"topk": TOPK},
-            "inputs": [{"name": "images", "shape": [1], "datatype": "BYTES",
-                        "data": [b64(image)]}],
-            "outputs": [{"name": "embedding"}, {"name": "tags"}]}, timeout=120)
+        v2 = requests.post(
+            f"{pod.inference_url}/v2/models/resnet50-embedding/infer",
+            json={
+                "id": "r-1",
+                "parameters": {"topk": TOPK},
+                "inputs": [
+                    {"name": "images", "shape": [1], "datatype": "BYTES", "data": [b64(image)]}
+                ],
+                "outputs": [{"name": "embedding"}, {"name": "tags"}],
+            },
+            timeout=120,
+        )
         assert v2.status_code == 200, v2.text
         outputs = {o["name"]: o for o in v2.json()["outputs"]}
         assert v2.json()["id"] == "r-1"
@@ -139,13 +159,18 @@ def test_a_bad_image_gets_the_local_server_s_4xx(pod, torchserve, data):
     body = {"instances": [{"data": data}]}
     url = "/v1/models/resnet50-tagger:predict"
     got = requests.post(pod.inference_url + url, json=body, timeout=120)
-    local = requests.post(torchserve.inference_url + url, json=body, timeout=120,
-                          headers=torchserve.keys.inference_headers())
+    local = requests.post(
+        torchserve.inference_url + url,
+        json=body,
+        timeout=120,
+        headers=torchserve.keys.inference_headers(),
+    )
     assert 400 <= got.status_code < 500, got.text
     assert (got.status_code, got.json()["type"]) == (local.status_code, local.json()["type"])
 
 
 # ------------------------------------------------------------------ the kubelet's stop (last)
+
 
 def test_sigterm_stops_torchserve_cleanly_within_the_grace_period(pod):
     code, seconds = pod.stop()

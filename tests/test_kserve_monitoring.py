@@ -1,6 +1,7 @@
 """kserve/monitoring: the PodMonitor and the PrometheusRule pass ``make kserve-lint`` as
 shipped, the rule is config/monitoring/rules.yml's copy, and each thing that would leave
 Prometheus blind or the alerts silent is named by the lint."""
+
 from __future__ import annotations
 
 import copy
@@ -30,16 +31,22 @@ def test_shipped_objects_pass_and_scrape_the_runtime_metrics_port():
         assert _findings(resource) == []
     relabel = objects["PodMonitor"].obj["spec"]["podMetricsEndpoints"][0]["relabelings"]
     port = kserve_lint.server_properties()["metrics_address"].rsplit(":", 1)[1]
-    assert {"sourceLabels": ["__meta_kubernetes_pod_ip"], "targetLabel": "__address__",
-            "replacement": f"$1:{port}"} in relabel
+    assert {
+        "sourceLabels": ["__meta_kubernetes_pod_ip"],
+        "targetLabel": "__address__",
+        "replacement": f"$1:{port}",
+    } in relabel
 
 
 def test_prometheus_rule_is_the_generated_copy_of_the_rules():
-    assert monitoring.PROMETHEUS_RULE.read_text() == monitoring.prometheus_rule_text(), \
+    assert monitoring.PROMETHEUS_RULE.read_text() == monitoring.prometheus_rule_text(), (
         "kserve/monitoring/prometheusrule.yaml is stale: run python -m kserve_tools.monitoring"
+    )
     shipped = yaml.safe_load(monitoring.PROMETHEUS_RULE.read_text())["spec"]["groups"]
-    assert shipped == yaml.safe_load((REPO / "config" / "monitoring" / "rules.yml").read_text())[
-        "groups"]
+    assert (
+        shipped
+        == yaml.safe_load((REPO / "config" / "monitoring" / "rules.yml").read_text())["groups"]
+    )
 
 
 def _endpoint(obj) -> dict:
@@ -47,18 +54,30 @@ def _endpoint(obj) -> dict:
 
 
 POD_MONITOR_MUTATIONS = {
-    "selector": (lambda o: o["spec"]["selector"]["matchLabels"].update(
-        {"serving.kserve.io/inferenceservice": "resnet"}), "'resnet' selects no pod"),
-    "port": (lambda o: _endpoint(o)["relabelings"][1].update(replacement="$1:8080"),
-             "does not point __address__ at the metrics port 8082"),
+    "selector": (
+        lambda o: o["spec"]["selector"]["matchLabels"].update(
+            {"serving.kserve.io/inferenceservice": "resnet"}
+        ),
+        "'resnet' selects no pod",
+    ),
+    "port": (
+        lambda o: _endpoint(o)["relabelings"][1].update(replacement="$1:8080"),
+        "does not point __address__ at the metrics port 8082",
+    ),
     "job": (lambda o: _endpoint(o)["relabelings"].pop(2), "job is not 'torchserve'"),
-    "every-container": (lambda o: _endpoint(o)["relabelings"].pop(0),
-                        "does not keep only container kserve-container"),
+    "every-container": (
+        lambda o: _endpoint(o)["relabelings"].pop(0),
+        "does not keep only container kserve-container",
+    ),
     "path": (lambda o: _endpoint(o).update(path="/metric"), "TorchServe serves /metrics"),
-    "typo": (lambda o: o["spec"].update(podMetricEndpoints=o["spec"].pop("podMetricsEndpoints")),
-             "spec.podMetricEndpoints: unknown field"),
-    "api": (lambda o: o.update(apiVersion="monitoring.coreos.com/v1alpha1"),
-            "not monitoring.coreos.com/v1"),
+    "typo": (
+        lambda o: o["spec"].update(podMetricEndpoints=o["spec"].pop("podMetricsEndpoints")),
+        "spec.podMetricEndpoints: unknown field",
+    ),
+    "api": (
+        lambda o: o.update(apiVersion="monitoring.coreos.com/v1alpha1"),
+        "not monitoring.coreos.com/v1",
+    ),
 }
 
 
@@ -76,5 +95,8 @@ def test_a_stale_prometheus_rule_fails():
     resource = copy.deepcopy(_objects()["PrometheusRule"])
     resource.obj["spec"]["groups"][1]["rules"][0]["for"] = "30m"
     problems = _findings(resource)
-    assert any("spec.groups: differs from config/monitoring/rules.yml" in p
-               and "fix: run python -m kserve_tools.monitoring" in p for p in problems), problems
+    assert any(
+        "spec.groups: differs from config/monitoring/rules.yml" in p
+        and "fix: run python -m kserve_tools.monitoring" in p
+        for p in problems
+    ), problems

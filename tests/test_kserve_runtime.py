@@ -4,6 +4,7 @@
 with the command, args and env of our ClusterServingRuntime (``kserve_tools.pod``); driven by
 KServe's ``InferenceRESTClient`` (v1, v2) and ``tritonclient`` (v2) at once, with server-side
 batching on. Answers are compared with the local server's (the session ``torchserve``)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -52,6 +53,7 @@ def tree(root: Path) -> dict[str, str]:
 
 # ------------------------------------------------------------------ fixtures, once per module
 
+
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory, model_store):
     return build(tmp_path_factory.mktemp("kserve-bundle"), model_store=model_store)
@@ -68,19 +70,23 @@ def s3(bundle):
 
     endpoint = f"http://127.0.0.1:{free_port()}"
     with pytest.MonkeyPatch.context() as env:
-        for key, value in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
-                           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-                           "S3_VERIFY_SSL": "0"}.items():
+        for key, value in {
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "S3_VERIFY_SSL": "0",
+        }.items():
             env.setenv(key, value)
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=int(endpoint.rsplit(":", 1)[1]),
-                                    verbose=False)
+        server = ThreadedMotoServer(
+            ip_address="127.0.0.1", port=int(endpoint.rsplit(":", 1)[1]), verbose=False
+        )
         server.start()
         try:
             client = boto3.client("s3", endpoint_url=endpoint)
             client.create_bucket(Bucket=BUCKET)
             for rel in tree(bundle.folder):
-                client.upload_file(str(bundle.folder / rel), BUCKET,
-                                   f"{bundle.folder.name}/{rel}")
+                client.upload_file(str(bundle.folder / rel), BUCKET, f"{bundle.folder.name}/{rel}")
             client.upload_file(str(bundle.tarball), BUCKET, f"archives/{bundle.tarball.name}")
             yield f"s3://{BUCKET}"
         finally:
@@ -88,10 +94,12 @@ def s3(bundle):
 
 
 def _uri(kind: str, bundle, s3_root: str) -> str:
-    return {"file-folder": f"file://{bundle.folder}",
-            "file-tgz": f"file://{bundle.tarball}",
-            "s3-folder": f"{s3_root}/{bundle.folder.name}/",
-            "s3-tgz": f"{s3_root}/archives/{bundle.tarball.name}"}[kind]
+    return {
+        "file-folder": f"file://{bundle.folder}",
+        "file-tgz": f"file://{bundle.tarball}",
+        "s3-folder": f"{s3_root}/{bundle.folder.name}/",
+        "s3-tgz": f"{s3_root}/archives/{bundle.tarball.name}",
+    }[kind]
 
 
 def download(uri: str, out: Path) -> Path:
@@ -124,16 +132,22 @@ def pod(tmp_path_factory, s3, bundle, container):
 @pytest.fixture(scope="module")
 def local_answers(torchserve):
     """Each image's embedding and top-3 tags from the local server, one request at a time."""
-    return [(raw_answer(torchserve, "resnet50-embedding", image)["embedding"],
-             raw_answer(torchserve, "resnet50-tagger", image, **{"X-Top-K": str(TOPK)}))
-            for image in IMAGES]
+    return [
+        (
+            raw_answer(torchserve, "resnet50-embedding", image)["embedding"],
+            raw_answer(torchserve, "resnet50-tagger", image, **{"X-Top-K": str(TOPK)}),
+        )
+        for image in IMAGES
+    ]
 
 
 # ------------------------------------------------------------------ storage
 
+
 def test_bundle_is_consistent_and_lints_clean(bundle):
-    assert sorted(p.name for p in (bundle.folder / "model-store").iterdir()) == \
-        sorted(f"{m}.mar" for m in MODELS)
+    assert sorted(p.name for p in (bundle.folder / "model-store").iterdir()) == sorted(
+        f"{m}.mar" for m in MODELS
+    )
     assert bundle_findings(bundle.folder) == []
 
 
@@ -164,16 +178,23 @@ def test_bundle_with_a_renamed_archive_fails_the_lint(bundle, tmp_path):
     copy = download(_uri("file-tgz", bundle, "unused"), tmp_path / "copy")
     (copy / "model-store" / "resnet50-tagger.mar").rename(copy / "model-store" / "tagger.mar")
     problems = [str(f) for f in bundle_findings(copy)]
-    assert any("models.resnet50-tagger.1.0.marName: resnet50-tagger.mar holds nothing" in p
-               for p in problems), problems
+    assert any(
+        "models.resnet50-tagger.1.0.marName: resnet50-tagger.mar holds nothing" in p
+        for p in problems
+    ), problems
 
 
 # ------------------------------------------------------------------ the runtime's command
 
+
 def test_pod_runs_the_manifest_command_with_only_mount_and_ports_changed(pod, container):
     words = container["command"] + container["args"]
-    assert pod.command() == [f"--ts-config={pod.config_path}" if w.startswith("--ts-config=")
-                             else w.replace(MOUNT, str(pod.mount)) for w in words]
+    assert pod.command() == [
+        f"--ts-config={pod.config_path}"
+        if w.startswith("--ts-config=")
+        else w.replace(MOUNT, str(pod.mount))
+        for w in words
+    ]
     assert pod.bundle_config == pod.mount / "config" / "config.properties"
     shipped = javaproperties.loads(pod.bundle_config.read_text().replace(MOUNT, str(pod.mount)))
     running = javaproperties.loads(pod.config_path.read_text())
@@ -186,40 +207,54 @@ def test_pod_runs_the_manifest_command_with_only_mount_and_ports_changed(pod, co
 
 
 def _worker_states(pod) -> dict[str, list[str]]:
-    return {name: [w["status"] for w in requests.get(
-        f"{pod.management_url}/models/{name}", timeout=30).json()[0]["workers"]]
-        for name in MODELS}
+    return {
+        name: [
+            w["status"]
+            for w in requests.get(f"{pod.management_url}/models/{name}", timeout=30).json()[0][
+                "workers"
+            ]
+        ]
+        for name in MODELS
+    }
 
 
 def test_readiness_probe_passes_only_once_every_worker_is_loaded(pod):
     """The kubelet's view of start-up: the probe never passed before its last run, and when it
     first passed every model had its minWorkers workers READY (described right then)."""
     assert pod.readiness[-1] and not any(pod.readiness[:-1]), pod.readiness
-    assert pod.workers_when_ready == {name: ["READY"] * settings["minWorkers"]
-                                      for name, settings in repo_models().items()}
+    assert pod.workers_when_ready == {
+        name: ["READY"] * settings["minWorkers"] for name, settings in repo_models().items()
+    }
     assert pod.probe("livenessProbe")
 
 
 def test_readiness_probe_fails_while_a_required_worker_loads(pod):
     scale = f"{pod.management_url}/models/resnet50-tagger"
     # One more required worker, started in the background: it needs seconds to load.
-    assert requests.put(scale, params={"min_worker": 2, "max_worker": 2,
-                                       "synchronous": "false"}, timeout=30).status_code == 202
+    assert (
+        requests.put(
+            scale, params={"min_worker": 2, "max_worker": 2, "synchronous": "false"}, timeout=30
+        ).status_code
+        == 202
+    )
     try:
         assert not pod.probe("readinessProbe")
         # What the probe does not use: /ping and /v2/health/ready pass meanwhile.
         assert requests.get(f"{pod.inference_url}/ping", timeout=10).status_code == 200
-        assert requests.get(f"{pod.inference_url}/v2/health/ready", timeout=10).json() == \
-            {"ready": True}
+        assert requests.get(f"{pod.inference_url}/v2/health/ready", timeout=10).json() == {
+            "ready": True
+        }
         pod.wait_ready(timeout=300)
         assert _worker_states(pod)["resnet50-tagger"] == ["READY", "READY"]
     finally:
-        requests.put(scale, params={"min_worker": 1, "max_worker": 1, "synchronous": "true"},
-                     timeout=300)
+        requests.put(
+            scale, params={"min_worker": 1, "max_worker": 1, "synchronous": "true"}, timeout=300
+        )
     assert pod.probe("readinessProbe")
 
 
 # ------------------------------------------------------------------ KServe's and Triton's clients
+
 
 async def _kserve_calls(url: str) -> tuple[list, list, list]:
     """v1 tags and v2 embedding+tags for every image, all requests in flight at once."""
@@ -229,23 +264,35 @@ async def _kserve_calls(url: str) -> tuple[list, list, list]:
     v1 = InferenceRESTClient(RESTConfig(protocol="v1", timeout=300))
     v2 = InferenceRESTClient(RESTConfig(protocol="v2", timeout=300))
     try:
-        v1_calls = [v1.infer(url, {"instances": [{"data": b64(image)}],
-                                   "parameters": {"topk": TOPK}}, model_name="resnet50-tagger")
-                    for image in IMAGES]
-        v2_calls = [v2.infer(url, InferRequest(
-            model_name="resnet50-embedding", request_id=f"r-{i}",
-            infer_inputs=[InferInput("images", [1], "BYTES", data=[b64(image)])],
-            parameters={"topk": TOPK},
-            request_outputs=[RequestedOutput("embedding"), RequestedOutput("tags")]),
-            model_name="resnet50-embedding") for i, image in enumerate(IMAGES)]
-        bad = v1.infer(url, {"instances": [{"data": "not base64!"}]},
-                       model_name="resnet50-tagger")
+        v1_calls = [
+            v1.infer(
+                url,
+                {"instances": [{"data": b64(image)}], "parameters": {"topk": TOPK}},
+                model_name="resnet50-tagger",
+            )
+            for image in IMAGES
+        ]
+        v2_calls = [
+            v2.infer(
+                url,
+                InferRequest(
+                    model_name="resnet50-embedding",
+                    request_id=f"r-{i}",
+                    infer_inputs=[InferInput("images", [1], "BYTES", data=[b64(image)])],
+                    parameters={"topk": TOPK},
+                    request_outputs=[RequestedOutput("embedding"), RequestedOutput("tags")],
+                ),
+                model_name="resnet50-embedding",
+            )
+            for i, image in enumerate(IMAGES)
+        ]
+        bad = v1.infer(url, {"instances": [{"data": "not base64!"}]}, model_name="resnet50-tagger")
         results = await asyncio.gather(*v1_calls, *v2_calls, bad, return_exceptions=True)
     finally:
         await v1.close()
         await v2.close()
     n = len(IMAGES)
-    return results[:n], results[n:2 * n], results[2 * n:]
+    return results[:n], results[n : 2 * n], results[2 * n :]
 
 
 def _triton_call(url: str, image: bytes | None):
@@ -261,8 +308,12 @@ def _triton_call(url: str, image: bytes | None):
         else:
             data = triton.InferInput("images", [1], "BYTES")
             data.set_data_from_numpy(np.array([b64(image)], dtype=object), binary_data=False)
-        result = client.infer("resnet50-tagger", [data], parameters={"topk": TOPK},
-                              outputs=[triton.InferRequestedOutput("tags", binary_data=False)])
+        result = client.infer(
+            "resnet50-tagger",
+            [data],
+            parameters={"topk": TOPK},
+            outputs=[triton.InferRequestedOutput("tags", binary_data=False)],
+        )
         return [json.loads(s) for s in result.as_numpy("tags").reshape(-1)]
     except InferenceServerException as exc:
         return exc
@@ -273,8 +324,7 @@ def _triton_call(url: str, image: bytes | None):
 def test_kserve_and_triton_clients_get_the_local_answers_concurrently(pod, local_answers):
     before = {m: handled(pod, m) for m in MODELS}
     with ThreadPoolExecutor(max_workers=len(IMAGES) + 1) as pool:
-        triton = pool.map(lambda image: _triton_call(pod.inference_url, image),
-                          [*IMAGES, None])
+        triton = pool.map(lambda image: _triton_call(pod.inference_url, image), [*IMAGES, None])
         v1, v2, [bad_v1] = asyncio.run(_kserve_calls(pod.inference_url))
         *triton_tags, bad_triton = list(triton)
     for i, (embedding, tags) in enumerate(local_answers):
@@ -294,9 +344,10 @@ def test_kserve_and_triton_clients_get_the_local_answers_concurrently(pod, local
     assert json.loads(bad_triton.debug_details())["type"] == "InvalidRequest"
     # Batching was on: fewer batches than requests for the models that got them at once.
     expected = 2 * len(IMAGES) + 2  # v1 and triton, each with one bad request
-    after = settled(lambda: {m: handled(pod, m) for m in MODELS},
-                    lambda now: now["resnet50-tagger"][0] - before["resnet50-tagger"][0]
-                    >= expected)
+    after = settled(
+        lambda: {m: handled(pod, m) for m in MODELS},
+        lambda now: now["resnet50-tagger"][0] - before["resnet50-tagger"][0] >= expected,
+    )
     tagger_requests = after["resnet50-tagger"][0] - before["resnet50-tagger"][0]
     tagger_batches = after["resnet50-tagger"][1] - before["resnet50-tagger"][1]
     assert tagger_requests == expected
@@ -312,9 +363,20 @@ def test_v2_health_and_unknown_model_through_the_kserve_client(pod):
             live = await client.is_server_live(pod.inference_url)
             ready = await client.is_server_ready(pod.inference_url)
             try:
-                await client.infer(pod.inference_url, {"inputs": [
-                    {"name": "images", "shape": [1], "datatype": "BYTES",
-                     "data": [b64(IMAGES[0])]}]}, model_name="no-such-model")
+                await client.infer(
+                    pod.inference_url,
+                    {
+                        "inputs": [
+                            {
+                                "name": "images",
+                                "shape": [1],
+                                "datatype": "BYTES",
+                                "data": [b64(IMAGES[0])],
+                            }
+                        ]
+                    },
+                    model_name="no-such-model",
+                )
             except httpx.HTTPStatusError as exc:
                 return live, ready, exc.response.status_code
             return live, ready, 200

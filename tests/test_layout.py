@@ -1,5 +1,6 @@
 """The shape the code keeps (issue #26): the request path is one package that imports no
 serving engine, engines are thin adapters around it, and a request's values are made once."""
+
 from __future__ import annotations
 
 import ast
@@ -36,21 +37,32 @@ def imported(path: Path) -> set[str]:
 
 
 def test_the_core_imports_no_engine():
-    offenders = {str(p.relative_to(REPO)): sorted(imported(p) & set(ENGINES))
-                 for p in modules(CORE)}
+    offenders = {
+        str(p.relative_to(REPO)): sorted(imported(p) & set(ENGINES)) for p in modules(CORE)
+    }
     assert {p: names for p, names in offenders.items() if names} == {}
 
 
 def test_importing_the_whole_core_loads_no_engine():
     """What the source says, checked by the interpreter: every core module imported, and no
     engine module among everything that got loaded along the way."""
-    names = [".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
-             for p in modules(CORE)]
-    script = ("import importlib, sys\n"
-              f"for name in {names!r}: importlib.import_module(name)\n"
-              f"print(sorted(m for m in sys.modules if m.split('.')[0] in {ENGINES!r}))")
-    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
-                         text=True, check=True, timeout=300).stdout
+    names = [
+        ".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        for p in modules(CORE)
+    ]
+    script = (
+        "import importlib, sys\n"
+        f"for name in {names!r}: importlib.import_module(name)\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {ENGINES!r}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
     assert out.strip().splitlines()[-1] == "[]"
 
 
@@ -71,8 +83,11 @@ def test_no_core_function_takes_more_than_six_parameters():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 a = node.args
-                params = [p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)
-                          if p.arg not in ("self", "cls")]
+                params = [
+                    p.arg
+                    for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)
+                    if p.arg not in ("self", "cls")
+                ]
                 params += [p.arg for p in (a.vararg, a.kwarg) if p is not None]
                 if len(params) > MAX_PARAMETERS:
                     wide.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}{params}")
@@ -85,10 +100,18 @@ def test_a_request_error_is_never_assigned_after_the_fact():
     assignments = []
     for path in [*modules(CORE), *modules(REPO / "handlers")]:
         for node in ast.walk(ast.parse(path.read_text())):
-            targets = (node.targets if isinstance(node, ast.Assign) else
-                       [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
-            assignments += [f"{path.relative_to(REPO)}:{node.lineno}" for t in targets
-                            if isinstance(t, ast.Attribute) and t.attr == "error"]
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, (ast.AugAssign, ast.AnnAssign))
+                else []
+            )
+            assignments += [
+                f"{path.relative_to(REPO)}:{node.lineno}"
+                for t in targets
+                if isinstance(t, ast.Attribute) and t.attr == "error"
+            ]
     assert assignments == []
     failed = Failed("r1", InvalidImage("not an image"))
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -1,6 +1,7 @@
 """config/monitoring checked with Prometheus's own tools: promtool accepts the rules and passes
 their unit tests, every alert is tested firing and quiet; then a real Prometheus scrapes a real
 TorchServe under a small load and its recording rules agree with what the test sent."""
+
 from __future__ import annotations
 
 import shutil
@@ -19,20 +20,28 @@ from tsclient import metrics
 def _promtool() -> str:
     path = shutil.which("promtool")
     if path is None:
-        pytest.fail("promtool missing: `make setup` installs Prometheus (devtools/ensure_prometheus.sh)")
+        pytest.fail(
+            "promtool missing: `make setup` installs Prometheus (devtools/ensure_prometheus.sh)"
+        )
     return path
 
 
 def test_promtool_accepts_the_rules():
-    result = subprocess.run([_promtool(), "check", "rules", str(RULES)], capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [_promtool(), "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
 
 
 def test_promtool_unit_tests_pass():
-    result = subprocess.run([_promtool(), "test", "rules", str(UNIT_TESTS)], capture_output=True,
-                            text=True, timeout=120, cwd=UNIT_TESTS.parent)
+    result = subprocess.run(
+        [_promtool(), "test", "rules", str(UNIT_TESTS)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=UNIT_TESTS.parent,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -52,10 +61,12 @@ def test_every_alert_waits_and_says_what_to_do():
         assert rule.get("for"), f"{name}: no `for:` (one bad scrape would page)"
         annotations = rule.get("annotations", {})
         assert annotations.get("summary"), f"{name}: no summary"
-        assert "docs/operations.md" in annotations.get("description", ""), \
+        assert "docs/operations.md" in annotations.get("description", ""), (
             f"{name}: the description should point at docs/operations.md"
-        assert name in (REPO / "docs" / "operations.md").read_text(), \
+        )
+        assert name in (REPO / "docs" / "operations.md").read_text(), (
             f"{name}: not explained in docs/operations.md"
+        )
 
 
 # ---------------------------------------------------------------------- a real Prometheus
@@ -76,8 +87,13 @@ def prometheus(torchserve, tmp_path_factory):
 def _server_counters(torchserve) -> dict[str, float]:
     """The tagger's counters as TorchServe exposes them right now."""
     text = requests.get(f"{torchserve.metrics_url}/metrics", timeout=30).text
-    wanted = {"ts_inference_requests", "ts_inference_latency_microseconds",
-              "HandlerBatchSize_sum", "HandlerBatchSize_count", "HandlerImages"}
+    wanted = {
+        "ts_inference_requests",
+        "ts_inference_latency_microseconds",
+        "HandlerBatchSize_sum",
+        "HandlerBatchSize_count",
+        "HandlerImages",
+    }
     values = dict.fromkeys(wanted, 0.0)
     for name, labels, value in metrics.samples(text):
         if name in wanted and MODEL in (labels.get("ModelName"), labels.get("model_name")):
@@ -99,11 +115,12 @@ def test_recording_rules_agree_with_the_requests_sent(torchserve, prometheus):
     # samples of them before the load (a series' first sample is its baseline, not an
     # increase).
     assert requests.post(url, data=photo, headers=headers, timeout=120).status_code == 200
-    assert requests.post(url, data=b"not an image", headers=headers, timeout=120).status_code \
-        == 400
-    seen = settled(lambda: _one(prometheus, "min(count_over_time(HandlerErrors"
-                                            f'{{ModelName="{MODEL}"}}[1m]))'),
-                   lambda n: n is not None and n >= 3, timeout_s=60)
+    assert requests.post(url, data=b"not an image", headers=headers, timeout=120).status_code == 400
+    seen = settled(
+        lambda: _one(prometheus, f'min(count_over_time(HandlerErrors{{ModelName="{MODEL}"}}[1m]))'),
+        lambda n: n is not None and n >= 3,
+        timeout_s=60,
+    )
     assert seen is not None and seen >= 3, f"Prometheus scraped the tagger {seen} times"
     before = _server_counters(torchserve)
 
@@ -113,9 +130,10 @@ def test_recording_rules_agree_with_the_requests_sent(torchserve, prometheus):
     with ThreadPoolExecutor(4) as pool:
         statuses = list(pool.map(send, [photo] * GOOD + [b"not an image"] * BAD))
     assert sorted(statuses) == [200] * GOOD + [400] * BAD
-    after = settled(lambda: _server_counters(torchserve),
-                    lambda c: c["HandlerBatchSize_sum"] - before["HandlerBatchSize_sum"]
-                    >= GOOD + BAD)
+    after = settled(
+        lambda: _server_counters(torchserve),
+        lambda c: c["HandlerBatchSize_sum"] - before["HandlerBatchSize_sum"] >= GOOD + BAD,
+    )
     delta = {name: after[name] - before[name] for name in after}
     assert delta["ts_inference_requests"] == GOOD + BAD
     assert delta["HandlerBatchSize_sum"] == GOOD + BAD
@@ -124,23 +142,32 @@ def test_recording_rules_agree_with_the_requests_sent(torchserve, prometheus):
     # Ratios of two counters scraped together are exact; rates over the 1m window carry
     # rate()'s extrapolation to the window's edges (at most a scrape interval each side).
     expected = {
-        "requests": GOOD + BAD, "images": GOOD, "invalid": BAD, "4xx": BAD,
+        "requests": GOOD + BAD,
+        "images": GOOD,
+        "invalid": BAD,
+        "4xx": BAD,
         "batch": delta["HandlerBatchSize_sum"] / delta["HandlerBatchSize_count"],
-        "latency": delta["ts_inference_latency_microseconds"] / 1000 / (GOOD + BAD)}
+        "latency": delta["ts_inference_latency_microseconds"] / 1000 / (GOOD + BAD),
+    }
     queries = {
         "requests": f'model_name:ts_inference_requests:rate1m{{model_name="{MODEL}"}} * 60',
         "images": f'ModelName:handler_images:rate1m{{ModelName="{MODEL}"}} * 60',
         "invalid": f'ModelName:handler_errors:rate1m{{ModelName="{MODEL}",'
-                   'ErrorType="InvalidImage"} * 60',
+        'ErrorType="InvalidImage"} * 60',
         "4xx": 'job:ts_requests:rate1m{code="4xx"} * 60',
         "batch": f'ModelName:handler_batch_size:mean1m{{ModelName="{MODEL}"}}',
-        "latency": f'model_name:ts_inference_latency_ms:mean1m{{model_name="{MODEL}"}}'}
+        "latency": f'model_name:ts_inference_latency_ms:mean1m{{model_name="{MODEL}"}}',
+    }
 
     def agree(got: dict) -> bool:
-        counts = all(got[k] is not None and expected[k] * 0.95 <= got[k] <= expected[k] * 1.25
-                     for k in ("requests", "images", "invalid", "4xx"))
-        means = all(got[k] is not None and got[k] == pytest.approx(expected[k], rel=1e-3)
-                    for k in ("batch", "latency"))
+        counts = all(
+            got[k] is not None and expected[k] * 0.95 <= got[k] <= expected[k] * 1.25
+            for k in ("requests", "images", "invalid", "4xx")
+        )
+        means = all(
+            got[k] is not None and got[k] == pytest.approx(expected[k], rel=1e-3)
+            for k in ("batch", "latency")
+        )
         return counts and means
 
     readings: list[dict] = []
@@ -150,14 +177,33 @@ def test_recording_rules_agree_with_the_requests_sent(torchserve, prometheus):
         return readings[-1]
 
     got = settled(read, agree, timeout_s=60, every_s=0.5)
-    assert agree(got), (f"Prometheus's rules never agreed with the load sent {expected}; "
-                        f"readings every 0.5 s: {readings[::4]}")
+    assert agree(got), (
+        f"Prometheus's rules never agreed with the load sent {expected}; "
+        f"readings every 0.5 s: {readings[::4]}"
+    )
 
 
 # ---------------------------------------------------------------------- the dashboard
 
-PROMQL_WORDS = {"sum", "max", "min", "avg", "count", "rate", "by", "without", "ignoring", "on",
-                "group_left", "group_right", "and", "or", "unless", "offset", "bool"}
+PROMQL_WORDS = {
+    "sum",
+    "max",
+    "min",
+    "avg",
+    "count",
+    "rate",
+    "by",
+    "without",
+    "ignoring",
+    "on",
+    "group_left",
+    "group_right",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "bool",
+}
 
 
 def _exported_names() -> set[str]:
@@ -192,8 +238,9 @@ def _series_names(expr: str) -> set[str]:
 def test_committed_dashboard_is_what_the_code_builds():
     from buildsteps.dashboard import OUT, render
 
-    assert OUT.read_text() == render(), \
+    assert OUT.read_text() == render(), (
         "config/monitoring/dashboard.json is stale: run python -m buildsteps.dashboard"
+    )
 
 
 def test_every_dashboard_query_names_a_real_series_and_parses(tmp_path):
@@ -209,18 +256,36 @@ def test_every_dashboard_query_names_a_real_series_and_parses(tmp_path):
     for expr in queries:
         names = _series_names(expr)
         assert names, f"no series found in {expr!r}"
-        assert names <= known, f"{expr!r} reads {sorted(names - known)}: nothing exports or records it"
+        assert names <= known, (
+            f"{expr!r} reads {sorted(names - known)}: nothing exports or records it"
+        )
     # promtool parses rule expressions: each query as a recording rule of a scratch file.
     scratch = tmp_path / "dashboard-queries.yml"
-    scratch.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": [
-        {"record": f"dashboard:query:{i}", "expr": expr} for i, expr in enumerate(queries)]}]}))
-    result = subprocess.run([_promtool(), "check", "rules", str(scratch)], capture_output=True,
-                            text=True, timeout=60)
+    scratch.write_text(
+        yaml.safe_dump(
+            {
+                "groups": [
+                    {
+                        "name": "dashboard",
+                        "rules": [
+                            {"record": f"dashboard:query:{i}", "expr": expr}
+                            for i, expr in enumerate(queries)
+                        ],
+                    }
+                ]
+            }
+        )
+    )
+    result = subprocess.run(
+        [_promtool(), "check", "rules", str(scratch)], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_series_names_are_read_from_an_expression():
-    expr = ('sum by (ModelName, BatchSize) (rate(HandlerBatchesBySize{job="x"}[5m])) / '
-            'ignoring (BatchSize) group_left sum by (ModelName) (rate(HandlerBatches[5m]))')
+    expr = (
+        'sum by (ModelName, BatchSize) (rate(HandlerBatchesBySize{job="x"}[5m])) / '
+        "ignoring (BatchSize) group_left sum by (ModelName) (rate(HandlerBatches[5m]))"
+    )
     assert _series_names(expr) == {"HandlerBatchesBySize", "HandlerBatches"}
     assert _series_names('job:ts_requests:rate1m{code="5xx"} > 0.5') == {"job:ts_requests:rate1m"}

@@ -4,6 +4,7 @@
 Weights here are whatever ``make weights`` built, seeded (untrained) on a machine without
 network: agreement with float32 is what is tested, not ImageNet accuracy.
 """
+
 from __future__ import annotations
 
 import io
@@ -14,8 +15,13 @@ import pytest
 import torch
 
 from devtools.samples import photo
-from model_files.artifacts import (QUANTIZED, SERIALIZED, archive_quantize, fidelity_record,
-                                   serialized)
+from model_files.artifacts import (
+    QUANTIZED,
+    SERIALIZED,
+    archive_quantize,
+    fidelity_record,
+    serialized,
+)
 from buildsteps.export import export
 from tests.handler_context import make_handler, run_batch
 from tests.reference import rel_error, tolerance
@@ -55,8 +61,14 @@ def _cpu_has_bf16() -> bool:
 
 def _serve(weights_dir, serialized: str, photos, **config):
     # draft_decode off: the reference decodes at full size, and only arithmetic is tested here.
-    handler, context = make_handler(weights_dir, serialized=serialized, task="tags",
-                                    normalize_embedding=False, draft_decode=False, **config)
+    handler, context = make_handler(
+        weights_dir,
+        serialized=serialized,
+        task="tags",
+        normalize_embedding=False,
+        draft_decode=False,
+        **config,
+    )
     responses, statuses, batch = run_batch(handler, context, [{"body": p} for p in photos])
     assert statuses == [(200, None)] * len(photos)
     return json.loads(handler.describe_handle()), batch
@@ -67,8 +79,7 @@ def test_precision_matches_torchvision(weights_dir, ir, photos, expected, precis
     """Embedding within tests/reference.py's tolerance for the precision, same top-1 class."""
     described, batch = _serve(weights_dir, ir.name, photos, precision=precision)
     assert described["backend"] == "openvino"
-    assert described["precision"] == ("bf16" if precision == "bf16" and _cpu_has_bf16()
-                                      else "f32")
+    assert described["precision"] == ("bf16" if precision == "bf16" and _cpu_has_bf16() else "f32")
     for i, (embedding, logits) in enumerate(expected):
         assert rel_error(batch.embedding[i], embedding) <= tolerance(precision), PHOTOS[i]
         assert int(batch.logits[i].argmax()) == int(logits.argmax()), PHOTOS[i]
@@ -98,8 +109,13 @@ def test_an_explicit_precision_is_not_measured(weights_dir, ir, photos):
 
 
 def test_int8_needs_an_archive_carrying_the_int8_ir(weights_dir, ir, tmp_path):
-    for name in ("resnet50.pt", "weights_info.json", "index_to_name.json", ir.name,
-                 ir.with_suffix(".bin").name):
+    for name in (
+        "resnet50.pt",
+        "weights_info.json",
+        "index_to_name.json",
+        ir.name,
+        ir.with_suffix(".bin").name,
+    ):
         shutil.copy(weights_dir / name, tmp_path)
     with pytest.raises(ValueError, match="carries no int8 model .* QUANTIZE=int8"):
         make_handler(tmp_path, serialized=ir.name, precision="int8")
@@ -147,8 +163,9 @@ def test_gate_refuses_and_writes_nothing(int8_dir, calibration, heldout):
     assert not list(int8_dir.glob("int8.*")), "the staging folder was left behind"
 
 
-def test_int8_passes_the_gate_and_matches_torchvision(int8_dir, calibration, heldout, photos,
-                                                      expected):
+def test_int8_passes_the_gate_and_matches_torchvision(
+    int8_dir, calibration, heldout, photos, expected
+):
     import yaml
 
     from buildsteps.quantize import GATE, TARGET, quantize
@@ -177,8 +194,9 @@ def test_auto_weighs_a_gated_int8_ir_beside_the_float32_one(int8_dir, photos):
     by_name = {c["precision"]: c for c in described["precision_choice"]["candidates"]}
     assert by_name["int8+f32"]["ms_per_batch"] and not by_name["int8+f32"]["excluded"]
     assert by_name["int8+f32"]["fidelity"]["embedding_cosine_min"] >= INT8_COSINE
-    refused, _ = _serve(int8_dir, SERIALIZED["openvino"], photos[:1], auto_int8=False,
-                        precision_cache="off")
+    refused, _ = _serve(
+        int8_dir, SERIALIZED["openvino"], photos[:1], auto_int8=False, precision_cache="off"
+    )
     excluded = {c["precision"]: c["excluded"] for c in refused["precision_choice"]["candidates"]}
     assert excluded["int8+f32"] == "handler.auto_int8 is false"
 
@@ -192,8 +210,13 @@ def test_a_refusal_is_remembered_and_the_archive_says_why(weights_dir, ir, tmp_p
 
     folder = tmp_path / "weights"
     folder.mkdir()
-    for name in ("resnet50.pt", "weights_info.json", "index_to_name.json", ir.name,
-                 ir.with_suffix(".bin").name):
+    for name in (
+        "resnet50.pt",
+        "weights_info.json",
+        "index_to_name.json",
+        ir.name,
+        ir.with_suffix(".bin").name,
+    ):
         shutil.copy(weights_dir / name, folder)
     (folder / TARGET).write_text("a stale int8 IR from earlier weights")
     gate = tmp_path / "gate.yaml"
@@ -203,8 +226,18 @@ def test_a_refusal_is_remembered_and_the_archive_says_why(weights_dir, ir, tmp_p
         where.mkdir()
         for name in names:
             photo(name).convert("RGB").save(where / f"{name}.png")
-    argv = ["--weights", str(folder), "--gate", str(gate), "--size", str(SMALL),
-            "--calibration", str(calibration), "--heldout", str(heldout)]
+    argv = [
+        "--weights",
+        str(folder),
+        "--gate",
+        str(gate),
+        "--size",
+        str(SMALL),
+        "--calibration",
+        str(calibration),
+        "--heldout",
+        str(heldout),
+    ]
     assert main(argv + ["--allow-refusal"]) == 0
     refused = folder / refusal_record(TARGET)
     assert not (folder / TARGET).exists(), "the stale IR must not survive a refusal"

@@ -6,6 +6,7 @@ One extra real TorchServe for the whole module (keys live 1 minute, a queue of
 second version of the tagger built by ``archive.sh`` (``VERSION=2.0``, ``top_k: 3``). Tests run
 in file order and leave the server as they found it, except the restart at the end.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,15 @@ def _build_v2(store, tmp) -> str:
     config = yaml.safe_load((REPO / "config" / "models" / "resnet50-tagger.yaml").read_text())
     config["handler"]["top_k"] = V2_TOP_K
     shipped = ArchiveInfo.read(REPO / "model-store" / "resnet50-tagger.mar")
-    build_variant("resnet50-tagger", config, shipped.backend, tmp / "archive-v2",
-                  store / "resnet50-tagger-2.0.mar", quantize=shipped.quantize, version="2.0")
+    build_variant(
+        "resnet50-tagger",
+        config,
+        shipped.backend,
+        tmp / "archive-v2",
+        store / "resnet50-tagger-2.0.mar",
+        quantize=shipped.quantize,
+        version="2.0",
+    )
     return "resnet50-tagger-2.0.mar"
 
 
@@ -54,8 +62,12 @@ def ops(tmp_path_factory, model_store):
     for model in MODELS:
         (store / f"{model}.mar").symlink_to(model_store / f"{model}.mar")
     v2 = _build_v2(store, tmp)
-    server = LocalTorchServe(tmp / "ts", store, model_api=True, properties={
-        "token_expiration_min": "1", "job_queue_size": str(QUEUE)})
+    server = LocalTorchServe(
+        tmp / "ts",
+        store,
+        model_api=True,
+        properties={"token_expiration_min": "1", "job_queue_size": str(QUEUE)},
+    )
     server.start()
     server.v2_archive = v2
     server.first_keys = Keys.read(server.workdir / "key_file.json")
@@ -71,8 +83,17 @@ def _tags(client, version=None, **kwargs) -> list[dict]:
 
 def test_two_versions_side_by_side_and_the_default_switch(ops):
     client = ops.client()
-    registered = tsctl(ops, "register", ops.v2_archive, "--batch-size", "4",
-                       "--max-batch-delay", "5", "--workers", "1")
+    registered = tsctl(
+        ops,
+        "register",
+        ops.v2_archive,
+        "--batch-size",
+        "4",
+        "--max-batch-delay",
+        "5",
+        "--workers",
+        "1",
+    )
     assert registered.returncode == 0, registered.stderr
     assert "not kept across a restart" in registered.stdout
     v2 = client.describe("resnet50-tagger", "2.0")[0]
@@ -88,8 +109,11 @@ def test_two_versions_side_by_side_and_the_default_switch(ops):
         assert refused.returncode == 6
         assert "Cannot remove default version for model resnet50-tagger" in refused.stderr
         assert "tsctl set-default NAME OTHER_VERSION" in refused.stderr
-        listed = {(r["version"], r["default"]) for r in json.loads(
-            tsctl(ops, "--json", "list").stdout) if r["model"] == "resnet50-tagger"}
+        listed = {
+            (r["version"], r["default"])
+            for r in json.loads(tsctl(ops, "--json", "list").stdout)
+            if r["model"] == "resnet50-tagger"
+        }
         assert listed == {("1.0", False), ("2.0", True)}
     finally:
         client.set_default("resnet50-tagger", "1.0")
@@ -99,8 +123,7 @@ def test_two_versions_side_by_side_and_the_default_switch(ops):
     assert len(_tags(client)) == 5
 
 
-def test_with_the_model_api_on_urls_are_refused_but_a_path_registration_runs_code(ops,
-                                                                                  tmp_path):
+def test_with_the_model_api_on_urls_are_refused_but_a_path_registration_runs_code(ops, tmp_path):
     """Why the shipped config keeps the model API off. With it on, allowed_urls=^$ refuses
     file:// and http(s):// URLs (404, nothing lands in the model store), but an absolute
     directory path is loaded and its handler runs in a worker: no setting of TorchServe 0.12
@@ -110,8 +133,13 @@ def test_with_the_model_api_on_urls_are_refused_but_a_path_registration_runs_cod
     before = sorted(p.name for p in store.iterdir())
     outside = tmp_path / "copy.mar"
     outside.write_bytes((store / "resnet50-tagger.mar").read_bytes())
-    urls = [f"file://{outside}", "file:///etc/passwd", f"{ops.metrics_url}/metrics",
-            f"file://{store}/resnet50-tagger.mar", "https://example.com/x.mar"]
+    urls = [
+        f"file://{outside}",
+        "file:///etc/passwd",
+        f"{ops.metrics_url}/metrics",
+        f"file://{store}/resnet50-tagger.mar",
+        "https://example.com/x.mar",
+    ]
     for url in urls:
         refused = tsctl(ops, "register", url, "--name", "sneaky")
         assert refused.returncode == 6, (url, refused.stderr)
@@ -121,9 +149,12 @@ def test_with_the_model_api_on_urls_are_refused_but_a_path_registration_runs_cod
 
     marker = tmp_path / "marker.txt"
     folder = marker_model(tmp_path / "folder", marker)
-    loaded = requests.post(f"{ops.management_url}/models",
-                           params={"url": folder, "initial_workers": 1, "synchronous": "true"},
-                           headers=ops.keys.management_headers(), timeout=300)
+    loaded = requests.post(
+        f"{ops.management_url}/models",
+        params={"url": folder, "initial_workers": 1, "synchronous": "true"},
+        headers=ops.keys.management_headers(),
+        timeout=300,
+    )
     try:
         assert loaded.status_code == 200, loaded.text
         assert marker.read_text().startswith("handler code ran")
@@ -162,7 +193,10 @@ def test_a_worker_killed_mid_load_fails_its_batch_only_and_comes_back(ops):
         # (Polled every 50 ms: often enough to catch a batch, not hammering 2 cores.)
         pending = settled(
             lambda: client.describe("resnet50-tagger")[0]["jobQueueStatus"]["pendingRequests"],
-            lambda queued: queued >= 1, timeout_s=60, every_s=0.05)
+            lambda queued: queued >= 1,
+            timeout_s=60,
+            every_s=0.05,
+        )
         assert pending >= 1, "the tagger never had a request queued"
         killed_at = time.monotonic()
         os.kill(pid, signal.SIGKILL)
@@ -171,16 +205,22 @@ def test_a_worker_killed_mid_load_fails_its_batch_only_and_comes_back(ops):
         while time.monotonic() < deadline:
             embedding_during.append(len(client.predict("resnet50-embedding", IMAGE)["embedding"]))
             workers = client.describe("resnet50-tagger")[0]["workers"]
-            if workers and workers[0]["pid"] != pid and workers[0]["status"] == "READY" and any(
-                    t > killed_at and s == 200 for t, s in outcomes):
+            if (
+                workers
+                and workers[0]["pid"] != pid
+                and workers[0]["status"] == "READY"
+                and any(t > killed_at and s == 200 for t, s in outcomes)
+            ):
                 break
         recovered = time.monotonic() - killed_at
         stop.set()
         for loader in loaders:
             loader.result()
     failed = [s for t, s in outcomes if s != 200]
-    print(f"\nworker kill: {len(failed)} failed ({sorted(set(failed))}) of {len(outcomes)}, "
-          f"recovered in {recovered:.1f} s")
+    print(
+        f"\nworker kill: {len(failed)} failed ({sorted(set(failed))}) of {len(outcomes)}, "
+        f"recovered in {recovered:.1f} s"
+    )
     assert recovered < 120
     assert 1 <= len(failed) <= 16  # the batch the worker was running (batchSize 16), no more
     assert embedding_during and set(embedding_during) == {2048}
@@ -194,8 +234,9 @@ def test_a_burst_beyond_the_queue_is_refused_with_503_before_it_drains(ops):
     client = ops.client()
     earlier = handled(ops, "resnet50-embedding")[0]
     expected = client.predict("resnet50-embedding", IMAGE)["embedding"]
-    handled_before = settled(lambda: handled(ops, "resnet50-embedding")[0],
-                             lambda now: now >= earlier + 1)
+    handled_before = settled(
+        lambda: handled(ops, "resnet50-embedding")[0], lambda now: now >= earlier + 1
+    )
     burst = 6 * QUEUE
     barrier = threading.Barrier(burst)
 
@@ -211,13 +252,16 @@ def test_a_burst_beyond_the_queue_is_refused_with_503_before_it_drains(ops):
         results = list(pool.map(one, range(burst)))
     accepted = [r for r in results if r[0] == 200]
     refused = [r for r in results if r[0] == 503]
-    print(f"\nburst of {burst} (job_queue_size {QUEUE}): {len(accepted)} x 200, "
-          f"{len(refused)} x 503")
+    print(
+        f"\nburst of {burst} (job_queue_size {QUEUE}): {len(accepted)} x 200, {len(refused)} x 503"
+    )
     assert len(accepted) + len(refused) == burst
     assert refused and accepted
     assert all("has no worker to serve inference request" in r[2] for r in refused)
-    handled_after = settled(lambda: handled(ops, "resnet50-embedding")[0],
-                            lambda now: now - handled_before >= len(accepted))
+    handled_after = settled(
+        lambda: handled(ops, "resnet50-embedding")[0],
+        lambda now: now - handled_before >= len(accepted),
+    )
     assert handled_after - handled_before == len(accepted)
     # Ordering, not a latency bound: a request is refused only while the queue is full, so
     # when each 503 leaves the server, accepted requests still wait in the queue for a
@@ -234,8 +278,9 @@ def test_keys_expire_under_a_running_client_and_it_keeps_working(ops):
     deadline = time.monotonic() + 120
     while datetime.now(timezone.utc) <= first.inference_expires and time.monotonic() < deadline:
         time.sleep(1)
-    expired = requests.get(f"{ops.inference_url}/ping", headers=first.inference_headers(),
-                           timeout=30)
+    expired = requests.get(
+        f"{ops.inference_url}/ping", headers=first.inference_headers(), timeout=30
+    )
     assert expired.status_code == 400 and expired.json()["type"] == "InvalidKeyException"
     client = ops.client()
     assert len(_tags(client)) == 5
@@ -250,8 +295,11 @@ def test_keys_expire_under_a_running_client_and_it_keeps_working(ops):
     assert fresh.returncode == 0
     shown = json.loads(tsctl(ops, "--json", "keys").stdout)
     assert shown["inference"]["expired"] is False and shown["inference"]["seconds_left"] > 0
-    ping = requests.get(f"{ops.inference_url}/ping",
-                        headers={"Authorization": f"Bearer {fresh.stdout.strip()}"}, timeout=30)
+    ping = requests.get(
+        f"{ops.inference_url}/ping",
+        headers={"Authorization": f"Bearer {fresh.stdout.strip()}"},
+        timeout=30,
+    )
     assert ping.status_code == 200
 
 
@@ -285,6 +333,8 @@ def test_a_restart_comes_back_to_the_configuration(ops):
         [entry] = client.describe(model)
         assert entry["modelVersion"] == "1.0"
         assert len(entry["workers"]) == config["minWorkers"]
-        assert (entry["batchSize"], entry["maxBatchDelay"]) == (config["batchSize"],
-                                                               config["maxBatchDelay"])
+        assert (entry["batchSize"], entry["maxBatchDelay"]) == (
+            config["batchSize"],
+            config["maxBatchDelay"],
+        )
     assert len(_tags(client)) == 5

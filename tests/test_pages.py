@@ -4,6 +4,7 @@ Chromium (Debian's, through the ``playwright`` package): every thumbnail loads, 
 the missing file show a placeholder, no script from a file name runs and its name is shown as
 text; a screenshot of each lands in build/pages/ for a person to look at. Plus the page
 budget: a page of 1,000 pairs of noisy photos stays a few MB."""
+
 from __future__ import annotations
 
 import base64
@@ -30,8 +31,10 @@ def browser():
     """Headless Chromium, closed after the module; skipped only where it is not installed."""
     chromium = pages_demo.chromium_path()
     if chromium is None:
-        pytest.skip("Debian's chromium is not installed and set-up could not install it "
-                    "(devtools/ensure_chromium.sh needs apt-get as root or passwordless sudo)")
+        pytest.skip(
+            "Debian's chromium is not installed and set-up could not install it "
+            "(devtools/ensure_chromium.sh needs apt-get as root or passwordless sudo)"
+        )
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
@@ -47,14 +50,15 @@ def made(torchserve, tmp_path_factory):
     """The album indexed by ``tsctl embed``, then spoiled, and the three pages tsctl wrote:
     (album, {name: (html path, tsctl's run)})."""
     root = tmp_path_factory.mktemp("pages")
-    album = pages_demo.make_album(root, [imagegen.jpeg(320, 240, seed=3000 + i)
-                                         for i in range(4)])
+    album = pages_demo.make_album(root, [imagegen.jpeg(320, 240, seed=3000 + i) for i in range(4)])
     index = root / "album.parquet"
     run = tsctl(torchserve, "embed", str(album.root / "album"), "--out", str(index))
     assert run.returncode == 0, run.stderr
     pages_demo.spoil(album)
-    runs = {name: tsctl(torchserve, *argv)
-            for name, argv in pages_demo.page_commands(album, index, root).items()}
+    runs = {
+        name: tsctl(torchserve, *argv)
+        for name, argv in pages_demo.page_commands(album, index, root).items()
+    }
     return album, {name: (root / f"{name}.html", run) for name, run in runs.items()}
 
 
@@ -100,7 +104,8 @@ def test_duplicates_page_shows_each_group_with_placeholders_for_bad_files(made, 
     assert "Group 1: 3 files" in view.text  # the query and its two hostile copies
     assert sorted(p.split("\n")[0] for p in view.placeholders) == [
         "cannot show: cannot read: No such file or directory",
-        "cannot show: not an image Pillow can read"]
+        "cannot show: not an image Pillow can read",
+    ]
     assert SCRIPT_NAME in view.text and ONERROR_NAME in view.text
     assert str(album.gone) in view.text and str(album.broken) in view.text
     assert "320x240" in view.text  # each file's pixels
@@ -130,8 +135,9 @@ def test_a_page_of_a_thousand_pairs_stays_a_few_mb(tmp_path):
         path = tmp_path / f"p{i}.jpg"
         path.write_bytes(imagegen.jpeg(640, 480, seed=i))
         paths.append(str(path))
-    groups = [{"paths": [paths[i % 40], paths[(i + 1) % 40]], "min_score": 0.98}
-              for i in range(1000)]
+    groups = [
+        {"paths": [paths[i % 40], paths[(i + 1) % 40]], "min_score": 0.98} for i in range(1000)
+    ]
     html = pages.duplicates_page(groups, pages.Thumbnailer(expected=2000), "x.parquet", 0.97)
     assert len(html.encode()) < pages.PAGE_BUDGET_BYTES + 1_000_000
     assert html.count("<img ") == 2000
@@ -143,15 +149,21 @@ def test_a_page_of_a_thousand_pairs_stays_a_few_mb(tmp_path):
 def test_escaping_without_a_browser(tmp_path):
     path = tmp_path / ONERROR_NAME
     path.write_bytes(imagegen.jpeg(64, 48))
-    html = pages.similar_page({str(path): [{"path": str(path), "score": 1.0}]},
-                              pages.Thumbnailer(), "<b>.parquet", "m")
+    html = pages.similar_page(
+        {str(path): [{"path": str(path), "score": 1.0}]}, pages.Thumbnailer(), "<b>.parquet", "m"
+    )
     assert "<img src=x" not in html and "&lt;img src=x onerror=alert(2)&gt;.jpg" in html
     assert "&lt;b&gt;.parquet" in html
     assert "<script" not in html
 
 
-DESCRIBED = {"batchSize": 16, "workers": [{}, {}], "customizedMetadata": {"handler": {
-    "explain": {"method": "gradcam", "n_steps": 32, "max_passes_per_batch": 64}}}}
+DESCRIBED = {
+    "batchSize": 16,
+    "workers": [{}, {}],
+    "customizedMetadata": {
+        "handler": {"explain": {"method": "gradcam", "n_steps": 32, "max_passes_per_batch": 64}}
+    },
+}
 
 
 def test_a_gallery_is_paced_by_the_servers_explanation_budget():
@@ -182,9 +194,16 @@ def test_an_explanation_job_retries_a_busy_server_and_records_refusals(tmp_path)
                 raise error
             if image.startswith(b"bad"):
                 raise errors.ApiError(400, "InvalidImage", "not an image")
-            return {"method": "gradcam", "explanations": [
-                {"label": "tabby", "probability": 0.5, "png": base64.b64encode(
-                    imagegen.png(64, 48)).decode()}]}
+            return {
+                "method": "gradcam",
+                "explanations": [
+                    {
+                        "label": "tabby",
+                        "probability": 0.5,
+                        "png": base64.b64encode(imagegen.png(64, 48)).decode(),
+                    }
+                ],
+            }
 
     entries = []
     for name, data in (("a.jpg", imagegen.jpeg(64, 48)), ("bad.jpg", b"bad bytes")):
@@ -192,8 +211,14 @@ def test_an_explanation_job_retries_a_busy_server_and_records_refusals(tmp_path)
         info = (tmp_path / name).stat()
         entries.append(Entry(str(tmp_path / name), name, info.st_size, info.st_mtime_ns))
     client, gallery = Explaining(), pages.ExplainGallery(pages.Thumbnailer())
-    job = Job(client, "m", "explain", gallery, Plan(concurrency=1, per_request=1),
-              explain={"topk": 3, "png": True})
+    job = Job(
+        client,
+        "m",
+        "explain",
+        gallery,
+        Plan(concurrency=1, per_request=1),
+        explain={"topk": 3, "png": True},
+    )
     summary = job.run(entries)
     assert (summary.done, summary.failed) == (1, 1)
     assert len(client.calls) == 3 and client.calls[0] == {"topk": 3, "png": True}

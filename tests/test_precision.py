@@ -1,6 +1,7 @@
 """``handler.precision: auto``: the rule with injected timings (servecore/precision.py), and
 the measuring, sharing and remembering around it with stand-in backends
 (servecore/autoprecision.py). No server, no model: seconds."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,16 @@ from model_files.artifacts import ModelFiles
 from servecore import autoprecision
 from servecore.backends import Backend
 from servecore.config import HandlerConfig
-from servecore.precision import (FIDELITY_BOUND, MARGIN, Candidate, Choice, agreement, forced,
-                                   select, summary_line)
+from servecore.precision import (
+    FIDELITY_BOUND,
+    MARGIN,
+    Candidate,
+    Choice,
+    agreement,
+    forced,
+    select,
+    summary_line,
+)
 
 GOOD = {"embedding_cosine_min": 0.999, "top1_agreement": 1.0}
 
@@ -27,6 +36,7 @@ def timed(precision: str, ms_at_1: float, ms_at_16: float, **kw) -> Candidate:
 
 
 # ---------------------------------------------------------------- the rule, injected timings
+
 
 def test_the_fastest_within_fidelity_wins():
     choice = select([timed("f32", 40, 500), timed("bf16", 25, 300, fidelity=GOOD)])
@@ -42,9 +52,17 @@ def test_a_slow_bf16_loses_to_f32():
 
 def test_a_tie_within_the_margin_goes_to_the_more_precise():
     faster_by_less_than_margin = 1 - MARGIN / 2
-    choice = select([timed("f32", 40, 500),
-                     timed("bf16", 40 * faster_by_less_than_margin,
-                           500 * faster_by_less_than_margin, fidelity=GOOD)])
+    choice = select(
+        [
+            timed("f32", 40, 500),
+            timed(
+                "bf16",
+                40 * faster_by_less_than_margin,
+                500 * faster_by_less_than_margin,
+                fidelity=GOOD,
+            ),
+        ]
+    )
     assert choice.precision == "f32"
     assert "more precise" in choice.reason
 
@@ -64,8 +82,10 @@ def test_a_clear_difference_overrides_the_previous_choice():
 
 
 def test_failing_fidelity_excludes_a_candidate_however_fast():
-    candidates = [timed("f32", 40, 500),
-                  timed("int8+f32", 10, 100, excluded="embedding_cosine_min 0.9 < 0.99")]
+    candidates = [
+        timed("f32", 40, 500),
+        timed("int8+f32", 10, 100, excluded="embedding_cosine_min 0.9 < 0.99"),
+    ]
     choice = select(candidates, previous="int8+f32")
     assert choice.precision == "f32"
     assert choice.as_dict()["candidates"][1]["excluded"].startswith("embedding_cosine_min")
@@ -97,12 +117,15 @@ def test_the_choice_survives_json_and_reads_as_one_line():
     assert again == Choice.from_dict(choice.as_dict())
     assert again.precision == "bf16" and again.candidates[0].ms == {1: 40.0, 16: 500}
     line = summary_line(choice.as_dict())
-    assert line.startswith("auto -> bf16 (measured by this worker; f32 40/500 ms at batch "
-                           "1/16; bf16 25/300")
+    assert line.startswith(
+        "auto -> bf16 (measured by this worker; f32 40/500 ms at batch 1/16; bf16 25/300"
+    )
     # The served candidate's distance from f32, as describe reports it.
-    assert line.endswith(f"; vs f32: embedding cosine min "
-                         f"{GOOD['embedding_cosine_min']:.4f}, top-1 agreement "
-                         f"{GOOD['top1_agreement']:.2f}")
+    assert line.endswith(
+        f"; vs f32: embedding cosine min "
+        f"{GOOD['embedding_cosine_min']:.4f}, top-1 agreement "
+        f"{GOOD['top1_agreement']:.2f}"
+    )
     assert "vs f32" not in summary_line(select([timed("f32", 40, 500)]).as_dict())
     assert "\n" not in line
 
@@ -120,6 +143,7 @@ def test_agreement_figures():
 
 
 # ---------------------------------------------------------------- measuring, with stand-ins
+
 
 class Clock:
     """Simulated time for the stand-in backends: timings exact, whatever the machine's load."""
@@ -153,15 +177,21 @@ def fake(precision: str, ms_per_image: float, noise: float = 0.0, calls: list | 
             pooled = torch.nn.functional.adaptive_avg_pool2d(batch, 7).flatten(1)
             embedding = pooled @ project
             return embedding + noise * torch.randn(embedding.shape), embedding[:, :10].clone()
+
         return Backend("stand-in", precision, "none", "cpu", run)
+
     return load
 
 
 def test_measure_times_every_candidate_and_judges_fidelity():
-    loaders = {"f32": fake("f32", 20), "bf16": fake("bf16", 10),
-               "int8+f32": fake("int8+f32", 5, noise=10.0)}
+    loaders = {
+        "f32": fake("f32", 20),
+        "bf16": fake("bf16", 10),
+        "int8+f32": fake("int8+f32", 5, noise=10.0),
+    }
     candidates, backends = autoprecision.measure(
-        autoprecision.Candidates(loaders, {"int8+bf16": "no bf16 units"}, (1, 4)), budget_s=0.2)
+        autoprecision.Candidates(loaders, {"int8+bf16": "no bf16 units"}, (1, 4)), budget_s=0.2
+    )
     by_name = {c.precision: c for c in candidates}
     assert list(by_name) == ["f32", "bf16", "int8+f32", "int8+bf16"]
     assert by_name["f32"].fidelity is None and not by_name["f32"].excluded
@@ -176,18 +206,24 @@ def test_measure_times_every_candidate_and_judges_fidelity():
 
 def four(int8_noise: float = 0.0) -> dict:
     """An archive with the float and the int8 IR on a host with bf16 units (issue #27)."""
-    return {"f32": fake("f32", 40), "bf16": fake("bf16", 20),
-            "int8+f32": fake("int8+f32", 10, noise=int8_noise),
-            "int8+bf16": fake("int8+bf16", 9.5, noise=int8_noise)}
+    return {
+        "f32": fake("f32", 40),
+        "bf16": fake("bf16", 20),
+        "int8+f32": fake("int8+f32", 10, noise=int8_noise),
+        "int8+bf16": fake("int8+bf16", 9.5, noise=int8_noise),
+    }
 
 
 def test_auto_weighs_four_candidates_against_f32_and_picks_a_faithful_int8():
-    candidates, _ = autoprecision.measure(autoprecision.Candidates(four(), {}, (1, 4)),
-                                          budget_s=0.5)
+    candidates, _ = autoprecision.measure(
+        autoprecision.Candidates(four(), {}, (1, 4)), budget_s=0.5
+    )
     by_name = {c.precision: c for c in candidates}
     assert by_name["f32"].fidelity is None  # the reference: every other is judged against it
-    assert all(by_name[n].fidelity["embedding_cosine_min"] > 0.999
-               for n in ("bf16", "int8+f32", "int8+bf16"))
+    assert all(
+        by_name[n].fidelity["embedding_cosine_min"] > 0.999
+        for n in ("bf16", "int8+f32", "int8+bf16")
+    )
     choice = select(candidates)
     # int8+bf16 is within the margin of int8+f32, which is more precise: the tie goes to it.
     assert choice.precision == "int8+f32" and "more precise" in choice.reason
@@ -195,7 +231,8 @@ def test_auto_weighs_four_candidates_against_f32_and_picks_a_faithful_int8():
 
 def test_an_int8_that_fails_fidelity_is_never_served():
     candidates, _ = autoprecision.measure(
-        autoprecision.Candidates(four(int8_noise=10.0), {}, (1, 4)), budget_s=0.5)
+        autoprecision.Candidates(four(int8_noise=10.0), {}, (1, 4)), budget_s=0.5
+    )
     by_name = {c.precision: c for c in candidates}
     for name in ("int8+f32", "int8+bf16"):
         assert by_name[name].excluded.startswith("against f32 on the probe: embedding_cosine")
@@ -208,8 +245,15 @@ def test_the_probe_is_the_same_on_every_start():
     assert autoprecision.probe_batch(4).shape == (4, 3, 224, 224)
 
 
-ARCHIVE = {"backend": "openvino", "serialized": "resnet50_dual.xml", "weights": "abc",
-           "batch_sizes": [1, 4], "threads": 0, "device": "cpu", "candidates": ["f32", "bf16"]}
+ARCHIVE = {
+    "backend": "openvino",
+    "serialized": "resnet50_dual.xml",
+    "weights": "abc",
+    "batch_sizes": [1, 4],
+    "threads": 0,
+    "device": "cpu",
+    "candidates": ["f32", "bf16"],
+}
 
 
 def store(model_dir, cache):
@@ -217,8 +261,11 @@ def store(model_dir, cache):
 
 
 def choose(model_dir, cache, loaders, excluded=None):
-    return autoprecision.choose(autoprecision.Candidates(loaders, excluded or {}, (1, 4)),
-                                store(model_dir, cache), budget_s=0.2)
+    return autoprecision.choose(
+        autoprecision.Candidates(loaders, excluded or {}, (1, 4)),
+        store(model_dir, cache),
+        budget_s=0.2,
+    )
 
 
 def test_the_first_worker_measures_and_the_others_serve_its_choice(tmp_path):
@@ -244,12 +291,12 @@ def test_the_first_worker_measures_and_the_others_serve_its_choice(tmp_path):
 
 def test_a_restart_keeps_the_previous_choice_unless_clearly_slower(tmp_path):
     cache = tmp_path / "cache.json"
-    _, first = choose(tmp_path / "run1", cache,
-                      {"f32": fake("f32", 20), "bf16": fake("bf16", 10)})
+    _, first = choose(tmp_path / "run1", cache, {"f32": fake("f32", 20), "bf16": fake("bf16", 10)})
     assert first.precision == "bf16"
     # Next start: f32 now a little faster (within the margin): bf16 stays.
-    _, second = choose(tmp_path / "run2", cache,
-                       {"f32": fake("f32", 10), "bf16": fake("bf16", 10.3)})
+    _, second = choose(
+        tmp_path / "run2", cache, {"f32": fake("f32", 10), "bf16": fake("bf16", 10.3)}
+    )
     assert second.precision == "bf16" and "kept from the last start" in second.reason
     # Then clearly faster: f32 wins.
     _, third = choose(tmp_path / "run3", cache, {"f32": fake("f32", 5), "bf16": fake("bf16", 20)})
@@ -260,8 +307,7 @@ def test_a_restart_keeps_the_previous_choice_unless_clearly_slower(tmp_path):
 def test_an_unwritable_cache_or_model_folder_costs_the_memory_not_the_start(tmp_path, caplog):
     blocked = tmp_path / "blocked"
     blocked.write_text("a file where a folder should be")
-    backend, choice = choose(blocked / "model", blocked / "cache.json",
-                             {"f32": fake("f32", 1)})
+    backend, choice = choose(blocked / "model", blocked / "cache.json", {"f32": fake("f32", 1)})
     assert choice.precision == "f32" and backend.precision == "f32" and choice.measured
     assert "precision: cannot write" in caplog.text
 
@@ -271,8 +317,9 @@ def test_an_explicit_precision_cites_the_last_auto_measurement(tmp_path):
     loaders = {"f32": fake("f32", 5), "bf16": fake("bf16", 20)}
     choose(tmp_path / "model", cache, loaders)
     calls: list = []
-    backend, choice = autoprecision.explicit("bf16", fake("bf16", 20, calls=calls),
-                                             store(tmp_path / "model", cache))
+    backend, choice = autoprecision.explicit(
+        "bf16", fake("bf16", 20, calls=calls), store(tmp_path / "model", cache)
+    )
     assert backend.precision == "bf16" and len(calls) == 1
     assert not choice.measured and "f32" in choice.reason and "faster than bf16" in choice.reason
 
@@ -281,25 +328,34 @@ def test_the_cache_file_setting(tmp_path):
     assert autoprecision.cache_file("off") is None
     assert autoprecision.cache_file(str(tmp_path / "p.json")) == tmp_path / "p.json"
     assert autoprecision.cache_file("", {"XDG_CACHE_HOME": str(tmp_path)}) == (
-        tmp_path / "resnet50-serve" / "precision.json")
+        tmp_path / "resnet50-serve" / "precision.json"
+    )
 
 
 def test_nothing_to_choose_is_not_measured(weights_dir):
     """Eager PyTorch on CPU runs f32 only: loaded as before, no forward at start."""
     backend, choice = autoprecision.serving_backend(
-        ModelFiles.read(weights_dir, "resnet50.pt"), HandlerConfig(precision_cache="off"),
-        torch.device("cpu"), batch_sizes=(1, 8))
+        ModelFiles.read(weights_dir, "resnet50.pt"),
+        HandlerConfig(precision_cache="off"),
+        torch.device("cpu"),
+        batch_sizes=(1, 8),
+    )
     assert (choice.precision, backend.precision, choice.measured) == ("f32", "f32", False)
     assert choice.reason == "the only precision eager runs on cpu"
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(),
-                    reason="no CUDA device here: the f32/f16 rule runs where a GPU is present")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="no CUDA device here: the f32/f16 rule runs where a GPU is present",
+)
 def test_auto_on_a_gpu_weighs_f32_against_f16(weights_dir, monkeypatch):
     monkeypatch.setattr(autoprecision, "_clock", time.perf_counter)  # real GPU timings
     backend, choice = autoprecision.serving_backend(
-        ModelFiles.read(weights_dir, "resnet50.pt"), HandlerConfig(precision_cache="off"),
-        torch.device("cuda:0"), batch_sizes=(1, 8))
+        ModelFiles.read(weights_dir, "resnet50.pt"),
+        HandlerConfig(precision_cache="off"),
+        torch.device("cuda:0"),
+        batch_sizes=(1, 8),
+    )
     by_name = {c.precision: c for c in choice.candidates}
     assert set(by_name) == {"f32", "f16"} and choice.measured
     assert by_name["f16"].ms and by_name["f16"].fidelity is not None

@@ -1,6 +1,7 @@
 """``handler.precision: auto`` in a real TorchServe: describe reports a measured choice, every
 worker of a model serves the one the first worker measured, ``tsctl describe`` shows it in one
 line, and the worker log carries a line an operator can grep."""
+
 from __future__ import annotations
 
 import re
@@ -13,8 +14,7 @@ from tests.served import tsctl
 
 pytestmark = pytest.mark.integration
 MODEL = "resnet50-tagger"
-BATCH_SIZE = yaml.safe_load((REPO / "config" / "models" / f"{MODEL}.yaml").read_text())[
-    "batchSize"]
+BATCH_SIZE = yaml.safe_load((REPO / "config" / "models" / f"{MODEL}.yaml").read_text())["batchSize"]
 # TorchServe prefixes each worker's output with the worker's thread name, W-<port>-<model>_<v>.
 LOG_LINE = re.compile(rf"(W-\d+-{MODEL}_[\d.]+)-std\w+ MODEL_LOG - .*precision_choice (.*)$")
 
@@ -24,8 +24,9 @@ def server(tmp_path_factory, model_store):
     """The tagger alone (one TorchServe for this module), always stopped."""
     from devtools.server import LocalTorchServe
 
-    ts = LocalTorchServe(tmp_path_factory.mktemp("precision"), model_store,
-                         load_models=[f"{MODEL}.mar"])
+    ts = LocalTorchServe(
+        tmp_path_factory.mktemp("precision"), model_store, load_models=[f"{MODEL}.mar"]
+    )
     ts.start()
     try:
         yield ts
@@ -70,7 +71,8 @@ def test_every_worker_of_a_model_serves_one_choice(server):
         assert {line for lines in logged.values() for line in lines} == {first["summary"]}
         # Whichever worker answers describe, the same choice.
         assert {choice_of(server)["precision_choice"]["summary"] for _ in range(4)} == {
-            first["summary"]}
+            first["summary"]
+        }
     finally:
         client.scale(MODEL, 1)
 

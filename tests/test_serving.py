@@ -1,4 +1,5 @@
 """A real TorchServe (Java frontend, real workers, free ports) serving the built archives."""
+
 from __future__ import annotations
 
 import base64
@@ -35,15 +36,21 @@ def predict(ts, model, form, image=IMAGE, headers=None, **fields):
     if form == "raw":
         return requests.post(url, data=image, headers=auth, timeout=120)
     if form == "multipart":
-        return requests.post(url, files={"data": ("image.jpg", image, "image/jpeg")},
-                             data=fields, headers=auth, timeout=120)
+        return requests.post(
+            url,
+            files={"data": ("image.jpg", image, "image/jpeg")},
+            data=fields,
+            headers=auth,
+            timeout=120,
+        )
     body = {"data": base64.b64encode(image).decode(), **fields}
     return requests.post(url, json=body, headers=auth, timeout=120)
 
 
 def test_ping_needs_the_inference_token(torchserve):
-    ok = requests.get(f"{torchserve.inference_url}/ping",
-                      headers=torchserve.keys.inference_headers(), timeout=10)
+    ok = requests.get(
+        f"{torchserve.inference_url}/ping", headers=torchserve.keys.inference_headers(), timeout=10
+    )
     assert ok.status_code == 200 and ok.json()["status"] == "Healthy"
     refused = requests.get(f"{torchserve.inference_url}/ping", timeout=10)
     assert refused.status_code == 400
@@ -52,8 +59,12 @@ def test_ping_needs_the_inference_token(torchserve):
 
 def test_prediction_without_token_is_refused(torchserve):
     for headers in ({}, {"Authorization": "Bearer wrong-key"}):
-        response = requests.post(f"{torchserve.inference_url}/predictions/resnet50-tagger",
-                                 data=IMAGE, headers=headers, timeout=30)
+        response = requests.post(
+            f"{torchserve.inference_url}/predictions/resnet50-tagger",
+            data=IMAGE,
+            headers=headers,
+            timeout=30,
+        )
         assert response.status_code == 400
         assert "Token Authorization failed" in response.json()["message"]
 
@@ -97,23 +108,28 @@ def test_bad_top_k_is_a_400(torchserve, bad):
     response = predict(torchserve, "resnet50-tagger", "multipart", topk=bad)
     assert response.status_code == 400
     assert response.json() == {
-        "code": 400, "type": "InvalidParameter",
+        "code": 400,
+        "type": "InvalidParameter",
         "message": f"topk must be an integer from 1 to 1000, got {bad!r}",
     }
 
 
 def test_concurrent_requests_are_batched_and_match_single_answers(torchserve):
     images = [imagegen.jpeg(400, 300, seed=100 + i) for i in range(16)]
+
     def seen() -> tuple[float, float]:
         return handled(torchserve, "resnet50-embedding")
 
     earlier = seen()
-    singles = [predict(torchserve, "resnet50-embedding", "raw", image).json()["embedding"]
-               for image in images]
+    singles = [
+        predict(torchserve, "resnet50-embedding", "raw", image).json()["embedding"]
+        for image in images
+    ]
     before = settled(seen, lambda now: now[0] >= earlier[0] + 16)
     with ThreadPoolExecutor(max_workers=16) as pool:
-        responses = list(pool.map(lambda im: predict(torchserve, "resnet50-embedding", "raw", im),
-                                  images))
+        responses = list(
+            pool.map(lambda im: predict(torchserve, "resnet50-embedding", "raw", im), images)
+        )
     assert [r.status_code for r in responses] == [200] * 16
     batch_sizes = [int(r.headers["x-batch-size"]) for r in responses]
     assert max(batch_sizes) > 1, batch_sizes
@@ -129,8 +145,12 @@ def test_describe_reports_weights_and_batch_settings(torchserve, weights_dir):
     headers = torchserve.keys.management_headers()
     checkpoint_sha = hashlib.sha256((weights_dir / "resnet50.pt").read_bytes()).hexdigest()
     for model in ("resnet50-embedding", "resnet50-tagger"):
-        described = requests.get(f"{torchserve.management_url}/models/{model}",
-                                 params={"customized": "true"}, headers=headers, timeout=60)
+        described = requests.get(
+            f"{torchserve.management_url}/models/{model}",
+            params={"customized": "true"},
+            headers=headers,
+            timeout=60,
+        )
         assert described.status_code == 200
         info = described.json()[0]
         config = yaml.safe_load((REPO / "config" / "models" / f"{model}.yaml").read_text())
@@ -143,14 +163,18 @@ def test_describe_reports_weights_and_batch_settings(torchserve, weights_dir):
         if not weights["trained"]:
             assert "UNTRAINED" in weights["warning"]
         assert info["customizedMetadata"]["handler"]["task"] == model.split("-")[1].replace(
-            "tagger", "tags")
+            "tagger", "tags"
+        )
 
 
 def test_management_api_needs_its_token(torchserve):
     response = requests.get(f"{torchserve.management_url}/models", timeout=10)
     assert response.status_code == 400
-    wrong = requests.get(f"{torchserve.management_url}/models",
-                         headers=torchserve.keys.inference_headers(), timeout=10)
+    wrong = requests.get(
+        f"{torchserve.management_url}/models",
+        headers=torchserve.keys.inference_headers(),
+        timeout=10,
+    )
     assert wrong.status_code == 400
 
 
@@ -159,7 +183,9 @@ def test_management_client_lists_describes_and_scales(torchserve):
 
     client = torchserve.client()
     assert sorted(m["modelName"] for m in client.list_models()) == [
-        "resnet50-embedding", "resnet50-tagger"]
+        "resnet50-embedding",
+        "resnet50-tagger",
+    ]
     assert client.describe("resnet50-tagger", customized=True)[0]["customizedMetadata"]
     try:
         client.scale("resnet50-tagger", 2)

@@ -1,5 +1,6 @@
 """Explanations through a real TorchServe: /explanations/{model} and KServe v1 :explain, one
 and several concurrent requests with their own targets, mixed with predictions."""
+
 from __future__ import annotations
 
 import base64
@@ -24,8 +25,9 @@ MAX_RESPONSE_BYTES = 1_000_000  # a PNG of at most 448 px a side plus the grid
 
 
 def post(ts, path, **kwargs):
-    return requests.post(f"{ts.inference_url}{path}", headers=ts.keys.inference_headers(),
-                         timeout=300, **kwargs)
+    return requests.post(
+        f"{ts.inference_url}{path}", headers=ts.keys.inference_headers(), timeout=300, **kwargs
+    )
 
 
 def top(reference, image=IMAGE, k=1) -> list[int]:
@@ -58,15 +60,18 @@ def test_explanations_route_answers_the_top_class(torchserve, reference):
     assert len(response.content) < MAX_RESPONSE_BYTES
 
 
-def test_concurrent_explanations_and_predictions_each_get_their_own_answer(torchserve,
-                                                                          reference):
+def test_concurrent_explanations_and_predictions_each_get_their_own_answer(torchserve, reference):
     targets = [281, "goldfish", 7, "tench", None, 999]
     expected = [281, 1, 7, 0, top(reference)[0], 999]
 
     def explained(target):
         fields = {"png": "true"} if target is None else {"target": str(target), "png": "true"}
-        return post(torchserve, "/explanations/resnet50-tagger",
-                    files={"data": ("image.jpg", IMAGE)}, data=fields)
+        return post(
+            torchserve,
+            "/explanations/resnet50-tagger",
+            files={"data": ("image.jpg", IMAGE)},
+            data=fields,
+        )
 
     def predicted(_):
         return post(torchserve, "/predictions/resnet50-tagger", data=IMAGE)
@@ -89,8 +94,10 @@ def test_concurrent_explanations_and_predictions_each_get_their_own_answer(torch
 
 
 def test_kserve_v1_explain_with_several_instances(torchserve, reference):
-    instances = [{"data": base64.b64encode(IMAGE).decode()},
-                 {"data": base64.b64encode(imagegen.png(300, 200, seed=32)).decode()}]
+    instances = [
+        {"data": base64.b64encode(IMAGE).decode()},
+        {"data": base64.b64encode(imagegen.png(300, 200, seed=32)).decode()},
+    ]
     body = {"instances": instances, "parameters": {"topk": 2, "method": "ig", "n_steps": 4}}
     response = post(torchserve, "/v1/models/resnet50-tagger:explain", json=body)
     assert response.status_code == 200, response.text
@@ -110,21 +117,36 @@ def test_embedding_model_explains_its_embedding(torchserve):
     check_grid(item, 7)
 
 
-@pytest.mark.parametrize("fields,status,kind", [
-    ({"target": "no such class"}, 400, "InvalidParameter"),
-    ({"method": "lime"}, 400, "InvalidParameter"),
-    ({"method": "ig", "n_steps": "100000"}, 400, "InvalidParameter"),
-])
+@pytest.mark.parametrize(
+    "fields,status,kind",
+    [
+        ({"target": "no such class"}, 400, "InvalidParameter"),
+        ({"method": "lime"}, 400, "InvalidParameter"),
+        ({"method": "ig", "n_steps": "100000"}, 400, "InvalidParameter"),
+    ],
+)
 def test_bad_explanations_get_their_own_4xx(torchserve, fields, status, kind):
-    response = post(torchserve, "/explanations/resnet50-tagger",
-                    files={"data": ("image.jpg", IMAGE)}, data=fields)
+    response = post(
+        torchserve,
+        "/explanations/resnet50-tagger",
+        files={"data": ("image.jpg", IMAGE)},
+        data=fields,
+    )
     assert response.status_code == status
     assert response.json()["type"] == kind
 
 
 def test_v2_has_no_explain_route_of_ours(torchserve):
-    body = {"inputs": [{"name": "image", "shape": [1], "datatype": "BYTES",
-                        "data": [base64.b64encode(IMAGE).decode()]}]}
+    body = {
+        "inputs": [
+            {
+                "name": "image",
+                "shape": [1],
+                "datatype": "BYTES",
+                "data": [base64.b64encode(IMAGE).decode()],
+            }
+        ]
+    }
     response = post(torchserve, "/v2/models/resnet50-tagger/explain", json=body)
     assert response.status_code == 501 and response.json()["type"] == "NotSupported"
 

@@ -1,6 +1,7 @@
 """``tsctl top``: its frame from two reads of the metrics (numbers worked out by hand), one
 frame against the session's real TorchServe under load, and the live view in a real 80-column
 terminal (tmux) that quits on ``q``."""
+
 from __future__ import annotations
 
 import os
@@ -20,40 +21,73 @@ from tsclient import top
 TAGGER = "resnet50-tagger"
 
 
-def _metrics(requests_: int, latency_us: float, queue_us: float, images: int,
-             sizes: dict[int, int], errors: dict[str, int], statuses: tuple[int, int, int]) -> str:
+def _metrics(
+    requests_: int,
+    latency_us: float,
+    queue_us: float,
+    images: int,
+    sizes: dict[int, int],
+    errors: dict[str, int],
+    statuses: tuple[int, int, int],
+) -> str:
     labels = f'model_name="{TAGGER}",model_version="default",hostname="h"'
     handler = f'ModelName="{TAGGER}",Level="Model",Hostname="h"'
-    lines = [f"ts_inference_requests_total{{{labels},}} {requests_}.0",
-             f"ts_inference_latency_microseconds{{{labels},}} {latency_us}",
-             f"ts_queue_latency_microseconds{{{labels},}} {queue_us}",
-             f"HandlerImages{{{handler},}} {images}.0",
-             f"HandlerBatches{{{handler},}} {sum(sizes.values())}.0",
-             f"HandlerRequests{{{handler},}} {sum(s * n for s, n in sizes.items())}.0",
-             f'HandlerPrecision{{ModelName="{TAGGER}",Level="Model",Precision="int8+f32",'
-             'Hostname="h",} 1.0',
-             f'HandlerWorkerRssMB{{ModelName="{TAGGER}",Level="Model",WorkerPid="4242",'
-             'Hostname="h",} 1024.4']
-    lines += [f'HandlerBatchesBySize{{ModelName="{TAGGER}",Level="Model",BatchSize="{s}",'
-              f'Hostname="h",}} {n}.0' for s, n in sizes.items()]
-    lines += [f'HandlerErrors{{ModelName="{TAGGER}",Level="Model",ErrorType="{kind}",'
-              f'Hostname="h",}} {n}.0' for kind, n in errors.items()]
-    lines += [f'Requests{code}{{Level="Host",Hostname="h",}} {n}.0'
-              for code, n in zip(("2XX", "4XX", "5XX"), statuses)]
+    lines = [
+        f"ts_inference_requests_total{{{labels},}} {requests_}.0",
+        f"ts_inference_latency_microseconds{{{labels},}} {latency_us}",
+        f"ts_queue_latency_microseconds{{{labels},}} {queue_us}",
+        f"HandlerImages{{{handler},}} {images}.0",
+        f"HandlerBatches{{{handler},}} {sum(sizes.values())}.0",
+        f"HandlerRequests{{{handler},}} {sum(s * n for s, n in sizes.items())}.0",
+        f'HandlerPrecision{{ModelName="{TAGGER}",Level="Model",Precision="int8+f32",'
+        'Hostname="h",} 1.0',
+        f'HandlerWorkerRssMB{{ModelName="{TAGGER}",Level="Model",WorkerPid="4242",'
+        'Hostname="h",} 1024.4',
+    ]
+    lines += [
+        f'HandlerBatchesBySize{{ModelName="{TAGGER}",Level="Model",BatchSize="{s}",'
+        f'Hostname="h",}} {n}.0'
+        for s, n in sizes.items()
+    ]
+    lines += [
+        f'HandlerErrors{{ModelName="{TAGGER}",Level="Model",ErrorType="{kind}",'
+        f'Hostname="h",}} {n}.0'
+        for kind, n in errors.items()
+    ]
+    lines += [
+        f'Requests{code}{{Level="Host",Hostname="h",}} {n}.0'
+        for code, n in zip(("2XX", "4XX", "5XX"), statuses)
+    ]
     return "\n".join(lines) + "\n"
 
 
 def test_frame_shows_what_happened_between_two_reads():
-    workers = {TAGGER: [{"id": "9001", "status": "READY", "pid": 4242, "memoryUsage": 0},
-                        {"id": "9002", "status": "READY", "pid": 4243,
-                         "memoryUsage": 900 * 2**20}]}
-    old = top.parse(_metrics(10, 500_000, 100_000, 10, {1: 10}, {"InvalidImage": 1},
-                             (10, 1, 0)), workers, at=100.0)
+    workers = {
+        TAGGER: [
+            {"id": "9001", "status": "READY", "pid": 4242, "memoryUsage": 0},
+            {"id": "9002", "status": "READY", "pid": 4243, "memoryUsage": 900 * 2**20},
+        ]
+    }
+    old = top.parse(
+        _metrics(10, 500_000, 100_000, 10, {1: 10}, {"InvalidImage": 1}, (10, 1, 0)),
+        workers,
+        at=100.0,
+    )
     # In 2 s: 20 requests (18 images) answered in 50 ms after 5 ms queued, in 6 batches of
     # sizes 2, 2, 3, 3, 4, 6; 2 refused by the handler (Overloaded), 1 more invalid image.
-    new = top.parse(_metrics(30, 1_500_000, 200_000, 28, {1: 10, 2: 2, 3: 2, 4: 1, 6: 1},
-                             {"InvalidImage": 2, "Overloaded": 2}, (28, 2, 2)),
-                    workers, at=102.0)
+    new = top.parse(
+        _metrics(
+            30,
+            1_500_000,
+            200_000,
+            28,
+            {1: 10, 2: 2, 3: 2, 4: 1, 6: 1},
+            {"InvalidImage": 2, "Overloaded": 2},
+            (28, 2, 2),
+        ),
+        workers,
+        at=102.0,
+    )
     screen = top.frame(old, new, url="127.0.0.1:8082")
     lines = screen.splitlines()
     assert all(len(line) <= 80 for line in lines), screen
@@ -64,8 +98,10 @@ def test_frame_shows_what_happened_between_two_reads():
     assert f"  {TAGGER}: InvalidImage 0.5/s, Overloaded (503) 1.0/s" in lines
     # RSS: the handler's report for its pid, else the management API's
     workers_shown = [line.split() for line in lines if line.startswith(TAGGER) and "READY" in line]
-    assert workers_shown == [[TAGGER, "9001", "READY", "4242", "1024", "int8+f32"],
-                             [TAGGER, "9002", "READY", "4243", "900", "int8+f32"]]
+    assert workers_shown == [
+        [TAGGER, "9001", "READY", "4242", "1024", "int8+f32"],
+        [TAGGER, "9002", "READY", "4243", "900", "int8+f32"],
+    ]
 
 
 def test_an_idle_model_shows_dashes_not_zero_latency():
@@ -92,8 +128,12 @@ class _Load:
     def _send(self, photo: bytes) -> None:
         headers = self.server.keys.inference_headers()
         while not self.stop.is_set():
-            requests.post(f"{self.server.inference_url}/predictions/{TAGGER}", data=photo,
-                          headers=headers, timeout=120)
+            requests.post(
+                f"{self.server.inference_url}/predictions/{TAGGER}",
+                data=photo,
+                headers=headers,
+                timeout=120,
+            )
             self.sent += 1
 
     def __enter__(self) -> "_Load":
@@ -111,9 +151,13 @@ class _Load:
 def test_once_under_load(torchserve):
     with _Load(torchserve) as load:
         settled(lambda: load.sent, lambda n: n >= 2)  # the load is flowing before the frame
-        result = subprocess.run([str(TSCTL), "top", "--once", "--interval", "2"],
-                                env=_tsctl_env(torchserve), capture_output=True, text=True,
-                                timeout=120)
+        result = subprocess.run(
+            [str(TSCTL), "top", "--once", "--interval", "2"],
+            env=_tsctl_env(torchserve),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert all(len(line) <= 80 for line in lines), result.stdout
@@ -132,25 +176,42 @@ def test_live_view_in_an_80_column_terminal_quits_on_q(torchserve, tmp_path):
     socket = f"tsctl-top-{uuid.uuid4().hex[:8]}"  # a private tmux server, killed at the end
     base = [tmux, "-L", socket, "-f", os.devnull]
     env = _tsctl_env(torchserve)
-    command = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()
-                       if k.startswith("TSCTL_") or k == "PYTHONPATH")
+    command = " ".join(
+        f"{k}={shlex.quote(v)}"
+        for k, v in env.items()
+        if k.startswith("TSCTL_") or k == "PYTHONPATH"
+    )
     command += f" {shlex.quote(str(TSCTL))} top --interval 1; echo EXITED $?; sleep 30"
 
     def screen() -> str:
-        return subprocess.run([*base, "capture-pane", "-p", "-t", "top"], capture_output=True,
-                              text=True, timeout=10).stdout
+        return subprocess.run(
+            [*base, "capture-pane", "-p", "-t", "top"], capture_output=True, text=True, timeout=10
+        ).stdout
 
     try:
-        subprocess.run([*base, "new-session", "-d", "-s", "top", "-x", "80", "-y", "30",
-                        command], check=True, timeout=10, env={**os.environ, "TERM": "xterm"})
+        subprocess.run(
+            [*base, "new-session", "-d", "-s", "top", "-x", "80", "-y", "30", command],
+            check=True,
+            timeout=10,
+            env={**os.environ, "TERM": "xterm"},
+        )
         with _Load(torchserve):
             shown = settled(screen, lambda s: "q quits" in s and "READY" in s, timeout_s=60)
         lines = shown.splitlines()
         assert "q quits" in shown, shown
         # The table's header and rows are whole lines: nothing wrapped past 80 columns.
         header = next(line for line in lines if line.startswith("model") and "p50/p95" in line)
-        assert header.split() == ["model", "req/s", "img/s", "mean", "ms", "queue", "ms",
-                                  "batch", "p50/p95"]
+        assert header.split() == [
+            "model",
+            "req/s",
+            "img/s",
+            "mean",
+            "ms",
+            "queue",
+            "ms",
+            "batch",
+            "p50/p95",
+        ]
         assert any(line.startswith(TAGGER) and len(line.split()) == 7 for line in lines), shown
         subprocess.run([*base, "send-keys", "-t", "top", "q"], check=True, timeout=10)
         after = settled(screen, lambda s: "EXITED" in s, timeout_s=15)

@@ -7,6 +7,7 @@ on its restricted APIs as ``make serve-triton`` starts it; stopped at the end (t
 checks that it stops cleanly). Skipped, saying why, when ``make triton-server`` could not
 install the wheel.
 """
+
 from __future__ import annotations
 
 import base64
@@ -71,16 +72,22 @@ def test_config_pbtxt_carries_the_model_yaml(model):
     assert 'string_value: "{\\"task\\": \\"tags\\"}"' in text
     assert "EXECUTION_ENV_PATH" not in text
     # Overload is refused, not queued: the bound, and a request queued past responseTimeout.
-    assert ("default_queue_policy { max_queue_size: 16 timeout_action: REJECT "
-            f"default_timeout_microseconds: {settings['responseTimeout'] * 1_000_000} }}") in text
-    assert 'output [ { name: "tags" data_type: TYPE_STRING dims: [ -1 ] }, ' \
-           '{ name: "precision" data_type: TYPE_STRING dims: [ 1 ] } ]' in text
+    assert (
+        "default_queue_policy { max_queue_size: 16 timeout_action: REJECT "
+        f"default_timeout_microseconds: {settings['responseTimeout'] * 1_000_000} }}"
+    ) in text
+    assert (
+        'output [ { name: "tags" data_type: TYPE_STRING dims: [ -1 ] }, '
+        '{ name: "precision" data_type: TYPE_STRING dims: [ 1 ] } ]' in text
+    )
     with pytest.raises(ValueError, match="at least 1"):
         config_pbtxt(model, settings, {"task": "tags"}, "resnet50_dual.xml", queue_size=0)
-    packed = config_pbtxt(model, settings, {"task": "tags"}, "resnet50_dual.xml", "env.tar.gz",
-                          queue_size=16)
-    assert ('key: "EXECUTION_ENV_PATH" value: { string_value: '
-            '"$$TRITON_MODEL_DIRECTORY/env.tar.gz" }') in packed
+    packed = config_pbtxt(
+        model, settings, {"task": "tags"}, "resnet50_dual.xml", "env.tar.gz", queue_size=16
+    )
+    assert (
+        'key: "EXECUTION_ENV_PATH" value: { string_value: "$$TRITON_MODEL_DIRECTORY/env.tar.gz" }'
+    ) in packed
 
 
 def test_the_launcher_restricts_each_api_group_to_its_key_from_a_kept_key_file(tmp_path):
@@ -98,7 +105,8 @@ def test_the_launcher_restricts_each_api_group_to_its_key_from_a_kept_key_file(t
         f"--http-restricted-api={inference}:Authorization=Bearer {keys.inference}",
         f"--grpc-restricted-protocol={inference}:authorization=Bearer {keys.inference}",
         f"--http-restricted-api={management}:Authorization=Bearer {keys.management}",
-        f"--grpc-restricted-protocol={management}:authorization=Bearer {keys.management}"]
+        f"--grpc-restricted-protocol={management}:authorization=Bearer {keys.management}",
+    ]
     assert keys.inference != keys.management and keys.expires("inference") is None
     rotated = server_keys(key_file, new=True)
     assert rotated.inference != keys.inference and rotated.management != keys.management
@@ -118,20 +126,26 @@ def test_the_kserve_triton_manifest_passes_the_lint_and_its_rules_apply():
     objects = render(target)
     [isvc] = [o for o in objects if o.kind == "InferenceService"]
     model = isvc.obj["spec"]["predictor"]["model"]
-    assert (model["runtime"], model["modelFormat"]) == ("kserve-tritonserver",
-                                                        {"name": "triton", "version": "2"})
+    assert (model["runtime"], model["modelFormat"]) == (
+        "kserve-tritonserver",
+        {"name": "triton", "version": "2"},
+    )
     runtimes = {lint.TRITON_RUNTIME.name: lint.TRITON_RUNTIME}
     limits = lint.ServingLimits.from_models(repo_models())
     v1 = copy.deepcopy(isvc)
     v1.obj["spec"]["predictor"]["model"]["protocolVersion"] = "v1"
-    assert any("'v1' is not supported by runtime kserve-tritonserver" in str(f)
-               for f in lint.inference_service_findings(v1, runtimes, limits))
+    assert any(
+        "'v1' is not supported by runtime kserve-tritonserver" in str(f)
+        for f in lint.inference_service_findings(v1, runtimes, limits)
+    )
     no_metrics = copy.deepcopy(objects)
     for o in no_metrics:
         if o.kind == "NetworkPolicy":
             o.obj["spec"]["ingress"].pop(1)
-    assert any("port 8002 is admitted from no namespace" in str(f)
-               for f in lint.network_policy_findings(no_metrics))
+    assert any(
+        "port 8002 is admitted from no namespace" in str(f)
+        for f in lint.network_policy_findings(no_metrics)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -159,12 +173,24 @@ def triton(tmp_path_factory, model_store):
 def infer(triton, model: str, images: list[bytes], **parameters) -> requests.Response:
     """The JSON body TorchServe's v2 route takes: base64 images in a BYTES tensor's data, with
     the inference key."""
-    body = {"inputs": [{"name": "images", "datatype": "BYTES", "shape": [len(images), 1],
-                        "data": [base64.b64encode(i).decode() for i in images]}]}
+    body = {
+        "inputs": [
+            {
+                "name": "images",
+                "datatype": "BYTES",
+                "shape": [len(images), 1],
+                "data": [base64.b64encode(i).decode() for i in images],
+            }
+        ]
+    }
     if parameters:
         body["parameters"] = parameters
-    return requests.post(f"{triton.url}/v2/models/{model}/infer", json=body, timeout=300,
-                         headers=triton.keys.inference_headers())
+    return requests.post(
+        f"{triton.url}/v2/models/{model}/infer",
+        json=body,
+        timeout=300,
+        headers=triton.keys.inference_headers(),
+    )
 
 
 def output(response: requests.Response, name: str) -> np.ndarray:
@@ -173,35 +199,46 @@ def output(response: requests.Response, name: str) -> np.ndarray:
     outputs = {o["name"]: o for o in response.json()["outputs"]}
     out = outputs[name]
     assert outputs["precision"]["data"] == ["f32"] * out["shape"][0]  # the pinned precision
-    return np.array(out["data"], dtype=object if out["datatype"] == "BYTES" else np.float32
-                    ).reshape(out["shape"])
+    return np.array(
+        out["data"], dtype=object if out["datatype"] == "BYTES" else np.float32
+    ).reshape(out["shape"])
 
 
 def stats(triton, model: str) -> dict:
     """Triton's statistics of ``model`` (a management API: the management key)."""
-    answer = requests.get(f"{triton.url}/v2/models/{model}/stats", timeout=30,
-                          headers=triton.keys.management_headers())
+    answer = requests.get(
+        f"{triton.url}/v2/models/{model}/stats",
+        timeout=30,
+        headers=triton.keys.management_headers(),
+    )
     assert answer.status_code == 200, answer.text
     return answer.json()["model_stats"][0]
 
 
 def expected_tags(reference, labels: list[str], image: bytes, k: int) -> list[dict]:
     top = torch.softmax(reference(image)[1], dim=0).topk(k)
-    return [{"label": labels[i], "index": i, "probability": p}
-            for i, p in zip(top.indices.tolist(), top.values.tolist())]
+    return [
+        {"label": labels[i], "index": i, "probability": p}
+        for i, p in zip(top.indices.tolist(), top.values.tolist())
+    ]
 
 
 def test_health_ready_metadata_and_metrics_answer(triton):
     assert requests.get(f"{triton.url}/v2/health/live", timeout=30).status_code == 200
     assert requests.get(f"{triton.url}/v2/health/ready", timeout=30).status_code == 200
-    for model, out, datatype, shape in ((EMBEDDING, "embedding", "FP32", [-1, 2048]),
-                                        (TAGGER, "tags", "BYTES", [-1, -1])):
+    for model, out, datatype, shape in (
+        (EMBEDDING, "embedding", "FP32", [-1, 2048]),
+        (TAGGER, "tags", "BYTES", [-1, -1]),
+    ):
         assert requests.get(f"{triton.url}/v2/models/{model}/ready", timeout=30).status_code == 200
-        meta = requests.get(f"{triton.url}/v2/models/{model}", timeout=30,
-                            headers=triton.keys.inference_headers()).json()
+        meta = requests.get(
+            f"{triton.url}/v2/models/{model}", timeout=30, headers=triton.keys.inference_headers()
+        ).json()
         assert meta["inputs"] == [{"name": "images", "datatype": "BYTES", "shape": [-1, 1]}]
-        assert meta["outputs"] == [{"name": out, "datatype": datatype, "shape": shape},
-                                   {"name": "precision", "datatype": "BYTES", "shape": [-1, 1]}]
+        assert meta["outputs"] == [
+            {"name": out, "datatype": datatype, "shape": shape},
+            {"name": "precision", "datatype": "BYTES", "shape": [-1, 1]},
+        ]
     metrics = requests.get(triton.metrics_url, timeout=30)
     assert metrics.status_code == 200
     assert f'nv_inference_count{{model="{TAGGER}",version="1"}}' in metrics.text
@@ -212,8 +249,11 @@ def test_embeddings_equal_the_float32_reference(triton, reference):
     assert embeddings.shape == (len(PHOTOS), 2048)
     for photo, embedding in zip(PHOTOS, embeddings):
         expected = torch.nn.functional.normalize(reference(photo)[0], dim=0)  # the YAML's L2
-        cosine = float(torch.nn.functional.cosine_similarity(
-            torch.as_tensor(embedding, dtype=torch.float64), expected.double(), dim=0))
+        cosine = float(
+            torch.nn.functional.cosine_similarity(
+                torch.as_tensor(embedding, dtype=torch.float64), expected.double(), dim=0
+            )
+        )
         assert cosine >= 0.9999
         assert rel_error(embedding, expected) <= tolerance("f32")
 
@@ -221,8 +261,9 @@ def test_embeddings_equal_the_float32_reference(triton, reference):
 def test_tags_match_the_reference_in_json_and_binary_requests(triton, reference, weights_dir):
     import tritonclient.http as httpclient
 
-    labels = [json.loads((weights_dir / "index_to_name.json").read_text())[str(i)]
-              for i in range(1000)]
+    labels = [
+        json.loads((weights_dir / "index_to_name.json").read_text())[str(i)] for i in range(1000)
+    ]
     from_json = output(infer(triton, TAGGER, PHOTOS, topk=3), "tags")
     assert from_json.shape == (len(PHOTOS), 3)
     for photo, row in zip(PHOTOS, from_json):
@@ -232,12 +273,14 @@ def test_tags_match_the_reference_in_json_and_binary_requests(triton, reference,
     client = httpclient.InferenceServerClient(triton.url.removeprefix("http://"))
     tensor = httpclient.InferInput("images", [len(PHOTOS), 1], "BYTES")
     tensor.set_data_from_numpy(np.array([[p] for p in PHOTOS], dtype=object), binary_data=True)
-    result = client.infer(TAGGER, [tensor], parameters={"topk": 3},
-                          headers=triton.keys.inference_headers())
+    result = client.infer(
+        TAGGER, [tensor], parameters={"topk": 3}, headers=triton.keys.inference_headers()
+    )
     binary = result.as_numpy("tags")
     assert result.as_numpy("precision").tolist() == [[b"f32"]] * len(PHOTOS)
-    assert [[json.loads(t)["index"] for t in row] for row in binary] == \
-        [[json.loads(t)["index"] for t in row] for row in from_json]
+    assert [[json.loads(t)["index"] for t in row] for row in binary] == [
+        [json.loads(t)["index"] for t in row] for row in from_json
+    ]
 
 
 def test_a_broken_image_fails_alone_beside_three_good_ones(triton):
@@ -268,8 +311,9 @@ def test_concurrent_requests_are_batched(triton):
 
     with ThreadPoolExecutor(clients) as pool:
         assert list(pool.map(send, range(clients))) == [200] * clients
-    sizes = {b["batch_size"]: b["compute_infer"]["count"]
-             for b in stats(triton, TAGGER)["batch_stats"]}
+    sizes = {
+        b["batch_size"]: b["compute_infer"]["count"] for b in stats(triton, TAGGER)["batch_stats"]
+    }
     assert max(sizes) > 1, sizes
 
 
@@ -288,11 +332,24 @@ def test_tsctl_tags_and_embeds_through_triton_unchanged(triton, tmp_path, refere
     env = dict(os.environ, PYTHONPATH=str(REPO), TSCTL_TOKEN=triton.keys.inference)
 
     def tsctl(*argv):
-        return subprocess.run([str(REPO / ".venv" / "bin" / "tsctl"), *argv], env=env,
-                              capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [str(REPO / ".venv" / "bin" / "tsctl"), *argv],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
-    tagged = tsctl("--json", "tag", "--url", triton.url, "--topk", "3", *map(str, paths),
-                   str(tmp_path / "broken.jpg"))
+    tagged = tsctl(
+        "--json",
+        "tag",
+        "--url",
+        triton.url,
+        "--topk",
+        "3",
+        *map(str, paths),
+        str(tmp_path / "broken.jpg"),
+    )
     assert tagged.returncode == 7, tagged.stderr  # some files failed
     answers = json.loads(tagged.stdout)
     assert all(len(answers[str(p)]) == 3 for p in paths)
@@ -324,8 +381,12 @@ def grpc_infer(triton, model: str, images: list[bytes], **parameters):
 
     tensor = grpcclient.InferInput("images", [len(images), 1], "BYTES")
     tensor.set_data_from_numpy(np.array([[i] for i in images], dtype=object))
-    return grpc_client(triton).infer(model, [tensor], parameters=parameters or None,
-                                     headers=grpc_headers(triton.keys.inference_headers()))
+    return grpc_client(triton).infer(
+        model,
+        [tensor],
+        parameters=parameters or None,
+        headers=grpc_headers(triton.keys.inference_headers()),
+    )
 
 
 @pytest.mark.parametrize("model, name", [(EMBEDDING, "embedding"), (TAGGER, "tags")])
@@ -341,8 +402,9 @@ def test_grpc_answers_equal_http_answers(triton, model, name):
     else:
         tags = over_grpc.as_numpy(name)
         assert tags.shape == (len(PHOTOS), 3)
-        assert [[json.loads(t) for t in row] for row in tags] == \
-            [[json.loads(t) for t in row] for row in over_http]
+        assert [[json.loads(t) for t in row] for row in tags] == [
+            [json.loads(t) for t in row] for row in over_http
+        ]
 
 
 def test_a_broken_image_fails_alone_over_grpc_too(triton):
@@ -378,13 +440,23 @@ def test_the_keys_guard_inference_and_management_and_leave_health_open(triton):
     from tritonclient.utils import InferenceServerException
 
     keys = triton.keys
-    body = {"inputs": [{"name": "images", "datatype": "BYTES", "shape": [1, 1],
-                        "data": [base64.b64encode(PHOTOS[0]).decode()]}]}
+    body = {
+        "inputs": [
+            {
+                "name": "images",
+                "datatype": "BYTES",
+                "shape": [1, 1],
+                "data": [base64.b64encode(PHOTOS[0]).decode()],
+            }
+        ]
+    }
     infer_url = f"{triton.url}/v2/models/{TAGGER}/infer"
     index_url = f"{triton.url}/v2/repository/index"
     refusal = {"error": "This API is restricted, expecting header 'Authorization'"}
-    for url, right, wrong in ((infer_url, keys.inference_headers(), keys.management_headers()),
-                              (index_url, keys.management_headers(), keys.inference_headers())):
+    for url, right, wrong in (
+        (infer_url, keys.inference_headers(), keys.management_headers()),
+        (index_url, keys.management_headers(), keys.inference_headers()),
+    ):
         for headers in ({}, wrong, {"Authorization": "Bearer not-the-key"}):
             refused = requests.post(url, json=body, headers=headers, timeout=60)
             assert (refused.status_code, refused.json()) == (403, refusal), url
@@ -395,11 +467,15 @@ def test_the_keys_guard_inference_and_management_and_leave_health_open(triton):
     long_name = {"inputs": [{**body["inputs"][0], "name": "x" * (1 << 20)}]}
     refused = requests.post(infer_url, json=long_name, timeout=60)
     assert (refused.status_code, refused.json()) == (403, refusal)
-    echoed = requests.post(infer_url, json=long_name, headers=keys.inference_headers(),
-                           timeout=60)  # with it, Triton's 400 (no code of ours runs)
+    echoed = requests.post(
+        infer_url, json=long_name, headers=keys.inference_headers(), timeout=60
+    )  # with it, Triton's 400 (no code of ours runs)
     assert echoed.status_code == 400 and len(echoed.content) > 1 << 20
-    for open_url in (f"{triton.url}/v2/health/ready", f"{triton.url}/v2/models/{TAGGER}/ready",
-                     triton.metrics_url):
+    for open_url in (
+        f"{triton.url}/v2/health/ready",
+        f"{triton.url}/v2/models/{TAGGER}/ready",
+        triton.metrics_url,
+    ):
         assert requests.get(open_url, timeout=30).status_code == 200, open_url
 
     client = grpc_client(triton)
@@ -410,14 +486,16 @@ def test_the_keys_guard_inference_and_management_and_leave_health_open(triton):
         with pytest.raises(InferenceServerException) as refused:
             client.infer(TAGGER, [tensor], headers=headers)
         assert refused.value.status() == "StatusCode.UNAVAILABLE"
-        assert f"This protocol is restricted, expecting header '{GRPC_KEY}'" in \
-            refused.value.message()
+        assert (
+            f"This protocol is restricted, expecting header '{GRPC_KEY}'" in refused.value.message()
+        )
     answered = client.infer(TAGGER, [tensor], headers=grpc_headers(keys.inference_headers()))
     assert answered.as_numpy("tags").shape == (1, 5)
     with pytest.raises(InferenceServerException):
         client.get_model_repository_index(headers=grpc_headers(keys.inference_headers()))
     index = client.get_model_repository_index(
-        headers=grpc_headers(keys.management_headers()), as_json=True)
+        headers=grpc_headers(keys.management_headers()), as_json=True
+    )
     assert sorted(m["name"] for m in index["models"]) == [EMBEDDING, TAGGER]
 
 
@@ -431,8 +509,16 @@ def test_an_open_loop_flood_is_refused_at_the_queue_bound_not_queued(triton):
     max_batch = frontend_settings(REPO / "config" / "models" / f"{TAGGER}.yaml")["batchSize"]
     before = stats(triton, TAGGER)
     flood = 300
-    body = {"inputs": [{"name": "images", "datatype": "BYTES", "shape": [1, 1],
-                        "data": [base64.b64encode(jpeg(64, 64, seed=7)).decode()]}]}
+    body = {
+        "inputs": [
+            {
+                "name": "images",
+                "datatype": "BYTES",
+                "shape": [1, 1],
+                "data": [base64.b64encode(jpeg(64, 64, seed=7)).decode()],
+            }
+        ]
+    }
     start = threading.Barrier(flood)
 
     def send(_):
@@ -440,8 +526,12 @@ def test_an_open_loop_flood_is_refused_at_the_queue_bound_not_queued(triton):
         session.get(f"{triton.url}/v2/health/live", timeout=60)
         start.wait()
         began = time.monotonic()
-        answer = session.post(f"{triton.url}/v2/models/{TAGGER}/infer", json=body,
-                              headers=triton.keys.inference_headers(), timeout=300)
+        answer = session.post(
+            f"{triton.url}/v2/models/{TAGGER}/infer",
+            json=body,
+            headers=triton.keys.inference_headers(),
+            timeout=300,
+        )
         return answer.status_code, answer.json(), time.monotonic() - began
 
     with ThreadPoolExecutor(flood) as pool:
@@ -449,15 +539,19 @@ def test_an_open_loop_flood_is_refused_at_the_queue_bound_not_queued(triton):
     refused = [a for a in answers if a[0] != 200]
     served = [a for a in answers if a[0] == 200]
     assert refused and served
-    assert {(status, body["error"].split("] ", 1)[-1]) for status, body, _ in refused} == \
-        {(503, "Exceeds maximum queue size")}
+    assert {(status, body["error"].split("] ", 1)[-1]) for status, body, _ in refused} == {
+        (503, "Exceeds maximum queue size")
+    }
     # Triton's own statistics: what it ran for the flood, batch by batch.
     after = stats(triton, TAGGER)
     batches = after["execution_count"] - before["execution_count"]
-    compute_s = (after["inference_stats"]["compute_infer"]["ns"]
-                 - before["inference_stats"]["compute_infer"]["ns"]) / 1e9
-    assert after["inference_stats"]["success"]["count"] \
-        - before["inference_stats"]["success"]["count"] == len(served)
+    compute_s = (
+        after["inference_stats"]["compute_infer"]["ns"]
+        - before["inference_stats"]["compute_infer"]["ns"]
+    ) / 1e9
+    assert after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"][
+        "count"
+    ] == len(served)
     # Queued without a bound, the last of them would wait for every batch before it:
     # flood / max_batch batches at least, each as long as this flood's batches took.
     drained_s = flood / max_batch * compute_s / batches
@@ -468,26 +562,40 @@ def test_an_open_loop_flood_is_refused_at_the_queue_bound_not_queued(triton):
 def test_tsctl_lists_checks_and_reads_triton_and_says_what_it_cannot(triton):
     """``list``, ``health`` and ``metrics`` with ``--url`` read Triton's repository, readiness
     and metrics; TorchServe's management commands say they are not available there."""
+
     def tsctl(*argv):
-        return subprocess.run([str(REPO / ".venv" / "bin" / "tsctl"), "--key-file",
-                               str(triton.key_file), *argv],
-                              env=dict(os.environ, PYTHONPATH=str(REPO)),
-                              capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [str(REPO / ".venv" / "bin" / "tsctl"), "--key-file", str(triton.key_file), *argv],
+            env=dict(os.environ, PYTHONPATH=str(REPO)),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     infer(triton, TAGGER, PHOTOS[:2])  # something for the metrics to count
     listed = tsctl("--json", "list", "--url", triton.url)
     assert listed.returncode == 0, listed.stderr
     for row in json.loads(listed.stdout):
         settings = frontend_settings(REPO / "config" / "models" / f"{row['model']}.yaml")
-        assert (row["version"], row["workers"], row["ready"], row["state"]) == \
-            ("1", settings["minWorkers"], settings["minWorkers"], "READY")
-        assert (row["batchSize"], row["maxBatchDelay"], row["maxQueueSize"]) == \
-            (settings["batchSize"], settings["maxBatchDelay"], job_queue_size())
+        assert (row["version"], row["workers"], row["ready"], row["state"]) == (
+            "1",
+            settings["minWorkers"],
+            settings["minWorkers"],
+            "READY",
+        )
+        assert (row["batchSize"], row["maxBatchDelay"], row["maxQueueSize"]) == (
+            settings["batchSize"],
+            settings["maxBatchDelay"],
+            job_queue_size(),
+        )
     assert sorted(r["model"] for r in json.loads(listed.stdout)) == [EMBEDDING, TAGGER]
     health = tsctl("health", "--url", triton.url)
     assert health.returncode == 0, health.stderr
-    assert health.stdout.splitlines() == ["server: ready (Triton)", f"{EMBEDDING}/1: READY",
-                                          f"{TAGGER}/1: READY"]
+    assert health.stdout.splitlines() == [
+        "server: ready (Triton)",
+        f"{EMBEDDING}/1: READY",
+        f"{TAGGER}/1: READY",
+    ]
     metrics_base = triton.metrics_url.removesuffix("/metrics")  # tsctl's URLs are bases
     read = tsctl("--metrics-url", metrics_base, "--json", "metrics", "--url", triton.url)
     assert read.returncode == 0, read.stderr
@@ -495,15 +603,23 @@ def test_tsctl_lists_checks_and_reads_triton_and_says_what_it_cannot(triton):
     assert tagger["requests"] == stats(triton, TAGGER)["inference_stats"]["success"]["count"]
     assert tagger["images"] >= 2 and tagger["batches"] >= 1
 
-    keyless = subprocess.run([str(REPO / ".venv" / "bin" / "tsctl"), "list", "--url",
-                              triton.url], env=dict(os.environ, PYTHONPATH=str(REPO)),
-                             capture_output=True, text=True, timeout=300)
+    keyless = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "tsctl"), "list", "--url", triton.url],
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert keyless.returncode == 4  # a refused key
     assert "This API is restricted" in keyless.stderr and "--key-file" in keyless.stderr
 
-    for argv in (["register", "x.mar"], ["scale", TAGGER, "--min", "2"],
-                 ["set-default", TAGGER, "1"], ["unregister", TAGGER],
-                 ["keys", "--rotate", "inference"]):
+    for argv in (
+        ["register", "x.mar"],
+        ["scale", TAGGER, "--min", "2"],
+        ["set-default", TAGGER, "1"],
+        ["unregister", TAGGER],
+        ["keys", "--rotate", "inference"],
+    ):
         refused = tsctl(*argv, "--url", triton.url)
         assert refused.returncode == 6, (argv, refused.stderr)
         assert f"error: not available on Triton: {argv[0]}" in refused.stderr
@@ -517,13 +633,26 @@ def test_tsctl_lists_checks_and_reads_triton_and_says_what_it_cannot(triton):
 def test_the_same_json_body_gets_torchserves_answer(triton, tmp_path_factory, model_store):
     """TorchServe at the same precision (f32), the same v2 JSON body to both: the same
     embeddings (cosine >= 0.9999) and the same tags, computed from the same forward."""
-    body = {"inputs": [{"name": "images", "datatype": "BYTES", "shape": [len(PHOTOS), 1],
-                        "data": [base64.b64encode(i).decode() for i in PHOTOS]}]}
-    with variant_server(tmp_path_factory, model_store, EMBEDDING,
-                        handler={"precision": "f32"}) as ts:
+    body = {
+        "inputs": [
+            {
+                "name": "images",
+                "datatype": "BYTES",
+                "shape": [len(PHOTOS), 1],
+                "data": [base64.b64encode(i).decode() for i in PHOTOS],
+            }
+        ]
+    }
+    with variant_server(
+        tmp_path_factory, model_store, EMBEDDING, handler={"precision": "f32"}
+    ) as ts:
         ask = {**body, "outputs": [{"name": "embedding"}, {"name": "tags"}]}
-        answer = requests.post(f"{ts.inference_url}/predictions/{EMBEDDING}", json=ask,
-                               headers=ts.keys.inference_headers(), timeout=300)
+        answer = requests.post(
+            f"{ts.inference_url}/predictions/{EMBEDDING}",
+            json=ask,
+            headers=ts.keys.inference_headers(),
+            timeout=300,
+        )
         assert answer.status_code == 200, answer.text
         assert answer.headers["X-Precision"] == "f32"
     theirs = {o["name"]: o for o in answer.json()["outputs"]}
@@ -533,8 +662,9 @@ def test_the_same_json_body_gets_torchserves_answer(triton, tmp_path_factory, mo
         assert mine @ their / np.linalg.norm(mine) / np.linalg.norm(their) >= 0.9999
     tags = output(infer(triton, TAGGER, PHOTOS), "tags")
     their_tags = np.array(theirs["tags"]["data"], dtype=object).reshape(theirs["tags"]["shape"])
-    assert [[json.loads(t)["index"] for t in row] for row in tags] == \
-        [[json.loads(t)["index"] for t in row] for row in their_tags]
+    assert [[json.loads(t)["index"] for t in row] for row in tags] == [
+        [json.loads(t)["index"] for t in row] for row in their_tags
+    ]
 
 
 def test_triton_stops_cleanly(triton):

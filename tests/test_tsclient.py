@@ -1,5 +1,6 @@
 """The client and tsctl without a server: name checks, key files, error mapping, key rotation
 with retry-once, exit codes, the metrics summary."""
+
 from __future__ import annotations
 
 import io
@@ -20,10 +21,18 @@ from tsclient.keys import Keys
 
 def _key_file(path, inference="inf-1", management="man-1", minutes=60):
     expires = (datetime.now(timezone.utc) + timedelta(minutes=minutes)).isoformat()
-    path.write_text(json.dumps({
-        "management": {"key": management, "expiration time": expires.replace("+00:00", "Z")},
-        "inference": {"key": inference, "expiration time": expires.replace("+00:00", "Z")},
-        "API": {"key": "api-1"}}))
+    path.write_text(
+        json.dumps(
+            {
+                "management": {
+                    "key": management,
+                    "expiration time": expires.replace("+00:00", "Z"),
+                },
+                "inference": {"key": inference, "expiration time": expires.replace("+00:00", "Z")},
+                "API": {"key": "api-1"},
+            }
+        )
+    )
     return path
 
 
@@ -39,8 +48,22 @@ def test_routable_names_pass(name):
     assert check_name(name) == name
 
 
-@pytest.mark.parametrize("name", ["", "a/b", "../../x", "..", "a..b", "-lead", ".hidden",
-                                  "sp ace", "x" * (MAX_NAME + 1), "a%2Fb", "ünï"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        "a/b",
+        "../../x",
+        "..",
+        "a..b",
+        "-lead",
+        ".hidden",
+        "sp ace",
+        "x" * (MAX_NAME + 1),
+        "a%2Fb",
+        "ünï",
+    ],
+)
 def test_unroutable_names_are_refused_with_the_rule(name):
     with pytest.raises(errors.UsageError) as refused:
         check_name(name)
@@ -59,14 +82,20 @@ def test_archive_paths_are_refused_and_urls_left_to_the_server():
 
 
 def test_client_and_tsctl_default_to_the_same_ports(monkeypatch):
-    for name in ("TSCTL_INFERENCE_URL", "TSCTL_MANAGEMENT_URL", "TSCTL_METRICS_URL",
-                 "TSCTL_KEY_FILE"):
+    for name in (
+        "TSCTL_INFERENCE_URL",
+        "TSCTL_MANAGEMENT_URL",
+        "TSCTL_METRICS_URL",
+        "TSCTL_KEY_FILE",
+    ):
         monkeypatch.delenv(name, raising=False)
     args = cli.parser().parse_args(["list"])
     client = TorchServeClient()
-    expected = {"inference": f"http://127.0.0.1:{ports.INFERENCE}",
-                "management": f"http://127.0.0.1:{ports.MANAGEMENT}",
-                "metrics": f"http://127.0.0.1:{ports.METRICS}"}
+    expected = {
+        "inference": f"http://127.0.0.1:{ports.INFERENCE}",
+        "management": f"http://127.0.0.1:{ports.MANAGEMENT}",
+        "metrics": f"http://127.0.0.1:{ports.METRICS}",
+    }
     assert client.urls == expected
     made = cli.make_client(args)  # without --url: the local TorchServe, asked nothing
     assert made.urls == expected and made.key_file == client.key_file
@@ -88,8 +117,9 @@ def test_a_key_file_caught_mid_rewrite_is_read_again(tmp_path, monkeypatch):
     whole = key_file.read_text()
     torn = ["", whole[: len(whole) // 2]]  # what the first two reads see
     real_read = Path.read_text
-    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: torn.pop(0) if torn
-                        else real_read(self, *a, **k))
+    monkeypatch.setattr(
+        Path, "read_text", lambda self, *a, **k: torn.pop(0) if torn else real_read(self, *a, **k)
+    )
     assert Keys.read(key_file).inference == "inf-1"
     assert not torn  # both torn reads were served and read past
     monkeypatch.undo()
@@ -105,25 +135,62 @@ def test_missing_key_file_says_where_it_comes_from(tmp_path):
     assert "folder it was started from" in missing.value.hint
 
 
-@pytest.mark.parametrize("status, body, kind, hint", [
-    (404, {"code": 404, "type": "ModelNotFoundException", "message": "Model not found: x"},
-     errors.NotFound, "tsctl list"),
-    (404, {"code": 404, "type": "ModelNotFoundException",
-           "message": "Given URL file:///etc/passwd does not match any allowed URL(s)"},
-     errors.Refused, "allowed_urls"),
-    (403, {"code": 403, "type": "InvalidModelVersionException",
-           "message": "Cannot remove default version for model m"},
-     errors.Refused, "tsctl set-default"),
-    (400, {"code": 400, "type": "InvalidKeyException", "message": "Token Authorization failed"},
-     errors.KeyRejected, "key_file.json"),
-    (503, {"code": 503, "type": "ServiceUnavailableException", "message": "no worker"},
-     errors.ApiError, "retry later"),
-    # Triton's own answers: {"error": text}.
-    (503, {"error": "[request id: <id_unknown>] Exceeds maximum queue size"},
-     errors.ApiError, "max_queue_size"),
-    (403, {"error": "This API is restricted, expecting header 'Authorization'"},
-     errors.KeyRejected, "--new-keys"),
-])
+@pytest.mark.parametrize(
+    "status, body, kind, hint",
+    [
+        (
+            404,
+            {"code": 404, "type": "ModelNotFoundException", "message": "Model not found: x"},
+            errors.NotFound,
+            "tsctl list",
+        ),
+        (
+            404,
+            {
+                "code": 404,
+                "type": "ModelNotFoundException",
+                "message": "Given URL file:///etc/passwd does not match any allowed URL(s)",
+            },
+            errors.Refused,
+            "allowed_urls",
+        ),
+        (
+            403,
+            {
+                "code": 403,
+                "type": "InvalidModelVersionException",
+                "message": "Cannot remove default version for model m",
+            },
+            errors.Refused,
+            "tsctl set-default",
+        ),
+        (
+            400,
+            {"code": 400, "type": "InvalidKeyException", "message": "Token Authorization failed"},
+            errors.KeyRejected,
+            "key_file.json",
+        ),
+        (
+            503,
+            {"code": 503, "type": "ServiceUnavailableException", "message": "no worker"},
+            errors.ApiError,
+            "retry later",
+        ),
+        # Triton's own answers: {"error": text}.
+        (
+            503,
+            {"error": "[request id: <id_unknown>] Exceeds maximum queue size"},
+            errors.ApiError,
+            "max_queue_size",
+        ),
+        (
+            403,
+            {"error": "This API is restricted, expecting header 'Authorization'"},
+            errors.KeyRejected,
+            "--new-keys",
+        ),
+    ],
+)
 def test_error_answers_map_to_one_error_each(status, body, kind, hint):
     error = errors.from_response(_response(status, body), "do it")
     assert type(error) is kind and error.status == status and hint in error.hint
@@ -138,9 +205,10 @@ def test_triton_carries_the_core_s_error_body_as_its_error_text():
     assert plain.message == "HTTP 404: register x: Not Found"
 
 
-
-@pytest.mark.parametrize("header, seconds", [("3", 3.0), ("soon", None), (None, None),
-                                             ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0)])
+@pytest.mark.parametrize(
+    "header, seconds",
+    [("3", 3.0), ("soon", None), (None, None), ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0)],
+)
 def test_a_503_carries_its_retry_after_in_seconds(header, seconds):
     response = _response(503, {"code": 503, "type": "Overloaded", "message": "busy"})
     if header is not None:
@@ -165,6 +233,7 @@ def test_a_slow_call_shows_its_label_and_elapsed_time_on_a_terminal_only():
     with pytest.raises(errors.ApiError, match="no worker"):
         waiting("scaling m", refused, stream=terminal)
 
+
 class FakeServer:
     """Stands in for ``TorchServeClient._send``: refuses keys that are not current, rotates
     the key file on ``/token`` as TorchServe does."""
@@ -181,8 +250,14 @@ class FakeServer:
             return _response(200, "\n")
         token = auth.get("Authorization", "").removeprefix("Bearer ")
         if token in self.expired:
-            return _response(400, {"code": 400, "type": "InvalidKeyException",
-                                   "message": "Token Authorization failed."})
+            return _response(
+                400,
+                {
+                    "code": 400,
+                    "type": "InvalidKeyException",
+                    "message": "Token Authorization failed.",
+                },
+            )
         return _response(200, {"models": [{"modelName": "m", "modelUrl": "m.mar"}]})
 
 
@@ -191,9 +266,11 @@ def test_an_expired_key_is_rotated_once_and_the_call_retried(tmp_path):
     client = TorchServeClient(key_file=key_file)
     client._send = fake = FakeServer(key_file, expired={"man-1"})
     assert client.list_models() == [{"modelName": "m", "modelUrl": "m.mar"}]
-    assert [c[1:] for c in fake.calls] == [("/models", "Bearer man-1"),
-                                           ("/token", "Bearer api-1"),
-                                           ("/models", "Bearer man-1-rotated")]
+    assert [c[1:] for c in fake.calls] == [
+        ("/models", "Bearer man-1"),
+        ("/token", "Bearer api-1"),
+        ("/models", "Bearer man-1-rotated"),
+    ]
     assert Keys.read(key_file).management == "man-1-rotated" and client.rotations == 1
 
 
@@ -231,8 +308,14 @@ def _tsctl(capsys, *argv) -> tuple[int, str, str]:
 
 def test_tsctl_without_a_server_says_how_to_start_one(capsys, tmp_path):
     port = free_port()
-    code, _, err = _tsctl(capsys, "--management-url", f"http://127.0.0.1:{port}",
-                          "--key-file", str(_key_file(tmp_path / "k.json")), "list")
+    code, _, err = _tsctl(
+        capsys,
+        "--management-url",
+        f"http://127.0.0.1:{port}",
+        "--key-file",
+        str(_key_file(tmp_path / "k.json")),
+        "list",
+    )
     assert code == errors.ServerNotRunning.exit_code == 3
     assert f"no TorchServe answers at http://127.0.0.1:{port}" in err and "make serve" in err
 
@@ -242,60 +325,93 @@ def test_tsctl_without_a_key_file_exits_4(capsys, tmp_path):
     assert code == 4 and "no key file" in json.loads(out)["error"] and "hint:" in err
 
 
-@pytest.mark.parametrize("argv", [["describe", "../../x"], ["scale", "a/b", "--min", "1"],
-                                  ["unregister", "resnet50-tagger", "1/2"],
-                                  ["register", "/etc/passwd"],
-                                  ["register", "x.mar", "--name", "../x"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["describe", "../../x"],
+        ["scale", "a/b", "--min", "1"],
+        ["unregister", "resnet50-tagger", "1/2"],
+        ["register", "/etc/passwd"],
+        ["register", "x.mar", "--name", "../x"],
+    ],
+)
 def test_tsctl_refuses_unroutable_names_before_sending(capsys, tmp_path, argv):
     port = free_port()  # nothing listens: a request would exit 3, not 2
-    code, _, err = _tsctl(capsys, "--management-url", f"http://127.0.0.1:{port}",
-                          "--key-file", str(_key_file(tmp_path / "k.json")), *argv)
+    code, _, err = _tsctl(
+        capsys,
+        "--management-url",
+        f"http://127.0.0.1:{port}",
+        "--key-file",
+        str(_key_file(tmp_path / "k.json")),
+        *argv,
+    )
     assert code == 2 and "hint:" in err
 
 
 def test_metrics_summary_from_prometheus_text():
-    text = "\n".join([
-        '# HELP HandlerBatches x', '# TYPE HandlerBatches counter',
-        'HandlerBatches{ModelName="m",Level="Model",Hostname="h",} 4.0',
-        'HandlerRequests{ModelName="m",Level="Model",Hostname="h",} 22.0',
-        'HandlerImages{ModelName="m",Level="Model",Hostname="h",} 21.0',
-        'HandlerBatchesBySize{ModelName="m",Level="Model",BatchSize="16",Hostname="h",} 1.0',
-        'HandlerBatchesBySize{ModelName="m",Level="Model",BatchSize="2",Hostname="h",} 3.0',
-        'HandlerErrors{ModelName="m",Level="Model",ErrorType="InvalidImage",Hostname="h",} 1.0',
-        'HandlerDecodeMs{ModelName="m",Level="Model",Hostname="h",} 42.0',
-        'HandlerForwardMs{ModelName="m",Level="Model",Hostname="h",} 400.0',
-        'ts_inference_requests_total{model_name="m",model_version="default",hostname="h",} 22.0',
-        'ts_inference_latency_microseconds{model_name="m",model_version="default",'
-        'hostname="h",} 2200000.0',
-        'Requests2XX{Level="Host",Hostname="h",} 21.0',
-        'Requests4XX{Level="Host",Hostname="h",} 1.0',
-    ])
+    text = "\n".join(
+        [
+            "# HELP HandlerBatches x",
+            "# TYPE HandlerBatches counter",
+            'HandlerBatches{ModelName="m",Level="Model",Hostname="h",} 4.0',
+            'HandlerRequests{ModelName="m",Level="Model",Hostname="h",} 22.0',
+            'HandlerImages{ModelName="m",Level="Model",Hostname="h",} 21.0',
+            'HandlerBatchesBySize{ModelName="m",Level="Model",BatchSize="16",Hostname="h",} 1.0',
+            'HandlerBatchesBySize{ModelName="m",Level="Model",BatchSize="2",Hostname="h",} 3.0',
+            'HandlerErrors{ModelName="m",Level="Model",ErrorType="InvalidImage",Hostname="h",} 1.0',
+            'HandlerDecodeMs{ModelName="m",Level="Model",Hostname="h",} 42.0',
+            'HandlerForwardMs{ModelName="m",Level="Model",Hostname="h",} 400.0',
+            'ts_inference_requests_total{model_name="m",model_version="default",hostname="h",} 22.0',
+            'ts_inference_latency_microseconds{model_name="m",model_version="default",'
+            'hostname="h",} 2200000.0',
+            'Requests2XX{Level="Host",Hostname="h",} 21.0',
+            'Requests4XX{Level="Host",Hostname="h",} 1.0',
+        ]
+    )
     assert metrics.frontend_statuses(text) == {"2XX": 21, "4XX": 1, "5XX": 0}
-    assert metrics.summarise(text) == {"m": {
-        "batches": 4, "requests_in_batches": 22, "images": 21, "mean_batch_size": 5.5,
-        "batch_sizes": {"2": 3, "16": 1}, "errors": {"InvalidImage": 1},
-        "decode_ms_per_image": 2.0, "forward_ms_per_batch": 100.0, "requests": 22,
-        "mean_latency_ms": 100.0}}
-
+    assert metrics.summarise(text) == {
+        "m": {
+            "batches": 4,
+            "requests_in_batches": 22,
+            "images": 21,
+            "mean_batch_size": 5.5,
+            "batch_sizes": {"2": 3, "16": 1},
+            "errors": {"InvalidImage": 1},
+            "decode_ms_per_image": 2.0,
+            "forward_ms_per_batch": 100.0,
+            "requests": 22,
+            "mean_latency_ms": 100.0,
+        }
+    }
 
 
 def test_counters_read_the_same_with_or_without_type_lines():
     """TorchServe declares its counters (``# TYPE ... counter``); prometheus_client then adds
     ``_total`` to those written without it. Either way a counter goes by one name."""
-    typed = ("# TYPE HandlerBatches counter\n"
-             'HandlerBatches{ModelName="m",Level="Model",Hostname="h",} 4.0\n'
-             "# TYPE ts_inference_requests_total counter\n"
-             'ts_inference_requests_total{model_name="m",model_version="default",} 22.0\n'
-             "# TYPE HandlerBatchSize histogram\n"
-             'HandlerBatchSize_sum{ModelName="m",} 22.0\n')
+    typed = (
+        "# TYPE HandlerBatches counter\n"
+        'HandlerBatches{ModelName="m",Level="Model",Hostname="h",} 4.0\n'
+        "# TYPE ts_inference_requests_total counter\n"
+        'ts_inference_requests_total{model_name="m",model_version="default",} 22.0\n'
+        "# TYPE HandlerBatchSize histogram\n"
+        'HandlerBatchSize_sum{ModelName="m",} 22.0\n'
+    )
     assert [(s.name, s.value) for s in metrics.samples(typed)] == [
-        ("HandlerBatches", 4.0), ("ts_inference_requests", 22.0), ("HandlerBatchSize_sum", 22.0)]
+        ("HandlerBatches", 4.0),
+        ("ts_inference_requests", 22.0),
+        ("HandlerBatchSize_sum", 22.0),
+    ]
     assert [s.name for s in metrics.samples(typed.replace("# TYPE", "# X"))] == [
-        "HandlerBatches", "ts_inference_requests", "HandlerBatchSize_sum"]
+        "HandlerBatches",
+        "ts_inference_requests",
+        "HandlerBatchSize_sum",
+    ]
 
 
-@pytest.mark.parametrize("cut", [len('HandlerBatches{ModelName="m",Lev'),
-                                 len('HandlerBatches{ModelName="m",Level="Model",} ')])
+@pytest.mark.parametrize(
+    "cut",
+    [len('HandlerBatches{ModelName="m",Lev'), len('HandlerBatches{ModelName="m",Level="Model",} ')],
+)
 def test_a_scrape_cut_short_is_a_clear_error(cut):
     line = 'HandlerBatches{ModelName="m",Level="Model",} 4.0\n'
     text = "# TYPE HandlerBatches counter\n" + line + line[:cut]
@@ -304,6 +420,7 @@ def test_a_scrape_cut_short_is_a_clear_error(cut):
     assert caught.value.exit_code == 1 and "read it again" in caught.value.hint
     with pytest.raises(errors.MetricsUnreadable, match="not Prometheus text format"):
         metrics.samples("<html>502 Bad Gateway</html>\n")
+
 
 class _Recorder(__import__("http.server").server.BaseHTTPRequestHandler):
     """Answers every GET with ``{"status": "Healthy"}`` and records what it was asked."""
@@ -348,8 +465,9 @@ def test_keys_to_a_loopback_server_never_go_through_a_proxy(tmp_path, monkeypatc
         client = TorchServeClient(url, url, url, key_file=_key_file(tmp_path / "k.json"))
         assert client.health() == {"status": "Healthy"}
         assert to_server == [("/ping", "Bearer inf-1")] and to_proxy == []
-        remote = TorchServeClient("http://ts.example.invalid:8080", url, url,
-                                  key_file=_key_file(tmp_path / "k.json"))
+        remote = TorchServeClient(
+            "http://ts.example.invalid:8080", url, url, key_file=_key_file(tmp_path / "k.json")
+        )
         assert remote.health() == {"status": "Healthy"}  # answered by the "proxy"
         assert to_proxy == [("http://ts.example.invalid:8080/ping", "Bearer inf-1")]
     finally:
@@ -377,17 +495,29 @@ def test_tritons_own_series_are_summarised_per_model():
     """``tsctl metrics --url`` on Triton: its nv_inference_* counters per model."""
     from tsclient import triton
 
-    text = "".join(f"# TYPE {name} counter\n{name}{{model=\"m\",{labels}version=\"1\"}} {value}\n"
-                   for name, labels, value in (
-                       ("nv_inference_request_success", "", 4),
-                       ("nv_inference_request_failure", 'reason="REJECTED",', 2),
-                       ("nv_inference_count", "", 12), ("nv_inference_exec_count", "", 3),
-                       ("nv_inference_request_duration_us", "", 80000),
-                       ("nv_inference_queue_duration_us", "", 20000),
-                       ("nv_inference_compute_infer_duration_us", "", 40000)))
-    assert triton.summarise(text + "# TYPE nv_cpu_utilization gauge\nnv_cpu_utilization 0.5\n") \
-        == {"m": {"requests": 4, "failed": {"REJECTED": 2}, "images": 12, "batches": 3,
-                  "mean_batch_images": 4.0, "mean_latency_ms": 20.0, "mean_queue_ms": 5.0,
-                  "compute_ms_per_request": 10.0}}
+    text = "".join(
+        f'# TYPE {name} counter\n{name}{{model="m",{labels}version="1"}} {value}\n'
+        for name, labels, value in (
+            ("nv_inference_request_success", "", 4),
+            ("nv_inference_request_failure", 'reason="REJECTED",', 2),
+            ("nv_inference_count", "", 12),
+            ("nv_inference_exec_count", "", 3),
+            ("nv_inference_request_duration_us", "", 80000),
+            ("nv_inference_queue_duration_us", "", 20000),
+            ("nv_inference_compute_infer_duration_us", "", 40000),
+        )
+    )
+    assert triton.summarise(text + "# TYPE nv_cpu_utilization gauge\nnv_cpu_utilization 0.5\n") == {
+        "m": {
+            "requests": 4,
+            "failed": {"REJECTED": 2},
+            "images": 12,
+            "batches": 3,
+            "mean_batch_images": 4.0,
+            "mean_latency_ms": 20.0,
+            "mean_queue_ms": 5.0,
+            "compute_ms_per_request": 10.0,
+        }
+    }
     assert triton.metrics_url("http://127.0.0.1:8000") == "http://127.0.0.1:8002"
     assert triton.metrics_url("https://[::1]:9000/x") == "https://[::1]:8002"

@@ -1,6 +1,7 @@
 """tsctl (the installed console script) against the session's real TorchServe: every read-only
 command, tag/embed of many files at once, refused registrations and the metrics summary.
 Commands that change keys or models run on their own server (tests/test_ops.py)."""
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,15 @@ def test_list_describe_and_health(torchserve):
         assert row["default"] and row["version"] == "1.0"
         assert row["batchSize"] == _yaml(row["model"])["batchSize"]
     human = tsctl(torchserve, "list").stdout
-    assert human.splitlines()[0].split() == ["model", "version", "default", "workers", "batch",
-                                             "delay", "ms"]
+    assert human.splitlines()[0].split() == [
+        "model",
+        "version",
+        "default",
+        "workers",
+        "batch",
+        "delay",
+        "ms",
+    ]
     described = tsctl(torchserve, "--json", "describe", "resnet50-tagger")
     assert described.returncode == 0, described.stderr
     meta = json.loads(described.stdout)[0]["customizedMetadata"]
@@ -46,8 +54,11 @@ def test_list_describe_and_health(torchserve):
 
 
 def test_unknown_model_exits_5_with_a_hint(torchserve):
-    for argv in (["describe", "no-such-model"], ["scale", "no-such-model", "--min", "1"],
-                 ["describe", "resnet50-tagger", "9.9"]):
+    for argv in (
+        ["describe", "no-such-model"],
+        ["scale", "no-such-model", "--min", "1"],
+        ["describe", "resnet50-tagger", "9.9"],
+    ):
         result = tsctl(torchserve, *argv)
         assert result.returncode == 5, (argv, result.stderr)
         assert "hint: `tsctl list`" in result.stderr
@@ -62,8 +73,9 @@ def test_tag_and_embed_many_files_at_once(torchserve, tmp_path):
     broken = tmp_path / "broken.jpg"
     broken.write_bytes(b"not an image")
 
-    tagged = tsctl(torchserve, "--json", "tag", *images, str(broken), "--topk", "3",
-                   "--concurrency", "4")
+    tagged = tsctl(
+        torchserve, "--json", "tag", *images, str(broken), "--topk", "3", "--concurrency", "4"
+    )
     assert tagged.returncode == 7, tagged.stderr  # some files failed
     answers = json.loads(tagged.stdout)
     assert list(answers) == [*images, str(broken)]
@@ -83,8 +95,7 @@ def test_tag_and_embed_many_files_at_once(torchserve, tmp_path):
 
 
 def test_json_is_accepted_after_the_command_too(torchserve):
-    for argv in (["list", "--json"], ["--json", "list"], ["describe", "resnet50-tagger",
-                                                          "--json"]):
+    for argv in (["list", "--json"], ["--json", "list"], ["describe", "resnet50-tagger", "--json"]):
         result = tsctl(torchserve, *argv)
         assert result.returncode == 0, (argv, result.stderr)
         assert isinstance(json.loads(result.stdout), list)
@@ -98,12 +109,17 @@ def test_registration_is_off_and_a_path_registration_runs_no_code(torchserve, tm
     run its handler, tests/test_ops.py shows it); listing and scaling still work."""
     marker = tmp_path / "marker.txt"
     folder = marker_model(tmp_path / "folder", marker)
-    raw = requests.post(f"{torchserve.management_url}/models",
-                        params={"url": folder, "initial_workers": 1, "synchronous": "true"},
-                        headers=torchserve.keys.management_headers(), timeout=120)
+    raw = requests.post(
+        f"{torchserve.management_url}/models",
+        params={"url": folder, "initial_workers": 1, "synchronous": "true"},
+        headers=torchserve.keys.management_headers(),
+        timeout=120,
+    )
     assert raw.status_code == 405, raw.text
-    for argv in (["register", "resnet50-tagger.mar", "--name", "again"],
-                 ["unregister", "resnet50-embedding"]):
+    for argv in (
+        ["register", "resnet50-tagger.mar", "--name", "again"],
+        ["unregister", "resnet50-embedding"],
+    ):
         refused = tsctl(torchserve, *argv)
         assert refused.returncode == 6, (argv, refused.stderr)
         assert "make serve MODEL_API=1" in refused.stderr
@@ -129,6 +145,7 @@ def test_metrics_counts_batches_errors_and_time(torchserve):
     with pytest.raises(errors.ApiError) as junk:
         client.predict(model, bodies[-1])
     assert junk.value.status == 400 and junk.value.type == "InvalidImage"
+
     def delta(now: dict, key: str) -> int:
         return now.get(key, 0) - before.get(key, 0)
 
@@ -136,9 +153,14 @@ def test_metrics_counts_batches_errors_and_time(torchserve):
         return counts.get("errors", {}).get("InvalidImage", 0)
 
     # The batch counts, images and errors are written at different points of a batch.
-    after = settled(lambda: _handler_counts(torchserve, model),
-                    lambda now: delta(now, "requests_in_batches") >= 4 and delta(now, "images")
-                    >= 3 and invalid_images(now) - invalid_images(before) >= 1)
+    after = settled(
+        lambda: _handler_counts(torchserve, model),
+        lambda now: (
+            delta(now, "requests_in_batches") >= 4
+            and delta(now, "images") >= 3
+            and invalid_images(now) - invalid_images(before) >= 1
+        ),
+    )
     assert delta(after, "requests_in_batches") == 4
     assert delta(after, "images") == 3
     assert invalid_images(after) - invalid_images(before) == 1

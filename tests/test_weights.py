@@ -1,4 +1,5 @@
 """Where the weights come from, and that an offline fallback says so."""
+
 from __future__ import annotations
 
 import hashlib

@@ -14,6 +14,7 @@ stub's interpreter takes its ``sys.path`` from the first ``python3`` on ``PATH``
 (``Triton.env`` puts this venv's first): numpy 1 from here, then torch, OpenVINO and Pillow
 from the project's venv through the ``.pth`` (numpy 2-built wheels run on numpy 1.26).
 """
+
 from __future__ import annotations
 
 import shutil
@@ -72,14 +73,19 @@ class TritonInstall:
         there."""
         for path in (self.binary, self.stub, self.libs):
             if not path.exists():
-                raise NotInstalled(f"{path} is missing: run `make triton-server` "
-                                   "(nvidia-pytriton in build/triton-venv)")
+                raise NotInstalled(
+                    f"{path} is missing: run `make triton-server` "
+                    "(nvidia-pytriton in build/triton-venv)"
+                )
 
     def python_libdir(self) -> str:
         """The folder of the venv interpreter's ``libpython3.X.so``, which the stub links."""
         return subprocess.run(
             [str(self.python), "-c", "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))"],
-            check=True, capture_output=True, text=True).stdout.strip()
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
 
 
 def install(triton: TritonInstall = TritonInstall(), project_venv: Path = PROJECT_VENV) -> None:
@@ -87,23 +93,32 @@ def install(triton: TritonInstall = TritonInstall(), project_venv: Path = PROJEC
     venv. Both venvs must run the same Python (the stub loads the project's compiled wheels)."""
     version = _python_version(triton.python)
     if version != _python_version(project_venv / "bin" / "python"):
-        raise SystemExit(f"{triton.venv} runs Python {version} but {project_venv} does not: "
-                         "build both with the same interpreter (make PYTHON=...)")
+        raise SystemExit(
+            f"{triton.venv} runs Python {version} but {project_venv} does not: "
+            "build both with the same interpreter (make PYTHON=...)"
+        )
     stub = triton.wheel / "python_backend_stubs" / version / "triton_python_backend_stub"
     if not stub.is_file():
         raise SystemExit(f"nvidia-pytriton has no Python backend stub for Python {version}")
     if triton.server.exists():
         shutil.rmtree(triton.server)
-    shutil.copytree(triton.wheel, triton.server,
-                    ignore=shutil.ignore_patterns("python_backend_stubs", "__pycache__"))
+    shutil.copytree(
+        triton.wheel,
+        triton.server,
+        ignore=shutil.ignore_patterns("python_backend_stubs", "__pycache__"),
+    )
     shutil.copy2(stub, triton.stub)
     project_site = next((project_venv / "lib").glob(f"python{version}/site-packages"))
     (triton.site_packages() / PTH).write_text(f"{project_site.resolve()}\n")
 
 
 def _python_version(python: Path) -> str:
-    return subprocess.run([str(python), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                          check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        [str(python), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
 
 
 def main() -> int:

@@ -8,6 +8,7 @@ tensor and ``topk`` parameter, parsed inside the core's per-request boundary), a
 (``tritonrepo/generate.py``) copies this file to ``<model>/1/model.py`` beside the packages and
 model files it imports, so the stub finds them on its own ``sys.path``.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,14 +41,16 @@ class TritonPythonModel:
         parameters = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         folder = Path(args["model_repository"]) / args["model_version"]
         gpu = args.get("model_instance_kind") == "GPU"
-        self.model = ImageModel(ModelSettings(
-            files=ModelFiles.read(folder, parameters["serialized_file"]),
-            name=args["model_name"],
-            version=args["model_version"],
-            config=HandlerConfig.from_mapping(json.loads(parameters["handler"])),
-            batch_size=max(1, int(config.get("max_batch_size", 1))),
-            gpu_id=int(args["model_instance_device_id"]) if gpu else None,
-        ))
+        self.model = ImageModel(
+            ModelSettings(
+                files=ModelFiles.read(folder, parameters["serialized_file"]),
+                name=args["model_name"],
+                version=args["model_version"],
+                config=HandlerConfig.from_mapping(json.loads(parameters["handler"])),
+                batch_size=max(1, int(config.get("max_batch_size", 1))),
+                gpu_id=int(args["model_instance_device_id"]) if gpu else None,
+            )
+        )
 
     def execute(self, requests: list) -> list:
         replies = self.model.run([self._incoming(request) for request in requests])
@@ -56,8 +59,10 @@ class TritonPythonModel:
         return [response(reply) for reply in replies]
 
     def _incoming(self, request) -> Incoming:
-        return Incoming(request_id=request.request_id() or "?",
-                        parse=partial(_parse, request, self.model.config))
+        return Incoming(
+            request_id=request.request_id() or "?",
+            parse=partial(_parse, request, self.model.config),
+        )
 
 
 def _parse(request, config: HandlerConfig):
@@ -65,8 +70,12 @@ def _parse(request, config: HandlerConfig):
     request alone."""
     tensor = pb_utils.get_input_tensor_by_name(request, INPUT)
     parameters = json.loads(request.parameters() or "{}")
-    return parse_tensor(tensor.as_numpy().reshape(-1).tolist(), top_k=parameters.get(TOP_K),
-                        request_id=request.request_id() or None, config=config)
+    return parse_tensor(
+        tensor.as_numpy().reshape(-1).tolist(),
+        top_k=parameters.get(TOP_K),
+        request_id=request.request_id() or None,
+        config=config,
+    )
 
 
 def response(reply: Reply):
@@ -75,13 +84,23 @@ def response(reply: Reply):
     no response parameters); or the core's error body as this request's error, with the
     nearest status Triton's HTTP frontend can send."""
     if reply.error is not None:
-        return pb_utils.InferenceResponse(error=pb_utils.TritonError(reply.text, _code(reply.status)))
+        return pb_utils.InferenceResponse(
+            error=pb_utils.TritonError(reply.text, _code(reply.status))
+        )
     outputs = reply.body["outputs"]
     precision = np.full((outputs[0]["shape"][0], 1), reply.headers[PRECISION_HEADER], np.object_)
-    return pb_utils.InferenceResponse(output_tensors=[
-        *(pb_utils.Tensor(out["name"], np.array(out["data"], dtype=DTYPES[out["datatype"]])
-                          .reshape(out["shape"])) for out in outputs),
-        pb_utils.Tensor(PRECISION, precision)])
+    return pb_utils.InferenceResponse(
+        output_tensors=[
+            *(
+                pb_utils.Tensor(
+                    out["name"],
+                    np.array(out["data"], dtype=DTYPES[out["datatype"]]).reshape(out["shape"]),
+                )
+                for out in outputs
+            ),
+            pb_utils.Tensor(PRECISION, precision),
+        ]
+    )
 
 
 def _code(status: int) -> int:

@@ -18,6 +18,7 @@ header to either) and as gRPC metadata ``triton-grpc-protocol-authorization: Bea
 (Triton prefixes gRPC's). Health stays open (probes) and so do metrics (their own port).
 ``server_keys`` keeps them in a key file of TorchServe's format (``tsctl --key-file``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,15 +41,26 @@ from tsclient.keys import Keys
 
 REPO = Path(__file__).resolve().parent.parent
 REPOSITORY = REPO / "build" / "triton"
-DEFAULT_PORTS = {"http": ports.TRITON_HTTP, "grpc": ports.TRITON_GRPC,
-                 "metrics": ports.TRITON_METRICS}
+DEFAULT_PORTS = {
+    "http": ports.TRITON_HTTP,
+    "grpc": ports.TRITON_GRPC,
+    "metrics": ports.TRITON_METRICS,
+}
 EXIT_TIMEOUT = 30  # seconds Triton gives in-flight requests when told to stop
 # Not ./key_file.json: TorchServe rewrites that one when it starts in the same folder.
 KEY_FILE = REPO / "build" / "triton-key_file.json"
 # Triton's API groups (its RESTRICTED_CATEGORY_NAMES) by the key each wants; "health" open.
-RESTRICTED = {"inference": ("inference", "metadata"),
-              "management": ("model-repository", "model-config", "statistics", "trace",
-                             "logging", "shared-memory")}
+RESTRICTED = {
+    "inference": ("inference", "metadata"),
+    "management": (
+        "model-repository",
+        "model-config",
+        "statistics",
+        "trace",
+        "logging",
+        "shared-memory",
+    ),
+}
 KEY_HEADER = "Authorization"  # gRPC metadata: triton-grpc-protocol-authorization
 
 
@@ -59,8 +71,9 @@ def server_keys(path: Path = KEY_FILE, new: bool = False) -> Keys:
     path = Path(path)
     if new or not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps({kind: {"key": secrets.token_urlsafe(24)} for kind in RESTRICTED},
-                          indent=2)
+        text = json.dumps(
+            {kind: {"key": secrets.token_urlsafe(24)} for kind in RESTRICTED}, indent=2
+        )
         fd = os.open(path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
             handle.write(text + "\n")
@@ -72,10 +85,17 @@ class Triton:
     """One ``tritonserver`` process on ``repository``; ``start`` waits until it is ready
     (every model loaded), ``stop`` ends it and its stubs."""
 
-    def __init__(self, repository: Path = REPOSITORY, *, http: int = ports.TRITON_HTTP,
-                 grpc: int = ports.TRITON_GRPC, metrics: int = ports.TRITON_METRICS,
-                 install: TritonInstall = TritonInstall(), log: IO | None = None,
-                 key_file: Path | None = None) -> None:
+    def __init__(
+        self,
+        repository: Path = REPOSITORY,
+        *,
+        http: int = ports.TRITON_HTTP,
+        grpc: int = ports.TRITON_GRPC,
+        metrics: int = ports.TRITON_METRICS,
+        install: TritonInstall = TritonInstall(),
+        log: IO | None = None,
+        key_file: Path | None = None,
+    ) -> None:
         """``key_file``: where the keys the restricted APIs demand are kept (``server_keys``:
         written when missing); None: every API open, for a server behind a gate of its own
         (KServe's)."""
@@ -102,9 +122,12 @@ class Triton:
             f"--model-repository={self.repository}",
             f"--backend-directory={self.install.server / 'backends'}",
             f"--cache-directory={self.install.server / 'caches'}",
-            f"--http-address={host}", f"--http-port={self.ports['http']}",
-            f"--grpc-address={host}", f"--grpc-port={self.ports['grpc']}",
-            f"--metrics-address={host}", f"--metrics-port={self.ports['metrics']}",
+            f"--http-address={host}",
+            f"--http-port={self.ports['http']}",
+            f"--grpc-address={host}",
+            f"--grpc-port={self.ports['grpc']}",
+            f"--metrics-address={host}",
+            f"--metrics-port={self.ports['metrics']}",
             # Each stub's shared memory is /dev/shm/<prefix>...: one prefix per server.
             f"--backend-config=python,shm-region-prefix-name=rs{os.getpid()}-{uuid.uuid4().hex[:8]}_",
             f"--exit-timeout-secs={EXIT_TIMEOUT}",
@@ -121,9 +144,10 @@ class Triton:
         flags = []
         for kind, groups in RESTRICTED.items():
             value = f"Bearer {self.keys.key(kind)}"
-            flags += [f"--http-restricted-api={','.join(groups)}:{KEY_HEADER}={value}",
-                      f"--grpc-restricted-protocol={','.join(groups)}:"
-                      f"{KEY_HEADER.lower()}={value}"]
+            flags += [
+                f"--http-restricted-api={','.join(groups)}:{KEY_HEADER}={value}",
+                f"--grpc-restricted-protocol={','.join(groups)}:{KEY_HEADER.lower()}={value}",
+            ]
         return flags
 
     def env(self) -> dict[str, str]:
@@ -140,9 +164,14 @@ class Triton:
 
     def start(self, timeout: float = 300.0) -> "Triton":
         self.install.check()
-        self.process = subprocess.Popen(self.command(), env=self.env(), stdin=subprocess.DEVNULL,
-                                        stdout=self.log, stderr=subprocess.STDOUT if self.log
-                                        else None, start_new_session=True)
+        self.process = subprocess.Popen(
+            self.command(),
+            env=self.env(),
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT if self.log else None,
+            start_new_session=True,
+        )
         try:
             self._wait_ready(timeout)
         except BaseException:
@@ -176,8 +205,9 @@ class Triton:
         while time.monotonic() < deadline:
             code = self.process.poll()
             if code is not None:
-                raise RuntimeError(f"tritonserver exited with {code} before it was ready "
-                                   "(its log says why)")
+                raise RuntimeError(
+                    f"tritonserver exited with {code} before it was ready (its log says why)"
+                )
             try:
                 if requests.get(self.url + "/v2/health/ready", timeout=5).status_code == 200:
                     return
@@ -192,29 +222,44 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repository", type=Path, default=REPOSITORY)
     for name, port in DEFAULT_PORTS.items():
         parser.add_argument(f"--{name}-port", type=int, default=port)
-    parser.add_argument("--key-file", type=Path, default=KEY_FILE,
-                        help="the keys the restricted APIs demand, written when missing "
-                             f"(default {KEY_FILE.relative_to(REPO)}; tsctl --key-file)")
-    parser.add_argument("--new-keys", action="store_true",
-                        help="write fresh keys into --key-file first (rotation: Triton reads "
-                             "them at start)")
-    parser.add_argument("--no-keys", action="store_true",
-                        help="every API open (behind a gate of your own)")
+    parser.add_argument(
+        "--key-file",
+        type=Path,
+        default=KEY_FILE,
+        help="the keys the restricted APIs demand, written when missing "
+        f"(default {KEY_FILE.relative_to(REPO)}; tsctl --key-file)",
+    )
+    parser.add_argument(
+        "--new-keys",
+        action="store_true",
+        help="write fresh keys into --key-file first (rotation: Triton reads them at start)",
+    )
+    parser.add_argument(
+        "--no-keys", action="store_true", help="every API open (behind a gate of your own)"
+    )
     args = parser.parse_args(argv)
     if args.no_keys and args.new_keys:
         parser.error("--no-keys and --new-keys contradict each other")
     if args.new_keys:
         server_keys(args.key_file, new=True)
-    triton = Triton(args.repository, http=args.http_port, grpc=args.grpc_port,
-                    metrics=args.metrics_port, key_file=None if args.no_keys else args.key_file)
+    triton = Triton(
+        args.repository,
+        http=args.http_port,
+        grpc=args.grpc_port,
+        metrics=args.metrics_port,
+        key_file=None if args.no_keys else args.key_file,
+    )
     # SIGTERM as Ctrl-C: one path that stops Triton and waits for it.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         triton.start()
-        print(f"Triton ready: {triton.url}/v2 (gRPC {ports.HOST}:{args.grpc_port}, metrics "
-              f"{triton.metrics_url}); "
-              + ("every API open" if triton.keys is None else f"keys in {triton.key_file}")
-              + "; Ctrl-C stops it", file=sys.stderr)
+        print(
+            f"Triton ready: {triton.url}/v2 (gRPC {ports.HOST}:{args.grpc_port}, metrics "
+            f"{triton.metrics_url}); "
+            + ("every API open" if triton.keys is None else f"keys in {triton.key_file}")
+            + "; Ctrl-C stops it",
+            file=sys.stderr,
+        )
         triton.process.wait()
         return 1  # it stopped on its own: its log says why
     except KeyboardInterrupt:

@@ -24,6 +24,7 @@ connection errors and timeouts likewise until ``max_outage_s``, then the job sto
 written stays, a rerun resumes). A refused key, an unknown model or a missing key file stop it
 at once.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -36,8 +37,14 @@ from typing import Iterable, Iterator
 
 import numpy as np
 import requests
-from tenacity import (Retrying, retry_if_exception, retry_if_exception_type, stop_after_attempt,
-                      stop_after_delay, wait_exponential)
+from tenacity import (
+    Retrying,
+    retry_if_exception,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential,
+)
 from tenacity.wait import wait_base
 
 from tsclient import errors
@@ -71,8 +78,9 @@ class Plan:
     max_request_bytes: int = MAX_REQUEST_BYTES
 
     @classmethod
-    def from_describe(cls, entry: dict | None, concurrency: int | None = None,
-                      per_request: int | None = None) -> "Plan":
+    def from_describe(
+        cls, entry: dict | None, concurrency: int | None = None, per_request: int | None = None
+    ) -> "Plan":
         """From a customized describe answer (``TorchServeClient.describe(..., customized=True)
         [0]``), or the shipped model's settings when there is none (a KServe URL without the
         management API); explicit values win."""
@@ -86,8 +94,14 @@ class Plan:
         return cls(concurrency or 2 * batch * workers, per)
 
     @classmethod
-    def for_explanations(cls, entry: dict | None, method: str | None, n_steps: int | None,
-                         targets: int, concurrency: int | None = None) -> "Plan":
+    def for_explanations(
+        cls,
+        entry: dict | None,
+        method: str | None,
+        n_steps: int | None,
+        targets: int,
+        concurrency: int | None = None,
+    ) -> "Plan":
         """One image per request, and per worker as many requests in flight as one batch's
         explanation budget admits (at least one, at most ``batchSize``): ``method`` and
         ``n_steps`` default to the describe answer's ``handler.explain`` settings."""
@@ -175,13 +189,27 @@ class Job:
     ``topk`` for tags; ``verify_sha256``: a file counts as done when its bytes hash to the
     stored sha256 (read again), instead of by size + mtime."""
 
-    def __init__(self, client: TorchServeClient, model: str, task: str, sink, plan: Plan, *,
-                 protocol: str = "v2", topk: int | None = None, verify_sha256: bool = False,
-                 progress: JobProgress | None = None, max_outage_s: float = 120.0,
-                 max_busy_retries: int = 60, explain: dict | None = None) -> None:
+    def __init__(
+        self,
+        client: TorchServeClient,
+        model: str,
+        task: str,
+        sink,
+        plan: Plan,
+        *,
+        protocol: str = "v2",
+        topk: int | None = None,
+        verify_sha256: bool = False,
+        progress: JobProgress | None = None,
+        max_outage_s: float = 120.0,
+        max_busy_retries: int = 60,
+        explain: dict | None = None,
+    ) -> None:
         if task == "explain" and plan.per_request != 1:
-            raise ValueError(f"explanations go one image per request, the plan sends "
-                             f"{plan.per_request} (use Plan.for_explanations)")
+            raise ValueError(
+                f"explanations go one image per request, the plan sends "
+                f"{plan.per_request} (use Plan.for_explanations)"
+            )
         self.client, self.model, self.task, self.sink, self.plan = client, model, task, sink, plan
         self.explain = explain or {}
         self.protocol, self.topk, self.verify_sha256 = protocol, topk, verify_sha256
@@ -216,8 +244,9 @@ class Job:
 
     # ------------------------------------------------------------------ the main thread
 
-    def _groups(self, entries: Iterable[Entry], done: DoneIndex,
-                summary: Summary) -> Iterator[list[Entry]]:
+    def _groups(
+        self, entries: Iterable[Entry], done: DoneIndex, summary: Summary
+    ) -> Iterator[list[Entry]]:
         """Entries not done yet, in requests' worth: ``per_request`` files and at most
         ``max_request_bytes``."""
         group: list[Entry] = []
@@ -227,8 +256,10 @@ class Job:
                 summary.skipped += 1
                 self.progress.update(skipped=1)
                 continue
-            if group and (len(group) >= self.plan.per_request
-                          or size + (entry.size or 0) > self.plan.max_request_bytes):
+            if group and (
+                len(group) >= self.plan.per_request
+                or size + (entry.size or 0) > self.plan.max_request_bytes
+            ):
                 yield group
                 group, size = [], 0
             group.append(entry)
@@ -238,8 +269,9 @@ class Job:
 
     def _collect(self, in_flight: set[Future], summary: Summary) -> set[Future]:
         """Wait for some requests (at most ``flush_s``), hand their rows to the sink."""
-        finished, rest = wait(in_flight, timeout=getattr(self.sink, "flush_s", 2.0),
-                              return_when=FIRST_COMPLETED)
+        finished, rest = wait(
+            in_flight, timeout=getattr(self.sink, "flush_s", 2.0), return_when=FIRST_COMPLETED
+        )
         for future in finished:
             rows, skipped = future.result()  # a fatal error stops the job here
             summary.add(rows, skipped)
@@ -299,20 +331,26 @@ class Job:
         unreachable (for ``max_outage_s``): each image's answer with the precision the server
         computed it in."""
         # A timed-out attempt alone may outlast max_outage_s: always try once more after one.
-        outage = Retrying(retry=retry_if_exception_type(OUTAGE),
-                          wait=wait_exponential(multiplier=0.5, max=10),  # 0.5, 1, 2 ... 10 s
-                          stop=stop_after_delay(self.max_outage_s) & stop_after_attempt(2),
-                          sleep=self._stop.wait, reraise=True)
+        outage = Retrying(
+            retry=retry_if_exception_type(OUTAGE),
+            wait=wait_exponential(multiplier=0.5, max=10),  # 0.5, 1, 2 ... 10 s
+            stop=stop_after_delay(self.max_outage_s) & stop_after_attempt(2),
+            sleep=self._stop.wait,
+            reraise=True,
+        )
         busy = busy_retrying(stop_after_attempt(self.max_busy_retries + 1), self._stop.wait)
         try:
             answers = busy(outage, self._ask_unless_stopped, images)
         except (requests.Timeout, requests.ConnectionError) as exc:
             raise errors.ServerNotRunning(
                 f"no answer for {self.max_outage_s:.0f} s: {exc}",
-                "check the server; a rerun with the same --out resumes") from None
+                "check the server; a rerun with the same --out resumes",
+            ) from None
         if len(answers.values) != len(images):
-            raise errors.TsError(f"{len(images)} images sent, {len(answers.values)} answers "
-                                 "came back", "is --url an endpoint of this runtime?")
+            raise errors.TsError(
+                f"{len(images)} images sent, {len(answers.values)} answers came back",
+                "is --url an endpoint of this runtime?",
+            )
         return [Answered(value, answers.precision) for value in answers.values]
 
     def _ask_unless_stopped(self, images: list[bytes]) -> Answers:
@@ -325,8 +363,9 @@ class Job:
         if self.task == "explain":
             [image] = images  # Plan.for_explanations: one per request
             return Answers([self.client.explain(self.model, image, **self.explain)], None)
-        return self.client.infer_answers(self.model, images, output=self.task,
-                                         protocol=self.protocol, topk=self.topk)
+        return self.client.infer_answers(
+            self.model, images, output=self.task, protocol=self.protocol, topk=self.topk
+        )
 
     def _checked(self, answer):
         if self.task == "explain":
@@ -334,15 +373,17 @@ class Job:
         if self.task == "embedding":
             vector = np.asarray(answer, dtype=np.float32)
             if vector.shape != (EMBEDDING_DIM,):
-                raise errors.TsError(f"an embedding of shape {vector.shape} came back, "
-                                     f"expected ({EMBEDDING_DIM},)")
+                raise errors.TsError(
+                    f"an embedding of shape {vector.shape} came back, expected ({EMBEDDING_DIM},)"
+                )
             return vector
-        return [{"label": t["label"], "index": t["index"], "probability": t["probability"]}
-                for t in answer]
+        return [
+            {"label": t["label"], "index": t["index"], "probability": t["probability"]}
+            for t in answer
+        ]
 
 
-def explain_budget(entry: dict | None, method: str | None,
-                   n_steps: int | None) -> tuple[int, int]:
+def explain_budget(entry: dict | None, method: str | None, n_steps: int | None) -> tuple[int, int]:
     """(passes one image and target costs, passes one batch may run) for a customized describe
     ``entry`` (the shipped defaults without one); ``method``/``n_steps`` None: the model's."""
     handler = ((entry or {}).get("customizedMetadata") or {}).get("handler") or {}
@@ -365,19 +406,21 @@ def _read(entry: Entry) -> tuple[Row, bytes]:
             data = handle.read()
             info = os.fstat(handle.fileno())
     except OSError as exc:
-        return Row(entry.path, entry.size, entry.mtime_ns, None,
-                   f"cannot read: {exc.strerror or exc}"), b""
-    return Row(entry.path, info.st_size, info.st_mtime_ns,
-               hashlib.sha256(data).hexdigest()), data
+        return Row(
+            entry.path, entry.size, entry.mtime_ns, None, f"cannot read: {exc.strerror or exc}"
+        ), b""
+    return Row(entry.path, info.st_size, info.st_mtime_ns, hashlib.sha256(data).hexdigest()), data
 
 
-def described(client: TorchServeClient, model: str, wait_s: float = DESCRIBE_WAIT_S,
-              sleep=time.sleep) -> dict:
+def described(
+    client: TorchServeClient, model: str, wait_s: float = DESCRIBE_WAIT_S, sleep=time.sleep
+) -> dict:
     """The model's customized describe entry, waited for while the model is busy. TorchServe
     answers a customized describe through the model's own job queue: right after a job was
     killed, its requests still fill that queue and describe gets 503 until they are done."""
-    return busy_retrying(stop_after_delay(wait_s), sleep)(
-        client.describe, model, customized=True)[0]
+    return busy_retrying(stop_after_delay(wait_s), sleep)(client.describe, model, customized=True)[
+        0
+    ]
 
 
 class wait_retry_after(wait_base):
@@ -395,28 +438,41 @@ class wait_retry_after(wait_base):
 def busy_retrying(stop, sleep) -> Retrying:
     """Retries while the server answers busy (503 full queue or budget, 507 worker died) until
     ``stop``, waiting ``Retry-After`` or 1, 2, 4, 8, 10, 10 ... s; the last refusal is raised."""
-    return Retrying(retry=retry_if_exception(
-                        lambda e: isinstance(e, errors.ApiError) and e.status in RETRIED_STATUSES),
-                    wait=wait_retry_after(wait_exponential(multiplier=1, max=10)),
-                    stop=stop, sleep=sleep, reraise=True)
+    return Retrying(
+        retry=retry_if_exception(
+            lambda e: isinstance(e, errors.ApiError) and e.status in RETRIED_STATUSES
+        ),
+        wait=wait_retry_after(wait_exponential(multiplier=1, max=10)),
+        stop=stop,
+        sleep=sleep,
+        reraise=True,
+    )
 
 
-def model_identity(client: TorchServeClient, model: str,
-                   with_management: bool = True) -> tuple[dict | None, dict]:
+def model_identity(
+    client: TorchServeClient, model: str, with_management: bool = True
+) -> tuple[dict | None, dict]:
     """(the customized describe entry, or None without a management API; the metadata stored
     with the rows: model, version, precision, backend, weights fingerprint)."""
     if not with_management:
-        return None, {"model": model, "model_version": None, "weights_sha256": None,
-                      "endpoint": client.urls["inference"]}
+        return None, {
+            "model": model,
+            "model_version": None,
+            "weights_sha256": None,
+            "endpoint": client.urls["inference"],
+        }
     entry = described(client, model)
     custom = entry.get("customizedMetadata")
     custom = custom if isinstance(custom, dict) else {}
     weights = custom.get("weights") or {}
-    return entry, {"model": entry.get("modelName", model),
-                   "model_version": entry.get("modelVersion"),
-                   "precision": custom.get("precision"), "backend": custom.get("backend"),
-                   "quantization": custom.get("quantization"),
-                   "weights_sha256": weights.get("sha256"),
-                   "weights_source": weights.get("source"),
-                   "weights_trained": weights.get("trained"),
-                   "endpoint": client.urls["inference"]}
+    return entry, {
+        "model": entry.get("modelName", model),
+        "model_version": entry.get("modelVersion"),
+        "precision": custom.get("precision"),
+        "backend": custom.get("backend"),
+        "quantization": custom.get("quantization"),
+        "weights_sha256": weights.get("sha256"),
+        "weights_source": weights.get("source"),
+        "weights_trained": weights.get("trained"),
+        "endpoint": client.urls["inference"],
+    }

@@ -23,6 +23,7 @@ version, an API switched off, a TorchServe-only command pointed at Triton), 7 un
 without a READY worker, or some files failed in ``tag``/``embed``), 130 interrupted (Ctrl-C:
 what was answered is kept; rerun to resume).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,18 +45,24 @@ from tsclient.collection import STDIN, Collection, Shard
 from tsclient.keys import KEY_FILE, KINDS, Keys
 from tsclient.progress import JobProgress, waiting
 
-RESTART_NOTE = ("not kept across a restart: `make serve` starts from config/ (--ncs); to keep "
-                "it, put it in config/models/{name}.yaml and run `make config`")
+RESTART_NOTE = (
+    "not kept across a restart: `make serve` starts from config/ (--ncs); to keep "
+    "it, put it in config/models/{name}.yaml and run `make config`"
+)
 ROTATE_MARGIN_S = 60.0  # `keys --print` hands out keys that live at least this long
 
 
 # ---------------------------------------------------------------------- commands
 # Each returns (data for --json, text for humans, exit code).
 
+
 def _version_rows(client: TorchServeClient) -> list[dict]:
     """One row per registered model version (``_version_row``)."""
-    return [_version_row(entry) for model in client.list_models()
-            for entry in client.describe(model["modelName"])]
+    return [
+        _version_row(entry)
+        for model in client.list_models()
+        for entry in client.describe(model["modelName"])
+    ]
 
 
 def _model_rows(client: TorchServeClient) -> list[dict]:
@@ -69,10 +76,26 @@ def _model_rows(client: TorchServeClient) -> list[dict]:
 
 def cmd_list(client: TorchServeClient, args) -> tuple[Any, str, int]:
     rows = _model_rows(client)
-    text = tabulate([[r["model"], r["version"], "*" if r["default"] else "", r["workers"],
-                      r["batchSize"], r["maxBatchDelay"]] for r in rows],
-                    headers=["model", "version", "default", "workers", "batch", "delay ms"],
-                    tablefmt="plain", disable_numparse=True) if rows else "no models"
+    text = (
+        tabulate(
+            [
+                [
+                    r["model"],
+                    r["version"],
+                    "*" if r["default"] else "",
+                    r["workers"],
+                    r["batchSize"],
+                    r["maxBatchDelay"],
+                ]
+                for r in rows
+            ],
+            headers=["model", "version", "default", "workers", "batch", "delay ms"],
+            tablefmt="plain",
+            disable_numparse=True,
+        )
+        if rows
+        else "no models"
+    )
     return rows, text, 0
 
 
@@ -82,25 +105,36 @@ def cmd_describe(client: TorchServeClient, args) -> tuple[Any, str, int]:
     custom = client.describe(args.name, args.version, customized=True)[0]
     lines = []
     for entry in entries:
-        lines.append(_version_line(entry) + f", min/max workers {entry.get('minWorkers')}/"
-                                            f"{entry.get('maxWorkers')}, archive "
-                                            f"{entry.get('modelUrl')}")
+        lines.append(
+            _version_line(entry) + f", min/max workers {entry.get('minWorkers')}/"
+            f"{entry.get('maxWorkers')}, archive "
+            f"{entry.get('modelUrl')}"
+        )
         meta = custom.get("customizedMetadata")
         if entry.get("modelVersion") == custom.get("modelVersion") and isinstance(meta, dict):
             entry["customizedMetadata"] = meta
             weights = meta.get("weights", {})
-            lines.append(f"  weights {weights.get('source')} (trained: {weights.get('trained')}), "
-                         f"backend {meta.get('backend')}, top_k "
-                         f"{meta.get('handler', {}).get('top_k')}")
+            lines.append(
+                f"  weights {weights.get('source')} (trained: {weights.get('trained')}), "
+                f"backend {meta.get('backend')}, top_k "
+                f"{meta.get('handler', {}).get('top_k')}"
+            )
             if isinstance(meta.get("precision_choice"), dict):
                 lines.append(f"  precision {meta['precision_choice'].get('summary')}")
     return entries, "\n".join(lines), 0
 
 
 def cmd_register(client: TorchServeClient, args) -> tuple[Any, str, int]:
-    answer = waiting(f"registering {args.archive}", lambda: client.register(
-        args.archive, name=args.name, workers=args.workers, batch_size=args.batch_size,
-        max_batch_delay=args.max_batch_delay))
+    answer = waiting(
+        f"registering {args.archive}",
+        lambda: client.register(
+            args.archive,
+            name=args.name,
+            workers=args.workers,
+            batch_size=args.batch_size,
+            max_batch_delay=args.max_batch_delay,
+        ),
+    )
     name = answer.get("model")
     described = client.describe(name) if name else []
     text = answer.get("status", "registered")
@@ -111,10 +145,14 @@ def cmd_register(client: TorchServeClient, args) -> tuple[Any, str, int]:
 
 
 def cmd_scale(client: TorchServeClient, args) -> tuple[Any, str, int]:
-    answer = waiting(f"scaling {args.name}",
-                     lambda: client.scale(args.name, args.min, args.max, args.version))
-    return answer, (answer.get("status", "scaled") + "\nnote: "
-                    + RESTART_NOTE.format(name=args.name)), 0
+    answer = waiting(
+        f"scaling {args.name}", lambda: client.scale(args.name, args.min, args.max, args.version)
+    )
+    return (
+        answer,
+        (answer.get("status", "scaled") + "\nnote: " + RESTART_NOTE.format(name=args.name)),
+        0,
+    )
 
 
 def cmd_set_default(client: TorchServeClient, args) -> tuple[Any, str, int]:
@@ -140,10 +178,15 @@ def cmd_health(client: TorchServeClient, args) -> tuple[Any, str, int]:
     lines = [f"server: {ping.get('status')}"]
     lines += [f"{m}: {ready} READY worker(s)" for m, ready in models.items()]
     if unready:
-        lines.append(f"unhealthy: no READY worker for {', '.join(unready)} "
-                     "(a worker may be restarting: retry in a few seconds, or `tsctl scale`)")
-    return {"status": ping.get("status"), "ready_workers": models, "healthy": healthy}, \
-        "\n".join(lines), 0 if healthy else errors.Unhealthy.exit_code
+        lines.append(
+            f"unhealthy: no READY worker for {', '.join(unready)} "
+            "(a worker may be restarting: retry in a few seconds, or `tsctl scale`)"
+        )
+    return (
+        {"status": ping.get("status"), "ready_workers": models, "healthy": healthy},
+        "\n".join(lines),
+        0 if healthy else errors.Unhealthy.exit_code,
+    )
 
 
 def cmd_keys(client: TorchServeClient, args) -> tuple[Any, str, int]:
@@ -160,13 +203,18 @@ def cmd_keys(client: TorchServeClient, args) -> tuple[Any, str, int]:
     for kind in KINDS:
         expires = keys.expires(kind)
         left = (expires - now).total_seconds() if expires else None
-        data[kind] = {"expires": expires.isoformat() if expires else None,
-                      "seconds_left": round(left) if left is not None else None,
-                      "expired": left is not None and left <= 0}
-        state = ("EXPIRED (tsctl rotates it on its next call; `tsctl keys --rotate "
-                 f"{kind}` now)" if data[kind]["expired"] else f"{_duration(left)} left"
-                 if left is not None else "no expiry: kept until the server restarts with "
-                                          "new keys")
+        data[kind] = {
+            "expires": expires.isoformat() if expires else None,
+            "seconds_left": round(left) if left is not None else None,
+            "expired": left is not None and left <= 0,
+        }
+        state = (
+            f"EXPIRED (tsctl rotates it on its next call; `tsctl keys --rotate {kind}` now)"
+            if data[kind]["expired"]
+            else f"{_duration(left)} left"
+            if left is not None
+            else "no expiry: kept until the server restarts with new keys"
+        )
         lines.append(f"{kind}: expires {data[kind]['expires']} ({state})")
     lines.append("API key: never expires (rotates the other two)")
     if args.rotate:
@@ -180,20 +228,30 @@ def cmd_metrics(client: TorchServeClient, args) -> tuple[Any, str, int]:
     text = client.metrics_text()
     summary = metrics.summarise(text)
     statuses = metrics.frontend_statuses(text)
-    lines = ["all requests by status: " + ", ".join(f"{k} {v}" for k, v in statuses.items())
-             + " (including those refused before the handler: 503 queue full, 507 worker died)"]
+    lines = [
+        "all requests by status: "
+        + ", ".join(f"{k} {v}" for k, v in statuses.items())
+        + " (including those refused before the handler: 503 queue full, 507 worker died)"
+    ]
     for model, m in summary.items():
         lines.append(f"{model}:")
         lines.append(f"  requests {m['requests']}, mean latency {m['mean_latency_ms']} ms")
-        lines.append(f"  batches {m['batches']} holding {m['requests_in_batches']} requests, "
-                     f"{m['images']} images; mean batch size {m['mean_batch_size']}")
+        lines.append(
+            f"  batches {m['batches']} holding {m['requests_in_batches']} requests, "
+            f"{m['images']} images; mean batch size {m['mean_batch_size']}"
+        )
         if m["batch_sizes"]:
-            lines.append("  batch sizes: " + ", ".join(f"{size}x{count}" for size, count
-                                                       in m["batch_sizes"].items()))
-        lines.append("  errors: " + (", ".join(f"{k} {v}" for k, v in m["errors"].items())
-                                     or "none"))
-        lines.append(f"  decode {m['decode_ms_per_image']} ms/image, forward "
-                     f"{m['forward_ms_per_batch']} ms/batch")
+            lines.append(
+                "  batch sizes: "
+                + ", ".join(f"{size}x{count}" for size, count in m["batch_sizes"].items())
+            )
+        lines.append(
+            "  errors: " + (", ".join(f"{k} {v}" for k, v in m["errors"].items()) or "none")
+        )
+        lines.append(
+            f"  decode {m['decode_ms_per_image']} ms/image, forward "
+            f"{m['forward_ms_per_batch']} ms/batch"
+        )
     return {"statuses": statuses, "models": summary}, "\n".join(lines), 0
 
 
@@ -201,17 +259,24 @@ def _triton_metrics(client: TorchServeClient) -> tuple[Any, str, int]:
     from tsclient import triton
 
     summary = triton.summarise(client.metrics_text())
-    lines = [f"Triton ({client.urls['metrics']}): its own series; refusals at the queue bound "
-             "(503) are not counted there (2.51)"]
+    lines = [
+        f"Triton ({client.urls['metrics']}): its own series; refusals at the queue bound "
+        "(503) are not counted there (2.51)"
+    ]
     for model, m in summary.items():
         lines.append(f"{model}:")
-        lines.append(f"  requests {m['requests']}, mean latency {m['mean_latency_ms']} ms "
-                     f"(queued {m['mean_queue_ms']} ms, computing {m['compute_ms_per_request']} "
-                     "ms)")
-        lines.append(f"  batches {m['batches']} holding {m['images']} images; mean batch "
-                     f"{m['mean_batch_images']} images")
-        lines.append("  failed: " + (", ".join(f"{k} {v}" for k, v in m["failed"].items() if v)
-                                     or "none"))
+        lines.append(
+            f"  requests {m['requests']}, mean latency {m['mean_latency_ms']} ms "
+            f"(queued {m['mean_queue_ms']} ms, computing {m['compute_ms_per_request']} "
+            "ms)"
+        )
+        lines.append(
+            f"  batches {m['batches']} holding {m['images']} images; mean batch "
+            f"{m['mean_batch_images']} images"
+        )
+        lines.append(
+            "  failed: " + (", ".join(f"{k} {v}" for k, v in m["failed"].items() if v) or "none")
+        )
     return {"engine": "triton", "models": summary}, "\n".join(lines), 0
 
 
@@ -226,22 +291,28 @@ def cmd_top(client: TorchServeClient, args) -> tuple[Any, str | None, int]:
 
 # The collection commands load numpy and pyarrow only when they run (tsctl list stays quick).
 
+
 def cmd_tag(client: TorchServeClient, args) -> tuple[Any, str, int]:
     from tsclient import batchjob
 
     if args.out is not None:
         return _collection(client, args, "tags")
     sink = batchjob.ListSink()
-    identity = batchjob.model_identity(client, args.model or DEFAULT_MODELS["tags"],
-                                       with_management=args.url is None)
+    identity = batchjob.model_identity(
+        client, args.model or DEFAULT_MODELS["tags"], with_management=args.url is None
+    )
     collection = _collection_of(args)
     summary = _run_job(client, args, "tags", sink, collection, identity)
     order = {e.path: i for i, e in enumerate(collection.entries(Shard.parse(args.shard)))}
     data, lines = {}, []
     for row in sorted(sink.rows, key=lambda r: order.get(r.path, len(order))):
         data[row.path] = {"error": row.error} if row.error else row.answer
-        lines.append(f"{row.path}: error: {row.error}" if row.error else f"{row.path}: "
-                     + ", ".join(f"{t['label']} {t['probability']:.3f}" for t in row.answer))
+        lines.append(
+            f"{row.path}: error: {row.error}"
+            if row.error
+            else f"{row.path}: "
+            + ", ".join(f"{t['label']} {t['probability']:.3f}" for t in row.answer)
+        )
     return data, "\n".join(lines), errors.Unhealthy.exit_code if summary.failed else 0
 
 
@@ -250,13 +321,23 @@ def cmd_embed(client: TorchServeClient, args) -> tuple[Any, str, int]:
 
 
 def _collection_of(args) -> Collection:
-    sources = list(args.sources) + ([STDIN] if args.from_stdin and STDIN not in args.sources
-                                    else [])
+    sources = list(args.sources) + (
+        [STDIN] if args.from_stdin and STDIN not in args.sources else []
+    )
     return Collection(sources, stdin=sys.stdin)
 
 
-def _run_job(client: TorchServeClient, args, task: str, sink, collection: Collection,
-             identity: tuple[dict | None, dict], done=None, plan=None, explain=None):
+def _run_job(
+    client: TorchServeClient,
+    args,
+    task: str,
+    sink,
+    collection: Collection,
+    identity: tuple[dict | None, dict],
+    done=None,
+    plan=None,
+    explain=None,
+):
     """Run ``batchjob.Job`` over the collection's shard, with a progress bar whose total a
     second walk, beside the job, fills in. ``plan``: default from the describe answer."""
     from tsclient import batchjob
@@ -266,12 +347,21 @@ def _run_job(client: TorchServeClient, args, task: str, sink, collection: Collec
     plan = plan or batchjob.Plan.from_describe(entry, args.concurrency, args.per_request)
     shard = Shard.parse(getattr(args, "shard", None))
     progress = JobProgress(f"{task} {shard}" if shard.count > 1 else task)
-    threading.Thread(target=lambda: progress.set_total(sum(1 for _ in collection.entries(shard))),
-                     daemon=True).start()
-    job = batchjob.Job(client, model, task, sink, plan, protocol=getattr(args, "protocol", "v2"),
-                       topk=getattr(args, "topk", None),
-                       verify_sha256=getattr(args, "verify_sha256", False), progress=progress,
-                       explain=explain)
+    threading.Thread(
+        target=lambda: progress.set_total(sum(1 for _ in collection.entries(shard))), daemon=True
+    ).start()
+    job = batchjob.Job(
+        client,
+        model,
+        task,
+        sink,
+        plan,
+        protocol=getattr(args, "protocol", "v2"),
+        topk=getattr(args, "topk", None),
+        verify_sha256=getattr(args, "verify_sha256", False),
+        progress=progress,
+        explain=explain,
+    )
     return job.run(collection.entries(shard), done=done)
 
 
@@ -284,36 +374,50 @@ def _collection(client: TorchServeClient, args, task: str) -> tuple[Any, str, in
 
     out = str(args.out or DEFAULT_OUTS[task])
     if out.endswith(".npy"):
-        raise errors.UsageError(f"--out {out}: embeddings are written as Parquet now",
-                                "use --out embeddings.parquet; read it with pandas, polars, "
-                                "DuckDB or tsclient.vectors.read_matrix")
-    local = objectstore.local_copy(out, args.work_dir) if objectstore.is_remote(out) \
-        else Path(out)
+        raise errors.UsageError(
+            f"--out {out}: embeddings are written as Parquet now",
+            "use --out embeddings.parquet; read it with pandas, polars, "
+            "DuckDB or tsclient.vectors.read_matrix",
+        )
+    local = objectstore.local_copy(out, args.work_dir) if objectstore.is_remote(out) else Path(out)
     if objectstore.is_remote(out):
         objectstore.download_if_exists(out, local)
     meta = {"shard": str(Shard.parse(args.shard))}
-    identity = batchjob.model_identity(client, args.model or DEFAULT_MODELS[task],
-                                       with_management=args.url is None)
+    identity = batchjob.model_identity(
+        client, args.model or DEFAULT_MODELS[task], with_management=args.url is None
+    )
     output = Output(local, task, {**identity[1], **meta})
     output.clean()
     output.check_identity()
     done = output.done(with_sha256=args.verify_sha256)
-    summary = _run_job(client, args, task, batchjob.PartSink(output), _collection_of(args),
-                       identity, done=done)
+    summary = _run_job(
+        client, args, task, batchjob.PartSink(output), _collection_of(args), identity, done=done
+    )
     if objectstore.is_remote(out):
         objectstore.upload(local, out)
     rows = pq.ParquetFile(local).metadata.num_rows
-    data = {"out": out, "rows": rows, "done": summary.done, "failed": summary.failed,
-            "skipped": summary.skipped, "seconds": round(summary.seconds, 2),
-            "images_per_s": round((summary.done + summary.failed) / summary.seconds, 2)
-            if summary.seconds else None,
-            "failures": [{"path": p, "error": e} for p, e in summary.failures]}
+    data = {
+        "out": out,
+        "rows": rows,
+        "done": summary.done,
+        "failed": summary.failed,
+        "skipped": summary.skipped,
+        "seconds": round(summary.seconds, 2),
+        "images_per_s": round((summary.done + summary.failed) / summary.seconds, 2)
+        if summary.seconds
+        else None,
+        "failures": [{"path": p, "error": e} for p, e in summary.failures],
+    }
     lines = [f"{p}: error: {e}" for p, e in summary.failures]
     if summary.failed > len(summary.failures):
-        lines.append(f"... and {summary.failed - len(summary.failures)} more failures "
-                     f"(status = 'error' in {out})")
-    lines.append(f"wrote {out}: {rows} rows ({summary.done} done, {summary.failed} failed, "
-                 f"{summary.skipped} already done) in {summary.seconds:.1f} s")
+        lines.append(
+            f"... and {summary.failed - len(summary.failures)} more failures "
+            f"(status = 'error' in {out})"
+        )
+    lines.append(
+        f"wrote {out}: {rows} rows ({summary.done} done, {summary.failed} failed, "
+        f"{summary.skipped} already done) in {summary.seconds:.1f} s"
+    )
     return data, "\n".join(lines), errors.Unhealthy.exit_code if summary.failed else 0
 
 
@@ -327,13 +431,17 @@ def cmd_similar(client: TorchServeClient, args) -> tuple[Any, str, int]:
         try:
             images.append(Path(query).read_bytes())
         except OSError as exc:
-            raise errors.UsageError(f"cannot read {query}: {exc.strerror}",
-                                    "check the file path") from None
+            raise errors.UsageError(
+                f"cannot read {query}: {exc.strerror}", "check the file path"
+            ) from None
     vectors = client.infer(args.model, images, output="embedding", protocol=args.protocol)
-    found = search.nearest(args.index, np.asarray(vectors, np.float32), args.k,
-                           exclude=args.queries)
-    data = {q: [{"path": p, "score": round(s, 6)} for p, s in hits]
-            for q, hits in zip(args.queries, found)}
+    found = search.nearest(
+        args.index, np.asarray(vectors, np.float32), args.k, exclude=args.queries
+    )
+    data = {
+        q: [{"path": p, "score": round(s, 6)} for p, s in hits]
+        for q, hits in zip(args.queries, found)
+    }
     lines = []
     for query, hits in data.items():
         lines.append(f"{query}:")
@@ -351,14 +459,17 @@ def cmd_duplicates(client: TorchServeClient, args) -> tuple[Any, str, int]:
     from tsclient import search
 
     groups = search.duplicates(args.index, args.threshold)
-    lines = [f"{len(g['paths'])} files, cosine >= {g['min_score']:.4f}: " + ", ".join(g["paths"])
-             for g in groups] or [f"no near-duplicates at cosine >= {args.threshold}"]
+    lines = [
+        f"{len(g['paths'])} files, cosine >= {g['min_score']:.4f}: " + ", ".join(g["paths"])
+        for g in groups
+    ] or [f"no near-duplicates at cosine >= {args.threshold}"]
     if args.html is not None:
         from tsclient import pages
 
         thumbs = pages.Thumbnailer(expected=sum(len(g["paths"]) for g in groups))
-        html = pages.duplicates_page(groups, thumbs, index=str(args.index),
-                                     threshold=args.threshold)
+        html = pages.duplicates_page(
+            groups, thumbs, index=str(args.index), threshold=args.threshold
+        )
         lines.append(_wrote_page(args.html, html))
     return groups, "\n".join(lines), 0
 
@@ -374,29 +485,45 @@ def cmd_explain(client: TorchServeClient, args) -> tuple[Any, str, int]:
     if args.html is not None:
         return _explain_gallery(client, args)
     if len(args.sources) != 1 or Path(args.sources[0]).is_dir():
-        raise errors.UsageError("explain answers one FILE on the terminal",
-                                "for several files or a folder, add --html gallery.html")
+        raise errors.UsageError(
+            "explain answers one FILE on the terminal",
+            "for several files or a folder, add --html gallery.html",
+        )
     if args.concurrency is not None:
         raise errors.UsageError("--concurrency paces a gallery", "add --html gallery.html")
     path = Path(args.sources[0])
     try:
         image = path.read_bytes()
     except OSError as exc:
-        raise errors.UsageError(f"cannot read {path}: {exc.strerror}",
-                                "check the file path") from None
-    answer = client.explain(args.model, image, filename=path.name, target=args.target,
-                            topk=args.topk, method=args.method, n_steps=args.n_steps,
-                            png=args.out is not None)
+        raise errors.UsageError(
+            f"cannot read {path}: {exc.strerror}", "check the file path"
+        ) from None
+    answer = client.explain(
+        args.model,
+        image,
+        filename=path.name,
+        target=args.target,
+        topk=args.topk,
+        method=args.method,
+        n_steps=args.n_steps,
+        png=args.out is not None,
+    )
     lines = [f"{path}: {answer['method']}"]
     for item in answer["explanations"]:
-        lines.append(f"  {item['label']} (index {item['index']}, probability "
-                     f"{item['probability']:.3f}): {len(item['grid'])}x{len(item['grid'][0])} "
-                     "grid" + (", empty" if item.get("empty") else ""))
+        lines.append(
+            f"  {item['label']} (index {item['index']}, probability "
+            f"{item['probability']:.3f}): {len(item['grid'])}x{len(item['grid'][0])} "
+            "grid" + (", empty" if item.get("empty") else "")
+        )
     if args.out is not None:
         args.out.write_bytes(base64.b64decode(answer["explanations"][0]["png"]))
         lines.append(f"wrote {args.out} (heatmap of the first target over the image)")
-    data = {**answer, "explanations": [{k: v for k, v in e.items() if k != "png"}
-                                       for e in answer["explanations"]]}
+    data = {
+        **answer,
+        "explanations": [
+            {k: v for k, v in e.items() if k != "png"} for e in answer["explanations"]
+        ],
+    }
     return data, "\n".join(lines), 0
 
 
@@ -412,17 +539,26 @@ def _explain_gallery(client: TorchServeClient, args) -> tuple[Any, str, int]:
     # Without a target, the top classes (the gallery's "top tags"; the heatmap is the first's),
     # as many as one request may cost within the batch budget (IG: fewer than GradCAM).
     per_target, budget = batchjob.explain_budget(identity[0], args.method, args.n_steps)
-    topk = args.topk or (None if args.target is not None
-                         else max(1, min(GALLERY_TOPK, budget // per_target)))
+    topk = args.topk or (
+        None if args.target is not None else max(1, min(GALLERY_TOPK, budget // per_target))
+    )
     targets = topk or 1
-    plan = batchjob.Plan.for_explanations(identity[0], args.method, args.n_steps, targets,
-                                          args.concurrency)
-    gallery = pages.ExplainGallery(pages.Thumbnailer(expected=2 * sum(
-        1 for _ in collection.entries())))
-    options = {"target": args.target, "topk": topk, "method": args.method,
-               "n_steps": args.n_steps, "png": True}
-    summary = _run_job(client, args, "explain", gallery, collection, identity, plan=plan,
-                       explain=options)
+    plan = batchjob.Plan.for_explanations(
+        identity[0], args.method, args.n_steps, targets, args.concurrency
+    )
+    gallery = pages.ExplainGallery(
+        pages.Thumbnailer(expected=2 * sum(1 for _ in collection.entries()))
+    )
+    options = {
+        "target": args.target,
+        "topk": topk,
+        "method": args.method,
+        "n_steps": args.n_steps,
+        "png": True,
+    }
+    summary = _run_job(
+        client, args, "explain", gallery, collection, identity, plan=plan, explain=options
+    )
     order = {e.path: i for i, e in enumerate(collection.entries())}
     items = sorted(gallery.items, key=lambda item: order.get(item.path, len(order)))
     handler = ((identity[0] or {}).get("customizedMetadata") or {}).get("handler") or {}
@@ -432,27 +568,44 @@ def _explain_gallery(client: TorchServeClient, args) -> tuple[Any, str, int]:
     lines = [f"{p}: error: {e}" for p, e in summary.failures]
     lines.append(f"{summary.done} explained, {summary.failed} failed in {summary.seconds:.1f} s")
     lines.append(_wrote_page(args.html, html))
-    data = {"html": str(args.html), "method": method, "target": target,
-            "photos": [{"path": i.path, "error": i.error,
-                        "targets": [{"label": label, "probability": p} for label, p in i.targets]}
-                       for i in items]}
+    data = {
+        "html": str(args.html),
+        "method": method,
+        "target": target,
+        "photos": [
+            {
+                "path": i.path,
+                "error": i.error,
+                "targets": [{"label": label, "probability": p} for label, p in i.targets],
+            }
+            for i in items
+        ],
+    }
     return data, "\n".join(lines), errors.Unhealthy.exit_code if summary.failed else 0
 
 
 # ---------------------------------------------------------------------- helpers
 
+
 def _version_row(entry: dict) -> dict:
     workers = entry.get("workers", [])
-    return {"model": entry.get("modelName"), "version": entry.get("modelVersion"),
-            "default": entry.get("default"), "workers": len(workers),
-            "ready": sum(w.get("status") == "READY" for w in workers),
-            "batchSize": entry.get("batchSize"), "maxBatchDelay": entry.get("maxBatchDelay")}
+    return {
+        "model": entry.get("modelName"),
+        "version": entry.get("modelVersion"),
+        "default": entry.get("default"),
+        "workers": len(workers),
+        "ready": sum(w.get("status") == "READY" for w in workers),
+        "batchSize": entry.get("batchSize"),
+        "maxBatchDelay": entry.get("maxBatchDelay"),
+    }
 
 
 def _version_line(entry: dict) -> str:
     row = _version_row(entry)
-    return (f"{row['model']} {row['version']}{' (default)' if row['default'] else ''}: "
-            f"{row['workers']} workers, batch {row['batchSize']}, delay {row['maxBatchDelay']} ms")
+    return (
+        f"{row['model']} {row['version']}{' (default)' if row['default'] else ''}: "
+        f"{row['workers']} workers, batch {row['batchSize']}, delay {row['maxBatchDelay']} ms"
+    )
 
 
 def _duration(seconds: float | None) -> str:
@@ -463,11 +616,23 @@ def _duration(seconds: float | None) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
-COMMANDS = {"list": cmd_list, "describe": cmd_describe, "register": cmd_register,
-            "scale": cmd_scale, "set-default": cmd_set_default, "unregister": cmd_unregister,
-            "tag": cmd_tag, "embed": cmd_embed, "health": cmd_health, "keys": cmd_keys,
-            "metrics": cmd_metrics, "top": cmd_top, "explain": cmd_explain, "similar": cmd_similar,
-            "duplicates": cmd_duplicates}
+COMMANDS = {
+    "list": cmd_list,
+    "describe": cmd_describe,
+    "register": cmd_register,
+    "scale": cmd_scale,
+    "set-default": cmd_set_default,
+    "unregister": cmd_unregister,
+    "tag": cmd_tag,
+    "embed": cmd_embed,
+    "health": cmd_health,
+    "keys": cmd_keys,
+    "metrics": cmd_metrics,
+    "top": cmd_top,
+    "explain": cmd_explain,
+    "similar": cmd_similar,
+    "duplicates": cmd_duplicates,
+}
 DEFAULT_MODELS = {"embedding": "resnet50-embedding", "tags": "resnet50-tagger"}
 DEFAULT_OUTS = {"embedding": "embeddings.parquet", "tags": "tags.parquet"}
 GALLERY_TOPK = 3  # classes an explanation gallery lists per photo when no target is given
@@ -475,26 +640,43 @@ GALLERY_TOPK = 3  # classes an explanation gallery lists per photo when no targe
 
 def parser() -> argparse.ArgumentParser:
     env = os.environ.get
-    p = argparse.ArgumentParser(prog="tsctl", description=__doc__.splitlines()[0],
-                                epilog=__doc__.split("\n\n", 2)[2],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="tsctl",
+        description=__doc__.splitlines()[0],
+        epilog=__doc__.split("\n\n", 2)[2],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     for api, default in (("inference", ports.INFERENCE_URL), ("management", ports.MANAGEMENT_URL)):
-        p.add_argument(f"--{api}-url", default=env(f"TSCTL_{api.upper()}_URL", default),
-                       help=f"default: {default} (or $TSCTL_{api.upper()}_URL)")
+        p.add_argument(
+            f"--{api}-url",
+            default=env(f"TSCTL_{api.upper()}_URL", default),
+            help=f"default: {default} (or $TSCTL_{api.upper()}_URL)",
+        )
     # Unset unless given: with --url their defaults depend on the engine found there.
-    p.add_argument("--metrics-url", default=env("TSCTL_METRICS_URL"),
-                   help=f"default: {ports.METRICS_URL}; with --url, Triton's metrics port on "
-                        "its host (or $TSCTL_METRICS_URL)")
-    p.add_argument("--key-file", default=env("TSCTL_KEY_FILE"),
-                   help=f"TorchServe's {KEY_FILE} (default: ./{KEY_FILE}, or $TSCTL_KEY_FILE); "
-                        "with --url, the keys of that server (else $TSCTL_TOKEN)")
+    p.add_argument(
+        "--metrics-url",
+        default=env("TSCTL_METRICS_URL"),
+        help=f"default: {ports.METRICS_URL}; with --url, Triton's metrics port on "
+        "its host (or $TSCTL_METRICS_URL)",
+    )
+    p.add_argument(
+        "--key-file",
+        default=env("TSCTL_KEY_FILE"),
+        help=f"TorchServe's {KEY_FILE} (default: ./{KEY_FILE}, or $TSCTL_KEY_FILE); "
+        "with --url, the keys of that server (else $TSCTL_TOKEN)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
-    p.add_argument("--timeout", type=float, default=TIMEOUT_S,
-                   help=f"seconds per call ({TIMEOUT_S:g})")
+    p.add_argument(
+        "--timeout", type=float, default=TIMEOUT_S, help=f"seconds per call ({TIMEOUT_S:g})"
+    )
     # Also accepted after the command; SUPPRESS keeps a --json given before it.
     after = argparse.ArgumentParser(add_help=False)
-    after.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                       help="machine-readable output on stdout")
+    after.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="machine-readable output on stdout",
+    )
     commands = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     class Sub:
@@ -508,8 +690,9 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("name")
     d.add_argument("version", nargs="?")
     r = sub.add_parser("register", help="register an archive from the model store and wait")
-    r.add_argument("archive", help="file name in the model store (or a URL allowed by "
-                                   "allowed_urls)")
+    r.add_argument(
+        "archive", help="file name in the model store (or a URL allowed by allowed_urls)"
+    )
     r.add_argument("--name", help="model name (default: the archive's)")
     r.add_argument("--batch-size", type=int)
     r.add_argument("--max-batch-delay", type=int, help="milliseconds")
@@ -530,90 +713,153 @@ def parser() -> argparse.ArgumentParser:
     u.add_argument("version", nargs="?")
     _url_arguments(u)
     for command, task in (("tag", "tags"), ("embed", "embedding")):
-        c = sub.add_parser(command, help=f"{task} of files, folders or a list of paths on stdin "
-                                         f"with {DEFAULT_MODELS[task]}, into Parquet")
-        c.add_argument("sources", nargs="*", metavar="FILE|FOLDER|-",
-                       help="image files, folders (walked for image files), '-' for paths on "
-                            "stdin")
+        c = sub.add_parser(
+            command,
+            help=f"{task} of files, folders or a list of paths on stdin "
+            f"with {DEFAULT_MODELS[task]}, into Parquet",
+        )
+        c.add_argument(
+            "sources",
+            nargs="*",
+            metavar="FILE|FOLDER|-",
+            help="image files, folders (walked for image files), '-' for paths on stdin",
+        )
         c.add_argument("--from-stdin", action="store_true", help="read paths from stdin")
         c.add_argument("--model", help=f"default {DEFAULT_MODELS[task]}")
-        c.add_argument("--out", default=None if command == "tag" else DEFAULT_OUTS[task],
-                       help=f"Parquet output, a path or s3://bucket/key (default "
-                            f"{DEFAULT_OUTS[task]}" + ("; tag without --out prints the tags)"
-                                                       if command == "tag" else ")"))
+        c.add_argument(
+            "--out",
+            default=None if command == "tag" else DEFAULT_OUTS[task],
+            help=f"Parquet output, a path or s3://bucket/key (default "
+            f"{DEFAULT_OUTS[task]}"
+            + ("; tag without --out prints the tags)" if command == "tag" else ")"),
+        )
         c.add_argument("--shard", help="i/n: only this machine's share of the collection")
-        c.add_argument("--verify-sha256", action="store_true",
-                       help="skip files whose bytes hash as stored (else: same size and mtime)")
-        c.add_argument("--concurrency", type=int,
-                       help="requests in flight (default 2 x batchSize x workers)")
-        c.add_argument("--per-request", type=int,
-                       help="images per request (default max_batch_images // batchSize)")
+        c.add_argument(
+            "--verify-sha256",
+            action="store_true",
+            help="skip files whose bytes hash as stored (else: same size and mtime)",
+        )
+        c.add_argument(
+            "--concurrency", type=int, help="requests in flight (default 2 x batchSize x workers)"
+        )
+        c.add_argument(
+            "--per-request",
+            type=int,
+            help="images per request (default max_batch_images // batchSize)",
+        )
         _endpoint_arguments(c)
-        c.add_argument("--work-dir", type=Path, default=Path(".tsctl-work"),
-                       help="local copy of an s3:// --out while the job runs")
+        c.add_argument(
+            "--work-dir",
+            type=Path,
+            default=Path(".tsctl-work"),
+            help="local copy of an s3:// --out while the job runs",
+        )
         if command == "tag":
             c.add_argument("--topk", type=int)
     q = sub.add_parser("similar", help="the stored photos most like each QUERY (exact cosine)")
-    q.add_argument("queries", nargs="+", metavar="QUERY", help="image files, embedded by the "
-                                                              "server")
+    q.add_argument(
+        "queries", nargs="+", metavar="QUERY", help="image files, embedded by the server"
+    )
     q.add_argument("--index", type=Path, required=True, help="an embed output (Parquet)")
     q.add_argument("-k", type=int, default=10, help="neighbours per query (10)")
     q.add_argument("--model", default=DEFAULT_MODELS["embedding"])
-    q.add_argument("--html", type=Path, metavar="FILE",
-                   help="also write a page of thumbnails: each query beside its neighbours")
+    q.add_argument(
+        "--html",
+        type=Path,
+        metavar="FILE",
+        help="also write a page of thumbnails: each query beside its neighbours",
+    )
     _endpoint_arguments(q)
     dup = sub.add_parser("duplicates", help="groups of near-duplicate photos in an embed output")
     dup.add_argument("--index", type=Path, required=True)
     dup.add_argument("--threshold", type=float, default=0.97, help="cosine (0.97)")
-    dup.add_argument("--html", type=Path, metavar="FILE",
-                     help="also write a page of thumbnails: each group side by side")
+    dup.add_argument(
+        "--html",
+        type=Path,
+        metavar="FILE",
+        help="also write a page of thumbnails: each group side by side",
+    )
     _url_arguments(sub.add_parser("health", help="is the server up and every model READY"))
     k = sub.add_parser("keys", help="key expiry; rotate keys")
     k.add_argument("--rotate", choices=[*KINDS, "all"])
-    k.add_argument("--print", choices=KINDS,
-                   help="print a valid key (rotated first when it expires within a minute), "
-                        "e.g. KEY=$(tsctl keys --print inference)")
+    k.add_argument(
+        "--print",
+        choices=KINDS,
+        help="print a valid key (rotated first when it expires within a minute), "
+        "e.g. KEY=$(tsctl keys --print inference)",
+    )
     _url_arguments(k)
-    _url_arguments(sub.add_parser("metrics",
-                                  help="batch sizes, requests, errors and latency per model"))
-    t = sub.add_parser("top", help="live per-model rates, latency, batches, errors and workers "
-                                   "(q quits)")
+    _url_arguments(
+        sub.add_parser("metrics", help="batch sizes, requests, errors and latency per model")
+    )
+    t = sub.add_parser(
+        "top", help="live per-model rates, latency, batches, errors and workers (q quits)"
+    )
     t.add_argument("--once", action="store_true", help="print one frame and exit")
-    t.add_argument("--interval", type=float, default=2.0,
-                   help="seconds between frames, and the span each one measures (2)")
-    e = sub.add_parser("explain", help="where the model looked: a heatmap for one image, or "
-                                       "a gallery page of many (--html)")
-    e.add_argument("sources", nargs="+", metavar="FILE|FOLDER",
-                   help="one image; with --html, image files and folders (walked)")
+    t.add_argument(
+        "--interval",
+        type=float,
+        default=2.0,
+        help="seconds between frames, and the span each one measures (2)",
+    )
+    e = sub.add_parser(
+        "explain",
+        help="where the model looked: a heatmap for one image, or a gallery page of many (--html)",
+    )
+    e.add_argument(
+        "sources",
+        nargs="+",
+        metavar="FILE|FOLDER",
+        help="one image; with --html, image files and folders (walked)",
+    )
     e.add_argument("--model", default="resnet50-tagger")
     e.add_argument("--target", help="class index or label (default: the top-1 class)")
     e.add_argument("--topk", type=int, help="explain the k most probable classes")
     e.add_argument("--method", help="gradcam (default), ig or occlusion")
     e.add_argument("--n-steps", type=int, help="integrated-gradients steps")
     e.add_argument("--out", type=Path, help="write the heatmap PNG here")
-    e.add_argument("--html", type=Path, metavar="FILE",
-                   help=f"a gallery page: each photo, its heatmap and the explained classes "
-                        f"(default: the top {GALLERY_TOPK})")
-    e.add_argument("--concurrency", type=int,
-                   help="with --html: requests in flight (default: what the server's "
-                        "explanation budget admits, from describe)")
+    e.add_argument(
+        "--html",
+        type=Path,
+        metavar="FILE",
+        help=f"a gallery page: each photo, its heatmap and the explained classes "
+        f"(default: the top {GALLERY_TOPK})",
+    )
+    e.add_argument(
+        "--concurrency",
+        type=int,
+        help="with --html: requests in flight (default: what the server's "
+        "explanation budget admits, from describe)",
+    )
     return p
 
 
 def _endpoint_arguments(c: argparse.ArgumentParser) -> None:
     _url_arguments(c)
-    c.add_argument("--protocol", choices=("v2", "v1"), default="v2",
-                   help="KServe protocol of the requests (v2)")
+    c.add_argument(
+        "--protocol",
+        choices=("v2", "v1"),
+        default="v2",
+        help="KServe protocol of the requests (v2)",
+    )
 
 
 def _url_arguments(c: argparse.ArgumentParser) -> None:
-    c.add_argument("--url", help="a server other than the local TorchServe: a KServe endpoint "
-                                 "(https://resnet50.default.example.com) or Triton "
-                                 "(http://127.0.0.1:8000)")
-    c.add_argument("--token-env", default="TSCTL_TOKEN",
-                   help="with --url: the environment variable holding a bearer token")
-    c.add_argument("--ca-bundle", help="with --url: CA certificates to verify TLS with "
-                                       "(verification is always on)")
+    c.add_argument(
+        "--url",
+        help="a server other than the local TorchServe: a KServe endpoint "
+        "(https://resnet50.default.example.com) or Triton "
+        "(http://127.0.0.1:8000)",
+    )
+    c.add_argument(
+        "--token-env",
+        default="TSCTL_TOKEN",
+        help="with --url: the environment variable holding a bearer token",
+    )
+    c.add_argument(
+        "--ca-bundle",
+        help="with --url: CA certificates to verify TLS with (verification is always on)",
+    )
 
 
 def make_client(args) -> TorchServeClient:
@@ -621,15 +867,23 @@ def make_client(args) -> TorchServeClient:
     Triton, asked which when it matters) with the keys of ``--key-file`` when given, else a
     bearer token from the environment (none when the variable is unset), and TLS verified."""
     if getattr(args, "url", None) is None:
-        return TorchServeClient(args.inference_url, args.management_url,
-                                args.metrics_url or ports.METRICS_URL,
-                                key_file=args.key_file or KEY_FILE, timeout=args.timeout,
-                                engine=Engine.TORCHSERVE)
+        return TorchServeClient(
+            args.inference_url,
+            args.management_url,
+            args.metrics_url or ports.METRICS_URL,
+            key_file=args.key_file or KEY_FILE,
+            timeout=args.timeout,
+            engine=Engine.TORCHSERVE,
+        )
     token = os.environ.get(args.token_env, "")
-    client = TorchServeClient(args.url, args.url, args.metrics_url or args.url,
-                              key_file=args.key_file,
-                              keys=None if args.key_file else Keys(token, token),
-                              timeout=args.timeout)
+    client = TorchServeClient(
+        args.url,
+        args.url,
+        args.metrics_url or args.url,
+        key_file=args.key_file,
+        keys=None if args.key_file else Keys(token, token),
+        timeout=args.timeout,
+    )
     if args.ca_bundle:
         client.session.verify = args.ca_bundle
     if args.metrics_url is None and client.engine is Engine.TRITON:
@@ -642,14 +896,14 @@ def make_client(args) -> TorchServeClient:
 # What each TorchServe-only command would be on Triton, and how to do it there instead.
 NOT_ON_TRITON = {
     "register": "Triton loads the models of its repository at start (model control mode "
-                "none): add config/models/NAME.yaml, then `make triton-repo` and restart it",
+    "none): add config/models/NAME.yaml, then `make triton-repo` and restart it",
     "unregister": "Triton serves every model of its repository: remove config/models/NAME.yaml, "
-                  "then `make triton-repo` and restart it",
+    "then `make triton-repo` and restart it",
     "scale": "a model's instances are instance_group in its config.pbtxt, from minWorkers in "
-             "config/models/NAME.yaml: edit it, then `make triton-repo` and restart Triton",
+    "config/models/NAME.yaml: edit it, then `make triton-repo` and restart Triton",
     "set-default": "the generated repository holds one version per model, which Triton serves",
     "keys": "Triton reads its keys at start and cannot rotate them: restart it with "
-            "`python -m tritonrepo.server --new-keys` (clients re-read the key file)",
+    "`python -m tritonrepo.server --new-keys` (clients re-read the key file)",
 }
 
 
@@ -659,8 +913,12 @@ def not_on_triton(command: str) -> errors.NotOnTriton:
 
 def _check_engine(client: TorchServeClient, args) -> None:
     """A TorchServe-only command pointed at Triton with ``--url`` says so before it sends."""
-    if args.command in NOT_ON_TRITON and getattr(args, "url", None) is not None and \
-            (args.command != "keys" or args.rotate) and client.engine is Engine.TRITON:
+    if (
+        args.command in NOT_ON_TRITON
+        and getattr(args, "url", None) is not None
+        and (args.command != "keys" or args.rotate)
+        and client.engine is Engine.TRITON
+    ):
         raise not_on_triton(args.command)
 
 
@@ -687,13 +945,19 @@ def main(argv: list[str] | None = None) -> int:
                 raise not_on_triton(args.command) from None
             raise
     except KeyboardInterrupt:
-        print(f"tsctl {args.command}: interrupted; what was answered is kept, rerun the same "
-              "command to resume", file=sys.stderr)
+        print(
+            f"tsctl {args.command}: interrupted; what was answered is kept, rerun the same "
+            "command to resume",
+            file=sys.stderr,
+        )
         return 130
     except errors.TsError as exc:
         if args.json:
-            print(json.dumps({"error": exc.message, "hint": exc.hint,
-                              "status": getattr(exc, "status", None)}))
+            print(
+                json.dumps(
+                    {"error": exc.message, "hint": exc.hint, "status": getattr(exc, "status", None)}
+                )
+            )
         print(f"tsctl {args.command}: error: {exc.message}", file=sys.stderr)
         if exc.hint:
             print(f"hint: {exc.hint}", file=sys.stderr)

@@ -19,6 +19,7 @@ Names: model names and versions are checked before anything is sent (``check_nam
 TorchServe 0.12 registers names it can never route again (``a/b``, ``..``), which then hold a
 worker until a restart.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -75,7 +76,8 @@ def check_name(value: str, what: str = "model name") -> str:
         raise errors.UsageError(
             f"{what} {value!r} cannot be routed by TorchServe",
             f"use 1-{MAX_NAME} letters, digits, '_', '-' or '.', starting with a letter or "
-            "digit, without '..' or '/'")
+            "digit, without '..' or '/'",
+        )
     return value
 
 
@@ -89,7 +91,8 @@ def check_archive(archive: str) -> str:
         raise errors.UsageError(
             f"archive {archive!r} is a path; only archives in the model store can be registered",
             f"copy it into the server's model store (model-store/) and run "
-            f"`tsctl register {Path(archive).name}`")
+            f"`tsctl register {Path(archive).name}`",
+        )
     return check_name(archive, "archive file name")
 
 
@@ -103,14 +106,22 @@ class TorchServeClient:
     it matters: ``engine``).
     """
 
-    def __init__(self, inference_url: str = ports.INFERENCE_URL,
-                 management_url: str = ports.MANAGEMENT_URL,
-                 metrics_url: str = ports.METRICS_URL, *,
-                 key_file: Path | str | None = KEY_FILE, keys: Keys | None = None,
-                 timeout: float = TIMEOUT_S, engine: Engine | None = None) -> None:
-        self.urls = {"inference": inference_url.rstrip("/"),
-                     "management": management_url.rstrip("/"),
-                     "metrics": metrics_url.rstrip("/")}
+    def __init__(
+        self,
+        inference_url: str = ports.INFERENCE_URL,
+        management_url: str = ports.MANAGEMENT_URL,
+        metrics_url: str = ports.METRICS_URL,
+        *,
+        key_file: Path | str | None = KEY_FILE,
+        keys: Keys | None = None,
+        timeout: float = TIMEOUT_S,
+        engine: Engine | None = None,
+    ) -> None:
+        self.urls = {
+            "inference": inference_url.rstrip("/"),
+            "management": management_url.rstrip("/"),
+            "metrics": metrics_url.rstrip("/"),
+        }
         self.key_file = Path(key_file) if key_file is not None and keys is None else None
         self._keys = keys
         self.timeout = timeout
@@ -130,8 +141,7 @@ class TorchServeClient:
         """Which engine serves the inference URL (asked once: ``tsclient.engine.detect``)."""
         if self._engine is None:
             url = self.urls["inference"]
-            self._engine = detect(url, self.loopback_session if is_loopback(url)
-                                  else self.session)
+            self._engine = detect(url, self.loopback_session if is_loopback(url) else self.session)
         return self._engine
 
     # ------------------------------------------------------------------ keys
@@ -155,16 +165,24 @@ class TorchServeClient:
         if self.key_file is None or not keys.api:
             raise errors.KeyFileError(
                 f"cannot rotate the {kind} key: no API key at hand",
-                "rotation needs the server's key_file.json (its \"API\" key): pass --key-file")
-        response = self._send("POST", "management", "/token", {"type": kind},
-                              bearer(keys.api))
+                'rotation needs the server\'s key_file.json (its "API" key): pass --key-file',
+            )
+        response = self._send("POST", "management", "/token", {"type": kind}, bearer(keys.api))
         if response.status_code != 200:
             raise errors.from_response(response, f"rotate the {kind} key")
         self.rotations += 1
         return self.keys
 
-    def _call(self, method: str, port: str, path: str, what: str, *,
-              params: dict | None = None, **kwargs: Any) -> requests.Response:
+    def _call(
+        self,
+        method: str,
+        port: str,
+        path: str,
+        what: str,
+        *,
+        params: dict | None = None,
+        **kwargs: Any,
+    ) -> requests.Response:
         """Send with the right key; on a refused key re-read the file or rotate, retry once.
         Any error status becomes the matching ``TsError``."""
         kind = "inference" if port == "inference" else "management"
@@ -185,38 +203,55 @@ class TorchServeClient:
             raise errors.from_response(response, what)
         return response
 
-    def _send(self, method: str, port: str, path: str, params: dict, auth: dict,
-              headers: dict | None = None, **kwargs: Any) -> requests.Response:
+    def _send(
+        self,
+        method: str,
+        port: str,
+        path: str,
+        params: dict,
+        auth: dict,
+        headers: dict | None = None,
+        **kwargs: Any,
+    ) -> requests.Response:
         url = self.urls[port] + path
         kwargs.setdefault("timeout", self.timeout)
         try:
             session = self.loopback_session if is_loopback(url) else self.session
-            return session.request(method, url, params=params,
-                                        headers={**(headers or {}), **auth}, **kwargs)
+            return session.request(
+                method, url, params=params, headers={**(headers or {}), **auth}, **kwargs
+            )
         except requests.ConnectionError:
             raise errors.ServerNotRunning(
                 f"no TorchServe answers at {self.urls[port]}",
                 "start it with `make serve` (or `torchserve --start --ts-config "
                 "config/config.properties`), or point --inference-url/--management-url/"
-                "--metrics-url (or TSCTL_INFERENCE_URL, ...) at it") from None
+                "--metrics-url (or TSCTL_INFERENCE_URL, ...) at it",
+            ) from None
 
     # ------------------------------------------------------------------ management
 
     def list_models(self) -> list[dict]:
         """Every registered model: ``[{"modelName", "modelUrl"}]``."""
-        return self._call("GET", "management", "/models", "list models",
-                          params={"limit": 1000}).json()["models"]
+        return self._call(
+            "GET", "management", "/models", "list models", params={"limit": 1000}
+        ).json()["models"]
 
-    def describe(self, model: str, version: str | None = None,
-                 customized: bool = False) -> list[dict]:
+    def describe(
+        self, model: str, version: str | None = None, customized: bool = False
+    ) -> list[dict]:
         """One entry per version: every version when none is named, each with ``default``
         added (whether ``/predictions/MODEL`` serves it: TorchServe's describe does not say).
         With ``customized``, only the named (else the default) version, with the handler's
         ``customizedMetadata`` (weights, settings, backend) parsed from JSON."""
         every = version is None and not customized
         path = _model_path(model, "all" if every else version)
-        entries = self._call("GET", "management", path, f"describe {_label(model, version)}",
-                             params={"customized": "true" if customized else None}).json()
+        entries = self._call(
+            "GET",
+            "management",
+            path,
+            f"describe {_label(model, version)}",
+            params={"customized": "true" if customized else None},
+        ).json()
         if every:
             default = self.default_version(model)
             for entry in entries:
@@ -232,12 +267,20 @@ class TorchServeClient:
 
     def default_version(self, model: str) -> str:
         """The version ``/predictions/MODEL`` serves."""
-        return self._call("GET", "management", _model_path(model, None),
-                          f"describe {model}").json()[0]["modelVersion"]
+        return self._call(
+            "GET", "management", _model_path(model, None), f"describe {model}"
+        ).json()[0]["modelVersion"]
 
-    def register(self, archive: str, *, name: str | None = None, workers: int | None = None,
-                 batch_size: int | None = None, max_batch_delay: int | None = None,
-                 response_timeout: int | None = None) -> dict:
+    def register(
+        self,
+        archive: str,
+        *,
+        name: str | None = None,
+        workers: int | None = None,
+        batch_size: int | None = None,
+        max_batch_delay: int | None = None,
+        response_timeout: int | None = None,
+    ) -> dict:
         """Register ``archive`` (a file name in the model store, or an allowed URL) and wait
         until its workers are up.
 
@@ -248,10 +291,21 @@ class TorchServeClient:
         check_archive(archive)
         if name is not None:
             check_name(name)
-        answer = self._call("POST", "management", "/models", f"register {archive}", params={
-            "url": archive, "model_name": name, "initial_workers": workers or 1,
-            "batch_size": batch_size, "max_batch_delay": max_batch_delay,
-            "response_timeout": response_timeout, "synchronous": "true"}).json()
+        answer = self._call(
+            "POST",
+            "management",
+            "/models",
+            f"register {archive}",
+            params={
+                "url": archive,
+                "model_name": name,
+                "initial_workers": workers or 1,
+                "batch_size": batch_size,
+                "max_batch_delay": max_batch_delay,
+                "response_timeout": response_timeout,
+                "synchronous": "true",
+            },
+        ).json()
         registered = _registered_name(answer.get("status", "")) or name
         if registered is None:
             return answer
@@ -259,30 +313,46 @@ class TorchServeClient:
             self.scale(registered, workers, workers)
         return answer | {"model": registered}
 
-    def scale(self, model: str, min_worker: int, max_worker: int | None = None,
-              version: str | None = None) -> dict:
+    def scale(
+        self, model: str, min_worker: int, max_worker: int | None = None, version: str | None = None
+    ) -> dict:
         """Set the worker count and wait until it is reached. Not kept across a restart of a
         server started with ``--ncs`` (``make serve``): edit config/models/NAME.yaml for that."""
         path = _model_path(model, version)  # checks the names first
         if min_worker < 0 or (max_worker is not None and max_worker < min_worker):
-            raise errors.UsageError(f"bad worker counts min={min_worker} max={max_worker}",
-                                    "use 0 <= --min <= --max")
-        return self._call("PUT", "management", path,
-                          f"scale {_label(model, version)}", params={
-                              "min_worker": min_worker,
-                              "max_worker": max_worker if max_worker is not None else min_worker,
-                              "synchronous": "true"}).json()
+            raise errors.UsageError(
+                f"bad worker counts min={min_worker} max={max_worker}", "use 0 <= --min <= --max"
+            )
+        return self._call(
+            "PUT",
+            "management",
+            path,
+            f"scale {_label(model, version)}",
+            params={
+                "min_worker": min_worker,
+                "max_worker": max_worker if max_worker is not None else min_worker,
+                "synchronous": "true",
+            },
+        ).json()
 
     def set_default(self, model: str, version: str) -> dict:
         """Make ``version`` what ``/predictions/MODEL`` serves."""
-        return self._call("PUT", "management", _model_path(model, version) + "/set-default",
-                          f"set-default {_label(model, version)}").json()
+        return self._call(
+            "PUT",
+            "management",
+            _model_path(model, version) + "/set-default",
+            f"set-default {_label(model, version)}",
+        ).json()
 
     def unregister(self, model: str, version: str | None = None) -> dict:
         """Remove a model (its default version when none is named). TorchServe refuses (403)
         to remove the default version while other versions exist."""
-        return self._call("DELETE", "management", _model_path(model, version),
-                          f"unregister {_label(model, version)}").json()
+        return self._call(
+            "DELETE",
+            "management",
+            _model_path(model, version),
+            f"unregister {_label(model, version)}",
+        ).json()
 
     # ------------------------------------------------------------------ inference
 
@@ -290,22 +360,41 @@ class TorchServeClient:
         """``/ping``: ``{"status": "Healthy"}`` when the frontend is up."""
         return self._call("GET", "inference", "/ping", "ping").json()
 
-    def predict(self, model: str, image: bytes, *, version: str | None = None,
-                topk: int | None = None) -> Any:
+    def predict(
+        self, model: str, image: bytes, *, version: str | None = None, topk: int | None = None
+    ) -> Any:
         """One image to ``/predictions/MODEL[/VERSION]``: tags (a list) or ``{"embedding"}``."""
         headers = {"X-Top-K": str(topk)} if topk is not None else {}
-        return self._call("POST", "inference", "/predictions" + _route(model, version),
-                          f"predict {_label(model, version)}", data=image,
-                          headers=headers).json()
+        return self._call(
+            "POST",
+            "inference",
+            "/predictions" + _route(model, version),
+            f"predict {_label(model, version)}",
+            data=image,
+            headers=headers,
+        ).json()
 
-    def infer(self, model: str, images: list[bytes], *, output: str = "embedding",
-              protocol: str = "v2", topk: int | None = None) -> list[Any]:
+    def infer(
+        self,
+        model: str,
+        images: list[bytes],
+        *,
+        output: str = "embedding",
+        protocol: str = "v2",
+        topk: int | None = None,
+    ) -> list[Any]:
         """Several images in one KServe request: ``infer_answers(...).values``."""
-        return self.infer_answers(model, images, output=output, protocol=protocol,
-                                  topk=topk).values
+        return self.infer_answers(model, images, output=output, protocol=protocol, topk=topk).values
 
-    def infer_answers(self, model: str, images: list[bytes], *, output: str = "embedding",
-                      protocol: str = "v2", topk: int | None = None) -> Answers:
+    def infer_answers(
+        self,
+        model: str,
+        images: list[bytes],
+        *,
+        output: str = "embedding",
+        protocol: str = "v2",
+        topk: int | None = None,
+    ) -> Answers:
         """Several images in one KServe request (``protocol`` v2, the Open Inference Protocol,
         or v1): one answer per image, in order: an embedding (a list of floats) for
         ``output="embedding"``, a list of ``{"label", "index", "probability"}`` for ``"tags"``,
@@ -321,12 +410,19 @@ class TorchServeClient:
         if protocol == "v1":
             params = {"topk": topk} if topk is not None and output == "tags" else {}
             body = {"instances": [{"data": item} for item in data], "parameters": params}
-            response = self._call("POST", "inference", f"/v1/models/{check_name(model)}:predict",
-                                  what, data=json.dumps(body),
-                                  headers={"Content-Type": "application/json"})
+            response = self._call(
+                "POST",
+                "inference",
+                f"/v1/models/{check_name(model)}:predict",
+                what,
+                data=json.dumps(body),
+                headers={"Content-Type": "application/json"},
+            )
             predictions = response.json()["predictions"]
-            return Answers([p["embedding"] if output == "embedding" else p for p in predictions],
-                           response.headers.get(PRECISION_HEADER))
+            return Answers(
+                [p["embedding"] if output == "embedding" else p for p in predictions],
+                response.headers.get(PRECISION_HEADER),
+            )
         if protocol != "v2":
             raise errors.UsageError(f"no protocol {protocol!r}", "use v1 or v2")
         # [n, 1] and a request-level topk: what both TorchServe's handler and Triton's
@@ -334,38 +430,66 @@ class TorchServeClient:
         outputs = [{"name": output}]
         if self.engine is Engine.TRITON:
             outputs.append({"name": PRECISION_OUTPUT})
-        body = {"inputs": [{"name": "images", "shape": [len(data), 1], "datatype": "BYTES",
-                            "data": data}], "outputs": outputs}
+        body = {
+            "inputs": [
+                {"name": "images", "shape": [len(data), 1], "datatype": "BYTES", "data": data}
+            ],
+            "outputs": outputs,
+        }
         if output == "tags" and topk is not None:
             body["parameters"] = {"topk": topk}
-        response = self._call("POST", "inference", f"/v2/models/{check_name(model)}/infer",
-                              what, data=json.dumps(body),
-                              headers={"Content-Type": "application/json"})
+        response = self._call(
+            "POST",
+            "inference",
+            f"/v2/models/{check_name(model)}/infer",
+            what,
+            data=json.dumps(body),
+            headers={"Content-Type": "application/json"},
+        )
         answered = {o["name"]: o for o in response.json()["outputs"]}
         tensor = answered[output]
         rows = tensor["shape"][0]
         if output == "embedding":
             flat, dim = tensor["data"], tensor["shape"][1]
-            values = [flat[i * dim:(i + 1) * dim] for i in range(rows)]
+            values = [flat[i * dim : (i + 1) * dim] for i in range(rows)]
         else:
             k = tensor["shape"][1]
-            values = [[json.loads(t) for t in tensor["data"][i * k:(i + 1) * k]]
-                      for i in range(rows)]
+            values = [
+                [json.loads(t) for t in tensor["data"][i * k : (i + 1) * k]] for i in range(rows)
+            ]
         named = (answered.get(PRECISION_OUTPUT) or {}).get("data") or [None]
         return Answers(values, response.headers.get(PRECISION_HEADER) or named[0])
 
-    def explain(self, model: str, image: bytes, *, filename: str = "image",
-                target: int | str | None = None, topk: int | None = None,
-                method: str | None = None, n_steps: int | None = None,
-                png: bool = False) -> dict:
+    def explain(
+        self,
+        model: str,
+        image: bytes,
+        *,
+        filename: str = "image",
+        target: int | str | None = None,
+        topk: int | None = None,
+        method: str | None = None,
+        n_steps: int | None = None,
+        png: bool = False,
+    ) -> dict:
         """One image to ``/explanations/MODEL``: ``{"method", "explanations": [{"label",
         "index", "probability", "rank", "grid", "png"?}]}``, where the model looked for each
         target (top-1 by default; a class ``target`` by index or label; ``topk`` targets)."""
-        fields = {"target": target, "topk": topk, "method": method, "n_steps": n_steps,
-                  "png": "true" if png else None}
-        return self._call("POST", "inference", "/explanations" + _route(model, None),
-                          f"explain {model}", files={"data": (filename, image)},
-                          data={k: str(v) for k, v in fields.items() if v is not None}).json()
+        fields = {
+            "target": target,
+            "topk": topk,
+            "method": method,
+            "n_steps": n_steps,
+            "png": "true" if png else None,
+        }
+        return self._call(
+            "POST",
+            "inference",
+            "/explanations" + _route(model, None),
+            f"explain {model}",
+            files={"data": (filename, image)},
+            data={k: str(v) for k, v in fields.items() if v is not None},
+        ).json()
 
     # ------------------------------------------------------------------ metrics
 
@@ -396,4 +520,3 @@ def _registered_name(status: str) -> str | None:
     """``Model "resnet50-tagger" Version: 2.0 registered with 1 initial workers`` -> name."""
     match = re.search(r'Model "([^"]+)"', status)
     return match.group(1) if match else None
-

@@ -17,6 +17,7 @@ relative to the folder it was found under, or the path as given) is ``i`` modulo
 machines given the same sources split them without talking to each other, the shards are
 disjoint, and together they are the whole collection, wherever each machine mounts it.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -31,8 +32,9 @@ from typing import IO, Iterable, Iterator
 from tsclient.errors import UsageError
 
 # What the handler decodes (docs/api.md#images), by file name.
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp", ".gif",
-                              ".bmp", ".tif", ".tiff", ".mpo"})
+IMAGE_EXTENSIONS = frozenset(
+    {".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff", ".mpo"}
+)
 STDIN = "-"
 
 
@@ -54,8 +56,10 @@ class Shard:
         except ValueError:
             index, count = -1, 0
         if not 0 <= index < count:
-            raise UsageError(f"--shard {text!r} is not i/n with 0 <= i < n",
-                             "e.g. --shard 0/4 ... --shard 3/4 for four machines")
+            raise UsageError(
+                f"--shard {text!r} is not i/n with 0 <= i < n",
+                "e.g. --shard 0/4 ... --shard 3/4 for four machines",
+            )
         return cls(index, count)
 
     def holds(self, key: str) -> bool:
@@ -94,9 +98,10 @@ class Collection:
     def __init__(self, sources: Iterable[str], stdin: IO[str] | None = None) -> None:
         self.sources = list(sources)
         if not self.sources:
-            raise UsageError("no files, folders or '-' given",
-                             "name image files or folders, or pipe paths: find ... | tsctl "
-                             "embed -")
+            raise UsageError(
+                "no files, folders or '-' given",
+                "name image files or folders, or pipe paths: find ... | tsctl embed -",
+            )
         self._stdin = stdin
         self._spool: str | None = None  # the temporary file holding stdin's paths
         self._lock = threading.Lock()

@@ -6,6 +6,7 @@ when that API is restricted to a key, refuses it with its own 403 text; TorchSer
 ``/v2`` of its own on its management port and none that says "triton" on its inference port.
 The check sends no key: a key never goes to a server before it is known which one it is.
 """
+
 from __future__ import annotations
 
 from enum import Enum
@@ -22,15 +23,15 @@ class Engine(str, Enum):
     TRITON = "triton"
 
 
-def detect(url: str, session: requests.Session | None = None,
-           timeout: float = TIMEOUT_S) -> Engine:
+def detect(url: str, session: requests.Session | None = None, timeout: float = TIMEOUT_S) -> Engine:
     """The engine serving ``url`` (a server's base URL, without ``/v2``); ``ServerNotRunning``
     when nothing answers there."""
     try:
         response = (session or requests).get(url.rstrip("/") + "/v2", timeout=timeout)
     except requests.ConnectionError:
-        raise errors.ServerNotRunning(f"nothing answers at {url}",
-                                      "check the URL and that the server is running") from None
+        raise errors.ServerNotRunning(
+            f"nothing answers at {url}", "check the URL and that the server is running"
+        ) from None
     if errors.is_restricted(response):
         return Engine.TRITON
     try:

@@ -2,6 +2,7 @@
 fix it. ``from_response`` is the one place that turns an HTTP answer into one of them, from
 TorchServe (``{"code", "type", "message"}``) or Triton (``{"error": text}``, the text being the
 core's own error body when the model refused the request)."""
+
 from __future__ import annotations
 
 import json
@@ -91,16 +92,22 @@ class Unhealthy(TsError):
 KEY_REJECTED = "InvalidKeyException"
 # Triton's answer to a missing or wrong header on a restricted API (HTTP 403).
 TRITON_RESTRICTED = "This API is restricted"
-TRITON_KEY_HINT = ("Triton's keys are the ones it was started with: point --key-file at the key "
-                   "file tritonrepo.server wrote (build/triton-key_file.json by default); "
-                   "they change only when Triton restarts with --new-keys")
-ALLOWED_URLS_HINT = ("register archives by file name from the model store (model_store in "
-                     "config/server.properties), or add the URL's pattern to allowed_urls there "
-                     "and restart the server")
+TRITON_KEY_HINT = (
+    "Triton's keys are the ones it was started with: point --key-file at the key "
+    "file tritonrepo.server wrote (build/triton-key_file.json by default); "
+    "they change only when Triton restarts with --new-keys"
+)
+ALLOWED_URLS_HINT = (
+    "register archives by file name from the model store (model_store in "
+    "config/server.properties), or add the URL's pattern to allowed_urls there "
+    "and restart the server"
+)
 
-MODEL_API_HINT = ("registering and unregistering models is off on this server "
-                  "(enable_model_api=false, config/server.properties says why); restart it with "
-                  "`make serve MODEL_API=1` to turn it on")
+MODEL_API_HINT = (
+    "registering and unregistering models is off on this server "
+    "(enable_model_api=false, config/server.properties says why); restart it with "
+    "`make serve MODEL_API=1` to turn it on"
+)
 
 
 def is_key_rejection(response: requests.Response) -> bool:
@@ -112,8 +119,9 @@ def is_key_rejection(response: requests.Response) -> bool:
 def is_restricted(response: requests.Response) -> bool:
     """Triton's answer to a missing or wrong key on a restricted API: 403 (no rotation: its
     keys change only with a restart)."""
-    return response.status_code == 403 and \
-        str(_body(response).get("message", "")).startswith(TRITON_RESTRICTED)
+    return response.status_code == 403 and str(_body(response).get("message", "")).startswith(
+        TRITON_RESTRICTED
+    )
 
 
 def from_response(response: requests.Response, what: str) -> ApiError:
@@ -125,34 +133,52 @@ def from_response(response: requests.Response, what: str) -> ApiError:
     if is_restricted(response):
         return KeyRejected(status, "Forbidden", f"{what}: {message}", TRITON_KEY_HINT)
     if type_ == KEY_REJECTED:
-        return KeyRejected(status, type_, message,
-                         "the key in key_file.json was refused after one rotation: point "
-                         "--key-file at the key_file.json of THIS server (written in the folder "
-                         "torchserve was started from)")
+        return KeyRejected(
+            status,
+            type_,
+            message,
+            "the key in key_file.json was refused after one rotation: point "
+            "--key-file at the key_file.json of THIS server (written in the folder "
+            "torchserve was started from)",
+        )
     if "does not match any allowed URL" in message or "Relative path" in message:
         return Refused(status, type_, f"{what}: {message}", ALLOWED_URLS_HINT)
     if status == 404 and type_ in ("ModelNotFoundException", "ModelVersionNotFoundException"):
-        hint = ("`tsctl list` shows the registered models; `tsctl describe NAME` their versions"
-                if "Model not found at" not in message else
-                "the archive must be a file in the server's model store: copy it there first")
+        hint = (
+            "`tsctl list` shows the registered models; `tsctl describe NAME` their versions"
+            if "Model not found at" not in message
+            else "the archive must be a file in the server's model store: copy it there first"
+        )
         return NotFound(status, type_, f"{what}: {message}", hint)
     if status == 403 and type_ == "InvalidModelVersionException":
-        return Refused(status, type_, f"{what}: {message}",
-                       "make another version the default first: "
-                       "tsctl set-default NAME OTHER_VERSION")
+        return Refused(
+            status,
+            type_,
+            f"{what}: {message}",
+            "make another version the default first: tsctl set-default NAME OTHER_VERSION",
+        )
     if status == 405:
         return Refused(status, type_, f"{what}: {message}", MODEL_API_HINT)
     if status == 503:
-        error = ApiError(status, type_, f"{what}: {message}",
-                         "the model's queue is full or it has no worker: retry later, or "
-                         "`tsctl scale NAME --min N`" if "maximum queue size" not in message
-                         else "Triton's queue for the model is full (max_queue_size): retry "
-                              "later, or send fewer requests at once")
+        error = ApiError(
+            status,
+            type_,
+            f"{what}: {message}",
+            "the model's queue is full or it has no worker: retry later, or "
+            "`tsctl scale NAME --min N`"
+            if "maximum queue size" not in message
+            else "Triton's queue for the model is full (max_queue_size): retry "
+            "later, or send fewer requests at once",
+        )
         error.retry_after = _seconds(response.headers.get("Retry-After"))
         return error
     if status == 409:
-        return Refused(status, type_, f"{what}: {message}",
-                       "already registered: `tsctl unregister NAME [VERSION]` first")
+        return Refused(
+            status,
+            type_,
+            f"{what}: {message}",
+            "already registered: `tsctl unregister NAME [VERSION]` first",
+        )
     return ApiError(status, type_, f"{what}: {message}")
 
 

@@ -6,6 +6,7 @@ The file (mode 0600, in the folder ``torchserve`` was started from) holds the in
 never expires and is the only key that can rotate the other two (``/token`` on the
 management port). TorchServe rewrites the whole file on every rotation.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,16 +44,19 @@ class Keys:
         while True:
             try:
                 data = json.loads(path.read_text())
-                return cls(inference=data["inference"]["key"],
-                           management=data["management"]["key"],
-                           api=data.get("API", {}).get("key"),
-                           inference_expires=_expiry(data["inference"]),
-                           management_expires=_expiry(data["management"]))
+                return cls(
+                    inference=data["inference"]["key"],
+                    management=data["management"]["key"],
+                    api=data.get("API", {}).get("key"),
+                    inference_expires=_expiry(data["inference"]),
+                    management_expires=_expiry(data["management"]),
+                )
             except FileNotFoundError:
                 raise KeyFileError(
                     f"no key file at {path.resolve()}",
                     "TorchServe writes key_file.json into the folder it was started from (the "
-                    "repository root for `make serve`): run there, or pass --key-file") from None
+                    "repository root for `make serve`): run there, or pass --key-file",
+                ) from None
             except json.JSONDecodeError as exc:  # empty or cut off: caught mid-rewrite?
                 if time.monotonic() < deadline:
                     time.sleep(0.02)
@@ -87,8 +91,10 @@ def bearer(key: str | None) -> dict[str, str]:
 
 
 def _unreadable(path: Path, exc: Exception) -> KeyFileError:
-    return KeyFileError(f"cannot read the key file {path}: {exc!r}",
-                        "is the server running with token authorization?")
+    return KeyFileError(
+        f"cannot read the key file {path}: {exc!r}",
+        "is the server running with token authorization?",
+    )
 
 
 def _expiry(entry: dict) -> datetime | None:

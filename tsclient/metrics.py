@@ -8,6 +8,7 @@ every counter without the suffix, so a name reads the same whichever way it was 
 handler's counters are declared in ``config/metrics.yaml`` and written by
 ``handlers/metrics.py``.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -28,8 +29,11 @@ def samples(text: str) -> list[Sample]:
     """Every sample of a ``/metrics`` text. Raises ``MetricsUnreadable`` when the text is not
     Prometheus' text format (a scrape cut short ends mid-line)."""
     try:
-        return [Sample(s.name.removesuffix("_total"), s.labels, s.value)
-                for family in text_string_to_metric_families(text) for s in family.samples]
+        return [
+            Sample(s.name.removesuffix("_total"), s.labels, s.value)
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        ]
     except ValueError as exc:  # the parser's own message names the token, not the line
         cut = bool(text) and not text.endswith("\n")
         last = text.rstrip("\n").rsplit("\n", 1)[-1]
@@ -37,25 +41,34 @@ def samples(text: str) -> list[Sample]:
             f"the /metrics text is not Prometheus text format ({exc or 'malformed line'})"
             + (f": it ends mid-line ({last[-60:]!r}), the scrape was cut short" if cut else ""),
             "read it again (a restart or a proxy can cut a scrape short); if it stays "
-            "unreadable, look at the metrics address's answer with curl") from None
+            "unreadable, look at the metrics address's answer with curl",
+        ) from None
 
 
 # Metric name -> the total it adds to (handlers/metrics.py writes the Handler* counters).
-TOTALS = {"HandlerBatches": "batches", "HandlerRequests": "requests", "HandlerImages": "images",
-          "HandlerDecodeMs": "decode_ms", "HandlerForwardMs": "forward_ms",
-          "ts_inference_requests": "served",
-          "ts_inference_latency_microseconds": "latency_us"}
+TOTALS = {
+    "HandlerBatches": "batches",
+    "HandlerRequests": "requests",
+    "HandlerImages": "images",
+    "HandlerDecodeMs": "decode_ms",
+    "HandlerForwardMs": "forward_ms",
+    "ts_inference_requests": "served",
+    "ts_inference_latency_microseconds": "latency_us",
+}
 # Metric name -> (the breakdown it adds to, the label it is broken down by).
-BREAKDOWNS = {"HandlerBatchesBySize": ("batch_sizes", "BatchSize"),
-              "HandlerErrors": ("errors", "ErrorType")}
+BREAKDOWNS = {
+    "HandlerBatchesBySize": ("batch_sizes", "BatchSize"),
+    "HandlerErrors": ("errors", "ErrorType"),
+}
 
 
 def summarise(text: str) -> dict[str, dict]:
     """Per model: batches, mean batch size, batch-size distribution, requests and images in
     batches, errors by type, mean decode ms per image, mean forward ms per batch, and
     TorchServe's own request count and mean latency (ms)."""
-    models: dict[str, dict] = defaultdict(lambda: {
-        **dict.fromkeys(TOTALS.values(), 0.0), **{b: {} for b, _ in BREAKDOWNS.values()}})
+    models: dict[str, dict] = defaultdict(
+        lambda: {**dict.fromkeys(TOTALS.values(), 0.0), **{b: {} for b, _ in BREAKDOWNS.values()}}
+    )
     for name, labels, value in samples(text):
         model = labels.get("ModelName") or labels.get("model_name")
         if model is None:
@@ -75,8 +88,8 @@ def frontend_statuses(text: str) -> dict[str, int]:
     they include what never reached a handler (503 full queue, 507 dead worker)."""
     counts = {f"{c}XX": 0 for c in "245"}
     for name, _, value in samples(text):
-        if name.startswith("Requests") and name[len("Requests"):] in counts:
-            counts[name[len("Requests"):]] += int(value)
+        if name.startswith("Requests") and name[len("Requests") :] in counts:
+            counts[name[len("Requests") :]] += int(value)
     return counts
 
 
@@ -89,8 +102,11 @@ def _derive(entry: dict) -> dict:
         "requests_in_batches": int(entry["requests"]),
         "images": int(entry["images"]),
         "mean_batch_size": ratio(entry["requests"], entry["batches"]),
-        "batch_sizes": dict(sorted(entry["batch_sizes"].items(), key=lambda kv: int(kv[0])
-                                   if kv[0].isdigit() else 0)),
+        "batch_sizes": dict(
+            sorted(
+                entry["batch_sizes"].items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0
+            )
+        ),
         "errors": dict(sorted(entry["errors"].items())),
         "decode_ms_per_image": ratio(entry["decode_ms"], entry["images"]),
         "forward_ms_per_batch": ratio(entry["forward_ms"], entry["batches"]),

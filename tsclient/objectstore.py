@@ -6,6 +6,7 @@ Credentials and endpoint come from the environment as for KServe's storage initi
 ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``, and
 ``AWS_ENDPOINT_URL`` (or ``S3_ENDPOINT``) for a non-AWS store.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -40,7 +41,7 @@ def _filesystem(uri: str):
     region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION")
     if region:
         options["region"] = region
-    return fs.S3FileSystem(**options), uri[len("s3://"):]
+    return fs.S3FileSystem(**options), uri[len("s3://") :]
 
 
 def download_if_exists(uri: str, local: Path) -> bool:
@@ -53,8 +54,9 @@ def download_if_exists(uri: str, local: Path) -> bool:
         return False
     if not local.exists():
         tmp = local.with_name(f".{local.name}.download.tmp")
-        fs.copy_files(key, str(tmp), source_filesystem=filesystem,
-                      destination_filesystem=fs.LocalFileSystem())
+        fs.copy_files(
+            key, str(tmp), source_filesystem=filesystem, destination_filesystem=fs.LocalFileSystem()
+        )
         os.replace(tmp, local)
     return True
 
@@ -65,5 +67,6 @@ def upload(local: Path, uri: str) -> None:
     from pyarrow import fs
 
     filesystem, key = _filesystem(uri)
-    fs.copy_files(str(local), key, source_filesystem=fs.LocalFileSystem(),
-                  destination_filesystem=filesystem)
+    fs.copy_files(
+        str(local), key, source_filesystem=fs.LocalFileSystem(), destination_filesystem=filesystem
+    )

@@ -15,6 +15,7 @@ of 1,000 pairs of photos stays a few MB.
     thumbs = Thumbnailer(expected=len(paths))
     Path("similar.html").write_text(similar_page(results, thumbs, index="v.parquet"))
 """
+
 from __future__ import annotations
 
 import base64
@@ -80,8 +81,11 @@ class Thumbnailer:
                 jpeg, size = self._fitted(image)
         except (OSError, ValueError, Image.DecompressionBombError) as exc:
             # Pillow's own message ("cannot identify image file ..." names a BytesIO): the kind.
-            reason = "not an image Pillow can read" if isinstance(exc, Image.UnidentifiedImageError) \
+            reason = (
+                "not an image Pillow can read"
+                if isinstance(exc, Image.UnidentifiedImageError)
                 else f"cannot decode: {exc}"
+            )
             return Thumb(None, bytes=len(data), error=reason)
         uri = "data:image/jpeg;base64," + base64.b64encode(jpeg).decode("ascii")
         return Thumb(uri, size, width, height, len(data))
@@ -138,35 +142,39 @@ def file_uri(path: str) -> str | None:
 def page(title: str, summary: str, body: Iterable[str]) -> str:
     """A whole document: ``title`` and ``summary`` are plain text (escaped here), ``body`` is
     HTML made by this module's functions."""
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<meta http-equiv=\"Content-Security-Policy\" content=\"{CSP}\">"
-            "<meta name=\"viewport\" content=\"width=device-width\">"
-            f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>"
-            f"<h1>{escape(title)}</h1><p class=\"summary\">{escape(summary)}</p>\n"
-            + "\n".join(body) + "\n</body></html>\n")
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+        '<meta name="viewport" content="width=device-width">'
+        f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>"
+        f'<h1>{escape(title)}</h1><p class="summary">{escape(summary)}</p>\n'
+        + "\n".join(body)
+        + "\n</body></html>\n"
+    )
 
 
 def picture(thumb: Thumb, alt: str) -> str:
     """The thumbnail as an ``<img>``, or the placeholder naming why it cannot be shown."""
     if thumb.uri is None:
-        return (f"<div class=\"placeholder\" role=\"img\" aria-label=\"{escape(alt)}\">"
-                f"cannot show: {escape(thumb.error or 'unknown error')}</div>")
+        return (
+            f'<div class="placeholder" role="img" aria-label="{escape(alt)}">'
+            f"cannot show: {escape(thumb.error or 'unknown error')}</div>"
+        )
     width, height = thumb.thumb_size
-    return (f"<img src=\"{thumb.uri}\" width=\"{width}\" height=\"{height}\" "
-            f"alt=\"{escape(alt)}\">")
+    return f'<img src="{thumb.uri}" width="{width}" height="{height}" alt="{escape(alt)}">'
 
 
-def figure(thumb: Thumb, path: str, lines: Sequence[str] = (), css: str = "",
-           link: bool = True) -> str:
+def figure(
+    thumb: Thumb, path: str, lines: Sequence[str] = (), css: str = "", link: bool = True
+) -> str:
     """A thumbnail with its path as caption (a link to the original when ``link``) and
     ``lines`` of plain text under it."""
     uri = file_uri(path) if link else None
     name = escape(path)
-    caption = f"<a href=\"{escape(uri)}\">{name}</a>" if uri else name
-    extra = "".join(f"<br><span class=\"meta\">{escape(line)}</span>" for line in lines)
-    cls = f" class=\"{escape(css)}\"" if css else ""
-    return (f"<figure{cls}>{picture(thumb, path)}<figcaption>{caption}{extra}"
-            "</figcaption></figure>")
+    caption = f'<a href="{escape(uri)}">{name}</a>' if uri else name
+    extra = "".join(f'<br><span class="meta">{escape(line)}</span>' for line in lines)
+    cls = f' class="{escape(css)}"' if css else ""
+    return f"<figure{cls}>{picture(thumb, path)}<figcaption>{caption}{extra}</figcaption></figure>"
 
 
 def describe_file(thumb: Thumb) -> str:
@@ -182,30 +190,35 @@ def describe_file(thumb: Thumb) -> str:
 def _bytes(n: int) -> str:
     if n < 1024:
         return f"{n} B"
-    return f"{n / 1024:.1f} KB" if n < 1024 ** 2 else f"{n / 1024 ** 2:.1f} MB"
+    return f"{n / 1024:.1f} KB" if n < 1024**2 else f"{n / 1024**2:.1f} MB"
 
 
 # ---------------------------------------------------------------------- the pages
 
-def similar_page(results: dict[str, list[dict]], thumbs: Thumbnailer, index: str,
-                 model: str) -> str:
+
+def similar_page(
+    results: dict[str, list[dict]], thumbs: Thumbnailer, index: str, model: str
+) -> str:
     """``tsctl similar``: per query, the query photo then its neighbours, best first, each
     with its cosine score. ``results``: ``{query: [{"path", "score"}, ...]}``."""
     sections = []
     for query, hits in results.items():
         row = [figure(thumbs.of_path(query), query, ["query"], css="query")]
-        row += [figure(thumbs.of_path(h["path"]), h["path"],
-                       [f"#{i}  cosine {h['score']:.4f}"]) for i, h in enumerate(hits, 1)]
+        row += [
+            figure(thumbs.of_path(h["path"]), h["path"], [f"#{i}  cosine {h['score']:.4f}"])
+            for i, h in enumerate(hits, 1)
+        ]
         if not hits:
-            row.append("<p class=\"meta\">no stored photos</p>")
-        sections.append(f"<section><div class=\"row\">{''.join(row)}</div></section>")
-    summary = (f"{len(results)} quer{'y' if len(results) == 1 else 'ies'} against {index}, "
-               f"embedded by {model}; neighbours best first, by cosine similarity.")
+            row.append('<p class="meta">no stored photos</p>')
+        sections.append(f'<section><div class="row">{"".join(row)}</div></section>')
+    summary = (
+        f"{len(results)} quer{'y' if len(results) == 1 else 'ies'} against {index}, "
+        f"embedded by {model}; neighbours best first, by cosine similarity."
+    )
     return page("Similar photos", summary, sections)
 
 
-def duplicates_page(groups: list[dict], thumbs: Thumbnailer, index: str,
-                    threshold: float) -> str:
+def duplicates_page(groups: list[dict], thumbs: Thumbnailer, index: str, threshold: float) -> str:
     """``tsctl duplicates``: each group side by side with its lowest pair score and each
     file's pixels and bytes. ``groups``: ``[{"paths", "min_score"}, ...]`` (``search``)."""
     sections = []
@@ -214,13 +227,17 @@ def duplicates_page(groups: list[dict], thumbs: Thumbnailer, index: str,
         for path in group["paths"]:
             thumb = thumbs.of_path(path)
             row.append(figure(thumb, path, [describe_file(thumb)]))
-        sections.append(f"<section><h2>Group {number}: {len(group['paths'])} files, cosine "
-                        f">= <span class=\"score\">{group['min_score']:.4f}</span></h2>"
-                        f"<div class=\"row\">{''.join(row)}</div></section>")
+        sections.append(
+            f"<section><h2>Group {number}: {len(group['paths'])} files, cosine "
+            f'>= <span class="score">{group["min_score"]:.4f}</span></h2>'
+            f'<div class="row">{"".join(row)}</div></section>'
+        )
     if not groups:
         sections.append(f"<p>No near-duplicates at cosine >= {threshold}.</p>")
-    summary = (f"{len(groups)} group(s) of near-duplicates in {index} at cosine >= "
-               f"{threshold}: files linked by a chain of pairs at least that similar.")
+    summary = (
+        f"{len(groups)} group(s) of near-duplicates in {index} at cosine >= "
+        f"{threshold}: files linked by a chain of pairs at least that similar."
+    )
     return page("Near-duplicate photos", summary, sections)
 
 
@@ -253,10 +270,19 @@ class ExplainGallery:
                 continue
             found = row.answer["explanations"]
             png = found[0].get("png") if found else None
-            overlay = self.thumbs.of_bytes(base64.b64decode(png)) if png else \
-                Thumb(None, error="no heatmap in the answer")
-            self.items.append(Explained(row.path, photo, overlay, tuple(
-                (t["label"], float(t["probability"])) for t in found)))
+            overlay = (
+                self.thumbs.of_bytes(base64.b64decode(png))
+                if png
+                else Thumb(None, error="no heatmap in the answer")
+            )
+            self.items.append(
+                Explained(
+                    row.path,
+                    photo,
+                    overlay,
+                    tuple((t["label"], float(t["probability"])) for t in found),
+                )
+            )
 
     def flush_if_due(self) -> None:
         pass
@@ -269,26 +295,36 @@ def explain_page(items: Sequence[Explained], model: str, method: str, target: st
     """``tsctl explain --html``: a table of photo | heatmap of the first target | the
     explained targets with their probabilities. ``method`` and ``target`` are named at the
     top (e.g. ``gradcam``, ``the 3 most probable classes``)."""
-    rows = ["<table class=\"gallery\"><tr><th>photo</th><th>where the model looked "
-            "(first target)</th><th>targets (probability)</th></tr>"]
+    rows = [
+        '<table class="gallery"><tr><th>photo</th><th>where the model looked '
+        "(first target)</th><th>targets (probability)</th></tr>"
+    ]
     for item in items:
         photo = figure(item.photo, item.path, [describe_file(item.photo)])
         if item.error:
-            rows.append(f"<tr><td>{photo}</td><td>{picture(Thumb(None, error='no heatmap'), '')}"
-                        f"</td><td class=\"tags error\">{escape(item.error)}</td></tr>")
+            rows.append(
+                f"<tr><td>{photo}</td><td>{picture(Thumb(None, error='no heatmap'), '')}"
+                f'</td><td class="tags error">{escape(item.error)}</td></tr>'
+            )
             continue
         overlay = picture(item.overlay, f"heatmap of {item.path}") if item.overlay else ""
         if item.targets:
-            overlay += f"<div class=\"meta\">{escape(item.targets[0][0])}</div>"
-        tags = "".join(f"<li>{escape(label)} <span class=\"score\">{p:.3f}</span></li>"
-                       for label, p in item.targets)
-        rows.append(f"<tr><td>{photo}</td><td>{overlay}</td><td class=\"tags\"><ol>{tags}</ol>"
-                    "</td></tr>")
+            overlay += f'<div class="meta">{escape(item.targets[0][0])}</div>'
+        tags = "".join(
+            f'<li>{escape(label)} <span class="score">{p:.3f}</span></li>'
+            for label, p in item.targets
+        )
+        rows.append(
+            f'<tr><td>{photo}</td><td>{overlay}</td><td class="tags"><ol>{tags}</ol></td></tr>'
+        )
     rows.append("</table>")
     failed = sum(1 for i in items if i.error)
-    summary = (f"{len(items)} photo(s) explained by {model} with {method}, target: {target}"
-               + (f"; {failed} failed" if failed else "") + ". Heatmaps cover the centre crop "
-               "the model saw; the rest is dimmed.")
+    summary = (
+        f"{len(items)} photo(s) explained by {model} with {method}, target: {target}"
+        + (f"; {failed} failed" if failed else "")
+        + ". Heatmaps cover the centre crop "
+        "the model saw; the rest is dimmed."
+    )
     return page("Where the model looked", summary, rows)
 
 

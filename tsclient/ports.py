@@ -4,6 +4,7 @@
 ``TorchServeClient`` and ``tsctl`` reach a server there unless told otherwise. The KServe
 configurations bind their own addresses (kserve/*server.properties).
 """
+
 from __future__ import annotations
 
 HOST = "127.0.0.1"  # loopback only: put a proxy or KServe in front to expose it

@@ -1,6 +1,7 @@
 """Progress on stderr, drawn by tqdm: a collection job's bar on a terminal (done/total, img/s,
 ETA, failures), else a plain log line every ``every_s`` seconds (for CI logs and pods); and the
 elapsed time of one slow call (registration, scaling) while a terminal watches."""
+
 from __future__ import annotations
 
 import sys
@@ -13,14 +14,17 @@ from tqdm import tqdm
 T = TypeVar("T")
 
 
-def waiting(label: str, work: Callable[[], T], *, stream: IO[str] | None = None,
-            every_s: float = 0.5) -> T:
+def waiting(
+    label: str, work: Callable[[], T], *, stream: IO[str] | None = None, every_s: float = 0.5
+) -> T:
     """``work()``'s result, with ``label`` and the seconds elapsed redrawn every ``every_s``
     while it runs (only when ``stream``, stderr by default, is a terminal)."""
     stream = stream or sys.stderr
     stop = threading.Event()
-    with tqdm(desc=label, bar_format="{desc} waiting {elapsed}", file=stream,
-              disable=not stream.isatty()) as bar:
+    with tqdm(
+        desc=label, bar_format="{desc} waiting {elapsed}", file=stream, disable=not stream.isatty()
+    ) as bar:
+
         def tick() -> None:
             while not stop.wait(every_s):
                 bar.refresh()
@@ -38,8 +42,14 @@ class JobProgress:
     """Counts files done, failed and skipped; ``total`` may arrive later (``set_total``), from
     a walk running beside the job."""
 
-    def __init__(self, label: str, *, stream: IO[str] | None = None, every_s: float = 10.0,
-                 bar: bool | None = None) -> None:
+    def __init__(
+        self,
+        label: str,
+        *,
+        stream: IO[str] | None = None,
+        every_s: float = 10.0,
+        bar: bool | None = None,
+    ) -> None:
         self.label = label
         self.stream = stream or sys.stderr
         self.every_s = every_s
@@ -51,8 +61,9 @@ class JobProgress:
         use_bar = self.stream.isatty() if bar is None else bar
         self._bar = None
         if use_bar:
-            self._bar = tqdm(desc=label, unit="img", file=self.stream, dynamic_ncols=True,
-                             smoothing=0.1)
+            self._bar = tqdm(
+                desc=label, unit="img", file=self.stream, dynamic_ncols=True, smoothing=0.1
+            )
 
     def set_total(self, total: int) -> None:
         with self._lock:
@@ -85,8 +96,10 @@ class JobProgress:
         eta = ""
         if self.total is not None and rate > 0:
             eta = f", ETA {max(0.0, (self.total - seen) / rate):.0f} s"
-        self.stream.write(f"{self.label}: {seen}/{total} ({self.done} done, {self.failed} "
-                          f"failed, {self.skipped} skipped), {rate:.1f} img/s{eta}\n")
+        self.stream.write(
+            f"{self.label}: {seen}/{total} ({self.done} done, {self.failed} "
+            f"failed, {self.skipped} skipped), {rate:.1f} img/s{eta}\n"
+        )
         self.stream.flush()
 
     def close(self) -> None:

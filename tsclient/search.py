@@ -13,6 +13,7 @@ groups of vectors at least ``threshold`` apart by cosine, O(n^2): fine up to som
 vectors on a laptop; beyond, or for many queries a second, move to a vector index (FAISS,
 or a vector database), which trades exactness for sub-linear search.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -63,11 +64,12 @@ def _write_cache(index: Path, matrix_path: Path, key_path: Path) -> None:
     tmp_matrix = matrix_path.with_name(matrix_path.name + tag)
     tmp_key = key_path.with_name(key_path.name + tag)
     try:
-        out = np.lib.format.open_memmap(tmp_matrix, mode="w+", dtype=np.float32,
-                                        shape=(_ok_rows(index), EMBEDDING_DIM))
+        out = np.lib.format.open_memmap(
+            tmp_matrix, mode="w+", dtype=np.float32, shape=(_ok_rows(index), EMBEDDING_DIM)
+        )
         start = 0
         for _, matrix in batches(index, CHUNK_ROWS):
-            out[start:start + len(matrix)] = normalised(matrix)
+            out[start : start + len(matrix)] = normalised(matrix)
             start += len(matrix)
         out.flush()
         del out
@@ -103,7 +105,7 @@ def unit_chunks(index: Path | str, rows: int = CHUNK_ROWS) -> Iterator[tuple[int
     cached = _cached_matrix(index) if index.is_file() else None
     if cached is not None:
         for start in range(0, len(cached), rows):
-            yield start, np.asarray(cached[start:start + rows])
+            yield start, np.asarray(cached[start : start + rows])
         return
     start = 0
     for _, matrix in batches(index, rows):
@@ -111,9 +113,13 @@ def unit_chunks(index: Path | str, rows: int = CHUNK_ROWS) -> Iterator[tuple[int
         start += len(matrix)
 
 
-def nearest(index: Path | str, queries: np.ndarray, k: int = 10,
-            exclude: list[str | None] | None = None,
-            rows: int = CHUNK_ROWS) -> list[list[tuple[str, float]]]:
+def nearest(
+    index: Path | str,
+    queries: np.ndarray,
+    k: int = 10,
+    exclude: list[str | None] | None = None,
+    rows: int = CHUNK_ROWS,
+) -> list[list[tuple[str, float]]]:
     """For each query vector, the ``k`` stored paths with the highest cosine similarity, best
     first, as (path, score). ``exclude[j]``: a file (compared by absolute path) never answered
     for query j, e.g. the query photo itself when it is in the index."""
@@ -135,14 +141,16 @@ def nearest(index: Path | str, queries: np.ndarray, k: int = 10,
     names = _paths_at(index, {row for heap in best for _, row in heap})
     found = []
     for j, heap in enumerate(best):
-        hits = [(names[row], score) for score, row in sorted(heap, reverse=True)
-                if exclude[j] is None or os.path.abspath(names[row]) != exclude[j]]
+        hits = [
+            (names[row], score)
+            for score, row in sorted(heap, reverse=True)
+            if exclude[j] is None or os.path.abspath(names[row]) != exclude[j]
+        ]
         found.append(hits[:k])
     return found
 
 
-def duplicates(index: Path | str, threshold: float = 0.97,
-               rows: int = CHUNK_ROWS) -> list[dict]:
+def duplicates(index: Path | str, threshold: float = 0.97, rows: int = CHUNK_ROWS) -> list[dict]:
     """Groups of near-duplicates: files linked by a chain of pairs with cosine >=
     ``threshold``, largest group first, each ``{"paths": [...], "min_score": s}`` (the lowest
     score of a pair that joined it). Every chunk is compared with itself and every later
@@ -175,8 +183,10 @@ def duplicates(index: Path | str, threshold: float = 0.97,
     for i in list(parent):
         members.setdefault(root(i), []).append(i)
     names = _paths_at(index, {i for group in members.values() for i in group})
-    groups = [{"paths": [names[i] for i in sorted(group)], "min_score": round(low[r], 6)}
-              for r, group in members.items()]
+    groups = [
+        {"paths": [names[i] for i in sorted(group)], "min_score": round(low[r], 6)}
+        for r, group in members.items()
+    ]
     return sorted(groups, key=lambda g: (-len(g["paths"]), g["paths"][0]))
 
 
@@ -185,8 +195,9 @@ def _paths_at(index: Path | str, wanted: set[int]) -> dict[int, str]:
     found: dict[int, str] = {}
     number = 0
     for batch in pq.ParquetFile(index).iter_batches(CHUNK_ROWS * 4, columns=["path", "status"]):
-        for path, status in zip(batch.column("path").to_pylist(),
-                                batch.column("status").to_pylist()):
+        for path, status in zip(
+            batch.column("path").to_pylist(), batch.column("status").to_pylist()
+        ):
             if status == OK:
                 if number in wanted:
                     found[number] = path

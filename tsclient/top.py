@@ -14,6 +14,7 @@ Each frame compares two reads of ``/metrics`` (and the management API's workers)
 
 Lines fit 80 columns. ``run`` redraws until ``q`` or Ctrl-C; ``--once`` prints one frame.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,11 +36,14 @@ from tsclient.client import TorchServeClient
 
 WIDTH = 80
 # Per-model counters a frame turns into rates: metric -> key.
-COUNTERS = {"ts_inference_requests": "requests",
-            "ts_inference_latency_microseconds": "latency_us",
-            "ts_queue_latency_microseconds": "queue_us",
-            "HandlerImages": "images", "HandlerBatches": "batches",
-            "HandlerRequests": "batched_requests"}
+COUNTERS = {
+    "ts_inference_requests": "requests",
+    "ts_inference_latency_microseconds": "latency_us",
+    "ts_queue_latency_microseconds": "queue_us",
+    "HandlerImages": "images",
+    "HandlerBatches": "batches",
+    "HandlerRequests": "batched_requests",
+}
 
 
 @dataclass
@@ -73,8 +77,9 @@ def parse(text: str, workers: dict[str, list[dict]], at: float) -> Read:
             sizes[size] = sizes.get(size, 0.0) + value
         elif name == "HandlerErrors":
             kinds = read.errors.setdefault(model, {})
-            kinds[labels.get("ErrorType", "?")] = kinds.get(labels.get("ErrorType", "?"), 0.0) \
-                + value
+            kinds[labels.get("ErrorType", "?")] = (
+                kinds.get(labels.get("ErrorType", "?"), 0.0) + value
+            )
         elif name == "HandlerPrecision" and value == 1:
             read.precision[model] = labels.get("Precision", "?")
         elif name == "HandlerWorkerRssMB":
@@ -84,9 +89,12 @@ def parse(text: str, workers: dict[str, list[dict]], at: float) -> Read:
 
 def take(client: TorchServeClient) -> Read:
     """Read the server now: its metrics and every model's workers."""
-    workers = {m["modelName"]: [w for entry in client.describe(m["modelName"])
-                                for w in entry.get("workers", [])]
-               for m in client.list_models()}
+    workers = {
+        m["modelName"]: [
+            w for entry in client.describe(m["modelName"]) for w in entry.get("workers", [])
+        ]
+        for m in client.list_models()
+    }
     return parse(client.metrics_text(), workers, time.monotonic())
 
 
@@ -114,10 +122,15 @@ def _num(value: float | None, digits: int = 1) -> str:
 def frame(old: Read, new: Read, *, url: str = "", width: int = WIDTH) -> str:
     """The screen for what happened between ``old`` and ``new``, each line cut to ``width``."""
     seconds = max(new.at - old.at, 1e-9)
-    answers = "  ".join(f"{code} {_num((new.statuses.get(code, 0) - old.statuses.get(code, 0)) / seconds)}"
-                        for code in ("2XX", "4XX", "5XX"))
-    lines = [f"tsctl top  {url}  {datetime.now():%H:%M:%S}  every {seconds:.1f}s",
-             f"answers/s  {answers}  (5XX: 503 queue full, 507 no worker)", ""]
+    answers = "  ".join(
+        f"{code} {_num((new.statuses.get(code, 0) - old.statuses.get(code, 0)) / seconds)}"
+        for code in ("2XX", "4XX", "5XX")
+    )
+    lines = [
+        f"tsctl top  {url}  {datetime.now():%H:%M:%S}  every {seconds:.1f}s",
+        f"answers/s  {answers}  (5XX: 503 queue full, 507 no worker)",
+        "",
+    ]
     rows, error_lines = [], []
     for model in sorted(set(new.counters) | set(new.workers)):
         d = _delta(new.counters.get(model, {}), old.counters.get(model, {}))
@@ -125,28 +138,54 @@ def frame(old: Read, new: Read, *, url: str = "", width: int = WIDTH) -> str:
         sizes = _delta(new.batch_sizes.get(model, {}), old.batch_sizes.get(model, {}))
         batches = d.get("batches", 0.0)
         p50, p95 = percentile(sizes, 0.5), percentile(sizes, 0.95)
-        rows.append([model, _num(requests / seconds), _num(d.get("images", 0.0) / seconds),
-                     _num(d["latency_us"] / 1000 / requests if requests and "latency_us" in d
-                          else None),
-                     _num(d["queue_us"] / 1000 / requests if requests and "queue_us" in d
-                          else None),
-                     _num(d.get("batched_requests", 0.0) / batches if batches else None),
-                     f"{p50}/{p95}" if p50 is not None else "-"])
+        rows.append(
+            [
+                model,
+                _num(requests / seconds),
+                _num(d.get("images", 0.0) / seconds),
+                _num(d["latency_us"] / 1000 / requests if requests and "latency_us" in d else None),
+                _num(d["queue_us"] / 1000 / requests if requests and "queue_us" in d else None),
+                _num(d.get("batched_requests", 0.0) / batches if batches else None),
+                f"{p50}/{p95}" if p50 is not None else "-",
+            ]
+        )
         errors = _delta(new.errors.get(model, {}), old.errors.get(model, {}))
-        error_lines.append(f"  {model}: " + (", ".join(
-            f"{kind}{' (503)' if kind == 'Overloaded' else ''} {n / seconds:.1f}/s"
-            for kind, n in sorted(errors.items())) or "none"))
-    lines += tabulate(rows, headers=["model", "req/s", "img/s", "mean ms", "queue ms",
-                                     "batch", "p50/p95"],
-                      tablefmt="plain", disable_numparse=True,
-                      colalign=("left",) + ("right",) * 6).splitlines()
+        error_lines.append(
+            f"  {model}: "
+            + (
+                ", ".join(
+                    f"{kind}{' (503)' if kind == 'Overloaded' else ''} {n / seconds:.1f}/s"
+                    for kind, n in sorted(errors.items())
+                )
+                or "none"
+            )
+        )
+    lines += tabulate(
+        rows,
+        headers=["model", "req/s", "img/s", "mean ms", "queue ms", "batch", "p50/p95"],
+        tablefmt="plain",
+        disable_numparse=True,
+        colalign=("left",) + ("right",) * 6,
+    ).splitlines()
     lines += ["", "errors/s by kind (handler; Overloaded = its 503 refusals)", *error_lines, ""]
-    worker_rows = [[model, w.get("id", "?"), w.get("status", "?"), w.get("pid", "-"),
-                    _num(_rss_mb(new, w), 0), new.precision.get(model, "-")]
-                   for model, workers in sorted(new.workers.items()) for w in workers]
-    lines += tabulate(worker_rows, headers=["model", "worker", "status", "pid", "RSS MB",
-                                            "precision"],
-                      tablefmt="plain", disable_numparse=True).splitlines()
+    worker_rows = [
+        [
+            model,
+            w.get("id", "?"),
+            w.get("status", "?"),
+            w.get("pid", "-"),
+            _num(_rss_mb(new, w), 0),
+            new.precision.get(model, "-"),
+        ]
+        for model, workers in sorted(new.workers.items())
+        for w in workers
+    ]
+    lines += tabulate(
+        worker_rows,
+        headers=["model", "worker", "status", "pid", "RSS MB", "precision"],
+        tablefmt="plain",
+        disable_numparse=True,
+    ).splitlines()
     return "\n".join(line[:width].rstrip() for line in lines)
 
 
@@ -160,8 +199,9 @@ def _rss_mb(read: Read, worker: dict) -> float | None:
     return memory / 2**20 if isinstance(memory, (int, float)) and memory > 0 else None
 
 
-def first_frame(client: TorchServeClient, interval: float,
-                take_read: Callable[[TorchServeClient], Read] = take) -> tuple[Read, Read]:
+def first_frame(
+    client: TorchServeClient, interval: float, take_read: Callable[[TorchServeClient], Read] = take
+) -> tuple[Read, Read]:
     """Two reads ``interval`` seconds apart: a frame is a difference."""
     old = take_read(client)
     time.sleep(interval)
@@ -174,8 +214,13 @@ def once(client: TorchServeClient, interval: float = 2.0) -> str:
     return frame(old, new, url=client.urls["metrics"].removeprefix("http://"))
 
 
-def run(client: TorchServeClient, *, interval: float = 2.0, out: TextIO = sys.stdout,
-        take_read: Callable[[TorchServeClient], Read] = take) -> int:
+def run(
+    client: TorchServeClient,
+    *,
+    interval: float = 2.0,
+    out: TextIO = sys.stdout,
+    take_read: Callable[[TorchServeClient], Read] = take,
+) -> int:
     """Redraw a frame every ``interval`` seconds until ``q`` (a terminal on stdin) or Ctrl-C;
     lines are cut to the terminal's width. Returns the exit code (0)."""
     url = client.urls["metrics"].removeprefix("http://")
@@ -184,8 +229,7 @@ def run(client: TorchServeClient, *, interval: float = 2.0, out: TextIO = sys.st
         with _Keys() as keys:
             while True:
                 width = shutil.get_terminal_size((WIDTH, 24)).columns
-                out.write("\x1b[H\x1b[2J" + frame(old, new, url=url, width=width)
-                          + "\n\nq quits\n")
+                out.write("\x1b[H\x1b[2J" + frame(old, new, url=url, width=width) + "\n\nq quits\n")
                 out.flush()
                 if keys.quit_within(interval):
                     return 0

@@ -6,6 +6,7 @@ The rows have the shape ``tsctl`` prints for TorchServe (``cli._version_row``): 
 stand for workers, ``max_batch_size`` (rows) for ``batchSize``, the dynamic batcher's queue
 delay for ``maxBatchDelay``.
 """
+
 from __future__ import annotations
 
 from urllib.parse import urlsplit, urlunsplit
@@ -14,12 +15,14 @@ from tsclient import metrics, ports
 from tsclient.client import TorchServeClient
 
 # nv_inference_* counter -> the total it adds to, per model (Triton 2.51's names).
-TOTALS = {"nv_inference_request_success": "succeeded",
-          "nv_inference_count": "images",
-          "nv_inference_exec_count": "batches",
-          "nv_inference_request_duration_us": "latency_us",
-          "nv_inference_queue_duration_us": "queue_us",
-          "nv_inference_compute_infer_duration_us": "compute_us"}
+TOTALS = {
+    "nv_inference_request_success": "succeeded",
+    "nv_inference_count": "images",
+    "nv_inference_exec_count": "batches",
+    "nv_inference_request_duration_us": "latency_us",
+    "nv_inference_queue_duration_us": "queue_us",
+    "nv_inference_compute_infer_duration_us": "compute_us",
+}
 
 
 def metrics_url(url: str) -> str:
@@ -33,40 +36,64 @@ def metrics_url(url: str) -> str:
 
 def model_rows(client: TorchServeClient) -> list[dict]:
     """One row per model version in Triton's repository index, with its configuration."""
-    index = client._call("POST", "management", "/v2/repository/index",
-                         "list models (Triton's repository index)").json()
+    index = client._call(
+        "POST", "management", "/v2/repository/index", "list models (Triton's repository index)"
+    ).json()
     rows = []
     for entry in sorted(index, key=lambda e: (e.get("name", ""), e.get("version", ""))):
         name, version = entry.get("name"), entry.get("version")
-        config = client._call("GET", "management", f"/v2/models/{name}/config",
-                              f"read {name}'s configuration").json() \
-            if entry.get("state") == "READY" else {}
+        config = (
+            client._call(
+                "GET", "management", f"/v2/models/{name}/config", f"read {name}'s configuration"
+            ).json()
+            if entry.get("state") == "READY"
+            else {}
+        )
         instances = sum(int(g.get("count", 1)) for g in config.get("instance_group", []))
         delay_us = (config.get("dynamic_batching") or {}).get("max_queue_delay_microseconds")
-        queue = ((config.get("dynamic_batching") or {}).get("default_queue_policy") or {})
-        rows.append({"model": name, "version": version, "default": True,
-                     "workers": instances, "ready": instances if entry.get("state") == "READY"
-                     else 0, "state": entry.get("state"), "reason": entry.get("reason") or None,
-                     "batchSize": config.get("max_batch_size"),
-                     "maxBatchDelay": int(delay_us) // 1000 if delay_us is not None else None,
-                     "maxQueueSize": int(queue["max_queue_size"])
-                     if "max_queue_size" in queue else None})
+        queue = (config.get("dynamic_batching") or {}).get("default_queue_policy") or {}
+        rows.append(
+            {
+                "model": name,
+                "version": version,
+                "default": True,
+                "workers": instances,
+                "ready": instances if entry.get("state") == "READY" else 0,
+                "state": entry.get("state"),
+                "reason": entry.get("reason") or None,
+                "batchSize": config.get("max_batch_size"),
+                "maxBatchDelay": int(delay_us) // 1000 if delay_us is not None else None,
+                "maxQueueSize": int(queue["max_queue_size"]) if "max_queue_size" in queue else None,
+            }
+        )
     return rows
 
 
 def health(client: TorchServeClient) -> tuple[dict, list[str], bool]:
     """(data, lines, healthy): the server's readiness and every indexed model's."""
     ready = _ok(client, "/v2/health/ready")
-    models = {f"{r['model']}/{r['version']}": _ok(client, f"/v2/models/{r['model']}/ready")
-              for r in model_rows(client)}
+    models = {
+        f"{r['model']}/{r['version']}": _ok(client, f"/v2/models/{r['model']}/ready")
+        for r in model_rows(client)
+    }
     lines = [f"server: {'ready' if ready else 'NOT READY'} (Triton)"]
     lines += [f"{m}: {'READY' if ok else 'not ready'}" for m, ok in models.items()]
     unready = [m for m, ok in models.items() if not ok]
     if unready:
-        lines.append(f"unhealthy: {', '.join(unready)} not ready (a model that failed to load: "
-                     "`tsctl list --url URL` shows Triton's reason, its log the rest)")
-    return ({"engine": "triton", "ready": ready, "models_ready": models,
-             "healthy": ready and not unready}, lines, ready and not unready)
+        lines.append(
+            f"unhealthy: {', '.join(unready)} not ready (a model that failed to load: "
+            "`tsctl list --url URL` shows Triton's reason, its log the rest)"
+        )
+    return (
+        {
+            "engine": "triton",
+            "ready": ready,
+            "models_ready": models,
+            "healthy": ready and not unready,
+        },
+        lines,
+        ready and not unready,
+    )
 
 
 def summarise(text: str) -> dict[str, dict]:
@@ -91,12 +118,16 @@ def _derive(entry: dict) -> dict:
         return round(a / b, 3) if b else None
 
     done = entry["succeeded"]
-    return {"requests": int(done), "failed": dict(sorted(entry["failed"].items())),
-            "images": int(entry["images"]), "batches": int(entry["batches"]),
-            "mean_batch_images": ratio(entry["images"], entry["batches"]),
-            "mean_latency_ms": ratio(entry["latency_us"] / 1000, done),
-            "mean_queue_ms": ratio(entry["queue_us"] / 1000, done),
-            "compute_ms_per_request": ratio(entry["compute_us"] / 1000, done)}
+    return {
+        "requests": int(done),
+        "failed": dict(sorted(entry["failed"].items())),
+        "images": int(entry["images"]),
+        "batches": int(entry["batches"]),
+        "mean_batch_images": ratio(entry["images"], entry["batches"]),
+        "mean_latency_ms": ratio(entry["latency_us"] / 1000, done),
+        "mean_queue_ms": ratio(entry["queue_us"] / 1000, done),
+        "compute_ms_per_request": ratio(entry["compute_us"] / 1000, done),
+    }
 
 
 def _ok(client: TorchServeClient, path: str) -> bool:

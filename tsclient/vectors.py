@@ -17,6 +17,7 @@ temporary, removed on the next run). ``merge`` streams the previous output and t
 a temporary file, replaces the output, then removes the parts; a kill anywhere in between
 leaves rows in both places, and the next merge keeps the newest row per path.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -39,9 +40,15 @@ SCHEMA_VERSION = 2  # 2: the precision column (files of version 1 merge with it 
 META_KEY = b"tsclient"
 OK, ERROR = "ok", "error"
 TAG = pa.struct([("label", pa.string()), ("index", pa.int32()), ("probability", pa.float32())])
-COLUMNS = [("path", pa.string()), ("size", pa.int64()), ("mtime", pa.timestamp("ns", tz="UTC")),
-           ("sha256", pa.string()), ("status", pa.string()), ("error", pa.string()),
-           ("precision", pa.string())]
+COLUMNS = [
+    ("path", pa.string()),
+    ("size", pa.int64()),
+    ("mtime", pa.timestamp("ns", tz="UTC")),
+    ("sha256", pa.string()),
+    ("status", pa.string()),
+    ("error", pa.string()),
+    ("precision", pa.string()),
+]
 ANSWERS = {"embedding": pa.list_(pa.float32(), EMBEDDING_DIM), "tags": pa.list_(TAG)}
 # Metadata that must agree between a run and the rows it resumes.
 IDENTITY = ("task", "model", "model_version", "weights_sha256")
@@ -75,10 +82,16 @@ class Row:
     precision: str | None = None  # the X-Precision of the answer
 
     def record(self, task: str) -> dict:
-        return {"path": self.path, "size": self.size, "mtime": self.mtime_ns,
-                "sha256": self.sha256, "status": ERROR if self.error else OK,
-                "error": self.error, "precision": None if self.error else self.precision,
-                task: None if self.error else self.answer}
+        return {
+            "path": self.path,
+            "size": self.size,
+            "mtime": self.mtime_ns,
+            "sha256": self.sha256,
+            "status": ERROR if self.error else OK,
+            "error": self.error,
+            "precision": None if self.error else self.precision,
+            task: None if self.error else self.answer,
+        }
 
 
 class Output:
@@ -110,9 +123,12 @@ class Output:
             if different:
                 raise UsageError(
                     f"{path} was written by another model or weights ("
-                    + ", ".join(f"{k}: {theirs.get(k)!r} there, {self.meta.get(k)!r} now"
-                                for k in different) + ")",
-                    f"write to another --out, or delete {self.out} and {self.parts}")
+                    + ", ".join(
+                        f"{k}: {theirs.get(k)!r} there, {self.meta.get(k)!r} now" for k in different
+                    )
+                    + ")",
+                    f"write to another --out, or delete {self.out} and {self.parts}",
+                )
 
     def done(self, with_sha256: bool = False) -> "DoneIndex":
         """What needs no redoing: the files whose newest row is ``ok``."""
@@ -143,8 +159,10 @@ class Output:
         each path once), replace ``out`` with it, remove the parts."""
         files = self.existing()
         if not files:
-            _atomic_write(self.out, lambda tmp: pq.write_table(self.schema.empty_table(), tmp,
-                                                               **_options(self.task)))
+            _atomic_write(
+                self.out,
+                lambda tmp: pq.write_table(self.schema.empty_table(), tmp, **_options(self.task)),
+            )
             return self.out
         keep = _newest(files)
 
@@ -154,13 +172,14 @@ class Output:
                     start = 0
                     for batch in pq.ParquetFile(path).iter_batches(READ_ROWS):
                         rows = pa.Table.from_batches([batch]).filter(
-                            pa.array(mask[start:start + batch.num_rows]))
+                            pa.array(mask[start : start + batch.num_rows])
+                        )
                         start += batch.num_rows
                         if rows.num_rows:
                             writer.write_table(_conform(rows, self.schema))
 
         _atomic_write(self.out, write)
-        for path in files[1 if files[0] == self.out else 0:]:
+        for path in files[1 if files[0] == self.out else 0 :]:
             path.unlink()
         if self.parts.is_dir() and not any(self.parts.iterdir()):
             self.parts.rmdir()
@@ -171,17 +190,25 @@ def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """``table`` in ``schema``: columns an older schema version lacks become nulls."""
     for position, column in enumerate(schema):
         if column.name not in table.column_names:
-            table = table.add_column(position, column.name,
-                                     pa.nulls(table.num_rows, column.type))
+            table = table.add_column(position, column.name, pa.nulls(table.num_rows, column.type))
     return table.select(schema.names).cast(schema)
 
 
 def _options(task: str) -> dict:
     # Floats do not compress: spend no time on them; paths, tags and errors do.
-    return {"compression": {"embedding": "NONE", "tags": "ZSTD", "path": "ZSTD",
-                            "error": "ZSTD", "sha256": "ZSTD", "status": "ZSTD", "size": "ZSTD",
-                            "mtime": "ZSTD"},
-            "use_dictionary": ["status", "error"]}
+    return {
+        "compression": {
+            "embedding": "NONE",
+            "tags": "ZSTD",
+            "path": "ZSTD",
+            "error": "ZSTD",
+            "sha256": "ZSTD",
+            "status": "ZSTD",
+            "size": "ZSTD",
+            "mtime": "ZSTD",
+        },
+        "use_dictionary": ["status", "error"],
+    }
 
 
 def _atomic_write(final: Path, write) -> None:
@@ -223,8 +250,9 @@ class DoneIndex:
     ``with_sha256``, also each done path's sha256 (a changed mtime alone then does not redo a
     file whose bytes are the same)."""
 
-    def __init__(self, keys: np.ndarray, paths: np.ndarray | None = None,
-                 sha: np.ndarray | None = None) -> None:
+    def __init__(
+        self, keys: np.ndarray, paths: np.ndarray | None = None, sha: np.ndarray | None = None
+    ) -> None:
         self.keys = np.sort(keys)
         order = np.argsort(paths) if paths is not None else None
         self.paths = paths[order] if paths is not None else None
@@ -241,20 +269,25 @@ class DoneIndex:
                 sizes = batch.column("size").to_pylist()
                 mtimes = batch.column("mtime").cast(pa.int64()).to_pylist()
                 paths.append(np.fromiter((_hash(p) for p in names), np.uint64))
-                keys.append(np.fromiter((_key(p, s, m) for p, s, m in zip(names, sizes, mtimes)),
-                                        np.uint64))
-                ok.append(np.array([s == OK for s in batch.column("status").to_pylist()],
-                                   dtype=bool))
+                keys.append(
+                    np.fromiter((_key(p, s, m) for p, s, m in zip(names, sizes, mtimes)), np.uint64)
+                )
+                ok.append(
+                    np.array([s == OK for s in batch.column("status").to_pylist()], dtype=bool)
+                )
                 if with_sha256:
-                    sha.append(np.array([s or "" for s in batch.column("sha256").to_pylist()],
-                                        dtype="S64"))
+                    sha.append(
+                        np.array([s or "" for s in batch.column("sha256").to_pylist()], dtype="S64")
+                    )
         if not paths:
             return cls(np.zeros(0, np.uint64))
         all_paths = np.concatenate(paths)
         newest_ok = _last_of_each(all_paths) & np.concatenate(ok)
-        return cls(np.concatenate(keys)[newest_ok],
-                   all_paths[newest_ok] if with_sha256 else None,
-                   np.concatenate(sha)[newest_ok] if with_sha256 else None)
+        return cls(
+            np.concatenate(keys)[newest_ok],
+            all_paths[newest_ok] if with_sha256 else None,
+            np.concatenate(sha)[newest_ok] if with_sha256 else None,
+        )
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -283,25 +316,29 @@ def _key(path: str, size: int | None, mtime_ns: int | None) -> int:
 
 
 def _hash(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogateescape"),
-                                          digest_size=8).digest(), "big")
+    return int.from_bytes(
+        hashlib.blake2b(text.encode("utf-8", "surrogateescape"), digest_size=8).digest(), "big"
+    )
 
 
 # ---------------------------------------------------------------------- reading vectors
+
 
 def batches(index: Path | str, rows: int = 16384) -> Iterator[tuple[list[str], np.ndarray]]:
     """(paths, float32 matrix [n, dim]) of the ``ok`` rows of an embedding file, ``rows`` at a
     time: memory bounded by one batch whatever the file's size."""
     index = Path(index)
     if not index.is_file():
-        raise UsageError(f"no index at {index}", "write one with `tsctl embed FOLDER --out "
-                         f"{index}`")
+        raise UsageError(
+            f"no index at {index}", f"write one with `tsctl embed FOLDER --out {index}`"
+        )
     table_schema = pq.read_schema(index)
     if "embedding" not in table_schema.names:
-        raise UsageError(f"{index} holds no embeddings (columns {table_schema.names})",
-                         "use the output of `tsctl embed`, not `tsctl tag`")
-    for batch in pq.ParquetFile(index).iter_batches(rows, columns=["path", "status",
-                                                                   "embedding"]):
+        raise UsageError(
+            f"{index} holds no embeddings (columns {table_schema.names})",
+            "use the output of `tsctl embed`, not `tsctl tag`",
+        )
+    for batch in pq.ParquetFile(index).iter_batches(rows, columns=["path", "status", "embedding"]):
         batch = batch.filter(pc.equal(batch.column("status"), OK))
         if batch.num_rows == 0:
             continue

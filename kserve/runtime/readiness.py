@@ -11,6 +11,7 @@ for a worker whose model is loaded; it listens on loopback (``management_address
 from a probe run inside the container and from nowhere else. Standard library only: it runs
 with the image's Python, next to nothing but TorchServe.
 """
+
 from __future__ import annotations
 
 import json

@@ -50,6 +50,7 @@ object to its rules and prints the findings.
 For a bundle: ``config/config.properties`` names exactly the archives in ``model-store/``
 (model names and versions from each archive's manifest) and the models of ``config/models``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,16 +60,32 @@ from pathlib import Path
 from buildsteps.configgen import repo_models
 from kserve_tools import monitoring
 from kserve_tools.joblint import job_findings
-from kserve_tools.lint.base import (DEFAULT_MODE, ISVC_LABEL, KSERVE, MODES,
-                                    RUNTIME_DIR, RUNTIME_SERVER_PROPERTIES, Finding, finding,
-                                    mode, port, rel, server_properties)
+from kserve_tools.lint.base import (
+    DEFAULT_MODE,
+    ISVC_LABEL,
+    KSERVE,
+    MODES,
+    RUNTIME_DIR,
+    RUNTIME_SERVER_PROPERTIES,
+    Finding,
+    finding,
+    mode,
+    port,
+    rel,
+    server_properties,
+)
 from kserve_tools.lint.bundle import bundle_findings
 from kserve_tools.lint.inferenceservice import ServingLimits, inference_service_findings
 from kserve_tools.lint.memory import FOOTPRINT_GIB
 from kserve_tools.lint.network import network_policy_findings
 from kserve_tools.lint.schema import schema_findings, strict
-from kserve_tools.lint.servingruntime import (STOCK_RUNTIME, TRITON_RUNTIME, Runtime,
-                                              runtime_findings, runtime_of)
+from kserve_tools.lint.servingruntime import (
+    STOCK_RUNTIME,
+    TRITON_RUNTIME,
+    Runtime,
+    runtime_findings,
+    runtime_of,
+)
 from kserve_tools.render import RenderError, Resource, render
 
 BATCH_JOB_DIR = KSERVE / "batch-job"
@@ -76,20 +93,46 @@ TRITON_DIR = KSERVE / "triton"  # the InferenceService on KServe's Triton runtim
 BASE_ISVC = KSERVE / "base" / "inferenceservice.yaml"
 RUNTIME_KINDS = ("ClusterServingRuntime", "ServingRuntime")
 
-__all__ = ["DEFAULT_MODE", "FOOTPRINT_GIB", "ISVC_LABEL", "MODES", "RUNTIME_DIR", "STOCK_RUNTIME",
-           "TRITON_RUNTIME",
-           "Finding", "Runtime", "ServingLimits", "base_service", "bundle_findings",
-           "default_targets", "finding", "inference_service_findings", "lint", "main", "mode",
-           "network_policy_findings", "port", "runtime_findings", "runtime_of",
-           "schema_findings", "server_properties", "strict"]
+__all__ = [
+    "DEFAULT_MODE",
+    "FOOTPRINT_GIB",
+    "ISVC_LABEL",
+    "MODES",
+    "RUNTIME_DIR",
+    "STOCK_RUNTIME",
+    "TRITON_RUNTIME",
+    "Finding",
+    "Runtime",
+    "ServingLimits",
+    "base_service",
+    "bundle_findings",
+    "default_targets",
+    "finding",
+    "inference_service_findings",
+    "lint",
+    "main",
+    "mode",
+    "network_policy_findings",
+    "port",
+    "runtime_findings",
+    "runtime_of",
+    "schema_findings",
+    "server_properties",
+    "strict",
+]
 
 
 def default_targets() -> list[Path]:
     """Our runtime, every overlay, the stock-runtime manifests, the collection job and the
     monitoring objects."""
-    return [RUNTIME_DIR, *sorted(p for p in (KSERVE / "overlays").iterdir() if p.is_dir()),
-            *sorted((KSERVE / "stock").glob("*.yaml")), TRITON_DIR, BATCH_JOB_DIR,
-            monitoring.MONITORING_DIR]
+    return [
+        RUNTIME_DIR,
+        *sorted(p for p in (KSERVE / "overlays").iterdir() if p.is_dir()),
+        *sorted((KSERVE / "stock").glob("*.yaml")),
+        TRITON_DIR,
+        BATCH_JOB_DIR,
+        monitoring.MONITORING_DIR,
+    ]
 
 
 def base_service() -> tuple[str | None, str]:
@@ -97,12 +140,15 @@ def base_service() -> tuple[str | None, str]:
     the collection job must write to and call."""
     [resource] = render(BASE_ISVC)
     uri = str(resource.obj["spec"]["predictor"]["model"].get("storageUri", ""))
-    bucket = uri[len("s3://"):].split("/", 1)[0] if uri.startswith("s3://") else None
+    bucket = uri[len("s3://") :].split("/", 1)[0] if uri.startswith("s3://") else None
     return bucket, resource.name
 
 
-def lint(targets: list[Path], models: dict[str, dict] | None = None,
-         properties: dict[str, str] | None = None) -> list[Finding]:
+def lint(
+    targets: list[Path],
+    models: dict[str, dict] | None = None,
+    properties: dict[str, str] | None = None,
+) -> list[Finding]:
     """Every finding of every object rendered from ``targets`` (kustomizations or files)."""
     models = repo_models() if models is None else models
     limits = ServingLimits.from_models(models)
@@ -112,8 +158,15 @@ def lint(targets: list[Path], models: dict[str, dict] | None = None,
         try:
             objects = render(target)
         except (RenderError, OSError) as exc:
-            found.append(Finding(rel(Path(target)), "kustomization", "<render>", str(exc),
-                                 "fix the kustomization"))
+            found.append(
+                Finding(
+                    rel(Path(target)),
+                    "kustomization",
+                    "<render>",
+                    str(exc),
+                    "fix the kustomization",
+                )
+            )
             continue
         rendered += objects
         found += network_policy_findings(objects)
@@ -127,8 +180,12 @@ def lint(targets: list[Path], models: dict[str, dict] | None = None,
     return found
 
 
-def _findings(resource: Resource, runtimes: dict[str, Runtime], limits: ServingLimits,
-              properties: dict[str, str] | None) -> list[Finding]:
+def _findings(
+    resource: Resource,
+    runtimes: dict[str, Runtime],
+    limits: ServingLimits,
+    properties: dict[str, str] | None,
+) -> list[Finding]:
     """One rendered object's findings, by the rules of its kind."""
     if resource.kind in RUNTIME_KINDS:
         return runtime_findings(resource, properties)
@@ -136,8 +193,10 @@ def _findings(resource: Resource, runtimes: dict[str, Runtime], limits: ServingL
         return job_findings(resource, *base_service())
     if resource.kind in ("PodMonitor", "PrometheusRule"):
         return monitoring.findings(
-            resource, base_service()[1],
-            port(server_properties(RUNTIME_SERVER_PROPERTIES)["metrics_address"]))
+            resource,
+            base_service()[1],
+            port(server_properties(RUNTIME_SERVER_PROPERTIES)["metrics_address"]),
+        )
     if resource.kind == "NetworkPolicy":
         return []  # checked with its InferenceService, per target
     schema = schema_findings(resource) if resource.kind == "InferenceService" else []
@@ -145,12 +204,22 @@ def _findings(resource: Resource, runtimes: dict[str, Runtime], limits: ServingL
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kserve_tools.lint",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("targets", nargs="*", type=Path,
-                        help="kustomization folders or YAML files (default: all of kserve/)")
-    parser.add_argument("--bundle", type=Path, action="append", default=[],
-                        help="also check a storage bundle folder (make kserve-bundle)")
+    parser = argparse.ArgumentParser(
+        prog="python -m kserve_tools.lint", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "targets",
+        nargs="*",
+        type=Path,
+        help="kustomization folders or YAML files (default: all of kserve/)",
+    )
+    parser.add_argument(
+        "--bundle",
+        type=Path,
+        action="append",
+        default=[],
+        help="also check a storage bundle folder (make kserve-bundle)",
+    )
     args = parser.parse_args(argv)
     targets = args.targets or default_targets()
     try:
@@ -163,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     for problem in found:
         print(problem, file=sys.stderr)
     checked = ", ".join(rel(t) for t in targets + args.bundle)
-    print(f"kserve-lint: {len(found)} problem(s) in {checked}",
-          file=sys.stderr if found else sys.stdout)
+    print(
+        f"kserve-lint: {len(found)} problem(s) in {checked}",
+        file=sys.stderr if found else sys.stdout,
+    )
     return 1 if found else 0

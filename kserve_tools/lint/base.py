@@ -4,6 +4,7 @@ live, and the names and fields KServe and Kubernetes use.
 A rule is a function of an object's fields that yields ``Problem``s (field path, what is
 wrong, how to fix it); ``stamped`` turns them into ``Finding``s naming the file and object.
 """
+
 from __future__ import annotations
 
 import re
@@ -22,12 +23,28 @@ RUNTIME_SERVER_PROPERTIES = RUNTIME_DIR / "server.properties"
 MOUNT = "/mnt/models"  # where KServe's storage initializer puts storageUri
 
 NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-IMPLEMENTATIONS = ("model", "sklearn", "xgboost", "tensorflow", "pytorch", "triton", "onnx",
-                   "huggingface", "pmml", "lightgbm", "paddle")
+IMPLEMENTATIONS = (
+    "model",
+    "sklearn",
+    "xgboost",
+    "tensorflow",
+    "pytorch",
+    "triton",
+    "onnx",
+    "huggingface",
+    "pmml",
+    "lightgbm",
+    "paddle",
+)
 MODE_ANNOTATION = "serving.kserve.io/deploymentMode"
 # The mutating webhook rewrites the deprecated names before anything else reads them.
-MODES = {"Standard": "Standard", "RawDeployment": "Standard", "Knative": "Knative",
-         "Serverless": "Knative", "ModelMesh": "ModelMesh"}
+MODES = {
+    "Standard": "Standard",
+    "RawDeployment": "Standard",
+    "Knative": "Knative",
+    "Serverless": "Knative",
+    "ModelMesh": "ModelMesh",
+}
 DEFAULT_MODE = "Standard"
 BLOCKED_ENV = ("PYTHONPATH",)
 OUR_RUNTIME = "resnet50-torchserve"

@@ -1,5 +1,6 @@
 """Memory of the pods serving our runtime: a request and a limit Kubernetes can read (its own
 quantity parser, ``kubernetes.utils.parse_quantity``) and at least the measured footprint."""
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -21,12 +22,17 @@ def memory_problems(path: str, resources: dict | None) -> Iterator[Problem]:
         try:
             size = parse_quantity(value) if value is not None else None
         except ValueError:
-            yield Problem(f"{path}.{kind}.memory", f"{value!r} is not a Kubernetes quantity: the "
-                          "API server refuses the object", "write a quantity such as 8Gi (at "
-                          f"least {FOOTPRINT_GIB} GiB)")
+            yield Problem(
+                f"{path}.{kind}.memory",
+                f"{value!r} is not a Kubernetes quantity: the API server refuses the object",
+                f"write a quantity such as 8Gi (at least {FOOTPRINT_GIB} GiB)",
+            )
             continue
         if size is None or size < FOOTPRINT_GIB * 2**30:
-            yield Problem(f"{path}.{kind}.memory", f"{value!r} is below the measured footprint "
-                          f"of frontend and workers ({FOOTPRINT_GIB} GiB, kserve/README.md): a "
-                          "burst of large bodies gets the pod OOM-killed",
-                          f"set it to at least {FOOTPRINT_GIB} GiB (8Gi)")
+            yield Problem(
+                f"{path}.{kind}.memory",
+                f"{value!r} is below the measured footprint "
+                f"of frontend and workers ({FOOTPRINT_GIB} GiB, kserve/README.md): a "
+                "burst of large bodies gets the pod OOM-killed",
+                f"set it to at least {FOOTPRINT_GIB} GiB (8Gi)",
+            )

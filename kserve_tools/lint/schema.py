@@ -1,5 +1,6 @@
 """The InferenceService CRD schema (``../shared/reference/kserve/``) made strict: unknown fields
 refused, as ``kubeconform -strict`` would."""
+
 from __future__ import annotations
 
 import copy
@@ -22,9 +23,11 @@ def strict(schema: dict) -> dict:
     def walk(node):
         if not isinstance(node, dict):
             return
-        if (isinstance(node.get("properties"), dict)
-                and not node.get("x-kubernetes-preserve-unknown-fields")
-                and "additionalProperties" not in node):
+        if (
+            isinstance(node.get("properties"), dict)
+            and not node.get("x-kubernetes-preserve-unknown-fields")
+            and "additionalProperties" not in node
+        ):
             node["additionalProperties"] = False
         for sub in (node.get("properties") or {}).values():
             walk(sub)
@@ -46,9 +49,11 @@ def schema_validator():
     import jsonschema
 
     if not SCHEMA.is_file():
-        raise SystemExit(f"KServe CRD schema not found at {SCHEMA}: the shared reference folder "
-                         "../shared/reference/kserve/ (next to the repository) must hold "
-                         "inferenceservice-v1beta1.schema.json")
+        raise SystemExit(
+            f"KServe CRD schema not found at {SCHEMA}: the shared reference folder "
+            "../shared/reference/kserve/ (next to the repository) must hold "
+            "inferenceservice-v1beta1.schema.json"
+        )
     schema = strict(json.loads(SCHEMA.read_text()))
     jsonschema.Draft7Validator.check_schema(schema)
     return jsonschema.Draft7Validator(schema)
@@ -57,11 +62,15 @@ def schema_validator():
 def schema_findings(resource: Resource) -> list[Finding]:
     """The strict CRD schema's complaints about one InferenceService."""
     found = []
-    for error in sorted(schema_validator().iter_errors(resource.obj),
-                        key=lambda e: list(map(str, e.absolute_path))):
+    for error in sorted(
+        schema_validator().iter_errors(resource.obj), key=lambda e: list(map(str, e.absolute_path))
+    ):
         path = ".".join(map(str, error.absolute_path)) or "<root>"
-        fix = ("remove or rename the field (unknown fields are dropped by the API server, "
-               "so the setting would be lost)" if error.validator == "additionalProperties"
-               else "see the InferenceService CRD schema for this field")
+        fix = (
+            "remove or rename the field (unknown fields are dropped by the API server, "
+            "so the setting would be lost)"
+            if error.validator == "additionalProperties"
+            else "see the InferenceService CRD schema for this field"
+        )
         found.append(finding(resource, path, error.message, fix))
     return found

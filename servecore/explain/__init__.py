@@ -6,6 +6,7 @@ the batch's explanations from its pixels and logits (``compute``, Captum on the 
 ``answer`` encodes one request's answer (``encode``). The prediction path never imports this
 package.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,15 +31,24 @@ class Explanations:
     whatever backend serves predictions); without one, explanation requests get 501. An
     explanation request's ``Opened.addon`` is its ``ExplainSpec``."""
 
-    def __init__(self, checkpoint: Path, config: ExplainConfig, labels: Sequence[str],
-                 embedding_default: bool) -> None:
+    def __init__(
+        self,
+        checkpoint: Path,
+        config: ExplainConfig,
+        labels: Sequence[str],
+        embedding_default: bool,
+    ) -> None:
         self.config = config
         self.labels = labels
         self.embedding_default = embedding_default  # the embedding model explains its vector
         self.explainer = load_explainer(checkpoint, config.png_max_side)
         self.checkpoint_name = checkpoint.name
-        self.budget = Budget("explain.max_passes_per_batch", "explanation passes",
-                             config.max_passes_per_batch, self.cost)
+        self.budget = Budget(
+            "explain.max_passes_per_batch",
+            "explanation passes",
+            config.max_passes_per_batch,
+            self.cost,
+        )
 
     def open(self, request: ParsedRequest, explain_route: bool) -> ExplainSpec | None:
         """The request's checked parameters, None for a prediction. TorchServe 0.12 sets the
@@ -48,16 +58,22 @@ class Explanations:
             if request.options:
                 raise InvalidParameter(
                     f"{sorted(request.options)} only apply to explanations: POST to "
-                    "/explanations/{model} (or KServe v1 :explain)")
+                    "/explanations/{model} (or KServe v1 :explain)"
+                )
             return None
         if self.explainer is None:
-            raise NotSupported("this archive carries no PyTorch checkpoint for explanations; "
-                               f"rebuild it with archive.sh (it packs {self.checkpoint_name})")
+            raise NotSupported(
+                "this archive carries no PyTorch checkpoint for explanations; "
+                f"rebuild it with archive.sh (it packs {self.checkpoint_name})"
+            )
         if request.protocol is Protocol.V2:
-            raise NotSupported("explanations answer /explanations/{model} and KServe v1 "
-                               ":explain; the v2 protocol has no explain route")
-        return parse_explain(request.options, request.top_k, self.labels, self.config,
-                             self.embedding_default)
+            raise NotSupported(
+                "explanations answer /explanations/{model} and KServe v1 "
+                ":explain; the v2 protocol has no explain route"
+            )
+        return parse_explain(
+            request.options, request.top_k, self.labels, self.config, self.embedding_default
+        )
 
     @staticmethod
     def cost(request: Opened) -> int:
@@ -74,11 +90,15 @@ class Explanations:
         for i in asking:
             request, cost = result[i], self.cost(result[i])
             if cost > self.budget.limit:  # never fits, unlike one that only lost the race
-                result[i] = Failed(request.request_id, InvalidParameter(
-                    f"this explanation needs {cost} forward/backward passes "
-                    f"({request.image_count} image(s) x {passes(request.addon)}), more than "
-                    f"the limit of {self.budget.limit} (handler.explain.max_passes_per_batch); "
-                    "send fewer images, targets or n_steps"))
+                result[i] = Failed(
+                    request.request_id,
+                    InvalidParameter(
+                        f"this explanation needs {cost} forward/backward passes "
+                        f"({request.image_count} image(s) x {passes(request.addon)}), more than "
+                        f"the limit of {self.budget.limit} (handler.explain.max_passes_per_batch); "
+                        "send fewer images, targets or n_steps"
+                    ),
+                )
         admitted = admission.within([result[i] for i in asking], self.budget)
         for i, state in zip(asking, admitted):
             result[i] = state
@@ -88,13 +108,15 @@ class Explanations:
         """Per explanation request (its index in the batch), its explanations (per image, one
         ``Explanation`` per target); a failure here fails the explanation requests only (500),
         never the batch's predictions."""
-        asking = [(i, r) for i, r in enumerate(batch.requests)
-                  if isinstance(r, Placed) and r.opened.addon is not None]
+        asking = [
+            (i, r)
+            for i, r in enumerate(batch.requests)
+            if isinstance(r, Placed) and r.opened.addon is not None
+        ]
         if not asking:
             return {}
         try:
-            jobs = [ExplainJob(r.opened.addon, r.rows, self._pictures(r.opened))
-                    for _, r in asking]
+            jobs = [ExplainJob(r.opened.addon, r.rows, self._pictures(r.opened)) for _, r in asking]
             answers = self.explainer.explain(batch.pixels, logits, jobs)
         except Exception as exc:  # noqa: BLE001 - the boundary of the explanation requests
             error = detached(as_request_error(exc, "explaining", asking[0][1].request_id))
@@ -103,8 +125,9 @@ class Explanations:
 
     def answer(self, request: Placed, explanations: list[list[Explanation]]) -> dict:
         """One explanation request's JSON answer."""
-        return encode_explanations(request.opened.request.protocol, request.opened.addon.method,
-                                   explanations, self.labels)
+        return encode_explanations(
+            request.opened.request.protocol, request.opened.addon.method, explanations, self.labels
+        )
 
     def _pictures(self, request: Opened) -> list:
         """The request's images, shrunk, for a PNG heatmap (decoded already: no new work but

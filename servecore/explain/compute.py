@@ -12,6 +12,7 @@ backward pass, a 7x7 grid), ``ig`` (``IntegratedGradients`` from the ImageNet-me
 28x28) and ``occlusion`` (``Occlusion`` with a 56-pixel window, stride 28: 49 forward passes,
 pooled to 28x28).
 """
+
 from __future__ import annotations
 
 import io
@@ -84,12 +85,14 @@ class Method:
 
     @classmethod
     def of(cls, spec: ExplainSpec) -> "Method":
-        return cls(spec.method, spec.n_steps if spec.method == "ig" else 0,
-                   spec.internal_batch_size)
+        return cls(
+            spec.method, spec.n_steps if spec.method == "ig" else 0, spec.internal_batch_size
+        )
 
 
-def attribute(dual: nn.Module, layer: nn.Module, pixels: torch.Tensor, classes: Sequence[int],
-              method: Method) -> torch.Tensor:
+def attribute(
+    dual: nn.Module, layer: nn.Module, pixels: torch.Tensor, classes: Sequence[int], method: Method
+) -> torch.Tensor:
     """Raw attributions of ``pixels`` [M, 3, 224, 224], row m for class ``classes[m]`` (-1: the
     embedding's own direction): GradCAM [M, 7, 7] (on ``layer``), IG / occlusion [M, 3, 224,
     224]. At most two Captum calls (class rows, embedding rows), rows in the given order."""
@@ -97,8 +100,16 @@ def attribute(dual: nn.Module, layer: nn.Module, pixels: torch.Tensor, classes: 
     embed_rows = [m for m, c in enumerate(classes) if c < 0]
     parts = []
     if class_rows:
-        parts.append(_captum(method, LogitsScore(dual), layer, pixels[class_rows].clone(),
-                             [classes[m] for m in class_rows], None))
+        parts.append(
+            _captum(
+                method,
+                LogitsScore(dual),
+                layer,
+                pixels[class_rows].clone(),
+                [classes[m] for m in class_rows],
+                None,
+            )
+        )
     if embed_rows:
         rows = pixels[embed_rows].clone()
         with torch.no_grad():
@@ -108,24 +119,41 @@ def attribute(dual: nn.Module, layer: nn.Module, pixels: torch.Tensor, classes: 
     return raw[torch.argsort(torch.tensor(class_rows + embed_rows))]
 
 
-def _captum(method: Method, score: nn.Module, layer: nn.Module, inputs: torch.Tensor, target,
-            extra) -> torch.Tensor:
+def _captum(
+    method: Method, score: nn.Module, layer: nn.Module, inputs: torch.Tensor, target, extra
+) -> torch.Tensor:
     from captum.attr import IntegratedGradients, LayerGradCam, Occlusion
 
     with torch.inference_mode(False), torch.enable_grad():
         if method.name == "gradcam":
-            return LayerGradCam(score, layer).attribute(
-                inputs, target=target, additional_forward_args=extra)[:, 0].detach()
+            return (
+                LayerGradCam(score, layer)
+                .attribute(inputs, target=target, additional_forward_args=extra)[:, 0]
+                .detach()
+            )
         if method.name == "ig":
-            return IntegratedGradients(score).attribute(
-                inputs, baselines=torch.zeros_like(inputs), target=target,
-                additional_forward_args=extra, n_steps=method.n_steps,
-                internal_batch_size=method.internal_batch_size).detach()
+            return (
+                IntegratedGradients(score)
+                .attribute(
+                    inputs,
+                    baselines=torch.zeros_like(inputs),
+                    target=target,
+                    additional_forward_args=extra,
+                    n_steps=method.n_steps,
+                    internal_batch_size=method.internal_batch_size,
+                )
+                .detach()
+            )
     with torch.no_grad():
         return Occlusion(score).attribute(
-            inputs, sliding_window_shapes=(3, OCCLUSION_WINDOW, OCCLUSION_WINDOW),
-            strides=(3, OCCLUSION_STRIDE, OCCLUSION_STRIDE), baselines=0.0, target=target,
-            additional_forward_args=extra, perturbations_per_eval=method.internal_batch_size)
+            inputs,
+            sliding_window_shapes=(3, OCCLUSION_WINDOW, OCCLUSION_WINDOW),
+            strides=(3, OCCLUSION_STRIDE, OCCLUSION_STRIDE),
+            baselines=0.0,
+            target=target,
+            additional_forward_args=extra,
+            perturbations_per_eval=method.internal_batch_size,
+        )
 
 
 def normalise(raw: torch.Tensor) -> tuple[torch.Tensor, list[bool]]:
@@ -150,8 +178,9 @@ def normalise(raw: torch.Tensor) -> tuple[torch.Tensor, list[bool]]:
 # ---------------------------------------------------------------------------- rendering
 
 
-def crop_box(width: int, height: int, resize: int = RESIZE, crop: int = CROP
-             ) -> tuple[float, float, float, float]:
+def crop_box(
+    width: int, height: int, resize: int = RESIZE, crop: int = CROP
+) -> tuple[float, float, float, float]:
     """The centre crop the model saw, as ``(x0, y0, x1, y1)`` in the image's own pixels
     (torchvision: the shorter side resized to ``resize``, then a centre ``crop``)."""
     if width <= height:
@@ -165,11 +194,23 @@ def crop_box(width: int, height: int, resize: int = RESIZE, crop: int = CROP
 
 def _colormap() -> np.ndarray:
     """A 256-entry jet-like colour table (blue = no evidence, red = most)."""
-    stops = [(0.0, (0, 0, 128)), (0.125, (0, 0, 255)), (0.375, (0, 255, 255)),
-             (0.625, (255, 255, 0)), (0.875, (255, 0, 0)), (1.0, (128, 0, 0))]
+    stops = [
+        (0.0, (0, 0, 128)),
+        (0.125, (0, 0, 255)),
+        (0.375, (0, 255, 255)),
+        (0.625, (255, 255, 0)),
+        (0.875, (255, 0, 0)),
+        (1.0, (128, 0, 0)),
+    ]
     xs = np.linspace(0, 1, 256)
-    return np.stack([np.interp(xs, [s for s, _ in stops], [c[i] for _, c in stops])
-                     for i in range(3)], axis=1).round().astype(np.uint8)
+    return (
+        np.stack(
+            [np.interp(xs, [s for s, _ in stops], [c[i] for _, c in stops]) for i in range(3)],
+            axis=1,
+        )
+        .round()
+        .astype(np.uint8)
+    )
 
 
 COLORMAP = _colormap()
@@ -179,8 +220,9 @@ def thumbnail(image: Image.Image, max_side: int) -> Image.Image:
     """The client's image at most ``max_side`` pixels on its longer side (aspect kept)."""
     scale = min(1.0, max_side / max(image.size))
     size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
-    return image if scale == 1.0 else image.resize(size, Image.Resampling.BILINEAR,
-                                                   reducing_gap=2.0)
+    return (
+        image if scale == 1.0 else image.resize(size, Image.Resampling.BILINEAR, reducing_gap=2.0)
+    )
 
 
 def render_png(image: Image.Image, grid: torch.Tensor, max_side: int, alpha: float = 0.5) -> bytes:
@@ -190,7 +232,8 @@ def render_png(image: Image.Image, grid: torch.Tensor, max_side: int, alpha: flo
     base = thumbnail(image if image.mode == "RGB" else image.convert("RGB"), max_side)
     x0, y0, x1, y1 = (round(v) for v in crop_box(*base.size))
     heat = Image.fromarray(grid.numpy().astype(np.float32), mode="F").resize(
-        (max(1, x1 - x0), max(1, y1 - y0)), Image.Resampling.BILINEAR)
+        (max(1, x1 - x0), max(1, y1 - y0)), Image.Resampling.BILINEAR
+    )
     heat_u8 = (np.clip(np.asarray(heat), 0, 1) * 255).round().astype(np.uint8)
     photo = np.asarray(base, dtype=np.float32)
     out = 0.35 * photo + 0.65 * 40.0
@@ -226,15 +269,21 @@ class Explainer:
         self.layer = layer
         self.png_max_side = png_max_side  # handler.explain.png_max_side
 
-    def explain(self, pixels: torch.Tensor, logits: torch.Tensor,
-                jobs: Sequence[ExplainJob]) -> list[list[list[Explanation]]]:
+    def explain(
+        self, pixels: torch.Tensor, logits: torch.Tensor, jobs: Sequence[ExplainJob]
+    ) -> list[list[list[Explanation]]]:
         """Per job, per image, its explanations (one per target). Jobs with the same method
         and settings share Captum calls of at most ``internal_batch_size`` rows each (autograd
         keeps every row's activations: the rows of one call bound the memory)."""
         probabilities = torch.softmax(logits.float(), dim=1)
-        plan = [(j, row, target) for j, job in enumerate(jobs) for row in job.rows
-                for target in (job.spec.classes or
-                               probabilities[row].topk(job.spec.top_k).indices.tolist())]
+        plan = [
+            (j, row, target)
+            for j, job in enumerate(jobs)
+            for row in job.rows
+            for target in (
+                job.spec.classes or probabilities[row].topk(job.spec.top_k).indices.tolist()
+            )
+        ]
         maps: list[Any] = [None] * len(plan)
         empty: list[bool] = [False] * len(plan)
         groups: dict[Method, list[int]] = {}
@@ -242,20 +291,29 @@ class Explainer:
             groups.setdefault(Method.of(jobs[j].spec), []).append(p)
         for method, group in groups.items():
             batch = method.internal_batch_size
-            for members in (group[i:i + batch] for i in range(0, len(group), batch)):
+            for members in (group[i : i + batch] for i in range(0, len(group), batch)):
                 rows = torch.tensor([plan[p][1] for p in members])
-                raw = attribute(self.dual, self.layer, pixels.index_select(0, rows),
-                                [plan[p][2] for p in members], method)
+                raw = attribute(
+                    self.dual,
+                    self.layer,
+                    pixels.index_select(0, rows),
+                    [plan[p][2] for p in members],
+                    method,
+                )
                 grids, flags = normalise(raw)
                 for p, grid, flag in zip(members, grids, flags):
                     maps[p], empty[p] = grid, flag
         answers: list[list[list[Explanation]]] = [[[] for _ in job.rows] for job in jobs]
         for p, (j, row, target) in enumerate(plan):
             job = jobs[j]
-            png = (render_png(job.pictures[row - job.rows.start], maps[p], self.png_max_side)
-                   if job.spec.png else None)
-            answers[j][row - job.rows.start].append(Explanation(
-                target, *_standing(probabilities[row], target), maps[p], empty[p], png))
+            png = (
+                render_png(job.pictures[row - job.rows.start], maps[p], self.png_max_side)
+                if job.spec.png
+                else None
+            )
+            answers[j][row - job.rows.start].append(
+                Explanation(target, *_standing(probabilities[row], target), maps[p], empty[p], png)
+            )
         return answers
 
 
@@ -274,4 +332,3 @@ def load_explainer(checkpoint: Path, png_max_side: int) -> Explainer | None:
         return None
     dual = build_dual(torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True))
     return Explainer(dual, dual.backbone.layer4, png_max_side)
-

@@ -1,4 +1,5 @@
 """An explanation request's answer: per image ``{"method", "explanations": [...]}``."""
+
 from __future__ import annotations
 
 import base64
@@ -25,12 +26,15 @@ class Explanation:
     png: bytes | None = None
 
 
-def encode_explanations(protocol: Protocol, method: str,
-                        images: Sequence[Sequence[Explanation]], labels: Sequence[str]) -> dict:
+def encode_explanations(
+    protocol: Protocol, method: str, images: Sequence[Sequence[Explanation]], labels: Sequence[str]
+) -> dict:
     """One request's answer: per image ``{"method", "explanations": [...]}``; the image's
     document itself (plain), or KServe v1's ``{"explanations": [one per instance]}``."""
-    answers = [{"method": method, "explanations": [_explanation(e, labels) for e in image]}
-               for image in images]
+    answers = [
+        {"method": method, "explanations": [_explanation(e, labels) for e in image]}
+        for image in images
+    ]
     return {"explanations": answers} if protocol is Protocol.V1 else answers[0]
 
 
@@ -38,8 +42,13 @@ def _explanation(e: Explanation, labels: Sequence[str]) -> dict:
     if e.target < 0:
         item = {"target": EMBEDDING_TARGET, "label": None, "index": None, "probability": None}
     else:
-        item = {"target": "class", "label": labels[e.target], "index": e.target,
-                "probability": e.probability, "rank": e.rank}
+        item = {
+            "target": "class",
+            "label": labels[e.target],
+            "index": e.target,
+            "probability": e.probability,
+            "rank": e.rank,
+        }
     item.update(grid=[[round(float(v), 4) for v in line] for line in e.grid], empty=e.empty)
     if e.png is not None:
         item["png"] = base64.b64encode(e.png).decode("ascii")

@@ -1,5 +1,6 @@
 """An explanation request's parameters, checked against ``handler.explain`` into an
 ``ExplainSpec`` (400 otherwise)."""
+
 from __future__ import annotations
 
 import re
@@ -25,8 +26,13 @@ class ExplainSpec:
     png: bool
 
 
-def parse_explain(options: dict[str, Any], top_k: int | None, labels: Sequence[str],
-                  limits: ExplainConfig, embedding_default: bool = False) -> ExplainSpec:
+def parse_explain(
+    options: dict[str, Any],
+    top_k: int | None,
+    labels: Sequence[str],
+    limits: ExplainConfig,
+    embedding_default: bool = False,
+) -> ExplainSpec:
     """Check one request's explain parameters (multipart fields arrive as bytes, JSON and
     KServe v1 ``parameters`` as JSON values) against ``limits`` (``handler.explain``); raise
     ``InvalidParameter`` (400) otherwise. ``embedding_default``: with no ``target``, explain the
@@ -36,11 +42,11 @@ def parse_explain(options: dict[str, Any], top_k: int | None, labels: Sequence[s
     options = {k: _text(v) for k, v in options.items()}
     method = options.get("method", limits.method)
     if method not in EXPLAIN_METHODS:
-        raise InvalidParameter(
-            f"method must be one of {list(EXPLAIN_METHODS)}, got {echo(method)}")
+        raise InvalidParameter(f"method must be one of {list(EXPLAIN_METHODS)}, got {echo(method)}")
     n_steps = _int_option(options, "n_steps", limits.n_steps, 1, limits.max_n_steps)
-    batch = _int_option(options, "internal_batch_size", limits.internal_batch_size, 1,
-                        limits.internal_batch_size)
+    batch = _int_option(
+        options, "internal_batch_size", limits.internal_batch_size, 1, limits.internal_batch_size
+    )
     png = _bool_option(options.get("png", False))
     target = options.get("target")
     targets = len(target) if isinstance(target, list) else 1
@@ -48,11 +54,14 @@ def parse_explain(options: dict[str, Any], top_k: int | None, labels: Sequence[s
     if max(targets, k) > limits.max_targets:  # counted before any target is looked at
         raise InvalidParameter(
             f"at most {limits.max_targets} targets per image (handler.explain.max_targets), "
-            f"got {max(targets, k)}; send several requests")
+            f"got {max(targets, k)}; send several requests"
+        )
     classes = _classes(target, labels, embedding_default)
     if classes and top_k:
-        raise InvalidParameter("give either 'target' (the classes to explain) or 'topk' "
-                               "(explain the k most probable classes), not both")
+        raise InvalidParameter(
+            "give either 'target' (the classes to explain) or 'topk' "
+            "(explain the k most probable classes), not both"
+        )
     return ExplainSpec(method, classes, k, n_steps, batch, png)
 
 
@@ -67,8 +76,7 @@ def _int_option(options: dict, name: str, default: int, low: int, high: int) -> 
     if isinstance(value, str) and re.fullmatch(r"\+?[0-9]{1,9}", value.strip()):
         value = int(value)
     if type(value) is not int or not low <= value <= high:
-        raise InvalidParameter(
-            f"{name} must be an integer from {low} to {high}, got {echo(value)}")
+        raise InvalidParameter(f"{name} must be an integer from {low} to {high}, got {echo(value)}")
     return value
 
 
@@ -100,5 +108,6 @@ def _classes(target: Any, labels: Sequence[str], embedding_default: bool) -> tup
         else:
             raise InvalidParameter(
                 f"unknown target class {echo(item)}: give an ImageNet class index "
-                f"0..{len(labels) - 1}, a label such as {labels[281]!r}, or {EMBEDDING_TARGET!r}")
+                f"0..{len(labels) - 1}, a label such as {labels[281]!r}, or {EMBEDDING_TARGET!r}"
+            )
     return tuple(classes)
