@@ -33,7 +33,7 @@ MODEL_CONFIGS := $(wildcard config/models/*.yaml)
 SOURCES := $(wildcard handlers/*.py servecore/*.py servecore/*/*.py model_files/*.py) $(MODEL_CONFIGS) archive.sh \
            buildsteps/configgen.py
 
-.PHONY: setup java config weights archives samples serve test test-fast triton-server triton-repo serve-triton bench bench-sweep bench-ingestion bench-collection soak clean
+.PHONY: setup java config weights archives samples serve lint test test-fast triton-server triton-repo serve-triton bench bench-sweep bench-ingestion bench-collection soak clean
 .DEFAULT_GOAL := test
 
 setup: $(VENV)/.installed java kubectl chromium prometheus
@@ -114,12 +114,14 @@ serve: setup config archives samples
 		--ts-config config/config.properties $(if $(filter 1,$(MODEL_API)),--enable-model-api)
 
 # Prometheus with config/monitoring's rules scraping make serve's metrics port (run make serve
-# in another terminal), its UI on http://127.0.0.1:$(MONITOR_PORT); Ctrl-C stops it
-# (devtools/prometheus.py; docs/operations.md, Monitoring).
+# in another terminal; MONITOR_ENGINE=triton: make serve-triton's), its UI on
+# http://127.0.0.1:$(MONITOR_PORT); Ctrl-C stops it (devtools/prometheus.py;
+# docs/operations.md, Monitoring).
 MONITOR_PORT ?= 9090
+MONITOR_ENGINE ?= torchserve
 .PHONY: monitor
 monitor: $(VENV)/.installed prometheus
-	$(PY) -m devtools.prometheus --port $(MONITOR_PORT)
+	$(PY) -m devtools.prometheus --port $(MONITOR_PORT) --engine $(MONITOR_ENGINE)
 
 # Triton (docs/triton.md, tritonrepo/): the server from the pinned nvidia-pytriton wheel in its
 # own venv (numpy<2; the project's venv keeps numpy 2) laid out in build/triton-server; a model
@@ -145,13 +147,25 @@ triton-repo: config archives
 serve-triton: setup triton-server triton-repo
 	$(PY) -m tritonrepo.server
 
+# The linters, configured in pyproject.toml (seconds): ruff's rules, mypy on the core and the
+# engine adapters, vulture for dead code (devtools/vulture_whitelist.py lists what frameworks
+# call), and last the formatting check.
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/vulture
+	@$(VENV)/bin/ruff format --check --output-format concise . \
+		|| { echo "lint: the files above need formatting; run: $(VENV)/bin/ruff format" >&2; exit 1; }
+
 # The whole suite, the benchmark smoke test (marked slow) and the runtime image's container
 # test included (the image: ~10 minutes the first time, reused afterwards; see kserve/README.md).
 test: setup config archives samples kserve-image triton-server
+	@$(MAKE) --no-print-directory lint
 	$(VENV)/bin/pytest
 
 # The inner loop: everything but the tests marked slow or container (see pytest.ini).
 test-fast: setup config archives samples triton-server
+	@$(MAKE) --no-print-directory lint
 	$(VENV)/bin/pytest -m "not slow and not container"
 
 # Raw model speed, our tagger served (the shipped archives: auto may serve int8), and
@@ -174,12 +188,12 @@ bench-ingestion: setup config archives samples
 
 # Every kind of client at once against one local server (photos, v2 x8, explanations, bad
 # inputs, the floods) -> results/soak.md and .png: latency per class, statuses, worker
-# restarts, RSS over time. Bounded: SOAK_MINUTES (10), loopback only; SOAK_QUICK=1 for 30 s.
-# ENGINE=triton: the v2 part of the mix against Triton -> results/soak-triton.md and .png.
+# restarts, RSS over time. Bounded: SOAK_MINUTES (10), loopback only; SOAK_QUICK=1 for 30 s;
+# SOAK_ENGINE=triton soaks Triton on the generated repository -> results/soak-triton.md.
 SOAK_MINUTES ?= 10
-ENGINE ?= torchserve
-soak: setup config archives samples $(if $(filter triton,$(ENGINE)),triton-server)
-	$(PY) -m bench.soak --engine $(ENGINE) --minutes $(SOAK_MINUTES) $(if $(SOAK_QUICK),--quick)
+SOAK_ENGINE ?= torchserve
+soak: setup config archives samples $(if $(filter triton,$(SOAK_ENGINE)),triton-server)
+	$(PY) -m bench.soak --minutes $(SOAK_MINUTES) --engine $(SOAK_ENGINE) $(if $(SOAK_QUICK),--quick)
 
 # tsctl embed over 2,000 generated photos vs the server's own throughput, a SIGKILL at ~50%
 # and the rerun, exact search over 100,000 vectors -> results/collection.md (about 6 minutes).
@@ -188,13 +202,15 @@ bench-collection: setup config archives samples
 
 # KServe (kserve/README.md). The storage bundle our runtime reads, as a folder and a .tar.gz
 # under build/kserve/ (KSERVE_DEVICE=gpu with BACKEND=eager for the GPU bundle,
-# KSERVE_MODEL_VERSION=2.0 for the canary's), and the offline lint of every manifest.
+# KSERVE_MODEL_VERSION=2.0 for the canary's; KSERVE_ENGINE=triton: the model repository our
+# Triton runtime reads, build/kserve/resnet50-triton/), and the offline lint of every manifest.
+KSERVE_ENGINE ?= torchserve
 KSERVE_DEVICE ?= cpu
 KSERVE_MODEL_VERSION ?=
 .PHONY: kserve-bundle kserve-lint
 
 kserve-bundle: $(VENV)/.installed config archives
-	$(PY) -m kserve_tools.bundle --device "$(KSERVE_DEVICE)" $(if $(KSERVE_MODEL_VERSION),--model-version "$(KSERVE_MODEL_VERSION)")
+	$(PY) -m kserve_tools.bundle --engine "$(KSERVE_ENGINE)" --device "$(KSERVE_DEVICE)" $(if $(KSERVE_MODEL_VERSION),--model-version "$(KSERVE_MODEL_VERSION)")
 
 kserve-lint: $(VENV)/.installed config
 	$(PY) -m kserve_tools.lint
@@ -202,8 +218,10 @@ kserve-lint: $(VENV)/.installed config
 # The runtime image (kserve/runtime/Dockerfile) with podman or docker (devtools/ensure_podman.sh
 # installs podman where apt-get can), FROM Debian 12 debootstrapped here (KSERVE_BASE=debian, no
 # registry needed) or an image (KSERVE_BASE=python:3.11-slim-bookworm); reused while the
-# Dockerfile, the runtime pins and the base are unchanged (kserve_tools/image.py). Then the
-# container test: the image started as the ClusterServingRuntime starts it, on the bundle.
+# Dockerfile, the files it copies (the runtime pins, the Triton launcher) and the base are
+# unchanged (kserve_tools/image.py). One image serves both runtimes (TorchServe and Triton).
+# Then the container tests: the image started as each ClusterServingRuntime starts it, on its
+# bundle.
 KSERVE_BASE ?= debian
 .PHONY: podman kserve-image kserve-image-test
 
@@ -214,7 +232,7 @@ kserve-image: $(VENV)/.installed podman
 	$(PY) -m kserve_tools.image --base "$(KSERVE_BASE)" $(if $(KSERVE_TORCH_INDEX),--torch-index "$(KSERVE_TORCH_INDEX)")
 
 kserve-image-test: setup config archives kserve-image
-	$(VENV)/bin/pytest -m container tests/test_kserve_image.py
+	$(VENV)/bin/pytest -m container tests/test_kserve_image.py tests/test_kserve_triton_image.py
 
 # The screenshots of the result pages (tsctl similar|duplicates|explain --html) in
 # docs/operations.md: docs/page-*.png (each under 150 KB), made from scikit-image's sample

@@ -39,17 +39,17 @@ from bench.layout import (
     REPO,
     RESULTS,
     SAMPLES,
-    TAGGER as OURS,
     WEIGHTS,
     fresh_dir,
     setup_cli,
 )
+from bench.layout import TAGGER as OURS
 from bench.serving import LoadPlan, measure_model
 from bench.targets import evaluate
-from servecore.config import HandlerConfig
-from servecore.intake import Preprocessor
 from devtools.server import LocalTorchServe
 from model_files.artifacts import CHECKPOINT, LABELS
+from servecore.config import HandlerConfig
+from servecore.intake import Preprocessor
 
 log = logging.getLogger("bench")
 

@@ -44,7 +44,7 @@ class ArchiveInfo:
     model_config: dict
 
     @classmethod
-    def read(cls, path: Path) -> "ArchiveInfo":
+    def read(cls, path: Path) -> ArchiveInfo:
         with zipfile.ZipFile(path) as mar:
             manifest = read_manifest(mar)
             quantize = archive_quantize(mar.namelist())

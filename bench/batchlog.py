@@ -16,9 +16,10 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Iterable, Sequence, TypeVar
+from typing import TypeVar
 
 from bench.stats import Sample
 

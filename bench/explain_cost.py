@@ -1,7 +1,7 @@
-"""What one explanation costs on this machine: time per image of each method at its default
-settings (``servecore.config.HandlerConfig``), through ``servecore.explain.compute.Explainer`` exactly as
-the handler runs it (top-1 target, no PNG; the PNG is measured on its own), plus the load time
-and resident memory of the eager model the explanations need beside the serving backend."""
+"""What one explanation costs on this machine: time per image of each method at its default settings
+(``servecore.config.HandlerConfig``), through ``servecore.explain.compute.Explainer`` exactly as the
+handler runs it (top-1 target, no PNG; the PNG is measured on its own), plus the load time and
+resident memory of the eager model the explanations need beside the serving backend."""
 
 from __future__ import annotations
 
@@ -13,13 +13,12 @@ import torch
 
 from bench.raw import Budget, timed_loop
 from bench.stats import percentile
-from servecore.config import EXPLAIN_METHODS
+from model_files.artifacts import CHECKPOINT
+from servecore.config import EXPLAIN_METHODS, HandlerConfig
 from servecore.explain import compute as explain
 from servecore.explain.options import ExplainSpec
-from servecore.config import HandlerConfig
 from servecore.images import decode_image
 from servecore.intake import Preprocessor
-from model_files.artifacts import CHECKPOINT
 
 # Few iterations: IG at 32 steps is seconds per image here.
 FULL_BUDGET = Budget(seconds=10.0, min_iters=3, max_iters=20, warmup_iters=1)
@@ -48,7 +47,8 @@ def run_explain(weights_dir: Path, image: bytes, config: HandlerConfig, quick: b
         spec = ExplainSpec(method, (), 1, n_steps, config.explain.internal_batch_size, False)
         job = [explain.ExplainJob(spec, range(1), [])]
         times = [
-            t * 1000 for t in timed_loop(lambda: explainer.explain(pixels, logits, job), budget)
+            t * 1000
+            for t in timed_loop(lambda job=job: explainer.explain(pixels, logits, job), budget)
         ]
         results[method] = {
             "n_steps": n_steps if method == "ig" else None,

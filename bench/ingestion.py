@@ -33,9 +33,9 @@ import os
 import re
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterable
 
 import javaproperties
 import psutil
@@ -219,7 +219,7 @@ def measure_variant(
                 times = settled_log(
                     log_file,
                     lambda lines: batch_times(lines, TAGGER),
-                    lambda t: (
+                    lambda t, answered=answered: (
                         answered <= {i for ids in t["ids"] for i in ids}
                         and len(t["backend"]) >= len(t["handler"])
                     ),
@@ -361,11 +361,11 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         "",
         'Per batch (means): backend = the frontend\'s "Backend response time" (batch '
         "written to the worker until its answer is read), handler = the worker's HandlerTime "
-        "(open, decode, forward and answer are parts of it), transport = backend - handler (socket both "
-        "ways, TorchServe's message parsing in the worker). Worker busy = backend time / wall "
-        "time. Outside (1 client) = client p50 - backend p50 (upload, frontend, answer). "
-        "CPU ms per image: the load generator / the Java frontend / the worker, against the "
-        "core-ms per image the machine had (cores x wall time / images).",
+        "(open, decode, forward and answer are parts of it), transport = backend - handler "
+        "(socket both ways, TorchServe's message parsing in the worker). Worker busy = backend "
+        "time / wall time. Outside (1 client) = client p50 - backend p50 (upload, frontend, "
+        "answer). CPU ms per image: the load generator / the Java frontend / the worker, "
+        "against the core-ms per image the machine had (cores x wall time / images).",
         "",
         *report.table(header, table),
     ]

@@ -42,7 +42,7 @@ class Connection:
     little CPU as possible: ``http.client`` spends a fraction of what ``requests`` does per
     call. A broken connection is reopened on the next request."""
 
-    def __init__(self, endpoint: "Endpoint") -> None:
+    def __init__(self, endpoint: Endpoint) -> None:
         parts = urlsplit(endpoint.url)
         self.host, self.port = parts.hostname, parts.port or 80
         self.path = parts.path

@@ -74,5 +74,36 @@ def describe_machine() -> dict:
     }
 
 
+def code_version() -> str:
+    """The commit the measured code is at (``abc1234``), ``+ uncommitted changes`` when the
+    working tree differs from it: what a report's figures belong to."""
+    repo = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        try:
+            run = subprocess.run(
+                ["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=30
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        return run.stdout.strip() if run.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short=7", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return f"{commit} + uncommitted changes" if dirty else commit
+
+
+def dated() -> str:
+    """A report's provenance line: ``- Date: 2026-11-25 08:10 UTC; code: `abc1234`; CPU;
+    load average``: when, what code, on what, and how busy the machine was (other work on
+    it inflates every latency)."""
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return (
+        f"- Date: {now}; code: `{code_version()}`; {cpu_model()}, {os.cpu_count()} cores; "
+        f"load average {load}"
+    )
+
+
 def weights_info(weights_dir: Path) -> dict:
     return json.loads((weights_dir / "weights_info.json").read_text())

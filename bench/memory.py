@@ -8,7 +8,7 @@ upper bound of what the server really holds; it is the same measure for every se
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import psutil
 
@@ -35,7 +35,7 @@ class PeakRss:
         self.watch = dict(watch or {})
         self.interval_s = interval_s
         self.total_mb = 0.0
-        self.watched_mb = {name: 0.0 for name in self.watch}
+        self.watched_mb = dict.fromkeys(self.watch, 0.0)
         self.samples = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="peak-rss", daemon=True)
@@ -53,7 +53,7 @@ class PeakRss:
         while not self._stop.wait(self.interval_s):
             self.sample()
 
-    def __enter__(self) -> "PeakRss":
+    def __enter__(self) -> PeakRss:
         self.sample()
         self._thread.start()
         return self

@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 
 from bench.stats import percentile
+from model_files.artifacts import QUANTIZED, SERIALIZED
 from servecore.backends import Backend, RuntimeOptions, load_backend
 from servecore.intake import Preprocessor
-from model_files.artifacts import QUANTIZED, SERIALIZED
 
 # Row label -> (backend, serialized file, precision passed to load_backend). The OpenVINO rows
 # are the candidates ``handler.precision: auto`` times (servecore/autoprecision.py): each IR

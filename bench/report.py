@@ -203,7 +203,7 @@ def _closed(results: dict) -> list[str]:
         "peak RSS worker MB",
     ]
     rows = []
-    for key, label, served in _servers(results):
+    for _key, label, served in _servers(results):
         for run in served["closed"]:
             rows.append(
                 [
@@ -242,7 +242,7 @@ def _open(results: dict) -> list[str]:
         "peak RSS server MB",
     ]
     rows = []
-    for key, label, served in _servers(results):
+    for _key, label, served in _servers(results):
         for run in served["open"]:
             rows.append(
                 [
@@ -337,7 +337,7 @@ def render_plot(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-    for (key, label, served), marker in zip(_servers(results), ("o", "s", "^")):
+    for (_key, label, served), marker in zip(_servers(results), ("o", "s", "^")):
         runs = served["open"]
         if not runs:
             continue

@@ -6,10 +6,10 @@ availability study)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 from bench.archives import ArchiveInfo, build_variant
 from bench.batchlog import with_logged_batches

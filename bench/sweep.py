@@ -24,20 +24,12 @@ from pathlib import Path
 
 from bench import machine, report
 from bench.archives import ArchiveInfo, variant_config
-from bench.layout import (
-    BUILD,
-    IMAGES,
-    MODEL_STORE,
-    RESULTS,
-    SAMPLES,
-    TAGGER as OURS,
-    fresh_dir,
-    setup_cli,
-)
-from buildsteps.configgen import MODELS_DIR
+from bench.layout import BUILD, IMAGES, MODEL_STORE, RESULTS, SAMPLES, fresh_dir, setup_cli
+from bench.layout import TAGGER as OURS
 from bench.serving import LoadPlan, ModelUnderTest, SettingNotApplied, registered_variant
-from tsclient.errors import ApiError
+from buildsteps.configgen import MODELS_DIR
 from devtools.server import LocalTorchServe
+from tsclient.errors import ApiError
 
 log = logging.getLogger("bench.sweep")
 

@@ -8,9 +8,9 @@ MISS, never a PASS.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import yaml
 

@@ -46,9 +46,9 @@ from model_files.artifacts import (
     fidelity_record,
     refusal_record,
 )
+from model_files.resnet_dual import WEIGHTS
 from servecore.backends import load_backend
 from servecore.precision import agreement, failures
-from model_files.resnet_dual import WEIGHTS
 
 TARGET = QUANTIZED[("openvino", "int8")]
 GATE = Path(__file__).resolve().parent.parent / "config" / "int8_gate.yaml"

@@ -138,6 +138,7 @@ def build(source: str | None, out: Path) -> dict:
     source = source or "auto"
 
     import torch
+
     from model_files.resnet_dual import WEIGHTS
 
     state, info = resolve(source)

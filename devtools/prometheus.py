@@ -1,12 +1,15 @@
-"""A real Prometheus with config/monitoring's rules, scraping TorchServe metrics ports.
+"""A real Prometheus with config/monitoring's rules, scraping TorchServe's or Triton's
+metrics ports (the core's series have the same names and labels on both).
 
-Used by ``make monitor`` (in the foreground, against ``make serve``'s metrics port) and by the
-integration test (``LocalPrometheus``: a free port, its own storage, always stopped):
+Used by ``make monitor`` (in the foreground, against ``make serve``'s metrics port, or
+``make serve-triton``'s with ``MONITOR_ENGINE=triton``) and by the integration tests
+(``LocalPrometheus``: a free port, its own storage, always stopped):
 
     with LocalPrometheus(workdir, ["127.0.0.1:8082"], interval_s=1) as prom:
         prom.query("model_name:ts_inference_requests:rate1m")
 
-    python -m devtools.prometheus [--target HOST:PORT ...] [--port 9090]   # make monitor
+    python -m devtools.prometheus [--engine torchserve|triton] [--target HOST:PORT ...]
+                                  [--port 9090]                              # make monitor
 """
 
 from __future__ import annotations
@@ -29,7 +32,14 @@ REPO = Path(__file__).resolve().parent.parent
 MONITORING = REPO / "config" / "monitoring"
 RULES = MONITORING / "rules.yml"
 UNIT_TESTS = MONITORING / "tests.yml"
-JOB = "torchserve"  # the rules' and alerts' job label (the KServe PodMonitor relabels to it)
+# The rules' and alerts' job label (the KServe PodMonitor relabels to it), whichever engine is
+# scraped: the rules on the core's series then apply to Triton unchanged.
+JOB = "torchserve"
+# Each engine's metrics port on this host (make serve, make serve-triton).
+DEFAULT_TARGETS = {
+    "torchserve": f"{ports.HOST}:{ports.METRICS}",
+    "triton": f"{ports.HOST}:{ports.TRITON_METRICS}",
+}
 
 
 def alert_rules(path: Path = RULES) -> dict[str, dict]:
@@ -51,8 +61,8 @@ def recording_rules(path: Path = RULES) -> dict[str, str]:
 
 
 def config(targets: list[str], interval_s: float, rules: Path = RULES) -> dict:
-    """prometheus.yml: one job scraping ``targets`` (host:port of TorchServe metrics ports)
-    every ``interval_s``, and the rules evaluated as often."""
+    """prometheus.yml: one job scraping ``targets`` (host:port of TorchServe or Triton metrics
+    ports, both serve ``/metrics``) every ``interval_s``, and the rules evaluated as often."""
     every = f"{interval_s:g}s"
     return {
         "global": {"scrape_interval": every, "evaluation_interval": every, "scrape_timeout": every},
@@ -89,7 +99,7 @@ class LocalPrometheus:
         self.url = ports.url(self.port)
         self._proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 60.0) -> "LocalPrometheus":
+    def start(self, timeout: float = 60.0) -> LocalPrometheus:
         """Start, then wait until Prometheus says it is ready."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         config_file = self.workdir / "prometheus.yml"
@@ -124,14 +134,20 @@ class LocalPrometheus:
             stop_processes({self._proc.pid}, grace=20)
             self._proc.wait(timeout=10)
 
-    def __enter__(self) -> "LocalPrometheus":
+    def __enter__(self) -> LocalPrometheus:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    def value(self, expr: str) -> float | None:
+        """The one value ``expr`` evaluates to now; None when it is not exactly one series."""
+        result = self.query(expr)
+        return float(result[0]["value"][1]) if len(result) == 1 else None
+
     def query(self, expr: str) -> list[dict]:
-        """The instant vector ``expr`` evaluates to now: ``[{"metric": {...}, "value": [t, "v"]}]``."""
+        """The instant vector ``expr`` evaluates to now:
+        ``[{"metric": {...}, "value": [t, "v"]}]``."""
         answer = requests.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=10)
         answer.raise_for_status()
         body = answer.json()
@@ -145,10 +161,17 @@ def main(argv: list[str] | None = None) -> int:
     under build/monitor/."""
     p = argparse.ArgumentParser(prog="make monitor", description=main.__doc__)
     p.add_argument(
+        "--engine",
+        choices=sorted(DEFAULT_TARGETS),
+        default="torchserve",
+        help="whose metrics port to scrape by default: make serve's "
+        f"({DEFAULT_TARGETS['torchserve']}) or make serve-triton's "
+        f"({DEFAULT_TARGETS['triton']})",
+    )
+    p.add_argument(
         "--target",
         action="append",
-        help=f"a TorchServe metrics port, host:port (default "
-        f"{ports.HOST}:{ports.METRICS}, make serve's); repeat for more",
+        help="a metrics port, host:port, instead of the engine's default; repeat for more",
     )
     p.add_argument("--port", type=int, default=9090, help="the UI and API port (9090)")
     p.add_argument("--interval", type=float, default=5.0, help="scrape every N seconds (5)")
@@ -156,13 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     workdir = REPO / "build" / "monitor"
     workdir.mkdir(parents=True, exist_ok=True)
     config_file = workdir / "prometheus.yml"
-    targets = args.target or [f"{ports.HOST}:{ports.METRICS}"]
+    targets = args.target or [DEFAULT_TARGETS[args.engine]]
     config_file.write_text(yaml.safe_dump(config(targets, args.interval)))
     argv_ = command(config_file, workdir / "data", args.port)
     print(
         f"Prometheus on {ports.url(args.port)} scraping {', '.join(targets)} every "
         f"{args.interval:g}s with {RULES.relative_to(REPO)}; try "
-        f"{ports.url(args.port)}/graph?g0.expr=model_name%3Ats_inference_requests%3Arate1m"
+        f"{ports.url(args.port)}/graph?g0.expr=ModelName%3Ahandler_requests%3Arate1m"
         " (Ctrl-C stops it)",
         file=sys.stderr,
         flush=True,

@@ -12,6 +12,7 @@ Python process per worker).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -131,10 +132,8 @@ def stop_processes(pids: set[int], grace: float = 30.0) -> None:
     procs = [p for p in map(_process, pids) if p is not None]
     _, alive = psutil.wait_procs(procs, timeout=grace)
     for proc in alive:
-        try:
+        with contextlib.suppress(psutil.Error):
             proc.send_signal(signal.SIGKILL)
-        except psutil.Error:
-            pass
     psutil.wait_procs(alive, timeout=10)
 
 
@@ -143,7 +142,7 @@ def rewrite_properties(text: str, overrides: dict[str, str]) -> str:
     for key, value in overrides.items():
         pattern = re.compile(rf"^{re.escape(key)}=.*$", re.MULTILINE)
         line = f"{key}={value}"
-        text, count = pattern.subn(lambda _: line, text)
+        text, count = pattern.subn(lambda _, line=line: line, text)
         if not count:
             text = text.rstrip("\n") + f"\n{line}\n"
     return text
@@ -193,7 +192,7 @@ class LocalTorchServe:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self, timeout: float = 300.0) -> "LocalTorchServe":
+    def start(self, timeout: float = 300.0) -> LocalTorchServe:
         """Start, then wait until every loaded model has a READY worker."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.tmpdir.mkdir(exist_ok=True)
@@ -240,7 +239,7 @@ class LocalTorchServe:
             str(Path(sys.executable).parent / "torchserve"), self.workdir, self._env(), self._pids
         )
 
-    def __enter__(self) -> "LocalTorchServe":
+    def __enter__(self) -> LocalTorchServe:
         return self.start()
 
     def __exit__(self, *exc) -> None:

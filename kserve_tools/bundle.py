@@ -1,11 +1,12 @@
-"""Build the storage bundle our KServe runtime reads from ``storageUri``, as a folder and a
-``.tar.gz`` (``make kserve-bundle``).
+"""Build the storage bundle our KServe runtimes read from ``storageUri``, as a folder and a
+``.tar.gz`` (``make kserve-bundle``, ``make kserve-bundle KSERVE_ENGINE=triton``).
 
     python -m kserve_tools.bundle [--out build/kserve] [--device cpu|gpu] [--model-version 1.0]
+    python -m kserve_tools.bundle --engine triton [--out build/kserve]
 
 The bundle is the tree KServe's storage initializer puts at ``/mnt/models`` and the runtime's
-``torchserve --model-store=/mnt/models/model-store --ts-config=/mnt/models/config/config.properties``
-reads::
+command reads (``torchserve --model-store=/mnt/models/model-store
+--ts-config=/mnt/models/config/config.properties``)::
 
     config/config.properties   kserve/runtime/server.properties + load_models + models={...}
                                from config/models/*.yaml (buildsteps.configgen, like the local one)
@@ -20,6 +21,10 @@ Name: ``resnet50-serve``, plus ``-gpu`` for ``--device gpu`` (``deviceType: gpu`
 (re-archived with ``archive.sh`` under that version, e.g. the 2.0 canary). The ``.tar.gz`` holds
 ``config/`` and ``model-store/`` at its top: kserve-storage unpacks a single archive it
 downloads into ``/mnt/models``.
+
+For our Triton runtime (``--engine triton``, ``kserve/triton-runtime``) the bundle is the model
+repository ``tritonrepo.generate`` writes (``make triton-repo``'s), one folder per model at its
+top, named ``resnet50-triton``; the runtime's launcher serves ``/mnt/models`` as the repository.
 """
 
 from __future__ import annotations
@@ -37,8 +42,11 @@ from pathlib import Path
 from buildsteps.configgen import REPO, VERSION, archive_name, local_config, repo_models
 from devtools.server import rewrite_properties
 from model_files.artifacts import archive_quantize, backend_of, read_manifest
+from tritonrepo.generate import generate as generate_triton_repository
 
 NAME = "resnet50-serve"
+TRITON_NAME = "resnet50-triton"
+ENGINES = ("torchserve", "triton")
 SERVER_PROPERTIES = REPO / "kserve" / "runtime" / "server.properties"
 METRICS = REPO / "config" / "metrics.yaml"
 READINESS = REPO / "kserve" / "runtime" / "readiness.py"
@@ -139,15 +147,37 @@ def build(
                     "archives; run `make kserve-bundle BACKEND=eager "
                     "KSERVE_DEVICE=gpu`"
                 )
-        tarball = Path(tmp) / f"{name}.tar.gz"
-        # Level 1: the .mar files are zip archives already; more effort gains nothing.
-        with tarfile.open(tarball, "w:gz", compresslevel=1) as tar:
-            for top in ("config", "model-store"):
-                tar.add(stage / top, arcname=top, filter=_portable)
-        folder = out / name
-        shutil.rmtree(folder, ignore_errors=True)
-        stage.rename(folder)
-        tarball.replace(out / tarball.name)
+        return _publish(stage, out)
+
+
+def build_triton(
+    out: Path = REPO / "build" / "kserve",
+    model_store: Path = MODEL_STORE,
+    precision: str | None = None,
+) -> Bundle:
+    """Build ``out/resnet50-triton/`` and its ``.tar.gz``: the Triton model repository of
+    ``model_store``'s archives (``precision`` pins ``handler.precision``, as
+    ``tritonrepo.generate --precision`` does)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out) as tmp:
+        stage = Path(tmp) / TRITON_NAME
+        generate_triton_repository(stage, model_store=Path(model_store), precision=precision)
+        return _publish(stage, out)
+
+
+def _publish(stage: Path, out: Path) -> Bundle:
+    """``stage`` (inside a temporary folder of ``out``) as ``out/<name>/`` and
+    ``out/<name>.tar.gz``, its top-level entries at the tarball's top; older ones replaced."""
+    tarball = stage.parent / f"{stage.name}.tar.gz"
+    # Level 1: the model files are zip archives or weights already; more effort gains little.
+    with tarfile.open(tarball, "w:gz", compresslevel=1) as tar:
+        for top in sorted(stage.iterdir()):
+            tar.add(top, arcname=top.name, filter=_portable)
+    folder = out / stage.name
+    shutil.rmtree(folder, ignore_errors=True)
+    stage.rename(folder)
+    tarball.replace(out / tarball.name)
     return Bundle(folder, out / tarball.name)
 
 
@@ -163,6 +193,13 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m kserve_tools.bundle", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--out", type=Path, default=REPO / "build" / "kserve")
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="torchserve",
+        help="torchserve: kserve/runtime's bundle; triton: kserve/triton-runtime's "
+        "model repository",
+    )
     parser.add_argument("--device", choices=DEVICES, default="cpu")
     parser.add_argument(
         "--model-version",
@@ -170,7 +207,15 @@ def main(argv: list[str] | None = None) -> int:
         help=f"archive version, the key of models={{...}} ({VERSION})",
     )
     args = parser.parse_args(argv)
-    bundle = build(args.out, args.device, args.model_version)
+    if args.engine == "triton":
+        if (args.device, args.model_version) != ("cpu", VERSION):
+            parser.error(
+                "--engine triton builds the CPU repository of the current archives: "
+                "--device and --model-version are TorchServe's"
+            )
+        bundle = build_triton(args.out)
+    else:
+        bundle = build(args.out, args.device, args.model_version)
     print(f"bundle folder:  {bundle.folder}\nbundle tarball: {bundle.tarball}")
     return 0
 

@@ -2,8 +2,11 @@
 
 From the rendered container (``kserve_tools.render``): its command (the entrypoint) and args,
 its env, ``securityContext`` (``runAsUser``, dropped capabilities, no privilege escalation, a
-read-only root file system when it asks for one; tmpfs at the ``emptydirs`` given), the
-memory and CPU limits, and its port, published on 127.0.0.1 only. ``/mnt/models`` is the bundle,
+read-only root file system when it asks for one; tmpfs at the ``emptydirs`` given), its
+``emptyDir`` volume mounts (the runtime's ``volumes``: tmpfs, or the container's shared-memory
+size for ``/dev/shm``), the memory and CPU limits, and its port, published on 127.0.0.1 only
+(with any other ``publish`` ports: a pod's IP reaches every port its server listens on,
+declared or not). ``/mnt/models`` is the bundle,
 bind-mounted read-only (KServe's storage initializer leaves it read-only for the server).
 Probes run as the kubelet runs them: an exec probe with ``<engine> exec`` inside the container,
 an httpGet probe on the published port. Stopping is the kubelet's: SIGTERM, then SIGKILL after
@@ -45,16 +48,20 @@ class RuntimeContainer:
         bundle: Path,
         *,
         emptydirs: tuple = (),
+        volumes: list[dict] | None = None,
+        publish: tuple[int, ...] = (),
         grace: int = GRACE_SECONDS,
     ) -> None:
         self.container = container
         self.image = image
         self.bundle = Path(bundle).resolve()
         self.emptydirs = tuple(emptydirs)  # paths the manifest mounts emptyDir volumes at
+        self.volumes = {v["name"]: v for v in volumes or []}  # the runtime's spec.volumes
         self.grace = grace
         self.name = f"kserve-runtime-{uuid.uuid4().hex[:8]}"
         self.engine = base_command()
         self.container_port = container["ports"][0]["containerPort"]
+        self.publish = (self.container_port, *publish)
         self.inference_url: str | None = None
         self.readiness: list[bool] = []  # every readinessProbe result while starting
         self.reasons: list[str] = []  # what each failing exec probe printed
@@ -68,16 +75,9 @@ class RuntimeContainer:
         c = self.container
         security = c.get("securityContext") or {}
         limits = (c.get("resources") or {}).get("limits") or {}
-        flags = [
-            "--detach",
-            "--name",
-            self.name,
-            *limit_flags(),
-            "-v",
-            f"{self.bundle}:{MOUNT}:ro",
-            "-p",
-            f"127.0.0.1::{self.container_port}",
-        ]
+        flags = ["--detach", "--name", self.name, *limit_flags(), "-v", f"{self.bundle}:{MOUNT}:ro"]
+        for port in self.publish:
+            flags += ["-p", f"127.0.0.1::{port}"]
         if c.get("command"):
             flags += ["--entrypoint", json.dumps(c["command"])]
         for item in c.get("env") or []:
@@ -93,6 +93,7 @@ class RuntimeContainer:
         for path in self.emptydirs:
             uid = security.get("runAsUser", 0)
             flags += ["--tmpfs", f"{path}:rw,mode=1777,uid={uid}"]
+        flags += self.volume_flags(security.get("runAsUser", 0))
         if "memory" in limits:
             memory = str(int(parse_quantity(limits["memory"])))
             flags += ["--memory", memory, "--memory-swap", memory]
@@ -100,9 +101,33 @@ class RuntimeContainer:
             flags += ["--cpus", cpus(limits["cpu"])]
         return [*self.engine, "run", *flags, self.image, *(c.get("args") or [])]
 
+    def volume_flags(self, uid: int) -> list[str]:
+        """The container's ``emptyDir`` mounts: ``/dev/shm`` as the engine's shared memory of
+        the volume's ``sizeLimit`` (Kubernetes mounts a memory-backed emptyDir over the
+        container's 64 MB one), any other path as a tmpfs. Other volume kinds are refused."""
+        flags = []
+        for mount in self.container.get("volumeMounts") or []:
+            volume = self.volumes.get(mount["name"], {})
+            if "emptyDir" not in volume:
+                raise ValueError(
+                    f"volume {mount['name']!r} at {mount['mountPath']}: only "
+                    "emptyDir volumes are run here"
+                )
+            limit = (volume["emptyDir"] or {}).get("sizeLimit")
+            size = str(int(parse_quantity(limit))) if limit else None
+            if mount["mountPath"] == "/dev/shm":
+                flags += ["--shm-size", size or "64m"]
+            else:
+                flags += [
+                    "--tmpfs",
+                    f"{mount['mountPath']}:rw,mode=1777,uid={uid}"
+                    + (f",size={size}" if size else ""),
+                ]
+        return flags
+
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self, timeout: float = 600.0) -> "RuntimeContainer":
+    def start(self, timeout: float = 600.0) -> RuntimeContainer:
         """Run the container and wait until its readinessProbe passes."""
         self.started_at = time.monotonic()
         subprocess.run(self.run_command(), check=True, capture_output=True, text=True)
@@ -174,9 +199,17 @@ class RuntimeContainer:
         self._engine("rm", "--force", "--time", "0", self.name, check=False)
 
     def logs(self, lines: int = 60) -> str:
-        return self._engine("logs", "--tail", str(lines), self.name, check=False).stdout
+        """The container's last ``lines`` of output, stdout and stderr together (Triton logs
+        to stderr)."""
+        return subprocess.run(
+            [*self.engine, "logs", "--tail", str(lines), self.name],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=120,
+        ).stdout
 
-    def __enter__(self) -> "RuntimeContainer":
+    def __enter__(self) -> RuntimeContainer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

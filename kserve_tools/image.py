@@ -17,9 +17,12 @@
   local wheel folders and indexes it names are mounted read-only at their own paths. RUN steps
   use the host's network. Nothing of it ends up in the image.
 - **Cache**: the image is tagged ``<name>:<version>-<key>``, the key hashing the Dockerfile, the
-  runtime lines of requirements.txt, the base image's id and the build arguments; an image
-  with the current key is reused (so a fresh clone on a machine whose engine still holds it
-  builds nothing), and also tagged ``<name>:<version>``.
+  files ``.dockerignore`` lets into the build context (of requirements.txt its runtime lines
+  only; the rest: requirements-triton.txt and the Triton launcher's modules), the base
+  image's id and the build arguments; an image with the current key is reused (so a fresh
+  clone on a machine whose engine still holds it builds nothing), and also tagged
+  ``<name>:<version>``. The engine's own layer cache then rebuilds only the layers after the
+  first change (the Triton launcher's are the last).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from buildsteps.configgen import REPO
 from kserve_tools.engine import base_command, engine, limit_flags
 
 DOCKERFILE = REPO / "kserve" / "runtime" / "Dockerfile"
+DOCKERIGNORE = REPO / ".dockerignore"
 REQUIREMENTS = REPO / "requirements.txt"
 RUNTIME_END = "# build, test and benchmark tools"  # the Dockerfile's sed cuts here
 NAME = "localhost/resnet50-torchserve"
@@ -68,10 +72,24 @@ def version() -> str:
     return match.group(1)
 
 
+def context_files() -> list[Path]:
+    """The files ``.dockerignore`` lets into the build context (its ``!`` lines, globs
+    relative to the repository), sorted."""
+    patterns = [
+        line[1:].strip() for line in DOCKERIGNORE.read_text().splitlines() if line.startswith("!")
+    ]
+    return sorted({path for pattern in patterns for path in REPO.glob(pattern) if path.is_file()})
+
+
 def cache_key(base_id: str, build_args: dict[str, str]) -> str:
     """12 hex digits of what decides the image's content."""
     digest = hashlib.sha256(DOCKERFILE.read_bytes())
-    digest.update(runtime_requirements().encode())
+    for path in context_files():
+        digest.update(str(path.relative_to(REPO)).encode())
+        # Of requirements.txt only what the image installs: a test tool's pin rebuilds nothing.
+        digest.update(
+            runtime_requirements().encode() if path == REQUIREMENTS else path.read_bytes()
+        )
     digest.update(base_id.encode())
     for key in sorted(build_args):
         if key != "PIP_CONFIG_FILE":  # where packages come from, not which ones

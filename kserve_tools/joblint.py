@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Iterator
+from collections.abc import Iterator
 
 from kserve_tools.lint.base import Finding, Problem, stamped
 from kserve_tools.render import Resource

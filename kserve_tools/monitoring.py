@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import yaml
 

@@ -113,7 +113,7 @@ class RuntimePod:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self, timeout: float = 300.0) -> "RuntimePod":
+    def start(self, timeout: float = 300.0) -> RuntimePod:
         """Start the container command and wait until its readinessProbe passes."""
         self.tmpdir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(self.config_text())
@@ -186,7 +186,7 @@ class RuntimePod:
             self.process.kill()
             self.process.wait(timeout=10)
 
-    def __enter__(self) -> "RuntimePod":
+    def __enter__(self) -> RuntimePod:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -144,7 +144,7 @@ class ModelFiles:
     weights: dict
 
     @classmethod
-    def read(cls, folder: Path, serialized: str) -> "ModelFiles":
+    def read(cls, folder: Path, serialized: str) -> ModelFiles:
         folder = Path(folder)
         return cls(folder, serialized, json.loads((folder / INFO).read_text()))
 
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     command, rest = (args[0], args[1:]) if args else ("", [])
     arity = {"defaults": 0, "serialized": 1, "files": 1, "int8": 3}
-    if arity.get(command) != len(rest) or rest[:1] and rest[0] not in SERIALIZED:
+    if arity.get(command) != len(rest) or (rest[:1] and rest[0] not in SERIALIZED):
         print(USAGE, file=sys.stderr)
         return 2
     if command == "defaults":

@@ -13,7 +13,6 @@ from torchvision.models import ResNet, ResNet50_Weights, resnet50
 # Weights whose transform and categories every archive uses, whatever checkpoint fills them.
 WEIGHTS = ResNet50_Weights.IMAGENET1K_V2
 EMBEDDING_DIM = 2048
-NUM_CLASSES = len(WEIGHTS.meta["categories"])
 
 
 class DualResNet50(nn.Module):

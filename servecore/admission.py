@@ -17,8 +17,8 @@ there) and bounded: ``REMEMBERED`` fingerprints, the least recently refused forg
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from servecore.errors import Overloaded
 from servecore.stages import Admitted, Failed, Opened

@@ -33,10 +33,10 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 
@@ -112,7 +112,8 @@ def measure(
         backends[name] = load()
         for size in sizes:
             result = backends[name](probe[:size])
-        outputs[name] = tuple(t.numpy() for t in result)  # at the largest size
+        embedding, logits = result
+        outputs[name] = (embedding.numpy(), logits.numpy())  # at the largest size
     times: dict[str, dict[int, list[float]]] = {n: {b: [] for b in sizes} for n in backends}
     rounds, round_s = 0, 0.0
     # One candidate: its timing is reported, not compared, so one round is enough.
@@ -230,7 +231,17 @@ def explicit(
     """An explicit precision: load it; the choice cites this host's last ``auto`` timings."""
     backend = load()
     last = store.last()
-    return backend, forced(requested, backend.precision, list(last.candidates) if last else None)
+    choice = forced(requested, backend.precision, list(last.candidates) if last else None)
+    if backend.emulated:
+        choice = dataclasses.replace(
+            choice,
+            reason=choice.reason
+            + (
+                f"; {backend.name} runs {backend.precision} emulated on this CPU (it lists no "
+                "native units for it): expect it slower than f32"
+            ),
+        )
+    return backend, choice
 
 
 def serving_backend(

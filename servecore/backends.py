@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -27,14 +27,18 @@ Forward = Callable[[torch.Tensor], "tuple[torch.Tensor, torch.Tensor]"]
 @dataclass(frozen=True)
 class Backend:
     """One loaded runtime. ``name``: eager, torchscript, onnx or openvino; ``precision``: f32,
-    f16, bf16, int8+f32 or int8+bf16; ``file``: the serialized model it runs; ``forward``:
-    ``pixels [N, 3, 224, 224] -> (embedding [N, 2048], logits [N, 1000])``, CPU float32."""
+    f16, bf16, int8+f32 or int8+bf16, as the runtime reports it runs; ``file``: the serialized
+    model it runs; ``forward``: ``pixels [N, 3, 224, 224] -> (embedding [N, 2048], logits
+    [N, 1000])``, CPU float32; ``emulated``: the runtime runs ``precision`` without the CPU's
+    native units for it (OpenVINO's bf16 on AVX-512 without bf16: real bf16 rounding, slower
+    than f32)."""
 
     name: str
     precision: str
     file: str
     device: str
     forward: Forward
+    emulated: bool = False
 
     def __call__(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.forward(pixels)
@@ -45,6 +49,7 @@ class Backend:
             "precision": self.precision,
             "file": self.file,
             "device": self.device,
+            "emulated": self.emulated,
         }
 
 
@@ -206,13 +211,23 @@ def _openvino(path: Path, threads: int, precision: str, warmup: tuple[int, ...])
             "archive with QUANTIZE=int8 (make archives BACKEND=openvino "
             "QUANTIZE=int8)"
         )
-    config = {hints.performance_mode: hints.PerformanceMode.LATENCY}
+    config: dict = {hints.performance_mode: hints.PerformanceMode.LATENCY}
     if precision in ("f32", "bf16"):
         config[hints.inference_precision] = ov.Type.f32 if precision == "f32" else ov.Type.bf16
     if threads:
         config[props.inference_num_threads] = threads
     compiled = ov.Core().compile_model(str(path), "CPU", config)
+    # What the runtime says it runs, never what was asked: OpenVINO ignores a bf16 hint where the
+    # CPU cannot run bf16 at all (AVX2), and honours it by emulation on AVX-512 without bf16 units
+    # (OPTIMIZATION_CAPABILITIES lists BF16 only for native units).
     used = compiled.get_property(hints.inference_precision).get_type_name()  # "f32", "bf16"
+    emulated = used == "bf16" and not _cpu_has_bf16()
+    if emulated:
+        logger.warning(
+            "OpenVINO runs bf16 emulated on this CPU (no BF16 among its "
+            "OPTIMIZATION_CAPABILITIES): bf16 rounding without bf16's speed; "
+            "precision auto would not choose it"
+        )
     # One request, reused: an engine calls a worker's model from one thread at a time, and
     # an InferRequest must not be used from two threads at once.
     request = compiled.create_infer_request()
@@ -233,7 +248,9 @@ def _openvino(path: Path, threads: int, precision: str, warmup: tuple[int, ...])
         " (int8 layers)" if quantised else "",
         compiled.get_property(props.inference_num_threads),
     )
-    return Backend("openvino", f"int8+{used}" if quantised else used, path.name, "cpu", forward)
+    return Backend(
+        "openvino", f"int8+{used}" if quantised else used, path.name, "cpu", forward, emulated
+    )
 
 
 def _onnx(path: Path, device: torch.device, options: RuntimeOptions) -> Backend:
@@ -247,7 +264,7 @@ def _onnx(path: Path, device: torch.device, options: RuntimeOptions) -> Backend:
     session_options.add_session_config_entry(
         "session.intra_op.allow_spinning", "1" if options.spin else "0"
     )
-    providers = ["CPUExecutionProvider"]
+    providers: list[str | tuple[str, dict]] = ["CPUExecutionProvider"]
     if device.type == "cuda":
         if "CUDAExecutionProvider" in ort.get_available_providers():
             providers.insert(0, ("CUDAExecutionProvider", {"device_id": device.index or 0}))

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from model_files.artifacts import PRECISIONS
 
@@ -92,7 +93,7 @@ class HandlerConfig:
     onnx_spinning: let ONNX Runtime's threads busy-wait between operators; off, because in a
         server those cycles belong to the frontend and the decode threads.
     precision: ``auto`` times every precision the archive can run here at worker start and
-        serves the fastest within fidelity (servecore/precision.py; docs/precision-auto.md);
+        serves the fastest within fidelity (servecore/precision.py; docs/backends.md, "Precision");
         ``f32``, ``bf16`` or ``int8`` (an archive built with QUANTIZE=int8) force one on an
         OpenVINO archive, unmeasured. Other backends accept only ``auto`` or ``f32``.
     auto_int8: ``auto`` may choose the int8 IR when the archive carries one that passed its
@@ -149,7 +150,7 @@ class HandlerConfig:
     explain: ExplainConfig = field(default_factory=ExplainConfig)
 
     @classmethod
-    def from_mapping(cls, section: Mapping[str, Any] | None) -> "HandlerConfig":
+    def from_mapping(cls, section: Mapping[str, Any] | None) -> HandlerConfig:
         """Build and check a config from the YAML ``handler:`` mapping (None = defaults)."""
         section = dict(section or {})
         if "explain" in section:

@@ -4,8 +4,8 @@ turned into each request's JSON answer in the protocol it came in. Pure function
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -35,7 +35,7 @@ class TopK:
     probabilities: list[list[float]]
 
     @classmethod
-    def of(cls, logits: torch.Tensor, k: int) -> "TopK":
+    def of(cls, logits: torch.Tensor, k: int) -> TopK:
         top = torch.softmax(logits, dim=1).topk(k, dim=1)
         return cls(top.indices.tolist(), top.values.tolist())
 
@@ -62,7 +62,7 @@ class BatchOutputs:
         logits: torch.Tensor,
         requests: Sequence[ParsedRequest],
         spec: AnswerSpec,
-    ) -> "BatchOutputs":
+    ) -> BatchOutputs:
         embeddings: list[list[float]] = []
         if any(r.wants(Output.EMBEDDING, spec.task) for r in requests):
             if spec.normalize_embedding:
@@ -90,6 +90,8 @@ def encode_response(
     if request.protocol is Protocol.V2:
         return _v2_response(spec, request.request_id, embeddings, tags)
     answers = tags if embeddings is None else [{"embedding": e} for e in embeddings]
+    if answers is None:  # a request without outputs wants its model's own
+        raise RuntimeError(f"request {request.request_id} asked for no output")
     return {"predictions": answers} if request.protocol is Protocol.V1 else answers[0]
 
 

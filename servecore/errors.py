@@ -9,11 +9,13 @@ at one per-request boundary, so one bad input fails only its own request.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from http import HTTPStatus
-from typing import Any, Iterable
+from typing import Any, TypeVar
 
 ECHO_CHARS = 40  # of a client's value quoted in a message
 MESSAGE_CHARS = 1000  # of any error message: an error body never grows with the request
+E = TypeVar("E", bound=BaseException)
 
 
 def echo(value: Any) -> str:
@@ -31,12 +33,14 @@ def echo_all(values: Iterable[Any], at_most: int = 5) -> str:
     return f"[{shown}{more}]"
 
 
-def detached(exc: BaseException) -> BaseException:
+def detached(exc: E) -> E:
     """``exc`` with the tracebacks of it and its whole cause/context chain dropped, for an
-    error that is kept (a slot's, a future's). A traceback holds the frames the error passed
-    through, and those hold the batch: the slot that keeps the error closes a reference cycle
-    that only a full garbage collection frees, so every failed request used to keep its batch's
-    images and tensors alive for minutes (the worker's RSS rose under bad inputs, #16)."""
+    error that is kept (in a request's ``Failed``, in a future). A traceback holds the frames
+    the error passed through, and those hold the batch (its images, futures and tensors): a
+    kept error would keep them alive, and where one of those frames refers to the keeper (a
+    future failed inside ``intake._now``) only a full garbage collection frees the cycle, so
+    failed requests kept their batches' images for minutes (the worker's RSS rose under bad
+    inputs, #16)."""
     seen: set[int] = set()
     link: BaseException | None = exc
     while link is not None and id(link) not in seen:
@@ -70,7 +74,7 @@ class RequestError(Exception):
         """Response headers this kind of error adds."""
         return {}
 
-    def of_image(self, k: int, count: int) -> "RequestError":
+    def of_image(self, k: int, count: int) -> RequestError:
         """The same error, saying which image of a several-image request it is about."""
         return self if count == 1 else type(self)(f"image {k} of {count}: {self.message}")
 
@@ -135,8 +139,3 @@ STATUS: dict[type[RequestError], HTTPStatus] = {
 def error_body(error: RequestError) -> dict:
     """The JSON body every error response carries: ``{"code", "type", "message"}``."""
     return {"code": int(error.status), "type": error.kind, "message": error.message}
-
-
-def status_line(error: RequestError) -> tuple[int, str]:
-    """``(status code, reason phrase)`` for ``context.set_response_status``."""
-    return int(error.status), error.status.phrase

@@ -15,9 +15,10 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -31,12 +32,15 @@ from servecore.stages import Admitted, Failed, Incoming, Opened, Placed, Prepare
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+# handler.decode_threads 0 = one decode thread per usable core, at most this many.
+MAX_DECODE_THREADS = 4
 Failure = Callable[[Exception], RequestError]
 
 
 class Addon(Protocol):
     """A feature that rides on the prediction path (explanations): the intake asks it about
-    each request and the batch, so that the prediction path never imports it."""
+    each request and the batch through this protocol and imports no feature; the model
+    (``servecore.service``) builds the addon and hands it over."""
 
     def open(self, request: ParsedRequest, explain_route: bool) -> Any:
         """This request's state for the addon (``Opened.addon``), or None when the request is
@@ -99,7 +103,7 @@ class Intake:
                 lambda request: request.pixel_count,
             ),
         )
-        threads = config.decode_threads or min(4, usable_cpus())
+        threads = config.decode_threads or min(MAX_DECODE_THREADS, usable_cpus())
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="decode")
 
     def prepare(self, incoming: Sequence[Incoming]) -> PreparedBatch:
@@ -153,13 +157,13 @@ class Intake:
         pending = [
             [start(self.preprocessor.decode, image) for image in r.images]
             if isinstance(r, Opened)
-            else None
+            else []
             for r in requests
         ]
         states: list[State] = []
         tensors: list[torch.Tensor] = []
         for request, futures in zip(requests, pending):
-            if futures is None:
+            if isinstance(request, Failed):
                 states.append(request)
                 continue
             decoded = _attempt(
@@ -192,11 +196,11 @@ def _cgroup_quota(root: Path) -> float | None:
         pass
     for folder in (root / "cpu", root / "cpu,cpuacct"):
         try:
-            quota = int((folder / "cpu.cfs_quota_us").read_text())
-            period = int((folder / "cpu.cfs_period_us").read_text())
+            cfs_quota = int((folder / "cpu.cfs_quota_us").read_text())
+            cfs_period = int((folder / "cpu.cfs_period_us").read_text())
         except (OSError, ValueError):
             continue
-        return quota / period if quota > 0 and period > 0 else None
+        return cfs_quota / cfs_period if cfs_quota > 0 and cfs_period > 0 else None
     return None
 
 

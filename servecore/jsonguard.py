@@ -16,8 +16,9 @@ def is_json(text: str | bytes | bytearray) -> bool:
     """Whether a text body is JSON (or a client's broken JSON): JSON sent under another type
     than ``application/json``, or too deep for TorchServe's own parser, arrives as text.
     Image formats never start with ``{`` or ``[``."""
-    head = text[:64].lstrip()[:1]
-    return head in ("{", "[") if isinstance(text, str) else bytes(head) in (b"{", b"[")
+    if isinstance(text, str):
+        return text[:64].lstrip()[:1] in ("{", "[")
+    return bytes(text[:64].lstrip()[:1]) in (b"{", b"[")
 
 
 def load_json(value: Any, config: HandlerConfig) -> Any:

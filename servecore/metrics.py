@@ -28,7 +28,8 @@ from __future__ import annotations
 import enum
 import os
 from collections import Counter
-from typing import Iterable, Protocol
+from collections.abc import Iterable
+from typing import Protocol
 
 import psutil
 

@@ -21,8 +21,9 @@ import binascii
 import dataclasses
 import enum
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from servecore.config import HandlerConfig, Output
 from servecore.errors import InvalidParameter, InvalidRequest, PayloadTooLarge, echo, echo_all
@@ -159,8 +160,8 @@ def _parse(row: dict[str, Any], config: HandlerConfig) -> ParsedRequest:
         extra = sorted(set(payload) - {"data", "topk", *EXPLAIN_KEYS})
         if extra:
             raise InvalidRequest(
-                f"unknown JSON field(s) {echo_all(extra)}; expected 'data', 'topk' and "
-                f"for explanations {list(EXPLAIN_KEYS)}"
+                f"unknown JSON field(s) {echo_all(extra)}; expected 'data', "
+                f"'topk' and for explanations {list(EXPLAIN_KEYS)}"
             )
         top_k = parse_top_k(payload["topk"]) if "topk" in payload else query_top_k
         options.update((k, payload[k]) for k in EXPLAIN_KEYS if k in payload)
@@ -241,7 +242,8 @@ def _parse_v1(
     _count_images(len(instances), config)
     parameters = payload.get("parameters")
     top_k = _parameters_top_k(parameters, "body.parameters", query_top_k)
-    options.update((k, parameters[k]) for k in EXPLAIN_KEYS if k in (parameters or {}))
+    given = parameters or {}
+    options.update((k, given[k]) for k in EXPLAIN_KEYS if k in given)
     images = [_v1_instance(item, f"instances[{i}]") for i, item in enumerate(instances)]
     return ParsedRequest(Protocol.V1, images, top_k=top_k, options=options)
 
@@ -288,7 +290,7 @@ def _parse_v2(payload: dict, query_top_k: int | None, config: HandlerConfig) -> 
     shape = tensor.get("shape")
     if shape not in ([len(data)], [len(data), 1]) or not data:
         raise InvalidRequest(
-            f"{where}.shape must be [n] with n = number of images >= 1 (data holds "
+            f"{where}.shape must be [n] or [n, 1] with n = number of images >= 1 (data holds "
             f"{len(data)}), got {echo(shape)}"
         )
     top_k = _parameters_top_k(payload.get("parameters"), "body.parameters", query_top_k)

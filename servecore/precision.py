@@ -47,7 +47,7 @@ class Candidate:
         return sum(ms / size for size, ms in self.ms.items()) / len(self.ms)
 
     @classmethod
-    def from_dict(cls, row: dict) -> "Candidate":
+    def from_dict(cls, row: dict) -> Candidate:
         """The inverse of ``as_dict``."""
         return cls(
             row["precision"],
@@ -93,7 +93,7 @@ class Choice:
         return {**fields, "summary": summary_line(fields)}
 
     @classmethod
-    def from_dict(cls, choice: dict) -> "Choice":
+    def from_dict(cls, choice: dict) -> Choice:
         """The inverse of ``as_dict``."""
         fields = {
             "precision": choice["choice"],
@@ -128,7 +128,7 @@ def summary_line(choice: dict) -> str:
         if choice.get("measured")
         else "not measured"
     )
-    chosen = next(
+    chosen: dict = next(
         (c for c in choice.get("candidates", []) if c["precision"] == choice.get("choice")), {}
     )
     fidelity = chosen.get("fidelity")
@@ -162,7 +162,7 @@ def agreement(
         "top1_agreement": float((l0.argmax(1) == l1.argmax(1)).mean()),
         "top5_overlap": float(np.mean([len(set(a) & set(b)) / 5 for a, b in zip(top5_0, top5_1)])),
         # How informative top-1 agreement is: 1 distinct class = every image got the same one.
-        "reference_distinct_top1": int(len(set(l0.argmax(1).tolist()))),
+        "reference_distinct_top1": len(set(l0.argmax(1).tolist())),
     }
 
 
@@ -190,8 +190,8 @@ def select(
     eligible = [c for c in candidates if not c.excluded and c.ms_per_image is not None]
     if not eligible:
         raise ValueError(f"no eligible, timed precision among {[c.precision for c in candidates]}")
-    fastest = min(eligible, key=lambda c: (c.ms_per_image, _rank(c.precision)))
-    tied = [c for c in eligible if c.ms_per_image <= fastest.ms_per_image * (1 + margin)]
+    fastest = min(eligible, key=lambda c: (_timed(c), _rank(c.precision)))
+    tied = [c for c in eligible if _timed(c) <= _timed(fastest) * (1 + margin)]
     kept = next((c for c in tied if c.precision == previous), None)
     if len(eligible) == 1:
         chosen, why = (
@@ -227,8 +227,16 @@ def select(
 
 def _ratio(eligible: list[Candidate], chosen: Candidate) -> str:
     """``1.6x faster than bf16``: the chosen against the next fastest eligible candidate."""
-    others = sorted((c for c in eligible if c is not chosen), key=lambda c: c.ms_per_image)
-    return f"{others[0].ms_per_image / chosen.ms_per_image:.2f}x faster than {others[0].precision}"
+    others = sorted((c for c in eligible if c is not chosen), key=_timed)
+    return f"{_timed(others[0]) / _timed(chosen):.2f}x faster than {others[0].precision}"
+
+
+def _timed(candidate: Candidate) -> float:
+    """``ms_per_image`` of a candidate the caller kept because it was timed."""
+    ms = candidate.ms_per_image
+    if ms is None:
+        raise ValueError(f"{candidate.precision} was not timed")
+    return ms
 
 
 def forced(
@@ -241,12 +249,12 @@ def forced(
     timed = {c.precision: c for c in last or () if not c.excluded and c.ms_per_image}
     own = timed.get(served)
     if own is not None:
-        faster = [c for c in timed.values() if c.ms_per_image * (1 + margin) < own.ms_per_image]
+        faster = [c for c in timed.values() if _timed(c) * (1 + margin) < _timed(own)]
         if faster:
-            best = min(faster, key=lambda c: c.ms_per_image)
+            best = min(faster, key=_timed)
             reason += (
                 f"; the last measurement on this host had {best.precision} "
-                f"{own.ms_per_image / best.ms_per_image:.2f}x faster than {served}"
+                f"{_timed(own) / _timed(best):.2f}x faster than {served}"
             )
     return Choice(
         served,

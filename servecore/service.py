@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from http import HTTPStatus
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -153,21 +154,23 @@ class ImageModel:
         ]
         outputs = (
             BatchOutputs.of(batch.embedding, batch.logits, plain, self.answers)
-            if batch.embedding is not None
+            if batch.embedding is not None and batch.logits is not None
             else None
         )
         common = {BATCH_HEADER: str(len(requests))}
         replies = []
         for i, request in enumerate(requests):
-            result = batch.addon_results.get(i)
-            if isinstance(request, Failed) or isinstance(result, Failed):
-                replies.append(_failed((result or request).error, common))
+            failed = batch.addon_results.get(i, request)
+            if isinstance(request, Failed) or isinstance(failed, Failed):
+                replies.append(_failed(failed.error, common))
                 continue
-            body = (
-                self.explanations.answer(request, result)
-                if request.opened.addon is not None
-                else encode_response(request.opened.request, request.rows, outputs, self.answers)
-            )
+            body: dict | list
+            if request.opened.addon is not None:
+                body = self.explanations.answer(request, batch.addon_results[i])
+            elif outputs is not None:
+                body = encode_response(request.opened.request, request.rows, outputs, self.answers)
+            else:  # a placed request has rows, so the batch ran
+                raise RuntimeError(f"request {request.request_id} placed but no forward ran")
             replies.append(self._encoded(body, common))
         self.metrics.errors(r.error.kind for r in replies if r.error is not None)
         self.metrics.answer(1000 * (time.perf_counter() - started))

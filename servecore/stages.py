@@ -10,9 +10,10 @@ its error to the end, unchanged: no later step writes into an earlier step's val
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Callable, Union
+from typing import Any
 
 import torch
 
@@ -94,8 +95,8 @@ class Placed:
         return self.opened.request_id
 
 
-Admitted = Union[Opened, Failed]
-State = Union[Placed, Failed]
+Admitted = Opened | Failed
+State = Placed | Failed
 
 
 @dataclass(frozen=True)
@@ -109,10 +110,6 @@ class PreparedBatch:
     open_ms: float = 0.0
     decode_ms: float = 0.0
 
-    @property
-    def placed(self) -> list[Placed]:
-        return [r for r in self.requests if isinstance(r, Placed)]
-
 
 @dataclass(frozen=True)
 class ComputedBatch:
@@ -123,7 +120,3 @@ class ComputedBatch:
     embedding: torch.Tensor | None
     logits: torch.Tensor | None
     addon_results: dict[int, Any]
-
-    @property
-    def pixels(self) -> torch.Tensor | None:
-        return self.prepared.pixels

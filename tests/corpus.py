@@ -121,21 +121,21 @@ def bad_inputs(max_image_bytes: int = 30 * 1024 * 1024) -> dict[str, Bad]:
     gif = _save(_source().quantize(colors=16), "GIF")
     bomb = _save(Image.new("1", (10_000, 10_000)), "PNG")  # 100 MP in a few KB
     webp = _save(_source(), "WEBP")
-    other = lambda fmt: _save(_source(), fmt)  # noqa: E731
+
+    def other(fmt: str) -> bytes:
+        return _save(_source(), fmt)
+
     not_image = "not a JPEG, PNG, WebP, GIF, BMP or TIFF image"
     truncated = "truncated or corrupt"
     unsupported = "images are not supported; send JPEG, PNG, WebP, GIF, BMP or TIFF"
-    v2 = lambda **k: {
-        "inputs": [
-            {
-                "name": "images",
-                "shape": [1],
-                "datatype": "BYTES",  # noqa
-                "data": [b64(jpeg)],
-                **k,
-            }
-        ]
-    }
+
+    def v2(**k) -> dict:
+        return {
+            "inputs": [
+                {"name": "images", "shape": [1], "datatype": "BYTES", "data": [b64(jpeg)], **k}
+            ]
+        }
+
     return {
         "empty-body": Bad("raw", 400, "InvalidRequest", "empty", body=b""),
         "random-bytes": Bad(

@@ -3,12 +3,15 @@ its answers, its metrics, and ``tsctl`` pointed at it."""
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import subprocess
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator, TypeVar
+from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import requests
@@ -52,6 +55,64 @@ def variant_server(
     finally:
         server.stop()
         shutil.rmtree(store, ignore_errors=True)
+
+
+@contextmanager
+def local_triton(
+    workdir, model_store, precision: str | None = "f32", key_file: Path | None = None
+) -> Iterator:
+    """A real Triton on a repository generated into ``workdir`` from ``model_store`` (pinned to
+    ``precision``) on free loopback ports, always stopped; skips the test, saying why, when
+    ``make triton-server`` could not install the wheel. A start that fails shows the log.
+    ``key_file``: its restricted APIs want the keys kept there (``Triton``'s); None: all open."""
+    from devtools.server import free_ports
+    from tritonrepo.generate import generate
+    from tritonrepo.install import NotInstalled, TritonInstall
+    from tritonrepo.server import Triton
+
+    try:
+        TritonInstall().check()
+    except NotInstalled as exc:
+        pytest.skip(f"no Triton server: {exc}")
+    generate(workdir / "repository", model_store=model_store, precision=precision)
+    with (workdir / "triton.log").open("w") as log:
+        server = Triton(
+            workdir / "repository",
+            log=log,
+            key_file=key_file,
+            **free_ports(("http", "grpc", "metrics")),
+        )
+        try:
+            server.start()
+        except (RuntimeError, TimeoutError) as exc:
+            log.flush()
+            raise RuntimeError(f"{exc}\n{(workdir / 'triton.log').read_text()[-4000:]}") from None
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+def v2_infer(triton, model: str, images: list[bytes], **parameters) -> requests.Response:
+    """The JSON body TorchServe's v2 route takes, to ``triton``'s: base64 images in the
+    ``images`` BYTES tensor, ``[n, 1]``; ``parameters`` as the request's parameters; the
+    inference key when ``triton`` has keys."""
+    body: dict = {
+        "inputs": [
+            {
+                "name": "images",
+                "datatype": "BYTES",
+                "shape": [len(images), 1],
+                "data": [base64.b64encode(i).decode() for i in images],
+            }
+        ]
+    }
+    if parameters:
+        body["parameters"] = parameters
+    headers = triton.keys.inference_headers() if triton.keys is not None else {}
+    return requests.post(
+        f"{triton.url}/v2/models/{model}/infer", json=body, timeout=300, headers=headers
+    )
 
 
 def raw_answer(ts, model: str, image: bytes, **headers):

@@ -46,7 +46,7 @@ def v2(count: int) -> dict:
 
 
 @pytest.mark.parametrize(
-    "costs, waiting, expected",
+    ("costs", "waiting", "expected"),
     [
         ([3, 3, 4], None, [True, True, False]),  # cheapest first: the large one never fits
         ([3, 3, 4], [None, None, 0], [True, False, True]),  # refused before: it goes first
@@ -156,7 +156,7 @@ def test_the_largest_request_completes_under_a_stream_of_smaller_ones(fair_serve
             time.sleep(0.1)
         with requests.Session() as session:
             for _ in range(3):
-                for attempt in range(1, MAX_RETRIES + 2):
+                for attempt in range(1, MAX_RETRIES + 2):  # noqa: B007 - read after the loop
                     response = session.post(url, json=v2(LARGE), headers=headers, timeout=60)
                     if response.status_code != 503:
                         break

@@ -102,7 +102,7 @@ def _mutate(name):
 
 
 @pytest.mark.parametrize(
-    "mutation, message",
+    ("mutation", "message"),
     [
         ("completions", "would not add up to the collection (completions is 5)"),
         ("mode", "pods get no JOB_COMPLETION_INDEX"),

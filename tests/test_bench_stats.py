@@ -30,7 +30,7 @@ def test_percentile_interpolates_like_numpy():
     assert percentile(values, 95) == pytest.approx(3.85)
     assert percentile([7.0], 99) == 7.0
     assert math.isnan(percentile([], 50))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="range"):
         percentile(values, 101)
 
 
@@ -72,13 +72,13 @@ def test_poisson_schedule_is_seeded_sorted_and_bounded():
     assert first == sorted(first) and all(0 < t < 10.0 for t in first)
     assert 120 < len(first) < 280  # 200 expected; far outside means a wrong rate
     assert len(poisson_schedule(1000.0, 10.0, 50)) == 50
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="rate must be positive"):
         poisson_schedule(0.0, 1.0, 10)
 
 
 def test_endpoint_refuses_anything_but_loopback():
     Endpoint("http://127.0.0.1:8080/predictions/m", {}, b"")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="only talks to loopback"):
         Endpoint("http://example.com/predictions/m", {}, b"")
 
 
@@ -162,10 +162,12 @@ def test_ingestion_does_not_count_a_describe_as_a_batch():
         line for line in _ts_log(model, 2, 1.37, 0.0, ids=("d1",)) if "HandlerDecodeMs" not in line
     ]
     times = batch_times(
-        [_backend_line(model, 4911)]
-        + describe
-        + _ts_log(model, 44, 39.5, 15.0)
-        + _ts_log(model, 60, 50.5, 25.0),
+        [
+            _backend_line(model, 4911),
+            *describe,
+            *_ts_log(model, 44, 39.5, 15.0),
+            *_ts_log(model, 60, 50.5, 25.0),
+        ],
         model,
     )
     assert (times["backend"], times["handler"], times["decode"]) == (
@@ -183,7 +185,7 @@ def test_ingestion_finds_a_run_by_its_request_ids():
     )
     run = _ts_log(model, 70, 60.0, 20.0, ids=("b1", "b2", "b3", "b4"))
     later = _ts_log(model, 80, 70.0, 30.0, ids=("c1",))
-    times = batch_times([_backend_line(model, 4911)] + warm_up + run + later, model)
+    times = batch_times([_backend_line(model, 4911), *warm_up, *run, *later], model)
     assert times["ids"] == [("a1", "a2", "a3"), ("a4", "a5"), ("b1", "b2", "b3", "b4"), ("c1",)]
     # A refused request's id is never logged; it does not widen the run.
     measured = run_batches(times, {"b1", "b2", "b3", "b4", "refused-by-the-frontend"})
@@ -376,7 +378,7 @@ def test_noisy_photo_stock_latency_and_pipeline_targets():
 
 
 @pytest.mark.parametrize(
-    "precision, flags, kind, a1",
+    ("precision", "flags", "kind", "a1"),
     [
         ("f32", {"avx512_vnni": True}, "f32", 2.0),
         ("bf16", {"avx512_vnni": True, "avx512_bf16": True}, "bf16", 3.0),

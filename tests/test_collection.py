@@ -13,7 +13,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from tsclient import errors
-from tsclient.batchjob import Job, ListSink, PartSink, Plan, described
+from tsclient.batchjob import (
+    SERVER_DEFAULTS,
+    Job,
+    ListSink,
+    PartSink,
+    Plan,
+    ServerDefaults,
+    described,
+)
 from tsclient.client import Answers
 from tsclient.collection import Collection, Entry, Shard, shard_of
 from tsclient.search import duplicates, nearest
@@ -449,8 +457,93 @@ def test_plan_from_describe():
     }
     assert Plan.from_describe(entry) == Plan(concurrency=64, per_request=4)
     assert Plan.from_describe(entry, concurrency=3, per_request=1) == Plan(3, 1)
-    assert Plan.from_describe({"batchSize": 1, "workers": [{}]}) == Plan(2, 32)
+    small = {
+        "batchSize": 1,
+        "workers": [{}],
+        "customizedMetadata": {"handler": {"max_batch_images": 64, "max_images_per_request": 3}},
+    }
+    assert Plan.from_describe(small) == Plan(2, 3)  # the server's own limit wins
+    # Without the handler's settings: the server's defaults (8 images per request), not more.
+    assert Plan.from_describe({"batchSize": 1, "workers": [{}]}) == Plan(2, 8)
     assert Plan.from_describe(None) == Plan(32, 4)
+
+
+def test_the_clients_fallbacks_are_the_servers_defaults():
+    """The client image ships without servecore: its fallbacks are written in
+    ``tsclient.batchjob.SERVER_DEFAULTS``, and must be what the server really defaults to."""
+    import yaml
+
+    from servecore.config import ExplainConfig, HandlerConfig
+    from tests.conftest import REPO
+
+    handler, explain = HandlerConfig(), ExplainConfig()
+    assert (
+        ServerDefaults(
+            batch_size=SERVER_DEFAULTS.batch_size,  # checked against the shipped models below
+            max_images_per_request=handler.max_images_per_request,
+            max_batch_images=handler.max_batch_images,
+            explain_method=explain.method,
+            explain_n_steps=explain.n_steps,
+            explain_max_passes_per_batch=explain.max_passes_per_batch,
+        )
+        == SERVER_DEFAULTS
+    )
+    shipped = {
+        yaml.safe_load(path.read_text())["batchSize"]
+        for path in (REPO / "config" / "models").glob("*.yaml")
+    }
+    assert shipped == {SERVER_DEFAULTS.batch_size}
+
+
+def test_plan_from_a_served_describe(tmp_path):
+    """The describe path as tsctl takes it: ``GET /models/{name}?customized=true`` (TorchServe's
+    customized describe, its ``customizedMetadata`` a JSON string) decides the plan."""
+    import http.server
+    import json
+    import threading
+
+    from tsclient.client import TorchServeClient
+    from tsclient.keys import Keys
+
+    asked = []
+    handler_settings = {"max_batch_images": 12, "max_images_per_request": 5}
+
+    class Management(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            asked.append(self.path)
+            body = json.dumps(
+                [
+                    {
+                        "modelName": "m",
+                        "modelVersion": "1.0",
+                        "batchSize": 2,
+                        "workers": [{}],
+                        "customizedMetadata": json.dumps({"handler": handler_settings}),
+                    }
+                ]
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Management)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        client = TorchServeClient(url, url, url, keys=Keys("k", "k"), timeout=10)
+        entry = described(client, "m")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert asked == ["/models/m?customized=true"]
+    assert entry["customizedMetadata"]["handler"] == handler_settings
+    assert Plan.from_describe(entry) == Plan(concurrency=4, per_request=5)  # min(5, 12 // 2)
 
 
 def test_job_isolates_a_bad_image_and_honours_503(tmp_path):

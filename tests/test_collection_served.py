@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -62,7 +63,7 @@ def test_a_folder_gets_one_row_per_image_and_vectors_equal_single_requests(torch
     summary = json.loads(run.stdout)
     assert (summary["rows"], summary["done"], summary["failed"]) == (8, 7, 1)
     frame = _frame(out)
-    assert sorted(frame["path"]) == sorted(photos + [str(root / "y0" / "broken.jpg")])
+    assert sorted(frame["path"]) == sorted([*photos, str(root / "y0" / "broken.jpg")])
     broken = frame[frame["path"].str.endswith("broken.jpg")].iloc[0]
     assert broken["status"] == "error" and "InvalidImage" in broken["error"]
     assert broken["embedding"] is None and broken["sha256"] is not None
@@ -72,7 +73,7 @@ def test_a_folder_gets_one_row_per_image_and_vectors_equal_single_requests(torch
     # Each row names the arithmetic that computed it: the X-Precision the server sends.
     served = requests.post(
         f"{torchserve.inference_url}/predictions/resnet50-embedding",
-        data=open(photos[0], "rb").read(),
+        data=Path(photos[0]).read_bytes(),
         timeout=120,
         headers=torchserve.keys.inference_headers(),
     ).headers["X-Precision"]
@@ -81,7 +82,7 @@ def test_a_folder_gets_one_row_per_image_and_vectors_equal_single_requests(torch
     client = torchserve.client()
     paths, matrix = read_matrix(out)
     for path, vector in zip(paths, matrix):
-        single = client.predict("resnet50-embedding", open(path, "rb").read())["embedding"]
+        single = client.predict("resnet50-embedding", Path(path).read_bytes())["embedding"]
         assert rel_error(vector.tolist(), single) <= 1e-4
     # A rerun does nothing but retry the failed file.
     again = tsctl(torchserve, "embed", str(root), "--out", str(out), "--json")
@@ -190,7 +191,7 @@ def test_similar_finds_a_photos_flipped_copy_first(torchserve, tmp_path):
     flipped.write_bytes(imagegen.encode(ImageOps.mirror(imagegen.photo(320, 240, seed=1104))))
     index = tmp_path / "v.parquet"
     # Paths on stdin, as from `find`.
-    listing = "\n".join(photos + [str(flipped)]) + "\n"
+    listing = "\n".join([*photos, str(flipped)]) + "\n"
     run = subprocess.run(
         [str(TSCTL), "embed", "-", "--out", str(index)],
         input=listing,

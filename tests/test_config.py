@@ -125,7 +125,7 @@ def test_archive_sh_writes_no_default_of_its_own():
 
 
 @pytest.mark.parametrize(
-    "args, printed",
+    ("args", "printed"),
     [
         (["version"], configgen.VERSION),
         (["archive-name", "resnet50-tagger"], "resnet50-tagger.mar"),
@@ -161,7 +161,7 @@ def test_config_properties_keeps_token_auth_and_the_model_api_off():
 
 
 @pytest.mark.parametrize(
-    "section, message",
+    ("section", "message"),
     [
         ({"task": "segment"}, "handler.task must be one of ('embedding', 'tags'), got 'segment'"),
         ({"top_k": 0}, "handler.top_k must be in 1..1000, got 0"),

@@ -60,7 +60,7 @@ def test_accuracy_is_what_the_labels_say(labelled, weights_dir):
     assert (report["photos"], report["labelled"]) == (7, 6)
     assert [s["path"].endswith("not-an-image.jpg") for s in report["skipped"]] == [True]
     rows = {r["precision"]: r for r in report["precisions"]}
-    assert report["reference"] == "f32" and list(rows)[0] == "f32"
+    assert report["reference"] == "f32" and next(iter(rows)) == "f32"
     f32 = rows["f32"]
     assert (f32["top1_accuracy"], f32["top5_accuracy"]) == (
         pytest.approx(top1),
@@ -104,7 +104,7 @@ def test_an_unlabelled_folder_gives_agreement_only(tmp_path, weights_dir):
 
 
 @pytest.mark.parametrize(
-    "name, index",
+    ("name", "index"),
     [
         ("tabby", 281),
         ("TABBY", 281),

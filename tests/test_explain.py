@@ -16,10 +16,10 @@ from PIL import Image
 from torch import nn
 from torchvision.models import ResNet50_Weights
 
+from model_files.resnet_dual import build_dual
+from servecore.config import HandlerConfig
 from servecore.explain import compute as explain
 from servecore.explain.options import ExplainSpec
-from servecore.config import HandlerConfig
-from model_files.resnet_dual import build_dual
 from tests import imagegen
 from tests.handler_context import make_handler, run_batch
 
@@ -117,7 +117,7 @@ def mass_in_region(grid) -> float:
     return float(up[REGION].sum() / up.sum())
 
 
-@pytest.mark.parametrize("method,share", [("gradcam", 0.45), ("ig", 0.9)])
+@pytest.mark.parametrize(("method", "share"), [("gradcam", 0.45), ("ig", 0.9)])
 def test_heatmap_mass_falls_where_the_model_can_see(weights_dir, reference, method, share):
     dual = build_dual(torch.load(weights_dir / "resnet50.pt", weights_only=True))
     masked = OnlyRegionSeen(dual).eval()
@@ -256,7 +256,7 @@ def test_a_client_explain_header_does_not_turn_a_prediction_into_an_explanation(
 
 
 @pytest.mark.parametrize(
-    "options,word",
+    ("options", "word"),
     [
         ({"target": 1000}, "1000"),
         ({"target": []}, "at least one"),

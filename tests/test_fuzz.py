@@ -15,8 +15,8 @@ import os
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis.errors import HypothesisWarning
 from hypothesis import strategies as st
+from hypothesis.errors import HypothesisWarning
 
 from servecore import jsonguard, parse
 from servecore.config import HandlerConfig

@@ -107,7 +107,7 @@ def test_item_in_batch_equals_item_alone(tagger):
     assert rel_error(together.embedding[0], together.embedding[1]) > 0.01
 
 
-def test_bad_request_fails_alone_in_its_batch(tagger):
+def test_bad_request_fails_alone_in_its_batch(tagger, caplog):
     handler, context = tagger
     good = IMAGES["jpeg-320x240"]
     rows = [
@@ -116,7 +116,8 @@ def test_bad_request_fails_alone_in_its_batch(tagger):
         {"body": good, "topk": b"0"},
         {"data": good},
     ]
-    responses, statuses, batch = run_batch(handler, context, rows)
+    with caplog.at_level("INFO", logger="ts.metrics"):
+        responses, statuses, _ = run_batch(handler, context, rows)
     assert [s[0] for s in statuses] == [200, 400, 400, 200]
     error = json.loads(responses[1])
     assert error["code"] == 400 and error["type"] == "InvalidImage"
@@ -124,13 +125,16 @@ def test_bad_request_fails_alone_in_its_batch(tagger):
     assert json.loads(responses[2])["type"] == "InvalidParameter"
     assert "topk" in json.loads(responses[2])["message"]
     assert json.loads(responses[0]) == json.loads(responses[3])
-    assert batch.pixels.shape[0] == 2  # only the good images reached the model
+    # Only the good images reached the model: the batch's metric an operator reads.
+    assert _emitted(caplog.records, "HandlerImagesPerBatch") == [2.0]
 
 
-def test_every_request_bad_gives_no_forward_pass(tagger):
+def test_every_request_bad_gives_no_forward_pass(tagger, caplog):
     handler, context = tagger
-    responses, statuses, batch = run_batch(handler, context, [{"body": b""}, {"body": b"{"}])
-    assert batch.pixels is None
+    with caplog.at_level("INFO", logger="ts.metrics"):
+        responses, statuses, _ = run_batch(handler, context, [{"body": b""}, {"body": b"{"}])
+    assert _emitted(caplog.records, "HandlerImagesPerBatch") == [0.0]
+    assert "HandlerForwardMs" not in "\n".join(r.getMessage() for r in caplog.records)
     assert [s[0] for s in statuses] == [400, 400]
     assert [json.loads(r)["type"] for r in responses] == ["InvalidRequest", "InvalidRequest"]
 

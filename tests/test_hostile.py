@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+import re
 
 import pytest
 from PIL import Image
@@ -18,7 +19,7 @@ from handlers import routing
 from servecore import intake, parse
 from servecore.admission import admit
 from servecore.config import HandlerConfig
-from servecore.errors import MESSAGE_CHARS, PayloadTooLarge
+from servecore.errors import MESSAGE_CHARS, InvalidRequest, PayloadTooLarge
 from servecore.images import open_image
 from tests import corpus, imagegen
 from tests.corpus import b64
@@ -130,7 +131,7 @@ def test_batch_budget_admits_cheap_requests_first(weights_dir, alone):
 
 
 @pytest.mark.parametrize(
-    "costs, budget, expected",
+    ("costs", "budget", "expected"),
     [
         ([5, 1, 1], 3, [False, True, True]),
         ([5], 3, [True]),  # a lone request always fits
@@ -253,12 +254,13 @@ def v2(count: int, image: bytes = TINY, **tensor) -> dict:
     }
 
 
-def test_rows_are_budgeted_per_batch_fewest_first(tagger, alone):
+def test_rows_are_budgeted_per_batch_fewest_first(tagger, alone, caplog):
     """Nine requests of 8 one-colour images cannot share the batch's 64 rows with a photo:
     the photo and seven of them run, the other two get 503 with Retry-After, undecoded."""
     handler, context = tagger
     rows = [v2(8)] * 4 + [{"body": GOOD}] + [v2(8)] * 5
-    responses, statuses, prepared = run_batch(handler, context, rows)
+    with caplog.at_level("INFO", logger="ts.metrics"):
+        responses, statuses, _ = run_batch(handler, context, rows)
     assert sorted(s[0] for s in statuses) == [200] * 8 + [503] * 2
     assert statuses[4] == (200, None)
     assert_same_tags(json.loads(responses[4]), alone)
@@ -266,7 +268,14 @@ def test_rows_are_budgeted_per_batch_fewest_first(tagger, alone):
     assert all(
         r["type"] == "Overloaded" and "handler.max_batch_images" in r["message"] for r in refused
     )
-    assert len(prepared.pixels) == 57  # the photo and seven requests of 8, nothing else
+    answered = [json.loads(r) for r, s in zip(responses, statuses) if s[0] == 200]
+    assert (
+        sorted(out["shape"][0] for a in answered if isinstance(a, dict) for out in a["outputs"])
+        == [8] * 7
+    )
+    # The photo and seven requests of 8 reached the model, nothing else: the batch's metric.
+    images = re.findall(r"\[METRICS\]HandlerImagesPerBatch\.Count:([0-9.]+)\|", caplog.text)
+    assert [float(n) for n in images] == [57.0]
 
 
 def test_forward_runs_in_chunks_with_the_same_answers(weights_dir, alone):
@@ -366,7 +375,7 @@ def test_a_v2_id_is_capped():
     }
     assert parse.parse_request(ok, config=CONFIG).request_id == "i" * 256
     ok["body"]["id"] = "i" * 257
-    with pytest.raises(Exception) as caught:
+    with pytest.raises(InvalidRequest) as caught:
         parse.parse_request(ok, config=CONFIG)
     assert caught.value.status == 400 and "more than 256" in caught.value.message
 
@@ -413,7 +422,7 @@ def test_explanation_rows_per_pass_only_go_down(tagger):
 
 
 @pytest.mark.parametrize(
-    "files, expected",
+    ("files", "expected"),
     [
         ({"cpu.max": "150000 100000\n"}, 2),
         ({"cpu.max": "max 100000\n"}, None),

@@ -17,7 +17,7 @@ from tests.reference import assert_same_tags, rel_error
 
 GOOD = corpus.good_images()
 BAD = corpus.bad_inputs()
-LIMITS = dict(max_pixels=40_000_000, max_bytes=30 * 1024 * 1024)
+LIMITS = {"max_pixels": 40_000_000, "max_bytes": 30 * 1024 * 1024}
 
 
 @pytest.mark.parametrize("name", sorted(GOOD))

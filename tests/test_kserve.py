@@ -18,9 +18,10 @@ import javaproperties
 import pytest
 import yaml
 
-from kserve_tools import lint as kserve_lint
 from buildsteps.configgen import repo_models
-from kserve_tools.bundle import bundle_config, bundle_name
+from kserve_tools import lint as kserve_lint
+from kserve_tools.bundle import build_triton, bundle_config, bundle_name
+from kserve_tools.bundle import main as bundle_main
 from kserve_tools.render import RenderError, render
 from tests.conftest import MODELS, REPO
 
@@ -412,6 +413,201 @@ def test_runtime_with_token_auth_on_fails():
     ), problems
 
 
+# ------------------------------------------------------------------ our Triton runtime
+
+
+def triton_runtime():
+    [resource] = copy.deepcopy(_rendered(KSERVE / "triton-runtime"))
+    return resource
+
+
+def _arg(option: str, value: str | None):
+    """Replace (or, with None, drop) one ``--option=value`` of the container's args."""
+
+    def mutate(obj):
+        args = _container(obj)["args"]
+        [i] = [k for k, a in enumerate(args) if a.startswith(option + "=")]
+        if value is None:
+            args.pop(i)
+        else:
+            args[i] = f"{option}={value}"
+
+    return mutate
+
+
+TRITON_RUNTIME_MUTATIONS = {
+    "auto-select": (
+        lambda o: o["spec"]["supportedModelFormats"][0].update(autoSelect=True),
+        "must not be picked for any Triton InferenceService",
+    ),
+    "format": (
+        lambda o: o["spec"]["supportedModelFormats"][0].update(name="pytorch"),
+        "lacks triton:2, the model repository's format",
+    ),
+    "v1": (
+        _set("spec.protocolVersions", ["v1", "v2"]),
+        "Triton speaks the Open Inference Protocol only",
+    ),
+    "command": (
+        lambda o: _container(o).update(command=["tritonserver"]),
+        "not the project's launcher",
+    ),
+    "unknown-option": (
+        lambda o: _container(o)["args"].append("--model-store=/mnt/models"),
+        "the launcher refuses them: unrecognized arguments: --model-store=/mnt/models",
+    ),
+    "not-a-port": (
+        _arg("--http-port", "eighty"),
+        "the launcher refuses them: argument --http-port: invalid int value",
+    ),
+    "loopback": (_arg("--host", None), "--host=127.0.0.1, not 0.0.0.0"),
+    "repository": (_arg("--repository", "/models"), "--repository=/models, not /mnt/models"),
+    "grpc-port": (_arg("--grpc-port", "8001"), "--grpc-port=8001, not 9000"),
+    "exit-timeout": (
+        _arg("--exit-timeout-secs", None),
+        "--exit-timeout-secs=30: on SIGTERM Triton waits that long",
+    ),
+    "keys": (
+        lambda o: _container(o)["args"].remove("--no-keys"),
+        "keys on (the launcher's default): KServe's gateway and probes send no keys",
+    ),
+    "port": (
+        lambda o: _container(o)["ports"][0].update(containerPort=8000),
+        "8000 is not the launcher's --http-port 8080",
+    ),
+    "two-ports": (
+        lambda o: _container(o)["ports"].append({"name": "h2c", "containerPort": 9000}),
+        "2 ports; Knative allows exactly one",
+    ),
+    "metrics-port": (
+        lambda o: o["spec"]["annotations"].update({"prometheus.kserve.io/port": "9091"}),
+        "is not the launcher's --metrics-port 8002",
+    ),
+    "readiness": (
+        lambda o: _container(o).update(readinessProbe={"tcpSocket": {"port": 8080}}),
+        "Triton's own /v2/health/ready says it (every model loaded",
+    ),
+    "liveness": (
+        lambda o: _container(o).pop("livenessProbe"),
+        "livenessProbe: missing: Triton's own /v2/health/live",
+    ),
+    "no-shm": (lambda o: _container(o).pop("volumeMounts"), "/dev/shm is not mounted"),
+    "disk-shm": (
+        lambda o: o["spec"]["volumes"][0].update(emptyDir={}),
+        "mount an emptyDir with medium: Memory",
+    ),
+    "pythonpath": (
+        lambda o: _container(o).setdefault("env", []).append({"name": "PYTHONPATH", "value": "/x"}),
+        "setting PYTHONPATH in container",
+    ),
+    "seccomp": (
+        lambda o: _container(o)["securityContext"].pop("seccompProfile"),
+        "securityContext.seccompProfile: missing: no syscall filter",
+    ),
+    "memory": (
+        lambda o: _container(o)["resources"]["limits"].update(memory="2Gi"),
+        "resources.limits.memory: '2Gi' is below the measured footprint of Triton",
+    ),
+    "container-name": (
+        lambda o: _container(o).update(name="triton"),
+        "expected exactly one container named kserve-container",
+    ),
+}
+
+
+@pytest.mark.parametrize("mutation", TRITON_RUNTIME_MUTATIONS)
+def test_mutated_triton_runtime_fails_with_the_expected_message(mutation):
+    resource = triton_runtime()
+    mutate, expected = TRITON_RUNTIME_MUTATIONS[mutation]
+    mutate(resource.obj)
+    problems = [str(f) for f in kserve_lint.triton_runtime_findings(resource)]
+    assert any(expected in p for p in problems), problems
+    assert all(
+        p.startswith(
+            "kserve/triton-runtime/kustomization.yaml: ClusterServingRuntime "
+            f"{kserve_lint.OUR_TRITON_RUNTIME}: "
+        )
+        for p in problems
+    )
+
+
+def test_both_runtimes_run_the_one_image_named_once():
+    """kserve/image names the image; the TorchServe and Triton runtimes both take it."""
+    images = {_container(r.obj)["image"] for r in (runtime(), triton_runtime())}
+    assert images == {"ghcr.io/YOUR-ORG/resnet50-torchserve:0.12.0"}
+    container = _container(triton_runtime().obj)
+    assert container["command"] == ["python", "-m", "tritonrepo.server"]
+    # The launcher (the same code the image runs) accepts the runtime's args.
+    from tritonrepo.server import argument_parser
+
+    options = argument_parser().parse_args(container["args"])
+    assert (str(options.repository), options.host, options.http_port, options.grpc_port) == (
+        "/mnt/models",
+        "0.0.0.0",
+        8080,
+        9000,
+    )
+    assert options.no_keys  # KServe's gateway sends no keys; build/ is read-only there
+
+
+def test_the_triton_overlay_runs_on_our_triton_runtime_and_its_rules_apply():
+    isvc_ = isvc("triton")
+    model = isvc_.obj["spec"]["predictor"]["model"]
+    assert (model["runtime"], model["modelFormat"], model["protocolVersion"]) == (
+        kserve_lint.OUR_TRITON_RUNTIME,
+        {"name": "triton", "version": "2"},
+        "v2",
+    )
+    assert model["storageUri"].endswith("/resnet50-triton/")
+    runtimes = {kserve_lint.OUR_TRITON_RUNTIME: kserve_lint.runtime_of(triton_runtime())}
+    assert kserve_lint.inference_service_findings(isvc_, runtimes, LIMITS) == []
+    v1 = copy.deepcopy(isvc_)
+    v1.obj["spec"]["predictor"]["model"]["protocolVersion"] = "v1"
+    assert any(
+        "'v1' is not supported by runtime resnet50-triton" in str(f)
+        for f in kserve_lint.inference_service_findings(v1, runtimes, LIMITS)
+    )
+    small = copy.deepcopy(isvc_)
+    small.obj["spec"]["predictor"]["model"]["resources"]["requests"]["memory"] = "1Gi"
+    assert any(
+        "requests.memory: '1Gi' is below the measured footprint of Triton" in str(f)
+        for f in kserve_lint.inference_service_findings(small, runtimes, LIMITS)
+    )
+    spec = policy("triton").obj["spec"]
+    assert spec["podSelector"]["matchLabels"] == {kserve_lint.ISVC_LABEL: "resnet50-triton"}
+    assert {p["port"] for rule in spec["ingress"] for p in rule["ports"]} == {8080, 8002}
+    objects = [copy.deepcopy(o) for o in _rendered(KSERVE / "overlays" / "triton")]
+    for o in objects:
+        if o.kind == "NetworkPolicy":
+            o.obj["spec"]["ingress"].pop(1)
+    assert any(
+        "port 8002 is admitted from no namespace" in str(f)
+        for f in kserve_lint.network_policy_findings(objects)
+    )
+
+
+def test_the_triton_bundle_is_the_model_repository_at_its_top(tmp_path, capsys):
+    """make kserve-bundle KSERVE_ENGINE=triton: the repository tritonrepo.generate writes, one
+    folder per model of config/models at the folder's and the tarball's top (the storage
+    initializer unpacks a single .tar.gz into /mnt/models, the launcher's --repository)."""
+    import tarfile
+
+    bundle = build_triton(tmp_path, precision="f32")
+    assert bundle.folder == tmp_path / "resnet50-triton"
+    assert sorted(p.name for p in bundle.folder.iterdir()) == sorted(repo_models())
+    for model in repo_models():
+        config = (bundle.folder / model / "config.pbtxt").read_text()
+        assert f'name: "{model}"' in config and '\\"precision\\": \\"f32\\"' in config
+        assert (bundle.folder / model / "1" / "model.py").is_file()
+    with tarfile.open(bundle.tarball) as tar:
+        tops = {m.name.split("/")[0] for m in tar.getmembers()}
+        assert {m.uid for m in tar.getmembers()} == {0}
+    assert tops == set(repo_models())
+    with pytest.raises(SystemExit):
+        bundle_main(["--engine", "triton", "--device", "gpu", "--out", str(tmp_path)])
+    assert "--device and --model-version are TorchServe's" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------ the stock-runtime variant
 
 
@@ -549,7 +745,7 @@ def test_every_overlay_ships_a_network_policy_for_its_pods(target):
 
 
 @pytest.mark.parametrize(
-    "mutation, expected",
+    ("mutation", "expected"),
     [
         (lambda objs: [o for o in objs if o.kind != "NetworkPolicy"], "no NetworkPolicy selects"),
         (
@@ -615,14 +811,38 @@ def test_a_memory_size_kubernetes_cannot_read_is_a_finding():
     ) in "\n".join(findings(bad))
 
 
-def test_docker_build_context_sends_only_requirements():
-    """kserve/runtime/Dockerfile builds from the repository root and copies only
-    requirements.txt: the .dockerignore there keeps weights, archives and keys out."""
+def test_docker_build_context_sends_only_what_the_dockerfile_copies():
+    """kserve/runtime/Dockerfile builds from the repository root: the .dockerignore there
+    admits exactly the files its COPY lines name (the pins, the Triton launcher and the
+    client package it imports), keeping weights, archives, keys and build/ out; those files
+    are what the image's cache key hashes."""
+    from kserve_tools.image import context_files
+
     dockerfile = (KSERVE / "runtime" / "Dockerfile").read_text()
-    assert re.findall(r"^COPY (\S+)", dockerfile, re.M) == ["requirements.txt"]
+    copied = {
+        source
+        for line in re.findall(r"^COPY (.+)$", dockerfile, re.M)
+        for source in line.split()[:-1]
+    }
+    assert copied == {
+        "requirements.txt",
+        "requirements-triton.txt",
+        "tritonrepo/__init__.py",
+        "tritonrepo/install.py",
+        "tritonrepo/server.py",
+        "tsclient/",
+    }
     lines = [
         line
         for line in (REPO / ".dockerignore").read_text().splitlines()
         if line and not line.startswith("#")
     ]
-    assert lines == ["*", "!requirements.txt"]
+    assert lines[0] == "*" and all(line.startswith("!") for line in lines[1:])
+    sent = {str(p.relative_to(REPO)) for p in context_files()}
+    assert sent == {s for s in copied if not s.endswith("/")} | {
+        str(p.relative_to(REPO)) for p in (REPO / "tsclient").glob("*.py")
+    }
+    assert not any(
+        s.startswith(("build/", "model-store/", ".venv")) or s.endswith((".mar", ".json"))
+        for s in sent
+    )

@@ -22,16 +22,16 @@ import pytest
 import requests
 
 from buildsteps.configgen import repo_models
+from devtools.server import free_port
 from kserve_tools.bundle import build
 from kserve_tools.lint import RUNTIME_DIR, bundle_findings
 from kserve_tools.pod import MOUNT, RuntimePod
 from kserve_tools.render import render
-from devtools.server import free_port
 from model_files.artifacts import read_manifest
 from tests import imagegen
 from tests.conftest import MODELS
-from tests.reference import assert_same_tags, rel_error
 from tests.corpus import b64
+from tests.reference import assert_same_tags, rel_error
 from tests.served import handled, raw_answer, settled
 
 pytestmark = pytest.mark.integration
@@ -258,8 +258,9 @@ def test_readiness_probe_fails_while_a_required_worker_loads(pod):
 
 async def _kserve_calls(url: str) -> tuple[list, list, list]:
     """v1 tags and v2 embedding+tags for every image, all requests in flight at once."""
-    from kserve import InferenceRESTClient, InferInput, InferRequest, RESTConfig
     from kserve.protocol.infer_type import RequestedOutput
+
+    from kserve import InferenceRESTClient, InferInput, InferRequest, RESTConfig
 
     v1 = InferenceRESTClient(RESTConfig(protocol="v1", timeout=300))
     v2 = InferenceRESTClient(RESTConfig(protocol="v2", timeout=300))

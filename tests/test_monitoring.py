@@ -101,11 +101,6 @@ def _server_counters(torchserve) -> dict[str, float]:
     return values
 
 
-def _one(prom: LocalPrometheus, expr: str) -> float | None:
-    result = prom.query(expr)
-    return float(result[0]["value"][1]) if len(result) == 1 else None
-
-
 @pytest.mark.integration
 def test_recording_rules_agree_with_the_requests_sent(torchserve, prometheus):
     headers = torchserve.keys.inference_headers()
@@ -117,7 +112,7 @@ def test_recording_rules_agree_with_the_requests_sent(torchserve, prometheus):
     assert requests.post(url, data=photo, headers=headers, timeout=120).status_code == 200
     assert requests.post(url, data=b"not an image", headers=headers, timeout=120).status_code == 400
     seen = settled(
-        lambda: _one(prometheus, f'min(count_over_time(HandlerErrors{{ModelName="{MODEL}"}}[1m]))'),
+        lambda: prometheus.value(f'min(count_over_time(HandlerErrors{{ModelName="{MODEL}"}}[1m]))'),
         lambda n: n is not None and n >= 3,
         timeout_s=60,
     )
@@ -173,7 +168,7 @@ def test_recording_rules_agree_with_the_requests_sent(torchserve, prometheus):
     readings: list[dict] = []
 
     def read() -> dict:
-        readings.append({k: _one(prometheus, q) for k, q in queries.items()})
+        readings.append({k: prometheus.value(q) for k, q in queries.items()})
         return readings[-1]
 
     got = settled(read, agree, timeout_s=60, every_s=0.5)
@@ -216,8 +211,8 @@ def _exported_names() -> set[str]:
     declared = yaml.safe_load((REPO / "config" / "metrics.yaml").read_text())
     names = {"up", *recording_rules()}
     for section in ("ts_metrics", "model_metrics"):
-        for kind, metrics in declared[section].items():
-            for metric in metrics:
+        for kind, declared_metrics in declared[section].items():
+            for metric in declared_metrics:
                 names.add(metric["name"])
                 if kind == "histogram":
                     names |= {metric["name"] + s for s in ("_sum", "_count", "_bucket")}

@@ -14,6 +14,7 @@ import shutil
 import pytest
 import torch
 
+from buildsteps.export import export
 from devtools.samples import photo
 from model_files.artifacts import (
     QUANTIZED,
@@ -22,7 +23,6 @@ from model_files.artifacts import (
     fidelity_record,
     serialized,
 )
-from buildsteps.export import export
 from tests.handler_context import make_handler, run_batch
 from tests.reference import rel_error, tolerance
 
@@ -69,20 +69,54 @@ def _serve(weights_dir, serialized: str, photos, **config):
         draft_decode=False,
         **config,
     )
-    responses, statuses, batch = run_batch(handler, context, [{"body": p} for p in photos])
+    _responses, statuses, batch = run_batch(handler, context, [{"body": p} for p in photos])
     assert statuses == [(200, None)] * len(photos)
     return json.loads(handler.describe_handle()), batch
 
 
+def _runtime_runs(ir, precision: str) -> str:
+    """What OpenVINO itself says it runs for this IR compiled with this precision hint, asked
+    directly (not through the handler): the rule the handler's report must follow on every
+    host. AVX2 only: a bf16 hint is ignored (f32); AVX-512 without bf16 units: bf16, emulated;
+    AVX-512 with bf16: bf16."""
+    import openvino.properties.hint as hints
+
+    wanted = ov.Type.f32 if precision == "f32" else ov.Type.bf16
+    compiled = ov.Core().compile_model(str(ir), "CPU", {hints.inference_precision: wanted})
+    return compiled.get_property(hints.inference_precision).get_type_name()
+
+
 @pytest.mark.parametrize("precision", ["f32", "bf16"])
 def test_precision_matches_torchvision(weights_dir, ir, photos, expected, precision):
-    """Embedding within tests/reference.py's tolerance for the precision, same top-1 class."""
+    """The served precision is what OpenVINO says it runs (whatever the CPU); the embedding is
+    within tests/reference.py's tolerance for that precision, the same top-1 class."""
     described, batch = _serve(weights_dir, ir.name, photos, precision=precision)
     assert described["backend"] == "openvino"
-    assert described["precision"] == ("bf16" if precision == "bf16" and _cpu_has_bf16() else "f32")
+    served = _runtime_runs(ir, precision)
+    assert described["precision"] == served
+    reason = described["precision_choice"]["reason"]
+    # bf16 without native units is served and said so, never reported as f32 (or hidden).
+    assert ("emulated" in reason) == (served == "bf16" and not _cpu_has_bf16()), reason
     for i, (embedding, logits) in enumerate(expected):
-        assert rel_error(batch.embedding[i], embedding) <= tolerance(precision), PHOTOS[i]
+        assert rel_error(batch.embedding[i], embedding) <= tolerance(served), PHOTOS[i]
         assert int(batch.logits[i].argmax()) == int(logits.argmax()), PHOTOS[i]
+
+
+def test_bf16_the_cpu_only_emulates_is_served_and_said(weights_dir, ir, photos, monkeypatch):
+    """On a CPU whose OpenVINO lists no BF16 capability but honours the hint (AVX-512 without
+    bf16 units, e.g. an Intel Xeon with VNNI only), a pinned bf16 is served as bf16 and the
+    choice says it is emulated. Here the capability list is made to say so; where OpenVINO
+    ignores the hint (AVX2 only) it serves f32 and says nothing of emulation."""
+    import servecore.backends
+
+    monkeypatch.setattr(servecore.backends, "_cpu_has_bf16", lambda: False)
+    described, _ = _serve(weights_dir, ir.name, photos[:1], precision="bf16")
+    reason = described["precision_choice"]["reason"]
+    if _runtime_runs(ir, "bf16") == "bf16":
+        assert described["precision"] == "bf16"
+        assert "openvino runs bf16 emulated on this CPU" in reason
+    else:
+        assert described["precision"] == "f32" and "emulated" not in reason
 
 
 def test_auto_measures_what_the_cpu_can_run(weights_dir, ir, photos):
@@ -117,7 +151,7 @@ def test_int8_needs_an_archive_carrying_the_int8_ir(weights_dir, ir, tmp_path):
         ir.with_suffix(".bin").name,
     ):
         shutil.copy(weights_dir / name, tmp_path)
-    with pytest.raises(ValueError, match="carries no int8 model .* QUANTIZE=int8"):
+    with pytest.raises(ValueError, match=r"carries no int8 model .* QUANTIZE=int8"):
         make_handler(tmp_path, serialized=ir.name, precision="int8")
 
 
@@ -238,7 +272,7 @@ def test_a_refusal_is_remembered_and_the_archive_says_why(weights_dir, ir, tmp_p
         "--heldout",
         str(heldout),
     ]
-    assert main(argv + ["--allow-refusal"]) == 0
+    assert main([*argv, "--allow-refusal"]) == 0
     refused = folder / refusal_record(TARGET)
     assert not (folder / TARGET).exists(), "the stale IR must not survive a refusal"
     assert "embedding_cosine_min" in json.loads(refused.read_text())["refused"]

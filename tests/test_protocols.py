@@ -11,8 +11,8 @@ import pytest
 import requests
 
 from tests import corpus, imagegen
-from tests.reference import assert_same_tags, rel_error
 from tests.corpus import b64
+from tests.reference import assert_same_tags, rel_error
 from tests.served import raw_answer, variant_server
 
 pytestmark = pytest.mark.integration

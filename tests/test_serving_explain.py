@@ -118,7 +118,7 @@ def test_embedding_model_explains_its_embedding(torchserve):
 
 
 @pytest.mark.parametrize(
-    "fields,status,kind",
+    ("fields", "status", "kind"),
     [
         ({"target": "no such class"}, 400, "InvalidParameter"),
         ({"method": "lime"}, 400, "InvalidParameter"),

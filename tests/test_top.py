@@ -112,6 +112,58 @@ def test_an_idle_model_shows_dashes_not_zero_latency():
     assert row == [TAGGER, "0.0", "0.0", "-", "-", "-", "-"]
 
 
+def _triton_metrics(
+    success: int,
+    failure: int,
+    duration_us: float,
+    queue_us: float,
+    images: int,
+    sizes: dict[int, int],
+    errors: dict[str, int],
+) -> str:
+    """Triton's metrics port: its own nv_* under "model", the core's as on TorchServe."""
+    model = f'model="{TAGGER}",version="1"'
+    handler = f'Hostname="h",Level="Model",ModelName="{TAGGER}"'
+    lines = [
+        f"nv_inference_request_success{{{model}}} {success}",
+        f'nv_inference_request_failure{{{model},reason="REJECTED"}} {failure}',
+        f"nv_inference_request_duration_us{{{model}}} {duration_us}",
+        f"nv_inference_queue_duration_us{{{model}}} {queue_us}",
+        f"nv_inference_count{{{model}}} {images}",
+        f"HandlerImages{{{handler}}} {images}",
+        f"HandlerBatches{{{handler}}} {sum(sizes.values())}",
+        f"HandlerRequests{{{handler}}} {sum(s * n for s, n in sizes.items())}",
+        f'HandlerPrecision{{{handler},Precision="f32"}} 1',
+        f'HandlerWorkerRssMB{{{handler},WorkerPid="777"}} 1200.4',
+    ]
+    lines += [f'HandlerBatchesBySize{{BatchSize="{s}",{handler}}} {n}' for s, n in sizes.items()]
+    lines += [f'HandlerErrors{{ErrorType="{kind}",{handler}}} {n}' for kind, n in errors.items()]
+    return "\n".join(lines) + "\n"
+
+
+def test_a_triton_frame_reads_its_own_series_beside_the_cores():
+    """Requests, latency and queue time from Triton's nv_* series; batches, errors, precision
+    and the stub's RSS from the core's; no status classes (Triton has none)."""
+    workers = {TAGGER: [{"id": "0", "status": "READY"}]}  # Triton's instances: no pid
+    old = top.parse(_triton_metrics(10, 0, 500_000, 50_000, 10, {1: 10}, {}), workers, at=10.0)
+    # In 4 s: 16 requests answered (2 of them the core's 400s) and 4 refused by Triton, in
+    # 200 ms each after 40 ms queued; 18 images in batches of 2, 4, 4 and 4.
+    new = top.parse(
+        _triton_metrics(26, 4, 3_700_000, 690_000, 28, {1: 10, 2: 1, 4: 3}, {"InvalidImage": 2}),
+        workers,
+        at=14.0,
+    )
+    lines = top.frame(old, new, url="127.0.0.1:8002").splitlines()
+    assert lines[1].startswith("answers/s  - (no status classes on Triton")
+    row = next(line.split() for line in lines if line.startswith(TAGGER))
+    # model, req/s (16 + 4 in 4 s), img/s, mean and queue ms (over the 16 answered: Triton
+    # times no failure), batch, p50/p95
+    assert row == [TAGGER, "5.0", "4.5", "200.0", "40.0", "3.5", "4/4"]
+    assert f"  {TAGGER}: InvalidImage 0.5/s" in lines
+    worker = next(line.split() for line in lines if line.startswith(TAGGER) and "READY" in line)
+    assert worker == [TAGGER, "0", "READY", "777", "1200", "f32"]
+
+
 def _tsctl_env(server) -> dict[str, str]:
     # This checkout's tsclient, whichever checkout the shared .venv was installed from.
     return {**server.cli_env(), "PYTHONPATH": str(REPO)}
@@ -136,7 +188,7 @@ class _Load:
             )
             self.sent += 1
 
-    def __enter__(self) -> "_Load":
+    def __enter__(self) -> _Load:
         for thread in self.threads:
             thread.start()
         return self

@@ -26,15 +26,14 @@ import requests
 import torch
 
 from buildsteps.configgen import frontend_settings, job_queue_size, repo_models
-from devtools.server import free_ports
 from servecore.config import HandlerConfig
 from servecore.errors import InvalidParameter, InvalidRequest, PayloadTooLarge
 from servecore.parse import Protocol, parse_tensor
 from tests.imagegen import jpeg, png
 from tests.reference import assert_same_tags, rel_error, tolerance
-from tests.served import variant_server
-from tritonrepo.generate import config_pbtxt, generate
-from tritonrepo.install import NotInstalled, TritonInstall
+from tests.served import local_triton, variant_server
+from tests.served import v2_infer as infer
+from tritonrepo.generate import config_pbtxt
 from tritonrepo.server import Triton, server_keys
 from tsclient.keys import Keys
 
@@ -78,7 +77,9 @@ def test_config_pbtxt_carries_the_model_yaml(model):
     ) in text
     assert (
         'output [ { name: "tags" data_type: TYPE_STRING dims: [ -1 ] }, '
-        '{ name: "precision" data_type: TYPE_STRING dims: [ 1 ] } ]' in text
+        '{ name: "precision" data_type: TYPE_STRING dims: [ 1 ] }, '
+        '{ name: "describe" data_type: TYPE_STRING dims: [ 1 ] }, '
+        '{ name: "explanations" data_type: TYPE_STRING dims: [ 1 ] } ]' in text
     )
     with pytest.raises(ValueError, match="at least 1"):
         config_pbtxt(model, settings, {"task": "tags"}, "resnet50_dual.xml", queue_size=0)
@@ -150,47 +151,9 @@ def test_the_kserve_triton_manifest_passes_the_lint_and_its_rules_apply():
 
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory, model_store):
-    try:
-        TritonInstall().check()
-    except NotInstalled as exc:
-        pytest.skip(f"no Triton server: {exc}")
     work = tmp_path_factory.mktemp("triton")
-    generate(work / "repository", model_store=model_store, precision="f32")
-    ports = free_ports(("http", "grpc", "metrics"))
-    with (work / "triton.log").open("w") as log:
-        server = Triton(work / "repository", log=log, key_file=work / "key_file.json", **ports)
-        try:
-            server.start()
-        except (RuntimeError, TimeoutError) as exc:
-            log.flush()
-            raise RuntimeError(f"{exc}\n{(work / 'triton.log').read_text()[-4000:]}") from None
-        try:
-            yield server
-        finally:
-            server.stop()
-
-
-def infer(triton, model: str, images: list[bytes], **parameters) -> requests.Response:
-    """The JSON body TorchServe's v2 route takes: base64 images in a BYTES tensor's data, with
-    the inference key."""
-    body = {
-        "inputs": [
-            {
-                "name": "images",
-                "datatype": "BYTES",
-                "shape": [len(images), 1],
-                "data": [base64.b64encode(i).decode() for i in images],
-            }
-        ]
-    }
-    if parameters:
-        body["parameters"] = parameters
-    return requests.post(
-        f"{triton.url}/v2/models/{model}/infer",
-        json=body,
-        timeout=300,
-        headers=triton.keys.inference_headers(),
-    )
+    with local_triton(work, model_store, key_file=work / "key_file.json") as server:
+        yield server
 
 
 def output(response: requests.Response, name: str) -> np.ndarray:
@@ -235,9 +198,9 @@ def test_health_ready_metadata_and_metrics_answer(triton):
             f"{triton.url}/v2/models/{model}", timeout=30, headers=triton.keys.inference_headers()
         ).json()
         assert meta["inputs"] == [{"name": "images", "datatype": "BYTES", "shape": [-1, 1]}]
-        assert meta["outputs"] == [
-            {"name": out, "datatype": datatype, "shape": shape},
-            {"name": "precision", "datatype": "BYTES", "shape": [-1, 1]},
+        assert meta["outputs"] == [{"name": out, "datatype": datatype, "shape": shape}] + [
+            {"name": name, "datatype": "BYTES", "shape": [-1, 1]}  # tests/test_triton_ops.py
+            for name in ("precision", "describe", "explanations")
         ]
     metrics = requests.get(triton.metrics_url, timeout=30)
     assert metrics.status_code == 200
@@ -373,7 +336,7 @@ def grpc_client(triton):
 
 def grpc_headers(keys_headers: dict) -> dict:
     """Triton's gRPC restriction reads the same value under its own metadata name."""
-    return {GRPC_KEY: value for value in keys_headers.values()}
+    return {GRPC_KEY: keys_headers["Authorization"]}
 
 
 def grpc_infer(triton, model: str, images: list[bytes], **parameters):
@@ -389,7 +352,7 @@ def grpc_infer(triton, model: str, images: list[bytes], **parameters):
     )
 
 
-@pytest.mark.parametrize("model, name", [(EMBEDDING, "embedding"), (TAGGER, "tags")])
+@pytest.mark.parametrize(("model", "name"), [(EMBEDDING, "embedding"), (TAGGER, "tags")])
 def test_grpc_answers_equal_http_answers(triton, model, name):
     """NVIDIA's gRPC client (KServe's Triton runtime serves gRPC on 9000): the same tensors as
     the JSON body over HTTP, each answer naming its precision, ``topk`` honoured."""

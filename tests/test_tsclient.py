@@ -7,16 +7,17 @@ import io
 import json
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import requests
 
 from devtools.server import free_port
 from tsclient import cli, errors, metrics, ports
-from tsclient.engine import Engine, detect
-from tsclient.progress import waiting
 from tsclient.client import MAX_NAME, TorchServeClient, check_archive, check_name
+from tsclient.engine import Engine, detect
 from tsclient.keys import Keys
+from tsclient.progress import waiting
 
 
 def _key_file(path, inference="inf-1", management="man-1", minutes=60):
@@ -136,7 +137,7 @@ def test_missing_key_file_says_where_it_comes_from(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "status, body, kind, hint",
+    ("status", "body", "kind", "hint"),
     [
         (
             404,
@@ -196,17 +197,26 @@ def test_error_answers_map_to_one_error_each(status, body, kind, hint):
     assert type(error) is kind and error.status == status and hint in error.hint
 
 
-def test_triton_carries_the_core_s_error_body_as_its_error_text():
-    core = {"code": 400, "type": "InvalidImage", "message": "images[0] is not an image"}
-    error = errors.from_response(_response(400, {"error": json.dumps(core)}), "infer")
-    assert (error.status, error.type) == (400, "InvalidImage")
-    assert error.message == "HTTP 400 InvalidImage: infer: images[0] is not an image"
-    plain = errors.from_response(_response(404, {"error": "Not Found"}), "register x")
-    assert plain.message == "HTTP 404: register x: Not Found"
+def test_tritons_error_answers_read_as_the_cores():
+    """Triton's HTTP frontend answers ``{"error": "<message>"}``; this project's models put
+    the core's JSON body in the message, Triton's own errors are plain text."""
+    core = {"code": 400, "type": "InvalidImage", "message": "image 1 of 1: not an image"}
+    error = errors.from_response(_response(400, {"error": json.dumps(core)}), "infer m")
+    assert (error.status, error.type, error.server_message) == (
+        400,
+        "InvalidImage",
+        "infer m: image 1 of 1: not an image",
+    )
+    plain = errors.from_response(
+        _response(400, {"error": "unexpected inference input 'x'"}), "infer m"
+    )
+    assert (plain.type, plain.server_message) == ("", "infer m: unexpected inference input 'x'")
+    not_found = errors.from_response(_response(404, {"error": "Not Found"}), "register x")
+    assert not_found.message == "HTTP 404: register x: Not Found"
 
 
 @pytest.mark.parametrize(
-    "header, seconds",
+    ("header", "seconds"),
     [("3", 3.0), ("soon", None), (None, None), ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0)],
 )
 def test_a_503_carries_its_retry_after_in_seconds(header, seconds):
@@ -361,7 +371,8 @@ def test_metrics_summary_from_prometheus_text():
             'HandlerErrors{ModelName="m",Level="Model",ErrorType="InvalidImage",Hostname="h",} 1.0',
             'HandlerDecodeMs{ModelName="m",Level="Model",Hostname="h",} 42.0',
             'HandlerForwardMs{ModelName="m",Level="Model",Hostname="h",} 400.0',
-            'ts_inference_requests_total{model_name="m",model_version="default",hostname="h",} 22.0',
+            'ts_inference_requests_total{model_name="m",model_version="default",'
+            'hostname="h",} 22.0',
             'ts_inference_latency_microseconds{model_name="m",model_version="default",'
             'hostname="h",} 2200000.0',
             'Requests2XX{Level="Host",Hostname="h",} 21.0',
@@ -415,7 +426,7 @@ def test_counters_read_the_same_with_or_without_type_lines():
 def test_a_scrape_cut_short_is_a_clear_error(cut):
     line = 'HandlerBatches{ModelName="m",Level="Model",} 4.0\n'
     text = "# TYPE HandlerBatches counter\n" + line + line[:cut]
-    with pytest.raises(errors.MetricsUnreadable, match="ends mid-line .* cut short") as caught:
+    with pytest.raises(errors.MetricsUnreadable, match=r"ends mid-line .* cut short") as caught:
         metrics.summarise(text)
     assert caught.value.exit_code == 1 and "read it again" in caught.value.hint
     with pytest.raises(errors.MetricsUnreadable, match="not Prometheus text format"):
@@ -425,7 +436,7 @@ def test_a_scrape_cut_short_is_a_clear_error(cut):
 class _Recorder(__import__("http.server").server.BaseHTTPRequestHandler):
     """Answers every GET with ``{"status": "Healthy"}`` and records what it was asked."""
 
-    seen: list = []
+    seen: ClassVar[list] = []
 
     def do_GET(self):  # noqa: N802 (http.server's name)
         type(self).seen.append((self.path, self.headers.get("Authorization")))

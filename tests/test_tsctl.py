@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 import requests
 import yaml
 
 from tests import imagegen
-from tsclient import errors
 from tests.conftest import MODELS, REPO
 from tests.reference import rel_error
 from tests.served import marker_model, settled, tsctl
+from tsclient import errors
 from tsclient.vectors import read_matrix
 
 pytestmark = pytest.mark.integration
@@ -89,7 +90,7 @@ def test_tag_and_embed_many_files_at_once(torchserve, tmp_path):
     paths, matrix = read_matrix(out)
     client = torchserve.client()
     for row, path in zip(matrix, paths):
-        single = client.predict("resnet50-embedding", open(path, "rb").read())["embedding"]
+        single = client.predict("resnet50-embedding", Path(path).read_bytes())["embedding"]
         assert rel_error(row.tolist(), single) <= 1e-4
     assert sorted(paths) == sorted(images)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import urllib.error
+from pathlib import Path
 
 import pytest
 import torch
@@ -117,7 +118,7 @@ def test_the_checkpoint_is_renamed_into_place(tmp_path, monkeypatch):
     out.mkdir()
 
     def interrupted(state, path):
-        open(path, "wb").write(b"half a checkpoint")
+        Path(path).write_bytes(b"half a checkpoint")
         raise KeyboardInterrupt
 
     monkeypatch.setattr(torch, "save", interrupted)

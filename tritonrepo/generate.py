@@ -7,10 +7,11 @@ For each ``config/models/<model>.yaml`` it writes ``<model>/config.pbtxt`` (``ma
 from ``batchSize``, ``max_queue_delay_microseconds`` from ``maxBatchDelay``, instances from
 ``minWorkers``, the queue bound from TorchServe's ``job_queue_size`` and its timeout from
 ``responseTimeout``; the ``handler:`` section as the model's ``handler`` parameter) and
-``<model>/1/``: the adapter (``tritonrepo/model.py`` as ``model.py``), the ``servecore`` and
-``model_files`` packages it imports, and the model files of ``model-store/<model>.mar`` (the IR
-and its int8 sibling, labels, weights provenance) so Triton serves exactly what TorchServe
-serves. The PyTorch checkpoint stays out: explanations are TorchServe's only.
+``<model>/1/``: the adapter (``tritonrepo/model.py`` as ``model.py``, with the modules of
+``tritonrepo`` it imports), the ``servecore`` and ``model_files`` packages it imports, and the
+model files of ``model-store/<model>.mar`` (the IR and its int8 sibling, labels, weights
+provenance, the PyTorch checkpoint explanations run on) so Triton serves exactly what
+TorchServe serves.
 """
 
 from __future__ import annotations
@@ -31,12 +32,15 @@ from buildsteps.configgen import (
     job_queue_size,
     model_names,
 )
-from model_files.artifacts import CHECKPOINT, read_manifest
+from model_files.artifacts import read_manifest
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "build" / "triton"
 MODEL_STORE = REPO / "model-store"
 PACKAGES = ("servecore", "model_files")  # what model.py imports, copied beside it
+# ... and the adapter's own modules it imports, as 1/tritonrepo/ (not generate, install or
+# server: they run outside Triton).
+ADAPTER_MODULES = ("__init__.py", "metrics.py")
 VERSION = "1"  # Triton's model version folder
 EMBEDDING_SIZE = 2048
 # The output each task answers (servecore.config.Output), as Triton declares it: dims after
@@ -45,9 +49,14 @@ OUTPUTS = {
     "embedding": ('name: "embedding"', "data_type: TYPE_FP32", f"dims: [ {EMBEDDING_SIZE} ]"),
     "tags": ('name: "tags"', "data_type: TYPE_STRING", "dims: [ -1 ]"),
 }
-# Every answer also names the arithmetic that computed it (TorchServe's X-Precision), one
-# element per image: the 2.51 stub can set neither headers nor response parameters.
-PRECISION_OUTPUT = ('name: "precision"', "data_type: TYPE_STRING", "dims: [ 1 ]")
+# Declared beside the task's output, one text element per row: ``precision``, the arithmetic
+# that computed each answer (TorchServe's X-Precision), one per image, as the 2.51 stub can set
+# neither headers nor response parameters; ``describe`` and ``explanations``, what describe and
+# explanation requests answer (tritonrepo/model.py), one JSON text each.
+SIDE_OUTPUTS = tuple(
+    (f'name: "{name}"', "data_type: TYPE_STRING", "dims: [ 1 ]")
+    for name in ("precision", "describe", "explanations")
+)
 
 
 def config_pbtxt(
@@ -69,7 +78,7 @@ def config_pbtxt(
     TorchServe client would have given up on it by then."""
     if queue_size < 1:
         raise ValueError(f"queue_size {queue_size}: at least 1 (Triton reads 0 as no bound)")
-    outputs = (OUTPUTS[handler.get("task", "embedding")], PRECISION_OUTPUT)
+    outputs = (OUTPUTS[handler.get("task", "embedding")], *SIDE_OUTPUTS)
     parameters = {"serialized_file": serialized, "handler": json.dumps(handler, sort_keys=True)}
     if execution_env:
         parameters["EXECUTION_ENV_PATH"] = f"$$TRITON_MODEL_DIRECTORY/{execution_env}"
@@ -98,15 +107,12 @@ def config_pbtxt(
 
 
 def model_file_names(mar: zipfile.ZipFile) -> list[str]:
-    """The archive's model files: everything but code, its manifest and configuration, and
-    the checkpoint that only explanations need."""
+    """The archive's model files: everything but code, its manifest and configuration (the
+    PyTorch checkpoint included: explanations run on the eager model, as on TorchServe)."""
     return [
         n
         for n in mar.namelist()
-        if not n.startswith("MAR-INF/")
-        and not n.endswith((".py", ".yaml"))
-        and n != CHECKPOINT
-        and "/" not in n
+        if not n.startswith("MAR-INF/") and not n.endswith((".py", ".yaml")) and "/" not in n
     ]
 
 
@@ -143,6 +149,9 @@ def write_model(
         shutil.copytree(
             REPO / package, version / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
         )
+    (version / "tritonrepo").mkdir()
+    for module in ADAPTER_MODULES:
+        shutil.copyfile(REPO / "tritonrepo" / module, version / "tritonrepo" / module)
     shutil.copyfile(REPO / "tritonrepo" / "model.py", version / "model.py")
     (folder / "config.pbtxt").write_text(
         config_pbtxt(

@@ -6,12 +6,14 @@ whole batch to ``ImageModel.run`` once, each request as an ``Incoming`` (its ``i
 tensor and ``topk`` parameter, parsed inside the core's per-request boundary), and sends each
 ``Reply`` back as that request's tensors or its own error. ``make triton-repo``
 (``tritonrepo/generate.py``) copies this file to ``<model>/1/model.py`` beside the packages and
-model files it imports, so the stub finds them on its own ``sys.path``.
+model files it imports, so the stub finds them on its own ``sys.path``. The core's metrics go
+out through Triton's custom metrics (``tritonrepo/metrics.py``) on its metrics port.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from functools import partial
 from http import HTTPStatus
 from pathlib import Path
@@ -21,13 +23,23 @@ import triton_python_backend_utils as pb_utils
 
 from model_files.artifacts import ModelFiles
 from servecore.config import HandlerConfig
-from servecore.parse import parse_tensor
+from servecore.parse import EXPLAIN_KEYS, Protocol, parse_tensor
 from servecore.service import PRECISION_HEADER, ImageModel, ModelSettings, Reply
 from servecore.stages import Incoming
+from tritonrepo.metrics import TritonMetrics
 
 INPUT = "images"  # BYTES [n, 1]: encoded images, or their base64 text
 TOP_K = "topk"  # request parameter
-PRECISION = "precision"  # BYTES [n, 1]: the arithmetic that computed each answer
+# BYTES [n, 1] beside each prediction: the arithmetic that computed each answer (TorchServe's
+# X-Precision; the 2.51 stub has no response parameters).
+PRECISION = "precision"
+# Request parameter ``describe: true`` (its ``images`` are not read): the answer is the output
+# of the same name, one JSON text, what TorchServe's describe carries.
+DESCRIBE = "describe"
+# Request parameter ``explain: true``: the request goes through the core's explanation stage
+# (as TorchServe's /explanations), its answer is the ``explanations`` output, one JSON text;
+# the explanation parameters (target, method, ...) ride beside it as request parameters.
+EXPLAIN, EXPLANATIONS = "explain", "explanations"
 # A v2 answer's tensor datatype -> numpy's (BYTES elements are JSON text).
 DTYPES = {"FP32": np.float32, "BYTES": np.object_}
 
@@ -41,6 +53,7 @@ class TritonPythonModel:
         parameters = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         folder = Path(args["model_repository"]) / args["model_version"]
         gpu = args.get("model_instance_kind") == "GPU"
+        self.metrics = TritonMetrics(pb_utils, args["model_name"])
         self.model = ImageModel(
             ModelSettings(
                 files=ModelFiles.read(folder, parameters["serialized_file"]),
@@ -49,43 +62,83 @@ class TritonPythonModel:
                 config=HandlerConfig.from_mapping(json.loads(parameters["handler"])),
                 batch_size=max(1, int(config.get("max_batch_size", 1))),
                 gpu_id=int(args["model_instance_device_id"]) if gpu else None,
-            )
+            ),
+            self.metrics,
         )
 
     def execute(self, requests: list) -> list:
-        replies = self.model.run([self._incoming(request) for request in requests])
-        if len(replies) != len(requests):  # Triton needs exactly one response per request
-            raise RuntimeError(f"the model answered {len(replies)} of {len(requests)} requests")
-        return [response(reply) for reply in replies]
+        """Describe requests answered here, the rest by the core as one batch; one response
+        per request, in order."""
+        asks = [_parameters(r) for r in requests]
+        served = [(r, ask) for r, ask in zip(requests, asks) if ask.get(DESCRIBE) is not True]
+        replies = self.model.run([self._incoming(*s) for s in served]) if served else []
+        if len(replies) != len(served):  # Triton needs exactly one response per request
+            raise RuntimeError(f"the model answered {len(replies)} of {len(served)} requests")
+        answers = iter(replies)
+        return [
+            self._described()
+            if ask.get(DESCRIBE) is True
+            else response(next(answers), explained=ask.get(EXPLAIN) is True)
+            for ask in asks
+        ]
 
-    def _incoming(self, request) -> Incoming:
+    def finalize(self) -> None:
+        self.metrics.close()
+
+    def _described(self):
+        """``ImageModel.describe`` as this request's ``describe`` output ([1, 1] BYTES)."""
+        text = json.dumps(self.model.describe())
+        return pb_utils.InferenceResponse(
+            output_tensors=[pb_utils.Tensor(DESCRIBE, np.array([[text]], dtype=np.object_))]
+        )
+
+    def _incoming(self, request, parameters: dict) -> Incoming:
         return Incoming(
             request_id=request.request_id() or "?",
-            parse=partial(_parse, request, self.model.config),
+            parse=partial(_parse, request, parameters, self.model.config),
+            explain=parameters.get(EXPLAIN) is True,
         )
 
 
-def _parse(request, config: HandlerConfig):
+def _parse(request, parameters: dict, config: HandlerConfig):
     """Inside the core's per-request boundary: a missing tensor or bad ``topk`` fails this
-    request alone."""
+    request alone. An explanation request is answered as TorchServe's: one image as
+    ``/explanations`` answers it, several as KServe v1's ``:explain``."""
     tensor = pb_utils.get_input_tensor_by_name(request, INPUT)
-    parameters = json.loads(request.parameters() or "{}")
-    return parse_tensor(
+    parsed = parse_tensor(
         tensor.as_numpy().reshape(-1).tolist(),
         top_k=parameters.get(TOP_K),
         request_id=request.request_id() or None,
         config=config,
     )
+    # Explanation parameters on a prediction are the core's 400, not silently ignored.
+    options = {k: parameters[k] for k in EXPLAIN_KEYS if k in parameters}
+    if parameters.get(EXPLAIN) is not True:
+        return replace(parsed, options=options)
+    return replace(
+        parsed, protocol=Protocol.PLAIN if len(parsed.images) == 1 else Protocol.V1, options=options
+    )
 
 
-def response(reply: Reply):
+def _parameters(request) -> dict:
+    """The request's parameters (Triton hands them over as JSON text)."""
+    return json.loads(request.parameters() or "{}")
+
+
+def response(reply: Reply, explained: bool = False):
     """A ``Reply`` as Triton's response: the v2 body's outputs as tensors and the precision
     (TorchServe's ``X-Precision``) as the ``precision`` output, one per image (the 2.51 stub has
-    no response parameters); or the core's error body as this request's error, with the
-    nearest status Triton's HTTP frontend can send."""
+    no response parameters); an explanation's JSON as the ``explanations`` output; or the core's
+    error body as this request's error, with the nearest status Triton's HTTP frontend can send."""
     if reply.error is not None:
         return pb_utils.InferenceResponse(
             error=pb_utils.TritonError(reply.text, _code(reply.status))
+        )
+    if explained:
+        return pb_utils.InferenceResponse(
+            output_tensors=[
+                pb_utils.Tensor(EXPLANATIONS, np.array([[reply.text]], dtype=np.object_))
+            ]
         )
     outputs = reply.body["outputs"]
     precision = np.full((outputs[0]["shape"][0], 1), reply.headers[PRECISION_HEADER], np.object_)
@@ -108,8 +161,6 @@ def _code(status: int) -> int:
     4xx become 400 (the core's body in the message still says which), 5xx internal."""
     if status == HTTPStatus.SERVICE_UNAVAILABLE:
         return pb_utils.TritonError.UNAVAILABLE
-    if status == HTTPStatus.NOT_FOUND:
-        return pb_utils.TritonError.NOT_FOUND
     if 400 <= status < 500:
         return pb_utils.TritonError.INVALID_ARG
     return pb_utils.TritonError.INTERNAL

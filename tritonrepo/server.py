@@ -5,7 +5,8 @@
 
 The one place that knows how the wheel's ``tritonserver`` must be started: the Python backend
 stub's interpreter found through ``PATH`` (``tritonrepo.install`` says why), the wheel's
-libraries and ``libpython`` on ``LD_LIBRARY_PATH``, every endpoint on 127.0.0.1 at the ports of
+libraries and ``libpython`` on ``LD_LIBRARY_PATH``, every endpoint on 127.0.0.1 (or the
+``host`` given: ``0.0.0.0`` in a container, whose pod IP is the way in) at the ports of
 ``tsclient.ports`` (or the ones given), a shared-memory prefix of its own so two servers on one
 host do not meet. Ctrl-C or SIGTERM stops it the way Triton stops: in-flight requests finish,
 models unload, the stubs exit.
@@ -46,7 +47,10 @@ DEFAULT_PORTS = {
     "grpc": ports.TRITON_GRPC,
     "metrics": ports.TRITON_METRICS,
 }
-EXIT_TIMEOUT = 30  # seconds Triton gives in-flight requests when told to stop
+# Seconds Triton gives in-flight requests, and clients' open connections, when told to stop;
+# then it closes them and unloads. In a pod, below the grace period (kserve/triton-runtime).
+EXIT_TIMEOUT = 30
+ANY_ADDRESS = "0.0.0.0"
 # Not ./key_file.json: TorchServe rewrites that one when it starts in the same folder.
 KEY_FILE = REPO / "build" / "triton-key_file.json"
 # Triton's API groups (its RESTRICTED_CATEGORY_NAMES) by the key each wants; "health" open.
@@ -92,6 +96,8 @@ class Triton:
         http: int = ports.TRITON_HTTP,
         grpc: int = ports.TRITON_GRPC,
         metrics: int = ports.TRITON_METRICS,
+        host: str = ports.HOST,
+        exit_timeout: int = EXIT_TIMEOUT,
         install: TritonInstall = TritonInstall(),
         log: IO | None = None,
         key_file: Path | None = None,
@@ -100,23 +106,30 @@ class Triton:
         written when missing); None: every API open, for a server behind a gate of its own
         (KServe's)."""
         self.repository = Path(repository)
+        self.host = host  # every endpoint's address
+        self.exit_timeout = exit_timeout
         self.ports = {"http": http, "grpc": grpc, "metrics": metrics}
         self.install = install
         self.log = log
         self.key_file = Path(key_file) if key_file is not None else None
-        self.keys: Keys | None = server_keys(self.key_file) if key_file is not None else None
+        self.keys: Keys | None = server_keys(self.key_file) if self.key_file is not None else None
         self.process: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        return ports.url(self.ports["http"])
+        """The HTTP endpoint as a client on this host reaches it (loopback for 0.0.0.0)."""
+        return ports.url(self.ports["http"], self._reach)
 
     @property
     def metrics_url(self) -> str:
-        return ports.url(self.ports["metrics"]) + "/metrics"
+        return ports.url(self.ports["metrics"], self._reach) + "/metrics"
+
+    @property
+    def _reach(self) -> str:
+        return ports.HOST if self.host == ANY_ADDRESS else self.host
 
     def command(self) -> list[str]:
-        host = ports.HOST
+        host = self.host
         return [
             str(self.install.binary),
             f"--model-repository={self.repository}",
@@ -130,7 +143,7 @@ class Triton:
             f"--metrics-port={self.ports['metrics']}",
             # Each stub's shared memory is /dev/shm/<prefix>...: one prefix per server.
             f"--backend-config=python,shm-region-prefix-name=rs{os.getpid()}-{uuid.uuid4().hex[:8]}_",
-            f"--exit-timeout-secs={EXIT_TIMEOUT}",
+            f"--exit-timeout-secs={self.exit_timeout}",
             "--strict-readiness=true",
             *self._restrictions(),
         ]
@@ -162,7 +175,7 @@ class Triton:
         env.pop("PYTHONPATH", None)  # the stub's packages are the model folder's own
         return env
 
-    def start(self, timeout: float = 300.0) -> "Triton":
+    def start(self, timeout: float = 300.0) -> Triton:
         self.install.check()
         self.process = subprocess.Popen(
             self.command(),
@@ -179,9 +192,11 @@ class Triton:
             raise
         return self
 
-    def stop(self, grace: float = EXIT_TIMEOUT + 15) -> int | None:
+    def stop(self, grace: float | None = None) -> int | None:
         """SIGTERM (Triton's own graceful stop), SIGKILL to the process group after ``grace``
-        seconds; the exit code (None if it had to be killed)."""
+        seconds (default: the exit timeout + 15 s to unload); the exit code (None if it had
+        to be killed)."""
+        grace = self.exit_timeout + 15 if grace is None else grace
         if self.process is None:
             return None
         process, self.process = self.process, None
@@ -194,15 +209,23 @@ class Triton:
             process.wait(10)
             return None
 
-    def __enter__(self) -> "Triton":
+    def __enter__(self) -> Triton:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    def wait(self) -> int:
+        """Until Triton exits on its own; its exit code."""
+        if self.process is None:
+            raise RuntimeError("Triton was not started")
+        return self.process.wait()
+
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if self.process is None:
+                raise RuntimeError("Triton was not started")
             code = self.process.poll()
             if code is not None:
                 raise RuntimeError(
@@ -217,11 +240,28 @@ class Triton:
         raise TimeoutError(f"Triton not ready at {self.url} after {timeout:.0f} s")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def argument_parser() -> argparse.ArgumentParser:
+    """The launcher's options (``make kserve-lint`` checks our Triton runtime's args with it)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m tritonrepo.server", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--repository", type=Path, default=REPOSITORY)
+    parser.add_argument(
+        "--host",
+        default=ports.HOST,
+        help=f"every endpoint's address (default {ports.HOST}; {ANY_ADDRESS} in a "
+        "container: kserve/triton-runtime)",
+    )
     for name, port in DEFAULT_PORTS.items():
         parser.add_argument(f"--{name}-port", type=int, default=port)
+    parser.add_argument(
+        "--exit-timeout-secs",
+        type=int,
+        default=EXIT_TIMEOUT,
+        help="seconds in-flight requests and open client connections get when "
+        f"it is told to stop (default {EXIT_TIMEOUT}; in a pod, below the "
+        "grace period)",
+    )
     parser.add_argument(
         "--key-file",
         type=Path,
@@ -235,8 +275,15 @@ def main(argv: list[str] | None = None) -> int:
         help="write fresh keys into --key-file first (rotation: Triton reads them at start)",
     )
     parser.add_argument(
-        "--no-keys", action="store_true", help="every API open (behind a gate of your own)"
+        "--no-keys",
+        action="store_true",
+        help="every API open, behind a gate of your own (KServe's: kserve/triton-runtime)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argument_parser()
     args = parser.parse_args(argv)
     if args.no_keys and args.new_keys:
         parser.error("--no-keys and --new-keys contradict each other")
@@ -247,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         http=args.http_port,
         grpc=args.grpc_port,
         metrics=args.metrics_port,
+        host=args.host,
+        exit_timeout=args.exit_timeout_secs,
         key_file=None if args.no_keys else args.key_file,
     )
     # SIGTERM as Ctrl-C: one path that stops Triton and waits for it.
@@ -254,13 +303,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         triton.start()
         print(
-            f"Triton ready: {triton.url}/v2 (gRPC {ports.HOST}:{args.grpc_port}, metrics "
+            f"Triton ready: {triton.url}/v2 (gRPC {args.host}:{args.grpc_port}, metrics "
             f"{triton.metrics_url}); "
             + ("every API open" if triton.keys is None else f"keys in {triton.key_file}")
             + "; Ctrl-C stops it",
             file=sys.stderr,
         )
-        triton.process.wait()
+        triton.wait()
         return 1  # it stopped on its own: its log says why
     except KeyboardInterrupt:
         print("stopping Triton", file=sys.stderr)

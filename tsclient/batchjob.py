@@ -1,7 +1,8 @@
 """Embed or tag a whole collection: files read, sent several to a KServe request, answers
 written as Parquet parts (``tsclient.vectors``), with retries and progress.
 
-    job = Job(client, "resnet50-embedding", "embedding", PartSink(output), Plan.from_describe(entry))
+    job = Job(client, "resnet50-embedding", "embedding", PartSink(output),
+              Plan.from_describe(entry))
     summary = job.run(collection.entries(shard), done=output.done())
 
 Pacing (``Plan``): the server runs a batch of up to ``batchSize`` requests per worker, and the
@@ -31,9 +32,9 @@ import hashlib
 import os
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
 
 import numpy as np
 import requests
@@ -58,6 +59,25 @@ RETRIED_STATUSES = (503, 507)
 OUTAGE = (errors.ServerNotRunning, requests.Timeout, requests.ConnectionError)
 DESCRIBE_WAIT_S = 120.0  # a job's start waits this long for a busy model (responseTimeout)
 MAX_REQUEST_BYTES = 8 << 20  # raw bytes per request: 11 MiB of base64, under the 32 MiB limits
+
+
+@dataclass(frozen=True)
+class ServerDefaults:
+    """The shipped model's settings, used only where describe does not say (a KServe URL
+    without the management API): the server's own defaults (``handler:`` from
+    servecore.config, ``batchSize`` from config/models/*.yaml). The client image ships without
+    servecore, so they are written here once; tests/test_collection.py fails when they differ
+    from the server's."""
+
+    batch_size: int = 16
+    max_images_per_request: int = 8
+    max_batch_images: int = 64
+    explain_method: str = "gradcam"
+    explain_n_steps: int = 32
+    explain_max_passes_per_batch: int = 64
+
+
+SERVER_DEFAULTS = ServerDefaults()
 OCCLUSION_PASSES = 49  # servecore.explain.compute's 7x7 windows
 
 
@@ -80,16 +100,16 @@ class Plan:
     @classmethod
     def from_describe(
         cls, entry: dict | None, concurrency: int | None = None, per_request: int | None = None
-    ) -> "Plan":
+    ) -> Plan:
         """From a customized describe answer (``TorchServeClient.describe(..., customized=True)
         [0]``), or the shipped model's settings when there is none (a KServe URL without the
         management API); explicit values win."""
         entry = entry or {}
         handler = (entry.get("customizedMetadata") or {}).get("handler") or {}
-        batch = int(entry.get("batchSize") or 16)
+        batch = int(entry.get("batchSize") or SERVER_DEFAULTS.batch_size)
         workers = max(1, len(entry.get("workers") or [None]))
-        rows = int(handler.get("max_batch_images") or 64)
-        most = int(handler.get("max_images_per_request") or 32)
+        rows = int(handler.get("max_batch_images") or SERVER_DEFAULTS.max_batch_images)
+        most = int(handler.get("max_images_per_request") or SERVER_DEFAULTS.max_images_per_request)
         per = per_request or max(1, min(most, rows // batch))
         return cls(concurrency or 2 * batch * workers, per)
 
@@ -101,14 +121,14 @@ class Plan:
         n_steps: int | None,
         targets: int,
         concurrency: int | None = None,
-    ) -> "Plan":
+    ) -> Plan:
         """One image per request, and per worker as many requests in flight as one batch's
         explanation budget admits (at least one, at most ``batchSize``): ``method`` and
         ``n_steps`` default to the describe answer's ``handler.explain`` settings."""
         entry = entry or {}
         per_target, budget = explain_budget(entry, method, n_steps)
         cost = per_target * max(1, targets)
-        batch = int(entry.get("batchSize") or 16)
+        batch = int(entry.get("batchSize") or SERVER_DEFAULTS.batch_size)
         workers = max(1, len(entry.get("workers") or [None]))
         return cls(concurrency or workers * max(1, min(batch, budget // cost)), 1)
 
@@ -318,7 +338,7 @@ class Job:
             rows.append(row)
         return rows, skipped
 
-    def _send_or_error(self, data: bytes) -> "Answered | errors.ApiError":
+    def _send_or_error(self, data: bytes) -> Answered | errors.ApiError:
         try:
             return self._send([data])[0]
         except FATAL:
@@ -388,9 +408,10 @@ def explain_budget(entry: dict | None, method: str | None, n_steps: int | None) 
     ``entry`` (the shipped defaults without one); ``method``/``n_steps`` None: the model's."""
     handler = ((entry or {}).get("customizedMetadata") or {}).get("handler") or {}
     explain = handler.get("explain") or {}
-    method = method or explain.get("method") or "gradcam"
-    steps = int(n_steps or explain.get("n_steps") or 32)
-    return explain_passes(method, steps), int(explain.get("max_passes_per_batch") or 64)
+    method = method or explain.get("method") or SERVER_DEFAULTS.explain_method
+    steps = int(n_steps or explain.get("n_steps") or SERVER_DEFAULTS.explain_n_steps)
+    budget = explain.get("max_passes_per_batch") or SERVER_DEFAULTS.explain_max_passes_per_batch
+    return explain_passes(method, steps), int(budget)
 
 
 def explain_passes(method: str, n_steps: int) -> int:
@@ -423,7 +444,7 @@ def described(
     ]
 
 
-class wait_retry_after(wait_base):
+class wait_retry_after(wait_base):  # noqa: N801 - named like tenacity's own waits
     """tenacity's wait for a busy answer: the server's ``Retry-After`` when it sent one, else
     ``otherwise``'s."""
 

@@ -1,7 +1,8 @@
 """``tsctl``: operate a running TorchServe from the shell.
 
     tsctl list | describe NAME [VERSION] | health | metrics | top [--once] [--interval S]
-    tsctl list | health | metrics --url http://127.0.0.1:8000 [--key-file F]   (Triton too)
+    tsctl list | health | metrics | describe NAME | explain ... | top ... --url TRITON_URL
+          [--key-file build/triton-key_file.json]          (Triton: make serve-triton)
     tsctl keys [--rotate inference|management|all] [--print inference|management]
     tsctl register ARCHIVE [--name N] [--batch-size B] [--max-batch-delay MS] [--workers W]
     tsctl scale NAME --min N [--max M] | set-default NAME VERSION | unregister NAME [VERSION]
@@ -38,10 +39,10 @@ from typing import Any
 
 from tabulate import tabulate
 
-from tsclient import errors, metrics, objectstore, ports
+from tsclient import errors, metrics, objectstore, ports, triton
 from tsclient.client import TIMEOUT_S, TorchServeClient
-from tsclient.engine import Engine, detect
 from tsclient.collection import STDIN, Collection, Shard
+from tsclient.engine import Engine, detect
 from tsclient.keys import KEY_FILE, KINDS, Keys
 from tsclient.progress import JobProgress, waiting
 
@@ -68,8 +69,6 @@ def _version_rows(client: TorchServeClient) -> list[dict]:
 def _model_rows(client: TorchServeClient) -> list[dict]:
     """Every model version's row, from TorchServe's management API or Triton's repository."""
     if client.engine is Engine.TRITON:
-        from tsclient import triton
-
         return triton.model_rows(client)
     return _version_rows(client)
 
@@ -107,8 +106,8 @@ def cmd_describe(client: TorchServeClient, args) -> tuple[Any, str, int]:
     for entry in entries:
         lines.append(
             _version_line(entry) + f", min/max workers {entry.get('minWorkers')}/"
-            f"{entry.get('maxWorkers')}, archive "
-            f"{entry.get('modelUrl')}"
+            f"{entry.get('maxWorkers')}"
+            + (f", archive {entry['modelUrl']}" if entry.get("modelUrl") else "")
         )
         meta = custom.get("customizedMetadata")
         if entry.get("modelVersion") == custom.get("modelVersion") and isinstance(meta, dict):
@@ -167,8 +166,6 @@ def cmd_unregister(client: TorchServeClient, args) -> tuple[Any, str, int]:
 
 def cmd_health(client: TorchServeClient, args) -> tuple[Any, str, int]:
     if client.engine is Engine.TRITON:
-        from tsclient import triton
-
         data, lines, healthy = triton.health(client)
         return data, "\n".join(lines), 0 if healthy else errors.Unhealthy.exit_code
     ping = client.health()
@@ -256,8 +253,6 @@ def cmd_metrics(client: TorchServeClient, args) -> tuple[Any, str, int]:
 
 
 def _triton_metrics(client: TorchServeClient) -> tuple[Any, str, int]:
-    from tsclient import triton
-
     summary = triton.summarise(client.metrics_text())
     lines = [
         f"Triton ({client.urls['metrics']}): its own series; refusals at the queue bound "
@@ -633,6 +628,11 @@ COMMANDS = {
     "similar": cmd_similar,
     "duplicates": cmd_duplicates,
 }
+# Commands that read a Triton server given with --url as they read TorchServe (tsclient.triton);
+# of those, the ones whose --url must be Triton (TorchServe's read its management and metrics
+# APIs, which --url alone does not reach).
+TRITON_COMMANDS = ("list", "health", "metrics", "describe", "explain", "top")
+TRITON_ONLY = ("describe", "explain", "top")
 DEFAULT_MODELS = {"embedding": "resnet50-embedding", "tags": "resnet50-tagger"}
 DEFAULT_OUTS = {"embedding": "embeddings.parquet", "tags": "tags.parquet"}
 GALLERY_TOPK = 3  # classes an explanation gallery lists per photo when no target is given
@@ -689,6 +689,11 @@ def parser() -> argparse.ArgumentParser:
     d = sub.add_parser("describe", help="one model's versions, workers, settings, weights")
     d.add_argument("name")
     d.add_argument("version", nargs="?")
+    _url_arguments(
+        d,
+        "a Triton server (make serve-triton: http://127.0.0.1:8000) instead of "
+        "the local TorchServe",
+    )
     r = sub.add_parser("register", help="register an archive from the model store and wait")
     r.add_argument(
         "archive", help="file name in the model store (or a URL allowed by allowed_urls)"
@@ -802,6 +807,11 @@ def parser() -> argparse.ArgumentParser:
         default=2.0,
         help="seconds between frames, and the span each one measures (2)",
     )
+    _url_arguments(
+        t,
+        "a Triton server (make serve-triton: http://127.0.0.1:8000; its metrics "
+        "from the same host's port 8002 unless --metrics-url names them)",
+    )
     e = sub.add_parser(
         "explain",
         help="where the model looked: a heatmap for one image, or a gallery page of many (--html)",
@@ -831,11 +841,20 @@ def parser() -> argparse.ArgumentParser:
         help="with --html: requests in flight (default: what the server's "
         "explanation budget admits, from describe)",
     )
+    _url_arguments(
+        e,
+        "a Triton server (make serve-triton: http://127.0.0.1:8000) instead of "
+        "the local TorchServe",
+    )
     return p
 
 
 def _endpoint_arguments(c: argparse.ArgumentParser) -> None:
-    _url_arguments(c)
+    _url_arguments(
+        c,
+        "a KServe endpoint of this runtime instead of the local server, e.g. "
+        "https://resnet50.default.example.com",
+    )
     c.add_argument(
         "--protocol",
         choices=("v2", "v1"),
@@ -844,13 +863,15 @@ def _endpoint_arguments(c: argparse.ArgumentParser) -> None:
     )
 
 
-def _url_arguments(c: argparse.ArgumentParser) -> None:
-    c.add_argument(
-        "--url",
-        help="a server other than the local TorchServe: a KServe endpoint "
-        "(https://resnet50.default.example.com) or Triton "
-        "(http://127.0.0.1:8000)",
-    )
+URL_HELP = (
+    "a server other than the local TorchServe: a KServe endpoint "
+    "(https://resnet50.default.example.com) or Triton (http://127.0.0.1:8000)"
+)
+
+
+def _url_arguments(c: argparse.ArgumentParser, what: str = URL_HELP) -> None:
+    """``--url`` (a server reached by its URL alone) and how to authenticate to it."""
+    c.add_argument("--url", help=what)
     c.add_argument(
         "--token-env",
         default="TSCTL_TOKEN",
@@ -864,8 +885,9 @@ def _url_arguments(c: argparse.ArgumentParser) -> None:
 
 def make_client(args) -> TorchServeClient:
     """The local TorchServe with its key file; or ``--url`` (TorchServe behind KServe, or
-    Triton, asked which when it matters) with the keys of ``--key-file`` when given, else a
-    bearer token from the environment (none when the variable is unset), and TLS verified."""
+    Triton, asked which when it matters: a ``TritonClient`` for ``TRITON_COMMANDS``) with the
+    keys of ``--key-file`` when given, else a bearer token from the environment (none when the
+    variable is unset), and TLS verified."""
     if getattr(args, "url", None) is None:
         return TorchServeClient(
             args.inference_url,
@@ -876,21 +898,31 @@ def make_client(args) -> TorchServeClient:
             engine=Engine.TORCHSERVE,
         )
     token = os.environ.get(args.token_env, "")
+    keys = None if args.key_file else Keys(token, token)
     client = TorchServeClient(
         args.url,
         args.url,
         args.metrics_url or args.url,
         key_file=args.key_file,
-        keys=None if args.key_file else Keys(token, token),
+        keys=keys,
         timeout=args.timeout,
     )
     if args.ca_bundle:
         client.session.verify = args.ca_bundle
-    if args.metrics_url is None and client.engine is Engine.TRITON:
-        from tsclient import triton
-
-        client.urls["metrics"] = triton.metrics_url(args.url)
-    return client
+    if args.command not in TRITON_COMMANDS or client.engine is not Engine.TRITON:
+        if args.command in TRITON_ONLY:
+            raise errors.UsageError(
+                f"{args.command} --url reads a Triton server (make serve-triton); TorchServe's "
+                f"{args.command} reads its management and metrics APIs",
+                "drop --url (and give --management-url/--metrics-url if it is not local)",
+            )
+        return client  # the engine is asked when it matters (_check_engine)
+    # Triton's metrics have a port of their own: --metrics-url when given, else its default.
+    served = triton.TritonClient(
+        args.url, args.metrics_url, key_file=args.key_file, keys=keys, timeout=args.timeout
+    )
+    served.session.verify = client.session.verify
+    return served
 
 
 # What each TorchServe-only command would be on Triton, and how to do it there instead.

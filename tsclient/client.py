@@ -22,6 +22,7 @@ worker until a restart.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import re
@@ -259,10 +260,8 @@ class TorchServeClient:
         for entry in entries:
             meta = entry.get("customizedMetadata")
             if isinstance(meta, str):
-                try:
+                with contextlib.suppress(ValueError):
                     entry["customizedMetadata"] = json.loads(meta)
-                except ValueError:
-                    pass
         return entries
 
     def default_version(self, model: str) -> str:

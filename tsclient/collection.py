@@ -26,8 +26,9 @@ import stat
 import tempfile
 import threading
 import weakref
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import IO, Iterable, Iterator
+from typing import IO
 
 from tsclient.errors import UsageError
 
@@ -46,7 +47,7 @@ class Shard:
     count: int = 1
 
     @classmethod
-    def parse(cls, text: str | None) -> "Shard":
+    def parse(cls, text: str | None) -> Shard:
         """``"i/n"`` (as ``--shard`` takes it; a Kubernetes Indexed Job passes
         ``$(JOB_COMPLETION_INDEX)/<completions>``), or None for the whole collection."""
         if text is None:

@@ -192,19 +192,19 @@ def _seconds(value: str | None) -> float | None:
 
 
 def _body(response: requests.Response) -> dict:
-    """The error body as TorchServe writes it; Triton's ``{"error": text}`` read as one: the
-    core's own body when the text is one (a request the model refused), else the text as its
-    ``message``."""
+    """The JSON error body: TorchServe's and the core's ``{"code", "type", "message"}``, also
+    when Triton wraps it (``{"error": "<the core's body as text>"}``: its HTTP frontend's error
+    answer, which carries a model's error message); Triton's own errors as the message."""
     try:
         body = response.json()
     except ValueError:
         return {}
-    if not isinstance(body, dict):
-        return {}
-    if set(body) == {"error"} and isinstance(body["error"], str):
-        try:
-            inner = json.loads(body["error"])
-        except ValueError:
-            inner = None
-        return inner if isinstance(inner, dict) else {"message": body["error"]}
-    return body
+    body = body if isinstance(body, dict) else {}
+    inner = body.get("error") if set(body) == {"error"} else None
+    if not isinstance(inner, str):
+        return body
+    try:
+        wrapped = json.loads(inner)
+    except ValueError:
+        return {"message": inner}
+    return wrapped if isinstance(wrapped, dict) else {"message": inner}

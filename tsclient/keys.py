@@ -33,7 +33,7 @@ class Keys:
     management_expires: datetime | None = None
 
     @classmethod
-    def read(cls, path: Path | str = KEY_FILE, settle_s: float = 1.0) -> "Keys":
+    def read(cls, path: Path | str = KEY_FILE, settle_s: float = 1.0) -> Keys:
         """Parse a TorchServe key file; ``KeyFileError`` (with a fix) when it is unusable.
 
         TorchServe rewrites the file in place on a rotation (truncate, then write), so a read

@@ -21,10 +21,10 @@ from __future__ import annotations
 import base64
 import io
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from PIL import Image, ImageOps
 

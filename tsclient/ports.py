@@ -26,4 +26,3 @@ def url(port: int, host: str = HOST) -> str:
 INFERENCE_URL = url(INFERENCE)
 MANAGEMENT_URL = url(MANAGEMENT)
 METRICS_URL = url(METRICS)
-TRITON_URL = url(TRITON_HTTP)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import IO, Callable, TypeVar
+from collections.abc import Callable
+from typing import IO, TypeVar
 
 from tqdm import tqdm
 

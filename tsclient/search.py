@@ -21,8 +21,8 @@ import json
 import logging
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pyarrow.compute as pc

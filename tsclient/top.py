@@ -1,4 +1,5 @@
-"""``tsctl top``: a live view of a running TorchServe, one frame every second or two.
+"""``tsctl top``: a live view of a running TorchServe or Triton (``--url``), one frame every
+second or two.
 
 Each frame compares two reads of ``/metrics`` (and the management API's workers) taken
 ``interval`` seconds apart, so every number is what happened in that interval:
@@ -11,6 +12,13 @@ Each frame compares two reads of ``/metrics`` (and the management API's workers)
   refusals included);
 - per worker: status, pid, resident memory (``HandlerWorkerRssMB`` of its pid, else the
   management API's) and the precision it serves.
+
+On Triton the core's series are the same (``tritonrepo/metrics.py``); Triton's own take the
+place of TorchServe's frontend counters: requests from ``nv_inference_request_success`` and
+``_failure``, latency and queue time from ``nv_inference_request_duration_us`` and
+``nv_inference_queue_duration_us`` (sums of microseconds too). Triton has no status classes
+(it counts the model's 4xx answers as successes), so that line says so; its instances have no
+pid in its API, so each shows a stub process the core's ``HandlerWorkerRssMB`` reported.
 
 Lines fit 80 columns. ``run`` redraws until ``q`` or Ctrl-C; ``--once`` prints one frame.
 """
@@ -25,9 +33,10 @@ import sys
 import termios
 import time
 import tty
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Callable, TextIO
+from typing import TextIO
 
 from tabulate import tabulate
 
@@ -35,15 +44,24 @@ from tsclient import metrics
 from tsclient.client import TorchServeClient
 
 WIDTH = 80
+FRONTEND_STATUSES = ("Requests2XX", "Requests4XX", "Requests5XX")
 # Per-model counters a frame turns into rates: metric -> key.
 COUNTERS = {
     "ts_inference_requests": "requests",
     "ts_inference_latency_microseconds": "latency_us",
     "ts_queue_latency_microseconds": "queue_us",
+    # Triton's own, under its label "model": every request answered or failed.
+    "nv_inference_request_success": "requests",
+    "nv_inference_request_failure": "requests",
+    "nv_inference_request_duration_us": "latency_us",
+    "nv_inference_queue_duration_us": "queue_us",
     "HandlerImages": "images",
     "HandlerBatches": "batches",
     "HandlerRequests": "batched_requests",
 }
+# Triton times only the requests it answered (a failure's time is not in its duration sums):
+# its means divide by these.
+ANSWERED = {"nv_inference_request_success": "answered"}
 
 
 @dataclass
@@ -58,19 +76,25 @@ class Read:
     statuses: dict[str, int] = field(default_factory=dict)
     precision: dict[str, str] = field(default_factory=dict)
     rss_mb: dict[str, float] = field(default_factory=dict)  # by worker pid
+    pids: dict[str, list[str]] = field(default_factory=dict)  # by model, as the core reported
     workers: dict[str, list[dict]] = field(default_factory=dict)
 
 
 def parse(text: str, workers: dict[str, list[dict]], at: float) -> Read:
     """A ``Read`` from a ``/metrics`` text and ``{model: describe()'s workers}``."""
-    read = Read(at=at, statuses=metrics.frontend_statuses(text), workers=workers)
-    for name, labels, value in metrics.samples(text):
-        model = labels.get("ModelName") or labels.get("model_name")
+    samples = metrics.samples(text)
+    # No Requests2XX... at all: not TorchServe (Triton), no status classes to show.
+    classes = any(s.name in FRONTEND_STATUSES for s in samples)
+    read = Read(at=at, statuses=metrics.frontend_statuses(text) if classes else {}, workers=workers)
+    for name, labels, value in samples:
+        model = labels.get("ModelName") or labels.get("model_name") or labels.get("model")
         if model is None:
             continue
         if name in COUNTERS:
             counters = read.counters.setdefault(model, dict.fromkeys(COUNTERS.values(), 0.0))
             counters[COUNTERS[name]] += value
+            if name in ANSWERED:
+                counters[ANSWERED[name]] = counters.get(ANSWERED[name], 0.0) + value
         elif name == "HandlerBatchesBySize" and labels.get("BatchSize", "").isdigit():
             sizes = read.batch_sizes.setdefault(model, {})
             size = int(labels["BatchSize"])
@@ -84,6 +108,7 @@ def parse(text: str, workers: dict[str, list[dict]], at: float) -> Read:
             read.precision[model] = labels.get("Precision", "?")
         elif name == "HandlerWorkerRssMB":
             read.rss_mb[labels.get("WorkerPid", "?")] = value
+            read.pids.setdefault(model, []).append(labels.get("WorkerPid", "?"))
     return read
 
 
@@ -128,13 +153,16 @@ def frame(old: Read, new: Read, *, url: str = "", width: int = WIDTH) -> str:
     )
     lines = [
         f"tsctl top  {url}  {datetime.now():%H:%M:%S}  every {seconds:.1f}s",
-        f"answers/s  {answers}  (5XX: 503 queue full, 507 no worker)",
+        f"answers/s  {answers}  (5XX: 503 queue full, 507 no worker)"
+        if new.statuses
+        else "answers/s  - (no status classes on Triton: errors/s by kind below)",
         "",
     ]
     rows, error_lines = [], []
     for model in sorted(set(new.counters) | set(new.workers)):
         d = _delta(new.counters.get(model, {}), old.counters.get(model, {}))
         requests = d.get("requests", 0.0)
+        timed = d.get("answered", requests)  # the requests the latency sums cover
         sizes = _delta(new.batch_sizes.get(model, {}), old.batch_sizes.get(model, {}))
         batches = d.get("batches", 0.0)
         p50, p95 = percentile(sizes, 0.5), percentile(sizes, 0.95)
@@ -143,8 +171,8 @@ def frame(old: Read, new: Read, *, url: str = "", width: int = WIDTH) -> str:
                 model,
                 _num(requests / seconds),
                 _num(d.get("images", 0.0) / seconds),
-                _num(d["latency_us"] / 1000 / requests if requests and "latency_us" in d else None),
-                _num(d["queue_us"] / 1000 / requests if requests and "queue_us" in d else None),
+                _num(d["latency_us"] / 1000 / timed if timed and "latency_us" in d else None),
+                _num(d["queue_us"] / 1000 / timed if timed and "queue_us" in d else None),
                 _num(d.get("batched_requests", 0.0) / batches if batches else None),
                 f"{p50}/{p95}" if p50 is not None else "-",
             ]
@@ -178,7 +206,7 @@ def frame(old: Read, new: Read, *, url: str = "", width: int = WIDTH) -> str:
             new.precision.get(model, "-"),
         ]
         for model, workers in sorted(new.workers.items())
-        for w in workers
+        for w in _with_pids(workers, new.pids.get(model, []))
     ]
     lines += tabulate(
         worker_rows,
@@ -187,6 +215,16 @@ def frame(old: Read, new: Read, *, url: str = "", width: int = WIDTH) -> str:
         disable_numparse=True,
     ).splitlines()
     return "\n".join(line[:width].rstrip() for line in lines)
+
+
+def _with_pids(workers: list[dict], pids: list[str]) -> list[dict]:
+    """Workers without a pid (Triton's instances) take the pids the core reported for their
+    model, in order: one row per stub process."""
+    if all("pid" in w for w in workers):
+        return workers
+    return [
+        w if "pid" in w or i >= len(pids) else {**w, "pid": pids[i]} for i, w in enumerate(workers)
+    ]
 
 
 def _rss_mb(read: Read, worker: dict) -> float | None:
@@ -245,7 +283,7 @@ class _Keys:
         self.fd = sys.stdin.fileno() if sys.stdin.isatty() else None
         self._saved = None
 
-    def __enter__(self) -> "_Keys":
+    def __enter__(self) -> _Keys:
         if self.fd is not None:
             self._saved = termios.tcgetattr(self.fd)
             tty.setcbreak(self.fd)

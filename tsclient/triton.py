@@ -1,19 +1,39 @@
-"""What ``tsctl`` reads from Triton for ``list``, ``health`` and ``metrics``: its v2 repository
-index and model configurations (the management key), model readiness (open, as Triton's
-health API is), and its own Prometheus series (``nv_inference_*``, on its metrics port).
+"""Triton serving this project's repository (``make serve-triton``), read as ``tsctl`` reads
+TorchServe.
 
-The rows have the shape ``tsctl`` prints for TorchServe (``cli._version_row``): instances
-stand for workers, ``max_batch_size`` (rows) for ``batchSize``, the dynamic batcher's queue
-delay for ``maxBatchDelay``.
+``TritonClient`` answers the calls ``tsctl describe``, ``explain`` and ``top`` make of
+``TorchServeClient`` (``describe``, ``explain``, ``list_models``, ``metrics_text``) as
+TorchServe's do, from Triton's v2 API and the model's own request parameters
+(``tritonrepo/model.py``: ``describe``, ``explain``):
+
+    client = TritonClient("http://127.0.0.1:8000", key_file="build/triton-key_file.json")
+    client.describe("resnet50-tagger", customized=True)[0]["customizedMetadata"]["precision"]
+
+``model_rows``, ``health`` and ``summarise`` are what ``tsctl list``, ``health`` and
+``metrics`` print for Triton: its repository index and model configurations (the management
+key), model readiness (open, as Triton's health API is), its own Prometheus series
+(``nv_inference_*``, on its metrics port: ``metrics_url``). The rows have the shape ``tsctl``
+prints for TorchServe (``cli._version_row``): instances stand for workers, ``max_batch_size``
+(rows) for ``batchSize``, the dynamic batcher's queue delay for ``maxBatchDelay``.
+
+Which engine a URL serves is ``tsclient.engine.detect``'s to say (it sends no key).
 """
 
 from __future__ import annotations
 
+import base64
+import json
+from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from tsclient import metrics, ports
-from tsclient.client import TorchServeClient
+from tsclient import errors, metrics, ports
+from tsclient.client import TIMEOUT_S, TorchServeClient, check_name
+from tsclient.engine import Engine
+from tsclient.keys import Keys
 
+# What the model's describe and explanation requests answer (tritonrepo/model.py).
+DESCRIBE, EXPLAIN, EXPLANATIONS = "describe", "explain", "explanations"
 # nv_inference_* counter -> the total it adds to, per model (Triton 2.51's names).
 TOTALS = {
     "nv_inference_request_success": "succeeded",
@@ -34,36 +54,57 @@ def metrics_url(url: str) -> str:
     return urlunsplit((parts.scheme or "http", f"{netloc}:{ports.TRITON_METRICS}", "", "", ""))
 
 
+def repository_index(client: TorchServeClient, ready: bool = False) -> list[dict]:
+    """Triton's repository index (``{"name", "version", "state", "reason"}`` per model
+    version; only the loaded ones with ``ready``), by the management key its model-repository
+    API wants."""
+    what = "list models (Triton's repository index)"
+    body = {"ready": True} if ready else None
+    return client._call("POST", "management", "/v2/repository/index", what, json=body).json()
+
+
+def model_config(client: TorchServeClient, model: str) -> dict:
+    """``model``'s configuration (its config.pbtxt as JSON), by the management key."""
+    path = f"/v2/models/{check_name(model)}/config"
+    return client._call("GET", "management", path, f"read {model}'s configuration").json()
+
+
+def batching(config: dict) -> dict:
+    """A model configuration's instances and batching in TorchServe's words: ``workers``
+    (instances), ``batchSize`` (``max_batch_size``), ``maxBatchDelay`` (ms, the dynamic
+    batcher's queue delay; None without one) and ``maxQueueSize`` (None: unbounded)."""
+    dynamic = config.get("dynamic_batching") or {}
+    delay_us = dynamic.get("max_queue_delay_microseconds")
+    queue = dynamic.get("default_queue_policy") or {}
+    return {
+        "workers": sum(int(g.get("count", 1)) for g in config.get("instance_group", [])),
+        "batchSize": config.get("max_batch_size"),
+        "maxBatchDelay": int(delay_us) // 1000 if delay_us is not None else None,
+        "maxQueueSize": int(queue["max_queue_size"]) if "max_queue_size" in queue else None,
+    }
+
+
 def model_rows(client: TorchServeClient) -> list[dict]:
     """One row per model version in Triton's repository index, with its configuration."""
-    index = client._call(
-        "POST", "management", "/v2/repository/index", "list models (Triton's repository index)"
-    ).json()
     rows = []
-    for entry in sorted(index, key=lambda e: (e.get("name", ""), e.get("version", ""))):
+    for entry in sorted(
+        repository_index(client), key=lambda e: (e.get("name", ""), e.get("version", ""))
+    ):
         name, version = entry.get("name"), entry.get("version")
-        config = (
-            client._call(
-                "GET", "management", f"/v2/models/{name}/config", f"read {name}'s configuration"
-            ).json()
-            if entry.get("state") == "READY"
-            else {}
-        )
-        instances = sum(int(g.get("count", 1)) for g in config.get("instance_group", []))
-        delay_us = (config.get("dynamic_batching") or {}).get("max_queue_delay_microseconds")
-        queue = (config.get("dynamic_batching") or {}).get("default_queue_policy") or {}
+        loaded = entry.get("state") == "READY"
+        settings = batching(model_config(client, name) if loaded else {})
         rows.append(
             {
                 "model": name,
                 "version": version,
                 "default": True,
-                "workers": instances,
-                "ready": instances if entry.get("state") == "READY" else 0,
+                "workers": settings["workers"],
+                "ready": settings["workers"] if loaded else 0,
                 "state": entry.get("state"),
                 "reason": entry.get("reason") or None,
-                "batchSize": config.get("max_batch_size"),
-                "maxBatchDelay": int(delay_us) // 1000 if delay_us is not None else None,
-                "maxQueueSize": int(queue["max_queue_size"]) if "max_queue_size" in queue else None,
+                "batchSize": settings["batchSize"],
+                "maxBatchDelay": settings["maxBatchDelay"],
+                "maxQueueSize": settings["maxQueueSize"],
             }
         )
     return rows
@@ -133,3 +174,138 @@ def _derive(entry: dict) -> dict:
 def _ok(client: TorchServeClient, path: str) -> bool:
     """Whether Triton's health API answers 200 at ``path`` (open: no key is sent)."""
     return client._send("GET", "inference", path, {}, {}).status_code == 200
+
+
+class TritonClient(TorchServeClient):
+    """``url``: Triton's HTTP endpoint; ``metrics_base``: its metrics port (default:
+    ``metrics_url``, the same host's 8002). ``key_file``: the keys Triton was started with
+    (``tritonrepo.server``'s key file; the inference key for inference and metadata, the
+    management key for the repository index and configurations); else ``keys``, bearer tokens
+    as on TorchServe's --url calls; neither: none sent (a Triton started without keys)."""
+
+    def __init__(
+        self,
+        url: str,
+        metrics_base: str | None = None,
+        *,
+        key_file: Path | str | None = None,
+        keys: Keys | None = None,
+        timeout: float = TIMEOUT_S,
+    ) -> None:
+        super().__init__(
+            url,
+            url,
+            metrics_base or metrics_url(url),
+            key_file=key_file,
+            keys=keys if key_file is not None else keys or Keys("", ""),
+            timeout=timeout,
+            engine=Engine.TRITON,
+        )
+
+    def list_models(self) -> list[dict]:
+        """The models of Triton's repository index that are loaded, as TorchServe lists them
+        (``modelName``; ``modelUrl``: None, Triton does not say)."""
+        names = sorted({entry["name"] for entry in repository_index(self, ready=True)})
+        return [{"modelName": name, "modelUrl": None} for name in names]
+
+    def describe(
+        self, model: str, version: str | None = None, customized: bool = False
+    ) -> list[dict]:
+        """TorchServe's describe entry of ``model`` (``version``: Triton serves one, the
+        highest; another is refused as unknown): its batching from the model's configuration
+        (``/v2/models/M/config``, by the management key), its instances as ``workers`` (READY
+        when the model is), and with ``customized`` as ``customizedMetadata`` the model's own
+        describe (weights, settings, backend, precision choice). That one is an inference
+        request (Triton counts it in ``nv_inference_request_success``, the core does not count
+        it); Triton demands the ``images`` input on every request: it carries one empty
+        element, not read."""
+        path = f"/v2/models/{check_name(model)}"
+        metadata = self._call("GET", "inference", path, f"describe {model}").json()
+        served = max(metadata.get("versions") or ["1"], key=_version_order)
+        if version is not None and version != served:
+            raise errors.NotFound(
+                404,
+                "NotFound",
+                f"{model} has no version {version} on Triton (it serves {served})",
+                "leave the version out",
+            )
+        settings = batching(model_config(self, model))
+        ready = _ok(self, path + "/ready")
+        instances = settings["workers"]
+        entry = {
+            "modelName": metadata.get("name", model),
+            "modelVersion": served,
+            "default": True,
+            "batchSize": settings["batchSize"],
+            "maxBatchDelay": settings["maxBatchDelay"] or 0,  # no dynamic batcher: no delay
+            "minWorkers": instances,
+            "maxWorkers": instances,
+            "workers": [
+                {"id": str(i), "status": "READY" if ready else "UNAVAILABLE"}
+                for i in range(instances)
+            ],
+        }
+        if customized:
+            entry["customizedMetadata"] = self._infer(model, [b""], {DESCRIBE: True}, DESCRIBE)
+        return [entry]
+
+    def default_version(self, model: str) -> str:
+        return self.describe(model)[0]["modelVersion"]
+
+    def explain(
+        self,
+        model: str,
+        image: bytes,
+        *,
+        filename: str = "image",
+        target: int | str | None = None,
+        topk: int | None = None,
+        method: str | None = None,
+        n_steps: int | None = None,
+        png: bool = False,
+    ) -> dict:
+        """``TorchServeClient.explain``'s answer from the model's explanation request (the
+        same JSON: ``{"method", "explanations": [...]}``). ``filename`` is not sent."""
+        parameters = {
+            EXPLAIN: True,
+            "target": target,
+            "topk": topk,
+            "method": method,
+            "n_steps": n_steps,
+            "png": png or None,
+        }
+        return self._infer(
+            model, [image], {k: v for k, v in parameters.items() if v is not None}, EXPLANATIONS
+        )
+
+    def _infer(
+        self, model: str, images: list[bytes], parameters: dict[str, Any], output: str
+    ) -> Any:
+        """One v2 request for ``output``, a BYTES tensor of one JSON text, parsed."""
+        body = {
+            "inputs": [
+                {
+                    "name": "images",
+                    "shape": [len(images), 1],
+                    "datatype": "BYTES",
+                    "data": [base64.b64encode(i).decode("ascii") for i in images],
+                }
+            ],
+            "parameters": parameters,
+            "outputs": [{"name": output}],
+        }
+        answer = self._call(
+            "POST",
+            "inference",
+            f"/v2/models/{check_name(model)}/infer",
+            f"{output} {model}",
+            data=json.dumps(body),
+            headers={"Content-Type": "application/json"},
+        )
+        [tensor] = [o for o in answer.json()["outputs"] if o["name"] == output]
+        return json.loads(tensor["data"][0])
+
+
+def _version_order(version: str) -> tuple[int, str]:
+    """Triton serves the highest numbered version by default."""
+    return (int(version), "") if version.isdigit() else (-1, version)

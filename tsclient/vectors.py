@@ -5,10 +5,11 @@ One row per file: ``path``, ``size``, ``mtime`` (UTC timestamp, ns), ``sha256`` 
 bytes sent), ``status`` (``ok`` or ``error``), ``error`` (the server's or the reader's
 message), ``precision`` (the arithmetic that computed the row, from the answer's
 ``X-Precision`` header: replicas measuring ``auto`` on different nodes may differ; null for a
-failed file or a server that does not say), and the answer: ``embedding`` (``fixed_size_list<float32>[2048]``) or ``tags``
-(``list<struct<label: string, index: int32, probability: float32>>``), null when the file
-failed. The file's key-value metadata ``tsclient`` holds JSON naming the model, its version,
-precision, backend and weights fingerprint (from the describe answer) and the schema version.
+failed file or a server that does not say), and the answer: ``embedding``
+(``fixed_size_list<float32>[2048]``) or ``tags`` (``list<struct<label: string, index: int32,
+probability: float32>>``), null when the file failed. The file's key-value metadata ``tsclient``
+holds JSON naming the model, its version, precision, backend and weights fingerprint (from the
+describe answer) and the schema version.
 pandas, polars and DuckDB read the files as they are.
 
 Safety: rows are written as parts (``OUT.parts/part-NNNNNN.parquet``), each to a temporary name
@@ -24,9 +25,9 @@ import hashlib
 import json
 import os
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -130,7 +131,7 @@ class Output:
                     f"write to another --out, or delete {self.out} and {self.parts}",
                 )
 
-    def done(self, with_sha256: bool = False) -> "DoneIndex":
+    def done(self, with_sha256: bool = False) -> DoneIndex:
         """What needs no redoing: the files whose newest row is ``ok``."""
         return DoneIndex.read(self.existing(), with_sha256)
 
@@ -259,7 +260,7 @@ class DoneIndex:
         self.sha = sha[order] if sha is not None else None
 
     @classmethod
-    def read(cls, files: list[Path], with_sha256: bool = False) -> "DoneIndex":
+    def read(cls, files: list[Path], with_sha256: bool = False) -> DoneIndex:
         paths, keys, ok, sha = [], [], [], []
         columns = ["path", "size", "mtime", "status"] + (["sha256"] if with_sha256 else [])
         for path in files:

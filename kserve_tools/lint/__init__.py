@@ -1,7 +1,7 @@
 """Lint the KServe manifests offline: what ``kubectl apply`` and KServe's webhook would refuse,
 and what would deploy but serve badly.
 
-    python -m kserve_tools.lint                  # kserve/runtime, overlays/*, stock/*, triton, ...
+    python -m kserve_tools.lint                  # kserve/runtime, triton-runtime, overlays/*, ...
     python -m kserve_tools.lint PATH ...         # kustomization folders or YAML files
     python -m kserve_tools.lint --bundle DIR     # also a storage bundle (make kserve-bundle)
 
@@ -29,8 +29,8 @@ For our ClusterServingRuntime (no CRD schema is kept here, so our own rules, str
 fields only; one ``kserve-container`` started in the foreground from ``/mnt/models``; model
 formats not auto-selected; v1/v2 protocols; one port named for Knative and equal to TorchServe's
 ``inference_address`` port; the bundle's readiness check as readiness probe (no HTTP route of
-TorchServe 0.12 waits for loaded workers); metrics annotations equal to ``metrics_address``; no ``PYTHONPATH``; token
-authorization off in its config (probes carry no key).
+TorchServe 0.12 waits for loaded workers); metrics annotations equal to ``metrics_address``;
+no ``PYTHONPATH``; token authorization off in its config (probes carry no key).
 
 Ours, for the pods: our runtime's container runs with ``seccompProfile: RuntimeDefault`` and a
 memory request and limit of at least ``FOOTPRINT_GIB`` (measured, kserve/README.md), as does
@@ -39,13 +39,18 @@ ships a NetworkPolicy selecting its predictor pods (``serving.kserve.io/inferenc
 that admits TorchServe's inference and metrics ports (or Knative's queue-proxy) only from
 named namespaces, and nothing from everywhere.
 
+For our Triton ClusterServingRuntime (``kserve/triton-runtime``, the same image):
+``tritonruntime`` (the launcher's own argument parser judges its args; v2 only; Triton's
+health routes as probes; a memory-backed ``/dev/shm``; ``TRITON_FOOTPRINT_GIB``, also for every
+InferenceService on it).
+
 For the collection job (``kserve/batch-job``, an Indexed Job): ``kserve_tools.joblint``.
 For the PodMonitor and PrometheusRule (``kserve/monitoring``): ``kserve_tools.monitoring``.
 
 One module per kind of object (``schema``, ``inferenceservice``, ``servingruntime``,
-``network``, ``bundle``; ``memory`` for every pod of our runtime), each rule a function that
-yields the problems it finds (``base.Problem``); this module renders the targets, sends each
-object to its rules and prints the findings.
+``tritonruntime``, ``network``, ``bundle``; ``memory`` for every pod of our runtime), each rule a
+function that yields the problems it finds (``base.Problem``); this module renders the targets,
+sends each object to its rules and prints the findings.
 
 For a bundle: ``config/config.properties`` names exactly the archives in ``model-store/``
 (model names and versions from each archive's manifest) and the models of ``config/models``.
@@ -65,8 +70,10 @@ from kserve_tools.lint.base import (
     ISVC_LABEL,
     KSERVE,
     MODES,
+    OUR_TRITON_RUNTIME,
     RUNTIME_DIR,
     RUNTIME_SERVER_PROPERTIES,
+    TRITON_RUNTIME_DIR,
     Finding,
     finding,
     mode,
@@ -76,7 +83,7 @@ from kserve_tools.lint.base import (
 )
 from kserve_tools.lint.bundle import bundle_findings
 from kserve_tools.lint.inferenceservice import ServingLimits, inference_service_findings
-from kserve_tools.lint.memory import FOOTPRINT_GIB
+from kserve_tools.lint.memory import FOOTPRINT_GIB, TRITON_FOOTPRINT_GIB
 from kserve_tools.lint.network import network_policy_findings
 from kserve_tools.lint.schema import schema_findings, strict
 from kserve_tools.lint.servingruntime import (
@@ -86,6 +93,7 @@ from kserve_tools.lint.servingruntime import (
     runtime_findings,
     runtime_of,
 )
+from kserve_tools.lint.tritonruntime import triton_runtime_findings
 from kserve_tools.render import RenderError, Resource, render
 
 BATCH_JOB_DIR = KSERVE / "batch-job"
@@ -98,9 +106,12 @@ __all__ = [
     "FOOTPRINT_GIB",
     "ISVC_LABEL",
     "MODES",
+    "OUR_TRITON_RUNTIME",
     "RUNTIME_DIR",
     "STOCK_RUNTIME",
+    "TRITON_FOOTPRINT_GIB",
     "TRITON_RUNTIME",
+    "TRITON_RUNTIME_DIR",
     "Finding",
     "Runtime",
     "ServingLimits",
@@ -119,14 +130,16 @@ __all__ = [
     "schema_findings",
     "server_properties",
     "strict",
+    "triton_runtime_findings",
 ]
 
 
 def default_targets() -> list[Path]:
-    """Our runtime, every overlay, the stock-runtime manifests, the collection job and the
+    """Our runtimes, every overlay, the stock-runtime manifests, the collection job and the
     monitoring objects."""
     return [
         RUNTIME_DIR,
+        TRITON_RUNTIME_DIR,
         *sorted(p for p in (KSERVE / "overlays").iterdir() if p.is_dir()),
         *sorted((KSERVE / "stock").glob("*.yaml")),
         TRITON_DIR,
@@ -171,8 +184,8 @@ def lint(
         rendered += objects
         found += network_policy_findings(objects)
     runtimes = {r.name: r for r in (STOCK_RUNTIME, TRITON_RUNTIME)}
-    # Our runtime is known to every InferenceService, linted or not; linted when rendered.
-    for resource in render(RUNTIME_DIR) + rendered:
+    # Our runtimes are known to every InferenceService, linted or not; linted when rendered.
+    for resource in render(RUNTIME_DIR) + render(TRITON_RUNTIME_DIR) + rendered:
         if resource.kind in RUNTIME_KINDS:
             runtimes[resource.name] = runtime_of(resource)
     for resource in rendered:
@@ -188,6 +201,8 @@ def _findings(
 ) -> list[Finding]:
     """One rendered object's findings, by the rules of its kind."""
     if resource.kind in RUNTIME_KINDS:
+        if resource.name == OUR_TRITON_RUNTIME:
+            return triton_runtime_findings(resource)
         return runtime_findings(resource, properties)
     if resource.kind == "Job":
         return job_findings(resource, *base_service())

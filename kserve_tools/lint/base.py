@@ -8,9 +8,10 @@ wrong, how to fix it); ``stamped`` turns them into ``Finding``s naming the file 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 import javaproperties
 
@@ -19,6 +20,7 @@ from kserve_tools.render import Resource
 
 KSERVE = REPO / "kserve"
 RUNTIME_DIR = KSERVE / "runtime"
+TRITON_RUNTIME_DIR = KSERVE / "triton-runtime"  # our Triton runtime, the same image
 RUNTIME_SERVER_PROPERTIES = RUNTIME_DIR / "server.properties"
 MOUNT = "/mnt/models"  # where KServe's storage initializer puts storageUri
 
@@ -48,6 +50,7 @@ MODES = {
 DEFAULT_MODE = "Standard"
 BLOCKED_ENV = ("PYTHONPATH",)
 OUR_RUNTIME = "resnet50-torchserve"
+OUR_TRITON_RUNTIME = "resnet50-triton"
 ISVC_LABEL = "serving.kserve.io/inferenceservice"  # KServe labels every predictor pod with it
 
 

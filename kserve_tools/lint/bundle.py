@@ -5,8 +5,8 @@ manifest) and the models of ``config/models``."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import javaproperties
 

@@ -5,8 +5,8 @@ problems it finds; ``inference_service_findings`` runs them all."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from kserve_tools.lint.base import (
     BLOCKED_ENV,
@@ -15,12 +15,13 @@ from kserve_tools.lint.base import (
     MOUNT,
     NAME,
     OUR_RUNTIME,
+    OUR_TRITON_RUNTIME,
     Finding,
     Problem,
     mode,
     stamped,
 )
-from kserve_tools.lint.memory import memory_problems
+from kserve_tools.lint.memory import TRITON, TRITON_FOOTPRINT_GIB, memory_problems
 from kserve_tools.lint.servingruntime import Runtime
 from kserve_tools.render import Resource
 
@@ -53,7 +54,7 @@ class ServingLimits:
     response_timeout: int  # max over models of responseTimeout (seconds)
 
     @classmethod
-    def from_models(cls, models: dict[str, dict]) -> "ServingLimits":
+    def from_models(cls, models: dict[str, dict]) -> ServingLimits:
         fill = {name: s["batchSize"] * s["maxWorkers"] for name, s in models.items()}
         widest = max(fill, key=fill.get)
         return cls(fill[widest], widest, max(s["responseTimeout"] for s in models.values()))
@@ -91,6 +92,16 @@ def inference_service_findings(
             *(
                 memory_problems("spec.predictor.model.resources", model.get("resources"))
                 if model.get("runtime") == OUR_RUNTIME
+                else ()
+            ),
+            *(
+                memory_problems(
+                    "spec.predictor.model.resources",
+                    model.get("resources"),
+                    TRITON_FOOTPRINT_GIB,
+                    TRITON,
+                )
+                if model.get("runtime") == OUR_TRITON_RUNTIME
                 else ()
             ),
             *timeout_problems(predictor, limits),
@@ -195,7 +206,7 @@ def scaling_problems(
         allowed, scaler = ("concurrency", "rps"), "Knative's autoscaler (KPA)"
     elif mode_ == "Standard" and klass == "keda":
         allowed, scaler = (), "KEDA"
-    elif mode_ == "Standard" and klass in (None, "hpa") or knative_hpa:
+    elif (mode_ == "Standard" and klass in (None, "hpa")) or knative_hpa:
         allowed, scaler = ("cpu", "memory"), "the HPA"
     else:
         allowed, scaler = None, None  # external/none: KServe creates no autoscaler

@@ -1,4 +1,4 @@
-"""Ours, for the pods: each kustomization rendering an InferenceService on our runtime (or on
+"""Ours, for the pods: each kustomization rendering an InferenceService on our runtimes (or on
 KServe's Triton runtime, ``kserve/triton``) ships a NetworkPolicy selecting its predictor pods
 (``serving.kserve.io/inferenceservice``) that admits the server's inference and metrics ports
 (or Knative's queue-proxy) only from named namespaces, and nothing from everywhere (TorchServe
@@ -11,6 +11,7 @@ from kserve_tools.lint.base import (
     ISVC_LABEL,
     MODES,
     OUR_RUNTIME,
+    OUR_TRITON_RUNTIME,
     Finding,
     finding,
     mode,
@@ -46,9 +47,10 @@ def network_policy_findings(objects: list[Resource]) -> list[Finding]:
     properties = server_properties()
     for isvc in (r for r in objects if r.kind == "InferenceService"):
         model = ((isvc.obj.get("spec") or {}).get("predictor") or {}).get("model") or {}
-        if model.get("runtime") not in (OUR_RUNTIME, TRITON_RUNTIME.name):
+        if model.get("runtime") not in (OUR_RUNTIME, OUR_TRITON_RUNTIME, TRITON_RUNTIME.name):
             continue
-        triton = model.get("runtime") == TRITON_RUNTIME.name
+        # Both Triton runtimes serve on the same ports (tritonruntime checks ours' args).
+        triton = model.get("runtime") in (OUR_TRITON_RUNTIME, TRITON_RUNTIME.name)
         knative = (
             MODES.get(
                 mode((isvc.obj.get("metadata") or {}).get("annotations") or {}) or DEFAULT_MODE

@@ -7,8 +7,8 @@ authorization off in its config (probes carry no key)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from kserve_tools.lint.base import (
     BLOCKED_ENV,

@@ -3,14 +3,16 @@
 ``Explanations`` is what the model calls: ``open`` checks one request's parameters
 (``options``), ``admit`` keeps a batch's explanation work within its budget, ``run`` computes
 the batch's explanations from its pixels and logits (``compute``, Captum on the eager model),
-``answer`` encodes one request's answer (``encode``). The prediction path never imports this
-package.
+``answer`` encodes one request's answer (``encode``). Only the model (``servecore.service``)
+imports this package, to hand it to the intake as its ``Addon``; the request path (parse,
+intake, decode, encode) never does.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -86,9 +88,12 @@ class Explanations:
         and ``Retry-After``, so a burst of explanations cannot hold the predictions of the
         same queue back for long. A request that costs more than the budget alone gets 400."""
         result = list(requests)
-        asking = [i for i, r in enumerate(result) if isinstance(r, Opened) and r.addon is not None]
-        for i in asking:
-            request, cost = result[i], self.cost(result[i])
+        opened = [
+            (i, r) for i, r in enumerate(result) if isinstance(r, Opened) and r.addon is not None
+        ]
+        asking = [i for i, _ in opened]
+        for i, request in opened:
+            cost = self.cost(request)
             if cost > self.budget.limit:  # never fits, unlike one that only lost the race
                 result[i] = Failed(
                     request.request_id,
@@ -116,6 +121,8 @@ class Explanations:
         if not asking:
             return {}
         try:
+            if self.explainer is None or batch.pixels is None:  # open() refuses without one
+                raise RuntimeError("explanations admitted without an explainer or pixels")
             jobs = [ExplainJob(r.opened.addon, r.rows, self._pictures(r.opened)) for _, r in asking]
             answers = self.explainer.explain(batch.pixels, logits, jobs)
         except Exception as exc:  # noqa: BLE001 - the boundary of the explanation requests

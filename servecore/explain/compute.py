@@ -16,9 +16,10 @@ pooled to 28x28).
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,9 +27,9 @@ import torch.nn.functional as F
 from PIL import Image, ImageDraw
 from torch import nn
 
+from model_files.resnet_dual import WEIGHTS, build_dual
 from servecore.explain.encode import Explanation
 from servecore.explain.options import ExplainSpec
-from model_files.resnet_dual import WEIGHTS, build_dual
 
 # The model's view of an image (the weights' transform, as servecore.intake applies it): the
 # shorter side resized to RESIZE, then a centre CROP x CROP.
@@ -84,7 +85,7 @@ class Method:
     internal_batch_size: int = 8
 
     @classmethod
-    def of(cls, spec: ExplainSpec) -> "Method":
+    def of(cls, spec: ExplainSpec) -> Method:
         return cls(
             spec.method, spec.n_steps if spec.method == "ig" else 0, spec.internal_batch_size
         )
@@ -187,7 +188,7 @@ def crop_box(
         new_w, new_h = resize, int(resize * height / width)
     else:
         new_w, new_h = int(resize * width / height), resize
-    left, top = int(round((new_w - crop) / 2.0)), int(round((new_h - crop) / 2.0))
+    left, top = round((new_w - crop) / 2.0), round((new_h - crop) / 2.0)
     sx, sy = width / new_w, height / new_h
     return left * sx, top * sy, (left + crop) * sx, (top + crop) * sy
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -39,6 +39,7 @@ def encode_explanations(
 
 
 def _explanation(e: Explanation, labels: Sequence[str]) -> dict:
+    item: dict[str, object]
     if e.target < 0:
         item = {"target": EMBEDDING_TARGET, "label": None, "index": None, "probability": None}
     else:

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from servecore.config import EXPLAIN_METHODS, ExplainConfig
 from servecore.errors import InvalidParameter, echo
