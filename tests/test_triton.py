@@ -523,8 +523,10 @@ def test_an_open_loop_flood_is_refused_at_the_queue_bound_not_queued(triton):
 
 
 def test_tsctl_lists_checks_and_reads_triton_and_says_what_it_cannot(triton):
-    """``list``, ``health`` and ``metrics`` with ``--url`` read Triton's repository, readiness
-    and metrics; TorchServe's management commands say they are not available there."""
+    """``list``, ``health``, ``metrics`` and ``describe`` with ``--url`` read Triton's
+    repository, readiness, metrics and the model's own describe, with the key file's keys (the
+    configuration by the management key, the describe request by the inference key);
+    TorchServe's management commands say they are not available there."""
 
     def tsctl(*argv):
         return subprocess.run(
@@ -565,6 +567,14 @@ def test_tsctl_lists_checks_and_reads_triton_and_says_what_it_cannot(triton):
     tagger = json.loads(read.stdout)["models"][TAGGER]
     assert tagger["requests"] == stats(triton, TAGGER)["inference_stats"]["success"]["count"]
     assert tagger["images"] >= 2 and tagger["batches"] >= 1
+    described = tsctl("--json", "describe", TAGGER, "--url", triton.url)
+    assert described.returncode == 0, described.stderr
+    [entry] = json.loads(described.stdout)
+    assert (
+        entry["batchSize"]
+        == frontend_settings(REPO / "config" / "models" / f"{TAGGER}.yaml")["batchSize"]
+    )
+    assert entry["customizedMetadata"]["precision"] == "f32"  # the repository's pinned one
 
     keyless = subprocess.run(
         [str(REPO / ".venv" / "bin" / "tsctl"), "list", "--url", triton.url],
