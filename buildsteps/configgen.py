@@ -75,6 +75,13 @@ def frontend_settings(model_yaml: Path) -> dict:
     return {k: config[k] for k in FRONTEND_KEYS}
 
 
+def job_queue_size(base: Path = BASE) -> int:
+    """TorchServe's ``job_queue_size`` (``config/server-base.properties``): the requests one
+    model may hold waiting, beyond which the frontend answers 503 at once. Triton's dynamic
+    batcher takes the same bound (``tritonrepo.generate``)."""
+    return int(javaproperties.loads(base.read_text())["job_queue_size"])
+
+
 def archive_name(model: str, version: str = VERSION) -> str:
     """The file ``archive.sh`` writes for ``model`` at ``version``: ``<model>.mar`` at 1.0,
     ``<model>-<version>.mar`` otherwise (so two versions can share a model store)."""

@@ -10,6 +10,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -57,10 +58,13 @@ def variant_server(
 
 
 @contextmanager
-def local_triton(workdir, model_store, precision: str | None = "f32") -> Iterator:
+def local_triton(
+    workdir, model_store, precision: str | None = "f32", key_file: Path | None = None
+) -> Iterator:
     """A real Triton on a repository generated into ``workdir`` from ``model_store`` (pinned to
     ``precision``) on free loopback ports, always stopped; skips the test, saying why, when
-    ``make triton-server`` could not install the wheel. A start that fails shows the log."""
+    ``make triton-server`` could not install the wheel. A start that fails shows the log.
+    ``key_file``: its restricted APIs want the keys kept there (``Triton``'s); None: all open."""
     from devtools.server import free_ports
     from tritonrepo.generate import generate
     from tritonrepo.install import NotInstalled, TritonInstall
@@ -72,7 +76,12 @@ def local_triton(workdir, model_store, precision: str | None = "f32") -> Iterato
         pytest.skip(f"no Triton server: {exc}")
     generate(workdir / "repository", model_store=model_store, precision=precision)
     with (workdir / "triton.log").open("w") as log:
-        server = Triton(workdir / "repository", log=log, **free_ports(("http", "grpc", "metrics")))
+        server = Triton(
+            workdir / "repository",
+            log=log,
+            key_file=key_file,
+            **free_ports(("http", "grpc", "metrics")),
+        )
         try:
             server.start()
         except (RuntimeError, TimeoutError) as exc:
@@ -86,7 +95,8 @@ def local_triton(workdir, model_store, precision: str | None = "f32") -> Iterato
 
 def v2_infer(triton, model: str, images: list[bytes], **parameters) -> requests.Response:
     """The JSON body TorchServe's v2 route takes, to ``triton``'s: base64 images in the
-    ``images`` BYTES tensor, ``[n, 1]``; ``parameters`` as the request's parameters."""
+    ``images`` BYTES tensor, ``[n, 1]``; ``parameters`` as the request's parameters; the
+    inference key when ``triton`` has keys."""
     body: dict = {
         "inputs": [
             {
@@ -99,7 +109,10 @@ def v2_infer(triton, model: str, images: list[bytes], **parameters) -> requests.
     }
     if parameters:
         body["parameters"] = parameters
-    return requests.post(f"{triton.url}/v2/models/{model}/infer", json=body, timeout=300)
+    headers = triton.keys.inference_headers() if triton.keys is not None else {}
+    return requests.post(
+        f"{triton.url}/v2/models/{model}/infer", json=body, timeout=300, headers=headers
+    )
 
 
 def raw_answer(ts, model: str, image: bytes, **headers):

@@ -409,6 +409,33 @@ def test_a_busy_answer_is_retried_after_its_retry_after():
     assert pauses == [7.0, 2.0, 0.0]
 
 
+def test_tritons_full_queue_is_retried_after_growing_pauses():
+    """Triton's 503 at its queue bound carries no Retry-After: the job's own pauses, as for
+    TorchServe's 503 without one."""
+    import json
+
+    import requests
+
+    full = requests.Response()
+    full.status_code = 503
+    full._content = json.dumps(
+        {"error": "[request id: <id_unknown>] Exceeds maximum queue size"}
+    ).encode()
+
+    class Busy:
+        calls = 0
+
+        def describe(self, model, customized=False):
+            self.calls += 1
+            if self.calls <= 3:
+                raise errors.from_response(full, "describe")
+            return [{"modelName": model}]
+
+    pauses = []
+    assert described(Busy(), "m", sleep=pauses.append) == {"modelName": "m"}
+    assert pauses == [1.0, 2.0, 4.0]
+
+
 def test_a_request_refused_as_busy_is_retried_a_bounded_number_of_times(tmp_path):
     """``max_busy_retries`` retries, then each file of the request is an error row with the
     server's message, and the job goes on."""

@@ -467,6 +467,10 @@ TRITON_RUNTIME_MUTATIONS = {
         _arg("--exit-timeout-secs", None),
         "--exit-timeout-secs=30: on SIGTERM Triton waits that long",
     ),
+    "keys": (
+        lambda o: _container(o)["args"].remove("--no-keys"),
+        "keys on (the launcher's default): KServe's gateway and probes send no keys",
+    ),
     "port": (
         lambda o: _container(o)["ports"][0].update(containerPort=8000),
         "8000 is not the launcher's --http-port 8080",
@@ -543,6 +547,7 @@ def test_both_runtimes_run_the_one_image_named_once():
         8080,
         9000,
     )
+    assert options.no_keys  # KServe's gateway sends no keys; build/ is read-only there
 
 
 def test_the_triton_overlay_runs_on_our_triton_runtime_and_its_rules_apply():

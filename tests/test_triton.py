@@ -2,9 +2,10 @@
 repository generated from the archives (``tritonrepo``), asked over HTTP as a client would.
 
 One Triton for the module, on free loopback ports, the repository pinned to f32 so its answers
-can be held to the float32 reference (tests/reference.py) as tightly as f32 allows; stopped at
-the end (the last test checks that it stops cleanly). Skipped, saying why, when
-``make triton-server`` could not install the wheel.
+can be held to the float32 reference (tests/reference.py) as tightly as f32 allows, with keys
+on its restricted APIs as ``make serve-triton`` starts it; stopped at the end (the last test
+checks that it stops cleanly). Skipped, saying why, when ``make triton-server`` could not
+install the wheel.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import importlib
 import json
 import math
 import os
+import subprocess
 import sys
 import threading
+import time
 import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,7 +29,7 @@ import pytest
 import requests
 import torch
 
-from buildsteps.configgen import frontend_settings, repo_models
+from buildsteps.configgen import frontend_settings, job_queue_size, repo_models
 from servecore.answers import Tag
 from servecore.config import HandlerConfig
 from servecore.encode import tag_json
@@ -37,9 +40,13 @@ from tests.reference import assert_same_tags, rel_error, tolerance
 from tests.served import local_triton, variant_server
 from tests.served import v2_infer as infer
 from tritonrepo.generate import config_pbtxt
+from tritonrepo.server import Triton, server_keys
+from tsclient.keys import Keys
 
 REPO = Path(__file__).resolve().parent.parent
 EMBEDDING, TAGGER = "resnet50-embedding", "resnet50-tagger"
+HOST = "127.0.0.1"
+GRPC_KEY = "triton-grpc-protocol-authorization"  # Triton's gRPC name of the Authorization key
 PHOTOS = [jpeg(320, 240, seed=1), png(300, 300, seed=2), jpeg(500, 280, seed=3)]
 
 
@@ -232,16 +239,54 @@ def test_the_triton_adapter_sends_the_core_error_body(fake_pb_utils, weights_dir
 def test_config_pbtxt_carries_the_model_yaml(model):
     yaml_path = REPO / "config" / "models" / f"{model}.yaml"
     settings = frontend_settings(yaml_path)
-    text = config_pbtxt(model, settings, {"task": "tags"}, "resnet50_dual.xml")
+    text = config_pbtxt(model, settings, {"task": "tags"}, "resnet50_dual.xml", queue_size=16)
     assert f"max_batch_size: {settings['batchSize']}\n" in text
     assert f"max_queue_delay_microseconds: {settings['maxBatchDelay'] * 1000} " in text
     assert f"count: {settings['minWorkers']} kind: KIND_CPU" in text
     assert 'string_value: "{\\"task\\": \\"tags\\"}"' in text
     assert "EXECUTION_ENV_PATH" not in text
-    packed = config_pbtxt(model, settings, {"task": "tags"}, "resnet50_dual.xml", "env.tar.gz")
+    # Overload is refused, not queued: the bound, and a request queued past responseTimeout.
+    assert (
+        "default_queue_policy { max_queue_size: 16 timeout_action: REJECT "
+        f"default_timeout_microseconds: {settings['responseTimeout'] * 1_000_000} }}"
+    ) in text
+    assert (
+        'output [ { name: "tags" data_type: TYPE_STRING dims: [ -1 ] }, '
+        '{ name: "precision" data_type: TYPE_STRING dims: [ 1 ] }, '
+        '{ name: "describe" data_type: TYPE_STRING dims: [ 1 ] }, '
+        '{ name: "explanations" data_type: TYPE_STRING dims: [ 1 ] } ]' in text
+    )
+    with pytest.raises(ValueError, match="at least 1"):
+        config_pbtxt(model, settings, {"task": "tags"}, "resnet50_dual.xml", queue_size=0)
+    packed = config_pbtxt(
+        model, settings, {"task": "tags"}, "resnet50_dual.xml", "env.tar.gz", queue_size=16
+    )
     assert (
         'key: "EXECUTION_ENV_PATH" value: { string_value: "$$TRITON_MODEL_DIRECTORY/env.tar.gz" }'
     ) in packed
+
+
+def test_the_launcher_restricts_each_api_group_to_its_key_from_a_kept_key_file(tmp_path):
+    """``Triton.command()``: inference and metadata want the inference key, the repository,
+    configuration, statistics, trace, logging and shared-memory APIs the management key, over
+    HTTP and gRPC; health is left open. The key file (0600) survives a restart; ``new`` (the
+    launcher's --new-keys) replaces it; no key file: every API open."""
+    key_file = tmp_path / "key_file.json"
+    keys = Triton(tmp_path, key_file=key_file).keys
+    assert key_file.stat().st_mode & 0o777 == 0o600 and keys == Keys.read(key_file)
+    inference = "inference,metadata"
+    management = "model-repository,model-config,statistics,trace,logging,shared-memory"
+    restricted = [f for f in Triton(tmp_path, key_file=key_file).command() if "restricted" in f]
+    assert restricted == [
+        f"--http-restricted-api={inference}:Authorization=Bearer {keys.inference}",
+        f"--grpc-restricted-protocol={inference}:authorization=Bearer {keys.inference}",
+        f"--http-restricted-api={management}:Authorization=Bearer {keys.management}",
+        f"--grpc-restricted-protocol={management}:authorization=Bearer {keys.management}",
+    ]
+    assert keys.inference != keys.management and keys.expires("inference") is None
+    rotated = server_keys(key_file, new=True)
+    assert rotated.inference != keys.inference and rotated.management != keys.management
+    assert not any("restricted" in f for f in Triton(tmp_path).command())
 
 
 def test_the_kserve_triton_manifest_passes_the_lint_and_its_rules_apply():
@@ -281,16 +326,31 @@ def test_the_kserve_triton_manifest_passes_the_lint_and_its_rules_apply():
 
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory, model_store):
-    with local_triton(tmp_path_factory.mktemp("triton"), model_store) as server:
+    work = tmp_path_factory.mktemp("triton")
+    with local_triton(work, model_store, key_file=work / "key_file.json") as server:
         yield server
 
 
 def output(response: requests.Response, name: str) -> np.ndarray:
+    """Output ``name`` of a 200 answer, which names its precision for every image."""
     assert response.status_code == 200, response.text
-    out = {o["name"]: o for o in response.json()["outputs"]}[name]
+    outputs = {o["name"]: o for o in response.json()["outputs"]}
+    out = outputs[name]
+    assert outputs["precision"]["data"] == ["f32"] * out["shape"][0]  # the pinned precision
     return np.array(
         out["data"], dtype=object if out["datatype"] == "BYTES" else np.float32
     ).reshape(out["shape"])
+
+
+def stats(triton, model: str) -> dict:
+    """Triton's statistics of ``model`` (a management API: the management key)."""
+    answer = requests.get(
+        f"{triton.url}/v2/models/{model}/stats",
+        timeout=30,
+        headers=triton.keys.management_headers(),
+    )
+    assert answer.status_code == 200, answer.text
+    return answer.json()["model_stats"][0]
 
 
 def expected_tags(reference, labels: list[str], image: bytes, k: int) -> list[dict]:
@@ -309,11 +369,13 @@ def test_health_ready_metadata_and_metrics_answer(triton):
         (TAGGER, "tags", "BYTES", [-1, -1]),
     ):
         assert requests.get(f"{triton.url}/v2/models/{model}/ready", timeout=30).status_code == 200
-        meta = requests.get(f"{triton.url}/v2/models/{model}", timeout=30).json()
+        meta = requests.get(
+            f"{triton.url}/v2/models/{model}", timeout=30, headers=triton.keys.inference_headers()
+        ).json()
         assert meta["inputs"] == [{"name": "images", "datatype": "BYTES", "shape": [-1, 1]}]
         assert meta["outputs"] == [{"name": out, "datatype": datatype, "shape": shape}] + [
             {"name": name, "datatype": "BYTES", "shape": [-1, 1]}  # tests/test_triton_ops.py
-            for name in ("describe", "explanations")
+            for name in ("precision", "describe", "explanations")
         ]
     metrics = requests.get(triton.metrics_url, timeout=30)
     assert metrics.status_code == 200
@@ -349,8 +411,11 @@ def test_tags_match_the_reference_in_json_and_binary_requests(triton, reference,
     client = httpclient.InferenceServerClient(triton.url.removeprefix("http://"))
     tensor = httpclient.InferInput("images", [len(PHOTOS), 1], "BYTES")
     tensor.set_data_from_numpy(np.array([[p] for p in PHOTOS], dtype=object), binary_data=True)
-    result = client.infer(TAGGER, [tensor], parameters={"topk": 3})
+    result = client.infer(
+        TAGGER, [tensor], parameters={"topk": 3}, headers=triton.keys.inference_headers()
+    )
     binary = result.as_numpy("tags")
+    assert result.as_numpy("precision").tolist() == [[b"f32"]] * len(PHOTOS)
     assert [[json.loads(t)["index"] for t in row] for row in binary] == [
         [json.loads(t)["index"] for t in row] for row in from_json
     ]
@@ -384,16 +449,15 @@ def test_concurrent_requests_are_batched(triton):
 
     with ThreadPoolExecutor(clients) as pool:
         assert list(pool.map(send, range(clients))) == [200] * clients
-    stats = requests.get(f"{triton.url}/v2/models/{TAGGER}/stats", timeout=30).json()
     sizes = {
-        b["batch_size"]: b["compute_infer"]["count"] for b in stats["model_stats"][0]["batch_stats"]
+        b["batch_size"]: b["compute_infer"]["count"] for b in stats(triton, TAGGER)["batch_stats"]
     }
     assert max(sizes) > 1, sizes
 
 
 def test_tsctl_tags_and_embeds_through_triton_unchanged(triton, tmp_path, reference):
     """The v2 commands with ``--url``: a broken file fails alone, the rest are answered."""
-    import subprocess
+    import pyarrow.parquet as pq
 
     from tsclient.vectors import read_matrix
 
@@ -402,7 +466,8 @@ def test_tsctl_tags_and_embeds_through_triton_unchanged(triton, tmp_path, refere
         paths.append(tmp_path / f"p{i}.img")
         paths[-1].write_bytes(photo)
     (tmp_path / "broken.jpg").write_bytes(b"not an image")
-    env = dict(os.environ, PYTHONPATH=str(REPO))  # this checkout's client
+    # This checkout's client; --url takes a bearer token from TSCTL_TOKEN: the inference key.
+    env = dict(os.environ, PYTHONPATH=str(REPO), TSCTL_TOKEN=triton.keys.inference)
 
     def tsctl(*argv):
         return subprocess.run(
@@ -430,10 +495,285 @@ def test_tsctl_tags_and_embeds_through_triton_unchanged(triton, tmp_path, refere
     out = tmp_path / "emb.parquet"
     embedded = tsctl("embed", "--url", triton.url, *map(str, paths), "--out", str(out))
     assert embedded.returncode == 0, embedded.stderr
+    # Every row names the precision that computed it, as from TorchServe's X-Precision.
+    assert pq.read_table(out, columns=["precision"]).column(0).to_pylist() == ["f32"] * len(paths)
     names, matrix = read_matrix(out)
     for name, row in zip(names, matrix):
         expected = reference(PHOTOS[[str(p) for p in paths].index(name)])[0]
         assert rel_error(row / np.linalg.norm(row), expected / expected.norm()) <= 1e-4
+
+
+def grpc_client(triton):
+    import tritonclient.grpc as grpcclient
+
+    return grpcclient.InferenceServerClient(f"{HOST}:{triton.ports['grpc']}")
+
+
+def grpc_headers(keys_headers: dict) -> dict:
+    """Triton's gRPC restriction reads the same value under its own metadata name."""
+    return {GRPC_KEY: keys_headers["Authorization"]}
+
+
+def grpc_infer(triton, model: str, images: list[bytes], **parameters):
+    import tritonclient.grpc as grpcclient
+
+    tensor = grpcclient.InferInput("images", [len(images), 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[i] for i in images], dtype=object))
+    return grpc_client(triton).infer(
+        model,
+        [tensor],
+        parameters=parameters or None,
+        headers=grpc_headers(triton.keys.inference_headers()),
+    )
+
+
+@pytest.mark.parametrize(("model", "name"), [(EMBEDDING, "embedding"), (TAGGER, "tags")])
+def test_grpc_answers_equal_http_answers(triton, model, name):
+    """NVIDIA's gRPC client (KServe's Triton runtime serves gRPC on 9000): the same tensors as
+    the JSON body over HTTP, each answer naming its precision, ``topk`` honoured."""
+    topk = {"topk": 3} if name == "tags" else {}
+    over_http = output(infer(triton, model, PHOTOS, **topk), name)
+    over_grpc = grpc_infer(triton, model, PHOTOS, **topk)
+    assert over_grpc.as_numpy("precision").tolist() == [[b"f32"]] * len(PHOTOS)
+    if name == "embedding":
+        np.testing.assert_array_equal(over_grpc.as_numpy(name), over_http)
+    else:
+        tags = over_grpc.as_numpy(name)
+        assert tags.shape == (len(PHOTOS), 3)
+        assert [[json.loads(t) for t in row] for row in tags] == [
+            [json.loads(t) for t in row] for row in over_http
+        ]
+
+
+def test_a_broken_image_fails_alone_over_grpc_too(triton):
+    from tritonclient.utils import InferenceServerException
+
+    bodies = [[PHOTOS[0]], [b"\xff\xd8\xff\xe0 this is not a JPEG"], [PHOTOS[1]], [PHOTOS[2]]]
+    start = threading.Barrier(len(bodies))
+
+    def send(images):
+        start.wait()
+        try:
+            return grpc_infer(triton, TAGGER, images)
+        except InferenceServerException as exc:
+            return exc
+
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        answers = list(pool.map(send, bodies))
+    refused = answers.pop(1)
+    assert isinstance(refused, InferenceServerException)
+    assert refused.status() == "StatusCode.INVALID_ARGUMENT"
+    error = json.loads(refused.message())  # the core's own error body, as over HTTP
+    assert error["type"] == "InvalidImage" and error["code"] == 400
+    for answer in answers:
+        assert answer.as_numpy("tags").shape == (1, 5)
+        assert answer.as_numpy("precision").tolist() == [[b"f32"]]
+
+
+def test_the_keys_guard_inference_and_management_and_leave_health_open(triton):
+    """Triton's restricted APIs with the key file's keys: no key or the other kind's is refused
+    (HTTP 403 naming the header; gRPC UNAVAILABLE), the right one answered; health and metrics
+    need none."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    keys = triton.keys
+    body = {
+        "inputs": [
+            {
+                "name": "images",
+                "datatype": "BYTES",
+                "shape": [1, 1],
+                "data": [base64.b64encode(PHOTOS[0]).decode()],
+            }
+        ]
+    }
+    infer_url = f"{triton.url}/v2/models/{TAGGER}/infer"
+    index_url = f"{triton.url}/v2/repository/index"
+    refusal = {"error": "This API is restricted, expecting header 'Authorization'"}
+    for url, right, wrong in (
+        (infer_url, keys.inference_headers(), keys.management_headers()),
+        (index_url, keys.management_headers(), keys.inference_headers()),
+    ):
+        for headers in ({}, wrong, {"Authorization": "Bearer not-the-key"}):
+            refused = requests.post(url, json=body, headers=headers, timeout=60)
+            assert (refused.status_code, refused.json()) == (403, refusal), url
+        assert requests.post(url, json=body, headers=right, timeout=60).status_code == 200
+    assert requests.get(f"{triton.url}/v2/models/{TAGGER}/config", timeout=30).status_code == 403
+    # Triton's own 400 echoes an unknown input name whole (docs/triton.md): without the key a
+    # 1 MB name is refused before the body is read, in a short answer.
+    long_name = {"inputs": [{**body["inputs"][0], "name": "x" * (1 << 20)}]}
+    refused = requests.post(infer_url, json=long_name, timeout=60)
+    assert (refused.status_code, refused.json()) == (403, refusal)
+    echoed = requests.post(
+        infer_url, json=long_name, headers=keys.inference_headers(), timeout=60
+    )  # with it, Triton's 400 (no code of ours runs)
+    assert echoed.status_code == 400 and len(echoed.content) > 1 << 20
+    for open_url in (
+        f"{triton.url}/v2/health/ready",
+        f"{triton.url}/v2/models/{TAGGER}/ready",
+        triton.metrics_url,
+    ):
+        assert requests.get(open_url, timeout=30).status_code == 200, open_url
+
+    client = grpc_client(triton)
+    assert client.is_server_ready() and client.is_model_ready(TAGGER)  # health: no key
+    tensor = grpcclient.InferInput("images", [1, 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[PHOTOS[0]]], dtype=object))
+    for headers in ({}, grpc_headers(keys.management_headers())):
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer(TAGGER, [tensor], headers=headers)
+        assert refused.value.status() == "StatusCode.UNAVAILABLE"
+        assert (
+            f"This protocol is restricted, expecting header '{GRPC_KEY}'" in refused.value.message()
+        )
+    answered = client.infer(TAGGER, [tensor], headers=grpc_headers(keys.inference_headers()))
+    assert answered.as_numpy("tags").shape == (1, 5)
+    with pytest.raises(InferenceServerException):
+        client.get_model_repository_index(headers=grpc_headers(keys.inference_headers()))
+    index = client.get_model_repository_index(
+        headers=grpc_headers(keys.management_headers()), as_json=True
+    )
+    assert sorted(m["name"] for m in index["models"]) == [EMBEDDING, TAGGER]
+
+
+def test_an_open_loop_flood_is_refused_at_the_queue_bound_not_queued(triton):
+    """A few hundred requests at once, beyond the queue bound (TorchServe's job_queue_size):
+    the excess is answered 503 at once instead of queued, so the last answer comes back long
+    before a queue holding them all would have drained; a request right after is answered."""
+    bound = job_queue_size()
+    config = (triton.repository / TAGGER / "config.pbtxt").read_text()
+    assert f"max_queue_size: {bound} timeout_action: REJECT" in config
+    max_batch = frontend_settings(REPO / "config" / "models" / f"{TAGGER}.yaml")["batchSize"]
+    before = stats(triton, TAGGER)
+    flood = 300
+    body = {
+        "inputs": [
+            {
+                "name": "images",
+                "datatype": "BYTES",
+                "shape": [1, 1],
+                "data": [base64.b64encode(jpeg(64, 64, seed=7)).decode()],
+            }
+        ]
+    }
+    start = threading.Barrier(flood)
+
+    def send(_):
+        session = requests.Session()  # connected before the barrier: the flood is the posts
+        session.get(f"{triton.url}/v2/health/live", timeout=60)
+        start.wait()
+        began = time.monotonic()
+        answer = session.post(
+            f"{triton.url}/v2/models/{TAGGER}/infer",
+            json=body,
+            headers=triton.keys.inference_headers(),
+            timeout=300,
+        )
+        return answer.status_code, answer.json(), time.monotonic() - began
+
+    with ThreadPoolExecutor(flood) as pool:
+        answers = list(pool.map(send, range(flood)))
+    refused = [a for a in answers if a[0] != 200]
+    served = [a for a in answers if a[0] == 200]
+    assert refused and served
+    assert {(status, body["error"].split("] ", 1)[-1]) for status, body, _ in refused} == {
+        (503, "Exceeds maximum queue size")
+    }
+    # Triton's own statistics: what it ran for the flood, batch by batch.
+    after = stats(triton, TAGGER)
+    batches = after["execution_count"] - before["execution_count"]
+    compute_s = (
+        after["inference_stats"]["compute_infer"]["ns"]
+        - before["inference_stats"]["compute_infer"]["ns"]
+    ) / 1e9
+    assert after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"][
+        "count"
+    ] == len(served)
+    # Queued without a bound, the last of them would wait for every batch before it:
+    # flood / max_batch batches at least, each as long as this flood's batches took.
+    drained_s = flood / max_batch * compute_s / batches
+    assert max(seconds for _, _, seconds in served) < drained_s / 2, (drained_s, len(served))
+    assert output(infer(triton, TAGGER, PHOTOS[:2]), "tags").shape == (2, 5)
+
+
+def test_tsctl_lists_checks_and_reads_triton_and_says_what_it_cannot(triton):
+    """``list``, ``health``, ``metrics`` and ``describe`` with ``--url`` read Triton's
+    repository, readiness, metrics and the model's own describe, with the key file's keys (the
+    configuration by the management key, the describe request by the inference key);
+    TorchServe's management commands say they are not available there."""
+
+    def tsctl(*argv):
+        return subprocess.run(
+            [str(REPO / ".venv" / "bin" / "tsctl"), "--key-file", str(triton.key_file), *argv],
+            env=dict(os.environ, PYTHONPATH=str(REPO)),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    infer(triton, TAGGER, PHOTOS[:2])  # something for the metrics to count
+    listed = tsctl("--json", "list", "--url", triton.url)
+    assert listed.returncode == 0, listed.stderr
+    for row in json.loads(listed.stdout):
+        settings = frontend_settings(REPO / "config" / "models" / f"{row['model']}.yaml")
+        assert (row["version"], row["workers"], row["ready"], row["state"]) == (
+            "1",
+            settings["minWorkers"],
+            settings["minWorkers"],
+            "READY",
+        )
+        assert (row["batchSize"], row["maxBatchDelay"], row["maxQueueSize"]) == (
+            settings["batchSize"],
+            settings["maxBatchDelay"],
+            job_queue_size(),
+        )
+    assert sorted(r["model"] for r in json.loads(listed.stdout)) == [EMBEDDING, TAGGER]
+    health = tsctl("health", "--url", triton.url)
+    assert health.returncode == 0, health.stderr
+    assert health.stdout.splitlines() == [
+        "server: ready (Triton)",
+        f"{EMBEDDING}/1: READY",
+        f"{TAGGER}/1: READY",
+    ]
+    metrics_base = triton.metrics_url.removesuffix("/metrics")  # tsctl's URLs are bases
+    read = tsctl("--metrics-url", metrics_base, "--json", "metrics", "--url", triton.url)
+    assert read.returncode == 0, read.stderr
+    tagger = json.loads(read.stdout)["models"][TAGGER]
+    assert tagger["requests"] == stats(triton, TAGGER)["inference_stats"]["success"]["count"]
+    assert tagger["images"] >= 2 and tagger["batches"] >= 1
+    described = tsctl("--json", "describe", TAGGER, "--url", triton.url)
+    assert described.returncode == 0, described.stderr
+    [entry] = json.loads(described.stdout)
+    assert (
+        entry["batchSize"]
+        == frontend_settings(REPO / "config" / "models" / f"{TAGGER}.yaml")["batchSize"]
+    )
+    assert entry["customizedMetadata"]["precision"] == "f32"  # the repository's pinned one
+
+    keyless = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "tsctl"), "list", "--url", triton.url],
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert keyless.returncode == 4  # a refused key
+    assert "This API is restricted" in keyless.stderr and "--key-file" in keyless.stderr
+
+    for argv in (
+        ["register", "x.mar"],
+        ["scale", TAGGER, "--min", "2"],
+        ["set-default", TAGGER, "1"],
+        ["unregister", TAGGER],
+        ["keys", "--rotate", "inference"],
+    ):
+        refused = tsctl(*argv, "--url", triton.url)
+        assert refused.returncode == 6, (argv, refused.stderr)
+        assert f"error: not available on Triton: {argv[0]}" in refused.stderr
+    # Pointed at Triton through TorchServe's own address options: the same, after its 404.
+    behind = tsctl("--management-url", triton.url, "scale", TAGGER, "--min", "2")
+    assert behind.returncode == 6 and "not available on Triton: scale" in behind.stderr
 
 
 @pytest.mark.slow

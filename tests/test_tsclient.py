@@ -15,6 +15,7 @@ import requests
 from devtools.server import free_port
 from tsclient import cli, errors, metrics, ports
 from tsclient.client import MAX_NAME, TorchServeClient, check_archive, check_name
+from tsclient.engine import Engine, detect
 from tsclient.keys import Keys
 from tsclient.progress import waiting
 
@@ -97,8 +98,9 @@ def test_client_and_tsctl_default_to_the_same_ports(monkeypatch):
         "metrics": f"http://127.0.0.1:{ports.METRICS}",
     }
     assert client.urls == expected
-    assert {api: getattr(args, f"{api}_url") for api in expected} == expected
-    assert Path(args.key_file) == client.key_file
+    made = cli.make_client(args)  # without --url: the local TorchServe, asked nothing
+    assert made.urls == expected and made.key_file == client.key_file
+    assert made.engine is Engine.TORCHSERVE
 
 
 def test_key_file_expiry_is_read(tmp_path):
@@ -175,6 +177,19 @@ def test_missing_key_file_says_where_it_comes_from(tmp_path):
             errors.ApiError,
             "retry later",
         ),
+        # Triton's own answers: {"error": text}.
+        (
+            503,
+            {"error": "[request id: <id_unknown>] Exceeds maximum queue size"},
+            errors.ApiError,
+            "max_queue_size",
+        ),
+        (
+            403,
+            {"error": "This API is restricted, expecting header 'Authorization'"},
+            errors.KeyRejected,
+            "--new-keys",
+        ),
     ],
 )
 def test_error_answers_map_to_one_error_each(status, body, kind, hint):
@@ -196,6 +211,8 @@ def test_tritons_error_answers_read_as_the_cores():
         _response(400, {"error": "unexpected inference input 'x'"}), "infer m"
     )
     assert (plain.type, plain.server_message) == ("", "infer m: unexpected inference input 'x'")
+    not_found = errors.from_response(_response(404, {"error": "Not Found"}), "register x")
+    assert not_found.message == "HTTP 404: register x: Not Found"
 
 
 @pytest.mark.parametrize(
@@ -474,3 +491,51 @@ def test_keys_to_a_loopback_server_never_go_through_a_proxy(tmp_path, monkeypatc
     finally:
         server.shutdown()
         proxy.shutdown()
+
+
+def test_the_engine_is_asked_once_without_a_key():
+    """``TorchServeClient.engine``: Triton's server metadata names it (tests/test_triton.py);
+    anything else at ``/v2`` is TorchServe; no key goes out before the engine is known."""
+    seen = []
+    server = _serve(seen)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        client = TorchServeClient(url, url, url, keys=Keys("inf", "mgmt"))
+        assert client.engine is Engine.TORCHSERVE and client.engine is Engine.TORCHSERVE
+        assert seen == [("/v2", None)]
+    finally:
+        server.shutdown()
+    with pytest.raises(errors.ServerNotRunning):
+        detect(f"http://127.0.0.1:{free_port()}")
+
+
+def test_tritons_own_series_are_summarised_per_model():
+    """``tsctl metrics --url`` on Triton: its nv_inference_* counters per model."""
+    from tsclient import triton
+
+    text = "".join(
+        f'# TYPE {name} counter\n{name}{{model="m",{labels}version="1"}} {value}\n'
+        for name, labels, value in (
+            ("nv_inference_request_success", "", 4),
+            ("nv_inference_request_failure", 'reason="REJECTED",', 2),
+            ("nv_inference_count", "", 12),
+            ("nv_inference_exec_count", "", 3),
+            ("nv_inference_request_duration_us", "", 80000),
+            ("nv_inference_queue_duration_us", "", 20000),
+            ("nv_inference_compute_infer_duration_us", "", 40000),
+        )
+    )
+    assert triton.summarise(text + "# TYPE nv_cpu_utilization gauge\nnv_cpu_utilization 0.5\n") == {
+        "m": {
+            "requests": 4,
+            "failed": {"REJECTED": 2},
+            "images": 12,
+            "batches": 3,
+            "mean_batch_images": 4.0,
+            "mean_latency_ms": 20.0,
+            "mean_queue_ms": 5.0,
+            "compute_ms_per_request": 10.0,
+        }
+    }
+    assert triton.metrics_url("http://127.0.0.1:8000") == "http://127.0.0.1:8002"
+    assert triton.metrics_url("https://[::1]:9000/x") == "https://[::1]:8002"

@@ -5,7 +5,8 @@
 
 For each ``config/models/<model>.yaml`` it writes ``<model>/config.pbtxt`` (``max_batch_size``
 from ``batchSize``, ``max_queue_delay_microseconds`` from ``maxBatchDelay``, instances from
-``minWorkers``; the ``handler:`` section as the model's ``handler`` parameter) and
+``minWorkers``, the queue bound from TorchServe's ``job_queue_size`` and its timeout from
+``responseTimeout``; the ``handler:`` section as the model's ``handler`` parameter) and
 ``<model>/1/``: the adapter (``tritonrepo/model.py`` as ``model.py``, with the modules of
 ``tritonrepo`` it imports), the ``servecore`` and ``model_files`` packages it imports, and the
 model files of ``model-store/<model>.mar`` (the IR and its int8 sibling, labels, weights
@@ -24,7 +25,13 @@ from pathlib import Path
 
 import yaml
 
-from buildsteps.configgen import MODELS_DIR, archive_name, frontend_settings, model_names
+from buildsteps.configgen import (
+    MODELS_DIR,
+    archive_name,
+    frontend_settings,
+    job_queue_size,
+    model_names,
+)
 from model_files.artifacts import read_manifest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,20 +49,36 @@ OUTPUTS = {
     "embedding": ('name: "embedding"', "data_type: TYPE_FP32", f"dims: [ {EMBEDDING_SIZE} ]"),
     "tags": ('name: "tags"', "data_type: TYPE_STRING", "dims: [ -1 ]"),
 }
-# What describe and explanation requests answer (tritonrepo/model.py): one JSON text each.
-ANSWER_OUTPUTS = tuple(
+# Declared beside the task's output, one text element per row: ``precision``, the arithmetic
+# that computed each answer (TorchServe's X-Precision), one per image, as the 2.51 stub can set
+# neither headers nor response parameters; ``describe`` and ``explanations``, what describe and
+# explanation requests answer (tritonrepo/model.py), one JSON text each.
+SIDE_OUTPUTS = tuple(
     (f'name: "{name}"', "data_type: TYPE_STRING", "dims: [ 1 ]")
-    for name in ("describe", "explanations")
+    for name in ("precision", "describe", "explanations")
 )
 
 
 def config_pbtxt(
-    model: str, settings: dict, handler: dict, serialized: str, execution_env: str | None = None
+    model: str,
+    settings: dict,
+    handler: dict,
+    serialized: str,
+    execution_env: str | None = None,
+    *,
+    queue_size: int,
 ) -> str:
     """Triton's ``config.pbtxt`` of ``model`` (its frontend ``settings`` and ``handler:``
     section from the YAML, the archive's ``serialized`` model file); ``execution_env``: a packed
-    Python environment in the model's folder for the stub (Triton's ``EXECUTION_ENV_PATH``)."""
-    output = OUTPUTS[handler.get("task", "embedding")]
+    Python environment in the model's folder for the stub (Triton's ``EXECUTION_ENV_PATH``).
+
+    ``queue_size`` bounds the dynamic batcher's queue (requests, as TorchServe's job queue
+    counts them): one more is refused at once, UNAVAILABLE (HTTP 503), instead of queued; a
+    request still queued after ``responseTimeout`` is refused the same way (REJECT), as a
+    TorchServe client would have given up on it by then."""
+    if queue_size < 1:
+        raise ValueError(f"queue_size {queue_size}: at least 1 (Triton reads 0 as no bound)")
+    outputs = (OUTPUTS[handler.get("task", "embedding")], *SIDE_OUTPUTS)
     parameters = {"serialized_file": serialized, "handler": json.dumps(handler, sort_keys=True)}
     if execution_env:
         parameters["EXECUTION_ENV_PATH"] = f"$$TRITON_MODEL_DIRECTORY/{execution_env}"
@@ -68,11 +91,11 @@ def config_pbtxt(
             f"max_batch_size: {int(settings['batchSize'])}",
             # One image per row: [n, 1] for a request of n images (the batch dimension first).
             'input [ { name: "images" data_type: TYPE_STRING dims: [ 1 ] } ]',
-            "output [ "
-            + ", ".join(f"{{ {' '.join(o)} }}" for o in (output, *ANSWER_OUTPUTS))
-            + " ]",
+            "output [ " + ", ".join(f"{{ {' '.join(o)} }}" for o in outputs) + " ]",
             "dynamic_batching { max_queue_delay_microseconds: "
-            f"{int(settings['maxBatchDelay']) * 1000} }}",
+            f"{int(settings['maxBatchDelay']) * 1000} default_queue_policy {{ "
+            f"max_queue_size: {int(queue_size)} timeout_action: REJECT "
+            f"default_timeout_microseconds: {int(settings['responseTimeout']) * 1_000_000} }} }}",
             f"instance_group [ {{ count: {int(settings['minWorkers'])} kind: KIND_CPU }} ]",
             *(
                 f"parameters: {{ key: {json.dumps(k)} value: {{ string_value: {json.dumps(v)} }} }}"
@@ -101,9 +124,11 @@ def write_model(
     model_store: Path = MODEL_STORE,
     precision: str | None = None,
     execution_env: str | None = None,
+    queue_size: int | None = None,
 ) -> Path:
     """``out/<model>/``, rewritten whole; ``precision`` pins ``handler.precision``;
-    ``execution_env`` names the packed environment the model's folder will hold."""
+    ``execution_env`` names the packed environment the model's folder will hold;
+    ``queue_size`` replaces TorchServe's ``job_queue_size`` as the queue bound."""
     source = models_dir / f"{model}.yaml"
     handler = dict((yaml.safe_load(source.read_text()) or {}).get("handler") or {})
     if precision:
@@ -129,7 +154,14 @@ def write_model(
         shutil.copyfile(REPO / "tritonrepo" / module, version / "tritonrepo" / module)
     shutil.copyfile(REPO / "tritonrepo" / "model.py", version / "model.py")
     (folder / "config.pbtxt").write_text(
-        config_pbtxt(model, frontend_settings(source), handler, serialized, execution_env)
+        config_pbtxt(
+            model,
+            frontend_settings(source),
+            handler,
+            serialized,
+            execution_env,
+            queue_size=job_queue_size() if queue_size is None else queue_size,
+        )
     )
     return folder
 
@@ -141,6 +173,7 @@ def generate(
     model_store: Path = MODEL_STORE,
     precision: str | None = None,
     execution_env: str | None = None,
+    queue_size: int | None = None,
 ) -> list[Path]:
     """The whole repository under ``out``: one folder per model of ``models_dir``."""
     out.mkdir(parents=True, exist_ok=True)
@@ -152,6 +185,7 @@ def generate(
             model_store=model_store,
             precision=precision,
             execution_env=execution_env,
+            queue_size=queue_size,
         )
         for m in model_names(models_dir)
     ]
@@ -172,12 +206,22 @@ def main(argv: list[str] | None = None) -> int:
         help="the packed Python environment each model folder will hold, for "
         "NVIDIA's image (docs/triton.md, KServe); copy it in yourself",
     )
+    parser.add_argument(
+        "--queue-size",
+        type=int,
+        metavar="N",
+        help="requests each model may hold queued, 503 beyond (default: "
+        "job_queue_size of config/server-base.properties)",
+    )
     args = parser.parse_args(argv)
+    if args.queue_size is not None and args.queue_size < 1:
+        parser.error("--queue-size must be at least 1 (Triton reads 0 as no bound)")
     for folder in generate(
         args.out,
         model_store=args.model_store,
         precision=args.precision,
         execution_env=args.execution_env,
+        queue_size=args.queue_size,
     ):
         print(f"triton model {folder}", file=sys.stderr)
     return 0

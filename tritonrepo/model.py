@@ -36,6 +36,9 @@ from tritonrepo.metrics import TritonMetrics
 
 INPUT = "images"  # BYTES [n, 1]: encoded images, or their base64 text
 TOP_K = "topk"  # request parameter
+# BYTES [n, 1] beside each prediction: the arithmetic that computed each answer (TorchServe's
+# X-Precision; the 2.51 stub has no response parameters).
+PRECISION = "precision"
 # Request parameter ``describe: true`` (its ``images`` are not read): the answer is the output
 # of the same name, one JSON text, what TorchServe's describe carries.
 DESCRIBE = "describe"
@@ -138,9 +141,10 @@ def output_dtypes(config: dict) -> dict[str, type]:
 
 def response(reply: Reply, dtypes: dict[str, type], spec: AnswerSpec):
     """A ``Reply`` as Triton's response: a prediction's arrays as the output tensors the model
-    config declares, an explanation's JSON document as the ``explanations`` output, or the
-    core's error body as this request's error, with the nearest status Triton's HTTP frontend
-    can send."""
+    config declares, with the precision that computed them (TorchServe's ``X-Precision``) as
+    the ``precision`` output, one per image (the 2.51 stub has no response parameters); an
+    explanation's JSON document as the ``explanations`` output; or the core's error body as
+    this request's error, with the nearest status Triton's HTTP frontend can send."""
     if reply.error is not None:
         error = pb_utils.TritonError(json.dumps(error_body(reply.error)), _code(reply.status))
         return pb_utils.InferenceResponse(error=error)
@@ -159,6 +163,10 @@ def response(reply: Reply, dtypes: dict[str, type], spec: AnswerSpec):
         name = Output.TAGS.value
         rows = [[tag_json(tag) for tag in row] for row in answer.tags]
         tensors.append(pb_utils.Tensor(name, np.array(rows, dtype=dtypes[name])))
+    images = len(answer.embeddings if answer.embeddings is not None else answer.tags or [])
+    if PRECISION in dtypes:
+        precision: np.ndarray = np.full((images, 1), reply.precision, dtype=dtypes[PRECISION])
+        tensors.append(pb_utils.Tensor(PRECISION, precision))
     return pb_utils.InferenceResponse(output_tensors=tensors)
 
 

@@ -1,6 +1,7 @@
 """Run Triton on a model repository, on loopback, and stop it cleanly.
 
     python -m tritonrepo.server [--repository build/triton]     # make serve-triton
+    python -m tritonrepo.server --new-keys      # fresh keys first (the only way to rotate)
 
 The one place that knows how the wheel's ``tritonserver`` must be started: the Python backend
 stub's interpreter found through ``PATH`` (``tritonrepo.install`` says why), the wheel's
@@ -9,12 +10,22 @@ libraries and ``libpython`` on ``LD_LIBRARY_PATH``, every endpoint on 127.0.0.1 
 ``tsclient.ports`` (or the ones given), a shared-memory prefix of its own so two servers on one
 host do not meet. Ctrl-C or SIGTERM stops it the way Triton stops: in-flight requests finish,
 models unload, the stubs exit.
+
+Keys: Triton's restricted APIs demand a header per API group, the value fixed at start. With
+a key file, inference and metadata want the inference key and the repository, configuration,
+statistics, trace, logging and shared-memory APIs the management key, as ``Authorization:
+Bearer KEY`` over HTTP (what TorchServe's token authorization reads, so clients send the same
+header to either) and as gRPC metadata ``triton-grpc-protocol-authorization: Bearer KEY``
+(Triton prefixes gRPC's). Health stays open (probes) and so do metrics (their own port).
+``server_keys`` keeps them in a key file of TorchServe's format (``tsctl --key-file``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -27,6 +38,7 @@ import requests
 
 from tritonrepo.install import TritonInstall
 from tsclient import ports
+from tsclient.keys import Keys
 
 REPO = Path(__file__).resolve().parent.parent
 REPOSITORY = REPO / "build" / "triton"
@@ -39,6 +51,38 @@ DEFAULT_PORTS = {
 # then it closes them and unloads. In a pod, below the grace period (kserve/triton-runtime).
 EXIT_TIMEOUT = 30
 ANY_ADDRESS = "0.0.0.0"
+# Not ./key_file.json: TorchServe rewrites that one when it starts in the same folder.
+KEY_FILE = REPO / "build" / "triton-key_file.json"
+# Triton's API groups (its RESTRICTED_CATEGORY_NAMES) by the key each wants; "health" open.
+RESTRICTED = {
+    "inference": ("inference", "metadata"),
+    "management": (
+        "model-repository",
+        "model-config",
+        "statistics",
+        "trace",
+        "logging",
+        "shared-memory",
+    ),
+}
+KEY_HEADER = "Authorization"  # gRPC metadata: triton-grpc-protocol-authorization
+
+
+def server_keys(path: Path = KEY_FILE, new: bool = False) -> Keys:
+    """The keys in ``path``, written first (fresh, mode 0600) when it is missing or ``new``: a
+    key file as TorchServe writes one, without an expiry (Triton keeps a key until it
+    restarts) or an API key (Triton has no rotation API)."""
+    path = Path(path)
+    if new or not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(
+            {kind: {"key": secrets.token_urlsafe(24)} for kind in RESTRICTED}, indent=2
+        )
+        fd = os.open(path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text + "\n")
+        os.replace(path.with_suffix(".tmp"), path)  # a reader never meets it half-written
+    return Keys.read(path)
 
 
 class Triton:
@@ -56,13 +100,19 @@ class Triton:
         exit_timeout: int = EXIT_TIMEOUT,
         install: TritonInstall = TritonInstall(),
         log: IO | None = None,
+        key_file: Path | None = None,
     ) -> None:
+        """``key_file``: where the keys the restricted APIs demand are kept (``server_keys``:
+        written when missing); None: every API open, for a server behind a gate of its own
+        (KServe's)."""
         self.repository = Path(repository)
         self.host = host  # every endpoint's address
         self.exit_timeout = exit_timeout
         self.ports = {"http": http, "grpc": grpc, "metrics": metrics}
         self.install = install
         self.log = log
+        self.key_file = Path(key_file) if key_file is not None else None
+        self.keys: Keys | None = server_keys(self.key_file) if self.key_file is not None else None
         self.process: subprocess.Popen | None = None
 
     @property
@@ -95,7 +145,23 @@ class Triton:
             f"--backend-config=python,shm-region-prefix-name=rs{os.getpid()}-{uuid.uuid4().hex[:8]}_",
             f"--exit-timeout-secs={self.exit_timeout}",
             "--strict-readiness=true",
+            *self._restrictions(),
         ]
+
+    def _restrictions(self) -> list[str]:
+        """``--http-restricted-api`` / ``--grpc-restricted-protocol`` (2.51's name for gRPC),
+        ``GROUP[,GROUP]:HEADER=VALUE``, one per key. Triton reads no key file: the values are
+        on its command line (and so in ``ps`` for this host's users)."""
+        if self.keys is None:
+            return []
+        flags = []
+        for kind, groups in RESTRICTED.items():
+            value = f"Bearer {self.keys.key(kind)}"
+            flags += [
+                f"--http-restricted-api={','.join(groups)}:{KEY_HEADER}={value}",
+                f"--grpc-restricted-protocol={','.join(groups)}:{KEY_HEADER.lower()}={value}",
+            ]
+        return flags
 
     def env(self) -> dict[str, str]:
         """This environment with the Triton venv's ``python3`` first on ``PATH`` (the stub's
@@ -196,11 +262,33 @@ def argument_parser() -> argparse.ArgumentParser:
         f"it is told to stop (default {EXIT_TIMEOUT}; in a pod, below the "
         "grace period)",
     )
+    parser.add_argument(
+        "--key-file",
+        type=Path,
+        default=KEY_FILE,
+        help="the keys the restricted APIs demand, written when missing "
+        f"(default {KEY_FILE.relative_to(REPO)}; tsctl --key-file)",
+    )
+    parser.add_argument(
+        "--new-keys",
+        action="store_true",
+        help="write fresh keys into --key-file first (rotation: Triton reads them at start)",
+    )
+    parser.add_argument(
+        "--no-keys",
+        action="store_true",
+        help="every API open, behind a gate of your own (KServe's: kserve/triton-runtime)",
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = argument_parser().parse_args(argv)
+    parser = argument_parser()
+    args = parser.parse_args(argv)
+    if args.no_keys and args.new_keys:
+        parser.error("--no-keys and --new-keys contradict each other")
+    if args.new_keys:
+        server_keys(args.key_file, new=True)
     triton = Triton(
         args.repository,
         http=args.http_port,
@@ -208,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics=args.metrics_port,
         host=args.host,
         exit_timeout=args.exit_timeout_secs,
+        key_file=None if args.no_keys else args.key_file,
     )
     # SIGTERM as Ctrl-C: one path that stops Triton and waits for it.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -215,7 +304,9 @@ def main(argv: list[str] | None = None) -> int:
         triton.start()
         print(
             f"Triton ready: {triton.url}/v2 (gRPC {args.host}:{args.grpc_port}, metrics "
-            f"{triton.metrics_url}); Ctrl-C stops it",
+            f"{triton.metrics_url}); "
+            + ("every API open" if triton.keys is None else f"keys in {triton.key_file}")
+            + "; Ctrl-C stops it",
             file=sys.stderr,
         )
         triton.wait()

@@ -1,7 +1,8 @@
 """``tsctl``: operate a running TorchServe from the shell.
 
     tsctl list | describe NAME [VERSION] | health | metrics | top [--once] [--interval S]
-    tsctl describe NAME | explain ... | top ... --url TRITON_URL     (Triton: make serve-triton)
+    tsctl list | health | metrics | describe NAME | explain ... | top ... --url TRITON_URL
+          [--key-file build/triton-key_file.json]          (Triton: make serve-triton)
     tsctl keys [--rotate inference|management|all] [--print inference|management]
     tsctl register ARCHIVE [--name N] [--batch-size B] [--max-batch-delay MS] [--workers W]
     tsctl scale NAME --min N [--max M] | set-default NAME VERSION | unregister NAME [VERSION]
@@ -19,7 +20,7 @@ Human-readable output by default, ``--json`` (before or after the command) for s
 error, 2 bad arguments (including names TorchServe cannot route), 3 server not running,
 4 key file missing or key refused, 5 unknown model or version, 6 refused by the server
 (registration outside the allowed sources, a name already registered, removing the default
-version, an API switched off), 7 unhealthy (a model
+version, an API switched off, a TorchServe-only command pointed at Triton), 7 unhealthy (a model
 without a READY worker, or some files failed in ``tag``/``embed``), 130 interrupted (Ctrl-C:
 what was answered is kept; rerun to resume).
 """
@@ -38,12 +39,12 @@ from typing import Any
 
 from tabulate import tabulate
 
-from tsclient import errors, metrics, objectstore, ports
+from tsclient import errors, metrics, objectstore, ports, triton
 from tsclient.client import TIMEOUT_S, TorchServeClient
 from tsclient.collection import STDIN, Collection, Shard
+from tsclient.engine import Engine, detect
 from tsclient.keys import KEY_FILE, KINDS, Keys
 from tsclient.progress import JobProgress, waiting
-from tsclient.triton import TritonClient, is_triton
 
 RESTART_NOTE = (
     "not kept across a restart: `make serve` starts from config/ (--ncs); to keep "
@@ -65,8 +66,15 @@ def _version_rows(client: TorchServeClient) -> list[dict]:
     ]
 
 
+def _model_rows(client: TorchServeClient) -> list[dict]:
+    """Every model version's row, from TorchServe's management API or Triton's repository."""
+    if client.engine is Engine.TRITON:
+        return triton.model_rows(client)
+    return _version_rows(client)
+
+
 def cmd_list(client: TorchServeClient, args) -> tuple[Any, str, int]:
-    rows = _version_rows(client)
+    rows = _model_rows(client)
     text = (
         tabulate(
             [
@@ -157,6 +165,9 @@ def cmd_unregister(client: TorchServeClient, args) -> tuple[Any, str, int]:
 
 
 def cmd_health(client: TorchServeClient, args) -> tuple[Any, str, int]:
+    if client.engine is Engine.TRITON:
+        data, lines, healthy = triton.health(client)
+        return data, "\n".join(lines), 0 if healthy else errors.Unhealthy.exit_code
     ping = client.health()
     models = {f"{row['model']}/{row['version']}": row["ready"] for row in _version_rows(client)}
     unready = [m for m, ready in models.items() if ready == 0]
@@ -198,6 +209,8 @@ def cmd_keys(client: TorchServeClient, args) -> tuple[Any, str, int]:
             f"EXPIRED (tsctl rotates it on its next call; `tsctl keys --rotate {kind}` now)"
             if data[kind]["expired"]
             else f"{_duration(left)} left"
+            if left is not None
+            else "no expiry: kept until the server restarts with new keys"
         )
         lines.append(f"{kind}: expires {data[kind]['expires']} ({state})")
     lines.append("API key: never expires (rotates the other two)")
@@ -207,6 +220,8 @@ def cmd_keys(client: TorchServeClient, args) -> tuple[Any, str, int]:
 
 
 def cmd_metrics(client: TorchServeClient, args) -> tuple[Any, str, int]:
+    if client.engine is Engine.TRITON:
+        return _triton_metrics(client)
     text = client.metrics_text()
     summary = metrics.summarise(text)
     statuses = metrics.frontend_statuses(text)
@@ -235,6 +250,29 @@ def cmd_metrics(client: TorchServeClient, args) -> tuple[Any, str, int]:
             f"{m['forward_ms_per_batch']} ms/batch"
         )
     return {"statuses": statuses, "models": summary}, "\n".join(lines), 0
+
+
+def _triton_metrics(client: TorchServeClient) -> tuple[Any, str, int]:
+    summary = triton.summarise(client.metrics_text())
+    lines = [
+        f"Triton ({client.urls['metrics']}): its own series; refusals at the queue bound "
+        "(503) are not counted there (2.51)"
+    ]
+    for model, m in summary.items():
+        lines.append(f"{model}:")
+        lines.append(
+            f"  requests {m['requests']}, mean latency {m['mean_latency_ms']} ms "
+            f"(queued {m['mean_queue_ms']} ms, computing {m['compute_ms_per_request']} "
+            "ms)"
+        )
+        lines.append(
+            f"  batches {m['batches']} holding {m['images']} images; mean batch "
+            f"{m['mean_batch_images']} images"
+        )
+        lines.append(
+            "  failed: " + (", ".join(f"{k} {v}" for k, v in m["failed"].items() if v) or "none")
+        )
+    return {"engine": "triton", "models": summary}, "\n".join(lines), 0
 
 
 def cmd_top(client: TorchServeClient, args) -> tuple[Any, str | None, int]:
@@ -590,8 +628,11 @@ COMMANDS = {
     "similar": cmd_similar,
     "duplicates": cmd_duplicates,
 }
-# Commands that read a Triton server given with --url as they read TorchServe (tsclient.triton).
-TRITON_COMMANDS = ("describe", "explain", "top")
+# Commands that read a Triton server given with --url as they read TorchServe (tsclient.triton);
+# of those, the ones whose --url must be Triton (TorchServe's read its management and metrics
+# APIs, which --url alone does not reach).
+TRITON_COMMANDS = ("list", "health", "metrics", "describe", "explain", "top")
+TRITON_ONLY = ("describe", "explain", "top")
 DEFAULT_MODELS = {"embedding": "resnet50-embedding", "tags": "resnet50-tagger"}
 DEFAULT_OUTS = {"embedding": "embeddings.parquet", "tags": "tags.parquet"}
 GALLERY_TOPK = 3  # classes an explanation gallery lists per photo when no target is given
@@ -605,20 +646,24 @@ def parser() -> argparse.ArgumentParser:
         epilog=__doc__.split("\n\n", 2)[2],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    for api, default in (
-        ("inference", ports.INFERENCE_URL),
-        ("management", ports.MANAGEMENT_URL),
-        ("metrics", ports.METRICS_URL),
-    ):
+    for api, default in (("inference", ports.INFERENCE_URL), ("management", ports.MANAGEMENT_URL)):
         p.add_argument(
             f"--{api}-url",
             default=env(f"TSCTL_{api.upper()}_URL", default),
             help=f"default: {default} (or $TSCTL_{api.upper()}_URL)",
         )
+    # Unset unless given: with --url their defaults depend on the engine found there.
+    p.add_argument(
+        "--metrics-url",
+        default=env("TSCTL_METRICS_URL"),
+        help=f"default: {ports.METRICS_URL}; with --url, Triton's metrics port on "
+        "its host (or $TSCTL_METRICS_URL)",
+    )
     p.add_argument(
         "--key-file",
-        default=env("TSCTL_KEY_FILE", KEY_FILE),
-        help=f"TorchServe's {KEY_FILE} (default: ./{KEY_FILE}, or $TSCTL_KEY_FILE)",
+        default=env("TSCTL_KEY_FILE"),
+        help=f"TorchServe's {KEY_FILE} (default: ./{KEY_FILE}, or $TSCTL_KEY_FILE); "
+        "with --url, the keys of that server (else $TSCTL_TOKEN)",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     p.add_argument(
@@ -640,7 +685,7 @@ def parser() -> argparse.ArgumentParser:
             return commands.add_parser(name, parents=[after], **kwargs)
 
     sub = Sub()
-    sub.add_parser("list", help="registered models, versions and workers")
+    _url_arguments(sub.add_parser("list", help="registered models, versions and workers"))
     d = sub.add_parser("describe", help="one model's versions, workers, settings, weights")
     d.add_argument("name")
     d.add_argument("version", nargs="?")
@@ -657,17 +702,21 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--batch-size", type=int)
     r.add_argument("--max-batch-delay", type=int, help="milliseconds")
     r.add_argument("--workers", type=int, help="exactly this many workers (default: the YAML's)")
+    _url_arguments(r)
     s = sub.add_parser("scale", help="set a model's worker count and wait")
     s.add_argument("name")
     s.add_argument("--min", type=int, required=True)
     s.add_argument("--max", type=int)
     s.add_argument("--version")
+    _url_arguments(s)
     sd = sub.add_parser("set-default", help="what /predictions/NAME serves")
     sd.add_argument("name")
     sd.add_argument("version")
+    _url_arguments(sd)
     u = sub.add_parser("unregister", help="remove a model or one version")
     u.add_argument("name")
     u.add_argument("version", nargs="?")
+    _url_arguments(u)
     for command, task in (("tag", "tags"), ("embed", "embedding")):
         c = sub.add_parser(
             command,
@@ -735,7 +784,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="also write a page of thumbnails: each group side by side",
     )
-    sub.add_parser("health", help="is the server up and every model READY")
+    _url_arguments(sub.add_parser("health", help="is the server up and every model READY"))
     k = sub.add_parser("keys", help="key expiry; rotate keys")
     k.add_argument("--rotate", choices=[*KINDS, "all"])
     k.add_argument(
@@ -744,7 +793,10 @@ def parser() -> argparse.ArgumentParser:
         help="print a valid key (rotated first when it expires within a minute), "
         "e.g. KEY=$(tsctl keys --print inference)",
     )
-    sub.add_parser("metrics", help="batch sizes, requests, errors and latency per model")
+    _url_arguments(k)
+    _url_arguments(
+        sub.add_parser("metrics", help="batch sizes, requests, errors and latency per model")
+    )
     t = sub.add_parser(
         "top", help="live per-model rates, latency, batches, errors and workers (q quits)"
     )
@@ -811,7 +863,13 @@ def _endpoint_arguments(c: argparse.ArgumentParser) -> None:
     )
 
 
-def _url_arguments(c: argparse.ArgumentParser, what: str) -> None:
+URL_HELP = (
+    "a server other than the local TorchServe: a KServe endpoint "
+    "(https://resnet50.default.example.com) or Triton (http://127.0.0.1:8000)"
+)
+
+
+def _url_arguments(c: argparse.ArgumentParser, what: str = URL_HELP) -> None:
     """``--url`` (a server reached by its URL alone) and how to authenticate to it."""
     c.add_argument("--url", help=what)
     c.add_argument(
@@ -826,42 +884,98 @@ def _url_arguments(c: argparse.ArgumentParser, what: str) -> None:
 
 
 def make_client(args) -> TorchServeClient:
-    """The local server with its key file, or ``--url`` with a bearer token from the
-    environment (none when the variable is unset) and TLS verified."""
+    """The local TorchServe with its key file; or ``--url`` (TorchServe behind KServe, or
+    Triton, asked which when it matters: a ``TritonClient`` for ``TRITON_COMMANDS``) with the
+    keys of ``--key-file`` when given, else a bearer token from the environment (none when the
+    variable is unset), and TLS verified."""
     if getattr(args, "url", None) is None:
         return TorchServeClient(
             args.inference_url,
             args.management_url,
-            args.metrics_url,
-            key_file=args.key_file,
+            args.metrics_url or ports.METRICS_URL,
+            key_file=args.key_file or KEY_FILE,
             timeout=args.timeout,
+            engine=Engine.TORCHSERVE,
         )
     token = os.environ.get(args.token_env, "")
+    keys = None if args.key_file else Keys(token, token)
     client = TorchServeClient(
-        args.url, args.url, args.url, keys=Keys(token, token), timeout=args.timeout
+        args.url,
+        args.url,
+        args.metrics_url or args.url,
+        key_file=args.key_file,
+        keys=keys,
+        timeout=args.timeout,
     )
     if args.ca_bundle:
         client.session.verify = args.ca_bundle
-    if args.command not in TRITON_COMMANDS:
-        return client
-    if not is_triton(client):
-        raise errors.UsageError(
-            f"{args.command} --url reads a Triton server (make serve-triton); TorchServe's "
-            f"{args.command} reads its management and metrics APIs",
-            "drop --url (and give --management-url/--metrics-url if it is not local)",
-        )
+    if args.command not in TRITON_COMMANDS or client.engine is not Engine.TRITON:
+        if args.command in TRITON_ONLY:
+            raise errors.UsageError(
+                f"{args.command} --url reads a Triton server (make serve-triton); TorchServe's "
+                f"{args.command} reads its management and metrics APIs",
+                "drop --url (and give --management-url/--metrics-url if it is not local)",
+            )
+        return client  # the engine is asked when it matters (_check_engine)
     # Triton's metrics have a port of their own: --metrics-url when given, else its default.
-    metrics = args.metrics_url if args.metrics_url != ports.METRICS_URL else None
-    client = TritonClient(args.url, metrics, keys=Keys(token, token), timeout=args.timeout)
-    if args.ca_bundle:
-        client.session.verify = args.ca_bundle
-    return client
+    served = triton.TritonClient(
+        args.url, args.metrics_url, key_file=args.key_file, keys=keys, timeout=args.timeout
+    )
+    served.session.verify = client.session.verify
+    return served
+
+
+# What each TorchServe-only command would be on Triton, and how to do it there instead.
+NOT_ON_TRITON = {
+    "register": "Triton loads the models of its repository at start (model control mode "
+    "none): add config/models/NAME.yaml, then `make triton-repo` and restart it",
+    "unregister": "Triton serves every model of its repository: remove config/models/NAME.yaml, "
+    "then `make triton-repo` and restart it",
+    "scale": "a model's instances are instance_group in its config.pbtxt, from minWorkers in "
+    "config/models/NAME.yaml: edit it, then `make triton-repo` and restart Triton",
+    "set-default": "the generated repository holds one version per model, which Triton serves",
+    "keys": "Triton reads its keys at start and cannot rotate them: restart it with "
+    "`python -m tritonrepo.server --new-keys` (clients re-read the key file)",
+}
+
+
+def not_on_triton(command: str) -> errors.NotOnTriton:
+    return errors.NotOnTriton(f"not available on Triton: {command}", NOT_ON_TRITON[command])
+
+
+def _check_engine(client: TorchServeClient, args) -> None:
+    """A TorchServe-only command pointed at Triton with ``--url`` says so before it sends."""
+    if (
+        args.command in NOT_ON_TRITON
+        and getattr(args, "url", None) is not None
+        and (args.command != "keys" or args.rotate)
+        and client.engine is Engine.TRITON
+    ):
+        raise not_on_triton(args.command)
+
+
+def _triton_behind(client: TorchServeClient, args, exc: errors.ApiError) -> bool:
+    """Whether a TorchServe-only command failed because Triton answered (``--management-url``
+    pointed at it): asked only after a 4xx, so a working TorchServe is asked nothing more."""
+    if args.command not in NOT_ON_TRITON or not 400 <= exc.status < 500:
+        return False
+    try:
+        return detect(client.urls["management"], client.loopback_session) is Engine.TRITON
+    except errors.TsError:
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        data, text, code = COMMANDS[args.command](make_client(args), args)
+        client = make_client(args)
+        _check_engine(client, args)
+        try:
+            data, text, code = COMMANDS[args.command](client, args)
+        except errors.ApiError as exc:
+            if _triton_behind(client, args, exc):
+                raise not_on_triton(args.command) from None
+            raise
     except KeyboardInterrupt:
         print(
             f"tsctl {args.command}: interrupted; what was answered is kept, rerun the same "

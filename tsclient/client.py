@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 import requests
 
 from tsclient import errors, ports
+from tsclient.engine import Engine, detect
 from tsclient.keys import KEY_FILE, KINDS, Keys, bearer
 
 TIMEOUT_S = 300.0  # registration and scaling wait for workers
@@ -42,8 +43,10 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-.]*")
 MAX_NAME = 128  # far below Netty's 4096-byte request line, room for /predictions/NAME/VERSION
 URL_SCHEMES = ("http://", "https://", "file://")
 # The arithmetic that computed an answer (servecore.service.PRECISION_HEADER); the client does
-# not import the server's package, so the name is written here too.
+# not import the server's package, so the name is written here too. Triton's Python backend
+# sets no headers: it answers the same as an output tensor (tritonrepo/model.py).
 PRECISION_HEADER = "X-Precision"
+PRECISION_OUTPUT = "precision"
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,8 @@ class TorchServeClient:
     ``key_file``: TorchServe's ``key_file.json`` (re-read on every call, so rotations by other
     clients are picked up; its API key rotates expired keys). ``keys``: fixed keys instead (no
     rotation). ``timeout``: seconds per call; registration and scaling wait for workers, so
-    keep it generous.
+    keep it generous. ``engine``: the engine at these URLs when known (else asked once, when
+    it matters: ``engine``).
     """
 
     def __init__(
@@ -112,6 +116,7 @@ class TorchServeClient:
         key_file: Path | str | None = KEY_FILE,
         keys: Keys | None = None,
         timeout: float = TIMEOUT_S,
+        engine: Engine | None = None,
     ) -> None:
         self.urls = {
             "inference": inference_url.rstrip("/"),
@@ -127,9 +132,18 @@ class TorchServeClient:
         self.loopback_session = requests.Session()
         self.loopback_session.trust_env = False
         self.rotations = 0  # how many keys this client rotated (for `tsctl keys` and tests)
+        self._engine = engine
         # Concurrent calls that meet the same expired key rotate it once: each rotation
         # invalidates the previous key, so the others must pick up the new one instead.
         self._rotating = threading.Lock()
+
+    @property
+    def engine(self) -> Engine:
+        """Which engine serves the inference URL (asked once: ``tsclient.engine.detect``)."""
+        if self._engine is None:
+            url = self.urls["inference"]
+            self._engine = detect(url, self.loopback_session if is_loopback(url) else self.session)
+        return self._engine
 
     # ------------------------------------------------------------------ keys
 
@@ -182,6 +196,10 @@ class TorchServeClient:
                 if current == used:  # nobody rotated it yet: expired (or wrong)
                     current = self.rotate(kind).key(kind)
             response = self._send(method, port, path, params, bearer(current), **kwargs)
+        elif used is not None and errors.is_restricted(response):  # Triton: no rotation
+            current = self.keys.key(kind)
+            if current != used:  # restarted with new keys since this call read the file
+                response = self._send(method, port, path, params, bearer(current), **kwargs)
         if response.status_code >= 400:
             raise errors.from_response(response, what)
         return response
@@ -379,7 +397,8 @@ class TorchServeClient:
         """Several images in one KServe request (``protocol`` v2, the Open Inference Protocol,
         or v1): one answer per image, in order: an embedding (a list of floats) for
         ``output="embedding"``, a list of ``{"label", "index", "probability"}`` for ``"tags"``,
-        with the precision that computed them (the ``X-Precision`` header).
+        with the precision that computed them (the ``X-Precision`` header; from Triton, its
+        ``precision`` output, asked for beside ``output``).
         The handler answers a request with a bad image as a whole (400 naming the image);
         send that request's images one by one to learn which. A 503's ``ApiError`` carries
         ``retry_after``."""
@@ -407,11 +426,14 @@ class TorchServeClient:
             raise errors.UsageError(f"no protocol {protocol!r}", "use v1 or v2")
         # [n, 1] and a request-level topk: what both TorchServe's handler and Triton's
         # batching take (Triton wants a batch dimension first and reads no output parameters).
+        outputs = [{"name": output}]
+        if self.engine is Engine.TRITON:
+            outputs.append({"name": PRECISION_OUTPUT})
         body = {
             "inputs": [
                 {"name": "images", "shape": [len(data), 1], "datatype": "BYTES", "data": data}
             ],
-            "outputs": [{"name": output}],
+            "outputs": outputs,
         }
         if output == "tags" and topk is not None:
             body["parameters"] = {"topk": topk}
@@ -423,7 +445,8 @@ class TorchServeClient:
             data=json.dumps(body),
             headers={"Content-Type": "application/json"},
         )
-        [tensor] = [o for o in response.json()["outputs"] if o["name"] == output]
+        answered = {o["name"]: o for o in response.json()["outputs"]}
+        tensor = answered[output]
         rows = tensor["shape"][0]
         if output == "embedding":
             flat, dim = tensor["data"], tensor["shape"][1]
@@ -433,7 +456,8 @@ class TorchServeClient:
             values = [
                 [json.loads(t) for t in tensor["data"][i * k : (i + 1) * k]] for i in range(rows)
             ]
-        return Answers(values, response.headers.get(PRECISION_HEADER))
+        named = (answered.get(PRECISION_OUTPUT) or {}).get("data") or [None]
+        return Answers(values, response.headers.get(PRECISION_HEADER) or named[0])
 
     def explain(
         self,

@@ -1,5 +1,7 @@
 """Every failure a client of the server can meet, each with an exit code and a hint on how to
-fix it. ``from_response`` is the one place that turns an HTTP answer into one of them."""
+fix it. ``from_response`` is the one place that turns an HTTP answer into one of them, from
+TorchServe (``{"code", "type", "message"}``) or Triton (``{"error": text}``, the text being the
+core's own error body when the model refused the request)."""
 
 from __future__ import annotations
 
@@ -74,6 +76,12 @@ class Refused(ApiError):
     exit_code = 6
 
 
+class NotOnTriton(TsError):
+    """A TorchServe-only command (management, key rotation) pointed at Triton."""
+
+    exit_code = 6
+
+
 class Unhealthy(TsError):
     """``health``: the server answers but a model has no READY worker; ``tag``/``embed``: some
     files failed."""
@@ -82,6 +90,13 @@ class Unhealthy(TsError):
 
 
 KEY_REJECTED = "InvalidKeyException"
+# Triton's answer to a missing or wrong header on a restricted API (HTTP 403).
+TRITON_RESTRICTED = "This API is restricted"
+TRITON_KEY_HINT = (
+    "Triton's keys are the ones it was started with: point --key-file at the key "
+    "file tritonrepo.server wrote (build/triton-key_file.json by default); "
+    "they change only when Triton restarts with --new-keys"
+)
 ALLOWED_URLS_HINT = (
     "register archives by file name from the model store (model_store in "
     "config/server.properties), or add the URL's pattern to allowed_urls there "
@@ -96,8 +111,17 @@ MODEL_API_HINT = (
 
 
 def is_key_rejection(response: requests.Response) -> bool:
-    """TorchServe's answer to a missing, wrong or expired key: 400 InvalidKeyException."""
+    """TorchServe's answer to a missing, wrong or expired key: 400 InvalidKeyException (a new
+    key can be had: ``/token``)."""
     return response.status_code == 400 and _body(response).get("type") == KEY_REJECTED
+
+
+def is_restricted(response: requests.Response) -> bool:
+    """Triton's answer to a missing or wrong key on a restricted API: 403 (no rotation: its
+    keys change only with a restart)."""
+    return response.status_code == 403 and str(_body(response).get("message", "")).startswith(
+        TRITON_RESTRICTED
+    )
 
 
 def from_response(response: requests.Response, what: str) -> ApiError:
@@ -106,6 +130,8 @@ def from_response(response: requests.Response, what: str) -> ApiError:
     status = response.status_code
     type_ = str(body.get("type", ""))
     message = str(body.get("message", response.text.strip() or response.reason))
+    if is_restricted(response):
+        return KeyRejected(status, "Forbidden", f"{what}: {message}", TRITON_KEY_HINT)
     if type_ == KEY_REJECTED:
         return KeyRejected(
             status,
@@ -139,7 +165,10 @@ def from_response(response: requests.Response, what: str) -> ApiError:
             type_,
             f"{what}: {message}",
             "the model's queue is full or it has no worker: retry later, or "
-            "`tsctl scale NAME --min N`",
+            "`tsctl scale NAME --min N`"
+            if "maximum queue size" not in message
+            else "Triton's queue for the model is full (max_queue_size): retry "
+            "later, or send fewer requests at once",
         )
         error.retry_after = _seconds(response.headers.get("Retry-After"))
         return error

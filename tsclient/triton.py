@@ -1,66 +1,211 @@
-"""A Triton server serving this project's repository (``make serve-triton``), through the calls
-``tsctl`` makes of ``TorchServeClient``: ``describe``, ``explain``, ``list_models`` and
-``metrics_text`` answer as TorchServe's do, from Triton's v2 API and the model's own request
-parameters (``tritonrepo/model.py``: ``describe``, ``explain``).
+"""Triton serving this project's repository (``make serve-triton``), read as ``tsctl`` reads
+TorchServe.
 
-    client = TritonClient("http://127.0.0.1:8000")     # metrics: the same host, port 8002
+``TritonClient`` answers the calls ``tsctl describe``, ``explain`` and ``top`` make of
+``TorchServeClient`` (``describe``, ``explain``, ``list_models``, ``metrics_text``) as
+TorchServe's do, from Triton's v2 API and the model's own request parameters
+(``tritonrepo/model.py``: ``describe``, ``explain``):
+
+    client = TritonClient("http://127.0.0.1:8000", key_file="build/triton-key_file.json")
     client.describe("resnet50-tagger", customized=True)[0]["customizedMetadata"]["precision"]
 
-``is_triton`` tells a Triton URL from TorchServe's (``tsctl`` asks it when given ``--url``).
+``model_rows``, ``health`` and ``summarise`` are what ``tsctl list``, ``health`` and
+``metrics`` print for Triton: its repository index and model configurations (the management
+key), model readiness (open, as Triton's health API is), its own Prometheus series
+(``nv_inference_*``, on its metrics port: ``metrics_url``). The rows have the shape ``tsctl``
+prints for TorchServe (``cli._version_row``): instances stand for workers, ``max_batch_size``
+(rows) for ``batchSize``, the dynamic batcher's queue delay for ``maxBatchDelay``.
+
+Which engine a URL serves is ``tsclient.engine.detect``'s to say (it sends no key).
 """
 
 from __future__ import annotations
 
+import base64
 import json
+from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
-from tsclient import errors, ports
+from tsclient import errors, metrics, ports
 from tsclient.client import TIMEOUT_S, TorchServeClient, check_name
+from tsclient.engine import Engine
 from tsclient.keys import Keys
 
 # What the model's describe and explanation requests answer (tritonrepo/model.py).
 DESCRIBE, EXPLAIN, EXPLANATIONS = "describe", "explain", "explanations"
+# nv_inference_* counter -> the total it adds to, per model (Triton 2.51's names).
+TOTALS = {
+    "nv_inference_request_success": "succeeded",
+    "nv_inference_count": "images",
+    "nv_inference_exec_count": "batches",
+    "nv_inference_request_duration_us": "latency_us",
+    "nv_inference_queue_duration_us": "queue_us",
+    "nv_inference_compute_infer_duration_us": "compute_us",
+}
 
 
-def is_triton(client: TorchServeClient) -> bool:
-    """Whether ``client``'s inference URL is a Triton server: its ``GET /v2`` server metadata
-    names it (TorchServe answers that path with an error)."""
-    try:
-        answer = client._call("GET", "inference", "/v2", "read the server's v2 metadata")
-        return answer.json().get("name") == "triton"
-    except (errors.ApiError, ValueError, AttributeError):
-        return False
+def metrics_url(url: str) -> str:
+    """Triton's metrics on ``url``'s host, at Triton's own metrics port (a port of its own,
+    unlike its HTTP and gRPC ones: ``tsclient.ports``)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ports.HOST
+    netloc = f"[{host}]" if ":" in host else host
+    return urlunsplit((parts.scheme or "http", f"{netloc}:{ports.TRITON_METRICS}", "", "", ""))
 
 
-def metrics_url_of(url: str) -> str:
-    """Triton's metrics port on ``url``'s host (its own default, 8002; ``make serve-triton``)."""
-    return ports.url(ports.TRITON_METRICS, urlsplit(url).hostname or ports.HOST)
+def repository_index(client: TorchServeClient, ready: bool = False) -> list[dict]:
+    """Triton's repository index (``{"name", "version", "state", "reason"}`` per model
+    version; only the loaded ones with ``ready``), by the management key its model-repository
+    API wants."""
+    what = "list models (Triton's repository index)"
+    body = {"ready": True} if ready else None
+    return client._call("POST", "management", "/v2/repository/index", what, json=body).json()
+
+
+def model_config(client: TorchServeClient, model: str) -> dict:
+    """``model``'s configuration (its config.pbtxt as JSON), by the management key."""
+    path = f"/v2/models/{check_name(model)}/config"
+    return client._call("GET", "management", path, f"read {model}'s configuration").json()
+
+
+def batching(config: dict) -> dict:
+    """A model configuration's instances and batching in TorchServe's words: ``workers``
+    (instances), ``batchSize`` (``max_batch_size``), ``maxBatchDelay`` (ms, the dynamic
+    batcher's queue delay; None without one) and ``maxQueueSize`` (None: unbounded)."""
+    dynamic = config.get("dynamic_batching") or {}
+    delay_us = dynamic.get("max_queue_delay_microseconds")
+    queue = dynamic.get("default_queue_policy") or {}
+    return {
+        "workers": sum(int(g.get("count", 1)) for g in config.get("instance_group", [])),
+        "batchSize": config.get("max_batch_size"),
+        "maxBatchDelay": int(delay_us) // 1000 if delay_us is not None else None,
+        "maxQueueSize": int(queue["max_queue_size"]) if "max_queue_size" in queue else None,
+    }
+
+
+def model_rows(client: TorchServeClient) -> list[dict]:
+    """One row per model version in Triton's repository index, with its configuration."""
+    rows = []
+    for entry in sorted(
+        repository_index(client), key=lambda e: (e.get("name", ""), e.get("version", ""))
+    ):
+        name, version = entry.get("name"), entry.get("version")
+        loaded = entry.get("state") == "READY"
+        settings = batching(model_config(client, name) if loaded else {})
+        rows.append(
+            {
+                "model": name,
+                "version": version,
+                "default": True,
+                "workers": settings["workers"],
+                "ready": settings["workers"] if loaded else 0,
+                "state": entry.get("state"),
+                "reason": entry.get("reason") or None,
+                "batchSize": settings["batchSize"],
+                "maxBatchDelay": settings["maxBatchDelay"],
+                "maxQueueSize": settings["maxQueueSize"],
+            }
+        )
+    return rows
+
+
+def health(client: TorchServeClient) -> tuple[dict, list[str], bool]:
+    """(data, lines, healthy): the server's readiness and every indexed model's."""
+    ready = _ok(client, "/v2/health/ready")
+    models = {
+        f"{r['model']}/{r['version']}": _ok(client, f"/v2/models/{r['model']}/ready")
+        for r in model_rows(client)
+    }
+    lines = [f"server: {'ready' if ready else 'NOT READY'} (Triton)"]
+    lines += [f"{m}: {'READY' if ok else 'not ready'}" for m, ok in models.items()]
+    unready = [m for m, ok in models.items() if not ok]
+    if unready:
+        lines.append(
+            f"unhealthy: {', '.join(unready)} not ready (a model that failed to load: "
+            "`tsctl list --url URL` shows Triton's reason, its log the rest)"
+        )
+    return (
+        {
+            "engine": "triton",
+            "ready": ready,
+            "models_ready": models,
+            "healthy": ready and not unready,
+        },
+        lines,
+        ready and not unready,
+    )
+
+
+def summarise(text: str) -> dict[str, dict]:
+    """Per model, from Triton's own series: requests answered and failed (by Triton's
+    reason), images, batches and their mean size, mean latency, queue and compute time."""
+    models: dict[str, dict] = {}
+    for name, labels, value in metrics.samples(text):
+        model = labels.get("model")
+        if model is None:
+            continue
+        entry = models.setdefault(model, {**dict.fromkeys(TOTALS.values(), 0.0), "failed": {}})
+        if name in TOTALS:
+            entry[TOTALS[name]] += value
+        elif name == "nv_inference_request_failure":
+            reason = labels.get("reason", "?")
+            entry["failed"][reason] = entry["failed"].get(reason, 0) + int(value)
+    return {model: _derive(entry) for model, entry in sorted(models.items())}
+
+
+def _derive(entry: dict) -> dict:
+    def ratio(a: float, b: float) -> float | None:
+        return round(a / b, 3) if b else None
+
+    done = entry["succeeded"]
+    return {
+        "requests": int(done),
+        "failed": dict(sorted(entry["failed"].items())),
+        "images": int(entry["images"]),
+        "batches": int(entry["batches"]),
+        "mean_batch_images": ratio(entry["images"], entry["batches"]),
+        "mean_latency_ms": ratio(entry["latency_us"] / 1000, done),
+        "mean_queue_ms": ratio(entry["queue_us"] / 1000, done),
+        "compute_ms_per_request": ratio(entry["compute_us"] / 1000, done),
+    }
+
+
+def _ok(client: TorchServeClient, path: str) -> bool:
+    """Whether Triton's health API answers 200 at ``path`` (open: no key is sent)."""
+    return client._send("GET", "inference", path, {}, {}).status_code == 200
 
 
 class TritonClient(TorchServeClient):
-    """``url``: Triton's HTTP endpoint; ``metrics_url``: its metrics port (default: the same
-    host's 8002). ``keys``: bearer tokens sent as on TorchServe's --url calls."""
+    """``url``: Triton's HTTP endpoint; ``metrics_base``: its metrics port (default:
+    ``metrics_url``, the same host's 8002). ``key_file``: the keys Triton was started with
+    (``tritonrepo.server``'s key file; the inference key for inference and metadata, the
+    management key for the repository index and configurations); else ``keys``, bearer tokens
+    as on TorchServe's --url calls; neither: none sent (a Triton started without keys)."""
 
     def __init__(
         self,
         url: str,
-        metrics_url: str | None = None,
+        metrics_base: str | None = None,
         *,
+        key_file: Path | str | None = None,
         keys: Keys | None = None,
         timeout: float = TIMEOUT_S,
     ) -> None:
         super().__init__(
-            url, url, metrics_url or metrics_url_of(url), keys=keys or Keys("", ""), timeout=timeout
+            url,
+            url,
+            metrics_base or metrics_url(url),
+            key_file=key_file,
+            keys=keys if key_file is not None else keys or Keys("", ""),
+            timeout=timeout,
+            engine=Engine.TRITON,
         )
 
     def list_models(self) -> list[dict]:
         """The models of Triton's repository index that are loaded, as TorchServe lists them
         (``modelName``; ``modelUrl``: None, Triton does not say)."""
-        index = self._call(
-            "POST", "inference", "/v2/repository/index", "list models", json={"ready": True}
-        ).json()
-        names = sorted({entry["name"] for entry in index})
+        names = sorted({entry["name"] for entry in repository_index(self, ready=True)})
         return [{"modelName": name, "modelUrl": None} for name in names]
 
     def describe(
@@ -68,11 +213,12 @@ class TritonClient(TorchServeClient):
     ) -> list[dict]:
         """TorchServe's describe entry of ``model`` (``version``: Triton serves one, the
         highest; another is refused as unknown): its batching from the model's configuration
-        (``/v2/models/M/config``), its instances as ``workers`` (READY when the model is), and
-        with ``customized`` as ``customizedMetadata`` the model's own describe (weights,
-        settings, backend, precision choice). That one is an inference request (Triton counts
-        it in ``nv_inference_request_success``, the core does not count it); Triton demands the
-        ``images`` input on every request: it carries one empty element, not read."""
+        (``/v2/models/M/config``, by the management key), its instances as ``workers`` (READY
+        when the model is), and with ``customized`` as ``customizedMetadata`` the model's own
+        describe (weights, settings, backend, precision choice). That one is an inference
+        request (Triton counts it in ``nv_inference_request_success``, the core does not count
+        it); Triton demands the ``images`` input on every request: it carries one empty
+        element, not read."""
         path = f"/v2/models/{check_name(model)}"
         metadata = self._call("GET", "inference", path, f"describe {model}").json()
         served = max(metadata.get("versions") or ["1"], key=_version_order)
@@ -83,18 +229,15 @@ class TritonClient(TorchServeClient):
                 f"{model} has no version {version} on Triton (it serves {served})",
                 "leave the version out",
             )
-        config = self._call("GET", "inference", path + "/config", f"describe {model}").json()
-        ready = self._send("GET", "inference", path + "/ready", {}, {}).status_code == 200
-        instances = sum(int(g.get("count", 1)) for g in config.get("instance_group", []))
-        delay_us = int(
-            (config.get("dynamic_batching") or {}).get("max_queue_delay_microseconds", 0)
-        )
+        settings = batching(model_config(self, model))
+        ready = _ok(self, path + "/ready")
+        instances = settings["workers"]
         entry = {
             "modelName": metadata.get("name", model),
             "modelVersion": served,
             "default": True,
-            "batchSize": config.get("max_batch_size"),
-            "maxBatchDelay": delay_us // 1000,
+            "batchSize": settings["batchSize"],
+            "maxBatchDelay": settings["maxBatchDelay"] or 0,  # no dynamic batcher: no delay
             "minWorkers": instances,
             "maxWorkers": instances,
             "workers": [
@@ -139,8 +282,6 @@ class TritonClient(TorchServeClient):
         self, model: str, images: list[bytes], parameters: dict[str, Any], output: str
     ) -> Any:
         """One v2 request for ``output``, a BYTES tensor of one JSON text, parsed."""
-        import base64
-
         body = {
             "inputs": [
                 {

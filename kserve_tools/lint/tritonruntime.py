@@ -3,10 +3,10 @@ here, so our own rules, strict too: known fields only; one ``kserve-container`` 
 project's launcher (``python -m tritonrepo.server``) with options it accepts (its own argument
 parser judges them), serving ``/mnt/models`` on the pod's address; a Triton model format, not
 auto-selected; v2 protocols only; one port named for Knative and equal to the launcher's HTTP
-port, gRPC on KServe's 9000; a stop that ends before the kubelet's SIGKILL; Triton's own
-readiness and liveness routes; metrics annotations
-equal to the metrics port; a memory-backed ``/dev/shm`` (the Python backend's tensors travel
-through it); no ``PYTHONPATH``; seccomp and memory."""
+port, gRPC on KServe's 9000; keys off (``--no-keys``); a stop that ends before the kubelet's
+SIGKILL; Triton's own readiness and liveness routes; metrics annotations equal to the metrics
+port; a memory-backed ``/dev/shm`` (the Python backend's tensors travel through it); no
+``PYTHONPATH``; seccomp and memory."""
 
 from __future__ import annotations
 
@@ -174,6 +174,13 @@ def container_problems(path: str, container: dict, spec: dict) -> Iterator[Probl
                 "(REST 8080, gRPC 9000; the NetworkPolicy admits metrics on 8002)",
                 f"pass {name}={needed}",
             )
+    if not options.no_keys:
+        yield Problem(
+            at("args"),
+            "keys on (the launcher's default): KServe's gateway and probes send no keys, and "
+            "the image's build/ is read-only for the pod's user, so no key file can be written",
+            "pass --no-keys (KServe's own gate stands in front)",
+        )
     if options.exit_timeout_secs + STOP_MARGIN_SECONDS > GRACE_SECONDS:
         yield Problem(
             at("args"),
