@@ -120,11 +120,43 @@ class TrafficClass:
     note: str = ""
 
 
+def _photos(samples: Path) -> tuple[bytes, bytes]:
+    """The two sample photos both mixes send: a cat (the tagger's) and coffee (the embedder's)."""
+    return (samples / "chelsea.jpg").read_bytes(), (samples / "coffee.jpg").read_bytes()
+
+
+def _floods(item_shape: tuple[int, ...]) -> list[TrafficClass]:
+    """The floods of issue #16 both engines take on the tagger's v2 route: requests of
+    ``V2_IMAGES`` tiny images from ``FLOOD_CLIENTS`` clients without pause, and a 1 MB tensor
+    name. ``item_shape``: each image's dimensions after the first (TorchServe ``()``, so
+    ``[n]``; Triton ``(1,)``, so ``[n, 1]``)."""
+    tiny = _tiny_png()
+    path = f"/v2/models/{TAGGER}/infer"
+    return [
+        TrafficClass(
+            "row flood",
+            path,
+            _v2([tiny] * V2_IMAGES, shape=[V2_IMAGES, *item_shape]),
+            "application/json",
+            FLOOD_CLIENTS,
+            0.0,
+            (200, 503),
+        ),
+        TrafficClass(
+            "1 MB name",
+            path,
+            _v2([tiny], name="n" * 1_000_000, shape=[2, *item_shape]),
+            "application/json",
+            1,
+            2.0,
+            (400,),
+        ),
+    ]
+
+
 def traffic(samples: Path) -> list[TrafficClass]:
     """TorchServe's mix: what users send, and what hostile clients send beside them."""
-    photo = (samples / "chelsea.jpg").read_bytes()
-    other = (samples / "coffee.jpg").read_bytes()
-    tiny = _tiny_png()
+    photo, other = _photos(samples)
     explain, explain_type = _multipart({"data": photo, "n_steps": b"16"})
     json_type = "application/json"
     return [
@@ -151,24 +183,7 @@ def traffic(samples: Path) -> list[TrafficClass]:
             1.0,
             (400,),
         ),
-        TrafficClass(
-            "row flood",
-            f"/v2/models/{TAGGER}/infer",
-            _v2([tiny] * V2_IMAGES),
-            json_type,
-            FLOOD_CLIENTS,
-            0.0,
-            (200, 503),
-        ),
-        TrafficClass(
-            "1 MB name",
-            f"/v2/models/{TAGGER}/infer",
-            _v2([tiny], name="n" * 1_000_000, shape=[2]),
-            json_type,
-            1,
-            2.0,
-            (400,),
-        ),
+        *_floods(()),
         TrafficClass(
             "deep JSON", f"/predictions/{TAGGER}", _deep_json(), json_type, 1, 2.0, (400,)
         ),
@@ -179,13 +194,11 @@ def triton_traffic(samples: Path) -> list[TrafficClass]:
     """The same mix as Triton takes it: every request is v2 (images ``[n, 1]``), and the
     classes TorchServe answers on its own routes (photos, bad images, deep JSON) go to
     ``/v2/models/<model>/infer``. Explanations are left out where Triton serves none."""
-    photo = (samples / "chelsea.jpg").read_bytes()
-    other = (samples / "coffee.jpg").read_bytes()
-    tiny = _tiny_png()
+    photo, other = _photos(samples)
     json_type = "application/json"
 
-    def v2(images: list[bytes], name: str = "images", rows: int | None = None) -> bytes:
-        return _v2(images, name=name, shape=[rows or len(images), 1])
+    def v2(images: list[bytes]) -> bytes:
+        return _v2(images, shape=[len(images), 1])
 
     def infer(model: str) -> str:
         return f"/v2/models/{model}/infer"
@@ -197,24 +210,7 @@ def triton_traffic(samples: Path) -> list[TrafficClass]:
         TrafficClass(
             "bad image", infer(TAGGER), v2([b"not an image" * 100]), json_type, 1, 1.0, (400,)
         ),
-        TrafficClass(
-            "row flood",
-            infer(TAGGER),
-            v2([tiny] * V2_IMAGES),
-            json_type,
-            FLOOD_CLIENTS,
-            0.0,
-            (200, 503),
-        ),
-        TrafficClass(
-            "1 MB name",
-            infer(TAGGER),
-            v2([tiny], name="n" * 1_000_000, rows=2),
-            json_type,
-            1,
-            2.0,
-            (400,),
-        ),
+        *_floods((1,)),
         TrafficClass(
             "deep JSON",
             infer(TAGGER),

@@ -1,4 +1,5 @@
-"""Shared fixtures: weights, archives, the reference model, and one TorchServe per session."""
+"""Shared fixtures: weights, archives, the reference model, one TorchServe per session, and the
+runtime image the container tests start."""
 
 from __future__ import annotations
 
@@ -62,3 +63,20 @@ def torchserve(tmp_path_factory, model_store):
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def runtime_image() -> str:
+    """The runtime image `make kserve-image` tagged last (both KServe runtimes run it); the test
+    fails, saying what to run, when podman or docker or the image is missing."""
+    from kserve_tools.engine import EngineMissing, engine
+    from kserve_tools.image import NAME, image_id, version
+
+    image = f"{NAME}:{version()}"
+    try:
+        engine()
+    except EngineMissing as exc:
+        pytest.fail(f"{exc} (make kserve-image-test installs podman where it can)")
+    if image_id(image) is None:
+        pytest.fail(f"no image {image}: run `make kserve-image` first")
+    return image

@@ -1,5 +1,6 @@
 """Helpers for tests that talk to a running TorchServe (``devtools.server.LocalTorchServe``):
-its answers, its metrics, and ``tsctl`` pointed at it."""
+its answers, its metrics, and ``tsctl`` pointed at it; a local Triton and the v2 body both
+engines take; code run inside a runtime container (``kserve_tools.container``)."""
 
 from __future__ import annotations
 
@@ -93,10 +94,9 @@ def local_triton(
             server.stop()
 
 
-def v2_infer(triton, model: str, images: list[bytes], **parameters) -> requests.Response:
-    """The JSON body TorchServe's v2 route takes, to ``triton``'s: base64 images in the
-    ``images`` BYTES tensor, ``[n, 1]``; ``parameters`` as the request's parameters; the
-    inference key when ``triton`` has keys."""
+def v2_body(images: list[bytes], parameters: dict) -> dict:
+    """The JSON body TorchServe's v2 route takes, as Triton takes it too: base64 images in the
+    ``images`` BYTES tensor, ``[n, 1]``; ``parameters`` (when any) as the request's parameters."""
     body: dict = {
         "inputs": [
             {
@@ -109,10 +109,27 @@ def v2_infer(triton, model: str, images: list[bytes], **parameters) -> requests.
     }
     if parameters:
         body["parameters"] = parameters
+    return body
+
+
+def v2_infer(triton, model: str, images: list[bytes], **parameters) -> requests.Response:
+    """``v2_body(images, parameters)`` to ``triton``'s v2 route, with the inference key when
+    ``triton`` has keys."""
     headers = triton.keys.inference_headers() if triton.keys is not None else {}
     return requests.post(
-        f"{triton.url}/v2/models/{model}/infer", json=body, timeout=300, headers=headers
+        f"{triton.url}/v2/models/{model}/infer",
+        json=v2_body(images, parameters),
+        timeout=300,
+        headers=headers,
     )
+
+
+def inside(pod, code: str) -> str:
+    """Run Python ``code`` in the runtime container ``pod`` (``RuntimeContainer``); the test
+    fails with its stderr unless it exits 0; its stdout, stripped."""
+    done = pod.exec(["python", "-c", code], timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
 
 
 def raw_answer(ts, model: str, image: bytes, **headers):

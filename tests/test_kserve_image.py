@@ -16,31 +16,17 @@ import requests
 from buildsteps.configgen import repo_models
 from kserve_tools.bundle import build
 from kserve_tools.container import MOUNT, RuntimeContainer
-from kserve_tools.engine import EngineMissing, engine
-from kserve_tools.image import NAME, image_id, version
 from kserve_tools.lint import RUNTIME_DIR
 from kserve_tools.render import render
 from tests import imagegen
 from tests.corpus import b64
 from tests.reference import assert_same_tags, rel_error
-from tests.served import raw_answer
+from tests.served import inside, raw_answer
 
 pytestmark = [pytest.mark.integration, pytest.mark.container]
 IMAGES = [imagegen.jpeg(400, 300, seed=500 + i) for i in range(3)]
 TOPK = 3
 TOLERANCE = 1e-4  # batched vs single forward pass (tests/test_serving.py)
-IMAGE = f"{NAME}:{version()}"  # what `make kserve-image` tagged last
-
-
-@pytest.fixture(scope="module")
-def image():
-    try:
-        engine()
-    except EngineMissing as exc:
-        pytest.fail(f"{exc} (make kserve-image-test installs podman where it can)")
-    if image_id(IMAGE) is None:
-        pytest.fail(f"no image {IMAGE}: run `make kserve-image` first")
-    return IMAGE
 
 
 @pytest.fixture(scope="module")
@@ -56,21 +42,15 @@ def bundle(tmp_path_factory, model_store):
 
 
 @pytest.fixture(scope="module")
-def pod(image, container, bundle):
+def pod(runtime_image, container, bundle):
     """The image running the bundle; removed whatever happens (the stop test stops it first)."""
-    server = RuntimeContainer(container, image, bundle.folder)
+    server = RuntimeContainer(container, runtime_image, bundle.folder)
     try:
         server.start()
         yield server
     finally:
         server.remove()
         shutil.rmtree(bundle.folder, ignore_errors=True)
-
-
-def _inside(pod, code: str) -> str:
-    done = pod.exec(["python", "-c", code], timeout=60)
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
 
 
 def _worker_states(pod) -> dict[str, list[str]]:
@@ -81,7 +61,7 @@ def _worker_states(pod) -> dict[str, list[str]]:
         f"print(json.dumps({{m: [w['status'] for w in json.load(u.urlopen(b + m))[0]"
         f"['workers']] for m in {sorted(repo_models())!r}}}))"
     )
-    return json.loads(_inside(pod, code))
+    return json.loads(inside(pod, code))
 
 
 # ------------------------------------------------------------------ what only a container shows

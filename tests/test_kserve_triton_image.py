@@ -12,7 +12,6 @@ answers are held to the float32 torchvision reference (tests/reference.py), over
 
 from __future__ import annotations
 
-import base64
 import json
 import subprocess
 import threading
@@ -25,31 +24,18 @@ import torch
 
 from kserve_tools.bundle import build_triton
 from kserve_tools.container import MOUNT, RuntimeContainer
-from kserve_tools.engine import EngineMissing, engine
-from kserve_tools.image import NAME, image_id, version
 from kserve_tools.lint import TRITON_FOOTPRINT_GIB, TRITON_RUNTIME_DIR
 from kserve_tools.lint.tritonruntime import GRPC_PORT
 from kserve_tools.render import render
 from tests import imagegen
 from tests.reference import assert_same_tags, rel_error, tolerance
+from tests.served import inside, v2_body
 from tritonrepo.server import argument_parser
 
 pytestmark = [pytest.mark.integration, pytest.mark.container]
 EMBEDDING, TAGGER = "resnet50-embedding", "resnet50-tagger"
 IMAGES = [imagegen.jpeg(400, 300, seed=600 + i) for i in range(3)]
 TOPK = 3
-IMAGE = f"{NAME}:{version()}"  # what `make kserve-image` tagged last: both runtimes' image
-
-
-@pytest.fixture(scope="module")
-def image():
-    try:
-        engine()
-    except EngineMissing as exc:
-        pytest.fail(f"{exc} (make kserve-image-test installs podman where it can)")
-    if image_id(IMAGE) is None:
-        pytest.fail(f"no image {IMAGE}: run `make kserve-image` first")
-    return IMAGE
 
 
 @pytest.fixture(scope="module")
@@ -67,11 +53,11 @@ def bundle(tmp_path_factory, model_store):
 
 
 @pytest.fixture(scope="module")
-def pod(image, runtime_spec, bundle):
+def pod(runtime_image, runtime_spec, bundle):
     """The image serving the repository; removed whatever happens (the last test stops it)."""
     server = RuntimeContainer(
         runtime_spec["containers"][0],
-        image,
+        runtime_image,
         bundle.folder,
         volumes=runtime_spec.get("volumes"),
         publish=(GRPC_PORT,),
@@ -83,27 +69,13 @@ def pod(image, runtime_spec, bundle):
         server.remove()
 
 
-def _inside(pod, code: str) -> str:
-    done = pod.exec(["python", "-c", code], timeout=60)
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
-
-
 def infer(pod, model: str, images: list[bytes], **parameters) -> requests.Response:
-    """A v2 JSON request: base64 images in a BYTES tensor of shape [n, 1]."""
-    body = {
-        "inputs": [
-            {
-                "name": "images",
-                "datatype": "BYTES",
-                "shape": [len(images), 1],
-                "data": [base64.b64encode(i).decode() for i in images],
-            }
-        ]
-    }
-    if parameters:
-        body["parameters"] = parameters
-    return requests.post(f"{pod.inference_url}/v2/models/{model}/infer", json=body, timeout=300)
+    """A v2 JSON request (``v2_body``: base64 images in a BYTES tensor of shape [n, 1])."""
+    return requests.post(
+        f"{pod.inference_url}/v2/models/{model}/infer",
+        json=v2_body(images, parameters),
+        timeout=300,
+    )
 
 
 def output(response: requests.Response, name: str) -> np.ndarray:
@@ -159,11 +131,11 @@ def test_the_launcher_runs_as_uid_1000_on_a_read_only_repository_with_the_runtim
 ):
     assert pod.exec(["id", "-u"], timeout=30).stdout.strip() == "1000"
     # PID 1 is the project's launcher (it stops Triton on the kubelet's SIGTERM).
-    pid1 = _inside(pod, "print(open('/proc/1/cmdline').read().replace('\\0', ' '))")
+    pid1 = inside(pod, "print(open('/proc/1/cmdline').read().replace('\\0', ' '))")
     assert pid1.startswith("python -m tritonrepo.server --repository=/mnt/models"), pid1
     touched = pod.exec(["touch", f"{MOUNT}/written"], timeout=30)
     assert touched.returncode != 0 and "Read-only file system" in touched.stderr
-    shm = int(_inside(pod, "import os; s = os.statvfs('/dev/shm'); print(s.f_blocks * s.f_frsize)"))
+    shm = int(inside(pod, "import os; s = os.statvfs('/dev/shm'); print(s.f_blocks * s.f_frsize)"))
     [volume] = runtime_spec["volumes"]
     assert volume["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}
     assert shm == 2**30

@@ -474,20 +474,27 @@ class TorchServeClient:
         """One image to ``/explanations/MODEL``: ``{"method", "explanations": [{"label",
         "index", "probability", "rank", "grid", "png"?}]}``, where the model looked for each
         target (top-1 by default; a class ``target`` by index or label; ``topk`` targets)."""
-        fields = {
+        options = {
             "target": target,
             "topk": topk,
             "method": method,
             "n_steps": n_steps,
-            "png": "true" if png else None,
+            "png": png or None,
         }
+        return self._explain(
+            model, image, filename, {k: v for k, v in options.items() if v is not None}
+        )
+
+    def _explain(self, model: str, image: bytes, filename: str, options: dict[str, Any]) -> dict:
+        """``explain``'s request, ``options`` the ones set (``png`` only when True): form
+        fields of ``/explanations/MODEL`` beside the image."""
         return self._call(
             "POST",
             "inference",
             "/explanations" + _route(model, None),
             f"explain {model}",
             files={"data": (filename, image)},
-            data={k: str(v) for k, v in fields.items() if v is not None},
+            data={k: "true" if k == "png" else str(v) for k, v in options.items()},
         ).json()
 
     # ------------------------------------------------------------------ metrics

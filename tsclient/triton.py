@@ -252,31 +252,11 @@ class TritonClient(TorchServeClient):
     def default_version(self, model: str) -> str:
         return self.describe(model)[0]["modelVersion"]
 
-    def explain(
-        self,
-        model: str,
-        image: bytes,
-        *,
-        filename: str = "image",
-        target: int | str | None = None,
-        topk: int | None = None,
-        method: str | None = None,
-        n_steps: int | None = None,
-        png: bool = False,
-    ) -> dict:
+    def _explain(self, model: str, image: bytes, filename: str, options: dict[str, Any]) -> dict:
         """``TorchServeClient.explain``'s answer from the model's explanation request (the
-        same JSON: ``{"method", "explanations": [...]}``). ``filename`` is not sent."""
-        parameters = {
-            EXPLAIN: True,
-            "target": target,
-            "topk": topk,
-            "method": method,
-            "n_steps": n_steps,
-            "png": png or None,
-        }
-        return self._infer(
-            model, [image], {k: v for k, v in parameters.items() if v is not None}, EXPLANATIONS
-        )
+        same JSON: ``{"method", "explanations": [...]}``), ``options`` as its parameters.
+        ``filename`` is not sent."""
+        return self._infer(model, [image], {EXPLAIN: True, **options}, EXPLANATIONS)
 
     def _infer(
         self, model: str, images: list[bytes], parameters: dict[str, Any], output: str

@@ -48,7 +48,8 @@ For the collection job (``kserve/batch-job``, an Indexed Job): ``kserve_tools.jo
 For the PodMonitor and PrometheusRule (``kserve/monitoring``): ``kserve_tools.monitoring``.
 
 One module per kind of object (``schema``, ``inferenceservice``, ``servingruntime``,
-``tritonruntime``, ``network``, ``bundle``; ``memory`` for every pod of our runtime), each rule a
+``tritonruntime``, ``network``, ``bundle``; ``memory`` for every pod of our runtime; ``runtimes``
+for the rules both our runtimes share), each rule a
 function that yields the problems it finds (``base.Problem``); this module renders the targets,
 sends each object to its rules and prints the findings.
 
@@ -85,6 +86,7 @@ from kserve_tools.lint.bundle import bundle_findings
 from kserve_tools.lint.inferenceservice import ServingLimits, inference_service_findings
 from kserve_tools.lint.memory import FOOTPRINT_GIB, TRITON_FOOTPRINT_GIB
 from kserve_tools.lint.network import network_policy_findings
+from kserve_tools.lint.runtimes import RUNTIME_KINDS
 from kserve_tools.lint.schema import schema_findings, strict
 from kserve_tools.lint.servingruntime import (
     STOCK_RUNTIME,
@@ -99,7 +101,6 @@ from kserve_tools.render import RenderError, Resource, render
 BATCH_JOB_DIR = KSERVE / "batch-job"
 TRITON_DIR = KSERVE / "triton"  # the InferenceService on KServe's Triton runtime
 BASE_ISVC = KSERVE / "base" / "inferenceservice.yaml"
-RUNTIME_KINDS = ("ClusterServingRuntime", "ServingRuntime")
 
 __all__ = [
     "DEFAULT_MODE",

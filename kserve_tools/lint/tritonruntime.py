@@ -6,7 +6,8 @@ auto-selected; v2 protocols only; one port named for Knative and equal to the la
 port, gRPC on KServe's 9000; keys off (``--no-keys``); a stop that ends before the kubelet's
 SIGKILL; Triton's own readiness and liveness routes; metrics annotations equal to the metrics
 port; a memory-backed ``/dev/shm`` (the Python backend's tensors travel through it); no
-``PYTHONPATH``; seccomp and memory."""
+``PYTHONPATH``; seccomp and memory. The rules it shares with our TorchServe runtime live in
+``runtimes``; this module passes them the launcher's ports and keeps the rest."""
 
 from __future__ import annotations
 
@@ -14,16 +15,10 @@ import argparse
 from collections.abc import Iterator
 
 from kserve_tools.container import GRACE_SECONDS
-from kserve_tools.lint.base import BLOCKED_ENV, MOUNT, NAME, Finding, Problem, stamped
+from kserve_tools.lint import runtimes
+from kserve_tools.lint.base import MOUNT, Finding, Problem
 from kserve_tools.lint.memory import TRITON, TRITON_FOOTPRINT_GIB, memory_problems
-from kserve_tools.lint.servingruntime import (
-    CONTAINER_FIELDS,
-    KNATIVE_PORT_NAMES,
-    MODEL_FORMAT_FIELDS,
-    RUNTIME_API,
-    RUNTIME_SPEC_FIELDS,
-    TRITON_PORTS,
-)
+from kserve_tools.lint.servingruntime import TRITON_PORTS
 from kserve_tools.render import Resource
 from tritonrepo.server import ANY_ADDRESS, argument_parser
 
@@ -46,46 +41,20 @@ ROUTES = {
 
 def triton_runtime_findings(resource: Resource) -> list[Finding]:
     """Our rules for our Triton ClusterServingRuntime."""
-    obj = resource.obj
-    if obj.get("apiVersion") != RUNTIME_API or obj.get("kind") not in (
-        "ClusterServingRuntime",
-        "ServingRuntime",
-    ):
-        return stamped(
-            resource,
-            [
-                Problem(
-                    "apiVersion",
-                    f"{obj.get('apiVersion')}/{obj.get('kind')} is not a serving runtime",
-                    f"use apiVersion {RUNTIME_API}, kind ClusterServingRuntime",
-                )
-            ],
+
+    def rules(spec: dict) -> Iterator[Problem]:
+        yield from spec_problems(resource.name, spec)
+        yield from runtimes.each_container(
+            spec, lambda path, container: container_problems(path, container, spec)
         )
-    spec = obj.get("spec") or {}
-    return stamped(
-        resource,
-        [
-            *spec_problems(resource.name, spec),
-            *(
-                problem
-                for i, container in enumerate(spec.get("containers") or [])
-                for problem in container_problems(f"spec.containers[{i}]", container, spec)
-            ),
-        ],
-    )
+
+    return runtimes.runtime_checked(resource, rules)
 
 
 def spec_problems(name: str, spec: dict) -> Iterator[Problem]:
     """The name, known fields, the Triton format (not auto-selected), v2 only, one
     kserve-container."""
-    if not NAME.match(name):
-        yield Problem(
-            "metadata.name",
-            f"{name!r} does not match {NAME.pattern}",
-            "use lower-case letters, digits and '-'",
-        )
-    for field in sorted(set(spec) - RUNTIME_SPEC_FIELDS):
-        yield Problem(f"spec.{field}", "unknown field", "remove or rename it")
+    yield from runtimes.name_and_field_problems(name, spec)
     formats = spec.get("supportedModelFormats") or []
     named = [
         (f.get("name"), None if f.get("version") is None else str(f["version"])) for f in formats
@@ -97,16 +66,13 @@ def spec_problems(name: str, spec: dict) -> Iterator[Problem]:
             f'name {FORMAT[0]} version "{FORMAT[1]}"',
         )
     for i, fmt in enumerate(formats):
-        for field in sorted(set(fmt) - MODEL_FORMAT_FIELDS):
-            yield Problem(f"spec.supportedModelFormats[{i}].{field}", "unknown field", "remove it")
-        if fmt.get("autoSelect", False) is not False:
-            yield Problem(
-                f"spec.supportedModelFormats[{i}].autoSelect",
-                "our repository's "
-                "Python models need this image: it must not be picked for any "
-                "Triton InferenceService",
-                "set autoSelect: false (select by runtime: name)",
-            )
+        yield from runtimes.format_field_problems(i, fmt)
+        yield from runtimes.auto_select_problems(
+            i,
+            fmt,
+            "our repository's Python models need this image: it must not be picked for any "
+            "Triton InferenceService",
+        )
     protocols = spec.get("protocolVersions") or []
     if "v2" not in protocols or set(protocols) - set(PROTOCOLS):
         yield Problem(
@@ -114,13 +80,7 @@ def spec_problems(name: str, spec: dict) -> Iterator[Problem]:
             f"{protocols}: Triton speaks the Open Inference Protocol only ({', '.join(PROTOCOLS)})",
             f"use {list(PROTOCOLS)}",
         )
-    names = [c.get("name") for c in spec.get("containers") or []]
-    if names != ["kserve-container"]:
-        yield Problem(
-            "spec.containers",
-            f"{names}: expected exactly one container named kserve-container",
-            "keep one container, name it kserve-container",
-        )
+    yield from runtimes.one_container_problems(spec)
 
 
 def launcher_options(words: list[str]) -> argparse.Namespace | str:
@@ -139,10 +99,9 @@ def container_problems(path: str, container: dict, spec: dict) -> Iterator[Probl
     annotations)."""
 
     def at(sub: str) -> str:
-        return f"{path}.{sub}" if sub else path
+        return f"{path}.{sub}"
 
-    for field in sorted(set(container) - CONTAINER_FIELDS):
-        yield Problem(at(field), "unknown container field", "remove or rename it")
+    yield from runtimes.container_field_problems(path, container)
     if container.get("command") != LAUNCHER:
         yield Problem(
             at("command"),
@@ -190,44 +149,13 @@ def container_problems(path: str, container: dict, spec: dict) -> Iterator[Probl
             f"{GRACE_SECONDS} s after SIGTERM (the default grace period)",
             f"pass --exit-timeout-secs={GRACE_SECONDS - STOP_MARGIN_SECONDS} or less",
         )
-    for i, env in enumerate(container.get("env") or []):
-        if env.get("name") in BLOCKED_ENV:
-            yield Problem(
-                at(f"env[{i}]"),
-                f"setting {env['name']} in container "
-                f"{container.get('name')!r} is not allowed for security reasons "
-                "(KServe 0.18+)",
-                "remove it",
-            )
-    ports = container.get("ports") or []
-    if len(ports) != 1:
-        yield Problem(
-            at("ports"),
-            f"{len(ports)} ports; Knative allows exactly one",
-            f"declare one port, {options.http_port}, named http1",
-        )
-    for i, declared in enumerate(ports):
-        if declared.get("name") not in KNATIVE_PORT_NAMES:
-            yield Problem(
-                at(f"ports[{i}].name"),
-                f"{declared.get('name')!r}: Knative needs http1 or h2c",
-                "name it http1",
-            )
-        if declared.get("containerPort") != options.http_port:
-            yield Problem(
-                at(f"ports[{i}].containerPort"),
-                f"{declared.get('containerPort')} is "
-                f"not the launcher's --http-port {options.http_port}",
-                f"use {options.http_port}",
-            )
-    annotations = spec.get("annotations") or {}
-    if str(annotations.get("prometheus.kserve.io/port")) != str(options.metrics_port):
-        yield Problem(
-            "spec.annotations.prometheus.kserve.io/port",
-            f"{annotations.get('prometheus.kserve.io/port')!r} is not the launcher's "
-            f"--metrics-port {options.metrics_port}",
-            f'set it to "{options.metrics_port}"',
-        )
+    yield from runtimes.env_problems(path, container)
+    yield from runtimes.port_problems(
+        path, container, options.http_port, f"the launcher's --http-port {options.http_port}"
+    )
+    yield from runtimes.metrics_port_problems(
+        spec, options.metrics_port, f"the launcher's --metrics-port {options.metrics_port}"
+    )
     for kind, (route, meaning) in ROUTES.items():
         get = (container.get(kind) or {}).get("httpGet") or {}
         if (get.get("path"), get.get("port")) != (route, options.http_port):
@@ -236,13 +164,7 @@ def container_problems(path: str, container: dict, spec: dict) -> Iterator[Probl
                 f"{container.get(kind) or 'missing'}: Triton's own {route} says it ({meaning})",
                 f"use httpGet: {{path: {route}, port: {options.http_port}}}",
             )
-    seccomp = (container.get("securityContext") or {}).get("seccompProfile") or {}
-    if seccomp.get("type") != "RuntimeDefault":
-        yield Problem(
-            at("securityContext.seccompProfile"),
-            f"{seccomp or 'missing'}: no syscall filter",
-            "set securityContext.seccompProfile.type: RuntimeDefault",
-        )
+    yield from runtimes.seccomp_problems(path, container)
     yield from memory_problems(
         at("resources"), container.get("resources"), TRITON_FOOTPRINT_GIB, TRITON
     )
