@@ -116,7 +116,14 @@ def test_a_folder_gets_one_row_per_image_and_vectors_equal_single_requests(torch
     rows = pq.read_table(tags).to_pylist()
     assert len(rows) == sum("/y1/" in p for p in photos)
     assert all(len(r["tags"]) == 3 and r["status"] == "ok" for r in rows)
-    assert {r["precision"] for r in rows} == {served}  # KServe v1 says it too
+    # KServe v1 says it too: the tagger's own precision (each model measures its own).
+    tagger = requests.post(
+        f"{torchserve.inference_url}/predictions/resnet50-tagger",
+        data=Path(photos[0]).read_bytes(),
+        timeout=120,
+        headers=torchserve.keys.inference_headers(),
+    ).headers["X-Precision"]
+    assert {r["precision"] for r in rows} == {tagger}
     assert metadata(tags)["model_version"] is None  # no management API behind --url
 
 

@@ -20,13 +20,12 @@ from kserve_tools.lint import RUNTIME_DIR
 from kserve_tools.render import render
 from tests import imagegen
 from tests.corpus import b64
-from tests.reference import assert_same_tags, rel_error
+from tests.reference import Agreement, rel_error, served_precision
 from tests.served import inside, raw_answer
 
 pytestmark = [pytest.mark.integration, pytest.mark.container]
 IMAGES = [imagegen.jpeg(400, 300, seed=500 + i) for i in range(3)]
 TOPK = 3
-TOLERANCE = 1e-4  # batched vs single forward pass (tests/test_serving.py)
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +95,20 @@ def test_readiness_probe_fails_until_every_worker_is_loaded(pod):
 
 
 @pytest.fixture(scope="module")
+def agree(pod, torchserve) -> Agreement:
+    """How closely the pod's answers must follow the local server's: each measured its own
+    precision (tests/reference.py, Agreement)."""
+    return Agreement(
+        (
+            served_precision(pod.inference_url, IMAGES[0]),
+            served_precision(
+                torchserve.inference_url, IMAGES[0], torchserve.keys.inference_headers()
+            ),
+        )
+    )
+
+
+@pytest.fixture(scope="module")
 def local_answers(torchserve):
     return [
         (
@@ -106,7 +119,7 @@ def local_answers(torchserve):
     ]
 
 
-def test_v1_and_v2_answers_equal_the_local_server(pod, local_answers):
+def test_v1_and_v2_answers_equal_the_local_server(pod, local_answers, agree):
     for image, (embedding, tags) in zip(IMAGES, local_answers):
         v1 = requests.post(
             f"{pod.inference_url}/v1/models/resnet50-tagger:predict",
@@ -114,7 +127,7 @@ def test_v1_and_v2_answers_equal_the_local_server(pod, local_answers):
             timeout=120,
         )
         assert v1.status_code == 200, v1.text
-        assert_same_tags(v1.json()["predictions"][0], tags)
+        agree.tags(v1.json()["predictions"][0], tags)
         v2 = requests.post(
             f"{pod.inference_url}/v2/models/resnet50-embedding/infer",
             json={
@@ -130,8 +143,8 @@ def test_v1_and_v2_answers_equal_the_local_server(pod, local_answers):
         assert v2.status_code == 200, v2.text
         outputs = {o["name"]: o for o in v2.json()["outputs"]}
         assert v2.json()["id"] == "r-1"
-        assert rel_error(outputs["embedding"]["data"], embedding) <= TOLERANCE
-        assert_same_tags([json.loads(s) for s in outputs["tags"]["data"]], tags)
+        assert rel_error(outputs["embedding"]["data"], embedding) <= agree.embedding
+        agree.tags([json.loads(s) for s in outputs["tags"]["data"]], tags)
 
 
 @pytest.mark.parametrize("data", ["not base64!", b64(b"GIF89a but not an image")])

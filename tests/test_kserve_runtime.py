@@ -7,15 +7,15 @@ batching on. Answers are compared with the local server's (the session ``torchse
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import javaproperties
 import numpy as np
 import pytest
@@ -29,15 +29,14 @@ from kserve_tools.pod import MOUNT, RuntimePod
 from kserve_tools.render import render
 from model_files.artifacts import read_manifest
 from tests import imagegen
-from tests.conftest import MODELS
+from tests.conftest import MODELS, REPO
 from tests.corpus import b64
-from tests.reference import assert_same_tags, rel_error
+from tests.reference import Agreement, rel_error, served_precision
 from tests.served import handled, raw_answer, settled
 
 pytestmark = pytest.mark.integration
 IMAGES = [imagegen.jpeg(400, 300, seed=300 + i) for i in range(6)]
 TOPK = 3
-TOLERANCE = 1e-4  # batched vs single forward pass (tests/test_serving.py)
 BUCKET = "models"
 
 
@@ -127,6 +126,20 @@ def pod(tmp_path_factory, s3, bundle, container):
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def agree(pod, torchserve) -> Agreement:
+    """How closely the pod's answers must follow the local server's: each measured its own
+    precision (tests/reference.py, Agreement)."""
+    return Agreement(
+        (
+            served_precision(pod.inference_url, IMAGES[0]),
+            served_precision(
+                torchserve.inference_url, IMAGES[0], torchserve.keys.inference_headers()
+            ),
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -256,44 +269,28 @@ def test_readiness_probe_fails_while_a_required_worker_loads(pod):
 # ------------------------------------------------------------------ KServe's and Triton's clients
 
 
-async def _kserve_calls(url: str) -> tuple[list, list, list]:
-    """v1 tags and v2 embedding+tags for every image, all requests in flight at once."""
-    from kserve.protocol.infer_type import RequestedOutput
+def _kserve_sdk(*args: str) -> dict:
+    """KServe's SDK in a process of its own (``tests/kserve_sdk.py`` says why): its JSON."""
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.kserve_sdk", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout)
 
-    from kserve import InferenceRESTClient, InferInput, InferRequest, RESTConfig
 
-    v1 = InferenceRESTClient(RESTConfig(protocol="v1", timeout=300))
-    v2 = InferenceRESTClient(RESTConfig(protocol="v2", timeout=300))
-    try:
-        v1_calls = [
-            v1.infer(
-                url,
-                {"instances": [{"data": b64(image)}], "parameters": {"topk": TOPK}},
-                model_name="resnet50-tagger",
-            )
-            for image in IMAGES
-        ]
-        v2_calls = [
-            v2.infer(
-                url,
-                InferRequest(
-                    model_name="resnet50-embedding",
-                    request_id=f"r-{i}",
-                    infer_inputs=[InferInput("images", [1], "BYTES", data=[b64(image)])],
-                    parameters={"topk": TOPK},
-                    request_outputs=[RequestedOutput("embedding"), RequestedOutput("tags")],
-                ),
-                model_name="resnet50-embedding",
-            )
-            for i, image in enumerate(IMAGES)
-        ]
-        bad = v1.infer(url, {"instances": [{"data": "not base64!"}]}, model_name="resnet50-tagger")
-        results = await asyncio.gather(*v1_calls, *v2_calls, bad, return_exceptions=True)
-    finally:
-        await v1.close()
-        await v2.close()
-    n = len(IMAGES)
-    return results[:n], results[n : 2 * n], results[2 * n :]
+def _kserve_calls(url: str, folder: Path) -> tuple[list, list, dict]:
+    """v1 tags and v2 embedding+tags for every image, and one bad v1 request, all in flight
+    at once through KServe's SDK."""
+    files = []
+    for i, image in enumerate(IMAGES):
+        files.append(folder / f"{i}.jpg")
+        files[-1].write_bytes(image)
+    answers = _kserve_sdk("calls", url, str(TOPK), *map(str, files))
+    return answers["v1"], answers["v2"], answers["bad"]
 
 
 def _triton_call(url: str, image: bytes | None):
@@ -322,25 +319,26 @@ def _triton_call(url: str, image: bytes | None):
         client.close()
 
 
-def test_kserve_and_triton_clients_get_the_local_answers_concurrently(pod, local_answers):
+def test_kserve_and_triton_clients_get_the_local_answers_concurrently(
+    pod, local_answers, agree, tmp_path
+):
     before = {m: handled(pod, m) for m in MODELS}
     with ThreadPoolExecutor(max_workers=len(IMAGES) + 1) as pool:
         triton = pool.map(lambda image: _triton_call(pod.inference_url, image), [*IMAGES, None])
-        v1, v2, [bad_v1] = asyncio.run(_kserve_calls(pod.inference_url))
+        v1, v2, bad_v1 = _kserve_calls(pod.inference_url, tmp_path)
         *triton_tags, bad_triton = list(triton)
     for i, (embedding, tags) in enumerate(local_answers):
         assert len(v1[i]["predictions"]) == 1
-        assert_same_tags(v1[i]["predictions"][0], tags)
-        outputs = {o.name: o for o in v2[i].outputs}
-        assert v2[i].id == f"r-{i}" and v2[i].model_name == "resnet50-embedding"
-        assert outputs["embedding"].shape == [1, len(embedding)]
-        assert rel_error(outputs["embedding"].data, embedding) <= TOLERANCE
-        assert_same_tags([json.loads(s) for s in outputs["tags"].data], tags)
-        assert_same_tags(triton_tags[i], tags)
+        agree.tags(v1[i]["predictions"][0], tags)
+        outputs = v2[i]["outputs"]
+        assert v2[i]["id"] == f"r-{i}" and v2[i]["model_name"] == "resnet50-embedding"
+        assert outputs["embedding"]["shape"] == [1, len(embedding)]
+        assert rel_error(outputs["embedding"]["data"], embedding) <= agree.embedding
+        agree.tags([json.loads(s) for s in outputs["tags"]["data"]], tags)
+        agree.tags(triton_tags[i], tags)
     # Per-request errors stay 4xx through both clients, and the requests around them succeed.
-    assert isinstance(bad_v1, httpx.HTTPStatusError)
-    assert bad_v1.response.status_code == 400
-    assert bad_v1.response.json()["type"] == "InvalidRequest"
+    assert bad_v1["status"] == 400
+    assert bad_v1["body"]["type"] == "InvalidRequest"
     assert bad_triton.status() == "400"
     assert json.loads(bad_triton.debug_details())["type"] == "InvalidRequest"
     # Batching was on: fewer batches than requests for the models that got them at once.
@@ -356,35 +354,8 @@ def test_kserve_and_triton_clients_get_the_local_answers_concurrently(pod, local
 
 
 def test_v2_health_and_unknown_model_through_the_kserve_client(pod):
-    from kserve import InferenceRESTClient, RESTConfig
-
-    async def calls():
-        client = InferenceRESTClient(RESTConfig(protocol="v2", timeout=60))
-        try:
-            live = await client.is_server_live(pod.inference_url)
-            ready = await client.is_server_ready(pod.inference_url)
-            try:
-                await client.infer(
-                    pod.inference_url,
-                    {
-                        "inputs": [
-                            {
-                                "name": "images",
-                                "shape": [1],
-                                "datatype": "BYTES",
-                                "data": [b64(IMAGES[0])],
-                            }
-                        ]
-                    },
-                    model_name="no-such-model",
-                )
-            except httpx.HTTPStatusError as exc:
-                return live, ready, exc.response.status_code
-            return live, ready, 200
-        finally:
-            await client.close()
-
-    assert asyncio.run(calls()) == (True, True, 404)
+    answer = _kserve_sdk("health", pod.inference_url)
+    assert answer == {"live": True, "ready": True, "unknown_model": 404}
 
 
 def test_served_models_are_the_repository_models(pod):
