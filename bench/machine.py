@@ -76,7 +76,7 @@ def describe_machine() -> dict:
 
 def code_version() -> str:
     """The commit the measured code is at (``abc1234``), ``+ uncommitted changes`` when the
-    working tree differs from it: what a report's figures belong to."""
+    working tree differs from it outside ``results/``: what a report's figures belong to."""
     repo = Path(__file__).resolve().parent.parent
 
     def git(*args: str) -> str:
@@ -89,7 +89,8 @@ def code_version() -> str:
         return run.stdout.strip() if run.returncode == 0 else ""
 
     commit = git("rev-parse", "--short=7", "HEAD") or "unknown"
-    dirty = git("status", "--porcelain", "--untracked-files=no")
+    # Reports written by earlier runs (results/) are not the code measured.
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!results")
     return f"{commit} + uncommitted changes" if dirty else commit
 
 

@@ -1473,12 +1473,13 @@ def test_figure_checks_catch_breakage():
     assert "is not as commit" in commit_problems("w", first, ["results/benchmark.md"])[0]
 
 
-H, BENCH, INGEST, COLL, SOAK = (
+H, BENCH, INGEST, COLL, SOAK, SOAK_TRITON = (
     "results/history.md",
     "results/benchmark.md",
     "results/ingestion.md",
     "results/collection.md",
     "results/soak.md",
+    "results/soak-triton.md",
 )
 FIGURES: tuple[Figure, ...] = (
     # docs/backends.md
@@ -1608,10 +1609,16 @@ FIGURES: tuple[Figure, ...] = (
     Figure(OPS, "left the worker at 1.03 GiB throughout", (H,)),
     Figure(
         OPS,
-        "12 minutes of every traffic class at once, the tagger's worker at 1,414 MiB "
-        "after the first minute and 1,421 MiB at the end (peak 1,451), the embedding "
-        "worker flat at 1,219-1,220 MiB, the frontend at 275-285 MiB",
+        "5 minutes of every traffic class at once, the tagger's worker at 1,230 MiB "
+        "after the first minute and 1,210 MiB at the end (peak 1,267), the embedding "
+        "worker flat at 1,030 MiB, the frontend at 284-287 MiB",
         (SOAK,),
+    ),
+    Figure(
+        OPS,
+        "5 minutes, the tagger's stub at 1,077 MiB after the first minute and 1,080 MiB at "
+        "the end, the embedding's at 959-960 MiB, tritonserver at 45-47 MiB",
+        (SOAK_TRITON,),
     ),
     Figure(
         OPS,
