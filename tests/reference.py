@@ -86,6 +86,18 @@ class Agreement:
     def embedding(self) -> float:
         return 1e-4 if self.same else max(tolerance(p) for p in self.precisions)
 
+    @classmethod
+    def between(cls, pod, local, image: bytes) -> Agreement:
+        """``pod`` (a runtime without keys) against ``local`` (a keyed local TorchServe): the
+        precision each serves, read from its tagger's answer to ``image``."""
+        headers = local.keys.inference_headers()
+        return cls(
+            (
+                served_precision(pod.inference_url, image),
+                served_precision(local.inference_url, image, headers),
+            )
+        )
+
     def tags(self, tags: list[dict], expected: list[dict]) -> None:
         if self.same:
             assert_same_tags(tags, expected)

@@ -20,7 +20,7 @@ from kserve_tools.lint import RUNTIME_DIR
 from kserve_tools.render import render
 from tests import imagegen
 from tests.corpus import b64
-from tests.reference import Agreement, rel_error, served_precision
+from tests.reference import Agreement, rel_error
 from tests.served import inside, raw_answer
 
 pytestmark = [pytest.mark.integration, pytest.mark.container]
@@ -96,16 +96,9 @@ def test_readiness_probe_fails_until_every_worker_is_loaded(pod):
 
 @pytest.fixture(scope="module")
 def agree(pod, torchserve) -> Agreement:
-    """How closely the pod's answers must follow the local server's: each measured its own
-    precision (tests/reference.py, Agreement)."""
-    return Agreement(
-        (
-            served_precision(pod.inference_url, IMAGES[0]),
-            served_precision(
-                torchserve.inference_url, IMAGES[0], torchserve.keys.inference_headers()
-            ),
-        )
-    )
+    """How closely the pod's answers must follow the local server's (each measured its own
+    precision)."""
+    return Agreement.between(pod, torchserve, IMAGES[0])
 
 
 @pytest.fixture(scope="module")

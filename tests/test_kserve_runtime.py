@@ -31,7 +31,7 @@ from model_files.artifacts import read_manifest
 from tests import imagegen
 from tests.conftest import MODELS, REPO
 from tests.corpus import b64
-from tests.reference import Agreement, rel_error, served_precision
+from tests.reference import Agreement, rel_error
 from tests.served import handled, raw_answer, settled
 
 pytestmark = pytest.mark.integration
@@ -130,16 +130,9 @@ def pod(tmp_path_factory, s3, bundle, container):
 
 @pytest.fixture(scope="module")
 def agree(pod, torchserve) -> Agreement:
-    """How closely the pod's answers must follow the local server's: each measured its own
-    precision (tests/reference.py, Agreement)."""
-    return Agreement(
-        (
-            served_precision(pod.inference_url, IMAGES[0]),
-            served_precision(
-                torchserve.inference_url, IMAGES[0], torchserve.keys.inference_headers()
-            ),
-        )
-    )
+    """How closely the pod's answers must follow the local server's (each measured its own
+    precision)."""
+    return Agreement.between(pod, torchserve, IMAGES[0])
 
 
 @pytest.fixture(scope="module")
