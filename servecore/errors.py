@@ -1,8 +1,9 @@
 """The one error hierarchy of the handler, and its one mapping to an HTTP response.
 
 A ``RequestError`` fails one request and nothing else: ``ClientError`` for what the client
-sent (4xx, 501), ``Overloaded`` when the batch has no room (503) and ``InternalError`` for a bug
-of ours (500). ``STATUS`` below is the only place that says which HTTP status each kind gets,
+sent (4xx, 501), ``Overloaded`` when the batch has no room (503), ``DeadlineExceeded`` when the
+caller's deadline passed first (504) and ``InternalError`` for a bug of ours (500). ``STATUS``
+below is the only place that says which HTTP status each kind gets,
 and the class name is the ``type`` a client reads in the body. ``servecore.intake`` catches them
 at one per-request boundary, so one bad input fails only its own request.
 """
@@ -116,6 +117,11 @@ class Overloaded(RequestError):
         return {"Retry-After": "1"}
 
 
+class DeadlineExceeded(RequestError):
+    """The caller's deadline (``X-Deadline``) passed before the request's batch ran: answered
+    without decoding or computing it; retrying the same request is pointless."""
+
+
 class InternalError(RequestError):
     """An unexpected failure while handling one request: a bug on our side, answered for that
     request alone (the rest of its batch goes on)."""
@@ -132,6 +138,7 @@ STATUS: dict[type[RequestError], HTTPStatus] = {
     PayloadTooLarge: HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
     NotSupported: HTTPStatus.NOT_IMPLEMENTED,
     Overloaded: HTTPStatus.SERVICE_UNAVAILABLE,
+    DeadlineExceeded: HTTPStatus.GATEWAY_TIMEOUT,
     InternalError: HTTPStatus.INTERNAL_SERVER_ERROR,
 }
 

@@ -25,6 +25,7 @@ from servecore.explain.encode import Explained
 from servecore.explain.options import ExplainSpec
 from servecore.images import OpenedImage
 from servecore.parse import ParsedRequest
+from servecore.traffic import Priority
 
 _SAMPLE = 64 * 1024  # bytes of each end of an image that its fingerprint reads
 
@@ -33,11 +34,15 @@ _SAMPLE = 64 * 1024  # bytes of each end of an image that its fingerprint reads
 class Incoming:
     """A request as an engine hands it over. ``parse`` turns it into a ``ParsedRequest`` (or
     raises a ``RequestError``), called inside the request's own failure boundary; ``explain``:
-    it came on an explanation route (``/explanations``, KServe v1 ``:explain``)."""
+    it came on an explanation route (``/explanations``, KServe v1 ``:explain``); ``priority``
+    and ``deadline`` (Unix seconds, None: none): what the engine read from its headers or
+    parameters (``servecore.traffic``)."""
 
     request_id: str
     parse: Callable[[], ParsedRequest]
     explain: bool = False
+    priority: Priority = Priority.INTERACTIVE
+    deadline: float | None = None
 
 
 @dataclass(frozen=True)
