@@ -34,12 +34,3 @@ _.p95_ms  # bench.stats.RunStats, reported through to_dict()
 _.pytestmark  # pytest's module-level marks
 _.do_GET  # http.server.BaseHTTPRequestHandler's GET hook (tests)
 _.log_message  # http.server.BaseHTTPRequestHandler's log hook (tests)
-
-# #37 in progress: the traffic interface, called by the adapters once they read it (remove
-# each entry as its first caller lands).
-_.PRIORITY_HEADER
-_.PRIORITY_KEY
-_.priority  # Incoming.priority
-_.BULK
-_.parse_priority
-_.parse_deadline

@@ -110,6 +110,14 @@ class HandlerConfig:
     max_batch_images: images (forward rows) one server-side batch may run; requests are
         admitted fewest images first, the rest get 503 with ``Retry-After``. Each image costs a
         full 224x224 row whatever its size, so this, not pixels, bounds a batch's forward time.
+    bulk_batch_images: forward rows that ``bulk`` requests (``X-Priority: bulk``, v2
+        ``priority`` 2) may take together in one batch while interactive traffic is about
+        (``interactive_window_ms``); the bulk requests beyond it get 503 with ``Retry-After``,
+        except the first in line, which is always admitted so a collection job keeps moving.
+        With no interactive request about, bulk uses the whole batch. 0: no share (bulk is only
+        admitted after interactive requests within each budget).
+    interactive_window_ms: how long after the last interactive request a worker saw it keeps
+        holding bulk requests to ``bulk_batch_images``.
     forward_rows: rows per forward pass (0: the model's ``batchSize``); a batch runs in chunks
         of this many, so a worker's peak memory does not grow with what arrives.
     max_response_bytes: one JSON answer's size, checked where an edge writes JSON
@@ -142,6 +150,8 @@ class HandlerConfig:
     max_image_bytes: int = 30 * 1024 * 1024
     max_images_per_request: int = 8
     max_batch_images: int = 64
+    bulk_batch_images: int = 4
+    interactive_window_ms: int = 1000
     forward_rows: int = 0
     max_response_bytes: int = 32 * 1024 * 1024
     max_request_pixels: int = 100_000_000
@@ -184,6 +194,8 @@ class HandlerConfig:
                 ("max_image_bytes", 1, 1 << 31),
                 ("max_images_per_request", 1, 4096),
                 ("max_batch_images", 1, 4096),
+                ("bulk_batch_images", 0, 4096),
+                ("interactive_window_ms", 0, 3_600_000),
                 ("forward_rows", 0, 4096),
                 ("max_response_bytes", 1024, 1 << 31),
                 ("max_request_pixels", 1, 10_000_000_000),

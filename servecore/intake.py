@@ -1,11 +1,12 @@
 """A batch's requests through open, admit and decode, each request on its own.
 
 Each request is parsed and its images' headers read on its own (``Intake.open``; an explanation
-request's parameters are checked in between, before any image is read); the batch's work is
-admitted within its budgets (``servecore.admission``: forward rows, decoded pixels, explanation
-passes) before anything is decoded; the admitted images are decoded on a small thread pool (PIL
-and torch release the GIL) and stacked into one CPU tensor. Whatever goes wrong fails its own
-request only (``servecore.boundary``).
+request's parameters are checked in between, before any image is read; a request whose
+deadline has passed is answered 504 before it is even parsed); the batch's work is admitted
+within its budgets (``servecore.admission``: the bulk share, forward rows, decoded pixels,
+explanation passes) before anything is decoded; the admitted images are decoded on a small
+thread pool (PIL and torch release the GIL) and stacked into one CPU tensor. Whatever goes wrong
+fails its own request only (``servecore.boundary``).
 
 Imports explanations: the intake calls the explanation stage (``servecore.explain.stage``) to
 check an explanation request's parameters and admit the batch's explanation work.
@@ -26,7 +27,7 @@ import torch
 from servecore.admission import Admission, Budget
 from servecore.boundary import attempt, each_image
 from servecore.config import HandlerConfig
-from servecore.errors import PayloadTooLarge, detached
+from servecore.errors import DeadlineExceeded, PayloadTooLarge, detached
 from servecore.explain.stage import Explanations
 from servecore.images import OpenedImage, decode, open_image
 from servecore.parse import ParsedRequest
@@ -40,6 +41,7 @@ from servecore.stages import (
     PreparedBatch,
     State,
 )
+from servecore.traffic import DEADLINE_HEADER
 
 # handler.decode_threads 0 = one decode thread per usable core, at most this many.
 MAX_DECODE_THREADS = 4
@@ -76,14 +78,20 @@ class Preprocessor:
 
 
 class Intake:
-    """Turns one batch of ``Incoming`` requests into a ``PreparedBatch``."""
+    """Turns one batch of ``Incoming`` requests into a ``PreparedBatch``. ``clock``: Unix
+    time in seconds, what deadlines and the interactive window are counted on."""
 
     def __init__(
-        self, config: HandlerConfig, explanations: Explanations, admission: Admission
+        self,
+        config: HandlerConfig,
+        explanations: Explanations,
+        admission: Admission,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
         self.explanations = explanations
         self.admission = admission
+        self.clock = clock
         self.preprocessor = Preprocessor(config)
         self.budgets = (
             Budget(
@@ -99,12 +107,21 @@ class Intake:
                 lambda request: request.pixel_count,
             ),
         )
+        self.bulk_share = Budget(
+            "bulk_batch_images",
+            "forward rows for bulk requests while interactive traffic is about",
+            config.bulk_batch_images,
+            lambda request: request.image_count,
+        )
         threads = config.decode_threads or min(MAX_DECODE_THREADS, usable_cpus())
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="decode")
 
     def prepare(self, incoming: Sequence[Incoming]) -> PreparedBatch:
         started = time.perf_counter()
-        requests: list[Admitted] = [self.open(request) for request in incoming]
+        now = self.clock()
+        requests: list[Admitted] = [self.open(request, now) for request in incoming]
+        window_s = self.config.interactive_window_ms / 1000
+        requests = self.admission.bulk_share(requests, self.bulk_share, window_s, now)
         for budget in self.budgets:
             requests = self.admission.within(requests, budget)
         requests = self.explanations.admit(requests, self.admission)
@@ -118,18 +135,32 @@ class Intake:
             decode_ms=1000 * (time.perf_counter() - opened),
         )
 
-    def open(self, incoming: Incoming) -> Opened | Failed:
+    def open(self, incoming: Incoming, now: float | None = None) -> Opened | Failed:
         """Parse one request and read its images' headers: an ``Explaining`` when it came on
-        an explanation route, else an ``Opened``, or its ``Failed``."""
+        an explanation route, else an ``Opened``, or its ``Failed``; 504 ``DeadlineExceeded``,
+        unparsed, when its deadline is not after ``now`` (default: the clock's time)."""
+        now = self.clock() if now is None else now
+        if incoming.deadline is not None and incoming.deadline <= now:
+            return Failed(
+                incoming.request_id,
+                DeadlineExceeded(
+                    f"the request's deadline ({DEADLINE_HEADER} {incoming.deadline:.3f}) passed "
+                    f"{now - incoming.deadline:.3f} s before its batch ran (server time "
+                    f"{now:.3f}); it was not computed. Send a later deadline, or none"
+                ),
+            )
         return attempt(incoming.request_id, "parsing", partial(self._open, incoming))
 
     def _open(self, incoming: Incoming) -> Opened:
         request = incoming.parse()
+        priority = incoming.priority if request.priority is None else request.priority
         if incoming.explain:
             spec = self.explanations.spec(request)
-            return Explaining(incoming.request_id, request, self._read(incoming, request), spec)
+            images = self._read(incoming, request)
+            return Explaining(incoming.request_id, request, images, spec, priority=priority)
         self.explanations.refuse_options(request)
-        return Opened(incoming.request_id, request, self._read(incoming, request))
+        images = self._read(incoming, request)
+        return Opened(incoming.request_id, request, images, priority=priority)
 
     def _read(self, incoming: Incoming, request: ParsedRequest) -> tuple[OpenedImage, ...]:
         images = tuple(

@@ -14,7 +14,9 @@ Or a KServe v2 request an engine has already read into tensors (``parse_tensor``
 of its BYTES input and its parameters).
 
 ``topk`` may also come as a multipart field or an ``X-Top-K`` header. Explanation parameters are
-collected as sent (``ParsedRequest.options``); ``servecore.explain`` reads them.
+collected as sent (``ParsedRequest.options``); ``servecore.explain`` reads them. A v1/v2 body's
+``parameters.priority`` is the request's class (``servecore.traffic``); its ``parameters.timeout``
+is refused here (a relative timeout needs an arrival time no engine hands this path).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 from servecore.config import HandlerConfig, Output
 from servecore.errors import InvalidParameter, InvalidRequest, PayloadTooLarge, echo, echo_all
 from servecore.jsonguard import JsonDocument, is_json, load_json
+from servecore.traffic import DEADLINE_HEADER, PRIORITY_KEY, Priority, parse_priority
 
 MAX_TOP_K = 1000
 MAX_ID_CHARS = 256  # a v2 request id, echoed in the answer
@@ -67,6 +70,7 @@ class ParsedRequest:
     request_id: str | None = None
     outputs: tuple[OutputSpec, ...] = field(default_factory=tuple)
     options: dict[str, Any] = field(default_factory=dict)  # EXPLAIN_KEYS given, as sent
+    priority: Priority | None = None  # the body's parameters.priority; None: not given
 
     def tags_top_k(self, default: int) -> int:
         """How many tags to answer: a v2 ``tags`` output's own ``topk``, else the request's,
@@ -242,6 +246,20 @@ def _parameters_top_k(parameters: Any, where: str, default: int | None) -> int |
     return parse_top_k(parameters["topk"]) if "topk" in parameters else default
 
 
+def _parameters_priority(parameters: Any, where: str) -> Priority | None:
+    """A v1/v2 body's ``priority`` parameter (None: not given); its ``timeout`` is refused:
+    checked after ``_parameters_top_k``, which has checked that ``parameters`` is an object."""
+    if not isinstance(parameters, dict):
+        return None
+    if "timeout" in parameters:
+        raise InvalidParameter(
+            f"{where}.timeout is not supported here: TorchServe passes its worker no arrival "
+            f"time to count a relative timeout from; send the {DEADLINE_HEADER} header "
+            "(absolute Unix time in seconds, e.g. 1764067200.25) instead"
+        )
+    return parse_priority(parameters[PRIORITY_KEY]) if PRIORITY_KEY in parameters else None
+
+
 def _count_images(count: int, config: HandlerConfig) -> None:
     """Refuse a request with more images than one may carry, before any of them is read."""
     if count > config.max_images_per_request:
@@ -261,10 +279,11 @@ def _parse_v1(
     _count_images(len(instances), config)
     parameters = payload.get("parameters")
     top_k = _parameters_top_k(parameters, "body.parameters", query_top_k)
+    priority = _parameters_priority(parameters, "body.parameters")
     given = parameters or {}
     options.update((k, given[k]) for k in EXPLAIN_KEYS if k in given)
     images = [_v1_instance(item, f"instances[{i}]") for i, item in enumerate(instances)]
-    return ParsedRequest(Protocol.V1, images, top_k=top_k, options=options)
+    return ParsedRequest(Protocol.V1, images, top_k=top_k, options=options, priority=priority)
 
 
 def _v1_instance(item: Any, where: str) -> bytes:
@@ -314,9 +333,17 @@ def _parse_v2(payload: dict, query_top_k: int | None, config: HandlerConfig) -> 
         )
     top_k = _parameters_top_k(payload.get("parameters"), "body.parameters", query_top_k)
     top_k = _parameters_top_k(tensor.get("parameters"), f"{where}.parameters", top_k)
+    priority = _parameters_priority(payload.get("parameters"), "body.parameters")
     outputs = _v2_outputs(payload.get("outputs"), top_k)
     images = [decode_base64(item, f"{where}.data[{i}]") for i, item in enumerate(data)]
-    return ParsedRequest(Protocol.V2, images, top_k=top_k, request_id=request_id, outputs=outputs)
+    return ParsedRequest(
+        Protocol.V2,
+        images,
+        top_k=top_k,
+        request_id=request_id,
+        outputs=outputs,
+        priority=priority,
+    )
 
 
 def _v2_outputs(outputs: Any, top_k: int | None) -> tuple[OutputSpec, ...]:

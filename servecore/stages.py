@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
@@ -56,11 +56,13 @@ class Failed:
 @dataclass(frozen=True)
 class Opened:
     """Parsed, its images' headers read, nothing decoded: what the batch's budgets decide on.
-    A prediction; an explanation request is the ``Explaining`` below."""
+    A prediction; an explanation request is the ``Explaining`` below. ``priority``: its class,
+    the request's own ``parameters.priority`` else what the engine read (``Incoming``)."""
 
     request_id: str
     request: ParsedRequest
     images: tuple[OpenedImage, ...]
+    priority: Priority = field(default=Priority.INTERACTIVE, kw_only=True)
 
     @cached_property
     def fingerprint(self) -> bytes:

@@ -765,6 +765,7 @@ STATUSES = (
     "Overloaded",
     "InternalError",
     "NotSupported",
+    "DeadlineExceeded",
 )
 
 FACTS: tuple[Fact, ...] = (
@@ -855,6 +856,8 @@ FACTS: tuple[Fact, ...] = (
             **BYTES,
             "max_images_per_request": str,
             "max_batch_images": str,
+            "bulk_batch_images": str,
+            "interactive_window_ms": str,
         }.items()
     ),
     Fact(
@@ -938,6 +941,8 @@ FACTS: tuple[Fact, ...] = (
             "max_image_bytes": mib,
             "max_images_per_request": str,
             "max_batch_images": str,
+            "bulk_batch_images": str,
+            "interactive_window_ms": str,
             "forward_rows": str,
             "max_response_bytes": mib,
             "max_request_pixels": spaced,
