@@ -37,10 +37,11 @@ from servecore.errors import InvalidParameter, InvalidRequest, PayloadTooLarge
 from servecore.parse import Protocol, parse_tensor
 from tests.imagegen import jpeg, png
 from tests.reference import assert_same_tags, rel_error, tolerance
-from tests.served import local_triton, variant_server
+from tests.served import local_triton, v2_body, variant_server
 from tests.served import v2_infer as infer
 from tritonrepo.generate import config_pbtxt
 from tritonrepo.server import Triton, server_keys
+from tsclient import metrics as tsclient_metrics
 from tsclient.keys import Keys
 
 REPO = Path(__file__).resolve().parent.parent
@@ -264,6 +265,47 @@ def test_config_pbtxt_carries_the_model_yaml(model):
     assert (
         'key: "EXECUTION_ENV_PATH" value: { string_value: "$$TRITON_MODEL_DIRECTORY/env.tar.gz" }'
     ) in packed
+
+
+def test_config_pbtxt_queues_interactive_before_bulk_each_with_its_bound():
+    """Issue #37: two priority levels, interactive (1) the default; each level REJECTs after
+    responseTimeout unless the request's own ``timeout`` is shorter; bulk holds what a
+    collection job keeps in flight (2 x batchSize x workers: 2 x 16 x 1)."""
+    settings = {"batchSize": 16, "maxBatchDelay": 10, "responseTimeout": 120, "minWorkers": 1}
+    text = config_pbtxt(TAGGER, settings, {"task": "tags"}, "resnet50_dual.xml", queue_size=16)
+    policy = "timeout_action: REJECT default_timeout_microseconds: 120000000"
+    assert (
+        "priority_levels: 2 default_priority_level: 1 "
+        f"default_queue_policy {{ max_queue_size: 16 {policy} }} "
+        f"priority_queue_policy {{ key: 1 value: {{ max_queue_size: 16 {policy} "
+        "allow_timeout_override: true } } "
+        f"priority_queue_policy {{ key: 2 value: {{ max_queue_size: 32 {policy} "
+        "allow_timeout_override: true } } }"
+    ) in text
+    roomy = config_pbtxt(TAGGER, settings, {"task": "tags"}, "x.xml", queue_size=64)
+    assert "key: 2 value: { max_queue_size: 64 " in roomy  # never below the interactive bound
+
+
+def test_the_adapter_fails_a_bad_forwarded_header_alone(fake_pb_utils, weights_dir):
+    """``X-Priority`` / ``X-Deadline`` reach the adapter as request parameters (HTTP: the name
+    as sent, gRPC: lower case); a value the core cannot read is that request's 400."""
+    tagger = triton_model(fake_pb_utils, weights_dir, "tags")
+    responses = tagger.execute(
+        [
+            FakeRequest([PHOTOS[0]], '{"X-Priority": "urgent"}'),
+            FakeRequest([PHOTOS[1]], '{"x-deadline": "tomorrow"}'),
+            FakeRequest([PHOTOS[2]], '{"x-priority": "bulk"}'),
+        ]
+    )
+    for response, name in zip(responses, ("priority", "X-Deadline")):
+        body = json.loads(response.error.message)
+        assert (response.error.code, body["code"], body["type"]) == (
+            FakeError.INVALID_ARG,
+            400,
+            "InvalidParameter",
+        )
+        assert body["message"].startswith(f"{name} must be")
+    assert responses[2].error is None and responses[2].tensors["tags"].shape == (1, 5)
 
 
 def test_the_launcher_restricts_each_api_group_to_its_key_from_a_kept_key_file(tmp_path):
@@ -695,6 +737,76 @@ def test_an_open_loop_flood_is_refused_at_the_queue_bound_not_queued(triton):
     drained_s = flood / max_batch * compute_s / batches
     assert max(seconds for _, _, seconds in served) < drained_s / 2, (drained_s, len(served))
     assert output(infer(triton, TAGGER, PHOTOS[:2]), "tags").shape == (2, 5)
+
+
+def post(triton, model: str, images: list[bytes], headers: dict, **parameters):
+    """``v2_body(images, parameters)`` to ``triton``'s v2 route with ``headers`` beside the key."""
+    return requests.post(
+        f"{triton.url}/v2/models/{model}/infer",
+        json=v2_body(images, parameters),
+        headers={**triton.keys.inference_headers(), **headers},
+        timeout=300,
+    )
+
+
+def rejected(triton, model: str) -> float:
+    """Triton's ``nv_inference_request_failure{reason="REJECTED"}`` of ``model``."""
+    text = requests.get(triton.metrics_url, timeout=30).text
+    return sum(
+        value
+        for name, labels, value in tsclient_metrics.samples(text)
+        if name == "nv_inference_request_failure"
+        and labels.get("model") == model
+        and labels.get("reason") == "REJECTED"
+    )
+
+
+def test_bulk_requests_are_answered_by_parameter_and_by_header(triton):
+    """Issue #37: ``priority: 2`` (Triton's own level, taken by its queue) and the forwarded
+    ``X-Priority: bulk`` (what the core reads) are answered like interactive ones; a class
+    the core cannot read is refused in its words, so the header did reach the model."""
+    assert output(infer(triton, TAGGER, PHOTOS[:1], priority=2), "tags").shape == (1, 5)
+    bulk = post(triton, TAGGER, PHOTOS[:2], {"X-Priority": "bulk"}, priority=2)
+    assert output(bulk, "tags").shape == (2, 5)
+    wrong = post(triton, TAGGER, PHOTOS[:1], {"X-Priority": "urgent"})
+    assert wrong.status_code == 400
+    body = json.loads(wrong.json()["error"])
+    assert (body["type"], body["message"]) == (
+        "InvalidParameter",
+        "priority must be 1 or 'interactive', 2 or 'bulk' (0: the default, interactive), "
+        "got 'urgent'",
+    )
+
+
+def test_a_past_x_deadline_is_refused_as_unavailable_with_the_cores_504_body(triton):
+    """The core's DeadlineExceeded (504) has no Triton code of its own: HTTP 503, as Triton
+    answers its own expired ``timeout``, the core's body in the message."""
+    late = post(triton, TAGGER, PHOTOS[:1], {"X-Deadline": "1000000000"})
+    assert late.status_code == 503
+    body = json.loads(late.json()["error"])
+    assert (body["code"], body["type"]) == (504, "DeadlineExceeded")
+    assert output(post(triton, TAGGER, PHOTOS[:1], {"X-Deadline": "4102444800"}), "tags").shape == (
+        1,
+        5,
+    )
+
+
+def test_a_timeout_shorter_than_the_queue_is_refused_by_triton_before_the_model(triton):
+    """A v2 ``timeout`` of 1 microsecond while the one instance computes an explanation:
+    Triton's queue refuses it (503 "Request timeout expired", counted as REJECTED) and the
+    model never sees it; the explanation is answered."""
+    photo = (REPO / "build" / "samples" / "chelsea.jpg").read_bytes()
+    before, stats_before = rejected(triton, TAGGER), stats(triton, TAGGER)
+    with ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(infer, triton, TAGGER, [photo], explain=True, n_steps=64)
+        late = infer(triton, TAGGER, PHOTOS[:1], timeout=1)
+        assert slow.result().status_code == 200
+    assert late.status_code == 503
+    assert late.json()["error"].split("] ", 1)[-1] == "Request timeout expired"
+    assert rejected(triton, TAGGER) == before + 1
+    after = stats(triton, TAGGER)
+    success = after["inference_stats"]["success"]["count"]
+    assert success == stats_before["inference_stats"]["success"]["count"] + 1
 
 
 def test_tsctl_lists_checks_and_reads_triton_and_says_what_it_cannot(triton):

@@ -33,6 +33,7 @@ from buildsteps.configgen import (
     model_names,
 )
 from model_files.artifacts import read_manifest
+from servecore.traffic import Priority
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "build" / "triton"
@@ -73,9 +74,10 @@ def config_pbtxt(
     Python environment in the model's folder for the stub (Triton's ``EXECUTION_ENV_PATH``).
 
     ``queue_size`` bounds the dynamic batcher's queue (requests, as TorchServe's job queue
-    counts them): one more is refused at once, UNAVAILABLE (HTTP 503), instead of queued; a
-    request still queued after ``responseTimeout`` is refused the same way (REJECT), as a
-    TorchServe client would have given up on it by then."""
+    counts them) of interactive requests: one more is refused at once, UNAVAILABLE (HTTP 503),
+    instead of queued; a request still queued after ``responseTimeout`` (or its own v2
+    ``timeout``) is refused the same way (REJECT), as a TorchServe client would have given up
+    on it by then. Bulk requests queue apart (``priority_levels``)."""
     if queue_size < 1:
         raise ValueError(f"queue_size {queue_size}: at least 1 (Triton reads 0 as no bound)")
     outputs = (OUTPUTS[handler.get("task", "embedding")], *SIDE_OUTPUTS)
@@ -93,15 +95,45 @@ def config_pbtxt(
             'input [ { name: "images" data_type: TYPE_STRING dims: [ 1 ] } ]',
             "output [ " + ", ".join(f"{{ {' '.join(o)} }}" for o in outputs) + " ]",
             "dynamic_batching { max_queue_delay_microseconds: "
-            f"{int(settings['maxBatchDelay']) * 1000} default_queue_policy {{ "
-            f"max_queue_size: {int(queue_size)} timeout_action: REJECT "
-            f"default_timeout_microseconds: {int(settings['responseTimeout']) * 1_000_000} }} }}",
+            f"{int(settings['maxBatchDelay']) * 1000} {priority_levels(settings, queue_size)} }}",
             f"instance_group [ {{ count: {int(settings['minWorkers'])} kind: KIND_CPU }} ]",
             *(
                 f"parameters: {{ key: {json.dumps(k)} value: {{ string_value: {json.dumps(v)} }} }}"
                 for k, v in parameters.items()
             ),
             "",
+        ]
+    )
+
+
+def priority_levels(settings: dict, queue_size: int) -> str:
+    """The dynamic batcher's two queues, one per class of ``servecore.traffic.Priority``:
+    Triton takes every queued interactive request (level 1, the default for a request without
+    ``priority``) before any bulk one (level 2). Each level has its own bound, REJECT after
+    ``responseTimeout``, and lets a request's v2 ``timeout`` (microseconds) shorten its wait.
+    Interactive holds ``queue_size``; bulk as many as a collection job keeps in flight at its
+    default concurrency (2 x max_batch_size x instances, ``tsclient.batchjob.Plan``), so the
+    job is paced by its answers, not by 503s."""
+    timeout_us = int(settings["responseTimeout"]) * 1_000_000
+    bulk_size = max(queue_size, 2 * int(settings["batchSize"]) * int(settings["minWorkers"]))
+
+    def policy(size: int, override: bool = True) -> str:
+        text = (
+            f"max_queue_size: {size} timeout_action: REJECT "
+            f"default_timeout_microseconds: {timeout_us}"
+        )
+        return text + " allow_timeout_override: true" if override else text
+
+    levels = {Priority.INTERACTIVE: queue_size, Priority.BULK: bulk_size}
+    return " ".join(
+        [
+            f"priority_levels: {len(levels)} default_priority_level: {int(Priority.INTERACTIVE)}",
+            # Used by no level; what tsctl reads as the queue bound (tsclient.triton.batching).
+            f"default_queue_policy {{ {policy(queue_size, override=False)} }}",
+            *(
+                f"priority_queue_policy {{ key: {int(level)} value: {{ {policy(size)} }} }}"
+                for level, size in levels.items()
+            ),
         ]
     )
 

@@ -36,6 +36,7 @@ from typing import IO
 
 import requests
 
+from servecore.traffic import DEADLINE_HEADER, PRIORITY_HEADER
 from tritonrepo.install import TritonInstall
 from tsclient import ports
 from tsclient.keys import Keys
@@ -66,6 +67,8 @@ RESTRICTED = {
     ),
 }
 KEY_HEADER = "Authorization"  # gRPC metadata: triton-grpc-protocol-authorization
+# The headers of servecore.traffic Triton hands the model, as a regular expression (RE2).
+FORWARDED_HEADERS = f"(?i)^({PRIORITY_HEADER}|{DEADLINE_HEADER})$"
 
 
 def server_keys(path: Path = KEY_FILE, new: bool = False) -> Keys:
@@ -145,6 +148,10 @@ class Triton:
             f"--backend-config=python,shm-region-prefix-name=rs{os.getpid()}-{uuid.uuid4().hex[:8]}_",
             f"--exit-timeout-secs={self.exit_timeout}",
             "--strict-readiness=true",
+            # X-Priority and X-Deadline reach the model as request parameters (HTTP: the name as
+            # sent; gRPC metadata: lower case), which the adapter reads as TorchServe's does.
+            f"--http-header-forward-pattern={FORWARDED_HEADERS}",
+            f"--grpc-header-forward-pattern={FORWARDED_HEADERS}",
             *self._restrictions(),
         ]
 
