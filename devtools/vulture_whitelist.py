@@ -37,9 +37,5 @@ _.log_message  # http.server.BaseHTTPRequestHandler's log hook (tests)
 
 # #37 in progress: the traffic interface, called by the adapters once they read it (remove
 # each entry as its first caller lands).
-_.PRIORITY_HEADER
-_.PRIORITY_KEY
 _.priority  # Incoming.priority
 _.BULK
-_.parse_priority
-_.parse_deadline
