@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import copy
 import functools
+import threading
 
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -15,7 +17,11 @@ from kserve_tools import lint as kserve_lint
 from kserve_tools.joblint import INDEX, command_words, job_findings, option
 from kserve_tools.render import render
 from tests.conftest import REPO
-from tsclient.collection import Shard
+from tsclient import cli, errors
+from tsclient.batchjob import Job, ListSink, PartSink, Plan, Window
+from tsclient.client import Answers
+from tsclient.collection import Entry, Shard
+from tsclient.vectors import EMBEDDING_DIM, Output
 
 JOB_DIR = REPO / "kserve" / "batch-job"
 
@@ -133,3 +139,133 @@ def test_the_client_image_installs_the_client_pins():
     pins = (REPO / "requirements.txt").read_text()
     for package in ("pyarrow", "tqdm", "tabulate", "prometheus-client", "tenacity"):
         assert f"\n{package}==" in pins and package in dockerfile
+
+
+# ------------------------------------------------------------------ sharing the server
+
+
+def test_the_pods_send_bulk_traffic():
+    """The Job's pods run ``tsctl embed`` without ``--priority``: bulk, served after people."""
+    words = _words(job())
+    assert option(words, "--priority") in (None, "bulk")
+    assert cli.parser().parse_args(["embed", "photos"]).priority == "bulk"
+    assert cli.parser().parse_args(["tag", "a.jpg", "--priority", "interactive"]).priority == (
+        "interactive"
+    )
+
+
+def test_a_refusal_halves_the_window_and_answers_grow_it_back():
+    window = Window(16)
+    stopped = threading.Event()
+    ticket = window.enter(stopped)
+    window.leave()
+    window.refused(ticket)
+    assert window.size == 8
+    window.refused(window.enter(stopped))
+    window.leave()
+    assert window.size == 4
+    for _ in range(3):
+        window.refused(window.enter(stopped))
+        window.leave()
+    assert window.size == 1  # never below one
+    for expected in (2, 3, 4):
+        window.answered()
+        assert window.size == expected
+    for _ in range(100):
+        window.answered()
+    assert window.size == 16  # never above Plan.concurrency
+
+
+def test_a_burst_of_refusals_from_one_window_halves_it_once():
+    """Requests sent together and refused together answer one window: it is cut once, not
+    once per request (else 16 refusals would leave 1 where 8 is right)."""
+    window = Window(16)
+    stopped = threading.Event()
+    tickets = [window.enter(stopped) for _ in range(16)]
+    for ticket in tickets:
+        window.leave()
+        window.refused(ticket)
+    assert window.size == 8
+
+
+class _Server:
+    """A fake client: refuses the first ``refuse`` requests with 503 (Retry-After 0), counts
+    requests on the wire at once, answers every image with its length, the images in
+    ``cached_images`` from the 'cache' (TorchServe's count)."""
+
+    def __init__(self, refuse: int = 0, cached_images: frozenset[bytes] = frozenset()):
+        self.refuse, self.cached_images = refuse, cached_images
+        self.traffic, self.on_wire, self.most_on_wire = [], 0, 0
+        self.lock = threading.Lock()
+
+    def infer_answers(self, model, images, *, output, protocol, topk, traffic):
+        with self.lock:
+            self.traffic.append(traffic)
+            self.on_wire += 1
+            self.most_on_wire = max(self.most_on_wire, self.on_wire)
+            refused = self.refuse > 0
+            self.refuse -= refused
+        try:
+            if refused:
+                error = errors.ApiError(503, "Overloaded", "bulk held back")
+                error.retry_after = 0.0
+                raise error
+            hits = sum(1 for i in images if i in self.cached_images)
+            # What TorchServeClient reads from X-Cache-Hits: all, none, or "some" (unnamed).
+            told = {0: False, len(images): True}.get(hits)
+            return Answers(
+                [[float(len(i))] * EMBEDDING_DIM for i in images],
+                "f32",
+                (told,) * len(images),
+                hits,
+            )
+        finally:
+            with self.lock:
+                self.on_wire -= 1
+
+
+def _photos(tmp_path, contents: list[bytes]) -> list[Entry]:
+    entries = []
+    for i, data in enumerate(contents):
+        path = tmp_path / f"{i:03d}.jpg"
+        path.write_bytes(data)
+        info = path.stat()
+        entries.append(Entry(str(path), path.name, info.st_size, info.st_mtime_ns))
+    return entries
+
+
+def test_a_job_sends_bulk_and_after_refusals_finishes_with_its_window_regrown(tmp_path):
+    server = _Server(refuse=5)
+    job = Job(server, "m", "embedding", ListSink(), Plan(concurrency=8, per_request=1))
+    summary = job.run(_photos(tmp_path, [b"x" * (i + 1) for i in range(40)]))
+    assert (summary.done, summary.failed) == (40, 0)
+    assert {t.priority for t in server.traffic} == {"bulk"}
+    assert len(server.traffic) == 45  # the five refused were sent again
+    assert server.most_on_wire <= 8
+    assert job.window.size == 8
+
+
+def test_the_parquet_rows_and_the_summary_count_cache_hits(tmp_path):
+    """Two requests of two images: one all from the cache, one half: the first's rows are
+    cached, the second's cannot be told apart (null) but both count in the summary."""
+    contents = [b"seen-1", b"seen-2", b"seen-3", b"new-1"]
+    server = _Server(cached_images=frozenset(contents[:3]))
+    output = Output(tmp_path / "out.parquet", "embedding", {"model": "m"})
+    job = Job(server, "m", "embedding", PartSink(output), Plan(concurrency=1, per_request=2))
+    summary = job.run(_photos(tmp_path, contents))
+    assert (summary.done, summary.cache_hits) == (4, 3)
+    rows = pq.read_table(output.out).to_pydict()
+    assert dict(zip(rows["path"], rows["cached"])) == {
+        str(tmp_path / "000.jpg"): True,
+        str(tmp_path / "001.jpg"): True,
+        str(tmp_path / "002.jpg"): None,
+        str(tmp_path / "003.jpg"): None,
+    }
+
+
+def test_without_a_cache_every_row_is_not_cached(tmp_path):
+    output = Output(tmp_path / "out.parquet", "embedding", {"model": "m"})
+    job = Job(_Server(), "m", "embedding", PartSink(output), Plan(concurrency=2, per_request=3))
+    summary = job.run(_photos(tmp_path, [b"a", b"bb", b"ccc", b"dddd"]))
+    assert summary.cache_hits == 0
+    assert pq.read_table(output.out).column("cached").to_pylist() == [False] * 4

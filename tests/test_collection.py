@@ -181,6 +181,7 @@ def test_schema_parts_merge_and_readers(tmp_path):
         "status",
         "error",
         "precision",
+        "cached",
         "embedding",
     ]
     assert metadata(out.out)["model"] == "resnet50-embedding"
@@ -192,7 +193,7 @@ def test_schema_parts_merge_and_readers(tmp_path):
     frame = pd.read_parquet(out.out)
     assert len(frame) == 9 and frame["status"].value_counts().to_dict() == {"ok": 8, "error": 1}
     assert len(frame["embedding"][0]) == EMBEDDING_DIM
-    assert pl.read_parquet(out.out).shape == (9, 8)
+    assert pl.read_parquet(out.out).shape == (9, 9)
     sql = f"select count(*), max(len(embedding)) from '{out.out}' where status = 'ok'"
     assert duckdb.sql(sql).fetchall() == [(8, EMBEDDING_DIM)]
     paths, matrix = read_matrix(out.out)
@@ -344,7 +345,7 @@ class FakeClient:
     def __init__(self, busy=0, down=0):
         self.calls, self.busy, self.down = [], busy, down
 
-    def infer_answers(self, model, images, *, output, protocol, topk):
+    def infer_answers(self, model, images, *, output, protocol, topk, traffic):
         self.calls.append(len(images))
         if self.down:
             self.down -= 1

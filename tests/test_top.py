@@ -169,6 +169,47 @@ def test_a_triton_frame_reads_its_own_series_beside_the_cores():
     assert worker == [TAGGER, "0", "READY", "777", "1200", "f32"]
 
 
+def _cache(hits: int, misses: int, engine: str) -> str:
+    handler = f'model="{TAGGER}",engine="{engine}",Hostname="h"'
+    return (
+        f"resnet50_cache_hits_total{{{handler}}} {hits}\n"
+        f"resnet50_cache_misses_total{{{handler}}} {misses}\n"
+        f"resnet50_cache_bytes{{{handler}}} 1048576\n"
+    )
+
+
+def _deadlines_line(lines: list[str]) -> str:
+    return lines[lines.index("deadlines and cache") + 1]
+
+
+@pytest.mark.parametrize("engine", ["torchserve", "triton"])
+def test_expired_requests_and_the_cache_hit_ratio_per_model(engine):
+    """In 2 s: 4 more requests expired (504 DeadlineExceeded) and 40 images looked up in the
+    content cache, 30 of them hits: 2.0/s and 75%."""
+
+    def text(expired: int, hits: int, misses: int) -> str:
+        errors = {"DeadlineExceeded": expired}
+        if engine == "torchserve":
+            base = _metrics(10, 500_000, 100_000, 10, {1: 10}, errors, (10, 0, 0))
+        else:
+            base = _triton_metrics(10, 0, 500_000, 50_000, 10, {1: 10}, errors)
+        return base + _cache(hits, misses, engine)
+
+    workers = {TAGGER: []}
+    old = top.parse(text(1, 10, 30), workers, at=50.0)
+    new = top.parse(text(5, 40, 40), workers, at=52.0)
+    lines = top.frame(old, new).splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    assert _deadlines_line(lines) == f"  {TAGGER}: expired 2.0/s (504), cache hits 75% of 40 img"
+
+
+def test_a_model_without_cache_series_shows_the_cache_off():
+    text = _metrics(10, 500_000, 100_000, 10, {1: 10}, {}, (10, 0, 0))
+    workers = {TAGGER: []}
+    lines = top.frame(top.parse(text, workers, 0.0), top.parse(text, workers, 1.0)).splitlines()
+    assert _deadlines_line(lines) == f"  {TAGGER}: expired 0.0/s (504), cache off"
+
+
 def _tsctl_env(server) -> dict[str, str]:
     # This checkout's tsclient, whichever checkout the shared .venv was installed from.
     return {**server.cli_env(), "PYTHONPATH": str(REPO)}

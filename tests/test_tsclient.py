@@ -539,3 +539,128 @@ def test_tritons_own_series_are_summarised_per_model():
     }
     assert triton.metrics_url("http://127.0.0.1:8000") == "http://127.0.0.1:8002"
     assert triton.metrics_url("https://[::1]:9000/x") == "https://[::1]:8002"
+
+
+# ------------------------------------------------------------------ class, deadline, cache
+
+
+class _Wire:
+    """Stands in for ``TorchServeClient._send``: records what goes out (headers, v2 body) and
+    answers each image with a 2-number embedding, ``headers`` and ``outputs`` added."""
+
+    def __init__(self, headers: dict | None = None, cached: list[bool] | None = None):
+        self.sent: list[dict] = []
+        self.headers, self.cached = headers or {}, cached
+
+    def __call__(self, method, port, path, params, auth, headers=None, **kwargs):
+        body = json.loads(kwargs.get("data") or "{}")
+        self.sent.append({"path": path, "headers": headers or {}, "body": body})
+        if method == "GET":  # Triton's model metadata: which outputs the model has
+            return _response(200, {"outputs": [{"name": "embedding"}, {"name": "cached"}]})
+        if "instances" in body:
+            predictions = [{"embedding": [1.0, 2.0]} for _ in body["instances"]]
+            answer = _response(200, {"predictions": predictions})
+        else:
+            n = body["inputs"][0]["shape"][0]
+            outputs = [{"name": "embedding", "shape": [n, 2], "data": [1.0, 2.0] * n}]
+            if self.cached is not None:
+                outputs.append({"name": "cached", "shape": [n, 1], "data": self.cached})
+            answer = _response(200, {"outputs": outputs})
+        answer.headers.update(self.headers)
+        return answer
+
+
+def _clients(wire: _Wire) -> dict[str, TorchServeClient]:
+    from tsclient.triton import TritonClient
+
+    ours = TorchServeClient(keys=Keys("inf", "mgmt"), engine=Engine.TORCHSERVE)
+    theirs = TritonClient("http://127.0.0.1:8000")
+    for client in (ours, theirs):
+        client._send = wire
+    return {"torchserve": ours, "triton": theirs}
+
+
+def test_a_bulk_request_with_a_deadline_in_each_engines_words():
+    """TorchServe: ``X-Priority``/``X-Deadline`` headers and v2's ``priority``; Triton: v2's
+    ``priority`` and ``timeout`` (microseconds left, by the injected clock), headers too."""
+    from tsclient.traffic import Traffic
+
+    wire = _Wire()
+    clients = _clients(wire)
+    traffic = Traffic.within("bulk", deadline_ms=250, clock=lambda: 1764067200.0)
+    assert traffic.deadline == 1764067200.25
+    for client in clients.values():
+        client.infer("m", [b"a", b"b"], traffic=traffic)
+    ours, theirs = wire.sent[0], wire.sent[-1]
+    expected_headers = {"X-Priority": "bulk", "X-Deadline": "1764067200.250"}
+    assert ours["headers"].items() >= expected_headers.items()
+    assert ours["body"]["parameters"] == {"priority": 2}
+    assert theirs["headers"].items() >= expected_headers.items()
+    assert theirs["body"]["parameters"] == {"priority": 2, "timeout": 250_000}
+    # Plain and v1 requests have no parameters: the headers alone.
+    clients["torchserve"].infer("m", [b"a"], protocol="v1", traffic=traffic)
+    assert wire.sent[-1]["headers"].items() >= expected_headers.items()
+    assert "parameters" not in wire.sent[-1]["body"] or not wire.sent[-1]["body"]["parameters"]
+
+
+def test_a_deadline_already_past_still_expires_on_triton():
+    """Triton reads ``timeout: 0`` as "none": a deadline gone by is sent as 1 µs."""
+    from tsclient.traffic import Traffic
+
+    wire = _Wire()
+    past = Traffic("interactive", deadline=1000.0, clock=lambda: 1001.0)
+    _clients(wire)["triton"].infer("m", [b"a"], traffic=past)
+    assert wire.sent[-1]["body"]["parameters"] == {"priority": 1, "timeout": 1}
+
+
+def test_a_plain_request_says_nothing_of_class_or_deadline():
+    wire = _Wire()
+    for client in _clients(wire).values():
+        client.infer("m", [b"a"])
+    for sent in wire.sent:
+        assert not {"X-Priority", "X-Deadline"} & set(sent["headers"])
+        assert "parameters" not in sent["body"]
+
+
+def test_the_client_speaks_the_servers_names_and_numbers():
+    """tsclient.traffic writes servecore.traffic's names again (the client image has no
+    servecore): what it sends, the server parses back to the same class and moment."""
+    from servecore import traffic as server
+    from tsclient import traffic as client
+
+    assert (client.PRIORITY_HEADER, client.DEADLINE_HEADER, client.PRIORITY_KEY) == (
+        server.PRIORITY_HEADER,
+        server.DEADLINE_HEADER,
+        server.PRIORITY_KEY,
+    )
+    for name in ("interactive", "bulk"):
+        sent = client.Traffic(name, deadline=1764067200.25)
+        assert server.parse_priority(sent.headers()["X-Priority"]) is server.Priority[name.upper()]
+        parameter = sent.parameters(Engine.TORCHSERVE)["priority"]
+        assert server.parse_priority(parameter) is server.Priority[name.upper()]
+        assert server.parse_deadline(sent.headers()["X-Deadline"]) == 1764067200.25
+    with pytest.raises(ValueError, match="bulk"):
+        client.Traffic("urgent")
+
+
+@pytest.mark.parametrize(
+    ("header", "cached", "hits"),
+    [
+        (None, (False, False, False), 0),  # the cache is off: no header
+        ("0", (False, False, False), 0),
+        ("3", (True, True, True), 3),
+        ("1", (None, None, None), 1),  # one of three: which one is not said
+    ],
+)
+def test_torchserve_cache_hits_per_image(header, cached, hits):
+    wire = _Wire(headers={"X-Cache-Hits": header} if header is not None else {})
+    answers = _clients(wire)["torchserve"].infer_answers("m", [b"a", b"b", b"c"])
+    assert (answers.cached, answers.cache_hits) == (cached, hits)
+
+
+def test_triton_names_its_cached_images():
+    wire = _Wire(cached=[True, False])
+    answers = _clients(wire)["triton"].infer_answers("m", [b"a", b"b"])
+    assert (answers.cached, answers.cache_hits) == ((True, False), 1)
+    asked = [o["name"] for o in wire.sent[-1]["body"]["outputs"]]
+    assert asked == ["embedding", "precision", "cached"]

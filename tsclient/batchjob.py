@@ -24,6 +24,14 @@ queue) and 507 (a worker died) are retried after ``Retry-After`` or a growing pa
 connection errors and timeouts likewise until ``max_outage_s``, then the job stops (what is
 written stays, a rerun resumes). A refused key, an unknown model or a missing key file stop it
 at once.
+
+Sharing the server (``traffic``, default ``bulk``): the requests say they are a collection
+job's, so the server serves people first and refuses the job's surplus with 503. The job then
+keeps fewer requests on the wire (``Window``: halved on each 503, at least one, grown back by
+one per answer up to ``Plan.concurrency``), so its retries do not queue ahead of people.
+
+Cache: each row records whether the server's content cache answered it (``cached``), and the
+summary counts the images it did (``cache_hits``).
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ from tsclient import errors
 from tsclient.client import Answers, TorchServeClient
 from tsclient.collection import Entry
 from tsclient.progress import JobProgress
+from tsclient.traffic import BULK, Traffic
 from tsclient.vectors import EMBEDDING_DIM, DoneIndex, Output, Row
 
 FATAL = (errors.KeyFileError, errors.KeyRejected, errors.NotFound, errors.UsageError)
@@ -83,10 +92,12 @@ OCCLUSION_PASSES = 49  # servecore.explain.compute's 7x7 windows
 
 @dataclass(frozen=True)
 class Answered:
-    """One image's answer and the precision that computed it (``X-Precision``)."""
+    """One image's answer, the precision that computed it (``X-Precision``) and whether the
+    server's cache answered it (None: the server counted hits without naming them)."""
 
     value: object
     precision: str | None
+    cached: bool | None = False
 
 
 @dataclass(frozen=True)
@@ -141,10 +152,12 @@ class Summary:
     failed: int = 0
     skipped: int = 0
     seconds: float = 0.0
+    cache_hits: int = 0  # images the server's content cache answered
     failures: list[tuple[str, str]] = field(default_factory=list)  # the first few
 
-    def add(self, rows: list[Row], skipped: int, keep: int = 20) -> None:
+    def add(self, rows: list[Row], skipped: int, cache_hits: int = 0, keep: int = 20) -> None:
         self.skipped += skipped
+        self.cache_hits += cache_hits
         for row in rows:
             if row.error:
                 self.failed += 1
@@ -202,12 +215,52 @@ class ListSink:
         pass
 
 
+class Window:
+    """How many requests a job keeps on the wire: additive increase, multiplicative decrease.
+    Starts at ``most``; a refusal (503: the server holds bulk work back while people are
+    served) halves it, at least 1; each answer grows it by one, up to ``most``. Refusals of
+    requests sent before the last halving do not halve it again (they answer the window that
+    was already cut), so a burst of refusals halves it once, as TCP's congestion window.
+    ``enter`` blocks while the window is full (or until ``stopped``)."""
+
+    def __init__(self, most: int) -> None:
+        self.most = self.size = max(1, most)
+        self.active = 0
+        self._cuts = 0
+        self._changed = threading.Condition()
+
+    def enter(self, stopped: threading.Event) -> int:
+        """Wait for room; returns the ticket ``refused`` takes."""
+        with self._changed:
+            while self.active >= self.size and not stopped.is_set():
+                self._changed.wait(0.5)  # woken by leave(); the timeout only notices a stop
+            self.active += 1
+            return self._cuts
+
+    def leave(self) -> None:
+        with self._changed:
+            self.active -= 1
+            self._changed.notify_all()
+
+    def refused(self, ticket: int) -> None:
+        with self._changed:
+            if ticket == self._cuts:
+                self.size = max(1, self.size // 2)
+                self._cuts += 1
+
+    def answered(self) -> None:
+        with self._changed:
+            self.size = min(self.most, self.size + 1)
+            self._changed.notify_all()
+
+
 class Job:
     """One run over a stream of entries. ``task``: ``embedding``, ``tags`` or ``explain``
     (``explain``: the ``TorchServeClient.explain`` keywords, e.g. ``method``, ``png``; the
     plan must send one image per request); ``protocol``: KServe ``v2`` (default) or ``v1``;
     ``topk`` for tags; ``verify_sha256``: a file counts as done when its bytes hash to the
-    stored sha256 (read again), instead of by size + mtime."""
+    stored sha256 (read again), instead of by size + mtime; ``traffic``: the requests' class
+    (and deadline), ``bulk`` by default (explanations send none)."""
 
     def __init__(
         self,
@@ -224,6 +277,7 @@ class Job:
         max_outage_s: float = 120.0,
         max_busy_retries: int = 60,
         explain: dict | None = None,
+        traffic: Traffic = BULK,
     ) -> None:
         if task == "explain" and plan.per_request != 1:
             raise ValueError(
@@ -235,6 +289,8 @@ class Job:
         self.protocol, self.topk, self.verify_sha256 = protocol, topk, verify_sha256
         self.progress = progress or JobProgress(model, bar=False, every_s=float("inf"))
         self.max_outage_s, self.max_busy_retries = max_outage_s, max_busy_retries
+        self.traffic = traffic
+        self.window = Window(plan.concurrency)
         self._stop = threading.Event()
 
     def run(self, entries: Iterable[Entry], done: DoneIndex | None = None) -> Summary:
@@ -293,8 +349,8 @@ class Job:
             in_flight, timeout=getattr(self.sink, "flush_s", 2.0), return_when=FIRST_COMPLETED
         )
         for future in finished:
-            rows, skipped = future.result()  # a fatal error stops the job here
-            summary.add(rows, skipped)
+            rows, skipped, hits = future.result()  # a fatal error stops the job here
+            summary.add(rows, skipped, hits)
             self.sink.add(rows)
             failed = sum(1 for r in rows if r.error)
             self.progress.update(done=len(rows) - failed, failed=failed, skipped=skipped)
@@ -303,8 +359,9 @@ class Job:
 
     # ------------------------------------------------------------------ worker threads
 
-    def _process(self, group: list[Entry], done: DoneIndex) -> tuple[list[Row], int]:
-        """Read the group's files, send them, return (rows, files skipped as unchanged)."""
+    def _process(self, group: list[Entry], done: DoneIndex) -> tuple[list[Row], int, int]:
+        """Read the group's files, send them, return (rows, files skipped as unchanged, images
+        the server's cache answered)."""
         rows: list[Row] = []
         sendable: list[tuple[Row, bytes]] = []
         skipped = 0
@@ -320,9 +377,10 @@ class Job:
             else:
                 rows.append(row)
         if not sendable:
-            return rows, skipped
+            return rows, skipped, 0
+        hits = 0
         try:
-            answers = self._send([data for _, data in sendable])
+            answers, hits = self._send([data for _, data in sendable])
         except FATAL:
             raise
         except errors.ApiError as exc:
@@ -330,26 +388,28 @@ class Job:
                 answers = [exc] * len(sendable)
             else:  # one bad image fails a request as a whole: find it
                 answers = [self._send_or_error(data) for _, data in sendable]
+                hits = sum(1 for a in answers if isinstance(a, Answered) and a.cached)
         for (row, _), answer in zip(sendable, answers):
             if isinstance(answer, errors.TsError):
                 row.error = answer.message
             else:
                 row.answer, row.precision = self._checked(answer.value), answer.precision
+                row.cached = answer.cached
             rows.append(row)
-        return rows, skipped
+        return rows, skipped, hits
 
     def _send_or_error(self, data: bytes) -> Answered | errors.ApiError:
         try:
-            return self._send([data])[0]
+            return self._send([data])[0][0]
         except FATAL:
             raise
         except errors.ApiError as exc:
             return exc
 
-    def _send(self, images: list[bytes]) -> list[Answered]:
+    def _send(self, images: list[bytes]) -> tuple[list[Answered], int]:
         """One request, retried while the server is busy (``max_busy_retries`` times) or
         unreachable (for ``max_outage_s``): each image's answer with the precision the server
-        computed it in."""
+        computed it in, and how many images its cache answered."""
         # A timed-out attempt alone may outlast max_outage_s: always try once more after one.
         outage = Retrying(
             retry=retry_if_exception_type(OUTAGE),
@@ -371,12 +431,26 @@ class Job:
                 f"{len(images)} images sent, {len(answers.values)} answers came back",
                 "is --url an endpoint of this runtime?",
             )
-        return [Answered(value, answers.precision) for value in answers.values]
+        cached = answers.cached or (False,) * len(images)
+        return [
+            Answered(value, answers.precision, hit) for value, hit in zip(answers.values, cached)
+        ], answers.cache_hits
 
     def _ask_unless_stopped(self, images: list[bytes]) -> Answers:
-        if self._stop.is_set():
-            raise errors.TsError("job stopped")
-        return self._ask(images)
+        """``_ask`` within the window: a 503 narrows it, an answer widens it."""
+        ticket = self.window.enter(self._stop)
+        try:
+            if self._stop.is_set():
+                raise errors.TsError("job stopped")
+            answers = self._ask(images)
+        except errors.ApiError as exc:
+            if exc.status == 503:
+                self.window.refused(ticket)
+            raise
+        finally:
+            self.window.leave()
+        self.window.answered()
+        return answers
 
     def _ask(self, images: list[bytes]) -> Answers:
         """One request for ``images``, whatever the task."""
@@ -384,7 +458,12 @@ class Job:
             [image] = images  # Plan.for_explanations: one per request
             return Answers([self.client.explain(self.model, image, **self.explain)], None)
         return self.client.infer_answers(
-            self.model, images, output=self.task, protocol=self.protocol, topk=self.topk
+            self.model,
+            images,
+            output=self.task,
+            protocol=self.protocol,
+            topk=self.topk,
+            traffic=self.traffic,
         )
 
     def _checked(self, answer):

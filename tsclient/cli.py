@@ -7,22 +7,24 @@
     tsctl register ARCHIVE [--name N] [--batch-size B] [--max-batch-delay MS] [--workers W]
     tsctl scale NAME --min N [--max M] | set-default NAME VERSION | unregister NAME [VERSION]
     tsctl embed FILE|FOLDER|-... [--out embeddings.parquet] [--shard i/n] [--verify-sha256]
+                 [--priority bulk|interactive]
     tsctl tag FILE|FOLDER|-... [--topk K] [--out tags.parquet]    (no --out: print the tags)
     tsctl similar QUERY... --index embeddings.parquet [-k 10] [--html similar.html]
+                 [--deadline-ms MS]
     tsctl duplicates --index ... [--threshold 0.97] [--html duplicates.html]
     tsctl explain FILE [--model M] [--target T | --topk K] [--method M] [--n-steps N]
                  [--out heatmap.png]
     tsctl explain FILE|FOLDER... --html gallery.html [--target T | --topk K] [--method M]
 
 Human-readable output by default, ``--json`` (before or after the command) for scripts.
-``embed``/``tag`` work through whole collections, resumably (tsclient.batchjob; docs/operations.md,
-"Embed a collection"). Exit codes: 0 ok, 1 other server
-error, 2 bad arguments (including names TorchServe cannot route), 3 server not running,
-4 key file missing or key refused, 5 unknown model or version, 6 refused by the server
-(registration outside the allowed sources, a name already registered, removing the default
-version, an API switched off, a TorchServe-only command pointed at Triton), 7 unhealthy (a model
-without a READY worker, or some files failed in ``tag``/``embed``), 130 interrupted (Ctrl-C:
-what was answered is kept; rerun to resume).
+``embed``/``tag`` work through whole collections, resumably (tsclient.batchjob;
+docs/operations.md, "Embed a collection"), as ``bulk`` traffic unless ``--priority
+interactive``. Exit codes: 0 ok, 1 other server error, 2 bad arguments (including names
+TorchServe cannot route), 3 server not running, 4 key file missing or key refused, 5 unknown
+model or version, 6 refused by the server (registration outside the allowed sources, a name
+already registered, removing the default version, an API switched off, a TorchServe-only command
+pointed at Triton), 7 unhealthy (a model without a READY worker, or some files failed in
+``tag``/``embed``), 130 interrupted (Ctrl-C: what was answered is kept; rerun to resume).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from tsclient.collection import STDIN, Collection, Shard
 from tsclient.engine import Engine, detect
 from tsclient.keys import KEY_FILE, KINDS, Keys
 from tsclient.progress import JobProgress, waiting
+from tsclient.traffic import CLASSES, Traffic
 
 RESTART_NOTE = (
     "not kept across a restart: `make serve` starts from config/ (--ncs); to keep "
@@ -356,6 +359,7 @@ def _run_job(
         verify_sha256=getattr(args, "verify_sha256", False),
         progress=progress,
         explain=explain,
+        traffic=Traffic(getattr(args, "priority", "bulk")),
     )
     return job.run(collection.entries(shard), done=done)
 
@@ -397,6 +401,7 @@ def _collection(client: TorchServeClient, args, task: str) -> tuple[Any, str, in
         "done": summary.done,
         "failed": summary.failed,
         "skipped": summary.skipped,
+        "cache_hits": summary.cache_hits,
         "seconds": round(summary.seconds, 2),
         "images_per_s": round((summary.done + summary.failed) / summary.seconds, 2)
         if summary.seconds
@@ -412,6 +417,7 @@ def _collection(client: TorchServeClient, args, task: str) -> tuple[Any, str, in
     lines.append(
         f"wrote {out}: {rows} rows ({summary.done} done, {summary.failed} failed, "
         f"{summary.skipped} already done) in {summary.seconds:.1f} s"
+        + (f"; {summary.cache_hits} answered from the server's cache" if summary.cache_hits else "")
     )
     return data, "\n".join(lines), errors.Unhealthy.exit_code if summary.failed else 0
 
@@ -429,7 +435,13 @@ def cmd_similar(client: TorchServeClient, args) -> tuple[Any, str, int]:
             raise errors.UsageError(
                 f"cannot read {query}: {exc.strerror}", "check the file path"
             ) from None
-    vectors = client.infer(args.model, images, output="embedding", protocol=args.protocol)
+    vectors = client.infer(
+        args.model,
+        images,
+        output="embedding",
+        protocol=args.protocol,
+        traffic=Traffic.within(deadline_ms=args.deadline_ms),
+    )
     found = search.nearest(
         args.index, np.asarray(vectors, np.float32), args.k, exclude=args.queries
     )
@@ -752,6 +764,13 @@ def parser() -> argparse.ArgumentParser:
             type=int,
             help="images per request (default max_batch_images // batchSize)",
         )
+        c.add_argument(
+            "--priority",
+            choices=sorted(CLASSES),
+            default="bulk",
+            help="the requests' class (default bulk: the server serves people first and "
+            "the job narrows its window on each 503)",
+        )
         _endpoint_arguments(c)
         c.add_argument(
             "--work-dir",
@@ -768,6 +787,11 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--index", type=Path, required=True, help="an embed output (Parquet)")
     q.add_argument("-k", type=int, default=10, help="neighbours per query (10)")
     q.add_argument("--model", default=DEFAULT_MODELS["embedding"])
+    q.add_argument(
+        "--deadline-ms",
+        type=float,
+        help="give up on the server's side after this many ms (504 DeadlineExceeded)",
+    )
     q.add_argument(
         "--html",
         type=Path,

@@ -37,6 +37,7 @@ import requests
 from tsclient import errors, ports
 from tsclient.engine import Engine, detect
 from tsclient.keys import KEY_FILE, KINDS, Keys, bearer
+from tsclient.traffic import INTERACTIVE, Traffic
 
 TIMEOUT_S = 300.0  # registration and scaling wait for workers
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-.]*")
@@ -47,15 +48,24 @@ URL_SCHEMES = ("http://", "https://", "file://")
 # sets no headers: it answers the same as an output tensor (tritonrepo/model.py).
 PRECISION_HEADER = "X-Precision"
 PRECISION_OUTPUT = "precision"
+# Which images were answered from the server's content cache: TorchServe says how many of a
+# request's images (a header, sent only while the cache is on), Triton which ones (a BOOL
+# output [n, 1], asked for when the model has it).
+CACHE_HITS_HEADER = "X-Cache-Hits"
+CACHED_OUTPUT = "cached"
 
 
 @dataclass(frozen=True)
 class Answers:
-    """One answer per image, in order, and the precision that computed them (``None`` from a
-    server that does not say)."""
+    """One answer per image, in order, the precision that computed them (``None`` from a
+    server that does not say), and per image whether the server's content cache answered it
+    (``None`` where it cannot be told: TorchServe counts a request's hits, ``cache_hits``,
+    without naming them when some but not all were)."""
 
     values: list
     precision: str | None
+    cached: tuple[bool | None, ...] = ()
+    cache_hits: int = 0
 
 
 def is_loopback(url: str) -> bool:
@@ -136,6 +146,7 @@ class TorchServeClient:
         # Concurrent calls that meet the same expired key rotate it once: each rotation
         # invalidates the previous key, so the others must pick up the new one instead.
         self._rotating = threading.Lock()
+        self._output_names: dict[str, frozenset[str]] = {}
 
     @property
     def engine(self) -> Engine:
@@ -360,10 +371,18 @@ class TorchServeClient:
         return self._call("GET", "inference", "/ping", "ping").json()
 
     def predict(
-        self, model: str, image: bytes, *, version: str | None = None, topk: int | None = None
+        self,
+        model: str,
+        image: bytes,
+        *,
+        version: str | None = None,
+        topk: int | None = None,
+        traffic: Traffic = INTERACTIVE,
     ) -> Any:
-        """One image to ``/predictions/MODEL[/VERSION]``: tags (a list) or ``{"embedding"}``."""
+        """One image to ``/predictions/MODEL[/VERSION]``: tags (a list) or ``{"embedding"}``.
+        ``traffic``: its class and deadline (``tsclient.traffic``)."""
         headers = {"X-Top-K": str(topk)} if topk is not None else {}
+        headers |= traffic.headers()
         return self._call(
             "POST",
             "inference",
@@ -381,9 +400,12 @@ class TorchServeClient:
         output: str = "embedding",
         protocol: str = "v2",
         topk: int | None = None,
+        traffic: Traffic = INTERACTIVE,
     ) -> list[Any]:
         """Several images in one KServe request: ``infer_answers(...).values``."""
-        return self.infer_answers(model, images, output=output, protocol=protocol, topk=topk).values
+        return self.infer_answers(
+            model, images, output=output, protocol=protocol, topk=topk, traffic=traffic
+        ).values
 
     def infer_answers(
         self,
@@ -393,12 +415,15 @@ class TorchServeClient:
         output: str = "embedding",
         protocol: str = "v2",
         topk: int | None = None,
+        traffic: Traffic = INTERACTIVE,
     ) -> Answers:
         """Several images in one KServe request (``protocol`` v2, the Open Inference Protocol,
         or v1): one answer per image, in order: an embedding (a list of floats) for
         ``output="embedding"``, a list of ``{"label", "index", "probability"}`` for ``"tags"``,
         with the precision that computed them (the ``X-Precision`` header; from Triton, its
-        ``precision`` output, asked for beside ``output``).
+        ``precision`` output, asked for beside ``output``), and which the server's content cache
+        answered (``X-Cache-Hits``; Triton's ``cached`` output). ``traffic``: the request's
+        class and deadline, in the engine's form (``tsclient.traffic``).
         The handler answers a request with a bad image as a whole (400 naming the image);
         send that request's images one by one to learn which. A 503's ``ApiError`` carries
         ``retry_after``."""
@@ -415,12 +440,15 @@ class TorchServeClient:
                 f"/v1/models/{check_name(model)}:predict",
                 what,
                 data=json.dumps(body),
-                headers={"Content-Type": "application/json"},
+                headers={"Content-Type": "application/json", **traffic.headers()},
             )
             predictions = response.json()["predictions"]
+            hits = _cache_hits(response.headers.get(CACHE_HITS_HEADER))
             return Answers(
                 [p["embedding"] if output == "embedding" else p for p in predictions],
                 response.headers.get(PRECISION_HEADER),
+                _counted(len(predictions), hits),
+                hits,
             )
         if protocol != "v2":
             raise errors.UsageError(f"no protocol {protocol!r}", "use v1 or v2")
@@ -429,21 +457,26 @@ class TorchServeClient:
         outputs = [{"name": output}]
         if self.engine is Engine.TRITON:
             outputs.append({"name": PRECISION_OUTPUT})
+            if CACHED_OUTPUT in self._outputs(model):
+                outputs.append({"name": CACHED_OUTPUT})
         body = {
             "inputs": [
                 {"name": "images", "shape": [len(data), 1], "datatype": "BYTES", "data": data}
             ],
             "outputs": outputs,
         }
+        parameters: dict[str, Any] = traffic.parameters(self.engine)
         if output == "tags" and topk is not None:
-            body["parameters"] = {"topk": topk}
+            parameters["topk"] = topk
+        if parameters:
+            body["parameters"] = parameters
         response = self._call(
             "POST",
             "inference",
             f"/v2/models/{check_name(model)}/infer",
             what,
             data=json.dumps(body),
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **traffic.headers()},
         )
         answered = {o["name"]: o for o in response.json()["outputs"]}
         tensor = answered[output]
@@ -457,7 +490,22 @@ class TorchServeClient:
                 [json.loads(t) for t in tensor["data"][i * k : (i + 1) * k]] for i in range(rows)
             ]
         named = (answered.get(PRECISION_OUTPUT) or {}).get("data") or [None]
-        return Answers(values, response.headers.get(PRECISION_HEADER) or named[0])
+        precision = response.headers.get(PRECISION_HEADER) or named[0]
+        if CACHED_OUTPUT in answered:
+            cached = tuple(bool(c) for c in answered[CACHED_OUTPUT]["data"])
+            return Answers(values, precision, cached, sum(cached))
+        hits = _cache_hits(response.headers.get(CACHE_HITS_HEADER))
+        return Answers(values, precision, _counted(rows, hits), hits)
+
+    def _outputs(self, model: str) -> frozenset[str]:
+        """The output names of ``model``'s v2 metadata (asked once per model)."""
+        known = self._output_names.get(model)
+        if known is None:
+            path = f"/v2/models/{check_name(model)}"
+            metadata = self._call("GET", "inference", path, f"read {model}'s metadata").json()
+            known = frozenset(o.get("name") for o in metadata.get("outputs") or [])
+            self._output_names[model] = known
+        return known
 
     def explain(
         self,
@@ -502,6 +550,23 @@ class TorchServeClient:
     def metrics_text(self) -> str:
         """The Prometheus text of the metrics port (no key needed)."""
         return self._call("GET", "metrics", "/metrics", "read metrics").text
+
+
+def _cache_hits(header: str | None) -> int:
+    """``X-Cache-Hits``: how many of the request's images the cache answered (absent: the cache
+    is off, none)."""
+    try:
+        return max(0, int(header)) if header is not None else 0
+    except ValueError:
+        return 0
+
+
+def _counted(images: int, hits: int) -> tuple[bool | None, ...]:
+    """Per image, whether the cache answered it, from a request's count: all or none are
+    known; some of several are not told apart (None)."""
+    if hits == 0 or hits >= images:
+        return (hits > 0,) * images
+    return (None,) * images
 
 
 def _route(model: str, version: str | None) -> str:

@@ -7,7 +7,10 @@ Each frame compares two reads of ``/metrics`` (and the management API's workers)
 - per model: requests/s and images/s; mean latency and queue time in ms (TorchServe exports
   sums of microseconds, no histogram: a mean is all that can be derived, no percentile); batch
   size, mean and p50/p95 (from ``resnet50_batches_by_size_total``, a real distribution); errors/s
-  by kind, ``Overloaded`` being its 503 refusals;
+  by kind, ``Overloaded`` being its 503 refusals; requests expired unstarted per second
+  (``DeadlineExceeded``, answered 504) and the content cache's hit ratio
+  (``resnet50_cache_hits_total`` over hits and ``resnet50_cache_misses_total``, images; "off"
+  when the model exports neither);
 - for the server: answers/s by status class (``Requests2XX/4XX/5XX``, the frontend's own 503
   refusals included);
 - per worker: status, pid, resident memory (``resnet50_worker_rss_mb`` of its pid, else the
@@ -59,6 +62,9 @@ COUNTERS = {
     "resnet50_batches": "batches",
     "resnet50_requests": "batched_requests",
 }
+# The content cache's counters (images), present only on servers that export them.
+CACHE = {"resnet50_cache_hits": "cache_hits", "resnet50_cache_misses": "cache_misses"}
+EXPIRED = "DeadlineExceeded"  # the core's error kind for a request past its X-Deadline (504)
 # Triton times only the requests it answered (a failure's time is not in its duration sums):
 # its means divide by these.
 ANSWERED = {"nv_inference_request_success": "answered"}
@@ -90,11 +96,11 @@ def parse(text: str, workers: dict[str, list[dict]], at: float) -> Read:
         model = labels.get("model") or labels.get("model_name")
         if model is None:
             continue
-        if name in COUNTERS:
+        if name in COUNTERS or name in CACHE:
             counters = read.counters.setdefault(model, dict.fromkeys(COUNTERS.values(), 0.0))
-            counters[COUNTERS[name]] += value
-            if name in ANSWERED:
-                counters[ANSWERED[name]] = counters.get(ANSWERED[name], 0.0) + value
+            for key in (COUNTERS.get(name), ANSWERED.get(name), CACHE.get(name)):
+                if key is not None:
+                    counters[key] = counters.get(key, 0.0) + value
         elif name == "resnet50_batches_by_size" and labels.get("batch_size", "").isdigit():
             sizes = read.batch_sizes.setdefault(model, {})
             size = int(labels["batch_size"])
@@ -157,7 +163,7 @@ def frame(old: Read, new: Read, *, url: str = "", width: int = WIDTH) -> str:
         else "answers/s  - (no status classes on Triton: errors/s by kind below)",
         "",
     ]
-    rows, error_lines = [], []
+    rows, error_lines, traffic_lines = [], [], []
     for model in sorted(set(new.counters) | set(new.workers)):
         d = _delta(new.counters.get(model, {}), old.counters.get(model, {}))
         requests = d.get("requests", 0.0)
@@ -187,6 +193,7 @@ def frame(old: Read, new: Read, *, url: str = "", width: int = WIDTH) -> str:
                 or "none"
             )
         )
+        traffic_lines.append(f"  {model}: {_traffic(d, errors, seconds, new, model)}")
     lines += tabulate(
         rows,
         headers=["model", "req/s", "img/s", "mean ms", "queue ms", "batch", "p50/p95"],
@@ -194,7 +201,8 @@ def frame(old: Read, new: Read, *, url: str = "", width: int = WIDTH) -> str:
         disable_numparse=True,
         colalign=("left",) + ("right",) * 6,
     ).splitlines()
-    lines += ["", "errors/s by kind (handler; Overloaded = its 503 refusals)", *error_lines, ""]
+    lines += ["", "errors/s by kind (handler; Overloaded = its 503 refusals)", *error_lines]
+    lines += ["", "deadlines and cache", *traffic_lines, ""]
     worker_rows = [
         [
             model,
@@ -214,6 +222,18 @@ def frame(old: Read, new: Read, *, url: str = "", width: int = WIDTH) -> str:
         disable_numparse=True,
     ).splitlines()
     return "\n".join(line[:width].rstrip() for line in lines)
+
+
+def _traffic(delta: dict, errors: dict, seconds: float, new: Read, model: str) -> str:
+    """Expired requests per second and the cache's hit ratio over the interval."""
+    expired = f"expired {errors.get(EXPIRED, 0.0) / seconds:.1f}/s (504)"
+    counters = new.counters.get(model, {})
+    if "cache_hits" not in counters and "cache_misses" not in counters:
+        return f"{expired}, cache off"
+    hits, misses = delta.get("cache_hits", 0.0), delta.get("cache_misses", 0.0)
+    if hits + misses <= 0:
+        return f"{expired}, cache hits - (no images)"
+    return f"{expired}, cache hits {100 * hits / (hits + misses):.0f}% of {hits + misses:.0f} img"
 
 
 def _with_pids(workers: list[dict], pids: list[str]) -> list[dict]:

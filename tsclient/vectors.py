@@ -5,7 +5,10 @@ One row per file: ``path``, ``size``, ``mtime`` (UTC timestamp, ns), ``sha256`` 
 bytes sent), ``status`` (``ok`` or ``error``), ``error`` (the server's or the reader's
 message), ``precision`` (the arithmetic that computed the row, from the answer's
 ``X-Precision`` header: replicas measuring ``auto`` on different nodes may differ; null for a
-failed file or a server that does not say), and the answer: ``embedding``
+failed file or a server that does not say), ``cached`` (whether the server's content cache
+answered it: TorchServe's ``X-Cache-Hits``, Triton's ``cached`` output; false when the cache is
+off; null for a failed file, or where TorchServe counted some but not all of a request's images
+as hits without naming them), and the answer: ``embedding``
 (``fixed_size_list<float32>[2048]``) or ``tags`` (``list<struct<label: string, index: int32,
 probability: float32>>``), null when the file failed. The file's key-value metadata ``tsclient``
 holds JSON naming the model, its version, precision, backend and weights fingerprint (from the
@@ -37,7 +40,8 @@ import pyarrow.parquet as pq
 from tsclient.errors import UsageError
 
 EMBEDDING_DIM = 2048  # ResNet50's pooled layer4
-SCHEMA_VERSION = 2  # 2: the precision column (files of version 1 merge with it as null)
+# 2: the precision column, 3: cached (files of older versions merge with them as null)
+SCHEMA_VERSION = 3
 META_KEY = b"tsclient"
 OK, ERROR = "ok", "error"
 TAG = pa.struct([("label", pa.string()), ("index", pa.int32()), ("probability", pa.float32())])
@@ -49,6 +53,7 @@ COLUMNS = [
     ("status", pa.string()),
     ("error", pa.string()),
     ("precision", pa.string()),
+    ("cached", pa.bool_()),
 ]
 ANSWERS = {"embedding": pa.list_(pa.float32(), EMBEDDING_DIM), "tags": pa.list_(TAG)}
 # Metadata that must agree between a run and the rows it resumes.
@@ -81,6 +86,7 @@ class Row:
     error: str | None = None
     answer: object = None  # a float32 vector, or a list of tag dicts
     precision: str | None = None  # the X-Precision of the answer
+    cached: bool | None = False  # answered from the server's content cache
 
     def record(self, task: str) -> dict:
         return {
@@ -91,6 +97,7 @@ class Row:
             "status": ERROR if self.error else OK,
             "error": self.error,
             "precision": None if self.error else self.precision,
+            "cached": None if self.error else self.cached,
             task: None if self.error else self.answer,
         }
 
