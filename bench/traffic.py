@@ -61,6 +61,8 @@ TARGETS = ("ours", "triton", "stock")
 CLIENTS = 2
 PERIOD_S = 0.2
 INTERACTIVE_SIZE = (800, 600)
+# #37's handler settings that size the bulk share (reported when the served model has them).
+SHARE_SETTINGS = ("bulk_batch_images", "interactive_window_ms", "cache_bytes")
 # The stock job stops sending after this many interactive windows (it outlasts the window).
 STOCK_JOB_WINDOWS = 3
 IDLE_TARGET, JOB_TARGET = 1.5, 0.85  # the issue's: p95 during / idle, job img/s during / alone
@@ -151,6 +153,10 @@ class Job(ABC):
     @abstractmethod
     def running(self) -> bool: ...
 
+    @abstractmethod
+    def stop(self) -> None:
+        """End it now (a measurement that failed leaves nothing running)."""
+
 
 class TsctlJob(Job):
     """``tsctl --json embed FOLDER --out OUT [extra]`` as a subprocess."""
@@ -167,12 +173,18 @@ class TsctlJob(Job):
     def running(self) -> bool:
         return self.process.poll() is None
 
+    def stop(self) -> None:
+        if self.running():
+            self.process.kill()
+            self.process.communicate()
+
     def finish(self) -> dict:
         out, err = self.process.communicate(timeout=3600)
         if self.process.returncode not in (0, 7):  # 7: some files failed, reported below
             raise RuntimeError(f"tsctl embed failed ({self.process.returncode}): {err[-2000:]}")
         answer = json.loads(out)
-        errors = Counter(e["error"].split(":")[0] for e in answer.get("failures", []))
+        # tsctl lists the first failures' messages (its own words, not a status): cut short.
+        errors = Counter(e["error"][:60] for e in answer.get("failures", []))
         if answer["failed"] > sum(errors.values()):
             errors["(not listed)"] += answer["failed"] - sum(errors.values())
         return {
@@ -225,6 +237,11 @@ class LoadgenJob(Job):
     def running(self) -> bool:
         return any(t.is_alive() for t in self.threads)
 
+    def stop(self) -> None:
+        self.until = 0.0
+        for thread in self.threads:
+            thread.join()
+
     def finish(self) -> dict:
         for thread in self.threads:
             thread.join()
@@ -261,6 +278,11 @@ class Target(ABC):
     @abstractmethod
     def answered(self) -> int: ...
 
+    @abstractmethod
+    def settings(self) -> dict:
+        """What shapes the bulk share as served: batching, and #37's handler settings or
+        Triton's priority levels where the checkout has them."""
+
 
 class OursOnTorchServe(Target):
     name, label = "ours", "ours on TorchServe 0.12"
@@ -292,6 +314,16 @@ class OursOnTorchServe(Target):
     def _out(self) -> Path:
         self.runs += 1
         return fresh_dir(WORK / f"{self.name}-job{self.runs}") / "embeddings.parquet"
+
+    def settings(self) -> dict:
+        entry = self.server.client().describe(EMBEDDING, customized=True)[0]
+        handler = (entry.get("customizedMetadata") or {}).get("handler") or {}
+        return {
+            "batchSize": entry.get("batchSize"),
+            "maxBatchDelay": entry.get("maxBatchDelay"),
+            "workers": len(entry.get("workers") or []),
+            **{k: handler[k] for k in SHARE_SETTINGS if k in handler},
+        }
 
     def answered(self) -> int:
         text = self.server.client().metrics_text()
@@ -339,6 +371,15 @@ class OursOnTriton(OursOnTorchServe):
     def job(self, folder: Path, photos: list[Path], extra: list[str]) -> Job:
         argv = [str(folder), "--url", self.triton.url, "--out", str(self._out()), *extra]
         return TsctlJob(argv, dict(os.environ, PYTHONPATH=str(REPO)))
+
+    def settings(self) -> dict:
+        """The generated config.pbtxt's dynamic batcher, as Triton loaded it."""
+        url = f"{self.triton.url}/v2/models/{EMBEDDING}/config"
+        config = requests.get(url, timeout=30).json()
+        return {
+            "max_batch_size": config.get("max_batch_size"),
+            "dynamic_batching": config.get("dynamic_batching"),
+        }
 
     def answered(self) -> int:
         url = f"{self.triton.url}/v2/models/{EMBEDDING}/stats"
@@ -389,6 +430,14 @@ class StockTorchServe(Target):
         )
         return self.current
 
+    def settings(self) -> dict:
+        entry = self.server.client().describe(stock.MODEL_NAME)[0]
+        return {
+            "batchSize": entry.get("batchSize"),
+            "maxBatchDelay": entry.get("maxBatchDelay"),
+            "workers": len(entry.get("workers") or []),
+        }
+
     def answered(self) -> int:
         return self.current.answered() if self.current else 0
 
@@ -433,22 +482,27 @@ def measure(target: Target, settings: Settings, folder: Path, photos: list[Path]
         before = target.answered()
         started = time.monotonic()
         job = target.job(folder, photos, [])
-        waited = time.monotonic() + settings.start_timeout_s
-        while job.running() and target.answered() - before < concurrency:
-            if time.monotonic() > waited:
-                raise RuntimeError(f"{target.name}: the job was not seen running")
-            time.sleep(0.05)
-        seen_running_s = time.monotonic() - started
-        during = clients()
-        window_end = time.monotonic()
-        job_running_at_end = job.running()
-        during_job = job.finish()
-        job_end = time.monotonic()
+        try:
+            waited = time.monotonic() + settings.start_timeout_s
+            while job.running() and target.answered() - before < concurrency:
+                if time.monotonic() > waited:
+                    raise RuntimeError(f"{target.name}: the job was not seen running")
+                time.sleep(0.05)
+            seen_running_s = time.monotonic() - started
+            during = clients()
+            window_end = time.monotonic()
+            job_running_at_end = job.running()
+            during_job = job.finish()
+            job_end = time.monotonic()
+        finally:
+            job.stop()
+        served = target.settings()
     idle_stats, during_stats = latency(idle), latency(during)
     return {
         "target": target.name,
         "label": target.label,
         "concurrency": concurrency,
+        "settings": served,
         "classes_sent": classes,
         "job_alone": alone,
         "job_alone_unclassed": unclassed,
@@ -550,6 +604,18 @@ def report(results: dict) -> str:
             "(every request interactive), so the figures above are today's behaviour."
         )
     lines += [
+        "",
+        "## What limits the ratio, and the bulk share",
+        "",
+        "On 2 cores one batch takes every core, and a batch already running is not pre-empted: "
+        "an interactive request that arrives while a bulk batch computes waits for that "
+        "forward, then for its own. Ours on TorchServe bounds that wait by the rows bulk may "
+        "put in one batch while interactive traffic is about (`handler.bulk_batch_images`: "
+        "fewer rows, shorter waits and a slower job), held for `interactive_window_ms` after "
+        "the last interactive request; Triton orders its queue by priority level, but a "
+        "running batch of up to `max_batch_size` still runs to its end. Served settings:",
+        "",
+        *(f"- {r['label']}: {json.dumps(r['settings'], separators=(', ', ': '))}" for r in rows),
         "",
         "Stock TorchServe's job is bench's load generator (one photo per `/predictions` "
         "request at the job's concurrency): tsctl speaks v2, which the stock handler does not. "
