@@ -33,7 +33,7 @@ MODEL_CONFIGS := $(wildcard config/models/*.yaml)
 SOURCES := $(wildcard handlers/*.py servecore/*.py servecore/*/*.py model_files/*.py) $(MODEL_CONFIGS) archive.sh \
            buildsteps/configgen.py
 
-.PHONY: setup java config weights archives samples serve lint test test-fast triton-server triton-repo serve-triton bench bench-sweep bench-ingestion bench-collection soak clean
+.PHONY: setup java config weights archives samples serve lint test test-fast triton-server triton-repo serve-triton bench bench-sweep bench-ingestion bench-collection bench-traffic soak clean
 .DEFAULT_GOAL := test
 
 setup: $(VENV)/.installed java kubectl chromium prometheus
@@ -199,6 +199,12 @@ soak: setup config archives samples $(if $(filter triton,$(SOAK_ENGINE)),triton-
 # and the rerun, exact search over 100,000 vectors -> results/collection.md (about 6 minutes).
 bench-collection: setup config archives samples
 	$(PY) -m bench.collection
+
+# Interactive p95 (2 clients, a photo every 0.2 s each) alone and while tsctl embed runs over
+# 2,000 generated photos, on ours (TorchServe, Triton) and stock TorchServe -> traffic.md in results/
+# (about 8 minutes).
+bench-traffic: setup config archives samples triton-server
+	$(PY) -m bench.traffic
 
 # KServe (kserve/README.md). The storage bundle our runtime reads, as a folder and a .tar.gz
 # under build/kserve/ (KSERVE_DEVICE=gpu with BACKEND=eager for the GPU bundle,

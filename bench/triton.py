@@ -26,8 +26,9 @@ from tritonrepo.install import NotInstalled, TritonInstall
 from tritonrepo.server import Triton
 
 
-def binary_request(image: bytes) -> tuple[bytes, dict[str, str]]:
-    """A v2 request of one image in Triton's binary tensor extension: body and headers."""
+def binary_request(image: bytes, output: str = "tags") -> tuple[bytes, dict[str, str]]:
+    """A v2 request of one image in Triton's binary tensor extension, asking for ``output``
+    as JSON: body and headers."""
     header = json.dumps(
         {
             "inputs": [
@@ -38,7 +39,7 @@ def binary_request(image: bytes) -> tuple[bytes, dict[str, str]]:
                     "parameters": {"binary_data_size": len(image) + 4},
                 }
             ],
-            "outputs": [{"name": "tags", "parameters": {"binary_data": False}}],
+            "outputs": [{"name": output, "parameters": {"binary_data": False}}],
         }
     )
     element = len(image).to_bytes(4, "little") + image  # BYTES: a 4-byte length, then the data

@@ -198,3 +198,41 @@ def test_soak_on_triton_runs_every_class_and_reports(tmp_path, model_store):
     report = (tmp_path / "soak-triton.md").read_text()
     assert "| photo |" in report and "- deep JSON: Triton 2.51's own HTTP frontend" in report
     assert (tmp_path / "soak-triton.png").stat().st_size > 10_000
+
+
+def test_traffic_bench_measures_interactive_clients_beside_the_job(tmp_path, model_store):
+    """``python -m bench.traffic`` tiny on our TorchServe: 2 clients x 5 photos/s x 2 s, alone
+    and while ``tsctl embed`` runs over 40 photos; every request and photo answered, and the
+    report's row and provenance line written."""
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.traffic",
+            "--photos",
+            "40",
+            "--seconds",
+            "2",
+            "--targets",
+            "ours",
+            "--quiet",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    [row] = json.loads((tmp_path / "traffic.json").read_text())["rows"]
+    assert row["target"] == "ours"
+    for window in ("interactive_idle", "interactive_during"):
+        assert row[window]["requests"] == row[window]["ok"] == 2 * 5 * 2, row[window]
+        assert 0 < row[window]["p50_ms"] <= row[window]["p95_ms"] <= row[window]["max_ms"]
+    for job in ("job_alone", "job_during"):
+        assert row[job]["done"] == 40 and row[job]["failed"] == 0, row[job]
+        assert row[job]["images_per_s"] > 0
+    markdown = (tmp_path / "traffic.md").read_text()
+    assert markdown.splitlines()[2].startswith("- Date: ")
+    assert "| ours on TorchServe 0.12 |" in markdown
