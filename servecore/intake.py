@@ -79,11 +79,16 @@ class Intake:
     """Turns one batch of ``Incoming`` requests into a ``PreparedBatch``."""
 
     def __init__(
-        self, config: HandlerConfig, explanations: Explanations, admission: Admission
+        self,
+        config: HandlerConfig,
+        explanations: Explanations,
+        admission: Admission,
+        lookup: Callable[[list[Admitted]], list[Admitted]] = list,
     ) -> None:
         self.config = config
         self.explanations = explanations
         self.admission = admission
+        self.lookup = lookup  # between admission and decode: the content cache's step
         self.preprocessor = Preprocessor(config)
         self.budgets = (
             Budget(
@@ -109,6 +114,7 @@ class Intake:
             requests = self.admission.within(requests, budget)
         requests = self.explanations.admit(requests, self.admission)
         self.admission.served(requests)
+        requests = self.lookup(requests)
         opened = time.perf_counter()
         states, tensors = self._decode(requests)
         return PreparedBatch(
