@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 
 from servecore.answers import AnswerSpec, Tag
-from servecore.cache import AnswerCache, CacheKey, Entry, key_bytes
+from servecore.cache import AnswerCache, CacheKey, Entry, Looked, key_bytes
 from servecore.config import Output
+from servecore.errors import InvalidImage
+from servecore.explain.options import ExplainSpec
 from servecore.intake import Preprocessor
 from servecore.parse import OutputSpec, ParsedRequest, Protocol
-from servecore.stages import Opened
+from servecore.stages import Explaining, Failed, Opened
 from tests import imagegen
 from tests.corpus import b64
 from tests.handler_context import make_handler, run_batch
@@ -117,6 +119,18 @@ def test_an_entry_is_found_only_under_the_same_model_version_precision_topk_and_
         stored.get(stored.key(PHOTO_A if i < 3 else PHOTO_B, a)) for i, a in enumerate(asks)
     ] == [None] * 4
     assert stored.get(stored.key(PHOTO_A, opened(PHOTO_A, top_k=5))) is not None  # the default
+
+
+def test_explanation_and_failed_requests_pass_the_lookup_untouched():
+    cache = AnswerCache(1 << 20, spec(), "f32")
+    plain = opened(PHOTO_A)
+    cache.put(cache.key(PHOTO_A, plain), row(1))
+    explaining = Explaining("e", plain.request, (), ExplainSpec("gradcam", (), 5, 32, 8, True))
+    failed = Failed("f", InvalidImage("not an image"))
+    looked = cache.lookup([explaining, failed, plain])
+    assert looked[:2] == [explaining, failed]
+    assert isinstance(looked[2], Looked) and looked[2].hits == (True,)
+    assert AnswerCache(0, spec(), "f32").lookup([plain]) == [plain]  # off: nothing looked up
 
 
 @pytest.fixture(scope="module")
