@@ -132,6 +132,11 @@ class HandlerConfig:
     max_json_bytes: size of a JSON body the handler parses (413 above).
     draft_decode: let JPEG decoding downscale in the DCT while the shorter side stays >= the
         resize size (much faster on large photos, near-identical output).
+    cache_bytes: the content cache's bound in bytes (``servecore/cache.py``; LRU, one per
+        worker): an image answered before (same bytes, model, version, precision, ``topk``
+        and outputs) is answered again without decoding or computing it. 0, the default, is
+        off: its hit marker tells anyone who can call the model that someone sent these exact
+        bytes before, and each worker holds its own copy (docs/operations.md, "Content cache").
     explain: the explanation settings (``ExplainConfig``).
     """
 
@@ -159,6 +164,7 @@ class HandlerConfig:
     max_json_depth: int = 16
     max_json_bytes: int = 32 * 1024 * 1024
     draft_decode: bool = True
+    cache_bytes: int = 0
     explain: ExplainConfig = field(default_factory=ExplainConfig)
 
     @classmethod
@@ -202,6 +208,7 @@ class HandlerConfig:
                 ("max_batch_pixels", 1, 100_000_000_000),
                 ("max_json_depth", 4, 1000),
                 ("max_json_bytes", 1, 1 << 31),
+                ("cache_bytes", 0, 1 << 40),
             ),
         )
         if self.max_images_per_request > self.max_batch_images:

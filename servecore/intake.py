@@ -87,11 +87,13 @@ class Intake:
         explanations: Explanations,
         admission: Admission,
         clock: Callable[[], float] = time.time,
+        lookup: Callable[[list[Admitted]], list[Admitted]] = list,
     ) -> None:
         self.config = config
         self.explanations = explanations
         self.admission = admission
         self.clock = clock
+        self.lookup = lookup  # between admission and decode: the content cache's step
         self.preprocessor = Preprocessor(config)
         self.budgets = (
             Budget(
@@ -126,6 +128,7 @@ class Intake:
             requests = self.admission.within(requests, budget)
         requests = self.explanations.admit(requests, self.admission)
         self.admission.served(requests)
+        requests = self.lookup(requests)
         opened = time.perf_counter()
         states, tensors = self._decode(requests)
         return PreparedBatch(

@@ -22,6 +22,9 @@ first, then its own labels:
     resnet50_batch_size, resnet50_images_per_batch      the same sizes as histograms
     resnet50_precision{precision="int8+f32"}            1: the precision this worker serves
     resnet50_worker_rss_mb{worker_pid="1234"}           the worker's resident memory, MiB
+    resnet50_cache_hits_total,                          images the content cache answered /
+    resnet50_cache_misses_total                         looked up and computed (cache on)
+    resnet50_cache_bytes                                what the worker's cache holds, bytes
 
 Mean batch size = rate(resnet50_requests_total) / rate(resnet50_batches_total). Counters are
 named with ``_total`` and exported as named (TorchServe 0.12 appends no suffix; a sink whose
@@ -112,6 +115,21 @@ PRECISION = Metric(
 WORKER_RSS = Metric(
     "resnet50_worker_rss_mb", Kind.GAUGE, ("worker_pid",), "the worker's resident memory, MiB"
 )
+CACHE_HITS = Metric(
+    "resnet50_cache_hits_total",
+    Kind.COUNTER,
+    (),
+    "images answered from the content cache (not decoded, not computed)",
+)
+CACHE_MISSES = Metric(
+    "resnet50_cache_misses_total",
+    Kind.COUNTER,
+    (),
+    "images looked up in the content cache and computed",
+)
+CACHE_BYTES = Metric(
+    "resnet50_cache_bytes", Kind.GAUGE, (), "bytes the worker's content cache holds"
+)
 
 # Every metric, declared once: a sink walks this table (config/metrics.yaml must match it).
 METRICS: tuple[Metric, ...] = (
@@ -128,6 +146,9 @@ METRICS: tuple[Metric, ...] = (
     ANSWER_MS,
     PRECISION,
     WORKER_RSS,
+    CACHE_HITS,
+    CACHE_MISSES,
+    CACHE_BYTES,
 )
 
 
@@ -176,6 +197,14 @@ class BatchMetrics:
 
     def answer(self, answer_ms: float) -> None:
         self.sink.add(ANSWER_MS, answer_ms)
+
+    def cache(self, hits: Iterable[bool], held_bytes: int) -> None:
+        """One batch's content-cache lookups (per image: answered from the cache or not) and
+        what the cache holds after it."""
+        counted = Counter(hits)
+        self.sink.add(CACHE_HITS, counted[True])
+        self.sink.add(CACHE_MISSES, counted[False])
+        self.sink.add(CACHE_BYTES, held_bytes)
 
     def errors(self, error_types: Iterable[str]) -> None:
         """The failed requests of one batch, by error type (``InvalidImage``, ...)."""

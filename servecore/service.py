@@ -28,6 +28,7 @@ from servecore.admission import Admission
 from servecore.answers import AnswerSpec, BatchOutputs, Prediction
 from servecore.autoprecision import serving_backend
 from servecore.backends import pick_device
+from servecore.cache import AnswerCache, Looked
 from servecore.config import HandlerConfig, Output
 from servecore.errors import RequestError
 from servecore.explain.encode import Explained
@@ -40,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 BATCH_HEADER = "X-Batch-Size"  # how many requests the engine batched with this one
 PRECISION_HEADER = "X-Precision"  # the arithmetic that computed this answer
+CACHE_HEADER = "X-Cache-Hits"  # how many of its images the content cache answered (cache on)
 
 
 @dataclass(frozen=True)
@@ -62,14 +64,17 @@ Answer = Prediction | Explained
 class Reply:
     """One request's outcome as values: its ``answer`` (a ``Prediction`` or, for an
     explanation request, an ``Explained``) or its ``error``, never both; ``batch_size``: how many
-    requests the engine batched with it; ``precision``: the arithmetic that computed it. The
-    status and the headers the core names follow from these; the engine's edge writes the body.
+    requests the engine batched with it; ``precision``: the arithmetic that computed it;
+    ``cached``: per image, whether the content cache answered it (None: the cache is off, or
+    an explanation). The status and the headers the core names follow from these; the
+    engine's edge writes the body.
     """
 
     batch_size: int
     precision: str
     answer: Answer | None = None
     error: RequestError | None = None
+    cached: tuple[bool, ...] | None = None
 
     def __post_init__(self) -> None:
         if (self.answer is None) == (self.error is None):
@@ -85,11 +90,13 @@ class Reply:
 
     @property
     def headers(self) -> dict[str, str]:
-        """``X-Batch-Size``, then ``X-Precision`` on an answer or the error's own headers
-        (``Retry-After``)."""
+        """``X-Batch-Size``, then ``X-Precision`` (and ``X-Cache-Hits`` when the cache
+        looked) on an answer, or the error's own headers (``Retry-After``)."""
         headers = {BATCH_HEADER: str(self.batch_size)}
         if self.error is None:
             headers[PRECISION_HEADER] = self.precision
+            if self.cached is not None:
+                headers[CACHE_HEADER] = str(sum(self.cached))
         else:
             headers.update(self.error.headers)
         return headers
@@ -97,7 +104,7 @@ class Reply:
     def refused(self, error: RequestError) -> Reply:
         """This request failed after all, with ``error`` (an edge refusing an answer too large
         to send)."""
-        return dataclasses.replace(self, answer=None, error=error)
+        return dataclasses.replace(self, answer=None, error=error, cached=None)
 
 
 class ImageModel:
@@ -136,7 +143,8 @@ class ImageModel:
             self.answers.labels,
             embedding_default=self.answers.task is Output.EMBEDDING,
         )
-        self.intake = Intake(config, self.explanations, Admission())
+        self.cache = AnswerCache(config.cache_bytes, self.answers, self.backend.precision)
+        self.intake = Intake(config, self.explanations, Admission(), lookup=self.cache.lookup)
         self.metrics = BatchMetrics(metrics, self.backend.precision)
         if not files.weights.get("trained", False):
             logger.warning("%s: %s", settings.name, files.weights.get("warning"))
@@ -206,12 +214,24 @@ class ImageModel:
                     if isinstance(explained, Failed)
                     else reply(explained)
                 )
-            elif outputs is None:  # a placed request always reached the model
-                raise RuntimeError(f"request {request.request_id} was placed but not computed")
             else:
-                replies.append(
-                    reply(outputs.prediction(request.opened.request, request.rows, self.answers))
+                opened = request.opened
+                computed = (
+                    None
+                    if outputs is None
+                    else outputs.prediction(opened.request, request.rows, self.answers)
                 )
+                if isinstance(opened, Looked):  # the cache's images put back in order
+                    replies.append(reply(self.cache.merge(opened, computed), cached=opened.hits))
+                elif computed is None:  # a placed request always reached the model
+                    raise RuntimeError(f"request {request.request_id} was placed but not computed")
+                else:
+                    replies.append(reply(computed))
+        if self.cache.on:
+            self.metrics.cache(
+                (hit for r in replies if r.cached is not None for hit in r.cached),
+                self.cache.bytes,
+            )
         self.metrics.errors(r.error.kind for r in replies if r.error is not None)
         self.metrics.answer(1000 * (time.perf_counter() - started))
         return replies

@@ -60,12 +60,17 @@ def variant_server(
 
 @contextmanager
 def local_triton(
-    workdir, model_store, precision: str | None = "f32", key_file: Path | None = None
+    workdir,
+    model_store,
+    precision: str | None = "f32",
+    key_file: Path | None = None,
+    handler: dict | None = None,
 ) -> Iterator:
     """A real Triton on a repository generated into ``workdir`` from ``model_store`` (pinned to
     ``precision``) on free loopback ports, always stopped; skips the test, saying why, when
     ``make triton-server`` could not install the wheel. A start that fails shows the log.
-    ``key_file``: its restricted APIs want the keys kept there (``Triton``'s); None: all open."""
+    ``key_file``: its restricted APIs want the keys kept there (``Triton``'s); None: all open.
+    ``handler``: settings replaced in every model's ``handler:`` section."""
     from devtools.server import free_ports
     from tritonrepo.generate import generate
     from tritonrepo.install import NotInstalled, TritonInstall
@@ -75,7 +80,17 @@ def local_triton(
         TritonInstall().check()
     except NotInstalled as exc:
         pytest.skip(f"no Triton server: {exc}")
-    generate(workdir / "repository", model_store=model_store, precision=precision)
+    models = REPO / "config" / "models"
+    if handler:
+        models = workdir / "models"
+        models.mkdir()
+        for source in sorted((REPO / "config" / "models").glob("*.yaml")):
+            config = yaml.safe_load(source.read_text())
+            config["handler"] = {**config.get("handler", {}), **handler}
+            (models / source.name).write_text(yaml.safe_dump(config))
+    generate(
+        workdir / "repository", models_dir=models, model_store=model_store, precision=precision
+    )
     with (workdir / "triton.log").open("w") as log:
         server = Triton(
             workdir / "repository",

@@ -140,7 +140,11 @@ def fake_pb_utils(monkeypatch):
     module = types.ModuleType("triton_python_backend_utils")
     module.Tensor, module.TritonError = FakeTensor, FakeError
     module.InferenceResponse, module.MetricFamily = FakeResponse, NoMetricFamily
-    module.triton_string_to_numpy = {"TYPE_FP32": np.float32, "TYPE_STRING": np.object_}.__getitem__
+    module.triton_string_to_numpy = {
+        "TYPE_FP32": np.float32,
+        "TYPE_STRING": np.object_,
+        "TYPE_BOOL": np.bool_,
+    }.__getitem__
     module.get_input_tensor_by_name = lambda request, name: FakeTensor(name, request.images)
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", module)
     monkeypatch.delitem(sys.modules, "tritonrepo.model", raising=False)
@@ -148,13 +152,14 @@ def fake_pb_utils(monkeypatch):
     sys.modules.pop("tritonrepo.model", None)
 
 
-def triton_model(module, weights_dir: Path, task: str):
-    """The adapter's model, initialised as Triton would with a generated config (f32)."""
+def triton_model(module, weights_dir: Path, task: str, **settings):
+    """The adapter's model, initialised as Triton would with a generated config (f32) and
+    the ``handler:`` ``settings`` given."""
     output = {
         "embedding": {"name": "embedding", "data_type": "TYPE_FP32", "dims": [2048]},
         "tags": {"name": "tags", "data_type": "TYPE_STRING", "dims": [-1]},
     }[task]
-    handler = {"task": task, "precision": "f32", "draft_decode": False}
+    handler = {"task": task, "precision": "f32", "draft_decode": False, **settings}
     config = {
         "name": task,
         "max_batch_size": 8,
@@ -217,6 +222,23 @@ def test_the_triton_adapter_answers_with_tensors_and_no_json(
             assert rel_error(vector, expected / expected.norm()) <= tolerance("f32")
 
 
+def test_the_triton_adapter_marks_each_image_the_cache_answered(fake_pb_utils, weights_dir):
+    """Issue #37: the ``cached`` output, one bool per image: False everywhere with the cache
+    off; with it on, True for the image answered before, whose tags are the same tensors."""
+    off = triton_model(fake_pb_utils, weights_dir, "tags")
+    on = triton_model(fake_pb_utils, weights_dir, "tags", cache_bytes=1 << 24)
+    for model in (off, on):
+        model.dtypes["cached"] = np.bool_  # as the generated config.pbtxt declares it
+    first = on.execute([FakeRequest(PHOTOS[:1])])[0]
+    both = on.execute([FakeRequest(PHOTOS[:2])])[0]
+    plain = off.execute([FakeRequest(PHOTOS[:2])])[0]
+    assert first.tensors["cached"].tolist() == [[False]]
+    assert both.tensors["cached"].tolist() == [[True], [False]]
+    assert both.tensors["cached"].dtype == np.bool_
+    assert plain.tensors["cached"].tolist() == [[False], [False]]
+    assert both.tensors["tags"][0].tolist() == first.tensors["tags"][0].tolist()
+
+
 def test_the_triton_adapter_sends_the_core_error_body(fake_pb_utils, weights_dir):
     """Each failed request gets its own error (the core's JSON error body), the good one its
     tags."""
@@ -255,7 +277,8 @@ def test_config_pbtxt_carries_the_model_yaml(model):
         'output [ { name: "tags" data_type: TYPE_STRING dims: [ -1 ] }, '
         '{ name: "precision" data_type: TYPE_STRING dims: [ 1 ] }, '
         '{ name: "describe" data_type: TYPE_STRING dims: [ 1 ] }, '
-        '{ name: "explanations" data_type: TYPE_STRING dims: [ 1 ] } ]' in text
+        '{ name: "explanations" data_type: TYPE_STRING dims: [ 1 ] }, '
+        '{ name: "cached" data_type: TYPE_BOOL dims: [ 1 ] } ]' in text
     )
     with pytest.raises(ValueError, match="at least 1"):
         config_pbtxt(model, settings, {"task": "tags"}, "resnet50_dual.xml", queue_size=0)
@@ -418,7 +441,7 @@ def test_health_ready_metadata_and_metrics_answer(triton):
         assert meta["outputs"] == [{"name": out, "datatype": datatype, "shape": shape}] + [
             {"name": name, "datatype": "BYTES", "shape": [-1, 1]}  # tests/test_triton_ops.py
             for name in ("precision", "describe", "explanations")
-        ]
+        ] + [{"name": "cached", "datatype": "BOOL", "shape": [-1, 1]}]
     metrics = requests.get(triton.metrics_url, timeout=30)
     assert metrics.status_code == 200
     assert f'nv_inference_count{{model="{TAGGER}",version="1"}}' in metrics.text

@@ -53,10 +53,14 @@ OUTPUTS = {
 # Declared beside the task's output, one text element per row: ``precision``, the arithmetic
 # that computed each answer (TorchServe's X-Precision), one per image, as the 2.51 stub can set
 # neither headers nor response parameters; ``describe`` and ``explanations``, what describe and
-# explanation requests answer (tritonrepo/model.py), one JSON text each.
-SIDE_OUTPUTS = tuple(
-    (f'name: "{name}"', "data_type: TYPE_STRING", "dims: [ 1 ]")
-    for name in ("precision", "describe", "explanations")
+# explanation requests answer (tritonrepo/model.py), one JSON text each; ``cached``, one bool
+# per image: the content cache answered it (TorchServe's X-Cache-Hits; False when it is off).
+SIDE_OUTPUTS = (
+    *(
+        (f'name: "{name}"', "data_type: TYPE_STRING", "dims: [ 1 ]")
+        for name in ("precision", "describe", "explanations")
+    ),
+    ('name: "cached"', "data_type: TYPE_BOOL", "dims: [ 1 ]"),
 )
 
 

@@ -46,6 +46,9 @@ TOP_K = "topk"  # request parameter
 # BYTES [n, 1] beside each prediction: the arithmetic that computed each answer (TorchServe's
 # X-Precision; the 2.51 stub has no response parameters).
 PRECISION = "precision"
+# BOOL [n, 1] beside each prediction: the content cache answered that image (TorchServe's
+# X-Cache-Hits; False everywhere when handler.cache_bytes is 0).
+CACHED = "cached"
 # Request parameter ``describe: true`` (its ``images`` are not read): the answer is the output
 # of the same name, one JSON text, what TorchServe's describe carries.
 DESCRIBE = "describe"
@@ -170,7 +173,8 @@ def output_dtypes(config: dict) -> dict[str, type]:
 def response(reply: Reply, dtypes: dict[str, type], spec: AnswerSpec):
     """A ``Reply`` as Triton's response: a prediction's arrays as the output tensors the model
     config declares, with the precision that computed them (TorchServe's ``X-Precision``) as
-    the ``precision`` output, one per image (the 2.51 stub has no response parameters); an
+    the ``precision`` output, one per image (the 2.51 stub has no response parameters), and
+    whether the content cache answered each image as the ``cached`` output; an
     explanation's JSON document as the ``explanations`` output; or the core's error body as
     this request's error, with the nearest status Triton's HTTP frontend can send."""
     if reply.error is not None:
@@ -195,6 +199,10 @@ def response(reply: Reply, dtypes: dict[str, type], spec: AnswerSpec):
     if PRECISION in dtypes:
         precision: np.ndarray = np.full((images, 1), reply.precision, dtype=dtypes[PRECISION])
         tensors.append(pb_utils.Tensor(PRECISION, precision))
+    if CACHED in dtypes:
+        hits: np.ndarray = np.array(reply.cached or [False] * images, dtype=dtypes[CACHED])
+        hits = hits.reshape(images, 1)
+        tensors.append(pb_utils.Tensor(CACHED, hits))
     return pb_utils.InferenceResponse(output_tensors=tensors)
 
 
