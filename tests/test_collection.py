@@ -469,6 +469,22 @@ def test_plan_from_describe():
     assert Plan.from_describe(None) == Plan(32, 4)
 
 
+def test_a_bulk_jobs_requests_fit_the_servers_bulk_share():
+    """While people are about a batch admits ``bulk_batch_images`` bulk rows: a bulk job's
+    requests carry no more, so one batch can hold several of them, none refused for size."""
+    entry = {
+        "batchSize": 16,
+        "workers": [{}],
+        "customizedMetadata": {"handler": {"max_batch_images": 64, "bulk_batch_images": 2}},
+    }
+    assert Plan.from_describe(entry, bulk=True) == Plan(32, 2)
+    assert Plan.from_describe(entry) == Plan(32, 4)  # interactive: the batch's share
+    assert Plan.from_describe(entry, per_request=3, bulk=True) == Plan(32, 3)  # asked for
+    off = {"batchSize": 16, "customizedMetadata": {"handler": {"bulk_batch_images": 0}}}
+    assert Plan.from_describe(off, bulk=True) == Plan(32, 4)  # no share: the batch's
+    assert Plan.from_describe(None, bulk=True) == Plan(32, 4)  # the server's default share
+
+
 def test_the_clients_fallbacks_are_the_servers_defaults():
     """The client image ships without servecore: its fallbacks are written in
     ``tsclient.batchjob.SERVER_DEFAULTS``, and must be what the server really defaults to."""
@@ -483,6 +499,7 @@ def test_the_clients_fallbacks_are_the_servers_defaults():
             batch_size=SERVER_DEFAULTS.batch_size,  # checked against the shipped models below
             max_images_per_request=handler.max_images_per_request,
             max_batch_images=handler.max_batch_images,
+            bulk_batch_images=handler.bulk_batch_images,
             explain_method=explain.method,
             explain_n_steps=explain.n_steps,
             explain_max_passes_per_batch=explain.max_passes_per_batch,

@@ -81,6 +81,7 @@ class ServerDefaults:
     batch_size: int = 16
     max_images_per_request: int = 8
     max_batch_images: int = 64
+    bulk_batch_images: int = 4
     explain_method: str = "gradcam"
     explain_n_steps: int = 32
     explain_max_passes_per_batch: int = 64
@@ -110,11 +111,18 @@ class Plan:
 
     @classmethod
     def from_describe(
-        cls, entry: dict | None, concurrency: int | None = None, per_request: int | None = None
+        cls,
+        entry: dict | None,
+        concurrency: int | None = None,
+        per_request: int | None = None,
+        *,
+        bulk: bool = False,
     ) -> Plan:
         """From a customized describe answer (``TorchServeClient.describe(..., customized=True)
         [0]``), or the shipped model's settings when there is none (a KServe URL without the
-        management API); explicit values win."""
+        management API); explicit values win. A ``bulk`` job's requests carry at most the
+        server's ``bulk_batch_images``: while people are about a batch admits that many bulk
+        rows, and a larger request would be its batch's only bulk request, or refused."""
         entry = entry or {}
         handler = (entry.get("customizedMetadata") or {}).get("handler") or {}
         batch = int(entry.get("batchSize") or SERVER_DEFAULTS.batch_size)
@@ -122,6 +130,9 @@ class Plan:
         rows = int(handler.get("max_batch_images") or SERVER_DEFAULTS.max_batch_images)
         most = int(handler.get("max_images_per_request") or SERVER_DEFAULTS.max_images_per_request)
         per = per_request or max(1, min(most, rows // batch))
+        share = handler.get("bulk_batch_images", SERVER_DEFAULTS.bulk_batch_images)
+        if bulk and not per_request and share:
+            per = min(per, int(share))
         return cls(concurrency or 2 * batch * workers, per)
 
     @classmethod

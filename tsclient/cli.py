@@ -342,7 +342,10 @@ def _run_job(
 
     model = args.model or DEFAULT_MODELS[task]
     entry, _ = identity
-    plan = plan or batchjob.Plan.from_describe(entry, args.concurrency, args.per_request)
+    traffic = Traffic(getattr(args, "priority", "bulk"))
+    plan = plan or batchjob.Plan.from_describe(
+        entry, args.concurrency, args.per_request, bulk=traffic.priority == "bulk"
+    )
     shard = Shard.parse(getattr(args, "shard", None))
     progress = JobProgress(f"{task} {shard}" if shard.count > 1 else task)
     threading.Thread(
@@ -359,7 +362,7 @@ def _run_job(
         verify_sha256=getattr(args, "verify_sha256", False),
         progress=progress,
         explain=explain,
-        traffic=Traffic(getattr(args, "priority", "bulk")),
+        traffic=traffic,
     )
     return job.run(collection.entries(shard), done=done)
 
