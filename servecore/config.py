@@ -115,7 +115,9 @@ class HandlerConfig:
         (``interactive_window_ms``); the bulk requests beyond it get 503 with ``Retry-After``,
         except the first in line, which is always admitted so a collection job keeps moving.
         With no interactive request about, bulk uses the whole batch. 0: no share (bulk is only
-        admitted after interactive requests within each budget).
+        admitted after interactive requests within each budget). 2: the balance measured by
+        ``make bench-traffic`` (results/traffic.md): fewer rows, shorter waits for people and a
+        slower job while they are about.
     interactive_window_ms: how long after the last interactive request a worker saw it keeps
         holding bulk requests to ``bulk_batch_images``.
     forward_rows: rows per forward pass (0: the model's ``batchSize``); a batch runs in chunks
@@ -155,7 +157,7 @@ class HandlerConfig:
     max_image_bytes: int = 30 * 1024 * 1024
     max_images_per_request: int = 8
     max_batch_images: int = 64
-    bulk_batch_images: int = 4
+    bulk_batch_images: int = 2
     interactive_window_ms: int = 1000
     forward_rows: int = 0
     max_response_bytes: int = 32 * 1024 * 1024

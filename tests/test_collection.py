@@ -475,14 +475,14 @@ def test_a_bulk_jobs_requests_fit_the_servers_bulk_share():
     entry = {
         "batchSize": 16,
         "workers": [{}],
-        "customizedMetadata": {"handler": {"max_batch_images": 64, "bulk_batch_images": 2}},
+        "customizedMetadata": {"handler": {"max_batch_images": 64, "bulk_batch_images": 1}},
     }
-    assert Plan.from_describe(entry, bulk=True) == Plan(32, 2)
+    assert Plan.from_describe(entry, bulk=True) == Plan(32, 1)
     assert Plan.from_describe(entry) == Plan(32, 4)  # interactive: the batch's share
     assert Plan.from_describe(entry, per_request=3, bulk=True) == Plan(32, 3)  # asked for
     off = {"batchSize": 16, "customizedMetadata": {"handler": {"bulk_batch_images": 0}}}
     assert Plan.from_describe(off, bulk=True) == Plan(32, 4)  # no share: the batch's
-    assert Plan.from_describe(None, bulk=True) == Plan(32, 4)  # the server's default share
+    assert Plan.from_describe(None, bulk=True) == Plan(32, 2)  # the server's default share
 
 
 def test_the_clients_fallbacks_are_the_servers_defaults():

@@ -81,7 +81,7 @@ class ServerDefaults:
     batch_size: int = 16
     max_images_per_request: int = 8
     max_batch_images: int = 64
-    bulk_batch_images: int = 4
+    bulk_batch_images: int = 2
     explain_method: str = "gradcam"
     explain_n_steps: int = 32
     explain_max_passes_per_batch: int = 64
