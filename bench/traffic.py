@@ -284,12 +284,12 @@ class Target(ABC):
         Triton's priority levels where the checkout has them."""
 
 
-class OursOnTorchServe(Target):
-    name, label = "ours", "ours on TorchServe 0.12"
+class OnTorchServe(Target):
+    """A target served by a local TorchServe (``self.server``) whose clients call
+    ``/predictions/<self.model>``."""
 
-    def __init__(self) -> None:
-        self.server = LocalTorchServe(fresh_dir(WORK / "ours"), MODEL_STORE)
-        self.runs = 0
+    server: LocalTorchServe
+    model = ""
 
     @contextmanager
     def serving(self) -> Iterator[Target]:
@@ -298,10 +298,19 @@ class OursOnTorchServe(Target):
 
     def endpoint(self, body: bytes) -> Endpoint:
         return Endpoint(
-            f"{self.server.inference_url}/predictions/{EMBEDDING}",
+            f"{self.server.inference_url}/predictions/{self.model}",
             self.server.keys.inference_headers(),
             body,
         )
+
+
+class OursOnTorchServe(OnTorchServe):
+    name, label = "ours", "ours on TorchServe 0.12"
+    model = EMBEDDING
+
+    def __init__(self) -> None:
+        self.server = LocalTorchServe(fresh_dir(WORK / "ours"), MODEL_STORE)
+        self.runs = 0
 
     def concurrency(self) -> int:
         return Plan.from_describe(
@@ -386,9 +395,10 @@ class OursOnTriton(OursOnTorchServe):
         return int(requests.get(url, timeout=30).json()["model_stats"][0]["inference_count"])
 
 
-class StockTorchServe(Target):
+class StockTorchServe(OnTorchServe):
     name, label = "stock", "stock TorchServe 0.12 (image_classifier)"
     has_classes = False
+    model = stock.MODEL_NAME
 
     def __init__(self, job_limit_s: float) -> None:
         self.job_limit_s = job_limit_s
@@ -404,18 +414,6 @@ class StockTorchServe(Target):
             load_models=[f"{stock.MODEL_NAME}.mar"],
         )
         self.current: LoadgenJob | None = None
-
-    @contextmanager
-    def serving(self) -> Iterator[Target]:
-        with self.server:
-            yield self
-
-    def endpoint(self, body: bytes) -> Endpoint:
-        return Endpoint(
-            f"{self.server.inference_url}/predictions/{stock.MODEL_NAME}",
-            self.server.keys.inference_headers(),
-            body,
-        )
 
     def concurrency(self) -> int:
         return Plan.from_describe(self.server.client().describe(stock.MODEL_NAME)[0]).concurrency
