@@ -7,24 +7,16 @@ multipart field; JSON arrives parsed. ``http_request`` unpacks it, here and nowh
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 from ts.torch_handler.base_handler import BaseHandler
 
 from servecore.config import HandlerConfig
-from servecore.errors import RequestError, detached
 from servecore.jsonguard import JsonDocument
-from servecore.parse import IMAGE_FIELD, HttpRequest, ParsedRequest, Payload, parse_http
+from servecore.parse import IMAGE_FIELD, HttpRequest, Payload, parse_http
 from servecore.stages import Incoming
-from servecore.traffic import (
-    DEADLINE_HEADER,
-    PRIORITY_HEADER,
-    Priority,
-    parse_deadline,
-    parse_priority,
-)
+from servecore.traffic import DEADLINE_HEADER, PRIORITY_HEADER
 
 TOP_K_HEADER = "x-top-k"
 BODY_KEY = "body"  # TorchServe's name for a raw request body in its row
@@ -36,30 +28,14 @@ EXPLAIN_PROPERTY = "explain"
 
 def incoming(context, idx: int, row: dict, config: HandlerConfig) -> Incoming:
     """Request ``idx`` of TorchServe's batch: its id (for the logs), its parsing, its route,
-    its class and deadline (``X-Priority``, ``X-Deadline``). A bad header fails this request
-    alone, with its 400, when the core parses it."""
-    parse: Callable[[], ParsedRequest] = partial(
-        parse_http, http_request(row, header(context, idx, TOP_K_HEADER)), config=config
-    )
-    priority, deadline = Priority.INTERACTIVE, None
-    try:
-        given = header(context, idx, PRIORITY_HEADER)
-        priority = Priority.INTERACTIVE if given is None else parse_priority(given)
-        given = header(context, idx, DEADLINE_HEADER)
-        deadline = None if given is None else parse_deadline(given)
-    except RequestError as error:
-        parse = partial(_raise, detached(error))
+    its class and deadline (``X-Priority``, ``X-Deadline``: a bad one fails it alone)."""
     return Incoming(
         request_id=str((context.request_ids or {}).get(idx, "?")),
-        parse=parse,
+        parse=partial(
+            parse_http, http_request(row, header(context, idx, TOP_K_HEADER)), config=config
+        ),
         explain=context.get_request_header(idx, EXPLAIN_PROPERTY) == "True",
-        priority=priority,
-        deadline=deadline,
-    )
-
-
-def _raise(error: RequestError) -> ParsedRequest:
-    raise error
+    ).classified(header(context, idx, PRIORITY_HEADER), header(context, idx, DEADLINE_HEADER))
 
 
 def http_request(row: dict, top_k_header: str | None = None) -> HttpRequest:

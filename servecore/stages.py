@@ -13,19 +13,21 @@ Imports the explanation's types (its spec and its result), nothing that computes
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
+from typing import Any
 
 import torch
 
-from servecore.errors import RequestError
+from servecore.errors import RequestError, detached
 from servecore.explain.encode import Explained
 from servecore.explain.options import ExplainSpec
 from servecore.images import OpenedImage
 from servecore.parse import ParsedRequest
-from servecore.traffic import Priority
+from servecore.traffic import Priority, parse_deadline, parse_priority
 
 _SAMPLE = 64 * 1024  # bytes of each end of an image that its fingerprint reads
 
@@ -43,6 +45,23 @@ class Incoming:
     explain: bool = False
     priority: Priority = Priority.INTERACTIVE
     deadline: float | None = None
+
+    def classified(self, priority: Any = None, deadline: Any = None) -> Incoming:
+        """This request with the class and deadline of the ``X-Priority`` / ``X-Deadline``
+        values an engine read (None: not sent; ``servecore.traffic``). A value that cannot be
+        read fails this request alone: its ``parse`` raises the 400."""
+        try:
+            return dataclasses.replace(
+                self,
+                priority=Priority.INTERACTIVE if priority is None else parse_priority(priority),
+                deadline=None if deadline is None else parse_deadline(deadline),
+            )
+        except RequestError as error:
+            return dataclasses.replace(self, parse=partial(_refuse, detached(error)))
+
+
+def _refuse(error: RequestError) -> ParsedRequest:
+    raise error
 
 
 @dataclass(frozen=True)

@@ -957,3 +957,18 @@ def test_triton_stops_cleanly(triton):
     assert triton.stop() == 0
     _, alive = psutil.wait_procs(stubs, timeout=30)
     assert alive == []
+
+
+def test_the_launcher_forwards_exactly_the_cores_traffic_headers():
+    """The launcher runs without servecore on its path (the KServe image), so it writes the
+    header names out: they must be servecore.traffic's, in any capitalisation, and no others."""
+    import re
+
+    from servecore.traffic import DEADLINE_HEADER, PRIORITY_HEADER
+    from tritonrepo.server import FORWARDED_HEADERS
+
+    pattern = re.compile(FORWARDED_HEADERS)
+    for name in (PRIORITY_HEADER, DEADLINE_HEADER):
+        assert pattern.search(name) and pattern.search(name.lower()), name
+    for other in ("Authorization", "X-Top-K", "X-Priority-Extra", "x-deadlines"):
+        assert not pattern.search(other), other

@@ -27,18 +27,12 @@ from model_files.artifacts import ModelFiles
 from servecore.answers import AnswerSpec, Prediction
 from servecore.config import HandlerConfig, Output
 from servecore.encode import answer_body, tag_json
-from servecore.errors import RequestError, error_body
+from servecore.errors import error_body
 from servecore.explain.encode import Explained
 from servecore.parse import EXPLAIN_KEYS, Protocol, parse_tensor
 from servecore.service import ImageModel, ModelSettings, Reply
 from servecore.stages import Incoming
-from servecore.traffic import (
-    DEADLINE_HEADER,
-    PRIORITY_HEADER,
-    Priority,
-    parse_deadline,
-    parse_priority,
-)
+from servecore.traffic import DEADLINE_HEADER, PRIORITY_HEADER
 from tritonrepo.metrics import TritonMetrics
 
 INPUT = "images"  # BYTES [n, 1]: encoded images, or their base64 text
@@ -110,26 +104,14 @@ class TritonPythonModel:
     def _incoming(self, request, parameters: dict) -> Incoming:
         """The request as the core takes it, with the class and deadline of its forwarded
         ``X-Priority`` and ``X-Deadline`` headers (``tritonrepo.server``); a bad value fails
-        this request alone, raised where the core parses it."""
-        incoming = Incoming(
+        this request alone."""
+        # HTTP hands a header over under the name as sent, gRPC under its lower-case name.
+        headers = {k.lower(): v for k, v in parameters.items()}
+        return Incoming(
             request_id=request.request_id() or "?",
             parse=partial(_parse, request, parameters, self.model.config),
             explain=parameters.get(EXPLAIN) is True,
-        )
-        # HTTP hands a header over under the name as sent, gRPC under its lower-case name.
-        headers = {k.lower(): v for k, v in parameters.items()}
-        priority, deadline = (
-            headers.get(PRIORITY_HEADER.lower()),
-            headers.get(DEADLINE_HEADER.lower()),
-        )
-        try:
-            return replace(
-                incoming,
-                priority=Priority.INTERACTIVE if priority is None else parse_priority(priority),
-                deadline=None if deadline is None else parse_deadline(deadline),
-            )
-        except RequestError as exc:
-            return replace(incoming, parse=partial(_refuse, exc))
+        ).classified(headers.get(PRIORITY_HEADER.lower()), headers.get(DEADLINE_HEADER.lower()))
 
 
 def _parse(request, parameters: dict, config: HandlerConfig):
@@ -150,10 +132,6 @@ def _parse(request, parameters: dict, config: HandlerConfig):
     return replace(
         parsed, protocol=Protocol.PLAIN if len(parsed.images) == 1 else Protocol.V1, options=options
     )
-
-
-def _refuse(error: RequestError):
-    raise error
 
 
 def _parameters(request) -> dict:

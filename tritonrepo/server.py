@@ -36,7 +36,6 @@ from typing import IO
 
 import requests
 
-from servecore.traffic import DEADLINE_HEADER, PRIORITY_HEADER
 from tritonrepo.install import TritonInstall
 from tsclient import ports
 from tsclient.keys import Keys
@@ -67,8 +66,10 @@ RESTRICTED = {
     ),
 }
 KEY_HEADER = "Authorization"  # gRPC metadata: triton-grpc-protocol-authorization
-# The headers of servecore.traffic Triton hands the model, as a regular expression (RE2).
-FORWARDED_HEADERS = f"(?i)^({PRIORITY_HEADER}|{DEADLINE_HEADER})$"
+# The headers Triton hands the model, as a regular expression (RE2): servecore.traffic's
+# PRIORITY_HEADER and DEADLINE_HEADER, written out because the launcher runs without servecore
+# on its path (the KServe image); tests/test_triton.py holds the two equal.
+FORWARDED_HEADERS = "(?i)^(X-Priority|X-Deadline)$"
 
 
 def server_keys(path: Path = KEY_FILE, new: bool = False) -> Keys:
