@@ -1,6 +1,6 @@
 """Interactive latency beside a collection job, per engine -> results/traffic.md, .json.
 
-    python -m bench.traffic [--photos 2000] [--seconds 20] [--targets ours,triton,stock]
+    python -m bench.traffic [--photos 3000] [--seconds 20] [--targets ours,triton,stock]
                                                                         (make bench-traffic)
 
 Per target, one server (ours on TorchServe with the archives of model-store/, ours on Triton
@@ -8,12 +8,13 @@ on a repository generated from them, TorchServe's stock ``image_classifier`` on 
 weights, ``bench/stock.py``) and the same generated folder of photos (``bench.collection``'s
 mix, kept in build/bench-collection/):
 
-1. **job alone**: ``tsctl embed FOLDER`` as a user runs it (the stock handler answers no v2
+1. **job alone**: ``tsctl embed FOLDER`` as a user runs it (bulk, so sent to the model's bulk
+   lane where the server registers one, ``servecore/lanes.py``; the stock handler answers no v2
    request, so its job is bench's closed-loop load generator at the job's concurrency, every
    photo once) -> img/s; when ``tsctl embed`` has ``--priority``, the same job again with
    ``--priority interactive`` (today's client, which sends no class), side by side;
 2. **interactive alone**: 2 clients, each sending one distinct 800x600 photo every 0.2 s, to
-   the model the job uses, open loop (sent on the clock; latency from the scheduled send, so
+   the model the job embeds with, open loop (sent on the clock; latency from the scheduled send, so
    a late send is the server's fault) for ``--seconds`` -> p50/p95/max and errors;
 3. **both**: the job started and seen running (the server answered a round of its requests),
    the same interactive clients for ``--seconds``, then the job left to finish -> interactive
@@ -48,6 +49,7 @@ from bench.loadgen import Connection, Endpoint, closed_loop, post_once
 from bench.machine import dated
 from bench.stats import Sample, percentile, ratio, summarize
 from bench.triton import binary_request
+from buildsteps.configgen import bulk_lanes
 from devtools.server import LocalTorchServe, free_ports
 from model_files.artifacts import LABELS
 from tsclient import metrics
@@ -62,15 +64,19 @@ CLIENTS = 2
 PERIOD_S = 0.2
 INTERACTIVE_SIZE = (800, 600)
 # #37's handler settings that size the bulk share (reported when the served model has them).
-SHARE_SETTINGS = ("bulk_batch_images", "interactive_window_ms", "cache_bytes")
+SHARE_SETTINGS = ("bulk_model", "bulk_batch_images", "interactive_window_ms", "cache_bytes")
+# The registrations the job may be answered by: the model and its bulk lane, where tsctl sends
+# bulk work when the server serves one (servecore/lanes.py).
+JOB_MODELS = (EMBEDDING, *(lane for lane, model in bulk_lanes().items() if model == EMBEDDING))
 # The stock job stops sending after this many interactive windows (it outlasts the window).
 STOCK_JOB_WINDOWS = 3
+REFUSED_PAUSE_S = 1.0  # the stock job's pause after a 503 (tsctl's first backoff)
 IDLE_TARGET, JOB_TARGET = 1.5, 0.85  # the issue's: p95 during / idle, job img/s during / alone
 
 
 @dataclass(frozen=True)
 class Settings:
-    photos: int = 2000
+    photos: int = 3000  # the issue's folder; at ~100 img/s the job outlasts the window
     seconds: float = 20.0
     warmup_s: float = 3.0
     start_timeout_s: float = 120.0  # for the job to be seen running
@@ -201,7 +207,8 @@ class TsctlJob(Job):
 class LoadgenJob(Job):
     """Every photo once through bench's load generator, ``clients`` keep-alive connections,
     no new request after ``limit_s`` (the stock handler's job: it takes no v2 request, so
-    tsctl cannot drive it; and at its speed a large folder would outlast the run)."""
+    tsctl cannot drive it; and at its speed a large folder would outlast the run). A photo
+    refused by a full queue (503) is sent again after a pause, as tsctl's job would."""
 
     def __init__(
         self, url: str, headers: dict[str, str], photos: list[Path], clients: int, limit_s: float
@@ -209,6 +216,7 @@ class LoadgenJob(Job):
         self.queue = list(reversed(photos))
         self.until = time.monotonic() + limit_s
         self.samples: list[Sample] = []
+        self.refused = 0
         self.lock = threading.Lock()
         self.url, self.headers = url, headers
         self.threads = [threading.Thread(target=self._client, daemon=True) for _ in range(clients)]
@@ -226,7 +234,13 @@ class LoadgenJob(Job):
             connection = connection or Connection(endpoint)
             sample = post_once(connection, endpoint)
             with self.lock:
-                self.samples.append(sample)
+                if sample.error == "HTTP 503":  # a full queue: the photo again, later
+                    self.queue.append(path)
+                    self.refused += 1
+                else:
+                    self.samples.append(sample)
+            if sample.error == "HTTP 503":
+                time.sleep(REFUSED_PAUSE_S)
         if connection:
             connection.close()
 
@@ -252,6 +266,7 @@ class LoadgenJob(Job):
             "seconds": round(stats.duration_s, 2),
             "images_per_s": round(stats.throughput, 2),
             "errors": stats.error_kinds,
+            "refused_and_resent": self.refused,
         }
 
 
@@ -340,7 +355,7 @@ class OursOnTorchServe(OnTorchServe):
             sum(
                 value
                 for name, labels, value in metrics.samples(text)
-                if name == "resnet50_images" and labels.get("model") == EMBEDDING
+                if name == "resnet50_images" and labels.get("model") in JOB_MODELS
             )
         )
 
@@ -391,8 +406,13 @@ class OursOnTriton(OursOnTorchServe):
         }
 
     def answered(self) -> int:
-        url = f"{self.triton.url}/v2/models/{EMBEDDING}/stats"
-        return int(requests.get(url, timeout=30).json()["model_stats"][0]["inference_count"])
+        return sum(
+            int(stats["inference_count"])
+            for model in JOB_MODELS
+            for stats in requests.get(
+                f"{self.triton.url}/v2/models/{model}/stats", timeout=30
+            ).json()["model_stats"]
+        )
 
 
 class StockTorchServe(OnTorchServe):
@@ -551,7 +571,8 @@ def report(results: dict) -> str:
         f"{results['photos']} generated photos ({results['mix']}), and {CLIENTS} interactive "
         f"clients each sending one distinct {INTERACTIVE_SIZE[0]}x{INTERACTIVE_SIZE[1]} JPEG "
         f"every {PERIOD_S} s for {results['seconds']:g} s (open loop: latency from the "
-        "scheduled send), to the model the job uses, first alone and then while the job runs. "
+        "scheduled send), to the model the job embeds with, first alone and then while the "
+        "job runs. "
         "The issue's targets, stated, not asserted: p95 during <= "
         f"{IDLE_TARGET}x idle, job during >= {JOB_TARGET}x alone.",
         "",
@@ -603,15 +624,21 @@ def report(results: dict) -> str:
         )
     lines += [
         "",
-        "## What limits the ratio, and the bulk share",
+        "## What limits the ratio: the bulk lane and the bulk share",
         "",
-        "On 2 cores one batch takes every core, and a batch already running is not pre-empted: "
-        "an interactive request that arrives while a bulk batch computes waits for that "
-        "forward, then for its own. Ours on TorchServe bounds that wait by the rows bulk may "
-        "put in one batch while interactive traffic is about (`handler.bulk_batch_images`: "
-        "fewer rows, shorter waits and a slower job), held for `interactive_window_ms` after "
-        "the last interactive request; Triton orders its queue by priority level, but a "
-        "running batch of up to `max_batch_size` still runs to its end. Served settings:",
+        "On 2 cores one batch takes every core, and no engine pre-empts a batch already "
+        "running: a person's photo that arrives behind a bulk batch waits for all of it. The "
+        "kernel can pre-empt a process, so ours sends the job to the model's bulk lane "
+        "(`handler.bulk_model`, servecore/lanes.py): the same archive registered a second "
+        "time, its worker under Linux's `SCHED_IDLE`, which runs only on CPU time no normal "
+        "process wants; when the interactive worker wakes it takes both cores back at once, "
+        "mid-batch, and alone the lane has the whole machine. tsctl's job threads yield the "
+        "same way on the serving host. Where no lane is registered (a KServe runtime), bulk "
+        "requests share the model: while interactive traffic is about they get at most "
+        "`handler.bulk_batch_images` rows of a batch (fewer rows, shorter waits and a slower "
+        "job), for `interactive_window_ms` after the last interactive request; Triton orders "
+        "its queue by priority level, but a running batch still runs to its end. "
+        "Served settings:",
         "",
         *(f"- {r['label']}: {json.dumps(r['settings'], separators=(', ', ': '))}" for r in rows),
         "",

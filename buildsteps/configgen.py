@@ -22,7 +22,9 @@ Sources (hand-written, in git):
 Generated (not in git; ``make`` writes them, ``tests/test_config.py`` fails when stale):
 
 - ``config/config.properties`` = base + server settings + addresses + ``load_models`` +
-  ``models={...}``;
+  ``models={...}``, with each model's bulk lane (``handler.bulk_model``: its archive under a
+  second name, ``servecore/lanes.py``); the KServe files below register no lane (a third
+  worker in the pod, kserve/README.md);
 - ``kserve/config.properties`` = base + KServe server settings + ``model_snapshot={...}`` (one
   line, no continuations: KServe's wrapper parses the file line by line);
 - ``kserve/runtime/config.properties`` = base + our runtime's server settings + ``load_models``
@@ -88,14 +90,37 @@ def archive_name(model: str, version: str = VERSION) -> str:
     return f"{model}.mar" if version == VERSION else f"{model}-{version}.mar"
 
 
-def model_entries(models: dict[str, dict], version: str = VERSION) -> dict:
-    """``{name: {version: {defaultVersion, marName, <frontend settings>}}}`` for TorchServe."""
+def model_entries(
+    models: dict[str, dict], version: str = VERSION, lanes: dict[str, str] | None = None
+) -> dict:
+    """``{name: {version: {defaultVersion, marName, <frontend settings>}}}`` for TorchServe;
+    each bulk lane of ``lanes`` (``{lane: model}``) registers its model's archive under the
+    lane's name with the model's frontend settings."""
+    archives = {name: name for name in models} | {
+        lane: model for lane, model in (lanes or {}).items() if model in models
+    }
     return {
         name: {
-            version: {"defaultVersion": True, "marName": archive_name(name, version), **settings}
+            version: {
+                "defaultVersion": True,
+                "marName": archive_name(model, version),
+                **models[model],
+            }
         }
-        for name, settings in models.items()
+        for name, model in archives.items()
     }
+
+
+def bulk_lanes(models_dir: Path = MODELS_DIR) -> dict[str, str]:
+    """``{lane: model}``: the bulk lane each model's ``handler.bulk_model`` names
+    (``servecore/lanes.py``), in the models' order."""
+    lanes = {}
+    for name in model_names(models_dir):
+        config = yaml.safe_load((models_dir / f"{name}.yaml").read_text()) or {}
+        lane = (config.get("handler") or {}).get("bulk_model")
+        if lane:
+            lanes[lane] = name
+    return lanes
 
 
 def repo_models(models_dir: Path = MODELS_DIR) -> dict[str, dict]:
@@ -137,19 +162,33 @@ def _header(server_properties: Path, base: Path) -> str:
 
 
 def local_config(
-    server_properties: Path, models: dict[str, dict], version: str = VERSION, base: Path = BASE
+    server_properties: Path,
+    models: dict[str, dict],
+    version: str = VERSION,
+    base: Path = BASE,
+    lanes: dict[str, str] | None = None,
 ) -> str:
     """config.properties for ``torchserve --ts-config``: server settings (``server_settings``),
     then the models (``version``: the archives' version, the key of each ``models={...}``
-    entry)."""
-    entries = model_entries(models, version)
+    entry) and the bulk lanes of ``lanes`` (``{lane: model}``, ``lane=<model's archive>``)."""
+    entries = model_entries(models, version, lanes)
     pretty = json.dumps(entries, indent=2).replace("\n", "\\\n")
+    loads = [archive_name(name, version) for name in models] + [
+        f"{lane}={archive_name(model, version)}"
+        for lane, model in (lanes or {}).items()
+        if model in models
+    ]
     return (
         _header(server_properties, base)
         + server_settings(server_properties, base)
         + "\n"
         + "# The models, from config/models/*.yaml (keyed by model name and archive version).\n"
-        + f"load_models={','.join(archive_name(name, version) for name in models)}\n"
+        + (
+            "# A bulk lane (handler.bulk_model) is its model's archive under a second name.\n"
+            if len(loads) > len(models)
+            else ""
+        )
+        + f"load_models={','.join(loads)}\n"
         + f"models={pretty}\n"
     )
 
@@ -193,7 +232,12 @@ def generated(repo: Path = REPO) -> list[Generated]:
     return [
         Generated(
             repo / "config" / "config.properties",
-            local_config(repo / "config" / "server.properties", models, base=base),
+            local_config(
+                repo / "config" / "server.properties",
+                models,
+                base=base,
+                lanes=bulk_lanes(repo / "config" / "models"),
+            ),
         ),
         Generated(
             repo / "kserve" / "config.properties",

@@ -37,6 +37,7 @@ class ResNetHandler(PerRequestHandler):
                 config=HandlerConfig.from_mapping((context.model_yaml_config or {}).get("handler")),
                 batch_size=int(properties.get("batch_size") or 1),
                 gpu_id=properties.get("gpu_id"),
+                archive_name=model.get("modelName", ""),
             ),
             TorchServeMetrics(context.metrics, context.model_name),
         )

@@ -162,7 +162,9 @@ def build_triton(
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out) as tmp:
         stage = Path(tmp) / TRITON_NAME
-        generate_triton_repository(stage, model_store=Path(model_store), precision=precision)
+        generate_triton_repository(
+            stage, model_store=Path(model_store), precision=precision, lanes=False
+        )
         return _publish(stage, out)
 
 

@@ -8,11 +8,14 @@ stable (the rule itself is ``servecore.precision``).
   is two forwards per candidate at each batch size, whatever the machine's speed. One clock
   (``_clock``, monotonic) times the forwards and the budget.
 * One precision per model: the workers of one model on one host serve what the first of them
-  measured. It writes its choice to ``CHOICE_FILE`` in the folder the engine loads the model's
-  files from, keyed by the host, the model's name and version and the archive (the weights'
-  content hash, serialized file, batch sizes, threads, device, candidates), with itself as a
-  holder; a worker that finds a choice there held by a live worker (pid and start time) waits
-  on the lock and serves it, joining the holders. A choice whose holders are all gone (the
+  measured. It writes its choice to ``CHOICE_FILE`` beside the host cache (below; the folder
+  the engine loads the model's files from when there is none), keyed by the host, the model's
+  name and version and the archive (the weights' content hash, serialized file, batch sizes,
+  threads, device, candidates), with itself as a holder. Beside the cache, because a model's
+  bulk lane (``servecore/lanes.py``) is a second registration whose files the engine unpacks
+  into a folder of its own, and it must serve the model's choice. A worker that finds a
+  choice there held by a live worker (pid and start time) waits on the lock and serves it,
+  joining the holders. A choice whose holders are all gone (the
   previous start of the server) is measured again: every engine's workers can tell that,
   whatever its process tree or folder layout.
 * Stable across restarts: the last choice per host and archive is kept in a small JSON file
@@ -145,13 +148,14 @@ def measure(
 
 
 class ChoiceStore:
-    """Where choices are kept: the model folder's ``CHOICE_FILE`` (the workers of the model on
-    this host share it while one of them lives) and the host cache (the last choice per host
-    and archive, across restarts); and the one lock that orders measuring. ``model``: the
+    """Where choices are kept: ``CHOICE_FILE`` beside the host cache, else in the model's
+    folder (the workers of the model on this host share it while one of them lives) and the
+    host cache (the last choice per host and archive, across restarts); and the one lock that
+    orders measuring. ``model``: the
     model's name and version, as the engine loaded it."""
 
     def __init__(self, model_dir: Path, cache: Path | None, archive: dict, model: str = "") -> None:
-        self.shared_file = model_dir / CHOICE_FILE
+        self.shared_file = (cache.parent if cache else model_dir) / CHOICE_FILE
         self.cache = cache
         self.host_key = _key({"host": host_identity(), **archive})
         self.model_key = _key({"host": self.host_key, "model": model})

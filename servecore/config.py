@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,8 @@ from typing import Any
 from model_files.artifacts import PRECISIONS
 
 DEVICES = ("auto", "cpu", "cuda")
+# What TorchServe and Triton accept as a model name (a bulk lane is registered under one).
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 EXPLAIN_METHODS = ("gradcam", "ig", "occlusion")  # computed in servecore/explain/compute.py
 
 
@@ -120,6 +123,12 @@ class HandlerConfig:
         slower job while they are about.
     interactive_window_ms: how long after the last interactive request a worker saw it keeps
         holding bulk requests to ``bulk_batch_images``.
+    bulk_model: the name of a second registration of this archive that serves bulk traffic
+        (the bulk lane, ``servecore/lanes.py``): its workers run under ``SCHED_IDLE``, so the
+        kernel pre-empts them whenever this model's workers have work, and clients that send
+        ``bulk`` send it there when it is served. "" (the default): none, bulk shares this
+        registration under ``bulk_batch_images``. ``make config`` and ``make triton-repo``
+        register it beside the model.
     forward_rows: rows per forward pass (0: the model's ``batchSize``); a batch runs in chunks
         of this many, so a worker's peak memory does not grow with what arrives.
     max_response_bytes: one JSON answer's size, checked where an edge writes JSON
@@ -159,6 +168,7 @@ class HandlerConfig:
     max_batch_images: int = 64
     bulk_batch_images: int = 2
     interactive_window_ms: int = 1000
+    bulk_model: str = ""
     forward_rows: int = 0
     max_response_bytes: int = 32 * 1024 * 1024
     max_request_pixels: int = 100_000_000
@@ -213,6 +223,11 @@ class HandlerConfig:
                 ("cache_bytes", 0, 1 << 40),
             ),
         )
+        if self.bulk_model and not MODEL_NAME.fullmatch(self.bulk_model):
+            raise ConfigError(
+                f"handler.bulk_model must be a model name (letters, digits, '_', '-', '.'), "
+                f"got {self.bulk_model!r}"
+            )
         if self.max_images_per_request > self.max_batch_images:
             raise ConfigError(
                 f"handler.max_images_per_request ({self.max_images_per_request}) must not "

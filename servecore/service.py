@@ -34,8 +34,10 @@ from servecore.errors import RequestError
 from servecore.explain.encode import Explained
 from servecore.explain.stage import Explanations
 from servecore.intake import Intake
+from servecore.lanes import lane_of, yield_cpu
 from servecore.metrics import BatchMetrics, MetricsSink, NoMetrics
 from servecore.stages import ComputedBatch, Explaining, Failed, Incoming, Placed, PreparedBatch
+from servecore.traffic import Priority
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +49,9 @@ CACHE_HEADER = "X-Cache-Hits"  # how many of its images the content cache answer
 @dataclass(frozen=True)
 class ModelSettings:
     """What an engine tells a model when it loads: its files, name and version, the
-    ``handler:`` settings, the engine's largest batch and the GPU it assigned (None: none)."""
+    ``handler:`` settings, the engine's largest batch, the GPU it assigned (None: none) and
+    the name the archive was built as ("": ``name``; another when the engine registered it
+    under a second name, the bulk lane, which then serves the precision the model chose)."""
 
     files: ModelFiles
     name: str
@@ -55,6 +59,7 @@ class ModelSettings:
     config: HandlerConfig = field(default_factory=HandlerConfig)
     batch_size: int = 1
     gpu_id: int | None = None
+    archive_name: str = ""
 
 
 Answer = Prediction | Explained
@@ -112,10 +117,12 @@ class ImageModel:
     forward pass, on the backend and precision chosen for this host."""
 
     def __init__(self, settings: ModelSettings, metrics: MetricsSink = NoMetrics()) -> None:
-        """Pick the device, choose and load the backend, the labels and the explainer."""
+        """Pick the device, choose and load the backend, the labels and the explainer; a bulk
+        lane's worker then yields the CPU (``servecore.lanes``)."""
         self.settings = settings
         config, files = settings.config, settings.files
         self.config = config
+        self.lane = lane_of(settings.name, config.bulk_model)
         self.device = pick_device(config.device, settings.gpu_id)
         if config.threads:
             torch.set_num_threads(config.threads)
@@ -125,7 +132,7 @@ class ImageModel:
             config,
             self.device,
             tuple(sorted({1, self.forward_rows})),
-            f"{settings.name} {settings.version}",
+            f"{settings.archive_name or settings.name} {settings.version}",
         )
         # Operators grep worker logs for this line.
         logger.info("%s precision_choice %s", settings.name, self.choice.line())
@@ -148,9 +155,14 @@ class ImageModel:
         self.metrics = BatchMetrics(metrics, self.backend.precision)
         if not files.weights.get("trained", False):
             logger.warning("%s: %s", settings.name, files.weights.get("warning"))
+        # Loaded and warmed up at normal priority, so a lane starts as fast as the model.
+        self.cpu_policy = yield_cpu() if self.lane is Priority.BULK else "normal"
         logger.info(
-            "%s ready: task=%s backend=%s precision=%s device=%s weights=%s sha256=%s",
+            "%s ready: lane=%s cpu=%s task=%s backend=%s precision=%s device=%s weights=%s "
+            "sha256=%s",
             settings.name,
+            self.lane.name.lower(),
+            self.cpu_policy,
             config.task,
             self.backend.name,
             self.backend.precision,
@@ -252,6 +264,8 @@ class ImageModel:
         return {
             "weights": files.weights,
             "handler": asdict(self.config),
+            "lane": self.lane.name.lower(),
+            "cpu_policy": self.cpu_policy,
             "backend": self.backend.name,
             "precision": self.backend.precision,
             "precision_choice": self.choice.as_dict(),

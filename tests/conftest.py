@@ -7,11 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from buildsteps.configgen import model_names
+from buildsteps.configgen import bulk_lanes, model_names
 from tests.reference import Reference
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = tuple(model_names())  # resnet50-embedding, resnet50-tagger
+# What a local TorchServe and Triton register: the models and their bulk lanes
+# (resnet50-embedding-bulk); KServe's runtimes register MODELS only.
+SERVED = tuple(sorted((*MODELS, *bulk_lanes())))
 
 
 @pytest.fixture(scope="session", autouse=True)

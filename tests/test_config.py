@@ -157,7 +157,10 @@ def test_config_properties_keeps_token_auth_and_the_model_api_off():
     properties = _properties(REPO / "config" / "config.properties")
     assert properties.get("disable_token_authorization", "false") == "false"
     assert properties["enable_model_api"] == "false"  # path registrations run code (ops tests)
-    assert properties["load_models"] == "resnet50-embedding.mar,resnet50-tagger.mar"
+    assert properties["load_models"] == (
+        "resnet50-embedding.mar,resnet50-tagger.mar,"
+        "resnet50-embedding-bulk=resnet50-embedding.mar"  # the embedding model's bulk lane
+    )
 
 
 @pytest.mark.parametrize(

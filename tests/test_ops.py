@@ -24,7 +24,7 @@ import yaml
 from bench.archives import ArchiveInfo, build_variant
 from devtools.server import LocalTorchServe
 from tests import imagegen
-from tests.conftest import MODELS, REPO
+from tests.conftest import MODELS, REPO, SERVED
 from tests.reference import rel_error
 from tests.served import handled, marker_model, settled, tsctl
 from tsclient import errors
@@ -161,7 +161,7 @@ def test_with_the_model_api_on_urls_are_refused_but_a_path_registration_runs_cod
     finally:
         if loaded.status_code == 200:
             client.unregister("marker")
-    assert sorted(m["modelName"] for m in client.list_models()) == sorted(MODELS)
+    assert sorted(m["modelName"] for m in client.list_models()) == list(SERVED)
 
 
 def test_a_worker_killed_mid_load_fails_its_batch_only_and_comes_back(ops):
@@ -284,7 +284,7 @@ def test_keys_expire_under_a_running_client_and_it_keeps_working(ops):
     assert expired.status_code == 400 and expired.json()["type"] == "InvalidKeyException"
     client = ops.client()
     assert len(_tags(client)) == 5
-    assert sorted(m["modelName"] for m in client.list_models()) == sorted(MODELS)
+    assert sorted(m["modelName"] for m in client.list_models()) == list(SERVED)
     listed = tsctl(ops, "--json", "list")
     assert listed.returncode == 0, listed.stderr
     now = Keys.read(ops.workdir / "key_file.json")

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -288,7 +289,7 @@ def test_the_first_worker_measures_and_the_others_serve_its_choice(tmp_path):
     assert a == b and a.precision == "bf16" and first.precision == second.precision == "bf16"
     # One worker loaded both candidates to time them, the other only the chosen one.
     assert sorted(name for _, _, name in calls) == ["bf16", "bf16", "f32"]
-    shared = json.loads((tmp_path / "model" / autoprecision.CHOICE_FILE).read_text())
+    shared = json.loads((tmp_path / autoprecision.CHOICE_FILE).read_text())  # beside the cache
     assert [entry["choice"]["choice"] for entry in shared.values()] == ["bf16"]
 
 
@@ -304,17 +305,10 @@ def test_a_choice_is_shared_while_a_worker_holds_it_and_measured_again_after(tmp
         {"f32": fake("f32", 5, calls=calls), "bf16": fake("bf16", 20, calls=calls)},
     )
     assert second.precision == "bf16" and [name for _, _, name in calls] == ["bf16"]
-    shared = json.loads((model_dir / autoprecision.CHOICE_FILE).read_text())
+    shared = json.loads((cache.parent / autoprecision.CHOICE_FILE).read_text())
     (entry,) = shared.values()
     assert [h["pid"] for h in entry["holders"]] == [os.getpid()]  # one holder, not two
-    gone = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    entry["holders"] = [{"pid": int(gone.stdout), "started": 0.0}]
-    (model_dir / autoprecision.CHOICE_FILE).write_text(json.dumps(shared))
+    ended(cache.parent / autoprecision.CHOICE_FILE)
     _, third = choose(model_dir, cache, {"f32": fake("f32", 5), "bf16": fake("bf16", 20)})
     assert third.measured and third.precision == "f32"
 
@@ -332,16 +326,33 @@ def test_workers_of_two_models_do_not_share_a_choice(tmp_path):
     assert sorted(name for _, _, name in calls) == ["bf16", "bf16", "f32", "f32"]
 
 
+def ended(shared_file: Path) -> None:
+    """The workers holding the choices of ``shared_file`` are gone (a server's previous
+    start): each holder becomes a process that has exited."""
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    shared = json.loads(shared_file.read_text())
+    for entry in shared.values():
+        entry["holders"] = [{"pid": int(gone.stdout), "started": 0.0}]
+    shared_file.write_text(json.dumps(shared))
+
+
 def test_a_restart_keeps_the_previous_choice_unless_clearly_slower(tmp_path):
     cache = tmp_path / "cache.json"
     _, first = choose(tmp_path / "run1", cache, {"f32": fake("f32", 20), "bf16": fake("bf16", 10)})
     assert first.precision == "bf16"
     # Next start: f32 now a little faster (within the margin): bf16 stays.
+    ended(tmp_path / autoprecision.CHOICE_FILE)
     _, second = choose(
         tmp_path / "run2", cache, {"f32": fake("f32", 10), "bf16": fake("bf16", 10.3)}
     )
     assert second.precision == "bf16" and "kept from the last start" in second.reason
     # Then clearly faster: f32 wins.
+    ended(tmp_path / autoprecision.CHOICE_FILE)
     _, third = choose(tmp_path / "run3", cache, {"f32": fake("f32", 5), "bf16": fake("bf16", 20)})
     assert third.precision == "f32" and "served bf16" in third.reason
     assert len(json.loads(cache.read_text())) == 1  # one host, one archive

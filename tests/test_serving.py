@@ -184,6 +184,7 @@ def test_management_client_lists_describes_and_scales(torchserve):
     client = torchserve.client()
     assert sorted(m["modelName"] for m in client.list_models()) == [
         "resnet50-embedding",
+        "resnet50-embedding-bulk",  # its bulk lane
         "resnet50-tagger",
     ]
     assert client.describe("resnet50-tagger", customized=True)[0]["customizedMetadata"]

@@ -298,7 +298,8 @@ def test_live_view_in_an_80_column_terminal_quits_on_q(torchserve, tmp_path):
         lines = shown.splitlines()
         assert "q quits" in shown, shown
         # The table's header and rows are whole lines: nothing wrapped past 80 columns.
-        header = next(line for line in lines if line.startswith("model") and "p50/p95" in line)
+        header = next((ln for ln in lines if ln.startswith("model") and "p50/p95" in ln), None)
+        assert header is not None, shown
         assert header.split() == [
             "model",
             "req/s",

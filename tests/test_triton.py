@@ -29,12 +29,13 @@ import pytest
 import requests
 import torch
 
-from buildsteps.configgen import frontend_settings, job_queue_size, repo_models
+from buildsteps.configgen import bulk_lanes, frontend_settings, job_queue_size, repo_models
 from servecore.answers import Tag
 from servecore.config import HandlerConfig
 from servecore.encode import tag_json
 from servecore.errors import InvalidParameter, InvalidRequest, PayloadTooLarge
 from servecore.parse import Protocol, parse_tensor
+from tests.conftest import SERVED
 from tests.imagegen import jpeg, png
 from tests.reference import assert_same_tags, rel_error, tolerance
 from tests.served import local_triton, v2_body, variant_server
@@ -699,7 +700,7 @@ def test_the_keys_guard_inference_and_management_and_leave_health_open(triton):
     index = client.get_model_repository_index(
         headers=grpc_headers(keys.management_headers()), as_json=True
     )
-    assert sorted(m["name"] for m in index["models"]) == [EMBEDDING, TAGGER]
+    assert sorted(m["name"] for m in index["models"]) == list(SERVED)
 
 
 def test_an_open_loop_flood_is_refused_at_the_queue_bound_not_queued(triton):
@@ -851,7 +852,8 @@ def test_tsctl_lists_checks_and_reads_triton_and_says_what_it_cannot(triton):
     listed = tsctl("--json", "list", "--url", triton.url)
     assert listed.returncode == 0, listed.stderr
     for row in json.loads(listed.stdout):
-        settings = frontend_settings(REPO / "config" / "models" / f"{row['model']}.yaml")
+        model = bulk_lanes().get(row["model"], row["model"])  # a lane has its model's settings
+        settings = frontend_settings(REPO / "config" / "models" / f"{model}.yaml")
         assert (row["version"], row["workers"], row["ready"], row["state"]) == (
             "1",
             settings["minWorkers"],
@@ -863,13 +865,12 @@ def test_tsctl_lists_checks_and_reads_triton_and_says_what_it_cannot(triton):
             settings["maxBatchDelay"],
             job_queue_size(),
         )
-    assert sorted(r["model"] for r in json.loads(listed.stdout)) == [EMBEDDING, TAGGER]
+    assert sorted(r["model"] for r in json.loads(listed.stdout)) == list(SERVED)
     health = tsctl("health", "--url", triton.url)
     assert health.returncode == 0, health.stderr
     assert health.stdout.splitlines() == [
         "server: ready (Triton)",
-        f"{EMBEDDING}/1: READY",
-        f"{TAGGER}/1: READY",
+        *(f"{model}/1: READY" for model in SERVED),
     ]
     metrics_base = triton.metrics_url.removesuffix("/metrics")  # tsctl's URLs are bases
     read = tsctl("--metrics-url", metrics_base, "--json", "metrics", "--url", triton.url)

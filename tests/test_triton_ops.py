@@ -315,6 +315,8 @@ def test_prometheus_with_the_shipped_rules_reads_the_core_on_triton(triton, tmp_
 DESCRIBE_KEYS = {
     "weights",
     "handler",
+    "lane",
+    "cpu_policy",
     "backend",
     "precision",
     "precision_choice",

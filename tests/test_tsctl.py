@@ -12,8 +12,9 @@ import pytest
 import requests
 import yaml
 
+from buildsteps.configgen import bulk_lanes
 from tests import imagegen
-from tests.conftest import MODELS, REPO
+from tests.conftest import REPO, SERVED
 from tests.reference import rel_error
 from tests.served import marker_model, settled, tsctl
 from tsclient import errors
@@ -23,6 +24,8 @@ pytestmark = pytest.mark.integration
 
 
 def _yaml(model: str) -> dict:
+    """The YAML of ``model``, or of the model a bulk lane registers again."""
+    model = bulk_lanes().get(model, model)
     return yaml.safe_load((REPO / "config" / "models" / f"{model}.yaml").read_text())
 
 
@@ -30,7 +33,7 @@ def test_list_describe_and_health(torchserve):
     listed = tsctl(torchserve, "--json", "list")
     assert listed.returncode == 0, listed.stderr
     rows = json.loads(listed.stdout)
-    assert sorted(r["model"] for r in rows) == sorted(MODELS)
+    assert sorted(r["model"] for r in rows) == list(SERVED)
     for row in rows:
         assert row["default"] and row["version"] == "1.0"
         assert row["batchSize"] == _yaml(row["model"])["batchSize"]
@@ -128,7 +131,7 @@ def test_registration_is_off_and_a_path_registration_runs_no_code(torchserve, tm
     assert path.returncode == 2 and "copy it into the server's model store" in path.stderr
     time.sleep(2)  # a worker would have imported the handler by now
     assert not marker.exists()
-    assert sorted(m["modelName"] for m in torchserve.client().list_models()) == sorted(MODELS)
+    assert sorted(m["modelName"] for m in torchserve.client().list_models()) == list(SERVED)
     assert tsctl(torchserve, "scale", "resnet50-tagger", "--min", "1").returncode == 0
 
 

@@ -71,6 +71,7 @@ class TritonPythonModel:
                 config=HandlerConfig.from_mapping(json.loads(parameters["handler"])),
                 batch_size=max(1, int(config.get("max_batch_size", 1))),
                 gpu_id=int(args["model_instance_device_id"]) if gpu else None,
+                archive_name=parameters.get("archive_name", ""),
             ),
             self.metrics,
         )

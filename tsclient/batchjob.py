@@ -36,6 +36,7 @@ summary counts the images it did (``cache_hits``).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
@@ -310,7 +311,11 @@ class Job:
         done = done or DoneIndex(np.zeros(0, np.uint64))
         summary = Summary()
         start = time.monotonic()
-        pool = ThreadPoolExecutor(self.plan.concurrency, thread_name_prefix="tsctl-job")
+        pool = ThreadPoolExecutor(
+            self.plan.concurrency,
+            thread_name_prefix="tsctl-job",
+            initializer=yield_thread if self.traffic.priority == "bulk" else None,
+        )
         in_flight: set[Future] = set()
         complete = False
         try:
@@ -558,6 +563,37 @@ def busy_retrying(stop, sleep) -> Retrying:
         sleep=sleep,
         reraise=True,
     )
+
+
+def yield_thread() -> None:
+    """The calling thread runs only on CPU time nobody else wants (Linux ``SCHED_IDLE``;
+    elsewhere it stays as it was): a bulk job's senders, run on the serving host, take no CPU
+    from the people that host answers, and elsewhere cost nothing while the machine idles."""
+    policy = getattr(os, "SCHED_IDLE", None)
+    if policy is not None:
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(0, policy, os.sched_param(0))
+
+
+def bulk_lane(client: TorchServeClient, model: str, entry: dict | None) -> tuple[str, dict | None]:
+    """Where a bulk job of ``model`` sends: the model's bulk lane (``handler.bulk_model`` in
+    its describe, ``entry`` or asked now) when the server serves it, with the lane's describe
+    entry (None where ``entry`` was None: no management API to plan from); else ``model`` and
+    ``entry``. A server that cannot describe, or a lane not registered (a KServe runtime
+    registers none), leaves the job on ``model``."""
+    known = entry
+    if known is None:
+        with contextlib.suppress(errors.TsError, requests.RequestException):
+            known = client.describe(model, customized=True)[0]
+    custom = (known or {}).get("customizedMetadata")
+    lane = ((custom if isinstance(custom, dict) else {}).get("handler") or {}).get("bulk_model")
+    if not lane or lane == model:
+        return model, entry
+    try:
+        lane_entry = client.describe(lane, customized=True)[0]
+    except (errors.TsError, requests.RequestException):
+        return model, entry
+    return lane, lane_entry if entry is not None else None
 
 
 def model_identity(

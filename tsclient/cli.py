@@ -343,8 +343,16 @@ def _run_job(
     model = args.model or DEFAULT_MODELS[task]
     entry, _ = identity
     traffic = Traffic(getattr(args, "priority", "bulk"))
+    shared = traffic.priority == "bulk"  # bulk beside people on one registration
+    if traffic.priority == "bulk" and explain is None:
+        # Describing on a Triton behind --url is an inference request: Triton's own client.
+        on_triton = getattr(args, "url", None) is not None and client.engine is Engine.TRITON
+        describer = triton_client(args, client) if on_triton else client
+        lane, entry = batchjob.bulk_lane(describer, model, entry)
+        # On its lane the job is alone with its kind: no share to fit its requests to.
+        model, shared = lane, lane == model
     plan = plan or batchjob.Plan.from_describe(
-        entry, args.concurrency, args.per_request, bulk=traffic.priority == "bulk"
+        entry, args.concurrency, args.per_request, bulk=shared
     )
     shard = Shard.parse(getattr(args, "shard", None))
     progress = JobProgress(f"{task} {shard}" if shard.count > 1 else task)
@@ -944,9 +952,19 @@ def make_client(args) -> TorchServeClient:
                 "drop --url (and give --management-url/--metrics-url if it is not local)",
             )
         return client  # the engine is asked when it matters (_check_engine)
-    # Triton's metrics have a port of their own: --metrics-url when given, else its default.
+    return triton_client(args, client)
+
+
+def triton_client(args, client: TorchServeClient) -> triton.TritonClient:
+    """A ``TritonClient`` for the Triton behind ``--url``, with ``client``'s keys and TLS
+    verification. Triton's metrics have a port of their own: --metrics-url when given, else
+    its default."""
     served = triton.TritonClient(
-        args.url, args.metrics_url, key_file=args.key_file, keys=keys, timeout=args.timeout
+        args.url,
+        args.metrics_url,
+        key_file=args.key_file,
+        keys=None if args.key_file else client.keys,
+        timeout=args.timeout,
     )
     served.session.verify = client.session.verify
     return served

@@ -194,9 +194,10 @@ def frame(old: Read, new: Read, *, url: str = "", width: int = WIDTH) -> str:
             )
         )
         traffic_lines.append(f"  {model}: {_traffic(d, errors, seconds, new, model)}")
+    # The headers as a first row: tabulate pads a `headers=` row by 2 more per column, which
+    # pushed p50/p95 past 80 columns beside a lane's longer name (resnet50-embedding-bulk).
     lines += tabulate(
-        rows,
-        headers=["model", "req/s", "img/s", "mean ms", "queue ms", "batch", "p50/p95"],
+        [["model", "req/s", "img/s", "mean ms", "queue ms", "batch", "p50/p95"], *rows],
         tablefmt="plain",
         disable_numparse=True,
         colalign=("left",) + ("right",) * 6,
@@ -216,8 +217,7 @@ def frame(old: Read, new: Read, *, url: str = "", width: int = WIDTH) -> str:
         for w in _with_pids(workers, new.pids.get(model, []))
     ]
     lines += tabulate(
-        worker_rows,
-        headers=["model", "worker", "status", "pid", "RSS MB", "precision"],
+        [["model", "worker", "status", "pid", "RSS MB", "precision"], *worker_rows],
         tablefmt="plain",
         disable_numparse=True,
     ).splitlines()
