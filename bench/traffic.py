@@ -433,20 +433,21 @@ class StockTorchServe(OnTorchServe):
             config=config,
             load_models=[f"{stock.MODEL_NAME}.mar"],
         )
-        self.current: LoadgenJob | None = None
+        self.jobs: list[LoadgenJob] = []
 
     def concurrency(self) -> int:
         return Plan.from_describe(self.server.client().describe(stock.MODEL_NAME)[0]).concurrency
 
     def job(self, folder: Path, photos: list[Path], extra: list[str]) -> Job:
-        self.current = LoadgenJob(
+        job = LoadgenJob(
             self.endpoint(b"").url,
             self.server.keys.inference_headers(),
             photos,
             self.concurrency(),
             self.job_limit_s,
         )
-        return self.current
+        self.jobs.append(job)
+        return job
 
     def settings(self) -> dict:
         entry = self.server.client().describe(stock.MODEL_NAME)[0]
@@ -457,7 +458,9 @@ class StockTorchServe(OnTorchServe):
         }
 
     def answered(self) -> int:
-        return self.current.answered() if self.current else 0
+        # Every job's answers, as the server counts them: a job is "seen running" when this
+        # grows past the count taken before it started.
+        return sum(job.answered() for job in self.jobs)
 
 
 def tsctl_has_priority() -> bool:

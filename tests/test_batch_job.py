@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
 import threading
 
 import pyarrow.parquet as pq
@@ -21,6 +22,7 @@ from tsclient import cli, errors
 from tsclient.batchjob import Job, ListSink, PartSink, Plan, Window
 from tsclient.client import Answers
 from tsclient.collection import Entry, Shard
+from tsclient.traffic import Traffic
 from tsclient.vectors import EMBEDDING_DIM, Output
 
 JOB_DIR = REPO / "kserve" / "batch-job"
@@ -269,3 +271,30 @@ def test_without_a_cache_every_row_is_not_cached(tmp_path):
     summary = job.run(_photos(tmp_path, [b"a", b"bb", b"ccc", b"dddd"]))
     assert summary.cache_hits == 0
     assert pq.read_table(output.out).column("cached").to_pylist() == [False] * 4
+
+
+class _PolicyServer(_Server):
+    """Records the scheduling policy of the thread each request is sent from."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.policies: set[int] = set()
+
+    def infer_answers(self, model, images, **kwargs):
+        with self.lock:
+            self.policies.add(os.sched_getscheduler(0))
+        return super().infer_answers(model, images, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("traffic", "policy"),
+    [(Traffic("bulk"), os.SCHED_IDLE), (Traffic("interactive"), os.SCHED_OTHER)],
+)
+def test_a_bulk_job_sends_from_threads_that_yield_the_cpu(tmp_path, traffic, policy):
+    server = _PolicyServer()
+    job = Job(
+        server, "m", "embedding", ListSink(), Plan(concurrency=2, per_request=1), traffic=traffic
+    )
+    assert job.run(_photos(tmp_path, [b"a", b"bb", b"ccc"])).done == 3
+    assert server.policies == {policy}
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the caller's thread is left as it was

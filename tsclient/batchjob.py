@@ -566,9 +566,10 @@ def busy_retrying(stop, sleep) -> Retrying:
 
 
 def yield_thread() -> None:
-    """The calling thread runs only on CPU time nobody else wants (Linux ``SCHED_IDLE``;
-    elsewhere it stays as it was): a bulk job's senders, run on the serving host, take no CPU
-    from the people that host answers, and elsewhere cost nothing while the machine idles."""
+    """The calling thread, and every thread it starts from then on, runs only on CPU time
+    nobody else wants (Linux ``SCHED_IDLE``; elsewhere it stays as it was): a bulk job run on
+    the serving host takes no CPU from the people that host answers, and elsewhere costs
+    nothing while the machine idles. Not undone: an unprivileged thread cannot leave it."""
     policy = getattr(os, "SCHED_IDLE", None)
     if policy is not None:
         with contextlib.suppress(OSError):

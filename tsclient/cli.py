@@ -344,6 +344,10 @@ def _run_job(
     entry, _ = identity
     traffic = Traffic(getattr(args, "priority", "bulk"))
     shared = traffic.priority == "bulk"  # bulk beside people on one registration
+    if traffic.priority == "bulk":
+        # The whole tsctl process from here (every thread it starts inherits it: the walk, the
+        # senders, Parquet's): walking, hashing and writing cost the serving host's CPU too.
+        batchjob.yield_thread()
     if traffic.priority == "bulk" and explain is None:
         # Describing on a Triton behind --url is an inference request: Triton's own client.
         on_triton = getattr(args, "url", None) is not None and client.engine is Engine.TRITON
