@@ -15,9 +15,9 @@ stable (the rule itself is ``servecore.precision``).
   bulk lane (``servecore/lanes.py``) is a second registration whose files the engine unpacks
   into a folder of its own, and it must serve the model's choice. A worker that finds a
   choice there held by a live worker (pid and start time) waits on the lock and serves it,
-  joining the holders. A choice whose holders are all gone (the
-  previous start of the server) is measured again: every engine's workers can tell that,
-  whatever its process tree or folder layout.
+  joining the holders. A choice whose holders are all gone (the previous start of the
+  server) is measured again: every engine's workers can tell that, whatever its process tree
+  or folder layout.
 * Stable across restarts: the last choice per host and archive is kept in a small JSON file
   (the host cache), and ``select`` keeps it while it stays within the margin.
 * One lock (``ChoiceStore.locked``): the host cache's, so that two models of one host do not
@@ -151,8 +151,7 @@ class ChoiceStore:
     """Where choices are kept: ``CHOICE_FILE`` beside the host cache, else in the model's
     folder (the workers of the model on this host share it while one of them lives) and the
     host cache (the last choice per host and archive, across restarts); and the one lock that
-    orders measuring. ``model``: the
-    model's name and version, as the engine loaded it."""
+    orders measuring. ``model``: the model's name and version, as the engine loaded it."""
 
     def __init__(self, model_dir: Path, cache: Path | None, archive: dict, model: str = "") -> None:
         self.shared_file = (cache.parent if cache else model_dir) / CHOICE_FILE

@@ -14,13 +14,10 @@ Lowering one's own scheduling class needs no privilege (not in a container eithe
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 
 from servecore.traffic import Priority
-
-logger = logging.getLogger(__name__)
 
 TASKS = Path("/proc/self/task")
 

@@ -343,7 +343,7 @@ def _run_job(
     model = args.model or DEFAULT_MODELS[task]
     entry, _ = identity
     traffic = Traffic(getattr(args, "priority", "bulk"))
-    shared = traffic.priority == "bulk"  # bulk beside people on one registration
+    on_lane = False
     if traffic.priority == "bulk":
         # The whole tsctl process from here (every thread it starts inherits it: the walk, the
         # senders, Parquet's): walking, hashing and writing cost the serving host's CPU too.
@@ -353,10 +353,10 @@ def _run_job(
         on_triton = getattr(args, "url", None) is not None and client.engine is Engine.TRITON
         describer = triton_client(args, client) if on_triton else client
         lane, entry = batchjob.bulk_lane(describer, model, entry)
-        # On its lane the job is alone with its kind: no share to fit its requests to.
-        model, shared = lane, lane == model
+        on_lane, model = lane != model, lane
+    # On its lane a bulk job is alone with its kind: no share with people to fit requests to.
     plan = plan or batchjob.Plan.from_describe(
-        entry, args.concurrency, args.per_request, bulk=shared
+        entry, args.concurrency, args.per_request, bulk=traffic.priority == "bulk" and not on_lane
     )
     shard = Shard.parse(getattr(args, "shard", None))
     progress = JobProgress(f"{task} {shard}" if shard.count > 1 else task)
