@@ -14,11 +14,11 @@ import torch
 from bench.raw import Budget, timed_loop
 from bench.stats import percentile
 from model_files.artifacts import CHECKPOINT
+from model_files.resnet_dual import crop, normalize
 from servecore.config import EXPLAIN_METHODS, HandlerConfig
 from servecore.explain import compute as explain
 from servecore.explain.options import ExplainSpec
 from servecore.images import decode_image
-from servecore.intake import Preprocessor
 
 # Few iterations: IG at 32 steps is seconds per image here.
 FULL_BUDGET = Budget(seconds=10.0, min_iters=3, max_iters=20, warmup_iters=1)
@@ -36,9 +36,9 @@ def run_explain(weights_dir: Path, image: bytes, config: HandlerConfig, quick: b
     picture = decode_image(
         image, max_pixels=config.max_image_pixels, max_bytes=config.max_image_bytes
     )
-    pixels = Preprocessor(config).transform(picture).unsqueeze(0)
+    pixels = crop(picture).unsqueeze(0)  # the served input: uint8, normalised by the explainer
     with torch.no_grad():
-        logits = explainer.dual(pixels)[1]
+        logits = explainer.dual(normalize(pixels))[1]
     budget = QUICK_BUDGET if quick else FULL_BUDGET
     methods = ("gradcam", "ig") if quick else EXPLAIN_METHODS
     results: dict[str, dict] = {}

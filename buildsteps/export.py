@@ -6,8 +6,10 @@ reads ``resnet50.pt`` from the weights folder and writes next to it
 ``resnet50_dual.onnx`` (ONNX Runtime; opset 17, dynamic batch),
 ``resnet50_dual.torchscript.pt`` (traced and frozen) or ``resnet50_dual.xml`` + ``.bin``
 (OpenVINO IR converted from the ONNX file, weights kept float32). All take ``input``
-[N, 3, 224, 224] float32 and return ``embedding`` [N, 2048] and ``logits`` [N, 1000] from one
-run. An export is redone only when the checkpoint's sha256 changed (``<file>.sha256``).
+[N, 3, 224, 224] uint8, the preprocessed crop, and normalise it in the graph
+(``model_files.resnet_dual.ServedResNet50``), and return ``embedding`` [N, 2048] and ``logits``
+[N, 1000] from one run. An export is redone only when the checkpoint's sha256 or the served
+input (``resnet_dual.INPUT``) changed (``<file>.sha256``).
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from pathlib import Path
 from model_files.artifacts import (
     CHECKPOINT,
     SERIALIZED,
-    checkpoint_sha256,
     is_current,
     mark_current,
+    model_source,
 )
 
 EXPORTED = tuple(b for b in SERIALIZED if SERIALIZED[b] != CHECKPOINT)  # onnx, torchscript
@@ -32,7 +34,7 @@ def export(backend: str, weights_dir: Path) -> Path:
     target = weights_dir / SERIALIZED[backend]
     if backend not in EXPORTED:
         return target
-    sha256 = checkpoint_sha256(weights_dir)
+    sha256 = model_source(weights_dir)
     if is_current(target, sha256):
         return target
     if backend == "openvino":
@@ -43,10 +45,12 @@ def export(backend: str, weights_dir: Path) -> Path:
 
     import torch
 
-    from model_files.resnet_dual import build_dual
+    from model_files.resnet_dual import build_served
 
-    model = build_dual(torch.load(weights_dir / CHECKPOINT, map_location="cpu", weights_only=True))
-    example = torch.randn(2, 3, 224, 224)
+    model = build_served(
+        torch.load(weights_dir / CHECKPOINT, map_location="cpu", weights_only=True)
+    )
+    example = torch.randint(0, 256, (2, 3, 224, 224), dtype=torch.uint8)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # tracer/exporter deprecation chatter
         if backend == "onnx":

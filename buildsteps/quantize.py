@@ -41,12 +41,13 @@ from PIL import Image, ImageEnhance, ImageOps
 
 from model_files.artifacts import (
     QUANTIZED,
+    SERVED_INPUT,
     checkpoint_sha256,
     companions,
     fidelity_record,
     refusal_record,
 )
-from model_files.resnet_dual import WEIGHTS
+from model_files.resnet_dual import crop
 from servecore.backends import RUNTIME_DEFAULT, load_backend
 from servecore.precision import agreement, failures
 
@@ -111,9 +112,8 @@ def augment(image: Image.Image, rng: np.random.Generator) -> Image.Image:
 
 
 def _model_inputs(images: list[Image.Image]) -> torch.Tensor:
-    """The images as the served model sees them (the weights' own transform), stacked."""
-    transform = WEIGHTS.transforms()
-    return torch.stack([transform(image) for image in images])
+    """The images as the served model takes them (uint8 crops), stacked."""
+    return torch.stack([crop(image) for image in images])
 
 
 def calibration_set(photos: list[Image.Image], size: int, seed: int = 0) -> torch.Tensor:
@@ -207,6 +207,7 @@ def quantize(
             "fidelity_vs_f32": figures,
             "thresholds": thresholds,
             "checkpoint_sha256": checkpoint_sha256(weights_dir),
+            "input": SERVED_INPUT,
             "note": "agreement with float32 on the same weights, not ImageNet accuracy",
             "build_s": round(time.monotonic() - started, 1),
         }
@@ -262,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     key = {
         "checkpoint_sha256": checkpoint_sha256(args.weights),
+        "input": SERVED_INPUT,
         "thresholds": thresholds,
         "gate_photos": photo_set_id(heldout),
     }

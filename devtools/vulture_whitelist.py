@@ -26,6 +26,7 @@ _.verify  # requests.Session: the CA bundle
 _.trust_env  # requests.Session: proxies from the environment or not
 _.exit_on_error  # argparse.ArgumentParser: errors raised, not exited (the lint's launcher check)
 _._content  # requests.Response's body, set by tests that build responses
+_.benchmark  # torch.backends.cudnn: the autotuner switch a GPU backend turns on
 
 # Dataclass fields read by asdict.
 _.p95_ms  # bench.stats.RunStats, reported through to_dict()

@@ -41,6 +41,9 @@ DEFAULT_BACKEND = "openvino"  # the fastest on CPU: bf16 where the CPU has it
 QUANTIZE = ("none", "int8")
 # int8 where the backend has it (OpenVINO) and the gate passes; else the archive has none.
 DEFAULT_QUANTIZE = "int8"
+# The served model's input (model_files/resnet_dual.py): uint8 crops, normalised in the model.
+# Files made for another input are stale: the exports' stamps and the int8 records name it.
+SERVED_INPUT = "uint8-crop-v1"
 # The runtime choice, handler.precision in config/models/*.yaml.
 PRECISIONS = ("auto", "f32", "bf16", "int8")
 
@@ -70,14 +73,24 @@ def int8_to_pack(weights_dir: Path, backend: str, quantize: str) -> tuple[list[s
             else f"no int8: QUANTIZE=int8 applies to BACKEND=openvino, not {backend}"
         )
     record, refused = weights_dir / fidelity_record(name), weights_dir / refusal_record(name)
-    checkpoint = checkpoint_sha256(weights_dir)
-    if refused.is_file() and json.loads(refused.read_text())["checkpoint_sha256"] == checkpoint:
+    made_from = {"checkpoint_sha256": checkpoint_sha256(weights_dir), "input": SERVED_INPUT}
+    if refused.is_file() and _made_from(refused) == made_from:
         return [], f"no int8: {json.loads(refused.read_text())['refused']}"
     if not (weights_dir / name).is_file() or not record.is_file():
         return [], f"no int8 in {weights_dir}: run 'make weights' (buildsteps/quantize.py)"
-    if json.loads(record.read_text())["checkpoint_sha256"] != checkpoint:
-        return [], f"no int8: {name} in {weights_dir} was made from other weights"
+    if _made_from(record) != made_from:
+        return [], (
+            f"no int8: {name} in {weights_dir} was made from other weights or for another "
+            "model input: run 'make weights'"
+        )
     return [name, *companions(name)], ""
+
+
+def _made_from(record: Path) -> dict:
+    """The checkpoint and served input a quantisation record (passed or refused) was made
+    for (records from before the uint8 input name none)."""
+    data = json.loads(record.read_text())
+    return {"checkpoint_sha256": data.get("checkpoint_sha256"), "input": data.get("input")}
 
 
 def companions(serialized_file: str) -> list[str]:
@@ -194,6 +207,12 @@ def sha256_of(path: Path) -> str:
 def checkpoint_sha256(weights_dir: Path) -> str:
     """The sha256 of the checkpoint, as ``build_weights`` recorded it."""
     return json.loads((Path(weights_dir) / INFO).read_text())["sha256"]
+
+
+def model_source(weights_dir: Path) -> str:
+    """What a file made for the served model is made from: the checkpoint's sha256 and the
+    served input (``resnet_dual.INPUT``); a file stamped otherwise is rebuilt."""
+    return f"{checkpoint_sha256(weights_dir)} {SERVED_INPUT}"
 
 
 def _stamp(target: Path) -> Path:

@@ -92,13 +92,14 @@ def host_identity() -> dict:
 
 
 def probe_batch(size: int, seed: int = 0) -> torch.Tensor:
-    """``size`` fixed, image-like inputs (smooth seeded colour fields at the normalised scale
-    of the weights' transform): the same on every host and every start."""
+    """``size`` fixed, image-like inputs, as the served model takes them (uint8 crops): smooth
+    seeded colour fields spread over the pixel range, the same on every host and every start."""
     generator = torch.Generator().manual_seed(seed)
     coarse = torch.randn(size, 3, 7, 7, generator=generator)
-    return torch.nn.functional.interpolate(
+    smooth = torch.nn.functional.interpolate(
         coarse, size=(224, 224), mode="bicubic", align_corners=False
-    ).contiguous()
+    )
+    return (smooth * 64 + 128).clamp(0, 255).round().to(torch.uint8).contiguous()
 
 
 def measure(
@@ -259,7 +260,7 @@ def choose(
     # Another worker measured: load what it chose (outside the lock: workers load in parallel).
     backend = _loaders(candidates)[shared.precision]()
     for size in batch_sizes:
-        backend(torch.zeros(size, 3, 224, 224))
+        backend(torch.zeros(size, 3, 224, 224, dtype=torch.uint8))
     return backend, shared
 
 

@@ -1,8 +1,11 @@
 """Runtimes that turn a preprocessed batch into ``(embedding, logits)``, both on CPU, float32.
 
 A ``Backend`` is one loaded runtime with a name: which runtime (``name``), the arithmetic it
-really runs (``precision``, what ``describe`` reports) and its ``forward``. Each crosses the
-device boundary once per batch: one copy in, one forward, one copy out.
+really runs (``precision``, what ``describe`` reports) and its ``forward``. Its input is the
+served model's (``model_files.resnet_dual``): uint8 crops, normalised inside the model (in the
+exported graph, or by the eager module on its own device). Each crosses the device boundary
+once per batch: one copy in (uint8, from page-locked memory on a GPU), one forward, one copy
+out.
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ logger = logging.getLogger(__name__)
 # unmeasured (not ``handler.precision: auto``, which measures the candidates).
 RUNTIME_DEFAULT = "runtime-default"
 
+# The half precisions ``auto`` times on a GPU beside f32 (eager PyTorch).
+_GPU_HALVES = {"f16": torch.float16, "bf16": torch.bfloat16}
+_PRECISION_OF = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+
 Forward = Callable[[torch.Tensor], "tuple[torch.Tensor, torch.Tensor]"]
 
 
@@ -33,7 +40,8 @@ class Backend:
     """One loaded runtime. ``name``: eager, torchscript, onnx or openvino; ``precision``: f32,
     f16, bf16, int8+f32 or int8+bf16, as the runtime reports it runs; ``file``: the serialized
     model it runs; ``forward``: ``pixels [N, 3, 224, 224] -> (embedding [N, 2048], logits
-    [N, 1000])``, CPU float32; ``emulated``: the runtime runs ``precision`` without the CPU's
+    [N, 1000])``, CPU float32, ``pixels`` uint8 on the CPU or already on the backend's device;
+    ``emulated``: the runtime runs ``precision`` without the CPU's
     native units for it (OpenVINO's bf16 on AVX-512 without bf16: real bf16 rounding, slower
     than f32)."""
 
@@ -61,7 +69,7 @@ class Backend:
 class RuntimeOptions:
     """How a runtime is set up, from the handler's settings (``HandlerConfig``): intra-op
     ``threads`` (0: the runtime's default), ONNX Runtime's ``spin`` (busy-waiting threads) and
-    ``half`` (float16, eager on CUDA only)."""
+    ``half`` (float16, eager on CUDA only: ``handler.half_precision``)."""
 
     threads: int = 0
     spin: bool = False
@@ -105,7 +113,7 @@ def load_backend(
         )
     if kind == "onnx":
         return _onnx(path, device, options)
-    return _torch(kind, path, device, options.half)
+    return _torch(kind, path, device, torch.float16 if options.half else torch.float32)
 
 
 def precision_candidates(
@@ -122,7 +130,7 @@ def precision_candidates(
 
     OpenVINO: every IR the folder carries (the float32 one, the int8 one when its fidelity
     record passed the gate and ``allow_int8``) at f32 and, where the CPU has bf16 units, bf16.
-    Eager on CUDA: f32 and f16. Anything else: f32 only.
+    Eager on CUDA: f32, f16 and, where the GPU has it, bf16. Anything else: f32 only.
     """
     candidates: list[Candidate] = []
     if kind == "openvino":
@@ -152,15 +160,18 @@ def precision_candidates(
     path = folder / serialized
     if kind == "onnx":
         return [Candidate("f32", load=partial(_onnx, path, device, options))]
-    candidates.append(Candidate("f32", load=partial(_torch, kind, path, device, False)))
-    if kind == "eager" and device.type == "cuda":
-        candidates.append(Candidate("f16", load=partial(_torch, kind, path, device, True)))
-    elif device.type == "cuda":
-        candidates.append(
-            Candidate(
-                "f16", excluded=f"{kind} holds its weights as float32 constants: f16 is eager-only"
-            )
-        )
+    candidates.append(Candidate("f32", load=partial(_torch, kind, path, device)))
+    if device.type != "cuda":
+        return candidates
+    for name, dtype in _GPU_HALVES.items():
+        if kind != "eager":
+            why = f"{kind} holds its weights as float32 constants: {name} is eager-only"
+        elif dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+            why = f"{torch.cuda.get_device_name(device)} has no bf16 support"
+        else:
+            candidates.append(Candidate(name, load=partial(_torch, kind, path, device, dtype)))
+            continue
+        candidates.append(Candidate(name, excluded=why))
     return candidates
 
 
@@ -182,26 +193,62 @@ def _int8_unusable(path: Path, allow_int8: bool) -> str:
     return f"its fidelity gate failed: {'; '.join(failed)}" if failed else ""
 
 
-def _torch(kind: str, path: Path, device: torch.device, half: bool) -> Backend:
-    """Eager PyTorch (the checkpoint) or TorchScript; ``half``: float16, eager on CUDA only."""
+def _torch(
+    kind: str, path: Path, device: torch.device, dtype: torch.dtype = torch.float32
+) -> Backend:
+    """Eager PyTorch (the checkpoint, as ``ServedResNet50``) or TorchScript (exported with the
+    normalisation in it). ``dtype``: eager on CUDA only (a frozen TorchScript module holds its
+    weights as float32 constants); elsewhere float32.
+
+    On a GPU, eager runs channels_last with cuDNN's autotuner on (a batch size's fastest
+    convolutions are found on its first call: the warm-up pays it), and the uint8 batch goes
+    over from a page-locked staging buffer."""
+    on_gpu = device.type == "cuda"
     if kind == "torchscript":
         module = torch.jit.load(str(path), map_location=device).eval()
     else:
-        from model_files.resnet_dual import build_dual
+        from model_files.resnet_dual import build_served
 
-        module = build_dual(torch.load(path, map_location="cpu", weights_only=True)).to(device)
-    # A frozen TorchScript module holds its weights as float32 constants: half is eager-only.
-    dtype = torch.float16 if half and device.type == "cuda" and kind == "eager" else torch.float32
+        module = build_served(torch.load(path, map_location="cpu", weights_only=True)).to(device)
+    if not (on_gpu and kind == "eager"):
+        dtype = torch.float32
     module = module.to(dtype)
+    if on_gpu and kind == "eager":
+        torch.backends.cudnn.benchmark = True
+        module = module.to(memory_format=torch.channels_last)
+        module.channels_last = True
+    staging = _PinnedStaging() if on_gpu else None
 
     def forward(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.inference_mode():
-            embedding, logits = module(batch.to(device, dtype, non_blocking=True))
+            if batch.device != device:
+                batch = (staging(batch) if staging else batch).to(device, non_blocking=True)
+            embedding, logits = module(batch)
             return embedding.float().cpu(), logits.float().cpu()
 
-    return Backend(
-        kind, "f16" if dtype == torch.float16 else "f32", path.name, str(device), forward
-    )
+    return Backend(kind, _PRECISION_OF[dtype], path.name, str(device), forward)
+
+
+class _PinnedStaging:
+    """One page-locked buffer, grown to the largest batch seen: a host-to-GPU copy from it is
+    asynchronous and runs at the bus's speed (from pageable memory the driver stages it
+    through its own buffer first). Reusing it is safe because each forward ends by copying its
+    outputs back, which waits for the copy in."""
+
+    def __init__(self) -> None:
+        self.buffer: torch.Tensor | None = None
+
+    def __call__(self, batch: torch.Tensor) -> torch.Tensor:
+        if (
+            self.buffer is None
+            or self.buffer.dtype != batch.dtype
+            or self.buffer.shape[1:] != batch.shape[1:]
+            or len(self.buffer) < len(batch)
+        ):
+            self.buffer = torch.empty(batch.shape, dtype=batch.dtype, pin_memory=True)
+        rows = self.buffer[: len(batch)]
+        rows.copy_(batch)
+        return rows
 
 
 def _openvino(path: Path, threads: int, precision: str, warmup: tuple[int, ...]) -> Backend:
@@ -252,7 +299,7 @@ def _openvino(path: Path, threads: int, precision: str, warmup: tuple[int, ...])
         return torch.from_numpy(result[outputs[0]]), torch.from_numpy(result[outputs[1]])
 
     for size in warmup:
-        forward(torch.zeros(size, 3, 224, 224))
+        forward(torch.zeros(size, 3, 224, 224, dtype=torch.uint8))
     logger.info(
         "OpenVINO %s: %s, inference precision %s%s, %s threads",
         ov.get_version(),

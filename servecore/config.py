@@ -93,7 +93,7 @@ class HandlerConfig:
     half_precision: run the eager backend in float16 on GPU (ignored on CPU).
     threads: intra-op threads per worker; 0 keeps the runtime's default (all cores).
     decode_threads: threads decoding a batch's images; 0 = one per usable core (the pod's CPU
-        limit, not the node's cores), at most 4.
+        limit, not the node's cores), at most 4 on a CPU worker, uncapped on a GPU worker.
     onnx_spinning: let ONNX Runtime's threads busy-wait between operators; off, because in a
         server those cycles belong to the frontend and the decode threads.
     precision: ``auto`` times every precision the archive can run here at worker start and

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from model_files.resnet_dual import RESIZE, crop
 from servecore.admission import Admission, Budget
 from servecore.boundary import attempt, each_image
 from servecore.config import HandlerConfig
@@ -43,23 +44,22 @@ from servecore.stages import (
 )
 from servecore.traffic import DEADLINE_HEADER
 
-# handler.decode_threads 0 = one decode thread per usable core, at most this many.
+CPU = torch.device("cpu")
+# handler.decode_threads 0 on a CPU worker = one decode thread per usable core, at most this many.
 MAX_DECODE_THREADS = 4
 
 
 class Preprocessor:
-    """Encoded image bytes -> the model's input tensor: the handler's limits on the image, then
-    the weights' own transform (resize 232, centre crop 224, ImageNet mean/std). In two steps,
-    so that a batch is costed before any pixel is decoded; the benchmark times the same path.
-    Raises ``RequestError`` for a bad image."""
+    """Encoded image bytes -> the served model's input (``model_files.resnet_dual.INPUT``): the
+    handler's limits on the image, then the weights' transform up to its crop (resize 232,
+    centre crop 224), a uint8 [3, 224, 224] crop; the backend normalises it in the model. In
+    two steps, so that a batch is costed before any pixel is decoded; the benchmark times the
+    same path. Raises ``RequestError`` for a bad image."""
 
     def __init__(self, config: HandlerConfig) -> None:
-        from model_files.resnet_dual import WEIGHTS
-
         self.config = config
-        self.transform = WEIGHTS.transforms()
         # JPEG draft decoding may shrink in the DCT down to the resize size, never below it.
-        self.draft_size = max(self.transform.resize_size) if config.draft_decode else None
+        self.draft_size = RESIZE if config.draft_decode else None
 
     def open(self, data: bytes) -> OpenedImage:
         """Header only: checks bytes and pixel limits and tells the decoding cost."""
@@ -71,7 +71,7 @@ class Preprocessor:
         )
 
     def decode(self, opened: OpenedImage) -> torch.Tensor:
-        return self.transform(decode(opened))
+        return crop(decode(opened))
 
     def __call__(self, data: bytes) -> torch.Tensor:
         return self.decode(self.open(data))
@@ -88,6 +88,7 @@ class Intake:
         admission: Admission,
         clock: Callable[[], float] = time.time,
         lookup: Callable[[list[Admitted]], list[Admitted]] = list,
+        device: torch.device = CPU,
     ) -> None:
         self.config = config
         self.explanations = explanations
@@ -115,7 +116,7 @@ class Intake:
             config.bulk_batch_images,
             lambda request: request.image_count,
         )
-        threads = config.decode_threads or min(MAX_DECODE_THREADS, usable_cpus())
+        threads = config.decode_threads or decode_threads(device)
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="decode")
 
     def prepare(self, incoming: Sequence[Incoming]) -> PreparedBatch:
@@ -206,6 +207,14 @@ class Intake:
             states.append(Placed(request, range(len(tensors), len(tensors) + len(decoded))))
             tensors.extend(decoded)
         return states, tensors
+
+
+def decode_threads(device: torch.device) -> int:
+    """``handler.decode_threads: 0``: on a CPU worker one thread per usable core, at most
+    ``MAX_DECODE_THREADS`` (the forward needs the cores too); on a GPU worker every usable core,
+    since the forward runs on the GPU and the cores' only work is preparing its input."""
+    cores = usable_cpus()
+    return cores if device.type == "cuda" else min(MAX_DECODE_THREADS, cores)
 
 
 def usable_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> int:

@@ -24,6 +24,7 @@ from http import HTTPStatus
 import torch
 
 from model_files.artifacts import ModelFiles
+from model_files.resnet_dual import PREPROCESSING
 from servecore.admission import Admission
 from servecore.answers import AnswerSpec, BatchOutputs, Prediction
 from servecore.autoprecision import serving_backend
@@ -112,6 +113,13 @@ class Reply:
         return dataclasses.replace(self, answer=None, error=error, cached=None)
 
 
+def timed_batches(device: torch.device, forward_rows: int) -> tuple[int, ...]:
+    """The batch sizes a worker warms up and ``auto`` times at: on a GPU the served batch only
+    (a GPU worker is there for throughput, and a half precision that wins at 64 rows can lose
+    at 1), on a CPU 1 and the served batch (latency when idle and throughput under load)."""
+    return (forward_rows,) if device.type == "cuda" else tuple(sorted({1, forward_rows}))
+
+
 class ImageModel:
     """Embeddings (``task: embedding``) or top-k ImageNet tags (``task: tags``), both from one
     forward pass, on the backend and precision chosen for this host."""
@@ -131,7 +139,7 @@ class ImageModel:
             files,
             config,
             self.device,
-            tuple(sorted({1, self.forward_rows})),
+            timed_batches(self.device, self.forward_rows),
             f"{settings.archive_name or settings.name} {settings.version}",
         )
         # Operators grep worker logs for this line.
@@ -151,7 +159,9 @@ class ImageModel:
             embedding_default=self.answers.task is Output.EMBEDDING,
         )
         self.cache = AnswerCache(config.cache_bytes, self.answers, self.backend.precision)
-        self.intake = Intake(config, self.explanations, Admission(), lookup=self.cache.lookup)
+        self.intake = Intake(
+            config, self.explanations, Admission(), lookup=self.cache.lookup, device=self.device
+        )
         self.metrics = BatchMetrics(metrics, self.backend.precision)
         if not files.weights.get("trained", False):
             logger.warning("%s: %s", settings.name, files.weights.get("warning"))
@@ -271,5 +281,5 @@ class ImageModel:
             "precision_choice": self.choice.as_dict(),
             "quantization": files.quantization,
             "device": str(self.device),
-            "preprocessing": repr(self.intake.preprocessor.transform).replace("\n", " "),
+            "preprocessing": PREPROCESSING,
         }

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from buildsteps.export import EXPORTED, export
+from model_files.artifacts import SERVED_INPUT
 from tests import imagegen
 from tests.handler_context import make_handler, run_batch
 from tests.reference import rel_error
@@ -46,7 +47,21 @@ def test_export_is_skipped_when_up_to_date(weights_dir):
     before = path.stat().st_mtime_ns
     assert export("onnx", weights_dir) == path
     assert path.stat().st_mtime_ns == before
-    assert (
-        stamp.read_text().strip()
-        == json.loads((weights_dir / "weights_info.json").read_text())["sha256"]
-    )
+    checkpoint = json.loads((weights_dir / "weights_info.json").read_text())["sha256"]
+    assert stamp.read_text().strip() == f"{checkpoint} {SERVED_INPUT}"
+
+
+def test_an_export_made_for_another_input_is_redone(weights_dir, tmp_path):
+    """A file exported before the model took uint8 crops (its stamp names the checkpoint
+    alone) is stale: exported again, taking uint8."""
+    import onnx
+
+    for name in ("resnet50.pt", "weights_info.json"):
+        (tmp_path / name).symlink_to(weights_dir / name)
+    checkpoint = json.loads((weights_dir / "weights_info.json").read_text())["sha256"]
+    stale = tmp_path / "resnet50_dual.onnx"
+    stale.write_bytes(b"made for float32 input")
+    stale.with_name(stale.name + ".sha256").write_text(checkpoint + "\n")
+    path = export("onnx", tmp_path)
+    (graph_input,) = onnx.load(str(path)).graph.input
+    assert graph_input.type.tensor_type.elem_type == onnx.TensorProto.UINT8

@@ -961,7 +961,7 @@ FACTS: tuple[Fact, ...] = (
     Fact(
         CONF,
         "one per usable core (the cgroup CPU quota, so a pod's CPU limit, not the node's "
-        "cores), at most {} |",
+        "cores), at most {} on a CPU worker, uncapped on a GPU worker |",
         (const("servecore/intake.py", "MAX_DECODE_THREADS"),),
     ),
     Fact(

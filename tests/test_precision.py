@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from model_files.artifacts import ModelFiles
+from model_files.resnet_dual import normalize
 from servecore import autoprecision
 from servecore.backends import Backend
 from servecore.config import HandlerConfig
@@ -177,7 +178,8 @@ def fake(precision: str, ms_per_image: float, noise: float = 0.0, calls: list | 
 
         def run(batch):
             autoprecision._clock.now += ms_per_image * len(batch) / 1000
-            pooled = torch.nn.functional.adaptive_avg_pool2d(batch, 7).flatten(1)
+            # Like every backend, it takes the served uint8 crops and normalises them.
+            pooled = torch.nn.functional.adaptive_avg_pool2d(normalize(batch), 7).flatten(1)
             embedding = pooled @ project
             return embedding + noise * torch.randn(embedding.shape), embedding[:, :10].clone()
 

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from PIL import Image, ImageDraw
 from torch import nn
 
-from model_files.resnet_dual import WEIGHTS, build_dual
+from model_files.resnet_dual import WEIGHTS, build_dual, normalize
 from servecore.explain.encode import Explanation
 from servecore.explain.options import ExplainSpec
 
@@ -273,9 +273,10 @@ class Explainer:
     def explain(
         self, pixels: torch.Tensor, logits: torch.Tensor, jobs: Sequence[ExplainJob]
     ) -> list[list[list[Explanation]]]:
-        """Per job, per image, its explanations (one per target). Jobs with the same method
-        and settings share Captum calls of at most ``internal_batch_size`` rows each (autograd
-        keeps every row's activations: the rows of one call bound the memory)."""
+        """Per job, per image (``pixels``: the batch's uint8 crops), its explanations (one per
+        target). Jobs with the same method and settings share Captum calls of at most
+        ``internal_batch_size`` rows each (autograd keeps every row's activations: the rows of
+        one call bound the memory)."""
         probabilities = torch.softmax(logits.float(), dim=1)
         plan = [
             (j, row, target)
@@ -297,7 +298,7 @@ class Explainer:
                 raw = attribute(
                     self.dual,
                     self.layer,
-                    pixels.index_select(0, rows),
+                    normalize(pixels.index_select(0, rows)),  # the float input gradients need
                     [plan[p][2] for p in members],
                     method,
                 )
