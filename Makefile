@@ -200,6 +200,13 @@ soak: setup config archives samples $(if $(filter triton,$(SOAK_ENGINE)),triton-
 bench-collection: setup config archives samples
 	$(PY) -m bench.collection
 
+# The CPU path before and after uint8 went to the model (#41), side by side in one process:
+# per-image decode + transform, and the batch-8 pipeline with a float-input IR against the
+# served one -> results/preprocess.md (about 2 minutes).
+.PHONY: bench-preprocess
+bench-preprocess: setup weights samples
+	$(PY) -m bench.preprocess
+
 # Interactive p95 (2 clients, a photo every 0.2 s each) alone and while tsctl embed runs over
 # 2,000 generated photos, on ours (TorchServe, Triton) and stock TorchServe -> traffic.md in results/
 # (about 8 minutes).

@@ -22,6 +22,7 @@ from bench.layout import BUILD, WEIGHTS, setup_cli
 from bench.stock import SERIALIZED as STOCK_FILE
 from bench.stock import export_stock_model
 from model_files.artifacts import SERIALIZED
+from model_files.resnet_dual import normalize
 
 # Each neighbour prints "ready" once it is busy, so no measurement starts before it does.
 BUSY_LOOP = "print('ready', flush=True)\nwhile True: pass\n"
@@ -54,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         warnings.simplefilter("ignore")  # torch.jit.load's deprecation notice
         stock = torch.jit.load(str(export_stock_model(WEIGHTS, BUILD))).eval()
     ours = raw.load_variant(WEIGHTS, "openvino-f32")
-    image = torch.rand(3, 224, 224)
+    # Each runtime's own input: stock takes the normalised float crop, ours the uint8 crop.
+    crop = torch.randint(0, 256, (3, 224, 224), dtype=torch.uint8)
+    inputs = (normalize(crop), crop)
     budget = raw.Budget(seconds=args.seconds, min_iters=1, max_iters=10**6, warmup_iters=2)
 
     def run_stock(pixels: torch.Tensor) -> None:
@@ -72,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
                 if process.stdout.readline().strip() != "ready":
                     raise RuntimeError(f"neighbour {label!r} did not start")
             rates = [
-                raw.forward_throughput(run, image, 8, budget)["images_per_s"]
-                for run in (run_stock, ours)
+                raw.forward_throughput(run, pixels, 8, budget)["images_per_s"]
+                for run, pixels in zip((run_stock, ours), inputs)
             ]
         finally:
             for process in neighbours:

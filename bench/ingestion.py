@@ -260,7 +260,9 @@ def raw_forward(served: dict, batch: int, quick: bool) -> dict:
         raise RuntimeError(f"no raw row runs {served['backend']} at {served['precision']}")
     budget = replace(raw.Budget(), seconds=0.5, max_iters=5) if quick else raw.Budget(seconds=6)
     backend = raw.load_variant(WEIGHTS, label)
-    measured = raw.forward_throughput(backend, torch.zeros(3, 224, 224), batch, budget)
+    measured = raw.forward_throughput(
+        backend, torch.zeros(3, 224, 224, dtype=torch.uint8), batch, budget
+    )
     return {"row": label, "precision": backend.precision, "batch": batch, **measured}
 
 

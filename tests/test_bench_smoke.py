@@ -236,3 +236,19 @@ def test_traffic_bench_measures_interactive_clients_beside_the_job(tmp_path, mod
     markdown = (tmp_path / "traffic.md").read_text()
     assert markdown.splitlines()[2].startswith("- Date: ")
     assert "| ours on TorchServe 0.12 |" in markdown
+
+
+def test_preprocess_bench_compares_before_and_now(tmp_path):
+    """``python -m bench.preprocess --quick``: the per-image costs and the pipeline row, before
+    (float transform, float-input IR) and now (uint8 crop, the served IR), each measured."""
+    from bench import preprocess
+
+    out = tmp_path / "preprocess.md"
+    assert preprocess.main(["--quick", "--quiet", "--out", str(out)]) == 0
+    text = out.read_text()
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| small")]
+    assert len(rows) == 1 and all(float(cell) > 0 for cell in rows[0][1:4])
+    pipeline = [line for line in text.splitlines() if line.startswith("| openvino f32, small")]
+    assert len(pipeline) == 1
+    before, now = (float(cell) for cell in pipeline[0].split(" | ")[1:3])
+    assert before > 0 and now > 0
