@@ -33,7 +33,7 @@ MODEL_CONFIGS := $(wildcard config/models/*.yaml)
 SOURCES := $(wildcard handlers/*.py servecore/*.py servecore/*/*.py model_files/*.py) $(MODEL_CONFIGS) archive.sh \
            buildsteps/configgen.py
 
-.PHONY: setup java config weights archives samples serve lint test test-fast triton-server triton-repo serve-triton bench bench-sweep bench-ingestion bench-collection bench-traffic soak clean
+.PHONY: setup java config weights archives samples serve lint test test-fast triton-server triton-repo serve-triton bench bench-sweep bench-ingestion bench-collection bench-traffic bench-ceiling soak clean
 .DEFAULT_GOAL := test
 
 setup: $(VENV)/.installed java kubectl chromium prometheus
@@ -212,6 +212,12 @@ bench-preprocess: setup weights samples
 # (about 8 minutes).
 bench-traffic: setup config archives samples triton-server
 	$(PY) -m bench.traffic
+
+# TorchServe and Triton serving models that do no work (the engine alone, and our adapter and
+# core with decode and forward no-ops), 1- and 8-image requests -> results/ceiling.md: requests/s,
+# images/s and CPU per request, and the plan for one H100 (docs/backends.md) (about 4 minutes).
+bench-ceiling: setup config weights samples triton-server
+	$(PY) -m bench.ceiling
 
 # KServe (kserve/README.md). The storage bundle our runtime reads, as a folder and a .tar.gz
 # under build/kserve/ (KSERVE_DEVICE=gpu with BACKEND=eager for the GPU bundle,

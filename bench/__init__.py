@@ -3,6 +3,8 @@
     python -m bench          raw model speed, our served tagger and TorchServe's stock
                              image_classifier on the same weights; results/benchmark.{md,json,png}
     python -m bench.sweep    batchSize x maxBatchDelay x workers for the tagger; results/sweep.md
+    python -m bench.ceiling  TorchServe's and Triton's own ceilings with null models (``null``);
+                             results/ceiling.md
 
 Modules: ``loadgen`` (closed/open-loop HTTP clients), ``stats`` (percentiles, run summaries),
 ``memory`` (peak RSS of a server's process tree), ``batchlog`` (batch sizes from TorchServe's

@@ -1175,6 +1175,11 @@ FACTS: tuple[Fact, ...] = (
     ),
     Fact(
         BACK,
+        "a batch of {} images per execution",
+        (const("bench/null/package.py", "BATCH_IMAGES"),),
+    ),
+    Fact(
+        BACK,
         "more rounds run only while the whole measurement fits in {} s",
         (const("servecore/autoprecision.py", "BUDGET_S"),),
         lambda s: f"{s:g}",
@@ -1478,7 +1483,7 @@ def test_figure_checks_catch_breakage():
     assert "is not as commit" in commit_problems("w", first, ["results/benchmark.md"])[0]
 
 
-H, BENCH, INGEST, COLL, SOAK, SOAK_TRITON, TRAFFIC = (
+H, BENCH, INGEST, COLL, SOAK, SOAK_TRITON, TRAFFIC, CEIL = (
     "results/history.md",
     "results/benchmark.md",
     "results/ingestion.md",
@@ -1486,6 +1491,7 @@ H, BENCH, INGEST, COLL, SOAK, SOAK_TRITON, TRAFFIC = (
     "results/soak.md",
     "results/soak-triton.md",
     "results/traffic.md",
+    "results/ceiling.md",
 )
 FIGURES: tuple[Figure, ...] = (
     # docs/backends.md
@@ -1568,6 +1574,33 @@ FIGURES: tuple[Figure, ...] = (
         (BENCH,),
     ),
     Figure(BACK, "measured 6.9x, 4.4x and 0.83x for the same rows", (H,)),
+    # docs/backends.md "Planning a GPU server": the null rows, and the plan from them and
+    # issue #41's H100 figures (which results/ceiling.md quotes beside its plan)
+    Figure(BACK, "(load average 9.4)", (CEIL,)),
+    Figure(
+        BACK,
+        "TorchServe 1.55 ms (1 image) and 13.34 ms (8 images) of worker CPU, Triton 0.51 and 6.10",
+        (CEIL,),
+    ),
+    Figure(BACK, "Carrying the H100's 10,167 img/s (raw forward, f16 channels_last, b64)", (CEIL,)),
+    Figure(
+        BACK, "8-image v2 requests: 1,271 requests/s, 17 workers and 4.8 frontend cores", (CEIL,)
+    ),
+    Figure(BACK, "1-image requests: 16 workers and 10.1 frontend cores", (CEIL,)),
+    Figure(BACK, "more than the issue's 16-core H100 host", (CEIL,)),
+    Figure(
+        BACK,
+        "4,794 img/s (8 workers and 2.3 frontend cores at 8 images per request)",
+        (CEIL,),
+    ),
+    Figure(
+        BACK,
+        "6 instances and 3.5 frontend cores; 8-image v2 JSON requests: 8 instances and 4.8 "
+        "frontend cores",
+        (CEIL,),
+    ),
+    Figure(BACK, "12 MP photos (295 img/s on the GPU) need 1 worker", (CEIL,)),
+    Figure(BACK, "Triton with 6-8 instances, or TorchServe with 8 workers", (CEIL,)),
     Figure(
         BACK,
         "(measured by worker pid 21465 in 3.7 s; f32 22.2/338 ms at batch 1/16; bf16 "

@@ -1,0 +1,429 @@
+"""The serving engines' own ceilings: requests/s and images/s through TorchServe and through
+Triton with models that do no work (``bench.null``), so a GPU server can be planned on paper.
+
+    python -m bench.ceiling            # make bench-ceiling -> results/ceiling.md (~4 minutes)
+    python -m bench.ceiling --quick    # one short row per engine (the suite's smoke test)
+
+Rows: each engine x {bare: the engine alone, a fixed answer; core: our adapter and core with
+decode and forward no-ops} x {1 image per request: the raw body on TorchServe, Triton's binary
+tensor extension; 8 images: a KServe v2 JSON body of 8 base64 images, as ``tsctl embed`` sends
+them}. Each row is a closed loop of twice a full batch of clients (a batch is 64 images: 64
+one-image or 8 eight-image requests) on 127.0.0.1, bounded in time and count. Besides the
+rates, each row gives the CPU time the server spent per request, split into the frontend
+(TorchServe's Java process, ``tritonserver``) and the model's worker (a Python process: one
+core at most), and the cores the load generator took: on a shared host the CPU per request
+is the steadier figure, and what the plan (``docs/backends.md``) scales.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import logging
+import math
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psutil
+import requests
+
+from bench.layout import IMAGES, RESULTS, SAMPLES, fresh_dir, setup_cli
+from bench.loadgen import Connection, Endpoint, closed_loop, post_once
+from bench.machine import dated, describe_machine
+from bench.null import package
+from bench.null.package import BATCH_IMAGES, KINDS, model_name
+from bench.stats import summarize
+from bench.triton import binary_request
+from devtools.server import LocalTorchServe, free_ports
+from tritonrepo.install import NotInstalled, TritonInstall
+from tritonrepo.server import Triton
+
+logger = logging.getLogger("bench.ceiling")
+
+SIZES = (1, 8)  # images per request
+ENGINES = ("torchserve", "triton")
+MAX_REQUESTS = 500_000  # a bound on every row besides its time
+WARMUP = 20  # requests per row before measuring, each must answer 200
+# The issue's H100 figures (issue #41, measured on landed main db71e10): what the plan feeds.
+GPU_FIGURES = (
+    ("plain nvJPEG + f16 loop, small JPEGs, b64", 4794),
+    ("raw forward f16 channels_last, b64", 10167),
+    ("raw forward f16 channels_last, b256", 13697),
+    ("plain nvJPEG + f16 loop, 12 MP photos, b16", 295),
+)
+H100_HOST_CORES = 16  # the issue's H100 machine
+
+
+@dataclass(frozen=True)
+class Row:
+    """One measured load: ``engine``, ``kind`` (bare or core), ``images`` per request."""
+
+    engine: str
+    kind: str
+    images: int
+    clients: int
+    requests: int
+    errors: int
+    error_kinds: dict
+    requests_per_s: float
+    images_per_s: float
+    p50_ms: float
+    p99_ms: float
+    batch_images: float  # mean images per model execution (NaN: unknown)
+    frontend_ms: float  # server CPU ms per request, frontend
+    worker_ms: float  # ... the model's worker
+    client_cores: float  # the load generator's CPU over the run
+
+
+class Cpu:
+    """CPU seconds (user + system) of a set of processes, summed over those alive at both
+    reads: ``start``, then ``spent``."""
+
+    def __init__(self, processes: Callable[[], list[psutil.Process]]) -> None:
+        self.processes = processes
+        self.before: dict[int, float] = {}
+
+    @staticmethod
+    def _read(processes: list[psutil.Process]) -> dict[int, float]:
+        seconds = {}
+        for proc in processes:
+            try:
+                times = proc.cpu_times()
+            except psutil.Error:
+                continue
+            seconds[proc.pid] = times.user + times.system
+        return seconds
+
+    def start(self) -> None:
+        self.before = self._read(self.processes())
+
+    def spent(self) -> float:
+        after = self._read(self.processes())
+        return sum(after[p] - self.before[p] for p in after.keys() & self.before.keys())
+
+
+@dataclass
+class Target:
+    """One engine serving the null models: where each row's requests go and its processes."""
+
+    engine: str
+    endpoint: Callable[[str, int], Endpoint]  # (kind, images) -> what to POST
+    frontend: Callable[[], list[psutil.Process]]
+    workers: Callable[[], list[psutil.Process]]
+    batch_images: Callable[[str, int], Callable[[], float]]  # (kind, images) -> a meter
+
+
+def v2_json(images: int, image: bytes, outputs: list[str]) -> tuple[bytes, dict[str, str]]:
+    """A KServe v2 body of ``images`` copies of ``image``, base64 in the ``images`` BYTES
+    tensor [n, 1], asking for ``outputs``: what ``TorchServeClient.infer`` sends."""
+    data = base64.b64encode(image).decode("ascii")
+    body = {
+        "inputs": [
+            {"name": "images", "shape": [images, 1], "datatype": "BYTES", "data": [data] * images}
+        ],
+        "outputs": [{"name": name} for name in outputs],
+    }
+    return json.dumps(body).encode(), {"Content-Type": "application/json"}
+
+
+@contextmanager
+def torchserve(work: Path, image: bytes, models: list[tuple[str, int]]) -> Iterator[Target]:
+    """A TorchServe serving each (kind, images) null model."""
+    store = package.torchserve_store(work, models)
+    server = LocalTorchServe(
+        work / "server",
+        store,
+        load_models=[f"{model_name(*m)}.mar" for m in models],
+        properties={"job_queue_size": str(package.QUEUE)},
+    )
+    server.start()
+    try:
+
+        def endpoint(kind: str, images: int) -> Endpoint:
+            name, auth = model_name(kind, images), server.keys.inference_headers()
+            if images == 1:
+                url, body, headers = f"{server.inference_url}/predictions/{name}", image, {}
+            else:
+                url = f"{server.inference_url}/v2/models/{name}/infer"
+                body, headers = v2_json(images, image, ["embedding"])
+            return Endpoint(url, {**auth, **headers}, body)
+
+        yield Target(
+            "torchserve",
+            endpoint,
+            lambda: server.processes()[:1],
+            lambda: server.processes()[1:],
+            lambda _kind, _images: lambda: math.nan,  # the rows' X-Batch-Size says it
+        )
+    finally:
+        server.stop()
+
+
+@contextmanager
+def triton(work: Path, image: bytes, kinds: list[str]) -> Iterator[Target]:
+    """A Triton serving each kind's null model (both request sizes)."""
+    repository = package.triton_repository(work, kinds)
+    with (work / "triton.log").open("w") as log:
+        server = Triton(repository, log=log, **free_ports(("http", "grpc", "metrics")))
+        try:
+            server.start()
+        except (RuntimeError, TimeoutError) as exc:
+            log.flush()
+            raise RuntimeError(f"{exc}\n{(work / 'triton.log').read_text()[-4000:]}") from None
+        try:
+            root = psutil.Process(server.process.pid)
+
+            def endpoint(kind: str, images: int) -> Endpoint:
+                url = f"{server.url}/v2/models/{model_name(kind)}/infer"
+                if images == 1:
+                    body, headers = binary_request(image, "embedding")
+                else:  # what tsclient asks Triton for: the embedding and its precision
+                    body, headers = v2_json(images, image, ["embedding", "precision"])
+                return Endpoint(url, headers, body)
+
+            def batch_images(kind: str, _images: int) -> Callable[[], float]:
+                before = _triton_counts(server.url, model_name(kind))
+
+                def mean() -> float:
+                    after = _triton_counts(server.url, model_name(kind))
+                    executions = after[1] - before[1]
+                    return (after[0] - before[0]) / executions if executions else math.nan
+
+                return mean
+
+            yield Target(
+                "triton",
+                endpoint,
+                lambda: [root],
+                lambda: root.children(recursive=True),
+                batch_images,
+            )
+        finally:
+            server.stop()
+
+
+def _triton_counts(url: str, model: str) -> tuple[int, int]:
+    """(images inferred, model executions) so far, from Triton's statistics."""
+    stats = requests.get(f"{url}/v2/models/{model}/stats", timeout=30).json()["model_stats"][0]
+    return stats["inference_count"], stats["execution_count"]
+
+
+def measure(target: Target, kind: str, images: int, seconds: float) -> Row:
+    """One closed-loop row after a warm-up whose every request must answer 200."""
+    endpoint = target.endpoint(kind, images)
+    connection = Connection(endpoint)
+    for _ in range(WARMUP):
+        sample = post_once(connection, endpoint)
+        if not sample.ok:
+            raise RuntimeError(f"{target.engine} {kind} x{images}: warm-up got {sample.error}")
+    connection.close()
+    clients = 2 * BATCH_IMAGES // images
+    frontend, workers = Cpu(target.frontend), Cpu(target.workers)
+    batches = target.batch_images(kind, images)
+    frontend.start()
+    workers.start()
+    client_started, started = time.process_time(), time.monotonic()
+    samples = closed_loop(endpoint, clients, seconds, MAX_REQUESTS)
+    wall = time.monotonic() - started
+    client_cpu = time.process_time() - client_started
+    front_s, work_s = frontend.spent(), workers.spent()
+    stats = summarize(samples)
+    served = max(stats.ok, 1)
+    batch = batches()
+    if math.isnan(batch) and not math.isnan(stats.batch_mean):
+        batch = stats.batch_mean * images  # X-Batch-Size counts requests
+    return Row(
+        target.engine,
+        kind,
+        images,
+        clients,
+        stats.requests,
+        stats.errors,
+        stats.error_kinds,
+        stats.throughput,
+        stats.throughput * images,
+        stats.p50_ms,
+        stats.p99_ms,
+        batch,
+        1000 * front_s / served,
+        1000 * work_s / served,
+        client_cpu / wall,
+    )
+
+
+@dataclass(frozen=True)
+class Need:
+    """What one GPU figure asks of an engine at one request size, from a core row."""
+
+    engine: str
+    gpu: str
+    images_per_s: float
+    images: int
+    requests_per_s: float
+    workers: int  # worker processes, each at most one core
+    worker_cores: float
+    frontend_cores: float
+
+
+def plan(rows: list[Row]) -> list[Need]:
+    """For each engine's core rows and each GPU figure: the requests/s that feed it, the
+    worker processes and frontend cores that takes at the CPU per request measured here."""
+    needs = []
+    for row in (r for r in rows if r.kind == "core"):
+        for gpu, rate in GPU_FIGURES:
+            wanted = rate / row.images
+            worker_cores = wanted * row.worker_ms / 1000
+            needs.append(
+                Need(
+                    row.engine,
+                    gpu,
+                    rate,
+                    row.images,
+                    wanted,
+                    max(1, math.ceil(worker_cores)),
+                    worker_cores,
+                    wanted * row.frontend_ms / 1000,
+                )
+            )
+    return needs
+
+
+def _f(value: float, places: int = 0) -> str:
+    return "n/a" if math.isnan(value) else f"{value:,.{places}f}"
+
+
+def report(rows: list[Row], machine: dict, seconds: float) -> str:
+    """results/ceiling.md: the rows, then the plan for one H100 from them."""
+    lines = [
+        "# Engine ceilings: models that do no work",
+        "",
+        "Generated by `python -m bench.ceiling` (`make bench-ceiling`); bench/ceiling.py says "
+        "what each row measures.",
+        "",
+        dated(),
+        f"- Host: {machine['cpu']}, {machine['cores']} cores, {machine['memory_gb']} GiB; "
+        f"{machine['cpu_busy_percent_before']:.0f}% busy in the second before the run "
+        "(a shared host: other work makes every rate lower and every latency longer; the CPU "
+        "per request is the steadier figure)",
+        f"- Each row: a closed loop of 2 batches of clients (a batch is {BATCH_IMAGES} images), "
+        f"{seconds:g} s after {WARMUP} warm-up requests, on 127.0.0.1; one worker (instance); "
+        f"queues of {package.QUEUE} requests (the ceiling, not the shipped bound); bare: the "
+        "engine alone, a fixed answer; core: our adapter and core, decode and forward no-ops",
+        "",
+        "## Rows",
+        "",
+        "| engine | model | images/request | clients | requests | errors | requests/s | "
+        "images/s | p50 ms | p99 ms | images/batch | frontend CPU ms/request | "
+        "worker CPU ms/request | load generator cores |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
+        "---: | ---: |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.engine} | {r.kind} | {r.images} | {r.clients} | {r.requests:,} | "
+            f"{r.errors} | {_f(r.requests_per_s)} | {_f(r.images_per_s)} | {_f(r.p50_ms, 1)} | "
+            f"{_f(r.p99_ms, 1)} | {_f(r.batch_images, 1)} | {_f(r.frontend_ms, 2)} | "
+            f"{_f(r.worker_ms, 2)} | {_f(r.client_cores, 2)} |"
+        )
+    lines += [
+        "",
+        "## Planning one H100",
+        "",
+        "The H100 figures are issue #41's, measured on landed main db71e10 (one NVIDIA H100 "
+        f"80GB, {H100_HOST_CORES} CPU cores): "
+        + "; ".join(f"{name} {rate:,} img/s" for name, rate in GPU_FIGURES)
+        + ". For each, the requests/s that carry it at each request size, and what the core "
+        "rows above say that costs in CPU of this host: worker processes (a Python worker uses "
+        "one core at most) and frontend cores. A floor: the real model's per-image work "
+        "(decode, transform, copies) comes on top.",
+        "",
+        "| engine | GPU figure | img/s | images/request | requests/s | worker cores | "
+        "workers | frontend cores |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for n in plan(rows):
+        lines.append(
+            f"| {n.engine} | {n.gpu} | {n.images_per_s:,.0f} | {n.images} | "
+            f"{n.requests_per_s:,.0f} | {n.worker_cores:.1f} | {n.workers} | "
+            f"{n.frontend_cores:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def run(rows: list[tuple[str, str, int]], seconds: float, work: Path) -> list[Row]:
+    """Each (engine, kind, images) row, engine by engine; an engine not installed is left out,
+    saying why."""
+    image = (SAMPLES / IMAGES["small"]).read_bytes()
+    measured = []
+    for engine in ENGINES:
+        wanted = [(kind, images) for e, kind, images in rows if e == engine]
+        if not wanted:
+            continue
+        if engine == "triton":
+            try:
+                TritonInstall().check()
+            except NotInstalled as exc:
+                logger.warning("no Triton rows: %s", exc)
+                continue
+            server = triton(fresh_dir(work / engine), image, sorted({k for k, _ in wanted}))
+        else:
+            server = torchserve(fresh_dir(work / engine), image, sorted(set(wanted)))
+        logger.info("starting %s", engine)
+        with server as target:
+            for kind, images in wanted:
+                row = measure(target, kind, images, seconds)
+                logger.info(
+                    "%s %s x%d: %.0f requests/s, %.0f images/s, p50 %.1f ms, %d errors",
+                    engine,
+                    kind,
+                    images,
+                    row.requests_per_s,
+                    row.images_per_s,
+                    row.p50_ms,
+                    row.errors,
+                )
+                measured.append(row)
+    return measured
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.ceiling", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--seconds", type=float, default=12.0, help="measured time per row")
+    parser.add_argument(
+        "--quick", action="store_true", help="one 2 s row per engine (core, 8 images)"
+    )
+    parser.add_argument(
+        "--engine", choices=ENGINES, action="append", help="only this engine (repeatable)"
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    args = parser.parse_args(argv)
+    setup_cli("bench.ceiling", args.quiet)
+    if args.quick:
+        plan_rows, seconds = [(e, "core", 8) for e in ENGINES], 2.0
+    else:
+        plan_rows = [(e, k, n) for e in ENGINES for k in KINDS for n in SIZES]
+        seconds = args.seconds
+    plan_rows = [r for r in plan_rows if r[0] in (args.engine or ENGINES)]
+    machine = describe_machine()
+    # Not under build/: the staged copies of our packages would count as more modules.
+    with tempfile.TemporaryDirectory(prefix="bench-ceiling-") as work:
+        rows = run(plan_rows, seconds, Path(work))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "ceiling.json").write_text(
+        json.dumps({"machine": machine, "rows": [asdict(r) for r in rows]}, indent=2) + "\n"
+    )
+    (args.out / "ceiling.md").write_text(report(rows, machine, seconds))
+    print(report(rows, machine, seconds))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

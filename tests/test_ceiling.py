@@ -1,0 +1,71 @@
+"""``python -m bench.ceiling --quick`` against each engine: the null models load, take our
+requests and answer every one 200 (a seconds-long load, so its rates only have to be
+positive); and the plan's arithmetic on known rows."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from bench.ceiling import GPU_FIGURES, Row, plan
+from tests.conftest import REPO
+
+
+def quick(engine: str, out) -> list[dict]:
+    argv = ["--quick", "--quiet", "--engine", engine, "--out", str(out)]
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.ceiling", *argv],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = json.loads((out / "ceiling.json").read_text())["rows"]
+    assert [(r["engine"], r["kind"], r["images"]) for r in rows] == [(engine, "core", 8)]
+    report = (out / "ceiling.md").read_text()
+    assert f"| {engine} | core | 8 |" in report and "## Planning one H100" in report
+    return rows
+
+
+def check(row: dict) -> None:
+    assert row["requests"] > 0 and row["errors"] == 0, row["error_kinds"]
+    assert row["requests_per_s"] > 0
+    assert row["images_per_s"] == pytest.approx(8 * row["requests_per_s"])
+    assert row["p99_ms"] >= row["p50_ms"] > 0
+    assert 8 <= row["batch_images"] <= 64  # whole requests, at most one full batch
+    assert row["worker_ms"] > 0 and row["frontend_ms"] > 0
+
+
+@pytest.mark.integration
+def test_torchserve_null_core_answers_every_request(tmp_path):
+    check(*quick("torchserve", tmp_path))
+
+
+@pytest.mark.integration
+def test_triton_null_core_answers_every_request(tmp_path):
+    from tritonrepo.install import NotInstalled, TritonInstall
+
+    try:
+        TritonInstall().check()
+    except NotInstalled as exc:
+        pytest.skip(f"no Triton server: {exc}")
+    check(*quick("triton", tmp_path))
+
+
+def test_plan_counts_workers_and_frontend_cores():
+    """2.5 worker ms and 0.5 frontend ms per 8-image request: 10,000 img/s is 1,250
+    requests/s, 3.1 worker cores (4 workers) and 0.6 frontend cores."""
+    row = Row("torchserve", "core", 8, 16, 100, 0, {}, 50.0, 400.0, 5.0, 9.0, 64.0, 0.5, 2.5, 0.1)
+    needs = plan([row, Row("triton", "bare", 1, *[math.nan] * 12)])  # bare rows are not planned
+    assert len(needs) == len(GPU_FIGURES)
+    gpu, rate = GPU_FIGURES[1]
+    need = next(n for n in needs if n.gpu == gpu)
+    assert need.requests_per_s == pytest.approx(rate / 8)
+    assert need.worker_cores == pytest.approx(rate / 8 * 2.5 / 1000)
+    assert need.workers == math.ceil(rate / 8 * 2.5 / 1000)
+    assert need.frontend_cores == pytest.approx(rate / 8 * 0.5 / 1000)
