@@ -20,7 +20,7 @@ from servecore import service
 from servecore.backends import Backend
 from servecore.precision import Choice
 
-INPUT_SHAPE = (3, 224, 224)  # what the weights' transform makes of every image
+INPUT_SHAPE = (3, 224, 224)  # the served input of every image: a uint8 crop
 
 
 def null_backend(*_args, **_kwargs) -> tuple[Backend, Choice]:
@@ -40,5 +40,5 @@ def null_core(build: Callable[[], None], model: Callable[[], service.ImageModel]
     """Run ``build`` with no backend loaded, then make ``model()``'s decode a no-op."""
     with mock.patch.object(service, "serving_backend", null_backend):
         build()
-    pixels = torch.zeros(INPUT_SHAPE)
+    pixels = torch.zeros(INPUT_SHAPE, dtype=torch.uint8)
     model().intake.preprocessor.decode = lambda _opened: pixels  # type: ignore[method-assign]
