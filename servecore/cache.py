@@ -146,7 +146,9 @@ class AnswerCache:
         keys = tuple(self.key(image, request) for image in request.request.images)
         found = tuple(self.get(key) for key in keys)
         missing = tuple(img for img, entry in zip(request.images, found) if entry is None)
-        return Looked(request.request_id, request.request, missing, keys, found)
+        return Looked(
+            request.request_id, request.request, missing, keys, found, priority=request.priority
+        )
 
     def get(self, key: CacheKey) -> Entry | None:
         held = self.entries.get(key)

@@ -5,6 +5,7 @@ precisions, ``topk`` or outputs; a hit skips decoding and the forward pass, is m
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import tracemalloc
@@ -20,6 +21,7 @@ from servecore.explain.options import ExplainSpec
 from servecore.intake import Preprocessor
 from servecore.parse import OutputSpec, ParsedRequest, Protocol
 from servecore.stages import Explaining, Failed, Opened
+from servecore.traffic import Priority
 from tests import imagegen
 from tests.corpus import b64
 from tests.handler_context import make_handler, run_batch
@@ -131,6 +133,14 @@ def test_explanation_and_failed_requests_pass_the_lookup_untouched():
     assert looked[:2] == [explaining, failed]
     assert isinstance(looked[2], Looked) and looked[2].hits == (True,)
     assert AnswerCache(0, spec(), "f32").lookup([plain]) == [plain]  # off: nothing looked up
+
+
+def test_a_looked_up_request_keeps_its_class():
+    """A bulk request stays bulk after the lookup (the class is the request's, not the cache's)."""
+    cache = AnswerCache(1 << 20, spec(), "f32")
+    bulk = dataclasses.replace(opened(PHOTO_A), priority=Priority.BULK)
+    (looked,) = cache.lookup([bulk])
+    assert isinstance(looked, Looked) and looked.priority is Priority.BULK
 
 
 @pytest.fixture(scope="module")
