@@ -15,6 +15,7 @@ import importlib
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -43,7 +44,7 @@ from tests.served import v2_infer as infer
 from tritonrepo.generate import config_pbtxt
 from tritonrepo.server import Triton, server_keys
 from tsclient import metrics as tsclient_metrics
-from tsclient.keys import Keys
+from tsclient.keys import TRITON_KEY_FILE, Keys
 
 REPO = Path(__file__).resolve().parent.parent
 EMBEDDING, TAGGER = "resnet50-embedding", "resnet50-tagger"
@@ -831,6 +832,27 @@ def test_a_timeout_shorter_than_the_queue_is_refused_by_triton_before_the_model(
     after = stats(triton, TAGGER)
     success = after["inference_stats"]["success"]["count"]
     assert success == stats_before["inference_stats"]["success"]["count"] + 1
+
+
+def test_tsctl_finds_tritons_key_file_where_make_serve_triton_writes_it(triton, tmp_path):
+    """``tsctl tag --url`` against a Triton, run from a folder holding the key file where
+    ``make serve-triton`` writes it (build/triton-key_file.json), needs no ``--key-file``."""
+    (tmp_path / "build").mkdir()
+    shutil.copy(triton.key_file, tmp_path / TRITON_KEY_FILE)
+    photo = tmp_path / "photo.jpg"
+    photo.write_bytes(PHOTOS[0])
+    tagged = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "tsctl"), "--json", "tag", str(photo), "--url", triton.url],
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if k != "TSCTL_KEY_FILE"}
+        | {"PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert tagged.returncode == 0, tagged.stderr
+    (tags,) = json.loads(tagged.stdout).values()
+    assert len(tags) == HandlerConfig().top_k and all(tag["label"] for tag in tags)
 
 
 def test_tsctl_lists_checks_and_reads_triton_and_says_what_it_cannot(triton):

@@ -38,7 +38,7 @@ import requests
 
 from tritonrepo.install import TritonInstall
 from tsclient import ports
-from tsclient.keys import Keys
+from tsclient.keys import TRITON_KEY_FILE, Keys
 
 REPO = Path(__file__).resolve().parent.parent
 REPOSITORY = REPO / "build" / "triton"
@@ -51,8 +51,7 @@ DEFAULT_PORTS = {
 # then it closes them and unloads. In a pod, below the grace period (kserve/triton-runtime).
 EXIT_TIMEOUT = 30
 ANY_ADDRESS = "0.0.0.0"
-# Not ./key_file.json: TorchServe rewrites that one when it starts in the same folder.
-KEY_FILE = REPO / "build" / "triton-key_file.json"
+KEY_FILE = REPO / TRITON_KEY_FILE
 # Triton's API groups (its RESTRICTED_CATEGORY_NAMES) by the key each wants; "health" open.
 RESTRICTED = {
     "inference": ("inference", "metadata"),

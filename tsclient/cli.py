@@ -45,7 +45,7 @@ from tsclient import errors, metrics, objectstore, ports, triton
 from tsclient.client import TIMEOUT_S, TorchServeClient
 from tsclient.collection import STDIN, Collection, Shard
 from tsclient.engine import Engine, detect
-from tsclient.keys import KEY_FILE, KINDS, Keys
+from tsclient.keys import KEY_FILE, KINDS, TRITON_KEY_FILE, Keys
 from tsclient.progress import JobProgress, waiting
 from tsclient.traffic import CLASSES, Traffic
 
@@ -925,8 +925,8 @@ def _url_arguments(c: argparse.ArgumentParser, what: str = URL_HELP) -> None:
 def make_client(args) -> TorchServeClient:
     """The local TorchServe with its key file; or ``--url`` (TorchServe behind KServe, or
     Triton, asked which when it matters: a ``TritonClient`` for ``TRITON_COMMANDS``) with the
-    keys of ``--key-file`` when given, else a bearer token from the environment (none when the
-    variable is unset), and TLS verified."""
+    keys of ``--key-file`` when given, else a bearer token from the environment, else (a Triton
+    behind ``--url``) the key file ``make serve-triton`` wrote, and TLS verified."""
     if getattr(args, "url", None) is None:
         return TorchServeClient(
             args.inference_url,
@@ -948,6 +948,12 @@ def make_client(args) -> TorchServeClient:
     )
     if args.ca_bundle:
         client.session.verify = args.ca_bundle
+    # No key given, and a Triton started from here (make serve-triton) keeps its keys in this
+    # file: used when the URL is a Triton, as ./key_file.json is for TorchServe.
+    triton_keys = Path(TRITON_KEY_FILE)
+    if not (args.key_file or token) and triton_keys.is_file() and client.engine is Engine.TRITON:
+        args.key_file = TRITON_KEY_FILE
+        client.use_key_file(triton_keys)
     if args.command not in TRITON_COMMANDS or client.engine is not Engine.TRITON:
         if args.command in TRITON_ONLY:
             raise errors.UsageError(

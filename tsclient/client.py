@@ -168,6 +168,11 @@ class TorchServeClient:
             raise errors.KeyFileError("no keys given", "pass key_file= or keys=")
         return self._keys
 
+    def use_key_file(self, path: Path) -> None:
+        """Read the keys from ``path`` from now on (a key file chosen once the engine is
+        known)."""
+        self.key_file, self._keys = path, None
+
     def rotate(self, kind: str) -> Keys:
         """Ask the server for a new ``inference`` or ``management`` key (with the API key from
         the key file; the server rewrites the file) and return the new keys."""

@@ -19,6 +19,9 @@ from tsclient.errors import KeyFileError
 
 KINDS = ("inference", "management")
 KEY_FILE = "key_file.json"  # where torchserve writes it: the folder it was started from
+# Where tritonrepo.server keeps Triton's keys, from the repository root (Triton has no key file
+# of its own; not ./key_file.json, which TorchServe rewrites when it starts in the same folder).
+TRITON_KEY_FILE = "build/triton-key_file.json"
 
 
 @dataclass(frozen=True)
