@@ -224,16 +224,19 @@ bench-traffic: setup config archives samples triton-server
 	$(PY) -m bench.traffic
 
 # KServe (kserve/README.md). The storage bundle our runtime reads, as a folder and a .tar.gz
-# under build/kserve/ (KSERVE_DEVICE=gpu with BACKEND=eager for the GPU bundle,
+# under build/kserve/ (KSERVE_DEVICE=gpu for the GPU bundle: eager archives packed with each
+# model's gpu: section for KSERVE_GPUS GPUs per pod, buildsteps/gpu.py;
 # KSERVE_MODEL_VERSION=2.0 for the canary's; KSERVE_ENGINE=triton: the model repository our
-# Triton runtime reads, build/kserve/resnet50-triton/), and the offline lint of every manifest.
+# Triton runtime reads, build/kserve/resnet50-triton/, with KSERVE_DEVICE=gpu the KIND_GPU one
+# for the stock runtime, resnet50-triton-gpu/), and the offline lint of every manifest.
 KSERVE_ENGINE ?= torchserve
 KSERVE_DEVICE ?= cpu
+KSERVE_GPUS ?= 1
 KSERVE_MODEL_VERSION ?=
 .PHONY: kserve-bundle kserve-lint
 
 kserve-bundle: $(VENV)/.installed config archives
-	$(PY) -m kserve_tools.bundle --engine "$(KSERVE_ENGINE)" --device "$(KSERVE_DEVICE)" $(if $(KSERVE_MODEL_VERSION),--model-version "$(KSERVE_MODEL_VERSION)")
+	$(PY) -m kserve_tools.bundle --engine "$(KSERVE_ENGINE)" --device "$(KSERVE_DEVICE)" --gpus "$(KSERVE_GPUS)" $(if $(KSERVE_MODEL_VERSION),--model-version "$(KSERVE_MODEL_VERSION)")
 
 kserve-lint: $(VENV)/.installed config
 	$(PY) -m kserve_tools.lint

@@ -102,8 +102,9 @@ def gpu_settings(model_yaml: Path, gpus: int) -> dict:
 def model_config(model_yaml: Path, gpus: int) -> dict:
     """The archive's model-config.yaml for GPUs: the model's YAML with ``gpu_settings`` at
     the top and no ``gpu:`` section (it has been applied)."""
-    config = {k: v for k, v in _read(model_yaml).items() if k != SECTION}
-    return {**config, **gpu_settings(model_yaml, gpus)}
+    settings = gpu_settings(model_yaml, gpus)
+    rest = {k: v for k, v in _read(model_yaml).items() if k != SECTION and k not in settings}
+    return {**settings, **rest}
 
 
 def write_model_configs(out: Path, gpus: int, models_dir: Path = MODELS_DIR) -> list[Path]:

@@ -165,3 +165,98 @@ def test_the_makefile_passes_device_and_gpus_on():
         [make, "-n", "-C", str(REPO), "serve", "DEVICE=tpu"], capture_output=True, text=True
     )
     assert refused.returncode != 0 and "DEVICE must be cpu or gpu" in refused.stderr
+
+
+# ---------------------------------------------------------------------- the KServe bundles
+
+
+@pytest.fixture
+def weights(tmp_path):
+    """A weights folder archive.sh accepts for eager archives: the real labels and provenance,
+    a stand-in checkpoint (what the archive carries is checked, not what it computes)."""
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    for name in ("weights_info.json", "index_to_name.json"):
+        shutil.copy2(REPO / "build" / "weights" / name, folder / name)
+    (folder / "resnet50.pt").write_bytes(b"stand-in checkpoint")
+    return folder
+
+
+def _packed_config(mar) -> tuple[dict, dict]:
+    """An archive's manifest and the model-config.yaml it carries (what TorchServe reads)."""
+    import zipfile
+
+    with zipfile.ZipFile(mar) as archive:
+        manifest = json.loads(archive.read("MAR-INF/MANIFEST.json"))["model"]
+        return manifest, yaml.safe_load(archive.read(manifest["configFile"]))
+
+
+def test_the_gpu_bundle_configures_gpu_workers(tmp_path, weights):
+    """make kserve-bundle KSERVE_DEVICE=gpu KSERVE_GPUS=2: eager archives whose packed YAML
+    says deviceType gpu, deviceIds 0..1 and workersPerGpu x 2 workers; config.properties
+    with number_of_gpu=2 and the same workers; the bundle lint finds nothing."""
+    from kserve_tools.bundle import build
+    from kserve_tools.lint import bundle_findings
+
+    bundle = build(tmp_path / "out", "gpu", gpus=2, weights_dir=weights)
+    assert bundle.folder.name == "resnet50-serve-gpu"
+    assert bundle_findings(bundle.folder) == []
+    properties = javaproperties.loads((bundle.folder / "config" / "config.properties").read_text())
+    assert properties["number_of_gpu"] == "2"
+    entries = json.loads(properties["models"])
+    assert set(entries) == set(configgen.model_names())  # no bulk lane in a pod
+    for model in configgen.model_names():
+        manifest, packed = _packed_config(bundle.folder / "model-store" / f"{model}.mar")
+        assert manifest["serializedFile"] == "resnet50.pt"  # eager: PyTorch runs on CUDA
+        assert packed["deviceType"] == "gpu" and packed["deviceIds"] == [0, 1]
+        workers = 2 * _per_gpu(model)
+        assert packed["minWorkers"] == packed["maxWorkers"] == workers
+        assert entries[model]["1.0"]["minWorkers"] == workers
+        source = yaml.safe_load((MODELS / f"{model}.yaml").read_text())
+        assert packed["handler"] == source["handler"]
+
+
+def test_the_triton_gpu_bundle_has_kind_gpu_instances(tmp_path, weights, capsys):
+    """make kserve-bundle KSERVE_ENGINE=triton KSERVE_DEVICE=gpu: the repository for KServe's
+    stock Triton runtime on a GPU node, KIND_GPU in every config.pbtxt, eager model files."""
+    from kserve_tools.bundle import build_triton
+    from kserve_tools.bundle import main as bundle_main
+
+    bundle = build_triton(tmp_path / "out", gpus=1, weights_dir=weights)
+    assert bundle.folder.name == "resnet50-triton-gpu"
+    for model in configgen.model_names():
+        config = _pbtxt((bundle.folder / model / "config.pbtxt").read_text())
+        (group,) = config.instance_group
+        assert group.kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
+        assert (group.count, list(group.gpus)) == (_per_gpu(model), [0])
+        assert config.parameters["serialized_file"].string_value == "resnet50.pt"
+        assert (bundle.folder / model / "1" / "resnet50.pt").is_file()
+    with pytest.raises(SystemExit):
+        bundle_main(["--engine", "triton", "--model-version", "2.0", "--out", str(tmp_path)])
+    assert "--model-version is TorchServe's" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("target", ["overlays/gpu", "triton"])
+def test_gpu_inference_services_are_linted_against_the_gpu_workers(target):
+    """A pod asking for nvidia.com/gpu runs the GPU deployment's workers: the lint's batch-fill
+    rule (containerConcurrency >= batchSize x maxWorkers) uses those, and the manifests meet
+    it; with the CPU deployment's need met but not the GPU one's, the lint says so."""
+    from kserve_tools import lint as kserve_lint
+    from kserve_tools.lint import _gpus
+    from kserve_tools.lint.inferenceservice import ServingLimits
+    from kserve_tools.render import render
+
+    (isvc,) = [r for r in render(REPO / "kserve" / target) if r.kind == "InferenceService"]
+    assert _gpus(isvc) == 1
+    need = ServingLimits.from_models(gpu.repo_models(1)).min_concurrency
+    cpu_need = ServingLimits.from_models(configgen.repo_models()).min_concurrency
+    assert need == max(s["batchSize"] * _per_gpu(m) for m, s in configgen.repo_models().items())
+    predictor = isvc.obj["spec"]["predictor"]
+    assert predictor["containerConcurrency"] >= need
+    assert kserve_lint.lint([REPO / "kserve" / target]) == []
+    if need > cpu_need:
+        predictor["containerConcurrency"] = cpu_need
+        problems = kserve_lint.inference_service_findings(
+            isvc, {}, ServingLimits.from_models(gpu.repo_models(1))
+        )
+        assert any("a batch could never fill" in str(p) for p in problems)
