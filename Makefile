@@ -14,6 +14,9 @@
 #            GATE_PHOTOS=dir: judge int8 on your own photos (every image under dir).
 #            Not handler.precision in config/models/*.yaml: that is the runtime arithmetic.
 #            MODEL_API=1 (make serve): registering and unregistering models on (off by default).
+#            DEVICE=cpu (default)|gpu, GPUS=1: gpu builds the GPU deployment beside the CPU one
+#            (make gpu: build/gpu/, eager archives with each model's `gpu:` section) and
+#            make serve / make triton-repo use it (docs/operations.md, "GPUs").
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -24,6 +27,14 @@ BUILD_DEFAULTS := $(shell $(PYTHON) -m model_files.artifacts defaults)
 BACKEND ?= $(word 1,$(BUILD_DEFAULTS))
 QUANTIZE ?= $(word 2,$(BUILD_DEFAULTS))
 GATE_PHOTOS ?=
+DEVICE ?= cpu
+GPUS ?= 1
+ifeq ($(filter cpu gpu,$(DEVICE)),)
+$(error DEVICE must be cpu or gpu, got '$(DEVICE)')
+endif
+GPU := $(filter gpu,$(DEVICE))
+GPU_DIR := build/gpu
+TS_CONFIG := $(if $(GPU),$(GPU_DIR)/config.properties,config/config.properties)
 INT8 := $(and $(filter int8,$(QUANTIZE)),$(filter openvino,$(BACKEND)))
 ifdef PRECISION
 $(error PRECISION is now QUANTIZE=none|int8 (the runtime arithmetic is handler.precision in config/models/*.yaml))
@@ -33,7 +44,7 @@ MODEL_CONFIGS := $(wildcard config/models/*.yaml)
 SOURCES := $(wildcard handlers/*.py servecore/*.py servecore/*/*.py model_files/*.py) $(MODEL_CONFIGS) archive.sh \
            buildsteps/configgen.py
 
-.PHONY: setup java config weights archives samples serve lint test test-fast triton-server triton-repo serve-triton bench bench-sweep bench-ingestion bench-collection bench-traffic bench-ceiling soak clean
+.PHONY: setup java config weights archives gpu samples serve lint test test-fast triton-server triton-repo serve-triton bench bench-sweep bench-ingestion bench-collection bench-traffic bench-ceiling soak clean
 .DEFAULT_GOAL := test
 
 setup: $(VENV)/.installed java kubectl chromium prometheus
@@ -99,6 +110,11 @@ eval: setup weights
 	@test -n "$(PHOTOS)" || { echo "usage: make eval PHOTOS=folder" >&2; exit 2; }
 	$(PY) -m buildsteps.evaluate "$(PHOTOS)"
 
+# The GPU deployment (buildsteps/gpu.py): build/gpu/config.properties (number_of_gpu=$(GPUS),
+# workersPerGpu x GPUS workers per model) and its eager archives in build/gpu/model-store.
+gpu: config weights
+	@$(PY) -m buildsteps.gpu --gpus "$(GPUS)"
+
 samples: $(VENV)/.installed
 	@$(PY) -m devtools.samples --out build/samples --heldout build/heldout >/dev/null
 
@@ -107,11 +123,11 @@ samples: $(VENV)/.installed
 # live there, not in a shared /tmp; removed when the server stops. MODEL_API=1 turns on
 # registering and unregistering models (off in config/server.properties, which says why).
 MODEL_API ?=
-serve: setup config archives samples
+serve: setup config archives samples $(GPU)
 	@umask 077 && tmp=$$(mktemp -d -t torchserve.XXXXXX) && trap 'rm -rf "$$tmp"' EXIT INT TERM && \
 	echo "TorchServe temp folder: $$tmp$(if $(filter 1,$(MODEL_API)), (model API on))" && \
 	TMPDIR="$$tmp" TEMP="$$tmp" $(VENV)/bin/torchserve --start --foreground --ncs \
-		--ts-config config/config.properties $(if $(filter 1,$(MODEL_API)),--enable-model-api)
+		--ts-config $(TS_CONFIG) $(if $(filter 1,$(MODEL_API)),--enable-model-api)
 
 # Prometheus with config/monitoring's rules scraping make serve's metrics port (run make serve
 # in another terminal; MONITOR_ENGINE=triton: make serve-triton's), its UI on
@@ -141,8 +157,9 @@ $(TRITON_VENV)/.installed: requirements-triton.txt tritonrepo/install.py
 	$(PY) -m tritonrepo.install
 	@touch $@
 
-triton-repo: config archives
-	$(PY) -m tritonrepo.generate
+# DEVICE=gpu: KIND_GPU instance groups (workersPerGpu on each of GPUS) from the GPU archives.
+triton-repo: config archives $(GPU)
+	$(PY) -m tritonrepo.generate $(if $(GPU),--gpus "$(GPUS)" --model-store $(GPU_DIR)/model-store)
 
 serve-triton: setup triton-server triton-repo
 	$(PY) -m tritonrepo.server
@@ -220,16 +237,19 @@ bench-ceiling: setup config weights samples triton-server
 	$(PY) -m bench.ceiling
 
 # KServe (kserve/README.md). The storage bundle our runtime reads, as a folder and a .tar.gz
-# under build/kserve/ (KSERVE_DEVICE=gpu with BACKEND=eager for the GPU bundle,
+# under build/kserve/ (KSERVE_DEVICE=gpu for the GPU bundle: eager archives packed with each
+# model's gpu: section for KSERVE_GPUS GPUs per pod, buildsteps/gpu.py;
 # KSERVE_MODEL_VERSION=2.0 for the canary's; KSERVE_ENGINE=triton: the model repository our
-# Triton runtime reads, build/kserve/resnet50-triton/), and the offline lint of every manifest.
+# Triton runtime reads, build/kserve/resnet50-triton/, with KSERVE_DEVICE=gpu the KIND_GPU one
+# for the stock runtime, resnet50-triton-gpu/), and the offline lint of every manifest.
 KSERVE_ENGINE ?= torchserve
 KSERVE_DEVICE ?= cpu
+KSERVE_GPUS ?= 1
 KSERVE_MODEL_VERSION ?=
 .PHONY: kserve-bundle kserve-lint
 
 kserve-bundle: $(VENV)/.installed config archives
-	$(PY) -m kserve_tools.bundle --engine "$(KSERVE_ENGINE)" --device "$(KSERVE_DEVICE)" $(if $(KSERVE_MODEL_VERSION),--model-version "$(KSERVE_MODEL_VERSION)")
+	$(PY) -m kserve_tools.bundle --engine "$(KSERVE_ENGINE)" --device "$(KSERVE_DEVICE)" --gpus "$(KSERVE_GPUS)" $(if $(KSERVE_MODEL_VERSION),--model-version "$(KSERVE_MODEL_VERSION)")
 
 kserve-lint: $(VENV)/.installed config
 	$(PY) -m kserve_tools.lint

@@ -114,6 +114,19 @@ PANELS: list[tuple[str, str, list[tuple[str, str]], str]] = [
         [("model_name:ts_worker_restarts:changes15m", "{{model_name}}")],
         "Restarts in the last 15 minutes; alert TorchServeWorkerRestarting at 3.",
     ),
+    (
+        "GPU utilisation",
+        "percentunit",
+        [("instance_gpu:gpu_utilization:ratio", "{{instance}} GPU {{gpu}}")],
+        "How busy each GPU is (TorchServe samples it every minute, Triton every second); "
+        "empty on CPU hosts. Alert GPUIdleUnderLoad under 30% while images flow.",
+    ),
+    (
+        "GPU memory",
+        "percentunit",
+        [("instance_gpu:gpu_memory_used:ratio", "{{instance}} GPU {{gpu}}")],
+        "Share of each GPU's memory in use; alert GPUMemoryNearlyFull over 90%.",
+    ),
 ]
 # (title, expr, legend): stat panels across the top.
 STATS: list[tuple[str, str, str]] = [
@@ -137,7 +150,7 @@ def build() -> dict:
         dashboard.Dashboard("resnet50-serve: TorchServe")
         .uid("resnet50-serve-torchserve")
         .description(
-            "Throughput, latency, batches, errors, refusals and workers of the "
+            "Throughput, latency, batches, errors, refusals, workers and GPUs of the "
             "resnet50-serve models (config/monitoring; docs/operations.md)."
         )
         .tags(["torchserve", "resnet50-serve"])

@@ -1,8 +1,9 @@
 """Build the storage bundle our KServe runtimes read from ``storageUri``, as a folder and a
 ``.tar.gz`` (``make kserve-bundle``, ``make kserve-bundle KSERVE_ENGINE=triton``).
 
-    python -m kserve_tools.bundle [--out build/kserve] [--device cpu|gpu] [--model-version 1.0]
-    python -m kserve_tools.bundle --engine triton [--out build/kserve]
+    python -m kserve_tools.bundle [--out build/kserve] [--device cpu|gpu [--gpus 1]]
+                                  [--model-version 1.0]
+    python -m kserve_tools.bundle --engine triton [--out build/kserve] [--device gpu [--gpus 1]]
 
 The bundle is the tree KServe's storage initializer puts at ``/mnt/models`` and the runtime's
 command reads (``torchserve --model-store=/mnt/models/model-store
@@ -16,15 +17,20 @@ command reads (``torchserve --model-store=/mnt/models/model-store
     model-store/<model>.mar    one archive per config/models/<model>.yaml (<model>-<version>.mar
                                for another version)
 
-Name: ``resnet50-serve``, plus ``-gpu`` for ``--device gpu`` (``deviceType: gpu`` per model,
-``number_of_gpu=1``; eager archives required) and ``-<version>`` for another archive version
-(re-archived with ``archive.sh`` under that version, e.g. the 2.0 canary). The ``.tar.gz`` holds
-``config/`` and ``model-store/`` at its top: kserve-storage unpacks a single archive it
-downloads into ``/mnt/models``.
+Name: ``resnet50-serve``, plus ``-gpu`` for ``--device gpu`` and ``-<version>`` for another
+archive version (re-archived with ``archive.sh`` under that version, e.g. the 2.0 canary). The
+GPU bundle is ``buildsteps.gpu``'s deployment for ``--gpus`` GPUs (the pod's
+``nvidia.com/gpu``): eager archives packed here from the weights with each model's GPU
+model-config.yaml (``deviceType: gpu``, ``deviceIds``, ``workersPerGpu`` x GPUs workers) and
+``number_of_gpu`` in its config.properties; ``model-store/`` is not used for it. The
+``.tar.gz`` holds ``config/`` and ``model-store/`` at its top: kserve-storage unpacks a single
+archive it downloads into ``/mnt/models``.
 
 For our Triton runtime (``--engine triton``, ``kserve/triton-runtime``) the bundle is the model
 repository ``tritonrepo.generate`` writes (``make triton-repo``'s), one folder per model at its
 top, named ``resnet50-triton``; the runtime's launcher serves ``/mnt/models`` as the repository.
+With ``--device gpu``, ``resnet50-triton-gpu``: the repository of the GPU archives with
+``KIND_GPU`` instance groups, for KServe's stock Triton runtime on a GPU node (``kserve/triton``).
 """
 
 from __future__ import annotations
@@ -39,8 +45,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from buildsteps import gpu as gpu_deployment
 from buildsteps.configgen import REPO, VERSION, archive_name, local_config, repo_models
-from devtools.server import rewrite_properties
 from model_files.artifacts import archive_quantize, backend_of, read_manifest
 from tritonrepo.generate import generate as generate_triton_repository
 
@@ -70,13 +76,14 @@ def bundle_name(device: str = "cpu", version: str = VERSION) -> str:
     )
 
 
-def bundle_config(device: str = "cpu", version: str = VERSION) -> str:
-    """The bundle's config.properties text, from the same sources as config/config.properties."""
-    models = repo_models()
+def bundle_config(device: str = "cpu", version: str = VERSION, gpus: int = 1) -> str:
+    """The bundle's config.properties text, from the same sources as config/config.properties
+    (``device`` gpu: ``buildsteps.gpu``'s for ``gpus`` GPUs, with ``number_of_gpu``)."""
     if device == "gpu":
-        models = {name: {**settings, "deviceType": "gpu"} for name, settings in models.items()}
-    text = local_config(SERVER_PROPERTIES, models, version)
-    return rewrite_properties(text, {"number_of_gpu": "1"}) if device == "gpu" else text
+        return gpu_deployment.config_properties(
+            gpus, SERVER_PROPERTIES, lanes=False, version=version
+        )
+    return local_config(SERVER_PROPERTIES, repo_models(), version)
 
 
 def archive_identity(mar: Path) -> tuple[str, str, str]:
@@ -120,8 +127,12 @@ def build(
     device: str = "cpu",
     version: str = VERSION,
     model_store: Path = MODEL_STORE,
+    gpus: int = 1,
+    weights_dir: Path = gpu_deployment.WEIGHTS_DIR,
 ) -> Bundle:
-    """Build ``out/<name>/`` and ``out/<name>.tar.gz`` (replacing older ones)."""
+    """Build ``out/<name>/`` and ``out/<name>.tar.gz`` (replacing older ones): the archives of
+    ``model_store``, or for ``device`` gpu the GPU archives for ``gpus`` GPUs packed from
+    ``weights_dir``."""
     if device not in DEVICES:
         raise SystemExit(f"device must be one of {DEVICES}, got {device!r}")
     out = Path(out)
@@ -132,21 +143,18 @@ def build(
         stage = Path(tmp) / name
         (stage / "config").mkdir(parents=True)
         (stage / "model-store").mkdir()
-        (stage / "config" / "config.properties").write_text(bundle_config(device, version))
+        (stage / "config" / "config.properties").write_text(bundle_config(device, version, gpus))
         shutil.copy2(METRICS, stage / "config" / "metrics.yaml")
         shutil.copy2(READINESS, stage / "config" / "readiness.py")
         shutil.copy2(SERVE, stage / "config" / "serve.sh")
-        _copy_archives(stage / "model-store", models, version, Path(model_store))
+        if device == "gpu":
+            gpu_deployment.archive(stage / "model-store", gpus, Path(weights_dir), version)
+        else:
+            _copy_archives(stage / "model-store", models, version, Path(model_store))
         for mar in sorted((stage / "model-store").glob("*.mar")):
-            _, mar_version, backend = archive_identity(mar)
+            _, mar_version, _ = archive_identity(mar)
             if mar_version != version:
                 raise SystemExit(f"{mar.name} is version {mar_version}, the bundle {version}")
-            if device == "gpu" and backend != "eager":
-                raise SystemExit(
-                    f"{mar.name} runs on {backend}: a GPU bundle needs eager "
-                    "archives; run `make kserve-bundle BACKEND=eager "
-                    "KSERVE_DEVICE=gpu`"
-                )
         return _publish(stage, out)
 
 
@@ -154,16 +162,22 @@ def build_triton(
     out: Path = REPO / "build" / "kserve",
     model_store: Path = MODEL_STORE,
     precision: str | None = None,
+    gpus: int | None = None,
+    weights_dir: Path = gpu_deployment.WEIGHTS_DIR,
 ) -> Bundle:
     """Build ``out/resnet50-triton/`` and its ``.tar.gz``: the Triton model repository of
     ``model_store``'s archives (``precision`` pins ``handler.precision``, as
-    ``tritonrepo.generate --precision`` does)."""
+    ``tritonrepo.generate --precision`` does). ``gpus``: ``out/resnet50-triton-gpu/``, the
+    repository of GPU archives packed from ``weights_dir`` with ``KIND_GPU`` instances."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out) as tmp:
-        stage = Path(tmp) / TRITON_NAME
+        stage = Path(tmp) / (TRITON_NAME + ("-gpu" if gpus else ""))
+        if gpus:
+            model_store = Path(tmp) / "model-store"
+            gpu_deployment.archive(model_store, gpus, Path(weights_dir))
         generate_triton_repository(
-            stage, model_store=Path(model_store), precision=precision, lanes=False
+            stage, model_store=Path(model_store), precision=precision, lanes=False, gpus=gpus
         )
         return _publish(stage, out)
 
@@ -204,20 +218,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--device", choices=DEVICES, default="cpu")
     parser.add_argument(
+        "--gpus", type=int, default=1, help="GPUs per pod for --device gpu (nvidia.com/gpu: 1)"
+    )
+    parser.add_argument(
         "--model-version",
         default=VERSION,
         help=f"archive version, the key of models={{...}} ({VERSION})",
     )
     args = parser.parse_args(argv)
+    if args.gpus < 1:
+        parser.error("--gpus must be at least 1")
+    gpus = args.gpus if args.device == "gpu" else None
     if args.engine == "triton":
-        if (args.device, args.model_version) != ("cpu", VERSION):
+        if args.model_version != VERSION:
             parser.error(
-                "--engine triton builds the CPU repository of the current archives: "
-                "--device and --model-version are TorchServe's"
+                "--engine triton builds the repository of the current archives: "
+                "--model-version is TorchServe's"
             )
-        bundle = build_triton(args.out)
+        bundle = build_triton(args.out, gpus=gpus)
     else:
-        bundle = build(args.out, args.device, args.model_version)
+        bundle = build(args.out, args.device, args.model_version, gpus=gpus or 1)
     print(f"bundle folder:  {bundle.folder}\nbundle tarball: {bundle.tarball}")
     return 0
 

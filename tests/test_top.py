@@ -317,3 +317,74 @@ def test_live_view_in_an_80_column_terminal_quits_on_q(torchserve, tmp_path):
         assert "EXITED 0" in after, after
     finally:
         subprocess.run([*base, "kill-server"], capture_output=True, timeout=10)
+
+
+# TorchServe 0.12's GPU series as its Prometheus exporter writes them (config/metrics.yaml's
+# dimensions Level, DeviceId, Hostname): percent and MiB, sampled every minute.
+TORCHSERVE_GPUS = """\
+# HELP GPUUtilization Torchserve prometheus gauge metric with unit: Percent
+# TYPE GPUUtilization gauge
+GPUUtilization{Level="Host",DeviceId="0",Hostname="h",} 75.0
+GPUUtilization{Level="Host",DeviceId="1",Hostname="h",} 5.0
+# HELP GPUMemoryUtilization Torchserve prometheus gauge metric with unit: Percent
+# TYPE GPUMemoryUtilization gauge
+GPUMemoryUtilization{Level="Host",DeviceId="0",Hostname="h",} 50.0
+GPUMemoryUtilization{Level="Host",DeviceId="1",Hostname="h",} 1.25
+# HELP GPUMemoryUsed Torchserve prometheus gauge metric with unit: Megabytes
+# TYPE GPUMemoryUsed gauge
+GPUMemoryUsed{Level="Host",DeviceId="0",Hostname="h",} 40960.0
+GPUMemoryUsed{Level="Host",DeviceId="1",Hostname="h",} 1024.0
+"""
+# Triton 2.51's: a fraction and bytes per gpu_uuid, every second.
+TRITON_GPUS = """\
+# HELP nv_gpu_utilization GPU utilization rate [0.0 - 1.0)
+# TYPE nv_gpu_utilization gauge
+nv_gpu_utilization{gpu_uuid="GPU-c06bbf33-c250-ca45-579b-19134b518844"} 0.600000
+# HELP nv_gpu_memory_total_bytes GPU total memory, in bytes
+# TYPE nv_gpu_memory_total_bytes gauge
+nv_gpu_memory_total_bytes{gpu_uuid="GPU-c06bbf33-c250-ca45-579b-19134b518844"} 85899345920.000000
+# HELP nv_gpu_memory_used_bytes GPU used memory, in bytes
+# TYPE nv_gpu_memory_used_bytes gauge
+nv_gpu_memory_used_bytes{gpu_uuid="GPU-c06bbf33-c250-ca45-579b-19134b518844"} 21474836480.000000
+"""
+
+
+def _gpu_rows(screen: str) -> list[list[str]]:
+    lines = screen.splitlines()
+    header = next((i for i, line in enumerate(lines) if line.split()[:2] == ["gpu", "busy"]), None)
+    if header is None:
+        return []
+    return [line.split() for line in lines[header + 1 :] if line.strip()]
+
+
+@pytest.mark.parametrize(
+    ("engine", "gpus", "rows"),
+    [
+        # 40960 MiB at 50%: an 80 GiB card; the second GPU nearly idle.
+        (
+            "torchserve",
+            TORCHSERVE_GPUS,
+            [["0", "75%", "40960", "50%"], ["1", "5%", "1024", "1%"]],
+        ),
+        # 20 GiB of 80 GiB; the uuid shortened to its first 12 characters.
+        ("triton", TRITON_GPUS, [["GPU-c06bbf33", "60%", "20480", "25%"]]),
+    ],
+)
+def test_a_frame_shows_each_gpu_busy_and_its_memory(engine, gpus, rows):
+    if engine == "torchserve":
+        base = _metrics(10, 500_000, 100_000, 10, {1: 10}, {}, (10, 0, 0))
+    else:
+        base = _triton_metrics(10, 0, 500_000, 50_000, 10, {1: 10}, {})
+    workers = {TAGGER: []}
+    screen = top.frame(top.parse(base + gpus, workers, 0.0), top.parse(base + gpus, workers, 2.0))
+    assert _gpu_rows(screen) == rows
+    assert all(len(line) <= 80 for line in screen.splitlines()), screen
+
+
+def test_a_cpu_host_shows_no_gpu_lines():
+    """No GPU series, no GPU table: the frame is what it was before GPUs existed."""
+    text = _metrics(10, 500_000, 100_000, 10, {1: 10}, {}, (10, 0, 0))
+    workers = {TAGGER: []}
+    screen = top.frame(top.parse(text, workers, 0.0), top.parse(text, workers, 1.0))
+    assert _gpu_rows(screen) == []
+    assert "gpu" not in screen.lower()

@@ -2,11 +2,14 @@
 
     python -m tritonrepo.generate                   # build/triton/<model>/ for every model
     python -m tritonrepo.generate --out DIR --precision f32
+    python -m tritonrepo.generate --gpus 2 --model-store build/gpu/model-store   # KIND_GPU
 
 For each ``config/models/<model>.yaml`` it writes ``<model>/config.pbtxt`` (``max_batch_size``
 from ``batchSize``, ``max_queue_delay_microseconds`` from ``maxBatchDelay``, instances from
-``minWorkers``, the queue bound from TorchServe's ``job_queue_size`` and its timeout from
-``responseTimeout``; the ``handler:`` section as the model's ``handler`` parameter) and
+``minWorkers`` (with ``--gpus N``: a ``KIND_GPU`` group of the ``gpu:`` section's
+``workersPerGpu`` on each of GPUs 0..N-1, ``buildsteps.gpu``), the queue bound from
+TorchServe's ``job_queue_size`` and its timeout from ``responseTimeout``; the ``handler:``
+section as the model's ``handler`` parameter) and
 ``<model>/1/``: the adapter (``tritonrepo/model.py`` as ``model.py``, with the modules of
 ``tritonrepo`` it imports), the ``servecore`` and ``model_files`` packages it imports, and the
 model files of ``model-store/<model>.mar`` (the IR and its int8 sibling, labels, weights
@@ -34,6 +37,7 @@ from buildsteps.configgen import (
     job_queue_size,
     model_names,
 )
+from buildsteps.gpu import gpu_settings
 from model_files.artifacts import read_manifest
 from servecore.traffic import Priority
 
@@ -107,7 +111,7 @@ def config_pbtxt(
             "output [ " + ", ".join(f"{{ {' '.join(o)} }}" for o in outputs) + " ]",
             "dynamic_batching { max_queue_delay_microseconds: "
             f"{int(settings['maxBatchDelay']) * 1000} {priority_levels(settings, queue_size)} }}",
-            f"instance_group [ {{ count: {int(settings['minWorkers'])} kind: KIND_CPU }} ]",
+            instance_group(settings),
             *(
                 f"parameters: {{ key: {json.dumps(k)} value: {{ string_value: {json.dumps(v)} }} }}"
                 for k, v in parameters.items()
@@ -115,6 +119,19 @@ def config_pbtxt(
             "",
         ]
     )
+
+
+def instance_group(settings: dict) -> str:
+    """Triton's instances of a model: ``minWorkers`` on the CPU, or, for settings with
+    ``deviceIds`` (``buildsteps.gpu.gpu_settings``), as many on each of those GPUs as
+    TorchServe puts there (``minWorkers`` / GPUs): Triton makes ``count`` instances per GPU
+    listed and hands the Python backend ``model_instance_kind`` GPU and its device id."""
+    workers = int(settings["minWorkers"])
+    gpus = settings.get("deviceIds")
+    if not gpus:
+        return f"instance_group [ {{ count: {workers} kind: KIND_CPU }} ]"
+    ids = ", ".join(str(int(i)) for i in gpus)
+    return f"instance_group [ {{ count: {workers // len(gpus)} kind: KIND_GPU gpus: [ {ids} ] }} ]"
 
 
 def priority_levels(settings: dict, queue_size: int) -> str:
@@ -169,11 +186,13 @@ def write_model(
     execution_env: str | None = None,
     queue_size: int | None = None,
     lanes: bool = True,
+    gpus: int | None = None,
 ) -> list[Path]:
     """``out/<model>/``, rewritten whole, and with ``lanes`` its bulk lane
     ``out/<handler.bulk_model>/`` when it names one; ``precision`` pins ``handler.precision``;
     ``execution_env`` names the packed environment the model's folder will hold;
-    ``queue_size`` replaces TorchServe's ``job_queue_size`` as the queue bound."""
+    ``queue_size`` replaces TorchServe's ``job_queue_size`` as the queue bound; ``gpus``:
+    ``KIND_GPU`` instances on that many GPUs (the model's ``gpu:`` settings)."""
     source = models_dir / f"{model}.yaml"
     handler = dict((yaml.safe_load(source.read_text()) or {}).get("handler") or {})
     if precision:
@@ -201,7 +220,7 @@ def write_model(
     config = partial(
         config_pbtxt,
         model,
-        frontend_settings(source),
+        frontend_settings(source) if gpus is None else gpu_settings(source, gpus),
         handler,
         serialized,
         execution_env,
@@ -236,6 +255,7 @@ def generate(
     execution_env: str | None = None,
     queue_size: int | None = None,
     lanes: bool = True,
+    gpus: int | None = None,
 ) -> list[Path]:
     """The whole repository under ``out``: one folder per model of ``models_dir``, and with
     ``lanes`` one per bulk lane they name (``handler.bulk_model``)."""
@@ -252,6 +272,7 @@ def generate(
             execution_env=execution_env,
             queue_size=queue_size,
             lanes=lanes,
+            gpus=gpus,
         )
     ]
 
@@ -278,7 +299,16 @@ def main(argv: list[str] | None = None) -> int:
         help="requests each model may hold queued, 503 beyond (default: "
         "job_queue_size of config/server-base.properties)",
     )
+    parser.add_argument(
+        "--gpus",
+        type=int,
+        metavar="N",
+        help="KIND_GPU instances on GPUs 0..N-1 (each model's gpu: workersPerGpu on each); "
+        "give it eager archives (--model-store build/gpu/model-store, make gpu)",
+    )
     args = parser.parse_args(argv)
+    if args.gpus is not None and args.gpus < 1:
+        parser.error("--gpus must be at least 1")
     if args.queue_size is not None and args.queue_size < 1:
         parser.error("--queue-size must be at least 1 (Triton reads 0 as no bound)")
     for folder in generate(
@@ -287,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         precision=args.precision,
         execution_env=args.execution_env,
         queue_size=args.queue_size,
+        gpus=args.gpus,
     ):
         print(f"triton model {folder}", file=sys.stderr)
     return 0

@@ -14,7 +14,10 @@ Each frame compares two reads of ``/metrics`` (and the management API's workers)
 - for the server: answers/s by status class (``Requests2XX/4XX/5XX``, the frontend's own 503
   refusals included);
 - per worker: status, pid, resident memory (``resnet50_worker_rss_mb`` of its pid, else the
-  management API's) and the precision it serves.
+  management API's) and the precision it serves;
+- per GPU, where the server reports GPUs: how busy it is and its memory in use, at the last
+  sample (``tsclient/gpus.py``: TorchServe's ``GPUUtilization``/``GPUMemory*``, Triton's
+  ``nv_gpu_*``); nothing on a CPU host.
 
 On Triton the core's series are the same (``tritonrepo/metrics.py``); Triton's own take the
 place of TorchServe's frontend counters: requests from ``nv_inference_request_success`` and
@@ -43,6 +46,7 @@ from typing import TextIO
 
 from tabulate import tabulate
 
+from tsclient import gpus as gpu_metrics
 from tsclient import metrics
 from tsclient.client import TorchServeClient
 
@@ -84,6 +88,7 @@ class Read:
     rss_mb: dict[str, float] = field(default_factory=dict)  # by worker pid
     pids: dict[str, list[str]] = field(default_factory=dict)  # by model, as the core reported
     workers: dict[str, list[dict]] = field(default_factory=dict)
+    gpus: dict[str, gpu_metrics.Gpu] = field(default_factory=dict)  # empty on a CPU host
 
 
 def parse(text: str, workers: dict[str, list[dict]], at: float) -> Read:
@@ -91,7 +96,12 @@ def parse(text: str, workers: dict[str, list[dict]], at: float) -> Read:
     samples = metrics.samples(text)
     # No Requests2XX... at all: not TorchServe (Triton), no status classes to show.
     classes = any(s.name in FRONTEND_STATUSES for s in samples)
-    read = Read(at=at, statuses=metrics.frontend_statuses(text) if classes else {}, workers=workers)
+    read = Read(
+        at=at,
+        statuses=metrics.frontend_statuses(text) if classes else {},
+        workers=workers,
+        gpus=gpu_metrics.read(samples),
+    )
     for name, labels, value in samples:
         model = labels.get("model") or labels.get("model_name")
         if model is None:
@@ -221,6 +231,7 @@ def frame(old: Read, new: Read, *, url: str = "", width: int = WIDTH) -> str:
         tablefmt="plain",
         disable_numparse=True,
     ).splitlines()
+    lines += gpu_metrics.lines(new.gpus)
     return "\n".join(line[:width].rstrip() for line in lines)
 
 

@@ -64,6 +64,7 @@ import sys
 from pathlib import Path
 
 from buildsteps.configgen import repo_models
+from buildsteps.gpu import repo_models as gpu_repo_models
 from kserve_tools import monitoring
 from kserve_tools.joblint import job_findings
 from kserve_tools.lint.base import (
@@ -164,6 +165,7 @@ def lint(
     properties: dict[str, str] | None = None,
 ) -> list[Finding]:
     """Every finding of every object rendered from ``targets`` (kustomizations or files)."""
+    repo = models is None
     models = repo_models() if models is None else models
     limits = ServingLimits.from_models(models)
     rendered: list[Resource] = []
@@ -190,8 +192,24 @@ def lint(
         if resource.kind in RUNTIME_KINDS:
             runtimes[resource.name] = runtime_of(resource)
     for resource in rendered:
-        found += _findings(resource, runtimes, limits, properties)
+        gpus = _gpus(resource) if repo else 0
+        # A GPU pod runs the GPU deployment's workers (buildsteps/gpu.py): its batches fill
+        # against those.
+        own = ServingLimits.from_models(gpu_repo_models(gpus)) if gpus else limits
+        found += _findings(resource, runtimes, own, properties)
     return found
+
+
+def _gpus(resource: Resource) -> int:
+    """The ``nvidia.com/gpu`` limit of an InferenceService's predictor model, else 0."""
+    if resource.kind != "InferenceService":
+        return 0
+    model = ((resource.obj.get("spec") or {}).get("predictor") or {}).get("model") or {}
+    value = ((model.get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu", 0)
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _findings(
