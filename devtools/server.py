@@ -142,7 +142,7 @@ def rewrite_properties(text: str, overrides: dict[str, str]) -> str:
     for key, value in overrides.items():
         pattern = re.compile(rf"^{re.escape(key)}=.*$", re.MULTILINE)
         line = f"{key}={value}"
-        text, count = pattern.subn(lambda _, line=line: line, text)
+        text, count = pattern.subn(line.replace("\\", "\\\\"), text)  # a literal line
         if not count:
             text = text.rstrip("\n") + f"\n{line}\n"
     return text
@@ -302,6 +302,8 @@ class LocalTorchServe:
         )
 
     def _all_ready(self) -> bool:
+        if self.keys is None:  # the key file is not written yet
+            return False
         headers = self.keys.management_headers()
         models = requests.get(f"{self.management_url}/models", headers=headers, timeout=10)
         models.raise_for_status()
