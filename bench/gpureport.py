@@ -106,7 +106,8 @@ def report(f: Findings) -> str:
             f"`decode_jpeg(device={f.device.type!r})`, forward {f.best.precision} "
             f"{f.best.layout} (the fastest at batch {f.ref})."
             + (
-                " On CPU the core's draft decode (DCT scaling) makes a 12 MP photo cheaper than this full decode."
+                " On CPU the core's draft decode (DCT scaling) makes a 12 MP photo cheaper "
+                "than this full decode."
                 if cpu
                 else ""
             ),
