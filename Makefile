@@ -33,7 +33,7 @@ MODEL_CONFIGS := $(wildcard config/models/*.yaml)
 SOURCES := $(wildcard handlers/*.py servecore/*.py servecore/*/*.py model_files/*.py) $(MODEL_CONFIGS) archive.sh \
            buildsteps/configgen.py
 
-.PHONY: setup java config weights archives samples serve lint test test-fast triton-server triton-repo serve-triton bench bench-sweep bench-ingestion bench-collection bench-traffic soak clean
+.PHONY: setup java config weights archives samples serve lint test test-fast triton-server triton-repo serve-triton bench bench-sweep bench-ingestion bench-collection bench-traffic bench-gpu soak clean
 .DEFAULT_GOAL := test
 
 setup: $(VENV)/.installed java kubectl chromium prometheus
@@ -205,6 +205,15 @@ bench-collection: setup config archives samples
 # (about 8 minutes).
 bench-traffic: setup config archives samples triton-server
 	$(PY) -m bench.traffic
+
+# On the device it finds (CUDA, else CPU): the raw forward per precision and layout, the pipeline
+# limit (decode, resize, crop, normalise on the device, then forward) and the core's
+# ImageModel.run on small and 12 MP JPEGs, as ratios -> results/gpu.md on a GPU (bounded to
+# under 5 minutes on an H100), build/bench-gpu.md on CPU. No Java, no Triton: on a bare GPU
+# host `python3 -m bench.gpu` needs torch, torchvision, numpy and Pillow (psutil for the core's
+# row, else it says "core skipped"), and builds seeded weights when none are built.
+bench-gpu: $(VENV)/.installed weights
+	$(PY) -m bench.gpu
 
 # KServe (kserve/README.md). The storage bundle our runtime reads, as a folder and a .tar.gz
 # under build/kserve/ (KSERVE_DEVICE=gpu with BACKEND=eager for the GPU bundle,
