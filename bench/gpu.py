@@ -1,7 +1,7 @@
 """``make bench-gpu``: how close the core comes to what the device can do, on the device this
 process finds (CUDA, else CPU), in one Markdown report.
 
-    python -m bench.gpu [--quick] [--compile] [--weights DIR] [--out PATH]
+    python -m bench.gpu [--quick] [--compile] [--weights DIR] [--out PATH] [--handler K=V]
 
 1. **raw forward**: ``build_dual`` per precision (f32; f16 and bf16 where the device has them)
    and layout (contiguous, channels_last) at fixed batch sizes, float inputs already on the
@@ -11,7 +11,8 @@ process finds (CUDA, else CPU), in one Markdown report.
    ``decode_jpeg`` on the device (nvJPEG on CUDA) -> resize 232 + centre crop 224 there ->
    the weights' mean/std -> forward at the fastest setting of (1) -> outputs to CPU;
 3. **the core**: ``ImageModel.run`` on one request per JPEG (eager backend, ``precision:
-   auto``, ``device: cuda`` on a GPU), as an engine calls it.
+   auto``, ``device: cuda`` on a GPU; ``--handler decode_threads=16`` changes a setting), as
+   an engine calls it, with its own times per part (open, decode, forward, answer).
 
 Small JPEGs (451x300) and noisy 12 MP photos: ``build/samples`` when ``make samples`` wrote
 them, else generated (``tests/imagegen.py``). Weights: ``--weights`` (``build/weights``) when
@@ -42,6 +43,7 @@ import torch
 from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms.v2 import functional as F
 
+from bench.gpucore import core_missing, handler_setting, run_core
 from bench.gpureport import Findings, Rate, report
 from bench.layout import BUILD, IMAGES, RESULTS, SAMPLES, WEIGHTS, setup_cli
 from model_files.artifacts import CHECKPOINT, INFO, LABELS
@@ -72,13 +74,20 @@ CPU_PLAN = Plan(raw=(8, 32), small=16, large=4, seconds=3.0, warmup=1)
 QUICK_PLAN = Plan(raw=(4,), small=4, large=2, seconds=0.3, warmup=1, min_iters=2)
 
 
-def measure(step: Callable[[], object], images: int, plan: Plan, sync: Callable[[], None]) -> Rate:
-    """``step()`` (``images`` images) after warm-up, for ``plan.seconds`` and at least
-    ``plan.min_iters`` times; the device is synchronised before and after, so queued work
-    counts."""
+def measure(
+    step: Callable[[], object],
+    images: int,
+    plan: Plan,
+    sync: Callable[[], None],
+    warm: Callable[[], None] = lambda: None,
+) -> Rate:
+    """``step()`` (``images`` images) after warm-up (then ``warm()``), for ``plan.seconds``
+    and at least ``plan.min_iters`` times; the device is synchronised before and after, so
+    queued work counts."""
     for _ in range(plan.warmup):
         step()
     sync()
+    warm()
     count, started = 0, time.perf_counter()
     while count < plan.min_iters or time.perf_counter() - started < plan.seconds:
         step()
@@ -209,53 +218,15 @@ def weights_folder(wanted: Path, scratch: Path) -> Path:
     return scratch
 
 
-def core_missing() -> str | None:
-    """Why (3) cannot run here (``core skipped: psutil missing``), None when it can."""
-    try:
-        import servecore.service  # noqa: F401 - imported to learn what it needs
-    except ModuleNotFoundError as error:
-        return f"core skipped: {error.name} missing"
-    return None
-
-
-def run_core(
-    folder: Path, device: torch.device, work: dict[str, list[bytes]], plan: Plan
-) -> tuple[dict[str, Rate], str]:
-    """(3): ``ImageModel.run`` on each batch of ``work`` (one request per JPEG), and the
-    precision it chose."""
-    from model_files.artifacts import ModelFiles
-    from servecore.config import HandlerConfig
-    from servecore.parse import HttpRequest, parse_http
-    from servecore.service import ImageModel, ModelSettings
-    from servecore.stages import Incoming
-
-    config = HandlerConfig.from_mapping({"device": device.type, "precision_cache": "off"})
-    settings = ModelSettings(
-        ModelFiles.read(folder, CHECKPOINT),
-        "resnet50-tagger",
-        "bench",
-        config,
-        batch_size=max(len(d) for d in work.values()),
-        gpu_id=0 if device.type == "cuda" else None,
-    )
-    started = time.perf_counter()
-    model = ImageModel(settings)
-    loaded = f"{model.backend.precision}, loaded in {time.perf_counter() - started:.1f} s"
-    rates: dict[str, Rate] = {}
-    for name, data in work.items():
-        incoming = [
-            Incoming(str(i), partial(parse_http, HttpRequest(body=jpeg), config=config))
-            for i, jpeg in enumerate(data)
-        ]
-        errors = [r.error for r in model.run(incoming) if r.error is not None]
-        if errors:  # a refused image is not a measurement of the core's speed
-            raise RuntimeError(f"the core refused {len(errors)} of the {name} JPEGs: {errors[0]}")
-        rates[name] = measure(partial(model.run, incoming), len(data), plan, _no_sync)
-    return rates, f"{loaded}; {model.choice.line()}"
-
-
 def _no_sync() -> None:
     pass
+
+
+def core_timed(
+    step: Callable[[], object], images: int, warm: Callable[[], None], plan: Plan
+) -> Rate:
+    """``measure`` for the core, whose answers are on the CPU when ``run`` returns."""
+    return measure(step, images, plan, _no_sync, warm)
 
 
 def measure_all(
@@ -281,23 +252,29 @@ def measure_all(
                 compiled = compiled_forward(base, best, batch, device, plan)
             pipeline, limit = Pipeline(base, best, device), {}
             for name, (data, _) in images.items():
-                jpegs = [bytearray(data) for _ in range(batches[name])]
-                limit[name] = measure(partial(pipeline, jpegs), len(jpegs), plan, sync)
+                batch_of = [bytearray(data) for _ in range(batches[name])]
+                limit[name] = measure(partial(pipeline, batch_of), len(batch_of), plan, sync)
         del pipeline, base
         torch.backends.cudnn.benchmark = benchmark
         if device.type == "cuda":
             torch.cuda.empty_cache()
         core: dict[str, Rate] = {}
+        parts: dict[str, dict[str, float]] = {}
         chose = core_missing() or ""
         if not chose:
             work = {n: [d] * batches[n] for n, (d, _) in images.items()}
             try:
-                core, chose = run_core(folder, device, work, plan)
+                timed = partial(core_timed, plan=plan)
+                core, parts, chose = run_core(folder, device, work, dict(args.handler), timed)
             except ModuleNotFoundError as error:
                 chose = f"core skipped: {error.name} missing"
+            except Exception as error:  # 1 and 2 are still reported, and the exit status is 1
+                log.exception("the core failed")
+                chose = f"core failed: {type(error).__name__}: {str(error).splitlines()[0]}"
     return Findings(
-        device, images, batches, weights, raw, best, ref, compiled, limit, core, chose, args.quick
-    )
+        device, images, batches, weights, raw, best, ref, compiled, limit, core, parts, chose,
+        dict(args.handler), args.quick,
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -308,6 +285,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile", action="store_true", help="also time torch.compile")
     parser.add_argument("--weights", type=Path, default=WEIGHTS)
     parser.add_argument("--out", type=Path, help="results/gpu.md on a GPU, else build/")
+    parser.add_argument(
+        "--handler",
+        type=handler_setting,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a handler: setting for the core (decode_threads=16), repeatable",
+    )
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
     setup_cli("bench.gpu", args.quiet)
@@ -321,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(text)
     print(text, end="")
     log.info("wrote %s", out)
-    return 0
+    return 1 if "**core failed: " in text else 0
 
 
 if __name__ == "__main__":

@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     from bench.gpu import Setting
 
 
+PARTS = ("open", "decode", "forward", "answer")  # the core's metrics, in the order they run
+
+
 @dataclass(frozen=True)
 class Rate:
     images_per_s: float
@@ -39,7 +42,9 @@ class Findings:
     compiled: str
     limit: dict[str, Rate]
     core: dict[str, Rate]
+    parts: dict[str, dict[str, float]]  # the core's own ms per batch: open, decode, forward...
     chose: str
+    handler: dict[str, object]  # --handler settings
     quick: bool
 
 
@@ -58,11 +63,21 @@ def table(header: str, rows: list[str]) -> list[str]:
 
 
 def rate(r: Rate | None) -> str:
-    return f"{r.images_per_s:,.0f}" if r else "-"
+    """Images per second: whole above 100, else 3 significant digits (a CPU smoke's 0.4)."""
+    if r is None:
+        return "-"
+    return f"{r.images_per_s:,.0f}" if r.images_per_s >= 100 else f"{r.images_per_s:.3g}"
 
 
 def ratio(a: Rate | None, b: Rate | None) -> str:
     return f"{a.images_per_s / b.images_per_s:.2f}" if a and b else "-"
+
+
+def forward_share(f: Findings, name: str) -> str:
+    """The best raw forward's ms per batch over the core's own forward ms at that batch (1:
+    the core's backend call is as fast as the ceiling), where (1) has that batch."""
+    raw, forward = f.raw.get((f.best, f.batches[name])), f.parts.get(name, {}).get("forward")
+    return f"{raw.batch_ms / forward:.2f}" if raw and forward else "-"
 
 
 def report(f: Findings) -> str:
@@ -116,7 +131,20 @@ def report(f: Findings) -> str:
             "## 3. The core (`ImageModel.run`, one request per JPEG, eager, precision auto)",
             "",
             *(
-                [f"Precision: {f.chose}", "", *table(batches, by_image(f.core))]
+                [
+                    f"Precision: {f.chose}."
+                    + "".join(f" Handler: `{k}: {v}`." for k, v in f.handler.items()),
+                    "",
+                    "open, decode, forward, answer: the core's own ms per batch (its metrics).",
+                    "",
+                    *table(
+                        f"{batches} | open | decode | forward | answer",
+                        [
+                            row + "".join(f" {f.parts[n].get(part, 0):.1f} |" for part in PARTS)
+                            for n, row in zip(f.core, by_image(f.core))
+                        ],
+                    ),
+                ]
                 if f.core
                 else [f"**{f.chose}**", ""]
             ),
@@ -126,10 +154,10 @@ def report(f: Findings) -> str:
             "",
             *table(
                 "images | core img/s | pipeline img/s | core / pipeline | pipeline / raw | "
-                "core / raw",
+                "core / raw | raw / the core's forward (ms, same batch)",
                 [
                     f"| {n} | {rate(f.core.get(n))} | {rate(r)} | {ratio(f.core.get(n), r)} | "
-                    f"{ratio(r, top)} | {ratio(f.core.get(n), top)} |"
+                    f"{ratio(r, top)} | {ratio(f.core.get(n), top)} | {forward_share(f, n)} |"
                     for n, r in f.limit.items()
                 ],
             ),
