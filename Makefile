@@ -44,7 +44,7 @@ MODEL_CONFIGS := $(wildcard config/models/*.yaml)
 SOURCES := $(wildcard handlers/*.py servecore/*.py servecore/*/*.py model_files/*.py) $(MODEL_CONFIGS) archive.sh \
            buildsteps/configgen.py
 
-.PHONY: setup java config weights archives gpu samples serve lint test test-fast triton-server triton-repo serve-triton bench bench-sweep bench-ingestion bench-collection bench-traffic bench-ceiling soak clean
+.PHONY: setup java config weights archives gpu samples serve lint test test-fast triton-server triton-repo serve-triton bench bench-sweep bench-ingestion bench-collection bench-traffic bench-ceiling bench-gpu soak clean
 .DEFAULT_GOAL := test
 
 setup: $(VENV)/.installed java kubectl chromium prometheus
@@ -235,6 +235,15 @@ bench-traffic: setup config archives samples triton-server
 # images/s and CPU per request, and the plan for one H100 (docs/backends.md) (about 4 minutes).
 bench-ceiling: setup config weights samples triton-server
 	$(PY) -m bench.ceiling
+
+# On the device it finds (CUDA, else CPU): the raw forward per precision and layout, the pipeline
+# limit (decode, resize, crop, normalise on the device, then forward) and the core's
+# ImageModel.run on small and 12 MP JPEGs, as ratios -> results/gpu.md on a GPU (bounded to
+# under 5 minutes on an H100), build/bench-gpu.md on CPU. No Java, no Triton: on a bare GPU
+# host `python3 -m bench.gpu` needs torch, torchvision, numpy and Pillow (psutil for the core's
+# row, else it says "core skipped"), and builds seeded weights when none are built.
+bench-gpu: $(VENV)/.installed
+	$(PY) -m bench.gpu
 
 # KServe (kserve/README.md). The storage bundle our runtime reads, as a folder and a .tar.gz
 # under build/kserve/ (KSERVE_DEVICE=gpu for the GPU bundle: eager archives packed with each

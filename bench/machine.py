@@ -10,8 +10,6 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
-import psutil
-
 from servecore.host import cpu_model
 
 PACKAGES = (
@@ -62,6 +60,9 @@ def versions() -> dict[str, str]:
 def describe_machine() -> dict:
     """CPU, cores, memory, and how busy the machine was just *before* the run (other work on
     it makes every number slower; the report shows it so a reader can judge). Takes ~1 s."""
+    # Here, not at import: bench.gpu reads this module's provenance on bare GPU hosts.
+    import psutil
+
     return {
         "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "cpu": cpu_model(),

@@ -1,0 +1,165 @@
+"""The Markdown report of ``python -m bench.gpu``: where, on what and with which code it ran,
+the raw forward, the pipeline limit, the core, and their ratios."""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torchvision
+
+from bench.machine import dated
+from servecore.host import cpu_model
+
+if TYPE_CHECKING:
+    from bench.gpu import Setting
+
+
+PARTS = ("open", "decode", "forward", "answer")  # the core's metrics, in the order they run
+
+
+@dataclass(frozen=True)
+class Rate:
+    images_per_s: float
+    batch_ms: float
+
+
+@dataclass(frozen=True)
+class Findings:
+    """What one run measured: ``raw`` per (setting, batch); ``best`` the fastest setting at
+    batch ``ref``; ``limit`` (the pipeline) and ``core`` per image kind at ``batches``;
+    ``chose``: the core's precision and why, or why the core was skipped."""
+
+    device: torch.device
+    images: dict[str, tuple[bytes, str]]  # name -> (JPEG, where it came from)
+    batches: dict[str, int]
+    weights: str
+    raw: dict[tuple[Setting, int], Rate]
+    best: Setting
+    ref: int
+    compiled: str
+    limit: dict[str, Rate]
+    core: dict[str, Rate]
+    parts: dict[str, dict[str, float]]  # the core's own ms per batch: open, decode, forward...
+    chose: str
+    handler: dict[str, object]  # --handler settings
+    quick: bool
+
+
+def device_line(device: torch.device) -> str:
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return (
+            f"{torch.cuda.get_device_name(device)} ({props.total_memory / 2**30:.0f} GiB, "
+            f"CUDA {torch.version.cuda}), host {cpu_model()}"
+        )
+    return f"CPU: {cpu_model()}, {torch.get_num_threads()} torch threads"
+
+
+def table(header: str, rows: list[str]) -> list[str]:
+    return [f"| {header} |", "|" + " --- |" * (header.count("|") + 1), *rows, ""]
+
+
+def rate(r: Rate | None) -> str:
+    """Images per second: whole above 100, else 3 significant digits (a CPU smoke's 0.4)."""
+    if r is None:
+        return "-"
+    return f"{r.images_per_s:,.0f}" if r.images_per_s >= 100 else f"{r.images_per_s:.3g}"
+
+
+def ratio(a: Rate | None, b: Rate | None) -> str:
+    return f"{a.images_per_s / b.images_per_s:.2f}" if a and b else "-"
+
+
+def forward_share(f: Findings, name: str) -> str:
+    """The best raw forward's ms per batch over the core's own forward ms at that batch (1:
+    the core's backend call is as fast as the ceiling), where (1) has that batch."""
+    raw, forward = f.raw.get((f.best, f.batches[name])), f.parts.get(name, {}).get("forward")
+    return f"{raw.batch_ms / forward:.2f}" if raw and forward else "-"
+
+
+def report(f: Findings) -> str:
+    """The Markdown report: provenance, the three sections and their ratios."""
+    top, cpu = f.raw[f.best, f.ref], f.device.type == "cpu"
+    batches = "images | batch | img/s | ms/batch"
+
+    def by_image(rates: dict[str, Rate]) -> list[str]:
+        return [
+            f"| {n} | {f.batches[n]} | {rate(r)} | {r.batch_ms:.1f} |" for n, r in rates.items()
+        ]
+
+    return "\n".join(
+        [
+            "# The core against the device's ceilings (`python -m bench.gpu`)",
+            "",
+            dated(),
+            f"- Device: **{device_line(f.device)}**",
+            f"- torch {torch.__version__}, torchvision {torchvision.__version__}, Python "
+            f"{platform.python_version()}; weights: {f.weights}"
+            + (
+                ""
+                if cpu
+                else "; `cudnn.benchmark` on for 1 and 2, restored for 3 (the core as it serves)"
+            ),
+            *[f"- {name}: {len(d):,} bytes, {where}" for name, (d, where) in f.images.items()],
+            *(["- `--quick`: tiny counts, the figures mean nothing"] if f.quick else []),
+            "",
+            "## 1. Raw forward (float inputs on the device)",
+            "",
+            *table(
+                "precision | layout | batch | img/s | ms/batch",
+                [
+                    f"| {s.precision} | {s.layout} | {b} | {rate(r)} | {r.batch_ms:.1f} |"
+                    for (s, b), r in f.raw.items()
+                ],
+            ),
+            *([f.compiled, ""] if f.compiled else []),
+            "## 2. Pipeline limit (decode, resize, crop, normalise, forward on the device)",
+            "",
+            f"`decode_jpeg(device={f.device.type!r})`, forward {f.best.precision} "
+            f"{f.best.layout} (the fastest at batch {f.ref})."
+            + (
+                " On CPU the core's draft decode (DCT scaling) makes a 12 MP photo cheaper "
+                "than this full decode."
+                if cpu
+                else ""
+            ),
+            "",
+            *table(batches, by_image(f.limit)),
+            "## 3. The core (`ImageModel.run`, one request per JPEG, eager, precision auto)",
+            "",
+            *(
+                [
+                    f"Precision: {f.chose}."
+                    + "".join(f" Handler: `{k}: {v}`." for k, v in f.handler.items()),
+                    "",
+                    "open, decode, forward, answer: the core's own ms per batch (its metrics).",
+                    "",
+                    *table(
+                        f"{batches} | open | decode | forward | answer",
+                        [
+                            row + "".join(f" {f.parts[n].get(part, 0):.1f} |" for part in PARTS)
+                            for n, row in zip(f.core, by_image(f.core))
+                        ],
+                    ),
+                ]
+                if f.core
+                else [f"**{f.chose}**", ""]
+            ),
+            "## Ratios",
+            "",
+            f"raw: {f.best.precision} {f.best.layout} at batch {f.ref}, {rate(top)} img/s.",
+            "",
+            *table(
+                "images | core img/s | pipeline img/s | core / pipeline | pipeline / raw | "
+                "core / raw | raw / the core's forward (ms, same batch)",
+                [
+                    f"| {n} | {rate(f.core.get(n))} | {rate(r)} | {ratio(f.core.get(n), r)} | "
+                    f"{ratio(r, top)} | {ratio(f.core.get(n), top)} | {forward_share(f, n)} |"
+                    for n, r in f.limit.items()
+                ],
+            ),
+        ]
+    )
