@@ -146,7 +146,9 @@ def fake_pb_utils(monkeypatch):
         "TYPE_STRING": np.object_,
         "TYPE_BOOL": np.bool_,
     }.__getitem__
-    module.get_input_tensor_by_name = lambda request, name: FakeTensor(name, request.images)
+    module.get_input_tensor_by_name = lambda request, name: (
+        FakeTensor(name, request.images) if name == "images" else None
+    )
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", module)
     monkeypatch.delitem(sys.modules, "tritonrepo.model", raising=False)
     yield importlib.import_module("tritonrepo.model")
