@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +19,8 @@ from servecore.errors import InvalidRequest, PayloadTooLarge
 from servecore.intake import Preprocessor
 from servecore.parse import HttpRequest, parse_http
 from tests import imagegen
+
+REPO = Path(__file__).resolve().parent.parent
 
 CONFIG = HandlerConfig()
 IMAGES = [imagegen.jpeg(320, 240, seed=71), imagegen.png(300, 420, seed=72)]
@@ -168,3 +171,48 @@ def test_a_wrong_crop_tensor_fails_its_own_request_in_a_batch(torchserve):
     assert [a.status_code for a in answers] == [200, 400, 200, 200]
     assert "shape must be [n, 224, 224, 3]" in answers[1].text
     assert "got [1, 3, 224, 224]" in answers[1].text
+
+
+# ------------------------------------------------------------- tsctl --preprocess client
+
+
+@pytest.mark.integration
+def test_client_side_crops_give_the_same_rows_for_20x_fewer_bytes(torchserve, tmp_path):
+    """12 MP photos embedded with --preprocess client (the core's decode and crop on the
+    client, crops in the binary extension) against --preprocess server (the files, base64 in
+    JSON): the same rows, and the bytes the client counted itself at least 20x fewer."""
+    import shutil
+
+    from tests.served import tsctl
+    from tsclient.vectors import read_matrix
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    shutil.copy(REPO / "build" / "samples" / "chelsea-12mp-noisy.jpg", photos / "a.jpg")
+    (photos / "b.jpg").write_bytes(imagegen.jpeg(4000, 3000, seed=73))
+    runs = {}
+    for mode in ("server", "client"):
+        out = tmp_path / f"{mode}.parquet"
+        run = tsctl(
+            torchserve, "embed", str(photos), "--out", str(out), "--preprocess", mode, "--json"
+        )
+        assert run.returncode == 0, run.stderr
+        runs[mode] = (json.loads(run.stdout), read_matrix(out))
+    (server, (names, by_server)), (client, (client_names, by_client)) = runs.values()
+    assert (server["done"], client["done"]) == (2, 2)
+    assert (server["preprocess"], client["preprocess"]) == ("server", "client")
+    assert client_names == names
+    np.testing.assert_allclose(by_client, by_server, rtol=1e-5, atol=1e-6)
+    assert server["bytes_sent"] >= 20 * client["bytes_sent"], (server, client)
+
+
+@pytest.mark.integration
+def test_client_side_crops_are_refused_for_another_recipe(torchserve):
+    from tsclient import errors
+    from tsclient.preprocess import ClientCrops
+
+    entry = torchserve.client().describe("resnet50-embedding", customized=True)[0]
+    ClientCrops(entry)  # the server's recipe is ours
+    entry["customizedMetadata"]["preprocessing"] = {"input": "uint8-crop-v0"}
+    with pytest.raises(errors.UsageError, match="recipe is uint8-crop-v0, this client's is"):
+        ClientCrops(entry)
