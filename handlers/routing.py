@@ -13,6 +13,7 @@ from typing import Any
 from ts.torch_handler.base_handler import BaseHandler
 
 from servecore.config import HandlerConfig
+from servecore.crops import HEADER_LENGTH as LENGTH
 from servecore.jsonguard import JsonDocument
 from servecore.parse import IMAGE_FIELD, HttpRequest, Payload, parse_http
 from servecore.stages import Incoming
@@ -29,24 +30,24 @@ EXPLAIN_PROPERTY = "explain"
 def incoming(context, idx: int, row: dict, config: HandlerConfig) -> Incoming:
     """Request ``idx`` of TorchServe's batch: its id (for the logs), its parsing, its route,
     its class and deadline (``X-Priority``, ``X-Deadline``: a bad one fails it alone)."""
+    request = http_request(row, header(context, idx, TOP_K_HEADER), header(context, idx, LENGTH))
     return Incoming(
         request_id=str((context.request_ids or {}).get(idx, "?")),
-        parse=partial(
-            parse_http, http_request(row, header(context, idx, TOP_K_HEADER)), config=config
-        ),
+        parse=partial(parse_http, request, config=config),
         explain=context.get_request_header(idx, EXPLAIN_PROPERTY) == "True",
     ).classified(header(context, idx, PRIORITY_HEADER), header(context, idx, DEADLINE_HEADER))
 
 
-def http_request(row: dict, top_k_header: str | None = None) -> HttpRequest:
+def http_request(row: dict, top_k: str | None = None, length: str | None = None) -> HttpRequest:
     """TorchServe's row as the core's ``HttpRequest``: ``body`` is the raw body, every other key
     a form field; JSON TorchServe parsed (any value but text) goes on as a ``JsonDocument``,
     checked for depth by the core, not serialised again (that would parse every JSON body twice
-    and size-check a text the client never sent)."""
+    and size-check a text the client never sent). ``length``: Inference-Header-Content-Length."""
     return HttpRequest(
         body=_payload(row[BODY_KEY]) if BODY_KEY in row else None,
         form={k: _payload(v) if k == IMAGE_FIELD else v for k, v in row.items() if k != BODY_KEY},
-        top_k_header=top_k_header,
+        top_k_header=top_k,
+        header_length=length,  # a v2 body in the binary tensor extension
     )
 
 

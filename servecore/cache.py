@@ -1,6 +1,6 @@
 """The content cache (``handler.cache_bytes``): each image's answer values, keyed by the
-sha256 of its bytes and by everything else that changes them, kept least recently used first
-within a bound in bytes.
+sha256 of its bytes (a crop's behind ``servecore.crops.CROP_DOMAIN``) and by everything else
+that changes them, kept least recently used first within a bound in bytes.
 
 A step between admission and decode (``AnswerCache.lookup``, which ``Intake`` calls) takes
 the images already answered out of each prediction request (an ``Opened`` becomes a
@@ -24,6 +24,7 @@ import numpy as np
 
 from servecore.answers import AnswerSpec, Prediction, Tag
 from servecore.config import Output
+from servecore.crops import CROP_DOMAIN
 from servecore.stages import Admitted, Explaining, Opened
 
 # An entry's bookkeeping beyond its key and values: the OrderedDict's slot and links, the
@@ -122,8 +123,10 @@ class AnswerCache:
 
     def key(self, image: bytes, request: Opened) -> CacheKey:
         parsed, spec = request.request, self.spec
+        digest = hashlib.sha256(CROP_DOMAIN if parsed.crops else b"")
+        digest.update(image)
         return CacheKey(
-            hashlib.sha256(image).digest(),
+            digest.digest(),
             spec.model_name,
             spec.model_version,
             self.precision,

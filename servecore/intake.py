@@ -28,6 +28,7 @@ from model_files.resnet_dual import RESIZE, crop
 from servecore.admission import Admission, Budget
 from servecore.boundary import attempt, each_image
 from servecore.config import HandlerConfig
+from servecore.crops import GivenCrop, open_crop
 from servecore.errors import DeadlineExceeded, PayloadTooLarge, detached
 from servecore.explain.stage import Explanations
 from servecore.images import OpenedImage, decode, open_image
@@ -70,7 +71,10 @@ class Preprocessor:
             draft_size=self.draft_size,
         )
 
-    def decode(self, opened: OpenedImage) -> torch.Tensor:
+    def decode(self, opened: OpenedImage | GivenCrop) -> torch.Tensor:
+        """The model's input for an opened image; a crop the request carried is one already."""
+        if isinstance(opened, GivenCrop):
+            return opened.crop
         return crop(decode(opened))
 
     def __call__(self, data: bytes) -> torch.Tensor:
@@ -166,9 +170,12 @@ class Intake:
         images = self._read(incoming, request)
         return Opened(incoming.request_id, request, images, priority=priority)
 
-    def _read(self, incoming: Incoming, request: ParsedRequest) -> tuple[OpenedImage, ...]:
-        images = tuple(
-            each_image(incoming.request_id, "reading", request.images, self.preprocessor.open)
+    def _read(
+        self, incoming: Incoming, request: ParsedRequest
+    ) -> tuple[OpenedImage | GivenCrop, ...]:
+        opener = open_crop if request.crops else self.preprocessor.open
+        images: tuple[OpenedImage | GivenCrop, ...] = tuple(
+            each_image(incoming.request_id, "reading", request.images, opener)
         )
         pixels, limit = sum(image.pixels for image in images), self.config.max_request_pixels
         if pixels > limit:

@@ -8,10 +8,13 @@ we accept:
 - multipart field ``data`` (``curl -F data=@img.jpg``), beside optional fields;
 - JSON ``{"data": "<base64>", "topk": 3}`` (as text, or as a ``JsonDocument`` an engine parsed);
 - KServe v1 ``{"instances": [...], "parameters": {...}}``;
-- KServe v2 / Open Inference Protocol ``{"id", "inputs": [BYTES tensor], "outputs", "parameters"}``.
+- KServe v2 / Open Inference Protocol ``{"id", "inputs": [BYTES tensor], "outputs", "parameters"}``,
+  the tensor as JSON or after the JSON header (the binary tensor extension: the
+  ``Inference-Header-Content-Length`` header), its input encoded images (``BYTES``) or crops
+  (``UINT8 [n, 224, 224, 3]``, ``servecore.crops``).
 
 Or a KServe v2 request an engine has already read into tensors (``parse_tensor``: the elements
-of its BYTES input and its parameters).
+of its BYTES input and its parameters; ``parse_crops``: its UINT8 crops).
 
 ``topk`` may also come as a multipart field or an ``X-Top-K`` header. Explanation parameters are
 collected as sent (``ParsedRequest.options``); ``servecore.explain`` reads them. A v1/v2 body's
@@ -31,6 +34,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servecore.config import HandlerConfig, Output
+from servecore.crops import (
+    HEADER_LENGTH,
+    binary_elements,
+    binary_request,
+    crop_count,
+    crops_of,
+    split_binary,
+)
 from servecore.errors import InvalidParameter, InvalidRequest, PayloadTooLarge, echo, echo_all
 from servecore.jsonguard import JsonDocument, is_json, load_json
 from servecore.traffic import DEADLINE_HEADER, PRIORITY_KEY, Priority, parse_priority
@@ -62,7 +73,8 @@ class OutputSpec:
 
 @dataclass(frozen=True)
 class ParsedRequest:
-    """What one request asks for: its encoded images and how to answer."""
+    """What one request asks for: its encoded images (or, ``crops``, each image's crop as
+    ``servecore.crops`` lays it out) and how to answer."""
 
     protocol: Protocol
     images: list[bytes]
@@ -71,6 +83,7 @@ class ParsedRequest:
     outputs: tuple[OutputSpec, ...] = field(default_factory=tuple)
     options: dict[str, Any] = field(default_factory=dict)  # EXPLAIN_KEYS given, as sent
     priority: Priority | None = None  # the body's parameters.priority; None: not given
+    crops: bool = False  # images are preprocessed crops, not encoded images
 
     def tags_top_k(self, default: int) -> int:
         """How many tags to answer: a v2 ``tags`` output's own ``topk``, else the request's,
@@ -93,11 +106,14 @@ class HttpRequest:
     """One HTTP request as an engine hands it over: its raw ``body`` (None when it came as form
     fields), its ``form`` fields by name (``data``: the image, ``topk``, the explanation
     parameters) and its ``X-Top-K`` header, if any. A body or ``data`` field is bytes or text,
-    or a ``JsonDocument`` when the engine parsed the JSON itself."""
+    or a ``JsonDocument`` when the engine parsed the JSON itself. ``header_length``: the
+    ``Inference-Header-Content-Length`` header of a v2 body in the binary tensor extension
+    (its JSON header, then the tensors' bytes), None when not sent."""
 
     body: Payload | None = None
     form: Mapping[str, Any] = field(default_factory=dict)
     top_k_header: Any = None
+    header_length: Any = None
 
 
 def parse_http(request: HttpRequest, config: HandlerConfig) -> ParsedRequest:
@@ -136,6 +152,22 @@ def parse_tensor(
     )
 
 
+def parse_crops(
+    crops: Any, *, top_k: Any = None, request_id: str | None = None, config: HandlerConfig
+) -> ParsedRequest:
+    """A KServe v2 request an engine has already read whose input is the ``crops`` tensor
+    (an array, ``servecore.crops``), as a ``ParsedRequest`` or a ``RequestError``."""
+    count = crop_count(list(getattr(crops, "shape", ())), "input 'crops'")
+    _count_images(count, config)
+    return ParsedRequest(
+        Protocol.V2,
+        crops_of(crops, count, "input 'crops'"),
+        top_k=None if top_k is None else parse_top_k(top_k),
+        request_id=request_id,
+        crops=True,
+    )
+
+
 def _tensor_image(item: bytes, where: str) -> bytes:
     """Raw image bytes as they are; base64 text (only ASCII base64 characters, an optional
     ``data:`` prefix) decoded. No image format starts that way: JPEG, PNG, GIF, WebP and TIFF
@@ -163,6 +195,8 @@ def _parse(request: HttpRequest, config: HandlerConfig) -> ParsedRequest:
         raise InvalidRequest("send the image once: as the body or as form field 'data', not both")
     query_top_k = parse_top_k(form["topk"]) if "topk" in form else None
     payload = request.body if request.body is not None else form[IMAGE_FIELD]
+    if request.header_length is not None and isinstance(payload, (bytes, bytearray)):
+        return _parse_binary(bytes(payload), request.header_length, query_top_k, config)
     if isinstance(payload, JsonDocument):
         payload = payload.checked(config)
     elif not is_json(payload):
@@ -195,6 +229,20 @@ def _parse(request: HttpRequest, config: HandlerConfig) -> ParsedRequest:
         "JSON body must have 'data' (base64 image), 'instances' (KServe v1) or 'inputs' "
         f"(KServe v2); got keys {echo_all(sorted(payload))}"
     )
+
+
+def _parse_binary(
+    body: bytes, header_length: Any, query_top_k: int | None, config: HandlerConfig
+) -> ParsedRequest:
+    """A v2 body in the binary tensor extension: its JSON header, its tensors' bytes after."""
+    text, data = split_binary(body, header_length)
+    header = load_json(text, config)
+    if not isinstance(header, dict) or "inputs" not in header:
+        raise InvalidRequest(
+            f"the JSON header of a body with an {HEADER_LENGTH} header must be a KServe v2 "
+            "request object with 'inputs'"
+        )
+    return _parse_v2(binary_request(header, data), query_top_k, config)
 
 
 def parse_top_k(value: Any) -> int:
@@ -313,29 +361,39 @@ def _parse_v2(payload: dict, query_top_k: int | None, config: HandlerConfig) -> 
     inputs = _require(payload, "inputs", list, "body")
     if len(inputs) != 1 or not isinstance(inputs[0], dict):
         raise InvalidRequest(
-            f"body.inputs must hold exactly one input tensor of base64 images, got {len(inputs)}"
+            "body.inputs must hold exactly one input tensor: base64 images (BYTES) or crops "
+            f"(UINT8), got {len(inputs)}"
         )
     tensor = inputs[0]
     name = tensor.get("name", "input-0")
     where = f"inputs[0] ({echo(name)})" if isinstance(name, str) else "inputs[0]"
-    if tensor.get("datatype") != "BYTES":
+    if tensor.get("datatype") not in ("BYTES", "UINT8"):
         raise InvalidRequest(
-            f'{where}.datatype must be "BYTES" (base64-encoded images), '
-            f"got {echo(tensor.get('datatype'))}"
+            f'{where}.datatype must be "BYTES" (base64-encoded images) or "UINT8" (crops, '
+            f"shape [n, 224, 224, 3]), got {echo(tensor.get('datatype'))}"
         )
-    data = _require(tensor, "data", list, where)
-    _count_images(len(data), config)
+    crops = tensor["datatype"] == "UINT8"
     shape = tensor.get("shape")
-    if shape not in ([len(data)], [len(data), 1]) or not data:
-        raise InvalidRequest(
-            f"{where}.shape must be [n] or [n, 1] with n = number of images >= 1 (data holds "
-            f"{len(data)}), got {echo(shape)}"
-        )
+    if crops:
+        count = crop_count(shape, where)
+        _count_images(count, config)
+        data = crops_of(tensor.get("data"), count, where)
+    else:
+        data = _bytes_data(tensor, where)
+        _count_images(len(data), config)
+        if shape not in ([len(data)], [len(data), 1]) or not data:
+            raise InvalidRequest(
+                f"{where}.shape must be [n] or [n, 1] with n = number of images >= 1 (data holds "
+                f"{len(data)}), got {echo(shape)}"
+            )
     top_k = _parameters_top_k(payload.get("parameters"), "body.parameters", query_top_k)
     top_k = _parameters_top_k(tensor.get("parameters"), f"{where}.parameters", top_k)
     priority = _parameters_priority(payload.get("parameters"), "body.parameters")
     outputs = _v2_outputs(payload.get("outputs"), top_k)
-    images = [decode_base64(item, f"{where}.data[{i}]") for i, item in enumerate(data)]
+    images = [
+        item if isinstance(item, bytes) else decode_base64(item, f"{where}.data[{i}]")
+        for i, item in enumerate(data)
+    ]
     return ParsedRequest(
         Protocol.V2,
         images,
@@ -343,7 +401,15 @@ def _parse_v2(payload: dict, query_top_k: int | None, config: HandlerConfig) -> 
         request_id=request_id,
         outputs=outputs,
         priority=priority,
+        crops=crops,
     )
+
+
+def _bytes_data(tensor: dict, where: str) -> list:
+    """A BYTES tensor's elements: base64 texts in JSON, raw bytes from the binary extension."""
+    if isinstance(tensor.get("data"), bytes):
+        return binary_elements(tensor["data"], where)
+    return _require(tensor, "data", list, where)
 
 
 def _v2_outputs(outputs: Any, top_k: int | None) -> tuple[OutputSpec, ...]:

@@ -31,6 +31,7 @@ from servecore.autoprecision import serving_backend
 from servecore.backends import pick_device
 from servecore.cache import AnswerCache, Looked
 from servecore.config import HandlerConfig, Output
+from servecore.crops import CROPS_INPUT
 from servecore.errors import RequestError
 from servecore.explain.encode import Explained
 from servecore.explain.stage import Explanations
@@ -282,4 +283,5 @@ class ImageModel:
             "quantization": files.quantization,
             "device": str(self.device),
             "preprocessing": PREPROCESSING,
+            "crops_input": CROPS_INPUT,
         }

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from servecore.crops import GivenCrop
 from servecore.errors import RequestError, detached
 from servecore.explain.encode import Explained
 from servecore.explain.options import ExplainSpec
@@ -80,7 +81,7 @@ class Opened:
 
     request_id: str
     request: ParsedRequest
-    images: tuple[OpenedImage, ...]
+    images: tuple[OpenedImage | GivenCrop, ...]
     priority: Priority = field(default=Priority.INTERACTIVE, kw_only=True)
 
     @cached_property

@@ -35,6 +35,7 @@ from servecore.answers import Tag
 from servecore.config import HandlerConfig
 from servecore.encode import tag_json
 from servecore.errors import InvalidParameter, InvalidRequest, PayloadTooLarge
+from servecore.intake import Preprocessor
 from servecore.parse import Protocol, parse_tensor
 from tests.conftest import SERVED
 from tests.imagegen import jpeg, png
@@ -147,7 +148,9 @@ def fake_pb_utils(monkeypatch):
         "TYPE_STRING": np.object_,
         "TYPE_BOOL": np.bool_,
     }.__getitem__
-    module.get_input_tensor_by_name = lambda request, name: FakeTensor(name, request.images)
+    module.get_input_tensor_by_name = lambda request, name: (
+        FakeTensor(name, request.images) if name == "images" else None
+    )
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", module)
     monkeypatch.delitem(sys.modules, "tritonrepo.model", raising=False)
     yield importlib.import_module("tritonrepo.model")
@@ -635,6 +638,76 @@ def test_a_broken_image_fails_alone_over_grpc_too(triton):
     for answer in answers:
         assert answer.as_numpy("tags").shape == (1, 5)
         assert answer.as_numpy("precision").tolist() == [[b"f32"]]
+
+
+def photo_crops() -> np.ndarray:
+    """``PHOTOS`` as the served recipe crops them, as a client holds them: [n, 224, 224, 3]."""
+    crop = Preprocessor(HandlerConfig())
+    return np.stack([crop(p).permute(1, 2, 0).numpy() for p in PHOTOS])
+
+
+@pytest.mark.parametrize(("model", "name"), [(EMBEDDING, "embedding"), (TAGGER, "tags")])
+def test_crops_are_answered_bit_for_bit_as_the_encoded_images(triton, model, name):
+    """Issue #44: the ``crops`` UINT8 input as a JSON body, as HTTP binary data and over gRPC
+    gets the same numbers as the same photos sent encoded, in a request of the same size."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    topk = {"topk": 3} if name == "tags" else {}
+    encoded = output(infer(triton, model, PHOTOS, **topk), name)
+    crops = photo_crops()
+    tensor = {"name": "crops", "datatype": "UINT8", "shape": list(crops.shape)}
+    body = {"inputs": [{**tensor, "data": crops.reshape(-1).tolist()}], "parameters": topk}
+    headers = triton.keys.inference_headers()
+    url = f"{triton.url}/v2/models/{model}/infer"
+    as_json = output(requests.post(url, json=body, headers=headers, timeout=300), name)
+    np.testing.assert_array_equal(as_json, encoded)
+    http_input = httpclient.InferInput("crops", list(crops.shape), "UINT8")
+    http_input.set_data_from_numpy(crops, binary_data=True)
+    client = httpclient.InferenceServerClient(triton.url.removeprefix("http://"))
+    binary = client.infer(model, [http_input], parameters=topk or None, headers=headers)
+    np.testing.assert_array_equal(plain(binary.as_numpy(name)), encoded)
+    grpc_input = grpcclient.InferInput("crops", list(crops.shape), "UINT8")
+    grpc_input.set_data_from_numpy(crops)
+    over_grpc = grpc_client(triton).infer(
+        model, [grpc_input], parameters=topk or None, headers=grpc_headers(headers)
+    )
+    np.testing.assert_array_equal(plain(over_grpc.as_numpy(name)), encoded)
+
+
+def plain(answer: np.ndarray) -> np.ndarray:
+    """tritonclient's BYTES elements as the JSON body's text (floats unchanged)."""
+    return np.vectorize(bytes.decode, otypes=[object])(answer) if answer.dtype == object else answer
+
+
+def test_a_wrong_crop_request_fails_alone_beside_good_ones(triton):
+    """Channels first is Triton's own 400 (its config declares [224, 224, 3]); both inputs at
+    once is the model's 400; encoded and crop requests around them are answered."""
+    crops = photo_crops()[:1]
+    tensor = {"name": "crops", "datatype": "UINT8"}
+    good = {"inputs": [{**tensor, "shape": [1, 224, 224, 3], "data": crops.ravel().tolist()}]}
+    channels_first = {
+        "inputs": [{**tensor, "shape": [1, 3, 224, 224], "data": crops.ravel().tolist()}]
+    }
+    both = {"inputs": [*good["inputs"], *v2_body([PHOTOS[0]], {})["inputs"]]}
+    bodies = [good, channels_first, v2_body([PHOTOS[0]], {}), both]
+    start = threading.Barrier(len(bodies))
+
+    def send(body):
+        start.wait()
+        return requests.post(
+            f"{triton.url}/v2/models/{TAGGER}/infer",
+            json=body,
+            headers=triton.keys.inference_headers(),
+            timeout=300,
+        )
+
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        answers = list(pool.map(send, bodies))
+    assert [a.status_code for a in answers] == [200, 400, 200, 400]
+    assert "[-1,224,224,3]" in answers[1].text.replace(" ", "")
+    assert "send one input: 'images'" in answers[3].text
+    assert output(answers[0], "tags").tolist() == output(answers[2], "tags").tolist()
 
 
 def test_the_keys_guard_inference_and_management_and_leave_health_open(triton):

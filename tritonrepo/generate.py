@@ -39,6 +39,7 @@ from buildsteps.configgen import (
 )
 from buildsteps.gpu import gpu_settings
 from model_files.artifacts import read_manifest
+from servecore.crops import CROP_SHAPE, CROPS
 from servecore.traffic import Priority
 
 REPO = Path(__file__).resolve().parent.parent
@@ -106,8 +107,11 @@ def config_pbtxt(
             f"name: {json.dumps(name or model)}",
             'backend: "python"',
             f"max_batch_size: {int(settings['batchSize'])}",
-            # One image per row: [n, 1] for a request of n images (the batch dimension first).
-            'input [ { name: "images" data_type: TYPE_STRING dims: [ 1 ] } ]',
+            # One image per row: [n, 1] for a request of n images (the batch dimension first),
+            # or one crop per row, [n, 224, 224, 3] (servecore.crops): a request sends one.
+            'input [ { name: "images" data_type: TYPE_STRING dims: [ 1 ] optional: true }, '
+            f'{{ name: "{CROPS}" data_type: TYPE_UINT8 dims: [ {", ".join(map(str, CROP_SHAPE))} ] '
+            "optional: true } ]",
             "output [ " + ", ".join(f"{{ {' '.join(o)} }}" for o in outputs) + " ]",
             "dynamic_batching { max_queue_delay_microseconds: "
             f"{int(settings['maxBatchDelay']) * 1000} {priority_levels(settings, queue_size)} }}",

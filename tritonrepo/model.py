@@ -26,16 +26,17 @@ import triton_python_backend_utils as pb_utils
 from model_files.artifacts import ModelFiles
 from servecore.answers import AnswerSpec, Prediction
 from servecore.config import HandlerConfig, Output
+from servecore.crops import CROPS
 from servecore.encode import answer_body, tag_json
-from servecore.errors import error_body
+from servecore.errors import InvalidRequest, error_body
 from servecore.explain.encode import Explained
-from servecore.parse import EXPLAIN_KEYS, Protocol, parse_tensor
+from servecore.parse import EXPLAIN_KEYS, Protocol, parse_crops, parse_tensor
 from servecore.service import ImageModel, ModelSettings, Reply
 from servecore.stages import Incoming
 from servecore.traffic import DEADLINE_HEADER, PRIORITY_HEADER
 from tritonrepo.metrics import TritonMetrics
 
-INPUT = "images"  # BYTES [n, 1]: encoded images, or their base64 text
+INPUT = "images"  # BYTES [n, 1]: encoded images, or their base64 text; or CROPS, UINT8 crops
 TOP_K = "topk"  # request parameter
 # BYTES [n, 1] beside each prediction: the arithmetic that computed each answer (TorchServe's
 # X-Precision; the 2.51 stub has no response parameters).
@@ -120,11 +121,17 @@ def _parse(request, parameters: dict, config: HandlerConfig):
     request alone. An explanation request is answered as TorchServe's: one image as
     ``/explanations`` answers it, several as KServe v1's ``:explain``."""
     tensor = pb_utils.get_input_tensor_by_name(request, INPUT)
-    parsed = parse_tensor(
-        tensor.as_numpy().reshape(-1).tolist(),
-        top_k=parameters.get(TOP_K),
-        request_id=request.request_id() or None,
-        config=config,
+    crops = pb_utils.get_input_tensor_by_name(request, CROPS)
+    if (tensor is None) == (crops is None):
+        raise InvalidRequest(
+            f"send one input: '{INPUT}' (BYTES [n, 1], encoded images) or '{CROPS}' "
+            "(UINT8 [n, 224, 224, 3], crops; see describe's crops_input)"
+        )
+    asked = {"top_k": parameters.get(TOP_K), "request_id": request.request_id() or None}
+    parsed = (
+        parse_crops(crops.as_numpy(), **asked, config=config)
+        if crops is not None
+        else parse_tensor(tensor.as_numpy().reshape(-1).tolist(), **asked, config=config)
     )
     # Explanation parameters on a prediction are the core's 400, not silently ignored.
     options = {k: parameters[k] for k in EXPLAIN_KEYS if k in parameters}

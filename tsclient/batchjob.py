@@ -41,7 +41,7 @@ import hashlib
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
@@ -165,6 +165,8 @@ class Summary:
     skipped: int = 0
     seconds: float = 0.0
     cache_hits: int = 0  # images the server's content cache answered
+    bytes_sent: int = 0  # request bodies on the wire (files, or crops made here)
+    preprocessed: bool = False  # crops made here (--preprocess client)
     failures: list[tuple[str, str]] = field(default_factory=list)  # the first few
 
     def add(self, rows: list[Row], skipped: int, cache_hits: int = 0, keep: int = 20) -> None:
@@ -290,6 +292,7 @@ class Job:
         max_busy_retries: int = 60,
         explain: dict | None = None,
         traffic: Traffic = BULK,
+        crops: Callable[[bytes], np.ndarray] | None = None,
     ) -> None:
         if task == "explain" and plan.per_request != 1:
             raise ValueError(
@@ -302,6 +305,7 @@ class Job:
         self.progress = progress or JobProgress(model, bar=False, every_s=float("inf"))
         self.max_outage_s, self.max_busy_retries = max_outage_s, max_busy_retries
         self.traffic = traffic
+        self.crops = crops  # preprocess here (tsclient.preprocess.ClientCrops): send crops
         self.window = Window(plan.concurrency)
         self._stop = threading.Event()
 
@@ -310,7 +314,8 @@ class Job:
         writing what is answered, without merging) on a fatal error or Ctrl-C, and raises."""
         done = done or DoneIndex(np.zeros(0, np.uint64))
         summary = Summary()
-        start = time.monotonic()
+        start, sent = time.monotonic(), getattr(self.client, "bytes_sent", 0)
+        summary.preprocessed = self.crops is not None
         pool = ThreadPoolExecutor(
             self.plan.concurrency,
             thread_name_prefix="tsctl-job",
@@ -330,6 +335,7 @@ class Job:
             self._stop.set()
             pool.shutdown(wait=complete, cancel_futures=True)
             summary.seconds = time.monotonic() - start
+            summary.bytes_sent = getattr(self.client, "bytes_sent", 0) - sent
             self.sink.close(complete)
             self.progress.close()
         return summary
@@ -388,6 +394,8 @@ class Job:
             row, data = _read(entry)
             if row.error is None and self.verify_sha256 and done.sha256_of(row.path) == row.sha256:
                 skipped += 1
+            elif row.error is None and self.crops is not None:
+                self._crop_into(row, data, sendable, rows)
             elif row.error is None:
                 sendable.append((row, data))
             else:
@@ -413,6 +421,15 @@ class Job:
                 row.cached = answer.cached
             rows.append(row)
         return rows, skipped, hits
+
+    def _crop_into(self, row: Row, data: bytes, sendable: list, rows: list[Row]) -> None:
+        """The file's crop made here, to send; a bad image fails its row here, with the
+        server's own message."""
+        try:
+            sendable.append((row, self.crops(data)))
+        except Exception as exc:  # noqa: BLE001 - the core's RequestError, or PIL's own
+            row.error = f"{type(exc).__name__}: {exc}"
+            rows.append(row)
 
     def _send_or_error(self, data: bytes) -> Answered | errors.ApiError:
         try:
@@ -473,6 +490,10 @@ class Job:
         if self.task == "explain":
             [image] = images  # Plan.for_explanations: one per request
             return Answers([self.client.explain(self.model, image, **self.explain)], None)
+        if self.crops is not None:  # images are crops made here
+            return self.client.infer_crops(
+                self.model, np.stack(images), output=self.task, topk=self.topk, traffic=self.traffic
+            )
         return self.client.infer_answers(
             self.model,
             images,

@@ -363,6 +363,12 @@ def _run_job(
     threading.Thread(
         target=lambda: progress.set_total(sum(1 for _ in collection.entries(shard))), daemon=True
     ).start()
+    crops = None
+    if explain is None:
+        from tsclient.preprocess import ClientCrops, client_side
+
+        if client_side(getattr(args, "preprocess", "server"), entry, client.urls["inference"]):
+            crops = ClientCrops(entry)
     job = batchjob.Job(
         client,
         model,
@@ -375,6 +381,7 @@ def _run_job(
         progress=progress,
         explain=explain,
         traffic=traffic,
+        crops=crops,
     )
     return job.run(collection.entries(shard), done=done)
 
@@ -417,6 +424,8 @@ def _collection(client: TorchServeClient, args, task: str) -> tuple[Any, str, in
         "failed": summary.failed,
         "skipped": summary.skipped,
         "cache_hits": summary.cache_hits,
+        "bytes_sent": summary.bytes_sent,
+        "preprocess": "client" if summary.preprocessed else "server",
         "seconds": round(summary.seconds, 2),
         "images_per_s": round((summary.done + summary.failed) / summary.seconds, 2)
         if summary.seconds
@@ -431,7 +440,9 @@ def _collection(client: TorchServeClient, args, task: str) -> tuple[Any, str, in
         )
     lines.append(
         f"wrote {out}: {rows} rows ({summary.done} done, {summary.failed} failed, "
-        f"{summary.skipped} already done) in {summary.seconds:.1f} s"
+        f"{summary.skipped} already done) in {summary.seconds:.1f} s, "
+        f"{summary.bytes_sent / 1e6:.1f} MB sent "
+        f"({'crops made here' if summary.preprocessed else 'the files'})"
         + (f"; {summary.cache_hits} answered from the server's cache" if summary.cache_hits else "")
     )
     return data, "\n".join(lines), errors.Unhealthy.exit_code if summary.failed else 0
@@ -792,6 +803,17 @@ def parser() -> argparse.ArgumentParser:
             type=Path,
             default=Path(".tsctl-work"),
             help="local copy of an s3:// --out while the job runs",
+        )
+        c.add_argument(
+            "--preprocess",
+            choices=("auto", "client", "server"),
+            default="auto",
+            help="where photos are decoded and cropped: 'client' on this machine's cores, "
+            "sending 150 KB crops instead of the files (a 12 MP photo is several MB) and "
+            "sparing the server the decode: the choice for a GPU server, whose cores cap it "
+            "at decoding, or one across a network; 'server' sends the files. auto (default): "
+            "client unless the server is a CPU server on this machine, where both sides "
+            "share the same cores. Refused when the server crops by another recipe",
         )
         if command == "tag":
             c.add_argument("--topk", type=int)

@@ -12,15 +12,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from PIL import Image
 
 from servecore.admission import Admission, Budget
 from servecore.boundary import as_request_error
 from servecore.config import ExplainConfig
+from servecore.crops import GivenCrop
 from servecore.errors import InvalidParameter, NotSupported, detached
 from servecore.explain.compute import ExplainJob, load_explainer, passes, thumbnail
 from servecore.explain.encode import Explained
 from servecore.explain.options import ExplainSpec, parse_explain
-from servecore.images import decode
+from servecore.images import OpenedImage, decode
 from servecore.parse import ParsedRequest, Protocol
 from servecore.stages import Admitted, Explaining, Failed, Opened, Placed, PreparedBatch
 
@@ -133,4 +135,11 @@ class Explanations:
         the orientation and colour conversion)."""
         if not request.spec.png:
             return []
-        return [thumbnail(decode(image), self.config.png_max_side) for image in request.images]
+        return [thumbnail(_picture(image), self.config.png_max_side) for image in request.images]
+
+
+def _picture(image: OpenedImage | GivenCrop) -> Image.Image:
+    """An opened image decoded; a crop the request carried as the picture it is."""
+    if isinstance(image, GivenCrop):
+        return Image.fromarray(image.crop.permute(1, 2, 0).numpy())
+    return decode(image)

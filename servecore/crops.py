@@ -1,0 +1,160 @@
+"""Preprocessed crops as a model input: a KServe v2 ``UINT8`` tensor named ``crops``, shape
+``[n, 224, 224, 3]``, each image the served recipe's crop (``model_files.resnet_dual.crop``,
+``PREPROCESSING``) laid out height, width, RGB channel.
+
+HWC because that is how a client holds an image (``numpy.asarray(pil_image)``, OpenCV, TF), so
+it sends its crop without a transpose; the server turns each into the model's channels-first
+``uint8 [3, 224, 224]`` (a view: stacking the batch copies it anyway). A crop request skips
+decoding: its images are "opened" here without PIL (``GivenCrop``, no decoding cost) and the
+model answers them exactly as it answers the same image sent encoded (the same uint8 array).
+
+The tensor comes as a v2 JSON ``data`` list (flat or nested integers 0..255), as the binary
+tensor extension's raw bytes (``binary_data_size``; ``split_binary``), or as an array an engine
+has read (Triton). Every element is one crop's bytes (``CROP_BYTES``, HWC order) in the
+``ParsedRequest``: the content cache keys them apart from encoded images (``CROP_DOMAIN``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from model_files.resnet_dual import CROP, INPUT
+from servecore.errors import InvalidRequest, echo
+
+CROPS = "crops"  # the input's name (Triton requires it; TorchServe reads the datatype)
+CROP_SHAPE = (CROP, CROP, 3)
+CROP_BYTES = CROP * CROP * 3
+# What describe says the input takes (``preprocessing`` says how the crop is made).
+CROPS_INPUT = {
+    "name": CROPS,
+    "datatype": "UINT8",
+    "shape": ["n", *CROP_SHAPE],
+    "layout": "NHWC, RGB",
+    "recipe": INPUT,
+}
+# Prefixed to a crop's bytes in the content cache's digest: no encoded image starts this way
+# (one that did would not decode, so would never be stored), so a crop never answers as one.
+CROP_DOMAIN = f"{INPUT}\0".encode()
+# The binary tensor extension's header, as Triton's HTTP frontend and tritonclient name it.
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
+@dataclass(frozen=True)
+class GivenCrop:
+    """A crop the request carried, "opened": the model's input as it is, channels first.
+    ``pixels``: its decoding cost, none."""
+
+    crop: torch.Tensor
+    pixels: int = 0
+
+
+def open_crop(data: bytes) -> GivenCrop:
+    """One crop's ``CROP_BYTES`` (HWC) as the model's ``uint8 [3, 224, 224]``."""
+    if len(data) != CROP_BYTES:  # parse checked the tensor's size; this is a bug of ours
+        raise ValueError(f"a crop is {CROP_BYTES} bytes, got {len(data)}")
+    pixels = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(CROP_SHAPE)
+    return GivenCrop(pixels.permute(2, 0, 1))
+
+
+def crop_count(shape: Any, where: str) -> int:
+    """How many crops a ``UINT8`` tensor's declared ``shape`` holds, or a 400 saying what was
+    expected (checked before any pixel is read)."""
+    dims = list(shape) if isinstance(shape, (list, tuple)) else []
+    n = dims[0] if dims else None
+    if len(dims) != 4 or list(dims[1:]) != list(CROP_SHAPE) or type(n) is not int or n < 1:
+        raise InvalidRequest(
+            f"{where}.shape must be [n, {CROP}, {CROP}, 3] (n crops >= 1, each height, width, "
+            f"RGB as the recipe {INPUT} crops them; see describe's crops_input), "
+            f"got {echo(shape)}"
+        )
+    return n
+
+
+def crops_of(data: Any, count: int, where: str) -> list[bytes]:
+    """A ``UINT8`` tensor's elements (a JSON list of integers, raw bytes, or an array) of
+    ``count`` crops (``crop_count``) as one ``CROP_BYTES`` item per crop, or a 400."""
+    raw = _raw(data, where)
+    if len(raw) != count * CROP_BYTES:
+        raise InvalidRequest(
+            f"{where} holds {len(raw)} values, its shape [{count}, {CROP}, {CROP}, 3] says "
+            f"{count * CROP_BYTES}: send every pixel of every crop"
+        )
+    return [raw[i * CROP_BYTES : (i + 1) * CROP_BYTES] for i in range(count)]
+
+
+def _raw(data: Any, where: str) -> bytes:
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data)
+    if isinstance(data, np.ndarray):
+        if data.dtype != np.uint8:
+            raise InvalidRequest(f"{where} must be UINT8, got {data.dtype}")
+        return data.tobytes()
+    try:
+        values = np.asarray(data)
+    except ValueError:
+        values = np.asarray([])  # ragged nesting: not a tensor
+    if values.dtype.kind not in "iu" or (values.size and (values.min() < 0 or values.max() > 255)):
+        raise InvalidRequest(
+            f"{where}.data must hold integers 0..255 (UINT8 pixels), got "
+            f"{'values of ' + str(values.dtype) if values.size else 'something else'}"
+        )
+    return values.astype(np.uint8).tobytes()
+
+
+def split_binary(body: bytes, header_length: Any) -> tuple[bytes, bytes]:
+    """A binary-extension body as its JSON header and the tensor bytes after it
+    (``Inference-Header-Content-Length``: the header's length)."""
+    text = header_length
+    if isinstance(text, (bytes, bytearray)):
+        text = text.decode("latin-1")
+    length = int(text) if isinstance(text, str) and text.strip().isdigit() else None
+    if length is None or length > len(body):
+        raise InvalidRequest(
+            f"{HEADER_LENGTH} must be the length of the body's JSON header (0..{len(body)}), "
+            f"got {echo(header_length)}"
+        )
+    return body[:length], body[length:]
+
+
+def binary_elements(data: bytes, where: str) -> list[bytes]:
+    """A ``BYTES`` tensor's binary data: each element its 4-byte little-endian length, then
+    its bytes (the extension's layout)."""
+    items, at = [], 0
+    while at < len(data):
+        size = int.from_bytes(data[at : at + 4], "little") if at + 4 <= len(data) else -1
+        if size < 0 or at + 4 + size > len(data):
+            raise InvalidRequest(
+                f"{where}'s binary data is cut short at byte {at}: each element is a 4-byte "
+                "little-endian length and that many bytes"
+            )
+        items.append(data[at + 4 : at + 4 + size])
+        at += 4 + size
+    return items
+
+
+def binary_request(header: dict, data: bytes) -> dict:
+    """The JSON header with each input's ``binary_data_size`` bytes (in input order) put in
+    as its ``data`` (raw ``bytes``), or a 400 when the sizes and the data disagree."""
+    inputs, at = header.get("inputs"), 0
+    for i, tensor in enumerate(inputs if isinstance(inputs, list) else []):
+        params = tensor.get("parameters") if isinstance(tensor, dict) else None
+        size = params.get("binary_data_size") if isinstance(params, dict) else None
+        if size is None:
+            continue
+        if type(size) is not int or size < 0 or at + size > len(data):
+            raise InvalidRequest(
+                f"inputs[{i}].parameters.binary_data_size is {echo(size)}, but the body holds "
+                f"{len(data) - at} more bytes after its header"
+            )
+        tensor["data"] = data[at : at + size]
+        at += size
+    if at != len(data):
+        raise InvalidRequest(
+            f"the body holds {len(data) - at} bytes after its header that no input's "
+            "binary_data_size claims"
+        )
+    return header
