@@ -53,10 +53,15 @@ class ClientCrops:
 def client_side(mode: str, entry: dict | None, url: str) -> bool:
     """Whether to preprocess here: ``client``/``server`` as asked; ``auto``: yes unless the
     server is a CPU server on this machine (then both sides decode on the same cores and the
-    server's own decode is the one path that every client shares), or describe is unreadable.
-    A GPU server, or one across a network, gets crops."""
+    server's own decode is the one path that every client shares), describe is unreadable, or
+    this client cannot crop (the collection job's image holds tsclient without torch). A GPU
+    server, or one across a network, gets crops."""
     if mode != "auto":
         return mode == "client"
+    try:
+        import model_files.resnet_dual  # noqa: F401 - the recipe, and torch beneath it
+    except ImportError:
+        return False
     from tsclient.client import is_loopback
 
     custom: Any = (entry or {}).get("customizedMetadata")
