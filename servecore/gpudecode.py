@@ -80,7 +80,8 @@ class DeviceDecoder:
     """Accepted JPEGs -> uint8 [3, 224, 224] crops on ``device``, in order, None for each one
     the decoder refused. ``chunk_pixels`` bounds the stored pixels decoded at once (device
     memory: 3 bytes each); ``decode`` is ``torchvision.io.decode_jpeg`` unless a test fakes it.
-    """
+    The decode returns finished (torchvision waits for nvJPEG); the resize and crop are queued
+    on the current stream and finish ahead of the forward that reads them."""
 
     def __init__(self, device: torch.device, chunk_pixels: int, decode: Decode = decode_jpeg):
         self.device = device

@@ -223,8 +223,7 @@ class Intake:
             if isinstance(r, Opened)
             for image in r.images
         ]
-        on_cpu = sum(not to_device for _, to_device in images)
-        start = self.pool.submit if on_cpu > 1 else _now
+        start = self.pool.submit if len(images) > 1 else _now  # the pool overlaps the device
         futures = {
             k: start(self.preprocessor.decode, image)
             for k, (image, to_device) in enumerate(images)
