@@ -18,6 +18,7 @@ from typing import Any
 from model_files.artifacts import PRECISIONS
 
 DEVICES = ("auto", "cpu", "cuda")
+GPU_DECODE = ("auto", "off")
 # What TorchServe and Triton accept as a model name (a bulk lane is registered under one).
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 EXPLAIN_METHODS = ("gradcam", "ig", "occlusion")  # computed in servecore/explain/compute.py
@@ -94,6 +95,10 @@ class HandlerConfig:
     threads: intra-op threads per worker; 0 keeps the runtime's default (all cores).
     decode_threads: threads decoding a batch's images; 0 = one per usable core (the pod's CPU
         limit, not the node's cores), at most 4 on a CPU worker, uncapped on a GPU worker.
+    gpu_decode: ``auto`` decodes JPEGs on a CUDA worker's GPU (batched nvJPEG, resize and crop
+        there; ``servecore/gpudecode.py``); PNG, WebP, progressive or CMYK JPEGs and any image
+        nvJPEG refuses take the CPU path, alone. ``off``: every image on the CPU. Ignored on a
+        CPU worker.
     onnx_spinning: let ONNX Runtime's threads busy-wait between operators; off, because in a
         server those cycles belong to the frontend and the decode threads.
     precision: ``auto`` times every precision the archive can run here at worker start and
@@ -158,6 +163,7 @@ class HandlerConfig:
     half_precision: bool = False
     threads: int = 0
     decode_threads: int = 0
+    gpu_decode: str = "auto"
     onnx_spinning: bool = False
     precision: str = "auto"
     auto_int8: bool = True
@@ -197,6 +203,10 @@ class HandlerConfig:
             raise ConfigError(f"handler.task must be one of {TASKS}, got {self.task!r}")
         if self.device not in DEVICES:
             raise ConfigError(f"handler.device must be one of {DEVICES}, got {self.device!r}")
+        if self.gpu_decode not in GPU_DECODE:
+            raise ConfigError(
+                f"handler.gpu_decode must be one of {GPU_DECODE}, got {self.gpu_decode!r}"
+            )
         if self.precision not in PRECISIONS:
             raise ConfigError(
                 f"handler.precision must be one of {PRECISIONS}, got {self.precision!r}"

@@ -66,10 +66,12 @@ _WIDE_GRAY_MODES = {"I", "I;16", "I;16B", "I;16L", "I;16N", "F"}
 @dataclass(frozen=True)
 class OpenedImage:
     """An image whose header has been read and nothing decoded yet. ``pixels``: how many pixels
-    decoding it will produce (after JPEG draft scaling): the work it will cost."""
+    decoding it will produce (after JPEG draft scaling): the work it will cost. ``data``: its
+    encoded bytes (what a device decoder reads, ``servecore.gpudecode``)."""
 
     image: Image.Image
     pixels: int
+    data: bytes
 
 
 def decode_image(
@@ -117,7 +119,7 @@ def open_image(
             raise InvalidImage(
                 f"JPEG image could not be decoded ({exc}); the file is truncated or corrupt"
             ) from None
-    return OpenedImage(image, image.size[0] * image.size[1])
+    return OpenedImage(image, image.size[0] * image.size[1], data)
 
 
 def decode(opened: OpenedImage) -> Image.Image:

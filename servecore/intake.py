@@ -5,8 +5,10 @@ request's parameters are checked in between, before any image is read; a request
 deadline has passed is answered 504 before it is even parsed); the batch's work is admitted
 within its budgets (``servecore.admission``: the bulk share, forward rows, decoded pixels,
 explanation passes) before anything is decoded; the admitted images are decoded on a small
-thread pool (PIL and torch release the GIL) and stacked into one CPU tensor. Whatever goes wrong
-fails its own request only (``servecore.boundary``).
+thread pool (PIL and torch release the GIL) and stacked into one CPU tensor; on a CUDA worker
+with ``gpu_decode`` on, the JPEGs its GPU decodes go there in one batched call
+(``servecore.gpudecode``) while the pool decodes the rest, and the batch is stacked on the GPU.
+Whatever goes wrong fails its own request only (``servecore.boundary``).
 
 Imports explanations: the intake calls the explanation stage (``servecore.explain.stage``) to
 check an explanation request's parameters and admit the batch's explanation work.
@@ -31,6 +33,7 @@ from servecore.config import HandlerConfig
 from servecore.crops import GivenCrop, open_crop
 from servecore.errors import DeadlineExceeded, PayloadTooLarge, detached
 from servecore.explain.stage import Explanations
+from servecore.gpudecode import DeviceDecoder, accepts, assemble, for_worker
 from servecore.images import OpenedImage, decode, open_image
 from servecore.parse import ParsedRequest
 from servecore.stages import (
@@ -83,7 +86,8 @@ class Preprocessor:
 
 class Intake:
     """Turns one batch of ``Incoming`` requests into a ``PreparedBatch``. ``clock``: Unix
-    time in seconds, what deadlines and the interactive window are counted on."""
+    time in seconds, what deadlines and the interactive window are counted on.
+    ``device_decoder``: the GPU's JPEG decoder (``handler.gpu_decode``), None when off."""
 
     def __init__(
         self,
@@ -122,6 +126,9 @@ class Intake:
         )
         threads = config.decode_threads or decode_threads(device)
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="decode")
+        self.device_decoder: DeviceDecoder | None = for_worker(
+            config.gpu_decode, device, config.max_batch_pixels
+        )
 
     def prepare(self, incoming: Sequence[Incoming]) -> PreparedBatch:
         started = time.perf_counter()
@@ -136,9 +143,10 @@ class Intake:
         requests = self.lookup(requests)
         opened = time.perf_counter()
         states, tensors = self._decode(requests)
+        decoder = self.device_decoder
         return PreparedBatch(
             tuple(states),
-            torch.stack(tensors) if tensors else None,
+            assemble(tensors, None if decoder is None else decoder.device) if tensors else None,
             open_ms=1000 * (opened - started),
             decode_ms=1000 * (time.perf_counter() - opened),
         )
@@ -189,13 +197,9 @@ class Intake:
     def _decode(self, requests: Sequence[Admitted]) -> tuple[list[State], list[torch.Tensor]]:
         """The admitted requests' images as model inputs, in order; a request whose image
         fails becomes its ``Failed`` and gets no rows."""
-        work = sum(r.image_count for r in requests if isinstance(r, Opened))
-        start = self.pool.submit if work > 1 else _now
+        started = iter(self._start(requests))
         pending = [
-            [start(self.preprocessor.decode, image) for image in r.images]
-            if isinstance(r, Opened)
-            else []
-            for r in requests
+            [next(started) for _ in r.images] if isinstance(r, Opened) else [] for r in requests
         ]
         states: list[State] = []
         tensors: list[torch.Tensor] = []
@@ -214,6 +218,36 @@ class Intake:
             states.append(Placed(request, range(len(tensors), len(tensors) + len(decoded))))
             tensors.extend(decoded)
         return states, tensors
+
+    def _start(self, requests: Sequence[Admitted]) -> list[Future]:
+        """One future crop per admitted image, in order. The images the device decoder
+        accepts (not an explanation's: the explainer draws on the decoded picture) go to it in
+        one call while the pool decodes the others; what it refuses goes to the pool after."""
+        decoder = self.device_decoder
+        images = [
+            (image, decoder is not None and not isinstance(r, Explaining) and accepts(image))
+            for r in requests
+            if isinstance(r, Opened)
+            for image in r.images
+        ]
+        start = self.pool.submit if len(images) > 1 else _now  # the pool overlaps the device
+        futures = {
+            k: start(self.preprocessor.decode, image)
+            for k, (image, to_device) in enumerate(images)
+            if not to_device
+        }
+        routed = [k for k, (_, to_device) in enumerate(images) if to_device]
+        if decoder is not None and routed:
+            crops = decoder([images[k][0] for k in routed])
+            if len(crops) != len(routed):
+                raise RuntimeError(f"device decoder gave {len(crops)} crops for {len(routed)}")
+            for k, crop in zip(routed, crops):
+                futures[k] = (
+                    _done(crop)
+                    if crop is not None
+                    else self.pool.submit(self.preprocessor.decode, images[k][0])
+                )
+        return [futures[k] for k in range(len(images))]
 
 
 def decode_threads(device: torch.device) -> int:
@@ -247,6 +281,12 @@ def _cgroup_quota(root: Path) -> float | None:
             continue
         return cfs_quota / cfs_period if cfs_quota > 0 and cfs_period > 0 else None
     return None
+
+
+def _done(value: torch.Tensor) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future
 
 
 def _now(fn: Callable, *args) -> Future:

@@ -184,7 +184,8 @@ class ImageModel:
 
     def prepare(self, incoming: Sequence[Incoming]) -> PreparedBatch:
         """Each request through its own path (``Intake.prepare``), the good images stacked
-        into one CPU tensor. Whatever goes wrong fails its own request only."""
+        into one tensor (on the GPU where ``gpu_decode`` put them there, else the CPU).
+        Whatever goes wrong fails its own request only."""
         batch = self.intake.prepare(incoming)
         self.metrics.batch(
             len(incoming),
@@ -282,6 +283,7 @@ class ImageModel:
             "precision_choice": self.choice.as_dict(),
             "quantization": files.quantization,
             "device": str(self.device),
+            "decode": str(self.intake.device_decoder or "cpu"),
             "preprocessing": PREPROCESSING,
             "crops_input": CROPS_INPUT,
         }

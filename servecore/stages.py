@@ -139,7 +139,8 @@ State = Placed | Failed
 @dataclass(frozen=True)
 class PreparedBatch:
     """A batch after ``prepare``: its requests in arrival order, the stacked images of the
-    placed ones (None when every request failed) and the milliseconds opening (parsing,
+    placed ones (None when every request failed; on the CPU, or on the GPU when it decoded
+    some) and the milliseconds opening (parsing,
     reading headers, admitting) and decoding took."""
 
     requests: tuple[State, ...]

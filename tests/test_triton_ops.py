@@ -322,6 +322,7 @@ DESCRIBE_KEYS = {
     "precision_choice",
     "quantization",
     "device",
+    "decode",
     "preprocessing",
 }  # servecore's ImageModel.describe
 

@@ -121,7 +121,8 @@ class Explanations:
             jobs = [
                 ExplainJob(opened.spec, r.rows, self._pictures(opened)) for _, r, opened in asking
             ]
-            answers = self.explainer.explain(batch.pixels, logits, jobs)
+            # The explainer runs on the CPU; a GPU worker's batch may be on its GPU.
+            answers = self.explainer.explain(batch.pixels.cpu(), logits, jobs)
         except Exception as exc:  # noqa: BLE001 - the boundary of the explanation requests
             error = detached(as_request_error(exc, "explaining", asking[0][1].request_id))
             return {i: Failed(r.request_id, error) for i, r, _ in asking}

@@ -1,0 +1,190 @@
+"""JPEG bytes -> the served input's uint8 crops on the worker's GPU: batched nvJPEG
+(``torchvision.io.decode_jpeg`` on CUDA), then the weights' resize and centre crop there.
+
+Only a JPEG that nvJPEG decodes as PIL does is sent (``accepts``, read from the header PIL
+already parsed: baseline JPEG/MPO in RGB or grayscale, complete, its EXIF orientation
+readable); the rest (PNG, WebP, progressive or CMYK JPEG, ...) stay on the CPU path, and so
+does any image nvJPEG refuses (``DeviceDecoder`` answers None for it), which the CPU path
+then decodes or fails with its own error. The pixels differ slightly from PIL's (nvJPEG's
+IDCT and chroma upsampling; the resize in float32, rounded once: at most one level from the
+uint8 resize PIL's path runs, measured on CPU): answers stay within the fidelity bound
+(tests/test_gpudecode.py).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+from PIL import ExifTags, Image
+from torchvision.io import ImageReadMode, decode_jpeg
+from torchvision.transforms import InterpolationMode
+from torchvision.transforms.v2 import functional as F
+
+from model_files.resnet_dual import CROP, RESIZE
+from servecore.images import OpenedImage
+
+logger = logging.getLogger(__name__)
+
+FORMATS = ("JPEG", "MPO")  # PIL's names for what nvJPEG decodes (MPO: its first picture)
+MODES = ("RGB", "L")  # YCbCr and grayscale; CMYK/YCCK open as CMYK and stay on the CPU
+_EOI = b"\xff\xd9"
+# PIL's ``ImageOps.exif_transpose`` (the CPU path's) as views of a [C, H, W] tensor.
+_ORIENT: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {
+    2: lambda t: t.flip(-1),  # FLIP_LEFT_RIGHT
+    3: lambda t: t.flip(-2, -1),  # ROTATE_180
+    4: lambda t: t.flip(-2),  # FLIP_TOP_BOTTOM
+    5: lambda t: t.transpose(-2, -1),  # TRANSPOSE
+    6: lambda t: t.transpose(-2, -1).flip(-1),  # ROTATE_270 (90 clockwise)
+    7: lambda t: t.transpose(-2, -1).flip(-2, -1),  # TRANSVERSE
+    8: lambda t: t.transpose(-2, -1).flip(-2),  # ROTATE_90 (90 anticlockwise)
+}
+Decode = Callable[..., list[torch.Tensor]]  # torchvision.io.decode_jpeg's list form
+
+
+def orientation(image: Image.Image) -> int | None:
+    """The EXIF orientation the CPU path applies (1: none), from the parsed header; None when
+    the EXIF block cannot be read (the CPU path then warns and keeps the pixels as stored)."""
+    try:
+        value = image.getexif().get(ExifTags.Base.Orientation, 1)
+        return value if value in _ORIENT else 1
+    except Exception:  # noqa: BLE001 - a broken EXIF block is the CPU path's to judge
+        return None
+
+
+def accepts(opened: OpenedImage) -> bool:
+    """Whether the header says nvJPEG decodes this image as the CPU path would: a baseline
+    JPEG (or MPO) in RGB or grayscale, ending in its end-of-image marker (nvJPEG may decode a
+    truncated file that PIL refuses with 400), with a readable EXIF orientation."""
+    image = opened.image
+    return (
+        image.format in FORMATS
+        and image.mode in MODES
+        and not (image.info.get("progressive") or image.info.get("progression"))
+        and min(image.size) > 0
+        and opened.data.rstrip(b"\0\r\n\t ").endswith(_EOI)
+        and orientation(image) is not None
+    )
+
+
+def stored_pixels(opened: OpenedImage) -> int:
+    """Pixels nvJPEG decodes: the stored size, before the CPU path's draft scaling (an upper
+    bound: a drafted side is rounded up)."""
+    scale = (getattr(opened.image, "decoderconfig", None) or (1,))[0]
+    return opened.pixels * scale * scale
+
+
+class DeviceDecoder:
+    """Accepted JPEGs -> uint8 [3, 224, 224] crops on ``device``, in order, None for each one
+    the decoder refused. ``chunk_pixels`` bounds the stored pixels decoded at once (device
+    memory: 3 bytes each); ``decode`` is ``torchvision.io.decode_jpeg`` unless a test fakes it.
+    The decode returns finished (torchvision waits for nvJPEG); the resize and crop are queued
+    on the current stream and finish ahead of the forward that reads them."""
+
+    def __init__(self, device: torch.device, chunk_pixels: int, decode: Decode = decode_jpeg):
+        self.device = device
+        self.chunk_pixels = chunk_pixels
+        self.decode = decode
+
+    def __str__(self) -> str:
+        return f"{self.device} (nvJPEG; other images on the CPU)"
+
+    def __call__(self, images: Sequence[OpenedImage]) -> list[torch.Tensor | None]:
+        crops: list[torch.Tensor | None] = []
+        for chunk in _chunks(images, self.chunk_pixels):
+            decoded = self.decoded([_encoded(image.data) for image in chunk])
+            crops += [
+                None if pixels is None else self._crop(pixels, image)
+                for pixels, image in zip(decoded, chunk)
+            ]
+        return crops
+
+    def decoded(self, encoded: list[torch.Tensor]) -> list[torch.Tensor | None]:
+        """RGB uint8 [3, H, W] per image, on the device: one batched call; when that fails
+        (nvJPEG fails the whole call for one bad file), one call per image, None for each
+        that fails."""
+        if self.device.type == "cuda":
+            # The decoder writes on its own stream into memory the caller's stream may still be
+            # reading (pytorch/vision#9606): nothing may be queued when it starts.
+            torch.cuda.current_stream(self.device).synchronize()
+        try:
+            return list(self.decode(encoded, mode=ImageReadMode.RGB, device=self.device))
+        except Exception:  # noqa: BLE001 - some file in the batch; find which below
+            if len(encoded) == 1:
+                return [None]
+        return [self.one(data) for data in encoded]
+
+    def one(self, data: torch.Tensor) -> torch.Tensor | None:
+        try:
+            return self.decode([data], mode=ImageReadMode.RGB, device=self.device)[0]
+        except Exception as exc:  # noqa: BLE001 - refused: the CPU path decides
+            logger.debug("device decoder refused an image, CPU path: %s", exc)
+            return None
+
+    def _crop(self, pixels: torch.Tensor, image: OpenedImage) -> torch.Tensor | None:
+        """Upright, then the weights' resize (bilinear, antialiased; in float32, rounded once,
+        as torchvision resizes uint8 on a GPU) and centre crop."""
+        try:
+            upright = _ORIENT.get(orientation(image.image) or 1, _same)(pixels)
+            resized = F.resize(
+                upright.float(), [RESIZE], InterpolationMode.BILINEAR, antialias=True
+            )
+            return F.center_crop(resized, [CROP]).round_().clamp_(0, 255).to(torch.uint8)
+        except Exception as exc:  # noqa: BLE001 - e.g. out of device memory: CPU path
+            logger.warning("device resize failed, decoding on the CPU: %s", exc)
+            return None
+
+
+def for_worker(setting: str, device: torch.device, chunk_pixels: int) -> DeviceDecoder | None:
+    """``handler.gpu_decode``: ``auto`` decodes JPEGs on a CUDA worker's GPU when a probe
+    JPEG decodes there (torchvision built with nvJPEG), else (``off``, a CPU worker, no
+    nvJPEG) None: every image on the CPU path."""
+    if setting == "off" or device.type != "cuda":
+        return None
+    decoder = DeviceDecoder(device, chunk_pixels)
+    buffer = io.BytesIO()
+    Image.new("RGB", (16, 16), (90, 120, 150)).save(buffer, "JPEG")
+    if decoder.decoded([_encoded(buffer.getvalue())])[0] is None:
+        logger.warning("gpu_decode: nvJPEG decoding fails on %s; decoding on the CPU", device)
+        return None
+    return decoder
+
+
+def assemble(crops: Sequence[torch.Tensor], device: torch.device | None) -> torch.Tensor:
+    """The batch of crops in order: on ``device`` when any crop is there (the CPU crops
+    copied over in one transfer), else on the CPU (the backend stages it)."""
+    if device is None or all(c.device.type == "cpu" for c in crops):
+        return torch.stack(list(crops))
+    batch = torch.empty((len(crops), *crops[0].shape), dtype=torch.uint8, device=device)
+    on_cpu = [i for i, c in enumerate(crops) if c.device.type == "cpu"]
+    on_device = [i for i, c in enumerate(crops) if c.device.type != "cpu"]
+    if on_cpu:
+        batch[on_cpu] = torch.stack([crops[i] for i in on_cpu]).to(device)
+    batch[on_device] = torch.stack([crops[i] for i in on_device])
+    return batch
+
+
+def _chunks(images: Sequence[OpenedImage], limit: int) -> Iterator[list[OpenedImage]]:
+    """Consecutive runs of ``images`` of at most ``limit`` stored pixels (an image over it
+    alone)."""
+    chunk: list[OpenedImage] = []
+    pixels = 0
+    for image in images:
+        size = stored_pixels(image)
+        if chunk and pixels + size > limit:
+            yield chunk
+            chunk, pixels = [], 0
+        chunk.append(image)
+        pixels += size
+    if chunk:
+        yield chunk
+
+
+def _encoded(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def _same(pixels: torch.Tensor) -> torch.Tensor:
+    return pixels

@@ -1,0 +1,316 @@
+"""Decoding on the GPU (``servecore/gpudecode.py``): which images go to the device decoder,
+what it gives back against the CPU path, and how the intake falls back, one image at a time.
+
+Without a GPU the device decoder runs its own code on ``device=cpu`` (torchvision's libjpeg
+decode_jpeg standing in for nvJPEG), wrapped to record what it is handed; the CUDA tests at
+the end skip without one."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+import torch
+from PIL import Image
+
+from model_files.artifacts import SERIALIZED
+from servecore.backends import load_backend
+from servecore.config import HandlerConfig
+from servecore.gpudecode import DeviceDecoder, accepts, assemble, for_worker
+from servecore.intake import Preprocessor
+from servecore.precision import FIDELITY_BOUND
+from tests import imagegen
+from tests.handler_context import make_handler, run_batch
+from tests.reference import rel_error
+
+CPU = torch.device("cpu")
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+FULL = Preprocessor(HandlerConfig(draft_decode=False))  # the reference decodes at full size
+SERVED = Preprocessor(HandlerConfig())  # what a worker runs: JPEG draft decoding on
+
+
+def saved(image: Image.Image, fmt: str = "JPEG", **options) -> bytes:
+    return imagegen.encode(image, fmt, **options)
+
+
+def oriented(orientation: int) -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    return saved(imagegen.photo(300, 200, seed=orientation), exif=exif)
+
+
+def corrupt_jpeg() -> bytes:
+    """A JPEG whose header opens and which ends in its end marker, its Huffman table garbage:
+    PIL refuses it (400) and so does libjpeg (the device decoder)."""
+    good = imagegen.jpeg(320, 240, seed=9)
+    table = good.index(b"\xff\xc4")
+    return good[: table + 4] + b"\xff" * 30 + good[table + 34 :]
+
+
+JPEG = imagegen.jpeg(320, 240, seed=1)
+GRAY = saved(imagegen.photo(280, 300, seed=2).convert("L"))
+LARGE = imagegen.jpeg(2000, 1500, seed=3)  # drafted to 1/4 on the CPU path
+PNG = imagegen.png(320, 240, seed=4)
+WEBP = saved(imagegen.photo(320, 240, seed=5), "WEBP")
+PROGRESSIVE = saved(imagegen.photo(320, 240, seed=6), progressive=True)
+CMYK = saved(imagegen.photo(320, 240, seed=7).convert("CMYK"))
+TRUNCATED = JPEG[: len(JPEG) // 2]
+CORRUPT = corrupt_jpeg()
+
+
+NAMES = {
+    JPEG: "jpeg",
+    GRAY: "gray",
+    LARGE: "large",
+    PNG: "png",
+    WEBP: "webp",
+    PROGRESSIVE: "progressive",
+    CMYK: "cmyk",
+    CORRUPT: "corrupt",
+}
+
+
+def named(calls: list[list[bytes]]) -> list[list[str]]:
+    return [[NAMES.get(data, "other") for data in call] for call in calls]
+
+
+def mpo() -> bytes:
+    first, second = imagegen.photo(320, 240, seed=8), imagegen.photo(320, 240, seed=10)
+    buffer = io.BytesIO()
+    first.save(buffer, "MPO", save_all=True, append_images=[second], quality=92)
+    return buffer.getvalue()
+
+
+class Recording:
+    """torchvision's decode_jpeg, recording each call's images (by their bytes)."""
+
+    def __init__(self, decode):
+        self.decode = decode
+        self.calls: list[list[bytes]] = []
+
+    def __call__(self, encoded, **options):
+        self.calls.append([bytes(t.numpy()) for t in encoded])
+        return self.decode(encoded, **options)
+
+
+def stand_in(refuse: tuple[bytes, ...] = ()) -> tuple[DeviceDecoder, Recording]:
+    """The device decoder on the CPU; it also refuses ``refuse`` (as nvJPEG fails a batched
+    call: the whole call raises)."""
+    from torchvision.io import decode_jpeg
+
+    def decode(encoded, **options):
+        if any(bytes(t.numpy()) in refuse for t in encoded):
+            raise RuntimeError("nvjpeg: bitstream not supported")
+        return decode_jpeg(encoded, **options)
+
+    recording = Recording(decode)
+    return DeviceDecoder(CPU, 200_000_000, recording), recording
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "expected"),
+    [
+        ("baseline jpeg", JPEG, True),
+        ("grayscale jpeg", GRAY, True),
+        ("mpo", mpo(), True),
+        ("png", PNG, False),
+        ("webp", WEBP, False),
+        ("progressive jpeg", PROGRESSIVE, False),
+        ("cmyk jpeg", CMYK, False),
+        ("truncated jpeg", TRUNCATED, False),
+    ],
+)
+def test_the_header_decides_what_goes_to_the_device(name, data, expected):
+    assert accepts(SERVED.open(data)) is expected, name
+
+
+@pytest.mark.parametrize("name", ["jpeg", "gray", "mpo", "large"])
+def test_a_device_crop_is_the_cpu_crop_within_one_level(name):
+    """Same IDCT here (libjpeg both ways): what remains is the resize, float32 rounded once
+    against PIL's fixed-point uint8: measured at most 1 level, on ~10% of the pixels."""
+    data = {"jpeg": JPEG, "gray": GRAY, "mpo": mpo(), "large": LARGE}[name]
+    decoder, _ = stand_in()
+    [crop] = decoder([FULL.open(data)])
+    expected = FULL.decode(FULL.open(data))
+    assert crop is not None and crop.dtype == torch.uint8 and crop.shape == (3, 224, 224)
+    difference = (crop.int() - expected.int()).abs()
+    assert int(difference.max()) <= 1
+    assert float((difference > 0).float().mean()) < 0.2
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_exif_orientation_is_applied_as_pil_does(orientation):
+    data = oriented(orientation)
+    decoder, _ = stand_in()
+    [crop] = decoder([FULL.open(data)])
+    expected = FULL.decode(FULL.open(data))
+    assert crop is not None and int((crop.int() - expected.int()).abs().max()) <= 1
+
+
+def test_one_refused_image_is_retried_alone_and_the_others_decoded():
+    decoder, recording = stand_in(refuse=(LARGE,))
+    crops = decoder([SERVED.open(data) for data in (JPEG, LARGE, GRAY)])
+    assert [c is None for c in crops] == [False, True, False]
+    assert named(recording.calls) == [["jpeg", "large", "gray"], ["jpeg"], ["large"], ["gray"]]
+
+
+def test_device_memory_is_bounded_by_decoding_in_chunks():
+    """Chunks of at most ``chunk_pixels`` stored pixels (not the drafted ones the budgets
+    count): 2000x1500 is 3 MP stored, 0.19 MP drafted."""
+    decoder, recording = stand_in()
+    decoder.chunk_pixels = 3_050_000
+    crops = decoder([SERVED.open(data) for data in (JPEG, LARGE, JPEG, GRAY)])
+    assert all(c is not None for c in crops)
+    assert named(recording.calls) == [["jpeg"], ["large"], ["jpeg", "gray"]]
+
+
+def test_a_mixed_batch_is_assembled_in_order():
+    a, b = torch.full((3, 2, 2), 1, dtype=torch.uint8), torch.full((3, 2, 2), 2, dtype=torch.uint8)
+    batch = assemble([a, b, a], CPU)
+    assert batch.shape == (3, 3, 2, 2) and batch[:, 0, 0, 0].tolist() == [1, 2, 1]
+
+
+def test_the_setting_turns_it_on_only_on_a_cuda_worker():
+    assert for_worker("auto", CPU, 1) is None
+    assert for_worker("off", torch.device("cuda"), 1) is None
+
+
+@pytest.fixture(scope="module")
+def eager(weights_dir):
+    return load_backend("eager", weights_dir / SERIALIZED["eager"], CPU, precision="f32")
+
+
+def test_device_decoded_answers_are_the_cpu_paths_within_the_fidelity_bound(eager):
+    """Measured on build/heldout and build/samples (512x512 to 12 MP): at most 1 level on
+    5-18% of the pixels; the embedding within 0.06% relative error of the CPU path's decoded at
+    full size (held here to 0.1%), and against a worker's default CPU path, which draft-decodes
+    a large JPEG at 1/2 to 1/8 of its size, as far as draft decoding itself moves it: up to
+    1.3%, cosine 0.99999, the same top class (held here to the fidelity bound)."""
+    images = [JPEG, oriented(6), LARGE]
+    decoder, _ = stand_in()
+    device_embedding, device_logits = eager(
+        torch.stack(decoder([SERVED.open(data) for data in images]))
+    )
+    cpu_embedding, cpu_logits = eager(torch.stack([*map(FULL, images), SERVED(LARGE)]))
+    for device, full in zip(device_embedding, cpu_embedding):
+        assert rel_error(device, full) <= 1e-3
+    cosine = torch.nn.functional.cosine_similarity(device_embedding[2], cpu_embedding[3], dim=0)
+    assert float(cosine) >= FIDELITY_BOUND["embedding_cosine_min"]
+    assert int(device_logits[2].argmax()) == int(cpu_logits[3].argmax())
+    top1 = (device_logits.argmax(1) == cpu_logits[:3].argmax(1)).float().mean()
+    assert float(top1) >= FIDELITY_BOUND["top1_agreement"]
+
+
+@pytest.fixture(scope="module")
+def embedder(weights_dir):
+    return make_handler(
+        weights_dir,
+        task="embedding",
+        normalize_embedding=False,
+        max_batch_pixels=600_000,
+        max_request_pixels=600_000,
+    )
+
+
+def run_with(embedder, decoder, bodies):
+    handler, context = embedder
+    handler.model.intake.device_decoder = decoder
+    try:
+        responses, statuses, batch = run_batch(handler, context, [{"body": b} for b in bodies])
+    finally:
+        handler.model.intake.device_decoder = None
+    return [json.loads(r) for r in responses], statuses, batch
+
+
+def test_the_intake_routes_each_image_and_a_refused_one_fails_alone(embedder, monkeypatch):
+    """JPEGs to the device decoder in one call; PNG, WebP, progressive and CMYK JPEGs to the
+    CPU path; a corrupt JPEG the device refuses is retried alone, then decoded on the CPU path,
+    which answers 400 as it does without a device decoder; the rest answer 200."""
+    handler, _ = embedder
+    cpu_decoded: list[bytes] = []
+    decode = handler.model.intake.preprocessor.decode
+
+    def counted(opened):
+        cpu_decoded.append(opened.data)
+        return decode(opened)
+
+    monkeypatch.setattr(handler.model.intake.preprocessor, "decode", counted)
+    bodies = [JPEG, PNG, CORRUPT, PROGRESSIVE, GRAY, WEBP, CMYK]
+    decoder, recording = stand_in()
+    answers, statuses, batch = run_with(embedder, decoder, bodies)
+    assert named(recording.calls) == [
+        ["jpeg", "corrupt", "gray"],
+        ["jpeg"],
+        ["corrupt"],
+        ["gray"],
+    ]
+    assert sorted(named([cpu_decoded])[0]) == ["cmyk", "corrupt", "png", "progressive", "webp"]
+    assert [s for s, _ in statuses] == [200, 200, 400, 200, 200, 200, 200]
+    cpu_answers, cpu_statuses, _ = run_with(embedder, None, [CORRUPT])
+    assert statuses[2] == cpu_statuses[0] and answers[2] == cpu_answers[0]
+    assert answers[2]["type"] == "InvalidImage"
+    # The batch in request order: the CPU path's crops as they are, the device's within the
+    # level its resize may differ by (answers: the fidelity test above).
+    rows = [SERVED(data) for i, data in enumerate(bodies) if i != 2]
+    pixels = batch.prepared.pixels
+    for row, data in zip(pixels, [b for i, b in enumerate(bodies) if i != 2]):
+        expected = SERVED(data)
+        if data in (JPEG, GRAY):
+            assert int((row.int() - expected.int()).abs().max()) <= 1
+        else:
+            assert torch.equal(row, expected)
+    assert len(pixels) == len(rows)
+
+
+def test_budgets_are_applied_before_the_device_decodes(embedder):
+    """max_batch_pixels (600 000 here), from the headers, smallest first: a 320x240 JPEG and
+    two 450x460 ones (207 000 pixels each, too small to draft) fit, a third does not and gets
+    503 without reaching any decoder."""
+    decoder, recording = stand_in()
+    large = imagegen.jpeg(450, 460, seed=11)
+    answers, statuses, _ = run_with(embedder, decoder, [large, JPEG, large, large])
+    assert sorted(s for s, _ in statuses) == [200, 200, 200, 503]
+    assert "max_batch_pixels" in answers[[s for s, _ in statuses].index(503)]["message"]
+    assert sorted(named(recording.calls)[0]) == ["jpeg", "other", "other"]
+    assert len(recording.calls) == 1
+
+
+def test_describe_says_where_images_are_decoded(embedder):
+    handler, _ = embedder
+    assert handler.model.describe()["decode"] == "cpu"
+    handler.model.intake.device_decoder = stand_in()[0]
+    try:
+        assert handler.model.describe()["decode"] == "cpu (nvJPEG; other images on the CPU)"
+    finally:
+        handler.model.intake.device_decoder = None
+
+
+@CUDA
+def test_nvjpeg_crops_answer_as_the_cpu_path(weights_dir):
+    """On a GPU: nvJPEG's crops within a few levels of its CPU stand-in's (nvJPEG's IDCT and
+    chroma upsampling differ from libjpeg's) and answering as the CPU path's, within the
+    fidelity bound."""
+    device = torch.device("cuda")
+    decoder = for_worker("auto", device, 200_000_000)
+    assert decoder is not None
+    images = [JPEG, GRAY, LARGE, oriented(6), mpo()]
+    crops = decoder([SERVED.open(data) for data in images])
+    assert all(c is not None and c.device.type == "cuda" for c in crops)
+    for crop, expected in zip(crops, stand_in()[0]([SERVED.open(d) for d in images])):
+        assert float((crop.cpu().float() - expected.float()).abs().mean()) < 2.0
+    backend = load_backend("eager", weights_dir / SERIALIZED["eager"], device, precision="f32")
+    embedding, logits = backend(assemble(crops, device))
+    cpu_embedding, cpu_logits = backend(torch.stack([SERVED(data) for data in images]))
+    cosine = torch.nn.functional.cosine_similarity(embedding, cpu_embedding)
+    assert float(cosine.min()) >= FIDELITY_BOUND["embedding_cosine_min"]
+    top1 = (logits.argmax(1) == cpu_logits.argmax(1)).float().mean()
+    assert float(top1) >= FIDELITY_BOUND["top1_agreement"]
+
+
+@CUDA
+def test_nvjpeg_refuses_a_corrupt_jpeg_alone():
+    decoder = for_worker("auto", torch.device("cuda"), 200_000_000)
+    assert decoder is not None
+    crops = decoder([SERVED.open(data) for data in (JPEG, CORRUPT, GRAY)])
+    assert crops[0] is not None and crops[2] is not None
