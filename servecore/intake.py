@@ -225,7 +225,13 @@ class Intake:
         one call while the pool decodes the others; what it refuses goes to the pool after."""
         decoder = self.device_decoder
         images = [
-            (image, decoder is not None and not isinstance(r, Explaining) and accepts(image))
+            (
+                image,
+                decoder is not None
+                and not isinstance(r, Explaining)
+                and isinstance(image, OpenedImage)  # a crop the request carried is the input
+                and accepts(image),
+            )
             for r in requests
             if isinstance(r, Opened)
             for image in r.images
@@ -238,7 +244,9 @@ class Intake:
         }
         routed = [k for k, (_, to_device) in enumerate(images) if to_device]
         if decoder is not None and routed:
-            crops = decoder([images[k][0] for k in routed])
+            crops = decoder(
+                [image for k in routed if isinstance(image := images[k][0], OpenedImage)]
+            )
             if len(crops) != len(routed):
                 raise RuntimeError(f"device decoder gave {len(crops)} crops for {len(routed)}")
             for k, crop in zip(routed, crops):

@@ -314,3 +314,17 @@ def test_nvjpeg_refuses_a_corrupt_jpeg_alone():
     assert decoder is not None
     crops = decoder([SERVED.open(data) for data in (JPEG, CORRUPT, GRAY)])
     assert crops[0] is not None and crops[2] is not None
+
+
+def test_a_crop_the_request_carried_never_goes_to_the_device_decoder(embedder):
+    """A v2 ``crops`` request beside a JPEG: the JPEG to the device, the crop is the input as
+    it came (issue #44's crops and the GPU decode share the intake)."""
+    from tests.test_crops import crops_body
+
+    crop = SERVED(JPEG)  # uint8 [3, 224, 224]: the CPU path's crop of the same photo
+    body = json.dumps(crops_body(crop.permute(1, 2, 0).numpy()[None])).encode()
+    decoder, recording = stand_in()
+    answers, statuses, batch = run_with(embedder, decoder, [JPEG, body])
+    assert [s for s, _ in statuses] == [200, 200]
+    assert named(recording.calls) == [["jpeg"]]
+    assert torch.equal(batch.prepared.pixels[1], crop)
