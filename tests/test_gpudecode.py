@@ -324,7 +324,7 @@ def test_a_crop_the_request_carried_never_goes_to_the_device_decoder(embedder):
     crop = SERVED(JPEG)  # uint8 [3, 224, 224]: the CPU path's crop of the same photo
     body = json.dumps(crops_body(crop.permute(1, 2, 0).numpy()[None])).encode()
     decoder, recording = stand_in()
-    answers, statuses, batch = run_with(embedder, decoder, [JPEG, body])
+    _, statuses, batch = run_with(embedder, decoder, [JPEG, body])
     assert [s for s, _ in statuses] == [200, 200]
     assert named(recording.calls) == [["jpeg"]]
     assert torch.equal(batch.prepared.pixels[1], crop)
