@@ -442,7 +442,7 @@ NUMBER_DOCS = (
     "docs/operations.md",
     "docs/testing.md",
 )
-R, API, BACK, CONF, EXPL, OPS, TEST = NUMBER_DOCS
+API, BACK, CONF, EXPL, OPS, TEST = NUMBER_DOCS[1:]
 STATED = re.compile(r"`((?:explain\.)?[a-z][a-z_]+)` \(([^)]*)")
 
 

@@ -194,4 +194,9 @@ def response(reply: Reply, dtypes: dict[str, type], spec: AnswerSpec):
 
 def _code(status: int) -> int:
     """The Triton error code for the core's HTTP status (``tritonrepo/codes.py``)."""
-    return getattr(pb_utils.TritonError, triton_code(status))
+    codes = {
+        "UNAVAILABLE": pb_utils.TritonError.UNAVAILABLE,
+        "INVALID_ARG": pb_utils.TritonError.INVALID_ARG,
+        "INTERNAL": pb_utils.TritonError.INTERNAL,
+    }
+    return codes[triton_code(status)]
