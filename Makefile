@@ -83,6 +83,12 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 config: $(VENV)/.installed
 	@$(PY) -m buildsteps.configgen
 
+# The reference tables in docs/ (settings, error statuses, metrics), rewritten from their one
+# source in the code (buildsteps/reference.py); tests/test_reference.py fails when they are stale.
+.PHONY: docs-reference
+docs-reference: $(VENV)/.installed
+	@$(PY) -m buildsteps.reference
+
 # build_weights.py is itself idempotent: it returns at once when WEIGHTS is what it built.
 weights: $(VENV)/.installed $(if $(INT8),samples)
 	@$(PY) -m buildsteps.weights $(if $(WEIGHTS),--source "$(WEIGHTS)") --out $(WEIGHTS_DIR)

@@ -29,7 +29,7 @@ import torch
 from model_files.resnet_dual import RESIZE, crop
 from servecore.admission import Admission, Budget
 from servecore.boundary import attempt, each_image
-from servecore.config import HandlerConfig
+from servecore.config import MAX_DECODE_THREADS, HandlerConfig
 from servecore.crops import GivenCrop, open_crop
 from servecore.errors import DeadlineExceeded, PayloadTooLarge, detached
 from servecore.explain.stage import Explanations
@@ -49,8 +49,6 @@ from servecore.stages import (
 from servecore.traffic import DEADLINE_HEADER
 
 CPU = torch.device("cpu")
-# handler.decode_threads 0 on a CPU worker = one decode thread per usable core, at most this many.
-MAX_DECODE_THREADS = 4
 
 
 class Preprocessor:

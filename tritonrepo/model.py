@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from functools import partial
-from http import HTTPStatus
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +33,7 @@ from servecore.parse import EXPLAIN_KEYS, Protocol, parse_crops, parse_tensor
 from servecore.service import ImageModel, ModelSettings, Reply
 from servecore.stages import Incoming
 from servecore.traffic import DEADLINE_HEADER, PRIORITY_HEADER
+from tritonrepo.codes import triton_code
 from tritonrepo.metrics import TritonMetrics
 
 INPUT = "images"  # BYTES [n, 1]: encoded images, or their base64 text; or CROPS, UINT8 crops
@@ -193,12 +193,10 @@ def response(reply: Reply, dtypes: dict[str, type], spec: AnswerSpec):
 
 
 def _code(status: int) -> int:
-    """Triton's error codes are fewer than HTTP's: 503 stays "unavailable" (retry later), other
-    4xx become 400 (the core's body in the message still says which), 5xx internal. 504 (the
-    caller's ``X-Deadline`` passed) has no code of its own: "unavailable", HTTP 503 and gRPC
-    UNAVAILABLE, as Triton answers a request whose own ``timeout`` expired in its queue."""
-    if status in (HTTPStatus.SERVICE_UNAVAILABLE, HTTPStatus.GATEWAY_TIMEOUT):
-        return pb_utils.TritonError.UNAVAILABLE
-    if 400 <= status < 500:
-        return pb_utils.TritonError.INVALID_ARG
-    return pb_utils.TritonError.INTERNAL
+    """The Triton error code for the core's HTTP status (``tritonrepo/codes.py``)."""
+    codes = {
+        "UNAVAILABLE": pb_utils.TritonError.UNAVAILABLE,
+        "INVALID_ARG": pb_utils.TritonError.INVALID_ARG,
+        "INTERNAL": pb_utils.TritonError.INTERNAL,
+    }
+    return codes[triton_code(status)]
