@@ -21,8 +21,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 class LocalTransformer:
-    """``model`` served in front of ``predictor`` (HOST:PORT, ``protocol`` v2 or grpc-v2);
-    ``extra``: more arguments of ``python -m transformer``. Its log: ``workdir/transformer.log``."""
+    """``model`` (several: comma-separated) served in front of ``predictor`` (HOST:PORT,
+    ``protocol`` v2 or grpc-v2); ``extra``: more arguments of ``python -m transformer``. Its
+    log: ``workdir/transformer.log``."""
 
     def __init__(
         self,
@@ -59,7 +60,8 @@ class LocalTransformer:
             if self.process.poll() is not None:
                 raise RuntimeError(f"the transformer exited: {self.log.read_text()[-3000:]}")
             try:
-                ready = requests.get(f"{self.url}/v2/models/{self.model}/ready", timeout=5)
+                first = self.model.split(",")[0]
+                ready = requests.get(f"{self.url}/v2/models/{first}/ready", timeout=5)
                 if ready.status_code == 200:
                     return self
             except requests.ConnectionError:

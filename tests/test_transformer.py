@@ -20,13 +20,15 @@ from tests.corpus import bad_inputs
 REPO = Path(__file__).resolve().parent.parent
 PHOTOS = sorted((REPO / "build" / "heldout").glob("*.jpg"))
 MODEL = "resnet50-tagger"
+EMBEDDING = "resnet50-embedding"
 TIMEOUT = 300
 
 
 @pytest.fixture(scope="module")
 def transformer(torchserve, tmp_path_factory):
     predictor = torchserve.inference_url.removeprefix("http://")
-    with LocalTransformer(MODEL, predictor, tmp_path_factory.mktemp("transformer")) as running:
+    workdir = tmp_path_factory.mktemp("transformer")
+    with LocalTransformer(f"{EMBEDDING},{MODEL}", predictor, workdir) as running:
         yield running
 
 
@@ -34,10 +36,10 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def v1(base: str, images: list[bytes], headers: dict) -> requests.Response:
+def v1(base: str, images: list[bytes], headers: dict, model: str = MODEL) -> requests.Response:
     body = {"instances": [{"image": {"b64": b64(i)}} for i in images], "parameters": {"topk": 3}}
     return requests.post(
-        f"{base}/v1/models/{MODEL}:predict", json=body, headers=headers, timeout=TIMEOUT
+        f"{base}/v1/models/{model}:predict", json=body, headers=headers, timeout=TIMEOUT
     )
 
 
@@ -73,10 +75,14 @@ def test_the_held_out_photos_are_answered_as_the_single_server_answers_them(
     with ThreadPoolExecutor(4) as pool:
         single_v1 = pool.submit(v1, torchserve.inference_url, photos[:2], key)
         split_v1 = pool.submit(v1, transformer.url, photos[:2], key)
+        single_vectors = pool.submit(v1, torchserve.inference_url, photos[2:], key, EMBEDDING)
+        split_vectors = pool.submit(v1, transformer.url, photos[2:], key, EMBEDDING)
         single_v2 = [pool.submit(v2, torchserve.inference_url, [p], key) for p in photos]
         split_v2 = [pool.submit(v2, transformer.url, [p], key) for p in photos]
     assert split_v1.result().status_code == 200, split_v1.result().text
     assert split_v1.result().json() == single_v1.result().json()
+    assert split_vectors.result().status_code == 200, split_vectors.result().text
+    assert split_vectors.result().json() == single_vectors.result().json()
     for single, split in zip(single_v2, split_v2):
         (shape, embedding), (_, tags) = tensors(single.result()).values()
         got = tensors(split.result())

@@ -1,11 +1,14 @@
-"""``python -m transformer``: KServe's model server with one ``CropTransformer``.
+"""``python -m transformer``: KServe's model server with a ``CropTransformer`` per model.
 
 KServe's own arguments (``--http_port``, ``--grpc_port``, ``--predictor_host``,
-``--predictor_protocol``, ``--model_name``, ...) plus ``--model_config`` (the model's YAML,
-whose ``handler:`` section gives the limits and draft decoding; default
-``config/models/<model_name>.yaml`` beside this package), ``--max_request_bytes`` (default the
-handler's ``max_json_bytes``), ``--max_images_per_request`` (default the handler's) and
-``--max_inflight`` (requests preprocessed at once, default twice the cores).
+``--predictor_protocol``, ``--model_name``, ...; ``--model_name`` may name several models,
+comma-separated, each served in front of the predictor's model of that name) and ours:
+
+- ``--model_config``: the model's YAML, whose ``handler:`` section gives the limits and draft
+  decoding (default ``config/models/<model_name>.yaml`` beside this package);
+- ``--max_request_bytes``: a request body's bytes (default the handler's ``max_json_bytes``);
+- ``--max_images_per_request``: default the handler's;
+- ``--max_inflight``: requests preprocessed at once (default twice the cores).
 """
 
 from __future__ import annotations
@@ -76,16 +79,24 @@ def main(argv: list[str]) -> int:
     from transformer.guard import Limits, PredictorRefused, on_predictor_refused, on_request_error
     from transformer.model import CropTransformer
 
-    path = args.model_config or REPO / "config" / "models" / f"{args.model_name}.yaml"
-    config = handler_config(path, args.max_images_per_request)
+    names = [name for name in args.model_name.split(",") if name]
+    if args.model_config and len(names) > 1:
+        raise SystemExit("--model_config names one model's YAML: give one --model_name with it")
+    configs = {
+        name: handler_config(
+            args.model_config or REPO / "config" / "models" / f"{name}.yaml",
+            args.max_images_per_request,
+        )
+        for name in names
+    }
     app.add_exception_handler(RequestError, on_request_error)
     app.add_exception_handler(PredictorRefused, on_predictor_refused)
     app.add_middleware(
         Limits,
-        max_request_bytes=args.max_request_bytes or config.max_json_bytes,
+        max_request_bytes=args.max_request_bytes or max(c.max_json_bytes for c in configs.values()),
         max_inflight=args.max_inflight,
     )
-    ModelServer().start([CropTransformer(args.model_name, config)])
+    ModelServer().start([CropTransformer(name, config) for name, config in configs.items()])
     return 0
 
 
