@@ -836,6 +836,10 @@ def test_docker_build_context_sends_only_what_the_dockerfile_copies():
         "tritonrepo/install.py",
         "tritonrepo/server.py",
         "tsclient/",
+        "servecore/",
+        "model_files/",
+        "transformer/",
+        "config/models/",
     }
     lines = [
         line
@@ -844,8 +848,12 @@ def test_docker_build_context_sends_only_what_the_dockerfile_copies():
     ]
     assert lines[0] == "*" and all(line.startswith("!") for line in lines[1:])
     sent = {str(p.relative_to(REPO)) for p in context_files()}
+    folders = {"tsclient": "*.py", "servecore": "**/*.py", "model_files": "*.py",
+               "transformer": "*.py", "config/models": "*.yaml"}  # fmt: skip
     assert sent == {s for s in copied if not s.endswith("/")} | {
-        str(p.relative_to(REPO)) for p in (REPO / "tsclient").glob("*.py")
+        str(p.relative_to(REPO))
+        for folder, pattern in folders.items()
+        for p in (REPO / folder).glob(pattern)
     }
     assert not any(
         s.startswith(("build/", "model-store/", ".venv")) or s.endswith((".mar", ".json"))

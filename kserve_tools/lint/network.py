@@ -24,13 +24,18 @@ from kserve_tools.render import Resource
 QUEUE_PROXY_PORT = 8012  # Knative's queue-proxy, in front of the container's port
 
 
-def _admits_only_namespaces(rule: dict) -> bool:
-    """An ingress rule whose every peer is a namespace named by label (no pod-only, IP-block
-    or empty peer, which would admit more than one namespace's pods)."""
+def _admits_only_namespaces(rule: dict, isvc: str) -> bool:
+    """An ingress rule whose every peer is a namespace named by label (no other pod-only,
+    IP-block or empty peer, which would admit more than one namespace's pods), or this
+    InferenceService's own transformer pods (``isvc``'s label and ``component: transformer``,
+    its namespace only)."""
     peers = rule.get("from")
     if not peers:
         return False
     for peer in peers:
+        pods = (peer.get("podSelector") or {}).get("matchLabels") or {}
+        if set(peer) == {"podSelector"} and pods == {ISVC_LABEL: isvc, "component": "transformer"}:
+            continue
         labels = (peer.get("namespaceSelector") or {}).get("matchLabels") or {}
         if set(peer) != {"namespaceSelector"} or not labels.get("kubernetes.io/metadata.name"):
             return False
@@ -85,7 +90,7 @@ def network_policy_findings(objects: list[Resource]) -> list[Finding]:
             rules = (policy.obj.get("spec") or {}).get("ingress") or []
             ports = set()
             for i, rule in enumerate(rules):
-                if not _admits_only_namespaces(rule):
+                if not _admits_only_namespaces(rule, isvc.name):
                     found.append(
                         finding(
                             policy,

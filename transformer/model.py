@@ -1,0 +1,128 @@
+"""The transformer as a ``kserve.Model``: ``preprocess`` turns a v1 or v2 upload into the v2
+``crops`` request (``transformer.convert``, on a thread pool: decoding must not hold the event
+loop), ``predict`` sends it to ``--predictor_host`` (REST v2 with the binary tensor extension,
+or gRPC v2; KServe's own clients) and passes a predictor's refusal on as it came, and a v1
+caller gets the predictor's v2 outputs back as the v1 answer the single server writes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import numpy as np
+from kserve.model import InferenceVerb, Model, append_forwardable_headers
+from kserve.protocol.infer_type import InferInput, InferRequest, InferResponse, RequestedOutput
+
+from servecore.config import HandlerConfig
+from servecore.crops import CROPS
+from servecore.intake import Preprocessor
+from servecore.parse import ParsedRequest
+from servecore.traffic import PRIORITY_KEY
+from transformer import convert
+from transformer.guard import PredictorRefused
+
+TOP_K_HEADER = "x-top-k"
+
+
+class CropTransformer(Model):
+    """Serves ``name`` in front of a predictor that serves the same name and takes ``crops``.
+    ``config``: the model's handler settings (limits, draft decoding), as the predictor's."""
+
+    def __init__(self, name: str, config: HandlerConfig, threads: int = 0) -> None:
+        super().__init__(name)
+        self.config = config
+        self.preprocessor = Preprocessor(config)
+        self.pool = ThreadPoolExecutor(threads or os.cpu_count() or 1, "crop")
+        self.ready = True
+
+    async def __call__(
+        self, body: Any, headers: dict | None = None, verb: InferenceVerb = InferenceVerb.PREDICT
+    ):
+        """KServe's preprocess -> predict -> postprocess; a v1 body (a dict; v2 arrives as an
+        ``InferRequest``) gets the v1 answer."""
+        response, response_headers = await super().__call__(body, headers, verb)
+        if isinstance(body, dict):
+            outputs = {o.name: o.as_numpy() for o in response.outputs}
+            return convert.v1_answer(outputs), response_headers
+        return response, response_headers
+
+    async def preprocess(self, payload: Any, headers: dict | None = None) -> InferRequest:
+        body = payload if isinstance(payload, dict) else _as_mapping(payload)
+        top_k = (headers or {}).get(TOP_K_HEADER)
+        request = convert.parse(body, top_k, self.config)
+        request_id = request.request_id or (headers or {}).get("x-request-id") or "-"
+        loop = asyncio.get_running_loop()
+        pixels = await loop.run_in_executor(
+            self.pool, convert.crops, request, self.preprocessor, request_id
+        )
+        binary = self.predictor_config.protocol == "v2"  # gRPC sends raw contents anyway
+        return _crops_request(self.name, request, pixels, binary)
+
+    async def predict(
+        self, payload: Any, headers: dict | None = None, response_headers: dict | None = None
+    ) -> InferResponse:
+        if self.predictor_config.protocol == "grpc-v2":
+            return await self._grpc_predict(payload, headers)
+        try:
+            return await self._http_client.infer(
+                self.predictor_config.predictor_base_url,
+                model_name=self.name,
+                data=payload,
+                headers=append_forwardable_headers(headers),
+            )
+        except httpx.HTTPStatusError as exc:
+            raise PredictorRefused.of(exc.response) from None
+
+
+def _as_mapping(request: InferRequest) -> dict:
+    """A v2 request KServe has read, as the JSON mapping the core's parser takes."""
+    body: dict[str, Any] = {
+        "inputs": [
+            {
+                "name": i.name,
+                "shape": list(i.shape),
+                "datatype": i.datatype,
+                "data": i.data,
+                "parameters": i.parameters or None,
+            }
+            for i in request.inputs
+        ],
+    }
+    if request.id is not None:
+        body["id"] = request.id
+    if request.parameters:
+        body["parameters"] = request.parameters
+    if request.request_outputs:
+        body["outputs"] = [
+            {"name": o.name, **({"parameters": o.parameters} if o.parameters else {})}
+            for o in request.request_outputs
+        ]
+    return body
+
+
+def _crops_request(
+    model: str, request: ParsedRequest, pixels: np.ndarray, binary: bool
+) -> InferRequest:
+    """The predictor's request: the ``crops`` tensor with the caller's ``topk``, priority and
+    outputs."""
+    tensor = InferInput(CROPS, list(pixels.shape), "UINT8")
+    tensor.set_data_from_numpy(pixels, binary_data=binary)
+    parameters: dict[str, Any] = {}
+    if request.top_k is not None:
+        parameters["topk"] = request.top_k
+    if request.priority is not None:
+        parameters[PRIORITY_KEY] = int(request.priority)
+    outputs = [
+        RequestedOutput(o.output.value, {"topk": o.top_k} if o.top_k else None)
+        for o in request.outputs
+    ]
+    return InferRequest(
+        model,
+        [tensor],
+        request_id=request.request_id,
+        parameters=parameters or None,
+        request_outputs=outputs or None,
+    )
