@@ -651,7 +651,7 @@ def retry_after() -> Source:
 
 
 def port(name: str) -> Source:
-    return const("tsclient/ports.py", name)
+    return const("serveshared/ports.py", name)
 
 
 # How the docs write values.
@@ -1240,7 +1240,7 @@ def test_number_checks_catch_breakage(tmp_path, monkeypatch):
     change("config/server-base.properties", "job_queue_size=16", "job_queue_size=8")
     text = (tmp_path / "config/server-base.properties").read_text()
     (tmp_path / "config/server-base.properties").write_text(text.replace("-Xmx3g", "-Xmx4g"))
-    change("tsclient/ports.py", "INFERENCE = 8080", "INFERENCE = 9080")
+    change("serveshared/ports.py", "INFERENCE = 8080", "INFERENCE = 9080")
     change("tsclient/batchjob.py", "flush_s: float = 2.0", "flush_s: float = 5.0")
     change("Makefile", "MONITOR_PORT ?= 9090", "MONITOR_PORT ?= 9191")
     monkeypatch.setattr(sys.modules[__name__], "SOURCE_ROOT", tmp_path)

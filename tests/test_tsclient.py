@@ -13,10 +13,11 @@ import pytest
 import requests
 
 from devtools.server import free_port
-from tsclient import cli, errors, metrics, ports
+from serveshared import ports
+from serveshared.keys import Keys
+from tsclient import cli, errors, metrics
 from tsclient.client import MAX_NAME, TorchServeClient, check_archive, check_name
 from tsclient.engine import Engine, detect
-from tsclient.keys import Keys
 from tsclient.progress import waiting
 
 

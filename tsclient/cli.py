@@ -41,11 +41,12 @@ from typing import Any
 
 from tabulate import tabulate
 
-from tsclient import errors, metrics, objectstore, ports, triton
+from serveshared import ports
+from serveshared.keys import KEY_FILE, KINDS, TRITON_KEY_FILE, Keys
+from tsclient import errors, metrics, objectstore, triton
 from tsclient.client import TIMEOUT_S, TorchServeClient
 from tsclient.collection import STDIN, Collection, Shard
 from tsclient.engine import Engine, detect
-from tsclient.keys import KEY_FILE, KINDS, TRITON_KEY_FILE, Keys
 from tsclient.progress import JobProgress, waiting
 from tsclient.traffic import CLASSES, Traffic
 

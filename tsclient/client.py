@@ -2,7 +2,7 @@
 
     from tsclient import TorchServeClient
 
-    client = TorchServeClient()                      # tsclient.ports' defaults, ./key_file.json
+    client = TorchServeClient()                      # serveshared.ports' defaults, ./key_file.json
     client.list_models()
     client.register("resnet50-tagger-2.0.mar", batch_size=16)
     client.predict("resnet50-tagger", open("cat.jpg", "rb").read(), topk=3)
@@ -34,9 +34,10 @@ from urllib.parse import urlsplit
 
 import requests
 
-from tsclient import errors, ports
+from serveshared import ports
+from serveshared.keys import KEY_FILE, KINDS, Keys, bearer
+from tsclient import errors
 from tsclient.engine import Engine, detect
-from tsclient.keys import KEY_FILE, KINDS, Keys, bearer
 from tsclient.traffic import INTERACTIVE, Traffic
 
 TIMEOUT_S = 300.0  # registration and scaling wait for workers

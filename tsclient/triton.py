@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from tsclient import errors, metrics, ports
+from serveshared import ports
+from serveshared.keys import Keys
+from tsclient import errors, metrics
 from tsclient.client import TIMEOUT_S, TorchServeClient, check_name
 from tsclient.engine import Engine
-from tsclient.keys import Keys
 
 # What the model's describe and explanation requests answer (tritonrepo/model.py).
 DESCRIBE, EXPLAIN, EXPLANATIONS = "describe", "explain", "explanations"
@@ -47,7 +48,7 @@ TOTALS = {
 
 def metrics_url(url: str) -> str:
     """Triton's metrics on ``url``'s host, at Triton's own metrics port (a port of its own,
-    unlike its HTTP and gRPC ones: ``tsclient.ports``)."""
+    unlike its HTTP and gRPC ones: ``serveshared.ports``)."""
     parts = urlsplit(url)
     host = parts.hostname or ports.HOST
     netloc = f"[{host}]" if ":" in host else host
