@@ -16,7 +16,7 @@ from devtools.server import free_port
 from serveshared import ports
 from serveshared.keys import Keys
 from tsclient import cli, errors, metrics
-from tsclient.client import MAX_NAME, TorchServeClient, check_archive, check_name
+from tsclient.client import MAX_NAME, TorchServeClient, check_archive, check_name, connect
 from tsclient.engine import Engine, detect
 from tsclient.progress import waiting
 
@@ -495,13 +495,13 @@ def test_keys_to_a_loopback_server_never_go_through_a_proxy(tmp_path, monkeypatc
 
 
 def test_the_engine_is_asked_once_without_a_key():
-    """``TorchServeClient.engine``: Triton's server metadata names it (tests/test_triton.py);
-    anything else at ``/v2`` is TorchServe; no key goes out before the engine is known."""
+    """``connect``: Triton's server metadata names it (tests/test_triton.py); anything else at
+    ``/v2`` is TorchServe; no key goes out before the engine is known."""
     seen = []
     server = _serve(seen)
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        client = TorchServeClient(url, url, url, keys=Keys("inf", "mgmt"))
+        client = connect(url, keys=Keys("inf", "mgmt"))
         assert client.engine is Engine.TORCHSERVE and client.engine is Engine.TORCHSERVE
         assert seen == [("/v2", None)]
     finally:

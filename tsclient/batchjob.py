@@ -58,7 +58,7 @@ from tenacity import (
 from tenacity.wait import wait_base
 
 from tsclient import errors
-from tsclient.client import Answers, TorchServeClient
+from tsclient.client import Answers, Client
 from tsclient.collection import Entry
 from tsclient.progress import JobProgress
 from tsclient.traffic import BULK, Traffic
@@ -278,7 +278,7 @@ class Job:
 
     def __init__(
         self,
-        client: TorchServeClient,
+        client: Client,
         model: str,
         task: str,
         sink,
@@ -550,7 +550,7 @@ def _read(entry: Entry) -> tuple[Row, bytes]:
 
 
 def described(
-    client: TorchServeClient, model: str, wait_s: float = DESCRIBE_WAIT_S, sleep=time.sleep
+    client: Client, model: str, wait_s: float = DESCRIBE_WAIT_S, sleep=time.sleep
 ) -> dict:
     """The model's customized describe entry, waited for while the model is busy. TorchServe
     answers a customized describe through the model's own job queue: right after a job was
@@ -597,7 +597,7 @@ def yield_thread() -> None:
             os.sched_setscheduler(0, policy, os.sched_param(0))
 
 
-def bulk_lane(client: TorchServeClient, model: str, entry: dict | None) -> tuple[str, dict | None]:
+def bulk_lane(client: Client, model: str, entry: dict | None) -> tuple[str, dict | None]:
     """Where a bulk job of ``model`` sends: the model's bulk lane (``handler.bulk_model`` in
     its describe, ``entry`` or asked now) when the server serves it, with the lane's describe
     entry (None where ``entry`` was None: no management API to plan from); else ``model`` and
@@ -619,7 +619,7 @@ def bulk_lane(client: TorchServeClient, model: str, entry: dict | None) -> tuple
 
 
 def model_identity(
-    client: TorchServeClient, model: str, with_management: bool = True
+    client: Client, model: str, with_management: bool = True
 ) -> tuple[dict | None, dict]:
     """(the customized describe entry, or None without a management API; the metadata stored
     with the rows: model, version, precision, backend, weights fingerprint)."""
