@@ -665,3 +665,38 @@ def test_triton_names_its_cached_images():
     assert (answers.cached, answers.cache_hits) == ((True, False), 1)
     asked = [o["name"] for o in wire.sent[-1]["body"]["outputs"]]
     assert asked == ["embedding", "precision", "cached"]
+
+
+class _TaggingServer:
+    """Stands in for a client reached by ``--url``: describes nothing, tags every image with
+    one class, computed in ``precision``."""
+
+    urls: ClassVar[dict] = {"inference": "http://example.invalid"}
+
+    def __init__(self, precision: str):
+        self.precision = precision
+
+    def describe(self, model, version=None, customized=False):
+        raise errors.NotFound(404, "NotFound", f"no describe here: {model}")
+
+    def infer_answers(self, model, images, **kwargs):
+        from tsclient.client import Answers
+
+        tag = {"label": "tabby", "index": 281, "probability": 0.9}
+        return Answers([[tag] for _ in images], self.precision)
+
+
+def test_tag_json_says_the_precision_of_each_answer(tmp_path):
+    """``tsctl --json tag`` keeps each file's list of tags and names in every tag the precision
+    the answer came with, as the Parquet rows record it."""
+    photos = [tmp_path / f"p{i}.jpg" for i in range(2)]
+    for photo in photos:
+        photo.write_bytes(b"bytes the fake does not read")
+    args = cli.parser().parse_args(
+        ["tag", *map(str, photos), "--url", "http://example.invalid", "--preprocess", "server"]
+    )
+    data, text, code = cli.cmd_tag(_TaggingServer("bf16"), args)
+    assert code == 0 and list(data) == [str(p) for p in photos]
+    for tags in data.values():
+        assert tags == [{"label": "tabby", "index": 281, "probability": 0.9, "precision": "bf16"}]
+    assert text.splitlines()[0] == f"{photos[0]}: tabby 0.900"

@@ -223,7 +223,13 @@ def cmd_tag(client: Client, args) -> tuple[Any, str, int]:
     order = {e.path: i for i, e in enumerate(collection.entries(Shard.parse(args.shard)))}
     data, lines = {}, []
     for row in sorted(sink.rows, key=lambda r: order.get(r.path, len(order))):
-        data[row.path] = {"error": row.error} if row.error else row.answer
+        # Each tag carries the precision its answer came with (the Parquet rows' column):
+        # the answer stays the list of tags scripts read.
+        data[row.path] = (
+            {"error": row.error}
+            if row.error
+            else [{**tag, "precision": row.precision} for tag in row.answer]
+        )
         lines.append(
             f"{row.path}: error: {row.error}"
             if row.error
