@@ -214,7 +214,16 @@ class Client(ABC):
         ``ready``, ``batchSize``, ``maxBatchDelay`` (what ``tsctl list`` prints)."""
 
     @abstractmethod
-    def register(self, archive: str, **settings: Any) -> dict:
+    def register(
+        self,
+        archive: str,
+        *,
+        name: str | None = None,
+        workers: int | None = None,
+        batch_size: int | None = None,
+        max_batch_delay: int | None = None,
+        response_timeout: int | None = None,
+    ) -> dict:
         """Register ``archive`` and wait for its workers (TorchServe's management API)."""
 
     @abstractmethod

@@ -223,18 +223,18 @@ def cmd_tag(client: Client, args) -> tuple[Any, str, int]:
     order = {e.path: i for i, e in enumerate(collection.entries(Shard.parse(args.shard)))}
     data, lines = {}, []
     for row in sorted(sink.rows, key=lambda r: order.get(r.path, len(order))):
+        tags: list[dict] = row.answer if isinstance(row.answer, list) else []
         # Each tag carries the precision its answer came with (the Parquet rows' column):
         # the answer stays the list of tags scripts read.
         data[row.path] = (
             {"error": row.error}
             if row.error
-            else [{**tag, "precision": row.precision} for tag in row.answer]
+            else [{**tag, "precision": row.precision} for tag in tags]
         )
         lines.append(
             f"{row.path}: error: {row.error}"
             if row.error
-            else f"{row.path}: "
-            + ", ".join(f"{t['label']} {t['probability']:.3f}" for t in row.answer)
+            else f"{row.path}: " + ", ".join(f"{t['label']} {t['probability']:.3f}" for t in tags)
         )
     return data, "\n".join(lines), errors.Unhealthy.exit_code if summary.failed else 0
 

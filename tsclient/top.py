@@ -311,7 +311,7 @@ class _Keys:
 
     def __init__(self) -> None:
         self.fd = sys.stdin.fileno() if sys.stdin.isatty() else None
-        self._saved = None
+        self._saved: list | None = None
 
     def __enter__(self) -> _Keys:
         if self.fd is not None:
@@ -320,7 +320,7 @@ class _Keys:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._saved is not None:
+        if self.fd is not None and self._saved is not None:
             termios.tcsetattr(self.fd, termios.TCSADRAIN, self._saved)
 
     def quit_within(self, seconds: float) -> bool:

@@ -245,7 +245,7 @@ class TritonClient(Client):
         for entry in sorted(
             self.repository_index(), key=lambda e: (e.get("name", ""), e.get("version", ""))
         ):
-            name, version = entry.get("name"), entry.get("version")
+            name, version = entry.get("name", ""), entry.get("version")
             loaded = entry.get("state") == "READY"
             settings = batching(self.model_config(name) if loaded else {})
             rows.append(
@@ -266,7 +266,16 @@ class TritonClient(Client):
 
     # TorchServe's management API and key rotation: refused before anything is sent.
 
-    def register(self, archive: str, **settings: Any) -> dict:
+    def register(
+        self,
+        archive: str,
+        *,
+        name: str | None = None,
+        workers: int | None = None,
+        batch_size: int | None = None,
+        max_batch_delay: int | None = None,
+        response_timeout: int | None = None,
+    ) -> dict:
         raise not_on_triton("register")
 
     def scale(
