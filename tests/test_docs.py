@@ -1082,9 +1082,7 @@ FACTS: tuple[Fact, ...] = (
         "talks to `127.0.0.1:{}/{}/{}`",
         (port("INFERENCE"), port("MANAGEMENT"), port("METRICS")),
     ),
-    Fact(
-        OPS, "over {} characters: allowed are letters", (const("tsclient/client.py", "MAX_NAME"),)
-    ),
+    Fact(OPS, "over {} characters: allowed are letters", (const("tsclient/base.py", "MAX_NAME"),)),
     Fact(
         OPS,
         "rows are written every {} s (or {} rows)",
