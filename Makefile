@@ -148,7 +148,7 @@ monitor: $(VENV)/.installed prometheus
 # Triton (docs/triton.md, tritonrepo/): the server from the pinned nvidia-pytriton wheel in its
 # own venv (numpy<2; the project's venv keeps numpy 2) laid out in build/triton-server; a model
 # repository in build/triton generated from config/models/*.yaml and the archives; the server on
-# 127.0.0.1 (ports in tsclient/ports.py), Ctrl-C stops it. Without the wheel, make test goes on
+# 127.0.0.1 (ports in serveshared/ports.py), Ctrl-C stops it. Without the wheel, make test goes on
 # and tests/test_triton.py is skipped, saying why.
 TRITON_VENV := build/triton-venv
 

@@ -14,7 +14,7 @@ Sources (hand-written, in git):
 - ``config/server-base.properties``: the server settings every configuration shares; each
   generated file starts with it, and a key set both there and in a file below is refused.
 - ``config/server.properties``: a local TorchServe's server settings; its addresses are
-  ``tsclient.ports``' (the client's and tsctl's defaults), written in by the generator.
+  ``serveshared.ports``' (the client's and tsctl's defaults), written in by the generator.
 - ``kserve/server.properties``: the server settings inside KServe's TorchServe runtime.
 - ``kserve/runtime/server.properties``: the server settings inside our own KServe runtime
   (``kserve/runtime/clusterservingruntime.yaml``, TorchServe without a wrapper).
@@ -47,7 +47,7 @@ from pathlib import Path
 import javaproperties
 import yaml
 
-from tsclient import ports
+from serveshared import ports
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS_DIR = REPO / "config" / "models"
@@ -149,7 +149,7 @@ def server_settings(server_properties: Path, base: Path = BASE) -> str:
     parts = [base.read_text(), server_properties.read_text()]
     if defaults:
         parts.append(
-            "# Addresses: tsclient/ports.py, where the client and tsctl look.\n"
+            "# Addresses: serveshared/ports.py, where the client and tsctl look.\n"
             + "".join(f"{key}={value}\n" for key, value in defaults.items())
         )
     return "\n".join(part.strip("\n") + "\n" for part in parts)

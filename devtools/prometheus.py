@@ -26,7 +26,7 @@ import requests
 import yaml
 
 from devtools.server import free_port, stop_processes, tails
-from tsclient import ports
+from serveshared import ports
 
 REPO = Path(__file__).resolve().parent.parent
 MONITORING = REPO / "config" / "monitoring"

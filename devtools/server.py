@@ -27,9 +27,9 @@ from pathlib import Path
 import psutil
 import requests
 
+from serveshared.errors import KeyFileError
+from serveshared.keys import Keys
 from tsclient.client import TorchServeClient
-from tsclient.errors import KeyFileError
-from tsclient.keys import Keys
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO / "config" / "config.properties"

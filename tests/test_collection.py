@@ -520,8 +520,8 @@ def test_plan_from_a_served_describe(tmp_path):
     import json
     import threading
 
+    from serveshared.keys import Keys
     from tsclient.client import TorchServeClient
-    from tsclient.keys import Keys
 
     asked = []
     handler_settings = {"max_batch_images": 12, "max_images_per_request": 5}

@@ -1,6 +1,6 @@
 """The shipped configuration: typed handler settings, and the generated config.properties files
 current with their sources (config/server-base.properties, each server.properties,
-tsclient/ports.py, config/models/*.yaml), each setting written in one of them."""
+serveshared/ports.py, config/models/*.yaml), each setting written in one of them."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import yaml
 
 from buildsteps import configgen
 from servecore.config import ConfigError, HandlerConfig
+from serveshared import ports
 from tests.conftest import MODELS, REPO
-from tsclient import ports
 
 
 def _properties(path) -> dict[str, str]:
@@ -88,7 +88,7 @@ def test_a_setting_in_the_base_and_a_server_file_is_refused(tmp_path, server_fil
 
 
 def test_local_addresses_are_the_clients_default_ports():
-    """config/server.properties binds nothing itself: the generator writes tsclient.ports'
+    """config/server.properties binds nothing itself: the generator writes serveshared.ports'
     addresses, where TorchServeClient and tsctl look by default."""
     assert (
         not {"inference_address", "management_address", "metrics_address"}
@@ -110,7 +110,7 @@ def test_kserve_configs_bind_their_own_addresses():
     """Both KServe configs set every address themselves (pod IP, ports clear of the wrapper's):
     none of the local defaults is written into them."""
     for name in ("kserve/config.properties", "kserve/runtime/config.properties"):
-        assert "tsclient/ports.py" not in (REPO / name).read_text(), name
+        assert "serveshared/ports.py" not in (REPO / name).read_text(), name
 
 
 def test_archive_sh_writes_no_default_of_its_own():

@@ -819,7 +819,7 @@ def test_a_memory_size_kubernetes_cannot_read_is_a_finding():
 def test_docker_build_context_sends_only_what_the_dockerfile_copies():
     """kserve/runtime/Dockerfile builds from the repository root: the .dockerignore there
     admits exactly the files its COPY lines name (the pins, the Triton launcher and the
-    client package it imports), keeping weights, archives, keys and build/ out; those files
+    shared ports and keys it imports), keeping weights, archives, keys and build/ out; those files
     are what the image's cache key hashes."""
     from kserve_tools.image import context_files
 
@@ -835,11 +835,11 @@ def test_docker_build_context_sends_only_what_the_dockerfile_copies():
         "tritonrepo/__init__.py",
         "tritonrepo/install.py",
         "tritonrepo/server.py",
-        "tsclient/",
         "servecore/",
         "model_files/",
         "transformer/",
         "config/models/",
+        "serveshared/",
     }
     lines = [
         line
@@ -848,7 +848,7 @@ def test_docker_build_context_sends_only_what_the_dockerfile_copies():
     ]
     assert lines[0] == "*" and all(line.startswith("!") for line in lines[1:])
     sent = {str(p.relative_to(REPO)) for p in context_files()}
-    folders = {"tsclient": "*.py", "servecore": "**/*.py", "model_files": "*.py",
+    folders = {"serveshared": "*.py", "servecore": "**/*.py", "model_files": "*.py",
                "transformer": "*.py", "config/models": "*.yaml"}  # fmt: skip
     assert sent == {s for s in copied if not s.endswith("/")} | {
         str(p.relative_to(REPO))

@@ -116,3 +116,24 @@ def test_a_request_error_is_never_assigned_after_the_fact():
     failed = Failed("r1", InvalidImage("not an image"))
     with pytest.raises(dataclasses.FrozenInstanceError):
         failed.error = InvalidImage("something else")
+
+
+def test_no_server_module_imports_the_client():
+    """Server code (the core, both adapters, the launchers and build steps) reads the ports and
+    keys it shares with the client from ``serveshared``, never from the client package: the
+    Triton runtime image carries no client, and the client can change without the servers."""
+    server_side = (
+        "servecore",
+        "handlers",
+        "tritonrepo",
+        "buildsteps",
+        "model_files",
+        "serveshared",
+    )
+    offenders = [
+        str(p.relative_to(REPO))
+        for folder in server_side
+        for p in modules(REPO / folder)
+        if "tsclient" in imported(p)
+    ]
+    assert offenders == []

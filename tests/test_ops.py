@@ -23,12 +23,12 @@ import yaml
 
 from bench.archives import ArchiveInfo, build_variant
 from devtools.server import LocalTorchServe
+from serveshared.keys import Keys
 from tests import imagegen
 from tests.conftest import MODELS, REPO, SERVED
 from tests.reference import rel_error
 from tests.served import handled, marker_model, settled, tsctl
 from tsclient import errors
-from tsclient.keys import Keys
 
 pytestmark = pytest.mark.integration
 QUEUE = 8

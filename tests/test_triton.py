@@ -37,6 +37,7 @@ from servecore.encode import tag_json
 from servecore.errors import InvalidParameter, InvalidRequest, PayloadTooLarge
 from servecore.intake import Preprocessor
 from servecore.parse import Protocol, parse_tensor
+from serveshared.keys import TRITON_KEY_FILE, Keys
 from tests.conftest import SERVED
 from tests.imagegen import jpeg, png
 from tests.reference import assert_same_tags, rel_error, tolerance
@@ -45,7 +46,6 @@ from tests.served import v2_infer as infer
 from tritonrepo.generate import config_pbtxt
 from tritonrepo.server import Triton, server_keys
 from tsclient import metrics as tsclient_metrics
-from tsclient.keys import TRITON_KEY_FILE, Keys
 
 REPO = Path(__file__).resolve().parent.parent
 EMBEDDING, TAGGER = "resnet50-embedding", "resnet50-tagger"

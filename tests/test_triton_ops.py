@@ -324,6 +324,7 @@ DESCRIBE_KEYS = {
     "device",
     "decode",
     "preprocessing",
+    "crops_input",
 }  # servecore's ImageModel.describe
 
 

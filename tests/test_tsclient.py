@@ -13,10 +13,11 @@ import pytest
 import requests
 
 from devtools.server import free_port
-from tsclient import cli, errors, metrics, ports
-from tsclient.client import MAX_NAME, TorchServeClient, check_archive, check_name
+from serveshared import ports
+from serveshared.keys import Keys
+from tsclient import cli, errors, metrics
+from tsclient.client import MAX_NAME, TorchServeClient, check_archive, check_name, connect
 from tsclient.engine import Engine, detect
-from tsclient.keys import Keys
 from tsclient.progress import waiting
 
 
@@ -494,13 +495,13 @@ def test_keys_to_a_loopback_server_never_go_through_a_proxy(tmp_path, monkeypatc
 
 
 def test_the_engine_is_asked_once_without_a_key():
-    """``TorchServeClient.engine``: Triton's server metadata names it (tests/test_triton.py);
-    anything else at ``/v2`` is TorchServe; no key goes out before the engine is known."""
+    """``connect``: Triton's server metadata names it (tests/test_triton.py); anything else at
+    ``/v2`` is TorchServe; no key goes out before the engine is known."""
     seen = []
     server = _serve(seen)
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        client = TorchServeClient(url, url, url, keys=Keys("inf", "mgmt"))
+        client = connect(url, keys=Keys("inf", "mgmt"))
         assert client.engine is Engine.TORCHSERVE and client.engine is Engine.TORCHSERVE
         assert seen == [("/v2", None)]
     finally:
@@ -664,3 +665,38 @@ def test_triton_names_its_cached_images():
     assert (answers.cached, answers.cache_hits) == ((True, False), 1)
     asked = [o["name"] for o in wire.sent[-1]["body"]["outputs"]]
     assert asked == ["embedding", "precision", "cached"]
+
+
+class _TaggingServer:
+    """Stands in for a client reached by ``--url``: describes nothing, tags every image with
+    one class, computed in ``precision``."""
+
+    urls: ClassVar[dict] = {"inference": "http://example.invalid"}
+
+    def __init__(self, precision: str):
+        self.precision = precision
+
+    def describe(self, model, version=None, customized=False):
+        raise errors.NotFound(404, "NotFound", f"no describe here: {model}")
+
+    def infer_answers(self, model, images, **kwargs):
+        from tsclient.client import Answers
+
+        tag = {"label": "tabby", "index": 281, "probability": 0.9}
+        return Answers([[tag] for _ in images], self.precision)
+
+
+def test_tag_json_says_the_precision_of_each_answer(tmp_path):
+    """``tsctl --json tag`` keeps each file's list of tags and names in every tag the precision
+    the answer came with, as the Parquet rows record it."""
+    photos = [tmp_path / f"p{i}.jpg" for i in range(2)]
+    for photo in photos:
+        photo.write_bytes(b"bytes the fake does not read")
+    args = cli.parser().parse_args(
+        ["tag", *map(str, photos), "--url", "http://example.invalid", "--preprocess", "server"]
+    )
+    data, text, code = cli.cmd_tag(_TaggingServer("bf16"), args)
+    assert code == 0 and list(data) == [str(p) for p in photos]
+    for tags in data.values():
+        assert tags == [{"label": "tabby", "index": 281, "probability": 0.9, "precision": "bf16"}]
+    assert text.splitlines()[0] == f"{photos[0]}: tabby 0.900"

@@ -7,7 +7,7 @@ The one place that knows how the wheel's ``tritonserver`` must be started: the P
 stub's interpreter found through ``PATH`` (``tritonrepo.install`` says why), the wheel's
 libraries and ``libpython`` on ``LD_LIBRARY_PATH``, every endpoint on 127.0.0.1 (or the
 ``host`` given: ``0.0.0.0`` in a container, whose pod IP is the way in) at the ports of
-``tsclient.ports`` (or the ones given), a shared-memory prefix of its own so two servers on one
+``serveshared.ports`` (or the ones given), a shared-memory prefix of its own so two servers on one
 host do not meet. Ctrl-C or SIGTERM stops it the way Triton stops: in-flight requests finish,
 models unload, the stubs exit.
 
@@ -36,9 +36,9 @@ from typing import IO
 
 import requests
 
+from serveshared import ports
+from serveshared.keys import TRITON_KEY_FILE, Keys
 from tritonrepo.install import TritonInstall
-from tsclient import ports
-from tsclient.keys import TRITON_KEY_FILE, Keys
 
 REPO = Path(__file__).resolve().parent.parent
 REPOSITORY = REPO / "build" / "triton"

@@ -1,8 +1,26 @@
-"""Client side of a running TorchServe: the Python API (``TorchServeClient``), its keys and
-errors, and the ``tsctl`` command line (``tsclient.cli``)."""
+"""Client side of a running server (TorchServe or Triton): the Python API (``Client``, chosen by
+``connect``; ``TorchServeClient``, ``TritonClient``), its keys and errors, and the ``tsctl``
+command line (``tsclient.cli``)."""
 
-from tsclient.client import TorchServeClient, check_archive, check_name
-from tsclient.errors import TsError
-from tsclient.keys import Keys
+from serveshared.keys import Keys
+from tsclient.client import (
+    Client,
+    TorchServeClient,
+    TritonClient,
+    check_archive,
+    check_name,
+    connect,
+)
+from tsclient.errors import ServeError, TsError
 
-__all__ = ["Keys", "TorchServeClient", "TsError", "check_archive", "check_name"]
+__all__ = [
+    "Client",
+    "Keys",
+    "ServeError",
+    "TorchServeClient",
+    "TritonClient",
+    "TsError",
+    "check_archive",
+    "check_name",
+    "connect",
+]

@@ -41,7 +41,7 @@ import hashlib
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
@@ -58,7 +58,7 @@ from tenacity import (
 from tenacity.wait import wait_base
 
 from tsclient import errors
-from tsclient.client import Answers, TorchServeClient
+from tsclient.client import Answers, Client
 from tsclient.collection import Entry
 from tsclient.progress import JobProgress
 from tsclient.traffic import BULK, Traffic
@@ -278,7 +278,7 @@ class Job:
 
     def __init__(
         self,
-        client: TorchServeClient,
+        client: Client,
         model: str,
         task: str,
         sink,
@@ -395,7 +395,7 @@ class Job:
             if row.error is None and self.verify_sha256 and done.sha256_of(row.path) == row.sha256:
                 skipped += 1
             elif row.error is None and self.crops is not None:
-                self._crop_into(row, data, sendable, rows)
+                self._crop_into(self.crops, row, data, sendable, rows)
             elif row.error is None:
                 sendable.append((row, data))
             else:
@@ -403,6 +403,7 @@ class Job:
         if not sendable:
             return rows, skipped, 0
         hits = 0
+        answers: Sequence[Answered | errors.ApiError]
         try:
             answers, hits = self._send([data for _, data in sendable])
         except FATAL:
@@ -422,14 +423,25 @@ class Job:
             rows.append(row)
         return rows, skipped, hits
 
-    def _crop_into(self, row: Row, data: bytes, sendable: list, rows: list[Row]) -> None:
+    def _crop_into(
+        self,
+        crops: Callable[[bytes], np.ndarray],
+        row: Row,
+        data: bytes,
+        sendable: list,
+        rows: list[Row],
+    ) -> None:
         """The file's crop made here, to send; a bad image fails its row here, with the
         server's own message."""
         try:
-            sendable.append((row, self.crops(data)))
+            sendable.append((row, crops(data)))
         except Exception as exc:  # noqa: BLE001 - the core's RequestError, or PIL's own
             row.error = f"{type(exc).__name__}: {exc}"
             rows.append(row)
+
+    def _pause(self, seconds: float) -> None:
+        """Sleep between attempts, cut short when the job stops."""
+        self._stop.wait(seconds)
 
     def _send_or_error(self, data: bytes) -> Answered | errors.ApiError:
         try:
@@ -448,7 +460,7 @@ class Job:
             retry=retry_if_exception_type(OUTAGE),
             wait=wait_exponential(multiplier=0.5, max=10),  # 0.5, 1, 2 ... 10 s
             stop=stop_after_delay(self.max_outage_s) & stop_after_attempt(2),
-            sleep=self._stop.wait,
+            sleep=self._pause,
             reraise=True,
         )
         busy = busy_retrying(stop_after_attempt(self.max_busy_retries + 1), self._stop.wait)
@@ -550,7 +562,7 @@ def _read(entry: Entry) -> tuple[Row, bytes]:
 
 
 def described(
-    client: TorchServeClient, model: str, wait_s: float = DESCRIBE_WAIT_S, sleep=time.sleep
+    client: Client, model: str, wait_s: float = DESCRIBE_WAIT_S, sleep=time.sleep
 ) -> dict:
     """The model's customized describe entry, waited for while the model is busy. TorchServe
     answers a customized describe through the model's own job queue: right after a job was
@@ -597,7 +609,7 @@ def yield_thread() -> None:
             os.sched_setscheduler(0, policy, os.sched_param(0))
 
 
-def bulk_lane(client: TorchServeClient, model: str, entry: dict | None) -> tuple[str, dict | None]:
+def bulk_lane(client: Client, model: str, entry: dict | None) -> tuple[str, dict | None]:
     """Where a bulk job of ``model`` sends: the model's bulk lane (``handler.bulk_model`` in
     its describe, ``entry`` or asked now) when the server serves it, with the lane's describe
     entry (None where ``entry`` was None: no management API to plan from); else ``model`` and
@@ -619,7 +631,7 @@ def bulk_lane(client: TorchServeClient, model: str, entry: dict | None) -> tuple
 
 
 def model_identity(
-    client: TorchServeClient, model: str, with_management: bool = True
+    client: Client, model: str, with_management: bool = True
 ) -> tuple[dict | None, dict]:
     """(the customized describe entry, or None without a management API; the metadata stored
     with the rows: model, version, precision, backend, weights fingerprint)."""

@@ -41,13 +41,16 @@ from typing import Any
 
 from tabulate import tabulate
 
-from tsclient import errors, metrics, objectstore, ports, triton
-from tsclient.client import TIMEOUT_S, TorchServeClient
+from serveshared import ports
+from serveshared.keys import KEY_FILE, KINDS, Keys
+from tsclient import errors, objectstore
+from tsclient.client import TIMEOUT_S, Client, TorchServeClient, connect
 from tsclient.collection import STDIN, Collection, Shard
 from tsclient.engine import Engine, detect
-from tsclient.keys import KEY_FILE, KINDS, TRITON_KEY_FILE, Keys
 from tsclient.progress import JobProgress, waiting
+from tsclient.torchserve import version_row
 from tsclient.traffic import CLASSES, Traffic
+from tsclient.triton import NOT_ON_TRITON, not_on_triton
 
 RESTART_NOTE = (
     "not kept across a restart: `make serve` starts from config/ (--ncs); to keep "
@@ -60,24 +63,8 @@ ROTATE_MARGIN_S = 60.0  # `keys --print` hands out keys that live at least this 
 # Each returns (data for --json, text for humans, exit code).
 
 
-def _version_rows(client: TorchServeClient) -> list[dict]:
-    """One row per registered model version (``_version_row``)."""
-    return [
-        _version_row(entry)
-        for model in client.list_models()
-        for entry in client.describe(model["modelName"])
-    ]
-
-
-def _model_rows(client: TorchServeClient) -> list[dict]:
-    """Every model version's row, from TorchServe's management API or Triton's repository."""
-    if client.engine is Engine.TRITON:
-        return triton.model_rows(client)
-    return _version_rows(client)
-
-
-def cmd_list(client: TorchServeClient, args) -> tuple[Any, str, int]:
-    rows = _model_rows(client)
+def cmd_list(client: Client, args) -> tuple[Any, str, int]:
+    rows = client.model_rows()
     text = (
         tabulate(
             [
@@ -101,7 +88,7 @@ def cmd_list(client: TorchServeClient, args) -> tuple[Any, str, int]:
     return rows, text, 0
 
 
-def cmd_describe(client: TorchServeClient, args) -> tuple[Any, str, int]:
+def cmd_describe(client: Client, args) -> tuple[Any, str, int]:
     entries = client.describe(args.name, args.version)
     # Only a single-version describe carries the handler's metadata (weights, top_k).
     custom = client.describe(args.name, args.version, customized=True)[0]
@@ -126,7 +113,7 @@ def cmd_describe(client: TorchServeClient, args) -> tuple[Any, str, int]:
     return entries, "\n".join(lines), 0
 
 
-def cmd_register(client: TorchServeClient, args) -> tuple[Any, str, int]:
+def cmd_register(client: Client, args) -> tuple[Any, str, int]:
     answer = waiting(
         f"registering {args.archive}",
         lambda: client.register(
@@ -146,7 +133,7 @@ def cmd_register(client: TorchServeClient, args) -> tuple[Any, str, int]:
     return {"status": answer.get("status"), "model": name, "versions": described}, text, 0
 
 
-def cmd_scale(client: TorchServeClient, args) -> tuple[Any, str, int]:
+def cmd_scale(client: Client, args) -> tuple[Any, str, int]:
     answer = waiting(
         f"scaling {args.name}", lambda: client.scale(args.name, args.min, args.max, args.version)
     )
@@ -157,39 +144,22 @@ def cmd_scale(client: TorchServeClient, args) -> tuple[Any, str, int]:
     )
 
 
-def cmd_set_default(client: TorchServeClient, args) -> tuple[Any, str, int]:
+def cmd_set_default(client: Client, args) -> tuple[Any, str, int]:
     answer = client.set_default(args.name, args.version)
     return answer, answer.get("status", "done"), 0
 
 
-def cmd_unregister(client: TorchServeClient, args) -> tuple[Any, str, int]:
+def cmd_unregister(client: Client, args) -> tuple[Any, str, int]:
     answer = client.unregister(args.name, args.version)
     return answer, answer.get("status", "done"), 0
 
 
-def cmd_health(client: TorchServeClient, args) -> tuple[Any, str, int]:
-    if client.engine is Engine.TRITON:
-        data, lines, healthy = triton.health(client)
-        return data, "\n".join(lines), 0 if healthy else errors.Unhealthy.exit_code
-    ping = client.health()
-    models = {f"{row['model']}/{row['version']}": row["ready"] for row in _version_rows(client)}
-    unready = [m for m, ready in models.items() if ready == 0]
-    healthy = ping.get("status") == "Healthy" and not unready
-    lines = [f"server: {ping.get('status')}"]
-    lines += [f"{m}: {ready} READY worker(s)" for m, ready in models.items()]
-    if unready:
-        lines.append(
-            f"unhealthy: no READY worker for {', '.join(unready)} "
-            "(a worker may be restarting: retry in a few seconds, or `tsctl scale`)"
-        )
-    return (
-        {"status": ping.get("status"), "ready_workers": models, "healthy": healthy},
-        "\n".join(lines),
-        0 if healthy else errors.Unhealthy.exit_code,
-    )
+def cmd_health(client: Client, args) -> tuple[Any, str, int]:
+    data, lines, code = client.health_report()
+    return data, "\n".join(lines), code
 
 
-def cmd_keys(client: TorchServeClient, args) -> tuple[Any, str, int]:
+def cmd_keys(client: Client, args) -> tuple[Any, str, int]:
     if args.rotate:
         for kind in KINDS if args.rotate == "all" else (args.rotate,):
             client.rotate(kind)
@@ -222,63 +192,12 @@ def cmd_keys(client: TorchServeClient, args) -> tuple[Any, str, int]:
     return data, "\n".join(lines), 0
 
 
-def cmd_metrics(client: TorchServeClient, args) -> tuple[Any, str, int]:
-    if client.engine is Engine.TRITON:
-        return _triton_metrics(client)
-    text = client.metrics_text()
-    summary = metrics.summarise(text)
-    statuses = metrics.frontend_statuses(text)
-    lines = [
-        "all requests by status: "
-        + ", ".join(f"{k} {v}" for k, v in statuses.items())
-        + " (including those refused before the handler: 503 queue full, 507 worker died)"
-    ]
-    for model, m in summary.items():
-        lines.append(f"{model}:")
-        lines.append(f"  requests {m['requests']}, mean latency {m['mean_latency_ms']} ms")
-        lines.append(
-            f"  batches {m['batches']} holding {m['requests_in_batches']} requests, "
-            f"{m['images']} images; mean batch size {m['mean_batch_size']}"
-        )
-        if m["batch_sizes"]:
-            lines.append(
-                "  batch sizes: "
-                + ", ".join(f"{size}x{count}" for size, count in m["batch_sizes"].items())
-            )
-        lines.append(
-            "  errors: " + (", ".join(f"{k} {v}" for k, v in m["errors"].items()) or "none")
-        )
-        lines.append(
-            f"  decode {m['decode_ms_per_image']} ms/image, forward "
-            f"{m['forward_ms_per_batch']} ms/batch"
-        )
-    return {"statuses": statuses, "models": summary}, "\n".join(lines), 0
+def cmd_metrics(client: Client, args) -> tuple[Any, str, int]:
+    data, lines, code = client.metrics_report()
+    return data, "\n".join(lines), code
 
 
-def _triton_metrics(client: TorchServeClient) -> tuple[Any, str, int]:
-    summary = triton.summarise(client.metrics_text())
-    lines = [
-        f"Triton ({client.urls['metrics']}): its own series; refusals at the queue bound "
-        "(503) are not counted there (2.51)"
-    ]
-    for model, m in summary.items():
-        lines.append(f"{model}:")
-        lines.append(
-            f"  requests {m['requests']}, mean latency {m['mean_latency_ms']} ms "
-            f"(queued {m['mean_queue_ms']} ms, computing {m['compute_ms_per_request']} "
-            "ms)"
-        )
-        lines.append(
-            f"  batches {m['batches']} holding {m['images']} images; mean batch "
-            f"{m['mean_batch_images']} images"
-        )
-        lines.append(
-            "  failed: " + (", ".join(f"{k} {v}" for k, v in m["failed"].items() if v) or "none")
-        )
-    return {"engine": "triton", "models": summary}, "\n".join(lines), 0
-
-
-def cmd_top(client: TorchServeClient, args) -> tuple[Any, str | None, int]:
+def cmd_top(client: Client, args) -> tuple[Any, str | None, int]:
     from tsclient import top
 
     if args.once:
@@ -290,7 +209,7 @@ def cmd_top(client: TorchServeClient, args) -> tuple[Any, str | None, int]:
 # The collection commands load numpy and pyarrow only when they run (tsctl list stays quick).
 
 
-def cmd_tag(client: TorchServeClient, args) -> tuple[Any, str, int]:
+def cmd_tag(client: Client, args) -> tuple[Any, str, int]:
     from tsclient import batchjob
 
     if args.out is not None:
@@ -304,17 +223,23 @@ def cmd_tag(client: TorchServeClient, args) -> tuple[Any, str, int]:
     order = {e.path: i for i, e in enumerate(collection.entries(Shard.parse(args.shard)))}
     data, lines = {}, []
     for row in sorted(sink.rows, key=lambda r: order.get(r.path, len(order))):
-        data[row.path] = {"error": row.error} if row.error else row.answer
+        tags: list[dict] = row.answer if isinstance(row.answer, list) else []
+        # Each tag carries the precision its answer came with (the Parquet rows' column):
+        # the answer stays the list of tags scripts read.
+        data[row.path] = (
+            {"error": row.error}
+            if row.error
+            else [{**tag, "precision": row.precision} for tag in tags]
+        )
         lines.append(
             f"{row.path}: error: {row.error}"
             if row.error
-            else f"{row.path}: "
-            + ", ".join(f"{t['label']} {t['probability']:.3f}" for t in row.answer)
+            else f"{row.path}: " + ", ".join(f"{t['label']} {t['probability']:.3f}" for t in tags)
         )
     return data, "\n".join(lines), errors.Unhealthy.exit_code if summary.failed else 0
 
 
-def cmd_embed(client: TorchServeClient, args) -> tuple[Any, str, int]:
+def cmd_embed(client: Client, args) -> tuple[Any, str, int]:
     return _collection(client, args, "embedding")
 
 
@@ -326,7 +251,7 @@ def _collection_of(args) -> Collection:
 
 
 def _run_job(
-    client: TorchServeClient,
+    client: Client,
     args,
     task: str,
     sink,
@@ -349,10 +274,7 @@ def _run_job(
         # senders, Parquet's): walking, hashing and writing cost the serving host's CPU too.
         batchjob.yield_thread()
     if traffic.priority == "bulk" and explain is None:
-        # Describing on a Triton behind --url is an inference request: Triton's own client.
-        on_triton = getattr(args, "url", None) is not None and client.engine is Engine.TRITON
-        describer = triton_client(args, client) if on_triton else client
-        lane, entry = batchjob.bulk_lane(describer, model, entry)
+        lane, entry = batchjob.bulk_lane(client, model, entry)
         on_lane, model = lane != model, lane
     # On its lane a bulk job is alone with its kind: no share with people to fit requests to.
     plan = plan or batchjob.Plan.from_describe(
@@ -386,7 +308,7 @@ def _run_job(
     return job.run(collection.entries(shard), done=done)
 
 
-def _collection(client: TorchServeClient, args, task: str) -> tuple[Any, str, int]:
+def _collection(client: Client, args, task: str) -> tuple[Any, str, int]:
     """Run the job into Parquet (``--out``, a local path or s3://): resume, merge, report."""
     import pyarrow.parquet as pq
 
@@ -448,7 +370,7 @@ def _collection(client: TorchServeClient, args, task: str) -> tuple[Any, str, in
     return data, "\n".join(lines), errors.Unhealthy.exit_code if summary.failed else 0
 
 
-def cmd_similar(client: TorchServeClient, args) -> tuple[Any, str, int]:
+def cmd_similar(client: Client, args) -> tuple[Any, str, int]:
     import numpy as np
 
     from tsclient import search
@@ -488,7 +410,7 @@ def cmd_similar(client: TorchServeClient, args) -> tuple[Any, str, int]:
     return data, "\n".join(lines), 0
 
 
-def cmd_duplicates(client: TorchServeClient, args) -> tuple[Any, str, int]:
+def cmd_duplicates(client: Client, args) -> tuple[Any, str, int]:
     from tsclient import search
 
     groups = search.duplicates(args.index, args.threshold)
@@ -514,7 +436,7 @@ def _wrote_page(path: Path, html: str) -> str:
     return f"wrote {path} ({size / 1e6:.1f} MB; open it in a browser)"
 
 
-def cmd_explain(client: TorchServeClient, args) -> tuple[Any, str, int]:
+def cmd_explain(client: Client, args) -> tuple[Any, str, int]:
     if args.html is not None:
         return _explain_gallery(client, args)
     if len(args.sources) != 1 or Path(args.sources[0]).is_dir():
@@ -560,7 +482,7 @@ def cmd_explain(client: TorchServeClient, args) -> tuple[Any, str, int]:
     return data, "\n".join(lines), 0
 
 
-def _explain_gallery(client: TorchServeClient, args) -> tuple[Any, str, int]:
+def _explain_gallery(client: Client, args) -> tuple[Any, str, int]:
     """``explain --html``: every photo explained (one request each, paced by the server's
     explanation budget, retried like ``embed``), into one gallery page."""
     from tsclient import batchjob, pages
@@ -620,21 +542,8 @@ def _explain_gallery(client: TorchServeClient, args) -> tuple[Any, str, int]:
 # ---------------------------------------------------------------------- helpers
 
 
-def _version_row(entry: dict) -> dict:
-    workers = entry.get("workers", [])
-    return {
-        "model": entry.get("modelName"),
-        "version": entry.get("modelVersion"),
-        "default": entry.get("default"),
-        "workers": len(workers),
-        "ready": sum(w.get("status") == "READY" for w in workers),
-        "batchSize": entry.get("batchSize"),
-        "maxBatchDelay": entry.get("maxBatchDelay"),
-    }
-
-
 def _version_line(entry: dict) -> str:
-    row = _version_row(entry)
+    row = version_row(entry)
     return (
         f"{row['model']} {row['version']}{' (default)' if row['default'] else ''}: "
         f"{row['workers']} workers, batch {row['batchSize']}, delay {row['maxBatchDelay']} ms"
@@ -666,11 +575,9 @@ COMMANDS = {
     "similar": cmd_similar,
     "duplicates": cmd_duplicates,
 }
-# Commands that read a Triton server given with --url as they read TorchServe (tsclient.triton);
-# of those, the ones whose --url must be Triton (TorchServe's read its management and metrics
-# APIs, which --url alone does not reach).
-TRITON_COMMANDS = ("list", "health", "metrics", "describe", "explain", "top")
-TRITON_ONLY = ("describe", "explain", "top")
+# Commands that need a server's management and metrics APIs, which a TorchServe reached by
+# --url alone does not offer (Triton's are behind its one URL).
+WHOLE_API = ("describe", "explain", "top")
 DEFAULT_MODELS = {"embedding": "resnet50-embedding", "tags": "resnet50-tagger"}
 DEFAULT_OUTS = {"embedding": "embeddings.parquet", "tags": "tags.parquet"}
 GALLERY_TOPK = 3  # classes an explanation gallery lists per photo when no target is given
@@ -944,11 +851,11 @@ def _url_arguments(c: argparse.ArgumentParser, what: str = URL_HELP) -> None:
     )
 
 
-def make_client(args) -> TorchServeClient:
-    """The local TorchServe with its key file; or ``--url`` (TorchServe behind KServe, or
-    Triton, asked which when it matters: a ``TritonClient`` for ``TRITON_COMMANDS``) with the
-    keys of ``--key-file`` when given, else a bearer token from the environment, else (a Triton
-    behind ``--url``) the key file ``make serve-triton`` wrote, and TLS verified."""
+def make_client(args) -> Client:
+    """The local TorchServe with its key file; or whatever engine serves ``--url``
+    (``client.connect``: TorchServe behind KServe, or Triton) with the keys of ``--key-file``
+    when given, else a bearer token from the environment, else (a Triton) the key file
+    ``make serve-triton`` wrote; TLS verified."""
     if getattr(args, "url", None) is None:
         return TorchServeClient(
             args.inference_url,
@@ -956,82 +863,26 @@ def make_client(args) -> TorchServeClient:
             args.metrics_url or ports.METRICS_URL,
             key_file=args.key_file or KEY_FILE,
             timeout=args.timeout,
-            engine=Engine.TORCHSERVE,
         )
     token = os.environ.get(args.token_env, "")
-    keys = None if args.key_file else Keys(token, token)
-    client = TorchServeClient(
-        args.url,
-        args.url,
-        args.metrics_url or args.url,
-        key_file=args.key_file,
-        keys=keys,
-        timeout=args.timeout,
-    )
-    if args.ca_bundle:
-        client.session.verify = args.ca_bundle
-    # No key given, and a Triton started from here (make serve-triton) keeps its keys in this
-    # file: used when the URL is a Triton, as ./key_file.json is for TorchServe.
-    triton_keys = Path(TRITON_KEY_FILE)
-    if not (args.key_file or token) and triton_keys.is_file() and client.engine is Engine.TRITON:
-        args.key_file = TRITON_KEY_FILE
-        client.use_key_file(triton_keys)
-    if args.command not in TRITON_COMMANDS or client.engine is not Engine.TRITON:
-        if args.command in TRITON_ONLY:
-            raise errors.UsageError(
-                f"{args.command} --url reads a Triton server (make serve-triton); TorchServe's "
-                f"{args.command} reads its management and metrics APIs",
-                "drop --url (and give --management-url/--metrics-url if it is not local)",
-            )
-        return client  # the engine is asked when it matters (_check_engine)
-    return triton_client(args, client)
-
-
-def triton_client(args, client: TorchServeClient) -> triton.TritonClient:
-    """A ``TritonClient`` for the Triton behind ``--url``, with ``client``'s keys and TLS
-    verification. Triton's metrics have a port of their own: --metrics-url when given, else
-    its default."""
-    served = triton.TritonClient(
+    client = connect(
         args.url,
         args.metrics_url,
         key_file=args.key_file,
-        keys=None if args.key_file else client.keys,
+        keys=None if args.key_file else Keys(token, token),
         timeout=args.timeout,
+        verify=args.ca_bundle or True,
     )
-    served.session.verify = client.session.verify
-    return served
+    if args.command in WHOLE_API and not client.reaches_management:
+        raise errors.UsageError(
+            f"{args.command} --url reads a Triton server (make serve-triton); TorchServe's "
+            f"{args.command} reads its management and metrics APIs",
+            "drop --url (and give --management-url/--metrics-url if it is not local)",
+        )
+    return client
 
 
-# What each TorchServe-only command would be on Triton, and how to do it there instead.
-NOT_ON_TRITON = {
-    "register": "Triton loads the models of its repository at start (model control mode "
-    "none): add config/models/NAME.yaml, then `make triton-repo` and restart it",
-    "unregister": "Triton serves every model of its repository: remove config/models/NAME.yaml, "
-    "then `make triton-repo` and restart it",
-    "scale": "a model's instances are instance_group in its config.pbtxt, from minWorkers in "
-    "config/models/NAME.yaml: edit it, then `make triton-repo` and restart Triton",
-    "set-default": "the generated repository holds one version per model, which Triton serves",
-    "keys": "Triton reads its keys at start and cannot rotate them: restart it with "
-    "`python -m tritonrepo.server --new-keys` (clients re-read the key file)",
-}
-
-
-def not_on_triton(command: str) -> errors.NotOnTriton:
-    return errors.NotOnTriton(f"not available on Triton: {command}", NOT_ON_TRITON[command])
-
-
-def _check_engine(client: TorchServeClient, args) -> None:
-    """A TorchServe-only command pointed at Triton with ``--url`` says so before it sends."""
-    if (
-        args.command in NOT_ON_TRITON
-        and getattr(args, "url", None) is not None
-        and (args.command != "keys" or args.rotate)
-        and client.engine is Engine.TRITON
-    ):
-        raise not_on_triton(args.command)
-
-
-def _triton_behind(client: TorchServeClient, args, exc: errors.ApiError) -> bool:
+def _triton_behind(client: Client, args, exc: errors.ApiError) -> bool:
     """Whether a TorchServe-only command failed because Triton answered (``--management-url``
     pointed at it): asked only after a 4xx, so a working TorchServe is asked nothing more."""
     if args.command not in NOT_ON_TRITON or not 400 <= exc.status < 500:
@@ -1046,7 +897,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         client = make_client(args)
-        _check_engine(client, args)
         try:
             data, text, code = COMMANDS[args.command](client, args)
         except errors.ApiError as exc:

@@ -11,17 +11,11 @@ import requests
 from urllib3.exceptions import InvalidHeader
 from urllib3.util import Retry
 
+# Defined beside the key file both sides read; re-exported as part of this hierarchy.
+from serveshared.errors import KeyFileError as KeyFileError
+from serveshared.errors import ServeError as ServeError
 
-class TsError(Exception):
-    """Base error: ``message`` says what went wrong, ``hint`` how to fix it, ``exit_code`` is
-    what ``tsctl`` exits with."""
-
-    exit_code = 1
-
-    def __init__(self, message: str, hint: str = "") -> None:
-        super().__init__(message + (f"\nhint: {hint}" if hint else ""))
-        self.message = message
-        self.hint = hint
+TsError = ServeError  # the root's older name, kept: scripts catch it
 
 
 class ApiError(TsError):
@@ -49,12 +43,6 @@ class ServerNotRunning(TsError):
     """Nothing answers at the URL."""
 
     exit_code = 3
-
-
-class KeyFileError(TsError):
-    """``key_file.json`` is missing or unreadable (or holds no API key to rotate with)."""
-
-    exit_code = 4
 
 
 class KeyRejected(ApiError):

@@ -40,7 +40,7 @@ class ClientCrops:
                 "server's",
                 "use --preprocess server, or a tsctl of the server's release",
             )
-        handler = custom.get("handler") or {}
+        handler = (custom if isinstance(custom, dict) else {}).get("handler") or {}
         self.preprocessor = Preprocessor(
             HandlerConfig.from_mapping({k: handler[k] for k in HONOURED if k in handler})
         )

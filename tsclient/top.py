@@ -48,7 +48,7 @@ from tabulate import tabulate
 
 from tsclient import gpus as gpu_metrics
 from tsclient import metrics
-from tsclient.client import TorchServeClient
+from tsclient.client import Client
 
 WIDTH = 80
 FRONTEND_STATUSES = ("Requests2XX", "Requests4XX", "Requests5XX")
@@ -127,7 +127,7 @@ def parse(text: str, workers: dict[str, list[dict]], at: float) -> Read:
     return read
 
 
-def take(client: TorchServeClient) -> Read:
+def take(client: Client) -> Read:
     """Read the server now: its metrics and every model's workers."""
     workers = {
         m["modelName"]: [
@@ -268,7 +268,7 @@ def _rss_mb(read: Read, worker: dict) -> float | None:
 
 
 def first_frame(
-    client: TorchServeClient, interval: float, take_read: Callable[[TorchServeClient], Read] = take
+    client: Client, interval: float, take_read: Callable[[Client], Read] = take
 ) -> tuple[Read, Read]:
     """Two reads ``interval`` seconds apart: a frame is a difference."""
     old = take_read(client)
@@ -276,18 +276,18 @@ def first_frame(
     return old, take_read(client)
 
 
-def once(client: TorchServeClient, interval: float = 2.0) -> str:
+def once(client: Client, interval: float = 2.0) -> str:
     """One frame (``tsctl top --once``), 80 columns wide."""
     old, new = first_frame(client, interval)
     return frame(old, new, url=client.urls["metrics"].removeprefix("http://"))
 
 
 def run(
-    client: TorchServeClient,
+    client: Client,
     *,
     interval: float = 2.0,
     out: TextIO = sys.stdout,
-    take_read: Callable[[TorchServeClient], Read] = take,
+    take_read: Callable[[Client], Read] = take,
 ) -> int:
     """Redraw a frame every ``interval`` seconds until ``q`` (a terminal on stdin) or Ctrl-C;
     lines are cut to the terminal's width. Returns the exit code (0)."""
@@ -311,7 +311,7 @@ class _Keys:
 
     def __init__(self) -> None:
         self.fd = sys.stdin.fileno() if sys.stdin.isatty() else None
-        self._saved = None
+        self._saved: list | None = None
 
     def __enter__(self) -> _Keys:
         if self.fd is not None:
@@ -320,7 +320,7 @@ class _Keys:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._saved is not None:
+        if self.fd is not None and self._saved is not None:
             termios.tcsetattr(self.fd, termios.TCSADRAIN, self._saved)
 
     def quit_within(self, seconds: float) -> bool:

@@ -1,22 +1,17 @@
-"""Triton serving this project's repository (``make serve-triton``), read as ``tsctl`` reads
-TorchServe.
-
-``TritonClient`` answers the calls ``tsctl describe``, ``explain`` and ``top`` make of
-``TorchServeClient`` (``describe``, ``explain``, ``list_models``, ``metrics_text``) as
-TorchServe's do, from Triton's v2 API and the model's own request parameters
-(``tritonrepo/model.py``: ``describe``, ``explain``):
+"""Triton's client (``make serve-triton``): ``Client`` over Triton's v2 API and the model's own
+request parameters (``tritonrepo/model.py``: ``describe``, ``explain``), answering as
+TorchServe's does:
 
     client = TritonClient("http://127.0.0.1:8000", key_file="build/triton-key_file.json")
     client.describe("resnet50-tagger", customized=True)[0]["customizedMetadata"]["precision"]
 
-``model_rows``, ``health`` and ``summarise`` are what ``tsctl list``, ``health`` and
-``metrics`` print for Triton: its repository index and model configurations (the management
-key), model readiness (open, as Triton's health API is), its own Prometheus series
-(``nv_inference_*``, on its metrics port: ``metrics_url``). The rows have the shape ``tsctl``
-prints for TorchServe (``cli._version_row``): instances stand for workers, ``max_batch_size``
-(rows) for ``batchSize``, the dynamic batcher's queue delay for ``maxBatchDelay``.
-
-Which engine a URL serves is ``tsclient.engine.detect``'s to say (it sends no key).
+``model_rows``, ``health_report`` and ``metrics_report`` read its repository index and model
+configurations (the management key), model readiness (open, as Triton's health API is), its
+own Prometheus series (``nv_inference_*``, on its metrics port: ``metrics_url``). The rows have
+the shape of TorchServe's (``torchserve.version_row``): instances stand for workers,
+``max_batch_size`` (rows) for ``batchSize``, the dynamic batcher's queue delay for
+``maxBatchDelay``. TorchServe's management commands and key rotation raise ``NotOnTriton``
+with what to do instead, before anything is sent.
 """
 
 from __future__ import annotations
@@ -27,10 +22,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from tsclient import errors, metrics, ports
-from tsclient.client import TIMEOUT_S, TorchServeClient, check_name
+import requests
+
+from serveshared import ports
+from serveshared.keys import TRITON_KEY_FILE, Keys
+from tsclient import errors, metrics
+from tsclient.base import CACHED_OUTPUT, PRECISION_OUTPUT, TIMEOUT_S, Client, Report, check_name
 from tsclient.engine import Engine
-from tsclient.keys import Keys
 
 # What the model's describe and explanation requests answer (tritonrepo/model.py).
 DESCRIBE, EXPLAIN, EXPLANATIONS = "describe", "explain", "explanations"
@@ -47,26 +45,11 @@ TOTALS = {
 
 def metrics_url(url: str) -> str:
     """Triton's metrics on ``url``'s host, at Triton's own metrics port (a port of its own,
-    unlike its HTTP and gRPC ones: ``tsclient.ports``)."""
+    unlike its HTTP and gRPC ones: ``serveshared.ports``)."""
     parts = urlsplit(url)
     host = parts.hostname or ports.HOST
     netloc = f"[{host}]" if ":" in host else host
     return urlunsplit((parts.scheme or "http", f"{netloc}:{ports.TRITON_METRICS}", "", "", ""))
-
-
-def repository_index(client: TorchServeClient, ready: bool = False) -> list[dict]:
-    """Triton's repository index (``{"name", "version", "state", "reason"}`` per model
-    version; only the loaded ones with ``ready``), by the management key its model-repository
-    API wants."""
-    what = "list models (Triton's repository index)"
-    body = {"ready": True} if ready else None
-    return client._call("POST", "management", "/v2/repository/index", what, json=body).json()
-
-
-def model_config(client: TorchServeClient, model: str) -> dict:
-    """``model``'s configuration (its config.pbtxt as JSON), by the management key."""
-    path = f"/v2/models/{check_name(model)}/config"
-    return client._call("GET", "management", path, f"read {model}'s configuration").json()
 
 
 def batching(config: dict) -> dict:
@@ -82,59 +65,6 @@ def batching(config: dict) -> dict:
         "maxBatchDelay": int(delay_us) // 1000 if delay_us is not None else None,
         "maxQueueSize": int(queue["max_queue_size"]) if "max_queue_size" in queue else None,
     }
-
-
-def model_rows(client: TorchServeClient) -> list[dict]:
-    """One row per model version in Triton's repository index, with its configuration."""
-    rows = []
-    for entry in sorted(
-        repository_index(client), key=lambda e: (e.get("name", ""), e.get("version", ""))
-    ):
-        name, version = entry.get("name"), entry.get("version")
-        loaded = entry.get("state") == "READY"
-        settings = batching(model_config(client, name) if loaded else {})
-        rows.append(
-            {
-                "model": name,
-                "version": version,
-                "default": True,
-                "workers": settings["workers"],
-                "ready": settings["workers"] if loaded else 0,
-                "state": entry.get("state"),
-                "reason": entry.get("reason") or None,
-                "batchSize": settings["batchSize"],
-                "maxBatchDelay": settings["maxBatchDelay"],
-                "maxQueueSize": settings["maxQueueSize"],
-            }
-        )
-    return rows
-
-
-def health(client: TorchServeClient) -> tuple[dict, list[str], bool]:
-    """(data, lines, healthy): the server's readiness and every indexed model's."""
-    ready = _ok(client, "/v2/health/ready")
-    models = {
-        f"{r['model']}/{r['version']}": _ok(client, f"/v2/models/{r['model']}/ready")
-        for r in model_rows(client)
-    }
-    lines = [f"server: {'ready' if ready else 'NOT READY'} (Triton)"]
-    lines += [f"{m}: {'READY' if ok else 'not ready'}" for m, ok in models.items()]
-    unready = [m for m, ok in models.items() if not ok]
-    if unready:
-        lines.append(
-            f"unhealthy: {', '.join(unready)} not ready (a model that failed to load: "
-            "`tsctl list --url URL` shows Triton's reason, its log the rest)"
-        )
-    return (
-        {
-            "engine": "triton",
-            "ready": ready,
-            "models_ready": models,
-            "healthy": ready and not unready,
-        },
-        lines,
-        ready and not unready,
-    )
 
 
 def summarise(text: str) -> dict[str, dict]:
@@ -171,17 +101,34 @@ def _derive(entry: dict) -> dict:
     }
 
 
-def _ok(client: TorchServeClient, path: str) -> bool:
-    """Whether Triton's health API answers 200 at ``path`` (open: no key is sent)."""
-    return client._send("GET", "inference", path, {}, {}).status_code == 200
+# What each TorchServe-only command would be on Triton, and how to do it there instead.
+NOT_ON_TRITON = {
+    "register": "Triton loads the models of its repository at start (model control mode "
+    "none): add config/models/NAME.yaml, then `make triton-repo` and restart it",
+    "unregister": "Triton serves every model of its repository: remove config/models/NAME.yaml, "
+    "then `make triton-repo` and restart it",
+    "scale": "a model's instances are instance_group in its config.pbtxt, from minWorkers in "
+    "config/models/NAME.yaml: edit it, then `make triton-repo` and restart Triton",
+    "set-default": "the generated repository holds one version per model, which Triton serves",
+    "keys": "Triton reads its keys at start and cannot rotate them: restart it with "
+    "`python -m tritonrepo.server --new-keys` (clients re-read the key file)",
+}
 
 
-class TritonClient(TorchServeClient):
+def not_on_triton(command: str) -> errors.NotOnTriton:
+    return errors.NotOnTriton(f"not available on Triton: {command}", NOT_ON_TRITON[command])
+
+
+class TritonClient(Client):
     """``url``: Triton's HTTP endpoint; ``metrics_base``: its metrics port (default:
     ``metrics_url``, the same host's 8002). ``key_file``: the keys Triton was started with
     (``tritonrepo.server``'s key file; the inference key for inference and metadata, the
     management key for the repository index and configurations); else ``keys``, bearer tokens
     as on TorchServe's --url calls; neither: none sent (a Triton started without keys)."""
+
+    engine = Engine.TRITON
+    NAME = "Triton"
+    START_HINT = "start it with `make serve-triton`, or point --url at it"
 
     def __init__(
         self,
@@ -192,20 +139,60 @@ class TritonClient(TorchServeClient):
         keys: Keys | None = None,
         timeout: float = TIMEOUT_S,
     ) -> None:
+        urls = {"inference": url, "management": url, "metrics": metrics_base or metrics_url(url)}
         super().__init__(
-            url,
-            url,
-            metrics_base or metrics_url(url),
+            urls,
             key_file=key_file,
             keys=keys if key_file is not None else keys or Keys("", ""),
             timeout=timeout,
-            engine=Engine.TRITON,
         )
+        self._output_names: dict[str, frozenset[str]] = {}
+
+    @classmethod
+    def at(
+        cls,
+        url: str,
+        metrics_url: str | None = None,
+        *,
+        key_file: Path | str | None = None,
+        keys: Keys | None = None,
+        timeout: float = TIMEOUT_S,
+    ) -> TritonClient:
+        """The Triton at ``url``. Without a key file or a token (``keys`` empty), the key file
+        ``make serve-triton`` writes (``TRITON_KEY_FILE``, from the folder tsctl runs in) when it
+        is there, as TorchServe's ./key_file.json is found."""
+        found = Path(TRITON_KEY_FILE)
+        if key_file is None and not (keys and keys.inference) and found.is_file():
+            key_file, keys = found, None
+        return cls(url, metrics_url, key_file=key_file, keys=keys, timeout=timeout)
+
+    def _retry_key(self, response: requests.Response, kind: str, used: str) -> str | None:
+        """A refused key (403 restricted): the key file's when Triton restarted with new keys
+        since this call read it; Triton cannot rotate a key."""
+        if not errors.is_restricted(response):
+            return None
+        current = self.keys.key(kind)
+        return current if current != used else None
+
+    # ------------------------------------------------------------------ models
+
+    def repository_index(self, ready: bool = False) -> list[dict]:
+        """Triton's repository index (``{"name", "version", "state", "reason"}`` per model
+        version; only the loaded ones with ``ready``), by the management key its
+        model-repository API wants."""
+        what = "list models (Triton's repository index)"
+        body = {"ready": True} if ready else None
+        return self._call("POST", "management", "/v2/repository/index", what, json=body).json()
+
+    def model_config(self, model: str) -> dict:
+        """``model``'s configuration (its config.pbtxt as JSON), by the management key."""
+        path = f"/v2/models/{check_name(model)}/config"
+        return self._call("GET", "management", path, f"read {model}'s configuration").json()
 
     def list_models(self) -> list[dict]:
         """The models of Triton's repository index that are loaded, as TorchServe lists them
         (``modelName``; ``modelUrl``: None, Triton does not say)."""
-        names = sorted({entry["name"] for entry in repository_index(self, ready=True)})
+        names = sorted({entry["name"] for entry in self.repository_index(ready=True)})
         return [{"modelName": name, "modelUrl": None} for name in names]
 
     def describe(
@@ -229,8 +216,8 @@ class TritonClient(TorchServeClient):
                 f"{model} has no version {version} on Triton (it serves {served})",
                 "leave the version out",
             )
-        settings = batching(model_config(self, model))
-        ready = _ok(self, path + "/ready")
+        settings = batching(self.model_config(model))
+        ready = self._ok(path + "/ready")
         instances = settings["workers"]
         entry = {
             "modelName": metadata.get("name", model),
@@ -252,10 +239,129 @@ class TritonClient(TorchServeClient):
     def default_version(self, model: str) -> str:
         return self.describe(model)[0]["modelVersion"]
 
+    def model_rows(self) -> list[dict]:
+        """One row per model version in Triton's repository index, with its configuration."""
+        rows = []
+        for entry in sorted(
+            self.repository_index(), key=lambda e: (e.get("name", ""), e.get("version", ""))
+        ):
+            name, version = entry.get("name", ""), entry.get("version")
+            loaded = entry.get("state") == "READY"
+            settings = batching(self.model_config(name) if loaded else {})
+            rows.append(
+                {
+                    "model": name,
+                    "version": version,
+                    "default": True,
+                    "workers": settings["workers"],
+                    "ready": settings["workers"] if loaded else 0,
+                    "state": entry.get("state"),
+                    "reason": entry.get("reason") or None,
+                    "batchSize": settings["batchSize"],
+                    "maxBatchDelay": settings["maxBatchDelay"],
+                    "maxQueueSize": settings["maxQueueSize"],
+                }
+            )
+        return rows
+
+    # TorchServe's management API and key rotation: refused before anything is sent.
+
+    def register(
+        self,
+        archive: str,
+        *,
+        name: str | None = None,
+        workers: int | None = None,
+        batch_size: int | None = None,
+        max_batch_delay: int | None = None,
+        response_timeout: int | None = None,
+    ) -> dict:
+        raise not_on_triton("register")
+
+    def scale(
+        self, model: str, min_worker: int, max_worker: int | None = None, version: str | None = None
+    ) -> dict:
+        raise not_on_triton("scale")
+
+    def set_default(self, model: str, version: str) -> dict:
+        raise not_on_triton("set-default")
+
+    def unregister(self, model: str, version: str | None = None) -> dict:
+        raise not_on_triton("unregister")
+
+    def rotate(self, kind: str) -> Keys:
+        raise not_on_triton("keys")
+
+    # ------------------------------------------------------------------ health and metrics
+
+    def _ok(self, path: str) -> bool:
+        """Whether Triton's health API answers 200 at ``path`` (open: no key is sent)."""
+        return self._send("GET", "inference", path, {}, {}).status_code == 200
+
+    def health_report(self) -> Report:
+        """The server's readiness and every indexed model's."""
+        ready = self._ok("/v2/health/ready")
+        models = {
+            f"{r['model']}/{r['version']}": self._ok(f"/v2/models/{r['model']}/ready")
+            for r in self.model_rows()
+        }
+        lines = [f"server: {'ready' if ready else 'NOT READY'} (Triton)"]
+        lines += [f"{m}: {'READY' if ok else 'not ready'}" for m, ok in models.items()]
+        unready = [m for m, ok in models.items() if not ok]
+        if unready:
+            lines.append(
+                f"unhealthy: {', '.join(unready)} not ready (a model that failed to load: "
+                "`tsctl list --url URL` shows Triton's reason, its log the rest)"
+            )
+        healthy = ready and not unready
+        data = {"engine": "triton", "ready": ready, "models_ready": models, "healthy": healthy}
+        return data, lines, 0 if healthy else errors.Unhealthy.exit_code
+
+    def metrics_report(self) -> Report:
+        """Triton's own series per model (``summarise``)."""
+        summary = summarise(self.metrics_text())
+        lines = [
+            f"Triton ({self.urls['metrics']}): its own series; refusals at the queue bound "
+            "(503) are not counted there (2.51)"
+        ]
+        for model, m in summary.items():
+            lines.append(f"{model}:")
+            lines.append(
+                f"  requests {m['requests']}, mean latency {m['mean_latency_ms']} ms "
+                f"(queued {m['mean_queue_ms']} ms, computing {m['compute_ms_per_request']} "
+                "ms)"
+            )
+            lines.append(
+                f"  batches {m['batches']} holding {m['images']} images; mean batch "
+                f"{m['mean_batch_images']} images"
+            )
+            lines.append(
+                "  failed: "
+                + (", ".join(f"{k} {v}" for k, v in m["failed"].items() if v) or "none")
+            )
+        return {"engine": "triton", "models": summary}, lines, 0
+
+    # ------------------------------------------------------------------ inference
+
+    def _v2_outputs(self, model: str, output: str) -> list[str]:
+        """Triton's Python backend sets no headers: the precision (and, where the model has
+        it, which images the cache answered) come as outputs, asked for beside ``output``."""
+        extra = [CACHED_OUTPUT] if CACHED_OUTPUT in self._outputs(model) else []
+        return [output, PRECISION_OUTPUT, *extra]
+
+    def _outputs(self, model: str) -> frozenset[str]:
+        """The output names of ``model``'s v2 metadata (asked once per model)."""
+        known = self._output_names.get(model)
+        if known is None:
+            path = f"/v2/models/{check_name(model)}"
+            metadata = self._call("GET", "inference", path, f"read {model}'s metadata").json()
+            known = frozenset(o.get("name") for o in metadata.get("outputs") or [])
+            self._output_names[model] = known
+        return known
+
     def _explain(self, model: str, image: bytes, filename: str, options: dict[str, Any]) -> dict:
-        """``TorchServeClient.explain``'s answer from the model's explanation request (the
-        same JSON: ``{"method", "explanations": [...]}``), ``options`` as its parameters.
-        ``filename`` is not sent."""
+        """The model's explanation request (the same JSON as TorchServe's: ``{"method",
+        "explanations": [...]}``), ``options`` as its parameters. ``filename`` is not sent."""
         return self._infer(model, [image], {EXPLAIN: True, **options}, EXPLANATIONS)
 
     def _infer(

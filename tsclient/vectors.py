@@ -305,7 +305,7 @@ class DoneIndex:
 
     def sha256_of(self, path: str) -> str | None:
         """The sha256 of ``path``'s ok row (only with ``with_sha256``)."""
-        if self.paths is None:
+        if self.paths is None or self.sha is None:  # both or neither: with_sha256
             return None
         key = np.uint64(_hash(path))
         at = int(np.searchsorted(self.paths, key))

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from tsclient.errors import KeyFileError
+from serveshared.errors import KeyFileError
 
 KINDS = ("inference", "management")
 KEY_FILE = "key_file.json"  # where torchserve writes it: the folder it was started from
