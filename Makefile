@@ -236,6 +236,12 @@ bench-preprocess: setup weights samples
 bench-traffic: setup config archives samples triton-server
 	$(PY) -m bench.traffic
 
+# The server fed uint8 crops against fed JPEGs (small, noisy 12 MP) on TorchServe and Triton, and
+# the bytes on the wire per image -> results/crops.md (about 4 minutes).
+.PHONY: bench-crops
+bench-crops: setup config archives samples triton-server
+	$(PY) -m bench.crops
+
 # TorchServe and Triton serving models that do no work (the engine alone, and our adapter and
 # core with decode and forward no-ops), 1- and 8-image requests -> results/ceiling.md: requests/s,
 # images/s and CPU per request, and the plan for one H100 (docs/backends.md) (about 4 minutes).
