@@ -190,8 +190,9 @@ def test_a_torchserve_worker_killed_under_load_is_replaced_and_its_requests_held
     back = back_after(load, TAGGER, killed)
     assert back < BACK_WITHIN_S, back
     statuses = {a[3] for a in load.of(TAGGER, killed)}
-    # Held and answered; what was in the dead worker's batch gets TorchServe's 507/503.
-    assert statuses <= {200, 503, 507}, statuses
+    # Held and answered; what was in the dead worker's batch gets TorchServe's 507 or 500.
+    in_batch = {a[3] for a in load.of(TAGGER, killed - 60) if a[0] < killed and a[1] > killed}
+    assert in_batch <= {200, 500, 507} and statuses <= {200, 503}, (in_batch, statuses)
     assert {a[3] for a in load.of(EMBEDDING)} == {200}
     assert not all(r for _, r in seen) and seen[-1][1]
     print(f"torchserve: tagger back {back:.1f} s after its worker was killed; {statuses}")
