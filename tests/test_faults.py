@@ -64,13 +64,52 @@ class Load:
         return [a for a in self.answers if a[2] == model and a[0] >= since]
 
 
-def watch(ready, until) -> list[tuple[float, bool]]:
-    """``ready()`` every 0.2 s until ``until()`` holds: (monotonic time, ready) each time."""
-    seen = []
-    while not until():
-        seen.append((time.monotonic(), ready()))
+class Readiness:
+    """``ready()`` every 0.2 s on a thread of its own while in the ``with`` block: every
+    answer as (monotonic time it was asked, ready); an error counts as not ready."""
+
+    def __init__(self, ready) -> None:
+        self.ready = ready
+        self.seen: list[tuple[float, bool]] = []
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def __enter__(self) -> Readiness:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stopping.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            asked = time.monotonic()
+            try:
+                ready = bool(self.ready())
+            except requests.RequestException:
+                ready = False
+            self.seen.append((asked, ready))
+            self._stopping.wait(0.2)
+
+    def since(self, t: float) -> list[tuple[float, bool]]:
+        return [s for s in self.seen if s[0] >= t]
+
+
+def wait_back(load: Load, readiness: Readiness, model: str, killed: float) -> None:
+    """Until readiness, having been false since the kill, is true again and ``model`` has
+    answered 200 to two requests sent after that (and the other clients answered once more),
+    or ``BACK_WITHIN_S`` has passed: the test's assertions then say what was missing."""
+    deadline = killed + BACK_WITHIN_S + CLIENT_TIMEOUT_S
+    while time.monotonic() < deadline:
+        seen = readiness.since(killed)
+        down = [t for t, r in seen if not r]
+        up = [t for t, r in seen if r and down and t > down[-1]]
+        if up:
+            fine = [a for a in load.answers if a[0] > up[0] and a[3] == 200]
+            if sum(a[2] == model for a in fine) >= 2 and any(a[2] != model for a in fine):
+                return
         time.sleep(0.2)
-    return seen
 
 
 def back_after(load: Load, model: str, killed: float) -> float:
@@ -83,12 +122,49 @@ def back_after(load: Load, model: str, killed: float) -> float:
     return first[1] - killed
 
 
+def kill_under_load(load: Load, readiness: Readiness, pid: int) -> float:
+    """Clients on the tagger (two) and the embedding model, readiness watched; ``pid`` killed
+    once each client has had an answer; returns when the tagger is back (``wait_back``) and
+    the clients stopped: the kill's ``monotonic`` time."""
+    threads = load.run([TAGGER, TAGGER, EMBEDDING])
+    try:
+        with readiness:
+            deadline = time.monotonic() + 60
+            while len({a[2] for a in load.answers}) < 2 or len(readiness.seen) < 2:
+                assert time.monotonic() < deadline, "no answers before the kill"
+                time.sleep(0.1)
+            psutil.Process(pid).kill()
+            killed = time.monotonic()
+            wait_back(load, readiness, TAGGER, killed)
+    finally:
+        load.stopping.set()
+        for thread in threads:
+            thread.join(90)
+    return killed
+
+
+def assert_readiness_told_the_truth(readiness: Readiness, killed: float, back: float) -> None:
+    """Readiness false within 2.5 s of the kill, still false until shortly before the tagger
+    answered again, and true at the end."""
+    seen = readiness.since(killed)
+    down = [t for t, r in seen if not r]
+    assert down and down[0] - killed < 2.5, seen[:5]
+    assert seen[-1][1], seen[-5:]
+    assert down[-1] - killed < back + 0.5, (down[-1] - killed, back)
+    # Not ready again before the tagger answers: the only true samples are the last ones.
+    first_up = next(t for t, r in seen if r and t > down[0])
+    assert first_up > down[-1] and first_up - killed > back - 1.5, (first_up - killed, back)
+
+
 # ---------------------------------------------------------------------------------- Triton
 
 
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory, model_store):
-    with local_triton(tmp_path_factory.mktemp("faults-triton"), model_store) as server:
+    # A short exit timeout: stopping it does not wait 30 s for the clients' idle connections.
+    with local_triton(
+        tmp_path_factory.mktemp("faults-triton"), model_store, exit_timeout=2
+    ) as server:
         yield server
 
 
@@ -105,25 +181,9 @@ def test_a_triton_stub_killed_under_load_is_reloaded_and_readiness_says_so(trito
         return requests.get(f"{triton.url}/v2/health/ready", timeout=5).status_code == 200
 
     assert ready() and post(TAGGER)[0] == 200
-    load = Load(post)
-    threads = load.run([TAGGER, TAGGER, EMBEDDING])
-    time.sleep(2)
     (pid,) = [p for p, i in stub_instances(triton.process.pid).items() if model_of(i) == TAGGER]
-    psutil.Process(pid).kill()
-    killed = time.monotonic()
-    try:
-        seen = watch(
-            ready,
-            lambda: (
-                time.monotonic() - killed > BACK_WITHIN_S
-                or (time.monotonic() - killed > 3 and ready() and post(TAGGER)[0] == 200)
-            ),
-        )
-        time.sleep(2)  # the clients' own answers after the model is back
-    finally:
-        load.stopping.set()
-        for thread in threads:
-            thread.join(60)
+    load, readiness = Load(post), Readiness(ready)
+    killed = kill_under_load(load, readiness, pid)
     back = back_after(load, TAGGER, killed)
     assert back < BACK_WITHIN_S, back
     # In the gap: Triton's "no available versions" (tsclient's 503) at once; 500 or the
@@ -136,13 +196,7 @@ def test_a_triton_stub_killed_under_load_is_reloaded_and_readiness_says_so(trito
             assert status == 200 or (status == 404 and TRITON_RELOADING in text), (status, text)
     assert any(a[3] == 404 for a in gap)
     assert {a[3] for a in load.of(EMBEDDING)} == {200}
-    # Readiness: false soon after the kill, true again once the tagger answers, not before.
-    down = [t for t, r in seen if not r]
-    assert down and down[0] - killed < 2.5
-    assert seen[-1][1]
-    assert down[-1] - killed < back + 0.5
-    last_refusal = max(a[1] for a in gap if a[3] == 404)
-    assert all(not r for t, r in seen if killed + 2.5 < t < last_refusal - 0.5)
+    assert_readiness_told_the_truth(readiness, killed, back)
     assert triton.watchdog.restarts.count == {TAGGER: 1}
     assert triton.watchdog.restarts.down_since == {}
     print(f"triton: tagger back {back:.1f} s after its stub was killed")
@@ -170,25 +224,9 @@ def test_a_torchserve_worker_killed_under_load_is_replaced_and_its_requests_held
         return loaded >= max(entry["minWorkers"], 1)
 
     assert ready() and post(TAGGER)[0] == 200
-    load = Load(post)
-    threads = load.run([TAGGER, TAGGER, EMBEDDING])
-    time.sleep(2)
     (worker,) = [w for w in client.describe(TAGGER)[0]["workers"] if w["status"] == "READY"]
-    psutil.Process(int(worker["pid"])).kill()
-    killed = time.monotonic()
-    try:
-        seen = watch(
-            ready,
-            lambda: (
-                time.monotonic() - killed > BACK_WITHIN_S
-                or (time.monotonic() - killed > 3 and ready() and post(TAGGER)[0] == 200)
-            ),
-        )
-        time.sleep(2)  # the clients' own answers after the model is back
-    finally:
-        load.stopping.set()
-        for thread in threads:
-            thread.join(60)
+    load, readiness = Load(post), Readiness(ready)
+    killed = kill_under_load(load, readiness, int(worker["pid"]))
     back = back_after(load, TAGGER, killed)
     assert back < BACK_WITHIN_S, back
     statuses = {a[3] for a in load.of(TAGGER, killed)}
@@ -198,7 +236,7 @@ def test_a_torchserve_worker_killed_under_load_is_replaced_and_its_requests_held
     later = {a[3] for a in load.of(TAGGER, killed + 2)}
     assert early <= {200, 500, 507} and later <= {200, 503}, (early, later)
     assert {a[3] for a in load.of(EMBEDDING)} == {200}
-    assert not all(r for _, r in seen) and seen[-1][1]
+    assert_readiness_told_the_truth(readiness, killed, back)
     print(f"torchserve: tagger back {back:.1f} s after its worker was killed; {statuses}")
 
 
@@ -210,7 +248,7 @@ def test_a_server_killed_mid_embed_then_restarted_leaves_every_photo_once(tmp_pa
 
     photos = tmp_path / "photos"
     photos.mkdir()
-    count = 160
+    count = 96  # about 10 s of work at 2 photos a request: the kill lands mid-run
     for i in range(count):
         (photos / f"p{i:04d}.jpg").write_bytes(imagegen.jpeg(160, 120, seed=900 + i))
     server = LocalTorchServe(tmp_path / "ts", model_store, load_models=[f"{EMBEDDING}.mar"])
@@ -231,9 +269,11 @@ def test_a_server_killed_mid_embed_then_restarted_leaves_every_photo_once(tmp_pa
             assert job.poll() is None, "finished before the server could be killed"
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        for process in server.processes():
+        processes = server.processes()
+        for process in processes:
             process.kill()
-        time.sleep(1)
+        _, alive = psutil.wait_procs(processes, timeout=30)
+        assert not alive, alive
         server.start()  # the same ports; the job has waited out the outage, or stopped
         stdout, stderr = job.communicate(timeout=300)
         again = subprocess.run(argv, env=server.cli_env(), capture_output=True, text=True)
