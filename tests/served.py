@@ -65,12 +65,14 @@ def local_triton(
     precision: str | None = "f32",
     key_file: Path | None = None,
     handler: dict | None = None,
+    exit_timeout: int | None = None,
 ) -> Iterator:
     """A real Triton on a repository generated into ``workdir`` from ``model_store`` (pinned to
     ``precision``) on free loopback ports, always stopped; skips the test, saying why, when
     ``make triton-server`` could not install the wheel. A start that fails shows the log.
     ``key_file``: its restricted APIs want the keys kept there (``Triton``'s); None: all open.
-    ``handler``: settings replaced in every model's ``handler:`` section."""
+    ``handler``: settings replaced in every model's ``handler:`` section. ``exit_timeout``:
+    seconds Triton waits for open connections when stopped (None: the launcher's own)."""
     from devtools.server import free_ports
     from tritonrepo.generate import generate
     from tritonrepo.install import NotInstalled, TritonInstall
@@ -96,6 +98,7 @@ def local_triton(
             workdir / "repository",
             log=log,
             key_file=key_file,
+            **({} if exit_timeout is None else {"exit_timeout": exit_timeout}),
             **free_ports(("http", "grpc", "metrics")),
         )
         try:

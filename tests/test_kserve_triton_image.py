@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -223,6 +224,41 @@ def test_memory_stays_below_the_footprint_the_lint_holds_pods_to(pod):
 
 
 # ------------------------------------------------------------------ the kubelet's stop (last)
+
+
+KILL_TAGGER_STUB = """
+import os, signal
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")
+    except OSError:
+        continue
+    if argv[0].endswith(b"triton_python_backend_stub") and b"resnet50-tagger_0_0" in argv:
+        os.kill(int(pid), signal.SIGKILL)
+        print(pid)
+"""
+
+
+def test_a_killed_stub_fails_readiness_until_the_launcher_has_reloaded_its_model(pod):
+    """The tagger's stub SIGKILLed inside the container (an OOM kill's effect): the runtime's
+    readinessProbe fails within a few seconds, liveness holds, and the launcher's watchdog
+    brings the model back (docs/operations.md "When a model dies")."""
+    assert inside(pod, KILL_TAGGER_STUB)  # one stub killed
+    killed = time.monotonic()
+    while pod.probe("readinessProbe"):
+        assert time.monotonic() - killed < 10, "readiness still passing 10 s after the kill"
+        time.sleep(0.5)
+    went_down = time.monotonic() - killed
+    while not pod.probe("readinessProbe"):
+        assert pod.probe("livenessProbe")
+        assert time.monotonic() - killed < 120, "the model did not come back within 120 s"
+        time.sleep(1)
+    back = time.monotonic() - killed
+    answer = requests.post(
+        f"{pod.inference_url}/v2/models/{TAGGER}/infer", json=v2_body(IMAGES[:1], {}), timeout=60
+    )
+    assert answer.status_code == 200, answer.text
+    print(f"\nstub killed: readiness failing after {went_down:.1f} s, back after {back:.1f} s")
 
 
 def test_sigterm_ends_triton_within_the_grace_period_despite_a_keep_alive_client(pod, runtime_spec):

@@ -39,6 +39,7 @@ import requests
 from serveshared import ports
 from serveshared.keys import TRITON_KEY_FILE, Keys
 from tritonrepo.install import TritonInstall
+from tritonrepo.watchdog import Watchdog
 
 REPO = Path(__file__).resolve().parent.parent
 REPOSITORY = REPO / "build" / "triton"
@@ -104,10 +105,12 @@ class Triton:
         install: TritonInstall = TritonInstall(),
         log: IO | None = None,
         key_file: Path | None = None,
+        watch: bool = True,
     ) -> None:
         """``key_file``: where the keys the restricted APIs demand are kept (``server_keys``:
         written when missing); None: every API open, for a server behind a gate of its own
-        (KServe's)."""
+        (KServe's), but the model-repository API off loopback. ``watch``: a ``Watchdog``
+        reloads a model whose stub died, and stops Triton when it cannot."""
         self.repository = Path(repository)
         self.host = host  # every endpoint's address
         self.exit_timeout = exit_timeout
@@ -116,6 +119,10 @@ class Triton:
         self.log = log
         self.key_file = Path(key_file) if key_file is not None else None
         self.keys: Keys | None = server_keys(self.key_file) if self.key_file is not None else None
+        # The model-repository API's key without a key file (only off loopback), this run's.
+        self.repository_key = secrets.token_urlsafe(24)
+        self.watch = watch
+        self.watchdog: Watchdog | None = None
         self.process: subprocess.Popen | None = None
 
     @property
@@ -148,6 +155,10 @@ class Triton:
             f"--backend-config=python,shm-region-prefix-name=rs{os.getpid()}-{uuid.uuid4().hex[:8]}_",
             f"--exit-timeout-secs={self.exit_timeout}",
             "--strict-readiness=true",
+            # Every model loaded at start, as before, and the repository API's load and unload
+            # on: the watchdog reloads a model whose stub died (tritonrepo.watchdog says why).
+            "--model-control-mode=explicit",
+            "--load-model=*",
             # X-Priority and X-Deadline reach the model as request parameters (HTTP: the name as
             # sent; gRPC metadata: lower case), which the adapter reads as TorchServe's does.
             f"--http-header-forward-pattern={FORWARDED_HEADERS}",
@@ -159,16 +170,27 @@ class Triton:
         """``--http-restricted-api`` / ``--grpc-restricted-protocol`` (2.51's name for gRPC),
         ``GROUP[,GROUP]:HEADER=VALUE``, one per key. Triton reads no key file: the values are
         on its command line (and so in ``ps`` for this host's users)."""
-        if self.keys is None:
+        if self.keys is not None:
+            restricted = {g: f"Bearer {self.keys.key(k)}" for k, g in RESTRICTED.items()}
+        elif self.host != ports.HOST:
+            # Open APIs off loopback (a pod): load and unload stay the watchdog's alone, since
+            # a load may carry model files, i.e. code the Python backend would run.
+            restricted = {("model-repository",): f"Bearer {self.repository_key}"}
+        else:
             return []
         flags = []
-        for kind, groups in RESTRICTED.items():
-            value = f"Bearer {self.keys.key(kind)}"
+        for groups, value in restricted.items():
             flags += [
                 f"--http-restricted-api={','.join(groups)}:{KEY_HEADER}={value}",
                 f"--grpc-restricted-protocol={','.join(groups)}:{KEY_HEADER.lower()}={value}",
             ]
         return flags
+
+    def repository_headers(self) -> dict[str, str]:
+        """What Triton's model-repository API wants of the watchdog."""
+        if self.keys is not None:
+            return self.keys.management_headers()
+        return {KEY_HEADER: f"Bearer {self.repository_key}"}
 
     def env(self) -> dict[str, str]:
         """This environment with the Triton venv's ``python3`` first on ``PATH`` (the stub's
@@ -197,13 +219,27 @@ class Triton:
         except BaseException:
             self.stop()
             raise
+        if self.watch:
+            self.watchdog = Watchdog(
+                self.process.pid, self.url, self.repository_headers(), self._give_up
+            ).start()
         return self
+
+    def _give_up(self, model: str) -> None:
+        """A model that could not be loaded again: stop Triton (Triton's way), so that the
+        launcher exits 1 and whatever runs it starts a fresh one."""
+        print(f"{model} could not be loaded again: stopping Triton", file=sys.stderr)
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
 
     def stop(self, grace: float | None = None) -> int | None:
         """SIGTERM (Triton's own graceful stop), SIGKILL to the process group after ``grace``
         seconds (default: the exit timeout + 15 s to unload); the exit code (None if it had
         to be killed)."""
         grace = self.exit_timeout + 15 if grace is None else grace
+        watchdog, self.watchdog = self.watchdog, None
+        if watchdog is not None:
+            watchdog.stop()
         if self.process is None:
             return None
         process, self.process = self.process, None

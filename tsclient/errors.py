@@ -85,6 +85,8 @@ TRITON_KEY_HINT = (
     "file tritonrepo.server wrote (build/triton-key_file.json by default); "
     "they change only when Triton restarts with --new-keys"
 )
+# Triton's answer while a model is unloaded or loading (its watchdog reloads a dead one).
+TRITON_RELOADING = "has no available versions"
 ALLOWED_URLS_HINT = (
     "register archives by file name from the model store (model_store in "
     "config/server.properties), or add the URL's pattern to allowed_urls there "
@@ -131,6 +133,14 @@ def from_response(response: requests.Response, what: str) -> ApiError:
         )
     if "does not match any allowed URL" in message or "Relative path" in message:
         return Refused(status, type_, f"{what}: {message}", ALLOWED_URLS_HINT)
+    if status == 404 and TRITON_RELOADING in message:
+        # Triton has no 503 for a model being loaded again (tritonrepo.watchdog): read as one.
+        return ApiError(
+            503,
+            "ModelUnavailable",
+            f"{what}: {message}",
+            "the model's process died and the server is loading it again: retry in seconds",
+        )
     if status == 404 and type_ in ("ModelNotFoundException", "ModelVersionNotFoundException"):
         hint = (
             "`tsctl list` shows the registered models; `tsctl describe NAME` their versions"
