@@ -835,6 +835,7 @@ def test_docker_build_context_sends_only_what_the_dockerfile_copies():
         "tritonrepo/__init__.py",
         "tritonrepo/install.py",
         "tritonrepo/server.py",
+        "tritonrepo/watchdog.py",
         "servecore/",
         "model_files/",
         "transformer/",
