@@ -58,6 +58,28 @@ def handler_setting(text: str) -> tuple[str, object]:
     return key, {"true": True, "false": False}.get(value.lower(), value)
 
 
+def crop_request(crop: Any) -> Any:
+    """One HWC uint8 crop as a v2 request in the binary tensor extension, as an engine hands
+    the core its body and ``Inference-Header-Content-Length``."""
+    import json
+
+    from servecore.parse import HttpRequest
+
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "crops",
+                    "datatype": "UINT8",
+                    "shape": [1, *crop.shape],
+                    "parameters": {"binary_data_size": crop.nbytes},
+                }
+            ]
+        }
+    ).encode()
+    return HttpRequest(body=header + crop.tobytes(), header_length=str(len(header)))
+
+
 def run_core(
     folder: Path,
     device: torch.device,
@@ -65,7 +87,8 @@ def run_core(
     handler: dict[str, object],
     timed: Timed,
 ) -> tuple[dict[str, Rate], dict[str, dict[str, float]], str]:
-    """(3): ``ImageModel.run`` on each batch of ``work`` (one request per JPEG) with the
+    """(3): ``ImageModel.run`` on each batch of ``work`` (one request per JPEG; then the same
+    photos as the crops a client would send, which skip decoding) with the
     ``handler:`` settings ``handler``: img/s, the core's own ms per batch by part (open,
     decode, forward, answer), and the precision it chose. ``timed(step, images, warm)``
     measures, calling ``warm()`` once warmed up."""
@@ -97,15 +120,21 @@ def run_core(
     loaded = f"{model.backend.precision}, loaded in {time.perf_counter() - started:.1f} s"
     rates: dict[str, Rate] = {}
     parts: dict[str, dict[str, float]] = {}
-    for name, data in work.items():
+    requests: dict[str, list[HttpRequest]] = {
+        name: [HttpRequest(body=jpeg) for jpeg in data] for name, data in work.items()
+    }
+    for name, data in work.items():  # the same photos sent as crops (#44): no decode at all
+        crops = [model.intake.preprocessor(jpeg).permute(1, 2, 0).numpy() for jpeg in data]
+        requests[f"{name} as crops"] = [crop_request(crop) for crop in crops]
+    for name, sent in requests.items():
         incoming = [
-            Incoming(str(i), partial(parse_http, HttpRequest(body=jpeg), config=config))
-            for i, jpeg in enumerate(data)
+            Incoming(str(i), partial(parse_http, request, config=config))
+            for i, request in enumerate(sent)
         ]
         errors = [r.error for r in model.run(incoming) if r.error is not None]
         if errors:  # a refused image is not a measurement of the core's speed
             raise RuntimeError(f"the core refused {len(errors)} of the {name} JPEGs: {errors[0]}")
         run = partial(model.run, incoming)
-        rates[name] = timed(run, len(data), times.reset)
+        rates[name] = timed(run, len(sent), times.reset)
         parts[name] = times.per_batch()
     return rates, parts, f"{loaded}; {model.choice.line()}"

@@ -73,10 +73,18 @@ def ratio(a: Rate | None, b: Rate | None) -> str:
     return f"{a.images_per_s / b.images_per_s:.2f}" if a and b else "-"
 
 
+CROPS = " as crops"  # the core's rows of the same photos sent as crops (bench/gpucore.py)
+
+
+def batch_of(f: Findings, name: str) -> int:
+    """The batch size of an image kind's row (its crops row: the same photos)."""
+    return f.batches[name.removesuffix(CROPS)]
+
+
 def forward_share(f: Findings, name: str) -> str:
     """The best raw forward's ms per batch over the core's own forward ms at that batch (1:
     the core's backend call is as fast as the ceiling), where (1) has that batch."""
-    raw, forward = f.raw.get((f.best, f.batches[name])), f.parts.get(name, {}).get("forward")
+    raw, forward = f.raw.get((f.best, batch_of(f, name))), f.parts.get(name, {}).get("forward")
     return f"{raw.batch_ms / forward:.2f}" if raw and forward else "-"
 
 
@@ -87,7 +95,7 @@ def report(f: Findings) -> str:
 
     def by_image(rates: dict[str, Rate]) -> list[str]:
         return [
-            f"| {n} | {f.batches[n]} | {rate(r)} | {r.batch_ms:.1f} |" for n, r in rates.items()
+            f"| {n} | {batch_of(f, n)} | {rate(r)} | {r.batch_ms:.1f} |" for n, r in rates.items()
         ]
 
     return "\n".join(
@@ -159,6 +167,11 @@ def report(f: Findings) -> str:
                     f"| {n} | {rate(f.core.get(n))} | {rate(r)} | {ratio(f.core.get(n), r)} | "
                     f"{ratio(r, top)} | {ratio(f.core.get(n), top)} | {forward_share(f, n)} |"
                     for n, r in f.limit.items()
+                ]
+                + [  # the crop-fed core: no decode, so held to the raw forward alone
+                    f"| {n} | {rate(r)} | - | - | - | {ratio(r, top)} | {forward_share(f, n)} |"
+                    for n, r in f.core.items()
+                    if n.endswith(CROPS)
                 ],
             ),
         ]
