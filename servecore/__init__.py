@@ -11,7 +11,8 @@ it sends back, and nothing that knows which engine that is (no module here impor
     answers.py     a prediction as values: embedding rows (float32 arrays), tag lists
     encode.py      the JSON protocols' bodies, for an edge that answers in JSON (TorchServe)
     errors.py      error kinds -> HTTP status and error body
-    backends.py    runtimes as Backend (eager, TorchScript, ONNX Runtime, OpenVINO)
+    backends.py    runtimes as Backend (eager, TorchScript, ONNX Runtime, OpenVINO);
+                   runtime.py: the Backend type
     precision.py   the ``auto`` precision rule; autoprecision.py measures and remembers
     metrics.py     what the model records, through an engine's MetricsSink
     config.py      HandlerConfig, the typed ``handler:`` settings

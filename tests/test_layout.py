@@ -36,6 +36,60 @@ def imported(path: Path) -> set[str]:
     return names
 
 
+def repo_modules() -> dict[str, Path]:
+    """Every module of the repository by dotted name (virtualenvs and build output aside)."""
+    found = {}
+    for path in modules(REPO):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        if parts[0] not in ("build",) and not any(part.startswith(".") for part in parts):
+            found[".".join(parts).removesuffix(".__init__")] = path
+    return found
+
+
+def module_imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The repository's modules that module ``name`` imports, anywhere in the file (under
+    ``TYPE_CHECKING`` too): ``from pkg import sub`` names the submodule; a module's own
+    packages, which Python loads before it anyway, are left out."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(
+                [*package[: len(package) - node.level + 1], *([node.module] if node.module else [])]
+                if node.level
+                else [node.module or ""]
+            )
+            names |= {
+                f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base
+                for alias in node.names
+            }
+    return {n for n in names & known if n != name and not name.startswith(f"{n}.")}
+
+
+def test_no_two_modules_import_each_other():
+    """No import cycle of any length among the repository's modules, even for types only."""
+    found = repo_modules()
+    graph = {name: module_imports(name, path, set(found)) for name, path in found.items()}
+    cycles = []
+    for start in graph:
+        path, seen = [start], {start}
+        stack = [iter(sorted(graph[start]))]
+        while stack:
+            step = next(stack[-1], None)
+            if step is None:
+                stack.pop()
+                seen.discard(path.pop())
+            elif step == start:
+                cycles.append(" -> ".join([*path, start]))
+            elif step not in seen and step > start:  # each cycle once, from its least module
+                path.append(step)
+                seen.add(step)
+                stack.append(iter(sorted(graph[step])))
+    assert cycles == []
+
+
 def test_the_core_imports_no_engine():
     offenders = {
         str(p.relative_to(REPO)): sorted(imported(p) & set(ENGINES)) for p in modules(CORE)
