@@ -3,8 +3,10 @@ it sends back, and nothing that knows which engine that is (no module here impor
 ``ts`` or Triton's backend utilities; tests/test_layout.py checks).
 
     service.py     ImageModel: load, prepare -> infer -> answer (one Reply per request: values)
-    stages.py      per-request values, each made once: Incoming, Opened (Explaining), Placed,
-                   Failed; boundary.py: the one per-request failure boundary
+    stages.py      per-request values, each made once: Incoming, Opened (Explaining, Looked),
+                   Placed, Failed; boundary.py: the one per-request failure boundary
+    cache.py       the content cache, a step between admission and decode; cached.py: its
+                   key and entry types
     parse.py       wire formats (plain body, KServe v1, v2) -> ParsedRequest; jsonguard.py
     intake.py      open, admit and decode a batch's requests (images.py decodes)
     admission.py   the batch budgets, fair across batches

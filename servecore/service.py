@@ -29,7 +29,7 @@ from servecore.admission import Admission
 from servecore.answers import AnswerSpec, BatchOutputs, Prediction
 from servecore.autoprecision import serving_backend
 from servecore.backends import pick_device
-from servecore.cache import AnswerCache, Looked
+from servecore.cache import AnswerCache
 from servecore.config import HandlerConfig, Output
 from servecore.crops import CROPS_INPUT
 from servecore.errors import RequestError
@@ -38,7 +38,15 @@ from servecore.explain.stage import Explanations
 from servecore.intake import Intake
 from servecore.lanes import lane_of, yield_cpu
 from servecore.metrics import BatchMetrics, MetricsSink, NoMetrics
-from servecore.stages import ComputedBatch, Explaining, Failed, Incoming, Placed, PreparedBatch
+from servecore.stages import (
+    ComputedBatch,
+    Explaining,
+    Failed,
+    Incoming,
+    Looked,
+    Placed,
+    PreparedBatch,
+)
 from servecore.traffic import Priority
 
 logger = logging.getLogger(__name__)
