@@ -48,10 +48,9 @@ class ResNetHandler(BaseHandler):
         self.initialized = True
 
     def handle(self, data: list[dict], context) -> list[str]:
-        """One batch, as ``BaseHandler.handle`` frames it (its ``HandlerTime``; a describe
-        call answered by ``describe_handle``), else answered by the core: each request's
-        status, headers and JSON body. Explanations ride the prediction path, per request
-        (``servecore.explain``), never BaseHandler's captum path for the whole batch."""
+        """One batch, framed as ``BaseHandler.handle`` frames it (its ``HandlerTime``; a
+        describe call answered by ``describe_handle``), else answered by the core: each
+        request's status, headers and JSON body; explanations per request on the same path."""
         started, self.context = time.time(), context
         if is_describe(context):
             sent = [self.describe_handle()]
