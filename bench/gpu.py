@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import json
 import logging
 import sys
@@ -44,7 +43,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms.v2 import functional as F
 
 from bench.gpucore import core_missing, handler_setting, run_core
-from bench.gpureport import Findings, Rate, report
+from bench.gpureport import Findings, Rate, Setting, report
 from bench.layout import BUILD, IMAGES, RESULTS, SAMPLES, WEIGHTS, setup_cli
 from model_files.artifacts import CHECKPOINT, INFO, LABELS
 from model_files.resnet_dual import WEIGHTS as PRESET
@@ -107,23 +106,6 @@ def precisions(device: torch.device) -> dict[str, torch.dtype]:
     elif torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported():
         found["bf16"] = torch.bfloat16
     return found
-
-
-@dataclass(frozen=True)
-class Setting:
-    """A precision and a memory layout of the model and its inputs."""
-
-    precision: str
-    layout: str
-    dtype: torch.dtype = torch.float32
-    fmt: torch.memory_format = torch.contiguous_format
-
-    def model(self, base: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-        return copy.deepcopy(base).to(device, self.dtype).to(memory_format=self.fmt)
-
-    def inputs(self, batch: int, device: torch.device) -> torch.Tensor:
-        x = torch.randn(batch, 3, 224, 224, device=device, dtype=self.dtype)
-        return x.contiguous(memory_format=self.fmt)
 
 
 def raw_forward(

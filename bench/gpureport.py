@@ -3,9 +3,9 @@ the raw forward, the pipeline limit, the core, and their ratios."""
 
 from __future__ import annotations
 
+import copy
 import platform
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torchvision
@@ -13,11 +13,24 @@ import torchvision
 from bench.machine import dated
 from servecore.host import cpu_model
 
-if TYPE_CHECKING:
-    from bench.gpu import Setting
-
-
 PARTS = ("open", "decode", "forward", "answer")  # the core's metrics, in the order they run
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A precision and a memory layout of the model and its inputs."""
+
+    precision: str
+    layout: str
+    dtype: torch.dtype = torch.float32
+    fmt: torch.memory_format = torch.contiguous_format
+
+    def model(self, base: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+        return copy.deepcopy(base).to(device, self.dtype).to(memory_format=self.fmt)
+
+    def inputs(self, batch: int, device: torch.device) -> torch.Tensor:
+        x = torch.randn(batch, 3, 224, 224, device=device, dtype=self.dtype)
+        return x.contiguous(memory_format=self.fmt)
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 _ = object()
 
-# TorchServe: BaseHandler's contract and the hooks its handle() calls.
+# TorchServe: BaseHandler's contract.
 _.initialized  # TorchServe's BaseHandler reads it after initialize()
-_._is_explain  # BaseHandler.handle() asks it per batch (handlers/routing.py)
+_.handle  # TorchServe's entry point, called with each batch (handlers/resnet_handler.py)
 
 # Triton's Python backend loads the class by name and calls its methods.
 _.TritonPythonModel  # the class Triton instantiates from model.py

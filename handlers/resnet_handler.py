@@ -1,28 +1,32 @@
 """TorchServe handler: ResNet50 image embeddings and ImageNet tags from one forward pass.
 
 An adapter: ``initialize`` turns TorchServe's context into ``ModelSettings`` and loads the
-engine-neutral model (``servecore.service.ImageModel``); the hooks hand each batch to it
-(``preprocess`` -> ``prepare``, ``inference`` -> ``infer``, ``postprocess`` -> ``answer``) and
-set every request's own status and headers. The archive's ``model-config.yaml`` ``handler:``
-section holds the model's settings (``servecore.config.HandlerConfig``).
+engine-neutral model (``servecore.service.ImageModel``); ``handle``, TorchServe's entry point
+per batch, hands the batch to ``ImageModel.run`` in one call, as Triton's ``execute`` does, and
+sends each reply as its HTTP response (``servecore.httpedge``). The archive's
+``model-config.yaml`` ``handler:`` section holds the model's settings
+(``servecore.config.HandlerConfig``).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from functools import partial
+from http import HTTPStatus
 from pathlib import Path
 
-from handlers.routing import PerRequestHandler, incoming
+from ts.torch_handler.base_handler import BaseHandler
+
+from handlers.routing import incoming, is_describe
 from handlers.ts_metrics import TorchServeMetrics
 from model_files.artifacts import ModelFiles
 from servecore.config import HandlerConfig
-from servecore.encode import CONTENT_TYPE, json_reply
+from servecore.httpedge import CONTENT_TYPE, http_reply
 from servecore.service import ImageModel, ModelSettings
-from servecore.stages import ComputedBatch, PreparedBatch
 
 
-class ResNetHandler(PerRequestHandler):
+class ResNetHandler(BaseHandler):
     """Embeddings (``task: embedding``) or top-k ImageNet tags (``task: tags``)."""
 
     def initialize(self, context) -> None:
@@ -43,28 +47,30 @@ class ResNetHandler(PerRequestHandler):
         )
         self.initialized = True
 
-    def preprocess(self, data: list[dict]) -> PreparedBatch:
-        config = self.model.config
-        return self.model.prepare(
-            [incoming(self.context, idx, row, config) for idx, row in enumerate(data)]
+    def handle(self, data: list[dict], context) -> list[str]:
+        """One batch, framed as ``BaseHandler.handle`` frames it (its ``HandlerTime``; a
+        describe call answered by ``describe_handle``), else answered by the core: each
+        request's status, headers and JSON body; explanations per request on the same path."""
+        started, self.context = time.time(), context
+        if is_describe(context):
+            sent = [self.describe_handle()]
+        else:
+            config = self.model.config
+            replies = self.model.run(
+                [incoming(context, idx, row, config) for idx, row in enumerate(data)],
+                partial(http_reply, spec=self.model.answers, max_bytes=config.max_response_bytes),
+            )
+            for idx, reply in enumerate(replies):
+                context.set_response_content_type(idx, CONTENT_TYPE)
+                if reply.status != HTTPStatus.OK:
+                    context.set_response_status(reply.status, reply.phrase, idx=idx)
+                for name, value in reply.headers.items():
+                    context.set_response_header(idx, name, value)
+            sent = [reply.text for reply in replies]
+        context.metrics.add_time(
+            "HandlerTime", round((time.time() - started) * 1000, 2), None, "ms"
         )
-
-    def inference(self, batch: PreparedBatch, *args, **kwargs) -> ComputedBatch:
-        return self.model.infer(batch)
-
-    def postprocess(self, batch: ComputedBatch) -> list[str]:
-        replies, limit = self.model.answer(batch), self.model.config.max_response_bytes
-        started = time.perf_counter()
-        encoded = [json_reply(reply, self.model.answers, limit) for reply in replies]
-        for idx, (reply, _, _) in enumerate(encoded):
-            self.context.set_response_content_type(idx, CONTENT_TYPE)
-            if reply.error is not None:
-                self.context.set_response_status(reply.status, reply.phrase, idx=idx)
-            for name, value in reply.headers.items():
-                self.context.set_response_header(idx, name, value)
-        refused = [e.refused for e in encoded if e.refused is not None]
-        self.model.encoded(refused, 1000 * (time.perf_counter() - started))
-        return [e.text for e in encoded]
+        return sent
 
     def describe_handle(self) -> str:
         """``GET /models/{name}?customized=true``: which weights and settings this model runs."""

@@ -1,6 +1,4 @@
-"""TorchServe's requests as the model's ``Incoming``, and its ``BaseHandler`` with the two
-routing switches set for a handler that answers every request of a batch on its own. (Its own
-module: TorchServe requires the handler module to define exactly one class.)
+"""TorchServe's requests as the model's ``Incoming``, and which batch is a describe call.
 
 TorchServe hands a request over as a dict (its "row"): ``body`` for a raw body, one key per
 multipart field; JSON arrives parsed. ``http_request`` unpacks it, here and nowhere else."""
@@ -9,8 +7,6 @@ from __future__ import annotations
 
 from functools import partial
 from typing import Any
-
-from ts.torch_handler.base_handler import BaseHandler
 
 from servecore.config import HandlerConfig
 from servecore.crops import HEADER_LENGTH as LENGTH
@@ -66,21 +62,11 @@ def header(context, idx: int, name: str) -> str | None:
     return None
 
 
-class PerRequestHandler(BaseHandler):
-    """Explanations and describe calls routed per request, not per batch."""
-
-    def _is_explain(self) -> bool:
-        """Never BaseHandler's captum path, which would explain the first request's target for
-        the whole batch: explanations ride the prediction path (``servecore.explain``)."""
+def is_describe(context) -> bool:
+    """The management API's describe call (``?customized=true``: one request, no image, its
+    ``describe`` property "True"); a ``describe: True`` header on a prediction is a header."""
+    processors = context.request_processor or []
+    if len(processors) != 1 or processors[0] is None:
         return False
-
-    def _is_describe(self) -> bool:
-        """Only the management API's describe call (one request, no image) is a describe;
-        a ``describe: True`` header on a prediction is just a header."""
-        processors = self.context.request_processor or []
-        if len(processors) != 1 or processors[0] is None:
-            return False
-        properties = processors[0].get_request_properties()
-        if any(key in properties for key in PAYLOAD_KEYS):
-            return False
-        return super()._is_describe()
+    properties = processors[0].get_request_properties()
+    return properties.get("describe") == "True" and not any(k in properties for k in PAYLOAD_KEYS)

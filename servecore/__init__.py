@@ -3,15 +3,18 @@ it sends back, and nothing that knows which engine that is (no module here impor
 ``ts`` or Triton's backend utilities; tests/test_layout.py checks).
 
     service.py     ImageModel: load, prepare -> infer -> answer (one Reply per request: values)
-    stages.py      per-request values, each made once: Incoming, Opened (Explaining), Placed,
-                   Failed; boundary.py: the one per-request failure boundary
+    stages.py      per-request values, each made once: Incoming, Opened (Explaining, Looked),
+                   Placed, Failed; boundary.py: the one per-request failure boundary
+    cache.py       the content cache, a step between admission and decode; cached.py: its
+                   key and entry types
     parse.py       wire formats (plain body, KServe v1, v2) -> ParsedRequest; jsonguard.py
     intake.py      open, admit and decode a batch's requests (images.py decodes)
     admission.py   the batch budgets, fair across batches
     answers.py     a prediction as values: embedding rows (float32 arrays), tag lists
     encode.py      the JSON protocols' bodies, for an edge that answers in JSON (TorchServe)
     errors.py      error kinds -> HTTP status and error body
-    backends.py    runtimes as Backend (eager, TorchScript, ONNX Runtime, OpenVINO)
+    backends.py    runtimes as Backend (eager, TorchScript, ONNX Runtime, OpenVINO);
+                   runtime.py: the Backend type
     precision.py   the ``auto`` precision rule; autoprecision.py measures and remembers
     metrics.py     what the model records, through an engine's MetricsSink
     config.py      HandlerConfig, the typed ``handler:`` settings

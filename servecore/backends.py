@@ -1,7 +1,8 @@
 """Runtimes that turn a preprocessed batch into ``(embedding, logits)``, both on CPU, float32.
 
-A ``Backend`` is one loaded runtime with a name: which runtime (``name``), the arithmetic it
-really runs (``precision``, what ``describe`` reports) and its ``forward``. Its input is the
+A ``Backend`` (``servecore.runtime``) is one loaded runtime with a name: which runtime
+(``name``), the arithmetic it really runs (``precision``, what ``describe`` reports) and its
+``forward``. Its input is the
 served model's (``model_files.resnet_dual``): uint8 crops, normalised inside the model (in the
 exported graph, or by the eager module on its own device). Each crosses the device boundary
 once per batch: one copy in (uint8, from page-locked memory on a GPU), one forward, one copy
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -21,6 +21,7 @@ import torch
 
 from model_files.artifacts import QUANTIZED, SERIALIZED, fidelity_record, is_quantised
 from servecore.precision import Candidate, failures
+from servecore.runtime import Backend
 
 logger = logging.getLogger(__name__)
 
@@ -31,38 +32,6 @@ RUNTIME_DEFAULT = "runtime-default"
 # The half precisions ``auto`` times on a GPU beside f32 (eager PyTorch).
 _GPU_HALVES = {"f16": torch.float16, "bf16": torch.bfloat16}
 _PRECISION_OF = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
-
-Forward = Callable[[torch.Tensor], "tuple[torch.Tensor, torch.Tensor]"]
-
-
-@dataclass(frozen=True)
-class Backend:
-    """One loaded runtime. ``name``: eager, torchscript, onnx or openvino; ``precision``: f32,
-    f16, bf16, int8+f32 or int8+bf16, as the runtime reports it runs; ``file``: the serialized
-    model it runs; ``forward``: ``pixels [N, 3, 224, 224] -> (embedding [N, 2048], logits
-    [N, 1000])``, CPU float32, ``pixels`` uint8 on the CPU or already on the backend's device;
-    ``emulated``: the runtime runs ``precision`` without the CPU's
-    native units for it (OpenVINO's bf16 on AVX-512 without bf16: real bf16 rounding, slower
-    than f32)."""
-
-    name: str
-    precision: str
-    file: str
-    device: str
-    forward: Forward
-    emulated: bool = False
-
-    def __call__(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.forward(pixels)
-
-    def describe(self) -> dict:
-        return {
-            "name": self.name,
-            "precision": self.precision,
-            "file": self.file,
-            "device": self.device,
-            "emulated": self.emulated,
-        }
 
 
 @dataclass(frozen=True)

@@ -18,92 +18,19 @@ import hashlib
 import sys
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
-from servecore.answers import AnswerSpec, Prediction, Tag
+from servecore.answers import AnswerSpec, Prediction
+from servecore.cached import CacheKey, Entry
 from servecore.config import Output
 from servecore.crops import CROP_DOMAIN
-from servecore.stages import Admitted, Explaining, Opened
-
-# An entry's bookkeeping beyond its key and values: the OrderedDict's slot and links, the
-# entry object (measured on CPython 3.11: about 200 bytes).
-ENTRY_OVERHEAD = 200
-
-
-@dataclass(frozen=True, slots=True)
-class CacheKey:
-    """Everything an image's answer depends on: its bytes' sha256, the model's name and
-    version, the precision the worker serves, the effective ``topk`` and the outputs asked
-    for (embedding, tags)."""
-
-    digest: bytes
-    model: str
-    version: str
-    precision: str
-    top_k: int
-    embedding: bool
-    tags: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """One image's answer values, whichever its key asked for: its embedding row (float32, a
-    copy of its own) and its tags as two arrays, the class indices and their probabilities
-    (float64 holds each float the answer carries exactly)."""
-
-    embedding: np.ndarray | None
-    indices: np.ndarray | None = None
-    probabilities: np.ndarray | None = None
-
-    @classmethod
-    def of(cls, embedding: np.ndarray | None, tags: Sequence[Tag] | None) -> Entry:
-        if tags is None:
-            return cls(None if embedding is None else np.array(embedding, copy=True))
-        return cls(
-            None if embedding is None else np.array(embedding, copy=True),
-            np.array([t.index for t in tags], dtype=np.int32),
-            np.array([t.probability for t in tags], dtype=np.float64),
-        )
-
-    def tags(self, labels: Sequence[str]) -> list[Tag]:
-        if self.indices is None or self.probabilities is None:
-            raise ValueError("this entry holds no tags")
-        return [
-            Tag(labels[i], i, p) for i, p in zip(self.indices.tolist(), self.probabilities.tolist())
-        ]
-
-    @property
-    def nbytes(self) -> int:
-        """What this entry holds in memory: itself, its arrays (header and data: each owns
-        its data) and its slot in the cache."""
-        arrays = (self.embedding, self.indices, self.probabilities)
-        return (
-            sys.getsizeof(self)
-            + ENTRY_OVERHEAD
-            + sum(sys.getsizeof(a) for a in arrays if a is not None)
-        )
+from servecore.stages import Admitted, Explaining, Looked, Opened
 
 
 def key_bytes(key: CacheKey) -> int:
     """What a key holds in memory (its strings are the model's own, shared)."""
     return sys.getsizeof(key) + sys.getsizeof(key.digest)
-
-
-@dataclass(frozen=True)
-class Looked(Opened):
-    """A prediction request after the cache lookup: ``images`` are only those to decode and
-    compute; ``keys`` (one per image the request sent) and ``found`` (its cached answer, or
-    None to compute) say how to put its answer back together."""
-
-    keys: tuple[CacheKey, ...] = ()
-    found: tuple[Entry | None, ...] = ()
-
-    @property
-    def hits(self) -> tuple[bool, ...]:
-        """Per image the request sent: answered from the cache."""
-        return tuple(entry is not None for entry in self.found)
 
 
 class AnswerCache:
@@ -149,9 +76,7 @@ class AnswerCache:
         keys = tuple(self.key(image, request) for image in request.request.images)
         found = tuple(self.get(key) for key in keys)
         missing = tuple(img for img, entry in zip(request.images, found) if entry is None)
-        return Looked(
-            request.request_id, request.request, missing, keys, found, priority=request.priority
-        )
+        return Looked.of(request, missing, keys, found)
 
     def get(self, key: CacheKey) -> Entry | None:
         held = self.entries.get(key)

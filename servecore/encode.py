@@ -1,52 +1,23 @@
-"""The JSON protocols' answers: a ``Reply``'s values written as the JSON body of the protocol
-its request came in (plain, KServe v1, KServe v2 JSON), or as the error body. Pure functions,
-called by an engine's edge that answers in JSON (TorchServe's handler); the core itself answers
-in values (``servecore.service.Reply``), and Triton's adapter builds a prediction's tensors
-from them, using only ``tag_json`` for its BYTES tags (an explanation, one JSON document there
-too, goes through ``answer_body``). The parsing of the same protocols is ``servecore/parse.py``.
+"""The JSON protocols' answers: an answer's values written as the JSON document of the
+protocol its request came in (plain, KServe v1, KServe v2 JSON). Pure functions, for an edge
+that answers in JSON (TorchServe's, through ``servecore.httpedge``, which adds the status and
+headers); the core itself answers in values (``servecore.service.Reply``), and Triton's adapter
+builds a prediction's tensors from them, using only ``tag_json`` for its BYTES tags (an
+explanation, one JSON document there too, goes through ``answer_body``). The parsing of the
+same protocols is ``servecore/parse.py``.
 
 Imports explanations: an explanation's answer is written here too (``servecore.explain.encode``).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from json.encoder import encode_basestring_ascii
-from typing import NamedTuple
 
 from servecore.answers import AnswerSpec, Prediction, Tag
 from servecore.config import Output
-from servecore.errors import PayloadTooLarge, error_body
 from servecore.explain.encode import Explained, encode_explanations
 from servecore.parse import Protocol
-from servecore.service import Reply
-
-CONTENT_TYPE = "application/json"
-
-
-class JsonReply(NamedTuple):
-    """A reply as a JSON protocol sends it: ``reply`` (the core's, or its 413 when the body
-    would exceed the limit), its body as ``text``, and ``refused``: that 413's error, if so."""
-
-    reply: Reply
-    text: str
-    refused: PayloadTooLarge | None = None
-
-
-def json_reply(reply: Reply, spec: AnswerSpec, max_bytes: int) -> JsonReply:
-    """``reply``'s JSON body; an answer longer than ``max_bytes`` (``handler.max_response_bytes``)
-    becomes this request's own 413."""
-    if reply.error is not None:
-        return JsonReply(reply, json.dumps(error_body(reply.error)))
-    text = json.dumps(answer_body(reply.answer, spec))
-    if len(text) > max_bytes:  # json.dumps writes ASCII: characters are bytes
-        error = PayloadTooLarge(
-            f"the answer would be {len(text)} bytes, more than the limit of {max_bytes} "
-            "(handler.max_response_bytes); send fewer images or ask for less"
-        )
-        return JsonReply(reply.refused(error), json.dumps(error_body(error)), error)
-    return JsonReply(reply, text)
 
 
 def answer_body(answer: Prediction | Explained | None, spec: AnswerSpec) -> dict | list:

@@ -129,25 +129,31 @@ class Intake:
         )
 
     def prepare(self, incoming: Sequence[Incoming]) -> PreparedBatch:
-        started = time.perf_counter()
-        now = self.clock()
-        requests: list[Admitted] = [self.open(request, now) for request in incoming]
+        """Each request opened, the batch's work admitted, the cache's answers looked up, the
+        rest decoded and stacked; ``open_ms`` is the time to the decode."""
+        started, now = time.perf_counter(), self.clock()
+        opened = [self.open(request, now) for request in incoming]
+        admitted = self.lookup(self.admit(opened, now))
+        decoding = time.perf_counter()
+        states, tensors = self._decode(admitted)
+        decoder = self.device_decoder
+        return PreparedBatch(
+            tuple(states),
+            assemble(tensors, None if decoder is None else decoder.device) if tensors else None,
+            open_ms=1000 * (decoding - started),
+            decode_ms=1000 * (time.perf_counter() - decoding),
+        )
+
+    def admit(self, requests: list[Admitted], now: float) -> list[Admitted]:
+        """The batch's work within its budgets, in order: the bulk share, forward rows and
+        decoded pixels, explanation passes; what is let through is recorded as served."""
         window_s = self.config.interactive_window_ms / 1000
         requests = self.admission.bulk_share(requests, self.bulk_share, window_s, now)
         for budget in self.budgets:
             requests = self.admission.within(requests, budget)
         requests = self.explanations.admit(requests, self.admission)
         self.admission.served(requests)
-        requests = self.lookup(requests)
-        opened = time.perf_counter()
-        states, tensors = self._decode(requests)
-        decoder = self.device_decoder
-        return PreparedBatch(
-            tuple(states),
-            assemble(tensors, None if decoder is None else decoder.device) if tensors else None,
-            open_ms=1000 * (opened - started),
-            decode_ms=1000 * (time.perf_counter() - opened),
-        )
+        return requests
 
     def open(self, incoming: Incoming, now: float | None = None) -> Opened | Failed:
         """Parse one request and read its images' headers: an ``Explaining`` when it came on

@@ -17,8 +17,9 @@ first, then its own labels:
     resnet50_forward_ms_total, resnet50_answer_ms_total summed over batches: parsing, reading
                                                         image headers and admission / decoding
                                                         and transforming the images / the
-                                                        forward pass / answering (the values
-                                                        and the edge's encoding)
+                                                        forward pass / answering: the values
+                                                        and the engine's edge writing them
+                                                        (JSON, tensors), on every engine
     resnet50_batch_size, resnet50_images_per_batch      the same sizes as histograms
     resnet50_precision{precision="int8+f32"}            1: the precision this worker serves
     resnet50_worker_rss_mb{worker_pid="1234"}           the worker's resident memory, MiB
@@ -86,7 +87,7 @@ ERRORS = Metric(
     "resnet50_errors_total",
     Kind.COUNTER,
     ("error_type",),
-    "failed requests by error type (the error body's type)",
+    "failed requests by error type (the error body's type), as sent",
 )
 OPEN_MS = Metric(
     "resnet50_open_ms_total",
@@ -107,7 +108,7 @@ ANSWER_MS = Metric(
     "resnet50_answer_ms_total",
     Kind.COUNTER,
     (),
-    "ms answering (values and the edge's encoding), summed over batches",
+    "ms answering: the values and the engine's edge writing them, summed over batches",
 )
 PRECISION = Metric(
     "resnet50_precision", Kind.GAUGE, ("precision",), "1 for the precision this worker serves"

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:  # backends imports this module: the type only, for the loader
-    from servecore.backends import Backend
+from servecore.runtime import Backend
 
 # Most precise first: the order that breaks ties and names the reference.
 PRECISE_FIRST = ("f32", "f16", "bf16", "int8+f32", "int8+bf16")

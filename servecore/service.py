@@ -1,11 +1,13 @@
-"""One loaded model and the three steps an engine calls per batch: ``prepare`` (each request
-parsed, admitted and decoded), ``infer`` (one forward for the batch's good images, then the
-explanations) and ``answer`` (one ``Reply`` per request: its answer as values, or its error).
-``run`` chains them for an engine with one call per batch.
+"""One loaded model and the one call an engine makes per batch: ``run``, which chains
+``prepare`` (each request parsed, admitted and decoded), ``infer`` (one forward for the batch's
+good images, then the explanations) and ``answer`` (one ``Reply`` per request: its answer as
+values, or its error), then hands each reply to the engine's own ``encode``.
 
-Engines are adapters around this: an engine hands requests over as ``Incoming`` and turns each
-``Reply`` into its own response (TorchServe's handler writes JSON with ``servecore.encode``,
-Triton's adapter builds tensors from the arrays).
+Engines are adapters around this: an engine hands its batch over as ``Incoming`` requests in one
+call and gives the function that writes a ``Reply`` as its response (TorchServe's handler: status,
+headers and JSON body with ``servecore.httpedge``; Triton's adapter: tensors from the arrays).
+The core times that writing as part of answering and counts the errors of the replies as sent,
+so every metric means the same on every engine.
 
 Imports explanations: the model loads the explanation stage (``servecore.explain.stage``),
 runs it after the forward pass and answers explanation requests with its ``Explained``.
@@ -16,10 +18,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
-from http import HTTPStatus
+from typing import TypeVar
 
 import torch
 
@@ -29,23 +31,29 @@ from servecore.admission import Admission
 from servecore.answers import AnswerSpec, BatchOutputs, Prediction
 from servecore.autoprecision import serving_backend
 from servecore.backends import pick_device
-from servecore.cache import AnswerCache, Looked
+from servecore.cache import AnswerCache
 from servecore.config import HandlerConfig, Output
 from servecore.crops import CROPS_INPUT
-from servecore.errors import RequestError
+from servecore.errors import RequestError, detached
 from servecore.explain.encode import Explained
 from servecore.explain.stage import Explanations
 from servecore.intake import Intake
 from servecore.lanes import lane_of, yield_cpu
 from servecore.metrics import BatchMetrics, MetricsSink, NoMetrics
-from servecore.stages import ComputedBatch, Explaining, Failed, Incoming, Placed, PreparedBatch
+from servecore.stages import (
+    ComputedBatch,
+    Explaining,
+    Failed,
+    Incoming,
+    Looked,
+    Placed,
+    PreparedBatch,
+)
 from servecore.traffic import Priority
 
 logger = logging.getLogger(__name__)
 
-BATCH_HEADER = "X-Batch-Size"  # how many requests the engine batched with this one
-PRECISION_HEADER = "X-Precision"  # the arithmetic that computed this answer
-CACHE_HEADER = "X-Cache-Hits"  # how many of its images the content cache answered (cache on)
+Sent = TypeVar("Sent")  # a reply as an engine sends it (an HTTP response, Triton's response)
 
 
 @dataclass(frozen=True)
@@ -73,8 +81,8 @@ class Reply:
     explanation request, an ``Explained``) or its ``error``, never both; ``batch_size``: how many
     requests the engine batched with it; ``precision``: the arithmetic that computed it;
     ``cached``: per image, whether the content cache answered it (None: the cache is off, or
-    an explanation). The status and the headers the core names follow from these; the
-    engine's edge writes the body.
+    an explanation). Values only: the error's kind says its status
+    (``servecore.errors.STATUS``); each engine's edge writes its own response from these.
     """
 
     batch_size: int
@@ -87,31 +95,20 @@ class Reply:
         if (self.answer is None) == (self.error is None):
             raise ValueError("a reply carries an answer or an error, exactly one")
 
-    @property
-    def status(self) -> int:
-        return int(HTTPStatus.OK) if self.error is None else int(self.error.status)
-
-    @property
-    def phrase(self) -> str:
-        return HTTPStatus(self.status).phrase
-
-    @property
-    def headers(self) -> dict[str, str]:
-        """``X-Batch-Size``, then ``X-Precision`` (and ``X-Cache-Hits`` when the cache
-        looked) on an answer, or the error's own headers (``Retry-After``)."""
-        headers = {BATCH_HEADER: str(self.batch_size)}
-        if self.error is None:
-            headers[PRECISION_HEADER] = self.precision
-            if self.cached is not None:
-                headers[CACHE_HEADER] = str(sum(self.cached))
-        else:
-            headers.update(self.error.headers)
-        return headers
-
     def refused(self, error: RequestError) -> Reply:
         """This request failed after all, with ``error`` (an edge refusing an answer too large
         to send)."""
         return dataclasses.replace(self, answer=None, error=error, cached=None)
+
+
+def _written(reply: Reply, encode: Callable[[Reply], Sent]) -> tuple[Reply, Sent]:
+    """``reply`` as sent, and its response: its own, or its error's when ``encode`` refused
+    the answer."""
+    try:
+        return reply, encode(reply)
+    except RequestError as error:
+        refused = reply.refused(detached(error))
+        return refused, encode(refused)
 
 
 def timed_batches(device: torch.device, forward_rows: int) -> tuple[int, ...]:
@@ -214,7 +211,6 @@ class ImageModel:
 
     def answer(self, batch: ComputedBatch) -> list[Reply]:
         """One reply per request, in order: its answer as values, or its own error."""
-        started = time.perf_counter()
         requests = batch.prepared.requests
         plain = [
             r.opened.request
@@ -256,19 +252,20 @@ class ImageModel:
                 (hit for r in replies if r.cached is not None for hit in r.cached),
                 self.cache.bytes,
             )
-        self.metrics.errors(r.error.kind for r in replies if r.error is not None)
-        self.metrics.answer(1000 * (time.perf_counter() - started))
         return replies
 
-    def encoded(self, refused: Sequence[RequestError], encode_ms: float) -> None:
-        """What an edge's encoding of a batch's replies cost, and the answers it refused
-        (too large to send): counted with the batch's answer time and errors."""
-        self.metrics.errors(error.kind for error in refused)
-        self.metrics.answer(encode_ms)
-
-    def run(self, incoming: Sequence[Incoming]) -> list[Reply]:
-        """``prepare``, ``infer`` and ``answer`` of one batch."""
-        return self.answer(self.infer(self.prepare(incoming)))
+    def run(self, incoming: Sequence[Incoming], encode: Callable[[Reply], Sent]) -> list[Sent]:
+        """One batch, the one call an engine makes: ``prepare``, ``infer`` and ``answer``,
+        then each reply written by the engine's ``encode``, in order. Answering and writing are
+        timed together (``resnet50_answer_ms_total``), and the errors counted are those of the
+        replies as sent: an ``encode`` that raises a ``RequestError`` refuses that answer (an
+        HTTP edge's 413, too large to send), and the request's error is written instead."""
+        computed = self.infer(self.prepare(incoming))
+        started = time.perf_counter()
+        sent = [_written(reply, encode) for reply in self.answer(computed)]
+        self.metrics.errors(reply.error.kind for reply, _ in sent if reply.error is not None)
+        self.metrics.answer(1000 * (time.perf_counter() - started))
+        return [response for _, response in sent]
 
     def describe(self) -> dict:
         """Which weights, settings, backend and precision this model runs."""

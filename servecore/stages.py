@@ -1,6 +1,7 @@
 """One request's values on its way through a batch, each made once by the step that owns it.
 
-    Incoming --open--> Opened | Failed --admit--> Opened | Failed --decode--> Placed | Failed
+    Incoming --open--> Opened | Failed --admit--> Opened | Failed
+             --look up (cache on)--> Looked | Opened | Failed --decode--> Placed | Failed
              --infer--> (explanations: Explained | Failed) --answer--> Reply
 
 An explanation request is an ``Explaining``, the ``Opened`` that also carries its ``ExplainSpec``;
@@ -8,7 +9,12 @@ it travels the same steps, and ``ComputedBatch.explained`` holds its result. A s
 it produced; a request that failed is a ``Failed`` from then on and carries its error to the
 end, unchanged: no later step writes into an earlier step's value.
 
-Imports the explanation's types (its spec and its result), nothing that computes one.
+A prediction request the content cache looked up is a ``Looked``: the ``Opened`` that also
+carries its images' keys and what the cache found (``servecore.cached``), with only the images
+left to compute as its ``images``.
+
+Imports the explanation's and the cache's types (spec, result, key, entry), nothing that
+computes or looks one up.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any
 
 import torch
 
+from servecore.cached import CacheKey, Entry
 from servecore.crops import GivenCrop
 from servecore.errors import RequestError, detached
 from servecore.explain.encode import Explained
@@ -106,6 +113,34 @@ class Explaining(Opened):
     """An explanation request, opened: ``spec`` is what it asks (its checked parameters)."""
 
     spec: ExplainSpec
+
+
+@dataclass(frozen=True)
+class Looked(Opened):
+    """A prediction request after the cache lookup, everything its ``Opened`` had (its
+    ``priority`` too) but ``images``: only those to decode and compute; ``keys`` (one per
+    image the request sent) and ``found`` (its cached answer, or None to compute) say how to
+    put its answer back together."""
+
+    keys: tuple[CacheKey, ...] = ()
+    found: tuple[Entry | None, ...] = ()
+
+    @classmethod
+    def of(
+        cls,
+        opened: Opened,
+        missing: tuple[OpenedImage | GivenCrop, ...],
+        keys: tuple[CacheKey, ...],
+        found: tuple[Entry | None, ...],
+    ) -> Looked:
+        """``opened`` looked up: every field it has, ``missing`` as its images."""
+        kept = {f.name: getattr(opened, f.name) for f in dataclasses.fields(Opened)}
+        return cls(**{**kept, "images": missing}, keys=keys, found=found)
+
+    @property
+    def hits(self) -> tuple[bool, ...]:
+        """Per image the request sent: answered from the cache."""
+        return tuple(entry is not None for entry in self.found)
 
 
 def fingerprint(images: tuple[bytes, ...] | list[bytes]) -> bytes:

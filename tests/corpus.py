@@ -287,7 +287,8 @@ def bad_inputs(max_image_bytes: int = 30 * 1024 * 1024) -> dict[str, Bad]:
             "json",
             400,
             "InvalidRequest",
-            "datatype must be \"BYTES\" (base64-encoded images), got 'FP32'",
+            'datatype must be "BYTES" (base64-encoded images) or "UINT8" (crops, shape '
+            "[n, 224, 224, 3]), got 'FP32'",
             body={"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [0.5]}]},
         ),
         "v2-shape-mismatch": Bad(

@@ -55,11 +55,16 @@ def run_batch(
     handler: ResNetHandler, context: Context, rows: list[dict], headers: list[dict] | None = None
 ):
     """What TorchServe does for one batch: fresh per-request state, then ``handle``.
-    Returns ``(responses, [(status, phrase), ...], prepared batch)``."""
+    Returns ``(responses, [(status, phrase), ...], the batch the model computed)``."""
     headers = headers or [{} for _ in rows]
     context.request_processor = [RequestProcessor(h) for h in headers]
     context.request_ids = {i: f"req-{i}" for i in range(len(rows))}
-    prepared = handler.inference(handler.preprocess(rows))
-    responses = handler.postprocess(prepared)
+    computed = []
+    infer = handler.model.infer
+    handler.model.infer = lambda batch: computed.append(infer(batch)) or computed[-1]
+    try:
+        responses = handler.handle(rows, context)
+    finally:
+        del handler.model.infer  # the class's own again
     statuses = [context.get_response_status(i) for i in range(len(rows))]
-    return responses, statuses, prepared
+    return responses, statuses, computed[0] if computed else None

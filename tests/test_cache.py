@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 
 from servecore.answers import AnswerSpec, Tag
-from servecore.cache import AnswerCache, CacheKey, Entry, Looked, key_bytes
+from servecore.cache import AnswerCache, key_bytes
+from servecore.cached import CacheKey, Entry
 from servecore.config import Output
 from servecore.errors import InvalidImage
 from servecore.explain.options import ExplainSpec
 from servecore.intake import Preprocessor
 from servecore.parse import OutputSpec, ParsedRequest, Protocol
-from servecore.stages import Explaining, Failed, Opened
+from servecore.stages import Explaining, Failed, Looked, Opened
 from servecore.traffic import Priority
 from tests import imagegen
 from tests.corpus import b64
@@ -141,6 +142,18 @@ def test_a_looked_up_request_keeps_its_class():
     bulk = dataclasses.replace(opened(PHOTO_A), priority=Priority.BULK)
     (looked,) = cache.lookup([bulk])
     assert isinstance(looked, Looked) and looked.priority is Priority.BULK
+
+
+def test_a_looked_up_request_keeps_every_field_its_opened_had_but_the_images():
+    cache = AnswerCache(1 << 20, spec(), "f32")
+    asked = dataclasses.replace(opened(PHOTO_A, top_k=3), priority=Priority.BULK)
+    cache.put(cache.key(PHOTO_A, asked), row(1))
+    (looked,) = cache.lookup([asked])
+    kept = {f.name for f in dataclasses.fields(Opened)} - {"images"}
+    assert {name: getattr(looked, name) for name in kept} == {
+        name: getattr(asked, name) for name in kept
+    }
+    assert looked.images == () and looked.hits == (True,)  # the hit leaves nothing to decode
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ import importlib
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import time
 import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import psutil
@@ -39,6 +41,7 @@ from servecore.intake import Preprocessor
 from servecore.parse import Protocol, parse_tensor
 from serveshared.keys import TRITON_KEY_FILE, Keys
 from tests.conftest import SERVED
+from tests.handler_context import make_handler, run_batch
 from tests.imagegen import jpeg, png
 from tests.reference import assert_same_tags, rel_error, tolerance
 from tests.served import local_triton, v2_body, variant_server
@@ -263,6 +266,63 @@ def test_the_triton_adapter_sends_the_core_error_body(fake_pb_utils, weights_dir
     assert responses[2].error is None and responses[2].tensors["tags"].shape == (1, 5)
 
 
+class CountingFamily:
+    """``pb_utils.MetricFamily`` that sums what every series of every family is told into
+    ``counted``, keyed by the metric's name and its own labels' values."""
+
+    COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+    counted: ClassVar[dict[tuple[str, tuple[str, ...]], float]] = {}
+
+    def __init__(self, name: str, description: str, kind: str) -> None:
+        self.name = name
+
+    def Metric(self, labels: dict, buckets=None):  # noqa: N802 - pb_utils' name
+        own = tuple(v for k, v in labels.items() if k not in ("model", "engine", "Hostname"))
+        key = (self.name, own)
+
+        def add(value: float) -> None:
+            self.counted[key] = self.counted.get(key, 0.0) + value
+
+        return types.SimpleNamespace(increment=add, set=add, observe=add)
+
+
+def torchserve_counted(records) -> dict[tuple[str, tuple[str, ...]], float]:
+    """The same sums from the lines TorchServe's metric objects emit (``[METRICS]name.Unit:
+    value|#model:...,engine:torchserve,label:value|...``)."""
+    counted: ClassVar[dict[tuple[str, tuple[str, ...]], float]] = {}
+    for record in records:
+        for name, value, dims in re.findall(
+            r"\[METRICS\](resnet50_\w+)\.\w+:([0-9.]+)\|#([^|]*)\|", record.getMessage()
+        ):
+            own = tuple(d.split(":", 1)[1] for d in dims.split(",")[2:])
+            counted[(name, own)] = counted.get((name, own), 0.0) + float(value)
+    return counted
+
+
+def test_a_batch_counts_the_same_on_both_engines(fake_pb_utils, weights_dir, caplog, monkeypatch):
+    """One batch (a photo, a broken image, a photo) through TorchServe's handler and Triton's
+    adapter: the same requests, images and errors by type counted, and the answer time
+    recorded by both (the core times answering with each edge's writing, on either engine)."""
+    monkeypatch.setattr(CountingFamily, "counted", {})
+    monkeypatch.setattr(fake_pb_utils.pb_utils, "MetricFamily", CountingFamily)
+    tagger = triton_model(fake_pb_utils, weights_dir, "tags")
+    images = [PHOTOS[0], b"\xff\xd8\xff\xe0 not a JPEG", PHOTOS[1]]
+    tagger.execute([FakeRequest([image]) for image in images])
+    handler, context = make_handler(weights_dir, task="tags", precision="f32", draft_decode=False)
+    with caplog.at_level("INFO", logger="ts.metrics"):
+        run_batch(handler, context, [{"body": image} for image in images])
+    on_torchserve, on_triton = torchserve_counted(caplog.records), CountingFamily.counted
+    for key in (
+        ("resnet50_requests_total", ()),
+        ("resnet50_images_total", ()),
+        ("resnet50_errors_total", ("InvalidImage",)),
+    ):
+        assert on_torchserve[key] == on_triton[key], key
+    assert on_triton[("resnet50_images_total", ())] == 2
+    answer_ms = ("resnet50_answer_ms_total", ())
+    assert on_torchserve[answer_ms] > 0 and on_triton[answer_ms] > 0
+
+
 @pytest.mark.parametrize("model", [EMBEDDING, TAGGER])
 def test_config_pbtxt_carries_the_model_yaml(model):
     yaml_path = REPO / "config" / "models" / f"{model}.yaml"
@@ -442,7 +502,10 @@ def test_health_ready_metadata_and_metrics_answer(triton):
         meta = requests.get(
             f"{triton.url}/v2/models/{model}", timeout=30, headers=triton.keys.inference_headers()
         ).json()
-        assert meta["inputs"] == [{"name": "images", "datatype": "BYTES", "shape": [-1, 1]}]
+        assert meta["inputs"] == [
+            {"name": "images", "datatype": "BYTES", "shape": [-1, 1]},
+            {"name": "crops", "datatype": "UINT8", "shape": [-1, 224, 224, 3]},  # issue #44
+        ]
         assert meta["outputs"] == [{"name": out, "datatype": datatype, "shape": shape}] + [
             {"name": name, "datatype": "BYTES", "shape": [-1, 1]}  # tests/test_triton_ops.py
             for name in ("precision", "describe", "explanations")

@@ -48,7 +48,7 @@ MODEL_STORE = REPO / "model-store"
 PACKAGES = ("servecore", "model_files")  # what model.py imports, copied beside it
 # ... and the adapter's own modules it imports, as 1/tritonrepo/ (not generate, install or
 # server: they run outside Triton).
-ADAPTER_MODULES = ("__init__.py", "codes.py", "metrics.py")
+ADAPTER_MODULES = ("__init__.py", "metrics.py")
 VERSION = "1"  # Triton's model version folder
 EMBEDDING_SIZE = 2048
 # The output each task answers (servecore.config.Output), as Triton declares it: dims after

@@ -1,0 +1,52 @@
+"""The HTTP edge: a ``Reply``'s values as the HTTP response an engine that answers in HTTP
+sends (TorchServe's handler): its status and phrase (from the error's kind,
+``servecore.errors.STATUS``), its headers and its JSON body (``servecore.encode``). The HTTP
+names live here, not in the core's values.
+"""
+
+from __future__ import annotations
+
+import json
+from http import HTTPStatus
+from typing import NamedTuple
+
+from servecore.answers import AnswerSpec
+from servecore.encode import answer_body
+from servecore.errors import PayloadTooLarge, error_body
+from servecore.service import Reply
+
+CONTENT_TYPE = "application/json"
+BATCH_HEADER = "X-Batch-Size"  # how many requests the engine batched with this one
+PRECISION_HEADER = "X-Precision"  # the arithmetic that computed this answer
+CACHE_HEADER = "X-Cache-Hits"  # how many of its images the content cache answered (cache on)
+
+
+class HttpReply(NamedTuple):
+    """One request's HTTP response: ``status`` and its ``phrase``, ``headers``, JSON ``text``."""
+
+    status: int
+    phrase: str
+    headers: dict[str, str]
+    text: str
+
+
+def http_reply(reply: Reply, spec: AnswerSpec, max_bytes: int) -> HttpReply:
+    """``reply`` as its HTTP response: ``X-Batch-Size``, then ``X-Precision`` (and
+    ``X-Cache-Hits`` when the cache looked) on an answer, or the error's own headers
+    (``Retry-After``). Raises ``PayloadTooLarge`` for an answer whose body would be longer than
+    ``max_bytes`` (``handler.max_response_bytes``): ``ImageModel.run`` then sends that 413."""
+    headers = {BATCH_HEADER: str(reply.batch_size)}
+    if reply.error is not None:
+        status = reply.error.status
+        text = json.dumps(error_body(reply.error))
+        return HttpReply(int(status), status.phrase, {**headers, **reply.error.headers}, text)
+    text = json.dumps(answer_body(reply.answer, spec))
+    if len(text) > max_bytes:  # json.dumps writes ASCII: characters are bytes
+        raise PayloadTooLarge(
+            f"the answer would be {len(text)} bytes, more than the limit of {max_bytes} "
+            "(handler.max_response_bytes); send fewer images or ask for less"
+        )
+    headers[PRECISION_HEADER] = reply.precision
+    if reply.cached is not None:
+        headers[CACHE_HEADER] = str(sum(reply.cached))
+    return HttpReply(int(HTTPStatus.OK), HTTPStatus.OK.phrase, headers, text)

@@ -1,0 +1,41 @@
+"""One loaded runtime, the type ``servecore.backends`` loads and ``servecore.precision``'s
+candidates load: its own module, so that neither of those two imports the other for it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+Forward = Callable[[torch.Tensor], "tuple[torch.Tensor, torch.Tensor]"]
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One loaded runtime. ``name``: eager, torchscript, onnx or openvino; ``precision``: f32,
+    f16, bf16, int8+f32 or int8+bf16, as the runtime reports it runs; ``file``: the serialized
+    model it runs; ``forward``: ``pixels [N, 3, 224, 224] -> (embedding [N, 2048], logits
+    [N, 1000])``, CPU float32, ``pixels`` uint8 on the CPU or already on the backend's device;
+    ``emulated``: the runtime runs ``precision`` without the CPU's
+    native units for it (OpenVINO's bf16 on AVX-512 without bf16: real bf16 rounding, slower
+    than f32)."""
+
+    name: str
+    precision: str
+    file: str
+    device: str
+    forward: Forward
+    emulated: bool = False
+
+    def __call__(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.forward(pixels)
+
+    def describe(self) -> dict:
+        return {
+            "name": self.name,
+            "precision": self.precision,
+            "file": self.file,
+            "device": self.device,
+            "emulated": self.emulated,
+        }
