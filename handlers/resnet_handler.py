@@ -1,16 +1,15 @@
 """TorchServe handler: ResNet50 image embeddings and ImageNet tags from one forward pass.
 
 An adapter: ``initialize`` turns TorchServe's context into ``ModelSettings`` and loads the
-engine-neutral model (``servecore.service.ImageModel``); ``handle``, TorchServe's entry point
-per batch, hands the batch to ``ImageModel.run`` in one call, as Triton's ``execute`` does, and
-sends each reply as its HTTP response (``servecore.httpedge``). The archive's
-``model-config.yaml`` ``handler:`` section holds the model's settings
-(``servecore.config.HandlerConfig``).
+core's ``servecore.service.ImageModel``; ``handle``, per batch, hands it to ``ImageModel.run`` in
+one call (as Triton's ``execute`` does) and sends each reply as its HTTP response
+(``servecore.httpedge``). Settings: ``model-config.yaml``'s ``handler:`` (``HandlerConfig``).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from functools import partial
 from http import HTTPStatus
@@ -31,8 +30,8 @@ class ResNetHandler(BaseHandler):
 
     def initialize(self, context) -> None:
         self.context = context
-        model = context.manifest["model"]
-        properties = context.system_properties
+        model, properties = context.manifest["model"], context.system_properties
+        argv = dict(zip(sys.argv, sys.argv[1:]))  # its socket: the slot a restart keeps
         self.model = ImageModel(
             ModelSettings(
                 files=ModelFiles.read(Path(properties["model_dir"]), model["serializedFile"]),
@@ -42,6 +41,7 @@ class ResNetHandler(BaseHandler):
                 batch_size=int(properties.get("batch_size") or 1),
                 gpu_id=properties.get("gpu_id"),
                 archive_name=model.get("modelName", ""),
+                slot=argv.get("--sock-name") or argv.get("--port") or "",
             ),
             TorchServeMetrics(context.metrics, context.model_name),
         )

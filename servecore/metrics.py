@@ -23,6 +23,9 @@ first, then its own labels:
     resnet50_batch_size, resnet50_images_per_batch      the same sizes as histograms
     resnet50_precision{precision="int8+f32"}            1: the precision this worker serves
     resnet50_worker_rss_mb{worker_pid="1234"}           the worker's resident memory, MiB
+    resnet50_worker_restarts{slot="..."}                times the worker in this slot was started
+                                                        again under this server (0: never;
+                                                        ``servecore.restarts``)
     resnet50_cache_hits_total,                          images the content cache answered /
     resnet50_cache_misses_total                         looked up and computed (cache on)
     resnet50_cache_bytes                                what the worker's cache holds, bytes
@@ -116,6 +119,12 @@ PRECISION = Metric(
 WORKER_RSS = Metric(
     "resnet50_worker_rss_mb", Kind.GAUGE, ("worker_pid",), "the worker's resident memory, MiB"
 )
+WORKER_RESTARTS = Metric(
+    "resnet50_worker_restarts",
+    Kind.GAUGE,
+    ("slot",),
+    "times the worker in this slot was started again under this server (0: never)",
+)
 CACHE_HITS = Metric(
     "resnet50_cache_hits_total",
     Kind.COUNTER,
@@ -147,6 +156,7 @@ METRICS: tuple[Metric, ...] = (
     ANSWER_MS,
     PRECISION,
     WORKER_RSS,
+    WORKER_RESTARTS,
     CACHE_HITS,
     CACHE_MISSES,
     CACHE_BYTES,
@@ -171,11 +181,17 @@ class NoMetrics:
 class BatchMetrics:
     """What the model records per batch, through the engine's sink."""
 
-    def __init__(self, sink: MetricsSink, precision: str) -> None:
+    def __init__(
+        self, sink: MetricsSink, precision: str, slot: str = "", restarts: int = 0
+    ) -> None:
+        """``slot``: where the engine runs this worker; ``restarts``: how often it was started
+        there before (``servecore.restarts.mark_start``), set now and with every batch."""
         self.sink = sink
         self.precision = precision
         self.process = psutil.Process()
         self.pid = str(os.getpid())
+        self.restarts = (slot, restarts)
+        self.sink.add(WORKER_RESTARTS, restarts, (slot,))
 
     def batch(self, requests: int, images: int, open_ms: float, decode_ms: float) -> None:
         """One batch: ``requests`` requests carrying ``images`` good images."""
@@ -192,6 +208,7 @@ class BatchMetrics:
         self.sink.add(BY_SIZE, 1, (str(requests),))
         self.sink.add(PRECISION, 1, (self.precision,))
         self.sink.add(WORKER_RSS, round(self.process.memory_info().rss / 2**20, 1), (self.pid,))
+        self.sink.add(WORKER_RESTARTS, self.restarts[1], (self.restarts[0],))
 
     def forward(self, forward_ms: float) -> None:
         self.sink.add(FORWARD_MS, forward_ms)

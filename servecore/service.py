@@ -40,6 +40,7 @@ from servecore.explain.stage import Explanations
 from servecore.intake import Intake
 from servecore.lanes import lane_of, yield_cpu
 from servecore.metrics import BatchMetrics, MetricsSink, NoMetrics
+from servecore.restarts import mark_start
 from servecore.stages import (
     ComputedBatch,
     Explaining,
@@ -61,7 +62,9 @@ class ModelSettings:
     """What an engine tells a model when it loads: its files, name and version, the
     ``handler:`` settings, the engine's largest batch, the GPU it assigned (None: none) and
     the name the archive was built as ("": ``name``; another when the engine registered it
-    under a second name, the bulk lane, which then serves the precision the model chose)."""
+    under a second name, the bulk lane, which then serves the precision the model chose) and
+    the worker's ``slot``: where the engine runs it, kept when it starts it again (TorchServe's
+    worker socket, Triton's instance name; ``servecore.restarts``)."""
 
     files: ModelFiles
     name: str
@@ -70,6 +73,7 @@ class ModelSettings:
     batch_size: int = 1
     gpu_id: int | None = None
     archive_name: str = ""
+    slot: str = ""
 
 
 Answer = Prediction | Explained
@@ -160,7 +164,12 @@ class ImageModel:
         self.intake = Intake(
             config, self.explanations, Admission(), lookup=self.cache.lookup, device=self.device
         )
-        self.metrics = BatchMetrics(metrics, self.backend.precision)
+        self.metrics = BatchMetrics(
+            metrics,
+            self.backend.precision,
+            settings.slot,
+            mark_start(settings.name, settings.slot) if settings.slot else 0,
+        )
         if not files.weights.get("trained", False):
             logger.warning("%s: %s", settings.name, files.weights.get("warning"))
         # Loaded and warmed up at normal priority, so a lane starts as fast as the model.

@@ -21,6 +21,7 @@ import requests
 from tests import imagegen
 from tests.served import TSCTL, local_triton, v2_body
 from tritonrepo.watchdog import model_of, stub_instances
+from tsclient import metrics
 from tsclient.errors import TRITON_RELOADING
 
 pytestmark = pytest.mark.integration
@@ -145,6 +146,22 @@ def kill_under_load(
     return killed
 
 
+def restarts(metrics_url: str) -> dict[str, dict[str, float]]:
+    """``resnet50_worker_restarts`` by model and slot, as /metrics says; the metric may lag
+    an answer (the engines write it from another thread): up to 10 s for every model to
+    report one."""
+    deadline = time.monotonic() + 10
+    while True:
+        text = requests.get(f"{metrics_url}/metrics", timeout=10).text
+        found: dict[str, dict[str, float]] = {}
+        for name, labels, value in metrics.samples(text):
+            if name == "resnet50_worker_restarts":
+                found.setdefault(labels["model"], {})[labels["slot"]] = value
+        if {TAGGER, EMBEDDING} <= set(found) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.5)
+
+
 def assert_readiness_told_the_truth(readiness: Readiness, killed: float, back: float) -> None:
     """Readiness false within 2.5 s of the kill, still false until shortly before the tagger
     answered again, and true at the end."""
@@ -205,6 +222,9 @@ def test_a_triton_stub_killed_under_load_is_reloaded_and_readiness_says_so(trito
     assert {a[3] for a in load.of(EMBEDDING)} == {200}
     assert_readiness_told_the_truth(readiness, killed, back)
     assert triton.watchdog.restarts.count == {TAGGER: 1}
+    # Triton names the instance, the slot its reload keeps: one restart there.
+    counted = restarts(triton.metrics_url)
+    assert counted == {TAGGER: {f"{TAGGER}_0_0": 1.0}, EMBEDDING: {f"{EMBEDDING}_0_0": 0.0}}
     assert triton.watchdog.restarts.down_since == {}
     print(f"triton: tagger back {back:.1f} s after its stub was killed")
 
@@ -244,6 +264,13 @@ def test_a_torchserve_worker_killed_under_load_is_replaced_and_its_requests_held
     assert early <= {200, 500, 507} and later <= {200, 503}, (early, later)
     assert {a[3] for a in load.of(EMBEDDING)} == {200}
     assert_readiness_told_the_truth(readiness, killed, back)
+    # The new worker took the dead one's slot (its socket, named for the worker's id): one
+    # restart there, none elsewhere (other tests may have scaled the shared server's workers).
+    counted = restarts(torchserve.metrics_url)
+    port = worker["id"]
+    killed_slot = [v for slot, v in counted[TAGGER].items() if slot.rsplit(".", 1)[-1] == port]
+    assert killed_slot == [1.0], (worker["id"], counted)
+    assert sum(counted[TAGGER].values()) == 1.0 and set(counted[EMBEDDING].values()) == {0.0}
     print(f"torchserve: tagger back {back:.1f} s after its worker was killed; {statuses}")
 
 

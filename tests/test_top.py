@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import threading
 import uuid
+from datetime import datetime
 
 import pytest
 import requests
@@ -110,6 +111,43 @@ def test_an_idle_model_shows_dashes_not_zero_latency():
     screen = top.frame(top.parse(text, workers, 0.0), top.parse(text, workers, 1.0))
     row = next(line.split() for line in screen.splitlines() if line.startswith(TAGGER))
     assert row == [TAGGER, "0.0", "0.0", "-", "-", "-", "-"]
+
+
+def test_a_model_that_goes_down_shows_since_when_and_its_restarts():
+    """A model found with no worker ready is DOWN since the first read that found it so, kept
+    across frames; one down already at top's first read says "at least since"; the restarts
+    are the slots' sum of resnet50_worker_restarts."""
+    embedding = "resnet50-embedding"
+    restarts = (
+        f'resnet50_worker_restarts{{model="{TAGGER}",engine="triton",slot="{TAGGER}_0_0"}} 1\n'
+        f'resnet50_worker_restarts{{model="{TAGGER}",engine="triton",slot="{TAGGER}_0_1"}} 2\n'
+    )
+
+    def read(at: float, workers: dict, down: list[str]) -> top.Read:
+        return top.parse(restarts, workers, at, down, wall=1_800_000_000.0 + at)
+
+    first = read(0.0, {TAGGER: []}, [embedding])
+    went_down = top.carry(first, read(2.0, {}, [TAGGER, embedding]))
+    later = top.carry(went_down, read(9.0, {}, [TAGGER, embedding]))
+
+    def state(old, new, model):
+        return next(line for line in top.frame(old, new).splitlines() if f"  {model}: " in line)
+
+    assert state(first, first, TAGGER) == f"  {TAGGER}: up, 3 restart(s)"
+    at = datetime.fromtimestamp(first.wall)
+    assert (
+        state(went_down, later, embedding) == f"  {embedding}: DOWN, at least since {at:%H:%M:%S}"
+    )
+    since = datetime.fromtimestamp(first.wall + 2)
+    assert later.down_since[TAGGER] == first.wall + 2
+    assert (
+        state(went_down, later, TAGGER)
+        == f"  {TAGGER}: DOWN since {since:%H:%M:%S} (7 s), 3 restart(s)"
+    )
+    back = top.carry(later, read(11.0, {TAGGER: []}, [embedding]))
+    assert TAGGER not in back.down_since and state(later, back, TAGGER).endswith(
+        ": up, 3 restart(s)"
+    )
 
 
 def _triton_metrics(

@@ -13,6 +13,11 @@ Each frame compares two reads of ``/metrics`` (and the management API's workers)
   when the model exports neither);
 - for the server: answers/s by status class (``Requests2XX/4XX/5XX``, the frontend's own 503
   refusals included);
+- per model, whether it can answer: "up", or "DOWN since" the first read that found no
+  worker/instance of it ready (a model Triton is reloading, a TorchServe model whose only
+  worker is being started again: the server keeps no such time, so a model already down when
+  ``top`` started says "at least since"), and its workers' restarts under this server
+  (``resnet50_worker_restarts``, summed over its slots);
 - per worker: status, pid, resident memory (``resnet50_worker_rss_mb`` of its pid, else the
   management API's) and the precision it serves;
 - per GPU, where the server reports GPUs: how busy it is and its memory in use, at the last
@@ -39,7 +44,7 @@ import sys
 import termios
 import time
 import tty
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TextIO
@@ -89,10 +94,23 @@ class Read:
     pids: dict[str, list[str]] = field(default_factory=dict)  # by model, as the core reported
     workers: dict[str, list[dict]] = field(default_factory=dict)
     gpus: dict[str, gpu_metrics.Gpu] = field(default_factory=dict)  # empty on a CPU host
+    down: frozenset[str] = frozenset()  # models with no worker ready
+    restarts: dict[str, float] = field(default_factory=dict)  # by model, over its slots
+    wall: float = field(default_factory=time.time)  # when, on the clock
+    first: float = 0.0  # ``wall`` of this ``top``'s first read (``carry``): 0, this one
+    down_since: dict[str, float] = field(default_factory=dict)  # model -> first read it was down
 
 
-def parse(text: str, workers: dict[str, list[dict]], at: float) -> Read:
-    """A ``Read`` from a ``/metrics`` text and ``{model: describe()'s workers}``."""
+def parse(
+    text: str,
+    workers: dict[str, list[dict]],
+    at: float,
+    down: Iterable[str] = (),
+    wall: float | None = None,
+) -> Read:
+    """A ``Read`` from a ``/metrics`` text, ``{model: describe()'s workers}`` and the models
+    found with no worker ready, taken at ``at`` (``monotonic``) and ``wall`` (``time.time``,
+    the default)."""
     samples = metrics.samples(text)
     # No Requests2XX... at all: not TorchServe (Triton), no status classes to show.
     classes = any(s.name in FRONTEND_STATUSES for s in samples)
@@ -101,7 +119,11 @@ def parse(text: str, workers: dict[str, list[dict]], at: float) -> Read:
         statuses=metrics.frontend_statuses(text) if classes else {},
         workers=workers,
         gpus=gpu_metrics.read(samples),
+        down=frozenset(down),
+        wall=time.time() if wall is None else wall,
     )
+    read.first = read.wall
+    read.down_since = dict.fromkeys(read.down, read.wall)
     for name, labels, value in samples:
         model = labels.get("model") or labels.get("model_name")
         if model is None:
@@ -121,6 +143,8 @@ def parse(text: str, workers: dict[str, list[dict]], at: float) -> Read:
             kinds[kind] = kinds.get(kind, 0.0) + value
         elif name == "resnet50_precision" and value == 1:
             read.precision[model] = labels.get("precision", "?")
+        elif name == "resnet50_worker_restarts":
+            read.restarts[model] = read.restarts.get(model, 0.0) + value
         elif name == "resnet50_worker_rss_mb":
             read.rss_mb[labels.get("worker_pid", "?")] = value
             read.pids.setdefault(model, []).append(labels.get("worker_pid", "?"))
@@ -128,14 +152,27 @@ def parse(text: str, workers: dict[str, list[dict]], at: float) -> Read:
 
 
 def take(client: Client) -> Read:
-    """Read the server now: its metrics and every model's workers."""
+    """Read the server now: which models have a worker ready (``model_rows``: a model Triton
+    has unloaded is listed there, not among its loaded models), the workers of those that
+    have, and the metrics."""
+    ready: dict[str, int] = {}
+    for row in client.model_rows():
+        ready[row["model"]] = ready.get(row["model"], 0) + (row.get("ready") or 0)
     workers = {
-        m["modelName"]: [
-            w for entry in client.describe(m["modelName"]) for w in entry.get("workers", [])
-        ]
-        for m in client.list_models()
+        model: [w for entry in client.describe(model) for w in entry.get("workers", [])]
+        for model, count in ready.items()
+        if count
     }
-    return parse(client.metrics_text(), workers, time.monotonic())
+    down = [model for model, count in ready.items() if not count]
+    return parse(client.metrics_text(), workers, time.monotonic(), down)
+
+
+def carry(old: Read, new: Read) -> Read:
+    """``new`` as the read after ``old``: each down model's ``down_since`` kept from ``old``
+    when it was down there too (else ``new``'s: it went down between the reads)."""
+    new.first = old.first
+    new.down_since = {model: old.down_since.get(model, new.wall) for model in new.down}
+    return new
 
 
 def percentile(counts: dict[int, float], q: float) -> int | None:
@@ -171,6 +208,7 @@ def frame(old: Read, new: Read, *, url: str = "", width: int = WIDTH) -> str:
         f"answers/s  {answers}  (5XX: 503 queue full, 507 no worker)"
         if new.statuses
         else "answers/s  - (no status classes on Triton: errors/s by kind below)",
+        *_states(new),
         "",
     ]
     rows, error_lines, traffic_lines = [], [], []
@@ -235,6 +273,25 @@ def frame(old: Read, new: Read, *, url: str = "", width: int = WIDTH) -> str:
     return "\n".join(line[:width].rstrip() for line in lines)
 
 
+def _states(new: Read) -> list[str]:
+    """One line per model: up or down (since when), and its workers' restarts."""
+    lines = []
+    for model in sorted(set(new.workers) | new.down):
+        restarts = new.restarts.get(model)
+        counted = f", {restarts:.0f} restart(s)" if restarts is not None else ""
+        since = new.down_since.get(model, new.wall)
+        if model not in new.down:
+            state = "up"
+        elif since <= new.first:  # down already when this top began: no earlier time known
+            state = f"DOWN, at least since {datetime.fromtimestamp(since):%H:%M:%S}"
+        else:
+            state = (
+                f"DOWN since {datetime.fromtimestamp(since):%H:%M:%S} ({new.wall - since:.0f} s)"
+            )
+        lines.append(f"  {model}: {state}{counted}")
+    return ["models", *lines] if lines else []
+
+
 def _traffic(delta: dict, errors: dict, seconds: float, new: Read, model: str) -> str:
     """Expired requests per second and the cache's hit ratio over the interval."""
     expired = f"expired {errors.get(EXPIRED, 0.0) / seconds:.1f}/s (504)"
@@ -273,7 +330,7 @@ def first_frame(
     """Two reads ``interval`` seconds apart: a frame is a difference."""
     old = take_read(client)
     time.sleep(interval)
-    return old, take_read(client)
+    return old, carry(old, take_read(client))
 
 
 def once(client: Client, interval: float = 2.0) -> str:
@@ -301,7 +358,7 @@ def run(
                 out.flush()
                 if keys.quit_within(interval):
                     return 0
-                old, new = new, take_read(client)
+                old, new = new, carry(new, take_read(client))
     except KeyboardInterrupt:
         return 0
 
