@@ -46,11 +46,9 @@ from serveshared.keys import KEY_FILE, KINDS, Keys
 from tsclient import errors, objectstore
 from tsclient.client import TIMEOUT_S, Client, TorchServeClient, connect
 from tsclient.collection import STDIN, Collection, Shard
-from tsclient.engine import Engine, detect
 from tsclient.progress import JobProgress, waiting
 from tsclient.torchserve import version_row
 from tsclient.traffic import CLASSES, Traffic
-from tsclient.triton import NOT_ON_TRITON, not_on_triton
 
 RESTART_NOTE = (
     "not kept across a restart: `make serve` starts from config/ (--ncs); to keep "
@@ -882,17 +880,6 @@ def make_client(args) -> Client:
     return client
 
 
-def _triton_behind(client: Client, args, exc: errors.ApiError) -> bool:
-    """Whether a TorchServe-only command failed because Triton answered (``--management-url``
-    pointed at it): asked only after a 4xx, so a working TorchServe is asked nothing more."""
-    if args.command not in NOT_ON_TRITON or not 400 <= exc.status < 500:
-        return False
-    try:
-        return detect(client.urls["management"], client.loopback_session) is Engine.TRITON
-    except errors.TsError:
-        return False
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
@@ -900,9 +887,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             data, text, code = COMMANDS[args.command](client, args)
         except errors.ApiError as exc:
-            if _triton_behind(client, args, exc):
-                raise not_on_triton(args.command) from None
-            raise
+            refusal = client.refusal(args.command, exc)
+            if refusal is exc:
+                raise
+            raise refusal from None
     except KeyboardInterrupt:
         print(
             f"tsctl {args.command}: interrupted; what was answered is kept, rerun the same "
