@@ -131,7 +131,3 @@ def main(argv: list[str] | None = None) -> int:
     if text is not None:  # None: the command drew its own screen (top)
         print(json.dumps(data, indent=2) if args.json else text)
     return code
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
