@@ -695,7 +695,7 @@ def test_tag_json_says_the_precision_of_each_answer(tmp_path):
     args = cli.parser().parse_args(
         ["tag", *map(str, photos), "--url", "http://example.invalid", "--preprocess", "server"]
     )
-    data, text, code = cli.cmd_tag(_TaggingServer("bf16"), args)
+    data, text, code = cli.batch.cmd_tag(_TaggingServer("bf16"), args)
     assert code == 0 and list(data) == [str(p) for p in photos]
     for tags in data.values():
         assert tags == [{"label": "tabby", "index": 281, "probability": 0.9, "precision": "bf16"}]

@@ -244,6 +244,11 @@ class Client(ABC):
     def rotate(self, kind: str) -> Keys:
         """A new ``inference`` or ``management`` key; the new keys."""
 
+    def refusal(self, command: str, exc: errors.ApiError) -> errors.TsError:
+        """What to report when the server refused ``command`` (a tsctl command) with ``exc``:
+        ``exc`` itself, unless this engine's client can say better."""
+        return exc
+
     # ------------------------------------------------------------------ health and metrics
 
     @abstractmethod

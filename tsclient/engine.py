@@ -39,3 +39,22 @@ def detect(url: str, session: requests.Session | None = None, timeout: float = T
     except (ValueError, AttributeError):
         name = None
     return Engine.TRITON if name == "triton" else Engine.TORCHSERVE
+
+
+# What each TorchServe-only command would be on Triton, and how to do it there instead.
+NOT_ON_TRITON = {
+    "register": "Triton loads the models of its repository at start (model control mode "
+    "none): add config/models/NAME.yaml, then `make triton-repo` and restart it",
+    "unregister": "Triton serves every model of its repository: remove config/models/NAME.yaml, "
+    "then `make triton-repo` and restart it",
+    "scale": "a model's instances are instance_group in its config.pbtxt, from minWorkers in "
+    "config/models/NAME.yaml: edit it, then `make triton-repo` and restart Triton",
+    "set-default": "the generated repository holds one version per model, which Triton serves",
+    "keys": "Triton reads its keys at start and cannot rotate them: restart it with "
+    "`python -m tritonrepo.server --new-keys` (clients re-read the key file)",
+}
+
+
+def not_on_triton(command: str) -> errors.NotOnTriton:
+    """The error for ``command`` (a TorchServe-only tsctl command) asked of Triton."""
+    return errors.NotOnTriton(f"not available on Triton: {command}", NOT_ON_TRITON[command])

@@ -28,7 +28,7 @@ from serveshared import ports
 from serveshared.keys import KEY_FILE, KINDS, Keys, bearer
 from tsclient import errors, metrics
 from tsclient.base import TIMEOUT_S, URL_SCHEMES, Client, Report, check_name
-from tsclient.engine import Engine
+from tsclient.engine import NOT_ON_TRITON, Engine, detect, not_on_triton
 from tsclient.traffic import INTERACTIVE, Traffic
 
 
@@ -118,6 +118,18 @@ class TorchServeClient(Client):
             raise errors.from_response(response, f"rotate the {kind} key")
         self.rotations += 1
         return self.keys
+
+    def refusal(self, command: str, exc: errors.ApiError) -> errors.TsError:
+        """``NotOnTriton`` when a TorchServe-only command got a 4xx because Triton answered
+        (``--management-url`` pointed at it), else ``exc``: asked only after a 4xx, so a
+        working TorchServe is asked nothing more."""
+        if command not in NOT_ON_TRITON or not 400 <= exc.status < 500:
+            return exc
+        try:
+            triton = detect(self.urls["management"], self.loopback_session) is Engine.TRITON
+        except errors.TsError:
+            return exc
+        return not_on_triton(command) if triton else exc
 
     def _retry_key(self, response: requests.Response, kind: str, used: str) -> str | None:
         """A refused key (``InvalidKeyException``): the key file's, when someone rotated it

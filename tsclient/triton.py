@@ -28,7 +28,7 @@ from serveshared import ports
 from serveshared.keys import TRITON_KEY_FILE, Keys
 from tsclient import errors, metrics
 from tsclient.base import CACHED_OUTPUT, PRECISION_OUTPUT, TIMEOUT_S, Client, Report, check_name
-from tsclient.engine import Engine
+from tsclient.engine import Engine, not_on_triton
 
 # What the model's describe and explanation requests answer (tritonrepo/model.py).
 DESCRIBE, EXPLAIN, EXPLANATIONS = "describe", "explain", "explanations"
@@ -99,24 +99,6 @@ def _derive(entry: dict) -> dict:
         "mean_queue_ms": ratio(entry["queue_us"] / 1000, done),
         "compute_ms_per_request": ratio(entry["compute_us"] / 1000, done),
     }
-
-
-# What each TorchServe-only command would be on Triton, and how to do it there instead.
-NOT_ON_TRITON = {
-    "register": "Triton loads the models of its repository at start (model control mode "
-    "none): add config/models/NAME.yaml, then `make triton-repo` and restart it",
-    "unregister": "Triton serves every model of its repository: remove config/models/NAME.yaml, "
-    "then `make triton-repo` and restart it",
-    "scale": "a model's instances are instance_group in its config.pbtxt, from minWorkers in "
-    "config/models/NAME.yaml: edit it, then `make triton-repo` and restart Triton",
-    "set-default": "the generated repository holds one version per model, which Triton serves",
-    "keys": "Triton reads its keys at start and cannot rotate them: restart it with "
-    "`python -m tritonrepo.server --new-keys` (clients re-read the key file)",
-}
-
-
-def not_on_triton(command: str) -> errors.NotOnTriton:
-    return errors.NotOnTriton(f"not available on Triton: {command}", NOT_ON_TRITON[command])
 
 
 class TritonClient(Client):

@@ -1,0 +1,182 @@
+"""tsctl's ``tag`` and ``embed``: a whole collection (files, folders, paths on stdin) through
+the model into Parquet (``--out``, a path or s3://), resumably; ``tag`` without ``--out``
+prints the tags. Exit 7 when some files failed. numpy and pyarrow load only when these run
+(tsctl list stays quick)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from tsclient import errors, objectstore
+from tsclient.cli.common import DEFAULT_MODELS, Commands, endpoint_arguments
+from tsclient.cli.jobs import collection_of, run_job
+from tsclient.client import Client
+from tsclient.collection import Shard
+from tsclient.traffic import CLASSES
+
+DEFAULT_OUTS = {"embedding": "embeddings.parquet", "tags": "tags.parquet"}
+
+
+def register(commands: Commands) -> None:
+    """Add this module's commands to ``commands``."""
+    for command, task in (("tag", "tags"), ("embed", "embedding")):
+        c = commands.add(
+            command,
+            cmd_tag if command == "tag" else cmd_embed,
+            help=f"{task} of files, folders or a list of paths on stdin "
+            f"with {DEFAULT_MODELS[task]}, into Parquet",
+        )
+        c.add_argument(
+            "sources",
+            nargs="*",
+            metavar="FILE|FOLDER|-",
+            help="image files, folders (walked for image files), '-' for paths on stdin",
+        )
+        c.add_argument("--from-stdin", action="store_true", help="read paths from stdin")
+        c.add_argument("--model", help=f"default {DEFAULT_MODELS[task]}")
+        c.add_argument(
+            "--out",
+            default=None if command == "tag" else DEFAULT_OUTS[task],
+            help=f"Parquet output, a path or s3://bucket/key (default "
+            f"{DEFAULT_OUTS[task]}"
+            + ("; tag without --out prints the tags)" if command == "tag" else ")"),
+        )
+        c.add_argument("--shard", help="i/n: only this machine's share of the collection")
+        c.add_argument(
+            "--verify-sha256",
+            action="store_true",
+            help="skip files whose bytes hash as stored (else: same size and mtime)",
+        )
+        c.add_argument(
+            "--concurrency", type=int, help="requests in flight (default 2 x batchSize x workers)"
+        )
+        c.add_argument(
+            "--per-request",
+            type=int,
+            help="images per request (default max_batch_images // batchSize)",
+        )
+        c.add_argument(
+            "--priority",
+            choices=sorted(CLASSES),
+            default="bulk",
+            help="the requests' class (default bulk: the server serves people first and "
+            "the job narrows its window on each 503)",
+        )
+        endpoint_arguments(c)
+        c.add_argument(
+            "--work-dir",
+            type=Path,
+            default=Path(".tsctl-work"),
+            help="local copy of an s3:// --out while the job runs",
+        )
+        c.add_argument(
+            "--preprocess",
+            choices=("auto", "client", "server"),
+            default="auto",
+            help="where photos are decoded and cropped: 'client' on this machine's cores, "
+            "sending 150 KB crops instead of the files (a 12 MP photo is several MB) and "
+            "sparing the server the decode: the choice for a GPU server, whose cores cap it "
+            "at decoding, or one across a network; 'server' sends the files. auto (default): "
+            "client unless the server is a CPU server on this machine, where both sides "
+            "share the same cores. Refused when the server crops by another recipe",
+        )
+        if command == "tag":
+            c.add_argument("--topk", type=int)
+
+
+def cmd_tag(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
+    from tsclient import batchjob
+
+    if args.out is not None:
+        return _collection(client, args, "tags")
+    sink = batchjob.ListSink()
+    identity = batchjob.model_identity(
+        client, args.model or DEFAULT_MODELS["tags"], with_management=args.url is None
+    )
+    collection = collection_of(args)
+    summary = run_job(client, args, "tags", sink, collection, identity)
+    order = {e.path: i for i, e in enumerate(collection.entries(Shard.parse(args.shard)))}
+    data, lines = {}, []
+    for row in sorted(sink.rows, key=lambda r: order.get(r.path, len(order))):
+        tags: list[dict] = row.answer if isinstance(row.answer, list) else []
+        # Each tag carries the precision its answer came with (the Parquet rows' column):
+        # the answer stays the list of tags scripts read.
+        data[row.path] = (
+            {"error": row.error}
+            if row.error
+            else [{**tag, "precision": row.precision} for tag in tags]
+        )
+        lines.append(
+            f"{row.path}: error: {row.error}"
+            if row.error
+            else f"{row.path}: " + ", ".join(f"{t['label']} {t['probability']:.3f}" for t in tags)
+        )
+    return data, "\n".join(lines), errors.Unhealthy.exit_code if summary.failed else 0
+
+
+def cmd_embed(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
+    return _collection(client, args, "embedding")
+
+
+def _collection(client: Client, args, task: str) -> tuple[Any, str, int]:
+    """Run the job into Parquet (``--out``, a local path or s3://): resume, merge, report."""
+    import pyarrow.parquet as pq
+
+    from tsclient import batchjob
+    from tsclient.vectors import Output
+
+    out = str(args.out or DEFAULT_OUTS[task])
+    if out.endswith(".npy"):
+        raise errors.UsageError(
+            f"--out {out}: embeddings are written as Parquet now",
+            "use --out embeddings.parquet; read it with pandas, polars, "
+            "DuckDB or tsclient.vectors.read_matrix",
+        )
+    local = objectstore.local_copy(out, args.work_dir) if objectstore.is_remote(out) else Path(out)
+    if objectstore.is_remote(out):
+        objectstore.download_if_exists(out, local)
+    meta = {"shard": str(Shard.parse(args.shard))}
+    identity = batchjob.model_identity(
+        client, args.model or DEFAULT_MODELS[task], with_management=args.url is None
+    )
+    output = Output(local, task, {**identity[1], **meta})
+    output.clean()
+    output.check_identity()
+    done = output.done(with_sha256=args.verify_sha256)
+    summary = run_job(
+        client, args, task, batchjob.PartSink(output), collection_of(args), identity, done=done
+    )
+    if objectstore.is_remote(out):
+        objectstore.upload(local, out)
+    rows = pq.ParquetFile(local).metadata.num_rows
+    data = {
+        "out": out,
+        "rows": rows,
+        "done": summary.done,
+        "failed": summary.failed,
+        "skipped": summary.skipped,
+        "cache_hits": summary.cache_hits,
+        "bytes_sent": summary.bytes_sent,
+        "preprocess": "client" if summary.preprocessed else "server",
+        "seconds": round(summary.seconds, 2),
+        "images_per_s": round((summary.done + summary.failed) / summary.seconds, 2)
+        if summary.seconds
+        else None,
+        "failures": [{"path": p, "error": e} for p, e in summary.failures],
+    }
+    lines = [f"{p}: error: {e}" for p, e in summary.failures]
+    if summary.failed > len(summary.failures):
+        lines.append(
+            f"... and {summary.failed - len(summary.failures)} more failures "
+            f"(status = 'error' in {out})"
+        )
+    lines.append(
+        f"wrote {out}: {rows} rows ({summary.done} done, {summary.failed} failed, "
+        f"{summary.skipped} already done) in {summary.seconds:.1f} s, "
+        f"{summary.bytes_sent / 1e6:.1f} MB sent "
+        f"({'crops made here' if summary.preprocessed else 'the files'})"
+        + (f"; {summary.cache_hits} answered from the server's cache" if summary.cache_hits else "")
+    )
+    return data, "\n".join(lines), errors.Unhealthy.exit_code if summary.failed else 0
