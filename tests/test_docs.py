@@ -11,9 +11,10 @@ and the README stays a front door (at most README_MAX_LINES lines).
 
 Numbers, in NUMBER_DOCS: the settings, status and metrics tables are generated from the code
 (buildsteps/reference.py; tests/test_reference.py holds them current), and a setting prose
-repeats as "`name` (value" must state its value; every measured figure quoted is a row of
-FIGURES, found in the report (results/) it comes from; the README's results table names for
-each row the date and the commit of its report, and its figures are in that report.
+repeats as "`name` (value" must state its value; where a paragraph, list item or table row
+links a report (results/, or a test for its bound), its figures from the link on are in that
+report; the README's results table names for each row the date and the commit of its report,
+and its figures are in that report.
 """
 
 from __future__ import annotations
@@ -442,7 +443,6 @@ NUMBER_DOCS = (
     "docs/operations.md",
     "docs/testing.md",
 )
-API, BACK, CONF, EXPL, OPS, TEST = NUMBER_DOCS[1:]
 STATED = re.compile(r"`((?:explain\.)?[a-z][a-z_]+)` \(([^)]*)")
 
 
@@ -502,11 +502,6 @@ def test_setting_check_catches_breakage(tmp_path):
 def flat(text: str) -> str:
     """Text with every run of whitespace as one space (docs wrap lines anywhere)."""
     return " ".join(text.split())
-
-
-@cache
-def doc_text(doc: str) -> str:
-    return flat((ROOT / doc).read_text(encoding="utf-8"))
 
 
 # A figure as the docs write it: "1,414", "6.1x", "0.13-0.16", "22.2/338" (a number glued to a
@@ -577,14 +572,6 @@ def untraced(text: str, reports: tuple[str, ...]) -> list[str]:
         default=wanted,
     )
     return best
-
-
-def figure_problem(doc: str, phrase: str, reports: tuple[str, ...], text: str) -> str | None:
-    """None when ``text`` (the doc's) holds ``phrase`` and ``reports`` hold its figures."""
-    if flat(phrase) not in text:
-        return f"{doc}: no longer says {phrase!r}: update FIGURES"
-    missing = untraced(phrase, reports)
-    return f"{doc}: {missing} of {phrase!r} appear in none of {list(reports)}" if missing else None
 
 
 RESULTS_HEADER = ["what", "figure", "measured", "report"]
@@ -689,8 +676,9 @@ def test_figure_checks_catch_breakage():
     assert figures(phrase) == ["0.59", "0.13", "0.16", "22.2", "338", "2%"]
     assert traced("2%", ("0.02",)) and not traced("3%", ("3", "0.02"))
     # a phrase's figures come from one block: one run's row, not numbers scattered over a file
-    assert untraced("74.4 img/s, batches already full at 10", (H,)) == []
-    assert untraced("74.4 img/s, about 3 s of 12.4-19.8 s", (H,))
+    h = ("results/history.md",)
+    assert untraced("74.4 img/s, batches already full at 10", h) == []
+    assert untraced("74.4 img/s, about 3 s of 12.4-19.8 s", h)
     assert untraced("bf16 2%, int8 7%", ("tests/reference.py",)) == ["7%"]
     row = {
         "what": "w",
@@ -716,181 +704,97 @@ def test_figure_checks_catch_breakage():
     assert "is not as commit" in commit_problems("w", first, ["results/benchmark.md"])[0]
 
 
-H, BENCH, INGEST, COLL, SOAK, SOAK_TRITON, TRAFFIC, CEIL = (
-    "results/history.md",
-    "results/benchmark.md",
-    "results/ingestion.md",
-    "results/collection.md",
-    "results/soak.md",
-    "results/soak-triton.md",
-    "results/traffic.md",
-    "results/ceiling.md",
+# The docs say where a measured figure comes from by linking its report (results/*.md, or the
+# test whose bound they quote). In a paragraph or list item, each sentence from the first that
+# links a report on has its figures in one block of a report the unit links (the sentences
+# before it set the scene: settings, sizes); a table row, or a list item, that links none takes
+# the links of the paragraph above its table or list. Dates, times, "#41", "1e-6", "top-1",
+# HTTP statuses, "`setting` (value" and code spans (but an output quoted with 3+ figures) are
+# names, not figures.
+CITED = re.compile(r"^(results/[^/]+\.md|tests/\w+\.py)$")
+NOT_FIGURES = re.compile(
+    r"\]\([^)]*\)|\d{4}-\d\d-\d\d|\b\d\d:\d\d\b|#\d+|\d+(?:\.\d+)?e-?\d+|top-\d+"
+    r"|\b[45]\d\d\b(?![.,]\d| ?(?:ms|s|MiB|MB|GiB|GB|KB|img|px|x)\b)"  # an HTTP status
 )
-# Each doc's measured phrases, by the reports (results/, or a test's bound) their figures come from.
-FIGURES: dict[str, dict[tuple[str, ...], tuple[str, ...]]] = {
-    BACK: {
-        (H,): (
-            "(1.07x OpenVINO's on an Intel Xeon, issue #17; 1.14-1.29x on this project's AMD EPYC)",
-            "served 14.4 img/s against OpenVINO's 14.7",
-            "(1.8x f32 on one host, 60% of it on another)",
-            "its time is printed, 27-45 s on 2 cores",
-            "| batches of 10.7 -> 15.9; 63.8 -> 76.6 img/s (1.2x) |",
-            "| 67.0 (delay 1), 75.7 (delay 10) img/s: no gain on 2 cores |",
-            "| 74.4 img/s, batches already full at 10 |",
-            "| 101.4 vs 99.4 img/s raw: within noise |",
-            "(PIL decode and resize, ~2.4 ms per image on one thread)",
-            "OpenVINO's bf16 ran at 60% of its f32 speed (issue #17)",
-            "| 2.8 s (load ~2) | about 2 s |",
-            "| 12.4-19.8 s (load 6-8) | about half |",
-            "A forward at batch 16 took 0.8 s (f32) when the machine was quieter and 3-5 s "
-            "under that load, so the two-candidate figure on a quiet machine is about 3 s.",
-            "with 1 ms it was about 20 ms on earlier runs",
-            "measured 6.9x, 4.4x and 0.83x for the same rows",
-        ),
-        (INGEST,): (
-            "203.5 ms in the handler per batch of 15.9 (parse and admit 2.3, decode 33.8, "
-            "forward 166.9, encode 0.5), 3.8 ms of socket transport, the worker busy 0.96 of "
-            "the wall time: 73.1 img/s, 0.74x the raw forward of the same precision at batch 16 "
-            "(98.2 img/s)",
-        ),
-        (H, "tests/test_openvino.py"): (
-            "bf16 moves the embedding by about 0.4-0.8% relative to float32 "
-            "(`tests/test_openvino.py` allows 2%)",
-        ),
-        (BENCH,): (
-            "`auto` measured all four candidates in 3.7 s at worker start (ms per batch of "
-            "1/16: f32 22.2/338, bf16 12.2/172.7, int8+f32 8.3/93.3, int8+bf16 8.8/87.2)",
-            "Raw forward at batch 16: OpenVINO f32 50.5 img/s, bf16 101.7, int8+f32 208.0, "
-            "int8+bf16 210.8.",
-            "| small JPEG | 130.4 img/s | 21.3 img/s | 6.1x | 4.5x where int8 runs on VNNI: met |",
-            "| smooth 12 MP photo | 74.2 img/s | 10.4 img/s | 7.2x | 3x: met |",
-            "| noisy 12 MP photo | 27.1 img/s | 8.67 img/s | 3.1x | 4x: missed |",
-            "| 1 client, small JPEG, p50 | 29.8 ms | 50.8 ms | 0.59x | 0.5x: missed |",
-            "| small JPEG vs our own raw forward at batch 16 | 130.4 img/s | 210.8 img/s | "
-            "0.62x | 0.75x: missed |",
-            "the served tagger reached 0.94x the in-process pipeline (decode, preprocess and "
-            "forward in one process, no HTTP: 138.9 img/s)",
-            "The same request path on Triton served 154.2 img/s",
-            "its decode+preprocess+forward takes 38.9 ms where the forward alone runs 165.8 "
-            "images a second at batch 1",
-            "(measured by worker pid 21465 in 3.7 s; f32 22.2/338 ms at batch 1/16; bf16 "
-            "12.2/172.7 ms at batch 1/16; int8+f32 8.3/93.3 ms at batch 1/16; int8+bf16 "
-            "8.8/87.2 ms at batch 1/16): kept from the last start on this host: within 10% of "
-            "the fastest, int8+f32; vs f32: embedding cosine min 0.9998, top-1 agreement 1.00",
-        ),
-        # "Planning a GPU server": the null rows, and the plan from them and issue #41's H100
-        # figures (which results/ceiling.md quotes beside its plan)
-        (CEIL,): (
-            "(load average 9.4)",
-            "TorchServe 1.55 ms (1 image) and 13.34 ms (8 images) of worker CPU, Triton 0.51 "
-            "and 6.10",
-            "Carrying the H100's 10,167 img/s (raw forward, f16 channels_last, b64)",
-            "8-image v2 requests: 1,271 requests/s, 17 workers and 4.8 frontend cores",
-            "1-image requests: 16 workers and 10.1 frontend cores",
-            "more than the issue's 16-core H100 host",
-            "4,794 img/s (8 workers and 2.3 frontend cores at 8 images per request)",
-            "6 instances and 3.5 frontend cores; 8-image v2 JSON requests: 8 instances and 4.8 "
-            "frontend cores",
-            "12 MP photos (295 img/s on the GPU) need 1 worker",
-            "Triton with 6-8 instances, or TorchServe with 8 workers",
-        ),
-        ("results/preprocess.md",): (
-            "a small JPEG's preparation is\n1.31x cheaper per image (1.02x for a 12 MP photo",
-            "pipeline ran at 0.98-0.99x",
-        ),
-        # "Decoding on the GPU": measured on CPU with libjpeg standing in for nvJPEG
-        ("tests/test_gpudecode.py",): (
-            "at most 1 level from PIL's fixed-point resize on 5-18% of the pixels; with libjpeg "
-            "standing in for nvJPEG on this machine the embedding is within 0.06% relative error "
-            "of the CPU path's decoded at full size",
-            "at 1/2 to 1/8 of its size, as far as draft decoding itself moves it "
-            "([api.md](api.md#images)): up to 1.3%, cosine 0.99999",
-        ),
-    },
-    CONF: {
-        (H,): (
-            "one-client p50 was 3-4 ms lower without it at equal throughput",
-            "(0.6 s per batch of 16)",
-            "batches of about 9 while",
-            "10 ms filled the batches (15.9 of 16) and served 1.2x the images per second at 16 "
-            "clients (63.8 -> 76.6 img/s;",
-        ),
-    },
-    API: {
-        ("tests/test_images.py",): (
-            "the embedding stays within 2% relative error (cosine ≥ 0.9995, same top class)",
-        ),
-        (H,): (
-            "runs at 35–45 MP/s per thread on this project's 2-core machine, so a full budget "
-            "is about 3 s here",
-            "autograd keeps about 180 MiB per row",
-        ),
-    },
-    EXPL: {
-        (H,): (
-            "about 150-260 KB of PNG",
-            "TorchServe's stock handler answers 4.4 MB of raw IG floats",
-            "each `.mar` grows from about 95 MB to 189 MB",
-        ),
-        (BENCH,): ("(2,114 ms against GradCAM's 41 in the benchmark's run)",),
-    },
-    OPS: {
-        ("results/crops.md",): (
-            "answered the noisy 12 MP photo at 1.93x its JPEG rate on\nTorchServe and 2.45x on "
-            "Triton, the small JPEG at 0.72x and 1.26x",
-            "29.4x fewer bytes than its v2 JSON base64",
-        ),
-        (TRAFFIC,): (
-            "3,000 photos was 1.22x its idle value on TorchServe and the job kept 0.95x of its "
-            "solo speed (the issue's goals: 1.5x, 0.85x); on Triton 1.64x and 1.01x, between "
-            "1.47x and 1.64x over three runs",
-        ),
-        (H,): (
-            "(6 s on a quiet 2-core machine, 20-37 s on a loaded one)",
-            "The frontend's RSS grows to about 4.4 GiB in such a burst and keeps it",
-            "for frontend plus workers, 7.5 GiB",
-            "0.67 GiB compiled, 1.14 GiB after the first pass through batch 16",
-            "took a worker from 1.3 to 2.5 GiB; after it, 1.08 to 1.10 GiB",
-            "left the worker at 1.03 GiB throughout",
-            "Before the fix, 8 minutes of the same took the tagger's worker from 1,705 to 1,997 "
-            "MiB (peak 2,153)",
-        ),
-        (COLL,): ("under a second over 100,000 vectors",),
-        (SOAK,): (
-            "5 minutes of every traffic class at once, the tagger's worker at 1,230 MiB after "
-            "the first minute and 1,210 MiB at the end (peak 1,267), the embedding worker flat "
-            "at 1,030 MiB, the frontend at 284-287 MiB",
-        ),
-        (SOAK_TRITON,): (
-            "5 minutes, the tagger's stub at 1,077 MiB after the first minute and 1,080 MiB at "
-            "the end, the embedding's at 959-960 MiB, tritonserver at 45-47 MiB",
-        ),
-    },
-    TEST: {
-        (H,): (
-            "24.7 minutes of tests after about 3.6 minutes of set-up",
-            "28.3 minutes in all",
-            "(`python -m bench --quick`, about 3 minutes with its Triton row;",
-        ),
-        ("tests/reference.py",): (
-            "relative error ≤ 1e-4 at f32; the served precision sets the bound: bf16 2%, int8 6%",
-        ),
-    },
-}
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=\S)|(?<=[:;])\s+(?=[A-Z(*`])")
+LIST_ITEM = re.compile(r"([-*+]|\d+\.)\s")
+
+
+def cites(doc: Doc, text: str) -> tuple[str, ...]:
+    """The reports ``text`` links (results/*.md, tests/*.py), as paths from the root."""
+    found = [rel((doc.path.parent / t.partition("#")[0]).resolve()) for t in LINK.findall(text)]
+    return tuple(dict.fromkeys(r for r in found if CITED.match(r)))
+
+
+def units(doc: Doc) -> list[tuple[tuple[str, ...], list[str]]]:
+    """(the reports it cites, the pieces to trace) of each paragraph and list item (its
+    sentences) and each table row (the row) of the doc."""
+    out: list[tuple[tuple[str, ...], list[str]]] = []
+    lines: list[str] = []
+    lead: tuple[str, ...] = ()  # what the paragraph above the current list or table cites
+    for line in [*doc.prose, ""]:
+        s = line.strip()
+        if lines and (not s or s.startswith(("#", "|")) or LIST_ITEM.match(s)):
+            text = " ".join(lines)
+            item = LIST_ITEM.match(text)
+            pieces = SENTENCE_END.split(text)
+            first = next((i for i, p in enumerate(pieces) if cites(doc, p)), 0)
+            out.append((cites(doc, text) or (lead if item else ()), pieces[first:]))
+            lead = lead if item else cites(doc, text)
+            lines.clear()
+        if s.startswith("|"):
+            out.append((cites(doc, s) or lead, [s]))
+        elif s.startswith("#"):
+            lead = ()
+        elif s:
+            lines.append(s)
+    return out
+
+
+def counted(piece: str) -> str:
+    """``piece`` less what is no figure (the names in the comment above)."""
+    piece = re.sub(r"` \([\d ,.]*\d", "` (", piece)
+    piece = CODE_SPAN.sub(lambda m: m.group(2) if len(figures(m.group(2))) > 2 else " ", piece)
+    return NOT_FIGURES.sub(" ", piece)
+
+
+def figure_problems(doc: Doc) -> list[str]:
+    """Each piece of a unit that cites reports has its figures in one block of one of them."""
+    return [
+        f"{doc.name}: {missing} of {piece!r} in none of {list(reports)}"
+        for reports, pieces in units(doc)
+        for piece in pieces
+        if reports
+        for missing in [untraced(counted(piece), reports)]
+        if missing
+    ]
 
 
 @pytest.mark.parametrize("doc", NUMBER_DOCS)
 def test_measured_figures_are_traced(doc):
-    """Each measured figure a doc quotes is in the report or history entry it comes from."""
-    problems = [
-        p
-        for reports, phrases in FIGURES.get(doc, {}).items()
-        for phrase in phrases
-        for p in [figure_problem(doc, phrase, reports, doc_text(doc))]
-        if p
-    ]
+    """Each figure a doc quotes beside a link to a report is in that report."""
+    problems = figure_problems(parse(ROOT / doc))
     assert not problems, _problems_message(problems)
 
 
-def test_number_tables_name_checked_docs():
-    assert set(FIGURES) <= set(NUMBER_DOCS)
+def test_figure_collection_catches_breakage():
+    """A figure beside a report link that the report lacks is reported, in the linking
+    sentence, a later one, a list item or a table row under it; what precedes the link, and
+    settings, dates, issues and statuses, are not figures."""
+    prose = [
+        "Tuned by hand to 999 img/s. One run ([b](../results/benchmark.md), 2026-11-25 03:00,",
+        "issue #41, `batchSize` 16, `max_batch_delay` (10)): small JPEG 130.4 img/s. Stock",
+        "21.3, answering 503 when full, top-1 agreement; `auto -> f32 (in 3.7 s; 22.2/338 ms)`.",
+        "",
+        "- 130.4 img/s",
+        "",
+        "| what | figure |",
+        "| small JPEG | 130.4 img/s, 6.1x |",
+    ]
+    doc = Doc(ROOT / "docs" / "fake.md", prose)
+    assert figure_problems(doc) == []
+    cases = (("130.4", "131.4", 3), ("21.3", "21.4", 1), ("338", "339", 1), ("6.1x", "6.3x", 1))
+    for old, new, count in cases:
+        problems = figure_problems(Doc(doc.path, [line.replace(old, new) for line in prose]))
+        assert len(problems) == count, problems
+        assert all(f"{new.rstrip('x')!r}]" in p for p in problems), problems
