@@ -111,7 +111,7 @@ PANELS: list[tuple[str, str, list[tuple[str, str]], str]] = [
     (
         "Worker restarts (15 min)",
         "short",
-        [("model_name:ts_worker_restarts:changes15m", "{{model_name}}")],
+        [("model:resnet50_worker_restarts:changes15m", "{{model}}")],
         "Restarts in the last 15 minutes; alert TorchServeWorkerRestarting at 3.",
     ),
     (
