@@ -150,6 +150,33 @@ def test_a_model_that_goes_down_shows_since_when_and_its_restarts():
     )
 
 
+def test_take_finds_a_model_with_no_worker_ready_down_and_asks_only_the_others_workers():
+    """A model Triton unloaded for its reload is in model_rows (not among the loaded models)
+    with no instance ready; describing it would fail, so only the others are described."""
+
+    class Server:
+        def __init__(self) -> None:
+            self.described: list[str] = []
+
+        def model_rows(self):
+            return [
+                {"model": TAGGER, "version": "1", "ready": 0},
+                {"model": "resnet50-embedding", "version": "1", "ready": 1},
+            ]
+
+        def describe(self, model):
+            self.described.append(model)
+            return [{"workers": [{"id": "0", "status": "READY"}]}]
+
+        def metrics_text(self):
+            return ""
+
+    server = Server()
+    read = top.take(server)  # type: ignore[arg-type]
+    assert read.down == {TAGGER} and server.described == ["resnet50-embedding"]
+    assert set(read.down_since) == {TAGGER}
+
+
 def _triton_metrics(
     success: int,
     failure: int,
