@@ -638,11 +638,23 @@ def test_the_client_speaks_the_servers_names_and_numbers():
     for name in ("interactive", "bulk"):
         sent = client.Traffic(name, deadline=1764067200.25)
         assert server.parse_priority(sent.headers()["X-Priority"]) is server.Priority[name.upper()]
-        parameter = sent.parameters(Engine.TORCHSERVE)["priority"]
+        parameter = sent.parameters()["priority"]
         assert server.parse_priority(parameter) is server.Priority[name.upper()]
         assert server.parse_deadline(sent.headers()["X-Deadline"]) == 1764067200.25
     with pytest.raises(ValueError, match="bulk"):
         client.Traffic("urgent")
+
+
+def test_only_triton_is_sent_the_microseconds_left_as_its_timeout_parameter():
+    from tsclient import traffic
+    from tsclient.triton import TritonClient
+
+    sent = traffic.Traffic("bulk", deadline=100.5, clock=lambda: 100.0)
+    assert TritonClient.SENDS_TIMEOUT and not TorchServeClient.SENDS_TIMEOUT
+    assert sent.parameters(timeout=True) == {"priority": 2, "timeout": 500_000}
+    assert sent.parameters() == {"priority": 2}
+    expired = traffic.Traffic(deadline=99.0, clock=lambda: 100.0)
+    assert expired.parameters(timeout=True) == {"timeout": 1}  # 0 would mean "none" to Triton
 
 
 @pytest.mark.parametrize(

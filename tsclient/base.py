@@ -100,6 +100,8 @@ class Client(ABC):
     engine: ClassVar[Engine]
     NAME: ClassVar[str]  # the engine as people write it
     START_HINT: ClassVar[str]  # how to start this engine's server, for "nothing answers"
+    # Whether the server expires a v2 request by its ``timeout`` parameter (``Traffic``).
+    SENDS_TIMEOUT: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -376,7 +378,7 @@ class Client(ABC):
         """A v2 request for ``output`` of one input ``tensor``."""
         outputs = [{"name": name} for name in self._v2_outputs(model, output)]
         body: dict[str, Any] = {"inputs": [tensor], "outputs": outputs}
-        parameters: dict[str, Any] = traffic.parameters(self.engine)
+        parameters: dict[str, Any] = traffic.parameters(timeout=self.SENDS_TIMEOUT)
         if output == "tags" and topk is not None:
             parameters["topk"] = topk
         if parameters:

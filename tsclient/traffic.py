@@ -23,8 +23,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tsclient.engine import Engine
-
 PRIORITY_HEADER = "X-Priority"
 DEADLINE_HEADER = "X-Deadline"
 PRIORITY_KEY = "priority"  # the v2 request parameter (Triton's reserved key)
@@ -66,14 +64,15 @@ class Traffic:
             out[DEADLINE_HEADER] = f"{self.deadline:.3f}"
         return out
 
-    def parameters(self, engine: Engine) -> dict[str, int]:
-        """The v2 request parameters: ``priority`` on both engines; on Triton also
-        ``timeout``, the microseconds left now (at least 1: Triton reads 0 as "no timeout",
-        and a deadline already past must still expire)."""
+    def parameters(self, timeout: bool = False) -> dict[str, int]:
+        """The v2 request parameters: ``priority`` (both engines read it); with ``timeout``
+        (a server that expires requests by it: Triton) also ``timeout``, the microseconds
+        left now (at least 1: Triton reads 0 as "no timeout", and a deadline already past
+        must still expire)."""
         out = {}
         if self.priority is not None:
             out[PRIORITY_KEY] = CLASSES[self.priority]
-        if self.deadline is not None and engine is Engine.TRITON:
+        if self.deadline is not None and timeout:
             out[TIMEOUT_KEY] = max(1, math.ceil((self.deadline - self.clock()) * 1_000_000))
         return out
 

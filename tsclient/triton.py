@@ -109,6 +109,7 @@ class TritonClient(Client):
     as on TorchServe's --url calls; neither: none sent (a Triton started without keys)."""
 
     engine = Engine.TRITON
+    SENDS_TIMEOUT = True
     NAME = "Triton"
     START_HINT = "start it with `make serve-triton`, or point --url at it"
 
