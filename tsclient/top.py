@@ -289,7 +289,7 @@ def _states(new: Read) -> list[str]:
                 f"DOWN since {datetime.fromtimestamp(since):%H:%M:%S} ({new.wall - since:.0f} s)"
             )
         lines.append(f"  {model}: {state}{counted}")
-    return ["models", *lines] if lines else []
+    return ["", "models", *lines] if lines else []
 
 
 def _traffic(delta: dict, errors: dict, seconds: float, new: Read, model: str) -> str:
