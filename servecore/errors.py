@@ -117,6 +117,17 @@ class Overloaded(RequestError):
         return {"Retry-After": "1"}
 
 
+class ModelUnavailable(RequestError):
+    """The model's process is down and being started again: what the transformer
+    (``transformer/guard.py``) answers for a Triton whose stub died (Triton itself says 500,
+    then 404, while ``tritonrepo/watchdog.py`` reloads it); the same request succeeds in
+    seconds. The model never raises it (it is not running)."""
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": "5"}  # a reload takes 8-25 s: a few tries, not a flood
+
+
 class DeadlineExceeded(RequestError):
     """The caller's deadline (``X-Deadline``) passed before the request's batch ran: answered
     without decoding or computing it; retrying the same request is pointless."""
@@ -138,6 +149,7 @@ STATUS: dict[type[RequestError], HTTPStatus] = {
     PayloadTooLarge: HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
     NotSupported: HTTPStatus.NOT_IMPLEMENTED,
     Overloaded: HTTPStatus.SERVICE_UNAVAILABLE,
+    ModelUnavailable: HTTPStatus.SERVICE_UNAVAILABLE,
     DeadlineExceeded: HTTPStatus.GATEWAY_TIMEOUT,
     InternalError: HTTPStatus.INTERNAL_SERVER_ERROR,
 }

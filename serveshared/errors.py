@@ -1,5 +1,6 @@
-"""The root of the client's errors (``tsclient.errors`` builds its hierarchy on it) and the one
-error the shared key file can raise, so launchers and ``tsctl`` catch the same class."""
+"""The root of the client's errors (``tsclient.errors`` builds its hierarchy on it), the one
+error the shared key file can raise, so launchers and ``tsctl`` catch the same class, and how
+Triton says a model's process is down, read alike by ``tsctl`` and the transformer."""
 
 from __future__ import annotations
 
@@ -20,3 +21,18 @@ class KeyFileError(ServeError):
     """``key_file.json`` is missing or unreadable (or holds no API key to rotate with)."""
 
     exit_code = 4
+
+
+# Triton 2.51 while a model's Python-backend stub is dead (500, until tritonrepo/watchdog.py
+# notices, within a second) and while the watchdog loads the model again (404): it has no 503
+# and no Retry-After for either.
+TRITON_RELOADING = "has no available versions"  # "Request for unknown model: 'M' has no ..."
+TRITON_STUB_DEAD = "is not healthy"  # "Stub process 'M_0_0' is not healthy."
+
+
+def triton_model_down(status: int, message: str) -> bool:
+    """Whether Triton's answer ``status``/``message`` says the model's process is down or
+    being started again: retry in seconds, as a 503."""
+    return (status == 404 and TRITON_RELOADING in message) or (
+        status == 500 and "Stub process" in message and TRITON_STUB_DEAD in message
+    )

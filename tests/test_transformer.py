@@ -7,15 +7,18 @@ transformer with the single server's status and body, alone among good requests.
 from __future__ import annotations
 
 import base64
+import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 import requests
 
 from devtools.transformer import LocalTransformer
 from tests.corpus import bad_inputs
+from transformer.guard import PredictorRefused
 
 REPO = Path(__file__).resolve().parent.parent
 PHOTOS = sorted((REPO / "build" / "heldout").glob("*.jpg"))
@@ -108,6 +111,23 @@ def test_a_bad_upload_fails_at_the_transformer_as_at_the_single_server(
     assert split.result().status_code == single.result().status_code >= 400
     assert split.result().json() == single.result().json()
     assert beside.result().status_code == 200, beside.result().text
+
+
+@pytest.mark.parametrize(
+    ("status", "message"),
+    [
+        (500, "Stub process 'resnet50-tagger_0_0' is not healthy."),
+        (404, "Request for unknown model: 'resnet50-tagger' has no available versions"),
+    ],
+)
+def test_a_triton_predictor_whose_model_is_down_is_passed_on_as_503_retry_after(status, message):
+    """Triton has no 503 while a model's process is down or loading again; the transformer in
+    front of it answers that one, with Retry-After, and passes any other refusal as it came."""
+    down = PredictorRefused.of(httpx.Response(status, json={"error": message}))
+    assert (down.status, down.headers["Retry-After"]) == (503, "5")
+    assert json.loads(down.body)["type"] == "ModelUnavailable"
+    other = PredictorRefused.of(httpx.Response(status, json={"error": "unexpected input 'x'"}))
+    assert (other.status, other.body) == (status, b'{"error":"unexpected input \'x\'"}')
 
 
 def test_the_transformers_own_limits(torchserve, tmp_path):

@@ -199,6 +199,22 @@ def test_error_answers_map_to_one_error_each(status, body, kind, hint):
     assert type(error) is kind and error.status == status and hint in error.hint
 
 
+@pytest.mark.parametrize(
+    ("status", "message"),
+    [
+        (500, "Stub process 'resnet50-tagger_0_0' is not healthy."),
+        (404, "Request for unknown model: 'resnet50-tagger' has no available versions"),
+    ],
+)
+def test_a_triton_model_whose_process_is_down_reads_as_a_retryable_503(status, message):
+    """Triton's answers while a dead stub's model is down or loading again, as a client and
+    the transformer (tests/test_transformer.py) read them; any other 500 or 404 is not one."""
+    error = errors.from_response(_response(status, {"error": message}), "infer m")
+    assert (error.status, error.type) == (503, "ModelUnavailable")  # a bulk job retries a 503
+    other = errors.from_response(_response(status, {"error": "something else"}), "infer m")
+    assert other.status == status
+
+
 def test_tritons_error_answers_read_as_the_cores():
     """Triton's HTTP frontend answers ``{"error": "<message>"}``; this project's models put
     the core's JSON body in the message, Triton's own errors are plain text."""

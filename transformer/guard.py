@@ -6,7 +6,10 @@ preprocessed at once a request gets 503 with ``Retry-After`` (decoded pixels are
 request in flight: this bounds the memory). Every refusal, and every ``RequestError`` the core
 raises while parsing or decoding a request, is answered as the single server answers it:
 ``servecore.errors.error_body`` with the error's status and headers. A predictor's own refusal
-(``PredictorRefused``) goes back to the caller as it came.
+(``PredictorRefused``) goes back to the caller as it came, except Triton's answers while the
+model's process is down or loading again (500 "Stub process ... is not healthy", 404 "... has
+no available versions"): those become the 503 + ``Retry-After`` of ``ModelUnavailable``, what
+a client retries.
 """
 
 from __future__ import annotations
@@ -18,9 +21,17 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import Response
 
-from servecore.errors import Overloaded, PayloadTooLarge, RequestError, error_body
+from servecore.errors import (
+    ModelUnavailable,
+    Overloaded,
+    PayloadTooLarge,
+    RequestError,
+    error_body,
+)
+from serveshared.errors import triton_model_down
 
 PASSED_HEADERS = ("retry-after", "content-type")
+JSON = "application/json"
 
 
 class PredictorRefused(Exception):
@@ -32,6 +43,12 @@ class PredictorRefused(Exception):
 
     @classmethod
     def of(cls, response: httpx.Response) -> PredictorRefused:
+        if triton_model_down(response.status_code, response.text):
+            down = ModelUnavailable(
+                f"the model's process is being started again ({response.text[:200]})"
+            )
+            body = json.dumps(error_body(down)).encode()
+            return cls(int(down.status), body, {**down.headers, "content-type": JSON})
         kept = {k: v for k, v in response.headers.items() if k.lower() in PASSED_HEADERS}
         return cls(response.status_code, response.content, kept)
 
@@ -42,7 +59,7 @@ def refusal(error: RequestError) -> Response:
         json.dumps(error_body(error)),
         int(error.status),
         headers=error.headers,
-        media_type="application/json",
+        media_type=JSON,
     )
 
 

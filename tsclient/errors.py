@@ -11,9 +11,12 @@ import requests
 from urllib3.exceptions import InvalidHeader
 from urllib3.util import Retry
 
-# Defined beside the key file both sides read; re-exported as part of this hierarchy.
+# Defined beside the key file both sides read, with Triton's wording of a model that is down
+# (the transformer reads it too); re-exported as part of this hierarchy.
+from serveshared.errors import TRITON_RELOADING as TRITON_RELOADING
 from serveshared.errors import KeyFileError as KeyFileError
 from serveshared.errors import ServeError as ServeError
+from serveshared.errors import triton_model_down
 
 TsError = ServeError  # the root's older name, kept: scripts catch it
 
@@ -85,8 +88,6 @@ TRITON_KEY_HINT = (
     "file tritonrepo.server wrote (build/triton-key_file.json by default); "
     "they change only when Triton restarts with --new-keys"
 )
-# Triton's answer while a model is unloaded or loading (its watchdog reloads a dead one).
-TRITON_RELOADING = "has no available versions"
 ALLOWED_URLS_HINT = (
     "register archives by file name from the model store (model_store in "
     "config/server.properties), or add the URL's pattern to allowed_urls there "
@@ -133,8 +134,8 @@ def from_response(response: requests.Response, what: str) -> ApiError:
         )
     if "does not match any allowed URL" in message or "Relative path" in message:
         return Refused(status, type_, f"{what}: {message}", ALLOWED_URLS_HINT)
-    if status == 404 and TRITON_RELOADING in message:
-        # Triton has no 503 for a model being loaded again (tritonrepo.watchdog): read as one.
+    if triton_model_down(status, message):
+        # Triton has no 503 for a model whose process is down or loading again: read as one.
         return ApiError(
             503,
             "ModelUnavailable",
