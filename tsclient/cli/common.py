@@ -122,3 +122,13 @@ def wrote_page(path: Path, html: str) -> str:
 
     size = pages.write(path, html)
     return f"wrote {path} ({size / 1e6:.1f} MB; open it in a browser)"
+
+
+def read_image(path: Path | str) -> bytes:
+    """A file's bytes, or the usage error that names it."""
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise errors.UsageError(
+            f"cannot read {path}: {exc.strerror}", "check the file path"
+        ) from None

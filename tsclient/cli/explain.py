@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tsclient import errors
-from tsclient.cli.common import TRITON_URL_HELP, Commands, url_arguments, wrote_page
+from tsclient.cli.common import TRITON_URL_HELP, Commands, read_image, url_arguments, wrote_page
 from tsclient.cli.jobs import run_job
 from tsclient.client import Client
 from tsclient.collection import Collection
@@ -65,12 +65,7 @@ def cmd_explain(client: Client, args: argparse.Namespace) -> tuple[Any, str, int
     if args.concurrency is not None:
         raise errors.UsageError("--concurrency paces a gallery", "add --html gallery.html")
     path = Path(args.sources[0])
-    try:
-        image = path.read_bytes()
-    except OSError as exc:
-        raise errors.UsageError(
-            f"cannot read {path}: {exc.strerror}", "check the file path"
-        ) from None
+    image = read_image(path)
     answer = client.explain(
         args.model,
         image,

@@ -8,8 +8,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from tsclient import errors
-from tsclient.cli.common import DEFAULT_MODELS, Commands, endpoint_arguments, wrote_page
+from tsclient.cli.common import DEFAULT_MODELS, Commands, endpoint_arguments, read_image, wrote_page
 from tsclient.client import Client
 from tsclient.traffic import Traffic
 
@@ -55,14 +54,7 @@ def cmd_similar(client: Client, args: argparse.Namespace) -> tuple[Any, str, int
 
     from tsclient import search
 
-    images = []
-    for query in args.queries:
-        try:
-            images.append(Path(query).read_bytes())
-        except OSError as exc:
-            raise errors.UsageError(
-                f"cannot read {query}: {exc.strerror}", "check the file path"
-            ) from None
+    images = [read_image(query) for query in args.queries]
     vectors = client.infer(
         args.model,
         images,
