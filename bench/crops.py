@@ -33,6 +33,7 @@ from bench.triton import binary_request
 from devtools.server import LocalTorchServe, free_ports
 from servecore.config import HandlerConfig
 from servecore.intake import Preprocessor
+from serveshared.v2binary import binary_body, binary_tensor
 from tritonrepo.generate import generate
 from tritonrepo.install import NotInstalled, TritonInstall
 from tritonrepo.server import Triton
@@ -48,23 +49,8 @@ def crop_of(data: bytes) -> np.ndarray:
 
 def crops_request(crop: np.ndarray) -> tuple[bytes, dict[str, str]]:
     """One crop as the v2 ``crops`` tensor in the binary tensor extension: body, headers."""
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "crops",
-                    "datatype": "UINT8",
-                    "shape": [1, *crop.shape],
-                    "parameters": {"binary_data_size": crop.nbytes},
-                }
-            ],
-            "outputs": [{"name": "embedding"}],
-        }
-    ).encode()
-    return header + crop.tobytes(), {
-        "Inference-Header-Content-Length": str(len(header)),
-        "Content-Type": "application/octet-stream",
-    }
+    tensor = binary_tensor("crops", "UINT8", [1, *crop.shape], crop.nbytes)
+    return binary_body({"inputs": [tensor], "outputs": [{"name": "embedding"}]}, crop.tobytes())
 
 
 def json_base64_bytes(data: bytes) -> int:

@@ -61,23 +61,12 @@ def handler_setting(text: str) -> tuple[str, object]:
 def crop_request(crop: Any) -> Any:
     """One HWC uint8 crop as a v2 request in the binary tensor extension, as an engine hands
     the core its body and ``Inference-Header-Content-Length``."""
-    import json
-
     from servecore.parse import HttpRequest
+    from serveshared.v2binary import HEADER_LENGTH, binary_body, binary_tensor
 
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "crops",
-                    "datatype": "UINT8",
-                    "shape": [1, *crop.shape],
-                    "parameters": {"binary_data_size": crop.nbytes},
-                }
-            ]
-        }
-    ).encode()
-    return HttpRequest(body=header + crop.tobytes(), header_length=str(len(header)))
+    tensor = binary_tensor("crops", "UINT8", [1, *crop.shape], crop.nbytes)
+    body, headers = binary_body({"inputs": [tensor]}, crop.tobytes())
+    return HttpRequest(body=body, header_length=headers[HEADER_LENGTH])
 
 
 def run_core(

@@ -10,7 +10,6 @@ Triton's Python backend cannot set; so the mean is per batch, where TorchServe's
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from bench.layout import BUILD, TAGGER, fresh_dir
 from bench.loadgen import Endpoint
 from bench.serving import LoadPlan, ModelUnderTest, run_plan
 from devtools.server import free_ports
+from serveshared.v2binary import binary_body, binary_tensor, bytes_elements
 from tritonrepo.generate import generate
 from tritonrepo.install import NotInstalled, TritonInstall
 from tritonrepo.server import Triton
@@ -29,24 +29,12 @@ from tritonrepo.server import Triton
 def binary_request(image: bytes, output: str = "tags") -> tuple[bytes, dict[str, str]]:
     """A v2 request of one image in Triton's binary tensor extension, asking for ``output``
     as JSON: body and headers."""
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "images",
-                    "datatype": "BYTES",
-                    "shape": [1, 1],
-                    "parameters": {"binary_data_size": len(image) + 4},
-                }
-            ],
-            "outputs": [{"name": output, "parameters": {"binary_data": False}}],
-        }
-    )
-    element = len(image).to_bytes(4, "little") + image  # BYTES: a 4-byte length, then the data
-    return header.encode() + element, {
-        "Inference-Header-Content-Length": str(len(header)),
-        "Content-Type": "application/octet-stream",
+    element = bytes_elements([image])
+    header = {
+        "inputs": [binary_tensor("images", "BYTES", [1, 1], len(element))],
+        "outputs": [{"name": output, "parameters": {"binary_data": False}}],
     }
+    return binary_body(header, element)
 
 
 class TritonUnderTest(ModelUnderTest):

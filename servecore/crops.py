@@ -24,6 +24,7 @@ import torch
 
 from model_files.resnet_dual import CROP, INPUT
 from servecore.errors import InvalidRequest, echo
+from serveshared.v2binary import HEADER_LENGTH
 
 CROPS = "crops"  # the input's name (Triton requires it; TorchServe reads the datatype)
 CROP_SHAPE = (CROP, CROP, 3)
@@ -39,8 +40,6 @@ CROPS_INPUT = {
 # Prefixed to a crop's bytes in the content cache's digest: no encoded image starts this way
 # (one that did would not decode, so would never be stored), so a crop never answers as one.
 CROP_DOMAIN = f"{INPUT}\0".encode()
-# The binary tensor extension's header, as Triton's HTTP frontend and tritonclient name it.
-HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
 @dataclass(frozen=True)

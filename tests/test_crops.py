@@ -18,6 +18,7 @@ from servecore.config import HandlerConfig
 from servecore.errors import InvalidRequest, PayloadTooLarge
 from servecore.intake import Preprocessor
 from servecore.parse import HttpRequest, parse_http
+from serveshared import v2binary
 from tests import imagegen
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,21 +48,10 @@ def crops_body(crops: np.ndarray, shape: list | None = None, datatype: str = "UI
 def binary_body(crops: np.ndarray, parameters: dict | None = None) -> tuple[bytes, dict]:
     """The binary tensor extension's body (JSON header, then the raw crops) and its headers."""
     header = {
-        "inputs": [
-            {
-                "name": "crops",
-                "datatype": "UINT8",
-                "shape": list(crops.shape),
-                "parameters": {"binary_data_size": crops.nbytes},
-            }
-        ],
+        "inputs": [v2binary.binary_tensor("crops", "UINT8", crops.shape, crops.nbytes)],
         **({"parameters": parameters} if parameters else {}),
     }
-    text = json.dumps(header).encode()
-    return text + crops.tobytes(), {
-        "Inference-Header-Content-Length": str(len(text)),
-        "Content-Type": "application/octet-stream",
-    }
+    return v2binary.binary_body(header, crops.tobytes())
 
 
 def test_a_v2_uint8_tensor_parses_to_each_crops_hwc_bytes():

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 import requests
 
 from serveshared.keys import Keys, bearer
+from serveshared.v2binary import binary_body, binary_tensor
 from tsclient import errors
 from tsclient.engine import Engine
 from tsclient.traffic import INTERACTIVE, Traffic
@@ -351,24 +352,17 @@ class Client(ABC):
         """``infer_answers`` for images preprocessed here (``tsclient.preprocess``): ``crops``
         a uint8 array [n, 224, 224, 3], sent as the model's ``crops`` input in the v2 binary
         tensor extension (a JSON header, then the raw pixels: 150 KB an image)."""
-        tensor = {
-            "name": "crops",
-            "shape": list(crops.shape),
-            "datatype": "UINT8",
-            "parameters": {"binary_data_size": crops.nbytes},
-        }
-        header = json.dumps(self._v2_body(model, tensor, output, topk, traffic)).encode()
+        tensor = binary_tensor("crops", "UINT8", crops.shape, crops.nbytes)
+        body, headers = binary_body(
+            self._v2_body(model, tensor, output, topk, traffic), crops.tobytes()
+        )
         response = self._call(
             "POST",
             "inference",
             f"/v2/models/{check_name(model)}/infer",
             f"v2 infer {model} ({len(crops)} crops)",
-            data=header + crops.tobytes(),
-            headers={
-                "Content-Type": "application/octet-stream",
-                "Inference-Header-Content-Length": str(len(header)),
-                **traffic.headers(),
-            },
+            data=body,
+            headers={**headers, **traffic.headers()},
         )
         return _v2_answers(response, output)
 
