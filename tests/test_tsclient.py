@@ -701,6 +701,7 @@ class _TaggingServer:
     one class, computed in ``precision``."""
 
     urls: ClassVar[dict] = {"inference": "http://example.invalid"}
+    reaches_management = False  # a TorchServe behind KServe: no describe
 
     def __init__(self, precision: str):
         self.precision = precision
@@ -732,3 +733,39 @@ def test_tag_json_says_the_precision_of_each_answer(tmp_path):
     for tags in data.values():
         assert tags == [{"label": "tabby", "index": 281, "probability": 0.9, "precision": "bf16"}]
     assert text.splitlines()[0] == f"{photos[0]}: tabby 0.900"
+
+
+class _DescribingServer(_TaggingServer):
+    """A Triton reached by ``--url``: it describes each model (our preprocessing recipe) over
+    its inference API, and answers crops made here."""
+
+    reaches_management = True
+
+    def __init__(self, precision: str):
+        super().__init__(precision)
+        self.crops: list = []
+
+    def describe(self, model, version=None, customized=False):
+        from model_files.resnet_dual import PREPROCESSING
+
+        return [{"modelName": model, "customizedMetadata": {"preprocessing": PREPROCESSING}}]
+
+    def infer_crops(self, model, crops, **kwargs):
+        self.crops.append(crops.shape)
+        return self.infer_answers(model, list(crops))
+
+
+def test_tag_preprocesses_here_for_a_server_that_describes_by_url(tmp_path):
+    """``tsctl tag --url TRITON --preprocess client`` crops by the recipe Triton describes
+    (refused as "not described" before: describe was only asked of a management API)."""
+    from PIL import Image
+
+    photo = tmp_path / "p.jpg"
+    Image.new("RGB", (320, 240), (200, 120, 40)).save(photo)
+    args = cli.parser().parse_args(
+        ["tag", str(photo), "--url", "http://example.invalid", "--preprocess", "client"]
+    )
+    server = _DescribingServer("f32")
+    data, _, code = cli.batch.cmd_tag(server, args)
+    assert code == 0 and server.crops == [(1, 224, 224, 3)]
+    assert data[str(photo)][0]["label"] == "tabby"

@@ -633,8 +633,9 @@ def bulk_lane(client: Client, model: str, entry: dict | None) -> tuple[str, dict
 def model_identity(
     client: Client, model: str, with_management: bool = True
 ) -> tuple[dict | None, dict]:
-    """(the customized describe entry, or None without a management API; the metadata stored
-    with the rows: model, version, precision, backend, weights fingerprint)."""
+    """(the customized describe entry, or None without a management API: a TorchServe behind
+    ``--url``, not a Triton, which describes over its inference API; the metadata stored with
+    the rows: model, version, precision, backend, weights fingerprint)."""
     if not with_management:
         return None, {
             "model": model,

@@ -93,7 +93,7 @@ def cmd_tag(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
         return _collection(client, args, "tags")
     sink = batchjob.ListSink()
     identity = batchjob.model_identity(
-        client, args.model or DEFAULT_MODELS["tags"], with_management=args.url is None
+        client, args.model or DEFAULT_MODELS["tags"], with_management=client.reaches_management
     )
     collection = collection_of(args)
     summary = run_job(client, args, "tags", sink, collection, identity)
@@ -139,7 +139,7 @@ def _collection(client: Client, args, task: str) -> tuple[Any, str, int]:
         objectstore.download_if_exists(out, local)
     meta = {"shard": str(Shard.parse(args.shard))}
     identity = batchjob.model_identity(
-        client, args.model or DEFAULT_MODELS[task], with_management=args.url is None
+        client, args.model or DEFAULT_MODELS[task], with_management=client.reaches_management
     )
     output = Output(local, task, {**identity[1], **meta})
     output.clean()
