@@ -716,6 +716,13 @@ class _TaggingServer:
         return Answers([[tag] for _ in images], self.precision)
 
 
+def tag_apart(server, args):
+    """``tsctl tag`` in this process, on a thread of its own: a bulk job leaves its thread
+    under SCHED_IDLE for good, which would slow every test after it in the same process."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(cli.batch.cmd_tag, server, args).result()
+
+
 def test_tag_json_says_the_precision_of_each_answer(tmp_path):
     """``tsctl --json tag`` keeps each file's list of tags and names in every tag the precision
     the answer came with, as the Parquet rows record it."""
@@ -725,10 +732,7 @@ def test_tag_json_says_the_precision_of_each_answer(tmp_path):
     args = cli.parser().parse_args(
         ["tag", *map(str, photos), "--url", "http://example.invalid", "--preprocess", "server"]
     )
-    # On a thread of its own: a bulk job leaves its thread under SCHED_IDLE for good, which
-    # would slow every test after this one in the same process.
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        data, text, code = pool.submit(cli.batch.cmd_tag, _TaggingServer("bf16"), args).result()
+    data, text, code = tag_apart(_TaggingServer("bf16"), args)
     assert code == 0 and list(data) == [str(p) for p in photos]
     for tags in data.values():
         assert tags == [{"label": "tabby", "index": 281, "probability": 0.9, "precision": "bf16"}]
@@ -766,6 +770,6 @@ def test_tag_preprocesses_here_for_a_server_that_describes_by_url(tmp_path):
         ["tag", str(photo), "--url", "http://example.invalid", "--preprocess", "client"]
     )
     server = _DescribingServer("f32")
-    data, _, code = cli.batch.cmd_tag(server, args)
+    data, _, code = tag_apart(server, args)
     assert code == 0 and server.crops == [(1, 224, 224, 3)]
     assert data[str(photo)][0]["label"] == "tabby"
