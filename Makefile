@@ -41,7 +41,8 @@ $(error PRECISION is now QUANTIZE=none|int8 (the runtime arithmetic is handler.p
 endif
 WEIGHTS_DIR := build/weights
 MODEL_CONFIGS := $(wildcard config/models/*.yaml)
-SOURCES := $(wildcard handlers/*.py servecore/*.py servecore/*/*.py model_files/*.py) $(MODEL_CONFIGS) archive.sh \
+SOURCES := $(wildcard handlers/*.py servecore/*.py servecore/*/*.py model_files/*.py serveshared/*.py) \
+           $(MODEL_CONFIGS) archive.sh \
            buildsteps/configgen.py
 
 .PHONY: setup java config weights archives gpu samples serve lint test test-fast triton-server triton-repo serve-triton bench bench-sweep bench-ingestion bench-collection bench-traffic bench-ceiling bench-gpu soak clean

@@ -63,7 +63,8 @@ mapfile -t INT8 <<< "$INT8"
 [ -n "${INT8[0]}" ] || INT8=()
 
 # torch-model-archiver copies a folder given in --extra-files flat into the archive root, so
-# stage one folder holding the handlers/, servecore/ and model_files/ packages and the weight
+# stage one folder holding the handlers/, servecore/, model_files/ and serveshared/ (what the
+# core shares with clients) packages and the weight
 # metadata. It also stages in $TMPDIR/<model-name> and deletes that first: give each run a
 # private TMPDIR.
 mkdir -p build "$OUT"
@@ -72,7 +73,7 @@ trap 'rm -rf "$WORK"' EXIT
 STAGE="$WORK/stage"
 ARCHIVER_TMP="$WORK/tmp"
 mkdir -p "$STAGE" "$ARCHIVER_TMP"
-find handlers servecore model_files -name '*.py' -exec cp --parents {} "$STAGE/" \;
+find handlers servecore model_files serveshared -name '*.py' -exec cp --parents {} "$STAGE/" \;
 cp "$WEIGHTS_DIR/weights_info.json" "$WEIGHTS_DIR/index_to_name.json" "$STAGE/"
 for f in "${FILES[@]:1}" "${INT8[@]}"; do cp "$WEIGHTS_DIR/$f" "$STAGE/"; done
 # Explanations need gradients, so the PyTorch checkpoint goes in whatever the backend (about

@@ -1,3 +1,5 @@
-"""What the servers' launchers and the client share: where a local server listens (``ports``)
-and the key file both sides read (``keys``, its one error in ``errors``). Small on purpose: the
-Triton runtime image and the client image each copy it whole, and it imports neither side."""
+"""What the servers and the client share: where a local server listens (``ports``), the key
+file both sides read (``keys``, its one error in ``errors``), how Triton says a model is down
+(``errors``) and the v2 binary tensor extension's layout (``v2binary``). Small on purpose, and
+it imports neither side: the runtime image, the client image, every model archive and every
+Triton model folder copy it whole."""

@@ -11,7 +11,8 @@ from ``batchSize``, ``max_queue_delay_microseconds`` from ``maxBatchDelay``, ins
 TorchServe's ``job_queue_size`` and its timeout from ``responseTimeout``; the ``handler:``
 section as the model's ``handler`` parameter) and
 ``<model>/1/``: the adapter (``tritonrepo/model.py`` as ``model.py``, with the modules of
-``tritonrepo`` it imports), the ``servecore`` and ``model_files`` packages it imports, and the
+``tritonrepo`` it imports), the ``servecore``, ``model_files`` and ``serveshared`` packages it
+imports, and the
 model files of ``model-store/<model>.mar`` (the IR and its int8 sibling, labels, weights
 provenance, the PyTorch checkpoint explanations run on) so Triton serves exactly what
 TorchServe serves.
@@ -45,7 +46,8 @@ from servecore.traffic import Priority
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "build" / "triton"
 MODEL_STORE = REPO / "model-store"
-PACKAGES = ("servecore", "model_files")  # what model.py imports, copied beside it
+# What model.py imports, copied beside it (serveshared: the v2 binary extension's names).
+PACKAGES = ("servecore", "model_files", "serveshared")
 # ... and the adapter's own modules it imports, as 1/tritonrepo/ (not generate, install or
 # server: they run outside Triton).
 ADAPTER_MODULES = ("__init__.py", "metrics.py")

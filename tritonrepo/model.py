@@ -54,7 +54,7 @@ class TritonPythonModel:
                 batch_size=max(1, int(config.get("max_batch_size", 1))),
                 gpu_id=int(args["model_instance_device_id"]) if gpu else None,
                 archive_name=parameters.get("archive_name", ""),
-                slot=args["model_instance_name"],
+                slot=args.get("model_instance_name", ""),  # "": no restarts counted
             ),
             self.metrics,
         )

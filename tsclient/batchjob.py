@@ -633,17 +633,21 @@ def bulk_lane(client: Client, model: str, entry: dict | None) -> tuple[str, dict
 def model_identity(
     client: Client, model: str, with_management: bool = True
 ) -> tuple[dict | None, dict]:
-    """(the customized describe entry, or None without a management API: a TorchServe behind
-    ``--url``, not a Triton, which describes over its inference API; the metadata stored with
-    the rows: model, version, precision, backend, weights fingerprint)."""
+    """(the customized describe entry, or None without a management API (a TorchServe behind
+    ``--url``) or without its key (a token for inference alone: the job needs no more); the
+    metadata stored with the rows: model, version, precision, backend, weights fingerprint)."""
+    undescribed = {
+        "model": model,
+        "model_version": None,
+        "weights_sha256": None,
+        "endpoint": client.urls["inference"],
+    }
     if not with_management:
-        return None, {
-            "model": model,
-            "model_version": None,
-            "weights_sha256": None,
-            "endpoint": client.urls["inference"],
-        }
-    entry = described(client, model)
+        return None, undescribed
+    try:
+        entry = described(client, model)
+    except errors.KeyRejected:  # the job itself needs only the inference key
+        return None, undescribed
     custom = entry.get("customizedMetadata")
     custom = custom if isinstance(custom, dict) else {}
     weights = custom.get("weights") or {}
