@@ -40,6 +40,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +85,31 @@ def job_queue_size(base: Path = BASE) -> int:
     model may hold waiting, beyond which the frontend answers 503 at once. Triton's dynamic
     batcher takes the same bound (``tritonrepo.generate``)."""
     return int(javaproperties.loads(base.read_text())["job_queue_size"])
+
+
+def rewrite_properties(text: str, overrides: dict[str, str]) -> str:
+    """Set single-line ``key=value`` properties in a config.properties text (append if absent)."""
+    for key, value in overrides.items():
+        pattern = re.compile(rf"^{re.escape(key)}=.*$", re.MULTILINE)
+        line = f"{key}={value}"
+        text, count = pattern.subn(line.replace("\\", "\\\\"), text)  # a literal line
+        if not count:
+            text = text.rstrip("\n") + f"\n{line}\n"
+    return text
+
+
+def run_archive_sh(*models: str, quiet: bool = False, **settings: str) -> None:
+    """``archive.sh`` for ``models`` (none: every model), its ``settings`` (``OUT``,
+    ``BACKEND``, ``QUANTIZE``, ``VERSION``, ``CONFIG_DIR``, ``WEIGHTS_DIR``) over this
+    process's environment; ``quiet``: its progress not shown."""
+    subprocess.run(
+        [str(REPO / "archive.sh"), *models],
+        cwd=REPO,
+        check=True,
+        env={**os.environ, **settings},
+        stdout=subprocess.DEVNULL if quiet else None,
+        timeout=600,
+    )
 
 
 def archive_name(model: str, version: str = VERSION) -> str:

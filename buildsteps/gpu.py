@@ -27,8 +27,8 @@ The ``gpu:`` section: ``workersPerGpu`` (required), and any of ``batchSize``,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -43,8 +43,9 @@ from buildsteps.configgen import (
     frontend_settings,
     local_config,
     model_names,
+    rewrite_properties,
+    run_archive_sh,
 )
-from devtools.server import rewrite_properties
 
 SECTION = "gpu"
 OVERRIDES = ("batchSize", "maxBatchDelay", "responseTimeout")  # a GPU value may replace these
@@ -156,24 +157,26 @@ def config_properties(
 
 
 def archive(
-    store: Path, gpus: int, weights_dir: Path = WEIGHTS_DIR, version: str = VERSION
+    store: Path,
+    gpus: int,
+    weights_dir: Path = WEIGHTS_DIR,
+    version: str = VERSION,
+    configs: Path | None = None,
 ) -> None:
-    """Eager archives of every model with its GPU model-config.yaml, into ``store``."""
-    with tempfile.TemporaryDirectory() as configs:
-        write_model_configs(Path(configs), gpus)
-        subprocess.run(
-            [str(REPO / "archive.sh")],
-            cwd=REPO,
-            check=True,
-            env=dict(
-                os.environ,
-                BACKEND=BACKEND,
-                QUANTIZE="none",
-                CONFIG_DIR=configs,
-                OUT=str(store),
-                WEIGHTS_DIR=str(weights_dir),
-                VERSION=version,
-            ),
+    """Eager archives of every model with its GPU model-config.yaml, into ``store``.
+    ``configs``: where ``write_model_configs`` already wrote them for ``gpus`` (``build``);
+    None: written to a temporary folder."""
+    with contextlib.ExitStack() as stack:
+        if configs is None:
+            configs = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            write_model_configs(configs, gpus)
+        run_archive_sh(
+            BACKEND=BACKEND,
+            QUANTIZE="none",
+            CONFIG_DIR=str(configs),
+            OUT=str(store),
+            WEIGHTS_DIR=str(weights_dir),
+            VERSION=version,
         )
 
 
@@ -182,7 +185,7 @@ def build(out: Path = OUT, gpus: int = 1, weights_dir: Path = WEIGHTS_DIR) -> Pa
     config.properties."""
     _check_gpus(gpus)
     write_model_configs(out / "models", gpus)
-    archive(out / "model-store", gpus, weights_dir)
+    archive(out / "model-store", gpus, weights_dir, configs=out / "models")
     properties = out / "config.properties"
     text = config_properties(gpus)
     store = os.path.relpath(out / "model-store", REPO)

@@ -27,6 +27,7 @@ from pathlib import Path
 import psutil
 import requests
 
+from buildsteps.configgen import rewrite_properties
 from serveshared.errors import KeyFileError
 from serveshared.keys import Keys
 from tsclient.client import TorchServeClient
@@ -135,17 +136,6 @@ def stop_processes(pids: set[int], grace: float = 30.0) -> None:
         with contextlib.suppress(psutil.Error):
             proc.send_signal(signal.SIGKILL)
     psutil.wait_procs(alive, timeout=10)
-
-
-def rewrite_properties(text: str, overrides: dict[str, str]) -> str:
-    """Set single-line ``key=value`` properties in a config.properties text (append if absent)."""
-    for key, value in overrides.items():
-        pattern = re.compile(rf"^{re.escape(key)}=.*$", re.MULTILINE)
-        line = f"{key}={value}"
-        text, count = pattern.subn(line.replace("\\", "\\\\"), text)  # a literal line
-        if not count:
-            text = text.rstrip("\n") + f"\n{line}\n"
-    return text
 
 
 class LocalTorchServe:

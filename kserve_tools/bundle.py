@@ -36,9 +36,7 @@ With ``--device gpu``, ``resnet50-triton-gpu``: the repository of the GPU archiv
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import subprocess
 import tarfile
 import tempfile
 import zipfile
@@ -46,7 +44,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from buildsteps import gpu as gpu_deployment
-from buildsteps.configgen import REPO, VERSION, archive_name, local_config, repo_models
+from buildsteps.configgen import (
+    REPO,
+    VERSION,
+    archive_name,
+    local_config,
+    repo_models,
+    run_archive_sh,
+)
 from model_files.artifacts import archive_quantize, backend_of, read_manifest
 from tritonrepo.generate import generate as generate_triton_repository
 
@@ -108,17 +113,8 @@ def _copy_archives(store: Path, models: list[str], version: str, source: Path) -
             read_manifest(mar)["serializedFile"],
             archive_quantize(mar.namelist()),
         )
-    subprocess.run(
-        [str(REPO / "archive.sh")],
-        cwd=REPO,
-        check=True,
-        env=dict(
-            os.environ,
-            VERSION=version,
-            OUT=str(store),
-            BACKEND=backend_of(serialized),
-            QUANTIZE=quantize,
-        ),
+    run_archive_sh(
+        VERSION=version, OUT=str(store), BACKEND=backend_of(serialized), QUANTIZE=quantize
     )
 
 

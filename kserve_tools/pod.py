@@ -27,13 +27,13 @@ from pathlib import Path
 
 import requests
 
+from buildsteps.configgen import rewrite_properties
 from devtools.server import (
     free_ports,
     loopback_urls,
     port_properties,
     private_env,
     process_tree,
-    rewrite_properties,
     stop_torchserve,
     tails,
 )
