@@ -139,12 +139,8 @@ def render(text: str, table: str, name: str = "doc") -> str:
 
 def stale(root: Path = REPO) -> list[str]:
     """The docs whose generated block differs from what this step writes."""
-    return [
-        doc
-        for doc, table in BLOCKS.items()
-        if render((root / doc).read_text(encoding="utf-8"), table(), doc)
-        != (root / doc).read_text(encoding="utf-8")
-    ]
+    texts = {doc: (root / doc).read_text(encoding="utf-8") for doc in BLOCKS}
+    return [doc for doc, table in BLOCKS.items() if render(texts[doc], table(), doc) != texts[doc]]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,9 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only report stale docs (exit 1)")
     args = parser.parse_args(argv)
     if args.check:
-        for doc in stale():
+        found = stale()
+        for doc in found:
             print(f"{doc} is stale: run `{COMMAND}`", file=sys.stderr)
-        return 1 if stale() else 0
+        return 1 if found else 0
     for doc, table in BLOCKS.items():
         path = REPO / doc
         text = path.read_text(encoding="utf-8")
