@@ -91,12 +91,6 @@ def bundle_config(device: str = "cpu", version: str = VERSION, gpus: int = 1) ->
     return local_config(SERVER_PROPERTIES, repo_models(), version)
 
 
-def archive_identity(mar: Path) -> tuple[str, str, str]:
-    """(model name, version, backend) from an archive's MAR-INF/MANIFEST.json."""
-    model = read_manifest(mar)
-    return model["modelName"], model["modelVersion"], backend_of(model["serializedFile"])
-
-
 def _copy_archives(store: Path, models: list[str], version: str, source: Path) -> None:
     built = [source / archive_name(model) for model in models]
     for mar in built:
@@ -148,7 +142,7 @@ def build(
         else:
             _copy_archives(stage / "model-store", models, version, Path(model_store))
         for mar in sorted((stage / "model-store").glob("*.mar")):
-            _, mar_version, _ = archive_identity(mar)
+            mar_version = read_manifest(mar)["modelVersion"]
             if mar_version != version:
                 raise SystemExit(f"{mar.name} is version {mar_version}, the bundle {version}")
         return _publish(stage, out)
