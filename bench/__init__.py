@@ -5,6 +5,9 @@
     python -m bench.sweep    batchSize x maxBatchDelay x workers for the tagger; results/sweep.md
     python -m bench.ceiling  TorchServe's and Triton's own ceilings with null models (``null``);
                              results/ceiling.md
+    python -m bench.gpu      the core against a GPU's ceilings; results/gpu.md (on a GPU)
+
+The other tools (``crops``, ``preprocess``, ``soak``, ``traffic``, ...): bench/README.md.
 
 Modules: ``loadgen`` (closed/open-loop HTTP clients), ``stats`` (percentiles, run summaries),
 ``memory`` (peak RSS of a server's process tree), ``batchlog`` (batch sizes from TorchServe's
