@@ -77,6 +77,16 @@ def is_loopback(url: str) -> bool:
         return False
 
 
+def new_session(loopback: bool, verify: bool | str = True) -> requests.Session:
+    """A session for calls to a loopback server (``loopback``: no proxy, nothing else from
+    the environment) or to another host (requests' defaults), verifying TLS against
+    ``verify`` (a CA bundle's path, or True)."""
+    session = requests.Session()
+    session.trust_env = not loopback
+    session.verify = verify
+    return session
+
+
 def check_name(value: str, what: str = "model name") -> str:
     """Return ``value`` if TorchServe can route it (``/predictions/NAME/VERSION``), else raise
     ``UsageError``: letters, digits, ``_ - .``, starting with a letter or digit, no ``..``, at
@@ -118,9 +128,13 @@ class Client(ABC):
         self.timeout = timeout
         # Keys never travel through HTTP(S)_PROXY to a loopback server (requests would send
         # them to a proxy unless NO_PROXY names the host); remote URLs keep the environment.
-        self.session = requests.Session()
-        self.loopback_session = requests.Session()
-        self.loopback_session.trust_env = False
+        # Each port's session is chosen once, here.
+        self.session = new_session(loopback=False)
+        self.loopback_session = new_session(loopback=True)
+        self._sessions = {
+            port: self.loopback_session if is_loopback(url) else self.session
+            for port, url in self.urls.items()
+        }
         self.bytes_sent = 0  # request bodies this client sent (what a job reports)
         self._counting = threading.Lock()
         # Whether describe and the metrics port are reachable (not on a TorchServe known by
@@ -185,8 +199,7 @@ class Client(ABC):
             with self._counting:
                 self.bytes_sent += len(body.encode() if isinstance(body, str) else body)
         try:
-            session = self.loopback_session if is_loopback(url) else self.session
-            return session.request(
+            return self._sessions[port].request(
                 method, url, params=params, headers={**(headers or {}), **auth}, **kwargs
             )
         except requests.ConnectionError:
@@ -246,6 +259,10 @@ class Client(ABC):
     @abstractmethod
     def rotate(self, kind: str) -> Keys:
         """A new ``inference`` or ``management`` key; the new keys."""
+
+    def verify(self, verify: bool | str) -> None:
+        """Verify TLS against ``verify`` (a CA bundle's path, or True) on every port."""
+        self.session.verify = self.loopback_session.verify = verify
 
     def refusal(self, command: str, exc: errors.ApiError) -> errors.TsError:
         """What to report when the server refused ``command`` (a tsctl command) with ``exc``:

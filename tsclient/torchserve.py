@@ -126,7 +126,7 @@ class TorchServeClient(Client):
         if command not in NOT_ON_TRITON or not 400 <= exc.status < 500:
             return exc
         try:
-            triton = detect(self.urls["management"], self.loopback_session) is Engine.TRITON
+            triton = detect(self.urls["management"], self._sessions["management"]) is Engine.TRITON
         except errors.TsError:
             return exc
         return not_on_triton(command) if triton else exc
