@@ -32,7 +32,7 @@ import requests
 from serveshared.keys import Keys, bearer
 from serveshared.v2binary import binary_body, binary_tensor
 from tsclient import errors
-from tsclient.engine import Engine
+from tsclient.engine import Engine, not_on_triton
 from tsclient.traffic import INTERACTIVE, Traffic
 
 TIMEOUT_S = 300.0  # registration and scaling wait for workers
@@ -229,7 +229,9 @@ class Client(ABC):
         """One row per model version: ``model``, ``version``, ``default``, ``workers``,
         ``ready``, ``batchSize``, ``maxBatchDelay`` (what ``tsctl list`` prints)."""
 
-    @abstractmethod
+    # TorchServe's management API and key rotation: an engine without them (Triton) refuses
+    # them before anything is sent, with what to do there instead (``engine.NOT_ON_TRITON``).
+
     def register(
         self,
         archive: str,
@@ -241,24 +243,25 @@ class Client(ABC):
         response_timeout: int | None = None,
     ) -> dict:
         """Register ``archive`` and wait for its workers (TorchServe's management API)."""
+        raise not_on_triton("register")
 
-    @abstractmethod
     def scale(
         self, model: str, min_worker: int, max_worker: int | None = None, version: str | None = None
     ) -> dict:
         """Set a model's worker count and wait until it is reached."""
+        raise not_on_triton("scale")
 
-    @abstractmethod
     def set_default(self, model: str, version: str) -> dict:
         """Make ``version`` what a request naming no version reaches."""
+        raise not_on_triton("set-default")
 
-    @abstractmethod
     def unregister(self, model: str, version: str | None = None) -> dict:
         """Remove a model or one version."""
+        raise not_on_triton("unregister")
 
-    @abstractmethod
     def rotate(self, kind: str) -> Keys:
         """A new ``inference`` or ``management`` key; the new keys."""
+        raise not_on_triton("keys")
 
     def verify(self, verify: bool | str) -> None:
         """Verify TLS against ``verify`` (a CA bundle's path, or True) on every port."""

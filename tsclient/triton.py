@@ -11,7 +11,7 @@ own Prometheus series (``nv_inference_*``, on its metrics port: ``metrics_url``)
 the shape of TorchServe's (``torchserve.version_row``): instances stand for workers,
 ``max_batch_size`` (rows) for ``batchSize``, the dynamic batcher's queue delay for
 ``maxBatchDelay``. TorchServe's management commands and key rotation raise ``NotOnTriton``
-with what to do instead, before anything is sent.
+with what to do instead, before anything is sent (``Client``'s own answer to them).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from serveshared import ports
 from serveshared.keys import TRITON_KEY_FILE, Keys
 from tsclient import errors, metrics
 from tsclient.base import CACHED_OUTPUT, PRECISION_OUTPUT, TIMEOUT_S, Client, Report, check_name
-from tsclient.engine import Engine, not_on_triton
+from tsclient.engine import Engine
 
 # What the model's describe and explanation requests answer (tritonrepo/model.py).
 DESCRIBE, EXPLAIN, EXPLANATIONS = "describe", "explain", "explanations"
@@ -246,34 +246,6 @@ class TritonClient(Client):
                 }
             )
         return rows
-
-    # TorchServe's management API and key rotation: refused before anything is sent.
-
-    def register(
-        self,
-        archive: str,
-        *,
-        name: str | None = None,
-        workers: int | None = None,
-        batch_size: int | None = None,
-        max_batch_delay: int | None = None,
-        response_timeout: int | None = None,
-    ) -> dict:
-        raise not_on_triton("register")
-
-    def scale(
-        self, model: str, min_worker: int, max_worker: int | None = None, version: str | None = None
-    ) -> dict:
-        raise not_on_triton("scale")
-
-    def set_default(self, model: str, version: str) -> dict:
-        raise not_on_triton("set-default")
-
-    def unregister(self, model: str, version: str | None = None) -> dict:
-        raise not_on_triton("unregister")
-
-    def rotate(self, kind: str) -> Keys:
-        raise not_on_triton("keys")
 
     # ------------------------------------------------------------------ health and metrics
 
