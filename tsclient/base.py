@@ -221,10 +221,6 @@ class Client(ABC):
         with ``customized``, the handler's ``customizedMetadata`` parsed."""
 
     @abstractmethod
-    def default_version(self, model: str) -> str:
-        """The version a request naming no version reaches."""
-
-    @abstractmethod
     def model_rows(self) -> list[dict]:
         """One row per model version: ``model``, ``version``, ``default``, ``workers``,
         ``ready``, ``batchSize``, ``maxBatchDelay`` (what ``tsctl list`` prints)."""

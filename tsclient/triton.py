@@ -219,9 +219,6 @@ class TritonClient(Client):
             entry["customizedMetadata"] = self._infer(model, [b""], {DESCRIBE: True}, DESCRIBE)
         return [entry]
 
-    def default_version(self, model: str) -> str:
-        return self.describe(model)[0]["modelVersion"]
-
     def model_rows(self) -> list[dict]:
         """One row per model version in Triton's repository index, with its configuration."""
         rows = []
