@@ -223,7 +223,8 @@ class Client(ABC):
     @abstractmethod
     def model_rows(self) -> list[dict]:
         """One row per model version: ``model``, ``version``, ``default``, ``workers``,
-        ``ready``, ``batchSize``, ``maxBatchDelay`` (what ``tsctl list`` prints)."""
+        ``ready``, ``batchSize``, ``maxBatchDelay`` (what ``tsctl list`` prints); where the
+        listing described them, ``workerList``, the workers as ``describe`` gives them."""
 
     # TorchServe's management API and key rotation: an engine without them (Triton) refuses
     # them before anything is sent, with what to do there instead (``engine.NOT_ON_TRITON``).

@@ -371,7 +371,8 @@ class TorchServeClient(Client):
 
 
 def version_row(entry: dict) -> dict:
-    """A describe entry as the row ``tsctl list`` prints (Triton's rows have the same keys)."""
+    """A describe entry as the row ``tsctl list`` prints (Triton's rows have the same keys),
+    with its workers as described (``workerList``: ``tsctl top`` needs not describe again)."""
     workers = entry.get("workers", [])
     return {
         "model": entry.get("modelName"),
@@ -381,6 +382,7 @@ def version_row(entry: dict) -> dict:
         "ready": sum(w.get("status") == "READY" for w in workers),
         "batchSize": entry.get("batchSize"),
         "maxBatchDelay": entry.get("maxBatchDelay"),
+        "workerList": workers,
     }
 
 
