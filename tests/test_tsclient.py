@@ -729,6 +729,7 @@ class _TaggingServer:
     one class, computed in ``precision``."""
 
     urls: ClassVar[dict] = {"inference": "http://example.invalid"}
+    bytes_sent = 0  # Client's count of request bodies: nothing goes on a wire here
     reaches_management = False  # a TorchServe behind KServe: no describe
 
     def __init__(self, precision: str):
