@@ -105,7 +105,8 @@ class Client(ABC):
 
     ``urls``: the base URL of each port (``PORTS``). ``key_file``: the server's key file
     (re-read on every call, so rotations and restarts are picked up); ``keys``: fixed keys
-    instead. ``timeout``: seconds per call. ``engine``: which engine this client speaks to.
+    instead. ``timeout``: seconds per call. Each implementation names the engine it speaks to
+    in its class attribute ``engine``.
     """
 
     engine: ClassVar[Engine]
@@ -430,6 +431,23 @@ class Client(ABC):
     @abstractmethod
     def _explain(self, model: str, image: bytes, filename: str, options: dict[str, Any]) -> dict:
         """``explain``'s request, ``options`` the ones set (``png`` only when True)."""
+
+
+def version_row(entry: dict) -> dict:
+    """A TorchServe describe entry as the row ``tsctl list`` prints (Triton's rows have the same
+    keys), with its workers as described (``workerList``, not in Triton's: ``tsctl top`` need
+    not describe again)."""
+    workers = entry.get("workers", [])
+    return {
+        "model": entry.get("modelName"),
+        "version": entry.get("modelVersion"),
+        "default": entry.get("default"),
+        "workers": len(workers),
+        "ready": sum(w.get("status") == "READY" for w in workers),
+        "batchSize": entry.get("batchSize"),
+        "maxBatchDelay": entry.get("maxBatchDelay"),
+        "workerList": workers,
+    }
 
 
 def _v2_answers(response: requests.Response, output: str) -> Answers:

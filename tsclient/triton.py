@@ -8,7 +8,7 @@ TorchServe's does:
 ``model_rows``, ``health_report`` and ``metrics_report`` read its repository index and model
 configurations (the management key), its readiness (open, as Triton's health API is), its own
 Prometheus series (``nv_inference_*``, on its metrics port: ``metrics_url``). The rows have
-the shape of TorchServe's (``torchserve.version_row``): instances stand for workers,
+the shape of TorchServe's (``base.version_row``): instances stand for workers,
 ``max_batch_size`` (rows) for ``batchSize``, the dynamic batcher's queue delay for
 ``maxBatchDelay``. TorchServe's management commands and key rotation raise ``NotOnTriton``
 with what to do instead, before anything is sent (``Client``'s own answer to them).
