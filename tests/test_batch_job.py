@@ -195,6 +195,8 @@ class _Server:
     requests on the wire at once, answers every image with its length, the images in
     ``cached_images`` from the 'cache' (TorchServe's count)."""
 
+    bytes_sent = 0  # Client's count of request bodies: nothing goes on a wire here
+
     def __init__(self, refuse: int = 0, cached_images: frozenset[bytes] = frozenset()):
         self.refuse, self.cached_images = refuse, cached_images
         self.traffic, self.on_wire, self.most_on_wire = [], 0, 0

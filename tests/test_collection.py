@@ -342,6 +342,8 @@ class FakeClient:
     """``infer`` like TorchServeClient's: a bad image fails a multi-image request whole; the
     first ``busy`` calls get 503 with Retry-After; ``down`` calls raise ServerNotRunning."""
 
+    bytes_sent = 0  # Client's count of request bodies: nothing goes on a wire here
+
     def __init__(self, busy=0, down=0):
         self.calls, self.busy, self.down = [], busy, down
 
@@ -376,6 +378,7 @@ def test_a_job_waits_for_a_busy_model_to_describe_it():
 
     class Busy:
         calls = 0
+        bytes_sent = 0
 
         def describe(self, model, customized=False):
             self.calls += 1
@@ -396,6 +399,7 @@ def test_a_busy_answer_is_retried_after_its_retry_after():
 
     class Busy:
         calls = 0
+        bytes_sent = 0
 
         def describe(self, model, customized=False):
             self.calls += 1
@@ -425,6 +429,7 @@ def test_tritons_full_queue_is_retried_after_growing_pauses():
 
     class Busy:
         calls = 0
+        bytes_sent = 0
 
         def describe(self, model, customized=False):
             self.calls += 1

@@ -183,6 +183,8 @@ def test_an_explanation_job_retries_a_busy_server_and_records_refusals(tmp_path)
     class Explaining:
         """The first call 503 with Retry-After (the budget is taken); a bad image 400."""
 
+        bytes_sent = 0
+
         def __init__(self):
             self.calls = []
 

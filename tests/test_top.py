@@ -177,6 +177,24 @@ def test_take_finds_a_model_with_no_worker_ready_down_and_asks_only_the_others_w
     assert set(read.down_since) == {TAGGER}
 
 
+def test_take_uses_the_workers_the_rows_carry_without_describing_again():
+    """TorchServe's rows come from describe already (``workerList``): no second describe."""
+    worker = {"id": "9000", "status": "READY", "pid": 42}
+
+    class Server:
+        def model_rows(self):
+            return [{"model": TAGGER, "version": "1.0", "ready": 1, "workerList": [worker]}]
+
+        def describe(self, model):
+            raise AssertionError(f"described {model} again")
+
+        def metrics_text(self):
+            return ""
+
+    read = top.take(Server())  # type: ignore[arg-type]
+    assert read.workers == {TAGGER: [worker]} and read.down == frozenset()
+
+
 def _triton_metrics(
     success: int,
     failure: int,

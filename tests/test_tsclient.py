@@ -527,6 +527,34 @@ def test_the_engine_is_asked_once_without_a_key():
         detect(f"http://127.0.0.1:{free_port()}")
 
 
+def test_each_port_keeps_its_session_and_connect_verifies_them_all(monkeypatch, tmp_path):
+    """A loopback port's calls skip the proxy, a remote one's keep it (chosen per URL, not per
+    call); ``connect``'s CA bundle holds for the detection and every later call."""
+    client = TorchServeClient(
+        "https://127.0.0.1:8443",
+        "https://ts.example.invalid:8444",
+        "http://[::1]:8082",
+        key_file=_key_file(tmp_path / "k.json"),
+    )
+    assert {port: s.trust_env for port, s in client._sessions.items()} == {
+        "inference": False,
+        "management": True,
+        "metrics": False,
+    }
+    asked = []
+    monkeypatch.setattr(
+        "tsclient.client.detect",
+        lambda url, session: asked.append((session.trust_env, session.verify)) or Engine.TRITON,
+    )
+    triton = connect("https://127.0.0.1:8000", keys=Keys("inf", "mgmt"), verify="ca.pem")
+    assert asked == [(False, "ca.pem")]
+    assert [triton._sessions[port].verify for port in ("inference", "management")] == [
+        "ca.pem",
+        "ca.pem",
+    ]
+    assert not triton._sessions["inference"].trust_env
+
+
 def test_tritons_own_series_are_summarised_per_model():
     """``tsctl metrics --url`` on Triton: its nv_inference_* counters per model."""
     from tsclient import triton
@@ -701,6 +729,7 @@ class _TaggingServer:
     one class, computed in ``precision``."""
 
     urls: ClassVar[dict] = {"inference": "http://example.invalid"}
+    bytes_sent = 0  # Client's count of request bodies: nothing goes on a wire here
     reaches_management = False  # a TorchServe behind KServe: no describe
 
     def __init__(self, precision: str):

@@ -32,7 +32,7 @@ import requests
 from serveshared.keys import Keys, bearer
 from serveshared.v2binary import binary_body, binary_tensor
 from tsclient import errors
-from tsclient.engine import Engine
+from tsclient.engine import Engine, not_on_triton
 from tsclient.traffic import INTERACTIVE, Traffic
 
 TIMEOUT_S = 300.0  # registration and scaling wait for workers
@@ -77,6 +77,16 @@ def is_loopback(url: str) -> bool:
         return False
 
 
+def new_session(loopback: bool, verify: bool | str = True) -> requests.Session:
+    """A session for calls to a loopback server (``loopback``: no proxy, nothing else from
+    the environment) or to another host (requests' defaults), verifying TLS against
+    ``verify`` (a CA bundle's path, or True)."""
+    session = requests.Session()
+    session.trust_env = not loopback
+    session.verify = verify
+    return session
+
+
 def check_name(value: str, what: str = "model name") -> str:
     """Return ``value`` if TorchServe can route it (``/predictions/NAME/VERSION``), else raise
     ``UsageError``: letters, digits, ``_ - .``, starting with a letter or digit, no ``..``, at
@@ -95,7 +105,8 @@ class Client(ABC):
 
     ``urls``: the base URL of each port (``PORTS``). ``key_file``: the server's key file
     (re-read on every call, so rotations and restarts are picked up); ``keys``: fixed keys
-    instead. ``timeout``: seconds per call. ``engine``: which engine this client speaks to.
+    instead. ``timeout``: seconds per call. Each implementation names the engine it speaks to
+    in its class attribute ``engine``.
     """
 
     engine: ClassVar[Engine]
@@ -118,9 +129,13 @@ class Client(ABC):
         self.timeout = timeout
         # Keys never travel through HTTP(S)_PROXY to a loopback server (requests would send
         # them to a proxy unless NO_PROXY names the host); remote URLs keep the environment.
-        self.session = requests.Session()
-        self.loopback_session = requests.Session()
-        self.loopback_session.trust_env = False
+        # Each port's session is chosen once, here.
+        self.session = new_session(loopback=False)
+        self.loopback_session = new_session(loopback=True)
+        self._sessions = {
+            port: self.loopback_session if is_loopback(url) else self.session
+            for port, url in self.urls.items()
+        }
         self.bytes_sent = 0  # request bodies this client sent (what a job reports)
         self._counting = threading.Lock()
         # Whether describe and the metrics port are reachable (not on a TorchServe known by
@@ -185,8 +200,7 @@ class Client(ABC):
             with self._counting:
                 self.bytes_sent += len(body.encode() if isinstance(body, str) else body)
         try:
-            session = self.loopback_session if is_loopback(url) else self.session
-            return session.request(
+            return self._sessions[port].request(
                 method, url, params=params, headers={**(headers or {}), **auth}, **kwargs
             )
         except requests.ConnectionError:
@@ -208,15 +222,14 @@ class Client(ABC):
         with ``customized``, the handler's ``customizedMetadata`` parsed."""
 
     @abstractmethod
-    def default_version(self, model: str) -> str:
-        """The version a request naming no version reaches."""
-
-    @abstractmethod
     def model_rows(self) -> list[dict]:
         """One row per model version: ``model``, ``version``, ``default``, ``workers``,
-        ``ready``, ``batchSize``, ``maxBatchDelay`` (what ``tsctl list`` prints)."""
+        ``ready``, ``batchSize``, ``maxBatchDelay`` (what ``tsctl list`` prints); where the
+        listing described them, ``workerList``, the workers as ``describe`` gives them."""
 
-    @abstractmethod
+    # TorchServe's management API and key rotation: an engine without them (Triton) refuses
+    # them before anything is sent, with what to do there instead (``engine.NOT_ON_TRITON``).
+
     def register(
         self,
         archive: str,
@@ -228,24 +241,29 @@ class Client(ABC):
         response_timeout: int | None = None,
     ) -> dict:
         """Register ``archive`` and wait for its workers (TorchServe's management API)."""
+        raise not_on_triton("register")
 
-    @abstractmethod
     def scale(
         self, model: str, min_worker: int, max_worker: int | None = None, version: str | None = None
     ) -> dict:
         """Set a model's worker count and wait until it is reached."""
+        raise not_on_triton("scale")
 
-    @abstractmethod
     def set_default(self, model: str, version: str) -> dict:
         """Make ``version`` what a request naming no version reaches."""
+        raise not_on_triton("set-default")
 
-    @abstractmethod
     def unregister(self, model: str, version: str | None = None) -> dict:
         """Remove a model or one version."""
+        raise not_on_triton("unregister")
 
-    @abstractmethod
     def rotate(self, kind: str) -> Keys:
         """A new ``inference`` or ``management`` key; the new keys."""
+        raise not_on_triton("keys")
+
+    def verify(self, verify: bool | str) -> None:
+        """Verify TLS against ``verify`` (a CA bundle's path, or True) on every port."""
+        self.session.verify = self.loopback_session.verify = verify
 
     def refusal(self, command: str, exc: errors.ApiError) -> errors.TsError:
         """What to report when the server refused ``command`` (a tsctl command) with ``exc``:
@@ -413,6 +431,23 @@ class Client(ABC):
     @abstractmethod
     def _explain(self, model: str, image: bytes, filename: str, options: dict[str, Any]) -> dict:
         """``explain``'s request, ``options`` the ones set (``png`` only when True)."""
+
+
+def version_row(entry: dict) -> dict:
+    """A TorchServe describe entry as the row ``tsctl list`` prints (Triton's rows have the same
+    keys), with its workers as described (``workerList``, not in Triton's: ``tsctl top`` need
+    not describe again)."""
+    workers = entry.get("workers", [])
+    return {
+        "model": entry.get("modelName"),
+        "version": entry.get("modelVersion"),
+        "default": entry.get("default"),
+        "workers": len(workers),
+        "ready": sum(w.get("status") == "READY" for w in workers),
+        "batchSize": entry.get("batchSize"),
+        "maxBatchDelay": entry.get("maxBatchDelay"),
+        "workerList": workers,
+    }
 
 
 def _v2_answers(response: requests.Response, output: str) -> Answers:

@@ -314,7 +314,7 @@ class Job:
         writing what is answered, without merging) on a fatal error or Ctrl-C, and raises."""
         done = done or DoneIndex(np.zeros(0, np.uint64))
         summary = Summary()
-        start, sent = time.monotonic(), getattr(self.client, "bytes_sent", 0)
+        start, sent = time.monotonic(), self.client.bytes_sent
         summary.preprocessed = self.crops is not None
         pool = ThreadPoolExecutor(
             self.plan.concurrency,
@@ -335,7 +335,7 @@ class Job:
             self._stop.set()
             pool.shutdown(wait=complete, cancel_futures=True)
             summary.seconds = time.monotonic() - start
-            summary.bytes_sent = getattr(self.client, "bytes_sent", 0) - sent
+            summary.bytes_sent = self.client.bytes_sent - sent
             self.sink.close(complete)
             self.progress.close()
         return summary

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import requests
-
 from serveshared.keys import Keys
 from tsclient.base import (
     MAX_NAME,
@@ -23,6 +21,7 @@ from tsclient.base import (
     Client,
     check_name,
     is_loopback,
+    new_session,
 )
 from tsclient.engine import Engine, detect
 from tsclient.torchserve import TorchServeClient, check_archive
@@ -59,12 +58,10 @@ def connect(
     """The client for the engine at ``url`` (asked once, without a key: ``engine.detect``),
     with ``key_file`` or ``keys`` (each engine finds its own key file when given neither) and
     TLS verified against ``verify`` (a CA bundle's path, or True)."""
-    session = requests.Session()
-    session.verify = verify
-    session.trust_env = not is_loopback(url)  # as every call to a loopback server: no proxy
-    engine = detect(url, session)
+    # The session every later call to ``url`` gets: no proxy to a loopback server.
+    engine = detect(url, new_session(is_loopback(url), verify))
     client = IMPLEMENTATIONS[engine].at(
         url, metrics_url, key_file=key_file, keys=keys, timeout=timeout
     )
-    client.session.verify = verify
+    client.verify(verify)
     return client

@@ -154,12 +154,18 @@ def parse(
 def take(client: Client) -> Read:
     """Read the server now: which models have a worker ready (``model_rows``: a model Triton
     has unloaded is listed there, not among its loaded models), the workers of those that
-    have, and the metrics."""
+    have (from the rows where they carry them, ``workerList``, else described), and the
+    metrics."""
     ready: dict[str, int] = {}
+    listed: dict[str, list[dict]] = {}
     for row in client.model_rows():
         ready[row["model"]] = ready.get(row["model"], 0) + (row.get("ready") or 0)
+        if "workerList" in row:
+            listed.setdefault(row["model"], []).extend(row["workerList"])
     workers = {
-        model: [w for entry in client.describe(model) for w in entry.get("workers", [])]
+        model: listed[model]
+        if model in listed
+        else [w for entry in client.describe(model) for w in entry.get("workers", [])]
         for model, count in ready.items()
         if count
     }

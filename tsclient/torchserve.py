@@ -27,7 +27,7 @@ import requests
 from serveshared import ports
 from serveshared.keys import KEY_FILE, KINDS, Keys, bearer
 from tsclient import errors, metrics
-from tsclient.base import TIMEOUT_S, URL_SCHEMES, Client, Report, check_name
+from tsclient.base import TIMEOUT_S, URL_SCHEMES, Client, Report, check_name, version_row
 from tsclient.engine import NOT_ON_TRITON, Engine, detect, not_on_triton
 from tsclient.traffic import INTERACTIVE, Traffic
 
@@ -126,7 +126,7 @@ class TorchServeClient(Client):
         if command not in NOT_ON_TRITON or not 400 <= exc.status < 500:
             return exc
         try:
-            triton = detect(self.urls["management"], self.loopback_session) is Engine.TRITON
+            triton = detect(self.urls["management"], self._sessions["management"]) is Engine.TRITON
         except errors.TsError:
             return exc
         return not_on_triton(command) if triton else exc
@@ -368,20 +368,6 @@ class TorchServeClient(Client):
             files={"data": (filename, image)},
             data={k: "true" if k == "png" else str(v) for k, v in options.items()},
         ).json()
-
-
-def version_row(entry: dict) -> dict:
-    """A describe entry as the row ``tsctl list`` prints (Triton's rows have the same keys)."""
-    workers = entry.get("workers", [])
-    return {
-        "model": entry.get("modelName"),
-        "version": entry.get("modelVersion"),
-        "default": entry.get("default"),
-        "workers": len(workers),
-        "ready": sum(w.get("status") == "READY" for w in workers),
-        "batchSize": entry.get("batchSize"),
-        "maxBatchDelay": entry.get("maxBatchDelay"),
-    }
 
 
 def _route(model: str, version: str | None) -> str:

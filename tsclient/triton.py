@@ -6,12 +6,12 @@ TorchServe's does:
     client.describe("resnet50-tagger", customized=True)[0]["customizedMetadata"]["precision"]
 
 ``model_rows``, ``health_report`` and ``metrics_report`` read its repository index and model
-configurations (the management key), model readiness (open, as Triton's health API is), its
-own Prometheus series (``nv_inference_*``, on its metrics port: ``metrics_url``). The rows have
-the shape of TorchServe's (``torchserve.version_row``): instances stand for workers,
+configurations (the management key), its readiness (open, as Triton's health API is), its own
+Prometheus series (``nv_inference_*``, on its metrics port: ``metrics_url``). The rows have
+the shape of TorchServe's (``base.version_row``): instances stand for workers,
 ``max_batch_size`` (rows) for ``batchSize``, the dynamic batcher's queue delay for
 ``maxBatchDelay``. TorchServe's management commands and key rotation raise ``NotOnTriton``
-with what to do instead, before anything is sent.
+with what to do instead, before anything is sent (``Client``'s own answer to them).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from serveshared import ports
 from serveshared.keys import TRITON_KEY_FILE, Keys
 from tsclient import errors, metrics
 from tsclient.base import CACHED_OUTPUT, PRECISION_OUTPUT, TIMEOUT_S, Client, Report, check_name
-from tsclient.engine import Engine, not_on_triton
+from tsclient.engine import Engine
 
 # What the model's describe and explanation requests answer (tritonrepo/model.py).
 DESCRIBE, EXPLAIN, EXPLANATIONS = "describe", "explain", "explanations"
@@ -219,15 +219,10 @@ class TritonClient(Client):
             entry["customizedMetadata"] = self._infer(model, [b""], {DESCRIBE: True}, DESCRIBE)
         return [entry]
 
-    def default_version(self, model: str) -> str:
-        return self.describe(model)[0]["modelVersion"]
-
     def model_rows(self) -> list[dict]:
         """One row per model version in Triton's repository index, with its configuration."""
         rows = []
-        for entry in sorted(
-            self.repository_index(), key=lambda e: (e.get("name", ""), e.get("version", ""))
-        ):
+        for entry in _in_order(self.repository_index()):
             name, version = entry.get("name", ""), entry.get("version")
             loaded = entry.get("state") == "READY"
             settings = batching(self.model_config(name) if loaded else {})
@@ -247,34 +242,6 @@ class TritonClient(Client):
             )
         return rows
 
-    # TorchServe's management API and key rotation: refused before anything is sent.
-
-    def register(
-        self,
-        archive: str,
-        *,
-        name: str | None = None,
-        workers: int | None = None,
-        batch_size: int | None = None,
-        max_batch_delay: int | None = None,
-        response_timeout: int | None = None,
-    ) -> dict:
-        raise not_on_triton("register")
-
-    def scale(
-        self, model: str, min_worker: int, max_worker: int | None = None, version: str | None = None
-    ) -> dict:
-        raise not_on_triton("scale")
-
-    def set_default(self, model: str, version: str) -> dict:
-        raise not_on_triton("set-default")
-
-    def unregister(self, model: str, version: str | None = None) -> dict:
-        raise not_on_triton("unregister")
-
-    def rotate(self, kind: str) -> Keys:
-        raise not_on_triton("keys")
-
     # ------------------------------------------------------------------ health and metrics
 
     def _ok(self, path: str) -> bool:
@@ -282,11 +249,12 @@ class TritonClient(Client):
         return self._send("GET", "inference", path, {}, {}).status_code == 200
 
     def health_report(self) -> Report:
-        """The server's readiness and every indexed model's."""
+        """The server's readiness and every indexed model version's (its state in Triton's
+        repository index: READY, or not ready)."""
         ready = self._ok("/v2/health/ready")
         models = {
-            f"{r['model']}/{r['version']}": self._ok(f"/v2/models/{r['model']}/ready")
-            for r in self.model_rows()
+            f"{e.get('name', '')}/{e.get('version')}": e.get("state") == "READY"
+            for e in _in_order(self.repository_index())
         }
         lines = [f"server: {'ready' if ready else 'NOT READY'} (Triton)"]
         lines += [f"{m}: {'READY' if ok else 'not ready'}" for m, ok in models.items()]
@@ -373,6 +341,11 @@ class TritonClient(Client):
         )
         [tensor] = [o for o in answer.json()["outputs"] if o["name"] == output]
         return json.loads(tensor["data"][0])
+
+
+def _in_order(index: list[dict]) -> list[dict]:
+    """Repository index entries by model name, then version."""
+    return sorted(index, key=lambda e: (e.get("name", ""), e.get("version", "")))
 
 
 def _version_order(version: str) -> tuple[int, str]:
