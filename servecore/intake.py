@@ -81,6 +81,24 @@ class Preprocessor:
     def __call__(self, data: bytes) -> torch.Tensor:
         return self.decode(self.open(data))
 
+    def read(self, request_id: str, request: ParsedRequest) -> tuple[OpenedImage | GivenCrop, ...]:
+        """The request's images opened (``open``; a crop the request carried as a
+        ``GivenCrop``), the first bad one raising its ``RequestError`` ("image k of n"), and 413
+        ``PayloadTooLarge`` when together they would decode more than
+        ``handler.max_request_pixels``."""
+        opener = open_crop if request.crops else self.open
+        images: tuple[OpenedImage | GivenCrop, ...] = tuple(
+            each_image(request_id, "reading", request.images, opener)
+        )
+        pixels, limit = sum(image.pixels for image in images), self.config.max_request_pixels
+        if pixels > limit:
+            raise PayloadTooLarge(
+                f"request would decode {pixels} pixels ({len(images)} image(s)), "
+                f"more than the limit of {limit} (handler.max_request_pixels); send fewer "
+                "or smaller images"
+            )
+        return images
+
 
 class Intake:
     """Turns one batch of ``Incoming`` requests into a ``PreparedBatch``. ``clock``: Unix
@@ -176,27 +194,11 @@ class Intake:
         priority = incoming.priority if request.priority is None else request.priority
         if incoming.explain:
             spec = self.explanations.spec(request)
-            images = self._read(incoming, request)
+            images = self.preprocessor.read(incoming.request_id, request)
             return Explaining(incoming.request_id, request, images, spec, priority=priority)
         self.explanations.refuse_options(request)
-        images = self._read(incoming, request)
+        images = self.preprocessor.read(incoming.request_id, request)
         return Opened(incoming.request_id, request, images, priority=priority)
-
-    def _read(
-        self, incoming: Incoming, request: ParsedRequest
-    ) -> tuple[OpenedImage | GivenCrop, ...]:
-        opener = open_crop if request.crops else self.preprocessor.open
-        images: tuple[OpenedImage | GivenCrop, ...] = tuple(
-            each_image(incoming.request_id, "reading", request.images, opener)
-        )
-        pixels, limit = sum(image.pixels for image in images), self.config.max_request_pixels
-        if pixels > limit:
-            raise PayloadTooLarge(
-                f"request would decode {pixels} pixels ({len(images)} image(s)), "
-                f"more than the limit of {limit} (handler.max_request_pixels); send fewer "
-                "or smaller images"
-            )
-        return images
 
     def _decode(self, requests: Sequence[Admitted]) -> tuple[list[State], list[torch.Tensor]]:
         """The admitted requests' images as model inputs, in order; a request whose image
