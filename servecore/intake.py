@@ -231,35 +231,30 @@ class Intake:
         one call while the pool decodes the others; what it refuses goes to the pool after."""
         decoder = self.device_decoder
         images = [
-            (
-                image,
-                decoder is not None
-                and not isinstance(r, Explaining)
-                and isinstance(image, OpenedImage)  # a crop the request carried is the input
-                and accepts(image),
-            )
+            (image, not isinstance(r, Explaining))  # plain: not an explanation's image
             for r in requests
             if isinstance(r, Opened)
             for image in r.images
         ]
+        routed: dict[int, OpenedImage] = {
+            k: image
+            for k, (image, plain) in enumerate(images)
+            # a crop the request carried is the input already
+            if decoder is not None and plain and isinstance(image, OpenedImage) and accepts(image)
+        }
         start = self.pool.submit if len(images) > 1 else _now  # the pool overlaps the device
         futures = {
             k: start(self.preprocessor.decode, image)
-            for k, (image, to_device) in enumerate(images)
-            if not to_device
+            for k, (image, _) in enumerate(images)
+            if k not in routed
         }
-        routed = [k for k, (_, to_device) in enumerate(images) if to_device]
-        if decoder is not None and routed:
-            crops = decoder(
-                [image for k in routed if isinstance(image := images[k][0], OpenedImage)]
-            )
-            if len(crops) != len(routed):
-                raise RuntimeError(f"device decoder gave {len(crops)} crops for {len(routed)}")
-            for k, crop in zip(routed, crops):
+        if decoder is not None and routed:  # routed is empty without a decoder: for mypy
+            crops = decoder(list(routed.values()))
+            for (k, image), crop in zip(routed.items(), crops, strict=True):
                 futures[k] = (
                     _done(crop)
                     if crop is not None
-                    else self.pool.submit(self.preprocessor.decode, images[k][0])
+                    else self.pool.submit(self.preprocessor.decode, image)
                 )
         return [futures[k] for k in range(len(images))]
 
