@@ -13,6 +13,7 @@ _.handle  # TorchServe's entry point, called with each batch (handlers/resnet_ha
 # Triton's Python backend loads the class by name and calls its methods.
 _.TritonPythonModel  # the class Triton instantiates from model.py
 _.execute  # Triton calls it with each batch's requests
+_.UNAVAILABLE  # pb_utils.TritonError's code, read by name (triton_code; tritonrepo/model.py)
 
 # Attributes set on library objects, read by the library.
 _.graph_optimization_level  # onnxruntime.SessionOptions

@@ -323,10 +323,10 @@ def _typed(cls, section: Mapping[str, Any], prefix: str):
     return cls(**section)
 
 
-def bounds(config, name: str) -> tuple[int, int] | None:
-    """The inclusive range field ``name`` of ``config`` must be in (a bound naming another
-    field read from ``config``), or None."""
-    declared = next(f for f in dataclasses.fields(config) if f.name == name).metadata.get("range")
+def _bounds(config, field: dataclasses.Field) -> tuple[int, int] | None:
+    """The inclusive range ``field`` of ``config`` must be in (a bound naming another field
+    read from ``config``), or None."""
+    declared = field.metadata.get("range")
     if declared is None:
         return None
     low, high = (getattr(config, b) if isinstance(b, str) else b for b in declared)
@@ -343,6 +343,6 @@ def _check_fields(config, prefix: str) -> None:
         choices = f.metadata.get("choices")
         if choices is not None and value not in choices:
             raise ConfigError(f"{prefix}{f.name} must be one of {choices}, got {value!r}")
-        limits = bounds(config, f.name)
+        limits = _bounds(config, f)
         if limits is not None and not limits[0] <= value <= limits[1]:
             raise ConfigError(f"{prefix}{f.name} must be in {limits[0]}..{limits[1]}, got {value}")

@@ -81,6 +81,24 @@ class Preprocessor:
     def __call__(self, data: bytes) -> torch.Tensor:
         return self.decode(self.open(data))
 
+    def read(self, request_id: str, request: ParsedRequest) -> tuple[OpenedImage | GivenCrop, ...]:
+        """The request's images opened (``open``; a crop the request carried as a
+        ``GivenCrop``), the first bad one raising its ``RequestError`` ("image k of n"), and 413
+        ``PayloadTooLarge`` when together they would decode more than
+        ``handler.max_request_pixels``."""
+        opener = open_crop if request.crops else self.open
+        images: tuple[OpenedImage | GivenCrop, ...] = tuple(
+            each_image(request_id, "reading", request.images, opener)
+        )
+        pixels, limit = sum(image.pixels for image in images), self.config.max_request_pixels
+        if pixels > limit:
+            raise PayloadTooLarge(
+                f"request would decode {pixels} pixels ({len(images)} image(s)), "
+                f"more than the limit of {limit} (handler.max_request_pixels); send fewer "
+                "or smaller images"
+            )
+        return images
+
 
 class Intake:
     """Turns one batch of ``Incoming`` requests into a ``PreparedBatch``. ``clock``: Unix
@@ -176,27 +194,11 @@ class Intake:
         priority = incoming.priority if request.priority is None else request.priority
         if incoming.explain:
             spec = self.explanations.spec(request)
-            images = self._read(incoming, request)
+            images = self.preprocessor.read(incoming.request_id, request)
             return Explaining(incoming.request_id, request, images, spec, priority=priority)
         self.explanations.refuse_options(request)
-        images = self._read(incoming, request)
+        images = self.preprocessor.read(incoming.request_id, request)
         return Opened(incoming.request_id, request, images, priority=priority)
-
-    def _read(
-        self, incoming: Incoming, request: ParsedRequest
-    ) -> tuple[OpenedImage | GivenCrop, ...]:
-        opener = open_crop if request.crops else self.preprocessor.open
-        images: tuple[OpenedImage | GivenCrop, ...] = tuple(
-            each_image(incoming.request_id, "reading", request.images, opener)
-        )
-        pixels, limit = sum(image.pixels for image in images), self.config.max_request_pixels
-        if pixels > limit:
-            raise PayloadTooLarge(
-                f"request would decode {pixels} pixels ({len(images)} image(s)), "
-                f"more than the limit of {limit} (handler.max_request_pixels); send fewer "
-                "or smaller images"
-            )
-        return images
 
     def _decode(self, requests: Sequence[Admitted]) -> tuple[list[State], list[torch.Tensor]]:
         """The admitted requests' images as model inputs, in order; a request whose image
@@ -229,35 +231,30 @@ class Intake:
         one call while the pool decodes the others; what it refuses goes to the pool after."""
         decoder = self.device_decoder
         images = [
-            (
-                image,
-                decoder is not None
-                and not isinstance(r, Explaining)
-                and isinstance(image, OpenedImage)  # a crop the request carried is the input
-                and accepts(image),
-            )
+            (image, not isinstance(r, Explaining))  # plain: not an explanation's image
             for r in requests
             if isinstance(r, Opened)
             for image in r.images
         ]
+        routed: dict[int, OpenedImage] = {
+            k: image
+            for k, (image, plain) in enumerate(images)
+            # a crop the request carried is the input already
+            if decoder is not None and plain and isinstance(image, OpenedImage) and accepts(image)
+        }
         start = self.pool.submit if len(images) > 1 else _now  # the pool overlaps the device
         futures = {
             k: start(self.preprocessor.decode, image)
-            for k, (image, to_device) in enumerate(images)
-            if not to_device
+            for k, (image, _) in enumerate(images)
+            if k not in routed
         }
-        routed = [k for k, (_, to_device) in enumerate(images) if to_device]
-        if decoder is not None and routed:
-            crops = decoder(
-                [image for k in routed if isinstance(image := images[k][0], OpenedImage)]
-            )
-            if len(crops) != len(routed):
-                raise RuntimeError(f"device decoder gave {len(crops)} crops for {len(routed)}")
-            for k, crop in zip(routed, crops):
+        if decoder is not None and routed:  # routed is empty without a decoder: for mypy
+            crops = decoder(list(routed.values()))
+            for (k, image), crop in zip(routed.items(), crops, strict=True):
                 futures[k] = (
                     _done(crop)
                     if crop is not None
-                    else self.pool.submit(self.preprocessor.decode, images[k][0])
+                    else self.pool.submit(self.preprocessor.decode, image)
                 )
         return [futures[k] for k in range(len(images))]
 

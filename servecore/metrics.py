@@ -190,7 +190,7 @@ class BatchMetrics:
         self.precision = precision
         self.process = psutil.Process()
         self.pid = str(os.getpid())
-        self.restarts = (slot, restarts)
+        self.slot, self.restarts = slot, restarts
         self.sink.add(WORKER_RESTARTS, restarts, (slot,))
 
     def batch(self, requests: int, images: int, open_ms: float, decode_ms: float) -> None:
@@ -208,7 +208,7 @@ class BatchMetrics:
         self.sink.add(BY_SIZE, 1, (str(requests),))
         self.sink.add(PRECISION, 1, (self.precision,))
         self.sink.add(WORKER_RSS, round(self.process.memory_info().rss / 2**20, 1), (self.pid,))
-        self.sink.add(WORKER_RESTARTS, self.restarts[1], (self.restarts[0],))
+        self.sink.add(WORKER_RESTARTS, self.restarts, (self.slot,))
 
     def forward(self, forward_ms: float) -> None:
         self.sink.add(FORWARD_MS, forward_ms)

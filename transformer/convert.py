@@ -5,16 +5,14 @@ KServe here): an incoming v1/v2 body as the core's ``ParsedRequest``, its images
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from servecore.boundary import each_image
 from servecore.config import HandlerConfig, Output
-from servecore.crops import CROP_SHAPE, GivenCrop, open_crop
-from servecore.errors import PayloadTooLarge
-from servecore.images import OpenedImage
+from servecore.crops import CROP_SHAPE
 from servecore.intake import Preprocessor
 from servecore.jsonguard import JsonDocument
 from servecore.parse import HttpRequest, ParsedRequest, parse_http
@@ -31,17 +29,7 @@ def crops(request: ParsedRequest, preprocessor: Preprocessor, request_id: str) -
     them): opened (limits, header) for all first, as the server's intake does, then decoded
     and cropped; crops the request carried pass as they are. The first bad image raises its
     ``RequestError`` ("image k of n" when there are several)."""
-    opener: Callable[[bytes], OpenedImage | GivenCrop] = (
-        open_crop if request.crops else preprocessor.open
-    )
-    opened = each_image(request_id, "reading", request.images, opener)
-    pixels, limit = sum(image.pixels for image in opened), preprocessor.config.max_request_pixels
-    if pixels > limit:
-        raise PayloadTooLarge(
-            f"request would decode {pixels} pixels ({len(opened)} image(s)), "
-            f"more than the limit of {limit} (handler.max_request_pixels); send fewer "
-            "or smaller images"
-        )
+    opened = preprocessor.read(request_id, request)
     made = each_image(request_id, "decoding", opened, preprocessor.decode)
     out = np.empty((len(made), *CROP_SHAPE), dtype=np.uint8)
     for row, crop in zip(out, made):

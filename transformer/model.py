@@ -51,15 +51,17 @@ class CropTransformer(Model):
 
     async def preprocess(self, payload: Any, headers: dict | None = None) -> InferRequest:
         body = payload if isinstance(payload, dict) else _as_mapping(payload)
-        top_k = (headers or {}).get(TOP_K_HEADER)
-        request = convert.parse(body, top_k, self.config)
-        request_id = request.request_id or (headers or {}).get("x-request-id") or "-"
         loop = asyncio.get_running_loop()
-        pixels = await loop.run_in_executor(
-            self.pool, convert.crops, request, self.preprocessor, request_id
-        )
+        request, pixels = await loop.run_in_executor(self.pool, self._read, body, headers or {})
         binary = self.predictor_config.protocol == "v2"  # gRPC sends raw contents anyway
         return _crops_request(self.name, request, pixels, binary)
+
+    def _read(self, body: dict, headers: dict) -> tuple[ParsedRequest, np.ndarray]:
+        """The body parsed and its images cropped, on the pool: parsing decodes the base64 of
+        up to ``handler.max_json_bytes`` of JSON, which must not hold the event loop either."""
+        request = convert.parse(body, headers.get(TOP_K_HEADER), self.config)
+        request_id = request.request_id or headers.get("x-request-id") or "-"
+        return request, convert.crops(request, self.preprocessor, request_id)
 
     async def predict(
         self, payload: Any, headers: dict | None = None, response_headers: dict | None = None

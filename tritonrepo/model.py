@@ -131,10 +131,6 @@ def response(reply: Reply, dtypes: dict[str, type], spec: AnswerSpec):
 
 
 def _code(status: int) -> int:
-    """The Triton error code for the core's HTTP status (``servecore.tensors.triton_code``)."""
-    codes = {
-        "UNAVAILABLE": pb_utils.TritonError.UNAVAILABLE,
-        "INVALID_ARG": pb_utils.TritonError.INVALID_ARG,
-        "INTERNAL": pb_utils.TritonError.INTERNAL,
-    }
-    return codes[triton_code(status)]
+    """The Triton error code for the core's HTTP status: ``servecore.tensors.triton_code`` names
+    the ``TritonError`` attribute."""
+    return getattr(pb_utils.TritonError, triton_code(status))
