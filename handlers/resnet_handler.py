@@ -47,13 +47,13 @@ class ResNetHandler(BaseHandler):
         )
         self.initialized = True
 
-    def handle(self, data: list[dict], context) -> list[str]:
+    def handle(self, data: list[dict], context) -> list[bytes]:
         """One batch, framed as ``BaseHandler.handle`` frames it (its ``HandlerTime``; a
         describe call answered by ``describe_handle``), else answered by the core: each
         request's status, headers and JSON body; explanations per request on the same path."""
         started, self.context = time.time(), context
         if is_describe(context):
-            sent = [self.describe_handle()]
+            sent = [self.describe_handle().encode()]
         else:
             config = self.model.config
             replies = self.model.run(
@@ -66,7 +66,7 @@ class ResNetHandler(BaseHandler):
                     context.set_response_status(reply.status, reply.phrase, idx=idx)
                 for name, value in reply.headers.items():
                     context.set_response_header(idx, name, value)
-            sent = [reply.text for reply in replies]
+            sent = [reply.body for reply in replies]
         context.metrics.add_time(
             "HandlerTime", round((time.time() - started) * 1000, 2), None, "ms"
         )

@@ -11,7 +11,7 @@ from http import HTTPStatus
 from typing import NamedTuple
 
 from servecore.answers import AnswerSpec
-from servecore.encode import answer_body
+from servecore.encode import answer_json
 from servecore.errors import PayloadTooLarge, error_body
 from servecore.service import Reply
 
@@ -22,12 +22,13 @@ CACHE_HEADER = "X-Cache-Hits"  # how many of its images the content cache answer
 
 
 class HttpReply(NamedTuple):
-    """One request's HTTP response: ``status`` and its ``phrase``, ``headers``, JSON ``text``."""
+    """One request's HTTP response: ``status`` and its ``phrase``, ``headers``, its JSON
+    ``body`` (UTF-8)."""
 
     status: int
     phrase: str
     headers: dict[str, str]
-    text: str
+    body: bytes
 
 
 def http_reply(reply: Reply, spec: AnswerSpec, max_bytes: int) -> HttpReply:
@@ -38,15 +39,15 @@ def http_reply(reply: Reply, spec: AnswerSpec, max_bytes: int) -> HttpReply:
     headers = {BATCH_HEADER: str(reply.batch_size)}
     if reply.error is not None:
         status = reply.error.status
-        text = json.dumps(error_body(reply.error))
-        return HttpReply(int(status), status.phrase, {**headers, **reply.error.headers}, text)
-    text = json.dumps(answer_body(reply.answer, spec))
-    if len(text) > max_bytes:  # json.dumps writes ASCII: characters are bytes
+        body = json.dumps(error_body(reply.error)).encode()
+        return HttpReply(int(status), status.phrase, {**headers, **reply.error.headers}, body)
+    body = answer_json(reply.answer, spec)
+    if len(body) > max_bytes:
         raise PayloadTooLarge(
-            f"the answer would be {len(text)} bytes, more than the limit of {max_bytes} "
+            f"the answer would be {len(body)} bytes, more than the limit of {max_bytes} "
             "(handler.max_response_bytes); send fewer images or ask for less"
         )
     headers[PRECISION_HEADER] = reply.precision
     if reply.cached is not None:
         headers[CACHE_HEADER] = str(sum(reply.cached))
-    return HttpReply(int(HTTPStatus.OK), HTTPStatus.OK.phrase, headers, text)
+    return HttpReply(int(HTTPStatus.OK), HTTPStatus.OK.phrase, headers, body)
