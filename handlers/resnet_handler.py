@@ -21,7 +21,7 @@ from handlers.routing import incoming, is_describe
 from handlers.ts_metrics import TorchServeMetrics
 from model_files.artifacts import ModelFiles
 from servecore.config import HandlerConfig
-from servecore.httpedge import CONTENT_TYPE, http_reply
+from servecore.httpedge import http_reply
 from servecore.service import ImageModel, ModelSettings
 
 
@@ -61,7 +61,7 @@ class ResNetHandler(BaseHandler):
                 partial(http_reply, spec=self.model.answers, max_bytes=config.max_response_bytes),
             )
             for idx, reply in enumerate(replies):
-                context.set_response_content_type(idx, CONTENT_TYPE)
+                context.set_response_content_type(idx, reply.content_type)
                 if reply.status != HTTPStatus.OK:
                     context.set_response_status(reply.status, reply.phrase, idx=idx)
                 for name, value in reply.headers.items():

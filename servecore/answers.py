@@ -42,12 +42,25 @@ class Tag:
 class Prediction:
     """One request's prediction: per image, its embedding (``embeddings``, float32 [n, 2048])
     and/or its tags (most probable first), whichever the request asked for (None: not asked);
-    ``protocol`` and ``request_id`` (KServe v2's ``id``) say how the edge writes it."""
+    ``protocol``, ``request_id`` (KServe v2's ``id``) and ``binary`` (the v2 outputs to write
+    as raw bytes) say how the edge writes it."""
 
     protocol: Protocol
     request_id: str | None
     embeddings: np.ndarray | None
     tags: list[list[Tag]] | None
+    binary: frozenset[Output] = frozenset()  # v2 outputs asked for as raw bytes
+
+    @classmethod
+    def of(
+        cls,
+        request: ParsedRequest,
+        embeddings: np.ndarray | None,
+        tags: list[list[Tag]] | None,
+    ) -> Prediction:
+        """``request``'s prediction: its protocol, id and binary outputs with these values."""
+        binary = frozenset(o for o in Output if request.binary(o))
+        return cls(request.protocol, request.request_id, embeddings, tags, binary)
 
 
 @dataclass(frozen=True)
@@ -107,4 +120,4 @@ class BatchOutputs:
             if request.wants(Output.TAGS, spec.task)
             else None
         )
-        return Prediction(request.protocol, request.request_id, embeddings, tags)
+        return Prediction.of(request, embeddings, tags)

@@ -123,9 +123,8 @@ class AnswerCache:
                 f"{fresh} missing from the cache"
             )
         parsed, spec = request.request, self.spec
-        return Prediction(
-            parsed.protocol,
-            parsed.request_id,
+        return Prediction.of(
+            parsed,
             np.stack([r.embedding for r in rows if r.embedding is not None])
             if parsed.wants(Output.EMBEDDING, spec.task)
             else None,

@@ -10,7 +10,10 @@ same protocols is ``servecore/parse.py``.
 of an answer, and the standard ``json`` module spent ~1 ms an image formatting them (the core's
 largest cost, results/core-cost.md). orjson writes each float32 as the shortest text that
 parses back to the same float32, so a client reads the same values from a shorter text. It has
-no ``NaN``: an answer holding one is written by ``json.dumps`` as before.
+no ``NaN``: an answer holding one is written by ``json.dumps`` as before. A KServe v2 request
+may ask for its outputs as raw bytes (the binary tensor extension's ``binary_data_output``, or
+an output's ``binary_data``, as Triton's clients do): ``written_answer`` then puts each such
+output's bytes after the JSON header, as Triton's HTTP frontend does.
 
 Imports explanations: an explanation's answer is written here too (``servecore.explain.encode``).
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 from json.encoder import encode_basestring_ascii
+from typing import NamedTuple
 
 import numpy as np
 import orjson
@@ -28,6 +32,43 @@ from servecore.answers import AnswerSpec, Prediction, Tag
 from servecore.config import Output
 from servecore.explain.encode import Explained, encode_explanations
 from servecore.parse import Protocol
+from serveshared.v2binary import bytes_elements
+
+
+class WrittenAnswer(NamedTuple):
+    """An answer as the bytes of its HTTP body: the JSON document, or with binary v2 outputs
+    its JSON header (``header_length`` bytes) followed by their raw bytes."""
+
+    body: bytes
+    header_length: int | None = None  # None: the body is all JSON
+
+
+def written_answer(answer: Prediction | Explained | None, spec: AnswerSpec) -> WrittenAnswer:
+    """``answer`` as its body: ``answer_json``, or for a v2 prediction asking for binary
+    outputs, the JSON header of ``answer_body`` (those outputs' ``binary_data_size`` in place
+    of their ``data``) and then their bytes in output order: an ``embedding`` as little-endian
+    float32, ``tags`` as ``BYTES`` elements (each its 4-byte length, then its JSON text)."""
+    if (
+        not isinstance(answer, Prediction)
+        or not answer.binary
+        or answer.protocol is not Protocol.V2
+    ):
+        return WrittenAnswer(answer_json(answer, spec))
+    header = answer_body(answer, spec)
+    assert isinstance(header, dict)  # a v2 answer is one document
+    raw = []
+    for output in header["outputs"]:
+        if Output(output["name"]) not in answer.binary:
+            continue
+        data = output.pop("data")
+        if isinstance(data, np.ndarray):
+            chunk = np.ascontiguousarray(data, dtype="<f4").tobytes()
+        else:
+            chunk = bytes_elements([text.encode() for text in data])
+        output["parameters"] = {"binary_data_size": len(chunk)}
+        raw.append(chunk)
+    text = answer_json_document(header, answer)
+    return WrittenAnswer(b"".join([text, *raw]), len(text))
 
 
 def answer_body(answer: Prediction | Explained | None, spec: AnswerSpec) -> dict | list:
@@ -50,7 +91,11 @@ def answer_json(answer: Prediction | Explained | None, spec: AnswerSpec) -> byte
     """``answer_body(answer, spec)`` as UTF-8 JSON: orjson for a prediction whose floats are
     all finite, ``json.dumps`` (ASCII, ``NaN`` and ``Infinity`` as it writes them) otherwise and
     for explanations, so every answer parses to the values it held before."""
-    body = answer_body(answer, spec)
+    return answer_json_document(answer_body(answer, spec), answer)
+
+
+def answer_json_document(body: dict | list, answer: Prediction | Explained | None) -> bytes:
+    """``answer``'s document ``body`` as UTF-8 JSON (``answer_json``'s choice of writer)."""
     if isinstance(answer, Prediction) and _finite(answer):
         return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
     return json.dumps(body, default=_array_list).encode()

@@ -11,37 +11,41 @@ from http import HTTPStatus
 from typing import NamedTuple
 
 from servecore.answers import AnswerSpec
-from servecore.encode import answer_json
+from servecore.encode import written_answer
 from servecore.errors import PayloadTooLarge, error_body
 from servecore.service import Reply
+from serveshared.v2binary import HEADER_LENGTH
 
 CONTENT_TYPE = "application/json"
+BINARY_CONTENT_TYPE = "application/octet-stream"  # a JSON header and then raw output bytes
 BATCH_HEADER = "X-Batch-Size"  # how many requests the engine batched with this one
 PRECISION_HEADER = "X-Precision"  # the arithmetic that computed this answer
 CACHE_HEADER = "X-Cache-Hits"  # how many of its images the content cache answered (cache on)
 
 
 class HttpReply(NamedTuple):
-    """One request's HTTP response: ``status`` and its ``phrase``, ``headers``, its JSON
-    ``body`` (UTF-8)."""
+    """One request's HTTP response: ``status`` and its ``phrase``, ``headers``, its ``body``
+    (UTF-8 JSON, or a JSON header and binary v2 outputs) and its ``content_type``."""
 
     status: int
     phrase: str
     headers: dict[str, str]
     body: bytes
+    content_type: str = CONTENT_TYPE
 
 
 def http_reply(reply: Reply, spec: AnswerSpec, max_bytes: int) -> HttpReply:
     """``reply`` as its HTTP response: ``X-Batch-Size``, then ``X-Precision`` (and
-    ``X-Cache-Hits`` when the cache looked) on an answer, or the error's own headers
-    (``Retry-After``). Raises ``PayloadTooLarge`` for an answer whose body would be longer than
-    ``max_bytes`` (``handler.max_response_bytes``): ``ImageModel.run`` then sends that 413."""
+    ``X-Cache-Hits`` when the cache looked, ``Inference-Header-Content-Length`` before binary
+    v2 outputs) on an answer, or the error's own headers (``Retry-After``). Raises
+    ``PayloadTooLarge`` for an answer whose body would be longer than ``max_bytes``
+    (``handler.max_response_bytes``): ``ImageModel.run`` then sends that 413."""
     headers = {BATCH_HEADER: str(reply.batch_size)}
     if reply.error is not None:
         status = reply.error.status
         body = json.dumps(error_body(reply.error)).encode()
         return HttpReply(int(status), status.phrase, {**headers, **reply.error.headers}, body)
-    body = answer_json(reply.answer, spec)
+    body, header_length = written_answer(reply.answer, spec)
     if len(body) > max_bytes:
         raise PayloadTooLarge(
             f"the answer would be {len(body)} bytes, more than the limit of {max_bytes} "
@@ -50,4 +54,7 @@ def http_reply(reply: Reply, spec: AnswerSpec, max_bytes: int) -> HttpReply:
     headers[PRECISION_HEADER] = reply.precision
     if reply.cached is not None:
         headers[CACHE_HEADER] = str(sum(reply.cached))
-    return HttpReply(int(HTTPStatus.OK), HTTPStatus.OK.phrase, headers, body)
+    if header_length is None:
+        return HttpReply(int(HTTPStatus.OK), HTTPStatus.OK.phrase, headers, body)
+    headers[HEADER_LENGTH] = str(header_length)
+    return HttpReply(int(HTTPStatus.OK), HTTPStatus.OK.phrase, headers, body, BINARY_CONTENT_TYPE)

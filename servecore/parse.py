@@ -55,6 +55,11 @@ PARAM_KEYS = ("topk",)
 EXPLAIN_KEYS = ("target", "method", "n_steps", "internal_batch_size", "png")
 
 
+# The v2 binary tensor extension's output parameters (Triton's names): the request's
+# ``binary_data_output`` for every output, an output's own ``binary_data`` for that one.
+BINARY_OUTPUT, BINARY_DATA = "binary_data_output", "binary_data"
+
+
 class Protocol(enum.Enum):
     """The wire format a request came in, and so the one its answer goes out in."""
 
@@ -65,10 +70,12 @@ class Protocol(enum.Enum):
 
 @dataclass(frozen=True)
 class OutputSpec:
-    """One KServe v2 output the client asked for; ``top_k`` only for ``tags``."""
+    """One KServe v2 output the client asked for; ``top_k`` only for ``tags``; ``binary``: its
+    ``parameters.binary_data`` (None: not said, the request's ``binary_data_output`` decides)."""
 
     output: Output
     top_k: int | None = None
+    binary: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,13 @@ class ParsedRequest:
     options: dict[str, Any] = field(default_factory=dict)  # EXPLAIN_KEYS given, as sent
     priority: Priority | None = None  # the body's parameters.priority; None: not given
     crops: bool = False  # images are preprocessed crops, not encoded images
+    binary_output: bool = False  # v2 parameters.binary_data_output: outputs as raw bytes
+
+    def binary(self, output: Output) -> bool:
+        """Whether ``output`` goes back in the v2 binary tensor extension: its own
+        ``binary_data``, else the request's ``binary_data_output``."""
+        own = next((o.binary for o in self.outputs if o.output is output), None)
+        return self.binary_output if own is None else own
 
     def tags_top_k(self, default: int) -> int:
         """How many tags to answer: a v2 ``tags`` output's own ``topk``, else the request's,
@@ -389,6 +403,7 @@ def _parse_v2(payload: dict, query_top_k: int | None, config: HandlerConfig) -> 
     top_k = _parameters_top_k(payload.get("parameters"), "body.parameters", query_top_k)
     top_k = _parameters_top_k(tensor.get("parameters"), f"{where}.parameters", top_k)
     priority = _parameters_priority(payload.get("parameters"), "body.parameters")
+    binary_output = _parameters_flag(payload.get("parameters"), BINARY_OUTPUT, "body.parameters")
     outputs = _v2_outputs(payload.get("outputs"), top_k)
     images = [
         item if isinstance(item, bytes) else decode_base64(item, f"{where}.data[{i}]")
@@ -402,6 +417,7 @@ def _parse_v2(payload: dict, query_top_k: int | None, config: HandlerConfig) -> 
         outputs=outputs,
         priority=priority,
         crops=crops,
+        binary_output=bool(binary_output),
     )
 
 
@@ -426,6 +442,19 @@ def _v2_outputs(outputs: Any, top_k: int | None) -> tuple[OutputSpec, ...]:
         if name not in names:
             raise InvalidRequest(f"outputs[{i}].name must be one of {names}, got {echo(name)}")
         output = Output(name)
-        k = _parameters_top_k(item.get("parameters"), f"outputs[{i}].parameters", top_k)
-        specs.append(OutputSpec(output, k if output is Output.TAGS else None))
+        where = f"outputs[{i}].parameters"
+        k = _parameters_top_k(item.get("parameters"), where, top_k)
+        binary = _parameters_flag(item.get("parameters"), BINARY_DATA, where)
+        specs.append(OutputSpec(output, k if output is Output.TAGS else None, binary))
     return tuple(specs)
+
+
+def _parameters_flag(parameters: Any, name: str, where: str) -> bool | None:
+    """A boolean parameter of the binary tensor extension (None: not given); checked after
+    ``_parameters_top_k``, which has checked that ``parameters`` is an object."""
+    if not isinstance(parameters, dict) or name not in parameters:
+        return None
+    value = parameters[name]
+    if not isinstance(value, bool):
+        raise InvalidParameter(f"{where}.{name} must be true or false, got {echo(value)}")
+    return value

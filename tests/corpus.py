@@ -318,6 +318,20 @@ def bad_inputs(max_image_bytes: int = 30 * 1024 * 1024) -> dict[str, Bad]:
             "topk must be an integer from 1 to 1000, got 5000",
             body={**v2(), "parameters": {"topk": 5000}},
         ),
+        "v2-binary-output-not-bool": Bad(
+            "json",
+            400,
+            "InvalidParameter",
+            "body.parameters.binary_data_output must be true or false, got 'yes'",
+            body={**v2(), "parameters": {"binary_data_output": "yes"}},
+        ),
+        "v2-binary-data-not-bool": Bad(
+            "json",
+            400,
+            "InvalidParameter",
+            "outputs[0].parameters.binary_data must be true or false, got 1",
+            body={**v2(), "outputs": [{"name": "tags", "parameters": {"binary_data": 1}}]},
+        ),
     }
 
 

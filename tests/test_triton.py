@@ -554,6 +554,32 @@ def test_tags_match_the_reference_in_json_and_binary_requests(triton, reference,
     ]
 
 
+@pytest.mark.parametrize(("model", "name"), [(EMBEDDING, "embedding"), (TAGGER, "tags")])
+def test_binary_outputs_read_back_as_the_json_answer(triton, model, name):
+    """Triton writes binary outputs itself (the extension's ``binary_data``): the same float32
+    values and tags as its JSON answer, as on TorchServe (tests/test_binary_outputs.py)."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(triton.url.removeprefix("http://"))
+    tensor = httpclient.InferInput("images", [len(PHOTOS), 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[p] for p in PHOTOS], dtype=object), binary_data=True)
+    asked = [httpclient.InferRequestedOutput(name, binary_data=True)]
+    result = client.infer(model, [tensor], outputs=asked, headers=triton.keys.inference_headers())
+    assert "binary_data_size" in result.get_output(name)["parameters"]
+    plain = requests.post(
+        f"{triton.url}/v2/models/{model}/infer",
+        json={**v2_body(PHOTOS, {}), "outputs": [{"name": name}, {"name": "precision"}]},
+        headers=triton.keys.inference_headers(),
+        timeout=300,
+    )
+    if name == "embedding":
+        np.testing.assert_array_equal(result.as_numpy(name), output(plain, name))
+    else:
+        assert [[json.loads(t) for t in row] for row in result.as_numpy(name)] == [
+            [json.loads(t) for t in row] for row in output(plain, name)
+        ]
+
+
 def test_a_broken_image_fails_alone_beside_three_good_ones(triton):
     bodies = [[PHOTOS[0]], [b"\xff\xd8\xff\xe0 this is not a JPEG"], [PHOTOS[1]], [PHOTOS[2]]]
     start = threading.Barrier(len(bodies))
