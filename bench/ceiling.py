@@ -6,13 +6,15 @@ Triton with models that do no work (``bench.null``), so a GPU server can be plan
 
 Rows: each engine x {bare: the engine alone, a fixed answer; core: our adapter and core with
 decode and forward no-ops} x {1 image per request: the raw body on TorchServe, Triton's binary
-tensor extension; 8 images: a KServe v2 JSON body of 8 base64 images, as ``tsctl embed`` sends
-them}. Each row is a closed loop of twice a full batch of clients (a batch is 64 images: 64
-one-image or 8 eight-image requests) on 127.0.0.1, bounded in time and count. Besides the
-rates, each row gives the CPU time the server spent per request, split into the frontend
-(TorchServe's Java process, ``tritonserver``) and the model's worker (a Python process: one
-core at most), and the cores the load generator took: on a shared host the CPU per request
-is the steadier figure, and what the plan (``docs/backends.md``) scales.
+tensor extension; 8 images: a KServe v2 JSON body of 8 base64 images answered in JSON; 8 images
+in the v2 binary tensor extension both ways (raw image bytes in, the embedding's float32 bytes
+out, as ``tsctl embed`` sends them)}. Each row is a closed loop of twice a full batch of
+clients (a batch is 64 images: 64 one-image or 8 eight-image requests) on 127.0.0.1, bounded
+in time and count. Besides the rates, each row gives the CPU time the server spent per
+request, split into the frontend (TorchServe's Java process, ``tritonserver``) and the model's
+worker (a Python process: one core at most), and the cores the load generator took: on a
+shared host the CPU per request is the steadier figure, and what the plan
+(``docs/backends.md``) scales.
 """
 
 from __future__ import annotations
@@ -40,12 +42,16 @@ from bench.null.package import BATCH_IMAGES, KINDS, model_name
 from bench.stats import summarize
 from bench.triton import binary_request
 from devtools.server import LocalTorchServe, free_ports
+from serveshared.v2binary import binary_body, binary_tensor, bytes_elements
 from tritonrepo.install import NotInstalled, TritonInstall
 from tritonrepo.server import Triton
 
 logger = logging.getLogger("bench.ceiling")
 
-SIZES = (1, 8)  # images per request
+# What a row's requests carry: (images per request, form); "raw" is one image as the raw body
+# (TorchServe) or in the binary extension (Triton); "json" and "binary" are KServe v2 bodies.
+REQUESTS = ((1, "raw"), (8, "json"), (8, "binary"))
+FORMS = {"raw": "raw image", "json": "v2 JSON", "binary": "v2 binary in and out"}
 ENGINES = ("torchserve", "triton")
 MAX_REQUESTS = 500_000  # a bound on every row besides its time
 WARMUP = 20  # requests per row before measuring, each must answer 200
@@ -66,6 +72,7 @@ class Row:
     engine: str
     kind: str
     images: int
+    form: str  # raw, json or binary (REQUESTS)
     clients: int
     requests: int
     errors: int
@@ -112,7 +119,7 @@ class Target:
     """One engine serving the null models: where each row's requests go and its processes."""
 
     engine: str
-    endpoint: Callable[[str, int], Endpoint]  # (kind, images) -> what to POST
+    endpoint: Callable[[str, int, str], Endpoint]  # (kind, images, form) -> what to POST
     frontend: Callable[[], list[psutil.Process]]
     workers: Callable[[], list[psutil.Process]]
     batch_images: Callable[[str, int], Callable[[], float]]  # (kind, images) -> a meter
@@ -131,6 +138,22 @@ def v2_json(images: int, image: bytes, outputs: list[str]) -> tuple[bytes, dict[
     return json.dumps(body).encode(), {"Content-Type": "application/json"}
 
 
+def v2_binary(images: int, image: bytes, outputs: list[str]) -> tuple[bytes, dict[str, str]]:
+    """``images`` copies of ``image`` as raw bytes in the binary tensor extension, asking for
+    ``outputs`` as raw bytes too: what ``tsctl embed`` sends."""
+    element = bytes_elements([image] * images)
+    header = {
+        "inputs": [binary_tensor("images", "BYTES", [images, 1], len(element))],
+        "outputs": [{"name": name, "parameters": {"binary_data": True}} for name in outputs],
+    }
+    return binary_body(header, element)
+
+
+def v2_request(form: str, images: int, image: bytes, outputs: list[str]):
+    """A v2 body of ``form`` (json or binary) and its headers."""
+    return (v2_binary if form == "binary" else v2_json)(images, image, outputs)
+
+
 @contextmanager
 def torchserve(work: Path, image: bytes, models: list[tuple[str, int]]) -> Iterator[Target]:
     """A TorchServe serving each (kind, images) null model."""
@@ -144,13 +167,13 @@ def torchserve(work: Path, image: bytes, models: list[tuple[str, int]]) -> Itera
     server.start()
     try:
 
-        def endpoint(kind: str, images: int) -> Endpoint:
+        def endpoint(kind: str, images: int, form: str) -> Endpoint:
             name, auth = model_name(kind, images), server.keys.inference_headers()
-            if images == 1:
+            if form == "raw":
                 url, body, headers = f"{server.inference_url}/predictions/{name}", image, {}
             else:
                 url = f"{server.inference_url}/v2/models/{name}/infer"
-                body, headers = v2_json(images, image, ["embedding"])
+                body, headers = v2_request(form, images, image, ["embedding"])
             return Endpoint(url, {**auth, **headers}, body)
 
         yield Target(
@@ -178,12 +201,12 @@ def triton(work: Path, image: bytes, kinds: list[str]) -> Iterator[Target]:
         try:
             root = psutil.Process(server.process.pid)
 
-            def endpoint(kind: str, images: int) -> Endpoint:
+            def endpoint(kind: str, images: int, form: str) -> Endpoint:
                 url = f"{server.url}/v2/models/{model_name(kind)}/infer"
-                if images == 1:
+                if form == "raw":
                     body, headers = binary_request(image, "embedding")
                 else:  # what tsclient asks Triton for: the embedding and its precision
-                    body, headers = v2_json(images, image, ["embedding", "precision"])
+                    body, headers = v2_request(form, images, image, ["embedding", "precision"])
                 return Endpoint(url, headers, body)
 
             def batch_images(kind: str, _images: int) -> Callable[[], float]:
@@ -213,14 +236,16 @@ def _triton_counts(url: str, model: str) -> tuple[int, int]:
     return stats["inference_count"], stats["execution_count"]
 
 
-def measure(target: Target, kind: str, images: int, seconds: float) -> Row:
+def measure(target: Target, kind: str, images: int, form: str, seconds: float) -> Row:
     """One closed-loop row after a warm-up whose every request must answer 200."""
-    endpoint = target.endpoint(kind, images)
+    endpoint = target.endpoint(kind, images, form)
     connection = Connection(endpoint)
     for _ in range(WARMUP):
         sample = post_once(connection, endpoint)
         if not sample.ok:
-            raise RuntimeError(f"{target.engine} {kind} x{images}: warm-up got {sample.error}")
+            raise RuntimeError(
+                f"{target.engine} {kind} x{images} {form}: warm-up got {sample.error}"
+            )
     connection.close()
     clients = 2 * BATCH_IMAGES // images
     frontend, workers = Cpu(target.frontend), Cpu(target.workers)
@@ -241,6 +266,7 @@ def measure(target: Target, kind: str, images: int, seconds: float) -> Row:
         target.engine,
         kind,
         images,
+        form,
         clients,
         stats.requests,
         stats.errors,
@@ -317,15 +343,16 @@ def report(rows: list[Row], machine: dict, seconds: float) -> str:
         "",
         "## Rows",
         "",
-        "| engine | model | images/request | clients | requests | errors | requests/s | "
-        "images/s | p50 ms | p99 ms | images/batch | frontend CPU ms/request | "
+        "| engine | model | images/request | request | clients | requests | errors | "
+        "requests/s | images/s | p50 ms | p99 ms | images/batch | frontend CPU ms/request | "
         "worker CPU ms/request | load generator cores |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
-        "---: | ---: |",
+        "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
+        "---: | ---: | ---: |",
     ]
     for r in rows:
         lines.append(
-            f"| {r.engine} | {r.kind} | {r.images} | {r.clients} | {r.requests:,} | "
+            f"| {r.engine} | {r.kind} | {r.images} | {FORMS[r.form]} | {r.clients} | "
+            f"{r.requests:,} | "
             f"{r.errors} | {_f(r.requests_per_s)} | {_f(r.images_per_s)} | {_f(r.p50_ms, 1)} | "
             f"{_f(r.p99_ms, 1)} | {_f(r.batch_images, 1)} | {_f(r.frontend_ms, 2)} | "
             f"{_f(r.worker_ms, 2)} | {_f(r.client_cores, 2)} |"
@@ -355,13 +382,14 @@ def report(rows: list[Row], machine: dict, seconds: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(rows: list[tuple[str, str, int]], seconds: float, work: Path) -> list[Row]:
-    """Each (engine, kind, images) row, engine by engine; an engine not installed is left out,
-    saying why."""
+def run(rows: list[tuple[str, str, int, str]], seconds: float, work: Path) -> list[Row]:
+    """Each (engine, kind, images, form) row, engine by engine; an engine not installed is left
+    out, saying why."""
     image = (SAMPLES / IMAGES["small"]).read_bytes()
     measured = []
     for engine in ENGINES:
-        wanted = [(kind, images) for e, kind, images in rows if e == engine]
+        requests = [(kind, images, form) for e, kind, images, form in rows if e == engine]
+        wanted = sorted({(kind, images) for kind, images, _ in requests})
         if not wanted:
             continue
         if engine == "triton":
@@ -372,16 +400,17 @@ def run(rows: list[tuple[str, str, int]], seconds: float, work: Path) -> list[Ro
                 continue
             server = triton(fresh_dir(work / engine), image, sorted({k for k, _ in wanted}))
         else:
-            server = torchserve(fresh_dir(work / engine), image, sorted(set(wanted)))
+            server = torchserve(fresh_dir(work / engine), image, wanted)
         logger.info("starting %s", engine)
         with server as target:
-            for kind, images in wanted:
-                row = measure(target, kind, images, seconds)
+            for kind, images, form in requests:
+                row = measure(target, kind, images, form, seconds)
                 logger.info(
-                    "%s %s x%d: %.0f requests/s, %.0f images/s, p50 %.1f ms, %d errors",
+                    "%s %s x%d %s: %.0f requests/s, %.0f images/s, p50 %.1f ms, %d errors",
                     engine,
                     kind,
                     images,
+                    form,
                     row.requests_per_s,
                     row.images_per_s,
                     row.p50_ms,
@@ -397,7 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seconds", type=float, default=12.0, help="measured time per row")
     parser.add_argument(
-        "--quick", action="store_true", help="one 2 s row per engine (core, 8 images)"
+        "--quick",
+        action="store_true",
+        help="one 2 s row per engine (core, 8 images, v2 binary)",
     )
     parser.add_argument(
         "--engine", choices=ENGINES, action="append", help="only this engine (repeatable)"
@@ -407,9 +438,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     setup_cli("bench.ceiling", args.quiet)
     if args.quick:
-        plan_rows, seconds = [(e, "core", 8) for e in ENGINES], 2.0
+        plan_rows, seconds = [(e, "core", 8, "binary") for e in ENGINES], 2.0
     else:
-        plan_rows = [(e, k, n) for e in ENGINES for k in KINDS for n in SIZES]
+        plan_rows = [(e, k, n, f) for e in ENGINES for k in KINDS for n, f in REQUESTS]
         seconds = args.seconds
     plan_rows = [r for r in plan_rows if r[0] in (args.engine or ENGINES)]
     machine = describe_machine()

@@ -45,6 +45,7 @@ from servecore.crops import (
 from servecore.errors import InvalidParameter, InvalidRequest, PayloadTooLarge, echo, echo_all
 from servecore.jsonguard import JsonDocument, is_json, load_json
 from servecore.traffic import DEADLINE_HEADER, PRIORITY_KEY, Priority, parse_priority
+from serveshared.v2binary import BINARY_DATA, BINARY_OUTPUT
 
 MAX_TOP_K = 1000
 MAX_ID_CHARS = 256  # a v2 request id, echoed in the answer
@@ -53,11 +54,6 @@ PARAM_KEYS = ("topk",)
 # Explanation parameters (``/explanations``, KServe v1 ``:explain``): a form field, a JSON
 # field or a v1 ``parameters`` key, passed on unread to servecore.explain.
 EXPLAIN_KEYS = ("target", "method", "n_steps", "internal_batch_size", "png")
-
-
-# The v2 binary tensor extension's output parameters (Triton's names): the request's
-# ``binary_data_output`` for every output, an output's own ``binary_data`` for that one.
-BINARY_OUTPUT, BINARY_DATA = "binary_data_output", "binary_data"
 
 
 class Protocol(enum.Enum):

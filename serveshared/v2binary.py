@@ -1,15 +1,21 @@
 """The KServe v2 binary tensor extension as a client writes it (Triton's HTTP frontend,
 tritonclient and ``servecore.crops`` read it back): a JSON header whose inputs say how many
 raw bytes each takes (``parameters.binary_data_size``), then those bytes in input order, and
-the header's length in ``Inference-Header-Content-Length``. No numpy or torch here: ``tsctl``'s
-collection image has neither."""
+the header's length in ``Inference-Header-Content-Length``; and an answer's binary outputs as a
+client reads them back (``read_outputs``), written the same way by Triton and by our HTTP edge
+(``servecore.encode``). No numpy or torch here: ``tsctl``'s collection image has neither."""
 
 from __future__ import annotations
 
 import json
+from array import array
 from collections.abc import Sequence
+from typing import Any
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+# Output parameters: the request's ``binary_data_output`` asks for every output as raw bytes,
+# an output's own ``binary_data`` for that one (Triton's names, read by ``servecore.parse``).
+BINARY_OUTPUT, BINARY_DATA = "binary_data_output", "binary_data"
 
 
 def binary_tensor(name: str, datatype: str, shape: Sequence[int], nbytes: int) -> dict:
@@ -35,3 +41,44 @@ def binary_body(header: dict, data: bytes) -> tuple[bytes, dict[str, str]]:
         HEADER_LENGTH: str(len(text)),
         "Content-Type": "application/octet-stream",
     }
+
+
+def elements_of(data: bytes) -> list[bytes]:
+    """A ``BYTES`` tensor's raw data back as its elements (``bytes_elements`` undone)."""
+    elements, at = [], 0
+    while at < len(data):
+        size = int.from_bytes(data[at : at + 4], "little")
+        if at + 4 + size > len(data):
+            raise ValueError(f"a BYTES element of {size} bytes runs past the data's end")
+        elements.append(data[at + 4 : at + 4 + size])
+        at += 4 + size
+    return elements
+
+
+def read_outputs(body: bytes, header_length: int | None) -> list[dict[str, Any]]:
+    """A v2 answer's ``outputs``, each with its ``data`` as JSON would give it (a flat list:
+    floats for ``FP32``, text for ``BYTES``, bools for ``BOOL``), whether it came as JSON
+    (``header_length`` None) or as raw bytes after the JSON header."""
+    if header_length is None:
+        return json.loads(body)["outputs"]
+    outputs = json.loads(body[:header_length])["outputs"]
+    at = header_length
+    for output in outputs:
+        size = (output.get("parameters") or {}).get("binary_data_size")
+        if size is None:
+            continue
+        raw, at = body[at : at + size], at + size
+        kind = output["datatype"]
+        if kind == "FP32":
+            values = array("f")
+            values.frombytes(raw)
+            if values.itemsize != 4 or array("H", [1]).tobytes() != b"\x01\x00":
+                raise ValueError("FP32 outputs are read on little-endian hosts only")
+            output["data"] = values.tolist()
+        elif kind == "BYTES":
+            output["data"] = [e.decode() for e in elements_of(raw)]
+        elif kind == "BOOL":
+            output["data"] = [b != 0 for b in raw]
+        else:
+            raise ValueError(f"no reader for binary {kind} output {output.get('name')!r}")
+    return outputs

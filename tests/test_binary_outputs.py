@@ -13,6 +13,7 @@ import pytest
 import requests
 import tritonclient.http as httpclient
 
+from serveshared.v2binary import read_outputs
 from tests import imagegen
 from tests.handler_context import make_handler, run_batch
 
@@ -146,3 +147,7 @@ def test_torchserve_answers_binary_outputs_tritons_client_reads(torchserve):
         [json.loads(t) for t in row] for row in expected["tags"]
     ]
     assert len(asked.content) < len(plain.content) / 2  # 4 bytes a float instead of ~11
+    # tsctl's own reader (no numpy in the client) reads what tritonclient reads.
+    ours = {o["name"]: o for o in read_outputs(asked.content, int(asked.headers[HEADER]))}
+    assert ours["embedding"]["data"] == result.as_numpy("embedding").reshape(-1).tolist()
+    assert ours["tags"]["data"] == [t.decode() for t in result.as_numpy("tags").reshape(-1)]

@@ -26,9 +26,12 @@ def quick(engine: str, out) -> list[dict]:
     )
     assert run.returncode == 0, run.stderr[-3000:]
     rows = json.loads((out / "ceiling.json").read_text())["rows"]
-    assert [(r["engine"], r["kind"], r["images"]) for r in rows] == [(engine, "core", 8)]
+    assert [(r["engine"], r["kind"], r["images"], r["form"]) for r in rows] == [
+        (engine, "core", 8, "binary")
+    ]
     report = (out / "ceiling.md").read_text()
-    assert f"| {engine} | core | 8 |" in report and "## Planning one H100" in report
+    assert f"| {engine} | core | 8 | v2 binary in and out |" in report
+    assert "## Planning one H100" in report
     return rows
 
 

@@ -16,6 +16,7 @@ import requests
 from devtools.server import free_port
 from serveshared import ports
 from serveshared.keys import Keys
+from serveshared.v2binary import HEADER_LENGTH
 from tsclient import cli, errors, metrics
 from tsclient.client import MAX_NAME, TorchServeClient, check_archive, check_name, connect
 from tsclient.engine import Engine, detect
@@ -599,7 +600,8 @@ class _Wire:
         self.headers, self.cached = headers or {}, cached
 
     def __call__(self, method, port, path, params, auth, headers=None, **kwargs):
-        body = json.loads(kwargs.get("data") or "{}")
+        data, length = kwargs.get("data") or "{}", (headers or {}).get(HEADER_LENGTH)
+        body = json.loads(data if length is None else data[: int(length)])  # the JSON header
         self.sent.append({"path": path, "headers": headers or {}, "body": body})
         if method == "GET":  # Triton's model metadata: which outputs the model has
             return _response(200, {"outputs": [{"name": "embedding"}, {"name": "cached"}]})

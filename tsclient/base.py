@@ -30,7 +30,14 @@ from urllib.parse import urlsplit
 import requests
 
 from serveshared.keys import Keys, bearer
-from serveshared.v2binary import binary_body, binary_tensor
+from serveshared.v2binary import (
+    BINARY_DATA,
+    HEADER_LENGTH,
+    binary_body,
+    binary_tensor,
+    bytes_elements,
+    read_outputs,
+)
 from tsclient import errors
 from tsclient.engine import Engine, not_on_triton
 from tsclient.traffic import INTERACTIVE, Traffic
@@ -321,17 +328,17 @@ class Client(ABC):
         The handler answers a request with a bad image as a whole (400 naming the image);
         send that request's images one by one to learn which. A 503's ``ApiError`` carries
         ``retry_after``."""
-        data = [base64.b64encode(image).decode("ascii") for image in images]
         what = f"{protocol} infer {model} ({len(images)} images)"
         if protocol == "v1":
             params = {"topk": topk} if topk is not None and output == "tags" else {}
-            body = {"instances": [{"data": item} for item in data], "parameters": params}
+            data = [base64.b64encode(image).decode("ascii") for image in images]
+            document = {"instances": [{"data": item} for item in data], "parameters": params}
             response = self._call(
                 "POST",
                 "inference",
                 f"/v1/models/{check_name(model)}:predict",
                 what,
-                data=json.dumps(body),
+                data=json.dumps(document),
                 headers={"Content-Type": "application/json", **traffic.headers()},
             )
             predictions = response.json()["predictions"]
@@ -346,15 +353,17 @@ class Client(ABC):
             raise errors.UsageError(f"no protocol {protocol!r}", "use v1 or v2")
         # [n, 1] and a request-level topk: what both TorchServe's handler and Triton's
         # batching take (Triton wants a batch dimension first and reads no output parameters).
-        tensor = {"name": "images", "shape": [len(data), 1], "datatype": "BYTES", "data": data}
-        body = self._v2_body(model, tensor, output, topk, traffic)
+        # The images' raw bytes in the binary tensor extension (no base64), the answer's too.
+        element = bytes_elements(images)
+        tensor = binary_tensor("images", "BYTES", [len(images), 1], len(element))
+        body, headers = binary_body(self._v2_body(model, tensor, output, topk, traffic), element)
         response = self._call(
             "POST",
             "inference",
             f"/v2/models/{check_name(model)}/infer",
             what,
-            data=json.dumps(body),
-            headers={"Content-Type": "application/json", **traffic.headers()},
+            data=body,
+            headers={**headers, **traffic.headers()},
         )
         return _v2_answers(response, output)
 
@@ -387,8 +396,13 @@ class Client(ABC):
     def _v2_body(
         self, model: str, tensor: dict, output: str, topk: int | None, traffic: Traffic
     ) -> dict:
-        """A v2 request for ``output`` of one input ``tensor``."""
-        outputs = [{"name": name} for name in self._v2_outputs(model, output)]
+        """A v2 request for ``output`` of one input ``tensor``, its outputs as raw bytes (the
+        binary tensor extension: 4 bytes an embedding value instead of its text); a server
+        that does not write them answers JSON, which ``_v2_answers`` reads as well."""
+        outputs = [
+            {"name": name, "parameters": {BINARY_DATA: True}}
+            for name in self._v2_outputs(model, output)
+        ]
         body: dict[str, Any] = {"inputs": [tensor], "outputs": outputs}
         parameters: dict[str, Any] = traffic.parameters(timeout=self.SENDS_TIMEOUT)
         if output == "tags" and topk is not None:
@@ -451,8 +465,11 @@ def version_row(entry: dict) -> dict:
 
 
 def _v2_answers(response: requests.Response, output: str) -> Answers:
-    """A v2 JSON answer as ``Answers``: ``output``'s rows, precision and cache hits."""
-    answered = {o["name"]: o for o in response.json()["outputs"]}
+    """A v2 answer (JSON, or binary outputs after a JSON header) as ``Answers``: ``output``'s
+    rows, precision and cache hits."""
+    length = response.headers.get(HEADER_LENGTH)
+    outputs = read_outputs(response.content, None if length is None else int(length))
+    answered = {o["name"]: o for o in outputs}
     tensor = answered[output]
     rows = tensor["shape"][0]
     if output == "embedding":
