@@ -18,8 +18,14 @@ stable (the rule itself is ``servecore.precision``).
   joining the holders. A choice whose holders are all gone (the previous start of the
   server) is measured again: every engine's workers can tell that, whatever its process tree
   or folder layout.
-* Stable across restarts: the last choice per host and archive is kept in a small JSON file
-  (the host cache), and ``select`` keeps it while it stays within the margin.
+* Measured once per host and archive: the choice is kept in a small JSON file (the host
+  cache), keyed by the host, the archive and the versions of the libraries that run it, and
+  every later worker of that key serves it without timing again (a worker restarted after a
+  crash, one scaled up, the server's next start): a worker then starts in the time it takes to
+  load one backend, not every candidate (results/worker-start.md). A changed archive, library
+  version, device or batch size is another key, measured again; ``select`` keeps the
+  previous choice of the same host and archive while the new timings stay within the margin.
+  To measure again on purpose: delete the host cache, or ``handler.precision_cache: off``.
 * One lock (``ChoiceStore.locked``): the host cache's, so that two models of one host do not
   time on top of each other either; the model folder's when there is no host cache. An
   unwritable folder costs the sharing or the memory, never the start.
@@ -41,6 +47,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from functools import partial
+from importlib import metadata
 from pathlib import Path
 
 import psutil
@@ -209,11 +216,19 @@ class ChoiceStore:
         entry = _read(self.cache).get(self.host_key)
         return Choice.from_dict(entry["choice"]) if entry else None
 
-    def keep(self, choice: Choice) -> None:
-        entries = _read(self.cache)
-        entries[self.host_key] = {"choice": choice.as_dict(), "at": time.time()}
-        newest = sorted(entries.items(), key=lambda kv: kv[1].get("at", 0))[-CACHE_ENTRIES:]
-        _write(self.cache, dict(newest))
+    def stored(self) -> Choice | None:
+        """The choice measured on this host for this archive and libraries (the host cache's
+        entry of this key), saying when, if one is kept."""
+        entry = _read(self.cache).get(self.host_key)
+        if not entry:
+            return None
+        choice = Choice.from_dict(entry["choice"])
+        when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(entry.get("at", 0)))
+        return dataclasses.replace(choice, source=f"stored on this host at {when}: {choice.source}")
+
+    def adopt(self, choice: Choice) -> Choice:
+        """This worker serves ``choice`` and holds it for the model's later workers (the
+        holders of other models' choices that are gone dropped)."""
         shared = {
             k: v
             for k, v in _read(self.shared_file).items()
@@ -221,6 +236,16 @@ class ChoiceStore:
         }
         shared[self.model_key] = {"choice": choice.as_dict(), "holders": [_me()]}
         _write(self.shared_file, shared)
+        return choice
+
+    def keep(self, choice: Choice) -> None:
+        """A choice this worker measured: kept for the host and shared with the model's
+        workers."""
+        entries = _read(self.cache)
+        entries[self.host_key] = {"choice": choice.as_dict(), "at": time.time()}
+        newest = sorted(entries.items(), key=lambda kv: kv[1].get("at", 0))[-CACHE_ENTRIES:]
+        _write(self.cache, dict(newest))
+        self.adopt(choice)
 
 
 def _me() -> dict:
@@ -244,9 +269,13 @@ def choose(
 ) -> tuple[Backend, Choice]:
     """``auto``: the backend to serve and the choice, measured once per model (the first
     worker), remembered per host."""
+    loaders = _loaders(candidates)
     with store.locked():
         shared = store.shared()
-        if shared is None:
+        stored = store.stored() if shared is None else None
+        if stored is not None and stored.precision in loaders:
+            shared = store.adopt(stored)
+        elif shared is None:
             started = _clock()  # the cost of measuring, not of waiting for the lock
             last = store.last()
             measured, backends = measure(candidates, batch_sizes, budget_s)
@@ -256,9 +285,10 @@ def choose(
             )
             store.keep(choice)
             return backends[choice.precision], choice
-        store.join()
-    # Another worker measured: load what it chose (outside the lock: workers load in parallel).
-    backend = _loaders(candidates)[shared.precision]()
+        else:
+            store.join()
+    # Measured before: load what was chosen (outside the lock: workers load in parallel).
+    backend = loaders[shared.precision]()
     for size in batch_sizes:
         backend(torch.zeros(size, 3, 224, 224, dtype=torch.uint8))
     return backend, shared
@@ -302,6 +332,7 @@ def serving_backend(
     )
     loaders = _loaders(candidates)
     archive = {
+        "libraries": library_versions(),
         "backend": kind,
         "serialized": files.serialized,
         "weights": files.weights["sha256"],
@@ -347,6 +378,17 @@ def serving_backend(
         ),
         store,
     )
+
+
+def library_versions() -> dict[str, str | None]:
+    """The versions of the runtimes a precision is timed on: another version, another key."""
+    versions: dict[str, str | None] = {}
+    for name in ("torch", "torchvision", "openvino", "onnxruntime"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
 
 
 def _loaders(candidates: list[Candidate]) -> dict[str, Callable[[], Backend]]:

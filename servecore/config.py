@@ -160,9 +160,10 @@ class HandlerConfig:
     )
     precision_cache: str = setting(
         "",
-        "file remembering the last `auto` choice per host and archive, so a restart keeps it "
-        'unless the timings clearly differ; "" is `$XDG_CACHE_HOME/resnet50-serve/'
-        "precision.json` (`~/.cache`), `off` none",
+        "file keeping the `auto` choice per host, archive and library versions: every later "
+        "worker (restarted, scaled up, the next start) serves it without measuring again; "
+        '"" is `$XDG_CACHE_HOME/resnet50-serve/precision.json` (`~/.cache`), `off` none '
+        "(every start measures)",
     )
     max_image_pixels: int = setting(
         40_000_000,
