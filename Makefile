@@ -244,10 +244,17 @@ bench-crops: setup config archives samples triton-server
 	$(PY) -m bench.crops
 
 # TorchServe and Triton serving models that do no work (the engine alone, and our adapter and
-# core with decode and forward no-ops), 1- and 8-image requests -> results/ceiling.md: requests/s,
-# images/s and CPU per request, and the plan for one H100 (docs/backends.md) (about 4 minutes).
+# core with decode and forward no-ops), 1-image and 8-image (v2 JSON, v2 binary) requests ->
+# results/ceiling.md: requests/s, images/s and CPU per request, and the plan for one H100
+# (docs/backends.md) (about 5 minutes).
 bench-ceiling: setup config weights samples triton-server
 	$(PY) -m bench.ceiling
+
+# A worker's start with and without the host's stored precision decision -> results/worker-start.md
+# (about 2 minutes).
+.PHONY: bench-worker-start
+bench-worker-start: setup config archives
+	$(PY) -m bench.workerstart
 
 # On the device it finds (CUDA, else CPU): the raw forward per precision and layout, the pipeline
 # limit (decode, resize, crop, normalise on the device, then forward) and the core's
