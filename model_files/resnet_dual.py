@@ -79,6 +79,12 @@ def normalize(pixels: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch
     it (``convert_image_dtype`` then ``normalize``), in ``dtype`` on ``pixels``' device."""
     mean = torch.as_tensor(MEAN, dtype=dtype, device=pixels.device).view(-1, 1, 1)
     std = torch.as_tensor(STD, dtype=dtype, device=pixels.device).view(-1, 1, 1)
+    return _normalized(pixels, dtype, mean, std)
+
+
+def _normalized(
+    pixels: torch.Tensor, dtype: torch.dtype, mean: torch.Tensor, std: torch.Tensor
+) -> torch.Tensor:
     return (pixels.to(dtype) / 255).sub_(mean).div_(std)
 
 
@@ -87,13 +93,22 @@ class ServedResNet50(nn.Module):
     of the weights, then the dual pass; ``channels_last`` lays the normalised input out as
     the weights are laid out (set by a backend that converted them)."""
 
+    mean: torch.Tensor  # buffers, [3, 1, 1]
+    std: torch.Tensor
+
     def __init__(self, dual: DualResNet50) -> None:
         super().__init__()
         self.dual = dual
         self.channels_last = False
+        # The constants live where the model lives (moved and cast with it: ``.to(device)``,
+        # ``.half()``), not built and copied to the device at every forward; not persistent,
+        # so the state dict stays torchvision's.
+        self.register_buffer("mean", torch.tensor(MEAN).view(-1, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(STD).view(-1, 1, 1), persistent=False)
 
     def forward(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = normalize(pixels, self.dual.backbone.conv1.weight.dtype)
+        dtype = self.dual.backbone.conv1.weight.dtype
+        x = _normalized(pixels, dtype, self.mean.to(dtype), self.std.to(dtype))
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         return self.dual(x)
