@@ -326,7 +326,9 @@ def serving_backend(
     ``half_precision`` on an eager CUDA worker is an explicit f16. ``auto`` with a single
     candidate is measured on OpenVINO only, whose warm-up it times."""
     kind = files.backend
-    options = RuntimeOptions(config.threads, config.onnx_spinning, config.half_precision)
+    options = RuntimeOptions(
+        config.threads, config.onnx_spinning, config.half_precision, max(batch_sizes)
+    )
     candidates = precision_candidates(
         kind, files.folder, files.serialized, device, options, config.auto_int8
     )

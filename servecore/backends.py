@@ -38,11 +38,33 @@ _PRECISION_OF = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf
 class RuntimeOptions:
     """How a runtime is set up, from the handler's settings (``HandlerConfig``): intra-op
     ``threads`` (0: the runtime's default), ONNX Runtime's ``spin`` (busy-waiting threads) and
-    ``half`` (float16, eager on CUDA only: ``handler.half_precision``)."""
+    ``half`` (float16, eager on CUDA only: ``handler.half_precision``); ``max_rows``: the
+    largest batch the worker runs (eager on CUDA pads every batch up to one of
+    ``padded_sizes(max_rows)``; 0: no padding)."""
 
     threads: int = 0
     spin: bool = False
     half: bool = False
+    max_rows: int = 0
+
+
+def padded_sizes(max_rows: int) -> tuple[int, ...]:
+    """The batch sizes an eager CUDA worker runs: the powers of two below ``max_rows``, and
+    ``max_rows``. cuDNN's autotuner picks a batch size's convolutions on its first call (a
+    few hundred milliseconds each); a worker pads every batch up to the next of these few
+    sizes and autotunes each once when it loads, so no request pays it. The padding costs at
+    most twice the rows of a batch just over a power of two (33 rows run as 64)."""
+    if max_rows < 1:
+        return ()
+    return tuple(
+        sorted({1 << i for i in range(max_rows.bit_length()) if 1 << i < max_rows} | {max_rows})
+    )
+
+
+def padded_rows(rows: int, sizes: tuple[int, ...]) -> int:
+    """The rows a batch of ``rows`` runs as: the smallest of ``sizes`` that holds it (itself
+    when none is given or none holds it)."""
+    return next((size for size in sizes if size >= rows), rows)
 
 
 def pick_device(wanted: str, gpu_id) -> torch.device:
@@ -82,7 +104,8 @@ def load_backend(
         )
     if kind == "onnx":
         return _onnx(path, device, options)
-    return _torch(kind, path, device, torch.float16 if options.half else torch.float32)
+    dtype = torch.float16 if options.half else torch.float32
+    return _torch(kind, path, device, dtype, options.max_rows)
 
 
 def precision_candidates(
@@ -129,7 +152,8 @@ def precision_candidates(
     path = folder / serialized
     if kind == "onnx":
         return [Candidate("f32", load=partial(_onnx, path, device, options))]
-    candidates.append(Candidate("f32", load=partial(_torch, kind, path, device)))
+    rows = options.max_rows
+    candidates.append(Candidate("f32", load=partial(_torch, kind, path, device, max_rows=rows)))
     if device.type != "cuda":
         return candidates
     for name, dtype in _GPU_HALVES.items():
@@ -138,7 +162,9 @@ def precision_candidates(
         elif dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
             why = f"{torch.cuda.get_device_name(device)} has no bf16 support"
         else:
-            candidates.append(Candidate(name, load=partial(_torch, kind, path, device, dtype)))
+            candidates.append(
+                Candidate(name, load=partial(_torch, kind, path, device, dtype, rows))
+            )
             continue
         candidates.append(Candidate(name, excluded=why))
     return candidates
@@ -163,20 +189,25 @@ def _int8_unusable(path: Path, allow_int8: bool) -> str:
 
 
 def _torch(
-    kind: str, path: Path, device: torch.device, dtype: torch.dtype = torch.float32
+    kind: str,
+    path: Path,
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+    max_rows: int = 0,
 ) -> Backend:
     """Eager PyTorch (the checkpoint, as ``ServedResNet50``) or TorchScript (exported with the
     normalisation in it). ``dtype``: eager on CUDA only (a frozen TorchScript module holds its
     weights as float32 constants); elsewhere float32.
 
     On a GPU, eager runs channels_last with cuDNN's autotuner on (a batch size's fastest
-    convolutions are found on its first call: the warm-up pays it), and the uint8 batch goes
-    over from a page-locked staging buffer."""
+    convolutions are found on its first call), every batch padded up to one of
+    ``padded_sizes(max_rows)``, each autotuned here, at load; the uint8 batch goes over from a
+    page-locked staging buffer."""
     on_gpu = device.type == "cuda"
     if kind == "torchscript":
         module = torch.jit.load(str(path), map_location=device).eval()
     else:
-        from model_files.resnet_dual import build_served
+        from model_files.resnet_dual import CROP, build_served
 
         module = build_served(torch.load(path, map_location="cpu", weights_only=True)).to(device)
     if not (on_gpu and kind == "eager"):
@@ -187,14 +218,21 @@ def _torch(
         module = module.to(memory_format=torch.channels_last)
         module.channels_last = True
     staging = _PinnedStaging() if on_gpu else None
+    sizes = padded_sizes(max_rows) if on_gpu and kind == "eager" else ()
 
     def forward(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.inference_mode():
             if batch.device != device:
                 batch = (staging(batch) if staging else batch).to(device, non_blocking=True)
+            rows = len(batch)
+            padding = padded_rows(rows, sizes) - rows
+            if padding:  # rows of zeros: each row's answer is its own (eval mode)
+                batch = torch.cat([batch, batch.new_zeros((padding, *batch.shape[1:]))])
             embedding, logits = module(batch)
-            return embedding.float().cpu(), logits.float().cpu()
+            return embedding[:rows].float().cpu(), logits[:rows].float().cpu()
 
+    for size in sizes:  # cuDNN's autotuning of every size the worker will run, now
+        forward(torch.zeros(size, 3, CROP, CROP, dtype=torch.uint8))
     return Backend(kind, _PRECISION_OF[dtype], path.name, str(device), forward)
 
 

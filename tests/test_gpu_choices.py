@@ -73,3 +73,37 @@ def test_gpu_answers_agree_with_the_f32_cpu_reference(weights_dir, precision):
     assert gpu.precision == precision
     assert not failures(agreement(reference, served), FIDELITY_BOUND)
     assert np.isfinite(served[0]).all()
+
+
+def test_a_gpu_worker_runs_a_few_padded_sizes_each_tuned_at_load():
+    """No cuDNN autotuning under a request: every batch is padded up to one of a few sizes
+    (the powers of two below the largest batch, and it), each run once when the worker loads."""
+    assert backends.padded_sizes(64) == (1, 2, 4, 8, 16, 32, 64)
+    assert backends.padded_sizes(48) == (1, 2, 4, 8, 16, 32, 48)
+    assert backends.padded_sizes(1) == (1,) and backends.padded_sizes(0) == ()
+    sizes = backends.padded_sizes(48)
+    assert [backends.padded_rows(n, sizes) for n in (1, 3, 16, 17, 33, 48)] == [
+        1,
+        4,
+        16,
+        32,
+        48,
+        48,
+    ]
+    assert backends.padded_rows(49, sizes) == 49 and backends.padded_rows(5, ()) == 5
+
+
+@needs_cuda
+def test_padded_rows_answer_as_the_batch_alone(tmp_path, weights_dir):
+    """On CUDA, a batch of 3 runs as 4 (one row of zeros): its rows answer as the first 3 rows
+    of the same 4 images would, and only 3 rows come back."""
+    backend = load_backend(
+        "eager", weights_dir / SERIALIZED["eager"], CUDA, backends.RuntimeOptions(max_rows=8)
+    )
+    images = torch.stack(
+        [Preprocessor(HandlerConfig())(imagegen.jpeg(300, 240, seed=s)) for s in range(3)]
+    )
+    embedding, logits = backend(images)
+    assert embedding.shape == (3, 2048) and logits.shape == (3, 1000)
+    full, _ = backend(torch.cat([images, torch.zeros_like(images[:1])]))
+    torch.testing.assert_close(embedding, full[:3], rtol=1e-5, atol=1e-5)
