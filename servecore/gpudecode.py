@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import logging
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -54,19 +55,21 @@ def orientation(image: Image.Image) -> int | None:
         return None
 
 
-def accepts(opened: OpenedImage) -> bool:
-    """Whether the header says nvJPEG decodes this image as the CPU path would: a baseline
-    JPEG (or MPO) in RGB or grayscale, ending in its end-of-image marker (nvJPEG may decode a
-    truncated file that PIL refuses with 400), with a readable EXIF orientation."""
+def accepts(opened: OpenedImage) -> int | None:
+    """The EXIF orientation to apply (1: none) when the header says nvJPEG decodes this image
+    as the CPU path would: a baseline JPEG (or MPO) in RGB or grayscale, ending in its
+    end-of-image marker (nvJPEG may decode a truncated file that PIL refuses with 400), with a
+    readable EXIF orientation; None when it does not. Read once: the decoder is handed it."""
     image = opened.image
-    return (
+    if not (
         image.format in FORMATS
         and image.mode in MODES
         and not (image.info.get("progressive") or image.info.get("progression"))
         and min(image.size) > 0
         and opened.data.rstrip(b"\0\r\n\t ").endswith(_EOI)
-        and orientation(image) is not None
-    )
+    ):
+        return None
+    return orientation(image)
 
 
 def stored_pixels(opened: OpenedImage) -> int:
@@ -91,14 +94,21 @@ class DeviceDecoder:
     def __str__(self) -> str:
         return f"{self.device} (nvJPEG; other images on the CPU)"
 
-    def __call__(self, images: Sequence[OpenedImage]) -> list[torch.Tensor | None]:
+    def __call__(
+        self, images: Sequence[OpenedImage], orientations: Sequence[int] | None = None
+    ) -> list[torch.Tensor | None]:
+        """``images`` (accepted ones) and their ``orientations`` (what ``accepts`` answered;
+        None: read again) -> their crops."""
+        turns = list(orientations) if orientations is not None else [accepts(i) for i in images]
         crops: list[torch.Tensor | None] = []
+        at = 0
         for chunk in _chunks(images, self.chunk_pixels):
             decoded = self.decoded([_encoded(image.data) for image in chunk])
             crops += [
-                None if pixels is None else self._crop(pixels, image)
-                for pixels, image in zip(decoded, chunk)
+                None if pixels is None else self._crop(pixels, turns[at + i] or 1)
+                for i, pixels in enumerate(decoded)
             ]
+            at += len(chunk)
         return crops
 
     def decoded(self, encoded: list[torch.Tensor]) -> list[torch.Tensor | None]:
@@ -123,11 +133,12 @@ class DeviceDecoder:
             logger.debug("device decoder refused an image, CPU path: %s", exc)
             return None
 
-    def _crop(self, pixels: torch.Tensor, image: OpenedImage) -> torch.Tensor | None:
-        """Upright, then the weights' resize (bilinear, antialiased; in float32, rounded once,
-        as torchvision resizes uint8 on a GPU) and centre crop."""
+    def _crop(self, pixels: torch.Tensor, turn: int) -> torch.Tensor | None:
+        """Upright by EXIF orientation ``turn``, then the weights' resize (bilinear,
+        antialiased; in float32, rounded once, as torchvision resizes uint8 on a GPU) and
+        centre crop."""
         try:
-            upright = _ORIENT.get(orientation(image.image) or 1, _same)(pixels)
+            upright = _ORIENT.get(turn, _same)(pixels)
             resized = F.resize(
                 upright.float(), [RESIZE], InterpolationMode.BILINEAR, antialias=True
             )
@@ -183,7 +194,11 @@ def _chunks(images: Sequence[OpenedImage], limit: int) -> Iterator[list[OpenedIm
 
 
 def _encoded(data: bytes) -> torch.Tensor:
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    """The request's bytes as the uint8 tensor nvJPEG reads, without a copy: torch warns that
+    a ``bytes`` buffer is not writable, and nothing writes to it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.frombuffer(data, dtype=torch.uint8)
 
 
 def _same(pixels: torch.Tensor) -> torch.Tensor:

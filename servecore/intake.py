@@ -236,11 +236,16 @@ class Intake:
             if isinstance(r, Opened)
             for image in r.images
         ]
-        routed: dict[int, OpenedImage] = {
-            k: image
+        turns = {
+            k: accepts(image)  # the EXIF orientation, read once; None: not for the device
             for k, (image, plain) in enumerate(images)
             # a crop the request carried is the input already
-            if decoder is not None and plain and isinstance(image, OpenedImage) and accepts(image)
+            if decoder is not None and plain and isinstance(image, OpenedImage)
+        }
+        routed: dict[int, OpenedImage] = {
+            k: image
+            for k, (image, _) in enumerate(images)
+            if turns.get(k) is not None and isinstance(image, OpenedImage)
         }
         start = self.pool.submit if len(images) > 1 else _now  # the pool overlaps the device
         futures = {
@@ -249,7 +254,7 @@ class Intake:
             if k not in routed
         }
         if decoder is not None and routed:  # routed is empty without a decoder: for mypy
-            crops = decoder(list(routed.values()))
+            crops = decoder(list(routed.values()), [turns[k] or 1 for k in routed])
             for (k, image), crop in zip(routed.items(), crops, strict=True):
                 futures[k] = (
                     _done(crop)

@@ -122,7 +122,9 @@ def stand_in(refuse: tuple[bytes, ...] = ()) -> tuple[DeviceDecoder, Recording]:
     ],
 )
 def test_the_header_decides_what_goes_to_the_device(name, data, expected):
-    assert accepts(SERVED.open(data)) is expected, name
+    """``accepts`` answers the orientation to apply (1 here: none) or None: not the device's."""
+    assert accepts(SERVED.open(data)) == (1 if expected else None), name
+    assert accepts(SERVED.open(oriented(6))) == 6  # read once, handed to the decoder
 
 
 @pytest.mark.parametrize("name", ["jpeg", "gray", "mpo", "large"])
@@ -309,11 +311,18 @@ def test_nvjpeg_crops_answer_as_the_cpu_path(weights_dir):
 
 
 @CUDA
-def test_nvjpeg_refuses_a_corrupt_jpeg_alone():
+def test_nvjpeg_refuses_a_corrupt_jpeg_alone(embedder):
+    """nvJPEG refuses the corrupt JPEG (None: the CPU path then decides) and decodes the others
+    of the same call; served, it is the CPU path's 400, its neighbours answered."""
     decoder = for_worker("auto", torch.device("cuda"), 200_000_000)
     assert decoder is not None
     crops = decoder([SERVED.open(data) for data in (JPEG, CORRUPT, GRAY)])
+    assert crops[1] is None
     assert crops[0] is not None and crops[2] is not None
+    answers, statuses, _ = run_with(embedder, decoder, [JPEG, CORRUPT, GRAY])
+    cpu_answers, cpu_statuses, _ = run_with(embedder, None, [CORRUPT])
+    assert [s for s, _ in statuses] == [200, cpu_statuses[0][0], 200] == [200, 400, 200]
+    assert answers[1] == cpu_answers[0] and answers[1]["type"] == "InvalidImage"
 
 
 def test_a_crop_the_request_carried_never_goes_to_the_device_decoder(embedder):
