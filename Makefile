@@ -250,6 +250,13 @@ bench-crops: setup config archives samples triton-server
 bench-ceiling: setup config weights samples triton-server
 	$(PY) -m bench.ceiling
 
+# The core's own CPU per image with the null model, each request form and both models, this
+# tree against landed main before issue #49 (a temporary worktree) -> results/core-cost.md
+# (about 3 minutes).
+.PHONY: bench-core
+bench-core: setup config weights samples
+	$(PY) -m bench.corecost
+
 # A worker's start with and without the host's stored precision decision -> results/worker-start.md
 # (about 2 minutes).
 .PHONY: bench-worker-start
