@@ -23,8 +23,12 @@ MODELS = REPO / "config" / "models"
 TAGGER = "resnet50-tagger"
 
 
+def _gpu_section(model: str) -> dict:
+    return yaml.safe_load((MODELS / f"{model}.yaml").read_text())["gpu"]
+
+
 def _per_gpu(model: str) -> int:
-    return yaml.safe_load((MODELS / f"{model}.yaml").read_text())["gpu"]["workersPerGpu"]
+    return _gpu_section(model)["workersPerGpu"]
 
 
 def _pbtxt(text: str) -> model_config_pb2.ModelConfig:
@@ -249,8 +253,10 @@ def test_gpu_inference_services_are_linted_against_the_gpu_workers(target):
     (isvc,) = [r for r in render(REPO / "kserve" / target) if r.kind == "InferenceService"]
     assert _gpus(isvc) == 1
     need = ServingLimits.from_models(gpu.repo_models(1)).min_concurrency
-    cpu_need = ServingLimits.from_models(configgen.repo_models()).min_concurrency
-    assert need == max(s["batchSize"] * _per_gpu(m) for m, s in configgen.repo_models().items())
+    cpu_models = configgen.repo_models()
+    cpu_need = ServingLimits.from_models(cpu_models).min_concurrency
+    gpu_batch = {m: _gpu_section(m).get("batchSize", s["batchSize"]) for m, s in cpu_models.items()}
+    assert need == max(gpu_batch[m] * _per_gpu(m) for m in cpu_models)
     predictor = isvc.obj["spec"]["predictor"]
     assert predictor["containerConcurrency"] >= need
     assert kserve_lint.lint([REPO / "kserve" / target]) == []

@@ -319,19 +319,18 @@ def test_keda_takes_no_scale_metric_and_kpa_is_no_autoscaler_class():
 
 
 def test_gpu_and_canary_bundle_configs_come_from_the_same_source():
-    models = repo_models()
+    from buildsteps import gpu
+
     for device, version in (("gpu", "1.0"), ("cpu", "2.0")):
+        # The GPU bundle: each model's gpu: section over its settings (tests/test_gpu_deploy.py)
+        models = gpu.repo_models(1) if device == "gpu" else repo_models()
         properties = javaproperties.loads(bundle_config(device, version))
         entries = json.loads(properties["models"])
         assert set(entries) == set(models)
         for name, settings in models.items():
             entry = entries[name][version]
-            if device == "cpu":
-                assert {k: entry[k] for k in settings} == settings
-            # The GPU workers (tests/test_gpu_deploy.py); deviceType acts from the archive only.
-            assert {k: entry[k] for k in settings if k not in ("minWorkers", "maxWorkers")} == {
-                k: v for k, v in settings.items() if k not in ("minWorkers", "maxWorkers")
-            }
+            assert {k: entry[k] for k in settings} == settings
+            # deviceType acts from the archive only.
             assert "deviceType" not in entry
         assert properties.get("number_of_gpu") == ("1" if device == "gpu" else None)
     assert bundle_name("gpu") + "/" in isvc("gpu").obj["spec"]["predictor"]["model"]["storageUri"]
