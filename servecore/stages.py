@@ -58,6 +58,8 @@ class Incoming:
         """This request with the class and deadline of the ``X-Priority`` / ``X-Deadline``
         values an engine read (None: not sent; ``servecore.traffic``). A value that cannot be
         read fails this request alone: its ``parse`` raises the 400."""
+        if priority is None and deadline is None:
+            return self  # the usual request: interactive, no deadline, nothing to copy
         try:
             return dataclasses.replace(
                 self,

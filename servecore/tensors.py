@@ -64,7 +64,7 @@ def parse_inputs(
     # Explanation parameters on a prediction are the core's 400, not silently ignored.
     options = {k: parameters[k] for k in EXPLAIN_KEYS if k in parameters}
     if parameters.get(EXPLAIN) is not True:
-        return dataclasses.replace(parsed, options=options)
+        return dataclasses.replace(parsed, options=options) if options else parsed
     protocol = Protocol.PLAIN if len(parsed.images) == 1 else Protocol.V1
     return dataclasses.replace(parsed, protocol=protocol, options=options)
 
