@@ -31,8 +31,8 @@ TAGGER, EMBEDDING = "resnet50-tagger", "resnet50-embedding"
 # measuring), and these tests measured on this 2-core host (2026-11-27): idle, TorchServe's
 # new worker 8.2 s and Triton's reload 13.3 s (the 15 s); with two CPU burners beside
 # them 12.3 and 23.7 s; once at load average 12-17 (other test suites on the host) 39.3 s for
-# TorchServe. The bound is 2.5x the slowest two-burner figure: a suite on a busy host passes,
-# a restart that measures again at start (the cause of the 60.5 s failure) does not.
+# TorchServe. The bound is 2.5x the slowest two-burner figure, so a suite on a busy host
+# passes; the restart that failed at 60.5 s in a fresh clone measured its precision again.
 BACK_WITHIN_S = 60.0
 # Triton 2.51 holds a request that was in the dead stub until the model is back: the client's
 # own timeout ends it (docs/operations.md).
