@@ -1,5 +1,5 @@
-"""Shared fixtures: weights, archives, the reference model, one TorchServe per session, and the
-runtime image the container tests start."""
+"""Shared fixtures: weights, archives, the reference model, one TorchServe and one Triton per
+session, and the runtime image the container tests start."""
 
 from __future__ import annotations
 
@@ -66,6 +66,19 @@ def torchserve(tmp_path_factory, model_store):
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def triton(tmp_path_factory, model_store):
+    """One real Triton with every model (the repository pinned to f32, its APIs open), shared by
+    the modules that need no other settings (a module with its own ``triton`` fixture, e.g. a
+    key file or a cache, keeps it), always stopped. A test that kills a stub waits until the
+    model answers again before it ends."""
+    from tests.served import local_triton
+
+    # A short exit timeout: stopping it does not wait 30 s for the clients' idle connections.
+    with local_triton(tmp_path_factory.mktemp("triton"), model_store, exit_timeout=2) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

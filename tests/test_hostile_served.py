@@ -15,7 +15,7 @@ from PIL import Image
 
 from tests import imagegen
 from tests.corpus import b64
-from tests.served import variant_server
+from tests.served import settled, variant_server
 
 pytestmark = pytest.mark.integration
 PHOTO = imagegen.jpeg(640, 480, seed=31)
@@ -55,19 +55,30 @@ def test_an_ordinary_photo_is_answered_during_a_row_flood(torchserve):
     bound = 20 * sorted(alone)[1] + 5  # 16 ahead + 1 in progress, with room for the photos
     stop = threading.Event()
     statuses: list[int] = []
+    lock = threading.Lock()
+    sending = [0]  # flood requests sent and not yet answered
 
     def flood() -> None:
         deadline = time.monotonic() + 120  # bounded whatever happens to the test
         while not stop.is_set() and time.monotonic() < deadline:
-            statuses.append(
-                requests.post(url, json=v2_body(8), headers=headers, timeout=120).status_code
-            )
+            with lock:
+                sending[0] += 1
+            status = requests.post(url, json=v2_body(8), headers=headers, timeout=120).status_code
+            with lock:
+                sending[0] -= 1
+                statuses.append(status)
+
+    def queue_full() -> bool:
+        # Every client has a request out again after the flood's first answer: the server
+        # holds 16 (queued or refused and resent at once), so a photo now waits behind them.
+        with lock:
+            return bool(statuses) and sending[0] == 16
 
     latencies = []
     with ThreadPoolExecutor(16) as pool:
         floods = [pool.submit(flood) for _ in range(16)]
         try:
-            time.sleep(2)  # let the flood fill the queue before the photos
+            assert settled(queue_full, bool, timeout_s=120, every_s=0.01), "no flood in 120 s"
             for _ in range(3):
                 started = time.monotonic()
                 answer = requests.post(url, data=PHOTO, headers=headers, timeout=120)

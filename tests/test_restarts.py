@@ -33,10 +33,19 @@ def test_a_new_server_counts_afresh_and_an_exited_ones_marks_are_removed(tmp_pat
     assert not (tmp_path / key).exists()
 
 
-def test_a_temp_folder_it_cannot_write_counts_zero_not_a_failed_load(tmp_path):
+def test_a_temp_folder_it_cannot_write_counts_zero_not_a_failed_load(tmp_path, caplog):
+    """A writable folder counts the second start as 1; one it cannot write answers 0 for every
+    start (no exception: the model still loads) and warns that restarts are not counted."""
+    server = psutil.Process()
+    writable = tmp_path / "writable"
+    assert [mark_start("tagger", "9000", writable, server) for _ in range(2)] == [0, 1]
     blocked = tmp_path / "a-file"
     blocked.write_text("not a folder")
-    assert mark_start("tagger", "9000", blocked, psutil.Process()) == 0
+    with caplog.at_level("WARNING", logger="servecore.restarts"):
+        assert [mark_start("tagger", "9000", blocked, server) for _ in range(2)] == [0, 0]
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 2 and all(m.startswith("tagger: restarts not counted") for m in warned)
+    assert blocked.read_text() == "not a folder"
 
 
 class Sink:

@@ -3,8 +3,8 @@ Triton's metrics port under TorchServe's names and labels, read by a real Promet
 config/monitoring's rules; describe and explanations as request parameters of the model,
 read by ``tsctl describe/explain --url``.
 
-The sink's units run on a fake ``pb_utils``; the rest against one real Triton for the module
-(``tests.served.local_triton``: a generated repository, free loopback ports, always stopped),
+The sink's units run on a fake ``pb_utils``; the rest against the session's real Triton
+(``triton`` in tests/conftest.py: a generated repository, free loopback ports, always stopped),
 skipped, saying why, when ``make triton-server`` could not install the wheel.
 """
 
@@ -26,7 +26,7 @@ import requests
 from buildsteps.configgen import frontend_settings
 from servecore.metrics import BATCH_SIZE, BATCHES, ERRORS, METRICS, BatchMetrics
 from tests.conftest import REPO
-from tests.served import TSCTL, local_triton, settled
+from tests.served import TSCTL, settled
 from tests.served import v2_infer as infer
 from tritonrepo.metrics import BUCKETS, TritonMetrics
 from tsclient import metrics
@@ -146,12 +146,6 @@ def test_wrong_labels_are_a_loud_error():
 
 
 # ---------------------------------------------------------------------- a real Triton
-
-
-@pytest.fixture(scope="module")
-def triton(tmp_path_factory, model_store):
-    with local_triton(tmp_path_factory.mktemp("triton-ops"), model_store) as server:
-        yield server
 
 
 def tagger_series(triton) -> dict[str, float]:
