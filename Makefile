@@ -5,6 +5,8 @@
 #
 # Variables: WEIGHTS=auto|imagenet|seeded|/path/to/resnet50.pt (see README; unset keeps the
 #            weights already built, else auto),
+#            LABELS=labels.json|labels.txt: your checkpoint's class names (WEIGHTS=ckpt.pt with
+#            any N >= 2 classes; buildsteps/checkpoint.py says the formats; docs/backends.md),
 #            BACKEND=openvino (default, fastest on CPU: bf16 where the CPU has it)|onnx|torchscript|
 #            eager (PyTorch; the GPU choice)
 #            QUANTIZE=int8 (default)|none: int8 also quantises the OpenVINO IR with NNCF
@@ -22,6 +24,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 WEIGHTS ?=
+LABELS ?=
 # The defaults of BACKEND and QUANTIZE are model_files/artifacts.py's (archive.sh asks it too).
 BUILD_DEFAULTS := $(shell $(PYTHON) -m model_files.artifacts defaults)
 BACKEND ?= $(word 1,$(BUILD_DEFAULTS))
@@ -92,7 +95,8 @@ docs-reference: $(VENV)/.installed
 
 # build_weights.py is itself idempotent: it returns at once when WEIGHTS is what it built.
 weights: $(VENV)/.installed $(if $(INT8),samples)
-	@$(PY) -m buildsteps.weights $(if $(WEIGHTS),--source "$(WEIGHTS)") --out $(WEIGHTS_DIR)
+	@$(PY) -m buildsteps.weights $(if $(WEIGHTS),--source "$(WEIGHTS)") \
+		$(if $(LABELS),--labels "$(LABELS)") --out $(WEIGHTS_DIR)
 	@$(PY) -m buildsteps.export --backend "$(BACKEND)" --weights $(WEIGHTS_DIR)
 	$(if $(INT8),@$(PY) -m buildsteps.quantize --weights $(WEIGHTS_DIR) --allow-refusal \
 		$(if $(GATE_PHOTOS),--gate-photos "$(GATE_PHOTOS)"))

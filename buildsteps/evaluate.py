@@ -3,9 +3,10 @@
     python -m buildsteps.evaluate FOLDER [--weights build/weights | --archive X.mar] [--json]
     make eval PHOTOS=FOLDER
 
-FOLDER holds images, at any depth. An image in a subfolder named after an ImageNet class
-(``tabby``, ``Egyptian cat``, ``tiger_cat``: names as the weights' categories, any case,
-``_`` for spaces) or after a class index (``281``) is labelled with that class; any other image
+FOLDER holds images, at any depth. An image in a subfolder named after one of the served
+model's classes (its ``index_to_name.json``: ImageNet's ``tabby``, ``Egyptian cat``,
+``tiger_cat``, or your checkpoint's LABELS; any case, ``_`` for spaces) or after a class
+index (``281``) is labelled with that class; any other image
 counts for agreement only. Every precision the archive's files can run here is run on every
 image through the served preprocessing (``servecore.intake.Preprocessor``) in batches of
 ``--batch``: top-1/top-5 accuracy on the labelled images, top-1 agreement and embedding cosine
@@ -36,7 +37,6 @@ from tqdm import tqdm  # the progress bar
 
 from buildsteps.quantize import IMAGE_SUFFIXES
 from model_files.artifacts import DEFAULT_BACKEND, SERIALIZED, ModelFiles, read_manifest
-from model_files.resnet_dual import WEIGHTS
 from servecore.backends import RuntimeOptions, precision_candidates
 from servecore.config import HandlerConfig
 from servecore.errors import RequestError
@@ -126,7 +126,8 @@ def evaluate(
 ) -> dict:
     """Every precision the files in ``weights`` can run here, on the photos of ``folder``."""
     files = ModelFiles.read(weights, serialized)
-    photos = find_photos(folder, WEIGHTS.meta["categories"])
+    # The served model's own labels (index_to_name.json), ImageNet's or the user's checkpoint's.
+    photos = find_photos(folder, files.labels)
     pixels, photos, skipped = preprocess(photos, progress)
     candidates = precision_candidates(
         files.backend, files.folder, files.serialized, torch.device("cpu"), RuntimeOptions()

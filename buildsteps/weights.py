@@ -1,13 +1,22 @@
 """Build the checkpoint that goes into the archives, and record where it came from.
 
     python -m buildsteps.weights [--source auto|imagenet|seeded|/path/to/ckpt.pt]
+                                 [--labels labels.json|labels.txt]
 
 writes into ``--out`` (default ``build/weights``):
 
-- ``resnet50.pt``         torchvision ``resnet50`` state dict;
-- ``weights_info.json``   source, ``trained`` flag, sha256 of ``resnet50.pt`` (the describe API
-                          reports this file verbatim);
-- ``index_to_name.json``  class index -> name, from the weights' own ``meta["categories"]``.
+- ``resnet50.pt``         torchvision ``resnet50`` state dict (its ``fc`` has N classes);
+- ``weights_info.json``   source, ``trained`` flag, sha256 of ``resnet50.pt``, ``classes`` N,
+                          ``labels`` (where the names came from) and ``labels_sha256`` (of
+                          ``index_to_name.json``); the describe API reports this file verbatim;
+- ``index_to_name.json``  class index -> name: ImageNet's ``meta["categories"]`` for the
+                          ImageNet and seeded sources, ``--labels`` for a checkpoint.
+
+A checkpoint (``buildsteps/checkpoint.py`` says the formats) is a torchvision resnet50 with any
+N >= 2 classes; its labels must name each class once. A checkpoint with N != 1000 needs
+``--labels``; one with 1,000 classes and no ``--labels`` is given ImageNet's names, with a
+warning. Every refusal (labels that do not match, keys that are not a ResNet50, a file that is
+not a checkpoint) happens before anything is written.
 
 Without ``--source``, weights already built are kept (whatever their source), else ``auto``;
 "built" means ``resnet50.pt`` hashes to the sha256 in ``weights_info.json`` (a checkpoint that
@@ -26,6 +35,7 @@ import os
 import sys
 from pathlib import Path
 
+from buildsteps.checkpoint import CheckpointError, check_labels, read_checkpoint, read_labels
 from model_files.artifacts import CHECKPOINT, INFO, LABELS, sha256_of
 
 SEED = 0
@@ -39,6 +49,15 @@ UNTRAINED_WARNING = (
 def banner(message: str) -> None:
     line = "!" * 100
     print(f"\n{line}\n!! {message}\n{line}\n", file=sys.stderr, flush=True)
+
+
+IMAGENET_LABELS = "imagenet: torchvision ResNet50_Weights.IMAGENET1K_V2 meta['categories']"
+
+
+def _imagenet_names() -> list[str]:
+    from model_files.resnet_dual import WEIGHTS
+
+    return list(WEIGHTS.meta["categories"])
 
 
 def _imagenet_state_dict():
@@ -65,50 +84,67 @@ def _seeded_state_dict():
     }
 
 
-def _checkpoint_state_dict(path: Path):
-    import torch
+def _checkpoint_state_dict(path: Path, labels: Path | None):
+    """A checkpoint's state dict, its labels and its info; every check before anything is
+    written (``CheckpointError`` says what is wrong)."""
+    state, classes = read_checkpoint(path)
+    if labels is not None:
+        names, where = read_labels(labels), f"labels file {labels.resolve()}"
+    elif classes == len(_imagenet_names()):
+        names, where = _imagenet_names(), IMAGENET_LABELS
+        banner(
+            f"{path} has 1,000 classes and no LABELS was given: serving ImageNet's class names. "
+            "If it was fine-tuned on other classes, rebuild with LABELS=/path/to/labels."
+        )
+    else:
+        raise CheckpointError(
+            f"{path} has {classes} classes: give their names with LABELS=/path/to/labels "
+            "(a JSON list, a JSON object index -> name, or a text file, one name per line)"
+        )
+    check_labels(names, classes, where)
+    return (
+        state,
+        names,
+        {
+            "source": "checkpoint",
+            "trained": True,
+            "detail": f"local checkpoint {path.resolve()} (sha256 {sha256_of(path)})",
+            "labels": where,
+        },
+    )
 
-    if not path.is_file():
-        raise SystemExit(f"error: checkpoint {path} does not exist (WEIGHTS=/path/to/file.pt)")
-    loaded = torch.load(path, map_location="cpu", weights_only=True)
-    for key in ("state_dict", "model"):
-        if isinstance(loaded, dict) and isinstance(loaded.get(key), dict):
-            loaded = loaded[key]
-    state = {k.removeprefix("module."): v for k, v in loaded.items()}
-    from model_files.resnet_dual import build_dual
 
-    try:
-        build_dual(state)
-    except RuntimeError as exc:
-        raise SystemExit(
-            f"error: {path} is not a torchvision resnet50 state dict: {exc}".splitlines()[0]
-        ) from None
-    return state, {
-        "source": "checkpoint",
-        "trained": True,
-        "detail": f"local checkpoint {path.resolve()} (sha256 {sha256_of(path)})",
-    }
-
-
-def resolve(source: str):
-    """Return ``(state_dict, info)`` for a ``--source`` value."""
+def resolve(source: str, labels: Path | None = None):
+    """Return ``(state_dict, labels, info)`` for a ``--source`` value (``labels``: the
+    ``--labels`` file, for a checkpoint only)."""
+    if source in ("imagenet", "seeded", "auto") and labels is not None:
+        raise CheckpointError(
+            f"--labels is for your own checkpoint; {source} weights serve ImageNet's 1,000 classes"
+        )
     if source == "imagenet":
-        return _imagenet_state_dict()
-    if source == "seeded":
+        state, info = _imagenet_state_dict()
+    elif source == "seeded":
         banner(UNTRAINED_WARNING)
-        return _seeded_state_dict()
-    if source == "auto":
+        state, info = _seeded_state_dict()
+    elif source == "auto":
         try:
-            return _imagenet_state_dict()
+            state, info = _imagenet_state_dict()
         except OSError as exc:  # URLError is an OSError: no network, DNS failure, refused.
             banner(f"ImageNet weights could not be downloaded ({exc}). {UNTRAINED_WARNING}")
-            return _seeded_state_dict()
-    return _checkpoint_state_dict(Path(source))
+            state, info = _seeded_state_dict()
+    else:
+        return _checkpoint_state_dict(Path(source), labels)
+    return state, _imagenet_names(), {**info, "labels": IMAGENET_LABELS}
 
 
-def _still_current(source: str, info: dict) -> bool:
+def _still_current(source: str, labels: Path | None, info: dict) -> bool:
     """Whether weights built from ``source`` need no rebuild: an explicit ``auto`` retries the
-    download after an offline fallback; a checkpoint is rebuilt when its file changed."""
+    download after an offline fallback; a checkpoint is rebuilt when its file or its labels
+    file changed."""
+    if labels is not None and (
+        not labels.is_file() or info.get("requested_labels_sha256") != sha256_of(labels)
+    ):
+        return False
     if source == "auto":
         return info.get("trained", False)
     if source in ("imagenet", "seeded"):
@@ -117,14 +153,17 @@ def _still_current(source: str, info: dict) -> bool:
     return path.is_file() and sha256_of(path) in info.get("detail", "")
 
 
-def build(source: str | None, out: Path) -> dict:
+def build(source: str | None, out: Path, labels: Path | None = None) -> dict:
     """Write the three files into ``out``; skip when they already hold ``source`` (``None``:
-    keep any weights already built, else ``auto``)."""
+    keep any weights already built, else ``auto``) with ``labels``. Raises ``CheckpointError``
+    before writing anything when the checkpoint or its labels cannot be served."""
     info_path = out / INFO
     if info_path.is_file() and (out / CHECKPOINT).is_file():
         info = json.loads(info_path.read_text())
-        wanted = source is None or (
-            info.get("requested") == source and _still_current(source, info)
+        wanted = (source is None and labels is None) or (
+            info.get("requested") == (source or info.get("requested"))
+            and info.get("requested_labels") == (None if labels is None else str(labels))
+            and _still_current(source or info.get("requested", "auto"), labels, info)
         )
         if wanted and sha256_of(out / CHECKPOINT) == info.get("sha256"):
             print(f"weights up to date: {info['source']} ({info_path})")
@@ -139,19 +178,22 @@ def build(source: str | None, out: Path) -> dict:
 
     import torch
 
-    from model_files.resnet_dual import WEIGHTS
-
-    state, info = resolve(source)
+    state, names, info = resolve(source, labels)
     out.mkdir(parents=True, exist_ok=True)
     ckpt = out / CHECKPOINT
     # An interrupted save leaves the partial file aside, never under the checkpoint's name.
     partial = out / f".{CHECKPOINT}.partial"
     torch.save(state, partial)
     os.replace(partial, ckpt)
-    info.update(requested=source, file=CHECKPOINT, sha256=sha256_of(ckpt))
-    categories = WEIGHTS.meta["categories"]
-    (out / LABELS).write_text(
-        json.dumps({str(i): name for i, name in enumerate(categories)}, indent=0)
+    (out / LABELS).write_text(json.dumps({str(i): name for i, name in enumerate(names)}, indent=0))
+    info.update(
+        requested=source,
+        requested_labels=None if labels is None else str(labels),
+        requested_labels_sha256=None if labels is None else sha256_of(labels),
+        file=CHECKPOINT,
+        sha256=sha256_of(ckpt),
+        classes=len(names),
+        labels_sha256=sha256_of(out / LABELS),
     )
     info_path.write_text(json.dumps(info, indent=2) + "\n")
     print(f"weights written: {info['source']} sha256={info['sha256'][:16]}... -> {ckpt}")
@@ -166,9 +208,20 @@ def main(argv: list[str] | None = None) -> int:
         help="auto (ImageNet, else seeded), imagenet, seeded, or a .pt path; "
         "default: keep the weights already built, else auto",
     )
+    parser.add_argument(
+        "--labels",
+        type=Path,
+        default=None,
+        help="your checkpoint's class names: a JSON list, a JSON object index -> name, or a "
+        "text file with one name per line (needed when its fc has other than 1,000 classes)",
+    )
     parser.add_argument("--out", type=Path, default=Path("build/weights"))
     args = parser.parse_args(argv)
-    info = build(args.source or None, args.out)
+    try:
+        info = build(args.source or None, args.out, args.labels)
+    except CheckpointError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if not info["trained"]:
         banner(info["warning"])
     return 0

@@ -46,8 +46,8 @@ PREPROCESSING = {
 
 
 class DualResNet50(nn.Module):
-    """``forward(x) -> (embedding [N, 2048], logits [N, 1000])`` from one pass, ``x`` the
-    normalised float input.
+    """``forward(x) -> (embedding [N, 2048], logits [N, classes])`` from one pass, ``x`` the
+    normalised float input; ``classes`` is the checkpoint's own (its ``fc``'s rows).
 
     ``embedding`` is the global-average-pooled output of ``layer4`` (torchvision's
     ``avgpool`` + ``flatten``), before the classifier; ``logits = fc(embedding)``.
@@ -115,8 +115,10 @@ class ServedResNet50(nn.Module):
 
 
 def build_dual(state_dict: dict[str, torch.Tensor] | None = None) -> DualResNet50:
-    """A ``DualResNet50`` in eval mode, loaded from a torchvision resnet50 state dict."""
-    backbone = resnet50(weights=None)
+    """A ``DualResNet50`` in eval mode, loaded from a torchvision resnet50 state dict whose
+    ``fc`` has any number of classes (its rows; torchvision's 1,000 when no state is given)."""
+    fc = None if state_dict is None else state_dict.get("fc.weight")
+    backbone = resnet50(weights=None, **({} if fc is None else {"num_classes": fc.shape[0]}))
     if state_dict is not None:
         backbone.load_state_dict(state_dict)
     return DualResNet50(backbone).eval()

@@ -40,6 +40,11 @@ class Output(enum.Enum):
 TASKS = tuple(output.value for output in Output)
 
 
+# A sanity bound on class counts before the model is known; the model's own labels bound
+# top_k and explain.max_targets when it loads (servecore/service.py).
+MAX_CLASSES = 100_000
+
+
 class ConfigError(ValueError):
     """A model-config.yaml ``handler:`` section that cannot be used; the model fails to load."""
 
@@ -82,7 +87,10 @@ class ExplainConfig:
         bounds=(1, 64),
     )
     max_targets: int = setting(
-        5, "classes one image may have explained in one request (400 above)", bounds=(1, 1000)
+        5,
+        "classes one image may have explained in one request (400 above); at most the model's "
+        "classes (checked when it loads)",
+        bounds=(1, MAX_CLASSES),
     )
     png_max_side: int = setting(448, "longer side of the PNG heatmap, in pixels", bounds=(16, 2048))
     max_passes_per_batch: int = setting(
@@ -105,10 +113,14 @@ class HandlerConfig:
     task: str = setting(
         "tags",
         "what the model answers (both come from one forward pass): `embedding` the embedding "
-        "vector, `tags` the top-k ImageNet labels ([api.md](api.md#answers))",
+        "vector, `tags` the top-k of the model's labels ([api.md](api.md#answers))",
         choices=TASKS,
     )
-    top_k: int = setting(5, "tags when a request gives no `topk`", bounds=(1, 1000))
+    top_k: int = setting(
+        5,
+        "tags when a request gives no `topk`; at most the model's classes (checked when it loads)",
+        bounds=(1, MAX_CLASSES),
+    )
     normalize_embedding: bool = setting(
         True,
         "L2-normalise embeddings, so cosine similarity is a dot product ([api.md](api.md#answers))",

@@ -35,7 +35,7 @@ from servecore.errors import DeadlineExceeded, PayloadTooLarge, detached
 from servecore.explain.stage import Explanations
 from servecore.gpudecode import DeviceDecoder, accepts, assemble, for_worker
 from servecore.images import OpenedImage, decode, open_image
-from servecore.parse import ParsedRequest
+from servecore.parse import ParsedRequest, check_top_k
 from servecore.stages import (
     Admitted,
     Explaining,
@@ -191,6 +191,7 @@ class Intake:
 
     def _open(self, incoming: Incoming) -> Opened:
         request = incoming.parse()
+        check_top_k(request, len(self.explanations.labels))
         priority = incoming.priority if request.priority is None else request.priority
         if incoming.explain:
             spec = self.explanations.spec(request)

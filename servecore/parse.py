@@ -47,7 +47,6 @@ from servecore.jsonguard import JsonDocument, is_json, load_json
 from servecore.traffic import DEADLINE_HEADER, PRIORITY_KEY, Priority, parse_priority
 from serveshared.v2binary import BINARY_DATA, BINARY_OUTPUT
 
-MAX_TOP_K = 1000
 MAX_ID_CHARS = 256  # a v2 request id, echoed in the answer
 IMAGE_FIELD = "data"  # the multipart field, or JSON field, that carries the image
 PARAM_KEYS = ("topk",)
@@ -256,15 +255,25 @@ def _parse_binary(
 
 
 def parse_top_k(value: Any) -> int:
-    """``topk`` from a form field, header or JSON value: an integer in 1..1000."""
+    """``topk`` from a form field, header or JSON value: a positive integer (the model's class
+    count bounds it once the model is known: ``check_top_k``)."""
     given = value
     if isinstance(value, (bytes, bytearray)):
         given = value = value.decode("utf-8", "replace")
     if isinstance(value, str) and re.fullmatch(r"\s*\+?[0-9]{1,7}\s*", value):
         value = int(value)
-    if type(value) is not int or not 1 <= value <= MAX_TOP_K:
-        raise InvalidParameter(f"topk must be an integer from 1 to {MAX_TOP_K}, got {echo(given)}")
+    if type(value) is not int or value < 1:
+        raise InvalidParameter(f"topk must be a positive integer, got {echo(given)}")
     return value
+
+
+def check_top_k(request: ParsedRequest, classes: int) -> None:
+    """Refuse (400) a ``topk`` above the model's ``classes``, the request's or a v2 output's."""
+    for k in (request.top_k, *(o.top_k for o in request.outputs)):
+        if k is not None and k > classes:
+            raise InvalidParameter(
+                f"topk must be an integer from 1 to {classes} (the model's classes), got {k}"
+            )
 
 
 def decode_base64(value: Any, where: str) -> bytes:

@@ -16,10 +16,10 @@ class Backend:
     """One loaded runtime. ``name``: eager, torchscript, onnx or openvino; ``precision``: f32,
     f16, bf16, int8+f32 or int8+bf16, as the runtime reports it runs; ``file``: the serialized
     model it runs; ``forward``: ``pixels [N, 3, 224, 224] -> (embedding [N, 2048], logits
-    [N, 1000])``, CPU float32, ``pixels`` uint8 on the CPU or already on the backend's device;
-    ``emulated``: the runtime runs ``precision`` without the CPU's
-    native units for it (OpenVINO's bf16 on AVX-512 without bf16: real bf16 rounding, slower
-    than f32)."""
+    [N, classes])`` (the checkpoint's own class count), CPU float32, ``pixels`` uint8 on the
+    CPU or already on the backend's device; ``emulated``: the runtime runs ``precision``
+    without the CPU's native units for it (OpenVINO's bf16 on AVX-512 without bf16: real bf16
+    rounding, slower than f32)."""
 
     name: str
     precision: str

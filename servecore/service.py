@@ -32,7 +32,7 @@ from servecore.answers import AnswerSpec, BatchOutputs, Prediction
 from servecore.autoprecision import serving_backend
 from servecore.backends import pick_device
 from servecore.cache import AnswerCache
-from servecore.config import HandlerConfig, Output
+from servecore.config import ConfigError, HandlerConfig, Output
 from servecore.crops import CROPS_INPUT
 from servecore.errors import RequestError, detached
 from servecore.explain.encode import Explained
@@ -154,6 +154,16 @@ class ImageModel:
             config.top_k,
             config.normalize_embedding,
         )
+        classes = len(self.answers.labels)
+        for name, value in (
+            ("top_k", config.top_k),
+            ("explain.max_targets", config.explain.max_targets),
+        ):
+            if value > classes:
+                raise ConfigError(
+                    f"handler.{name} is {value} but the model has {classes} classes "
+                    f"({files.weights.get('labels', 'its labels')}): set it to at most {classes}"
+                )
         self.explanations = Explanations(
             files.checkpoint,
             config.explain,

@@ -14,8 +14,10 @@ from torchvision.models import ResNet50_Weights, resnet50
 
 class Reference:
     def __init__(self, checkpoint: Path) -> None:
-        self.model = resnet50(weights=None)
-        self.model.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=True))
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        # The checkpoint's own class count: ImageNet's 1,000 or a fine-tuned head's N.
+        self.model = resnet50(weights=None, num_classes=state["fc.weight"].shape[0])
+        self.model.load_state_dict(state)
         self.model.eval()
         self.transform = ResNet50_Weights.IMAGENET1K_V2.transforms()
         self._pooled: list[torch.Tensor] = []
@@ -28,7 +30,7 @@ class Reference:
         return self.transform(image).unsqueeze(0)
 
     def __call__(self, image: Image.Image | bytes) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(embedding [2048], logits [1000])`` for one image, unnormalised."""
+        """``(embedding [2048], logits [classes])`` for one image, unnormalised."""
         self._pooled.clear()
         with torch.inference_mode():
             logits = self.model(self.input(image))[0]

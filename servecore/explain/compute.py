@@ -51,7 +51,7 @@ def passes(spec: ExplainSpec) -> int:
 
 
 class LogitsScore(nn.Module):
-    """``x -> logits [N, 1000]`` of a ``(embedding, logits)`` model: Captum picks ``target``."""
+    """``x -> logits [N, classes]`` of a ``(embedding, logits)`` model: Captum picks ``target``."""
 
     def __init__(self, dual: nn.Module) -> None:
         super().__init__()

@@ -108,7 +108,8 @@ def _classes(target: Any, labels: Sequence[str], embedding_default: bool) -> tup
             classes.append(by_label[item.strip().lower()])
         else:
             raise InvalidParameter(
-                f"unknown target class {echo(item)}: give an ImageNet class index "
-                f"0..{len(labels) - 1}, a label such as {labels[281]!r}, or {EMBEDDING_TARGET!r}"
+                f"unknown target class {echo(item)}: give one of the model's "
+                f"{len(labels)} class indexes 0..{len(labels) - 1}, a label such as "
+                f"{labels[-1]!r}, or {EMBEDDING_TARGET!r}"
             )
     return tuple(classes)

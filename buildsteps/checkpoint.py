@@ -1,0 +1,212 @@
+"""A user's fine-tuned ResNet50 and its labels, read and checked before anything is built.
+
+``read_checkpoint(path)`` -> a torchvision ``resnet50`` state dict whose ``fc`` has N >= 2
+classes. Accepted: a state dict (``torch.save(model.state_dict())``), one nested under
+``"state_dict"`` or ``"model"`` (training scripts' checkpoints), keys prefixed ``module.``
+(DataParallel) or ``model.``, and a whole module (``torch.save(model)``) of torchvision's
+``ResNet``. Always read with ``torch.load(weights_only=True)``: a whole module only through an
+allow-list of torchvision's ResNet classes and the ``nn`` layers a ResNet50 holds, never an
+arbitrary pickle (a checkpoint can carry code).
+
+``read_labels(path)`` -> the class names, from a JSON list, a JSON object index -> name (as
+TorchServe's ``index_to_name.json``, whose values may be ``[wnid, name]``), or a text file with
+one name per line.
+
+Each refusal is a ``CheckpointError`` whose message says what is wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from collections.abc import Sequence
+from pathlib import Path
+
+MIN_CLASSES = 2
+# Prefixes a wrapper adds to every key: DataParallel / DistributedDataParallel, and a
+# LightningModule or wrapper holding the network as ``self.model``.
+PREFIXES = ("module.", "model.")
+# Where training scripts nest the state dict in a checkpoint dict.
+NESTED = ("state_dict", "model")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint or labels file that cannot be served; the message says why and how to fix."""
+
+
+def _allowed_globals() -> list:
+    """What a whole pickled torchvision ResNet50 needs beyond tensors: its classes and layers."""
+    from torch import nn
+    from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
+
+    return [
+        ResNet,
+        Bottleneck,
+        BasicBlock,
+        nn.Conv2d,
+        nn.BatchNorm2d,
+        nn.ReLU,
+        nn.MaxPool2d,
+        nn.AdaptiveAvgPool2d,
+        nn.Linear,
+        nn.Sequential,
+        set,
+    ]
+
+
+def _load(path: Path) -> object:
+    import torch
+
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist (WEIGHTS=/path/to/file.pt)")
+    try:
+        with torch.serialization.safe_globals(_allowed_globals()):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        text = str(exc)
+        if "Unsupported global" in text or "GLOBAL" in text:
+            what = next((line for line in text.splitlines() if "GLOBAL" in line), "").strip()
+            raise CheckpointError(
+                f"{path} needs code beyond torchvision's ResNet to load ({what or 'a global'}), "
+                "and a checkpoint is never unpickled with arbitrary code: save the weights "
+                "alone with torch.save(model.state_dict(), path) and build from that"
+            ) from None
+        raise CheckpointError(
+            f"{path} is not a PyTorch checkpoint ({text.splitlines()[0][:200]}): give a file "
+            "written by torch.save(model.state_dict(), path)"
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError) as exc:
+        raise CheckpointError(
+            f"{path} is not a PyTorch checkpoint ({str(exc).splitlines()[0][:200]}): give a "
+            "file written by torch.save(model.state_dict(), path)"
+        ) from None
+
+
+def _state_dict(loaded: object, path: Path) -> dict:
+    import torch
+    from torch import nn
+    from torchvision.models import ResNet
+
+    for key in NESTED:
+        if isinstance(loaded, dict) and isinstance(loaded.get(key), (dict, nn.Module)):
+            loaded = loaded[key]
+    if isinstance(loaded, nn.Module):
+        if not isinstance(loaded, ResNet):
+            raise CheckpointError(
+                f"{path} holds a {type(loaded).__name__}, not torchvision's ResNet: save a "
+                "torchvision resnet50's state dict"
+            )
+        loaded = loaded.state_dict()
+    if not isinstance(loaded, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in loaded.items()
+    ):
+        raise CheckpointError(
+            f"{path} holds a {type(loaded).__name__}, not a state dict of tensors: give a file "
+            "written by torch.save(model.state_dict(), path)"
+        )
+    state = dict(loaded)
+    for prefix in PREFIXES:
+        if state and all(k.startswith(prefix) for k in state):
+            state = {k.removeprefix(prefix): v for k, v in state.items()}
+    return state
+
+
+def _check_resnet50(state: dict, path: Path) -> int:
+    """The class count N of a resnet50 state dict (its ``fc``'s rows); refuses any other."""
+    from torchvision.models import resnet50
+
+    fc = state.get("fc.weight")
+    if fc is None or fc.dim() != 2:
+        raise CheckpointError(
+            f"{path} is not a torchvision resnet50 state dict: it has no 2-d 'fc.weight' "
+            f"(first keys: {sorted(state)[:5]})"
+        )
+    classes = fc.shape[0]
+    if classes < MIN_CLASSES:
+        raise CheckpointError(f"{path}: fc has {classes} class, a tagger needs {MIN_CLASSES}+")
+    expected = {k: tuple(v.shape) for k, v in resnet50(num_classes=classes).state_dict().items()}
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{path} is not a torchvision resnet50 state dict: {len(missing)} keys missing "
+            f"{missing[:5]}, {len(unexpected)} unexpected {unexpected[:5]}; save "
+            "torchvision.models.resnet50(num_classes=N).state_dict() (a 'module.' or 'model.' "
+            "prefix is removed for you)"
+        )
+    wrong = [
+        f"{k} {tuple(state[k].shape)} (resnet50: {shape})"
+        for k, shape in expected.items()
+        if tuple(state[k].shape) != shape
+    ]
+    if wrong:
+        raise CheckpointError(
+            f"{path} is not a torchvision resnet50 state dict: {len(wrong)} tensors have the "
+            f"wrong shape: {'; '.join(wrong[:3])}"
+        )
+    return classes
+
+
+def read_checkpoint(path: Path) -> tuple[dict, int]:
+    """``(state_dict, classes)`` of the resnet50 checkpoint at ``path``; else a
+    ``CheckpointError``."""
+    state = _state_dict(_load(path), path)
+    return state, _check_resnet50(state, path)
+
+
+def read_labels(path: Path) -> list[str]:
+    """The class names in ``path`` (JSON list, JSON object index -> name, or one per line)."""
+    if not path.is_file():
+        raise CheckpointError(f"labels file {path} does not exist (LABELS=/path/to/labels)")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CheckpointError(f"labels file {path} is not valid JSON: {exc}") from None
+        return _json_labels(data, path)
+    return [line.strip() for line in text.removesuffix("\n").split("\n")]
+
+
+def _json_labels(data: object, path: Path) -> list[str]:
+    if isinstance(data, dict):
+        indexes = sorted(data, key=lambda k: int(k) if str(k).isdigit() else -1)
+        if indexes != [str(i) for i in range(len(data))]:
+            raise CheckpointError(
+                f"labels file {path}: a JSON object's keys must be the class indexes "
+                f"'0'..'{len(data) - 1}', each once"
+            )
+        data = [data[k] for k in indexes]
+    if not isinstance(data, list):
+        raise CheckpointError(
+            f"labels file {path} must hold a JSON list of names or an object index -> name, "
+            f"got {type(data).__name__}"
+        )
+    # TorchServe's index_to_name.json may give [wnid, name]: the name is the last item.
+    names = [item[-1] if isinstance(item, list) and item else item for item in data]
+    if not all(isinstance(name, str) for name in names):
+        raise CheckpointError(f"labels file {path}: every label must be a string")
+    return [name.strip() for name in names]
+
+
+def check_labels(labels: Sequence[str], classes: int, where: str) -> None:
+    """Refuse labels that do not name each of ``classes`` classes once."""
+    if len(labels) != classes:
+        raise CheckpointError(
+            f"{where} has {len(labels)} labels but the checkpoint's fc has {classes} classes: "
+            f"give exactly {classes} names, in the order of the fc's rows"
+        )
+    empty = [i for i, name in enumerate(labels) if not name]
+    if empty:
+        raise CheckpointError(
+            f"{where}: label {empty[0]} is empty ({len(empty)} empty in all): every class needs "
+            "a name"
+        )
+    seen: dict[str, int] = {}
+    for i, name in enumerate(labels):
+        if name.lower() in seen:
+            raise CheckpointError(
+                f"{where}: label {name!r} is repeated (classes {seen[name.lower()]} and {i}, "
+                "compared ignoring case): every class needs its own name"
+            )
+        seen[name.lower()] = i
