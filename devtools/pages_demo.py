@@ -1,7 +1,7 @@
 """The result pages (``tsctl similar|duplicates|explain --html``) made from an album with every
-case they must handle, and looked at in headless Chromium: tests/test_pages.py checks what the
-browser shows, ``make docs-screenshots`` (``python -m devtools.pages_demo``) writes the small
-PNGs of docs/operations.md.
+case they must handle, and ``tsctl head train``'s report, and looked at in headless Chromium:
+tests/test_pages.py checks what the browser shows, ``make docs-screenshots`` (``python -m
+devtools.pages_demo``) writes the small PNGs of docs/operations.md and docs/own-tags.md.
 
 The album: a photo with two exact copies under hostile names (``<script>alert(1)</script>.jpg``,
 which needs a folder ``<script>alert(1)<`` since ``/`` cannot be in a file name, and
@@ -192,11 +192,13 @@ def small_png(shot: Path, out: Path, colours: int = 128) -> int:
 
 
 def docs_screenshots(docs: Path, work: Path) -> dict[str, int]:
-    """Start a TorchServe, make the three pages from scikit-image's sample photos and write
+    """Start a TorchServe, make the three pages from scikit-image's sample photos and the
+    report of ``tsctl head train`` on the synthetic scenes (``devtools.scenes``), and write
     ``docs/page-NAME.png``; the byte size of each."""
     from playwright.sync_api import sync_playwright
 
     from devtools.samples import HELDOUT, photo
+    from devtools.scenes import labelled_set
     from devtools.server import LocalTorchServe
 
     chromium = chromium_path()
@@ -249,6 +251,18 @@ def docs_screenshots(docs: Path, work: Path) -> dict[str, int]:
                 finally:
                     browser.close()
             sizes[name] = small_png(work / f"{name}.png", docs / f"page-{name}.png")
+        # tsctl head train's report (docs/own-tags.md), from the synthetic labelled set.
+        labelled_set(work / "scenes", per_label=12, seed=4800)
+        tsctl("head", "train", str(work / "scenes"), "--out", str(work / "head"))
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=chromium)
+            try:
+                look(
+                    browser, work / "head" / "report.html", work / "head.png", viewport=(1000, 620)
+                )
+            finally:
+                browser.close()
+        sizes["head"] = small_png(work / "head.png", docs / "page-head.png")
     return sizes
 
 

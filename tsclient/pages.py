@@ -1,5 +1,5 @@
 """Self-contained HTML pages of results, for people to look at: ``tsctl similar --html``,
-``tsctl duplicates --html`` and ``tsctl explain --html``.
+``tsctl duplicates --html``, ``tsctl explain --html`` and ``tsctl head train``'s report.
 
 One file per page, opened from disk: every thumbnail is a small JPEG made here with Pillow and
 embedded as a ``data:`` URI, the style is inline, and there is no JavaScript at all (a
@@ -335,3 +335,50 @@ def write(path: Path, html: str) -> int:
     tmp.write_bytes(data)
     os.replace(tmp, path)
     return len(data)
+
+
+def head_page(report: dict, mistakes: Sequence[dict], thumbs: Thumbnailer) -> str:
+    """``tsctl head train``: the held-out measures (per-label precision and recall, the
+    confusion table) and a thumbnail of every held-out mistake, captioned with its true label,
+    the predicted one and the head's probability. ``mistakes``: ``[{"path", "label",
+    "predicted", "probability"}, ...]``."""
+    labels = report["labels"]
+    split = report["split"]
+    per_label = "".join(
+        f"<tr><td>{escape(label)}</td><td>{m['precision']:.3f}</td><td>{m['recall']:.3f}</td>"
+        f"<td>{m['support']}</td></tr>"
+        for label, m in report["per_label"].items()
+    )
+    head = "".join(f"<th>{escape(label)}</th>" for label in labels)
+    confusion = "".join(
+        f"<tr><th>{escape(label)}</th>" + "".join(f"<td>{n}</td>" for n in row) + "</tr>"
+        for label, row in zip(labels, report["confusion"]["counts"])
+    )
+    figures = [
+        figure(
+            thumbs.of_path(m["path"]),
+            m["path"],
+            [f"true {m['label']}", f"predicted {m['predicted']} ({m['probability']:.3f})"],
+        )
+        for m in mistakes
+    ]
+    sections = [
+        "<section><h2>Per label (held out)</h2><table class='gallery'><tr><th>label</th>"
+        f"<th>precision</th><th>recall</th><th>photos</th></tr>{per_label}</table></section>",
+        "<section><h2>Confusion (rows: true label, columns: predicted)</h2>"
+        f"<table class='gallery'><tr><th></th>{head}</tr>{confusion}</table></section>",
+        f"<section><h2>Mistakes ({len(mistakes)})</h2>"
+        + (
+            f'<div class="row">{"".join(figures)}</div>'
+            if figures
+            else '<p class="meta">none: every held-out photo was tagged right</p>'
+        )
+        + "</section>",
+    ]
+    summary = (
+        f"{len(labels)} labels; {split['train']} photos trained on, {split['held_out']} held out "
+        f"(stratified, seed {split['seed']}); held-out accuracy "
+        f"{report['held_out_accuracy']:.3f}, expected calibration error "
+        f"{report['calibration']['expected_calibration_error']:.3f}."
+    )
+    return page("Tagger trained from your folders", summary, sections)

@@ -14,6 +14,7 @@
     tsctl duplicates --index ... [--threshold 0.97] [--html duplicates.html]
     tsctl explain FILE [--model M] [--target T | --topk K] [--method M] [--n-steps N]
                  [--out heatmap.png]
+    tsctl head train FOLDER --out DIR [--backbone build/weights/resnet50.pt] [--seed S]
     tsctl explain FILE|FOLDER... --html gallery.html [--target T | --topk K] [--method M]
 
 Human-readable output by default, ``--json`` (before or after the command) for scripts.
@@ -28,7 +29,7 @@ pointed at Triton), 7 unhealthy (a model without a READY worker, or some files f
 """
 
 # The package: common.py (the options and client every command shares), one module per group of
-# commands (models, batch, similar, ops, explain), each declaring its commands' options beside
+# commands (models, batch, similar, ops, explain, head), each declaring its commands' options beside
 # their code in register(commands); jobs.py runs the batch job that tag, embed and explain --html
 # share. This module builds the top-level parser and dispatches.
 
@@ -42,14 +43,14 @@ import sys
 from serveshared import ports
 from serveshared.keys import KEY_FILE
 from tsclient import errors
-from tsclient.cli import batch, explain, models, ops, similar
+from tsclient.cli import batch, explain, head, models, ops, similar
 from tsclient.cli.common import Commands, make_client
 from tsclient.client import TIMEOUT_S
 
 __all__ = ["main", "make_client", "parser"]
 
 # In the order `tsctl --help` lists them.
-GROUPS = (models, batch, similar, ops, explain)
+GROUPS = (models, batch, similar, ops, explain, head)
 
 
 def parser() -> argparse.ArgumentParser:

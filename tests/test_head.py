@@ -1,0 +1,175 @@
+"""``tsctl head train`` against the session's real TorchServe: a labelled set made here (four
+kinds of synthetic scene, devtools/scenes.py), a head trained through the served embedding
+model, and what the user checks: the report's split, accuracy, per-label precision/recall and
+confusion table agree with each other and with the held-out photos; the mistakes page exists;
+the checkpoint is a full torchvision resnet50 whose fc, run by torchvision directly on the
+held-out photos, tags them as the report says; a rerun embeds nothing again; a backbone that is
+not the served one is refused.
+
+Serving the trained head (``test_the_trained_head_serves_on_both_engines``) needs the
+own-model build step (``buildsteps.weights --labels``), on another branch: skipped until it is
+merged."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision.models import ResNet50_Weights, resnet50
+
+from devtools.scenes import SCENES, labelled_set
+from tests.conftest import REPO
+from tests.served import tsctl
+
+pytestmark = pytest.mark.integration
+PER_LABEL = 12  # 48 photos: 36 trained on, 12 held out (3 per label)
+CLEAR = 0.6  # a report probability above which a tie cannot flip the served top tag
+
+
+@pytest.fixture(scope="module")
+def trained(torchserve, weights_dir, tmp_path_factory):
+    """The labelled set, the training's output folder and its report."""
+    root = tmp_path_factory.mktemp("head")
+    photos = root / "photos"
+    labelled_set(photos, PER_LABEL, seed=4800)
+    out = root / "tagger"
+    run = tsctl(
+        torchserve,
+        "--json",
+        "head",
+        "train",
+        str(photos),
+        "--out",
+        str(out),
+        "--backbone",
+        str(weights_dir / "resnet50.pt"),
+    )
+    assert run.returncode == 0, run.stderr
+    return photos, out, json.loads(run.stdout)
+
+
+def test_the_report_is_a_stratified_held_out_measure_that_adds_up(trained):
+    _, out, answer = trained
+    report = json.loads((out / "report.json").read_text())
+    labels = list(SCENES)
+    assert report["labels"] == labels
+    assert answer["held_out_accuracy"] == report["held_out_accuracy"]
+    split = report["split"]
+    assert (split["train"], split["held_out"]) == (36, 12)
+    assert all(n == {"train": 9, "held_out": 3} for n in split["per_label"].values())
+    # The confusion table's counts add up: to the held-out photos, per true label.
+    counts = np.array(report["confusion"]["counts"])
+    assert counts.shape == (4, 4) and counts.sum() == 12
+    assert counts.sum(axis=1).tolist() == [3, 3, 3, 3]
+    held_out = report["held_out"]
+    assert len(held_out) == 12
+    correct = sum(h["label"] == h["predicted"] for h in held_out)
+    assert report["held_out_accuracy"] == correct / 12 == np.trace(counts) / 12
+    for i, label in enumerate(labels):
+        column = counts[:, i].sum()
+        m = report["per_label"][label]
+        assert m["recall"] == pytest.approx(counts[i, i] / 3)
+        assert m["precision"] == pytest.approx(counts[i, i] / column if column else 0.0)
+    # The four scenes are distinct enough for a linear probe on the untrained backbone.
+    assert report["held_out_accuracy"] >= 0.75, report["per_label"]
+    ece = report["calibration"]["expected_calibration_error"]
+    assert 0.0 <= ece <= 1.0
+    assert report["backbone"]["checked_against_server"] is True
+    # Every held-out photo sits in its label's folder.
+    assert all(f"/{h['label']}/" in h["path"] for h in held_out)
+
+
+def test_the_mistakes_page_shows_every_mistake(trained):
+    _, out, _ = trained
+    report = json.loads((out / "report.json").read_text())
+    page = (out / "report.html").read_text()
+    assert "Confusion" in page and f"Mistakes ({len(report['mistakes'])})" in page
+    assert report["mistakes"] == [h for h in report["held_out"] if h["label"] != h["predicted"]]
+    for mistake in report["mistakes"]:
+        assert mistake["path"] in page
+    assert page.count("<img ") == len(report["mistakes"])
+
+
+def test_the_checkpoint_is_a_resnet50_tagging_as_the_report_says(trained, weights_dir):
+    _, out, _ = trained
+    report = json.loads((out / "report.json").read_text())
+    labels = (out / "labels.txt").read_text().splitlines()
+    assert labels == report["labels"]
+    state = torch.load(out / "resnet50.pt", map_location="cpu", weights_only=True)
+    backbone = torch.load(weights_dir / "resnet50.pt", map_location="cpu", weights_only=True)
+    assert state.keys() == backbone.keys()
+    assert all(torch.equal(state[k], backbone[k]) for k in backbone if not k.startswith("fc."))
+    model = resnet50(num_classes=len(labels))
+    model.load_state_dict(state)  # strict: every key, fc [4, 2048]
+    model.eval()
+    transform = ResNet50_Weights.IMAGENET1K_V2.transforms()
+    held_out = report["held_out"]
+    batch = torch.stack([transform(Image.open(h["path"]).convert("RGB")) for h in held_out])
+    with torch.inference_mode():
+        top = model(batch).argmax(dim=1).tolist()
+    # torchvision, run directly on the checkpoint, ranks as the report's head: the same top tag
+    # wherever the report's was clear (the server may compute in reduced precision, which can
+    # flip a near tie).
+    clear = [i for i, h in enumerate(held_out) if h["probability"] >= CLEAR]
+    assert len(clear) >= len(held_out) // 2
+    assert [labels[top[i]] for i in clear] == [held_out[i]["predicted"] for i in clear]
+
+
+def test_a_rerun_embeds_nothing_again_and_reports_the_same(trained, torchserve, weights_dir):
+    photos, out, answer = trained
+    run = tsctl(
+        torchserve,
+        "--json",
+        "head",
+        "train",
+        str(photos),
+        "--out",
+        str(out),
+        "--backbone",
+        str(weights_dir / "resnet50.pt"),
+    )
+    assert run.returncode == 0, run.stderr
+    again = json.loads(run.stdout)
+    assert again["embedding_job"]["done"] == 0
+    assert again["embedding_job"]["skipped"] == 4 * PER_LABEL
+    assert again["held_out"] == answer["held_out"]
+
+
+def test_a_backbone_that_is_not_the_served_one_is_refused(trained, torchserve, tmp_path):
+    photos, _, _ = trained
+    other = tmp_path / "other.pt"
+    torch.save({"fc.weight": torch.zeros(3, 2048)}, other)
+    out = tmp_path / "never"
+    run = tsctl(
+        torchserve, "head", "train", str(photos), "--out", str(out), "--backbone", str(other)
+    )
+    assert run.returncode == 2
+    assert "is not the served backbone" in run.stderr
+    assert not out.exists()
+
+
+def _own_model_branch() -> bool:
+    """Whether the own-model build step (``buildsteps.weights --labels``) is here."""
+    run = subprocess.run(
+        [sys.executable, "-m", "buildsteps.weights", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    return "--labels" in run.stdout
+
+
+@pytest.mark.skipif(not _own_model_branch(), reason="needs the own-model branch")
+def test_the_trained_head_serves_on_both_engines(trained, tmp_path_factory):
+    """TO TURN ON WHEN THE OWN-MODEL BRANCH IS MERGED: pack the head with ``make archives
+    WEIGHTS=DIR/resnet50.pt LABELS=DIR/labels.txt`` into a fresh store, serve it on
+    TorchServe and Triton, and check the answers name the user's labels, the held-out accuracy
+    equals the report's, topk > N is a 400, explanations name the user's classes, and int8
+    passes or is refused by its gate as reported. The packing and serving helpers are that
+    branch's; the lead wires them here."""
+    pytest.fail("wire the own-model branch's archive and server helpers here")
