@@ -4,17 +4,12 @@ model, and what the user checks: the report's split, accuracy, per-label precisi
 confusion table agree with each other and with the held-out photos; the mistakes page exists;
 the checkpoint is a full torchvision resnet50 whose fc, run by torchvision directly on the
 held-out photos, tags them as the report says; a rerun embeds nothing again; a backbone that is
-not the served one is refused.
-
-Serving the trained head (``test_the_trained_head_serves_on_both_engines``) needs the
-own-model build step (``buildsteps.weights --labels``), on another branch: skipped until it is
-merged."""
+not the served one is refused. (Serving the trained head from a fresh archive on both engines
+is not tested yet: docs/own-tags.md.)"""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -23,7 +18,6 @@ from PIL import Image
 from torchvision.models import ResNet50_Weights, resnet50
 
 from devtools.scenes import SCENES, labelled_set
-from tests.conftest import REPO
 from tests.served import tsctl
 
 pytestmark = pytest.mark.integration
@@ -151,25 +145,3 @@ def test_a_backbone_that_is_not_the_served_one_is_refused(trained, torchserve, t
     assert run.returncode == 2
     assert "is not the served backbone" in run.stderr
     assert not out.exists()
-
-
-def _own_model_branch() -> bool:
-    """Whether the own-model build step (``buildsteps.weights --labels``) is here."""
-    run = subprocess.run(
-        [sys.executable, "-m", "buildsteps.weights", "--help"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
-    return "--labels" in run.stdout
-
-
-@pytest.mark.skipif(not _own_model_branch(), reason="needs the own-model branch")
-def test_the_trained_head_serves_on_both_engines(trained, tmp_path_factory):
-    """TO TURN ON WHEN THE OWN-MODEL BRANCH IS MERGED: pack the head with ``make archives
-    WEIGHTS=DIR/resnet50.pt LABELS=DIR/labels.txt`` into a fresh store, serve it on
-    TorchServe and Triton, and check the answers name the user's labels, the held-out accuracy
-    equals the report's, topk > N is a 400, explanations name the user's classes, and int8
-    passes or is refused by its gate as reported. The packing and serving helpers are that
-    branch's; the lead wires them here."""
-    pytest.fail("wire the own-model branch's archive and server helpers here")
