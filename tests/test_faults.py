@@ -27,7 +27,7 @@ from tsclient.errors import TRITON_RELOADING
 pytestmark = pytest.mark.integration
 TAGGER, EMBEDDING = "resnet50-tagger", "resnet50-embedding"
 # A killed model answers again within this. A restarted worker now serves the host's stored
-# precision (results/worker-start.md: a worker ready in 4.4 s instead of 8.0 with auto
+# precision (results/worker-start.md: a worker ready in 4.6 s instead of 8.6 with auto
 # measuring), and these tests measured on this 2-core host (2026-11-27): idle, TorchServe's
 # new worker 8.2 s and Triton's reload 13.3 s (the 15 s); with two CPU burners beside
 # them 12.3 and 23.7 s; once at load average 12-17 (other test suites on the host) 39.3 s for
