@@ -290,6 +290,7 @@ class Need:
     gpu: str
     images_per_s: float
     images: int
+    form: str  # the request form of the row it scales (REQUESTS)
     requests_per_s: float
     workers: int  # worker processes, each at most one core
     worker_cores: float
@@ -310,6 +311,7 @@ def plan(rows: list[Row]) -> list[Need]:
                     gpu,
                     rate,
                     row.images,
+                    row.form,
                     wanted,
                     max(1, math.ceil(worker_cores)),
                     worker_cores,
@@ -369,13 +371,13 @@ def report(rows: list[Row], machine: dict, seconds: float) -> str:
         "one core at most) and frontend cores. A floor: the real model's per-image work "
         "(decode, transform, copies) comes on top.",
         "",
-        "| engine | GPU figure | img/s | images/request | requests/s | worker cores | "
+        "| engine | GPU figure | img/s | images/request | request | requests/s | worker cores | "
         "workers | frontend cores |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |",
     ]
     for n in plan(rows):
         lines.append(
-            f"| {n.engine} | {n.gpu} | {n.images_per_s:,.0f} | {n.images} | "
+            f"| {n.engine} | {n.gpu} | {n.images_per_s:,.0f} | {n.images} | {FORMS[n.form]} | "
             f"{n.requests_per_s:,.0f} | {n.worker_cores:.1f} | {n.workers} | "
             f"{n.frontend_cores:.1f} |"
         )

@@ -56,8 +56,10 @@ def test_torchserve_null_core_answers_every_request(tmp_path):
 def test_plan_counts_workers_and_frontend_cores():
     """2.5 worker ms and 0.5 frontend ms per 8-image request: 10,000 img/s is 1,250
     requests/s, 3.1 worker cores (4 workers) and 0.6 frontend cores."""
-    row = Row("torchserve", "core", 8, 16, 100, 0, {}, 50.0, 400.0, 5.0, 9.0, 64.0, 0.5, 2.5, 0.1)
-    needs = plan([row, Row("triton", "bare", 1, *[math.nan] * 12)])  # bare rows are not planned
+    row = Row(
+        "torchserve", "core", 8, "json", 16, 100, 0, {}, 50.0, 400.0, 5.0, 9.0, 64.0, 0.5, 2.5, 0.1
+    )
+    needs = plan([row, Row("triton", "bare", 1, "raw", *[math.nan] * 12)])  # bare: not planned
     assert len(needs) == len(GPU_FIGURES)
     gpu, rate = GPU_FIGURES[1]
     need = next(n for n in needs if n.gpu == gpu)
@@ -65,3 +67,4 @@ def test_plan_counts_workers_and_frontend_cores():
     assert need.worker_cores == pytest.approx(rate / 8 * 2.5 / 1000)
     assert need.workers == math.ceil(rate / 8 * 2.5 / 1000)
     assert need.frontend_cores == pytest.approx(rate / 8 * 0.5 / 1000)
+    assert need.form == "json"  # the plan's table says which request form it scales
