@@ -90,6 +90,7 @@ def _checkpoint_state_dict(path: Path, labels: Path | None):
     state, classes = read_checkpoint(path)
     if labels is not None:
         names, where = read_labels(labels), f"labels file {labels.resolve()}"
+        check_labels(names, classes, where)  # yours; ImageNet's own repeat 'crane' and 'maillot'
     elif classes == len(_imagenet_names()):
         names, where = _imagenet_names(), IMAGENET_LABELS
         banner(
@@ -101,7 +102,6 @@ def _checkpoint_state_dict(path: Path, labels: Path | None):
             f"{path} has {classes} classes: give their names with LABELS=/path/to/labels "
             "(a JSON list, a JSON object index -> name, or a text file, one name per line)"
         )
-    check_labels(names, classes, where)
     return (
         state,
         names,

@@ -18,9 +18,9 @@ import pytest
 import requests
 import yaml
 
-from tests.conftest import REPO
 from tsclient import metrics
 
+REPO = Path(__file__).resolve().parent.parent  # as tests.conftest's (which imports this module)
 TSCTL = REPO / ".venv" / "bin" / "tsctl"
 T = TypeVar("T")
 

@@ -19,7 +19,7 @@ import pytest
 import requests
 
 from tests import imagegen
-from tests.served import TSCTL, v2_body
+from tests.served import TSCTL, local_triton, v2_body
 from tritonrepo.watchdog import model_of, stub_instances
 from tsclient import metrics
 from tsclient.errors import TRITON_RELOADING
@@ -180,6 +180,17 @@ def assert_readiness_told_the_truth(readiness: Readiness, killed: float, back: f
 
 
 # ---------------------------------------------------------------------------------- Triton
+
+
+@pytest.fixture(scope="module")
+def triton(tmp_path_factory, model_store):
+    """A Triton of this module's own: it kills a stub, and the session's Triton serves the
+    modules after it (test_lanes reads its metrics)."""
+    # A short exit timeout: stopping it does not wait 30 s for the clients' idle connections.
+    with local_triton(
+        tmp_path_factory.mktemp("faults-triton"), model_store, exit_timeout=2
+    ) as server:
+        yield server
 
 
 PROBE = "tagger probe"  # a tagger client with a short timeout: it sees the gap's answers

@@ -196,15 +196,27 @@ def test_the_lane_on_torchserve(torchserve, tmp_path):
         assert after[not_to] - before[not_to] == 1, f"tsctl embed {argv} sent to {not_to}"
 
 
+def commands(processes: list[psutil.Process]) -> dict[int, str]:
+    """Each live process's command line by pid; a stub another test killed, which its server
+    has not reaped yet (a zombie), has none."""
+    found = {}
+    for proc in processes:
+        try:
+            found[proc.pid] = " ".join(proc.cmdline())
+        except psutil.Error:
+            continue
+    return found
+
+
 def test_the_lane_on_triton(triton):
     """On the session's Triton: the lane's stub idle-scheduled, the model's not, one answer."""
     from tests.served import v2_infer
 
     stubs = {
-        model: proc.pid
-        for proc in psutil.Process(triton.process.pid).children(recursive=True)
+        model: pid
+        for pid, command in commands(psutil.Process(triton.process.pid).children(recursive=True))
         for model in (MODEL, LANE)
-        if f"/{model}/" in " ".join(proc.cmdline())
+        if f"/{model}/" in command
     }
     assert set(stubs) == {MODEL, LANE}, stubs
     assert set(policies(stubs[LANE]).values()) == {os.SCHED_IDLE}

@@ -85,7 +85,11 @@ def test_the_held_out_photos_are_answered_as_the_single_server_answers_them(
     assert split_v1.result().status_code == 200, split_v1.result().text
     assert split_v1.result().json() == single_v1.result().json()
     assert split_vectors.result().status_code == 200, split_vectors.result().text
-    assert split_vectors.result().json() == single_vectors.result().json()
+    # The same float32 values: the single server writes each as its shortest float32 text
+    # (orjson), the transformer's KServe answer the float64 of it, so read both as float32.
+    split_rows = [p["embedding"] for p in split_vectors.result().json()["predictions"]]
+    single_rows = [p["embedding"] for p in single_vectors.result().json()["predictions"]]
+    np.testing.assert_array_equal(np.float32(split_rows), np.float32(single_rows))
     for single, split in zip(single_v2, split_v2):
         (shape, embedding), (_, tags) = tensors(single.result()).values()
         got = tensors(split.result())

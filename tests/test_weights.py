@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from buildsteps import weights as build_weights
+from buildsteps.checkpoint import CheckpointError
 from model_files.resnet_dual import WEIGHTS
 
 
@@ -48,10 +49,11 @@ def test_checkpoint_source_is_recorded(tmp_path):
 def test_wrong_checkpoint_is_refused_with_a_message(tmp_path):
     checkpoint = tmp_path / "other.pt"
     torch.save({"conv.weight": torch.zeros(1)}, checkpoint)
-    with pytest.raises(SystemExit) as refused:
+    with pytest.raises(CheckpointError) as refused:
         build_weights.build(str(checkpoint), tmp_path / "out")
     assert "is not a torchvision resnet50 state dict" in str(refused.value)
-    with pytest.raises(SystemExit) as missing:
+    assert not (tmp_path / "out").exists()  # refused before anything is written
+    with pytest.raises(CheckpointError) as missing:
         build_weights.build(str(tmp_path / "absent.pt"), tmp_path / "out")
     assert "does not exist" in str(missing.value)
 
