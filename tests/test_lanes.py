@@ -214,7 +214,9 @@ def test_the_lane_on_triton(triton):
 
     stubs = {
         model: pid
-        for pid, command in commands(psutil.Process(triton.process.pid).children(recursive=True))
+        for pid, command in commands(
+            psutil.Process(triton.process.pid).children(recursive=True)
+        ).items()
         for model in (MODEL, LANE)
         if f"/{model}/" in command
     }
