@@ -32,19 +32,16 @@ def trained(torchserve, weights_dir, tmp_path_factory):
     photos = root / "photos"
     labelled_set(photos, PER_LABEL, seed=4800)
     out = root / "tagger"
-    run = tsctl(
-        torchserve,
-        "--json",
-        "head",
-        "train",
-        str(photos),
-        "--out",
-        str(out),
-        "--backbone",
-        str(weights_dir / "resnet50.pt"),
-    )
+    run = train(torchserve, photos, out, weights_dir)
     assert run.returncode == 0, run.stderr
     return photos, out, json.loads(run.stdout)
+
+
+def train(torchserve, photos, out, weights_dir):
+    """``tsctl --json head train PHOTOS --out OUT`` against the session's server and weights."""
+    backbone = str(weights_dir / "resnet50.pt")
+    argv = ["--json", "head", "train", str(photos), "--out", str(out), "--backbone", backbone]
+    return tsctl(torchserve, *argv)
 
 
 def test_the_report_is_a_stratified_held_out_measure_that_adds_up(trained):
@@ -116,17 +113,7 @@ def test_the_checkpoint_is_a_resnet50_tagging_as_the_report_says(trained, weight
 
 def test_a_rerun_embeds_nothing_again_and_reports_the_same(trained, torchserve, weights_dir):
     photos, out, answer = trained
-    run = tsctl(
-        torchserve,
-        "--json",
-        "head",
-        "train",
-        str(photos),
-        "--out",
-        str(out),
-        "--backbone",
-        str(weights_dir / "resnet50.pt"),
-    )
+    run = train(torchserve, photos, out, weights_dir)
     assert run.returncode == 0, run.stderr
     again = json.loads(run.stdout)
     assert again["embedding_job"]["done"] == 0
