@@ -265,11 +265,16 @@ def test_a_torchserve_worker_killed_under_load_is_replaced_and_its_requests_held
     back = back_after(load, TAGGER, killed)
     assert back < BACK_WITHIN_S, back
     statuses = {a[3] for a in load.of(TAGGER, killed)}
-    # Held and answered; what was in the dead worker's batch gets TorchServe's 507 or 500.
-    # (and what reached the frontend before it saw the worker gone).
-    early = {a[3] for a in load.of(TAGGER, killed - 60) if a[0] < killed + 2 and a[1] > killed}
-    later = {a[3] for a in load.of(TAGGER, killed + 2)}
-    assert early <= {200, 500, 507} and later <= {200, 503}, (early, later)
+    # Held and answered; what was in the dead worker's batch gets TorchServe's 507 or 500, or
+    # (seen once in CI on a busy host) no answer at all: the frontend can lose a job it had
+    # taken for the dead worker, and only the client's own timeout ends it (status 0 here).
+    # Either only for what was sent before the frontend saw the worker gone.
+    early = [a for a in load.of(TAGGER, killed - 60) if a[0] < killed + 2 and a[1] > killed]
+    lost = [a for a in early if a[3] == 0]
+    assert {a[3] for a in early} <= {0, 200, 500, 507}, early
+    assert all("ReadTimeout" in a[4] for a in lost), lost
+    later = [a for a in load.of(TAGGER, killed + 2) if a[3] not in (200, 503)]
+    assert not later, later
     assert {a[3] for a in load.of(EMBEDDING)} == {200}
     assert_readiness_told_the_truth(readiness, killed, back)
     # The new worker took the dead one's slot (its socket, named for the worker's id): one
