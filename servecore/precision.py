@@ -158,17 +158,19 @@ def agreement(
 ) -> dict:
     """How closely ``candidate``'s (embedding, logits) follow ``reference``'s, per image:
     embedding cosine (mean and worst), top-1 agreement, top-5 overlap (fraction of the
-    reference's top 5 among the candidate's top 5)."""
+    reference's top 5 among the candidate's top 5; of all its classes when the model has
+    fewer than 5, so that a 4-class model agreeing everywhere scores 1)."""
     e0, l0 = (np.asarray(a, np.float64) for a in reference)
     e1, l1 = (np.asarray(a, np.float64) for a in candidate)
     cosine = (e0 * e1).sum(1) / (np.linalg.norm(e0, axis=1) * np.linalg.norm(e1, axis=1))
-    top5_0, top5_1 = np.argsort(-l0, 1)[:, :5], np.argsort(-l1, 1)[:, :5]
+    k = min(5, l0.shape[1])
+    top5_0, top5_1 = np.argsort(-l0, 1)[:, :k], np.argsort(-l1, 1)[:, :k]
     return {
         "photos": len(e0),
         "embedding_cosine_mean": float(cosine.mean()),
         "embedding_cosine_min": float(cosine.min()),
         "top1_agreement": float((l0.argmax(1) == l1.argmax(1)).mean()),
-        "top5_overlap": float(np.mean([len(set(a) & set(b)) / 5 for a, b in zip(top5_0, top5_1)])),
+        "top5_overlap": float(np.mean([len(set(a) & set(b)) / k for a, b in zip(top5_0, top5_1)])),
         # How informative top-1 agreement is: 1 distinct class = every image got the same one.
         "reference_distinct_top1": len(set(l0.argmax(1).tolist())),
     }

@@ -146,6 +146,17 @@ def test_agreement_figures():
     assert set(FIDELITY_BOUND) <= set(same)
 
 
+def test_top5_overlap_of_a_model_with_fewer_than_5_classes_is_over_all_of_them():
+    """A user's 4-class tagger: the same logits overlap fully (not 4/5, which the int8 gate's
+    0.90 would refuse whatever the model); one of the 4 changed at the top overlaps 1."""
+    logits = np.array([[4.0, 3.0, 2.0, 1.0], [1.0, 2.0, 3.0, 4.0]])
+    embedding = np.ones((2, 8))
+    assert agreement((embedding, logits), (embedding, logits))["top5_overlap"] == 1.0
+    swapped = logits[:, [1, 0, 2, 3]]
+    figures = agreement((embedding, logits), (embedding, swapped))
+    assert figures["top5_overlap"] == 1.0 and figures["top1_agreement"] == 0.5
+
+
 # ---------------------------------------------------------------- measuring, with stand-ins
 
 
