@@ -78,11 +78,12 @@ def build_variant(
     mar_path: Path,
     quantize: str = DEFAULT_QUANTIZE,
     version: str = VERSION,
+    weights_dir: Path | None = None,
 ) -> Path:
     """Archive ``model`` at ``version`` with ``config`` as its model-config.yaml via
-    ``archive.sh``; the result is moved to ``mar_path`` (the file name may differ from the
-    model name: TorchServe takes the name from the manifest). Call it for one model at a time,
-    never concurrently."""
+    ``archive.sh``, from ``weights_dir`` (None: archive.sh's, build/weights); the result is
+    moved to ``mar_path`` (the file name may differ from the model name: TorchServe takes the
+    name from the manifest). Call it for one model at a time, never concurrently."""
     config_dir = work_dir / "config"
     out_dir = work_dir / "out"
     shutil.rmtree(work_dir, ignore_errors=True)
@@ -99,6 +100,7 @@ def build_variant(
         BACKEND=backend,
         QUANTIZE=quantize,
         VERSION=version,
+        **({} if weights_dir is None else {"WEIGHTS_DIR": str(weights_dir)}),
     )
     mar_path.parent.mkdir(parents=True, exist_ok=True)
     shutil.move(out_dir / archive_name(model, version), mar_path)

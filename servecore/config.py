@@ -88,8 +88,8 @@ class ExplainConfig:
     )
     max_targets: int = setting(
         5,
-        "classes one image may have explained in one request (400 above); at most the model's "
-        "classes (checked when it loads)",
+        "classes one image may have explained in one request (400 above); a model with fewer "
+        "classes serves all of them (logged when it loads)",
         bounds=(1, MAX_CLASSES),
     )
     png_max_side: int = setting(448, "longer side of the PNG heatmap, in pixels", bounds=(16, 2048))
@@ -118,7 +118,8 @@ class HandlerConfig:
     )
     top_k: int = setting(
         5,
-        "tags when a request gives no `topk`; at most the model's classes (checked when it loads)",
+        "tags when a request gives no `topk`; a model with fewer classes answers all of them "
+        "(logged when it loads)",
         bounds=(1, MAX_CLASSES),
     )
     normalize_embedding: bool = setting(

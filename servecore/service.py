@@ -32,7 +32,7 @@ from servecore.answers import AnswerSpec, BatchOutputs, Prediction
 from servecore.autoprecision import serving_backend
 from servecore.backends import pick_device
 from servecore.cache import AnswerCache
-from servecore.config import ConfigError, HandlerConfig, Output
+from servecore.config import HandlerConfig, Output
 from servecore.crops import CROPS_INPUT
 from servecore.errors import RequestError, detached
 from servecore.explain.encode import Explained
@@ -115,6 +115,33 @@ def _written(reply: Reply, encode: Callable[[Reply], Sent]) -> tuple[Reply, Sent
         return refused, encode(refused)
 
 
+def within_classes(config: HandlerConfig, files: ModelFiles) -> HandlerConfig:
+    """``config`` with ``top_k`` and ``explain.max_targets`` at most the model's classes: the
+    shipped 5 means all the classes of a model that has fewer (a user's 4-label tagger); each
+    setting lowered is logged, and describe shows the value served."""
+    classes = len(files.labels)
+    top_k = min(config.top_k, classes)
+    explain = dataclasses.replace(
+        config.explain, max_targets=min(config.explain.max_targets, classes)
+    )
+    for name, asked, served in (
+        ("top_k", config.top_k, top_k),
+        ("explain.max_targets", config.explain.max_targets, explain.max_targets),
+    ):
+        if served < asked:
+            logger.warning(
+                "handler.%s is %d but the model has %d classes (%s): serving %d",
+                name,
+                asked,
+                classes,
+                files.weights.get("labels", "its labels"),
+                served,
+            )
+    if (top_k, explain) == (config.top_k, config.explain):
+        return config
+    return dataclasses.replace(config, top_k=top_k, explain=explain)
+
+
 def timed_batches(device: torch.device, forward_rows: int) -> tuple[int, ...]:
     """The batch sizes a worker warms up and ``auto`` times at: on a GPU the served batch only
     (a GPU worker is there for throughput, and a half precision that wins at 64 rows can lose
@@ -130,8 +157,8 @@ class ImageModel:
         """Pick the device, choose and load the backend, the labels and the explainer; a bulk
         lane's worker then yields the CPU (``servecore.lanes``)."""
         self.settings = settings
-        config, files = settings.config, settings.files
-        self.config = config
+        files = settings.files
+        config = self.config = within_classes(settings.config, files)
         self.lane = lane_of(settings.name, config.bulk_model)
         self.device = pick_device(config.device, settings.gpu_id)
         if config.threads:
@@ -154,16 +181,6 @@ class ImageModel:
             config.top_k,
             config.normalize_embedding,
         )
-        classes = len(self.answers.labels)
-        for name, value in (
-            ("top_k", config.top_k),
-            ("explain.max_targets", config.explain.max_targets),
-        ):
-            if value > classes:
-                raise ConfigError(
-                    f"handler.{name} is {value} but the model has {classes} classes "
-                    f"({files.weights.get('labels', 'its labels')}): set it to at most {classes}"
-                )
         self.explanations = Explanations(
             files.checkpoint,
             config.explain,
@@ -287,10 +304,12 @@ class ImageModel:
         return [response for _, response in sent]
 
     def describe(self) -> dict:
-        """Which weights, settings, backend and precision this model runs."""
+        """Which weights (and how many classes their labels name), settings, backend and
+        precision this model runs."""
         files = self.settings.files
         return {
             "weights": files.weights,
+            "classes": len(self.answers.labels),
             "handler": asdict(self.config),
             "lane": self.lane.name.lower(),
             "cpu_policy": self.cpu_policy,

@@ -3,6 +3,7 @@ session, and the runtime image the container tests start."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,27 @@ def triton(tmp_path_factory, model_store):
     # A short exit timeout: stopping it does not wait 30 s for the clients' idle connections.
     with local_triton(tmp_path_factory.mktemp("triton"), model_store, exit_timeout=2) as server:
         yield server
+
+
+HEAD_PER_LABEL = 12  # photos of each of devtools/scenes.py's four kinds: 9 trained on, 3 held out
+
+
+@pytest.fixture(scope="session")
+def trained_head(torchserve, weights_dir, tmp_path_factory):
+    """``tsctl head train`` through the session's TorchServe on a labelled set made here
+    (devtools/scenes.py: four kinds of synthetic scene): (photos folder, the training's output
+    folder, its JSON answer). test_head checks the training, test_own_served serves its
+    result."""
+    from devtools.scenes import labelled_set
+    from tests.served import train_head
+
+    root = tmp_path_factory.mktemp("head")
+    photos = root / "photos"
+    labelled_set(photos, HEAD_PER_LABEL, seed=4800)
+    out = root / "tagger"
+    run = train_head(torchserve, photos, out, weights_dir)
+    assert run.returncode == 0, run.stderr
+    return photos, out, json.loads(run.stdout)
 
 
 @pytest.fixture(scope="module")

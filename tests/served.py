@@ -194,6 +194,14 @@ def tsctl(server, *argv: str, timeout: float = 300) -> subprocess.CompletedProce
     )
 
 
+def train_head(server, photos, out, weights_dir) -> subprocess.CompletedProcess:
+    """``tsctl --json head train PHOTOS --out OUT`` against ``server``, the backbone the
+    session's archives were built from."""
+    backbone = str(weights_dir / "resnet50.pt")
+    argv = ["--json", "head", "train", str(photos), "--out", str(out), "--backbone", backbone]
+    return tsctl(server, *argv)
+
+
 def marker_model(folder, marker) -> str:
     """Write into ``folder`` an unpacked model (``MAR-INF/MANIFEST.json`` and a handler) whose
     handler appends a line to ``marker`` when a worker imports it; return the folder's path.

@@ -4,8 +4,8 @@ model, and what the user checks: the report's split, accuracy, per-label precisi
 confusion table agree with each other and with the held-out photos; the mistakes page exists;
 the checkpoint is a full torchvision resnet50 whose fc, run by torchvision directly on the
 held-out photos, tags them as the report says; a rerun embeds nothing again; a backbone that is
-not the served one is refused. (Serving the trained head from a fresh archive on both engines
-is not tested yet: docs/own-tags.md.)"""
+not the served one is refused. tests/test_own_served.py serves the result from a fresh archive
+on both engines."""
 
 from __future__ import annotations
 
@@ -17,35 +17,16 @@ import torch
 from PIL import Image
 from torchvision.models import ResNet50_Weights, resnet50
 
-from devtools.scenes import SCENES, labelled_set
-from tests.served import tsctl
+from devtools.scenes import SCENES
+from tests.conftest import HEAD_PER_LABEL
+from tests.served import train_head, tsctl
 
 pytestmark = pytest.mark.integration
-PER_LABEL = 12  # 48 photos: 36 trained on, 12 held out (3 per label)
 CLEAR = 0.6  # a report probability above which a tie cannot flip the served top tag
 
 
-@pytest.fixture(scope="module")
-def trained(torchserve, weights_dir, tmp_path_factory):
-    """The labelled set, the training's output folder and its report."""
-    root = tmp_path_factory.mktemp("head")
-    photos = root / "photos"
-    labelled_set(photos, PER_LABEL, seed=4800)
-    out = root / "tagger"
-    run = train(torchserve, photos, out, weights_dir)
-    assert run.returncode == 0, run.stderr
-    return photos, out, json.loads(run.stdout)
-
-
-def train(torchserve, photos, out, weights_dir):
-    """``tsctl --json head train PHOTOS --out OUT`` against the session's server and weights."""
-    backbone = str(weights_dir / "resnet50.pt")
-    argv = ["--json", "head", "train", str(photos), "--out", str(out), "--backbone", backbone]
-    return tsctl(torchserve, *argv)
-
-
-def test_the_report_is_a_stratified_held_out_measure_that_adds_up(trained):
-    _, out, answer = trained
+def test_the_report_is_a_stratified_held_out_measure_that_adds_up(trained_head):
+    _, out, answer = trained_head
     report = json.loads((out / "report.json").read_text())
     labels = list(SCENES)
     assert report["labels"] == labels
@@ -75,8 +56,8 @@ def test_the_report_is_a_stratified_held_out_measure_that_adds_up(trained):
     assert all(f"/{h['label']}/" in h["path"] for h in held_out)
 
 
-def test_the_mistakes_page_shows_every_mistake(trained):
-    _, out, _ = trained
+def test_the_mistakes_page_shows_every_mistake(trained_head):
+    _, out, _ = trained_head
     report = json.loads((out / "report.json").read_text())
     page = (out / "report.html").read_text()
     assert "Confusion" in page and f"Mistakes ({len(report['mistakes'])})" in page
@@ -86,8 +67,8 @@ def test_the_mistakes_page_shows_every_mistake(trained):
     assert page.count("<img ") == len(report["mistakes"])
 
 
-def test_the_checkpoint_is_a_resnet50_tagging_as_the_report_says(trained, weights_dir):
-    _, out, _ = trained
+def test_the_checkpoint_is_a_resnet50_tagging_as_the_report_says(trained_head, weights_dir):
+    _, out, _ = trained_head
     report = json.loads((out / "report.json").read_text())
     labels = (out / "labels.txt").read_text().splitlines()
     assert labels == report["labels"]
@@ -111,18 +92,18 @@ def test_the_checkpoint_is_a_resnet50_tagging_as_the_report_says(trained, weight
     assert [labels[top[i]] for i in clear] == [held_out[i]["predicted"] for i in clear]
 
 
-def test_a_rerun_embeds_nothing_again_and_reports_the_same(trained, torchserve, weights_dir):
-    photos, out, answer = trained
-    run = train(torchserve, photos, out, weights_dir)
+def test_a_rerun_embeds_nothing_again_and_reports_the_same(trained_head, torchserve, weights_dir):
+    photos, out, answer = trained_head
+    run = train_head(torchserve, photos, out, weights_dir)
     assert run.returncode == 0, run.stderr
     again = json.loads(run.stdout)
     assert again["embedding_job"]["done"] == 0
-    assert again["embedding_job"]["skipped"] == 4 * PER_LABEL
+    assert again["embedding_job"]["skipped"] == 4 * HEAD_PER_LABEL
     assert again["held_out"] == answer["held_out"]
 
 
-def test_a_backbone_that_is_not_the_served_one_is_refused(trained, torchserve, tmp_path):
-    photos, _, _ = trained
+def test_a_backbone_that_is_not_the_served_one_is_refused(trained_head, torchserve, tmp_path):
+    photos, _, _ = trained_head
     other = tmp_path / "other.pt"
     torch.save({"fc.weight": torch.zeros(3, 2048)}, other)
     out = tmp_path / "never"

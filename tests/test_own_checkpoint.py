@@ -173,19 +173,19 @@ def test_topk_is_bounded_by_the_models_classes(tagger):
     )
 
 
-@pytest.mark.parametrize(
-    ("setting", "message"),
-    [
-        ({"top_k": CLASSES + 1}, f"handler.top_k is {CLASSES + 1} but the model has {CLASSES}"),
-        (
-            {"explain": {"max_targets": 40}},
-            f"handler.explain.max_targets is 40 but the model has {CLASSES} classes",
-        ),
-    ],
-)
-def test_settings_over_the_class_count_refuse_to_load(built, setting, message):
-    with pytest.raises(Exception, match=re.escape(message)):
-        make_handler(built, task="tags", **setting)
+def test_settings_over_the_class_count_serve_every_class(built, caplog):
+    """``top_k`` and ``explain.max_targets`` above N (the shipped 5 with a 4-label head): all N
+    classes, logged; describe shows the values served."""
+    handler, context = make_handler(
+        built, task="tags", top_k=CLASSES + 3, explain={"max_targets": 40}
+    )
+    assert f"handler.top_k is {CLASSES + 3} but the model has {CLASSES} classes" in caplog.text
+    assert f"handler.explain.max_targets is 40 but the model has {CLASSES}" in caplog.text
+    served = handler.model.describe()["handler"]
+    assert (served["top_k"], served["explain"]["max_targets"]) == (CLASSES, CLASSES)
+    responses, statuses, _ = run_batch(handler, context, [{"body": imagegen.jpeg(64, 64)}])
+    assert statuses == [(200, None)]
+    assert sorted(t["label"] for t in json.loads(responses[0])) == sorted(NAMES)
 
 
 def test_no_imagenet_class_count_in_the_serving_path():
