@@ -54,7 +54,7 @@ from servecore.intake import Preprocessor
 log = logging.getLogger("bench")
 
 # A few seconds per run: checks the whole pipeline end to end, numbers are not meaningful.
-QUICK_PLAN = LoadPlan(warmup_s=0.5, closed_s=2.0, rates=(5.0, 20.0), open_s=2.0)
+QUICK_PLAN = LoadPlan(warmup_s=0.5, closed_s=1.0, rates=(5.0, 20.0), open_s=1.5)
 QUICK_BUDGET = raw.Budget(seconds=0.5, min_iters=2, max_iters=20, warmup_iters=1)
 
 

@@ -15,7 +15,7 @@ percentiles and statuses, restarts, memory at start and end) and ``soak[-triton]
 over time).
 
 What a healthy run shows: no 5xx but 503 (``Overloaded`` from the handler's budgets or a full
-queue), no worker restart, memory flat after the first minute. ``--quick`` is a 30 s smoke
+queue), no worker restart, memory flat after the first minute. ``--quick`` is a 12 s smoke
 run (the numbers mean little).
 """
 
@@ -53,6 +53,7 @@ from devtools.server import LocalTorchServe, free_ports
 
 log = logging.getLogger("bench.soak")
 SAMPLE_EVERY_S = 5.0
+QUICK_S = 12.0  # --quick: every class sends a few times, memory is sampled thrice
 TIMEOUT_S = 180.0
 V2_IMAGES = 8  # max_images_per_request
 FLOOD_CLIENTS = 6
@@ -609,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.soak", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--minutes", type=float, default=10.0, help="how long (default 10)")
-    parser.add_argument("--quick", action="store_true", help="30 s, a smoke run")
+    parser.add_argument("--quick", action="store_true", help="12 s, a smoke run")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--engine", choices=sorted(TARGETS), default="torchserve")
     parser.add_argument("--quiet", action="store_true")
@@ -617,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_cli("soak", args.quiet)
     if not 0 < args.minutes <= 60:
         parser.error("--minutes must be in (0, 60]: the soak is bounded")
-    summary = soak(30.0 if args.quick else args.minutes * 60, args.out, args.engine)
+    summary = soak(QUICK_S if args.quick else args.minutes * 60, args.out, args.engine)
     print(render_markdown(summary))
     return 0
 
