@@ -7,7 +7,10 @@
                              results/ceiling.md
     python -m bench.gpu      the core against a GPU's ceilings; results/gpu.md (on a GPU)
 
-The other tools (``crops``, ``preprocess``, ``soak``, ``traffic``, ...): bench/README.md.
+The other tools, each ``python -m bench.<name>`` (bench/README.md says what each measures):
+``crops``, ``preprocess``, ``soak``, ``traffic``, ``ingestion``, ``contention``,
+``availability``, ``collection``, ``explain_cost``, ``triton``, ``corecost``, ``workerstart``;
+``gpucore`` (the GPU loop ``gpu`` times) and ``gpureport`` (its report).
 
 Modules: ``loadgen`` (closed/open-loop HTTP clients), ``stats`` (percentiles, run summaries),
 ``memory`` (peak RSS of a server's process tree), ``batchlog`` (batch sizes from TorchServe's

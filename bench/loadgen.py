@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from bench.stats import Sample
+from serveshared.wire import BATCH_HEADER
 
-BATCH_HEADER = "X-Batch-Size"  # set by our handler on every response
 REQUEST_ID_HEADER = "x-request-id"  # set by TorchServe's frontend on every response
 
 

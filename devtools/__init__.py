@@ -1,2 +1,11 @@
 """Development tools: a local TorchServe launcher for tests and the benchmark, sample images,
-the Java and kubectl checks. Nothing here is imported by the handler, nor imports kserve_tools."""
+the Java and kubectl checks. Nothing here is imported by the handler, nor imports kserve_tools.
+
+    server.py        a real TorchServe on free loopback ports, in its own folder
+    transformer.py   the preprocessing server as a local process
+    prometheus.py    a real Prometheus with config/monitoring's rules
+    samples.py       sample photos for the README, the tests and the benchmark
+    scenes.py        a labelled set of synthetic scenes (tsctl head train's test, the docs)
+    pages_demo.py    the result pages made from an album with every case they must handle
+    vulture_whitelist.py  names the dead-code check cannot see used
+"""

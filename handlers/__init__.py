@@ -1,1 +1,6 @@
-"""TorchServe handler for ResNet50 image embeddings and ImageNet tags."""
+"""TorchServe handler for ResNet50 image embeddings and ImageNet tags.
+
+resnet_handler.py  the BaseHandler subclass TorchServe loads: one ImageModel.run a batch
+routing.py         TorchServe's requests as the core's Incoming; a describe batch
+ts_metrics.py      the model's metrics through TorchServe's metrics cache
+"""

@@ -13,9 +13,8 @@ from servecore.crops import HEADER_LENGTH as LENGTH
 from servecore.jsonguard import JsonDocument
 from servecore.parse import IMAGE_FIELD, HttpRequest, Payload, parse_http
 from servecore.stages import Incoming
-from servecore.traffic import DEADLINE_HEADER, PRIORITY_HEADER
+from serveshared.wire import DEADLINE_HEADER, PRIORITY_HEADER, TOP_K_HEADER
 
-TOP_K_HEADER = "x-top-k"
 BODY_KEY = "body"  # TorchServe's name for a raw request body in its row
 PAYLOAD_KEYS = (BODY_KEY, IMAGE_FIELD)
 # TorchServe 0.12 sets this property to "True" on /explanations and KServe v1 :explain, and to

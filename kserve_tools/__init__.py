@@ -1,2 +1,12 @@
 """KServe tooling beside the manifests of kserve/: the storage bundle, the offline lint, the
-manifests rendered by ``kubectl kustomize``, and the simulated pod the tests start."""
+manifests rendered by ``kubectl kustomize``, and the simulated pod the tests start.
+
+    bundle.py      the storage bundle the runtimes read from ``storageUri``
+    render.py      the manifests' objects, as ``kubectl apply -k`` sends them
+    lint/          the offline lint of the manifests; joblint.py and monitoring.py: its rules
+                   for the collection job and the Prometheus Operator objects
+    engine.py      podman or docker, and the flags every call needs
+    image.py       the runtime image (``make kserve-image``)
+    container.py   the runtime image run as a pod runs it
+    pod.py         TorchServe started as our ClusterServingRuntime starts it
+"""

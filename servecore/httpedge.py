@@ -15,12 +15,10 @@ from servecore.encode import written_answer
 from servecore.errors import PayloadTooLarge, error_body
 from servecore.service import Reply
 from serveshared.v2binary import HEADER_LENGTH
+from serveshared.wire import BATCH_HEADER, CACHE_HITS_HEADER, PRECISION_HEADER
 
 CONTENT_TYPE = "application/json"
 BINARY_CONTENT_TYPE = "application/octet-stream"  # a JSON header and then raw output bytes
-BATCH_HEADER = "X-Batch-Size"  # how many requests the engine batched with this one
-PRECISION_HEADER = "X-Precision"  # the arithmetic that computed this answer
-CACHE_HEADER = "X-Cache-Hits"  # how many of its images the content cache answered (cache on)
 
 
 class HttpReply(NamedTuple):
@@ -53,7 +51,7 @@ def http_reply(reply: Reply, spec: AnswerSpec, max_bytes: int) -> HttpReply:
         )
     headers[PRECISION_HEADER] = reply.precision
     if reply.cached is not None:
-        headers[CACHE_HEADER] = str(sum(reply.cached))
+        headers[CACHE_HITS_HEADER] = str(sum(reply.cached))
     if header_length is None:
         return HttpReply(int(HTTPStatus.OK), HTTPStatus.OK.phrase, headers, body)
     headers[HEADER_LENGTH] = str(header_length)

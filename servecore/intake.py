@@ -46,7 +46,7 @@ from servecore.stages import (
     PreparedBatch,
     State,
 )
-from servecore.traffic import DEADLINE_HEADER
+from serveshared.wire import DEADLINE_HEADER
 
 CPU = torch.device("cpu")
 

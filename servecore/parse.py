@@ -44,8 +44,9 @@ from servecore.crops import (
 )
 from servecore.errors import InvalidParameter, InvalidRequest, PayloadTooLarge, echo, echo_all
 from servecore.jsonguard import JsonDocument, is_json, load_json
-from servecore.traffic import DEADLINE_HEADER, PRIORITY_KEY, Priority, parse_priority
+from servecore.traffic import PRIORITY_KEY, Priority, parse_priority
 from serveshared.v2binary import BINARY_DATA, BINARY_OUTPUT
+from serveshared.wire import DEADLINE_HEADER
 
 MAX_ID_CHARS = 256  # a v2 request id, echoed in the answer
 IMAGE_FIELD = "data"  # the multipart field, or JSON field, that carries the image

@@ -22,10 +22,9 @@ import re
 from typing import Any
 
 from servecore.errors import InvalidParameter, echo
+from serveshared.wire import DEADLINE_HEADER
 
 PRIORITY_KEY = "priority"  # the KServe v2 request parameter (Triton's reserved key)
-PRIORITY_HEADER = "X-Priority"
-DEADLINE_HEADER = "X-Deadline"
 
 
 class Priority(enum.IntEnum):

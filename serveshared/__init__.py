@@ -2,4 +2,11 @@
 file both sides read (``keys``, its one error in ``errors``), how Triton says a model is down
 (``errors``) and the v2 binary tensor extension's layout (``v2binary``). Small on purpose, and
 it imports neither side: the runtime image, the client image, every model archive and every
-Triton model folder copy it whole."""
+Triton model folder copy it whole.
+
+    ports.py       where a local TorchServe listens by default
+    keys.py        TorchServe's token keys (key_file.json)
+    errors.py      the client's root error and the one the key file raises
+    v2binary.py    the v2 binary tensor extension, as written and read
+    wire.py        the HTTP header names both sides write and read
+"""

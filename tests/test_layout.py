@@ -244,3 +244,30 @@ def test_no_server_module_imports_the_client():
         if "tsclient" in imported(p)
     ]
     assert offenders == []
+
+
+def packages() -> list[Path]:
+    """Every package of the repository (a folder with an ``__init__.py``; tests aside)."""
+    return sorted(
+        path.parent
+        for name, path in repo_modules().items()
+        if path.name == "__init__.py" and not name.startswith("tests")
+    )
+
+
+@pytest.mark.parametrize("package", packages(), ids=lambda p: str(p.relative_to(REPO)))
+def test_each_package_map_names_its_modules(package):
+    """A newcomer reads a package's ``__init__.py`` first: its map names every module and
+    subpackage in it (as ``name.py``, ````name````, ``name/`` or ``python -m pkg.name``;
+    ``__main__.py`` aside)."""
+    text = (package / "__init__.py").read_text()
+    dotted = ".".join(package.relative_to(REPO).parts)
+    members = [
+        p.stem if p.suffix == ".py" else p.name
+        for p in sorted(package.iterdir())
+        if (p.suffix == ".py" and p.name not in ("__init__.py", "__main__.py"))
+        or (p.is_dir() and (p / "__init__.py").is_file())
+    ]
+    forms = ("{m}.py", "``{m}``", "{m}/", "{dotted}.{m}")
+    unnamed = [m for m in members if not any(f.format(m=m, dotted=dotted) in text for f in forms)]
+    assert unnamed == [], f"{package.relative_to(REPO)}/__init__.py does not name {unnamed}"

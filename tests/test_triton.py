@@ -1149,7 +1149,7 @@ def test_the_launcher_forwards_exactly_the_cores_traffic_headers():
     header names out: they must be servecore.traffic's, in any capitalisation, and no others."""
     import re
 
-    from servecore.traffic import DEADLINE_HEADER, PRIORITY_HEADER
+    from serveshared.wire import DEADLINE_HEADER, PRIORITY_HEADER
     from tritonrepo.server import FORWARDED_HEADERS
 
     pattern = re.compile(FORWARDED_HEADERS)

@@ -21,10 +21,9 @@ from servecore.crops import CROPS
 from servecore.intake import Preprocessor
 from servecore.parse import ParsedRequest
 from servecore.traffic import PRIORITY_KEY
+from serveshared.wire import TOP_K_HEADER
 from transformer import convert
 from transformer.guard import PredictorRefused
-
-TOP_K_HEADER = "x-top-k"
 
 
 class CropTransformer(Model):
@@ -59,7 +58,7 @@ class CropTransformer(Model):
     def _read(self, body: dict, headers: dict) -> tuple[ParsedRequest, np.ndarray]:
         """The body parsed and its images cropped, on the pool: parsing decodes the base64 of
         up to ``handler.max_json_bytes`` of JSON, which must not hold the event loop either."""
-        request = convert.parse(body, headers.get(TOP_K_HEADER), self.config)
+        request = convert.parse(body, headers.get(TOP_K_HEADER.lower()), self.config)
         request_id = request.request_id or headers.get("x-request-id") or "-"
         return request, convert.crops(request, self.preprocessor, request_id)
 

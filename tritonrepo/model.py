@@ -30,7 +30,7 @@ from servecore.errors import error_body
 from servecore.service import ImageModel, ModelSettings, Reply
 from servecore.stages import Incoming
 from servecore.tensors import DESCRIBE, EXPLAIN, INPUT, output_arrays, parse_inputs, triton_code
-from servecore.traffic import DEADLINE_HEADER, PRIORITY_HEADER
+from serveshared.wire import DEADLINE_HEADER, PRIORITY_HEADER
 from tritonrepo.metrics import TritonMetrics
 
 

@@ -66,9 +66,9 @@ RESTRICTED = {
     ),
 }
 KEY_HEADER = "Authorization"  # gRPC metadata: triton-grpc-protocol-authorization
-# The headers Triton hands the model, as a regular expression (RE2): servecore.traffic's
-# PRIORITY_HEADER and DEADLINE_HEADER, written out because the launcher runs without servecore
-# on its path (the KServe image); tests/test_triton.py holds the two equal.
+# The headers Triton hands the model, as a regular expression (RE2): serveshared.wire's
+# PRIORITY_HEADER and DEADLINE_HEADER, written out because the launcher runs without the
+# repository's packages on its path (the KServe image); tests/test_triton.py holds them equal.
 FORWARDED_HEADERS = "(?i)^(X-Priority|X-Deadline)$"
 
 

@@ -1,6 +1,23 @@
 """Client side of a running server (TorchServe or Triton): the Python API (``Client``, chosen by
 ``connect``; ``TorchServeClient``, ``TritonClient``), its keys and errors, and the ``tsctl``
-command line (``tsclient.cli``)."""
+command line (``tsclient.cli``).
+
+    client.py      ``connect`` and the public names; base.py: ``Client``, what every engine's
+                   client offers; torchserve.py and triton.py: the two engines' clients
+    engine.py      which engine answers at a URL
+    errors.py      every failure a client can meet, with its exit code and hint
+    traffic.py     a request's class and deadline on the wire
+    preprocess.py  client-side preprocessing into crops
+    batchjob.py    embed or tag a whole collection into Parquet, resumably; collection.py:
+                   the photos as a stream of files; vectors.py: the Parquet parts;
+                   objectstore.py: outputs in an object store; progress.py: its progress bar
+    search.py      exact cosine search over an embedding Parquet file
+    head.py        a linear head for the user's own labels, fitted on served embeddings
+    pages.py       self-contained HTML pages of results
+    metrics.py     TorchServe's and Triton's Prometheus text, summarised; gpus.py: the GPUs'
+    top.py         ``tsctl top``'s live view
+    cli/           the ``tsctl`` command line
+"""
 
 from serveshared.keys import Keys
 from tsclient.client import (

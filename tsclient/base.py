@@ -38,6 +38,7 @@ from serveshared.v2binary import (
     bytes_elements,
     read_outputs,
 )
+from serveshared.wire import CACHE_HITS_HEADER, PRECISION_HEADER
 from tsclient import errors
 from tsclient.engine import Engine, not_on_triton
 from tsclient.traffic import INTERACTIVE, Traffic
@@ -46,15 +47,13 @@ TIMEOUT_S = 300.0  # registration and scaling wait for workers
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-.]*")
 MAX_NAME = 128  # far below Netty's 4096-byte request line, room for /predictions/NAME/VERSION
 URL_SCHEMES = ("http://", "https://", "file://")
-# The arithmetic that computed an answer (servecore.service.PRECISION_HEADER); the client does
-# not import the server's package, so the name is written here too. Triton's Python backend
-# sets no headers: it answers the same as an output tensor (tritonrepo/model.py).
-PRECISION_HEADER = "X-Precision"
+# The arithmetic that computed an answer: TorchServe says it in serveshared.wire's
+# PRECISION_HEADER; Triton's Python backend sets no headers: it answers the same as an output
+# tensor (tritonrepo/model.py).
 PRECISION_OUTPUT = "precision"
 # Which images were answered from the server's content cache: TorchServe says how many of a
-# request's images (a header, sent only while the cache is on), Triton which ones (a BOOL
-# output [n, 1], asked for when the model has it).
-CACHE_HITS_HEADER = "X-Cache-Hits"
+# request's images (CACHE_HITS_HEADER, sent only while the cache is on), Triton which ones (a
+# BOOL output [n, 1], asked for when the model has it).
 CACHED_OUTPUT = "cached"
 PORTS = ("inference", "management", "metrics")
 Report = tuple[Any, list[str], int]  # (data for --json, lines for people, exit code)

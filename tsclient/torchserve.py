@@ -26,6 +26,7 @@ import requests
 
 from serveshared import ports
 from serveshared.keys import KEY_FILE, KINDS, Keys, bearer
+from serveshared.wire import TOP_K_HEADER
 from tsclient import errors, metrics
 from tsclient.base import TIMEOUT_S, URL_SCHEMES, Client, Report, check_name, version_row
 from tsclient.engine import NOT_ON_TRITON, Engine, detect, not_on_triton
@@ -343,7 +344,7 @@ class TorchServeClient(Client):
     ) -> Any:
         """One image to ``/predictions/MODEL[/VERSION]``: tags (a list) or ``{"embedding"}``.
         ``traffic``: its class and deadline (``tsclient.traffic``)."""
-        headers = {"X-Top-K": str(topk)} if topk is not None else {}
+        headers = {TOP_K_HEADER: str(topk)} if topk is not None else {}
         headers |= traffic.headers()
         return self._call(
             "POST",

@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-PRIORITY_HEADER = "X-Priority"
-DEADLINE_HEADER = "X-Deadline"
+from serveshared.wire import DEADLINE_HEADER, PRIORITY_HEADER
+
 PRIORITY_KEY = "priority"  # the v2 request parameter (Triton's reserved key)
 TIMEOUT_KEY = "timeout"  # Triton's v2 request parameter, microseconds
 CLASSES = {"interactive": 1, "bulk": 2}  # Triton's priority levels: 1 is served first

@@ -49,7 +49,7 @@ For the PodMonitor and PrometheusRule (``kserve/monitoring``): ``kserve_tools.mo
 
 One module per kind of object (``schema``, ``inferenceservice``, ``servingruntime``,
 ``tritonruntime``, ``network``, ``bundle``; ``memory`` for every pod of our runtime; ``runtimes``
-for the rules both our runtimes share), each rule a
+for the rules both our runtimes share; ``base`` for what every rule module shares), each rule a
 function that yields the problems it finds (``base.Problem``); this module renders the targets,
 sends each object to its rules and prints the findings.
 

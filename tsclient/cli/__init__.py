@@ -1,4 +1,4 @@
-"""``tsctl``: operate a running TorchServe from the shell.
+"""``tsctl``: operate a running TorchServe or Triton from the shell.
 
     tsctl list | describe NAME [VERSION] | health | metrics | top [--once] [--interval S]
     tsctl list | health | metrics | describe NAME | explain ... | top ... --url TRITON_URL
@@ -29,9 +29,10 @@ pointed at Triton), 7 unhealthy (a model without a READY worker, or some files f
 """
 
 # The package: common.py (the options and client every command shares), one module per group of
-# commands (models, batch, similar, ops, explain, head), each declaring its commands' options beside
-# their code in register(commands); jobs.py runs the batch job that tag, embed and explain --html
-# share. This module builds the top-level parser and dispatches.
+# commands (models.py, batch.py, similar.py, ops.py, explain.py, head.py), each declaring its
+# commands' options beside their code in register(commands); jobs.py runs the batch job that
+# tag, embed and explain --html share; __main__.py is ``python -m tsclient.cli``. This module
+# builds the top-level parser and dispatches.
 
 from __future__ import annotations
 
