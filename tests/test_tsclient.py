@@ -801,3 +801,19 @@ def test_tag_preprocesses_here_for_a_server_that_describes_by_url(tmp_path):
     data, _, code = tag_apart(server, args)
     assert code == 0 and server.crops == [(1, 224, 224, 3)]
     assert data[str(photo)][0]["label"] == "tabby"
+
+
+@pytest.mark.parametrize("command", ["register", "scale", "set-default", "unregister", "keys"])
+def test_only_torchserves_client_manages(command):
+    """TorchServe's management commands live on its client alone; tsctl asks whether a client
+    manages, and Triton's refuses before anything is sent, saying what to do instead."""
+    from tsclient.base import Client
+    from tsclient.cli.common import managing
+    from tsclient.triton import TritonClient
+
+    assert not {"register", "scale", "set_default", "unregister", "rotate"} & set(vars(Client))
+    torchserve = TorchServeClient(keys=Keys("i", "m"))
+    assert managing(torchserve, command) is torchserve
+    with pytest.raises(errors.NotOnTriton, match=f"not available on Triton: {command}") as refused:
+        managing(TritonClient(f"http://127.0.0.1:{free_port()}"), command)
+    assert refused.value.hint

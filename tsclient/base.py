@@ -40,7 +40,7 @@ from serveshared.v2binary import (
 )
 from serveshared.wire import CACHE_HITS_HEADER, PRECISION_HEADER
 from tsclient import errors
-from tsclient.engine import Engine, not_on_triton
+from tsclient.engine import Engine
 from tsclient.traffic import INTERACTIVE, Traffic
 
 TIMEOUT_S = 300.0  # registration and scaling wait for workers
@@ -232,40 +232,6 @@ class Client(ABC):
         """One row per model version: ``model``, ``version``, ``default``, ``workers``,
         ``ready``, ``batchSize``, ``maxBatchDelay`` (what ``tsctl list`` prints); where the
         listing described them, ``workerList``, the workers as ``describe`` gives them."""
-
-    # TorchServe's management API and key rotation: an engine without them (Triton) refuses
-    # them before anything is sent, with what to do there instead (``engine.NOT_ON_TRITON``).
-
-    def register(
-        self,
-        archive: str,
-        *,
-        name: str | None = None,
-        workers: int | None = None,
-        batch_size: int | None = None,
-        max_batch_delay: int | None = None,
-        response_timeout: int | None = None,
-    ) -> dict:
-        """Register ``archive`` and wait for its workers (TorchServe's management API)."""
-        raise not_on_triton("register")
-
-    def scale(
-        self, model: str, min_worker: int, max_worker: int | None = None, version: str | None = None
-    ) -> dict:
-        """Set a model's worker count and wait until it is reached."""
-        raise not_on_triton("scale")
-
-    def set_default(self, model: str, version: str) -> dict:
-        """Make ``version`` what a request naming no version reaches."""
-        raise not_on_triton("set-default")
-
-    def unregister(self, model: str, version: str | None = None) -> dict:
-        """Remove a model or one version."""
-        raise not_on_triton("unregister")
-
-    def rotate(self, kind: str) -> Keys:
-        """A new ``inference`` or ``management`` key; the new keys."""
-        raise not_on_triton("keys")
 
     def verify(self, verify: bool | str) -> None:
         """Verify TLS against ``verify`` (a CA bundle's path, or True) on every port."""

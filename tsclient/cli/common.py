@@ -18,6 +18,7 @@ from serveshared import ports
 from serveshared.keys import KEY_FILE, Keys
 from tsclient import errors
 from tsclient.client import Client, TorchServeClient, connect
+from tsclient.engine import not_on_triton
 
 Command = Callable[[Client, argparse.Namespace], tuple[Any, "str | None", int]]
 
@@ -114,6 +115,15 @@ def make_client(args: argparse.Namespace) -> Client:
             "drop --url (and give --management-url/--metrics-url if it is not local)",
         )
     return client
+
+
+def managing(client: Client, command: str) -> TorchServeClient:
+    """``client`` for one of TorchServe's management commands (``register``, ``scale``,
+    ``set-default``, ``unregister``, key rotation): only TorchServe's client manages; another
+    engine's refuses ``command`` before anything is sent, saying what to do there instead."""
+    if isinstance(client, TorchServeClient):
+        return client
+    raise not_on_triton(command)
 
 
 def wrote_page(path: Path, html: str) -> str:

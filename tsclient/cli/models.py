@@ -10,7 +10,7 @@ from typing import Any
 from tabulate import tabulate
 
 from tsclient.base import version_row
-from tsclient.cli.common import TRITON_URL_HELP, Commands, url_arguments
+from tsclient.cli.common import TRITON_URL_HELP, Commands, managing, url_arguments
 from tsclient.client import Client
 from tsclient.progress import waiting
 
@@ -112,7 +112,7 @@ def cmd_describe(client: Client, args: argparse.Namespace) -> tuple[Any, str, in
 def cmd_register(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
     answer = waiting(
         f"registering {args.archive}",
-        lambda: client.register(
+        lambda: managing(client, "register").register(
             args.archive,
             name=args.name,
             workers=args.workers,
@@ -131,7 +131,8 @@ def cmd_register(client: Client, args: argparse.Namespace) -> tuple[Any, str, in
 
 def cmd_scale(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
     answer = waiting(
-        f"scaling {args.name}", lambda: client.scale(args.name, args.min, args.max, args.version)
+        f"scaling {args.name}",
+        lambda: managing(client, "scale").scale(args.name, args.min, args.max, args.version),
     )
     return (
         answer,
@@ -141,12 +142,12 @@ def cmd_scale(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
 
 
 def cmd_set_default(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
-    answer = client.set_default(args.name, args.version)
+    answer = managing(client, "set-default").set_default(args.name, args.version)
     return answer, answer.get("status", "done"), 0
 
 
 def cmd_unregister(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
-    answer = client.unregister(args.name, args.version)
+    answer = managing(client, "unregister").unregister(args.name, args.version)
     return answer, answer.get("status", "done"), 0
 
 

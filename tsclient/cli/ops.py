@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from serveshared.keys import KINDS
-from tsclient.cli.common import Commands, url_arguments
+from tsclient.cli.common import Commands, managing, url_arguments
 from tsclient.client import Client
 
 ROTATE_MARGIN_S = 60.0  # `keys --print` hands out keys that live at least this long
@@ -76,11 +76,11 @@ def cmd_keys(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
     ``ROTATE_MARGIN_S``."""
     if args.rotate:
         for kind in KINDS if args.rotate == "all" else (args.rotate,):
-            client.rotate(kind)
+            managing(client, "keys").rotate(kind)
     keys = client.keys
     if args.print:
         if keys.expired(args.print, ROTATE_MARGIN_S):
-            keys = client.rotate(args.print)
+            keys = managing(client, "keys").rotate(args.print)
         return keys.key(args.print), keys.key(args.print), 0
     now = datetime.now(timezone.utc)
     data, lines = {}, [f"key file: {client.key_file.resolve() if client.key_file else '-'}"]
