@@ -49,7 +49,7 @@ from bench.targets import evaluate
 from devtools.server import LocalTorchServe
 from model_files.artifacts import CHECKPOINT, LABELS
 from servecore.config import HandlerConfig
-from servecore.intake import Preprocessor
+from servecore.preprocessor import Preprocessor
 
 log = logging.getLogger("bench")
 

@@ -32,7 +32,7 @@ from bench.stats import summarize
 from bench.triton import binary_request
 from devtools.server import LocalTorchServe, free_ports
 from servecore.config import HandlerConfig
-from servecore.intake import Preprocessor
+from servecore.preprocessor import Preprocessor
 from serveshared.v2binary import binary_body, binary_tensor
 from tritonrepo.generate import generate
 from tritonrepo.install import NotInstalled, TritonInstall

@@ -38,7 +38,7 @@ from model_files.resnet_dual import build_dual, crop
 from servecore.backends import Backend, load_backend
 from servecore.config import HandlerConfig
 from servecore.images import decode
-from servecore.intake import Preprocessor
+from servecore.preprocessor import Preprocessor
 
 PHOTOS = ("small", "12mp-noisy")
 

@@ -27,7 +27,7 @@ import torch
 from bench.stats import percentile
 from model_files.artifacts import QUANTIZED, SERIALIZED
 from servecore.backends import RUNTIME_DEFAULT, Backend, RuntimeOptions, load_backend
-from servecore.intake import Preprocessor
+from servecore.preprocessor import Preprocessor
 
 # Row label -> (backend, serialized file, precision passed to load_backend). The OpenVINO rows
 # are the candidates ``handler.precision: auto`` times (servecore/autoprecision.py): each IR

@@ -40,8 +40,8 @@ from model_files.artifacts import DEFAULT_BACKEND, SERIALIZED, ModelFiles, read_
 from servecore.backends import RuntimeOptions, precision_candidates
 from servecore.config import HandlerConfig
 from servecore.errors import RequestError
-from servecore.intake import Preprocessor
 from servecore.precision import agreement
+from servecore.preprocessor import Preprocessor
 
 REFERENCE = "f32"
 

@@ -8,7 +8,9 @@ it sends back, and nothing that knows which engine that is (no module here impor
     cache.py       the content cache, a step between admission and decode; cached.py: its
                    key and entry types
     parse.py       wire formats (plain body, KServe v1, v2) -> ParsedRequest; jsonguard.py
-    intake.py      open, admit and decode a batch's requests (images.py decodes)
+    intake.py      open, admit and decode a batch's requests
+    preprocessor.py  one image's bytes -> the model's input (images.py opens and decodes):
+                   what the transformer, the client and the benchmarks import
     admission.py   the batch budgets, fair across batches
     answers.py     a prediction as values: embedding rows (float32 arrays), tag lists
     encode.py      the JSON protocols' bodies, for an edge that answers in JSON (TorchServe)
@@ -29,5 +31,5 @@ The edges and the rest:
     gpudecode.py   JPEGs decoded and cropped on the worker's GPU (nvJPEG), batched
     traffic.py     a request's priority class and deadline; lanes.py: the bulk lane's CPU policy
     restarts.py    how often a worker was started again in its slot
-    host.py        what CPU this is, as results and the precision cache name it
+    host.py        what CPU this is, and how many cores this process may use
 """

@@ -16,26 +16,23 @@ check an explanation request's parameters and admit the batch's explanation work
 
 from __future__ import annotations
 
-import math
-import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
-from pathlib import Path
 
 import torch
 
-from model_files.resnet_dual import RESIZE, crop
 from servecore.admission import Admission, Budget
 from servecore.boundary import attempt, each_image
 from servecore.config import MAX_DECODE_THREADS, HandlerConfig
-from servecore.crops import GivenCrop, open_crop
-from servecore.errors import DeadlineExceeded, PayloadTooLarge, detached
+from servecore.errors import DeadlineExceeded, detached
 from servecore.explain.stage import Explanations
 from servecore.gpudecode import DeviceDecoder, accepts, assemble, for_worker
-from servecore.images import OpenedImage, decode, open_image
-from servecore.parse import ParsedRequest, check_top_k
+from servecore.host import usable_cpus
+from servecore.images import OpenedImage
+from servecore.parse import check_top_k
+from servecore.preprocessor import Preprocessor
 from servecore.stages import (
     Admitted,
     Explaining,
@@ -49,55 +46,6 @@ from servecore.stages import (
 from serveshared.wire import DEADLINE_HEADER
 
 CPU = torch.device("cpu")
-
-
-class Preprocessor:
-    """Encoded image bytes -> the served model's input (``model_files.resnet_dual.INPUT``): the
-    handler's limits on the image, then the weights' transform up to its crop (resize 232,
-    centre crop 224), a uint8 [3, 224, 224] crop; the backend normalises it in the model. In
-    two steps, so that a batch is costed before any pixel is decoded; the benchmark times the
-    same path. Raises ``RequestError`` for a bad image."""
-
-    def __init__(self, config: HandlerConfig) -> None:
-        self.config = config
-        # JPEG draft decoding may shrink in the DCT down to the resize size, never below it.
-        self.draft_size = RESIZE if config.draft_decode else None
-
-    def open(self, data: bytes) -> OpenedImage:
-        """Header only: checks bytes and pixel limits and tells the decoding cost."""
-        return open_image(
-            data,
-            max_pixels=self.config.max_image_pixels,
-            max_bytes=self.config.max_image_bytes,
-            draft_size=self.draft_size,
-        )
-
-    def decode(self, opened: OpenedImage | GivenCrop) -> torch.Tensor:
-        """The model's input for an opened image; a crop the request carried is one already."""
-        if isinstance(opened, GivenCrop):
-            return opened.crop
-        return crop(decode(opened))
-
-    def __call__(self, data: bytes) -> torch.Tensor:
-        return self.decode(self.open(data))
-
-    def read(self, request_id: str, request: ParsedRequest) -> tuple[OpenedImage | GivenCrop, ...]:
-        """The request's images opened (``open``; a crop the request carried as a
-        ``GivenCrop``), the first bad one raising its ``RequestError`` ("image k of n"), and 413
-        ``PayloadTooLarge`` when together they would decode more than
-        ``handler.max_request_pixels``."""
-        opener = open_crop if request.crops else self.open
-        images: tuple[OpenedImage | GivenCrop, ...] = tuple(
-            each_image(request_id, "reading", request.images, opener)
-        )
-        pixels, limit = sum(image.pixels for image in images), self.config.max_request_pixels
-        if pixels > limit:
-            raise PayloadTooLarge(
-                f"request would decode {pixels} pixels ({len(images)} image(s)), "
-                f"more than the limit of {limit} (handler.max_request_pixels); send fewer "
-                "or smaller images"
-            )
-        return images
 
 
 class Intake:
@@ -271,31 +219,6 @@ def decode_threads(device: torch.device) -> int:
     since the forward runs on the GPU and the cores' only work is preparing its input."""
     cores = usable_cpus()
     return cores if device.type == "cuda" else min(MAX_DECODE_THREADS, cores)
-
-
-def usable_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
-    """The cores this process may use: its CPU affinity, capped by a cgroup CPU quota (a
-    pod's CPU limit; ``os.cpu_count()`` is the node's cores)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    quota = _cgroup_quota(cgroup)
-    return max(1, min(cpus or 1, math.ceil(quota) if quota else cpus or 1))
-
-
-def _cgroup_quota(root: Path) -> float | None:
-    """CPUs allowed by the cgroup (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``), None if none."""
-    try:
-        quota, period = (root / "cpu.max").read_text().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
-        pass
-    for folder in (root / "cpu", root / "cpu,cpuacct"):
-        try:
-            cfs_quota = int((folder / "cpu.cfs_quota_us").read_text())
-            cfs_period = int((folder / "cpu.cfs_period_us").read_text())
-        except (OSError, ValueError):
-            continue
-        return cfs_quota / cfs_period if cfs_quota > 0 and cfs_period > 0 else None
-    return None
 
 
 def _done(value: torch.Tensor) -> Future:

@@ -19,8 +19,8 @@ from servecore.cached import CacheKey, Entry
 from servecore.config import Output
 from servecore.errors import InvalidImage
 from servecore.explain.options import ExplainSpec
-from servecore.intake import Preprocessor
 from servecore.parse import OutputSpec, ParsedRequest, Protocol
+from servecore.preprocessor import Preprocessor
 from servecore.stages import Explaining, Failed, Looked, Opened
 from servecore.traffic import Priority
 from tests import imagegen

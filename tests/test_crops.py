@@ -16,8 +16,8 @@ import requests
 
 from servecore.config import HandlerConfig
 from servecore.errors import InvalidRequest, PayloadTooLarge
-from servecore.intake import Preprocessor
 from servecore.parse import HttpRequest, parse_http
+from servecore.preprocessor import Preprocessor
 from serveshared import v2binary
 from tests import imagegen
 

@@ -22,7 +22,7 @@ from handlers import routing
 from servecore import jsonguard, parse
 from servecore.config import HandlerConfig
 from servecore.errors import RequestError
-from servecore.intake import Preprocessor
+from servecore.preprocessor import Preprocessor
 from tests import corpus
 
 # deadline: a bound on one example's time that catches a hang, not slowness. An example may

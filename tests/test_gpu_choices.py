@@ -12,8 +12,9 @@ from model_files.artifacts import SERIALIZED
 from servecore import backends, intake
 from servecore.backends import load_backend, precision_candidates
 from servecore.config import HandlerConfig
-from servecore.intake import Preprocessor, decode_threads
+from servecore.intake import decode_threads
 from servecore.precision import FIDELITY_BOUND, agreement, failures
+from servecore.preprocessor import Preprocessor
 from servecore.service import timed_batches
 from tests import imagegen
 

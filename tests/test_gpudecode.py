@@ -18,8 +18,8 @@ from model_files.artifacts import SERIALIZED
 from servecore.backends import load_backend
 from servecore.config import HandlerConfig
 from servecore.gpudecode import DeviceDecoder, accepts, assemble, for_worker
-from servecore.intake import Preprocessor
 from servecore.precision import FIDELITY_BOUND
+from servecore.preprocessor import Preprocessor
 from tests import imagegen
 from tests.handler_context import make_handler, run_batch
 from tests.reference import rel_error

@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from handlers import routing
-from servecore import intake, parse
+from servecore import host, parse
 from servecore.admission import admit
 from servecore.config import HandlerConfig
 from servecore.errors import MESSAGE_CHARS, InvalidRequest, PayloadTooLarge
@@ -441,5 +441,5 @@ def test_decode_threads_follow_the_cpu_quota(tmp_path, files, expected):
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
-    unlimited = intake.usable_cpus(tmp_path / "absent")
-    assert intake.usable_cpus(tmp_path) == (min(expected, unlimited) if expected else unlimited)
+    unlimited = host.usable_cpus(tmp_path / "absent")
+    assert host.usable_cpus(tmp_path) == (min(expected, unlimited) if expected else unlimited)

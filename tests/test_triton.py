@@ -37,8 +37,8 @@ from servecore.answers import Tag
 from servecore.config import HandlerConfig
 from servecore.encode import tag_json
 from servecore.errors import InvalidParameter, InvalidRequest, PayloadTooLarge
-from servecore.intake import Preprocessor
 from servecore.parse import Protocol, parse_tensor
+from servecore.preprocessor import Preprocessor
 from serveshared.keys import TRITON_KEY_FILE, Keys
 from tests.conftest import SERVED
 from tests.handler_context import make_handler, run_batch

@@ -11,7 +11,7 @@ from model_files.artifacts import SERIALIZED
 from model_files.resnet_dual import normalize
 from servecore.backends import load_backend
 from servecore.config import HandlerConfig
-from servecore.intake import Preprocessor
+from servecore.preprocessor import Preprocessor
 from tests import imagegen
 from tests.reference import rel_error
 

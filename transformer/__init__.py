@@ -1,9 +1,9 @@
 """The preprocessing server: KServe's transformer in front of either runtime (issue #44).
 
-Uploads (KServe v1 ``instances`` or v2 ``BYTES`` images) are opened, decoded and cropped here by
-the core's own ``servecore.intake.Preprocessor`` with the model's handler limits, and sent on to
-the predictor as the v2 ``crops`` input (``servecore.crops``: ``UINT8 [n, 224, 224, 3]``, binary
-over REST or gRPC), so the predictor never decodes. A bad upload fails here, with the status
+Uploads (KServe v1 ``instances`` or v2 ``BYTES`` images) are opened, decoded and cropped here
+by the core's own ``servecore.preprocessor.Preprocessor`` with the model's handler limits, and
+sent on to the predictor as the v2 ``crops`` input (``servecore.crops``: ``UINT8 [n, 224, 224,
+3]``, binary over REST or gRPC), so the predictor never decodes. A bad upload fails here, with the status
 and body the single server gives it.
 
     python -m transformer --model_name resnet50-tagger --predictor_host HOST:PORT \

@@ -13,9 +13,9 @@ import numpy as np
 from servecore.boundary import each_image
 from servecore.config import HandlerConfig, Output
 from servecore.crops import CROP_SHAPE
-from servecore.intake import Preprocessor
 from servecore.jsonguard import JsonDocument
 from servecore.parse import HttpRequest, ParsedRequest, parse_http
+from servecore.preprocessor import Preprocessor
 
 
 def parse(body: Mapping[str, Any], top_k_header: Any, config: HandlerConfig) -> ParsedRequest:

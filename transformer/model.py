@@ -18,8 +18,8 @@ from kserve.protocol.infer_type import InferInput, InferRequest, InferResponse, 
 
 from servecore.config import HandlerConfig
 from servecore.crops import CROPS
-from servecore.intake import Preprocessor
 from servecore.parse import ParsedRequest
+from servecore.preprocessor import Preprocessor
 from servecore.traffic import PRIORITY_KEY
 from serveshared.wire import TOP_K_HEADER
 from transformer import convert

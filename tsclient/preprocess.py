@@ -28,7 +28,7 @@ class ClientCrops:
     def __init__(self, entry: dict | None) -> None:
         from model_files.resnet_dual import PREPROCESSING
         from servecore.config import HandlerConfig
-        from servecore.intake import Preprocessor
+        from servecore.preprocessor import Preprocessor
 
         custom = (entry or {}).get("customizedMetadata")
         served = custom.get("preprocessing") if isinstance(custom, dict) else None
