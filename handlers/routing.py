@@ -9,10 +9,10 @@ from functools import partial
 from typing import Any
 
 from servecore.config import HandlerConfig
-from servecore.crops import HEADER_LENGTH as LENGTH
 from servecore.jsonguard import JsonDocument
 from servecore.parse import IMAGE_FIELD, HttpRequest, Payload, parse_http
 from servecore.stages import Incoming
+from serveshared.v2binary import HEADER_LENGTH as LENGTH
 from serveshared.wire import DEADLINE_HEADER, PRIORITY_HEADER, TOP_K_HEADER
 
 BODY_KEY = "body"  # TorchServe's name for a raw request body in its row

@@ -27,7 +27,7 @@ The edges and the rest:
 
     httpedge.py    the HTTP edge: a Reply as the status, headers and body an HTTP engine sends
     tensors.py     the tensor edge: KServe v2 named inputs and outputs (Triton's), both ways
-    crops.py       the ``crops`` input ([n, 224, 224, 3] uint8) and the v2 binary reader
+    crops.py       the ``crops`` input ([n, 224, 224, 3] uint8)
     gpudecode.py   JPEGs decoded and cropped on the worker's GPU (nvJPEG), batched
     traffic.py     a request's priority class and deadline; lanes.py: the bulk lane's CPU policy
     restarts.py    how often a worker was started again in its slot

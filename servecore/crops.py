@@ -9,9 +9,10 @@ decoding: its images are "opened" here without PIL (``GivenCrop``, no decoding c
 model answers them exactly as it answers the same image sent encoded (the same uint8 array).
 
 The tensor comes as a v2 JSON ``data`` list (flat or nested integers 0..255), as the binary
-tensor extension's raw bytes (``binary_data_size``; ``split_binary``), or as an array an engine
-has read (Triton). Every element is one crop's bytes (``CROP_BYTES``, HWC order) in the
-``ParsedRequest``: the content cache keys them apart from encoded images (``CROP_DOMAIN``).
+tensor extension's raw bytes (``binary_data_size``; read by ``serveshared.v2binary``), or as an
+array an engine has read (Triton). Every element is one crop's bytes (``CROP_BYTES``, HWC
+order) in the ``ParsedRequest``: the content cache keys them apart from encoded images
+(``CROP_DOMAIN``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import torch
 
 from model_files.resnet_dual import CROP, INPUT
 from servecore.errors import InvalidRequest, echo
-from serveshared.v2binary import HEADER_LENGTH
 
 CROPS = "crops"  # the input's name (Triton requires it; TorchServe reads the datatype)
 CROP_SHAPE = (CROP, CROP, 3)
@@ -102,58 +102,3 @@ def _raw(data: Any, where: str) -> bytes:
             f"{'values of ' + str(values.dtype) if values.size else 'something else'}"
         )
     return values.astype(np.uint8).tobytes()
-
-
-def split_binary(body: bytes, header_length: Any) -> tuple[bytes, bytes]:
-    """A binary-extension body as its JSON header and the tensor bytes after it
-    (``Inference-Header-Content-Length``: the header's length)."""
-    text = header_length
-    if isinstance(text, (bytes, bytearray)):
-        text = text.decode("latin-1")
-    length = int(text) if isinstance(text, str) and text.strip().isdigit() else None
-    if length is None or length > len(body):
-        raise InvalidRequest(
-            f"{HEADER_LENGTH} must be the length of the body's JSON header (0..{len(body)}), "
-            f"got {echo(header_length)}"
-        )
-    return body[:length], body[length:]
-
-
-def binary_elements(data: bytes, where: str) -> list[bytes]:
-    """A ``BYTES`` tensor's binary data: each element its 4-byte little-endian length, then
-    its bytes (the extension's layout)."""
-    items, at = [], 0
-    while at < len(data):
-        size = int.from_bytes(data[at : at + 4], "little") if at + 4 <= len(data) else -1
-        if size < 0 or at + 4 + size > len(data):
-            raise InvalidRequest(
-                f"{where}'s binary data is cut short at byte {at}: each element is a 4-byte "
-                "little-endian length and that many bytes"
-            )
-        items.append(data[at + 4 : at + 4 + size])
-        at += 4 + size
-    return items
-
-
-def binary_request(header: dict, data: bytes) -> dict:
-    """The JSON header with each input's ``binary_data_size`` bytes (in input order) put in
-    as its ``data`` (raw ``bytes``), or a 400 when the sizes and the data disagree."""
-    inputs, at = header.get("inputs"), 0
-    for i, tensor in enumerate(inputs if isinstance(inputs, list) else []):
-        params = tensor.get("parameters") if isinstance(tensor, dict) else None
-        size = params.get("binary_data_size") if isinstance(params, dict) else None
-        if size is None:
-            continue
-        if type(size) is not int or size < 0 or at + size > len(data):
-            raise InvalidRequest(
-                f"inputs[{i}].parameters.binary_data_size is {echo(size)}, but the body holds "
-                f"{len(data) - at} more bytes after its header"
-            )
-        tensor["data"] = data[at : at + size]
-        at += size
-    if at != len(data):
-        raise InvalidRequest(
-            f"the body holds {len(data) - at} bytes after its header that no input's "
-            "binary_data_size claims"
-        )
-    return header

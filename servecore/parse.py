@@ -34,18 +34,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servecore.config import HandlerConfig, Output
-from servecore.crops import (
-    HEADER_LENGTH,
-    binary_elements,
-    binary_request,
-    crop_count,
-    crops_of,
-    split_binary,
-)
+from servecore.crops import crop_count, crops_of
 from servecore.errors import InvalidParameter, InvalidRequest, PayloadTooLarge, echo, echo_all
 from servecore.jsonguard import JsonDocument, is_json, load_json
 from servecore.traffic import PRIORITY_KEY, Priority, parse_priority
-from serveshared.v2binary import BINARY_DATA, BINARY_OUTPUT
+from serveshared.v2binary import (
+    BINARY_DATA,
+    BINARY_OUTPUT,
+    HEADER_LENGTH,
+    MalformedBinary,
+    elements_of,
+    fill_inputs,
+    split_body,
+)
 from serveshared.wire import DEADLINE_HEADER
 
 MAX_ID_CHARS = 256  # a v2 request id, echoed in the answer
@@ -245,14 +246,18 @@ def _parse_binary(
     body: bytes, header_length: Any, query_top_k: int | None, config: HandlerConfig
 ) -> ParsedRequest:
     """A v2 body in the binary tensor extension: its JSON header, its tensors' bytes after."""
-    text, data = split_binary(body, header_length)
-    header = load_json(text, config)
-    if not isinstance(header, dict) or "inputs" not in header:
-        raise InvalidRequest(
-            f"the JSON header of a body with an {HEADER_LENGTH} header must be a KServe v2 "
-            "request object with 'inputs'"
-        )
-    return _parse_v2(binary_request(header, data), query_top_k, config)
+    try:
+        text, data = split_body(body, header_length)
+        header = load_json(text, config)
+        if not isinstance(header, dict) or "inputs" not in header:
+            raise InvalidRequest(
+                f"the JSON header of a body with an {HEADER_LENGTH} header must be a KServe v2 "
+                "request object with 'inputs'"
+            )
+        filled = fill_inputs(header, data)
+    except MalformedBinary as exc:
+        raise InvalidRequest(str(exc)) from None
+    return _parse_v2(filled, query_top_k, config)
 
 
 def parse_top_k(value: Any) -> int:
@@ -430,7 +435,10 @@ def _parse_v2(payload: dict, query_top_k: int | None, config: HandlerConfig) -> 
 def _bytes_data(tensor: dict, where: str) -> list:
     """A BYTES tensor's elements: base64 texts in JSON, raw bytes from the binary extension."""
     if isinstance(tensor.get("data"), bytes):
-        return binary_elements(tensor["data"], where)
+        try:
+            return elements_of(tensor["data"], where)
+        except MalformedBinary as exc:
+            raise InvalidRequest(str(exc)) from None
     return _require(tensor, "data", list, where)
 
 

@@ -1,9 +1,11 @@
-"""The KServe v2 binary tensor extension as a client writes it (Triton's HTTP frontend,
-tritonclient and ``servecore.crops`` read it back): a JSON header whose inputs say how many
-raw bytes each takes (``parameters.binary_data_size``), then those bytes in input order, and
-the header's length in ``Inference-Header-Content-Length``; and an answer's binary outputs as a
-client reads them back (``read_outputs``), written the same way by Triton and by our HTTP edge
-(``servecore.encode``). No numpy or torch here: ``tsctl``'s collection image has neither."""
+"""The KServe v2 binary tensor extension, written and read in one place: a JSON header whose
+inputs say how many raw bytes each takes (``parameters.binary_data_size``), then those bytes in
+input order, and the header's length in ``Inference-Header-Content-Length``. A client writes a
+request (``binary_tensor``, ``bytes_elements``, ``binary_body``) and reads an answer's binary
+outputs (``read_outputs``, written the same way by Triton and by our HTTP edge,
+``servecore.encode``); a server reads a request back (``split_body``, ``fill_inputs``,
+``elements_of``: ``servecore.parse`` answers their ``MalformedBinary`` 400). No numpy or torch
+here: ``tsctl``'s collection image has neither."""
 
 from __future__ import annotations
 
@@ -43,13 +45,66 @@ def binary_body(header: dict, data: bytes) -> tuple[bytes, dict[str, str]]:
     }
 
 
-def elements_of(data: bytes) -> list[bytes]:
+class MalformedBinary(ValueError):
+    """A body or tensor that does not follow the extension's layout; the message says how (a
+    server answers it 400, ``servecore.parse``)."""
+
+
+def _quoted(value: Any, at_most: int = 40) -> str:
+    text = repr(value)  # a client's value, cut as the server's error messages cut it
+    return text if len(text) <= at_most else f"{text[:at_most]}... ({len(text)} chars)"
+
+
+def split_body(body: bytes, header_length: Any) -> tuple[bytes, bytes]:
+    """A request body as its JSON header and the bytes after it (``header_length``: the
+    ``Inference-Header-Content-Length`` header's value, as text or bytes)."""
+    text = header_length
+    if isinstance(text, (bytes, bytearray)):
+        text = text.decode("latin-1")
+    length = int(text) if isinstance(text, str) and text.strip().isdigit() else None
+    if length is None or length > len(body):
+        raise MalformedBinary(
+            f"{HEADER_LENGTH} must be the length of the body's JSON header (0..{len(body)}), "
+            f"got {_quoted(header_length)}"
+        )
+    return body[:length], body[length:]
+
+
+def fill_inputs(header: dict, data: bytes) -> dict:
+    """The JSON header with each input's ``binary_data_size`` bytes (in input order) put in
+    as its ``data`` (raw ``bytes``); ``MalformedBinary`` when the sizes and the data
+    disagree."""
+    inputs, at = header.get("inputs"), 0
+    for i, tensor in enumerate(inputs if isinstance(inputs, list) else []):
+        params = tensor.get("parameters") if isinstance(tensor, dict) else None
+        size = params.get("binary_data_size") if isinstance(params, dict) else None
+        if size is None:
+            continue
+        if type(size) is not int or size < 0 or at + size > len(data):
+            raise MalformedBinary(
+                f"inputs[{i}].parameters.binary_data_size is {_quoted(size)}, but the body "
+                f"holds {len(data) - at} more bytes after its header"
+            )
+        tensor["data"] = data[at : at + size]
+        at += size
+    if at != len(data):
+        raise MalformedBinary(
+            f"the body holds {len(data) - at} bytes after its header that no input's "
+            "binary_data_size claims"
+        )
+    return header
+
+
+def elements_of(data: bytes, where: str = "a BYTES tensor") -> list[bytes]:
     """A ``BYTES`` tensor's raw data back as its elements (``bytes_elements`` undone)."""
     elements, at = [], 0
     while at < len(data):
-        size = int.from_bytes(data[at : at + 4], "little")
-        if at + 4 + size > len(data):
-            raise ValueError(f"a BYTES element of {size} bytes runs past the data's end")
+        size = int.from_bytes(data[at : at + 4], "little") if at + 4 <= len(data) else -1
+        if size < 0 or at + 4 + size > len(data):
+            raise MalformedBinary(
+                f"{where}'s binary data is cut short at byte {at}: each element is a 4-byte "
+                "little-endian length and that many bytes"
+            )
         elements.append(data[at + 4 : at + 4 + size])
         at += 4 + size
     return elements
