@@ -151,3 +151,31 @@ def test_torchserve_answers_binary_outputs_tritons_client_reads(torchserve):
     ours = {o["name"]: o for o in read_outputs(asked.content, int(asked.headers[HEADER]))}
     assert ours["embedding"]["data"] == result.as_numpy("embedding").reshape(-1).tolist()
     assert ours["tags"]["data"] == [t.decode() for t in result.as_numpy("tags").reshape(-1)]
+
+
+@pytest.mark.parametrize(
+    ("body", "length", "message"),
+    [
+        (b"{}", "99", "Inference-Header-Content-Length must be the length of the body's JSON"),
+        (
+            b'{"inputs": [{"name": "images", "datatype": "BYTES", "shape": [1, 1], '
+            b'"parameters": {"binary_data_size": 6}}]}\x05\x00\x00\x00ab',
+            None,
+            "'s binary data is cut short at byte 0",
+        ),
+        (
+            b'{"inputs": [{"name": "images", "datatype": "BYTES", "shape": [1, 1], '
+            b'"parameters": {"binary_data_size": 2}}]}abcd',
+            None,
+            "the body holds 2 bytes after its header that no input's binary_data_size claims",
+        ),
+    ],
+)
+def test_a_malformed_binary_body_is_a_400_for_its_request_alone(handler, body, length, message):
+    """serveshared.v2binary reads the body; what it cannot read fails its own request, 400."""
+    header_length = length or str(body.index(b"}]}") + 3)
+    rows = [{"body": body}, {"body": imagegen.jpeg(64, 64)}]
+    headers = [{"Inference-Header-Content-Length": header_length}, {}]
+    responses, statuses, _ = run_batch(*handler, rows, headers)
+    assert statuses[0][0] == 400 and statuses[1] == (200, None)
+    assert message in json.loads(responses[0])["message"]
