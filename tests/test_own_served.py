@@ -48,7 +48,7 @@ class OwnBuild:
 @pytest.fixture(scope="module")
 def own(trained_head, model_store, tmp_path_factory) -> OwnBuild:
     """``make archives WEIGHTS=... LABELS=... GATE_PHOTOS=...``'s steps, into folders of this
-    module's (the shipped archives' backend; calibration on 32 tensors, not 200, to keep it
+    module's (the shipped archives' backend; calibration on 16 tensors, not 200, to keep it
     short: the gate's verdict is what is checked, not int8's quality)."""
     photos, out, _ = trained_head
     work = tmp_path_factory.mktemp("own-build")
@@ -57,7 +57,7 @@ def own(trained_head, model_store, tmp_path_factory) -> OwnBuild:
     shipped = ArchiveInfo.read(model_store / f"{TAGGER}.mar")
     _step("-m", "buildsteps.export", "--backend", shipped.backend, "--weights", str(built))
     if shipped.backend == "openvino":
-        gate = ["--gate-photos", str(photos), "--size", "32", "--allow-refusal"]
+        gate = ["--gate-photos", str(photos), "--size", "16", "--allow-refusal"]
         _step("-m", "buildsteps.quantize", "--weights", str(built), *gate)
     config = yaml.safe_load((REPO / "config" / "models" / f"{TAGGER}.yaml").read_text())
     config["handler"] = {**config.get("handler", {}), "precision": "f32"}
@@ -146,10 +146,11 @@ def test_describe_says_the_class_count_the_labels_and_the_int8_verdict(client: C
     assert described["weights"] == info
     assert info["classes"] == len(own.labels) and info["labels"].endswith("labels.txt")
     # The gate's verdict on the user's photos, as buildsteps/quantize.py wrote it: its record
-    # served when int8 passed, no int8 at all when it was refused.
+    # served when int8 passed, no int8 at all when it was refused (Triton's describe says
+    # null; TorchServe's frontend leaves a null value out of customizedMetadata).
     passed = own.weights / fidelity_record(INT8)
     if passed.is_file():
         assert described["quantization"] == json.loads(passed.read_text())
     else:
         assert (own.weights / "resnet50_dual_int8.refused.json").is_file()
-        assert described["quantization"] is None
+        assert described.get("quantization") is None
