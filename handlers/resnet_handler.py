@@ -1,4 +1,4 @@
-"""TorchServe handler: ResNet50 image embeddings and ImageNet tags from one forward pass.
+"""TorchServe handler: ResNet50 image embeddings and tags from one forward pass.
 
 An adapter: ``initialize`` turns TorchServe's context into ``ModelSettings`` and loads the
 core's ``servecore.service.ImageModel``; ``handle``, per batch, hands it to ``ImageModel.run`` in
@@ -26,7 +26,7 @@ from servecore.service import ImageModel, ModelSettings
 
 
 class ResNetHandler(BaseHandler):
-    """Embeddings (``task: embedding``) or top-k ImageNet tags (``task: tags``)."""
+    """Embeddings (``task: embedding``) or the top-k of its labels (``task: tags``)."""
 
     def initialize(self, context) -> None:
         self.context = context

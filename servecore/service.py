@@ -150,8 +150,8 @@ def timed_batches(device: torch.device, forward_rows: int) -> tuple[int, ...]:
 
 
 class ImageModel:
-    """Embeddings (``task: embedding``) or top-k ImageNet tags (``task: tags``), both from one
-    forward pass, on the backend and precision chosen for this host."""
+    """Embeddings (``task: embedding``) or the top-k of its labels (``task: tags``; ImageNet's
+    or yours), both from one forward pass, on the backend and precision chosen for this host."""
 
     def __init__(self, settings: ModelSettings, metrics: MetricsSink = NoMetrics()) -> None:
         """Pick the device, choose and load the backend, the labels and the explainer; a bulk
