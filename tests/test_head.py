@@ -1,11 +1,11 @@
-"""``tsctl head train`` against the session's real TorchServe: a labelled set made here (four
-kinds of synthetic scene, devtools/scenes.py), a head trained through the served embedding
-model, and what the user checks: the report's split, accuracy, per-label precision/recall and
-confusion table agree with each other and with the held-out photos; the mistakes page exists;
-the checkpoint is a full torchvision resnet50 whose backbone, run by torchvision directly on
-the held-out photos, gives the served embeddings and whose fc tags them as the report says; a rerun embeds nothing again; a backbone that is
-not the served one is refused. tests/test_own_served.py serves the result from a fresh archive
-on both engines."""
+"""``tsctl head train`` against the session's real TorchServe: a labelled set made here (four kinds
+of synthetic scene, devtools/scenes.py), a head trained through the served embedding model, and
+what the user checks: the report's split, accuracy, per-label precision/recall and confusion
+table agree with each other and with the held-out photos; the mistakes page exists; the
+checkpoint is a full torchvision resnet50 whose backbone, run by torchvision directly on the
+held-out photos, gives the served embeddings and whose fc tags them as the report says; a rerun
+embeds nothing again; a backbone that is not the served one is refused. tests/test_own_served.py
+serves the result from a fresh archive on both engines."""
 
 from __future__ import annotations
 
