@@ -7,6 +7,8 @@
 #            weights already built, else auto),
 #            LABELS=labels.json|labels.txt: your checkpoint's class names (WEIGHTS=ckpt.pt with
 #            any N >= 2 classes; buildsteps/checkpoint.py says the formats; docs/backends.md),
+#            ADD_HEAD="NAME CHECKPOINT LABELS": another tagger head served from the same forward
+#            (a checkpoint on the same backbone: tsctl head train's; docs/own-tags.md),
 #            BACKEND=openvino (default, fastest on CPU: bf16 where the CPU has it)|onnx|torchscript|
 #            eager (PyTorch; the GPU choice)
 #            QUANTIZE=int8 (default)|none: int8 also quantises the OpenVINO IR with NNCF
@@ -25,6 +27,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 WEIGHTS ?=
 LABELS ?=
+ADD_HEAD ?=
 # The defaults of BACKEND and QUANTIZE are model_files/artifacts.py's (archive.sh asks it too).
 BUILD_DEFAULTS := $(shell $(PYTHON) -m model_files.artifacts defaults)
 BACKEND ?= $(word 1,$(BUILD_DEFAULTS))
@@ -96,7 +99,8 @@ docs-reference: $(VENV)/.installed
 # build_weights.py is itself idempotent: it returns at once when WEIGHTS is what it built.
 weights: $(VENV)/.installed $(if $(INT8),samples)
 	@$(PY) -m buildsteps.weights $(if $(WEIGHTS),--source "$(WEIGHTS)") \
-		$(if $(LABELS),--labels "$(LABELS)") --out $(WEIGHTS_DIR)
+		$(if $(LABELS),--labels "$(LABELS)") $(if $(ADD_HEAD),--add-head $(ADD_HEAD)) \
+		--out $(WEIGHTS_DIR)
 	@$(PY) -m buildsteps.export --backend "$(BACKEND)" --weights $(WEIGHTS_DIR)
 	$(if $(INT8),@$(PY) -m buildsteps.quantize --weights $(WEIGHTS_DIR) --allow-refusal \
 		$(if $(GATE_PHOTOS),--gate-photos "$(GATE_PHOTOS)"))
@@ -260,6 +264,12 @@ bench-ceiling: setup config weights samples triton-server
 .PHONY: bench-core
 bench-core: setup config weights samples
 	$(PY) -m bench.corecost
+
+# Several tagger heads from one forward against one head and against two models, the core in
+# process, side by side -> results/heads.md (about a minute).
+.PHONY: bench-heads
+bench-heads: setup weights samples
+	$(PY) -m bench.heads
 
 # A worker's start with and without the host's stored precision decision -> results/worker-start.md
 # (about 2 minutes).

@@ -38,6 +38,7 @@ from tqdm import tqdm  # the progress bar
 from buildsteps.quantize import IMAGE_SUFFIXES
 from model_files.artifacts import DEFAULT_BACKEND, SERIALIZED, ModelFiles, read_manifest
 from servecore.backends import RuntimeOptions, precision_candidates
+from servecore.classes import Classes
 from servecore.config import HandlerConfig
 from servecore.errors import RequestError
 from servecore.precision import agreement
@@ -107,13 +108,20 @@ def run(backend, pixels: torch.Tensor, batch: int, label: str, progress: bool):
     return embedding, logits, 1000 * spent / timed
 
 
-def accuracy(logits: np.ndarray, labels: list[int | None]) -> dict:
-    """Top-1 and top-5 accuracy over the labelled rows (None without labels)."""
+def accuracy(logits: np.ndarray, labels: list[int | None], classes: Classes | None = None) -> dict:
+    """Top-1 and top-5 accuracy over the labelled rows (None without labels); with several
+    heads (``classes``), each photo ranked within its label's head."""
     rows = [i for i, label in enumerate(labels) if label is not None]
     if not rows:
         return {"labelled": 0, "top1_accuracy": None, "top5_accuracy": None}
-    top5 = np.argsort(-logits[rows], axis=1)[:, :5]
     truth = np.array([labels[i] for i in rows])
+    scores = logits[rows]
+    if classes is not None and classes.named:
+        scores = np.full_like(scores, -np.inf)
+        for j, (i, label) in enumerate(zip(rows, truth.tolist())):
+            head = classes.head_of(label).rows
+            scores[j, head] = logits[i, head]
+    top5 = np.argsort(-scores, axis=1)[:, :5]
     return {
         "labelled": len(rows),
         "top1_accuracy": float((top5[:, 0] == truth).mean()),
@@ -135,15 +143,16 @@ def evaluate(
     loaders = {c.precision: c.load for c in candidates if c.load is not None}
     excluded = {c.precision: c.excluded for c in candidates if c.load is None}
     labels = [p.label for p in photos]
+    classes = Classes.read(files)
     rows, reference = [], None
     for name, load in loaders.items():
         embedding, logits, ms = run(load(), pixels, batch, name, progress)
         reference = reference or (embedding, logits)
-        figures = agreement(reference, (embedding, logits))
+        figures = agreement(reference, (embedding, logits), classes.rows)
         rows.append(
             {
                 "precision": name,
-                **accuracy(logits, labels),
+                **accuracy(logits, labels, classes),
                 "top1_agreement_vs_f32": figures["top1_agreement"],
                 "embedding_cosine_mean": figures["embedding_cosine_mean"],
                 "embedding_cosine_min": figures["embedding_cosine_min"],

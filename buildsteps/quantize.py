@@ -42,6 +42,7 @@ from PIL import Image, ImageEnhance, ImageOps
 from model_files.artifacts import (
     QUANTIZED,
     SERVED_INPUT,
+    ModelFiles,
     checkpoint_sha256,
     companions,
     fidelity_record,
@@ -49,6 +50,7 @@ from model_files.artifacts import (
 )
 from model_files.resnet_dual import crop
 from servecore.backends import RUNTIME_DEFAULT, load_backend
+from servecore.classes import Classes
 from servecore.precision import agreement, failures
 
 TARGET = QUANTIZED[("openvino", "int8")]
@@ -186,7 +188,10 @@ def quantize(
         ov.save_model(quantized, str(candidate), compress_to_fp16=False)
 
         probe = heldout_set(heldout, calibration)
-        figures = agreement(_run(fp32, "f32", probe), _run(candidate, RUNTIME_DEFAULT, probe))
+        heads = Classes.read(ModelFiles.read(weights_dir, fp32.name)).rows
+        figures = agreement(
+            _run(fp32, "f32", probe), _run(candidate, RUNTIME_DEFAULT, probe), heads
+        )
         failed = failures(figures, thresholds)
         if failed:
             raise FidelityError(

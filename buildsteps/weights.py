@@ -2,6 +2,7 @@
 
     python -m buildsteps.weights [--source auto|imagenet|seeded|/path/to/ckpt.pt]
                                  [--labels labels.json|labels.txt]
+                                 [--add-head NAME CHECKPOINT LABELS ...]
 
 writes into ``--out`` (default ``build/weights``):
 
@@ -11,6 +12,13 @@ writes into ``--out`` (default ``build/weights``):
                           ``index_to_name.json``); the describe API reports this file verbatim;
 - ``index_to_name.json``  class index -> name: ImageNet's ``meta["categories"]`` for the
                           ImageNet and seeded sources, ``--labels`` for a checkpoint.
+
+Several heads on one backbone (``--add-head``, repeatable): each added checkpoint must hold the
+same backbone as ``--source`` (every tensor but ``fc``'s equal: a head ``tsctl head train`` made
+on the served backbone does), and its ``fc`` rows are appended to the source's, its labels to
+the labels; ``weights_info.json``'s ``heads`` names each head (the source's: ``imagenet`` for
+ImageNet's labels, else ``--name``) with its classes, in row order. One forward then computes
+every head (servecore/classes.py tells them apart).
 
 A checkpoint (``buildsteps/checkpoint.py`` says the formats) is a torchvision resnet50 with any
 N >= 2 classes; its labels must name each class once. A checkpoint with N != 1000 needs
@@ -33,6 +41,8 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from buildsteps.checkpoint import CheckpointError, check_labels, read_checkpoint, read_labels
@@ -153,16 +163,91 @@ def _still_current(source: str, labels: Path | None, info: dict) -> bool:
     return path.is_file() and sha256_of(path) in info.get("detail", "")
 
 
-def build(source: str | None, out: Path, labels: Path | None = None) -> dict:
+@dataclass(frozen=True)
+class AddedHead:
+    """One ``--add-head``: its name, checkpoint and labels file."""
+
+    name: str
+    checkpoint: Path
+    labels: Path
+
+    def requested(self) -> list[str]:
+        """What a rebuild compares: the paths and the files' hashes."""
+        return [
+            self.name,
+            str(self.checkpoint),
+            sha256_of(self.checkpoint) if self.checkpoint.is_file() else "",
+            str(self.labels),
+            sha256_of(self.labels) if self.labels.is_file() else "",
+        ]
+
+
+def with_heads(
+    state: dict, names: list[str], info: dict, heads: Sequence[AddedHead], name: str
+) -> tuple[dict, list[str], dict]:
+    """``state`` with each added head's ``fc`` rows after its own, ``names`` with their labels
+    and ``info`` with ``heads``; ``CheckpointError`` when a head is not on ``state``'s backbone,
+    its labels do not name its classes, or two heads share a name."""
+    import torch
+
+    if not heads:
+        return state, names, info
+    first = "imagenet" if info["labels"] == IMAGENET_LABELS else name
+    recorded = [{"name": first, "classes": len(names), "labels": info["labels"]}]
+    names = list(names)
+    weight, bias = [state["fc.weight"]], [state["fc.bias"]]
+    for head in heads:
+        if not head.name.strip() or head.name in {h["name"] for h in recorded}:
+            raise CheckpointError(
+                f"head name {head.name!r} is empty or already taken "
+                f"({', '.join(h['name'] for h in recorded)}): give each head its own name"
+            )
+        theirs, classes = read_checkpoint(head.checkpoint)
+        labels = read_labels(head.labels)
+        check_labels(labels, classes, f"labels file {head.labels}")
+        other = [
+            k for k in state if not k.startswith("fc.") and not torch.equal(state[k], theirs[k])
+        ]
+        if other:
+            raise CheckpointError(
+                f"{head.checkpoint}: its backbone is not the one of --source ({len(other)} "
+                f"tensors differ, e.g. {other[0]}): a head must be trained on the backbone it "
+                "is served with (tsctl head train through a server of these weights)"
+            )
+        weight.append(theirs["fc.weight"])
+        bias.append(theirs["fc.bias"])
+        names += labels
+        recorded.append(
+            {
+                "name": head.name,
+                "classes": classes,
+                "labels": f"labels file {head.labels.resolve()}",
+                "detail": f"fc of {head.checkpoint.resolve()} (sha256 "
+                f"{sha256_of(head.checkpoint)})",
+            }
+        )
+    state = {**state, "fc.weight": torch.cat(weight), "fc.bias": torch.cat(bias)}
+    return state, names, {**info, "heads": recorded}
+
+
+def build(
+    source: str | None,
+    out: Path,
+    labels: Path | None = None,
+    heads: Sequence[AddedHead] = (),
+    name: str = "main",
+) -> dict:
     """Write the three files into ``out``; skip when they already hold ``source`` (``None``:
-    keep any weights already built, else ``auto``) with ``labels``. Raises ``CheckpointError``
-    before writing anything when the checkpoint or its labels cannot be served."""
+    keep any weights already built, else ``auto``) with ``labels`` and ``heads`` (``name``: the
+    source's head, where it is not ImageNet's). Raises ``CheckpointError`` before writing
+    anything when a checkpoint or its labels cannot be served."""
     info_path = out / INFO
     if info_path.is_file() and (out / CHECKPOINT).is_file():
         info = json.loads(info_path.read_text())
-        wanted = (source is None and labels is None) or (
+        wanted = (source is None and labels is None and not heads) or (
             info.get("requested") == (source or info.get("requested"))
             and info.get("requested_labels") == (None if labels is None else str(labels))
+            and info.get("requested_heads", []) == [h.requested() for h in heads]
             and _still_current(source or info.get("requested", "auto"), labels, info)
         )
         if wanted and sha256_of(out / CHECKPOINT) == info.get("sha256"):
@@ -174,11 +259,14 @@ def build(source: str | None, out: Path, labels: Path | None = None) -> dict:
                 file=sys.stderr,
             )
             source = source or info.get("requested")
+        elif source is None and heads:  # heads added to the weights already built
+            source = info.get("requested")
     source = source or "auto"
 
     import torch
 
     state, names, info = resolve(source, labels)
+    state, names, info = with_heads(state, names, info, heads, name)
     out.mkdir(parents=True, exist_ok=True)
     ckpt = out / CHECKPOINT
     # An interrupted save leaves the partial file aside, never under the checkpoint's name.
@@ -190,6 +278,7 @@ def build(source: str | None, out: Path, labels: Path | None = None) -> dict:
         requested=source,
         requested_labels=None if labels is None else str(labels),
         requested_labels_sha256=None if labels is None else sha256_of(labels),
+        requested_heads=[h.requested() for h in heads],
         file=CHECKPOINT,
         sha256=sha256_of(ckpt),
         classes=len(names),
@@ -215,10 +304,25 @@ def main(argv: list[str] | None = None) -> int:
         help="your checkpoint's class names: a JSON list, a JSON object index -> name, or a "
         "text file with one name per line (needed when its fc has other than 1,000 classes)",
     )
+    parser.add_argument(
+        "--add-head",
+        nargs=3,
+        action="append",
+        default=[],
+        metavar=("NAME", "CHECKPOINT", "LABELS"),
+        help="serve another head from the same forward: a checkpoint on the same backbone "
+        "(tsctl head train's resnet50.pt) and its labels; repeatable",
+    )
+    parser.add_argument(
+        "--name",
+        default="main",
+        help="the --source head's name when heads are added (ImageNet's labels: imagenet)",
+    )
     parser.add_argument("--out", type=Path, default=Path("build/weights"))
     args = parser.parse_args(argv)
+    heads = [AddedHead(n, Path(c), Path(lbl)) for n, c, lbl in args.add_head]
     try:
-        info = build(args.source or None, args.out, args.labels)
+        info = build(args.source or None, args.out, args.labels, heads, args.name)
     except CheckpointError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -13,6 +13,7 @@ it sends back, and nothing that knows which engine that is (no module here impor
                    what the transformer, the client and the benchmarks import
     admission.py   the batch budgets, fair across batches
     answers.py     a prediction as values: embedding rows (float32 arrays), tag lists
+    classes.py     a tagger's labels and heads: a softmax and a top k per head
     encode.py      the JSON protocols' bodies, for an edge that answers in JSON (TorchServe)
     errors.py      error kinds -> HTTP status and error body
     backends.py    runtimes as Backend (eager, TorchScript, ONNX Runtime, OpenVINO);

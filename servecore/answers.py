@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from servecore.classes import Classes
 from servecore.config import Output
 from servecore.parse import ParsedRequest, Protocol
 
@@ -18,24 +19,35 @@ from servecore.parse import ParsedRequest, Protocol
 @dataclass(frozen=True)
 class AnswerSpec:
     """How a model answers, fixed when it loads: its name and version (v2 echoes them), its
-    task (the default output), the class labels, the default ``topk`` and whether embeddings
-    are L2-normalised."""
+    task (the default output), the classes (labels and heads), the default ``topk`` and
+    whether embeddings are L2-normalised."""
 
     model_name: str
     model_version: str
     task: Output
-    labels: Sequence[str]
+    classes: Classes
     default_top_k: int
     normalize_embedding: bool
+
+    @property
+    def labels(self) -> Sequence[str]:
+        return self.classes.labels
+
+    def tag(self, index: int, probability: float) -> Tag:
+        """Class ``index``'s tag (naming its head where the model has several)."""
+        head = self.classes.head_of(index).name if self.classes.named else ""
+        return Tag(self.classes.labels[index], index, probability, head)
 
 
 @dataclass(frozen=True)
 class Tag:
-    """One ImageNet class of an image's top k: its label, index and probability."""
+    """One class of an image's top k: its label, index (its row of the served ``fc``),
+    probability and, for a model with several heads, the head's name ("" otherwise)."""
 
     label: str
     index: int
     probability: float
+    head: str = ""
 
 
 @dataclass(frozen=True)
@@ -65,20 +77,25 @@ class Prediction:
 
 @dataclass(frozen=True)
 class TopK:
-    """The ``k`` most probable classes of every image row of a batch, most probable first."""
+    """Each head's ``k`` most probable classes of every image row of a batch, most probable
+    first, head after head (``Classes.top``)."""
 
+    k: int
     indices: list[list[int]]
     probabilities: list[list[float]]
 
     @classmethod
-    def of(cls, logits: torch.Tensor, k: int) -> TopK:
-        top = torch.softmax(logits, dim=1).topk(k, dim=1)
-        return cls(top.indices.tolist(), top.values.tolist())
+    def of(cls, logits: torch.Tensor, k: int, classes: Classes) -> TopK:
+        return cls(k, *classes.top(logits, k))
 
-    def tags(self, row: int, k: int, labels: Sequence[str]) -> list[Tag]:
-        """One row's ``k`` first tags."""
+    def tags(self, row: int, k: int, spec: AnswerSpec) -> list[Tag]:
+        """One row's ``k`` first tags of each head."""
+        pick = spec.classes.first_of_each
         return [
-            Tag(labels[i], i, p) for i, p in zip(self.indices[row][:k], self.probabilities[row][:k])
+            spec.tag(i, p)
+            for i, p in zip(
+                pick(self.indices[row], k, self.k), pick(self.probabilities[row], k, self.k)
+            )
         ]
 
 
@@ -105,7 +122,7 @@ class BatchOutputs:
                 embedding = torch.nn.functional.normalize(embedding, dim=1)
             embeddings = embedding.numpy()
         k = max((r.tags_top_k(spec.default_top_k) for r in requests), default=1)
-        return cls(embeddings, TopK.of(logits, k))
+        return cls(embeddings, TopK.of(logits, k, spec.classes))
 
     def prediction(self, request: ParsedRequest, rows: range, spec: AnswerSpec) -> Prediction:
         """One request's prediction, from its image ``rows`` of the batch."""
@@ -116,7 +133,7 @@ class BatchOutputs:
             else None
         )
         tags = (
-            [self.top.tags(r, k, spec.labels) for r in rows]
+            [self.top.tags(r, k, spec) for r in rows]
             if request.wants(Output.TAGS, spec.task)
             else None
         )

@@ -45,7 +45,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from importlib import metadata
 from pathlib import Path
@@ -110,11 +110,15 @@ def probe_batch(size: int, seed: int = 0) -> torch.Tensor:
 
 
 def measure(
-    candidates: list[Candidate], batch_sizes: tuple[int, ...], budget_s: float = BUDGET_S
+    candidates: list[Candidate],
+    batch_sizes: tuple[int, ...],
+    budget_s: float = BUDGET_S,
+    heads: Sequence[slice] = (),
 ) -> tuple[list[Candidate], dict[str, Backend]]:
     """Load and time every candidate that has a loader (most precise first: the first is the
-    fidelity reference) at ``batch_sizes``. Returns the candidates (timed ones, then the
-    excluded untimed), their milliseconds rounded as they are kept, and the loaded backends."""
+    fidelity reference, its agreement judged per head of ``heads``) at ``batch_sizes``.
+    Returns the candidates (timed ones, then the excluded untimed), their milliseconds rounded
+    as they are kept, and the loaded backends."""
     started = _clock()
     probe = probe_batch(max(batch_sizes))
     loaders = _loaders(candidates)
@@ -141,7 +145,9 @@ def measure(
     measured = []
     for candidate in (c for c in candidates if c.precision in loaders):
         name = candidate.precision
-        fidelity = None if name == reference else agreement(outputs[reference], outputs[name])
+        fidelity = (
+            None if name == reference else agreement(outputs[reference], outputs[name], heads)
+        )
         failed = failures(fidelity, FIDELITY_BOUND) if fidelity else []
         measured.append(
             dataclasses.replace(
@@ -266,6 +272,7 @@ def choose(
     batch_sizes: tuple[int, ...],
     store: ChoiceStore,
     budget_s: float = BUDGET_S,
+    heads: Sequence[slice] = (),
 ) -> tuple[Backend, Choice]:
     """``auto``: the backend to serve and the choice, measured once per model (the first
     worker), remembered per host."""
@@ -278,7 +285,7 @@ def choose(
         elif shared is None:
             started = _clock()  # the cost of measuring, not of waiting for the lock
             last = store.last()
-            measured, backends = measure(candidates, batch_sizes, budget_s)
+            measured, backends = measure(candidates, batch_sizes, budget_s, heads)
             choice = dataclasses.replace(
                 select(measured, last.precision if last else None),
                 source=f"worker pid {os.getpid()} in {_clock() - started:.1f} s",
@@ -319,6 +326,7 @@ def serving_backend(
     device: torch.device,
     batch_sizes: tuple[int, ...],
     model: str = "",
+    heads: Sequence[slice] = (),
 ) -> tuple[Backend, Choice]:
     """The backend a worker of ``model`` (its name and version) serves and the choice behind
     it, from the handler's settings
@@ -348,7 +356,7 @@ def serving_backend(
     if config.half_precision and device.type == "cuda" and kind == "eager":
         precision = "f16"
     if precision == "auto" and (len(loaders) > 1 or kind == "openvino"):
-        return choose(candidates, batch_sizes, store)
+        return choose(candidates, batch_sizes, store, heads=heads)
     if precision == "auto":
         # Nothing to choose and no warm-up to time for free (OpenVINO warms up anyway).
         (only,) = loaders.values()

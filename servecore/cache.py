@@ -128,5 +128,5 @@ class AnswerCache:
             np.stack([r.embedding for r in rows if r.embedding is not None])
             if parsed.wants(Output.EMBEDDING, spec.task)
             else None,
-            [r.tags(spec.labels) for r in rows] if parsed.wants(Output.TAGS, spec.task) else None,
+            [r.tags(spec) for r in rows] if parsed.wants(Output.TAGS, spec.task) else None,
         )

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from servecore.answers import Tag
+from servecore.answers import AnswerSpec, Tag
 
 # An entry's bookkeeping beyond its key and values: the OrderedDict's slot and links, the
 # entry object (measured on CPython 3.11: about 200 bytes).
@@ -52,12 +52,10 @@ class Entry:
             np.array([t.probability for t in tags], dtype=np.float64),
         )
 
-    def tags(self, labels: Sequence[str]) -> list[Tag]:
+    def tags(self, spec: AnswerSpec) -> list[Tag]:
         if self.indices is None or self.probabilities is None:
             raise ValueError("this entry holds no tags")
-        return [
-            Tag(labels[i], i, p) for i, p in zip(self.indices.tolist(), self.probabilities.tolist())
-        ]
+        return [spec.tag(i, p) for i, p in zip(self.indices.tolist(), self.probabilities.tolist())]
 
     @property
     def nbytes(self) -> int:

@@ -74,7 +74,7 @@ def written_answer(answer: Prediction | Explained | None, spec: AnswerSpec) -> W
 def answer_body(answer: Prediction | Explained | None, spec: AnswerSpec) -> dict | list:
     """An answer as the JSON document of its protocol."""
     if isinstance(answer, Explained):
-        return encode_explanations(answer, spec.labels)
+        return encode_explanations(answer, spec.classes)
     if answer is None:
         raise ValueError("a reply without an error carries an answer")
     embeddings = answer.embeddings  # float32 rows: each writer formats them itself
@@ -117,10 +117,12 @@ def _array_list(value: object) -> list:
 
 def tag_json(tag: Tag) -> str:
     """A tag as one KServe v2 BYTES element: the JSON text ``json.dumps`` writes for
-    ``{"label", "index", "probability"}``, written without building the dict."""
+    ``{"label", "index", "probability"}`` (and ``"head"`` when the model has several),
+    written without building the dict."""
+    head = f', "head": {encode_basestring_ascii(tag.head)}' if tag.head else ""
     return (
         f'{{"label": {encode_basestring_ascii(tag.label)}, "index": {tag.index}, '
-        f'"probability": {_float_json(tag.probability)}}}'
+        f'"probability": {_float_json(tag.probability)}{head}}}'
     )
 
 
@@ -132,7 +134,10 @@ def _float_json(value: float) -> str:
 
 
 def _tag(tag: Tag) -> dict:
-    return {"label": tag.label, "index": tag.index, "probability": tag.probability}
+    written = {"label": tag.label, "index": tag.index, "probability": tag.probability}
+    if tag.head:
+        written["head"] = tag.head
+    return written
 
 
 def _v2_response(

@@ -139,7 +139,12 @@ class Intake:
 
     def _open(self, incoming: Incoming) -> Opened:
         request = incoming.parse()
-        check_top_k(request, len(self.explanations.labels))
+        classes = self.explanations.classes
+        check_top_k(
+            request,
+            classes.largest,
+            "the classes of the model's largest head" if classes.named else "the model's classes",
+        )
         priority = incoming.priority if request.priority is None else request.priority
         if incoming.explain:
             spec = self.explanations.spec(request)

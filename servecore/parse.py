@@ -273,13 +273,12 @@ def parse_top_k(value: Any) -> int:
     return value
 
 
-def check_top_k(request: ParsedRequest, classes: int) -> None:
-    """Refuse (400) a ``topk`` above the model's ``classes``, the request's or a v2 output's."""
+def check_top_k(request: ParsedRequest, classes: int, what: str = "the model's classes") -> None:
+    """Refuse (400) a ``topk`` above ``classes`` (``what`` they are: the model's, or its
+    largest head's), the request's or a v2 output's."""
     for k in (request.top_k, *(o.top_k for o in request.outputs)):
         if k is not None and k > classes:
-            raise InvalidParameter(
-                f"topk must be an integer from 1 to {classes} (the model's classes), got {k}"
-            )
+            raise InvalidParameter(f"topk must be an integer from 1 to {classes} ({what}), got {k}")
 
 
 def decode_base64(value: Any, where: str) -> bytes:

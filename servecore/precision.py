@@ -11,7 +11,7 @@ weigh the same.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -154,21 +154,32 @@ def summary_line(choice: dict) -> str:
 
 
 def agreement(
-    reference: tuple[np.ndarray, np.ndarray], candidate: tuple[np.ndarray, np.ndarray]
+    reference: tuple[np.ndarray, np.ndarray],
+    candidate: tuple[np.ndarray, np.ndarray],
+    heads: Sequence[slice] = (),
 ) -> dict:
     """How closely ``candidate``'s (embedding, logits) follow ``reference``'s, per image:
     embedding cosine (mean and worst), top-1 agreement, top-5 overlap (fraction of the
     reference's top 5 among the candidate's top 5; of all its classes when the model has
-    fewer than 5, so that a 4-class model agreeing everywhere scores 1)."""
+    fewer than 5, so that a 4-class model agreeing everywhere scores 1). ``heads``: the logit
+    columns of each head of a model with several (``servecore.classes``); the class figures
+    are then the worst head's, each head ranked on its own."""
     e0, l0 = (np.asarray(a, np.float64) for a in reference)
     e1, l1 = (np.asarray(a, np.float64) for a in candidate)
     cosine = (e0 * e1).sum(1) / (np.linalg.norm(e0, axis=1) * np.linalg.norm(e1, axis=1))
-    k = min(5, l0.shape[1])
-    top5_0, top5_1 = np.argsort(-l0, 1)[:, :k], np.argsort(-l1, 1)[:, :k]
+    per_head = [_class_agreement(l0[:, h], l1[:, h]) for h in heads or [slice(None)]]
     return {
         "photos": len(e0),
         "embedding_cosine_mean": float(cosine.mean()),
         "embedding_cosine_min": float(cosine.min()),
+        **{name: min(h[name] for h in per_head) for name in per_head[0]},
+    }
+
+
+def _class_agreement(l0: np.ndarray, l1: np.ndarray) -> dict:
+    k = min(5, l0.shape[1])
+    top5_0, top5_1 = np.argsort(-l0, 1)[:, :k], np.argsort(-l1, 1)[:, :k]
+    return {
         "top1_agreement": float((l0.argmax(1) == l1.argmax(1)).mean()),
         "top5_overlap": float(np.mean([len(set(a) & set(b)) / k for a, b in zip(top5_0, top5_1)])),
         # How informative top-1 agreement is: 1 distinct class = every image got the same one.

@@ -32,6 +32,7 @@ from servecore.answers import AnswerSpec, BatchOutputs, Prediction
 from servecore.autoprecision import serving_backend
 from servecore.backends import pick_device
 from servecore.cache import AnswerCache
+from servecore.classes import Classes
 from servecore.config import HandlerConfig, Output
 from servecore.crops import CROPS_INPUT
 from servecore.errors import RequestError, detached
@@ -115,11 +116,10 @@ def _written(reply: Reply, encode: Callable[[Reply], Sent]) -> tuple[Reply, Sent
         return refused, encode(refused)
 
 
-def within_classes(config: HandlerConfig, files: ModelFiles) -> HandlerConfig:
-    """``config`` with ``top_k`` and ``explain.max_targets`` at most the model's classes: the
-    shipped 5 means all the classes of a model that has fewer (a user's 4-label tagger); each
-    setting lowered is logged, and describe shows the value served."""
-    classes = len(files.labels)
+def within_classes(config: HandlerConfig, files: ModelFiles, classes: int) -> HandlerConfig:
+    """``config`` with ``top_k`` and ``explain.max_targets`` at most ``classes`` (the model's
+    largest head): the shipped 5 means all the classes of a model that has fewer (a user's
+    4-label tagger); each setting lowered is logged, and describe shows the value served."""
     top_k = min(config.top_k, classes)
     explain = dataclasses.replace(
         config.explain, max_targets=min(config.explain.max_targets, classes)
@@ -158,7 +158,8 @@ class ImageModel:
         lane's worker then yields the CPU (``servecore.lanes``)."""
         self.settings = settings
         files = settings.files
-        config = self.config = within_classes(settings.config, files)
+        classes = Classes.read(files)
+        config = self.config = within_classes(settings.config, files, classes.largest)
         self.lane = lane_of(settings.name, config.bulk_model)
         self.device = pick_device(config.device, settings.gpu_id)
         if config.threads:
@@ -170,6 +171,7 @@ class ImageModel:
             self.device,
             timed_batches(self.device, self.forward_rows),
             f"{settings.archive_name or settings.name} {settings.version}",
+            classes.rows,
         )
         # Operators grep worker logs for this line.
         logger.info("%s precision_choice %s", settings.name, self.choice.line())
@@ -177,14 +179,14 @@ class ImageModel:
             settings.name,
             settings.version,
             Output(config.task),
-            files.labels,
+            classes,
             config.top_k,
             config.normalize_embedding,
         )
         self.explanations = Explanations(
             files.checkpoint,
             config.explain,
-            self.answers.labels,
+            classes,
             embedding_default=self.answers.task is Output.EMBEDDING,
         )
         self.cache = AnswerCache(config.cache_bytes, self.answers, self.backend.precision)
@@ -304,12 +306,13 @@ class ImageModel:
         return [response for _, response in sent]
 
     def describe(self) -> dict:
-        """Which weights (and how many classes their labels name), settings, backend and
+        """Which weights (how many classes their labels name, in which heads), settings, backend and
         precision this model runs."""
         files = self.settings.files
         return {
             "weights": files.weights,
-            "classes": len(self.answers.labels),
+            "classes": len(self.answers.classes),
+            "heads": [asdict(h) for h in self.answers.classes.heads],
             "handler": asdict(self.config),
             "lane": self.lane.name.lower(),
             "cpu_policy": self.cpu_policy,

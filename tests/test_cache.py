@@ -16,6 +16,7 @@ import pytest
 from servecore.answers import AnswerSpec, Tag
 from servecore.cache import AnswerCache, key_bytes
 from servecore.cached import CacheKey, Entry
+from servecore.classes import Classes
 from servecore.config import Output
 from servecore.errors import InvalidImage
 from servecore.explain.options import ExplainSpec
@@ -34,7 +35,7 @@ PHOTO_C = imagegen.jpeg(256, 256, seed=73)
 
 
 def spec(name: str = "resnet50-embedding", version: str = "1.0") -> AnswerSpec:
-    return AnswerSpec(name, version, Output.EMBEDDING, ["a", "b"], 5, True)
+    return AnswerSpec(name, version, Output.EMBEDDING, Classes.of(["a", "b"]), 5, True)
 
 
 def opened(image: bytes, top_k: int | None = None, outputs=()) -> Opened:

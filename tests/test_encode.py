@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 from servecore.answers import AnswerSpec, Prediction, Tag
+from servecore.classes import Classes
 from servecore.config import Output
 from servecore.encode import answer_json
 from servecore.parse import Protocol
 
-SPEC = AnswerSpec("m", "1.0", Output.EMBEDDING, ["a", "b"], 5, True)
+SPEC = AnswerSpec("m", "1.0", Output.EMBEDDING, Classes.of(["a", "b"]), 5, True)
 
 
 def _embeddings(rows: int, seed: int = 0) -> np.ndarray:

@@ -17,6 +17,7 @@ from torch import nn
 from torchvision.models import ResNet50_Weights
 
 from model_files.resnet_dual import build_dual
+from servecore.classes import Classes
 from servecore.config import HandlerConfig
 from servecore.explain import compute as explain
 from servecore.explain.options import ExplainSpec
@@ -128,7 +129,12 @@ def test_heatmap_mass_falls_where_the_model_can_see(weights_dir, reference, meth
     with torch.no_grad():
         logits = masked(pixels)[1]
     spec = ExplainSpec(method, (), 1, n_steps=4, internal_batch_size=8, png=False)
-    answers = explainer.explain(pixels, logits, [explain.ExplainJob(spec, range(2), [])])
+    answers = explainer.explain(
+        pixels,
+        logits,
+        [explain.ExplainJob(spec, range(2), [])],
+        Classes.of([str(i) for i in range(logits.shape[1])]),
+    )
     grids = [image[0].grid for image in answers[0]]
     # What a uniform, a random or a mirrored map would score: the test must fail those.
     torch.manual_seed(0)

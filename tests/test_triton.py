@@ -90,6 +90,9 @@ def test_a_tag_element_is_the_json_text_json_dumps_writes():
         for p in probabilities:
             tag = Tag(label, index, p)
             assert tag_json(tag) == json.dumps({"label": label, "index": index, "probability": p})
+            # A model with several heads names each tag's head, after the probability.
+            named = {"label": label, "index": index, "probability": p, "head": "mine"}
+            assert tag_json(Tag(label, index, p, "mine")) == json.dumps(named)
 
 
 class FakeTensor:
@@ -160,7 +163,9 @@ def fake_pb_utils(monkeypatch):
     sys.modules.pop("tritonrepo.model", None)
 
 
-def triton_model(module, weights_dir: Path, task: str, **settings):
+def triton_model(
+    module, weights_dir: Path, task: str, serialized: str = "resnet50_dual.xml", **settings
+):
     """The adapter's model, initialised as Triton would with a generated config (f32) and
     the ``handler:`` ``settings`` given."""
     output = {
@@ -173,7 +178,7 @@ def triton_model(module, weights_dir: Path, task: str, **settings):
         "max_batch_size": 8,
         "output": [output],
         "parameters": {
-            "serialized_file": {"string_value": "resnet50_dual.xml"},
+            "serialized_file": {"string_value": serialized},
             "handler": {"string_value": json.dumps(handler)},
         },
     }
@@ -228,6 +233,29 @@ def test_the_triton_adapter_answers_with_tensors_and_no_json(
         for vector, photo in zip(array, photos):
             expected = reference(photo)[0]
             assert rel_error(vector, expected / expected.norm()) <= tolerance("f32")
+
+
+def test_the_triton_adapter_answers_every_head_of_a_model_with_several(
+    fake_pb_utils, weights_dir, tmp_path
+):
+    """ImageNet's head and a 3-class head on the same backbone (buildsteps.weights
+    --add-head): the tags tensor holds each head's top k, each element naming its head."""
+    from buildsteps import weights
+
+    state = torch.load(weights_dir / "resnet50.pt", weights_only=True)
+    torch.save({**state, "fc.weight": state["fc.weight"][:3], "fc.bias": state["fc.bias"][:3]},
+               tmp_path / "mine.pt")  # fmt: skip
+    (tmp_path / "mine.txt").write_text("receipt\nscreenshot\nwhiteboard\n")
+    added = weights.AddedHead("mine", tmp_path / "mine.pt", tmp_path / "mine.txt")
+    weights.build(str(weights_dir / "resnet50.pt"), tmp_path / "1", heads=[added])
+    tagger = triton_model(fake_pb_utils, tmp_path / "1", "tags", serialized="resnet50.pt")
+    (answer,) = tagger.execute([FakeRequest(PHOTOS[:1], '{"topk": 2}', "a")])
+    assert answer.error is None
+    assert answer.tensors["tags"].shape == (1, 4)
+    tags = [json.loads(t) for t in answer.tensors["tags"][0]]
+    assert [t["head"] for t in tags] == ["imagenet", "imagenet", "mine", "mine"]
+    assert {t["label"] for t in tags[2:]} <= {"receipt", "screenshot", "whiteboard"}
+    assert all(1000 <= t["index"] < 1003 for t in tags[2:])
 
 
 def test_the_triton_adapter_marks_each_image_the_cache_answered(fake_pb_utils, weights_dir):

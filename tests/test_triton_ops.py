@@ -309,6 +309,7 @@ def test_prometheus_with_the_shipped_rules_reads_the_core_on_triton(triton, tmp_
 DESCRIBE_KEYS = {
     "weights",
     "classes",
+    "heads",
     "handler",
     "lane",
     "cpu_policy",

@@ -64,6 +64,8 @@ from tsclient.progress import JobProgress
 from tsclient.traffic import BULK, Traffic
 from tsclient.vectors import EMBEDDING_DIM, DoneIndex, Output, Row
 
+TAG_FIELDS = ("label", "index", "probability", "head")  # "head": a model with several
+
 FATAL = (errors.KeyFileError, errors.KeyRejected, errors.NotFound, errors.UsageError)
 RETRIED_STATUSES = (503, 507)
 OUTAGE = (errors.ServerNotRunning, requests.Timeout, requests.ConnectionError)
@@ -525,10 +527,9 @@ class Job:
                     f"an embedding of shape {vector.shape} came back, expected ({EMBEDDING_DIM},)"
                 )
             return vector
-        return [
-            {"label": t["label"], "index": t["index"], "probability": t["probability"]}
-            for t in answer
-        ]
+        # A model with several heads names each tag's head; the Parquet's tag struct keeps
+        # label, index (the served model's row: describe's heads say whose) and probability.
+        return [{k: t[k] for k in TAG_FIELDS if k in t} for t in answer]
 
 
 def explain_budget(entry: dict | None, method: str | None, n_steps: int | None) -> tuple[int, int]:

@@ -28,6 +28,7 @@ from PIL import Image, ImageDraw
 from torch import nn
 
 from model_files.resnet_dual import WEIGHTS, build_dual, normalize
+from servecore.classes import Classes
 from servecore.explain.encode import Explanation
 from servecore.explain.options import ExplainSpec
 
@@ -271,13 +272,17 @@ class Explainer:
         self.png_max_side = png_max_side  # handler.explain.png_max_side
 
     def explain(
-        self, pixels: torch.Tensor, logits: torch.Tensor, jobs: Sequence[ExplainJob]
+        self,
+        pixels: torch.Tensor,
+        logits: torch.Tensor,
+        jobs: Sequence[ExplainJob],
+        classes: Classes,
     ) -> list[list[list[Explanation]]]:
         """Per job, per image (``pixels``: the batch's uint8 crops), its explanations (one per
-        target). Jobs with the same method and settings share Captum calls of at most
-        ``internal_batch_size`` rows each (autograd keeps every row's activations: the rows of
-        one call bound the memory)."""
-        probabilities = torch.softmax(logits.float(), dim=1)
+        target; a class's probability and rank are within its head of ``classes``). Jobs with
+        the same method and settings share Captum calls of at most ``internal_batch_size`` rows
+        each (autograd keeps every row's activations: the rows of one call bound the memory)."""
+        probabilities = classes.softmax(logits.float())
         plan = [
             (j, row, target)
             for j, job in enumerate(jobs)
@@ -314,16 +319,25 @@ class Explainer:
                 else None
             )
             answers[j][row - job.rows.start].append(
-                Explanation(target, *_standing(probabilities[row], target), maps[p], empty[p], png)
+                Explanation(
+                    target,
+                    *_standing(probabilities[row], target, classes),
+                    maps[p],
+                    empty[p],
+                    png,
+                )
             )
         return answers
 
 
-def _standing(probabilities: torch.Tensor, target: int) -> tuple[float | None, int | None]:
-    """The target class's probability and rank (1 = most probable); None for the embedding."""
+def _standing(
+    probabilities: torch.Tensor, target: int, classes: Classes
+) -> tuple[float | None, int | None]:
+    """The target class's probability and rank in its head (1 = most probable); None for the
+    embedding."""
     if target < 0:
         return None, None
-    rank = int((probabilities > probabilities[target]).sum()) + 1
+    rank = int((probabilities[classes.head_of(target).rows] > probabilities[target]).sum()) + 1
     return float(probabilities[target]), rank
 
 

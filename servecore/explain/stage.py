@@ -16,6 +16,7 @@ from PIL import Image
 
 from servecore.admission import Admission, Budget
 from servecore.boundary import as_request_error
+from servecore.classes import Classes
 from servecore.config import ExplainConfig
 from servecore.crops import GivenCrop
 from servecore.errors import InvalidParameter, NotSupported, detached
@@ -35,11 +36,11 @@ class Explanations:
         self,
         checkpoint: Path,
         config: ExplainConfig,
-        labels: Sequence[str],
+        classes: Classes,
         embedding_default: bool,
     ) -> None:
         self.config = config
-        self.labels = labels
+        self.classes = classes
         self.embedding_default = embedding_default  # the embedding model explains its vector
         self.explainer = load_explainer(checkpoint, config.png_max_side)
         self.checkpoint_name = checkpoint.name
@@ -72,7 +73,7 @@ class Explanations:
                 ":explain; the v2 protocol has no explain route"
             )
         return parse_explain(
-            request.options, request.top_k, self.labels, self.config, self.embedding_default
+            request.options, request.top_k, self.classes.labels, self.config, self.embedding_default
         )
 
     @staticmethod
@@ -122,7 +123,7 @@ class Explanations:
                 ExplainJob(opened.spec, r.rows, self._pictures(opened)) for _, r, opened in asking
             ]
             # The explainer runs on the CPU; a GPU worker's batch may be on its GPU.
-            answers = self.explainer.explain(batch.pixels.cpu(), logits, jobs)
+            answers = self.explainer.explain(batch.pixels.cpu(), logits, jobs, self.classes)
         except Exception as exc:  # noqa: BLE001 - the boundary of the explanation requests
             error = detached(as_request_error(exc, "explaining", asking[0][1].request_id))
             return {i: Failed(r.request_id, error) for i, r, _ in asking}

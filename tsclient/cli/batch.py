@@ -111,9 +111,15 @@ def cmd_tag(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
         lines.append(
             f"{row.path}: error: {row.error}"
             if row.error
-            else f"{row.path}: " + ", ".join(f"{t['label']} {t['probability']:.3f}" for t in tags)
+            else f"{row.path}: " + ", ".join(_tag_text(t) for t in tags)
         )
     return data, "\n".join(lines), errors.Unhealthy.exit_code if summary.failed else 0
+
+
+def _tag_text(tag: dict) -> str:
+    """``label 0.420``, or ``head:label 0.420`` from a model with several heads."""
+    head = f"{tag['head']}:" if tag.get("head") else ""
+    return f"{head}{tag['label']} {tag['probability']:.3f}"
 
 
 def cmd_embed(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
