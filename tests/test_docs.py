@@ -23,6 +23,7 @@ import argparse
 import fnmatch
 import inspect
 import re
+import shlex
 import subprocess
 from dataclasses import dataclass, field
 from functools import cache
@@ -185,7 +186,11 @@ def arguments(command: str, text: str, valued: set[str]) -> list[list[str]]:
     found = []
     for m in re.finditer(rf"(?:^|[\s;&|(/]){command}((?:[ \t]+[^\s;&|#)]+)*)", text):
         words, skip = [], False
-        for word in m.group(1).split():
+        try:  # as the shell reads it: VAR="a b c" is one word
+            read = shlex.split(m.group(1))
+        except ValueError:  # an unbalanced quote, a span cut mid-command
+            read = m.group(1).split()
+        for word in read:
             if skip:
                 skip = False
             elif word in valued:
