@@ -6,6 +6,7 @@ resident memory of the eager model the explanations need beside the serving back
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 
 import psutil
@@ -13,8 +14,9 @@ import torch
 
 from bench.raw import Budget, timed_loop
 from bench.stats import percentile
-from model_files.artifacts import CHECKPOINT
+from model_files.artifacts import CHECKPOINT, ModelFiles
 from model_files.resnet_dual import crop, normalize
+from servecore.classes import Classes
 from servecore.config import EXPLAIN_METHODS, HandlerConfig
 from servecore.explain import compute as explain
 from servecore.explain.options import ExplainSpec
@@ -39,6 +41,7 @@ def run_explain(weights_dir: Path, image: bytes, config: HandlerConfig, quick: b
     pixels = crop(picture).unsqueeze(0)  # the served input: uint8, normalised by the explainer
     with torch.no_grad():
         logits = explainer.dual(normalize(pixels))[1]
+    classes = Classes.read(ModelFiles.read(weights_dir, CHECKPOINT))
     budget = QUICK_BUDGET if quick else FULL_BUDGET
     methods = ("gradcam", "ig") if quick else EXPLAIN_METHODS
     results: dict[str, dict] = {}
@@ -46,10 +49,8 @@ def run_explain(weights_dir: Path, image: bytes, config: HandlerConfig, quick: b
         n_steps = QUICK_IG_STEPS if quick else config.explain.n_steps
         spec = ExplainSpec(method, (), 1, n_steps, config.explain.internal_batch_size, False)
         job = [explain.ExplainJob(spec, range(1), [])]
-        times = [
-            t * 1000
-            for t in timed_loop(lambda job=job: explainer.explain(pixels, logits, job), budget)
-        ]
+        run = partial(explainer.explain, pixels, logits, job, classes)
+        times = [t * 1000 for t in timed_loop(run, budget)]
         results[method] = {
             "n_steps": n_steps if method == "ig" else None,
             "internal_batch_size": config.explain.internal_batch_size,

@@ -7,6 +7,7 @@ what these measure."""
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import threading
@@ -193,18 +194,40 @@ def triton(tmp_path_factory, model_store):
         yield server
 
 
+@pytest.fixture(scope="module")
+def transformer(triton, tmp_path_factory):
+    """The preprocessing server (transformer/) in front of this module's Triton, as a KServe
+    pod runs it beside a Triton predictor."""
+    from devtools.transformer import LocalTransformer
+
+    predictor = triton.url.removeprefix("http://")
+    with LocalTransformer(TAGGER, predictor, tmp_path_factory.mktemp("faults-tf")) as running:
+        yield running
+
+
 PROBE = "tagger probe"  # a tagger client with a short timeout: it sees the gap's answers
+THROUGH = "through the transformer"  # the tagger behind the transformer, the same timeout
 # The other model answers throughout, though not fast: on a busy 2-core host, beside the
 # tagger's reload, one of its answers took over 10 s (5 runs with two CPU burners, 2026-11-27).
-TIMEOUTS = {PROBE: 1.0, EMBEDDING: BACK_WITHIN_S}
+TIMEOUTS = {PROBE: 1.0, THROUGH: 1.0, EMBEDDING: BACK_WITHIN_S}
 
 
-def test_a_triton_stub_killed_under_load_is_reloaded_and_readiness_says_so(triton):
+def test_a_triton_stub_killed_under_load_is_reloaded_and_readiness_says_so(triton, transformer):
+    """The stub's gap as each client sees it, Triton's own (404 "no available versions") and
+    the transformer's in front of it (503 + Retry-After, what a client retries)."""
+
     def post(model):
+        timeout = TIMEOUTS.get(model, CLIENT_TIMEOUT_S)
+        if model == THROUGH:
+            body = {"instances": [{"image": {"b64": base64.b64encode(PHOTO).decode()}}]}
+            r = requests.post(
+                f"{transformer.url}/v1/models/{TAGGER}:predict", json=body, timeout=timeout
+            )
+            return r.status_code, f"Retry-After={r.headers.get('Retry-After')} {r.text}"
         r = requests.post(
             f"{triton.url}/v2/models/{TAGGER if model == PROBE else model}/infer",
             json=v2_body([PHOTO], {}),
-            timeout=TIMEOUTS.get(model, CLIENT_TIMEOUT_S),
+            timeout=timeout,
         )
         return r.status_code, r.text
 
@@ -212,9 +235,11 @@ def test_a_triton_stub_killed_under_load_is_reloaded_and_readiness_says_so(trito
         return requests.get(f"{triton.url}/v2/health/ready", timeout=5).status_code == 200
 
     assert ready() and post(TAGGER)[0] == 200
+    through = post(THROUGH)
+    assert through[0] == 200 and '"predictions"' in through[1], through
     (pid,) = [p for p, i in stub_instances(triton.process.pid).items() if model_of(i) == TAGGER]
     load, readiness = Load(post), Readiness(ready)
-    killed = kill_under_load(load, readiness, pid, (PROBE,))
+    killed = kill_under_load(load, readiness, pid, (PROBE, THROUGH))
     back = back_after(load, TAGGER, killed)
     assert back < BACK_WITHIN_S, back
     # In the gap: Triton's "no available versions" (tsclient's 503) at once; 500 or the
@@ -228,6 +253,16 @@ def test_a_triton_stub_killed_under_load_is_reloaded_and_readiness_says_so(trito
     # The clients above may be held in the dead stub past the whole reload; the probe, whose
     # requests time out in 1 s, asks again during it and meets the gap's answer.
     assert any(a[3] == 404 and TRITON_RELOADING in a[4] for a in load.of(PROBE, killed))
+    # The transformer turns that gap into 503 + Retry-After; a request in the dead stub ends
+    # at the client's timeout, as on Triton itself.
+    fronted = load.of(THROUGH, killed - CLIENT_TIMEOUT_S)
+    for sent, _, _, status, text in (a for a in fronted if a[1] > killed):
+        if status in (0, 500):
+            assert sent - killed < 2.0, (sent - killed, status, text)
+        else:
+            assert status == 200 or (status == 503 and "ModelUnavailable" in text), (status, text)
+    refused = [a[4] for a in fronted if a[3] == 503]
+    assert refused and all(not t.startswith("Retry-After=None") for t in refused), refused
     assert {a[3] for a in load.of(EMBEDDING)} == {200}
     assert_readiness_told_the_truth(readiness, killed, back)
     assert triton.watchdog.restarts.count == {TAGGER: 1}
