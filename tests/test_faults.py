@@ -1,9 +1,9 @@
-"""Faults injected into real servers under load: a model's process SIGKILLed on each engine
-(the model answers again within 30 s, its requests in the gap are held or refused as
-retryable, the other model answers throughout, readiness is false exactly while the model
-cannot answer) and a whole server SIGKILLed in the middle of ``tsctl embed`` (the job ends
-with every photo exactly once in its Parquet). docs/operations.md "When a model dies" quotes
-what these measure."""
+"""Faults injected into real servers under load: a model's process SIGKILLed on each engine (the
+model answers again within ``BACK_WITHIN_S``, its requests in the gap are held or refused as
+retryable, the other model answers throughout, readiness is false exactly while the model cannot
+answer; the transformer in front of Triton answers the gap as 503 + Retry-After) and a whole
+server SIGKILLed in the middle of ``tsctl embed`` (the job ends with every photo exactly once in
+its Parquet). docs/operations.md "When a model dies" quotes what these measure."""
 
 from __future__ import annotations
 
