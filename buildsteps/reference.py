@@ -1,6 +1,6 @@
 """The reference tables of docs/, written from their one source each: the handler settings
 (``servecore.config.HandlerConfig``'s fields) into docs/configuration.md, the error statuses
-(``servecore.errors.STATUS``, and what Triton's edge sends: ``servecore.tensors``) into
+(``servecore.httperrors.STATUS``, and what Triton's edge sends: ``servecore.tensors``) into
 docs/api.md, the model's metrics (``servecore.metrics.METRICS``) into docs/operations.md.
 
     python -m buildsteps.reference           # rewrite the generated blocks (make docs-reference)
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from http import HTTPStatus
 from pathlib import Path
 
-from servecore import config, errors, metrics
+from servecore import config, httperrors, metrics
 from servecore.tensors import RECEIVED, triton_code
 
 REPO = Path(__file__).resolve().parent.parent
@@ -85,15 +85,15 @@ def _first_paragraph(doc: str | None) -> str:
 
 
 def status_table() -> str:
-    """Each error kind a request can fail with: its HTTP status (``errors.STATUS``), what a
+    """Each error kind a request can fail with: its HTTP status (``httperrors.STATUS``), what a
     client of Triton receives for it, and what it means (the class's docstring)."""
     rows = []
-    for kind, status in errors.STATUS.items():
-        if any(other is not kind and issubclass(other, kind) for other in errors.STATUS):
+    for kind, status in httperrors.STATUS.items():
+        if any(other is not kind and issubclass(other, kind) for other in httperrors.STATUS):
             continue  # a base class: its subclasses are the kinds a body names
         http, grpc = RECEIVED[triton_code(status)]
         meaning = _first_paragraph(kind.__doc__)
-        for header, value in kind("").headers.items():
+        for header, value in httperrors.headers_of(kind("")).items():
             meaning += f" Carries `{header}: {value}`."
         rows.append(
             (

@@ -15,7 +15,7 @@ it sends back, and nothing that knows which engine that is (no module here impor
     answers.py     a prediction as values: embedding rows (float32 arrays), tag lists
     classes.py     a tagger's labels and heads: a softmax and a top k per head
     encode.py      the JSON protocols' bodies, for an edge that answers in JSON (TorchServe)
-    errors.py      error kinds -> HTTP status and error body
+    errors.py      the error kinds, as values (a kind to retry says after how long)
     backends.py    runtimes as Backend (eager, TorchScript, ONNX Runtime, OpenVINO);
                    runtime.py: the Backend type
     precision.py   the ``auto`` precision rule; autoprecision.py measures and remembers
@@ -26,7 +26,8 @@ it sends back, and nothing that knows which engine that is (no module here impor
 
 The edges and the rest:
 
-    httpedge.py    the HTTP edge: a Reply as the status, headers and body an HTTP engine sends
+    httpedge.py    the HTTP edge: a Reply as the status, headers and body an HTTP engine sends;
+                   httperrors.py: each error kind's HTTP status, headers and body
     tensors.py     the tensor edge: KServe v2 named inputs and outputs (Triton's), both ways
     crops.py       the ``crops`` input ([n, 224, 224, 3] uint8)
     gpudecode.py   JPEGs decoded and cropped on the worker's GPU (nvJPEG), batched

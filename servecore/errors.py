@@ -1,17 +1,18 @@
-"""The one error hierarchy of the handler, and its one mapping to an HTTP response.
+"""The one error hierarchy of the core, as values: each kind, its message and, for the kinds
+a client retries, after how many seconds (``retry_after_s``).
 
 A ``RequestError`` fails one request and nothing else: ``ClientError`` for what the client
-sent (4xx, 501), ``Overloaded`` when the batch has no room (503), ``DeadlineExceeded`` when the
-caller's deadline passed first (504) and ``InternalError`` for a bug of ours (500). ``STATUS``
-below is the only place that says which HTTP status each kind gets,
-and the class name is the ``type`` a client reads in the body. ``servecore.intake`` catches them
-at one per-request boundary, so one bad input fails only its own request.
+sent, ``Overloaded`` when the batch has no room, ``DeadlineExceeded`` when the caller's
+deadline passed first and ``InternalError`` for a bug of ours. The class name is the ``type``
+a client reads in the body. ``servecore.intake`` catches them at one per-request boundary, so
+one bad input fails only its own request. What each kind becomes on the wire lives in the
+edges: its HTTP status, headers and body in ``servecore.httperrors`` (the one table), its
+Triton error code in ``servecore.tensors``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from http import HTTPStatus
 from typing import Any, TypeVar
 
 ECHO_CHARS = 40  # of a client's value quoted in a message
@@ -52,7 +53,11 @@ def detached(exc: E) -> E:
 
 
 class RequestError(Exception):
-    """One request the handler cannot serve; the rest of its batch is answered."""
+    """One request the handler cannot serve; the rest of its batch is answered.
+    ``retry_after_s``: for a kind that is nobody's fault, when the same request should be
+    sent again (None: retrying it as it is will not help)."""
+
+    retry_after_s: int | None = None
 
     def __init__(self, message: str) -> None:
         if len(message) > MESSAGE_CHARS:
@@ -61,19 +66,9 @@ class RequestError(Exception):
         self.message = message
 
     @property
-    def status(self) -> HTTPStatus:
-        """The HTTP status of this kind of error (from ``STATUS``)."""
-        return next(STATUS[kind] for kind in type(self).__mro__ if kind in STATUS)
-
-    @property
     def kind(self) -> str:
         """The ``type`` field of the error body: the class name."""
         return type(self).__name__
-
-    @property
-    def headers(self) -> dict[str, str]:
-        """Response headers this kind of error adds."""
-        return {}
 
     def of_image(self, k: int, count: int) -> RequestError:
         """The same error, saying which image of a several-image request it is about."""
@@ -112,9 +107,7 @@ class Overloaded(RequestError):
     """The batch this request arrived in has no room left for its work: nobody's fault, the
     same request alone or in a lighter batch fits; retry."""
 
-    @property
-    def headers(self) -> dict[str, str]:
-        return {"Retry-After": "1"}
+    retry_after_s = 1
 
 
 class ModelUnavailable(RequestError):
@@ -123,9 +116,7 @@ class ModelUnavailable(RequestError):
     then 404, while ``tritonrepo/watchdog.py`` reloads it); the same request succeeds in
     seconds. The model never raises it (it is not running)."""
 
-    @property
-    def headers(self) -> dict[str, str]:
-        return {"Retry-After": "5"}  # a reload takes 8-25 s: a few tries, not a flood
+    retry_after_s = 5  # a reload takes 8-25 s: a few tries, not a flood
 
 
 class DeadlineExceeded(RequestError):
@@ -136,25 +127,3 @@ class DeadlineExceeded(RequestError):
 class InternalError(RequestError):
     """An unexpected failure while handling one request: a bug on our side, answered for that
     request alone (the rest of its batch goes on)."""
-
-
-# The one table: error kind -> HTTP status. A subclass not listed takes its parent's status.
-STATUS: dict[type[RequestError], HTTPStatus] = {
-    RequestError: HTTPStatus.INTERNAL_SERVER_ERROR,
-    ClientError: HTTPStatus.BAD_REQUEST,
-    InvalidRequest: HTTPStatus.BAD_REQUEST,
-    InvalidParameter: HTTPStatus.BAD_REQUEST,
-    InvalidImage: HTTPStatus.BAD_REQUEST,
-    UnsupportedMediaType: HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
-    PayloadTooLarge: HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-    NotSupported: HTTPStatus.NOT_IMPLEMENTED,
-    Overloaded: HTTPStatus.SERVICE_UNAVAILABLE,
-    ModelUnavailable: HTTPStatus.SERVICE_UNAVAILABLE,
-    DeadlineExceeded: HTTPStatus.GATEWAY_TIMEOUT,
-    InternalError: HTTPStatus.INTERNAL_SERVER_ERROR,
-}
-
-
-def error_body(error: RequestError) -> dict:
-    """The JSON body every error response carries: ``{"code", "type", "message"}``."""
-    return {"code": int(error.status), "type": error.kind, "message": error.message}

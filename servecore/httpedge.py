@@ -1,7 +1,7 @@
 """The HTTP edge: a ``Reply``'s values as the HTTP response an engine that answers in HTTP
 sends (TorchServe's handler): its status and phrase (from the error's kind,
-``servecore.errors.STATUS``), its headers and its JSON body (``servecore.encode``). The HTTP
-names live here, not in the core's values.
+``servecore.httperrors``), its headers and its JSON body (``servecore.encode``). The HTTP
+names live here and there, not in the core's values.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import NamedTuple
 
 from servecore.answers import AnswerSpec
 from servecore.encode import written_answer
-from servecore.errors import PayloadTooLarge, error_body
+from servecore.errors import PayloadTooLarge
+from servecore.httperrors import error_body, headers_of, status_of
 from servecore.service import Reply
 from serveshared.v2binary import HEADER_LENGTH
 from serveshared.wire import BATCH_HEADER, CACHE_HITS_HEADER, PRECISION_HEADER
@@ -40,9 +41,9 @@ def http_reply(reply: Reply, spec: AnswerSpec, max_bytes: int) -> HttpReply:
     (``handler.max_response_bytes``): ``ImageModel.run`` then sends that 413."""
     headers = {BATCH_HEADER: str(reply.batch_size)}
     if reply.error is not None:
-        status = reply.error.status
+        status = status_of(reply.error)
         body = json.dumps(error_body(reply.error)).encode()
-        return HttpReply(int(status), status.phrase, {**headers, **reply.error.headers}, body)
+        return HttpReply(int(status), status.phrase, {**headers, **headers_of(reply.error)}, body)
     body, header_length = written_answer(reply.answer, spec)
     if len(body) > max_bytes:
         raise PayloadTooLarge(

@@ -14,6 +14,7 @@ import pytest
 import requests
 
 from servecore.admission import Admission, Budget, admit
+from servecore.httperrors import status_of
 from servecore.stages import Failed, Opened
 from tests import imagegen
 from tests.corpus import b64
@@ -73,7 +74,7 @@ def test_a_refused_request_is_admitted_at_its_next_attempt_and_then_forgotten():
     budget = Budget("max_batch_images", "images", 8, lambda r: r.image_count)
     large = opened("large", LARGE)
     first = admission.within([opened("a", SMALL), opened("b", SMALL), large], budget)
-    assert isinstance(first[2], Failed) and first[2].error.status == 503
+    assert isinstance(first[2], Failed) and status_of(first[2].error) == 503
     again = admission.within(
         [opened("c", SMALL), opened("d", SMALL), opened("large", LARGE)], budget
     )

@@ -20,6 +20,7 @@ from servecore import host, parse
 from servecore.admission import admit
 from servecore.config import HandlerConfig
 from servecore.errors import MESSAGE_CHARS, InvalidRequest, PayloadTooLarge
+from servecore.httperrors import status_of
 from servecore.images import open_image
 from tests import corpus, imagegen
 from tests.corpus import b64
@@ -382,7 +383,7 @@ def test_a_v2_id_is_capped():
     ok["body"]["id"] = "i" * 257
     with pytest.raises(InvalidRequest) as caught:
         parse_row(ok)
-    assert caught.value.status == 400 and "more than 256" in caught.value.message
+    assert status_of(caught.value) == 400 and "more than 256" in caught.value.message
 
 
 @pytest.mark.parametrize(

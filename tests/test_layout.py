@@ -271,3 +271,27 @@ def test_each_package_map_names_its_modules(package):
     forms = ("{m}.py", "``{m}``", "{m}/", "{dotted}.{m}")
     unnamed = [m for m in members if not any(f.format(m=m, dotted=dotted) in text for f in forms)]
     assert unnamed == [], f"{package.relative_to(REPO)}/__init__.py does not name {unnamed}"
+
+
+# The edges of the core: what a reply or an error becomes on the wire (#50).
+EDGES = ("httpedge.py", "httperrors.py", "tensors.py")
+WIRE_WORDS = {"Retry-After", "UNAVAILABLE", "INVALID_ARG", "INTERNAL", "TritonError"}
+
+
+def test_error_statuses_and_triton_codes_live_at_the_edges():
+    """The core keeps error kinds and retry delays as values: no module outside its edges
+    imports ``http`` (``HTTPStatus``) or names ``Retry-After`` or a Triton error code."""
+    found = []
+    for path in sorted(CORE.rglob("*.py")):
+        if path.name in EDGES:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "http":
+                found.append(f"{path.relative_to(REPO)}:{node.lineno} imports {node.module}")
+            elif isinstance(node, ast.Import) and any(a.name == "http" for a in node.names):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno} imports http")
+            elif isinstance(node, ast.Constant) and node.value in WIRE_WORDS:
+                found.append(f"{path.relative_to(REPO)}:{node.lineno} names {node.value!r}")
+            elif isinstance(node, (ast.Name, ast.Attribute)) and "TritonError" in ast.unparse(node):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno} names TritonError")
+    assert not found, found

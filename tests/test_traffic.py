@@ -19,6 +19,7 @@ from handlers.routing import incoming
 from servecore.admission import Admission, Budget
 from servecore.config import HandlerConfig
 from servecore.errors import InvalidParameter
+from servecore.httperrors import headers_of, status_of
 from servecore.parse import HttpRequest, ParsedRequest, Protocol, parse_http
 from servecore.stages import Failed, Incoming, Opened, Placed
 from servecore.traffic import Priority
@@ -106,7 +107,7 @@ def test_an_expired_request_is_answered_504_without_being_parsed_or_decoded(tagg
         ]
     ).requests
     assert isinstance(late, Failed) and isinstance(due_now, Failed)
-    assert late.error.status == 504 and late.error.kind == "DeadlineExceeded"
+    assert status_of(late.error) == 504 and late.error.kind == "DeadlineExceeded"
     assert "passed 1.500 s before" in late.error.message
     assert isinstance(on_time, Placed)
     assert (len(parsed), len(decoded)) == (1, 1)  # the on-time request's only
@@ -134,7 +135,7 @@ def test_bulk_is_refused_before_interactive_when_both_exceed_a_budget():
     ]
     result = Admission().within(states, ROWS)
     assert fits(result) == [True, False, True]
-    assert result[1].error.status == 503 and "Retry-After" in result[1].error.headers
+    assert status_of(result[1].error) == 503 and "Retry-After" in headers_of(result[1].error)
 
 
 def test_a_bulk_request_refused_earlier_still_waits_behind_interactive_ones():
@@ -154,7 +155,7 @@ def test_the_bulk_share_holds_only_while_interactive_traffic_is_about():
     held = admission.bulk_share([opened("person", 1), *jobs], SHARE, 1.0, NOW + 10)
     assert fits(held) == [True, True, False, False]
     assert "handler.bulk_batch_images" in held[2].error.message
-    assert held[2].error.status == 503 and held[2].error.headers == {"Retry-After": "1"}
+    assert status_of(held[2].error) == 503 and headers_of(held[2].error) == {"Retry-After": "1"}
     # Within the window after the last person: still held.
     assert fits(admission.bulk_share(jobs, SHARE, 1.0, NOW + 11)).count(True) == 1
     # After it: the whole batch again.

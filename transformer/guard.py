@@ -5,7 +5,7 @@
 preprocessed at once a request gets 503 with ``Retry-After`` (decoded pixels are held per
 request in flight: this bounds the memory). Every refusal, and every ``RequestError`` the core
 raises while parsing or decoding a request, is answered as the single server answers it:
-``servecore.errors.error_body`` with the error's status and headers. A predictor's own refusal
+``servecore.httperrors.error_body`` with the error's status and headers. A predictor's own refusal
 (``PredictorRefused``) goes back to the caller as it came, except Triton's answers while the
 model's process is down or loading again (500 "Stub process ... is not healthy", 404 "... has
 no available versions"): those become the 503 + ``Retry-After`` of ``ModelUnavailable``, what
@@ -26,8 +26,8 @@ from servecore.errors import (
     Overloaded,
     PayloadTooLarge,
     RequestError,
-    error_body,
 )
+from servecore.httperrors import error_body, headers_of, status_of
 from serveshared.errors import triton_model_down
 
 PASSED_HEADERS = ("retry-after", "content-type")
@@ -48,7 +48,7 @@ class PredictorRefused(Exception):
                 f"the model's process is being started again ({response.text[:200]})"
             )
             body = json.dumps(error_body(down)).encode()
-            return cls(int(down.status), body, {**down.headers, "content-type": JSON})
+            return cls(int(status_of(down)), body, {**headers_of(down), "content-type": JSON})
         kept = {k: v for k, v in response.headers.items() if k.lower() in PASSED_HEADERS}
         return cls(response.status_code, response.content, kept)
 
@@ -57,8 +57,8 @@ def refusal(error: RequestError) -> Response:
     """A ``RequestError`` as the single server's response."""
     return Response(
         json.dumps(error_body(error)),
-        int(error.status),
-        headers=error.headers,
+        int(status_of(error)),
+        headers=headers_of(error),
         media_type=JSON,
     )
 

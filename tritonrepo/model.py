@@ -26,7 +26,7 @@ from model_files.artifacts import ModelFiles
 from servecore.answers import AnswerSpec
 from servecore.config import HandlerConfig
 from servecore.crops import CROPS
-from servecore.errors import error_body
+from servecore.httperrors import error_body, status_of
 from servecore.service import ImageModel, ModelSettings, Reply
 from servecore.stages import Incoming
 from servecore.tensors import DESCRIBE, EXPLAIN, INPUT, output_arrays, parse_inputs, triton_code
@@ -122,7 +122,7 @@ def response(reply: Reply, dtypes: dict[str, type], spec: AnswerSpec):
     if reply.error is not None:
         message = json.dumps(error_body(reply.error))
         return pb_utils.InferenceResponse(
-            error=pb_utils.TritonError(message, _code(reply.error.status))
+            error=pb_utils.TritonError(message, _code(status_of(reply.error)))
         )
     outputs = output_arrays(reply, dtypes, spec)
     return pb_utils.InferenceResponse(
