@@ -84,7 +84,7 @@ def run_core(
     from model_files.artifacts import ModelFiles
     from servecore import metrics
     from servecore.config import HandlerConfig
-    from servecore.parse import HttpRequest, parse_http
+    from servecore.parse import HttpRequest
     from servecore.service import ImageModel, ModelSettings
     from servecore.stages import Incoming
 
@@ -116,10 +116,7 @@ def run_core(
         crops = [model.intake.preprocessor(jpeg).permute(1, 2, 0).numpy() for jpeg in data]
         requests[f"{name} as crops"] = [crop_request(crop) for crop in crops]
     for name, sent in requests.items():
-        incoming = [
-            Incoming(str(i), partial(parse_http, request, config=config))
-            for i, request in enumerate(sent)
-        ]
+        incoming = [Incoming(str(i), request) for i, request in enumerate(sent)]
         # The core's replies as values, no edge: what the core itself takes.
         errors = [r.error for r in model.run(incoming, _values) if r.error is not None]
         if errors:  # a refused image is not a measurement of the core's speed

@@ -87,17 +87,14 @@ def measure(batch: int, rounds: int) -> dict[str, dict[str, float]]:
     """Per set-up, the median ms per batch of ``run`` and of the forward alone."""
     import torch
 
-    from servecore.parse import HttpRequest, parse_http
+    from servecore.parse import HttpRequest
     from servecore.stages import Incoming
 
     folders = _weights(BUILD / "heads")
     models = {name: _model(folder, batch) for name, folder in folders.items()}
     jpeg = (SAMPLES / IMAGES["small"]).read_bytes()
     one = models["one head"]
-    incoming = [
-        Incoming(str(i), partial(parse_http, HttpRequest(body=jpeg), config=one.config))
-        for i in range(batch)
-    ]
+    incoming = [Incoming(str(i), HttpRequest(body=jpeg)) for i in range(batch)]
     crops = torch.stack([one.intake.preprocessor(jpeg)] * batch)
     setups: dict[str, list[Any]] = {
         "one head": [models["one head"]],

@@ -57,7 +57,7 @@ class ResNetHandler(BaseHandler):
         else:
             config = self.model.config
             replies = self.model.run(
-                [incoming(context, idx, row, config) for idx, row in enumerate(data)],
+                [incoming(context, idx, row) for idx, row in enumerate(data)],
                 partial(http_reply, spec=self.model.answers, max_bytes=config.max_response_bytes),
             )
             for idx, reply in enumerate(replies):

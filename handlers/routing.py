@@ -5,12 +5,10 @@ multipart field; JSON arrives parsed. ``http_request`` unpacks it, here and nowh
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
-from servecore.config import HandlerConfig
 from servecore.jsonguard import JsonDocument
-from servecore.parse import IMAGE_FIELD, HttpRequest, Payload, parse_http
+from servecore.parse import IMAGE_FIELD, HttpRequest, Payload
 from servecore.stages import Incoming
 from serveshared.v2binary import HEADER_LENGTH as LENGTH
 from serveshared.wire import DEADLINE_HEADER, PRIORITY_HEADER, TOP_K_HEADER
@@ -22,13 +20,13 @@ PAYLOAD_KEYS = (BODY_KEY, IMAGE_FIELD)
 EXPLAIN_PROPERTY = "explain"
 
 
-def incoming(context, idx: int, row: dict, config: HandlerConfig) -> Incoming:
-    """Request ``idx`` of TorchServe's batch: its id (for the logs), its parsing, its route,
+def incoming(context, idx: int, row: dict) -> Incoming:
+    """Request ``idx`` of TorchServe's batch: its id (for the logs), its payload, its route,
     its class and deadline (``X-Priority``, ``X-Deadline``: a bad one fails it alone)."""
     request = http_request(row, header(context, idx, TOP_K_HEADER), header(context, idx, LENGTH))
     return Incoming(
         request_id=str((context.request_ids or {}).get(idx, "?")),
-        parse=partial(parse_http, request, config=config),
+        payload=request,
         explain=context.get_request_header(idx, EXPLAIN_PROPERTY) == "True",
     ).classified(header(context, idx, PRIORITY_HEADER), header(context, idx, DEADLINE_HEADER))
 

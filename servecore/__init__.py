@@ -28,7 +28,9 @@ The edges and the rest:
 
     httpedge.py    the HTTP edge: a Reply as the status, headers and body an HTTP engine sends;
                    httperrors.py: each error kind's HTTP status, headers and body
-    tensors.py     the tensor edge: KServe v2 named inputs and outputs (Triton's), both ways
+    tensorinput.py the tensor edge's way in: a TensorRequest (Triton's input arrays and
+                   parameters, read before the core runs) and its parsing
+    tensors.py     the tensor edge's way out: named output arrays, Triton's error codes
     crops.py       the ``crops`` input ([n, 224, 224, 3] uint8)
     gpudecode.py   JPEGs decoded and cropped on the worker's GPU (nvJPEG), batched
     traffic.py     a request's priority class and deadline; lanes.py: the bulk lane's CPU policy

@@ -138,7 +138,7 @@ class Intake:
         return attempt(incoming.request_id, "parsing", partial(self._open, incoming))
 
     def _open(self, incoming: Incoming) -> Opened:
-        request = incoming.parse()
+        request = incoming.parse(self.config)
         classes = self.explanations.classes
         check_top_k(
             request,

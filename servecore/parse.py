@@ -126,6 +126,10 @@ class HttpRequest:
     top_k_header: Any = None
     header_length: Any = None
 
+    def parse(self, config: HandlerConfig) -> ParsedRequest:
+        """This request as the core's ``ParsedRequest`` (``parse_http``)."""
+        return parse_http(self, config)
+
 
 def parse_http(request: HttpRequest, config: HandlerConfig) -> ParsedRequest:
     """Turn one HTTP request into a ``ParsedRequest`` or raise a ``RequestError``.

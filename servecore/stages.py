@@ -21,20 +21,21 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property, partial
+from functools import cached_property
 from typing import Any
 
 import torch
 
 from servecore.cached import CacheKey, Entry
+from servecore.config import HandlerConfig
 from servecore.crops import GivenCrop
 from servecore.errors import RequestError, detached
 from servecore.explain.encode import Explained
 from servecore.explain.options import ExplainSpec
 from servecore.images import OpenedImage
-from servecore.parse import ParsedRequest
+from servecore.parse import HttpRequest, ParsedRequest
+from servecore.tensorinput import TensorRequest
 from servecore.traffic import Priority, parse_deadline, parse_priority
 
 _SAMPLE = 64 * 1024  # bytes of each end of an image that its fingerprint reads
@@ -42,22 +43,31 @@ _SAMPLE = 64 * 1024  # bytes of each end of an image that its fingerprint reads
 
 @dataclass(frozen=True)
 class Incoming:
-    """A request as an engine hands it over. ``parse`` turns it into a ``ParsedRequest`` (or
-    raises a ``RequestError``), called inside the request's own failure boundary; ``explain``:
-    it came on an explanation route (``/explanations``, KServe v1 ``:explain``); ``priority``
-    and ``deadline`` (Unix seconds, None: none): what the engine read from its headers or
-    parameters (``servecore.traffic``)."""
+    """A request as an engine hands it over, as values: its ``payload`` (an HTTP request's
+    body, fields and headers, or a tensor request's arrays and parameters), which ``parse``
+    turns into a ``ParsedRequest`` (or a ``RequestError``) inside the request's own failure
+    boundary; ``explain``: it came on an explanation route (``/explanations``, KServe v1
+    ``:explain``); ``priority`` and ``deadline`` (Unix seconds, None: none): what the engine
+    read from its headers or parameters (``servecore.traffic``); ``refused``: why a value the
+    engine read fails this request (a bad ``X-Priority``), None when none does."""
 
     request_id: str
-    parse: Callable[[], ParsedRequest]
+    payload: HttpRequest | TensorRequest
     explain: bool = False
     priority: Priority = Priority.INTERACTIVE
     deadline: float | None = None
+    refused: RequestError | None = None
+
+    def parse(self, config: HandlerConfig) -> ParsedRequest:
+        """The payload as the core's ``ParsedRequest``; raises the request's ``RequestError``."""
+        if self.refused is not None:
+            raise self.refused
+        return self.payload.parse(config)
 
     def classified(self, priority: Any = None, deadline: Any = None) -> Incoming:
         """This request with the class and deadline of the ``X-Priority`` / ``X-Deadline``
         values an engine read (None: not sent; ``servecore.traffic``). A value that cannot be
-        read fails this request alone: its ``parse`` raises the 400."""
+        read fails this request alone: its ``parse`` raises the 400 (``refused``)."""
         if priority is None and deadline is None:
             return self  # the usual request: interactive, no deadline, nothing to copy
         try:
@@ -67,11 +77,7 @@ class Incoming:
                 deadline=None if deadline is None else parse_deadline(deadline),
             )
         except RequestError as error:
-            return dataclasses.replace(self, parse=partial(_refuse, detached(error)))
-
-
-def _refuse(error: RequestError) -> ParsedRequest:
-    raise error
+            return dataclasses.replace(self, refused=detached(error))
 
 
 @dataclass(frozen=True)

@@ -95,15 +95,18 @@ def test_an_expired_request_is_answered_504_without_being_parsed_or_decoded(tagg
     decode = intake.preprocessor.decode
     intake.preprocessor.decode = lambda image: decoded.append(image) or decode(image)
 
-    def parse() -> ParsedRequest:
-        parsed.append(True)
-        return ParsedRequest(Protocol.PLAIN, [PHOTOS[0]])
+    class Payload(HttpRequest):
+        """A request whose parsing is counted."""
+
+        def parse(self, config) -> ParsedRequest:
+            parsed.append(True)
+            return ParsedRequest(Protocol.PLAIN, [PHOTOS[0]])
 
     late, on_time, due_now = intake.prepare(
         [
-            Incoming("late", parse, deadline=NOW - 1.5),
-            Incoming("on-time", parse, deadline=NOW + 0.5),
-            Incoming("due-now", parse, deadline=NOW),
+            Incoming("late", Payload(), deadline=NOW - 1.5),
+            Incoming("on-time", Payload(), deadline=NOW + 0.5),
+            Incoming("due-now", Payload(), deadline=NOW),
         ]
     ).requests
     assert isinstance(late, Failed) and isinstance(due_now, Failed)
@@ -188,7 +191,6 @@ def test_the_bulk_share_through_the_handler_on_its_clock(tagger):
 def test_the_class_from_the_header_and_from_the_body_which_wins(tagger):
     handler, context, _ = tagger
     intake = handler.model.intake
-    config = handler.model.config
     header_bulk = {"X-Priority": "bulk"}
     cases = [
         ({"body": PHOTOS[0]}, {}, Priority.INTERACTIVE),
@@ -206,7 +208,7 @@ def test_the_class_from_the_header_and_from_the_body_which_wins(tagger):
     for row, headers, expected in cases:
         context.request_processor = [RequestProcessor(headers)]
         context.request_ids = {0: "req-0"}
-        state = intake.open(incoming(context, 0, row, config))
+        state = intake.open(incoming(context, 0, row))
         assert isinstance(state, Opened) and state.priority == expected, (row, headers)
 
 

@@ -2,15 +2,15 @@
 
 An adapter like TorchServe's (``handlers/resnet_handler.py``): ``initialize`` turns Triton's
 arguments and this model's ``config.pbtxt`` into ``ModelSettings``; ``execute`` hands Triton's
-whole batch to ``ImageModel.run`` in one call, as TorchServe's ``handle`` does, each request
-as an ``Incoming`` (its input arrays and parameters, parsed by ``servecore.tensors`` inside the
-core's per-request boundary), with ``response`` writing each ``Reply`` as that request's
-tensors, built straight from its arrays (each output's dtype from the model config, as
+whole batch to ``ImageModel.run`` in one call, as TorchServe's ``handle`` does, each request as
+an ``Incoming`` (its input arrays and parameters read into a ``TensorRequest``, which the core
+parses inside its per-request boundary), with ``response`` writing each ``Reply`` as that
+request's tensors, built straight from its arrays (each output's dtype from the model config, as
 Triton's add_sub example does; no JSON but each tag's BYTES element), an explanation's JSON
-document, or its own error. ``make triton-repo``
-(``tritonrepo/generate.py``) copies this file to ``<model>/1/model.py`` beside the packages and
-model files it imports, so the stub finds them on its own ``sys.path``. The core's metrics go
-out through Triton's custom metrics (``tritonrepo/metrics.py``) on its metrics port.
+document, or its own error. ``make triton-repo`` (``tritonrepo/generate.py``) copies this file
+to ``<model>/1/model.py`` beside the packages and model files it imports, so the stub finds them
+on its own ``sys.path``. The core's metrics go out through Triton's custom metrics
+(``tritonrepo/metrics.py``) on its metrics port.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from servecore.crops import CROPS
 from servecore.httperrors import error_body, status_of
 from servecore.service import ImageModel, ModelSettings, Reply
 from servecore.stages import Incoming
-from servecore.tensors import DESCRIBE, EXPLAIN, INPUT, output_arrays, parse_inputs, triton_code
+from servecore.tensorinput import DESCRIBE, EXPLAIN, INPUT, TensorRequest
+from servecore.tensors import output_arrays, triton_code
 from serveshared.wire import DEADLINE_HEADER, PRIORITY_HEADER
 from tritonrepo.metrics import TritonMetrics
 
@@ -89,16 +90,17 @@ class TritonPythonModel:
         headers = {k.lower(): v for k, v in parameters.items()}
         return Incoming(
             request_id=request.request_id() or "?",
-            parse=partial(_parse, request, parameters, self.model.config),
+            payload=_payload(request, parameters),
             explain=parameters.get(EXPLAIN) is True,
         ).classified(headers.get(PRIORITY_HEADER.lower()), headers.get(DEADLINE_HEADER.lower()))
 
 
-def _parse(request, parameters: dict, config: HandlerConfig):
-    """The request's input tensors as arrays, parsed by the core (``servecore.tensors``)."""
+def _payload(request, parameters: dict) -> TensorRequest:
+    """The request's input tensors read into arrays, with its parameters: the values the core
+    parses (``servecore.tensorinput``), without calling back here."""
     found = (pb_utils.get_input_tensor_by_name(request, name) for name in (INPUT, CROPS))
     images, crops = (None if tensor is None else tensor.as_numpy() for tensor in found)
-    return parse_inputs(images, crops, parameters, request.request_id() or None, config)
+    return TensorRequest(images, crops, parameters, request.request_id() or None)
 
 
 def _parameters(request) -> dict:
