@@ -5,7 +5,7 @@ it sends back, and nothing that knows which engine that is (no module here impor
     service.py     ImageModel: load, prepare -> infer -> answer (one Reply per request: values)
     stages.py      per-request values, each made once: Incoming, Opened (Explaining, Looked),
                    Placed, Failed; boundary.py: the one per-request failure boundary
-    cache.py       the content cache, a step between admission and decode; cached.py: its
+    cache.py       the content cache, a step between admission and decode; cacheentry.py: its
                    key and entry types
     parse.py       wire formats (plain body, KServe v1, v2) -> ParsedRequest; jsonguard.py
     intake.py      open, admit and decode a batch's requests
@@ -14,7 +14,7 @@ it sends back, and nothing that knows which engine that is (no module here impor
     admission.py   the batch budgets, fair across batches
     answers.py     a prediction as values: embedding rows (float32 arrays), tag lists
     classes.py     a tagger's labels and heads: a softmax and a top k per head
-    encode.py      the JSON protocols' bodies, for an edge that answers in JSON (TorchServe)
+    jsonanswers.py the JSON protocols' bodies, for an edge that answers in JSON (TorchServe)
     errors.py      the error kinds, as values (a kind to retry says after how long)
     backends.py    runtimes as Backend (eager, TorchScript, ONNX Runtime, OpenVINO);
                    runtime.py: the Backend type
@@ -30,10 +30,10 @@ The edges and the rest:
                    httperrors.py: each error kind's HTTP status, headers and body
     tensorinput.py the tensor edge's way in: a TensorRequest (Triton's input arrays and
                    parameters, read before the core runs) and its parsing
-    tensors.py     the tensor edge's way out: named output arrays, Triton's error codes
+    tensoroutput.py the tensor edge's way out: named output arrays, Triton's error codes
     crops.py       the ``crops`` input ([n, 224, 224, 3] uint8)
     gpudecode.py   JPEGs decoded and cropped on the worker's GPU (nvJPEG), batched
-    traffic.py     a request's priority class and deadline; lanes.py: the bulk lane's CPU policy
+    priority.py    a request's priority class and deadline; lanes.py: the bulk lane's CPU policy
     restarts.py    how often a worker was started again in its slot
     host.py        what CPU this is, and how many cores this process may use
 """

@@ -4,7 +4,7 @@ A batch runs at most ``handler.max_batch_images`` forward rows, decodes at most
 ``max_batch_pixels`` pixels and spends at most ``explain.max_passes_per_batch`` explanation
 passes; the requests that do not fit get 503 ``Overloaded`` with ``Retry-After`` (the same
 request fits alone or in a lighter batch). Within a batch interactive requests go before bulk
-ones (``servecore.traffic``), then the cheapest first, so ordinary photos are never crowded out
+ones (``servecore.priority``), then the cheapest first, so ordinary photos are never crowded out
 by expensive requests. Across batches a refused request
 gains priority: its retry (the same images, recognised by ``Opened.fingerprint``) is admitted before
 any request that was never refused, the oldest refusal first. Cheapest-first alone starved the
@@ -28,8 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from servecore.errors import Overloaded
+from servecore.priority import Priority
 from servecore.stages import Admitted, Failed, Opened
-from servecore.traffic import Priority
 
 REMEMBERED = 1024  # refused requests remembered per worker (16 bytes each, plus the dict's)
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from servecore.answers import AnswerSpec, Prediction
-from servecore.cached import CacheKey, Entry
+from servecore.cacheentry import CacheKey, Entry
 from servecore.config import Output
 from servecore.crops import CROP_DOMAIN
 from servecore.stages import Admitted, Explaining, Looked, Opened

@@ -7,7 +7,7 @@ deadline passed first and ``InternalError`` for a bug of ours. The class name is
 a client reads in the body. ``servecore.intake`` catches them at one per-request boundary, so
 one bad input fails only its own request. What each kind becomes on the wire lives in the
 edges: its HTTP status, headers and body in ``servecore.httperrors`` (the one table), its
-Triton error code in ``servecore.tensors``.
+Triton error code in ``servecore.tensoroutput``.
 """
 
 from __future__ import annotations

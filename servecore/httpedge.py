@@ -1,6 +1,6 @@
 """The HTTP edge: a ``Reply``'s values as the HTTP response an engine that answers in HTTP
 sends (TorchServe's handler): its status and phrase (from the error's kind,
-``servecore.httperrors``), its headers and its JSON body (``servecore.encode``). The HTTP
+``servecore.httperrors``), its headers and its JSON body (``servecore.jsonanswers``). The HTTP
 names live here and there, not in the core's values.
 """
 
@@ -11,9 +11,9 @@ from http import HTTPStatus
 from typing import NamedTuple
 
 from servecore.answers import AnswerSpec
-from servecore.encode import written_answer
 from servecore.errors import PayloadTooLarge
 from servecore.httperrors import error_body, headers_of, status_of
+from servecore.jsonanswers import written_answer
 from servecore.service import Reply
 from serveshared.v2binary import HEADER_LENGTH
 from serveshared.wire import BATCH_HEADER, CACHE_HITS_HEADER, PRECISION_HEADER

@@ -10,7 +10,7 @@ with ``gpu_decode`` on, the JPEGs its GPU decodes go there in one batched call
 (``servecore.gpudecode``) while the pool decodes the rest, and the batch is stacked on the GPU.
 Whatever goes wrong fails its own request only (``servecore.boundary``).
 
-Imports explanations: the intake calls the explanation stage (``servecore.explain.stage``) to
+Imports explanations: the intake calls the explanation stage (``servecore.explain.explanations``) to
 check an explanation request's parameters and admit the batch's explanation work.
 """
 
@@ -27,7 +27,7 @@ from servecore.admission import Admission, Budget
 from servecore.boundary import attempt, each_image
 from servecore.config import MAX_DECODE_THREADS, HandlerConfig
 from servecore.errors import DeadlineExceeded, detached
-from servecore.explain.stage import Explanations
+from servecore.explain.explanations import Explanations
 from servecore.gpudecode import DeviceDecoder, accepts, assemble, for_worker
 from servecore.host import usable_cpus
 from servecore.images import OpenedImage

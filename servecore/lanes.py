@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from servecore.traffic import Priority
+from servecore.priority import Priority
 
 TASKS = Path("/proc/self/task")
 

@@ -18,7 +18,7 @@ of its BYTES input and its parameters; ``parse_crops``: its UINT8 crops).
 
 ``topk`` may also come as a multipart field or an ``X-Top-K`` header. Explanation parameters are
 collected as sent (``ParsedRequest.options``); ``servecore.explain`` reads them. A v1/v2 body's
-``parameters.priority`` is the request's class (``servecore.traffic``); its ``parameters.timeout``
+``parameters.priority`` is the request's class (``servecore.priority``); its ``parameters.timeout``
 is refused here (a relative timeout needs an arrival time no engine hands this path).
 """
 
@@ -37,7 +37,7 @@ from servecore.config import HandlerConfig, Output
 from servecore.crops import crop_count, crops_of
 from servecore.errors import InvalidParameter, InvalidRequest, PayloadTooLarge, echo, echo_all
 from servecore.jsonguard import JsonDocument, is_json, load_json
-from servecore.traffic import PRIORITY_KEY, Priority, parse_priority
+from servecore.priority import PRIORITY_KEY, Priority, parse_priority
 from serveshared.v2binary import (
     BINARY_DATA,
     BINARY_OUTPUT,

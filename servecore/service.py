@@ -9,7 +9,7 @@ headers and JSON body with ``servecore.httpedge``; Triton's adapter: tensors fro
 The core times that writing as part of answering and counts the errors of the replies as sent,
 so every metric means the same on every engine.
 
-Imports explanations: the model loads the explanation stage (``servecore.explain.stage``),
+Imports explanations: the model loads the explanation stage (``servecore.explain.explanations``),
 runs it after the forward pass and answers explanation requests with its ``Explained``.
 """
 
@@ -36,11 +36,12 @@ from servecore.classes import Classes
 from servecore.config import HandlerConfig, Output
 from servecore.crops import CROPS_INPUT
 from servecore.errors import RequestError, detached
-from servecore.explain.encode import Explained
-from servecore.explain.stage import Explanations
+from servecore.explain.document import Explained
+from servecore.explain.explanations import Explanations
 from servecore.intake import Intake
 from servecore.lanes import lane_of, yield_cpu
 from servecore.metrics import BatchMetrics, MetricsSink, NoMetrics
+from servecore.priority import Priority
 from servecore.restarts import mark_start
 from servecore.stages import (
     ComputedBatch,
@@ -51,7 +52,6 @@ from servecore.stages import (
     Placed,
     PreparedBatch,
 )
-from servecore.traffic import Priority
 
 logger = logging.getLogger(__name__)
 

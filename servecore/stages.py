@@ -10,7 +10,7 @@ it produced; a request that failed is a ``Failed`` from then on and carries its 
 end, unchanged: no later step writes into an earlier step's value.
 
 A prediction request the content cache looked up is a ``Looked``: the ``Opened`` that also
-carries its images' keys and what the cache found (``servecore.cached``), with only the images
+carries its images' keys and what the cache found (``servecore.cacheentry``), with only the images
 left to compute as its ``images``.
 
 Imports the explanation's and the cache's types (spec, result, key, entry), nothing that
@@ -27,16 +27,16 @@ from typing import Any
 
 import torch
 
-from servecore.cached import CacheKey, Entry
+from servecore.cacheentry import CacheKey, Entry
 from servecore.config import HandlerConfig
 from servecore.crops import GivenCrop
 from servecore.errors import RequestError, detached
-from servecore.explain.encode import Explained
+from servecore.explain.document import Explained
 from servecore.explain.options import ExplainSpec
 from servecore.images import OpenedImage
 from servecore.parse import HttpRequest, ParsedRequest
+from servecore.priority import Priority, parse_deadline, parse_priority
 from servecore.tensorinput import TensorRequest
-from servecore.traffic import Priority, parse_deadline, parse_priority
 
 _SAMPLE = 64 * 1024  # bytes of each end of an image that its fingerprint reads
 
@@ -48,7 +48,7 @@ class Incoming:
     turns into a ``ParsedRequest`` (or a ``RequestError``) inside the request's own failure
     boundary; ``explain``: it came on an explanation route (``/explanations``, KServe v1
     ``:explain``); ``priority`` and ``deadline`` (Unix seconds, None: none): what the engine
-    read from its headers or parameters (``servecore.traffic``); ``refused``: why a value the
+    read from its headers or parameters (``servecore.priority``); ``refused``: why a value the
     engine read fails this request (a bad ``X-Priority``), None when none does."""
 
     request_id: str
@@ -66,7 +66,7 @@ class Incoming:
 
     def classified(self, priority: Any = None, deadline: Any = None) -> Incoming:
         """This request with the class and deadline of the ``X-Priority`` / ``X-Deadline``
-        values an engine read (None: not sent; ``servecore.traffic``). A value that cannot be
+        values an engine read (None: not sent; ``servecore.priority``). A value that cannot be
         read fails this request alone: its ``parse`` raises the 400 (``refused``)."""
         if priority is None and deadline is None:
             return self  # the usual request: interactive, no deadline, nothing to copy

@@ -4,7 +4,7 @@ client sends or reads them. One place, so a renamed header cannot drift between 
 
 # Sent by clients.
 TOP_K_HEADER = "X-Top-K"  # how many tags, when the body does not say (TorchServe, transformer)
-PRIORITY_HEADER = "X-Priority"  # interactive | bulk (servecore.traffic)
+PRIORITY_HEADER = "X-Priority"  # interactive | bulk (servecore.priority)
 DEADLINE_HEADER = "X-Deadline"  # Unix seconds after which the answer is useless
 
 # Set by the HTTP edge on every answer (servecore.httpedge).

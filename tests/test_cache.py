@@ -15,15 +15,15 @@ import pytest
 
 from servecore.answers import AnswerSpec, Tag
 from servecore.cache import AnswerCache, key_bytes
-from servecore.cached import CacheKey, Entry
+from servecore.cacheentry import CacheKey, Entry
 from servecore.classes import Classes
 from servecore.config import Output
 from servecore.errors import InvalidImage
 from servecore.explain.options import ExplainSpec
 from servecore.parse import OutputSpec, ParsedRequest, Protocol
 from servecore.preprocessor import Preprocessor
+from servecore.priority import Priority
 from servecore.stages import Explaining, Failed, Looked, Opened
-from servecore.traffic import Priority
 from tests import imagegen
 from tests.corpus import b64
 from tests.handler_context import make_handler, run_batch

@@ -21,7 +21,7 @@ import yaml
 from buildsteps import configgen
 from servecore.config import ConfigError, HandlerConfig
 from servecore.lanes import lane_of
-from servecore.traffic import Priority
+from servecore.priority import Priority
 from tests import imagegen
 from tests.conftest import REPO
 from tests.served import handled, raw_answer, settled, tsctl

@@ -274,7 +274,7 @@ def test_each_package_map_names_its_modules(package):
 
 
 # The edges of the core: what a reply or an error becomes on the wire (#50).
-EDGES = ("httpedge.py", "httperrors.py", "tensors.py")
+EDGES = ("httpedge.py", "httperrors.py", "tensorinput.py", "tensoroutput.py")
 WIRE_WORDS = {"Retry-After", "UNAVAILABLE", "INVALID_ARG", "INTERNAL", "TritonError"}
 
 

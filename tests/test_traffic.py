@@ -21,8 +21,8 @@ from servecore.config import HandlerConfig
 from servecore.errors import InvalidParameter
 from servecore.httperrors import headers_of, status_of
 from servecore.parse import HttpRequest, ParsedRequest, Protocol, parse_http
+from servecore.priority import Priority
 from servecore.stages import Failed, Incoming, Opened, Placed
-from servecore.traffic import Priority
 from tests import imagegen
 from tests.corpus import b64
 from tests.handler_context import make_handler, run_batch

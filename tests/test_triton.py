@@ -35,8 +35,8 @@ import torch
 from buildsteps.configgen import bulk_lanes, frontend_settings, job_queue_size, repo_models
 from servecore.answers import Tag
 from servecore.config import HandlerConfig
-from servecore.encode import tag_json
 from servecore.errors import InvalidParameter, InvalidRequest, PayloadTooLarge
+from servecore.jsonanswers import tag_json
 from servecore.parse import Protocol, parse_tensor
 from servecore.preprocessor import Preprocessor
 from serveshared.keys import TRITON_KEY_FILE, Keys
@@ -1174,7 +1174,7 @@ def test_triton_stops_cleanly(triton):
 
 def test_the_launcher_forwards_exactly_the_cores_traffic_headers():
     """The launcher runs without servecore on its path (the KServe image), so it writes the
-    header names out: they must be servecore.traffic's, in any capitalisation, and no others."""
+    header names out: they must be servecore.priority's, in any capitalisation, and no others."""
     import re
 
     from serveshared.wire import DEADLINE_HEADER, PRIORITY_HEADER

@@ -674,7 +674,7 @@ def test_the_client_speaks_the_servers_names_and_numbers():
     """The header names come from serveshared.wire on both sides; the parameter's name
     tsclient.traffic writes again (the client image has no servecore): what it sends, the
     server parses back to the same class and moment."""
-    from servecore import traffic as server
+    from servecore import priority as server
     from tsclient import traffic as client
 
     assert client.PRIORITY_KEY == server.PRIORITY_KEY

@@ -20,7 +20,7 @@ from servecore.config import HandlerConfig
 from servecore.crops import CROPS
 from servecore.parse import ParsedRequest
 from servecore.preprocessor import Preprocessor
-from servecore.traffic import PRIORITY_KEY
+from servecore.priority import PRIORITY_KEY
 from serveshared.wire import TOP_K_HEADER
 from transformer import convert
 from transformer.guard import PredictorRefused

@@ -41,7 +41,7 @@ from buildsteps.configgen import (
 from buildsteps.gpu import gpu_settings
 from model_files.artifacts import read_manifest
 from servecore.crops import CROP_SHAPE, CROPS
-from servecore.traffic import Priority
+from servecore.priority import Priority
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "build" / "triton"
@@ -141,7 +141,7 @@ def instance_group(settings: dict) -> str:
 
 
 def priority_levels(settings: dict, queue_size: int) -> str:
-    """The dynamic batcher's two queues, one per class of ``servecore.traffic.Priority``:
+    """The dynamic batcher's two queues, one per class of ``servecore.priority.Priority``:
     Triton takes every queued interactive request (level 1, the default for a request without
     ``priority``) before any bulk one (level 2). Each level has its own bound, REJECT after
     ``responseTimeout``, and lets a request's v2 ``timeout`` (microseconds) shorten its wait.

@@ -30,7 +30,7 @@ from servecore.httperrors import error_body, status_of
 from servecore.service import ImageModel, ModelSettings, Reply
 from servecore.stages import Incoming
 from servecore.tensorinput import DESCRIBE, EXPLAIN, INPUT, TensorRequest
-from servecore.tensors import output_arrays, triton_code
+from servecore.tensoroutput import output_arrays, triton_code
 from serveshared.wire import DEADLINE_HEADER, PRIORITY_HEADER
 from tritonrepo.metrics import TritonMetrics
 
@@ -118,7 +118,7 @@ def output_dtypes(config: dict) -> dict[str, type]:
 
 
 def response(reply: Reply, dtypes: dict[str, type], spec: AnswerSpec):
-    """A ``Reply`` as Triton's response: its answer's output arrays (``servecore.tensors``) as
+    """A ``Reply`` as Triton's response: its answer's output arrays (``servecore.tensoroutput``) as
     tensors, or the core's error body as this request's error, with the nearest status
     Triton's HTTP frontend can send."""
     if reply.error is not None:
@@ -133,6 +133,6 @@ def response(reply: Reply, dtypes: dict[str, type], spec: AnswerSpec):
 
 
 def _code(status: int) -> int:
-    """The Triton error code for the core's HTTP status: ``servecore.tensors.triton_code`` names
-    the ``TritonError`` attribute."""
+    """The Triton error code for the core's HTTP status (``servecore.tensoroutput.triton_code``
+    names the ``TritonError`` attribute)."""
     return getattr(pb_utils.TritonError, triton_code(status))

@@ -12,7 +12,7 @@ then with 504 ``DeadlineExceeded``, neither decoded nor computed.
 - Triton: the v2 parameters ``priority`` (1 interactive, 2 bulk: its priority levels) and
   ``timeout`` (microseconds from now, counted by Triton's queue), plus the same headers.
 
-The names and numbers are ``servecore.traffic``'s (the client does not import the server's
+The names and numbers are ``servecore.priority``'s (the client does not import the server's
 package, so they are written here too; tests/test_tsclient.py checks they agree).
 """
 

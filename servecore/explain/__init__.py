@@ -2,8 +2,8 @@
 
     options.py   an explanation request's parameters -> ``ExplainSpec`` (400 otherwise)
     compute.py   Captum on the eager model: per image and target, a grid (and a PNG heatmap)
-    encode.py    the result's types (``Explanation``, ``Explained``) and its JSON document
-    stage.py     ``Explanations``, what the intake and the model call: check a request's
+    document.py  the result's types (``Explanation``, ``Explained``) and its JSON document
+    explanations.py  ``Explanations``, what the intake and the model call: check a request's
                  parameters, admit the batch's explanation work, compute the batch's results
 
 This package imports nothing from the request path but the values it shares (``stages``,

@@ -29,7 +29,7 @@ from torch import nn
 
 from model_files.resnet_dual import WEIGHTS, build_dual, normalize
 from servecore.classes import Classes
-from servecore.explain.encode import Explanation
+from servecore.explain.document import Explanation
 from servecore.explain.options import ExplainSpec
 
 # The model's view of an image (the weights' transform, as servecore.intake applies it): the

@@ -21,7 +21,7 @@ from servecore.config import ExplainConfig
 from servecore.crops import GivenCrop
 from servecore.errors import InvalidParameter, NotSupported, detached
 from servecore.explain.compute import ExplainJob, load_explainer, passes, thumbnail
-from servecore.explain.encode import Explained
+from servecore.explain.document import Explained
 from servecore.explain.options import ExplainSpec, parse_explain
 from servecore.images import OpenedImage, decode
 from servecore.parse import ParsedRequest, Protocol

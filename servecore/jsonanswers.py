@@ -15,7 +15,7 @@ may ask for its outputs as raw bytes (the binary tensor extension's ``binary_dat
 an output's ``binary_data``, as Triton's clients do): ``written_answer`` then puts each such
 output's bytes after the JSON header, as Triton's HTTP frontend does.
 
-Imports explanations: an explanation's answer is written here too (``servecore.explain.encode``).
+Imports explanations: an explanation's answer is written here too (``servecore.explain.document``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import orjson
 
 from servecore.answers import AnswerSpec, Prediction, Tag
 from servecore.config import Output
-from servecore.explain.encode import Explained, encode_explanations
+from servecore.explain.document import Explained, encode_explanations
 from servecore.parse import Protocol
 from serveshared.v2binary import bytes_elements
 

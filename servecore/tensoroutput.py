@@ -15,8 +15,8 @@ import numpy as np
 
 from servecore.answers import AnswerSpec, Prediction
 from servecore.config import Output
-from servecore.encode import answer_body, tag_json
-from servecore.explain.encode import Explained
+from servecore.explain.document import Explained
+from servecore.jsonanswers import answer_body, tag_json
 from servecore.service import Reply
 from servecore.tensorinput import CACHED, EXPLANATIONS, PRECISION
 
