@@ -1,9 +1,10 @@
 """TorchServe handler: ResNet50 image embeddings and tags from one forward pass.
 
 An adapter: ``initialize`` turns TorchServe's context into ``ModelSettings`` and loads the
-core's ``servecore.service.ImageModel``; ``handle``, per batch, hands it to ``ImageModel.run`` in
-one call (as Triton's ``execute`` does) and sends each reply as its HTTP response
-(``servecore.httpedge``). Settings: ``model-config.yaml``'s ``handler:`` (``HandlerConfig``).
+core's ``servecore.service.ImageModel``; ``handle``, per batch, hands it to ``ImageModel.run``
+in one call (as Triton's ``execute`` does), each request decoded and each reply encoded as its
+HTTP response by the HTTP edge (``servecore.httpedge.HttpEdge``). Settings: ``model-
+config.yaml``'s ``handler:`` (``HandlerConfig``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from functools import partial
 from http import HTTPStatus
 from pathlib import Path
 
@@ -21,7 +21,7 @@ from handlers.routing import incoming, is_describe
 from handlers.ts_metrics import TorchServeMetrics
 from model_files.artifacts import ModelFiles
 from servecore.config import HandlerConfig
-from servecore.httpedge import http_reply
+from servecore.httpedge import HttpEdge
 from servecore.service import ImageModel, ModelSettings
 
 
@@ -45,6 +45,7 @@ class ResNetHandler(BaseHandler):
             ),
             TorchServeMetrics(context.metrics, context.model_name),
         )
+        self.edge = HttpEdge(self.model.answers, self.model.config.max_response_bytes)
         self.initialized = True
 
     def handle(self, data: list[dict], context) -> list[bytes]:
@@ -55,10 +56,9 @@ class ResNetHandler(BaseHandler):
         if is_describe(context):
             sent = [self.describe_handle().encode()]
         else:
-            config = self.model.config
             replies = self.model.run(
-                [incoming(context, idx, row) for idx, row in enumerate(data)],
-                partial(http_reply, spec=self.model.answers, max_bytes=config.max_response_bytes),
+                [incoming(self.edge, context, idx, row) for idx, row in enumerate(data)],
+                self.edge.encode,
             )
             for idx, reply in enumerate(replies):
                 context.set_response_content_type(idx, reply.content_type)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from servecore.httpedge import HttpEdge
 from servecore.jsonguard import JsonDocument
 from servecore.parse import IMAGE_FIELD, HttpRequest, Payload
 from servecore.stages import Incoming
@@ -20,15 +21,15 @@ PAYLOAD_KEYS = (BODY_KEY, IMAGE_FIELD)
 EXPLAIN_PROPERTY = "explain"
 
 
-def incoming(context, idx: int, row: dict) -> Incoming:
-    """Request ``idx`` of TorchServe's batch: its id (for the logs), its payload, its route,
-    its class and deadline (``X-Priority``, ``X-Deadline``: a bad one fails it alone)."""
+def incoming(edge: HttpEdge, context, idx: int, row: dict) -> Incoming:
+    """Request ``idx`` of TorchServe's batch, decoded by the HTTP ``edge``: its id (for the
+    logs), its payload, its route, its class and deadline (``X-Priority``, ``X-Deadline``: a
+    bad one fails it alone)."""
     request = http_request(row, header(context, idx, TOP_K_HEADER), header(context, idx, LENGTH))
-    return Incoming(
-        request_id=str((context.request_ids or {}).get(idx, "?")),
-        payload=request,
-        explain=context.get_request_header(idx, EXPLAIN_PROPERTY) == "True",
-    ).classified(header(context, idx, PRIORITY_HEADER), header(context, idx, DEADLINE_HEADER))
+    headers = {name: header(context, idx, name) for name in (PRIORITY_HEADER, DEADLINE_HEADER)}
+    request_id = str((context.request_ids or {}).get(idx, "?"))
+    explain = context.get_request_header(idx, EXPLAIN_PROPERTY) == "True"
+    return edge.decode(request_id, request, headers, explain)
 
 
 def http_request(row: dict, top_k: str | None = None, length: str | None = None) -> HttpRequest:

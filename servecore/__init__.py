@@ -31,6 +31,7 @@ The edges and the rest:
     tensorinput.py the tensor edge's way in: a TensorRequest (Triton's input arrays and
                    parameters, read before the core runs) and its parsing
     tensoroutput.py the tensor edge's way out: named output arrays, Triton's error codes
+    tensoredge.py  the tensor edge as one object (decode, encode), as httpedge.py's HttpEdge
     crops.py       the ``crops`` input ([n, 224, 224, 3] uint8)
     gpudecode.py   JPEGs decoded and cropped on the worker's GPU (nvJPEG), batched
     priority.py    a request's priority class and deadline; lanes.py: the bulk lane's CPU policy

@@ -7,6 +7,8 @@ names live here and there, not in the core's values.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import NamedTuple
 
@@ -14,12 +16,49 @@ from servecore.answers import AnswerSpec
 from servecore.errors import PayloadTooLarge
 from servecore.httperrors import error_body, headers_of, status_of
 from servecore.jsonanswers import written_answer
+from servecore.parse import HttpRequest
 from servecore.service import Reply
+from servecore.stages import Incoming
 from serveshared.v2binary import HEADER_LENGTH
-from serveshared.wire import BATCH_HEADER, CACHE_HITS_HEADER, PRECISION_HEADER
+from serveshared.wire import (
+    BATCH_HEADER,
+    CACHE_HITS_HEADER,
+    DEADLINE_HEADER,
+    PRECISION_HEADER,
+    PRIORITY_HEADER,
+)
 
 CONTENT_TYPE = "application/json"
 BINARY_CONTENT_TYPE = "application/octet-stream"  # a JSON header and then raw output bytes
+
+
+@dataclass(frozen=True)
+class HttpEdge:
+    """The HTTP edge as one object, what an HTTP engine's adapter (TorchServe's) holds:
+    ``decode`` an HTTP request into the core's ``Incoming``, ``encode`` a ``Reply`` as its
+    ``HttpReply``. ``servecore.tensoredge.TensorEdge`` is the same shape for tensors."""
+
+    spec: AnswerSpec
+    max_bytes: int  # handler.max_response_bytes
+
+    def decode(
+        self,
+        request_id: str,
+        request: HttpRequest,
+        headers: Mapping[str, str | None],
+        explain: bool,
+    ) -> Incoming:
+        """The request as the core takes it, with the class and deadline of its
+        ``X-Priority`` and ``X-Deadline`` ``headers`` (found by the engine, whatever their
+        case; None: not sent); a bad value fails this request alone. ``explain``: it came on
+        an explanation route."""
+        return Incoming(request_id, request, explain=explain).classified(
+            headers.get(PRIORITY_HEADER), headers.get(DEADLINE_HEADER)
+        )
+
+    def encode(self, reply: Reply) -> HttpReply:
+        """``reply`` as its HTTP response (``http_reply``)."""
+        return http_reply(reply, self.spec, self.max_bytes)
 
 
 class HttpReply(NamedTuple):

@@ -181,12 +181,12 @@ def test_unexpected_parse_failure_is_a_500_for_that_request_only(tagger, monkeyp
     handler, context = tagger
     real = parse.parse_http
 
-    def broken(request, **kwargs):
+    def broken(request, config):
         if "topk" in request.form:
             raise KeyError("simulated bug")
-        return real(request, **kwargs)
+        return real(request, config)
 
-    monkeypatch.setattr(routing, "parse_http", broken)
+    monkeypatch.setattr(parse, "parse_http", broken)
     responses, statuses, _ = run_batch(
         handler, context, [{"data": GOOD, "topk": b"3"}, {"body": GOOD}]
     )

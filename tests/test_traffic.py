@@ -208,7 +208,7 @@ def test_the_class_from_the_header_and_from_the_body_which_wins(tagger):
     for row, headers, expected in cases:
         context.request_processor = [RequestProcessor(headers)]
         context.request_ids = {0: "req-0"}
-        state = intake.open(incoming(context, 0, row))
+        state = intake.open(incoming(handler.edge, context, 0, row))
         assert isinstance(state, Opened) and state.priority == expected, (row, headers)
 
 

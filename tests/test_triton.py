@@ -264,7 +264,7 @@ def test_the_triton_adapter_marks_each_image_the_cache_answered(fake_pb_utils, w
     off = triton_model(fake_pb_utils, weights_dir, "tags")
     on = triton_model(fake_pb_utils, weights_dir, "tags", cache_bytes=1 << 24)
     for model in (off, on):
-        model.dtypes["cached"] = np.bool_  # as the generated config.pbtxt declares it
+        model.edge.dtypes["cached"] = np.bool_  # as the generated config.pbtxt declares it
     first = on.execute([FakeRequest(PHOTOS[:1])])[0]
     both = on.execute([FakeRequest(PHOTOS[:2])])[0]
     plain = off.execute([FakeRequest(PHOTOS[:2])])[0]

@@ -1,13 +1,15 @@
-"""Triton's Python backend: ResNet50 embeddings or ImageNet tags, from the engine-neutral core.
+"""Triton's Python backend: ResNet50 embeddings or tags (ImageNet's or yours), from the engine-
+neutral core.
 
 An adapter like TorchServe's (``handlers/resnet_handler.py``): ``initialize`` turns Triton's
-arguments and this model's ``config.pbtxt`` into ``ModelSettings``; ``execute`` hands Triton's
-whole batch to ``ImageModel.run`` in one call, as TorchServe's ``handle`` does, each request as
-an ``Incoming`` (its input arrays and parameters read into a ``TensorRequest``, which the core
-parses inside its per-request boundary), with ``response`` writing each ``Reply`` as that
-request's tensors, built straight from its arrays (each output's dtype from the model config, as
-Triton's add_sub example does; no JSON but each tag's BYTES element), an explanation's JSON
-document, or its own error. ``make triton-repo`` (``tritonrepo/generate.py``) copies this file
+arguments and this model's ``config.pbtxt`` into ``ModelSettings`` and the tensor edge
+(``servecore.tensoredge.TensorEdge``, with each output's dtype from the model config);
+``execute`` hands Triton's whole batch to ``ImageModel.run`` in one call, as TorchServe's
+``handle`` does, each request's input tensors read into a ``TensorRequest`` and decoded by the
+edge into an ``Incoming`` (the core parses it inside its per-request boundary, never calling
+back here), each ``Reply`` encoded by the edge as output arrays (no JSON but each tag's BYTES
+element and an explanation's document) or its error, which ``_response`` wraps in Triton's own
+tensors or ``TritonError``. ``make triton-repo`` (``tritonrepo/generate.py``) copies this file
 to ``<model>/1/model.py`` beside the packages and model files it imports, so the stub finds them
 on its own ``sys.path``. The core's metrics go out through Triton's custom metrics
 (``tritonrepo/metrics.py``) on its metrics port.
@@ -16,22 +18,17 @@ on its own ``sys.path``. The core's metrics go out through Triton's custom metri
 from __future__ import annotations
 
 import json
-from functools import partial
 from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from model_files.artifacts import ModelFiles
-from servecore.answers import AnswerSpec
 from servecore.config import HandlerConfig
 from servecore.crops import CROPS
-from servecore.httperrors import error_body, status_of
 from servecore.service import ImageModel, ModelSettings, Reply
-from servecore.stages import Incoming
-from servecore.tensorinput import DESCRIBE, EXPLAIN, INPUT, TensorRequest
-from servecore.tensoroutput import output_arrays, triton_code
-from serveshared.wire import DEADLINE_HEADER, PRIORITY_HEADER
+from servecore.tensoredge import TensorEdge
+from servecore.tensorinput import DESCRIBE, INPUT, TensorRequest
 from tritonrepo.metrics import TritonMetrics
 
 
@@ -44,7 +41,6 @@ class TritonPythonModel:
         parameters = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         folder = Path(args["model_repository"]) / args["model_version"]
         gpu = args.get("model_instance_kind") == "GPU"
-        self.dtypes = output_dtypes(config)
         self.metrics = TritonMetrics(pb_utils, args["model_name"])
         self.model = ImageModel(
             ModelSettings(
@@ -59,14 +55,15 @@ class TritonPythonModel:
             ),
             self.metrics,
         )
+        self.edge = TensorEdge(self.model.answers, output_dtypes(config))
 
     def execute(self, requests: list) -> list:
         """Describe requests answered here, the rest by the core as one batch; one response
         per request, in order."""
         asks = [_parameters(r) for r in requests]
         served = [(r, ask) for r, ask in zip(requests, asks) if ask.get(DESCRIBE) is not True]
-        encode = partial(response, dtypes=self.dtypes, spec=self.model.answers)
-        replies = self.model.run([self._incoming(*s) for s in served], encode) if served else []
+        incoming = [self.edge.decode(r.request_id() or "?", _payload(r, ask)) for r, ask in served]
+        replies = self.model.run(incoming, self._response) if served else []
         if len(replies) != len(served):  # Triton needs exactly one response per request
             raise RuntimeError(f"the model answered {len(replies)} of {len(served)} requests")
         answers = iter(replies)
@@ -75,24 +72,23 @@ class TritonPythonModel:
     def finalize(self) -> None:
         self.metrics.close()
 
+    def _response(self, reply: Reply):
+        """A ``Reply`` as Triton's response: the tensor edge's output arrays as tensors, or
+        its error body as this request's ``TritonError`` with the code the edge named."""
+        sent = self.edge.encode(reply)
+        if sent.outputs is None:
+            code = getattr(pb_utils.TritonError, str(sent.code))
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(sent.error, code))
+        return pb_utils.InferenceResponse(
+            output_tensors=[pb_utils.Tensor(name, array) for name, array in sent.outputs.items()]
+        )
+
     def _described(self):
         """``ImageModel.describe`` as this request's ``describe`` output ([1, 1] BYTES)."""
         text = json.dumps(self.model.describe())
         return pb_utils.InferenceResponse(
             output_tensors=[pb_utils.Tensor(DESCRIBE, np.array([[text]], dtype=np.object_))]
         )
-
-    def _incoming(self, request, parameters: dict) -> Incoming:
-        """The request as the core takes it, with the class and deadline of its forwarded
-        ``X-Priority`` and ``X-Deadline`` headers (``tritonrepo.server``); a bad value fails
-        this request alone."""
-        # HTTP hands a header over under the name as sent, gRPC under its lower-case name.
-        headers = {k.lower(): v for k, v in parameters.items()}
-        return Incoming(
-            request_id=request.request_id() or "?",
-            payload=_payload(request, parameters),
-            explain=parameters.get(EXPLAIN) is True,
-        ).classified(headers.get(PRIORITY_HEADER.lower()), headers.get(DEADLINE_HEADER.lower()))
 
 
 def _payload(request, parameters: dict) -> TensorRequest:
@@ -115,24 +111,3 @@ def output_dtypes(config: dict) -> dict[str, type]:
         out["name"]: pb_utils.triton_string_to_numpy(out["data_type"])
         for out in config.get("output", [])
     }
-
-
-def response(reply: Reply, dtypes: dict[str, type], spec: AnswerSpec):
-    """A ``Reply`` as Triton's response: its answer's output arrays (``servecore.tensoroutput``) as
-    tensors, or the core's error body as this request's error, with the nearest status
-    Triton's HTTP frontend can send."""
-    if reply.error is not None:
-        message = json.dumps(error_body(reply.error))
-        return pb_utils.InferenceResponse(
-            error=pb_utils.TritonError(message, _code(status_of(reply.error)))
-        )
-    outputs = output_arrays(reply, dtypes, spec)
-    return pb_utils.InferenceResponse(
-        output_tensors=[pb_utils.Tensor(name, array) for name, array in outputs.items()]
-    )
-
-
-def _code(status: int) -> int:
-    """The Triton error code for the core's HTTP status (``servecore.tensoroutput.triton_code``
-    names the ``TritonError`` attribute)."""
-    return getattr(pb_utils.TritonError, triton_code(status))
