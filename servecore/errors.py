@@ -15,16 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
-ECHO_CHARS = 40  # of a client's value quoted in a message
+from serveshared.quote import echo
+
 MESSAGE_CHARS = 1000  # of any error message: an error body never grows with the request
 E = TypeVar("E", bound=BaseException)
-
-
-def echo(value: Any) -> str:
-    """A client's value as an error message may quote it: its repr, cut to a short prefix
-    with its full length when longer."""
-    text = repr(value)
-    return text if len(text) <= ECHO_CHARS else f"{text[:ECHO_CHARS]}... ({len(text)} chars)"
 
 
 def echo_all(values: Iterable[Any], at_most: int = 5) -> str:

@@ -29,7 +29,8 @@ import binascii
 import dataclasses
 import enum
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -250,18 +251,27 @@ def _parse_binary(
     body: bytes, header_length: Any, query_top_k: int | None, config: HandlerConfig
 ) -> ParsedRequest:
     """A v2 body in the binary tensor extension: its JSON header, its tensors' bytes after."""
-    try:
+    with _as_invalid_request():
         text, data = split_body(body, header_length)
-        header = load_json(text, config)
-        if not isinstance(header, dict) or "inputs" not in header:
-            raise InvalidRequest(
-                f"the JSON header of a body with an {HEADER_LENGTH} header must be a KServe v2 "
-                "request object with 'inputs'"
-            )
+    header = load_json(text, config)
+    if not isinstance(header, dict) or "inputs" not in header:
+        raise InvalidRequest(
+            f"the JSON header of a body with an {HEADER_LENGTH} header must be a KServe v2 "
+            "request object with 'inputs'"
+        )
+    with _as_invalid_request():
         filled = fill_inputs(header, data)
+    return _parse_v2(filled, query_top_k, config)
+
+
+@contextmanager
+def _as_invalid_request() -> Iterator[None]:
+    """A binary body the shared reader (``serveshared.v2binary``) finds malformed: the
+    client's 400, with the reader's message."""
+    try:
+        yield
     except MalformedBinary as exc:
         raise InvalidRequest(str(exc)) from None
-    return _parse_v2(filled, query_top_k, config)
 
 
 def parse_top_k(value: Any) -> int:
@@ -438,10 +448,8 @@ def _parse_v2(payload: dict, query_top_k: int | None, config: HandlerConfig) -> 
 def _bytes_data(tensor: dict, where: str) -> list:
     """A BYTES tensor's elements: base64 texts in JSON, raw bytes from the binary extension."""
     if isinstance(tensor.get("data"), bytes):
-        try:
+        with _as_invalid_request():
             return elements_of(tensor["data"], where)
-        except MalformedBinary as exc:
-            raise InvalidRequest(str(exc)) from None
     return _require(tensor, "data", list, where)
 
 

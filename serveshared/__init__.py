@@ -8,5 +8,6 @@ Triton model folder copy it whole.
     keys.py        TorchServe's token keys (key_file.json)
     errors.py      the client's root error and the one the key file raises
     v2binary.py    the v2 binary tensor extension, as written and read
+    quote.py       how an error message quotes a client's value (cut short, both sides)
     wire.py        the HTTP header names both sides write and read
 """

@@ -14,6 +14,8 @@ from array import array
 from collections.abc import Sequence
 from typing import Any
 
+from serveshared.quote import echo
+
 HEADER_LENGTH = "Inference-Header-Content-Length"
 # Output parameters: the request's ``binary_data_output`` asks for every output as raw bytes,
 # an output's own ``binary_data`` for that one (Triton's names, read by ``servecore.parse``).
@@ -50,11 +52,6 @@ class MalformedBinary(ValueError):
     server answers it 400, ``servecore.parse``)."""
 
 
-def _quoted(value: Any, at_most: int = 40) -> str:
-    text = repr(value)  # a client's value, cut as the server's error messages cut it
-    return text if len(text) <= at_most else f"{text[:at_most]}... ({len(text)} chars)"
-
-
 def split_body(body: bytes, header_length: Any) -> tuple[bytes, bytes]:
     """A request body as its JSON header and the bytes after it (``header_length``: the
     ``Inference-Header-Content-Length`` header's value, as text or bytes)."""
@@ -65,7 +62,7 @@ def split_body(body: bytes, header_length: Any) -> tuple[bytes, bytes]:
     if length is None or length > len(body):
         raise MalformedBinary(
             f"{HEADER_LENGTH} must be the length of the body's JSON header (0..{len(body)}), "
-            f"got {_quoted(header_length)}"
+            f"got {echo(header_length)}"
         )
     return body[:length], body[length:]
 
@@ -82,7 +79,7 @@ def fill_inputs(header: dict, data: bytes) -> dict:
             continue
         if type(size) is not int or size < 0 or at + size > len(data):
             raise MalformedBinary(
-                f"inputs[{i}].parameters.binary_data_size is {_quoted(size)}, but the body "
+                f"inputs[{i}].parameters.binary_data_size is {echo(size)}, but the body "
                 f"holds {len(data) - at} more bytes after its header"
             )
         tensor["data"] = data[at : at + size]
