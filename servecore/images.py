@@ -150,8 +150,11 @@ def _open(data: bytes) -> Image.Image:
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         claimed = _accepted_signature(data)
         if claimed:
+            # PIL's own text for an unreadable header names the in-memory file object (its
+            # address), which differs at every request: say what it means instead.
+            why = "its header cannot be read" if isinstance(exc, UnidentifiedImageError) else exc
             raise InvalidImage(
-                f"{claimed} image could not be decoded ({exc}); the file is truncated or corrupt"
+                f"{claimed} image could not be decoded ({why}); the file is truncated or corrupt"
             ) from None
         other = _other_format(data)
         if other:
