@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from servecore.classes import Classes
+from servecore.classes import Classes, HeadTop
 from servecore.config import Output
 from servecore.parse import ParsedRequest, Protocol
 
@@ -29,13 +29,13 @@ class AnswerSpec:
     default_top_k: int
     normalize_embedding: bool
 
-    @property
-    def labels(self) -> Sequence[str]:
-        return self.classes.labels
-
-    def tag(self, index: int, probability: float) -> Tag:
-        """Class ``index``'s tag (naming its head where the model has several)."""
-        head = self.classes.head_of(index).name if self.classes.named else ""
+    def tag(self, index: int, probability: float, head: str | None = None) -> Tag:
+        """Class ``index``'s tag, naming its head (``head``, else looked up) where the model
+        has several."""
+        if not self.classes.named:
+            head = ""
+        elif head is None:
+            head = self.classes.head_of(index).name
         return Tag(self.classes.labels[index], index, probability, head)
 
 
@@ -77,25 +77,20 @@ class Prediction:
 
 @dataclass(frozen=True)
 class TopK:
-    """Each head's ``k`` most probable classes of every image row of a batch, most probable
-    first, head after head (``Classes.top``)."""
+    """Each head's most probable classes of every image row of a batch (``Classes.top``)."""
 
-    k: int
-    indices: list[list[int]]
-    probabilities: list[list[float]]
+    heads: tuple[HeadTop, ...]
 
     @classmethod
     def of(cls, logits: torch.Tensor, k: int, classes: Classes) -> TopK:
-        return cls(k, *classes.top(logits, k))
+        return cls(tuple(classes.top(logits, k)))
 
     def tags(self, row: int, k: int, spec: AnswerSpec) -> list[Tag]:
-        """One row's ``k`` first tags of each head."""
-        pick = spec.classes.first_of_each
+        """One row's ``k`` first tags of each head, head after head."""
         return [
-            spec.tag(i, p)
-            for i, p in zip(
-                pick(self.indices[row], k, self.k), pick(self.probabilities[row], k, self.k)
-            )
+            spec.tag(i, p, top.head.name)
+            for top in self.heads
+            for i, p in zip(top.indices[row][:k], top.probabilities[row][:k])
         ]
 
 

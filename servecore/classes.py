@@ -92,24 +92,22 @@ class Classes:
             return torch.softmax(logits, dim=1)
         return torch.cat([torch.softmax(logits[:, h.rows], dim=1) for h in self.heads], dim=1)
 
-    def top(self, logits: torch.Tensor, k: int) -> tuple[list[list[int]], list[list[float]]]:
-        """Per row, each head's ``min(k, its classes)`` most probable classes (most probable
-        first, head after head): their indices and probabilities."""
-        probabilities = self.softmax(logits)
-        parts = [probabilities[:, h.rows].topk(min(k, h.size), dim=1) for h in self.heads]
-        indices = torch.cat([p.indices + h.first for p, h in zip(parts, self.heads)], dim=1)
-        values = torch.cat([p.values for p in parts], dim=1)
-        return indices.tolist(), values.tolist()
-
-    def first_of_each(self, row: Sequence, k: int, widths: int) -> list:
-        """The first ``k`` of each head's part of a ``top`` row computed with ``widths`` (the
-        ``k`` it was computed at)."""
-        if not self.named:
-            return list(row[:k])
-        taken: list = []
-        start = 0
+    def top(self, logits: torch.Tensor, k: int) -> list[HeadTop]:
+        """Each head's ``min(k, its classes)`` most probable classes of every row, most
+        probable first, in head order."""
+        tops = []
         for head in self.heads:
-            width = min(widths, head.size)
-            taken += row[start : start + min(k, width)]
-            start += width
-        return taken
+            part = logits if not self.named else logits[:, head.rows]
+            best = torch.softmax(part, dim=1).topk(min(k, head.size), dim=1)
+            tops.append(HeadTop(head, (best.indices + head.first).tolist(), best.values.tolist()))
+        return tops
+
+
+@dataclass(frozen=True)
+class HeadTop:
+    """One head's top classes for every row of a batch: their indices (rows of the served
+    ``fc``) and probabilities, most probable first."""
+
+    head: Head
+    indices: list[list[int]]
+    probabilities: list[list[float]]
