@@ -15,14 +15,17 @@ import time
 from http import HTTPStatus
 from pathlib import Path
 
-from ts.torch_handler.base_handler import BaseHandler
-
 from handlers.routing import incoming, is_describe
 from handlers.ts_metrics import TorchServeMetrics
 from model_files.artifacts import ModelFiles
 from servecore.config import HandlerConfig
 from servecore.httpedge import HttpEdge
 from servecore.service import ImageModel, ModelSettings
+
+# TorchServe's base_handler imports openvino.torch only to log whether torch.compile may use it:
+# 1.2 s of a worker's start. This handler runs OpenVINO's runtime, never torch.compile.
+sys.modules.setdefault("openvino.torch", None)  # type: ignore[arg-type]
+from ts.torch_handler.base_handler import BaseHandler  # noqa: E402
 
 
 class ResNetHandler(BaseHandler):

@@ -25,10 +25,12 @@ def incoming(edge: HttpEdge, context, idx: int, row: dict) -> Incoming:
     """Request ``idx`` of TorchServe's batch, decoded by the HTTP ``edge``: its id (for the
     logs), its payload, its route, its class and deadline (``X-Priority``, ``X-Deadline``: a
     bad one fails it alone)."""
-    request = http_request(row, header(context, idx, TOP_K_HEADER), header(context, idx, LENGTH))
-    headers = {name: header(context, idx, name) for name in (PRIORITY_HEADER, DEADLINE_HEADER)}
+    properties = _properties(context, idx)
+    named = {k.lower(): v for k, v in properties.items() if isinstance(v, str)}  # any case
+    request = http_request(row, named.get(TOP_K_HEADER.lower()), named.get(LENGTH.lower()))
+    headers = {name: named.get(name.lower()) for name in (PRIORITY_HEADER, DEADLINE_HEADER)}
     request_id = str((context.request_ids or {}).get(idx, "?"))
-    explain = context.get_request_header(idx, EXPLAIN_PROPERTY) == "True"
+    explain = properties.get(EXPLAIN_PROPERTY) == "True"
     return edge.decode(request_id, request, headers, explain)
 
 
@@ -49,22 +51,18 @@ def _payload(value: Any) -> Payload:
     return value if isinstance(value, (bytes, bytearray, str)) else JsonDocument(value)
 
 
-def header(context, idx: int, name: str) -> str | None:
-    """A request header by case-insensitive name (clients differ in capitalisation)."""
+def _properties(context, idx: int) -> dict:
+    """Request ``idx``'s headers and TorchServe's properties, as sent (none: {})."""
     processor = context.request_processor
     if not processor or idx >= len(processor) or processor[idx] is None:
-        return None
-    for key, value in processor[idx].get_request_properties().items():
-        if key.lower() == name.lower() and isinstance(value, str):
-            return value
-    return None
+        return {}
+    return processor[idx].get_request_properties()
 
 
 def is_describe(context) -> bool:
     """The management API's describe call (``?customized=true``: one request, no image, its
     ``describe`` property "True"); a ``describe: True`` header on a prediction is a header."""
-    processors = context.request_processor or []
-    if len(processors) != 1 or processors[0] is None:
+    if len(context.request_processor or []) != 1:
         return False
-    properties = processors[0].get_request_properties()
+    properties = _properties(context, 0)
     return properties.get("describe") == "True" and not any(k in properties for k in PAYLOAD_KEYS)
