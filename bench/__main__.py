@@ -54,8 +54,10 @@ from servecore.preprocessor import Preprocessor
 log = logging.getLogger("bench")
 
 # A few seconds per run: checks the whole pipeline end to end, numbers are not meaningful.
-QUICK_PLAN = LoadPlan(warmup_s=0.5, closed_s=1.0, rates=(5.0, 20.0), open_s=1.5)
-QUICK_BUDGET = raw.Budget(seconds=0.5, min_iters=2, max_iters=20, warmup_iters=1)
+QUICK_PLAN = LoadPlan(
+    warmup_s=0.2, closed_s=0.4, closed_max_requests=40, rates=(5.0, 20.0), open_s=1.5
+)
+QUICK_BUDGET = raw.Budget(seconds=0.2, min_iters=1, max_iters=10, warmup_iters=1)
 
 
 class InputsMissing(SystemExit):
@@ -147,7 +149,7 @@ def serve_ours(
             server, OURS, images, plan, batches_from_log=False, progress=log.info
         )
     finally:
-        server.stop()
+        server.kill()
     return {
         "model": OURS,
         "backend": meta.get("backend", "unknown"),
@@ -174,7 +176,7 @@ def serve_stock(images: dict[str, bytes], plan: LoadPlan) -> dict:
             server, stock.MODEL_NAME, images, plan, batches_from_log=True, progress=log.info
         )
     finally:
-        server.stop()
+        server.kill()
     return {
         "model": stock.MODEL_NAME,
         "backend": "torchscript (stock handler)",

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         for workers, threads in ((1, None), (2, 1)):
             rows.append(measure(server, body, workers, threads, plan))
     finally:
-        server.stop()
+        server.kill()
     print(
         f"tagger, {CLIENTS} clients, small JPEG, {time.strftime('%Y-%m-%d')}, load average "
         f"{os.getloadavg()[0]:.1f}\n"

@@ -184,7 +184,7 @@ def torchserve(work: Path, image: bytes, models: list[tuple[str, int]]) -> Itera
             lambda _kind, _images: lambda: math.nan,  # the rows' X-Batch-Size says it
         )
     finally:
-        server.stop()
+        server.kill()
 
 
 @contextmanager
@@ -227,7 +227,7 @@ def triton(work: Path, image: bytes, kinds: list[str]) -> Iterator[Target]:
                 batch_images,
             )
         finally:
-            server.stop()
+            server.kill()
 
 
 def _triton_counts(url: str, model: str) -> tuple[int, int]:

@@ -90,7 +90,7 @@ def torchserve_rows(photos: dict[str, bytes], work: Path, seconds: float) -> dic
             )
         return measure(endpoints, seconds)
     finally:
-        server.stop()
+        server.kill()
 
 
 def triton_rows(photos: dict[str, bytes], work: Path, seconds: float) -> dict[str, dict]:

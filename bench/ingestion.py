@@ -248,7 +248,7 @@ def measure_variant(
                     }
                 )
     finally:
-        server.stop()
+        server.kill()
     return rows
 
 

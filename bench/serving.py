@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.archives import ArchiveInfo, build_variant
+from bench.archives import ArchiveInfo
 from bench.batchlog import with_logged_batches
 from bench.layout import TAGGER
 from bench.loadgen import Endpoint, closed_loop, open_loop
@@ -198,19 +198,12 @@ def unregister_all(server: LocalTorchServe, timeout_s: float = 120.0) -> None:
 def registered_variant(
     server: LocalTorchServe, archive: ArchiveInfo, config: dict, name: str, work: Path
 ) -> Iterator[dict]:
-    """Archive the tagger with ``config`` as its model-config.yaml (``archive``'s backend and
-    QUANTIZE) into ``work/store/name``, register it, and yield its describe settings once
+    """``archive`` (the tagger's) with ``config`` as its model-config.yaml, at
+    ``work/store/name``, register it, and yield its describe settings once
     batchSize, maxBatchDelay and the READY workers are the config's (``SettingNotApplied``
     otherwise). Afterwards every model is unregistered and the archive deleted."""
     batch_size, delay, workers = config["batchSize"], config["maxBatchDelay"], config["minWorkers"]
-    mar = build_variant(
-        TAGGER,
-        config,
-        archive.backend,
-        work / "archive-work",
-        work / "store" / name,
-        quantize=archive.quantize,
-    )
+    mar = archive.with_config(config, work / "store" / name)
     try:
         server.client().register(
             name, workers=workers, batch_size=batch_size, max_batch_delay=delay

@@ -352,7 +352,7 @@ class TorchServeTarget:
         self.headers = self.server.keys.inference_headers()
 
     def stop(self) -> None:
-        self.server.stop()
+        self.server.kill()
 
     def classes(self, samples: Path) -> list[TrafficClass]:
         return traffic(samples)

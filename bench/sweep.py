@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                 run_setting(server, archive, base_yaml, body, plan, batch_size, delay, workers)
             )
     finally:
-        server.stop()
+        server.kill()
 
     results = {
         "meta": {

@@ -229,11 +229,18 @@ class LocalTorchServe:
             str(Path(sys.executable).parent / "torchserve"), self.workdir, self._env(), self._pids
         )
 
+    def kill(self) -> None:
+        """SIGKILL the frontend and its workers at once, without TorchServe's drain (3.5 s a
+        server here): a teardown's stop, with nothing in flight. ``start`` may follow."""
+        self._pids |= self._server_pids()
+        stop_processes(self._pids, grace=0)
+        self.pid_file.unlink(missing_ok=True)
+
     def __enter__(self) -> LocalTorchServe:
         return self.start()
 
     def __exit__(self, *exc) -> None:
-        self.stop()
+        self.kill()
 
     # ------------------------------------------------------------------ helpers
 

@@ -66,7 +66,7 @@ def torchserve(tmp_path_factory, model_store):
     try:
         yield server
     finally:
-        server.stop()
+        server.kill()
 
 
 @pytest.fixture(scope="session")

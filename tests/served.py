@@ -31,22 +31,14 @@ def variant_server(
 ) -> Iterator:
     """A second TorchServe serving only ``model``, archived from the shipped config with
     ``frontend`` settings (batchSize, ...) and ``handler`` settings replaced, always stopped."""
-    from bench.archives import ArchiveInfo, build_variant
+    from bench.archives import ArchiveInfo
     from devtools.server import LocalTorchServe
 
     config = yaml.safe_load((REPO / "config" / "models" / f"{model}.yaml").read_text())
     config.update(frontend)
     config["handler"] = {**config.get("handler", {}), **(handler or {})}
     store = tmp_path_factory.mktemp(f"{model}-variant-store")
-    shipped = ArchiveInfo.read(model_store / f"{model}.mar")
-    build_variant(
-        model,
-        config,
-        shipped.backend,
-        tmp_path_factory.mktemp("variant") / "work",
-        store / f"{model}.mar",
-        quantize=shipped.quantize,
-    )
+    ArchiveInfo.read(model_store / f"{model}.mar").with_config(config, store / f"{model}.mar")
     server = LocalTorchServe(
         tmp_path_factory.mktemp(f"{model}-variant-ts"), store, load_models=[f"{model}.mar"]
     )
@@ -54,7 +46,7 @@ def variant_server(
     try:
         yield server
     finally:
-        server.stop()
+        server.kill()
         shutil.rmtree(store, ignore_errors=True)
 
 

@@ -366,7 +366,7 @@ def test_a_server_killed_mid_embed_then_restarted_leaves_every_photo_once(tmp_pa
         stdout, stderr = job.communicate(timeout=300)
         again = subprocess.run(argv, env=server.cli_env(), capture_output=True, text=True)
     finally:
-        server.stop()
+        server.kill()
     assert again.returncode == 0, (stdout, stderr, again.stderr)
     table = pq.read_table(out).to_pandas()
     assert sorted(table["path"]) == sorted(str(p) for p in photos.glob("*.jpg"))

@@ -74,7 +74,7 @@ def ops(tmp_path_factory, model_store):
     try:
         yield server
     finally:
-        server.stop()
+        server.kill()
 
 
 def _tags(client, version=None, **kwargs) -> list[dict]:

@@ -89,7 +89,7 @@ def client(request, own, tmp_path_factory):
         try:
             yield server.client()
         finally:
-            server.stop()
+            server.kill()
         return
     from tsclient.triton import TritonClient
 

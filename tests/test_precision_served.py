@@ -31,7 +31,7 @@ def server(tmp_path_factory, model_store):
     try:
         yield ts
     finally:
-        ts.stop()
+        ts.kill()
 
 
 def choice_of(ts) -> dict:
