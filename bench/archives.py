@@ -23,6 +23,7 @@ from buildsteps.configgen import VERSION, archive_name, run_archive_sh
 from model_files.artifacts import (
     DEFAULT_QUANTIZE,
     INFO,
+    MANIFEST,
     archive_quantize,
     backend_of,
     read_manifest,
@@ -63,24 +64,30 @@ class ArchiveInfo:
             config_file or f"{manifest['modelName']}.yaml",
         )
 
-    def with_config(self, config: dict, mar_path: Path) -> Path:
-        """This archive with ``config`` as its model-config.yaml, at ``mar_path``: the same
-        weights, code and version, so what ``build_variant`` would pack from this archive's
-        inputs, in a second instead of archive.sh's eight (Info-ZIP's ``zip`` replaces the one
-        member and copies the others as they are compressed)."""
+    def with_config(self, config: dict, mar_path: Path, version: str | None = None) -> Path:
+        """This archive with ``config`` as its model-config.yaml (and ``version`` in its
+        manifest, if given), at ``mar_path``: the same weights and code, so what
+        ``build_variant`` would pack from this archive's inputs, in a second instead of
+        archive.sh's eight (Info-ZIP's ``zip`` replaces those members and copies the others as
+        they are compressed)."""
+        texts = {self.config_file: _config_text(config)}
+        if version is not None:
+            with zipfile.ZipFile(self.path) as mar:
+                manifest = json.loads(mar.read(MANIFEST))
+            manifest["model"]["modelVersion"] = version
+            texts[MANIFEST] = json.dumps(manifest, indent=2)
         mar_path.parent.mkdir(parents=True, exist_ok=True)
-        text = _config_text(config)
         if shutil.which("zip") is None:  # no Info-ZIP: every member written again (8 s)
             with zipfile.ZipFile(self.path) as old, zipfile.ZipFile(mar_path, "w") as new:
                 for info in old.infolist():
-                    is_config = info.filename == self.config_file
-                    new.writestr(info, text if is_config else old.read(info))
+                    new.writestr(info, texts.get(info.filename) or old.read(info))
             return mar_path
         shutil.copyfile(self.path, mar_path)
         with tempfile.TemporaryDirectory() as folder:
-            yaml_path = Path(folder) / self.config_file
-            yaml_path.write_text(text)
-            subprocess.run(["zip", "-q", "-j", str(mar_path), str(yaml_path)], check=True)
+            for name, text in texts.items():
+                (Path(folder) / name).parent.mkdir(parents=True, exist_ok=True)
+                (Path(folder) / name).write_text(text)
+            subprocess.run(["zip", "-q", str(mar_path.resolve()), *texts], cwd=folder, check=True)
         return mar_path
 
 

@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--seconds", type=float, default=6.0, help="per measurement")
+    parser.add_argument(
+        "--warmup", type=int, default=2, help="untimed forwards before each measurement"
+    )
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
     setup_cli("contention", args.quiet)
@@ -58,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     # Each runtime's own input: stock takes the normalised float crop, ours the uint8 crop.
     crop = torch.randint(0, 256, (3, 224, 224), dtype=torch.uint8)
     inputs = (normalize(crop), crop)
-    budget = raw.Budget(seconds=args.seconds, min_iters=1, max_iters=10**6, warmup_iters=2)
+    budget = raw.Budget(
+        seconds=args.seconds, min_iters=1, max_iters=10**6, warmup_iters=args.warmup
+    )
 
     def run_stock(pixels: torch.Tensor) -> None:
         with torch.inference_mode():

@@ -115,11 +115,14 @@ def refusal_record(serialized_file: str) -> str:
     return Path(serialized_file).with_suffix(".refused.json").name
 
 
+MANIFEST = "MAR-INF/MANIFEST.json"  # torch-model-archiver's manifest inside a .mar
+
+
 def read_manifest(mar: Path | zipfile.ZipFile) -> dict:
     """The ``model`` section of an archive's ``MAR-INF/MANIFEST.json`` (modelName,
     modelVersion, serializedFile, handler, ...); ``mar`` a path or an open archive."""
     if isinstance(mar, zipfile.ZipFile):
-        return json.loads(mar.read("MAR-INF/MANIFEST.json"))["model"]
+        return json.loads(mar.read(MANIFEST))["model"]
     with zipfile.ZipFile(mar) as archive:
         return read_manifest(archive)
 

@@ -112,7 +112,7 @@ def test_ingestion_split_reads_a_real_torchserve_log(tmp_path, model_store):
 
 def test_contention_probe_measures_both_runtimes_beside_each_neighbour(model_store):
     run = subprocess.run(
-        [sys.executable, "-m", "bench.contention", "--seconds", "0.5", "--quiet"],
+        [sys.executable, "-m", "bench.contention", "--seconds", "0.5", "--warmup", "1", "--quiet"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -136,7 +136,7 @@ def test_contention_probe_measures_both_runtimes_beside_each_neighbour(model_sto
 
 
 def test_soak_runs_every_class_and_reports(tmp_path, model_store):
-    """``python -m bench.soak --quick``: 12 s of every traffic class against a real server;
+    """``python -m bench.soak --quick``: 6 s of every traffic class against a real server;
     every class was sent and answered as a healthy server answers it, no worker restarted,
     and the report and plot were written."""
     run = subprocess.run(

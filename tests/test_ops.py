@@ -21,7 +21,7 @@ import pytest
 import requests
 import yaml
 
-from bench.archives import ArchiveInfo, build_variant
+from bench.archives import ArchiveInfo
 from devtools.server import LocalTorchServe
 from serveshared.keys import Keys
 from tests import imagegen
@@ -36,21 +36,13 @@ V2_TOP_K = 3
 IMAGE = imagegen.jpeg(400, 300, seed=21)
 
 
-def _build_v2(store, tmp) -> str:
+def _build_v2(store) -> str:
     """The tagger archived at 2.0 (backend and QUANTIZE of the shipped one) with a config
     whose only change is ``top_k``."""
     config = yaml.safe_load((REPO / "config" / "models" / "resnet50-tagger.yaml").read_text())
     config["handler"]["top_k"] = V2_TOP_K
     shipped = ArchiveInfo.read(REPO / "model-store" / "resnet50-tagger.mar")
-    build_variant(
-        "resnet50-tagger",
-        config,
-        shipped.backend,
-        tmp / "archive-v2",
-        store / "resnet50-tagger-2.0.mar",
-        quantize=shipped.quantize,
-        version="2.0",
-    )
+    shipped.with_config(config, store / "resnet50-tagger-2.0.mar", version="2.0")
     return "resnet50-tagger-2.0.mar"
 
 
@@ -61,7 +53,7 @@ def ops(tmp_path_factory, model_store):
     store.mkdir()
     for model in MODELS:
         (store / f"{model}.mar").symlink_to(model_store / f"{model}.mar")
-    v2 = _build_v2(store, tmp)
+    v2 = _build_v2(store)
     server = LocalTorchServe(
         tmp / "ts",
         store,
