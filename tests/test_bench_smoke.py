@@ -202,7 +202,7 @@ def test_soak_on_triton_runs_every_class_and_reports(tmp_path, model_store):
 
 def test_traffic_bench_measures_interactive_clients_beside_the_job(tmp_path, model_store):
     """``python -m bench.traffic`` tiny on our TorchServe: 2 clients x 5 photos/s x 2 s, alone
-    and while ``tsctl embed`` runs over 40 photos; every request and photo answered, and the
+    and while ``tsctl embed`` runs over 20 photos; every request and photo answered, and the
     report's row and provenance line written."""
     run = subprocess.run(
         [
@@ -210,7 +210,7 @@ def test_traffic_bench_measures_interactive_clients_beside_the_job(tmp_path, mod
             "-m",
             "bench.traffic",
             "--photos",
-            "40",
+            "20",
             "--seconds",
             "2",
             "--targets",
@@ -231,7 +231,7 @@ def test_traffic_bench_measures_interactive_clients_beside_the_job(tmp_path, mod
         assert row[window]["requests"] == row[window]["ok"] == 2 * 5 * 2, row[window]
         assert 0 < row[window]["p50_ms"] <= row[window]["p95_ms"] <= row[window]["max_ms"]
     for job in ("job_alone", "job_during"):
-        assert row[job]["done"] == 40 and row[job]["failed"] == 0, row[job]
+        assert row[job]["done"] == 20 and row[job]["failed"] == 0, row[job]
         assert row[job]["images_per_s"] > 0
     markdown = (tmp_path / "traffic.md").read_text()
     assert markdown.splitlines()[2].startswith("- Date: ")
