@@ -202,7 +202,7 @@ def test_the_triton_adapter_answers_with_tensors_and_no_json(
     JSON on the path is reading each request's parameters."""
     tagger = triton_model(fake_pb_utils, weights_dir, "tags")
     embedder = triton_model(fake_pb_utils, weights_dir, "embedding")
-    labels = tagger.model.answers.labels
+    labels = tagger.model.answers.classes.labels
     requests_ = [FakeRequest(PHOTOS[:2], '{"topk": 3}', "a"), FakeRequest(PHOTOS[2:], "{}", "b")]
     loaded = []
 
