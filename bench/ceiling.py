@@ -227,7 +227,7 @@ def triton(work: Path, image: bytes, kinds: list[str]) -> Iterator[Target]:
                 batch_images,
             )
         finally:
-            server.kill()
+            server.stop()
 
 
 def _triton_counts(url: str, model: str) -> tuple[int, int]:
