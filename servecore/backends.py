@@ -316,7 +316,13 @@ def _openvino(path: Path, threads: int, precision: str, warmup: tuple[int, ...])
         compiled.get_property(props.inference_num_threads),
     )
     return Backend(
-        "openvino", f"int8+{used}" if quantised else used, path.name, "cpu", forward, emulated
+        "openvino",
+        f"int8+{used}" if quantised else used,
+        path.name,
+        "cpu",
+        forward,
+        emulated,
+        torch_threads=False,
     )
 
 
@@ -349,4 +355,5 @@ def _onnx(path: Path, device: torch.device, options: RuntimeOptions) -> Backend:
         return torch.from_numpy(embedding), torch.from_numpy(logits)
 
     on_gpu = session.get_providers()[0] == "CUDAExecutionProvider"
-    return Backend("onnx", "f32", path.name, str(device) if on_gpu else "cpu", forward)
+    device_name = str(device) if on_gpu else "cpu"
+    return Backend("onnx", "f32", path.name, device_name, forward, torch_threads=False)

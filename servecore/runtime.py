@@ -19,7 +19,8 @@ class Backend:
     [N, classes])`` (the checkpoint's own class count), CPU float32, ``pixels`` uint8 on the
     CPU or already on the backend's device; ``emulated``: the runtime runs ``precision``
     without the CPU's native units for it (OpenVINO's bf16 on AVX-512 without bf16: real bf16
-    rounding, slower than f32)."""
+    rounding, slower than f32); ``torch_threads``: the forward runs on torch's intra-op
+    threads (eager, TorchScript), not a runtime's own (OpenVINO, ONNX Runtime)."""
 
     name: str
     precision: str
@@ -27,6 +28,7 @@ class Backend:
     device: str
     forward: Forward
     emulated: bool = False
+    torch_threads: bool = True
 
     def __call__(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.forward(pixels)

@@ -173,6 +173,13 @@ class ImageModel:
             f"{settings.archive_name or settings.name} {settings.version}",
             classes.rows,
         )
+        # Beside a runtime with threads of its own, the core's torch work (stacking crops, top-k)
+        # is small and torch's idle OpenMP threads busy-wait after each parallel op: on one
+        # thread the core's CPU per image halves (results/core-cost.md). The explainer's
+        # eager passes get every thread back while they run.
+        cores = torch.get_num_threads()
+        if self.device.type == "cpu" and not self.backend.torch_threads and not config.threads:
+            torch.set_num_threads(1)
         # Operators grep worker logs for this line.
         logger.info("%s precision_choice %s", settings.name, self.choice.line())
         self.answers = AnswerSpec(
@@ -188,6 +195,7 @@ class ImageModel:
             config.explain,
             classes,
             embedding_default=self.answers.task is Output.EMBEDDING,
+            threads=cores,
         )
         self.cache = AnswerCache(config.cache_bytes, self.answers, self.backend.precision)
         self.intake = Intake(

@@ -32,7 +32,7 @@ def null_backend(*_args, **_kwargs) -> tuple[Backend, Choice]:
         rows = len(pixels)
         return row.expand(rows, -1), torch.zeros(rows, fixed.CLASSES)
 
-    backend = Backend("null", fixed.PRECISION, "none", "cpu", forward)
+    backend = Backend("null", fixed.PRECISION, "none", "cpu", forward, torch_threads=False)
     return backend, Choice(fixed.PRECISION, "a null model for the engine ceiling benchmark")
 
 

@@ -8,7 +8,8 @@ and logits (``compute``, Captum on the eager model) as ``Explained`` values.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -38,8 +39,10 @@ class Explanations:
         config: ExplainConfig,
         classes: Classes,
         embedding_default: bool,
+        threads: int = 0,
     ) -> None:
         self.config = config
+        self.threads = threads  # torch's intra-op threads for the eager passes (0: as they are)
         self.classes = classes
         self.embedding_default = embedding_default  # the embedding model explains its vector
         self.explainer = load_explainer(checkpoint, config.png_max_side)
@@ -123,7 +126,8 @@ class Explanations:
                 ExplainJob(opened.spec, r.rows, self._pictures(opened)) for _, r, opened in asking
             ]
             # The explainer runs on the CPU; a GPU worker's batch may be on its GPU.
-            answers = self.explainer.explain(batch.pixels.cpu(), logits, jobs, self.classes)
+            with torch_threads(self.threads):
+                answers = self.explainer.explain(batch.pixels.cpu(), logits, jobs, self.classes)
         except Exception as exc:  # noqa: BLE001 - the boundary of the explanation requests
             error = detached(as_request_error(exc, "explaining", asking[0][1].request_id))
             return {i: Failed(r.request_id, error) for i, r, _ in asking}
@@ -145,3 +149,15 @@ def _picture(image: OpenedImage | GivenCrop) -> Image.Image:
     if isinstance(image, GivenCrop):
         return Image.fromarray(image.crop.permute(1, 2, 0).numpy())
     return decode(image)
+
+
+@contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """torch's intra-op threads set to ``threads`` (0: unchanged) for the block, then back."""
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
