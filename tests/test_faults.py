@@ -242,12 +242,18 @@ def test_a_triton_stub_killed_under_load_is_reloaded_and_readiness_says_so(trito
     killed = kill_under_load(load, readiness, pid, (PROBE, THROUGH))
     back = back_after(load, TAGGER, killed)
     assert back < BACK_WITHIN_S, back
+
     # In the gap: Triton's "no available versions" (tsclient's 503) at once; 500 or the
-    # client's timeout only for what was in the stub or sent before the watchdog's look.
+    # client's timeout only for what was in the stub or sent before the watchdog's look, or
+    # what met the reloaded model's first batch (over 1 s on a busy host: 5 runs with two CPU
+    # burners, 2026-11-27).
+    def unanswered_allowed(sent: float) -> bool:
+        return sent - killed < 2.0 or sent > killed + back - 2.0
+
     gap = [a for a in load.of(TAGGER, killed - CLIENT_TIMEOUT_S) if a[1] > killed]
     for sent, _, _, status, text in gap:
         if status in (0, 500):
-            assert sent - killed < 2.0, (sent - killed, status, text)
+            assert unanswered_allowed(sent), (sent - killed, back, status, text)
         else:
             assert status == 200 or (status == 404 and TRITON_RELOADING in text), (status, text)
     # The clients above may be held in the dead stub past the whole reload; the probe, whose
@@ -258,7 +264,7 @@ def test_a_triton_stub_killed_under_load_is_reloaded_and_readiness_says_so(trito
     fronted = load.of(THROUGH, killed - CLIENT_TIMEOUT_S)
     for sent, _, _, status, text in (a for a in fronted if a[1] > killed):
         if status in (0, 500):
-            assert sent - killed < 2.0, (sent - killed, status, text)
+            assert unanswered_allowed(sent), (sent - killed, back, status, text)
         else:
             assert status == 200 or (status == 503 and "ModelUnavailable" in text), (status, text)
     refused = [a[4] for a in fronted if a[3] == 503]
