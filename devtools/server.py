@@ -16,6 +16,7 @@ import contextlib
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -196,6 +197,13 @@ class LocalTorchServe:
             overrides["load_models"] = ",".join(self.load_models)
         overrides.update(self.properties)
         text = rewrite_properties(self.config.read_text(), overrides)
+        # TorchServe unpacks each archive under Java's temp folder and removes it only when it
+        # stops itself: this server's own folder, so that kill() can remove what it left.
+        vmargs = re.search(r"^vmargs=(.*)$", text, re.MULTILINE)
+        java_tmp = f"-Djava.io.tmpdir={self.tmpdir}"
+        text = rewrite_properties(
+            text, {"vmargs": f"{vmargs.group(1)} {java_tmp}" if vmargs else java_tmp}
+        )
         config_path.write_text(text)
         self._expected = _startup_models(text, self.model_store)
         command = [
@@ -235,6 +243,7 @@ class LocalTorchServe:
         self._pids |= self._server_pids()
         stop_processes(self._pids, grace=0)
         self.pid_file.unlink(missing_ok=True)
+        shutil.rmtree(self.tmpdir / "models", ignore_errors=True)  # the unpacked archives
 
     def __enter__(self) -> LocalTorchServe:
         return self.start()
