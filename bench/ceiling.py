@@ -1,7 +1,7 @@
 """The serving engines' own ceilings: requests/s and images/s through TorchServe and through
 Triton with models that do no work (``bench.null``), so a GPU server can be planned on paper.
 
-    python -m bench.ceiling            # make bench-ceiling -> results/ceiling.md (~4 minutes)
+    python -m bench.ceiling            # make bench-ceiling -> results/ceiling.md (~10 minutes)
     python -m bench.ceiling --quick    # one short row per engine (the suite's smoke test)
 
 Rows: each engine x {bare: the engine alone, a fixed answer; core: our adapter and core with
@@ -14,7 +14,8 @@ in time and count. Besides the rates, each row gives the CPU time the server spe
 request, split into the frontend (TorchServe's Java process, ``tritonserver``) and the model's
 worker (a Python process: one core at most), and the cores the load generator took: on a
 shared host the CPU per request is the steadier figure, and what the plan
-(``docs/backends.md``) scales.
+(``docs/backends.md``) scales. Each row runs three times (``--rounds``), interleaved, and its
+median round is reported: one run of a row moved by 15% and more on this shared host.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import psutil
@@ -85,6 +86,7 @@ class Row:
     frontend_ms: float  # server CPU ms per request, frontend
     worker_ms: float  # ... the model's worker
     client_cores: float  # the load generator's CPU over the run
+    worker_ms_runs: tuple[float, ...] = ()  # every round's worker_ms (this row: the median's)
 
 
 class Cpu:
@@ -325,7 +327,7 @@ def _f(value: float, places: int = 0) -> str:
     return "n/a" if math.isnan(value) else f"{value:,.{places}f}"
 
 
-def report(rows: list[Row], machine: dict, seconds: float) -> str:
+def report(rows: list[Row], machine: dict, seconds: float, rounds: int = 1) -> str:
     """results/ceiling.md: the rows, then the plan for one H100 from them."""
     lines = [
         "# Engine ceilings: models that do no work",
@@ -342,14 +344,16 @@ def report(rows: list[Row], machine: dict, seconds: float) -> str:
         f"{seconds:g} s after {WARMUP} warm-up requests, on 127.0.0.1; one worker (instance); "
         f"queues of {package.QUEUE} requests (the ceiling, not the shipped bound); bare: the "
         "engine alone, a fixed answer; core: our adapter and core, decode and forward no-ops",
+        f"- Rounds: each row ran {rounds} time(s), an engine's rows in turn; the row shown is "
+        "its median round by worker CPU per request, every round's figure in the last column",
         "",
         "## Rows",
         "",
         "| engine | model | images/request | request | clients | requests | errors | "
         "requests/s | images/s | p50 ms | p99 ms | images/batch | frontend CPU ms/request | "
-        "worker CPU ms/request | load generator cores |",
+        "worker CPU ms/request | load generator cores | worker CPU ms/request, each round |",
         "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
-        "---: | ---: | ---: |",
+        "---: | ---: | ---: | --- |",
     ]
     for r in rows:
         lines.append(
@@ -357,7 +361,8 @@ def report(rows: list[Row], machine: dict, seconds: float) -> str:
             f"{r.requests:,} | "
             f"{r.errors} | {_f(r.requests_per_s)} | {_f(r.images_per_s)} | {_f(r.p50_ms, 1)} | "
             f"{_f(r.p99_ms, 1)} | {_f(r.batch_images, 1)} | {_f(r.frontend_ms, 2)} | "
-            f"{_f(r.worker_ms, 2)} | {_f(r.client_cores, 2)} |"
+            f"{_f(r.worker_ms, 2)} | {_f(r.client_cores, 2)} | "
+            f"{', '.join(_f(w, 2) for w in r.worker_ms_runs)} |"
         )
     lines += [
         "",
@@ -384,9 +389,21 @@ def report(rows: list[Row], machine: dict, seconds: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(rows: list[tuple[str, str, int, str]], seconds: float, work: Path) -> list[Row]:
+def median_row(runs: list[Row]) -> Row:
+    """The round whose worker CPU per request is the median (the lower middle of an even
+    count), carrying every round's figure."""
+    ordered = sorted(runs, key=lambda r: r.worker_ms)
+    middle = ordered[(len(ordered) - 1) // 2]
+    return replace(middle, worker_ms_runs=tuple(r.worker_ms for r in runs))
+
+
+def run(
+    rows: list[tuple[str, str, int, str]], seconds: float, work: Path, rounds: int = 1
+) -> list[Row]:
     """Each (engine, kind, images, form) row, engine by engine; an engine not installed is left
-    out, saying why."""
+    out, saying why. With ``rounds`` > 1 the engine's rows run in turn that many times (bare and
+    core interleaved, so that a busy spell of a shared host falls on both) and each row is its
+    median round (``median_row``)."""
     image = (SAMPLES / IMAGES["small"]).read_bytes()
     measured = []
     for engine in ENGINES:
@@ -405,8 +422,10 @@ def run(rows: list[tuple[str, str, int, str]], seconds: float, work: Path) -> li
             server = torchserve(fresh_dir(work / engine), image, wanted)
         logger.info("starting %s", engine)
         with server as target:
-            for kind, images, form in requests:
+            runs: dict[tuple[str, int, str], list[Row]] = {}
+            for kind, images, form in [r for _ in range(rounds) for r in requests]:
                 row = measure(target, kind, images, form, seconds)
+                runs.setdefault((kind, images, form), []).append(row)
                 logger.info(
                     "%s %s x%d %s: %.0f requests/s, %.0f images/s, p50 %.1f ms, %d errors",
                     engine,
@@ -418,7 +437,7 @@ def run(rows: list[tuple[str, str, int, str]], seconds: float, work: Path) -> li
                     row.p50_ms,
                     row.errors,
                 )
-                measured.append(row)
+            measured += [median_row(found) for found in runs.values()]
     return measured
 
 
@@ -427,6 +446,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.ceiling", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--seconds", type=float, default=12.0, help="measured time per row")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="times each row runs; the median is reported"
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -440,21 +462,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     setup_cli("bench.ceiling", args.quiet)
     if args.quick:
-        plan_rows, seconds = [(e, "core", 8, "binary") for e in ENGINES], 2.0
+        plan_rows, seconds, rounds = [(e, "core", 8, "binary") for e in ENGINES], 2.0, 1
     else:
         plan_rows = [(e, k, n, f) for e in ENGINES for k in KINDS for n, f in REQUESTS]
-        seconds = args.seconds
+        seconds, rounds = args.seconds, max(1, args.rounds)
     plan_rows = [r for r in plan_rows if r[0] in (args.engine or ENGINES)]
     machine = describe_machine()
     # Not under build/: the staged copies of our packages would count as more modules.
     with tempfile.TemporaryDirectory(prefix="bench-ceiling-") as work:
-        rows = run(plan_rows, seconds, Path(work))
+        rows = run(plan_rows, seconds, Path(work), rounds)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "ceiling.json").write_text(
         json.dumps({"machine": machine, "rows": [asdict(r) for r in rows]}, indent=2) + "\n"
     )
-    (args.out / "ceiling.md").write_text(report(rows, machine, seconds))
-    print(report(rows, machine, seconds))
+    (args.out / "ceiling.md").write_text(report(rows, machine, seconds, rounds))
+    print(report(rows, machine, seconds, rounds))
     return 0
 
 

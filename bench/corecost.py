@@ -85,6 +85,7 @@ class Request:
     def __init__(self, inputs, rid): self.inputs, self.rid = inputs, rid
     def request_id(self): return self.rid
     def parameters(self): return "{}"
+    def requested_output_names(self): return []  # none named: every output, as before
 class NoFamily:  # a Triton started with --allow-metrics=false: the adapter's metrics off
     COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
     def __init__(self, **_): raise RuntimeError("metrics off")

@@ -97,8 +97,8 @@ class TopK:
 @dataclass(frozen=True)
 class BatchOutputs:
     """The model's answers for every image row of a batch, computed once per batch: the
-    embeddings (float32, L2-normalised when the model says so) only when some request wants
-    them, tags up to the largest ``topk``."""
+    embeddings (float32, L2-normalised when the model says so) and the tags (up to the largest
+    ``topk``), each only when some request wants them."""
 
     embeddings: np.ndarray | None
     top: TopK
@@ -116,7 +116,10 @@ class BatchOutputs:
             if spec.normalize_embedding:
                 embedding = torch.nn.functional.normalize(embedding, dim=1)
             embeddings = embedding.numpy()
-        k = max((r.tags_top_k(spec.default_top_k) for r in requests), default=1)
+        tagged = [r for r in requests if r.wants(Output.TAGS, spec.task)]
+        if not tagged:  # no softmax and top-k for a batch of embeddings
+            return cls(embeddings, TopK(()))
+        k = max(r.tags_top_k(spec.default_top_k) for r in tagged)
         return cls(embeddings, TopK.of(logits, k, spec.classes))
 
     def prediction(self, request: ParsedRequest, rows: range, spec: AnswerSpec) -> Prediction:

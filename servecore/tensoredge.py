@@ -49,10 +49,11 @@ class TensorEdge:
             request_id, request, explain=request.parameters.get(EXPLAIN) is True
         ).classified(headers.get(PRIORITY_HEADER.lower()), headers.get(DEADLINE_HEADER.lower()))
 
-    def encode(self, reply: Reply) -> TensorReply:
-        """``reply`` as its outputs (``servecore.tensoroutput``), or its error's body and the
-        nearest code Triton can send."""
+    def encode(self, reply: Reply, wanted: frozenset[str] = frozenset()) -> TensorReply:
+        """``reply`` as its outputs (``servecore.tensoroutput``; ``wanted``: the outputs the
+        request asked for, empty for all), or its error's body and the nearest code Triton can
+        send."""
         if reply.error is not None:
             status = status_of(reply.error)
             return TensorReply(error=json.dumps(error_body(reply.error)), code=triton_code(status))
-        return TensorReply(outputs=output_arrays(reply, self.dtypes, self.spec))
+        return TensorReply(outputs=output_arrays(reply, self.dtypes, self.spec, wanted))

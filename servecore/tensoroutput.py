@@ -21,16 +21,22 @@ from servecore.service import Reply
 from servecore.tensorinput import CACHED, EXPLANATIONS, PRECISION
 
 
-def output_arrays(reply: Reply, dtypes: dict[str, type], spec: AnswerSpec) -> dict[str, np.ndarray]:
+def output_arrays(
+    reply: Reply, dtypes: dict[str, type], spec: AnswerSpec, wanted: frozenset[str] = frozenset()
+) -> dict[str, np.ndarray]:
     """An answer's outputs: a prediction's arrays as the outputs the model config declares,
     with the precision that computed them (TorchServe's ``X-Precision``) as ``precision``, one
     per image, and whether the content cache answered each image as ``cached``; or an
-    explanation's JSON document as ``explanations`` ([1, 1])."""
+    explanation's JSON document as ``explanations`` ([1, 1]). ``wanted``: the outputs the
+    client asked for (empty: all); a prediction's others are not built, since the engine would
+    drop them (Triton passes on only the requested outputs)."""
     if isinstance(reply.answer, Explained):
         text = json.dumps(answer_body(reply.answer, spec))
         return {EXPLANATIONS: np.array([[text]], dtype=np.object_)}
     if not isinstance(reply.answer, Prediction):
         raise TypeError(f"a reply without an error carries an answer, got {reply.answer!r}")
+    if wanted:
+        dtypes = {name: dtype for name, dtype in dtypes.items() if name in wanted}
     answer, outputs = reply.answer, dict[str, np.ndarray]()
     embedding, tags = Output.EMBEDDING.value, Output.TAGS.value
     if answer.embeddings is not None and embedding in dtypes:

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from bench.ceiling import GPU_FIGURES, Row, plan
+from bench.ceiling import GPU_FIGURES, Row, median_row, plan
 from tests.conftest import REPO
 
 
@@ -68,3 +68,15 @@ def test_plan_counts_workers_and_frontend_cores():
     assert need.workers == math.ceil(rate / 8 * 2.5 / 1000)
     assert need.frontend_cores == pytest.approx(rate / 8 * 0.5 / 1000)
     assert need.form == "json"  # the plan's table says which request form it scales
+
+
+def test_a_row_of_several_rounds_is_its_median_round():
+    """Three rounds of 0.30, 0.10 and 0.20 worker ms: the row is the 0.20 round, with all
+    three figures in the order they ran."""
+    rounds = [
+        Row("triton", "core", 1, "raw", 128, n, 0, {}, 1.0, 1.0, 5.0, 9.0, 64.0, 0.4, ms, 0.1)
+        for n, ms in ((1, 0.30), (2, 0.10), (3, 0.20))
+    ]
+    row = median_row(rounds)
+    assert (row.requests, row.worker_ms) == (3, 0.20)
+    assert row.worker_ms_runs == (0.30, 0.10, 0.20)

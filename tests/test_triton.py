@@ -131,12 +131,22 @@ class NoMetricFamily:
 class FakeRequest:
     """``pb_utils.InferenceRequest`` as the adapter reads it."""
 
-    def __init__(self, images: list[bytes], parameters: str = "{}", request_id: str = "") -> None:
+    def __init__(
+        self,
+        images: list[bytes],
+        parameters: str = "{}",
+        request_id: str = "",
+        outputs: tuple[str, ...] = (),
+    ) -> None:
         self.images = np.array([[image] for image in images], dtype=object)
-        self.text, self.id = parameters, request_id
+        self.text, self.id, self.outputs = parameters, request_id, outputs
 
     def request_id(self) -> str:
         return self.id
+
+    def requested_output_names(self) -> list[str]:
+        """The outputs the client named (none: Triton then hands over every output)."""
+        return list(self.outputs)
 
     def parameters(self) -> str:
         return self.text
@@ -273,6 +283,26 @@ def test_the_triton_adapter_marks_each_image_the_cache_answered(fake_pb_utils, w
     assert both.tensors["cached"].dtype == np.bool_
     assert plain.tensors["cached"].tolist() == [[False], [False]]
     assert both.tensors["tags"][0].tolist() == first.tensors["tags"][0].tolist()
+
+
+def test_the_triton_adapter_builds_only_the_outputs_a_request_names(fake_pb_utils, weights_dir):
+    """Issue #49: a request naming its outputs gets those (Triton would drop the rest); one
+    naming none gets every declared output, as Triton hands it over then."""
+    tagger = triton_model(fake_pb_utils, weights_dir, "tags")
+    tagger.edge.dtypes["precision"] = np.object_  # as the generated config.pbtxt declares it
+    declared = set(tagger.edge.dtypes)
+    tags_only, with_precision, every = tagger.execute(
+        [
+            FakeRequest(PHOTOS[:1], outputs=("tags",)),
+            FakeRequest(PHOTOS[:1], outputs=("tags", "precision")),
+            FakeRequest(PHOTOS[:1]),
+        ]
+    )
+    assert set(tags_only.tensors) == {"tags"}
+    assert set(with_precision.tensors) == {"tags", "precision"}
+    assert set(every.tensors) == declared
+    assert tags_only.tensors["tags"].tolist() == every.tensors["tags"].tolist()
+    assert with_precision.tensors["precision"].tolist() == every.tensors["precision"].tolist()
 
 
 def test_the_triton_adapter_sends_the_core_error_body(fake_pb_utils, weights_dir):

@@ -63,7 +63,11 @@ class TritonPythonModel:
         asks = [_parameters(r) for r in requests]
         served = [(r, ask) for r, ask in zip(requests, asks) if ask.get(DESCRIBE) is not True]
         incoming = [self.edge.decode(r.request_id() or "?", _payload(r, ask)) for r, ask in served]
-        replies = self.model.run(incoming, self._response) if served else []
+        # The core writes the replies in request order; each with the outputs its request named.
+        wanted = iter([frozenset(r.requested_output_names()) for r, _ in served])
+        replies = (
+            self.model.run(incoming, lambda r: self._response(r, next(wanted))) if served else []
+        )
         if len(replies) != len(served):  # Triton needs exactly one response per request
             raise RuntimeError(f"the model answered {len(replies)} of {len(served)} requests")
         answers = iter(replies)
@@ -72,10 +76,11 @@ class TritonPythonModel:
     def finalize(self) -> None:
         self.metrics.close()
 
-    def _response(self, reply: Reply):
-        """A ``Reply`` as Triton's response: the tensor edge's output arrays as tensors, or
-        its error body as this request's ``TritonError`` with the code the edge named."""
-        sent = self.edge.encode(reply)
+    def _response(self, reply: Reply, wanted: frozenset[str]):
+        """A ``Reply`` as Triton's response: the tensor edge's output arrays (those of
+        ``wanted``, the outputs its request named) as tensors, or its error body as this
+        request's ``TritonError`` with the code the edge named."""
+        sent = self.edge.encode(reply, wanted)
         if sent.outputs is None:
             code = getattr(pb_utils.TritonError, str(sent.code))
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(sent.error, code))
@@ -100,8 +105,9 @@ def _payload(request, parameters: dict) -> TensorRequest:
 
 
 def _parameters(request) -> dict:
-    """The request's parameters (Triton hands them over as JSON text)."""
-    return json.loads(request.parameters() or "{}")
+    """The request's parameters (Triton hands them over as JSON text, "{}" when none)."""
+    text = request.parameters()
+    return json.loads(text) if text and text != "{}" else {}
 
 
 def output_dtypes(config: dict) -> dict[str, type]:

@@ -1,6 +1,7 @@
 """Triton's engine alone: a Python-backend model that answers every request with ``fixed``'s
 embedding, one row per image of its ``images`` input, and a ``precision`` per image (what
-our clients ask for beside the embedding), decoding nothing."""
+our clients ask for beside the embedding), decoding nothing; only the outputs the request names
+(Triton passes on no others), as our adapter answers."""
 
 from __future__ import annotations
 
@@ -26,13 +27,11 @@ class TritonPythonModel:
                     np.tile(self.row, (images, 1)),
                     np.full((images, 1), fixed.PRECISION, dtype=np.object_),
                 ]
-            embedding, precision = self.answers[images]
+            wanted = set(request.requested_output_names()) or {"embedding", "precision"}
+            outputs = zip(("embedding", "precision"), self.answers[images])
             responses.append(
                 pb_utils.InferenceResponse(
-                    output_tensors=[
-                        pb_utils.Tensor("embedding", embedding),
-                        pb_utils.Tensor("precision", precision),
-                    ]
+                    output_tensors=[pb_utils.Tensor(n, a) for n, a in outputs if n in wanted]
                 )
             )
         return responses
