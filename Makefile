@@ -254,7 +254,7 @@ bench-crops: setup config archives samples triton-server
 # TorchServe and Triton serving models that do no work (the engine alone, and our adapter and
 # core with decode and forward no-ops), 1-image and 8-image (v2 JSON, v2 binary) requests ->
 # results/ceiling.md: requests/s, images/s and CPU per request, and the plan for one H100
-# (docs/backends.md) (about 5 minutes).
+# (docs/backends.md); each row three times, its median shown (about 10 minutes).
 bench-ceiling: setup config weights samples triton-server
 	$(PY) -m bench.ceiling
 
