@@ -265,6 +265,14 @@ bench-ceiling: setup config weights samples triton-server
 bench-core: setup config weights samples
 	$(PY) -m bench.corecost
 
+# The served tagger of BEFORE (default 399bde5, before issue #49) and of this tree, two
+# TorchServes side by side, 16 clients on each sample image in turn, three rounds ->
+# results/before-after.md (about 8 minutes).
+BEFORE ?=
+.PHONY: bench-before-after
+bench-before-after: setup config archives samples
+	$(PY) -m bench.beforeafter $(if $(BEFORE),--before $(BEFORE))
+
 # Several tagger heads from one forward against one head and against two models, the core in
 # process, side by side -> results/heads.md (about a minute).
 .PHONY: bench-heads
