@@ -207,7 +207,7 @@ def triton(work: Path, image: bytes, kinds: list[str]) -> Iterator[Target]:
                 url = f"{server.url}/v2/models/{model_name(kind)}/infer"
                 if form == "raw":
                     body, headers = binary_request(image, "embedding")
-                else:  # what tsclient asks Triton for: the embedding and its precision
+                else:  # what serveclient asks Triton for: the embedding and its precision
                     body, headers = v2_request(form, images, image, ["embedding", "precision"])
                 return Endpoint(url, headers, body)
 

@@ -12,7 +12,7 @@ On one local TorchServe (the archives of model-store/):
 3. **kill**: the job again, SIGKILLed once about half the photos are written, then rerun:
    rows written before the kill, images the server answered by then (its ``resnet50_images``
    counter), and what the rerun redid;
-4. **similar**: ``tsclient.search.nearest`` over ``--vectors`` stored random unit vectors, and
+4. **similar**: ``serveclient.search.nearest`` over ``--vectors`` stored random unit vectors, and
    ``tsctl similar`` end to end (the query embedded by the server).
 
 The photos (mixed sizes, JPEG and PNG, seeded) are generated once into build/bench-collection/.
@@ -38,10 +38,10 @@ from bench.loadgen import Connection, Endpoint, post_once
 from bench.machine import cpu_model, dated
 from bench.stats import summarize
 from devtools.server import LocalTorchServe
-from tsclient import metrics
-from tsclient.batchjob import Plan
-from tsclient.search import nearest
-from tsclient.vectors import EMBEDDING_DIM, Output, Row
+from serveclient import metrics
+from serveclient.batchjob import Plan
+from serveclient.search import nearest
+from serveclient.vectors import EMBEDDING_DIM, Output, Row
 
 REPO = Path(__file__).resolve().parent.parent
 WORK = REPO / "build" / "bench-collection"
@@ -258,9 +258,10 @@ def report(results: dict) -> str:
             "",
             "## Exact search",
             "",
-            f"`tsclient.search.nearest` over {q['vectors']:,} stored vectors ({q['file_mb']} MB of "
-            f"Parquet), k=10: the first search {q['first_search_s']} s (it decodes the Parquet "
-            f"once and writes the unit vectors beside it as `.search.npy`), then three runs: "
+            f"`serveclient.search.nearest` over {q['vectors']:,} stored vectors "
+            f"({q['file_mb']} MB of Parquet), k=10: the first search {q['first_search_s']} s "
+            "(it decodes the Parquet once and writes the unit vectors beside it as "
+            "`.search.npy`), then three runs: "
             f"{', '.join(f'{t} s' for t in q['search_s'])}; "
             f"`tsctl similar` end to end (start, embed the query on the server, search): "
             f"{q['tsctl_similar_wall_s']} s.",

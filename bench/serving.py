@@ -18,7 +18,7 @@ from bench.loadgen import Endpoint, closed_loop, open_loop
 from bench.memory import PeakRss
 from bench.stats import Sample, summarize
 from devtools.server import LocalTorchServe
-from tsclient.errors import ApiError
+from serveclient.errors import ApiError
 
 
 @dataclass(frozen=True)

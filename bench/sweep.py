@@ -29,7 +29,7 @@ from bench.layout import TAGGER as OURS
 from bench.serving import LoadPlan, ModelUnderTest, SettingNotApplied, registered_variant
 from buildsteps.configgen import MODELS_DIR
 from devtools.server import LocalTorchServe
-from tsclient.errors import ApiError
+from serveclient.errors import ApiError
 
 log = logging.getLogger("bench.sweep")
 

@@ -52,8 +52,8 @@ from bench.triton import binary_request
 from buildsteps.configgen import bulk_lanes
 from devtools.server import LocalTorchServe, free_ports
 from model_files.artifacts import LABELS
-from tsclient import metrics
-from tsclient.batchjob import Plan
+from serveclient import metrics
+from serveclient.batchjob import Plan
 
 log = logging.getLogger("bench.traffic")
 

@@ -29,9 +29,9 @@ import psutil
 import requests
 
 from buildsteps.configgen import rewrite_properties
+from serveclient.client import TorchServeClient
 from serveshared.errors import KeyFileError
 from serveshared.keys import Keys
-from tsclient.client import TorchServeClient
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO / "config" / "config.properties"

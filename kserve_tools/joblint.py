@@ -143,4 +143,4 @@ def job_problems(obj: dict, bucket: str | None, service: str) -> Iterator[Proble
                 "take it from the storage initializer's S3 secret (secretKeyRef)",
             )
     if "PYTHONPATH" in env:
-        yield Problem(env_path, "PYTHONPATH set", "remove it; the image installs tsclient")
+        yield Problem(env_path, "PYTHONPATH set", "remove it; the image installs serveclient")

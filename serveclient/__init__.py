@@ -1,6 +1,6 @@
 """Client side of a running server (TorchServe or Triton): the Python API (``Client``, chosen by
 ``connect``; ``TorchServeClient``, ``TritonClient``), its keys and errors, and the ``tsctl``
-command line (``tsclient.cli``).
+command line (``serveclient.cli``).
 
     client.py      ``connect`` and the public names; base.py: ``Client``, what every engine's
                    client offers; torchserve.py and triton.py: the two engines' clients
@@ -19,8 +19,7 @@ command line (``tsclient.cli``).
     cli/           the ``tsctl`` command line
 """
 
-from serveshared.keys import Keys
-from tsclient.client import (
+from serveclient.client import (
     Client,
     TorchServeClient,
     TritonClient,
@@ -28,7 +27,8 @@ from tsclient.client import (
     check_name,
     connect,
 )
-from tsclient.errors import ServeError, TsError
+from serveclient.errors import ServeError, TsError
+from serveshared.keys import Keys
 
 __all__ = [
     "Client",

@@ -1,5 +1,5 @@
-"""``Client``: what every engine's client offers (``tsclient.torchserve``, ``tsclient.triton``),
-and the HTTP, key and naming rules they share.
+"""``Client``: what every engine's client offers (``serveclient.torchserve``,
+``serveclient.triton``), and the HTTP, key and naming rules they share.
 
 Keys: every call carries the key its port wants (``serveshared.keys``). When the server
 refuses a key, the engine's client says what to retry with (``_retry_key``): TorchServe's
@@ -29,6 +29,9 @@ from urllib.parse import urlsplit
 
 import requests
 
+from serveclient import errors
+from serveclient.engine import Engine
+from serveclient.traffic import INTERACTIVE, Traffic
 from serveshared.keys import Keys, bearer
 from serveshared.v2binary import (
     BINARY_DATA,
@@ -39,9 +42,6 @@ from serveshared.v2binary import (
     read_outputs,
 )
 from serveshared.wire import CACHE_HITS_HEADER, PRECISION_HEADER
-from tsclient import errors
-from tsclient.engine import Engine
-from tsclient.traffic import INTERACTIVE, Traffic
 
 TIMEOUT_S = 300.0  # registration and scaling wait for workers
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-.]*")
@@ -289,7 +289,7 @@ class Client(ABC):
         with the precision that computed them (the ``X-Precision`` header; from Triton, its
         ``precision`` output, asked for beside ``output``), and which the server's content cache
         answered (``X-Cache-Hits``; Triton's ``cached`` output). ``traffic``: the request's
-        class and deadline, in the engine's form (``tsclient.traffic``).
+        class and deadline, in the engine's form (``serveclient.traffic``).
         The handler answers a request with a bad image as a whole (400 naming the image);
         send that request's images one by one to learn which. A 503's ``ApiError`` carries
         ``retry_after``."""
@@ -341,7 +341,7 @@ class Client(ABC):
         topk: int | None = None,
         traffic: Traffic = INTERACTIVE,
     ) -> Answers:
-        """``infer_answers`` for images preprocessed here (``tsclient.preprocess``): ``crops``
+        """``infer_answers`` for images preprocessed here (``serveclient.preprocess``): ``crops``
         a uint8 array [n, 224, 224, 3], sent as the model's ``crops`` input in the v2 binary
         tensor extension (a JSON header, then the raw pixels: 150 KB an image)."""
         tensor = binary_tensor("crops", "UINT8", crops.shape, crops.nbytes)

@@ -1,5 +1,5 @@
 """Embed or tag a whole collection: files read, sent several to a KServe request, answers
-written as Parquet parts (``tsclient.vectors``), with retries and progress.
+written as Parquet parts (``serveclient.vectors``), with retries and progress.
 
     job = Job(client, "resnet50-embedding", "embedding", PartSink(output),
               Plan.from_describe(entry))
@@ -57,12 +57,12 @@ from tenacity import (
 )
 from tenacity.wait import wait_base
 
-from tsclient import errors
-from tsclient.client import Answers, Client
-from tsclient.collection import Entry
-from tsclient.progress import JobProgress
-from tsclient.traffic import BULK, Traffic
-from tsclient.vectors import EMBEDDING_DIM, DoneIndex, Output, Row
+from serveclient import errors
+from serveclient.client import Answers, Client
+from serveclient.collection import Entry
+from serveclient.progress import JobProgress
+from serveclient.traffic import BULK, Traffic
+from serveclient.vectors import EMBEDDING_DIM, DoneIndex, Output, Row
 
 TAG_FIELDS = ("label", "index", "probability", "head")  # "head": a model with several
 
@@ -307,7 +307,7 @@ class Job:
         self.progress = progress or JobProgress(model, bar=False, every_s=float("inf"))
         self.max_outage_s, self.max_busy_retries = max_outage_s, max_busy_retries
         self.traffic = traffic
-        self.crops = crops  # preprocess here (tsclient.preprocess.ClientCrops): send crops
+        self.crops = crops  # preprocess here (serveclient.preprocess.ClientCrops): send crops
         self.window = Window(plan.concurrency)
         self._stop = threading.Event()
 

@@ -2,7 +2,7 @@
 its two implementations, ``TorchServeClient`` and ``TritonClient``, and ``connect``, which
 chooses between them once, from what the server at a URL says it is.
 
-    from tsclient.client import TorchServeClient, connect
+    from serveclient.client import TorchServeClient, connect
 
     client = TorchServeClient()                # the local TorchServe, ./key_file.json
     client = connect("http://127.0.0.1:8000")  # whatever answers there (here: Triton)
@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from serveshared.keys import Keys
-from tsclient.base import (
+from serveclient.base import (
     MAX_NAME,
     TIMEOUT_S,
     Answers,
@@ -23,9 +22,10 @@ from tsclient.base import (
     is_loopback,
     new_session,
 )
-from tsclient.engine import Engine, detect
-from tsclient.torchserve import TorchServeClient, check_archive
-from tsclient.triton import TritonClient
+from serveclient.engine import Engine, detect
+from serveclient.torchserve import TorchServeClient, check_archive
+from serveclient.triton import TritonClient
+from serveshared.keys import Keys
 
 __all__ = [
     "MAX_NAME",

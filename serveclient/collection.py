@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO
 
-from tsclient.errors import UsageError
+from serveclient.errors import UsageError
 
 # What the handler decodes (docs/api.md#images), by file name.
 IMAGE_EXTENSIONS = frozenset(

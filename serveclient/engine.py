@@ -13,7 +13,7 @@ from enum import Enum
 
 import requests
 
-from tsclient import errors
+from serveclient import errors
 
 TIMEOUT_S = 10.0
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from tabulate import tabulate
 
-from tsclient.metrics import Sample
+from serveclient.metrics import Sample
 
 MIB = 2**20
 UUID_SHOWN = 12  # "GPU-" and 8 hex digits of Triton's gpu_uuid: unique on one host in practice

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tsclient.errors import UsageError
+from serveclient.errors import UsageError
 
 CALIBRATION_BINS = 15
 MIN_PER_LABEL = 2  # a stratified split needs one photo per label on each side

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tsclient.errors import MetricsUnreadable
+from serveclient.errors import MetricsUnreadable
 
 
 class Sample(NamedTuple):

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from tsclient import errors
+from serveclient import errors
 
 MODES = ("auto", "client", "server")
 # The server's handler settings the client-side crop honours as the server would.
@@ -54,7 +54,7 @@ def client_side(mode: str, entry: dict | None, url: str) -> bool:
     """Whether to preprocess here: ``client``/``server`` as asked; ``auto``: yes unless the
     server is a CPU server on this machine (then both sides decode on the same cores and the
     server's own decode is the one path that every client shares), describe is unreadable, or
-    this client cannot crop (the collection job's image holds tsclient without torch). A GPU
+    this client cannot crop (the collection job's image holds serveclient without torch). A GPU
     server, or one across a network, gets crops."""
     if mode != "auto":
         return mode == "client"
@@ -62,7 +62,7 @@ def client_side(mode: str, entry: dict | None, url: str) -> bool:
         import model_files.resnet_dual  # noqa: F401 - the recipe, and torch beneath it
     except ImportError:
         return False
-    from tsclient.client import is_loopback
+    from serveclient.client import is_loopback
 
     custom: Any = (entry or {}).get("customizedMetadata")
     if not isinstance(custom, dict) or "preprocessing" not in custom:

@@ -28,10 +28,10 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tsclient.vectors import EMBEDDING_DIM, OK, batches
+from serveclient.vectors import EMBEDDING_DIM, OK, batches
 
 CHUNK_ROWS = 16384
-log = logging.getLogger("tsclient.search")
+log = logging.getLogger("serveclient.search")
 
 
 def normalised(matrix: np.ndarray) -> np.ndarray:

@@ -21,7 +21,7 @@ Each frame compares two reads of ``/metrics`` (and the management API's workers)
 - per worker: status, pid, resident memory (``resnet50_worker_rss_mb`` of its pid, else the
   management API's) and the precision it serves;
 - per GPU, where the server reports GPUs: how busy it is and its memory in use, at the last
-  sample (``tsclient/gpus.py``: TorchServe's ``GPUUtilization``/``GPUMemory*``, Triton's
+  sample (``serveclient/gpus.py``: TorchServe's ``GPUUtilization``/``GPUMemory*``, Triton's
   ``nv_gpu_*``); nothing on a CPU host.
 
 On Triton the core's series are the same (``tritonrepo/metrics.py``); Triton's own take the
@@ -51,9 +51,9 @@ from typing import TextIO
 
 from tabulate import tabulate
 
-from tsclient import gpus as gpu_metrics
-from tsclient import metrics
-from tsclient.client import Client
+from serveclient import gpus as gpu_metrics
+from serveclient import metrics
+from serveclient.client import Client
 
 WIDTH = 80
 FRONTEND_STATUSES = ("Requests2XX", "Requests4XX", "Requests5XX")

@@ -1,7 +1,7 @@
 """TorchServe's client: its management API (register, scale, set-default, unregister,
 describe), ``/predictions``, ``/explanations``, key rotation and its metrics, as ``Client``.
 
-    from tsclient import TorchServeClient
+    from serveclient import TorchServeClient
 
     client = TorchServeClient()                      # serveshared.ports' defaults, ./key_file.json
     client.list_models()
@@ -24,13 +24,13 @@ from typing import Any
 
 import requests
 
+from serveclient import errors, metrics
+from serveclient.base import TIMEOUT_S, URL_SCHEMES, Client, Report, check_name, version_row
+from serveclient.engine import NOT_ON_TRITON, Engine, detect, not_on_triton
+from serveclient.traffic import INTERACTIVE, Traffic
 from serveshared import ports
 from serveshared.keys import KEY_FILE, KINDS, Keys, bearer
 from serveshared.wire import TOP_K_HEADER
-from tsclient import errors, metrics
-from tsclient.base import TIMEOUT_S, URL_SCHEMES, Client, Report, check_name, version_row
-from tsclient.engine import NOT_ON_TRITON, Engine, detect, not_on_triton
-from tsclient.traffic import INTERACTIVE, Traffic
 
 
 def check_archive(archive: str) -> str:
@@ -301,7 +301,7 @@ class TorchServeClient(Client):
         )
 
     def metrics_report(self) -> Report:
-        """The handler's series per model (``tsclient.metrics``) and the frontend's statuses."""
+        """The handler's series per model (``serveclient.metrics``) and the frontend's statuses."""
         text = self.metrics_text()
         summary = metrics.summarise(text)
         statuses = metrics.frontend_statuses(text)
@@ -343,7 +343,7 @@ class TorchServeClient(Client):
         traffic: Traffic = INTERACTIVE,
     ) -> Any:
         """One image to ``/predictions/MODEL[/VERSION]``: tags (a list) or ``{"embedding"}``.
-        ``traffic``: its class and deadline (``tsclient.traffic``)."""
+        ``traffic``: its class and deadline (``serveclient.traffic``)."""
         headers = {TOP_K_HEADER: str(topk)} if topk is not None else {}
         headers |= traffic.headers()
         return self._call(

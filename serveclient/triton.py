@@ -24,11 +24,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 import requests
 
+from serveclient import errors, metrics
+from serveclient.base import CACHED_OUTPUT, PRECISION_OUTPUT, TIMEOUT_S, Client, Report, check_name
+from serveclient.engine import Engine
 from serveshared import ports
 from serveshared.keys import TRITON_KEY_FILE, Keys
-from tsclient import errors, metrics
-from tsclient.base import CACHED_OUTPUT, PRECISION_OUTPUT, TIMEOUT_S, Client, Report, check_name
-from tsclient.engine import Engine
 
 # What the model's describe and explanation requests answer (tritonrepo/model.py).
 DESCRIBE, EXPLAIN, EXPLANATIONS = "describe", "explain", "explanations"

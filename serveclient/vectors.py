@@ -10,7 +10,7 @@ answered it: TorchServe's ``X-Cache-Hits``, Triton's ``cached`` output; false wh
 off; null for a failed file, or where TorchServe counted some but not all of a request's images
 as hits without naming them), and the answer: ``embedding``
 (``fixed_size_list<float32>[2048]``) or ``tags`` (``list<struct<label: string, index: int32,
-probability: float32>>``), null when the file failed. The file's key-value metadata ``tsclient``
+probability: float32>>``), null when the file failed. The file's key-value metadata ``serveclient``
 holds JSON naming the model, its version, precision, backend and weights fingerprint (from the
 describe answer) and the schema version.
 pandas, polars and DuckDB read the files as they are.
@@ -37,12 +37,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tsclient.errors import UsageError
+from serveclient.errors import UsageError
 
 EMBEDDING_DIM = 2048  # ResNet50's pooled layer4
 # 2: the precision column, 3: cached (files of older versions merge with them as null)
 SCHEMA_VERSION = 3
-META_KEY = b"tsclient"
+META_KEY = b"tsclient"  # the Parquet metadata key: a file format, kept across the rename
 OK, ERROR = "ok", "error"
 TAG = pa.struct([("label", pa.string()), ("index", pa.int32()), ("probability", pa.float32())])
 COLUMNS = [
@@ -70,7 +70,7 @@ def schema(task: str, meta: dict | None = None) -> pa.Schema:
 
 
 def metadata(path: Path | str) -> dict:
-    """The ``tsclient`` metadata of a Parquet file (empty when it has none)."""
+    """The ``tsclient`` metadata (``META_KEY``) of a Parquet file (empty when it has none)."""
     raw = (pq.read_schema(path).metadata or {}).get(META_KEY)
     return json.loads(raw) if raw else {}
 

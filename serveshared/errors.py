@@ -1,4 +1,4 @@
-"""The root of the client's errors (``tsclient.errors`` builds its hierarchy on it), the one
+"""The root of the client's errors (``serveclient.errors`` builds its hierarchy on it), the one
 error the shared key file can raise, so launchers and ``tsctl`` catch the same class, and how
 Triton says a model's process is down, read alike by ``tsctl`` and the transformer."""
 

@@ -18,7 +18,7 @@ import pytest
 import requests
 import yaml
 
-from tsclient import metrics
+from serveclient import metrics
 
 REPO = Path(__file__).resolve().parent.parent  # as tests.conftest's (which imports this module)
 TSCTL = REPO / ".venv" / "bin" / "tsctl"

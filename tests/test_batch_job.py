@@ -17,13 +17,13 @@ import yaml
 from kserve_tools import lint as kserve_lint
 from kserve_tools.joblint import INDEX, command_words, job_findings, option
 from kserve_tools.render import render
+from serveclient import cli, errors
+from serveclient.batchjob import Job, ListSink, PartSink, Plan, Window
+from serveclient.client import Answers
+from serveclient.collection import Entry, Shard
+from serveclient.traffic import Traffic
+from serveclient.vectors import EMBEDDING_DIM, Output
 from tests.conftest import REPO
-from tsclient import cli, errors
-from tsclient.batchjob import Job, ListSink, PartSink, Plan, Window
-from tsclient.client import Answers
-from tsclient.collection import Entry, Shard
-from tsclient.traffic import Traffic
-from tsclient.vectors import EMBEDDING_DIM, Output
 
 JOB_DIR = REPO / "kserve" / "batch-job"
 

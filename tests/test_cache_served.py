@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import requests
 
+from serveclient import metrics
 from tests import imagegen
 from tests.corpus import b64
 from tests.served import variant_server
-from tsclient import metrics
 
 pytestmark = pytest.mark.integration
 MODEL = "resnet50-tagger"

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import requests
 
+from serveclient import metrics
 from tests import imagegen
 from tests.served import local_triton, v2_body
-from tsclient import metrics
 
 pytestmark = pytest.mark.integration
 MODEL = "resnet50-tagger"

@@ -12,8 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tsclient import errors
-from tsclient.batchjob import (
+from serveclient import errors
+from serveclient.batchjob import (
     SERVER_DEFAULTS,
     Job,
     ListSink,
@@ -22,10 +22,10 @@ from tsclient.batchjob import (
     ServerDefaults,
     described,
 )
-from tsclient.client import Answers
-from tsclient.collection import Collection, Entry, Shard, shard_of
-from tsclient.search import duplicates, nearest
-from tsclient.vectors import EMBEDDING_DIM, Output, Row, batches, metadata, read_matrix
+from serveclient.client import Answers
+from serveclient.collection import Collection, Entry, Shard, shard_of
+from serveclient.search import duplicates, nearest
+from serveclient.vectors import EMBEDDING_DIM, Output, Row, batches, metadata, read_matrix
 
 META = {"model": "resnet50-embedding", "model_version": "1.0", "weights_sha256": "abc"}
 
@@ -289,7 +289,7 @@ def test_search_cache_is_used_and_follows_a_changed_index(tmp_path, monkeypatch)
     cache = tmp_path / "v.parquet.search.npy"
     assert np.load(cache).shape == (40, EMBEDDING_DIM)
     # The second search reads the cache only: the Parquet's vectors are not decoded again.
-    import tsclient.search as search
+    import serveclient.search as search
 
     def no_decoding(*_a, **_k):
         raise AssertionError("the Parquet was decoded although the cache is fresh")
@@ -492,7 +492,7 @@ def test_a_bulk_jobs_requests_fit_the_servers_bulk_share():
 
 def test_the_clients_fallbacks_are_the_servers_defaults():
     """The client image ships without servecore: its fallbacks are written in
-    ``tsclient.batchjob.SERVER_DEFAULTS``, and must be what the server really defaults to."""
+    ``serveclient.batchjob.SERVER_DEFAULTS``, and must be what the server really defaults to."""
     import yaml
 
     from servecore.config import ExplainConfig, HandlerConfig
@@ -525,8 +525,8 @@ def test_plan_from_a_served_describe(tmp_path):
     import json
     import threading
 
+    from serveclient.client import TorchServeClient
     from serveshared.keys import Keys
-    from tsclient.client import TorchServeClient
 
     asked = []
     handler_settings = {"max_batch_images": 12, "max_images_per_request": 5}

@@ -17,10 +17,10 @@ import pytest
 import requests
 from PIL import ImageOps
 
+from serveclient.vectors import metadata, read_matrix
 from tests import imagegen
 from tests.reference import rel_error
 from tests.served import TSCTL, tsctl
-from tsclient.vectors import metadata, read_matrix
 
 pytestmark = pytest.mark.integration
 CONTENT = ["path", "size", "mtime", "sha256", "status", "error", "precision"]

@@ -173,8 +173,8 @@ def test_client_side_crops_give_the_same_rows_for_20x_fewer_bytes(torchserve, tm
     JSON): the same rows, and the bytes the client counted itself at least 20x fewer."""
     import shutil
 
+    from serveclient.vectors import read_matrix
     from tests.served import tsctl
-    from tsclient.vectors import read_matrix
 
     photos = tmp_path / "photos"
     photos.mkdir()
@@ -198,8 +198,8 @@ def test_client_side_crops_give_the_same_rows_for_20x_fewer_bytes(torchserve, tm
 
 @pytest.mark.integration
 def test_client_side_crops_are_refused_for_another_recipe(torchserve):
-    from tsclient import errors
-    from tsclient.preprocess import ClientCrops
+    from serveclient import errors
+    from serveclient.preprocess import ClientCrops
 
     entry = torchserve.client().describe("resnet50-embedding", customized=True)[0]
     ClientCrops(entry)  # the server's recipe is ours

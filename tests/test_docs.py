@@ -3,7 +3,7 @@
 Checked in README.md, docs/*.md, bench/README.md, kserve/README.md and results/history.md:
 every relative Markdown link points to an existing file (and heading, for ``#anchor``); every
 ``make TARGET`` is a target of the Makefile; every ``tsctl COMMAND`` is a subcommand of
-tsclient.cli's parser; every ``python -m MODULE`` of this repository resolves to a module.
+serveclient.cli's parser; every ``python -m MODULE`` of this repository resolves to a module.
 In the docs this renovation wrote (all but kserve/README.md, whose paths are relative to
 kserve/ and name upstream files), every repository path in backticks or a code block exists,
 except the generated ones listed in GENERATED; the README's layout map names only what exists;
@@ -222,8 +222,8 @@ def make_problems(doc: Doc) -> list[str]:
 
 @cache
 def tsctl_parser() -> argparse.ArgumentParser:
-    """tsctl's own argparse parser, from the function of tsclient.cli that builds it."""
-    from tsclient import cli
+    """tsctl's own argparse parser, from the function of serveclient.cli that builds it."""
+    from serveclient import cli
 
     for _name, fn in inspect.getmembers(cli, inspect.isfunction):
         if (
@@ -233,7 +233,7 @@ def tsctl_parser() -> argparse.ArgumentParser:
             in (argparse.ArgumentParser, "argparse.ArgumentParser")
         ):
             return fn()
-    raise AssertionError("tsclient.cli has no function returning its ArgumentParser")
+    raise AssertionError("serveclient.cli has no function returning its ArgumentParser")
 
 
 def tsctl_commands() -> tuple[set[str], set[str]]:

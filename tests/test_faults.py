@@ -19,11 +19,11 @@ import pyarrow.parquet as pq
 import pytest
 import requests
 
+from serveclient import metrics
+from serveclient.errors import TRITON_RELOADING
 from tests import imagegen
 from tests.served import TSCTL, local_triton, v2_body
 from tritonrepo.watchdog import model_of, stub_instances
-from tsclient import metrics
-from tsclient.errors import TRITON_RELOADING
 
 pytestmark = pytest.mark.integration
 TAGGER, EMBEDDING = "resnet50-tagger", "resnet50-embedding"
@@ -243,7 +243,7 @@ def test_a_triton_stub_killed_under_load_is_reloaded_and_readiness_says_so(trito
     back = back_after(load, TAGGER, killed)
     assert back < BACK_WITHIN_S, back
 
-    # In the gap: Triton's "no available versions" (tsclient's 503) at once; 500 or the
+    # In the gap: Triton's "no available versions" (serveclient's 503) at once; 500 or the
     # client's timeout only for what was in the stub or sent before the watchdog's look, or
     # what met the reloaded model's first batch (over 1 s on a busy host: 5 runs with two CPU
     # burners, 2026-11-27).

@@ -18,9 +18,9 @@ from PIL import Image
 from torchvision.models import ResNet50_Weights, resnet50
 
 from devtools.scenes import SCENES
+from serveclient.vectors import read_matrix
 from tests.conftest import HEAD_PER_LABEL
 from tests.served import train_head, tsctl
-from tsclient.vectors import read_matrix
 
 pytestmark = pytest.mark.integration
 EMBEDDING_COSINE = 0.99  # f32 against the served precision (int8/bf16 measure 0.9998 here)

@@ -19,14 +19,14 @@ import pytest
 import yaml
 
 from buildsteps import configgen
+from serveclient import errors
+from serveclient.batchjob import bulk_lane
 from servecore.config import ConfigError, HandlerConfig
 from servecore.lanes import lane_of
 from servecore.priority import Priority
 from tests import imagegen
 from tests.conftest import REPO
 from tests.served import handled, raw_answer, settled, tsctl
-from tsclient import errors
-from tsclient.batchjob import bulk_lane
 
 MODEL, LANE = "resnet50-embedding", "resnet50-embedding-bulk"
 PHOTO = imagegen.jpeg(320, 240, seed=7)
@@ -121,7 +121,7 @@ def test_the_triton_repository_holds_the_lane(tmp_path, model_store):
 
 
 class FakeClient:
-    """Describe answers by model name; a missing one raises as tsclient does (404)."""
+    """Describe answers by model name; a missing one raises as serveclient does (404)."""
 
     def __init__(self, entries: dict[str, dict]) -> None:
         self.entries = entries

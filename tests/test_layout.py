@@ -241,7 +241,7 @@ def test_no_server_module_imports_the_client():
         str(p.relative_to(REPO))
         for folder in server_side
         for p in modules(REPO / folder)
-        if "tsclient" in imported(p)
+        if "serveclient" in imported(p)
     ]
     assert offenders == []
 

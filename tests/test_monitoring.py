@@ -12,10 +12,10 @@ import pytest
 import requests
 
 from devtools.prometheus import RULES, UNIT_TESTS, LocalPrometheus, alert_rules
+from serveclient import metrics
 from servecore.metrics import COMMON_LABELS, METRICS
 from tests.conftest import REPO
 from tests.served import settled
-from tsclient import metrics
 
 
 def _promtool() -> str:

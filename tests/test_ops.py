@@ -23,12 +23,12 @@ import yaml
 
 from bench.archives import ArchiveInfo
 from devtools.server import LocalTorchServe
+from serveclient import errors
 from serveshared.keys import Keys
 from tests import imagegen
 from tests.conftest import MODELS, REPO, SERVED
 from tests.reference import rel_error
 from tests.served import handled, marker_model, settled, tsctl
-from tsclient import errors
 
 pytestmark = pytest.mark.integration
 QUEUE = 8

@@ -21,10 +21,10 @@ import yaml
 from bench.archives import ArchiveInfo, build_variant
 from buildsteps import weights
 from model_files.artifacts import fidelity_record
+from serveclient.base import Client
+from serveclient.errors import ApiError
 from tests.conftest import REPO
 from tests.served import local_triton
-from tsclient.base import Client
-from tsclient.errors import ApiError
 
 pytestmark = pytest.mark.integration
 TAGGER, EMBEDDING = "resnet50-tagger", "resnet50-embedding"
@@ -91,7 +91,7 @@ def client(request, own, tmp_path_factory):
         finally:
             server.kill()
         return
-    from tsclient.triton import TritonClient
+    from serveclient.triton import TritonClient
 
     with local_triton(tmp_path_factory.mktemp("own-triton"), own.store, exit_timeout=2) as server:
         yield TritonClient(server.url)

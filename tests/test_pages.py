@@ -1,4 +1,4 @@
-"""The result pages (``tsctl similar|duplicates|explain --html``, tsclient/pages.py), made by
+"""The result pages (``tsctl similar|duplicates|explain --html``, serveclient/pages.py), made by
 tsctl from a generated album against the session's real TorchServe and opened in headless
 Chromium (Debian's, through the ``playwright`` package): every thumbnail loads, the broken and
 the missing file show a placeholder, no script from a file name runs and its name is shown as
@@ -16,12 +16,12 @@ import pytest
 
 from devtools import pages_demo
 from devtools.pages_demo import ONERROR_NAME, SCRIPT_NAME
+from serveclient import errors, pages
+from serveclient.batchjob import Job, Plan, explain_budget
+from serveclient.collection import Entry
 from tests import imagegen
 from tests.conftest import REPO
 from tests.served import tsctl
-from tsclient import errors, pages
-from tsclient.batchjob import Job, Plan, explain_budget
-from tsclient.collection import Entry
 
 SHOTS = REPO / "build" / "pages"
 

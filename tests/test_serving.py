@@ -181,7 +181,7 @@ def test_management_api_needs_its_token(torchserve):
 
 
 def test_management_client_lists_describes_and_scales(torchserve):
-    from tsclient.errors import ApiError
+    from serveclient.errors import ApiError
 
     client = torchserve.client()
     assert sorted(m["modelName"] for m in client.list_models()) == [

@@ -14,9 +14,9 @@ import torch
 from PIL import Image
 from torchvision.models import ResNet50_Weights
 
+from serveclient.errors import ApiError
 from tests import imagegen
 from tests.served import raw_answer, tsctl
-from tsclient.errors import ApiError
 
 pytestmark = pytest.mark.integration
 CATEGORIES = ResNet50_Weights.IMAGENET1K_V2.meta["categories"]

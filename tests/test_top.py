@@ -15,9 +15,9 @@ from datetime import datetime
 import pytest
 import requests
 
+from serveclient import top
 from tests.conftest import REPO
 from tests.served import TSCTL, settled
-from tsclient import top
 
 TAGGER = "resnet50-tagger"
 
@@ -294,7 +294,7 @@ def test_a_model_without_cache_series_shows_the_cache_off():
 
 
 def _tsctl_env(server) -> dict[str, str]:
-    # This checkout's tsclient, whichever checkout the shared .venv was installed from.
+    # This checkout's serveclient, whichever checkout the shared .venv was installed from.
     return {**server.cli_env(), "PYTHONPATH": str(REPO)}
 
 

@@ -24,14 +24,14 @@ import pytest
 import requests
 
 from buildsteps.configgen import frontend_settings
+from serveclient import metrics
+from serveclient.errors import ApiError
+from serveclient.triton import TritonClient
 from servecore.metrics import BATCH_SIZE, BATCHES, ERRORS, METRICS, BatchMetrics
 from tests.conftest import REPO
 from tests.served import TSCTL, settled
 from tests.served import v2_infer as infer
 from tritonrepo.metrics import BUCKETS, TritonMetrics
-from tsclient import metrics
-from tsclient.errors import ApiError
-from tsclient.triton import TritonClient
 
 TAGGER = "resnet50-tagger"
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 import concurrent.futures
 import io
 import json
+import re
+import subprocess
+import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import ClassVar
@@ -14,13 +17,14 @@ import pytest
 import requests
 
 from devtools.server import free_port
+from serveclient import cli, errors, metrics
+from serveclient.client import MAX_NAME, TorchServeClient, check_archive, check_name, connect
+from serveclient.engine import Engine, detect
+from serveclient.progress import waiting
 from serveshared import ports
 from serveshared.keys import Keys
 from serveshared.v2binary import HEADER_LENGTH
-from tsclient import cli, errors, metrics
-from tsclient.client import MAX_NAME, TorchServeClient, check_archive, check_name, connect
-from tsclient.engine import Engine, detect
-from tsclient.progress import waiting
+from tests.conftest import REPO
 
 
 def _key_file(path, inference="inf-1", management="man-1", minutes=60):
@@ -544,7 +548,7 @@ def test_each_port_keeps_its_session_and_connect_verifies_them_all(monkeypatch, 
     }
     asked = []
     monkeypatch.setattr(
-        "tsclient.client.detect",
+        "serveclient.client.detect",
         lambda url, session: asked.append((session.trust_env, session.verify)) or Engine.TRITON,
     )
     triton = connect("https://127.0.0.1:8000", keys=Keys("inf", "mgmt"), verify="ca.pem")
@@ -558,7 +562,7 @@ def test_each_port_keeps_its_session_and_connect_verifies_them_all(monkeypatch, 
 
 def test_tritons_own_series_are_summarised_per_model():
     """``tsctl metrics --url`` on Triton: its nv_inference_* counters per model."""
-    from tsclient import triton
+    from serveclient import triton
 
     text = "".join(
         f'# TYPE {name} counter\n{name}{{model="m",{labels}version="1"}} {value}\n'
@@ -619,7 +623,7 @@ class _Wire:
 
 
 def _clients(wire: _Wire) -> dict[str, TorchServeClient]:
-    from tsclient.triton import TritonClient
+    from serveclient.triton import TritonClient
 
     ours = TorchServeClient(keys=Keys("inf", "mgmt"), engine=Engine.TORCHSERVE)
     theirs = TritonClient("http://127.0.0.1:8000")
@@ -631,7 +635,7 @@ def _clients(wire: _Wire) -> dict[str, TorchServeClient]:
 def test_a_bulk_request_with_a_deadline_in_each_engines_words():
     """TorchServe: ``X-Priority``/``X-Deadline`` headers and v2's ``priority``; Triton: v2's
     ``priority`` and ``timeout`` (microseconds left, by the injected clock), headers too."""
-    from tsclient.traffic import Traffic
+    from serveclient.traffic import Traffic
 
     wire = _Wire()
     clients = _clients(wire)
@@ -653,7 +657,7 @@ def test_a_bulk_request_with_a_deadline_in_each_engines_words():
 
 def test_a_deadline_already_past_still_expires_on_triton():
     """Triton reads ``timeout: 0`` as "none": a deadline gone by is sent as 1 µs."""
-    from tsclient.traffic import Traffic
+    from serveclient.traffic import Traffic
 
     wire = _Wire()
     past = Traffic("interactive", deadline=1000.0, clock=lambda: 1001.0)
@@ -672,10 +676,10 @@ def test_a_plain_request_says_nothing_of_class_or_deadline():
 
 def test_the_client_speaks_the_servers_names_and_numbers():
     """The header names come from serveshared.wire on both sides; the parameter's name
-    tsclient.traffic writes again (the client image has no servecore): what it sends, the
+    serveclient.traffic writes again (the client image has no servecore): what it sends, the
     server parses back to the same class and moment."""
+    from serveclient import traffic as client
     from servecore import priority as server
-    from tsclient import traffic as client
 
     assert client.PRIORITY_KEY == server.PRIORITY_KEY
     for name in ("interactive", "bulk"):
@@ -689,8 +693,8 @@ def test_the_client_speaks_the_servers_names_and_numbers():
 
 
 def test_only_triton_is_sent_the_microseconds_left_as_its_timeout_parameter():
-    from tsclient import traffic
-    from tsclient.triton import TritonClient
+    from serveclient import traffic
+    from serveclient.triton import TritonClient
 
     sent = traffic.Traffic("bulk", deadline=100.5, clock=lambda: 100.0)
     assert TritonClient.SENDS_TIMEOUT and not TorchServeClient.SENDS_TIMEOUT
@@ -738,7 +742,7 @@ class _TaggingServer:
         raise errors.NotFound(404, "NotFound", f"no describe here: {model}")
 
     def infer_answers(self, model, images, **kwargs):
-        from tsclient.client import Answers
+        from serveclient.client import Answers
 
         tag = {"label": "tabby", "index": 281, "probability": 0.9}
         return Answers([[tag] for _ in images], self.precision)
@@ -807,9 +811,9 @@ def test_tag_preprocesses_here_for_a_server_that_describes_by_url(tmp_path):
 def test_only_torchserves_client_manages(command):
     """TorchServe's management commands live on its client alone; tsctl asks whether a client
     manages, and Triton's refuses before anything is sent, saying what to do instead."""
-    from tsclient.base import Client
-    from tsclient.cli.common import managing
-    from tsclient.triton import TritonClient
+    from serveclient.base import Client
+    from serveclient.cli.common import managing
+    from serveclient.triton import TritonClient
 
     assert not {"register", "scale", "set_default", "unregister", "rotate"} & set(vars(Client))
     torchserve = TorchServeClient(keys=Keys("i", "m"))
@@ -817,3 +821,35 @@ def test_only_torchserves_client_manages(command):
     with pytest.raises(errors.NotOnTriton, match=f"not available on Triton: {command}") as refused:
         managing(TritonClient(f"http://127.0.0.1:{free_port()}"), command)
     assert refused.value.hint
+
+
+def test_the_old_package_name_still_imports_the_same_client_with_a_warning():
+    """``tsclient`` (the package's name before issue #50), for one release: its modules are
+    ``serveclient``'s own objects, and importing it says what to import instead."""
+    script = (
+        "import warnings; warnings.simplefilter('always')\n"
+        "import tsclient, serveclient, serveclient.torchserve as new\n"
+        "from tsclient.torchserve import TorchServeClient\n"
+        "from tsclient.errors import ServeError, TsError\n"
+        "assert TorchServeClient is new.TorchServeClient, 'two classes'\n"
+        "assert tsclient.connect is serveclient.connect and TsError is ServeError\n"
+        "assert new.__spec__.name == 'serveclient.torchserve', new.__spec__\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    assert "DeprecationWarning: the tsclient package is now serveclient" in run.stderr
+
+
+def test_no_module_of_the_repository_imports_the_old_package_name():
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.py"], capture_output=True, text=True, cwd=REPO, check=True
+    ).stdout.split()
+    found = [
+        name
+        for name in tracked
+        if not name.startswith("tsclient/")
+        and re.search(r"^\s*(from|import) tsclient\b", (REPO / name).read_text(), re.MULTILINE)
+    ]
+    assert found == []

@@ -12,12 +12,12 @@ import requests
 import yaml
 
 from buildsteps.configgen import bulk_lanes
+from serveclient import errors
+from serveclient.vectors import read_matrix
 from tests import imagegen
 from tests.conftest import REPO, SERVED
 from tests.reference import rel_error
 from tests.served import marker_model, settled, tsctl
-from tsclient import errors
-from tsclient.vectors import read_matrix
 
 pytestmark = pytest.mark.integration
 

@@ -146,7 +146,7 @@ def priority_levels(settings: dict, queue_size: int) -> str:
     ``priority``) before any bulk one (level 2). Each level has its own bound, REJECT after
     ``responseTimeout``, and lets a request's v2 ``timeout`` (microseconds) shorten its wait.
     Interactive holds ``queue_size``; bulk as many as a collection job keeps in flight at its
-    default concurrency (2 x max_batch_size x instances, ``tsclient.batchjob.Plan``), so the
+    default concurrency (2 x max_batch_size x instances, ``serveclient.batchjob.Plan``), so the
     job is paced by its answers, not by 503s."""
     timeout_us = int(settings["responseTimeout"]) * 1_000_000
     bulk_size = max(queue_size, 2 * int(settings["batchSize"]) * int(settings["minWorkers"]))
@@ -162,7 +162,7 @@ def priority_levels(settings: dict, queue_size: int) -> str:
     return " ".join(
         [
             f"priority_levels: {len(levels)} default_priority_level: {int(Priority.INTERACTIVE)}",
-            # Used by no level; what tsctl reads as the queue bound (tsclient.triton.batching).
+            # Used by no level; what tsctl reads as the queue bound (serveclient.triton.batching).
             f"default_queue_policy {{ {policy(queue_size, override=False)} }}",
             *(
                 f"priority_queue_policy {{ key: {int(level)} value: {{ {policy(size)} }} }}"

@@ -10,7 +10,7 @@ the model stays READY, so neither ``/v2/health/ready`` nor ``/v2/models/M/ready`
 and, when a stub it saw running is gone or a zombie, unloads its model at once and loads it
 again. While the model is unloaded and loading, Triton itself tells the truth: requests get
 404 ``Request for unknown model: 'M' has no available versions`` (Triton sends no
-``Retry-After`` and has no 503 for it; ``tsclient`` retries it as a 503), and with
+``Retry-After`` and has no 503 for it; ``serveclient`` retries it as a 503), and with
 ``--strict-readiness=true`` ``/v2/health/ready`` and ``/v2/models/M/ready`` answer 400. The
 other models keep answering. A model that does not come back after ``attempts`` loads makes
 the watchdog stop Triton (``give_up``): the launcher then exits 1 and its supervisor (the

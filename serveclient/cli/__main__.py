@@ -1,5 +1,5 @@
-"""``python -m tsclient.cli``: the same as ``tsctl``."""
+"""``python -m serveclient.cli``: the same as ``tsctl``."""
 
-from tsclient.cli import main
+from serveclient.cli import main
 
 raise SystemExit(main())

@@ -9,12 +9,12 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from tsclient import errors, objectstore
-from tsclient.cli.common import DEFAULT_MODELS, Commands, endpoint_arguments
-from tsclient.cli.jobs import collection_of, run_job
-from tsclient.client import Client
-from tsclient.collection import Shard
-from tsclient.traffic import CLASSES
+from serveclient import errors, objectstore
+from serveclient.cli.common import DEFAULT_MODELS, Commands, endpoint_arguments
+from serveclient.cli.jobs import collection_of, run_job
+from serveclient.client import Client
+from serveclient.collection import Shard
+from serveclient.traffic import CLASSES
 
 DEFAULT_OUTS = {"embedding": "embeddings.parquet", "tags": "tags.parquet"}
 
@@ -87,7 +87,7 @@ def register(commands: Commands) -> None:
 
 
 def cmd_tag(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
-    from tsclient import batchjob
+    from serveclient import batchjob
 
     if args.out is not None:
         return _collection(client, args, "tags")
@@ -130,15 +130,15 @@ def _collection(client: Client, args, task: str) -> tuple[Any, str, int]:
     """Run the job into Parquet (``--out``, a local path or s3://): resume, merge, report."""
     import pyarrow.parquet as pq
 
-    from tsclient import batchjob
-    from tsclient.vectors import Output
+    from serveclient import batchjob
+    from serveclient.vectors import Output
 
     out = str(args.out or DEFAULT_OUTS[task])
     if out.endswith(".npy"):
         raise errors.UsageError(
             f"--out {out}: embeddings are written as Parquet now",
             "use --out embeddings.parquet; read it with pandas, polars, "
-            "DuckDB or tsclient.vectors.read_matrix",
+            "DuckDB or serveclient.vectors.read_matrix",
         )
     local = objectstore.local_copy(out, args.work_dir) if objectstore.is_remote(out) else Path(out)
     if objectstore.is_remote(out):

@@ -14,11 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from serveclient import errors
+from serveclient.client import Client, TorchServeClient, connect
+from serveclient.engine import not_on_triton
 from serveshared import ports
 from serveshared.keys import KEY_FILE, Keys
-from tsclient import errors
-from tsclient.client import Client, TorchServeClient, connect
-from tsclient.engine import not_on_triton
 
 Command = Callable[[Client, argparse.Namespace], tuple[Any, "str | None", int]]
 
@@ -128,7 +128,7 @@ def managing(client: Client, command: str) -> TorchServeClient:
 
 def wrote_page(path: Path, html: str) -> str:
     """Write ``html`` to ``path``; the line that says so."""
-    from tsclient import pages
+    from serveclient import pages
 
     size = pages.write(path, html)
     return f"wrote {path} ({size / 1e6:.1f} MB; open it in a browser)"

@@ -9,11 +9,11 @@ import base64
 from pathlib import Path
 from typing import Any
 
-from tsclient import errors
-from tsclient.cli.common import TRITON_URL_HELP, Commands, read_image, url_arguments, wrote_page
-from tsclient.cli.jobs import run_job
-from tsclient.client import Client
-from tsclient.collection import Collection
+from serveclient import errors
+from serveclient.cli.common import TRITON_URL_HELP, Commands, read_image, url_arguments, wrote_page
+from serveclient.cli.jobs import run_job
+from serveclient.client import Client
+from serveclient.collection import Collection
 
 GALLERY_TOPK = 3  # classes an explanation gallery lists per photo when no target is given
 
@@ -98,7 +98,7 @@ def cmd_explain(client: Client, args: argparse.Namespace) -> tuple[Any, str, int
 def _explain_gallery(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
     """``explain --html``: every photo explained (one request each, paced by the server's
     explanation budget, retried like ``embed``), into one gallery page."""
-    from tsclient import batchjob, pages
+    from serveclient import batchjob, pages
 
     if args.out is not None:
         raise errors.UsageError("--out writes one heatmap; --html a gallery", "give one of them")

@@ -1,7 +1,7 @@
 """tsctl's ``head train FOLDER --out DIR``: tags trained from the user's folders (one subfolder
 per label). The photos are embedded through the running server by the same resumable job as
 ``tsctl embed`` (into ``DIR/embeddings.parquet``; a rerun embeds only what is new), a linear
-head is fitted and measured on a held-out split (tsclient.head), and DIR receives the
+head is fitted and measured on a held-out split (serveclient.head), and DIR receives the
 checkpoint ``make archives WEIGHTS=DIR/resnet50.pt LABELS=DIR/labels.txt`` packs, with the
 report (``report.json``, ``report.html``: per-label precision/recall, the confusion table and
 the mistakes). docs/own-tags.md walks from folders to a served tagger."""
@@ -14,9 +14,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tsclient import errors
-from tsclient.cli.common import DEFAULT_MODELS, Commands, endpoint_arguments, wrote_page
-from tsclient.client import Client
+from serveclient import errors
+from serveclient.cli.common import DEFAULT_MODELS, Commands, endpoint_arguments, wrote_page
+from serveclient.client import Client
 
 DEFAULT_BACKBONE = Path("build/weights/resnet50.pt")
 
@@ -45,7 +45,7 @@ def register(commands: Commands) -> None:
     c.add_argument("--seed", type=int, default=0, help="the split's seed (0)")
     c.add_argument("--C", type=float, default=1.0, dest="c", help="inverse L2 strength (1.0)")
     endpoint_arguments(c)
-    # What the embed job (tsclient.cli.batch) reads, at its defaults.
+    # What the embed job (serveclient.cli.batch) reads, at its defaults.
     c.set_defaults(
         shard=None,
         from_stdin=False,
@@ -61,10 +61,10 @@ def register(commands: Commands) -> None:
 def cmd_head(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
     import torch
 
-    from tsclient import head, pages
-    from tsclient.batchjob import model_identity
-    from tsclient.cli.batch import _collection
-    from tsclient.vectors import read_matrix
+    from serveclient import head, pages
+    from serveclient.batchjob import model_identity
+    from serveclient.cli.batch import _collection
+    from serveclient.vectors import read_matrix
 
     if not args.folder.is_dir():
         raise errors.UsageError(

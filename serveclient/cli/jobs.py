@@ -8,11 +8,11 @@ import argparse
 import sys
 import threading
 
-from tsclient.cli.common import DEFAULT_MODELS
-from tsclient.client import Client
-from tsclient.collection import STDIN, Collection, Shard
-from tsclient.progress import JobProgress
-from tsclient.traffic import Traffic
+from serveclient.cli.common import DEFAULT_MODELS
+from serveclient.client import Client
+from serveclient.collection import STDIN, Collection, Shard
+from serveclient.progress import JobProgress
+from serveclient.traffic import Traffic
 
 
 def collection_of(args: argparse.Namespace) -> Collection:
@@ -37,7 +37,7 @@ def run_job(
     """Run ``batchjob.Job`` over the collection's shard, with a progress bar whose total a
     second walk, beside the job, fills in; the job's summary. ``plan``: default from the describe
     answer; ``explain``: the explanation options of a gallery (else tags or embeddings)."""
-    from tsclient import batchjob
+    from serveclient import batchjob
 
     model = args.model or DEFAULT_MODELS[task]
     entry, _ = identity
@@ -61,7 +61,7 @@ def run_job(
     ).start()
     crops = None
     if explain is None:
-        from tsclient.preprocess import ClientCrops, client_side
+        from serveclient.preprocess import ClientCrops, client_side
 
         if client_side(getattr(args, "preprocess", "server"), entry, client.urls["inference"]):
             crops = ClientCrops(entry)

@@ -9,10 +9,10 @@ from typing import Any
 
 from tabulate import tabulate
 
-from tsclient.base import version_row
-from tsclient.cli.common import TRITON_URL_HELP, Commands, managing, url_arguments
-from tsclient.client import Client
-from tsclient.progress import waiting
+from serveclient.base import version_row
+from serveclient.cli.common import TRITON_URL_HELP, Commands, managing, url_arguments
+from serveclient.client import Client
+from serveclient.progress import waiting
 
 RESTART_NOTE = (
     "not kept across a restart: `make serve` starts from config/ (--ncs); to keep "

@@ -7,9 +7,9 @@ import argparse
 from datetime import datetime, timezone
 from typing import Any
 
+from serveclient.cli.common import Commands, managing, url_arguments
+from serveclient.client import Client
 from serveshared.keys import KINDS
-from tsclient.cli.common import Commands, managing, url_arguments
-from tsclient.client import Client
 
 ROTATE_MARGIN_S = 60.0  # `keys --print` hands out keys that live at least this long
 
@@ -63,7 +63,7 @@ def cmd_metrics(client: Client, args: argparse.Namespace) -> tuple[Any, str, int
 
 def cmd_top(client: Client, args: argparse.Namespace) -> tuple[Any, str | None, int]:
     """``--once``: one frame as text; else the live screen until q (text ``None``)."""
-    from tsclient import top
+    from serveclient import top
 
     if args.once:
         text = top.once(client, args.interval)

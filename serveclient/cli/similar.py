@@ -8,9 +8,15 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from tsclient.cli.common import DEFAULT_MODELS, Commands, endpoint_arguments, read_image, wrote_page
-from tsclient.client import Client
-from tsclient.traffic import Traffic
+from serveclient.cli.common import (
+    DEFAULT_MODELS,
+    Commands,
+    endpoint_arguments,
+    read_image,
+    wrote_page,
+)
+from serveclient.client import Client
+from serveclient.traffic import Traffic
 
 
 def register(commands: Commands) -> None:
@@ -52,7 +58,7 @@ def register(commands: Commands) -> None:
 def cmd_similar(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
     import numpy as np
 
-    from tsclient import search
+    from serveclient import search
 
     images = [read_image(query) for query in args.queries]
     vectors = client.infer(
@@ -74,7 +80,7 @@ def cmd_similar(client: Client, args: argparse.Namespace) -> tuple[Any, str, int
         lines.append(f"{query}:")
         lines += [f"  {i}. {h['score']:.4f}  {h['path']}" for i, h in enumerate(hits, 1)]
     if args.html is not None:
-        from tsclient import pages
+        from serveclient import pages
 
         thumbs = pages.Thumbnailer(expected=len(data) + sum(len(h) for h in data.values()))
         html = pages.similar_page(data, thumbs, index=str(args.index), model=args.model)
@@ -83,7 +89,7 @@ def cmd_similar(client: Client, args: argparse.Namespace) -> tuple[Any, str, int
 
 
 def cmd_duplicates(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
-    from tsclient import search
+    from serveclient import search
 
     groups = search.duplicates(args.index, args.threshold)
     lines = [
@@ -91,7 +97,7 @@ def cmd_duplicates(client: Client, args: argparse.Namespace) -> tuple[Any, str, 
         for g in groups
     ] or [f"no near-duplicates at cosine >= {args.threshold}"]
     if args.html is not None:
-        from tsclient import pages
+        from serveclient import pages
 
         thumbs = pages.Thumbnailer(expected=sum(len(g["paths"]) for g in groups))
         html = pages.duplicates_page(
