@@ -227,6 +227,29 @@ def test_failed_requests_leave_no_reference_cycles(tagger):
     assert garbage == []
 
 
+def test_a_batch_takes_a_pool_task_per_thread_and_a_corrupt_image_fails_alone(tagger, monkeypatch):
+    """Issue #49: the batch's images are dealt out to one decode task per thread, not one
+    each; a JPEG whose header reads but whose data is cut off fails its own request in the
+    middle of a task, and every other image gets the tags it gets alone."""
+    handler, context = tagger
+    photos = [imagegen.jpeg(160 + 40 * i, 120 + 30 * i, seed=60 + i) for i in range(5)]
+    cut = imagegen.jpeg(400, 300, seed=70)
+    rows = [{"body": photo} for photo in photos[:2]] + [{"body": cut[: len(cut) // 3]}]
+    rows += [{"body": photo} for photo in photos[2:]]
+    intake = handler.model.intake
+    tasks = []
+    submit = intake.pool.submit
+    monkeypatch.setattr(intake.pool, "submit", lambda *a: tasks.append(a) or submit(*a))
+    answers, statuses, _ = run_batch(handler, context, rows)
+    monkeypatch.undo()
+    assert len(tasks) == min(intake.threads, len(rows))
+    assert [s for s, _ in statuses] == [200, 200, 400, 200, 200, 200]
+    assert "truncated or corrupt" in json.loads(answers[2])["message"]
+    for photo, answer in zip(photos, answers[:2] + answers[3:]):
+        (alone,), _, _ = run_batch(handler, context, [{"body": photo}])
+        assert_same_tags(json.loads(answer), json.loads(alone))
+
+
 def test_describe_reports_the_limits(tagger):
     handler, _ = tagger
     limits = json.loads(handler.describe_handle())["handler"]
