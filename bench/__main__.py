@@ -135,9 +135,8 @@ def serve_ours(
     server = LocalTorchServe(
         workdir, store, load_models=load_models, **({"config": config} if config else {})
     )
-    try:
-        started = time.monotonic()
-        server.start()
+    started = time.monotonic()
+    with server:
         startup_s = time.monotonic() - started
         meta = server.client().describe(OURS, customized=True)[0].get("customizedMetadata") or {}
         served_sha = meta.get("weights", {}).get("sha256")
@@ -148,8 +147,6 @@ def serve_ours(
         measured = measure_model(
             server, OURS, images, plan, batches_from_log=False, progress=log.info
         )
-    finally:
-        server.kill()
     return {
         "model": OURS,
         "backend": meta.get("backend", "unknown"),
@@ -168,15 +165,12 @@ def serve_stock(images: dict[str, bytes], plan: LoadPlan) -> dict:
     config = stock.stock_config(BUILD / "stock.properties", like=OURS)
     workdir = fresh_dir(BUILD / "run" / "stock")
     server = LocalTorchServe(workdir, store, config=config, load_models=[f"{stock.MODEL_NAME}.mar"])
-    try:
-        started = time.monotonic()
-        server.start()
+    started = time.monotonic()
+    with server:
         startup_s = time.monotonic() - started
         measured = measure_model(
             server, stock.MODEL_NAME, images, plan, batches_from_log=True, progress=log.info
         )
-    finally:
-        server.kill()
     return {
         "model": stock.MODEL_NAME,
         "backend": "torchscript (stock handler)",

@@ -75,12 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         fresh_dir(WORK / "run"), WORK / "store", load_models=[], model_api=True
     )
     rows = []
-    try:
-        server.start()
+    with server:
         for workers, threads in ((1, None), (2, 1)):
             rows.append(measure(server, body, workers, threads, plan))
-    finally:
-        server.kill()
     print(
         f"tagger, {CLIENTS} clients, small JPEG, {time.strftime('%Y-%m-%d')}, load average "
         f"{os.getloadavg()[0]:.1f}\n"

@@ -22,11 +22,22 @@ import os
 import statistics
 import subprocess
 import tempfile
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.corecost import BEFORE, worktree
-from bench.layout import IMAGES, MODEL_STORE, REPO, RESULTS, SAMPLES, TAGGER, setup_cli
+from bench.corecost import BEFORE
+from bench.layout import (
+    IMAGES,
+    MODEL_STORE,
+    REPO,
+    RESULTS,
+    SAMPLES,
+    TAGGER,
+    checked_out,
+    publish,
+    setup_cli,
+)
 from bench.machine import dated, describe_machine
 from bench.serving import LoadPlan, ModelUnderTest
 from devtools.server import LocalTorchServe
@@ -46,8 +57,10 @@ class Side:
     metrics: Path
 
 
-def build_before(tree: Path, store: Path) -> Side:
-    """``tree``'s own config and tagger archive, from this tree's weights and virtualenv."""
+def build_before(tree: Path, work: Path) -> Side:
+    """``tree``'s own config and tagger archive (in ``work/store``), from this tree's weights
+    and virtualenv."""
+    store = work / "store"
     python = REPO / ".venv" / "bin" / "python"
     env = {
         **os.environ,
@@ -64,17 +77,15 @@ def build_before(tree: Path, store: Path) -> Side:
     return Side("before", store, config / "config.properties", config / "metrics.yaml")
 
 
-def started(side: Side, work: Path) -> LocalTorchServe:
-    """A TorchServe of ``side``'s tagger alone, ready."""
-    server = LocalTorchServe(
+def server_of(side: Side, work: Path) -> LocalTorchServe:
+    """A TorchServe of ``side``'s tagger alone (started by ``with``)."""
+    return LocalTorchServe(
         work / side.name,
         side.store,
         config=side.config,
         load_models=[f"{TAGGER}.mar"],
         properties={"metrics_config": str(side.metrics)},
     )
-    server.start()
-    return server
 
 
 def measure(servers: dict[str, LocalTorchServe], rounds: int, plan: LoadPlan) -> list[dict]:
@@ -154,27 +165,14 @@ def main(argv: list[str] | None = None) -> int:
     plan = LoadPlan(closed_s=args.seconds)
     after = Side("after", MODEL_STORE, REPO / "config" / "config.properties",
                  REPO / "config" / "metrics.yaml")  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="bench-beforeafter-") as folder:
+    with tempfile.TemporaryDirectory(prefix="bench-beforeafter-") as folder, ExitStack() as up:
         work = Path(folder)
-        tree = worktree(args.before, work / "tree")
-        servers: dict[str, LocalTorchServe] = {}
-        try:
-            before = build_before(tree, work / "store")
-            for side in (before, after):
-                servers[side.name] = started(side, work)
-            served = {name: precision(server) for name, server in servers.items()}
-            runs = measure(servers, args.rounds, plan)
-        finally:
-            for server in servers.values():
-                server.kill()
-            subprocess.run(
-                ["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=False
-            )
+        before = build_before(up.enter_context(checked_out(args.before, work / "tree")), work)
+        servers = {s.name: up.enter_context(server_of(s, work)) for s in (before, after)}
+        served = {name: precision(server) for name, server in servers.items()}
+        runs = measure(servers, args.rounds, plan)
     text = report(runs, args.before, served, machine)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "before-after.md").write_text(text)
-    print(text)
-    return 0
+    return publish(args.out / "before-after.md", text)
 
 
 if __name__ == "__main__":

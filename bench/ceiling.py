@@ -35,17 +35,16 @@ from pathlib import Path
 import psutil
 import requests
 
-from bench.layout import IMAGES, RESULTS, SAMPLES, fresh_dir, setup_cli
+from bench.layout import IMAGES, RESULTS, SAMPLES, fresh_dir, publish, setup_cli
 from bench.loadgen import Connection, Endpoint, closed_loop, post_once
 from bench.machine import dated, describe_machine
 from bench.null import package
 from bench.null.package import BATCH_IMAGES, KINDS, model_name
 from bench.stats import summarize
-from bench.triton import binary_request
-from devtools.server import LocalTorchServe, free_ports
+from bench.triton import binary_request, triton_serving
+from devtools.server import LocalTorchServe
 from serveshared.v2binary import binary_body, binary_tensor, bytes_elements
 from tritonrepo.install import NotInstalled, TritonInstall
-from tritonrepo.server import Triton
 
 logger = logging.getLogger("bench.ceiling")
 
@@ -160,14 +159,12 @@ def v2_request(form: str, images: int, image: bytes, outputs: list[str]):
 def torchserve(work: Path, image: bytes, models: list[tuple[str, int]]) -> Iterator[Target]:
     """A TorchServe serving each (kind, images) null model."""
     store = package.torchserve_store(work, models)
-    server = LocalTorchServe(
+    with LocalTorchServe(
         work / "server",
         store,
         load_models=[f"{model_name(*m)}.mar" for m in models],
         properties={"job_queue_size": str(package.QUEUE)},
-    )
-    server.start()
-    try:
+    ) as server:
 
         def endpoint(kind: str, images: int, form: str) -> Endpoint:
             name, auth = model_name(kind, images), server.keys.inference_headers()
@@ -185,51 +182,40 @@ def torchserve(work: Path, image: bytes, models: list[tuple[str, int]]) -> Itera
             lambda: server.processes()[1:],
             lambda _kind, _images: lambda: math.nan,  # the rows' X-Batch-Size says it
         )
-    finally:
-        server.kill()
 
 
 @contextmanager
 def triton(work: Path, image: bytes, kinds: list[str]) -> Iterator[Target]:
     """A Triton serving each kind's null model (both request sizes)."""
     repository = package.triton_repository(work, kinds)
-    with (work / "triton.log").open("w") as log:
-        server = Triton(repository, log=log, **free_ports(("http", "grpc", "metrics")))
-        try:
-            server.start()
-        except (RuntimeError, TimeoutError) as exc:
-            log.flush()
-            raise RuntimeError(f"{exc}\n{(work / 'triton.log').read_text()[-4000:]}") from None
-        try:
-            root = psutil.Process(server.process.pid)
+    with triton_serving(repository, work / "triton.log") as server:
+        root = psutil.Process(server.process.pid)
 
-            def endpoint(kind: str, images: int, form: str) -> Endpoint:
-                url = f"{server.url}/v2/models/{model_name(kind)}/infer"
-                if form == "raw":
-                    body, headers = binary_request(image, "embedding")
-                else:  # what serveclient asks Triton for: the embedding and its precision
-                    body, headers = v2_request(form, images, image, ["embedding", "precision"])
-                return Endpoint(url, headers, body)
+        def endpoint(kind: str, images: int, form: str) -> Endpoint:
+            url = f"{server.url}/v2/models/{model_name(kind)}/infer"
+            if form == "raw":
+                body, headers = binary_request(image, "embedding")
+            else:  # what serveclient asks Triton for: the embedding and its precision
+                body, headers = v2_request(form, images, image, ["embedding", "precision"])
+            return Endpoint(url, headers, body)
 
-            def batch_images(kind: str, _images: int) -> Callable[[], float]:
-                before = _triton_counts(server.url, model_name(kind))
+        def batch_images(kind: str, _images: int) -> Callable[[], float]:
+            before = _triton_counts(server.url, model_name(kind))
 
-                def mean() -> float:
-                    after = _triton_counts(server.url, model_name(kind))
-                    executions = after[1] - before[1]
-                    return (after[0] - before[0]) / executions if executions else math.nan
+            def mean() -> float:
+                after = _triton_counts(server.url, model_name(kind))
+                executions = after[1] - before[1]
+                return (after[0] - before[0]) / executions if executions else math.nan
 
-                return mean
+            return mean
 
-            yield Target(
-                "triton",
-                endpoint,
-                lambda: [root],
-                lambda: root.children(recursive=True),
-                batch_images,
-            )
-        finally:
-            server.stop()
+        yield Target(
+            "triton",
+            endpoint,
+            lambda: [root],
+            lambda: root.children(recursive=True),
+            batch_images,
+        )
 
 
 def _triton_counts(url: str, model: str) -> tuple[int, int]:
@@ -475,9 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "ceiling.json").write_text(
         json.dumps({"machine": machine, "rows": [asdict(r) for r in rows]}, indent=2) + "\n"
     )
-    (args.out / "ceiling.md").write_text(report(rows, machine, seconds, rounds))
-    print(report(rows, machine, seconds, rounds))
-    return 0
+    return publish(args.out / "ceiling.md", report(rows, machine, seconds, rounds))
 
 
 if __name__ == "__main__":

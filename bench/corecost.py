@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.layout import IMAGES, REPO, RESULTS, SAMPLES, setup_cli
+from bench.layout import IMAGES, REPO, RESULTS, SAMPLES, checked_out, publish, setup_cli
 from bench.machine import dated, describe_machine
 
 BEFORE = "399bde5"  # landed main before issue #49's changes
@@ -222,17 +222,6 @@ def measure(tree: Path, batches: int, forms: list[tuple[str, str]]) -> list[dict
     return json.loads(lines[-1].removeprefix("ROWS "))
 
 
-def worktree(ref: str, folder: Path) -> Path:
-    """``ref`` checked out (detached) in ``folder``, a temporary git worktree."""
-    subprocess.run(
-        ["git", "worktree", "add", "--detach", str(folder), ref],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-    )
-    return folder
-
-
 def report(before: list[dict], after: list[dict], ref: str, machine: dict) -> str:
     old = {(r["engine"], r["form"], r["model"]): r for r in before}
     lines = [
@@ -292,24 +281,17 @@ def main(argv: list[str] | None = None) -> int:
     machine = describe_machine()
     forms = [list(f) for f in FORMS]
     with tempfile.TemporaryDirectory(prefix="bench-corecost-") as work:
-        old_tree = worktree(args.before, Path(work) / "before")
-        try:
+        with checked_out(args.before, Path(work) / "before") as old_tree:
             # Before: the forms that tree serves (v2 binary outputs and the rest are asked of
             # it all the same; a form it refuses fails its row, left out).
             before = measure(old_tree, args.batches, forms)
-        finally:
-            subprocess.run(
-                ["git", "worktree", "remove", "--force", str(old_tree)], cwd=REPO, check=False
-            )
         after = measure(REPO, args.batches, forms)
     text = report(before, after, args.before, machine)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "core-cost.md").write_text(text)
     (args.out / "core-cost.json").write_text(
         json.dumps({"machine": machine, "before": before, "after": after}, indent=1) + "\n"
     )
-    print(text)
-    return 0
+    return publish(args.out / "core-cost.md", text)
 
 
 if __name__ == "__main__":

@@ -25,18 +25,17 @@ from pathlib import Path
 import numpy as np
 
 from bench import report
-from bench.layout import EMBEDDING, IMAGES, MODEL_STORE, RESULTS, SAMPLES, setup_cli
+from bench.layout import EMBEDDING, IMAGES, MODEL_STORE, RESULTS, SAMPLES, publish, setup_cli
 from bench.loadgen import Endpoint, closed_loop
 from bench.machine import dated
 from bench.stats import summarize
-from bench.triton import binary_request
-from devtools.server import LocalTorchServe, free_ports
+from bench.triton import binary_request, triton_serving
+from devtools.server import LocalTorchServe
 from servecore.config import HandlerConfig
 from servecore.preprocessor import Preprocessor
 from serveshared.v2binary import binary_body, binary_tensor
 from tritonrepo.generate import generate
 from tritonrepo.install import NotInstalled, TritonInstall
-from tritonrepo.server import Triton
 
 PHOTOS = ("small", "12mp-noisy")
 CLIENTS = 4
@@ -73,9 +72,8 @@ def measure(endpoints: dict[str, Endpoint], seconds: float) -> dict[str, dict]:
 
 
 def torchserve_rows(photos: dict[str, bytes], work: Path, seconds: float) -> dict[str, dict]:
-    server = LocalTorchServe(work / "torchserve", MODEL_STORE, load_models=[f"{EMBEDDING}.mar"])
-    server.start()
-    try:
+    models = [f"{EMBEDDING}.mar"]
+    with LocalTorchServe(work / "torchserve", MODEL_STORE, load_models=models) as server:
         assert server.keys is not None
         auth = server.keys.inference_headers()
         endpoints = {}
@@ -89,26 +87,19 @@ def torchserve_rows(photos: dict[str, bytes], work: Path, seconds: float) -> dic
                 f"{url}/v2/models/{EMBEDDING}/infer", {**auth, **headers}, body
             )
         return measure(endpoints, seconds)
-    finally:
-        server.kill()
 
 
 def triton_rows(photos: dict[str, bytes], work: Path, seconds: float) -> dict[str, dict]:
     generate(work / "repository", model_store=MODEL_STORE, lanes=False)
-    with (work / "triton.log").open("w") as log:
-        triton = Triton(work / "repository", log=log, **free_ports(("http", "grpc", "metrics")))
-        triton.start()
-        try:
-            url = f"{triton.url}/v2/models/{EMBEDDING}/infer"
-            endpoints = {}
-            for name, data in photos.items():
-                body, headers = binary_request(data, output="embedding")
-                endpoints[f"triton {name} jpeg"] = Endpoint(url, headers, body)
-                body, headers = crops_request(crop_of(data))
-                endpoints[f"triton {name} crop"] = Endpoint(url, headers, body)
-            return measure(endpoints, seconds)
-        finally:
-            triton.stop()
+    with triton_serving(work / "repository", work / "triton.log") as triton:
+        url = f"{triton.url}/v2/models/{EMBEDDING}/infer"
+        endpoints = {}
+        for name, data in photos.items():
+            body, headers = binary_request(data, output="embedding")
+            endpoints[f"triton {name} jpeg"] = Endpoint(url, headers, body)
+            body, headers = crops_request(crop_of(data))
+            endpoints[f"triton {name} crop"] = Endpoint(url, headers, body)
+        return measure(endpoints, seconds)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,9 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
     ]
     text = "\n".join(lines) + "\n"
-    args.out.write_text(text)
-    print(text)
-    return 0
+    return publish(args.out, text)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.layout import BUILD, IMAGES, RESULTS, SAMPLES, WEIGHTS, setup_cli
+from bench.layout import BUILD, IMAGES, RESULTS, SAMPLES, WEIGHTS, publish, setup_cli
 from bench.machine import dated
 
 CLASSES = 37
@@ -171,9 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     setup_cli("bench.heads", args.quiet)
     text = render(measure(args.batch, args.rounds), args.batch, args.rounds)
-    args.out.write_text(text)
-    print(text)
-    return 0
+    return publish(args.out, text)
 
 
 if __name__ == "__main__":

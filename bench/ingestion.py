@@ -195,8 +195,7 @@ def measure_variant(
         workdir, MODEL_STORE, load_models=[f"{TAGGER}.mar"], properties=overrides
     )
     rows = []
-    try:
-        server.start()
+    with server:
         served = server.client().describe(TAGGER, customized=True)[0]["customizedMetadata"]
         log_file = workdir / "logs" / "ts_log.log"
         model = ModelUnderTest(server, TAGGER, batches_from_log=False, plan=plan)
@@ -247,8 +246,6 @@ def measure_variant(
                         "cores_available_ms": 1000 * wall * (os.cpu_count() or 1) / images_done,
                     }
                 )
-    finally:
-        server.kill()
     return rows
 
 

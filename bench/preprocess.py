@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from bench import raw, report
-from bench.layout import IMAGES, RESULTS, SAMPLES, WEIGHTS, setup_cli
+from bench.layout import IMAGES, RESULTS, SAMPLES, WEIGHTS, publish, setup_cli
 from bench.machine import dated
 from buildsteps.export import _onnx_to_ir
 from model_files.artifacts import CHECKPOINT, SERIALIZED
@@ -176,10 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         ["row", "before (float), img/s", "now (uint8), img/s", "now / before"], rows
     )
     text = "\n".join(lines) + "\n"
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(text)
-    return 0
+    return publish(args.out, text)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import random
 import threading
 import time
 from collections import Counter
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -49,7 +50,7 @@ from bench.layout import (
 )
 from bench.memory import _rss
 from bench.stats import percentile
-from devtools.server import LocalTorchServe, free_ports
+from devtools.server import LocalTorchServe
 
 log = logging.getLogger("bench.soak")
 SAMPLE_EVERY_S = 5.0  # memory, at most this far apart (a short run: four samples in all)
@@ -379,24 +380,21 @@ class TritonTarget:
 
     def __init__(self) -> None:
         from tritonrepo.generate import generate
-        from tritonrepo.server import Triton
 
-        work = fresh_dir(BUILD / "soak-triton")
-        generate(work / "repository", model_store=MODEL_STORE)
-        self.log = (work / "triton.log").open("w")
-        self.triton = Triton(
-            work / "repository", log=self.log, **free_ports(("http", "grpc", "metrics"))
-        )
-        self.port, self.headers = self.triton.ports["http"], {}
+        self.work = fresh_dir(BUILD / "soak-triton")
+        generate(self.work / "repository", model_store=MODEL_STORE)
+        self.running = ExitStack()
+        self.port, self.headers = 0, {}
 
     def start(self) -> None:
-        self.triton.start()
+        from bench.triton import triton_serving
+
+        serving = triton_serving(self.work / "repository", self.work / "triton.log")
+        self.triton = self.running.enter_context(serving)
+        self.port = self.triton.ports["http"]
 
     def stop(self) -> None:
-        try:
-            self.triton.stop()
-        finally:
-            self.log.close()
+        self.running.close()
 
     def classes(self, samples: Path) -> list[TrafficClass]:
         return triton_traffic(samples)

@@ -192,8 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         fresh_dir(SWEEP / "run"), SWEEP / "store", load_models=[], model_api=True
     )
     rows = []
-    try:
-        server.start()
+    with server:
         for i, (batch_size, delay, workers) in enumerate(settings, 1):
             log.info(
                 "%d/%d: batchSize %d, maxBatchDelay %d ms, %d worker(s)",
@@ -206,8 +205,6 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(
                 run_setting(server, archive, base_yaml, body, plan, batch_size, delay, workers)
             )
-    finally:
-        server.kill()
 
     results = {
         "meta": {

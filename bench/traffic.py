@@ -48,9 +48,9 @@ from bench.layout import BUILD, EMBEDDING, MODEL_STORE, REPO, RESULTS, WEIGHTS, 
 from bench.loadgen import Connection, Endpoint, closed_loop, post_once
 from bench.machine import dated
 from bench.stats import Sample, percentile, ratio, summarize
-from bench.triton import binary_request
+from bench.triton import binary_request, triton_serving
 from buildsteps.configgen import bulk_lanes
-from devtools.server import LocalTorchServe, free_ports
+from devtools.server import LocalTorchServe
 from model_files.artifacts import LABELS
 from serveclient import metrics
 from serveclient.batchjob import Plan
@@ -365,25 +365,15 @@ class OursOnTriton(OursOnTorchServe):
 
     def __init__(self) -> None:
         from tritonrepo.generate import generate
-        from tritonrepo.server import Triton
 
-        work = fresh_dir(WORK / "triton")
-        generate(work / "repository", model_store=MODEL_STORE)
-        self.log_path = work / "triton.log"
-        self.make = lambda log: Triton(
-            work / "repository", log=log, **free_ports(("http", "grpc", "metrics"))
-        )
+        self.work = fresh_dir(WORK / "triton")
+        generate(self.work / "repository", model_store=MODEL_STORE)
         self.runs = 0
 
     @contextmanager
     def serving(self) -> Iterator[Target]:
-        with self.log_path.open("w") as log:
-            self.triton = self.make(log)
-            self.triton.start()
-            try:
-                yield self
-            finally:
-                self.triton.stop()
+        with triton_serving(self.work / "repository", self.work / "triton.log") as self.triton:
+            yield self
 
     def endpoint(self, body: bytes) -> Endpoint:
         payload, headers = binary_request(body, output="embedding")

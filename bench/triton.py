@@ -6,11 +6,15 @@ then the bytes), as TorchServe's rows send the raw image as the body: neither pa
 Batch sizes come from Triton's own statistics (``/v2/models/<m>/stats``: images per model
 execution over each run, and the largest batch size that ran in it), not from a header, which
 Triton's Python backend cannot set; so the mean is per batch, where TorchServe's is per request.
+
+``triton_serving`` is how every benchmark runs a Triton (this row, the ceiling, the crops, soak
+and traffic tools): one way to start it on free ports, to fail with its log and to stop it.
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
 
 import psutil
@@ -23,7 +27,13 @@ from devtools.server import free_ports
 from serveshared.v2binary import binary_body, binary_tensor, bytes_elements
 from tritonrepo.generate import generate
 from tritonrepo.install import NotInstalled, TritonInstall
-from tritonrepo.server import Triton
+from tritonrepo.server import Triton, running
+
+
+def triton_serving(repository: Path, log_path: Path) -> ContextManager[Triton]:
+    """``tritonrepo.server.running`` on free loopback ports: how every benchmark runs a Triton
+    (this row, the ceiling, the crops, soak and traffic tools)."""
+    return running(repository, log_path, **free_ports(("http", "grpc", "metrics")))
 
 
 def binary_request(image: bytes, output: str = "tags") -> tuple[bytes, dict[str, str]]:
@@ -100,23 +110,18 @@ def serve_triton(
     pinned = precision.split("+")[0]  # "int8+bf16" runs the int8 IR: handler.precision int8
     # Both models, as TorchServe's row loads them (the embedding model idle).
     generate(work / "repository", model_store=model_store, precision=pinned)
-    with (work / "triton.log").open("w") as log:
-        triton = Triton(work / "repository", log=log, **free_ports(("http", "grpc", "metrics")))
-        started = time.monotonic()
-        triton.start()
-        try:
-            startup_s = time.monotonic() - started
-            mut = TritonUnderTest(triton, TAGGER, plan)
-            # The tagger's Python-backend stub (its model.py is its first argument): the
-            # "worker" of this row.
-            watch = {
-                f"stub {p.pid}": p.pid
-                for p in mut.processes()[1:]
-                if any(f"/{TAGGER}/" in arg for arg in p.cmdline()[1:2])
-            }
-            runs = run_plan(mut, images, plan, watch, f"triton {TAGGER}", progress)
-        finally:
-            triton.stop()
+    started = time.monotonic()
+    with triton_serving(work / "repository", work / "triton.log") as triton:
+        startup_s = time.monotonic() - started
+        mut = TritonUnderTest(triton, TAGGER, plan)
+        # The tagger's Python-backend stub (its model.py is its first argument): the
+        # "worker" of this row.
+        watch = {
+            f"stub {p.pid}": p.pid
+            for p in mut.processes()[1:]
+            if any(f"/{TAGGER}/" in arg for arg in p.cmdline()[1:2])
+        }
+        runs = run_plan(mut, images, plan, watch, f"triton {TAGGER}", progress)
     config = (work / "repository" / TAGGER / "config.pbtxt").read_text()
     return {
         "model": TAGGER,

@@ -23,7 +23,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from bench.layout import MODEL_STORE, REPO, RESULTS, TAGGER, setup_cli
+from bench.layout import MODEL_STORE, REPO, RESULTS, TAGGER, publish, setup_cli
 from bench.machine import dated, describe_machine
 
 # One worker's start, in a fresh process: argv[1] the unpacked archive, argv[2] its YAML.
@@ -124,10 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-workerstart-") as work:
         starts = measure(args.runs, Path(work))
     text = report(starts, machine)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "worker-start.md").write_text(text)
-    print(text)
-    return 0
+    return publish(args.out / "worker-start.md", text)
 
 
 if __name__ == "__main__":

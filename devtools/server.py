@@ -238,7 +238,7 @@ class LocalTorchServe:
         )
 
     def kill(self) -> None:
-        """SIGKILL the frontend and its workers at once, without TorchServe's drain (3.5 s a
+        """SIGKILL the frontend and its workers at once, without TorchServe's drain (3.7 s a
         server here): a teardown's stop, with nothing in flight. ``start`` may follow."""
         self._pids |= self._server_pids()
         stop_processes(self._pids, grace=0)

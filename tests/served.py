@@ -68,7 +68,7 @@ def local_triton(
     from devtools.server import free_ports
     from tritonrepo.generate import generate
     from tritonrepo.install import NotInstalled, TritonInstall
-    from tritonrepo.server import Triton
+    from tritonrepo.server import running
 
     try:
         TritonInstall().check()
@@ -85,23 +85,14 @@ def local_triton(
     generate(
         workdir / "repository", models_dir=models, model_store=model_store, precision=precision
     )
-    with (workdir / "triton.log").open("w") as log:
-        server = Triton(
-            workdir / "repository",
-            log=log,
-            key_file=key_file,
-            **({} if exit_timeout is None else {"exit_timeout": exit_timeout}),
-            **free_ports(("http", "grpc", "metrics")),
-        )
-        try:
-            server.start()
-        except (RuntimeError, TimeoutError) as exc:
-            log.flush()
-            raise RuntimeError(f"{exc}\n{(workdir / 'triton.log').read_text()[-4000:]}") from None
-        try:
-            yield server
-        finally:
-            server.stop()
+    with running(
+        workdir / "repository",
+        workdir / "triton.log",
+        key_file=key_file,
+        **({} if exit_timeout is None else {"exit_timeout": exit_timeout}),
+        **free_ports(("http", "grpc", "metrics")),
+    ) as server:
+        yield server
 
 
 def v2_body(images: list[bytes], parameters: dict) -> dict:

@@ -31,8 +31,10 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import requests
 
@@ -284,6 +286,24 @@ class Triton:
                 pass
             time.sleep(0.5)
         raise TimeoutError(f"Triton not ready at {self.url} after {timeout:.0f} s")
+
+
+@contextmanager
+def running(repository: Path, log_path: Path, **options: Any) -> Iterator[Triton]:
+    """A ``Triton(repository, **options)`` started and ready, its output in ``log_path``; a
+    start that fails raises with the log's last lines (Triton has stopped itself), and it is
+    stopped, Triton's graceful way, on the way out: how the tests and benchmarks run one."""
+    with log_path.open("w") as log:
+        triton = Triton(repository, log=log, **options)
+        try:
+            triton.start()
+        except (RuntimeError, TimeoutError) as exc:
+            log.flush()
+            raise RuntimeError(f"{exc}\n{log_path.read_text()[-4000:]}") from None
+        try:
+            yield triton
+        finally:
+            triton.stop()
 
 
 def argument_parser() -> argparse.ArgumentParser:
