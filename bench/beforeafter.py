@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         before = build_before(up.enter_context(checked_out(args.before, work / "tree")), work)
         servers = {s.name: up.enter_context(server_of(s, work)) for s in (before, after)}
         served = {name: precision(server) for name, server in servers.items()}
-        runs = measure(servers, args.rounds, plan)
+        runs = measure(servers, max(1, args.rounds), plan)
     text = report(runs, args.before, served, machine)
     return publish(args.out / "before-after.md", text)
 

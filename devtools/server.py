@@ -213,17 +213,17 @@ class LocalTorchServe:
             "--ts-config",
             str(config_path),
         ]
-        with open(self.workdir / "torchserve.out", "ab") as out:
-            subprocess.run(
-                command,
-                cwd=self.workdir,
-                env=self._env(),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                check=True,
-                timeout=120,
-            )
-        try:
+        try:  # a start that fails leaves nothing running (``with`` calls no __exit__ then)
+            with open(self.workdir / "torchserve.out", "ab") as out:
+                subprocess.run(
+                    command,
+                    cwd=self.workdir,
+                    env=self._env(),
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    check=True,
+                    timeout=120,
+                )
             self._wait_ready(timeout)
         except BaseException:
             self.stop()

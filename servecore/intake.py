@@ -262,7 +262,7 @@ def _decode_share(
         try:
             future.set_result(decode(image))
         except BaseException as exc:  # noqa: BLE001 - kept for Future.result, as the pool does
-            future.set_exception(exc)
+            future.set_exception(detached(exc))  # else exc -> this frame -> share -> future
 
 
 def _now(fn: Callable, *args) -> Future:

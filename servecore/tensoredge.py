@@ -52,7 +52,7 @@ class TensorEdge:
     def encode(self, reply: Reply, wanted: frozenset[str] = frozenset()) -> TensorReply:
         """``reply`` as its outputs (``servecore.tensoroutput``; ``wanted``: the outputs the
         request asked for, empty for all), or its error's body and the nearest code Triton can
-        send."""
+        send. It never refuses a reply (no ``RequestError``): the core writes each once."""
         if reply.error is not None:
             status = status_of(reply.error)
             return TensorReply(error=json.dumps(error_body(reply.error)), code=triton_code(status))

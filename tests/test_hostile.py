@@ -29,6 +29,8 @@ from tests.reference import assert_same_tags
 
 GOOD = imagegen.png(300, 240, seed=5)
 TINY = imagegen.encode(Image.new("RGB", (8, 8), (30, 200, 30)), "PNG")
+FULL = imagegen.jpeg(400, 300, seed=70)
+CUT = FULL[: len(FULL) // 3]  # its header reads; decoding it fails
 HOSTILE = corpus.hostile_inputs()
 CONFIG = HandlerConfig()
 
@@ -209,11 +211,12 @@ def test_failed_requests_leave_no_reference_cycles(tagger):
                 ]
             }
         },  # refused while parsing
-        v2(2, data=[b64(GOOD), b64(b"broken")]),  # two images: the decode pool's path
+        v2(2, data=[b64(GOOD), b64(b"broken")]),  # two images, the second's header refused
+        v2(2, data=[b64(CUT), b64(CUT)]),  # both fail in decode pool tasks; one is never read
         {"data": GOOD, "method": b"nope"},  # an explanation refused
         {"body": GOOD},
     ]
-    headers = [{}, {}, {}, {"explain": "True"}, {}]
+    headers = [{}, {}, {}, {}, {"explain": "True"}, {}]
     gc.collect()
     gc.set_debug(gc.DEBUG_SAVEALL)
     try:
@@ -223,26 +226,27 @@ def test_failed_requests_leave_no_reference_cycles(tagger):
     finally:
         gc.set_debug(0)
         gc.garbage.clear()
-    assert [s for s, _ in statuses] == [400, 400, 400, 400, 200]
+    assert [s for s, _ in statuses] == [400, 400, 400, 400, 400, 200]
     assert garbage == []
 
 
 def test_a_batch_takes_a_pool_task_per_thread_and_a_corrupt_image_fails_alone(tagger, monkeypatch):
     """Issue #49: the batch's images are dealt out to one decode task per thread, not one
-    each; a JPEG whose header reads but whose data is cut off fails its own request in the
-    middle of a task, and every other image gets the tags it gets alone."""
+    each; a JPEG whose header reads but whose data is cut off fails its own request, and the
+    task it opened decodes its other two images (with two threads: the cut one, the largest,
+    first in its task, then 240x180 and 160x120); every other image gets its tags alone."""
     handler, context = tagger
     photos = [imagegen.jpeg(160 + 40 * i, 120 + 30 * i, seed=60 + i) for i in range(5)]
-    cut = imagegen.jpeg(400, 300, seed=70)
-    rows = [{"body": photo} for photo in photos[:2]] + [{"body": cut[: len(cut) // 3]}]
+    rows = [{"body": photo} for photo in photos[:2]] + [{"body": CUT}]
     rows += [{"body": photo} for photo in photos[2:]]
     intake = handler.model.intake
     tasks = []
     submit = intake.pool.submit
+    monkeypatch.setattr(intake, "threads", 2)  # the shares this docstring names, on any host
     monkeypatch.setattr(intake.pool, "submit", lambda *a: tasks.append(a) or submit(*a))
     answers, statuses, _ = run_batch(handler, context, rows)
     monkeypatch.undo()
-    assert len(tasks) == min(intake.threads, len(rows))
+    assert [len(share) for _, _, share in tasks] == [3, 3]
     assert [s for s, _ in statuses] == [200, 200, 400, 200, 200, 200]
     assert "truncated or corrupt" in json.loads(answers[2])["message"]
     for photo, answer in zip(photos, answers[:2] + answers[3:]):

@@ -834,6 +834,8 @@ def test_the_old_package_name_still_imports_the_same_client_with_a_warning():
         "assert TorchServeClient is new.TorchServeClient, 'two classes'\n"
         "assert tsclient.connect is serveclient.connect and TsError is ServeError\n"
         "assert new.__spec__.name == 'serveclient.torchserve', new.__spec__\n"
+        "import tsclient.cli.common as old_common, serveclient.cli.common as new_common\n"
+        "assert old_common is new_common, 'a second copy of a deep module'\n"
     )
     run = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120

@@ -63,7 +63,8 @@ class TritonPythonModel:
         asks = [_parameters(r) for r in requests]
         served = [(r, ask) for r, ask in zip(requests, asks) if ask.get(DESCRIBE) is not True]
         incoming = [self.edge.decode(r.request_id() or "?", _payload(r, ask)) for r, ask in served]
-        # The core writes the replies in request order; each with the outputs its request named.
+        # The core writes each reply once, in request order (the tensor edge never refuses one,
+        # which would write it twice): each with the outputs its own request named.
         wanted = iter([frozenset(r.requested_output_names()) for r, _ in served])
         replies = (
             self.model.run(incoming, lambda r: self._response(r, next(wanted))) if served else []

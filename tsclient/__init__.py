@@ -36,6 +36,8 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, fullname: str, path=None, target=None):
         if not fullname.startswith(f"{__name__}."):
             return None
+        if importlib.util.find_spec(NEW + fullname.removeprefix(__name__)) is None:
+            return None  # "No module named tsclient.X", as for any missing module
         return importlib.util.spec_from_loader(fullname, self)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
@@ -48,4 +50,7 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         module.__spec__ = self._specs.pop(module.__spec__.name if module.__spec__ else "", None)
 
 
-sys.meta_path.append(_Alias())
+# First: an aliased package's ``__path__`` is serveclient's folder, where the path finder would
+# load a second copy of each submodule under the old name. Nothing is found in this folder.
+__path__.clear()  # noqa: F405 - this package's own, not a star-imported name
+sys.meta_path.insert(0, _Alias())
