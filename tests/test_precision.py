@@ -445,9 +445,11 @@ def test_nothing_to_choose_is_not_measured(weights_dir):
 
 @pytest.mark.skipif(
     not torch.cuda.is_available(),
-    reason="no CUDA device here: the f32/f16 rule runs where a GPU is present",
+    reason="no CUDA device here: the GPU's rule runs where a GPU is present",
 )
-def test_auto_on_a_gpu_weighs_f32_against_f16(weights_dir, monkeypatch):
+def test_auto_on_a_gpu_weighs_f32_against_f16_and_bf16_where_the_gpu_has_it(
+    weights_dir, monkeypatch
+):
     monkeypatch.setattr(autoprecision, "_clock", time.perf_counter)  # real GPU timings
     backend, choice = autoprecision.serving_backend(
         ModelFiles.read(weights_dir, "resnet50.pt"),
@@ -456,6 +458,8 @@ def test_auto_on_a_gpu_weighs_f32_against_f16(weights_dir, monkeypatch):
         batch_sizes=(1, 8),
     )
     by_name = {c.precision: c for c in choice.candidates}
-    assert set(by_name) == {"f32", "f16"} and choice.measured
-    assert by_name["f16"].ms and by_name["f16"].fidelity is not None
+    assert set(by_name) == {"f32", "f16", "bf16"} and choice.measured  # bf16: timed or excluded
+    timed = ["f16", "bf16"] if torch.cuda.is_bf16_supported() else ["f16"]
+    assert all(by_name[p].ms and by_name[p].fidelity is not None for p in timed)
+    assert torch.cuda.is_bf16_supported() or by_name["bf16"].excluded
     assert backend.precision == choice.precision
