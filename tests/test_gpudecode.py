@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 
 from model_files.artifacts import SERIALIZED
+from servecore import gpudecode
 from servecore.backends import load_backend
 from servecore.config import HandlerConfig
 from servecore.gpudecode import DeviceDecoder, accepts, assemble, for_worker
@@ -165,6 +166,31 @@ def test_device_memory_is_bounded_by_decoding_in_chunks():
     crops = decoder([SERVED.open(data) for data in (JPEG, LARGE, JPEG, GRAY)])
     assert all(c is not None for c in crops)
     assert named(recording.calls) == [["jpeg"], ["large"], ["jpeg", "gray"]]
+
+
+def test_images_of_one_size_are_resized_together_each_as_if_alone(monkeypatch):
+    """A batch mixing sizes and orientations: each crop is bit for bit the crop of its image
+    decoded alone; the resize ran once per size and orientation, not once per image, and a
+    group the device fails is resized one image at a time (a failing image: CPU path)."""
+    images = [JPEG, oriented(6), GRAY, JPEG, oriented(6), JPEG, LARGE]
+    decoder, _ = stand_in()
+    alone = [decoder([SERVED.open(data)])[0] for data in images]
+    resized: list[int] = []
+    fail_groups = [False]
+    real_resize = gpudecode.F.resize
+
+    def counting(pixels, *args, **kwargs):
+        resized.append(len(pixels))
+        if len(pixels) > 1 and fail_groups[0]:
+            raise RuntimeError("CUDA out of memory")
+        return real_resize(pixels, *args, **kwargs)
+
+    monkeypatch.setattr(gpudecode.F, "resize", counting)
+    for fail, calls in ((False, [3, 2, 1, 1]), (True, [3, 1, 1, 1, 2, 1, 1, 1, 1])):
+        fail_groups[0], resized[:] = fail, []
+        crops = decoder([SERVED.open(data) for data in images])
+        assert sorted(resized, reverse=True) == sorted(calls, reverse=True)
+        assert all(torch.equal(c, a) for c, a in zip(crops, alone, strict=True))
 
 
 def test_a_mixed_batch_is_assembled_in_order():
