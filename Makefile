@@ -232,6 +232,13 @@ soak: setup config archives samples $(if $(filter triton,$(SOAK_ENGINE)),triton-
 bench-collection: setup config archives samples
 	$(PY) -m bench.collection
 
+# FAISS indexes against exact search on 100k synthetic clustered 2,048-d vectors (#51): build
+# time, bytes per vector, query p50/p99 at k=10, recall@10; prints the table results/search.md
+# quotes (some 10 minutes on a busy 2-core host).
+.PHONY: bench-search
+bench-search: setup
+	$(PY) -m bench.search
+
 # The CPU path before and after uint8 went to the model (#41), side by side in one process:
 # per-image decode + transform, and the batch-8 pipeline with a float-input IR against the
 # served one -> results/preprocess.md (about 2 minutes).

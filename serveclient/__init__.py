@@ -11,7 +11,8 @@ command line (``serveclient.cli``).
     batchjob.py    embed or tag a whole collection into Parquet, resumably; collection.py:
                    the photos as a stream of files; vectors.py: the Parquet parts;
                    objectstore.py: outputs in an object store; progress.py: its progress bar
-    search.py      exact cosine search over an embedding Parquet file
+    search.py      exact cosine search over an embedding Parquet file; index.py: the
+                   approximate FAISS index beside it (``tsctl index build``)
     head.py        a linear head for the user's own labels, fitted on served embeddings
     pages.py       self-contained HTML pages of results
     metrics.py     TorchServe's and Triton's Prometheus text, summarised; gpus.py: the GPUs'

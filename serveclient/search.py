@@ -21,7 +21,7 @@ import json
 import logging
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -152,19 +152,9 @@ def nearest(
 
 def duplicates(index: Path | str, threshold: float = 0.97, rows: int = CHUNK_ROWS) -> list[dict]:
     """Groups of near-duplicates: files linked by a chain of pairs with cosine >=
-    ``threshold``, largest group first, each ``{"paths": [...], "min_score": s}`` (the lowest
-    score of a pair that joined it). Every chunk is compared with itself and every later
-    chunk: memory two chunks, time quadratic."""
-    parent: dict[int, int] = {}
-    low: dict[int, float] = {}
-
-    def root(i: int) -> int:
-        parent.setdefault(i, i)
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
+    ``threshold``, largest group first (see ``group``). Every chunk is compared with itself
+    and every later chunk: memory two chunks, time quadratic."""
+    found: list[tuple[int, int, float]] = []
     for offset_a, a in unit_chunks(index, rows):
         for offset_b, b in unit_chunks(index, rows):
             if offset_b + len(b) <= offset_a:
@@ -172,20 +162,37 @@ def duplicates(index: Path | str, threshold: float = 0.97, rows: int = CHUNK_ROW
             scores = a @ b.T
             for i, j in np.argwhere(scores >= threshold):
                 gi, gj = offset_a + int(i), offset_b + int(j)
-                if gj <= gi:
-                    continue
-                ri, rj = root(gi), root(gj)
-                merged = min(low.get(ri, 1.0), low.get(rj, 1.0), float(scores[i, j]))
-                if ri != rj:
-                    parent[rj] = ri
-                low[ri] = merged
-    members: dict[int, list[int]] = {}
+                if gj > gi:
+                    found.append((gi, gj, float(scores[i, j])))
+    names = _paths_at(index, {i for pair in found for i in pair[:2]})
+    return group((names[i], names[j], score) for i, j, score in found)
+
+
+def group(pairs: Iterable[tuple[str, str, float]]) -> list[dict]:
+    """Files linked by a chain of ``pairs`` (a, b, cosine), largest group first, each
+    ``{"paths": [...], "min_score": s}``: paths sorted, s the lowest score of a pair that
+    joined it."""
+    parent: dict[str, str] = {}
+    low: dict[str, float] = {}
+
+    def root(i: str) -> str:
+        parent.setdefault(i, i)
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for a, b, score in pairs:
+        ra, rb = root(a), root(b)
+        merged = min(low.get(ra, 1.0), low.get(rb, 1.0), score)
+        if ra != rb:
+            parent[rb] = ra
+        low[ra] = merged
+    members: dict[str, list[str]] = {}
     for i in list(parent):
         members.setdefault(root(i), []).append(i)
-    names = _paths_at(index, {i for group in members.values() for i in group})
     groups = [
-        {"paths": [names[i] for i in sorted(group)], "min_score": round(low[r], 6)}
-        for r, group in members.items()
+        {"paths": sorted(group), "min_score": round(low[r], 6)} for r, group in members.items()
     ]
     return sorted(groups, key=lambda g: (-len(g["paths"]), g["paths"][0]))
 

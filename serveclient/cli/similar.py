@@ -1,6 +1,7 @@
-"""tsctl's search over an ``embed`` output: ``similar`` (the stored photos nearest each query,
-exact cosine) and ``duplicates`` (groups of near-duplicates);
-``--html``: also a page of thumbnails."""
+"""tsctl's search over an ``embed`` output: ``similar`` (the stored photos nearest each query)
+and ``duplicates`` (groups of near-duplicates), from the approximate index ``tsctl index
+build`` writes (``INDEX.vindex/`` beside the Parquet, or ``--vindex``) when there is one, else
+(or with ``--exact``) exact cosine over the Parquet; ``--html``: also a page of thumbnails."""
 
 from __future__ import annotations
 
@@ -41,17 +42,75 @@ def register(commands: Commands) -> None:
         metavar="FILE",
         help="also write a page of thumbnails: each query beside its neighbours",
     )
+    _search_arguments(q)
     endpoint_arguments(q)
     dup = commands.add(
         "duplicates", cmd_duplicates, help="groups of near-duplicate photos in an embed output"
     )
     dup.add_argument("--index", type=Path, required=True)
     dup.add_argument("--threshold", type=float, default=0.97, help="cosine (0.97)")
+    _search_arguments(dup)
     dup.add_argument(
         "--html",
         type=Path,
         metavar="FILE",
         help="also write a page of thumbnails: each group side by side",
+    )
+
+    build = commands.add(
+        "index", cmd_index, help="build or update the approximate index of embed outputs"
+    )
+    build.add_argument("action", choices=["build"])
+    build.add_argument(
+        "inputs",
+        nargs="+",
+        type=Path,
+        metavar="PARQUET",
+        help="embed outputs, or folders of shards",
+    )
+    build.add_argument(
+        "--out", type=Path, help="the index folder (default: FIRST.vindex beside the first input)"
+    )
+    build.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _search_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--exact", action="store_true", help="exact search over the Parquet, not the index"
+    )
+    parser.add_argument(
+        "--vindex", type=Path, help="the index folder (default: INDEX.vindex when it exists)"
+    )
+
+
+def default_folder(parquet: Path) -> Path:
+    """Where ``tsctl index build`` writes by default and the searches look."""
+    return parquet.with_name(parquet.name + ".vindex")
+
+
+def _opened(args: argparse.Namespace) -> Any:
+    """The checked index the search uses, or None for exact search."""
+    from serveclient import index
+
+    folder = args.vindex or default_folder(args.index)
+    if args.exact or not (folder / index.MANIFEST).is_file():
+        return None
+    return index.open_index(folder)
+
+
+def cmd_index(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
+    from serveclient import index
+
+    folder = args.out or default_folder(args.inputs[0])
+    built = index.build(args.inputs, folder, progress=not args.no_progress)
+    data = {"folder": str(folder), **vars(built)}
+    return (
+        data,
+        (
+            f"{folder}: {built.count} vectors ({built.spec}), {built.added} added, "
+            f"{built.removed} removed"
+        ),
+        0,
     )
 
 
@@ -68,9 +127,15 @@ def cmd_similar(client: Client, args: argparse.Namespace) -> tuple[Any, str, int
         protocol=args.protocol,
         traffic=Traffic.within(deadline_ms=args.deadline_ms),
     )
-    found = search.nearest(
-        args.index, np.asarray(vectors, np.float32), args.k, exclude=args.queries
-    )
+    opened = _opened(args)
+    if opened is None:
+        found = search.nearest(
+            args.index, np.asarray(vectors, np.float32), args.k, exclude=args.queries
+        )
+    else:
+        from serveclient import index
+
+        found = index.nearest(opened, np.asarray(vectors, np.float32), args.k, args.queries)
     data = {
         q: [{"path": p, "score": round(s, 6)} for p, s in hits]
         for q, hits in zip(args.queries, found)
@@ -91,7 +156,13 @@ def cmd_similar(client: Client, args: argparse.Namespace) -> tuple[Any, str, int
 def cmd_duplicates(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
     from serveclient import search
 
-    groups = search.duplicates(args.index, args.threshold)
+    opened = _opened(args)
+    if opened is None:
+        groups = search.duplicates(args.index, args.threshold)
+    else:
+        from serveclient import index
+
+        groups = search.group(index.pairs(opened, args.threshold))
     lines = [
         f"{len(g['paths'])} files, cosine >= {g['min_score']:.4f}: " + ", ".join(g["paths"])
         for g in groups

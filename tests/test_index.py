@@ -1,0 +1,189 @@
+"""serveclient/index.py on small vector sets: build, update (added, changed and removed photos),
+stale and corrupt indexes named, and its answers against exact search (serveclient/search.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+pytest.importorskip("faiss")
+
+from serveclient import index, search
+from serveclient.vectors import EMBEDDING_DIM, OK, schema
+
+
+def write(path: Path, names: list[str], matrix: np.ndarray, size: int = 1) -> Path:
+    """An embed output as ``tsctl embed`` writes it (the columns the index reads)."""
+    n = len(names)
+    table = pa.table(
+        {
+            "path": names,
+            "size": [size] * n,
+            "mtime": pa.array([0] * n, pa.timestamp("ns", tz="UTC")),
+            "sha256": [None] * n,
+            "status": [OK] * n,
+            "error": [None] * n,
+            "precision": ["fp32"] * n,
+            "cached": [False] * n,
+            "embedding": pa.array(list(matrix), pa.list_(pa.float32(), EMBEDDING_DIM)),
+        },
+        schema=schema("embedding"),
+    )
+    pq.write_table(table, path)
+    return path
+
+
+def vectors(n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.abs(rng.standard_normal((n, EMBEDDING_DIM))).astype(np.float32)
+
+
+def test_build_answers_as_exact_search(tmp_path):
+    matrix = vectors(200, 0)
+    names = [f"p{i}.jpg" for i in range(200)]
+    src = write(tmp_path / "e.parquet", names, matrix)
+    built = index.build([src], tmp_path / "v", progress=False)
+    assert (built.added, built.removed, built.count) == (200, 0, 200)
+    opened = index.open_index(tmp_path / "v")
+    queries = matrix[:5] + 0.01
+    assert [[p for p, _ in hits] for hits in index.nearest(opened, queries, 10)] == [
+        [p for p, _ in hits] for hits in search.nearest(src, queries, 10)
+    ]
+
+
+def test_added_changed_and_removed_photos_update_without_rebuild(tmp_path):
+    matrix = vectors(300, 1)
+    names = [f"p{i}.jpg" for i in range(300)]
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    write(shards / "0.parquet", names[:200], matrix[:200])
+    index.build([shards], tmp_path / "v", progress=False)
+    # a second shard adds 100; the first loses p0..p9 (removed) and p10 changes (new size)
+    write(shards / "1.parquet", names[200:], matrix[200:])
+    write(shards / "0.parquet", names[10:200], matrix[10:200])
+    write(shards / "2.parquet", ["p11.jpg"], vectors(1, 9), size=2)
+    built = index.build([shards], tmp_path / "v", progress=False)
+    assert (built.added, built.removed, built.count) == (101, 11, 290)
+    opened = index.open_index(tmp_path / "v")
+    answered = {p for hits in index.nearest(opened, matrix[:20], 50) for p, _ in hits}
+    assert not answered & {f"p{i}.jpg" for i in range(10)}
+    hit = index.nearest(opened, matrix[250:251], 1)[0][0]
+    assert hit[0] == "p250.jpg" and hit[1] == pytest.approx(1.0, abs=1e-4)
+    # p11's newest row (the vector of shard 2) is the one held
+    assert index.nearest(opened, vectors(1, 9), 1)[0][0][0] == "p11.jpg"
+    assert index.nearest(opened, matrix[11:12], 1)[0][0][0] != "p11.jpg"
+
+
+def test_stale_and_corrupt_indexes_are_named(tmp_path):
+    matrix = vectors(50, 2)
+    src = write(tmp_path / "e.parquet", [f"p{i}" for i in range(50)], matrix)
+    index.build([src], tmp_path / "v", progress=False)
+    write(src, [f"p{i}" for i in range(49)], matrix[:49])
+    with pytest.raises(index.StaleIndex, match=r"older than .*e\.parquet") as stale:
+        index.open_index(tmp_path / "v")
+    assert "--exact" in stale.value.hint
+    index.build([src], tmp_path / "v", progress=False)
+    assert index.open_index(tmp_path / "v").index.ntotal == 49
+    data = bytearray((tmp_path / "v" / index.VECTORS).read_bytes())
+    data[-1] ^= 0xFF
+    (tmp_path / "v" / index.VECTORS).write_bytes(bytes(data))
+    with pytest.raises(index.CorruptIndex, match="sha256"):
+        index.open_index(tmp_path / "v")
+    manifest = tmp_path / "v" / index.MANIFEST
+    manifest.write_text(json.dumps({"format": 99}))
+    with pytest.raises(index.CorruptIndex, match="format 99"):
+        index.open_index(tmp_path / "v")
+    # a build over a corrupt index starts afresh
+    assert index.build([src], tmp_path / "v", progress=False).count == 49
+
+
+def test_duplicates_from_the_index_match_exact(tmp_path):
+    matrix = vectors(100, 3)
+    matrix[50] = matrix[7] * 1.001
+    matrix[60] = matrix[7] + 0.001
+    src = write(tmp_path / "e.parquet", [f"p{i:03d}" for i in range(100)], matrix)
+    index.build([src], tmp_path / "v", progress=False)
+    got = search.group(index.pairs(index.open_index(tmp_path / "v"), 0.97))
+    want = search.duplicates(src, 0.97)
+    assert [g["paths"] for g in got] == [g["paths"] for g in want] == [["p007", "p050", "p060"]]
+
+
+def test_ivf_spec_above_the_flat_limit():
+    assert index.spec_for(10) == "IDMap2,Flat"
+    assert index.spec_for(1_000_000) == "PROJ256,IVF4096,SQ8"
+
+
+@pytest.fixture
+def small_ivf(monkeypatch):
+    """The approximate index on a few thousand vectors: PCA to 64, 8 lists (all visited)."""
+    spec = "PROJ64,IVF8,SQ8"
+    monkeypatch.setattr(index, "spec_for", lambda count: spec)
+    return spec
+
+
+def clustered(n: int, seed: int) -> np.ndarray:
+    """Clusters in a 48-dimensional subspace plus a little noise: what a 64-d projection
+    keeps nearly whole, so a test can tell the index's mechanics from its compression."""
+    basis = np.random.default_rng(0).standard_normal((48, EMBEDDING_DIM)) / EMBEDDING_DIM**0.5
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((20, 48)) * 3
+    latent = centres[rng.integers(0, 20, n)] + rng.standard_normal((n, 48))
+    noise = 0.1 * rng.standard_normal((n, EMBEDDING_DIM))
+    return (latent @ basis + noise).astype(np.float32)
+
+
+def test_the_approximate_index_rescored_answers_as_exact_search(tmp_path, small_ivf):
+    """Its candidates re-scored with the stored float16 vectors: exact search's top 10 (the
+    index's own SQ8 scores alone would not rank them), scores within float16's error."""
+    matrix = clustered(3000, 4)
+    src = write(tmp_path / "e.parquet", [f"p{i}" for i in range(3000)], matrix)
+    index.build([src], tmp_path / "v", progress=False)
+    opened = index.open_index(tmp_path / "v")
+    assert opened.manifest["spec"] == small_ivf and opened.manifest["rows"] == 3000
+    queries = clustered(20, 5)
+    got = index.nearest(opened, queries, 10)
+    want = search.nearest(src, queries, 10)
+    recall = np.mean([len({p for p, _ in g} & {p for p, _ in w}) / 10 for g, w in zip(got, want)])
+    assert recall >= 0.95
+    for g, w in zip(got, want):
+        assert g[0][1] == pytest.approx(w[0][1], abs=2e-3)
+
+
+def test_approximate_duplicates_are_the_exact_pairs_and_updates_append(tmp_path, small_ivf):
+    matrix = clustered(2000, 6)
+    matrix[1500] = matrix[7] * 1.001
+    matrix[1600] = matrix[9] + 0.001
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    write(shards / "0.parquet", [f"p{i:04d}" for i in range(2000)], matrix)
+    index.build([shards], tmp_path / "v", progress=False)
+    got = search.group(index.pairs(index.open_index(tmp_path / "v"), 0.99))
+    want = search.duplicates(shards / "0.parquet", 0.99)
+    assert [g["paths"] for g in got] == [g["paths"] for g in want]
+    assert sorted(map(tuple, [g["paths"] for g in want])) == [
+        ("p0007", "p1500"),
+        ("p0009", "p1600"),
+    ]
+    # 100 more photos: appended (ids 2000..2099, rows of rescore.f16), found at cosine 1
+    extra = clustered(100, 7)
+    write(shards / "1.parquet", [f"q{i}" for i in range(100)], extra)
+    built = index.build([shards], tmp_path / "v", progress=False)
+    assert (built.added, built.count) == (100, 2100)
+    opened = index.open_index(tmp_path / "v")
+    assert (opened.manifest["spec"], opened.manifest["rows"]) == (small_ivf, 2100)
+    hit = index.nearest(opened, extra[42:43], 1)[0][0]
+    assert hit[0] == "q42" and hit[1] == pytest.approx(1.0, abs=2e-3)
+
+
+def test_a_short_rescore_file_is_a_corrupt_index(tmp_path, small_ivf):
+    src = write(tmp_path / "e.parquet", [f"p{i}" for i in range(600)], clustered(600, 8))
+    assert index.build([src], tmp_path / "v", progress=False).spec == small_ivf
+    store = tmp_path / "v" / index.RESCORE
+    store.write_bytes(store.read_bytes()[: -index.ROW_BYTES])
+    with pytest.raises(index.CorruptIndex, match=r"rescore\.f16 holds fewer than the 600 rows"):
+        index.open_index(tmp_path / "v")
