@@ -232,9 +232,9 @@ soak: setup config archives samples $(if $(filter triton,$(SOAK_ENGINE)),triton-
 bench-collection: setup config archives samples
 	$(PY) -m bench.collection
 
-# FAISS indexes against exact search on 100k synthetic clustered 2,048-d vectors (#51): build
-# time, bytes per vector, query p50/p99 at k=10, recall@10; prints the table results/search.md
-# quotes (some 10 minutes on a busy 2-core host).
+# tsctl index build over 100k synthetic clustered 2,048-d vectors against exact search (#51):
+# build time, bytes per vector, query p50/p99 at k=10, recall@10, duplicates' pairs found
+# -> results/search.md (about 10 minutes on 2 cores; most of it exact search's all pairs).
 .PHONY: bench-search
 bench-search: setup
 	$(PY) -m bench.search

@@ -121,6 +121,11 @@ def nprobe_for(spec: str) -> int:
     return 32 if "IVF" in spec else 1
 
 
+# Lists visited per vector by ``duplicates``: a near-copy lies in its original's list or a
+# neighbouring one; results/search.md measures the share of exact search's pairs it finds.
+PAIR_NPROBE = 8
+
+
 def sources_of(inputs: list[Path]) -> list[Path]:
     """Parquet files from files or folders (an Indexed Job's shards), sorted."""
     found: list[Path] = []
@@ -397,11 +402,25 @@ def pairs(
     opened: Opened, threshold: float, progress: bool = False
 ) -> Iterator[tuple[str, str, float]]:
     """Every pair of live paths with cosine >= ``threshold`` by the index's scores, each once:
-    a range search per stored vector (its sources' vectors, checked fresh by ``open_index``)."""
-    from tqdm import tqdm
+    a range search per stored vector (its sources' vectors, checked fresh by ``open_index``),
+    ``PAIR_NPROBE`` lists each."""
+    import faiss
 
     live = {path: id_ for id_, path in opened.names.items()}
     sources = [Path(s["path"]) for s in opened.manifest["sources"]]
+    if opened.approximate:
+        faiss.extract_index_ivf(opened.index).nprobe = PAIR_NPROBE  # this search only
+    try:
+        yield from _pairs(opened, threshold, live, sources, progress)
+    finally:
+        _tune(opened.index, opened.manifest["spec"])
+
+
+def _pairs(
+    opened: Opened, threshold: float, live: dict[str, int], sources: list[Path], progress: bool
+) -> Iterator[tuple[str, str, float]]:
+    from tqdm import tqdm
+
     bar = tqdm(total=len(live), unit="vec", desc="duplicates", disable=not progress)
     seen: set[tuple[int, int]] = set()
     for paths, keys, matrix in _rows(sources):

@@ -222,3 +222,22 @@ def test_similar_finds_a_photos_flipped_copy_first(torchserve, tmp_path):
     assert dups.returncode == 0, dups.stderr
     groups = json.loads(dups.stdout)
     assert any({query, str(flipped)} <= set(g["paths"]) for g in groups), groups
+
+    # The same commands through `tsctl index build`'s index answer the same; once the embed
+    # output changes, the index is named stale (with its fix) and --exact still answers.
+    built = tsctl(torchserve, "index", "build", str(index), "--no-progress")
+    assert built.returncode == 0, built.stderr
+    assert (tmp_path / "v.parquet.vindex" / "manifest.json").is_file()
+    indexed = tsctl(torchserve, "similar", query, "--index", str(index), "-k", "3", "--json")
+    assert indexed.returncode == 0, indexed.stderr
+    assert [h["path"] for h in json.loads(indexed.stdout)[query]] == [h["path"] for h in hits]
+    indexed_dups = tsctl(
+        torchserve, "duplicates", "--index", str(index), "--threshold", f"{threshold:.6f}", "--json"
+    )
+    assert json.loads(indexed_dups.stdout) == groups
+    pq.write_table(pq.read_table(index).slice(1), index)
+    stale = tsctl(torchserve, "similar", query, "--index", str(index), "-k", "3", "--json")
+    assert stale.returncode != 0
+    assert "older than" in stale.stderr and "--exact" in stale.stderr, stale.stderr
+    exact = tsctl(torchserve, "similar", query, "--index", str(index), "--exact", "--json")
+    assert exact.returncode == 0, exact.stderr
