@@ -169,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
     setup_cli("bench.search", args.quiet)
+    provenance = dated()  # the code as it was loaded: later edits are not what ran
     out = args.out or (RESULTS / "search.md" if args.n == 100_000 else None)
     xb, xq = clustered(args.n)
     xq = xq[: args.queries]
@@ -232,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         [
             "# Vector search (`make bench-search`): the index against exact search",
             "",
-            dated(),
+            provenance,
             f"- faiss-cpu {faiss.__version__}; {args.n:,} synthetic vectors shaped like ResNet50 "
             f"embeddings (`bench/search.py`: {D}-d, unit length, post-ReLU clusters, 1% "
             f"near-copies) in an embed output; {args.queries} fresh queries of the same law "
