@@ -199,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             lambda q: search.nearest(parquet, q, 10), xq[few], truth[few], ids
         )
         log.info("duplicates through the index")
+        faiss.omp_set_num_threads(os.cpu_count() or 1)  # one batch job, as tsctl duplicates runs
         start = time.perf_counter()
         pairs = {
             (min(ids[a], ids[b]), max(ids[a], ids[b]))
@@ -214,8 +215,9 @@ def main(argv: list[str] | None = None) -> int:
          f"{size[index.VECTORS]:,.0f}", f"{size[index.RESCORE]:,.0f}", *percentiles(index_s),
          f"{recall:.3f}"],
     ]  # fmt: skip
-    through = [f"`tsctl duplicates` through the index (a range search a vector, nprobe "
-               f"{index.PAIR_NPROBE}, re-scored)", round(pairs_s, 1), len(pairs)]  # fmt: skip
+    through = [f"`tsctl duplicates` through the index (each vector's {index.PAIR_CANDIDATES} "
+               f"nearest, nprobe {index.PAIR_NPROBE}, re-scored)", round(pairs_s, 1),
+               len(pairs)]  # fmt: skip
     if want_pairs is None:
         duplicates = [
             [*through, f"not measured: exact search's all pairs past {args.pairs_upto:,}"]
@@ -244,8 +246,15 @@ def main(argv: list[str] | None = None) -> int:
             tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True),
             "",
             f"Float32 is {4 * D:,} bytes a vector: the index in memory is "
-            f"{size[index.VECTORS] / (4 * D):.3f} of it; the float16 copy the candidates are "
-            f"re-scored from stays on disk, {index.RESCORE_DEPTH} rows read a query.",
+            f"{size[index.VECTORS] / (4 * D):.3f} of it"
+            + (
+                f"; the float16 copy the candidates are re-scored from stays on disk, "
+                f"{index.RESCORE_DEPTH} rows read a query. The projection keeps at least "
+                f"{opened.manifest['kept']:.3f} of a vector's length² (the training sample's "
+                "0.1% quantile): how far the index's own scores are from cosines."
+                if opened.approximate
+                else "."
+            ),
             "",
             f"## Duplicates at cosine {args.threshold}",
             "",

@@ -20,10 +20,9 @@ few to train quantisers on); above, ``PROJ256,IVF{nlist},SQ8``: a projection ont
 directions that keep most of the vectors' length (``_projection``), inverted lists, one byte per
 dimension (256 B a vector against float32's 8 KB, in memory). Its own scores blur neighbours a
 few hundredths apart, so a search takes its top ``RESCORE_DEPTH`` candidates and re-scores them
-with the float16 vectors, and ``duplicates`` range-searches below the threshold by what the
-projection and the scalars may lose (``_margin``) and keeps the pairs whose re-scored cosine
-reaches it: recall and the pairs found against exact search are measured by ``make
-bench-search``, never assumed.
+with the float16 vectors, and ``duplicates`` re-scores each vector's nearest few and keeps the
+pairs whose cosine reaches the threshold: recall and the pairs found against exact search are
+measured by ``make bench-search``, never assumed.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +48,6 @@ from serveclient.vectors import EMBEDDING_DIM, OK
 EXACT_BELOW = 50_000  # IVF1024 wants some 40 vectors per list to train on
 PCA_DIM = 256
 RESCORE_DEPTH = 100  # candidates re-scored per query (results/search.md measures the recall)
-PAIR_MARGIN = 0.02  # how far 8-bit scalars may move an inner product of unit vectors
 MANIFEST, VECTORS, PATHS, RESCORE = "manifest.json", "vectors.faiss", "paths.parquet", "rescore.f16"
 ROW_BYTES = EMBEDDING_DIM * 2  # a float16 vector of rescore.f16
 FORMAT = 2
@@ -78,6 +77,13 @@ def spec_for(count: int) -> str:
         return "IDMap2,Flat"
     nlist = int(2 ** round(np.log2(4 * np.sqrt(count))))
     return f"PROJ{PCA_DIM},IVF{nlist},SQ8"
+
+
+def training_rows(spec: str) -> int:
+    """Vectors the quantisers train on: 50,000, and at least the 40 a list FAISS's k-means
+    asks for (1M vectors: 4,096 lists, 163,840); none for a flat index."""
+    lists = re.search(r"IVF(\d+)", spec)
+    return max(50_000, 40 * int(lists.group(1))) if lists else 0
 
 
 def _new_index(spec: str, sample: np.ndarray) -> tuple[Any, float]:
@@ -121,9 +127,13 @@ def nprobe_for(spec: str) -> int:
     return 32 if "IVF" in spec else 1
 
 
-# Lists visited per vector by ``duplicates``: a near-copy lies in its original's list or a
-# neighbouring one; results/search.md measures the share of exact search's pairs it finds.
+# ``duplicates`` through an approximate index: each vector's PAIR_CANDIDATES nearest by the
+# index's own scores, from PAIR_NPROBE lists, re-scored (a near-copy ranks first in its
+# original's list or a neighbouring one); results/search.md measures the share of exact
+# search's pairs found. A range search on the index's scores would need a margin as wide as
+# the projection's loss, and re-score thousands of candidates a vector.
 PAIR_NPROBE = 8
+PAIR_CANDIDATES = 16
 
 
 def sources_of(inputs: list[Path]) -> list[Path]:
@@ -272,7 +282,7 @@ def build(inputs: list[Path], folder: Path, progress: bool = True) -> Built:
         index, names, keys, spec = old.index, old.names, old.keys, old.manifest["spec"]
         kept = old.manifest["kept"]
     else:
-        index, kept = _new_index(spec, _sample(sources, 50_000))
+        index, kept = _new_index(spec, _sample(sources, training_rows(spec)))
     held = {path: id_ for id_, path in names.items()}
     gone = [id_ for path, id_ in held.items() if want.get(path) != keys[id_]]
     if gone:
@@ -381,13 +391,32 @@ def nearest(
     return found
 
 
-def _margin(opened: Opened) -> float:
-    """How far below a cosine the index's own score of such a pair may fall: a projection
-    drops up to 1 - kept of each vector's length² (so of their inner product), the 8-bit
-    scalars ``PAIR_MARGIN`` more; 0 for an exact index."""
+def _near(
+    opened: Opened, vectors: np.ndarray, threshold: float
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(ids, cosines) of each vector's candidate pairs: from an exact index, its range search
+    at ``threshold``; from an approximate one, its ``PAIR_CANDIDATES`` nearest, re-scored
+    (512 vectors at a time: 64 MB of float32 candidates)."""
     if not opened.approximate:
-        return 0.0
-    return 1.0 - opened.manifest["kept"] + PAIR_MARGIN
+        lims, scores, ids = opened.index.range_search(vectors, threshold)
+        for n in range(len(vectors)):
+            yield ids[lims[n] : lims[n + 1]], scores[lims[n] : lims[n + 1]]
+        return
+    _, found = opened.index.search(vectors, PAIR_CANDIDATES)
+    for start in range(0, len(vectors), 512):
+        ids = found[start : start + 512]
+        flat = np.maximum(ids.ravel(), 0)  # -1: no candidate, masked below
+        order = np.argsort(flat)
+        rows = np.empty((len(flat), EMBEDDING_DIM), np.float16)
+        rows[order] = opened.rescore[flat[order]]  # read in id order
+        cosines = np.einsum(
+            "rd,rkd->rk",
+            vectors[start : start + 512],
+            rows.reshape(*ids.shape, -1).astype(np.float32),
+        )
+        for n in range(len(ids)):
+            valid = ids[n] >= 0
+            yield ids[n][valid], cosines[n][valid]
 
 
 def _rescored(opened: Opened, query: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -401,9 +430,9 @@ def _rescored(opened: Opened, query: np.ndarray, ids: np.ndarray) -> np.ndarray:
 def pairs(
     opened: Opened, threshold: float, progress: bool = False
 ) -> Iterator[tuple[str, str, float]]:
-    """Every pair of live paths with cosine >= ``threshold`` by the index's scores, each once:
-    a range search per stored vector (its sources' vectors, checked fresh by ``open_index``),
-    ``PAIR_NPROBE`` lists each."""
+    """Every pair of live paths with cosine >= ``threshold``, each once, from each stored
+    vector's candidates (``_near``; the vectors read from the sources, checked fresh by
+    ``open_index``)."""
     import faiss
 
     live = {path: id_ for id_, path in opened.names.items()}
@@ -431,15 +460,10 @@ def _pairs(
         ]
         if not rows:
             continue
-        margin = _margin(opened)
-        lims, scores, ids = opened.index.range_search(
-            np.ascontiguousarray(matrix[rows]), threshold - margin
-        )
-        for n, j in enumerate(rows):
-            mine = live[paths[j]]
-            found, near = ids[lims[n] : lims[n + 1]], scores[lims[n] : lims[n + 1]]
-            if opened.approximate and len(found):
-                near = _rescored(opened, matrix[j], found)
+        for n, (found, near) in enumerate(
+            _near(opened, np.ascontiguousarray(matrix[rows]), threshold)
+        ):
+            mine = live[paths[rows[n]]]
             for s, i in zip(near, found):
                 pair = (min(mine, int(i)), max(mine, int(i)))
                 if s >= threshold and pair[0] != pair[1] and pair not in seen:
