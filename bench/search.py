@@ -23,7 +23,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 from tabulate import tabulate
 
@@ -58,32 +57,12 @@ def clustered(n: int, seed: int = 0, clusters: int = 1000) -> tuple[np.ndarray, 
 
 def write_collection(path: Path, xb: np.ndarray) -> list[str]:
     """``xb`` as an embed output (``tsctl embed``'s schema), one row a vector; the paths."""
-    from serveclient.vectors import OK, schema
+    from serveclient.vectors import embedding_rows, schema
 
     names = [f"photos/v{i:07d}.jpg" for i in range(len(xb))]
     with pq.ParquetWriter(path, schema("embedding")) as writer:
         for s in range(0, len(xb), 10_000):
-            part = xb[s : s + 10_000]
-            n = len(part)
-            flat = pa.array(part.ravel(), pa.float32())
-            writer.write_table(
-                pa.table(
-                    {
-                        "path": names[s : s + n],
-                        "size": [1] * n,
-                        "mtime": pa.array([0] * n, pa.timestamp("ns", tz="UTC")),
-                        "sha256": [None] * n,
-                        "status": [OK] * n,
-                        "error": [None] * n,
-                        "precision": ["fp32"] * n,
-                        "cached": [False] * n,
-                        "embedding": pa.FixedSizeListArray.from_arrays(flat, D).cast(
-                            pa.list_(pa.float32(), D)
-                        ),
-                    },
-                    schema=schema("embedding"),
-                )
-            )
+            writer.write_table(embedding_rows(names[s : s + 10_000], xb[s : s + 10_000]))
     return names
 
 

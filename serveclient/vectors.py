@@ -69,6 +69,29 @@ def schema(task: str, meta: dict | None = None) -> pa.Schema:
     return out.with_metadata({META_KEY: json.dumps(meta or {}, sort_keys=True).encode()})
 
 
+def embedding_rows(paths: list[str], matrix: np.ndarray, size: int = 1) -> pa.Table:
+    """``matrix``'s float32 rows as an embed output's rows for ``paths`` (status ok, mtime 0,
+    ``size`` bytes each): a collection to search without a server (tests, ``bench.search``)."""
+    n = len(paths)
+    flat = pa.array(np.ascontiguousarray(matrix, np.float32).ravel(), pa.float32())
+    return pa.table(
+        {
+            "path": paths,
+            "size": [size] * n,
+            "mtime": pa.array([0] * n, pa.timestamp("ns", tz="UTC")),
+            "sha256": [None] * n,
+            "status": [OK] * n,
+            "error": [None] * n,
+            "precision": ["fp32"] * n,
+            "cached": [False] * n,
+            "embedding": pa.FixedSizeListArray.from_arrays(flat, EMBEDDING_DIM).cast(
+                ANSWERS["embedding"]
+            ),
+        },
+        schema=schema("embedding"),
+    )
+
+
 def metadata(path: Path | str) -> dict:
     """The ``tsclient`` metadata (``META_KEY``) of a Parquet file (empty when it has none)."""
     raw = (pq.read_schema(path).metadata or {}).get(META_KEY)

@@ -7,34 +7,18 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 pytest.importorskip("faiss")
 
 from serveclient import index, search
-from serveclient.vectors import EMBEDDING_DIM, OK, schema
+from serveclient.vectors import EMBEDDING_DIM, embedding_rows
 
 
 def write(path: Path, names: list[str], matrix: np.ndarray, size: int = 1) -> Path:
     """An embed output as ``tsctl embed`` writes it (the columns the index reads)."""
-    n = len(names)
-    table = pa.table(
-        {
-            "path": names,
-            "size": [size] * n,
-            "mtime": pa.array([0] * n, pa.timestamp("ns", tz="UTC")),
-            "sha256": [None] * n,
-            "status": [OK] * n,
-            "error": [None] * n,
-            "precision": ["fp32"] * n,
-            "cached": [False] * n,
-            "embedding": pa.array(list(matrix), pa.list_(pa.float32(), EMBEDDING_DIM)),
-        },
-        schema=schema("embedding"),
-    )
-    pq.write_table(table, path)
+    pq.write_table(embedding_rows(names, matrix, size), path)
     return path
 
 
