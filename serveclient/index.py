@@ -405,14 +405,9 @@ def _near(
     _, found = opened.index.search(vectors, PAIR_CANDIDATES)
     for start in range(0, len(vectors), 512):
         ids = found[start : start + 512]
-        flat = np.maximum(ids.ravel(), 0)  # -1: no candidate, masked below
-        order = np.argsort(flat)
-        rows = np.empty((len(flat), EMBEDDING_DIM), np.float16)
-        rows[order] = opened.rescore[flat[order]]  # read in id order
+        rows = _stored(opened, np.maximum(ids.ravel(), 0))  # -1: no candidate, masked below
         cosines = np.einsum(
-            "rd,rkd->rk",
-            vectors[start : start + 512],
-            rows.reshape(*ids.shape, -1).astype(np.float32),
+            "rd,rkd->rk", vectors[start : start + 512], rows.reshape(*ids.shape, -1)
         )
         for n in range(len(ids)):
             valid = ids[n] >= 0
@@ -420,10 +415,15 @@ def _near(
 
 
 def _rescored(opened: Opened, query: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """Cosine of ``query`` (unit) with the float16 vectors of ``ids``, read in id order."""
+    """Cosine of ``query`` (unit) with the stored vectors of ``ids``."""
+    return _stored(opened, ids) @ query
+
+
+def _stored(opened: Opened, ids: np.ndarray) -> np.ndarray:
+    """The float16 vectors of ``ids`` as float32 rows, read from disk in id order."""
     order = np.argsort(ids)
-    rows = np.empty(len(ids), np.float32)
-    rows[order] = opened.rescore[ids[order]].astype(np.float32) @ query
+    rows = np.empty((len(ids), EMBEDDING_DIM), np.float32)
+    rows[order] = opened.rescore[ids[order]]
     return rows
 
 
