@@ -56,6 +56,14 @@ def labels_of(paths: Sequence[str], folder: Path | str) -> tuple[list[str], np.n
     return labels, np.array([index[n] for n in names], dtype=np.int64)
 
 
+def in_path_order(paths: Sequence[str], x: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """``paths`` sorted and ``x``'s rows with them. ``fit`` splits rows by a seed: in path
+    order, not in the order an embedding job finished the photos, the seed picks the same
+    held-out photos on every run and every host."""
+    order = sorted(range(len(paths)), key=paths.__getitem__)
+    return [paths[i] for i in order], x[order]
+
+
 @dataclass
 class Fitted:
     """The head (``weight`` [N, 2048], to apply to the L2-normalised embedding), the held-out

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -169,17 +170,24 @@ def settled(
 
 
 def tsctl(server, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run the installed ``tsctl`` against ``server``; the test fails if it is not installed."""
+    """Run the installed ``tsctl`` against ``server``: a ``LocalTorchServe`` (its URLs and key
+    file in the environment) or a Triton (``--url``, this checkout's client); the test fails if
+    ``tsctl`` is not installed."""
     if not TSCTL.exists():
         pytest.fail(f"{TSCTL} missing: `make setup` installs it (pip install -e .)")
+    if hasattr(server, "cli_env"):
+        env = server.cli_env()
+    else:
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        argv = (*argv, "--url", server.url)
     return subprocess.run(
-        [str(TSCTL), *argv], env=server.cli_env(), capture_output=True, text=True, timeout=timeout
+        [str(TSCTL), *argv], env=env, capture_output=True, text=True, timeout=timeout
     )
 
 
 def train_head(server, photos, out, weights_dir) -> subprocess.CompletedProcess:
-    """``tsctl --json head train PHOTOS --out OUT`` against ``server``, the backbone the
-    session's archives were built from."""
+    """``tsctl --json head train PHOTOS --out OUT`` against ``server`` (as ``tsctl``'s), the
+    backbone the session's archives were built from."""
     backbone = str(weights_dir / "resnet50.pt")
     argv = ["--json", "head", "train", str(photos), "--out", str(out), "--backbone", backbone]
     return tsctl(server, *argv)

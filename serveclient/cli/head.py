@@ -100,7 +100,7 @@ def cmd_head(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
             f"{embedded['failed']} photos could not be embedded ({failures})",
             "fix or remove them and rerun: what was embedded is kept",
         )
-    paths, x = read_matrix(embeddings)
+    paths, x = head.in_path_order(*read_matrix(embeddings))
     labels, y = head.labels_of(paths, args.folder)
     fitted = head.fit(x, y, labels, test_size=args.test_size, seed=args.seed, c=args.c)
     backbone = torch.load(args.backbone, map_location="cpu", weights_only=True)
