@@ -9,8 +9,9 @@ it sends back, and nothing that knows which engine that is (no module here impor
                    key and entry types
     parse.py       wire formats (plain body, KServe v1, v2) -> ParsedRequest; jsonguard.py
     intake.py      open, admit and decode a batch's requests
-    preprocessor.py  one image's bytes -> the model's input (images.py opens and decodes):
-                   what the transformer, the client and the benchmarks import
+    preprocessor.py  one image's bytes -> the model's input (images.py opens and decodes,
+                   jpegheader.py reads a plain JPEG's header without PIL): what the
+                   transformer, the client and the benchmarks import
     admission.py   the batch budgets, fair across batches
     answers.py     a prediction as values: embedding rows (float32 arrays), tag lists
     classes.py     a tagger's labels and heads: a softmax and a top k per head

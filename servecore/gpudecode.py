@@ -63,24 +63,24 @@ def accepts(opened: OpenedImage) -> int | None:
     """The EXIF orientation to apply (1: none) when the header says nvJPEG decodes this image
     as the CPU path would: a baseline JPEG (or MPO) in RGB or grayscale, ending in its
     end-of-image marker (nvJPEG may decode a truncated file that PIL refuses with 400), with a
-    readable EXIF orientation; None when it does not. Read once: the decoder is handed it."""
-    image = opened.image
+    readable EXIF orientation; None when it does not. Read once: the decoder is handed it. An
+    image without EXIF or XMP is not opened by PIL here (``servecore.jpegheader``)."""
+    header = opened.header
     if not (
-        image.format in FORMATS
-        and image.mode in MODES
-        and not (image.info.get("progressive") or image.info.get("progression"))
-        and min(image.size) > 0
+        header.format in FORMATS
+        and header.mode in MODES
+        and not header.progressive
+        and min(header.size) > 0
         and opened.data.rstrip(b"\0\r\n\t ").endswith(_EOI)
     ):
         return None
-    return orientation(image)
+    return orientation(opened.image) if header.tagged else 1
 
 
 def stored_pixels(opened: OpenedImage) -> int:
     """Pixels nvJPEG decodes: the stored size, before the CPU path's draft scaling (an upper
     bound: a drafted side is rounded up)."""
-    scale = (getattr(opened.image, "decoderconfig", None) or (1,))[0]
-    return opened.pixels * scale * scale
+    return opened.pixels * opened.header.scale**2
 
 
 class DeviceDecoder:

@@ -9,12 +9,20 @@ from __future__ import annotations
 
 import io
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from servecore.errors import InvalidImage, InvalidRequest, PayloadTooLarge, UnsupportedMediaType
+from servecore import jpegheader
+from servecore.errors import (
+    InvalidImage,
+    InvalidRequest,
+    PayloadTooLarge,
+    RequestError,
+    UnsupportedMediaType,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -64,14 +72,56 @@ _WIDE_GRAY_MODES = {"I", "I;16", "I;16B", "I;16L", "I;16N", "F"}
 
 
 @dataclass(frozen=True)
-class OpenedImage:
-    """An image whose header has been read and nothing decoded yet. ``pixels``: how many pixels
-    decoding it will produce (after JPEG draft scaling): the work it will cost. ``data``: its
-    encoded bytes (what a device decoder reads, ``servecore.gpudecode``)."""
+class Header:
+    """What serving needs to know of an image before decoding it: PIL's ``format`` and
+    ``mode``, the ``size`` decoding will produce (after JPEG draft scaling by ``scale``),
+    whether it is ``progressive`` and whether it is ``tagged``: an EXIF or XMP block, where an
+    orientation may be (PIL reads one from either)."""
 
-    image: Image.Image
-    pixels: int
+    format: str
+    mode: str
+    size: tuple[int, int]
+    scale: int = 1
+    progressive: bool = False
+    tagged: bool = False
+
+    @classmethod
+    def of(cls, image: Image.Image) -> Header:
+        """The header of an image PIL opened (and drafted, if it did)."""
+        return cls(
+            format=image.format or "",
+            mode=image.mode,
+            size=image.size,
+            scale=(getattr(image, "decoderconfig", None) or (1,))[0],
+            progressive=bool(image.info.get("progressive") or image.info.get("progression")),
+            tagged="exif" in image.info or "xmp" in image.info,
+        )
+
+
+@dataclass(frozen=True)
+class OpenedImage:
+    """An image whose header has been read and nothing decoded yet. ``header.size``: what
+    decoding it will produce (after JPEG draft scaling), and ``pixels`` its product: the work
+    it will cost. ``data``: its encoded bytes (what a device decoder reads,
+    ``servecore.gpudecode``). ``image``: PIL's opened image, drafted: opened by ``open_image``
+    when PIL read the header, else when first asked for (by the decoding thread)."""
+
     data: bytes
+    header: Header
+    draft_size: int | None = None
+    opened: Image.Image | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def pixels(self) -> int:
+        return self.header.size[0] * self.header.size[1]
+
+    @cached_property
+    def image(self) -> Image.Image:
+        if self.opened is not None:
+            return self.opened
+        image = _open(self.data)
+        _draft(image, self.draft_size)
+        return image
 
 
 def decode_image(
@@ -87,7 +137,9 @@ def decode_image(
 def open_image(
     data: bytes, *, max_pixels: int, max_bytes: int, draft_size: int | None = None
 ) -> OpenedImage:
-    """Read the header of ``data`` only: format, size, and the decoding cost in pixels.
+    """Read the header of ``data`` only: format, size, and the decoding cost in pixels. A plain
+    JPEG's header is read without PIL (``servecore.jpegheader``: the same size and mode PIL's
+    parser finds, and PIL opens it when it is decoded); any other image's by PIL.
 
     ``draft_size``: for JPEG, let the decoder scale down by a power of two in the DCT as long
     as both sides stay >= ``draft_size`` (the preprocessing resize size), which decodes a 12 MP
@@ -105,38 +157,61 @@ def open_image(
             f"image is {len(data)} bytes, more than the limit of {max_bytes} bytes "
             "(handler.max_image_bytes)"
         )
-    image = _open(data)
-    width, height = image.size
+    plain = jpegheader.frame(data)
+    image = None if plain is not None else _open(data)
+    width, height = plain.size if plain is not None else image.size  # type: ignore[union-attr]
     if width * height > max_pixels:
         raise PayloadTooLarge(
             f"image is {width}x{height} = {width * height} pixels, more than the limit of "
             f"{max_pixels} (handler.max_image_pixels); downscale it before sending"
         )
+    if plain is not None:
+        scale = _draft_scale(plain.size, draft_size)
+        size = ((width + scale - 1) // scale, (height + scale - 1) // scale)
+        header = Header("JPEG", plain.mode, size, scale, plain.progressive)
+        return OpenedImage(data, header, draft_size)
+    assert image is not None  # for mypy: PIL opened what jpegheader did not read
+    try:
+        _draft(image, draft_size)
+    except Exception as exc:  # noqa: BLE001 - a header PIL cannot scale is a bad file
+        raise InvalidImage(
+            f"JPEG image could not be decoded ({exc}); the file is truncated or corrupt"
+        ) from None
+    return OpenedImage(data, Header.of(image), draft_size, image)
+
+
+def _draft(image: Image.Image, draft_size: int | None) -> None:
+    """Let PIL's JPEG decoder scale ``image`` down in the DCT (``open_image`` says how far)."""
     if draft_size and image.format in ("JPEG", "MPO"):
-        try:
-            image.draft(None, (draft_size, draft_size))  # sets the size decoding will produce
-        except Exception as exc:  # noqa: BLE001 - a header PIL cannot scale is a bad file
-            raise InvalidImage(
-                f"JPEG image could not be decoded ({exc}); the file is truncated or corrupt"
-            ) from None
-    return OpenedImage(image, image.size[0] * image.size[1], data)
+        image.draft(None, (draft_size, draft_size))  # sets the size decoding will produce
+
+
+def _draft_scale(size: tuple[int, int], draft_size: int | None) -> int:
+    """The DCT scale PIL's ``draft`` picks for a JPEG of ``size``: the largest of 8, 4, 2 that
+    keeps both sides >= ``draft_size``, else 1 (``JpegImageFile.draft``)."""
+    if not draft_size:
+        return 1
+    fits = min(size[0] // draft_size, size[1] // draft_size)
+    return next((s for s in (8, 4, 2) if fits >= s), 1)
 
 
 def decode(opened: OpenedImage) -> Image.Image:
     """Decode an opened image into RGB, upright, alpha flattened on white. Raises
     ``PayloadTooLarge`` or ``InvalidImage`` for a file that fails while decoding."""
-    image = opened.image
     try:
+        image = opened.image
         image.load()
         image = _upright(image)
         return _to_rgb(image)
+    except RequestError:
+        raise  # PIL refused a header jpegheader read: already the client's error
     except Image.DecompressionBombError as exc:
         raise PayloadTooLarge(f"image rejected as a decompression bomb: {exc}") from None
     except MemoryError:
         raise
     except Exception as exc:  # noqa: BLE001 - any decoder failure is the client's bad file
         raise InvalidImage(
-            f"{image.format} image could not be decoded ({type(exc).__name__}: {exc}); "
+            f"{opened.header.format} image could not be decoded ({type(exc).__name__}: {exc}); "
             "the file is truncated or corrupt"
         ) from None
 
