@@ -8,7 +8,9 @@ a component shared by all; a vector is its centre times log-normal noise plus Ga
 rectified, L2-normalised. 1% of the vectors are near-copies of another (noise 0.004): the
 duplicates. Queries: fresh vectors of the same law. Recall@10: the share of exact search's
 top 10 (FAISS ``IndexFlatIP``) a search returns; pairs found: the share of exact search's pairs
-at the threshold that ``tsctl duplicates`` through the index finds.
+at the threshold that ``tsctl duplicates`` through the index finds. Then ``--add`` more
+vectors of the same law (10,000) as a second embed output: the build again updates the index
+(the time, whether it trained anew, recall@10 over the whole afterwards).
 """
 
 from __future__ import annotations
@@ -55,11 +57,12 @@ def clustered(n: int, seed: int = 0, clusters: int = 1000) -> tuple[np.ndarray, 
     return xb, draw(1000)
 
 
-def write_collection(path: Path, xb: np.ndarray) -> list[str]:
-    """``xb`` as an embed output (``tsctl embed``'s schema), one row a vector; the paths."""
+def write_collection(path: Path, xb: np.ndarray, first: int = 0) -> list[str]:
+    """``xb`` as an embed output (``tsctl embed``'s schema), one row a vector, numbered from
+    ``first``; the paths."""
     from serveclient.vectors import embedding_rows, schema
 
-    names = [f"photos/v{i:07d}.jpg" for i in range(len(xb))]
+    names = [f"photos/v{i:07d}.jpg" for i in range(first, first + len(xb))]
     with pq.ParquetWriter(path, schema("embedding")) as writer:
         for s in range(0, len(xb), 10_000):
             writer.write_table(embedding_rows(names[s : s + 10_000], xb[s : s + 10_000]))
@@ -144,16 +147,22 @@ def main(argv: list[str] | None = None) -> int:
         default=200_000,
         help="exact search's pairs only up to this many vectors (200000: all pairs are n²)",
     )
+    parser.add_argument(
+        "--add", type=int, default=10_000, help="photos added to the indexed collection (10000)"
+    )
     parser.add_argument("--out", type=Path, help="the report (default: results/search.md at 100k)")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
     setup_cli("bench.search", args.quiet)
     provenance = dated()  # the code as it was loaded: later edits are not what ran
     out = args.out or (RESULTS / "search.md" if args.n == 100_000 else None)
-    xb, xq = clustered(args.n)
+    everything, xq = clustered(args.n + args.add)
+    xb, more = everything[: args.n], everything[args.n :]
     xq = xq[: args.queries]
-    log.info("exact top 10 over %d vectors", args.n)
+    log.info("exact top 10 over %d vectors, and over them with %d added", args.n, args.add)
     truth = exact_top10(xb, xq)
+    truth_after = exact_top10(everything, xq)
+    del everything
     want_pairs, exact_pairs_s = None, 0.0
     if args.n <= args.pairs_upto:
         log.info("exact pairs at %.2f (FAISS flat, all pairs)", args.threshold)
@@ -162,6 +171,11 @@ def main(argv: list[str] | None = None) -> int:
         parquet = Path(tmp) / "collection.parquet"
         ids = {name: i for i, name in enumerate(write_collection(parquet, xb))}
         del xb
+        added = Path(tmp) / "added.parquet"  # the next embed run's output, beside the first
+        ids.update(
+            (name, args.n + i) for i, name in enumerate(write_collection(added, more, args.n))
+        )
+        del more
         folder = Path(tmp) / "collection.parquet.vindex"
         log.info("tsctl index build over %d vectors", args.n)
         start = time.perf_counter()
@@ -185,6 +199,13 @@ def main(argv: list[str] | None = None) -> int:
             for a, b, _ in index.pairs(opened, args.threshold)
         }
         pairs_s = time.perf_counter() - start
+        log.info("%d photos added: the index updated", args.add)
+        start = time.perf_counter()
+        update = index.build([parquet, added], folder, progress=False)
+        update_s = time.perf_counter() - start
+        faiss.omp_set_num_threads(1)
+        opened = index.open_index(folder)
+        _, recall_after = top10(lambda q: index.nearest(opened, q, 10), xq, truth_after, ids)
     rows = [
         ["exact (`--exact`: float32 over the Parquet)", "-", f"{4 * D:,}", "-",
          *percentiles(exact_s), f"{exact_recall:.3f}"],
@@ -234,6 +255,14 @@ def main(argv: list[str] | None = None) -> int:
                 if opened.approximate
                 else "."
             ),
+            "",
+            f"## {args.add:,} photos added",
+            "",
+            f"`tsctl index build` again with a second embed output of {args.add:,} photos "
+            f"beside the first: {update.added:,} added, {update.removed} removed, "
+            f"{'trained anew' if update.trained else 'no training (the index updated in place)'}, "
+            f"{update_s:.1f} s; recall@10 over all {update.count:,} afterwards "
+            f"{recall_after:.3f}.",
             "",
             f"## Duplicates at cosine {args.threshold}",
             "",

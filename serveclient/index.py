@@ -208,6 +208,7 @@ class Built:
     removed: int
     count: int
     spec: str
+    trained: bool  # a new index trained (first build, or a flat one outgrown), else updated
 
 
 def open_index(folder: Path, check_sources: bool = True) -> Opened:
@@ -278,7 +279,10 @@ def build(inputs: list[Path], folder: Path, progress: bool = True) -> Built:
             old = None  # rebuilt whole below
     names: dict[int, str] = {}
     keys: dict[int, str] = {}
-    if old is not None and ("IVF" in old.manifest["spec"] or spec == old.manifest["spec"]):
+    trained = not (
+        old is not None and ("IVF" in old.manifest["spec"] or spec == old.manifest["spec"])
+    )
+    if old is not None and not trained:
         index, names, keys, spec = old.index, old.names, old.keys, old.manifest["spec"]
         kept = old.manifest["kept"]
     else:
@@ -315,7 +319,7 @@ def build(inputs: list[Path], folder: Path, progress: bool = True) -> Built:
     bar.close()
     _save(folder, index, names, keys, sources, spec, next_id, kept)
     added = len(names) - (len(held))
-    return Built(added=added, removed=len(gone), count=int(index.ntotal), spec=spec)
+    return Built(added, len(gone), int(index.ntotal), spec, trained)
 
 
 def _sample(sources: list[Path], most: int) -> np.ndarray:

@@ -169,19 +169,22 @@ def settled(
     return value
 
 
-def tsctl(server, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def tsctl(
+    server, *argv: str, timeout: float = 300, stdin: str | None = None
+) -> subprocess.CompletedProcess:
     """Run the installed ``tsctl`` against ``server``: a ``LocalTorchServe`` (its URLs and key
-    file in the environment) or a Triton (``--url``, this checkout's client); the test fails if
-    ``tsctl`` is not installed."""
+    file in the environment), a Triton (``--url``, this checkout's client) or None (a command
+    that reaches no server), ``stdin`` its input; the test fails if ``tsctl`` is not
+    installed."""
     if not TSCTL.exists():
         pytest.fail(f"{TSCTL} missing: `make setup` installs it (pip install -e .)")
     if hasattr(server, "cli_env"):
         env = server.cli_env()
     else:
         env = dict(os.environ, PYTHONPATH=str(REPO))
-        argv = (*argv, "--url", server.url)
+        argv = argv if server is None else (*argv, "--url", server.url)
     return subprocess.run(
-        [str(TSCTL), *argv], env=env, capture_output=True, text=True, timeout=timeout
+        [str(TSCTL), *argv], env=env, input=stdin, capture_output=True, text=True, timeout=timeout
     )
 
 

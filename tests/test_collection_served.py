@@ -1,7 +1,8 @@
 """``tsctl embed``/``tag``/``similar`` over collections, against the session's real TorchServe:
 one row per image file (a broken one with its error, non-images left out), vectors equal to
 single requests, a SIGKILLed run resumed to the same content, shards that add up to the whole,
-and a photo's flipped copy found first."""
+and a photo's flipped copy found first (on TorchServe and on Triton, with and without an
+index)."""
 
 from __future__ import annotations
 
@@ -190,7 +191,11 @@ def test_shards_concatenate_to_the_whole(torchserve, tmp_path):
     _same_content(merged, whole)
 
 
-def test_similar_finds_a_photos_flipped_copy_first(torchserve, tmp_path):
+@pytest.mark.parametrize("engine", ["torchserve", "triton"])
+def test_similar_finds_a_photos_flipped_copy_first(engine, request, tmp_path):
+    """On either engine (the session's TorchServe; its Triton, by ``--url``), with and without
+    ``tsctl index build``'s index."""
+    server = request.getfixturevalue(engine)
     root = tmp_path / "photos"
     photos = _album(root, 12, seed=1100, size=(320, 240))
     query = photos[4]
@@ -199,16 +204,9 @@ def test_similar_finds_a_photos_flipped_copy_first(torchserve, tmp_path):
     index = tmp_path / "v.parquet"
     # Paths on stdin, as from `find`.
     listing = "\n".join([*photos, str(flipped)]) + "\n"
-    run = subprocess.run(
-        [str(TSCTL), "embed", "-", "--out", str(index)],
-        input=listing,
-        env=torchserve.cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    run = tsctl(server, "embed", "-", "--out", str(index), stdin=listing)
     assert run.returncode == 0, run.stderr
-    found = tsctl(torchserve, "similar", query, "--index", str(index), "-k", "3", "--json")
+    found = tsctl(server, "similar", query, "--index", str(index), "-k", "3", "--json")
     assert found.returncode == 0, found.stderr
     hits = json.loads(found.stdout)[query]
     assert hits[0]["path"] == str(flipped), hits
@@ -217,7 +215,7 @@ def test_similar_finds_a_photos_flipped_copy_first(torchserve, tmp_path):
     # Untrained weights (a seeded build) put every photo close: cut between the two scores.
     threshold = (hits[0]["score"] + hits[1]["score"]) / 2
     dups = tsctl(
-        torchserve, "duplicates", "--index", str(index), "--threshold", f"{threshold:.6f}", "--json"
+        None, "duplicates", "--index", str(index), "--threshold", f"{threshold:.6f}", "--json"
     )
     assert dups.returncode == 0, dups.stderr
     groups = json.loads(dups.stdout)
@@ -225,19 +223,19 @@ def test_similar_finds_a_photos_flipped_copy_first(torchserve, tmp_path):
 
     # The same commands through `tsctl index build`'s index answer the same; once the embed
     # output changes, the index is named stale (with its fix) and --exact still answers.
-    built = tsctl(torchserve, "index", "build", str(index), "--no-progress")
+    built = tsctl(None, "index", "build", str(index), "--no-progress")
     assert built.returncode == 0, built.stderr
     assert (tmp_path / "v.parquet.vindex" / "manifest.json").is_file()
-    indexed = tsctl(torchserve, "similar", query, "--index", str(index), "-k", "3", "--json")
+    indexed = tsctl(server, "similar", query, "--index", str(index), "-k", "3", "--json")
     assert indexed.returncode == 0, indexed.stderr
     assert [h["path"] for h in json.loads(indexed.stdout)[query]] == [h["path"] for h in hits]
     indexed_dups = tsctl(
-        torchserve, "duplicates", "--index", str(index), "--threshold", f"{threshold:.6f}", "--json"
+        None, "duplicates", "--index", str(index), "--threshold", f"{threshold:.6f}", "--json"
     )
     assert [g["paths"] for g in json.loads(indexed_dups.stdout)] == [g["paths"] for g in groups]
     pq.write_table(pq.read_table(index).slice(1), index)
-    stale = tsctl(torchserve, "similar", query, "--index", str(index), "-k", "3", "--json")
+    stale = tsctl(server, "similar", query, "--index", str(index), "-k", "3", "--json")
     assert stale.returncode != 0
     assert "older than" in stale.stderr and "--exact" in stale.stderr, stale.stderr
-    exact = tsctl(torchserve, "similar", query, "--index", str(index), "--exact", "--json")
+    exact = tsctl(server, "similar", query, "--index", str(index), "--exact", "--json")
     assert exact.returncode == 0, exact.stderr

@@ -52,7 +52,7 @@ def test_added_changed_and_removed_photos_update_without_rebuild(tmp_path):
     write(shards / "0.parquet", names[10:200], matrix[10:200])
     write(shards / "2.parquet", ["p11.jpg"], vectors(1, 9), size=2)
     built = index.build([shards], tmp_path / "v", progress=False)
-    assert (built.added, built.removed, built.count) == (101, 11, 290)
+    assert (built.added, built.removed, built.count, built.trained) == (101, 11, 290, False)
     opened = index.open_index(tmp_path / "v")
     answered = {p for hits in index.nearest(opened, matrix[:20], 50) for p, _ in hits}
     assert not answered & {f"p{i}.jpg" for i in range(10)}
@@ -145,7 +145,7 @@ def test_approximate_duplicates_are_the_exact_pairs_and_updates_append(tmp_path,
     shards = tmp_path / "shards"
     shards.mkdir()
     write(shards / "0.parquet", [f"p{i:04d}" for i in range(2000)], matrix)
-    index.build([shards], tmp_path / "v", progress=False)
+    assert index.build([shards], tmp_path / "v", progress=False).trained
     got = search.group(index.pairs(index.open_index(tmp_path / "v"), 0.99))
     want = search.duplicates(shards / "0.parquet", 0.99)
     assert [g["paths"] for g in got] == [g["paths"] for g in want]
@@ -157,7 +157,7 @@ def test_approximate_duplicates_are_the_exact_pairs_and_updates_append(tmp_path,
     extra = clustered(100, 7)
     write(shards / "1.parquet", [f"q{i}" for i in range(100)], extra)
     built = index.build([shards], tmp_path / "v", progress=False)
-    assert (built.added, built.count) == (100, 2100)
+    assert (built.added, built.count, built.trained) == (100, 2100, False)  # no retraining
     opened = index.open_index(tmp_path / "v")
     assert (opened.manifest["spec"], opened.manifest["rows"]) == (small_ivf, 2100)
     hit = index.nearest(opened, extra[42:43], 1)[0][0]
