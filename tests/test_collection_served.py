@@ -226,13 +226,21 @@ def test_similar_finds_a_photos_flipped_copy_first(engine, request, tmp_path):
     built = tsctl(None, "index", "build", str(index), "--no-progress")
     assert built.returncode == 0, built.stderr
     assert (tmp_path / "v.parquet.vindex" / "manifest.json").is_file()
-    indexed = tsctl(server, "similar", query, "--index", str(index), "-k", "3", "--json")
+    near, same = tmp_path / "similar.html", tmp_path / "duplicates.html"
+    indexed = tsctl(
+        server, "similar", query, "--index", str(index), "-k", "3", "--json", "--html", str(near)
+    )
     assert indexed.returncode == 0, indexed.stderr
     assert [h["path"] for h in json.loads(indexed.stdout)[query]] == [h["path"] for h in hits]
     indexed_dups = tsctl(
-        None, "duplicates", "--index", str(index), "--threshold", f"{threshold:.6f}", "--json"
-    )
+        None, "duplicates", "--index", str(index), "--threshold", f"{threshold:.6f}", "--json",
+        "--html", str(same),
+    )  # fmt: skip
     assert [g["paths"] for g in json.loads(indexed_dups.stdout)] == [g["paths"] for g in groups]
+    # The picture pages from the index's answers: the query beside its flipped copy.
+    for page in (near, same):
+        html = page.read_text()
+        assert query in html and str(flipped) in html, page
     pq.write_table(pq.read_table(index).slice(1), index)
     stale = tsctl(server, "similar", query, "--index", str(index), "-k", "3", "--json")
     assert stale.returncode != 0
