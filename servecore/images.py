@@ -158,19 +158,14 @@ def open_image(
             "(handler.max_image_bytes)"
         )
     plain = jpegheader.frame(data)
-    image = None if plain is not None else _open(data)
-    width, height = plain.size if plain is not None else image.size  # type: ignore[union-attr]
-    if width * height > max_pixels:
-        raise PayloadTooLarge(
-            f"image is {width}x{height} = {width * height} pixels, more than the limit of "
-            f"{max_pixels} (handler.max_image_pixels); downscale it before sending"
-        )
-    if plain is not None:
+    if plain is not None:  # PIL opens it when it is decoded
+        _within(plain.size, max_pixels)
         scale = _draft_scale(plain.size, draft_size)
-        size = ((width + scale - 1) // scale, (height + scale - 1) // scale)
-        header = Header("JPEG", plain.mode, size, scale, plain.progressive)
+        width, height = ((side + scale - 1) // scale for side in plain.size)
+        header = Header("JPEG", plain.mode, (width, height), scale, plain.progressive)
         return OpenedImage(data, header, draft_size)
-    assert image is not None  # for mypy: PIL opened what jpegheader did not read
+    image = _open(data)
+    _within(image.size, max_pixels)
     try:
         _draft(image, draft_size)
     except Exception as exc:  # noqa: BLE001 - a header PIL cannot scale is a bad file
@@ -178,6 +173,16 @@ def open_image(
             f"JPEG image could not be decoded ({exc}); the file is truncated or corrupt"
         ) from None
     return OpenedImage(data, Header.of(image), draft_size, image)
+
+
+def _within(size: tuple[int, int], max_pixels: int) -> None:
+    """413 ``PayloadTooLarge`` when an image of ``size`` has more than ``max_pixels``."""
+    width, height = size
+    if width * height > max_pixels:
+        raise PayloadTooLarge(
+            f"image is {width}x{height} = {width * height} pixels, more than the limit of "
+            f"{max_pixels} (handler.max_image_pixels); downscale it before sending"
+        )
 
 
 def _draft(image: Image.Image, draft_size: int | None) -> None:
