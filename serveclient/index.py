@@ -42,7 +42,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from serveclient.errors import TsError, UsageError
-from serveclient.search import normalised
+from serveclient.search import normalised, require_stored
 from serveclient.vectors import EMBEDDING_DIM, OK
 
 EXACT_BELOW = 50_000  # IVF1024 wants some 40 vectors per list to train on
@@ -421,6 +421,14 @@ def _near(
 def _rescored(opened: Opened, query: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """Cosine of ``query`` (unit) with the stored vectors of ``ids``."""
     return _stored(opened, ids) @ query
+
+
+def stored(opened: Opened, paths: list[str]) -> np.ndarray:
+    """The vectors the index holds for ``paths`` (its float16 copies, as float32 rows), in
+    order; ``UsageError`` naming the paths it does not hold."""
+    ids = {path: id_ for id_, path in opened.names.items()}
+    require_stored(paths, ids, opened.folder)
+    return _stored(opened, np.asarray([ids[p] for p in paths], np.int64))
 
 
 def _stored(opened: Opened, ids: np.ndarray) -> np.ndarray:

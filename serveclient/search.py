@@ -21,13 +21,14 @@ import json
 import logging
 import os
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from serveclient.errors import UsageError
 from serveclient.vectors import EMBEDDING_DIM, OK, batches
 
 CHUNK_ROWS = 16384
@@ -111,6 +112,31 @@ def unit_chunks(index: Path | str, rows: int = CHUNK_ROWS) -> Iterator[tuple[int
     for _, matrix in batches(index, rows):
         yield start, normalised(matrix)
         start += len(matrix)
+
+
+def stored(index: Path | str, paths: list[str]) -> np.ndarray:
+    """The unit vectors the embed output ``index`` holds for ``paths`` (as written there), in
+    order, read in one pass; ``UsageError`` naming the paths it does not hold."""
+    found: dict[str, np.ndarray] = {}
+    wanted = set(paths)
+    for names, matrix in batches(index):
+        for name, row in zip(names, matrix):
+            if name in wanted:
+                found[name] = row  # a path's last ok row: its newest, the one an index keeps
+    require_stored(paths, found, index)
+    return normalised(np.stack([found[p] for p in paths]))
+
+
+def require_stored(paths: list[str], held: Container[str], where: Path | str) -> None:
+    """``UsageError`` naming the ``paths`` that ``held`` lacks (queries by stored path)."""
+    missing = [p for p in paths if p not in held]
+    if missing:
+        raise UsageError(
+            f"not stored in {where}: {', '.join(missing[:5])}"
+            + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""),
+            "give each path as the embed output holds it, or drop --stored to embed the "
+            "files through the server",
+        )
 
 
 def nearest(

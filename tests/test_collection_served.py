@@ -194,7 +194,8 @@ def test_shards_concatenate_to_the_whole(torchserve, tmp_path):
 @pytest.mark.parametrize("engine", ["torchserve", "triton"])
 def test_similar_finds_a_photos_flipped_copy_first(engine, request, tmp_path):
     """On either engine (the session's TorchServe; its Triton, by ``--url``), with and without
-    ``tsctl index build``'s index."""
+    ``tsctl index build``'s index, the query a file embedded by the server or (``--stored``)
+    a photo of the collection."""
     server = request.getfixturevalue(engine)
     root = tmp_path / "photos"
     photos = _album(root, 12, seed=1100, size=(320, 240))
@@ -212,6 +213,10 @@ def test_similar_finds_a_photos_flipped_copy_first(engine, request, tmp_path):
     assert hits[0]["path"] == str(flipped), hits
     assert query not in [h["path"] for h in hits]  # the query itself is left out
     assert hits[0]["score"] > hits[1]["score"]
+    # The query as a photo of the collection: its stored vector, no server asked.
+    by_path = tsctl(None, "similar", query, "--stored", "--index", str(index), "-k", "3", "--json")
+    assert by_path.returncode == 0, by_path.stderr
+    assert [h["path"] for h in json.loads(by_path.stdout)[query]] == [h["path"] for h in hits]
     # Untrained weights (a seeded build) put every photo close: cut between the two scores.
     threshold = (hits[0]["score"] + hits[1]["score"]) / 2
     dups = tsctl(
@@ -232,6 +237,9 @@ def test_similar_finds_a_photos_flipped_copy_first(engine, request, tmp_path):
     )
     assert indexed.returncode == 0, indexed.stderr
     assert [h["path"] for h in json.loads(indexed.stdout)[query]] == [h["path"] for h in hits]
+    stored = tsctl(None, "similar", query, "--stored", "--index", str(index), "-k", "1", "--json")
+    assert stored.returncode == 0, stored.stderr
+    assert [h["path"] for h in json.loads(stored.stdout)[query]] == [str(flipped)]
     indexed_dups = tsctl(
         None, "duplicates", "--index", str(index), "--threshold", f"{threshold:.6f}", "--json",
         "--html", str(same),

@@ -171,3 +171,26 @@ def test_a_short_rescore_file_is_a_corrupt_index(tmp_path, small_ivf):
     store.write_bytes(store.read_bytes()[: -index.ROW_BYTES])
     with pytest.raises(index.CorruptIndex, match=r"rescore\.f16 holds fewer than the 600 rows"):
         index.open_index(tmp_path / "v")
+
+
+def test_a_stored_photo_is_a_query_with_or_without_the_index(tmp_path):
+    """``tsctl similar --stored``: the vector the collection holds for a path, from the Parquet
+    (float32) or from the index (its float16 copy); a path the collection lacks is named."""
+    from serveclient.errors import UsageError
+
+    matrix = vectors(120, 3)
+    names = [f"p{i}.jpg" for i in range(120)]
+    src = write(tmp_path / "e.parquet", names, matrix)
+    index.build([src], tmp_path / "v", progress=False)
+    opened = index.open_index(tmp_path / "v")
+    unit = matrix / np.linalg.norm(matrix, axis=1, keepdims=True)
+    asked = ["p7.jpg", "p42.jpg"]
+    exact = search.stored(src, asked)
+    assert np.allclose(exact, unit[[7, 42]], atol=1e-6)
+    assert np.allclose(index.stored(opened, asked), unit[[7, 42]], atol=1e-3)
+    for hits, name in zip(index.nearest(opened, index.stored(opened, asked), 3), asked):
+        assert hits[0][0] == name and hits[0][1] == pytest.approx(1.0, abs=1e-3)
+    for lookup in (lambda: search.stored(src, ["p7.jpg", "nope.jpg"]),
+                   lambda: index.stored(opened, ["nope.jpg"])):  # fmt: skip
+        with pytest.raises(UsageError, match=r"not stored in .*nope\.jpg"):
+            lookup()

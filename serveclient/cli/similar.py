@@ -1,7 +1,8 @@
 """tsctl's search over an ``embed`` output: ``similar`` (the stored photos nearest each query)
 and ``duplicates`` (groups of near-duplicates), from the approximate index ``tsctl index
 build`` writes (``INDEX.vindex/`` beside the Parquet, or ``--vindex``) when there is one, else
-(or with ``--exact``) exact cosine over the Parquet; ``--html``: also a page of thumbnails."""
+(or with ``--exact``) exact cosine over the Parquet; ``--html``: also a page of thumbnails.
+``similar --stored`` takes photos of the collection as queries, by the path stored there."""
 
 from __future__ import annotations
 
@@ -26,7 +27,16 @@ def register(commands: Commands) -> None:
         "similar", cmd_similar, help="the stored photos most like each QUERY (exact cosine)"
     )
     q.add_argument(
-        "queries", nargs="+", metavar="QUERY", help="image files, embedded by the server"
+        "queries",
+        nargs="+",
+        metavar="QUERY",
+        help="image files, embedded by the server; with --stored, paths the embed output holds",
+    )
+    q.add_argument(
+        "--stored",
+        action="store_true",
+        help="each QUERY is a photo of the collection: its stored vector is the query "
+        "(no server asked)",
     )
     q.add_argument("--index", type=Path, required=True, help="an embed output (Parquet)")
     q.add_argument("-k", type=int, default=10, help="neighbours per query (10)")
@@ -117,25 +127,28 @@ def cmd_index(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
 def cmd_similar(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
     import numpy as np
 
-    from serveclient import search
+    from serveclient import index, search
 
-    images = [read_image(query) for query in args.queries]
-    vectors = client.infer(
-        args.model,
-        images,
-        output="embedding",
-        protocol=args.protocol,
-        traffic=Traffic.within(deadline_ms=args.deadline_ms),
-    )
     opened = _opened(args)
-    if opened is None:
-        found = search.nearest(
-            args.index, np.asarray(vectors, np.float32), args.k, exclude=args.queries
+    if args.stored:
+        queries = (
+            search.stored(args.index, args.queries)
+            if opened is None
+            else index.stored(opened, args.queries)
         )
     else:
-        from serveclient import index
-
-        found = index.nearest(opened, np.asarray(vectors, np.float32), args.k, args.queries)
+        vectors = client.infer(
+            args.model,
+            [read_image(query) for query in args.queries],
+            output="embedding",
+            protocol=args.protocol,
+            traffic=Traffic.within(deadline_ms=args.deadline_ms),
+        )
+        queries = np.asarray(vectors, np.float32)
+    if opened is None:
+        found = search.nearest(args.index, queries, args.k, exclude=args.queries)
+    else:
+        found = index.nearest(opened, queries, args.k, args.queries)
     data = {
         q: [{"path": p, "score": round(s, 6)} for p, s in hits]
         for q, hits in zip(args.queries, found)
