@@ -183,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         build_s = time.perf_counter() - start
         opened = index.open_index(folder)
         size = {f: (folder / f).stat().st_size / args.n for f in (index.VECTORS, index.RESCORE)}
+        pq_bytes = parquet.stat().st_size / args.n
         faiss.omp_set_num_threads(1)  # one query at a time, as tsctl similar asks
         log.info("%d queries through the index, %d exact", args.queries, args.exact_queries)
         index_s, recall = top10(lambda q: index.nearest(opened, q, 10), xq, truth, ids)
@@ -255,6 +256,11 @@ def main(argv: list[str] | None = None) -> int:
                 if opened.approximate
                 else "."
             ),
+            "",
+            f"Ten million vectors on paper, from these bytes a vector (not measured): "
+            f"{size[index.VECTORS] * 1e7 / 1e9:.1f} GB of memory for the index, "
+            f"{size[index.RESCORE] * 1e7 / 1e9:.0f} GB of disk for the float16 copy, beside "
+            f"an embed output of about {pq_bytes * 1e7 / 1e9:.0f} GB.",
             "",
             f"## {args.add:,} photos added",
             "",
