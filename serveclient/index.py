@@ -31,7 +31,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -148,7 +148,7 @@ def sources_of(inputs: list[Path]) -> list[Path]:
     return found
 
 
-def _stamp(path: Path) -> dict:
+def stamp(path: Path) -> dict:
     stat = path.stat()
     return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
@@ -233,14 +233,27 @@ def open_index(folder: Path, check_sources: bool = True) -> Opened:
             f"the index in {folder} holds {index.ntotal} vectors, its paths {len(ids)}"
         )
     if check_sources:
-        for stamp in manifest["sources"]:
-            source = Path(stamp["path"])
-            if not source.is_file() or _stamp(source) != stamp:
-                raise StaleIndex(f"the index in {folder} is older than {source}")
+        check_fresh(manifest, f"the index in {folder}")
     if ids and max(ids) >= len(rescore):
         raise CorruptIndex(f"the index in {folder} holds ids past the rows of its {RESCORE}")
     _tune(index, manifest["spec"])
     return Opened(folder, index, dict(zip(ids, paths)), dict(zip(ids, keys)), manifest, rescore)
+
+
+def check_fresh(manifest: dict, what: str) -> None:
+    """``StaleIndex`` when a source the manifest stamps changed or went since the build."""
+    for stamped in manifest["sources"]:
+        source = Path(stamped["path"])
+        if not source.is_file() or stamp(source) != stamped:
+            raise StaleIndex(f"{what} is older than {source}")
+
+
+def wanted(sources: list[Path]) -> dict[str, str]:
+    """Each live path of the sources and the "size:mtime" key of its newest row."""
+    want: dict[str, str] = {}
+    for row_paths, row_keys, _ in _rows(sources, vectors=False):
+        want.update(zip(row_paths, row_keys))
+    return want
 
 
 def _rescore_rows(folder: Path, rows: int) -> np.ndarray:
@@ -267,9 +280,7 @@ def build(inputs: list[Path], folder: Path, progress: bool = True) -> Built:
     from tqdm import tqdm
 
     sources = sources_of(inputs)
-    want: dict[str, str] = {}
-    for row_paths, row_keys, _ in _rows(sources, vectors=False):
-        want.update(zip(row_paths, row_keys))
+    want = wanted(sources)
     spec = spec_for(len(want))
     old = None
     if (folder / MANIFEST).is_file():
@@ -364,7 +375,7 @@ def _save(
         "rows": rows,
         "kept": kept,
         "vectors_sha256": _sha256(folder / VECTORS),
-        "sources": [_stamp(s) for s in sources],
+        "sources": [stamp(s) for s in sources],
     }
     (folder / (MANIFEST + ".tmp")).write_text(json.dumps(manifest, indent=1))
     os.replace(folder / (MANIFEST + ".tmp"), folder / MANIFEST)
@@ -447,39 +458,44 @@ def pairs(
     ``open_index``)."""
     import faiss
 
-    live = {path: id_ for id_, path in opened.names.items()}
+    def near(vectors: np.ndarray) -> Iterator[tuple[list[str], np.ndarray]]:
+        for ids, scores in _near(opened, vectors, threshold):
+            yield [opened.names[int(i)] for i in ids], scores
+
+    live = {path: opened.keys[id_] for id_, path in opened.names.items()}
     sources = [Path(s["path"]) for s in opened.manifest["sources"]]
     if opened.approximate:
         faiss.extract_index_ivf(opened.index).nprobe = PAIR_NPROBE  # this search only
     try:
-        yield from _pairs(opened, threshold, live, sources, progress)
+        yield from pairs_of(sources, live, near, threshold, progress)
     finally:
         _tune(opened.index, opened.manifest["spec"])
 
 
-def _pairs(
-    opened: Opened, threshold: float, live: dict[str, int], sources: list[Path], progress: bool
+def pairs_of(
+    sources: list[Path],
+    live: dict[str, str],
+    near: Callable[[np.ndarray], Iterator[tuple[list[str], np.ndarray]]],
+    threshold: float,
+    progress: bool,
 ) -> Iterator[tuple[str, str, float]]:
+    """The pairs at cosine >= ``threshold``, each once: every row of the sources that an index
+    holds (``live``: path -> "size:mtime" key) asked of ``near`` (for a batch of unit vectors,
+    each one's candidate paths and cosines), whatever index answers it."""
     from tqdm import tqdm
 
     bar = tqdm(total=len(live), unit="vec", desc="duplicates", disable=not progress)
-    seen: set[tuple[int, int]] = set()
+    seen: set[tuple[str, str]] = set()
     for paths, keys, matrix in _rows(sources):
-        rows = [
-            j
-            for j, (p, k) in enumerate(zip(paths, keys))
-            if p in live and opened.keys[live[p]] == k
-        ]
+        rows = [j for j, (p, k) in enumerate(zip(paths, keys)) if live.get(p) == k]
         if not rows:
             continue
-        for n, (found, near) in enumerate(
-            _near(opened, np.ascontiguousarray(matrix[rows]), threshold)
-        ):
-            mine = live[paths[rows[n]]]
-            for s, i in zip(near, found):
-                pair = (min(mine, int(i)), max(mine, int(i)))
-                if s >= threshold and pair[0] != pair[1] and pair not in seen:
+        for n, (found, scores) in enumerate(near(np.ascontiguousarray(matrix[rows]))):
+            mine = paths[rows[n]]
+            for other, score in zip(found, scores):
+                pair = (min(mine, other), max(mine, other))
+                if score >= threshold and mine != other and pair not in seen:
                     seen.add(pair)  # each pair once: a's search and b's may both find it
-                    yield opened.names[pair[0]], opened.names[pair[1]], float(s)
+                    yield pair[0], pair[1], float(score)
         bar.update(len(rows))
     bar.close()

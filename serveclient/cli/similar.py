@@ -2,7 +2,9 @@
 and ``duplicates`` (groups of near-duplicates), from the approximate index ``tsctl index
 build`` writes (``INDEX.vindex/`` beside the Parquet, or ``--vindex``) when there is one, else
 (or with ``--exact``) exact cosine over the Parquet; ``--html``: also a page of thumbnails.
-``similar --stored`` takes photos of the collection as queries, by the path stored there."""
+``similar --stored`` takes photos of the collection as queries, by the path stored there.
+``--out``/``--vindex`` may name Milvus instead (a server's ``http://HOST:19530`` or Milvus
+Lite's ``NAME.db``; serveclient/milvusindex.py): the same commands, only the URI changes."""
 
 from __future__ import annotations
 
@@ -79,8 +81,11 @@ def register(commands: Commands) -> None:
         help="embed outputs, or folders of shards",
     )
     build.add_argument(
-        "--out", type=Path, help="the index folder (default: FIRST.vindex beside the first input)"
+        "--out",
+        help="the index folder (default: FIRST.vindex beside the first input), or a Milvus URI "
+        "(http://HOST:19530, or Milvus Lite's NAME.db)",
     )
+    _collection_argument(build)
     build.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -89,7 +94,16 @@ def _search_arguments(parser: argparse.ArgumentParser) -> None:
         "--exact", action="store_true", help="exact search over the Parquet, not the index"
     )
     parser.add_argument(
-        "--vindex", type=Path, help="the index folder (default: INDEX.vindex when it exists)"
+        "--vindex",
+        help="the index folder (default: INDEX.vindex when it exists), or a Milvus URI",
+    )
+    _collection_argument(parser)
+
+
+def _collection_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--collection",
+        help="with a Milvus URI: the collection (default: the first embed output's name)",
     )
 
 
@@ -98,26 +112,40 @@ def default_folder(parquet: Path) -> Path:
     return parquet.with_name(parquet.name + ".vindex")
 
 
-def _opened(args: argparse.Namespace) -> Any:
-    """The checked index the search uses, or None for exact search."""
-    from serveclient import index
+def _opened(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The checked index the search uses and the module that searches it (serveclient.index
+    or serveclient.milvusindex), or (None, None) for exact search."""
+    from serveclient import index, milvusindex
 
-    folder = args.vindex or default_folder(args.index)
-    if args.exact or not (folder / index.MANIFEST).is_file():
-        return None
-    return index.open_index(folder)
+    if args.exact:
+        return None, None
+    if args.vindex and milvusindex.is_uri(args.vindex):
+        collection = args.collection or milvusindex.collection_for(args.index)
+        return milvusindex.open_index(args.vindex, collection), milvusindex
+    folder = Path(args.vindex) if args.vindex else default_folder(args.index)
+    if not (folder / index.MANIFEST).is_file():
+        return None, None
+    return index.open_index(folder), index
 
 
 def cmd_index(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
-    from serveclient import index
+    from serveclient import index, milvusindex
 
-    folder = args.out or default_folder(args.inputs[0])
-    built = index.build(args.inputs, folder, progress=not args.no_progress)
-    data = {"folder": str(folder), **vars(built)}
+    progress = not args.no_progress
+    if args.out and milvusindex.is_uri(args.out):
+        collection = args.collection or milvusindex.collection_for(args.inputs[0])
+        where = f"{collection} at {args.out}"
+        built = milvusindex.build(args.inputs, args.out, collection, progress=progress)
+        data = {"uri": args.out, "collection": collection, **vars(built)}
+    else:
+        folder = Path(args.out) if args.out else default_folder(args.inputs[0])
+        where = str(folder)
+        built = index.build(args.inputs, folder, progress=progress)
+        data = {"folder": where, **vars(built)}
     return (
         data,
         (
-            f"{folder}: {built.count} vectors ({built.spec}), {built.added} added, "
+            f"{where}: {built.count} vectors ({built.spec}), {built.added} added, "
             f"{built.removed} removed"
         ),
         0,
@@ -127,14 +155,14 @@ def cmd_index(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
 def cmd_similar(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
     import numpy as np
 
-    from serveclient import index, search
+    from serveclient import search
 
-    opened = _opened(args)
+    opened, engine = _opened(args)
     if args.stored:
         queries = (
             search.stored(args.index, args.queries)
             if opened is None
-            else index.stored(opened, args.queries)
+            else engine.stored(opened, args.queries)
         )
     else:
         vectors = client.infer(
@@ -148,7 +176,7 @@ def cmd_similar(client: Client, args: argparse.Namespace) -> tuple[Any, str, int
     if opened is None:
         found = search.nearest(args.index, queries, args.k, exclude=args.queries)
     else:
-        found = index.nearest(opened, queries, args.k, args.queries)
+        found = engine.nearest(opened, queries, args.k, args.queries)
     data = {
         q: [{"path": p, "score": round(s, 6)} for p, s in hits]
         for q, hits in zip(args.queries, found)
@@ -169,13 +197,11 @@ def cmd_similar(client: Client, args: argparse.Namespace) -> tuple[Any, str, int
 def cmd_duplicates(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
     from serveclient import search
 
-    opened = _opened(args)
+    opened, engine = _opened(args)
     if opened is None:
         groups = search.duplicates(args.index, args.threshold)
     else:
-        from serveclient import index
-
-        groups = search.group(index.pairs(opened, args.threshold))
+        groups = search.group(engine.pairs(opened, args.threshold))
     lines = [
         f"{len(g['paths'])} files, cosine >= {g['min_score']:.4f}: " + ", ".join(g["paths"])
         for g in groups

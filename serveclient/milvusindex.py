@@ -1,0 +1,314 @@
+"""The collection's vectors in Milvus (``tsctl index build --out URI``): a Milvus server
+(``http://HOST:19530``: Standalone, or Distributed on Kubernetes, kserve/milvus/) or Milvus Lite
+(a local ``NAME.db``), through pymilvus's ``MilvusClient``: the same code, only the URI changes.
+
+One Milvus collection per embed output (``collection_for``): ``path`` (the primary key, as the
+embed output stores it), ``key`` (the row's "size:mtime") and ``embedding`` (the float32 unit
+vector), indexed ``FLAT`` under ``index.EXACT_BELOW`` vectors and ``IVF_SQ8`` (one byte a
+dimension, inner product) above. Milvus keeps the float32 vectors beside its index: candidates
+are re-scored with them, so the scores are exact cosines as the folder index's are.
+
+The manifest (the sources' stamps, the count, the index) is a property of the collection
+(``tsctl.manifest``) and is checked as the folder index's is: a source changed since the build
+is a ``StaleIndex``; a collection whose rows are not the count its manifest records, or which
+has no manifest, a ``CorruptIndex``; neither is answered from. A build brings the collection up
+to date as the collection job resumes: photos added or changed are upserted, those no source
+holds any more deleted (a deleted path is never answered again).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from serveclient import index
+from serveclient.index import Built, CorruptIndex
+from serveclient.search import normalised, require_stored
+from serveclient.vectors import EMBEDDING_DIM
+
+PROPERTY = "tsctl.manifest"
+FORMAT = 1
+NPROBE = 32  # as the folder index (results/search.md measures Milvus's recall too)
+RESCORE_EXTRA = 10  # candidates past k re-scored per query, with the float32 vectors it holds
+BATCH = 2000  # rows an insert or delete carries (a gRPC message of some 16 MB)
+PAIR_MARGIN = 0.01  # duplicates: candidates down to threshold - this, then re-scored exactly
+PATH_BYTES = 4096
+
+
+def is_uri(target: str | Path) -> bool:
+    """Whether ``--out``/``--vindex`` names Milvus (a server URI or Milvus Lite's ``.db``)
+    rather than the folder index."""
+    text = str(target)
+    return "://" in text or text.endswith(".db")
+
+
+def collection_for(parquet: Path) -> str:
+    """The default collection of an embed output: its name, in the letters Milvus accepts."""
+    name = re.sub(r"\W", "_", parquet.name.removesuffix(".parquet"))
+    return name if re.match(r"[A-Za-z_]", name) else f"c_{name}"
+
+
+@dataclass
+class Opened:
+    """A checked Milvus collection."""
+
+    client: Any  # pymilvus.MilvusClient
+    uri: str
+    collection: str
+    manifest: dict
+
+    @property
+    def where(self) -> str:
+        return f"{self.collection} at {self.uri}"
+
+    @property
+    def approximate(self) -> bool:
+        return self.manifest["spec"] != "FLAT"
+
+
+def connect(uri: str) -> Any:
+    """A ``MilvusClient`` for ``uri``; ``UsageError`` when nothing answers there."""
+    from pymilvus import MilvusClient
+    from pymilvus.exceptions import MilvusException
+
+    from serveclient.errors import UsageError
+
+    try:
+        return MilvusClient(uri=uri, timeout=30)
+    except MilvusException as exc:
+        raise UsageError(
+            f"no Milvus at {uri}: {exc}",
+            "start it (kserve/milvus/, or `milvus-lite server`) or name another --out/--vindex",
+        ) from exc
+
+
+def _manifest(client: Any, collection: str, uri: str) -> dict:
+    text = client.describe_collection(collection).get("properties", {}).get(PROPERTY)
+    if not text:
+        raise CorruptIndex(f"the collection {collection} at {uri} has no {PROPERTY}")
+    manifest = json.loads(text)
+    if manifest.get("format") != FORMAT:
+        raise CorruptIndex(
+            f"the collection {collection} at {uri} is format {manifest.get('format')}, "
+            f"this tsctl reads {FORMAT}"
+        )
+    return manifest
+
+
+def _count(client: Any, collection: str) -> int:
+    rows = client.query(
+        collection, filter="", output_fields=["count(*)"], consistency_level="Strong"
+    )
+    return int(rows[0]["count(*)"])
+
+
+def open_index(uri: str, collection: str, check_sources: bool = True) -> Opened:
+    """The collection, checked against its manifest (and its sources' stamps)."""
+    client = connect(uri)
+    if not client.has_collection(collection):
+        raise CorruptIndex(f"no collection {collection} at {uri}")
+    manifest = _manifest(client, collection, uri)
+    opened = Opened(client, uri, collection, manifest)
+    count = _count(client, collection)
+    if count != manifest["count"]:
+        raise CorruptIndex(
+            f"the collection {opened.where} holds {count} vectors, its manifest {manifest['count']}"
+        )
+    if check_sources:
+        index.check_fresh(manifest, f"the collection {opened.where}")
+    client.load_collection(collection)
+    return opened
+
+
+def _spec_for(count: int) -> str:
+    if count < index.EXACT_BELOW:
+        return "FLAT"
+    return f"IVF_SQ8,nlist={int(2 ** round(np.log2(4 * np.sqrt(count))))}"
+
+
+def _index_params(client: Any, spec: str) -> Any:
+    params = client.prepare_index_params()
+    kind, _, nlist = spec.partition(",nlist=")
+    params.add_index(
+        field_name="embedding",
+        index_type=kind,
+        metric_type="IP",
+        params={"nlist": int(nlist)} if nlist else {},
+    )
+    return params
+
+
+def _create(client: Any, collection: str, spec: str) -> None:
+    from pymilvus import DataType, MilvusClient
+
+    schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
+    schema.add_field("path", DataType.VARCHAR, is_primary=True, max_length=PATH_BYTES)
+    schema.add_field("key", DataType.VARCHAR, max_length=64)
+    schema.add_field("embedding", DataType.FLOAT_VECTOR, dim=EMBEDDING_DIM)
+    client.create_collection(collection, schema=schema, index_params=_index_params(client, spec))
+
+
+def _held(client: Any, collection: str) -> dict[str, str]:
+    """path -> key of every row the collection holds."""
+    held: dict[str, str] = {}
+    iterator = client.query_iterator(collection, batch_size=10_000, output_fields=["path", "key"])
+    try:
+        while batch := iterator.next():
+            held.update((row["path"], row["key"]) for row in batch)
+    finally:
+        iterator.close()
+    return held
+
+
+def build(inputs: list[Path], uri: str, collection: str, progress: bool = True) -> Built:
+    """Bring ``collection`` at ``uri`` up to date with the Parquet ``inputs`` (created on first
+    use): upsert the photos it lacks or holds at an older size/mtime, delete those gone."""
+    from tqdm import tqdm
+
+    sources = index.sources_of(inputs)
+    want = index.wanted(sources)
+    spec = _spec_for(len(want))
+    client = connect(uri)
+    trained = not client.has_collection(collection)
+    if trained:
+        _create(client, collection, spec)
+        held: dict[str, str] = {}
+    else:
+        held = _held(client, collection)
+        old = client.describe_collection(collection).get("properties", {}).get(PROPERTY)
+        old_spec = json.loads(old)["spec"] if old else None
+        if old_spec == "FLAT" and spec != "FLAT":  # outgrown: the IVF index trains anew
+            client.release_collection(collection)
+            client.drop_index(collection, "embedding")
+            client.create_index(collection, _index_params(client, spec))
+            trained = True
+        else:
+            spec = old_spec or spec
+    gone = [path for path, key in held.items() if want.get(path) != key]
+    for start in range(0, len(gone), BATCH):
+        client.delete(collection, ids=gone[start : start + BATCH])
+    fresh = {path for path, key in want.items() if held.get(path) != key}
+    added = len(fresh)
+    bar = tqdm(total=len(fresh), unit="vec", desc="index", disable=not progress)
+    for paths, keys, matrix in index._rows(sources):
+        rows = [
+            {"path": p, "key": k, "embedding": matrix[j]}
+            for j, (p, k) in enumerate(zip(paths, keys))
+            if p in fresh and want[p] == k
+        ]
+        for start in range(0, len(rows), BATCH):
+            client.insert(collection, rows[start : start + BATCH])
+        fresh -= {row["path"] for row in rows}  # a path's first row at its newest key, once
+        bar.update(len(rows))
+    bar.close()
+    client.flush(collection)
+    manifest = {
+        "format": FORMAT,
+        "spec": spec,
+        "count": len(want),
+        "sources": [index.stamp(s) for s in sources],
+    }
+    client.alter_collection_properties(collection, properties={PROPERTY: json.dumps(manifest)})
+    count = _count(client, collection)
+    if count != len(want):
+        raise CorruptIndex(f"the collection {collection} at {uri} holds {count}, not {len(want)}")
+    return Built(added, len(gone), count, spec, trained)
+
+
+def _search(
+    opened: Opened, vectors: np.ndarray, limit: int, fields: list[str], **extra: float
+) -> list[list[dict]]:
+    params: dict[str, Any] = {"nprobe": NPROBE, **extra} if opened.approximate else {}
+    return opened.client.search(
+        opened.collection,
+        data=list(vectors),
+        limit=limit,
+        output_fields=fields,
+        search_params={"metric_type": "IP", "params": params},
+        consistency_level="Strong",
+    )
+
+
+def _ranked(paths: list[str], vectors: np.ndarray, query: np.ndarray) -> list[tuple[str, float]]:
+    """``paths`` by exact cosine of their ``vectors`` with ``query`` (unit), best first."""
+    if not paths:
+        return []
+    scores = normalised(vectors) @ query
+    order = np.argsort(-scores, kind="stable")
+    return [(paths[i], float(scores[i])) for i in order]
+
+
+def nearest(
+    opened: Opened, queries: np.ndarray, k: int = 10, exclude: list[str | None] | None = None
+) -> list[list[tuple[str, float]]]:
+    """As ``search.nearest``, from Milvus: the ``k`` nearest paths per query, its top
+    ``k + RESCORE_EXTRA`` re-scored with the float32 vectors it holds."""
+    import os
+
+    queries = normalised(np.atleast_2d(queries))
+    exclude = [os.path.abspath(p) if p else None for p in (exclude or [None] * len(queries))]
+    fields = ["path", "embedding"]
+    found = []
+    for query, hits, skip in zip(
+        queries, _search(opened, queries, k + RESCORE_EXTRA, fields), exclude
+    ):
+        paths = [hit["entity"]["path"] for hit in hits]
+        vectors = np.asarray([hit["entity"]["embedding"] for hit in hits], np.float32)
+        ranked = _ranked(paths, vectors, query)
+        found.append([(p, s) for p, s in ranked if os.path.abspath(p) != skip][:k])
+    return found
+
+
+def stored(opened: Opened, paths: list[str]) -> np.ndarray:
+    """The unit vectors the collection holds for ``paths``, in order; ``UsageError`` naming the
+    paths it does not hold."""
+    rows = []
+    for start in range(0, len(paths), BATCH):
+        chunk = paths[start : start + BATCH]
+        rows += opened.client.query(
+            opened.collection,
+            filter=f"path in {json.dumps(chunk)}",
+            output_fields=["path", "embedding"],
+            consistency_level="Strong",
+        )
+    held = {row["path"]: row["embedding"] for row in rows}
+    require_stored(paths, held, opened.where)
+    return normalised(np.asarray([held[p] for p in paths], np.float32))
+
+
+def _vectors(opened: Opened, paths: list[str]) -> np.ndarray:
+    """The held float32 vectors of ``paths`` (every one held), in order."""
+    return stored(opened, paths) if paths else np.zeros((0, EMBEDDING_DIM), np.float32)
+
+
+def pairs(
+    opened: Opened, threshold: float, progress: bool = False
+) -> Iterator[tuple[str, str, float]]:
+    """Every pair of held paths with cosine >= ``threshold``, each once: each vector of the
+    sources asks for its ``index.PAIR_CANDIDATES`` nearest (``index.PAIR_NPROBE`` lists), as
+    the folder index does; those down to ``threshold - PAIR_MARGIN`` by Milvus's scores are
+    re-scored with the float32 vectors it holds. (Milvus Lite's range search measured some
+    14 ms a vector here against 1.1 for a top 16: hours at a million.)"""
+
+    def near(vectors: np.ndarray) -> Iterator[tuple[list[str], np.ndarray]]:
+        found = _search(opened, vectors, index.PAIR_CANDIDATES, ["path"], nprobe=index.PAIR_NPROBE)
+        floor = threshold - PAIR_MARGIN
+        candidates = [
+            [hit["entity"]["path"] for hit in hits if hit["distance"] >= floor] for hits in found
+        ]
+        wanted = sorted({p for paths in candidates for p in paths})
+        held = dict(zip(wanted, _vectors(opened, wanted)))
+        for vector, paths in zip(vectors, candidates):
+            rows = np.asarray([held[p] for p in paths], np.float32).reshape(-1, EMBEDDING_DIM)
+            ranked = _ranked(paths, rows, vector)
+            yield [p for p, _ in ranked], np.asarray([s for _, s in ranked], np.float32)
+
+    live = _held(opened.client, opened.collection)
+    sources = [Path(s["path"]) for s in opened.manifest["sources"]]
+    yield from index.pairs_of(sources, live, near, threshold, progress)

@@ -1,0 +1,170 @@
+"""``tsctl index build --out URI`` and the searches through Milvus (serveclient/milvusindex.py)
+against a real Milvus Lite server process (``milvus-lite server`` on a free loopback port,
+reached at ``http://127.0.0.1:PORT`` exactly as a Milvus Standalone would be), compared with
+exact search over the Parquet (serveclient/search.py); and Milvus Lite's ``NAME.db`` URI."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pymilvus")
+
+from devtools.server import free_port
+from serveclient import index, milvusindex, search
+from tests.served import tsctl
+from tests.test_index import clustered, vectors, write
+
+
+@pytest.fixture(scope="module")
+def milvus(tmp_path_factory):
+    """A Milvus Lite server process; its URI. Stopped after the module, whatever happens."""
+    from pymilvus import MilvusClient
+
+    data = tmp_path_factory.mktemp("milvus-data")
+    port = free_port()
+    exe = shutil.which("milvus-lite", path=str(Path(sys.executable).parent))
+    log = (data.parent / "milvus.log").open("w")
+    proc = subprocess.Popen(
+        [exe, "server", "--data-dir", str(data / "db"), "--host", "127.0.0.1", "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, (data.parent / "milvus.log").read_text()[-2000:]
+            try:
+                MilvusClient(uri=uri, timeout=2).list_collections()
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        yield uri
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def names_of(found):
+    return [[p for p, _ in hits] for hits in found]
+
+
+def test_a_milvus_collection_answers_as_exact_search_and_updates_in_place(tmp_path, milvus):
+    matrix = vectors(300, 1)
+    matrix[250] = matrix[17] * 1.001  # a near-copy
+    names = [f"p{i:03d}.jpg" for i in range(300)]
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    write(shards / "0.parquet", names[:200], matrix[:200])
+    built = milvusindex.build([shards], milvus, "first", progress=False)
+    assert (built.added, built.removed, built.count, built.spec) == (200, 0, 200, "FLAT")
+    opened = milvusindex.open_index(milvus, "first")
+    queries = matrix[:5] + 0.01
+    assert names_of(milvusindex.nearest(opened, queries, 10)) == names_of(
+        search.nearest(shards / "0.parquet", queries, 10)
+    )
+    # a second shard adds 100; the first loses p000..p009 (removed) and p011 changes
+    write(shards / "1.parquet", names[200:], matrix[200:])
+    write(shards / "0.parquet", names[10:200], matrix[10:200])
+    write(shards / "2.parquet", ["p011.jpg"], vectors(1, 9), size=2)
+    built = milvusindex.build([shards], milvus, "first", progress=False)
+    assert (built.added, built.removed, built.count, built.trained) == (101, 11, 290, False)
+    opened = milvusindex.open_index(milvus, "first")
+    answered = {p for hits in milvusindex.nearest(opened, matrix[:20], 50) for p, _ in hits}
+    assert not answered & {f"p{i:03d}.jpg" for i in range(10)}
+    hit = milvusindex.nearest(opened, matrix[260:261], 1)[0][0]
+    assert hit[0] == "p260.jpg" and hit[1] == pytest.approx(1.0, abs=1e-5)
+    assert milvusindex.nearest(opened, vectors(1, 9), 1)[0][0][0] == "p011.jpg"
+    # stored vectors as queries; a path it lacks is named
+    unit = matrix / np.linalg.norm(matrix, axis=1, keepdims=True)
+    assert np.allclose(milvusindex.stored(opened, ["p042.jpg"]), unit[[42]], atol=1e-6)
+    with pytest.raises(Exception, match=r"not stored in first at .*p000\.jpg"):
+        milvusindex.stored(opened, ["p000.jpg"])
+    # duplicates: the pairs exact search finds over the same photos
+    got = search.group(milvusindex.pairs(opened, 0.97))
+    want = [["p017.jpg", "p250.jpg"]]
+    assert [g["paths"] for g in got] == want
+
+
+def test_a_stale_or_foreign_collection_is_named_never_answered(tmp_path, milvus):
+    from pymilvus import MilvusClient
+
+    matrix = vectors(50, 2)
+    src = write(tmp_path / "e.parquet", [f"p{i}" for i in range(50)], matrix)
+    milvusindex.build([src], milvus, "second", progress=False)
+    write(src, [f"p{i}" for i in range(49)], matrix[:49])
+    with pytest.raises(index.StaleIndex, match=r"second at http.* is older than .*e\.parquet") as e:
+        milvusindex.open_index(milvus, "second")
+    assert "--exact" in e.value.hint
+    assert milvusindex.build([src], milvus, "second", progress=False).removed == 1
+    assert milvusindex.open_index(milvus, "second").manifest["count"] == 49
+    client = MilvusClient(uri=milvus)
+    client.delete("second", ids=["p3"])  # rows changed behind tsctl's back
+    with pytest.raises(index.CorruptIndex, match="holds 48 vectors, its manifest 49"):
+        milvusindex.open_index(milvus, "second")
+    with pytest.raises(index.CorruptIndex, match="no collection nothing_here"):
+        milvusindex.open_index(milvus, "nothing_here")
+    client.alter_collection_properties("second", properties={milvusindex.PROPERTY: "{}"})
+    with pytest.raises(index.CorruptIndex, match="format None"):
+        milvusindex.open_index(milvus, "second")
+
+
+def test_past_the_flat_limit_the_collection_is_ivf_sq8_and_finds_the_exact_neighbours(
+    tmp_path, milvus, monkeypatch
+):
+    monkeypatch.setattr(index, "EXACT_BELOW", 1000)
+    matrix = clustered(3000, 4)
+    matrix[2500] = matrix[7] * 1.001
+    names = [f"p{i:04d}" for i in range(3000)]
+    src = write(tmp_path / "e.parquet", names[:500], matrix[:500])
+    assert milvusindex.build([src], milvus, "third", progress=False).spec == "FLAT"
+    write(src, names, matrix)  # outgrown: the flat index replaced by IVF_SQ8, trained anew
+    built = milvusindex.build([src], milvus, "third", progress=False)
+    assert built.spec.startswith("IVF_SQ8,nlist=") and built.trained
+    assert (built.added, built.count) == (2500, 3000)
+    opened = milvusindex.open_index(milvus, "third")
+    queries = clustered(20, 5)
+    got = milvusindex.nearest(opened, queries, 10)
+    want = search.nearest(src, queries, 10)
+    recall = np.mean([len(set(g) & set(w)) / 10 for g, w in zip(names_of(got), names_of(want))])
+    assert recall >= 0.95
+    for g, w in zip(got, want):  # re-scored: exact cosines, as the Parquet's
+        assert g[0][1] == pytest.approx(w[0][1], abs=1e-5)
+    pairs = search.group(milvusindex.pairs(opened, 0.99))
+    assert [g["paths"] for g in pairs] == [g["paths"] for g in search.duplicates(src, 0.99)]
+
+
+def test_tsctl_builds_and_searches_milvus_by_uri_as_it_does_the_folder_index(tmp_path, milvus):
+    """The same commands; only ``--out``/``--vindex`` change (a server URI, then Milvus
+    Lite's local ``.db``)."""
+    matrix = vectors(120, 3)
+    src = write(tmp_path / "photos.parquet", [f"p{i}.jpg" for i in range(120)], matrix)
+    for uri in (milvus, str(tmp_path / "lite.db")):
+        built = tsctl(None, "index", "build", str(src), "--out", uri, "--no-progress")
+        assert built.returncode == 0, built.stderr
+        assert f"photos at {uri}: 120 vectors (FLAT), 120 added, 0 removed" in built.stdout
+        argv = ["similar", "p5.jpg", "--stored", "--index", str(src), "--vindex", uri]
+        found = tsctl(None, "--json", *argv, "-k", "3")
+        assert found.returncode == 0, found.stderr
+        hits = json.loads(found.stdout)["p5.jpg"]
+        want = search.nearest(src, search.stored(src, ["p5.jpg"]), 3, exclude=["p5.jpg"])[0]
+        assert [h["path"] for h in hits] == [p for p, _ in want]
+        assert [h["score"] for h in hits] == pytest.approx([s for _, s in want], abs=1e-5)
+        other = tsctl(None, *argv, "--collection", "other")
+        assert other.returncode != 0
+        assert "no collection other" in other.stderr and "--exact" in other.stderr
