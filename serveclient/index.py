@@ -31,7 +31,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from serveclient import objectstore
 from serveclient.errors import TsError, UsageError
 from serveclient.search import normalised, require_stored
 from serveclient.vectors import EMBEDDING_DIM, OK
@@ -51,6 +52,7 @@ RESCORE_DEPTH = 100  # candidates re-scored per query (results/search.md measure
 MANIFEST, VECTORS, PATHS, RESCORE = "manifest.json", "vectors.faiss", "paths.parquet", "rescore.f16"
 ROW_BYTES = EMBEDDING_DIM * 2  # a float16 vector of rescore.f16
 FORMAT = 2
+WORK_DIR = Path(".tsctl-work")  # local copies of s3:// sources, as tsctl embed's --work-dir
 
 
 class IndexUnusable(TsError):
@@ -136,11 +138,27 @@ PAIR_NPROBE = 8
 PAIR_CANDIDATES = 16
 
 
-def sources_of(inputs: list[Path]) -> list[Path]:
-    """Parquet files from files or folders (an Indexed Job's shards), sorted."""
-    found: list[Path] = []
+@dataclass(frozen=True)
+class Source:
+    """A Parquet source: the file read here, and what a manifest names it by (its resolved
+    path, or the ``s3://`` object it was fetched from)."""
+
+    local: Path
+    origin: str
+
+
+def sources_of(inputs: list[Path | str], work_dir: Path = WORK_DIR) -> list[Source]:
+    """Parquet files from files or folders (an Indexed Job's shards), sorted; ``s3://`` objects
+    or prefixes (``s3://bucket/embeddings/``) are fetched into ``work_dir`` first."""
+    found: list[Source] = []
     for item in inputs:
-        found += sorted(item.glob("*.parquet")) if item.is_dir() else [item]
+        if objectstore.is_remote(str(item)):
+            for uri, size, mtime_ns in objectstore.parquet_objects(str(item)):
+                found.append(Source(objectstore.fetched(uri, size, mtime_ns, work_dir), uri))
+            continue
+        item = Path(item)
+        for path in sorted(item.glob("*.parquet")) if item.is_dir() else [item]:
+            found.append(Source(path, str(path.resolve())))
     if not found:
         raise UsageError(
             f"no Parquet in {', '.join(map(str, inputs))}", "name `tsctl embed`'s output"
@@ -148,9 +166,16 @@ def sources_of(inputs: list[Path]) -> list[Path]:
     return found
 
 
-def stamp(path: Path) -> dict:
-    stat = path.stat()
-    return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+def stamp(source: Source) -> dict:
+    """What a manifest records of a source: its name (``origin``), where this machine read it,
+    its size and mtime (a fetched copy carries its object's)."""
+    stat = source.local.stat()
+    return {
+        "path": source.origin,
+        "local": str(source.local.resolve()),
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+    }
 
 
 def _sha256(path: Path) -> str:
@@ -164,12 +189,15 @@ def _sha256(path: Path) -> str:
 _PATHS_SCHEMA = pa.schema([("id", pa.int64()), ("path", pa.string()), ("key", pa.string())])
 
 
-def _rows(sources: list[Path], vectors: bool = True) -> Iterator[tuple[list[str], list[str], Any]]:
+def rows_of(
+    sources: list[Source] | list[Path], vectors: bool = True
+) -> Iterator[tuple[list[str], list[str], Any]]:
     """(paths, "size:mtime" keys, unit vectors or None) of the sources' ``ok`` rows, a batch
     at a time, in the sources' order (a later row of a path is newer: the job's rule)."""
     columns = ["path", "size", "mtime", "status"] + (["embedding"] if vectors else [])
     for source in sources:
-        for batch in pq.ParquetFile(source).iter_batches(8192, columns=columns):
+        local = source.local if isinstance(source, Source) else source
+        for batch in pq.ParquetFile(local).iter_batches(8192, columns=columns):
             batch = batch.filter(pc.equal(batch.column("status"), OK))
             if not batch.num_rows:
                 continue
@@ -241,17 +269,31 @@ def open_index(folder: Path, check_sources: bool = True) -> Opened:
 
 
 def check_fresh(manifest: dict, what: str) -> None:
-    """``StaleIndex`` when a source the manifest stamps changed or went since the build."""
+    """``StaleIndex`` when a source the manifest stamps changed or went since the build (an
+    ``s3://`` source is asked of its store)."""
     for stamped in manifest["sources"]:
-        source = Path(stamped["path"])
-        if not source.is_file() or stamp(source) != stamped:
-            raise StaleIndex(f"{what} is older than {source}")
+        origin = stamped["path"]
+        try:
+            if objectstore.is_remote(origin):
+                now = objectstore.stamp_of(origin)
+            else:
+                stat = Path(origin).stat() if Path(origin).is_file() else None
+                now = (stat.st_size, stat.st_mtime_ns) if stat else None
+        except OSError as exc:
+            raise StaleIndex(f"{what}: cannot tell whether {origin} changed: {exc}") from exc
+        if now != (stamped["size"], stamped["mtime_ns"]):
+            raise StaleIndex(f"{what} is older than {origin}")
 
 
-def wanted(sources: list[Path]) -> dict[str, str]:
+def local_sources(manifest: dict) -> list[Path]:
+    """Where the build read the manifest's sources (checked fresh by ``check_fresh``)."""
+    return [Path(s.get("local", s["path"])) for s in manifest["sources"]]
+
+
+def wanted(sources: list[Source]) -> dict[str, str]:
     """Each live path of the sources and the "size:mtime" key of its newest row."""
     want: dict[str, str] = {}
-    for row_paths, row_keys, _ in _rows(sources, vectors=False):
+    for row_paths, row_keys, _ in rows_of(sources, vectors=False):
         want.update(zip(row_paths, row_keys))
     return want
 
@@ -274,12 +316,15 @@ def _tune(index: Any, spec: str) -> None:
         faiss.extract_index_ivf(index).nprobe = nprobe_for(spec)
 
 
-def build(inputs: list[Path], folder: Path, progress: bool = True) -> Built:
-    """Build the index in ``folder`` from the Parquet ``inputs``, or bring the one there up to
-    date: add the photos it lacks (or holds at an older size/mtime), remove those gone."""
+def build(
+    inputs: list[Path | str], folder: Path, progress: bool = True, work_dir: Path = WORK_DIR
+) -> Built:
+    """Build the index in ``folder`` from the Parquet ``inputs`` (``s3://`` ones fetched into
+    ``work_dir``), or bring the one there up to date: add the photos it lacks (or holds at an
+    older size/mtime), remove those gone."""
     from tqdm import tqdm
 
-    sources = sources_of(inputs)
+    sources = sources_of(inputs, work_dir)
     want = wanted(sources)
     spec = spec_for(len(want))
     old = None
@@ -313,7 +358,7 @@ def build(inputs: list[Path], folder: Path, progress: bool = True) -> Built:
     bar = tqdm(total=len(fresh), unit="vec", desc="index", disable=not progress)
     with (folder / RESCORE).open("ab") as store:
         store.truncate(next_id * ROW_BYTES)
-        for paths, row_keys, matrix in _rows(sources):
+        for paths, row_keys, matrix in rows_of(sources):
             take = [
                 j for j, (p, k) in enumerate(zip(paths, row_keys)) if p in fresh and want[p] == k
             ]
@@ -333,10 +378,10 @@ def build(inputs: list[Path], folder: Path, progress: bool = True) -> Built:
     return Built(added, len(gone), int(index.ntotal), spec, trained)
 
 
-def _sample(sources: list[Path], most: int) -> np.ndarray:
+def _sample(sources: list[Source], most: int) -> np.ndarray:
     """The first ``most`` unit vectors of the sources: what the quantisers train on."""
     parts, taken = [], 0
-    for _, _, matrix in _rows(sources):
+    for _, _, matrix in rows_of(sources):
         parts.append(matrix)
         taken += len(matrix)
         if taken >= most:
@@ -349,7 +394,7 @@ def _save(
     index: Any,
     names: dict,
     keys: dict,
-    sources: list[Path],
+    sources: list[Source],
     spec: str,
     rows: int,
     kept: float,
@@ -463,39 +508,41 @@ def pairs(
             yield [opened.names[int(i)] for i in ids], scores
 
     live = {path: opened.keys[id_] for id_, path in opened.names.items()}
-    sources = [Path(s["path"]) for s in opened.manifest["sources"]]
+
+    def batches() -> Iterator[tuple[list[str], np.ndarray]]:
+        for paths, keys, matrix in rows_of(local_sources(opened.manifest)):
+            rows = [j for j, (p, k) in enumerate(zip(paths, keys)) if live.get(p) == k]
+            if rows:
+                yield [paths[j] for j in rows], matrix[rows]
+
     if opened.approximate:
         faiss.extract_index_ivf(opened.index).nprobe = PAIR_NPROBE  # this search only
     try:
-        yield from pairs_of(sources, live, near, threshold, progress)
+        yield from pairs_of(batches(), len(live), near, threshold, progress)
     finally:
         _tune(opened.index, opened.manifest["spec"])
 
 
 def pairs_of(
-    sources: list[Path],
-    live: dict[str, str],
+    batches: Iterable[tuple[list[str], np.ndarray]],
+    total: int,
     near: Callable[[np.ndarray], Iterator[tuple[list[str], np.ndarray]]],
     threshold: float,
     progress: bool,
 ) -> Iterator[tuple[str, str, float]]:
-    """The pairs at cosine >= ``threshold``, each once: every row of the sources that an index
-    holds (``live``: path -> "size:mtime" key) asked of ``near`` (for a batch of unit vectors,
+    """The pairs at cosine >= ``threshold``, each once: every held vector (``batches`` of
+    paths and unit vectors, ``total`` in all) asked of ``near`` (for a batch of unit vectors,
     each one's candidate paths and cosines), whatever index answers it."""
     from tqdm import tqdm
 
-    bar = tqdm(total=len(live), unit="vec", desc="duplicates", disable=not progress)
+    bar = tqdm(total=total, unit="vec", desc="duplicates", disable=not progress)
     seen: set[tuple[str, str]] = set()
-    for paths, keys, matrix in _rows(sources):
-        rows = [j for j, (p, k) in enumerate(zip(paths, keys)) if live.get(p) == k]
-        if not rows:
-            continue
-        for n, (found, scores) in enumerate(near(np.ascontiguousarray(matrix[rows]))):
-            mine = paths[rows[n]]
+    for paths, matrix in batches:
+        for mine, (found, scores) in zip(paths, near(np.ascontiguousarray(matrix))):
             for other, score in zip(found, scores):
                 pair = (min(mine, other), max(mine, other))
                 if score >= threshold and mine != other and pair not in seen:
                     seen.add(pair)  # each pair once: a's search and b's may both find it
                     yield pair[0], pair[1], float(score)
-        bar.update(len(rows))
+        bar.update(len(paths))
     bar.close()

@@ -7,6 +7,8 @@ embed output stores it), ``key`` (the row's "size:mtime") and ``embedding`` (the
 vector), indexed ``FLAT`` under ``index.EXACT_BELOW`` vectors and ``IVF_SQ8`` (one byte a
 dimension, inner product) above. Milvus keeps the float32 vectors beside its index: candidates
 are re-scored with them, so the scores are exact cosines as the folder index's are.
+``duplicates`` reads its queries from the collection too: a search needs no sources on the
+machine, only the manifest's check that none changed (an ``s3://`` source asked of its store).
 
 The manifest (the sources' stamps, the count, the index) is a property of the collection
 (``tsctl.manifest``) and is checked as the folder index's is: a source changed since the build
@@ -166,12 +168,19 @@ def _held(client: Any, collection: str) -> dict[str, str]:
     return held
 
 
-def build(inputs: list[Path], uri: str, collection: str, progress: bool = True) -> Built:
-    """Bring ``collection`` at ``uri`` up to date with the Parquet ``inputs`` (created on first
-    use): upsert the photos it lacks or holds at an older size/mtime, delete those gone."""
+def build(
+    inputs: list[Path | str],
+    uri: str,
+    collection: str,
+    progress: bool = True,
+    work_dir: Path = index.WORK_DIR,
+) -> Built:
+    """Bring ``collection`` at ``uri`` up to date with the Parquet ``inputs`` (``s3://`` ones
+    fetched into ``work_dir``; the collection created on first use): insert the photos it
+    lacks or holds at an older size/mtime, delete those gone."""
     from tqdm import tqdm
 
-    sources = index.sources_of(inputs)
+    sources = index.sources_of(inputs, work_dir)
     want = index.wanted(sources)
     spec = _spec_for(len(want))
     client = connect(uri)
@@ -196,7 +205,7 @@ def build(inputs: list[Path], uri: str, collection: str, progress: bool = True) 
     fresh = {path for path, key in want.items() if held.get(path) != key}
     added = len(fresh)
     bar = tqdm(total=len(fresh), unit="vec", desc="index", disable=not progress)
-    for paths, keys, matrix in index._rows(sources):
+    for paths, keys, matrix in index.rows_of(sources):
         rows = [
             {"path": p, "key": k, "embedding": matrix[j]}
             for j, (p, k) in enumerate(zip(paths, keys))
@@ -309,6 +318,18 @@ def pairs(
             ranked = _ranked(paths, rows, vector)
             yield [p for p, _ in ranked], np.asarray([s for _, s in ranked], np.float32)
 
-    live = _held(opened.client, opened.collection)
-    sources = [Path(s["path"]) for s in opened.manifest["sources"]]
-    yield from index.pairs_of(sources, live, near, threshold, progress)
+    yield from index.pairs_of(_batches(opened), opened.manifest["count"], near, threshold, progress)
+
+
+def _batches(opened: Opened) -> Iterator[tuple[list[str], np.ndarray]]:
+    """(paths, unit vectors) of every row the collection holds, a batch at a time: the
+    duplicates' queries come from Milvus itself, so no machine needs the sources for them."""
+    iterator = opened.client.query_iterator(
+        opened.collection, batch_size=2000, output_fields=["path", "embedding"]
+    )
+    try:
+        while batch := iterator.next():
+            vectors = np.asarray([row["embedding"] for row in batch], np.float32)
+            yield [row["path"] for row in batch], normalised(vectors)
+    finally:
+        iterator.close()

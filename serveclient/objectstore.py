@@ -70,3 +70,50 @@ def upload(local: Path, uri: str) -> None:
     fs.copy_files(
         str(local), key, source_filesystem=fs.LocalFileSystem(), destination_filesystem=filesystem
     )
+
+
+def parquet_objects(uri: str) -> list[tuple[str, int, int]]:
+    """(URI, size, mtime in ns) of the object ``uri`` or, for a prefix (``s3://b/shards/``),
+    of every ``.parquet`` directly under it, sorted: the shards an Indexed Job uploaded."""
+    from pyarrow import fs
+
+    filesystem, key = _filesystem(uri)
+    info = filesystem.get_file_info(key.rstrip("/"))
+    if info.type == fs.FileType.File:
+        found = [info]
+    else:
+        selector = fs.FileSelector(key.rstrip("/"), allow_not_found=True)
+        found = [i for i in filesystem.get_file_info(selector) if i.path.endswith(".parquet")]
+    bucket = uri[len("s3://") :].split("/", 1)[0]
+    return sorted(
+        (f"s3://{bucket}/{i.path.split('/', 1)[1]}", i.size, i.mtime_ns)
+        for i in found
+        if i.type == fs.FileType.File
+    )
+
+
+def fetched(uri: str, size: int, mtime_ns: int, work_dir: Path) -> Path:
+    """A local copy of the object ``uri`` (``size`` bytes, modified at ``mtime_ns``), reused
+    while it matches; the copy carries the object's mtime, so its stat stamps the object."""
+    from pyarrow import fs
+
+    local = local_copy(uri, work_dir)
+    if local.is_file() and (local.stat().st_size, local.stat().st_mtime_ns) == (size, mtime_ns):
+        return local
+    filesystem, key = _filesystem(uri)
+    tmp = local.with_name(f".{local.name}.download.tmp")
+    fs.copy_files(
+        key, str(tmp), source_filesystem=filesystem, destination_filesystem=fs.LocalFileSystem()
+    )
+    os.utime(tmp, ns=(mtime_ns, mtime_ns))
+    os.replace(tmp, local)
+    return local
+
+
+def stamp_of(uri: str) -> tuple[int, int] | None:
+    """(size, mtime in ns) of the object ``uri`` now; None when it is gone."""
+    from pyarrow import fs
+
+    filesystem, key = _filesystem(uri)
+    info = filesystem.get_file_info(key)
+    return (info.size, info.mtime_ns) if info.type == fs.FileType.File else None

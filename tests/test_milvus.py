@@ -168,3 +168,59 @@ def test_tsctl_builds_and_searches_milvus_by_uri_as_it_does_the_folder_index(tmp
         other = tsctl(None, *argv, "--collection", "other")
         assert other.returncode != 0
         assert "no collection other" in other.stderr and "--exact" in other.stderr
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    """A local S3 (moto's server on a free loopback port), reached as the collection job's
+    pods reach theirs (AWS_ENDPOINT_URL and credentials in the environment); a boto3 client."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    for key, value in {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(key, value)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        client = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}")
+        client.create_bucket(Bucket="photos")
+        yield client
+    finally:
+        server.stop()
+
+
+def test_the_shards_an_indexed_job_uploaded_are_indexed_from_s3_and_checked_there(
+    tmp_path, milvus, s3
+):
+    """``tsctl index build s3://BUCKET/PREFIX/ --out URI`` (kserve/milvus/index-job.yaml): the
+    shards fetched, the manifest naming the objects; a shard replaced in the bucket makes the
+    collection stale wherever it is searched, and the next build fetches it again."""
+    matrix = vectors(60, 5)
+    names = [f"p{i}.jpg" for i in range(60)]
+    for n in range(2):
+        write(tmp_path / f"shard-{n}.parquet", names[n::2], matrix[n::2])
+        s3.upload_file(str(tmp_path / f"shard-{n}.parquet"), "photos", f"emb/shard-{n}.parquet")
+    argv = ["index", "build", "s3://photos/emb/", "--out", milvus, "--collection", "shards"]
+    built = tsctl(None, *argv, "--work-dir", str(tmp_path / "work"), "--no-progress")
+    assert built.returncode == 0, built.stderr
+    assert "shards at http" in built.stdout and "60 vectors (FLAT), 60 added" in built.stdout
+    opened = milvusindex.open_index(milvus, "shards")
+    assert [s["path"] for s in opened.manifest["sources"]] == [
+        "s3://photos/emb/shard-0.parquet",
+        "s3://photos/emb/shard-1.parquet",
+    ]
+    assert milvusindex.nearest(opened, matrix[7:8], 1)[0][0][0] == "p7.jpg"
+    write(tmp_path / "shard-1.parquet", names[1::2][:-1], matrix[1::2][:-1])  # p59 gone
+    s3.upload_file(str(tmp_path / "shard-1.parquet"), "photos", "emb/shard-1.parquet")
+    with pytest.raises(index.StaleIndex, match=r"older than s3://photos/emb/shard-1\.parquet"):
+        milvusindex.open_index(milvus, "shards")
+    again = milvusindex.build(["s3://photos/emb/"], milvus, "shards", False, tmp_path / "work")
+    assert (again.added, again.removed, again.count) == (0, 1, 59)
+    opened = milvusindex.open_index(milvus, "shards")
+    assert "p59.jpg" not in {p for p, _ in milvusindex.nearest(opened, matrix[59:60], 5)[0]}

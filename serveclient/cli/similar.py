@@ -20,6 +20,7 @@ from serveclient.cli.common import (
     wrote_page,
 )
 from serveclient.client import Client
+from serveclient.errors import UsageError
 from serveclient.traffic import Traffic
 
 
@@ -76,9 +77,8 @@ def register(commands: Commands) -> None:
     build.add_argument(
         "inputs",
         nargs="+",
-        type=Path,
         metavar="PARQUET",
-        help="embed outputs, or folders of shards",
+        help="embed outputs, or folders of shards (or s3://BUCKET/PREFIX/ of an Indexed Job's)",
     )
     build.add_argument(
         "--out",
@@ -86,6 +86,12 @@ def register(commands: Commands) -> None:
         "(http://HOST:19530, or Milvus Lite's NAME.db)",
     )
     _collection_argument(build)
+    build.add_argument(
+        "--work-dir",
+        type=Path,
+        default=Path(".tsctl-work"),
+        help="local copies of s3:// inputs (kept, and fetched again only when they change)",
+    )
     build.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -131,16 +137,19 @@ def _opened(args: argparse.Namespace) -> tuple[Any, Any]:
 def cmd_index(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
     from serveclient import index, milvusindex
 
-    progress = not args.no_progress
+    progress, work = not args.no_progress, args.work_dir
+    first = Path(args.inputs[0].rstrip("/"))
     if args.out and milvusindex.is_uri(args.out):
-        collection = args.collection or milvusindex.collection_for(args.inputs[0])
+        collection = args.collection or milvusindex.collection_for(first)
         where = f"{collection} at {args.out}"
-        built = milvusindex.build(args.inputs, args.out, collection, progress=progress)
+        built = milvusindex.build(args.inputs, args.out, collection, progress, work)
         data = {"uri": args.out, "collection": collection, **vars(built)}
     else:
-        folder = Path(args.out) if args.out else default_folder(args.inputs[0])
+        if not args.out and "://" in args.inputs[0]:
+            raise UsageError(f"where should the index of {args.inputs[0]} go?", "add --out")
+        folder = Path(args.out) if args.out else default_folder(first)
         where = str(folder)
-        built = index.build(args.inputs, folder, progress=progress)
+        built = index.build(args.inputs, folder, progress, work)
         data = {"folder": where, **vars(built)}
     return (
         data,
