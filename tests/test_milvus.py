@@ -153,6 +153,7 @@ def test_tsctl_builds_and_searches_milvus_by_uri_as_it_does_the_folder_index(tmp
     """The same commands; only ``--out``/``--vindex`` change (a server URI, then Milvus
     Lite's local ``.db``)."""
     matrix = vectors(120, 3)
+    matrix[99] = matrix[3] * 1.001
     src = write(tmp_path / "photos.parquet", [f"p{i}.jpg" for i in range(120)], matrix)
     for uri in (milvus, str(tmp_path / "lite.db")):
         built = tsctl(None, "index", "build", str(src), "--out", uri, "--no-progress")
@@ -168,6 +169,12 @@ def test_tsctl_builds_and_searches_milvus_by_uri_as_it_does_the_folder_index(tmp
         other = tsctl(None, *argv, "--collection", "other")
         assert other.returncode != 0
         assert "no collection other" in other.stderr and "--exact" in other.stderr
+    # a search machine without the Parquet: the collection by name
+    alone = tsctl(None, "--json", "duplicates", "--vindex", milvus, "--collection", "photos")
+    assert alone.returncode == 0, alone.stderr
+    groups = json.loads(alone.stdout)
+    assert groups == search.duplicates(src, 0.97)
+    assert [g["paths"] for g in groups] == [["p3.jpg", "p99.jpg"]]
 
 
 @pytest.fixture

@@ -45,6 +45,7 @@ health routes as probes; a memory-backed ``/dev/shm``; ``TRITON_FOOTPRINT_GIB``,
 InferenceService on it).
 
 For the collection job (``kserve/batch-job``, an Indexed Job): ``kserve_tools.joblint``.
+For Milvus and its index Job (``kserve/milvus``): ``kserve_tools.milvuslint``.
 For the PodMonitor and PrometheusRule (``kserve/monitoring``): ``kserve_tools.monitoring``.
 
 One module per kind of object (``schema``, ``inferenceservice``, ``servingruntime``,
@@ -65,8 +66,8 @@ from pathlib import Path
 
 from buildsteps.configgen import repo_models
 from buildsteps.gpu import repo_models as gpu_repo_models
-from kserve_tools import monitoring
-from kserve_tools.joblint import job_findings
+from kserve_tools import milvuslint, monitoring
+from kserve_tools.joblint import command_words, job_findings, option
 from kserve_tools.lint.base import (
     DEFAULT_MODE,
     ISVC_LABEL,
@@ -100,6 +101,7 @@ from kserve_tools.lint.tritonruntime import triton_runtime_findings
 from kserve_tools.render import RenderError, Resource, render
 
 BATCH_JOB_DIR = KSERVE / "batch-job"
+MILVUS_DIR = KSERVE / "milvus"  # Milvus Standalone and the index Job
 TRITON_DIR = KSERVE / "triton"  # the InferenceService on KServe's Triton runtime
 BASE_ISVC = KSERVE / "base" / "inferenceservice.yaml"
 
@@ -137,8 +139,8 @@ __all__ = [
 
 
 def default_targets() -> list[Path]:
-    """Our runtimes, every overlay, the stock-runtime manifests, the collection job and the
-    monitoring objects."""
+    """Our runtimes, every overlay, the stock-runtime manifests, the collection job, Milvus and
+    its index Job, and the monitoring objects."""
     return [
         RUNTIME_DIR,
         TRITON_RUNTIME_DIR,
@@ -146,8 +148,17 @@ def default_targets() -> list[Path]:
         *sorted((KSERVE / "stock").glob("*.yaml")),
         TRITON_DIR,
         BATCH_JOB_DIR,
+        MILVUS_DIR,
         monitoring.MONITORING_DIR,
     ]
+
+
+def collection_shards() -> str:
+    """The s3:// prefix the collection job's pods upload their shards under: what the index
+    Job must read."""
+    [job] = render(BATCH_JOB_DIR)
+    words = command_words(job.obj["spec"]["template"]["spec"]["containers"][0])
+    return (option(words, "--out") or "").rsplit("/", 1)[0] + "/"
 
 
 def base_service() -> tuple[str | None, str]:
@@ -223,8 +234,12 @@ def _findings(
         if resource.name == OUR_TRITON_RUNTIME:
             return triton_runtime_findings(resource)
         return runtime_findings(resource, properties)
+    if resource.kind == "Job" and milvuslint.is_index_job(resource):
+        return milvuslint.index_job_findings(resource, collection_shards())
     if resource.kind == "Job":
         return job_findings(resource, *base_service())
+    if resource.kind in ("StatefulSet", "Service", "ConfigMap"):
+        return milvuslint.findings(resource)
     if resource.kind in ("PodMonitor", "PrometheusRule"):
         return monitoring.findings(
             resource,

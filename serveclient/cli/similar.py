@@ -41,7 +41,9 @@ def register(commands: Commands) -> None:
         help="each QUERY is a photo of the collection: its stored vector is the query "
         "(no server asked)",
     )
-    q.add_argument("--index", type=Path, required=True, help="an embed output (Parquet)")
+    q.add_argument(
+        "--index", type=Path, help="an embed output (Parquet); not needed with a Milvus --vindex"
+    )
     q.add_argument("-k", type=int, default=10, help="neighbours per query (10)")
     q.add_argument("--model", default=DEFAULT_MODELS["embedding"])
     q.add_argument(
@@ -60,7 +62,7 @@ def register(commands: Commands) -> None:
     dup = commands.add(
         "duplicates", cmd_duplicates, help="groups of near-duplicate photos in an embed output"
     )
-    dup.add_argument("--index", type=Path, required=True)
+    dup.add_argument("--index", type=Path, help="as for similar")
     dup.add_argument("--threshold", type=float, default=0.97, help="cosine (0.97)")
     _search_arguments(dup)
     dup.add_argument(
@@ -123,11 +125,15 @@ def _opened(args: argparse.Namespace) -> tuple[Any, Any]:
     or serveclient.milvusindex), or (None, None) for exact search."""
     from serveclient import index, milvusindex
 
-    if args.exact:
-        return None, None
-    if args.vindex and milvusindex.is_uri(args.vindex):
+    if args.vindex and milvusindex.is_uri(args.vindex) and not args.exact:
+        if not (args.collection or args.index):
+            raise UsageError("which collection?", "add --collection (or --index PARQUET)")
         collection = args.collection or milvusindex.collection_for(args.index)
         return milvusindex.open_index(args.vindex, collection), milvusindex
+    if args.index is None:
+        raise UsageError("no --index", "name the embed output (Parquet) to search")
+    if args.exact:
+        return None, None
     folder = Path(args.vindex) if args.vindex else default_folder(args.index)
     if not (folder / index.MANIFEST).is_file():
         return None, None
@@ -198,7 +204,9 @@ def cmd_similar(client: Client, args: argparse.Namespace) -> tuple[Any, str, int
         from serveclient import pages
 
         thumbs = pages.Thumbnailer(expected=len(data) + sum(len(h) for h in data.values()))
-        html = pages.similar_page(data, thumbs, index=str(args.index), model=args.model)
+        html = pages.similar_page(
+            data, thumbs, index=str(args.index or args.vindex), model=args.model
+        )
         lines.append(wrote_page(args.html, html))
     return data, "\n".join(lines), 0
 
@@ -220,7 +228,7 @@ def cmd_duplicates(client: Client, args: argparse.Namespace) -> tuple[Any, str, 
 
         thumbs = pages.Thumbnailer(expected=sum(len(g["paths"]) for g in groups))
         html = pages.duplicates_page(
-            groups, thumbs, index=str(args.index), threshold=args.threshold
+            groups, thumbs, index=str(args.index or args.vindex), threshold=args.threshold
         )
         lines.append(wrote_page(args.html, html))
     return groups, "\n".join(lines), 0
