@@ -237,7 +237,7 @@ bench-collection: setup config archives samples
 # -> results/search.md (about 10 minutes on 2 cores; most of it exact search's all pairs).
 .PHONY: bench-search
 bench-search: setup
-	$(PY) -m bench.search
+	$(PY) -m bench.search --milvus
 
 # The CPU path before and after uint8 went to the model (#41), side by side in one process:
 # per-image decode + transform, and the batch-8 pipeline with a float-input IR against the

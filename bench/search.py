@@ -10,7 +10,9 @@ duplicates. Queries: fresh vectors of the same law. Recall@10: the share of exac
 top 10 (FAISS ``IndexFlatIP``) a search returns; pairs found: the share of exact search's pairs
 at the threshold that ``tsctl duplicates`` through the index finds. Then ``--add`` more
 vectors of the same law (10,000) as a second embed output: the build again updates the index
-(the time, whether it trained anew, recall@10 over the whole afterwards).
+(the time, whether it trained anew, recall@10 over the whole afterwards). ``--milvus``: the
+same collection through Milvus too (``tsctl index build --out URI`` into a Milvus Lite server
+process on loopback: its build, memory and disk, queries and duplicates).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -129,6 +132,91 @@ def top10(
     return seconds, hits / (10 * len(xq))
 
 
+@dataclass
+class MilvusRun:
+    """The same collection through Milvus (a Milvus Lite server process, tsctl's URI path)."""
+
+    version: str
+    spec: str
+    build_s: float
+    rss_bytes: float  # the server process's resident memory a vector, all of it
+    disk_bytes: float  # its data folder a vector
+    query_s: list[float]
+    recall: float
+    pairs_s: float
+    pairs: set[tuple[int, int]]
+
+    def top10_row(self) -> list:
+        from serveclient import milvusindex
+
+        return [
+            f"Milvus Lite {self.version} server (`--out http://...`): {self.spec}"
+            + (f", nprobe {milvusindex.NPROBE}" if self.spec != "FLAT" else "")
+            + f", top 10 + {milvusindex.RESCORE_EXTRA} re-scored",
+            round(self.build_s, 1), f"{self.rss_bytes:,.0f}", f"{self.disk_bytes:,.0f}",
+            *percentiles(self.query_s), f"{self.recall:.3f}",
+        ]  # fmt: skip
+
+    def pairs_row(self, want: set[tuple[int, int]]) -> list:
+        from serveclient import index
+
+        found = len(self.pairs & want) / max(len(want), 1)
+        return [
+            f"`tsctl duplicates` through Milvus (each vector's {index.PAIR_CANDIDATES} nearest, "
+            f"nprobe {index.PAIR_NPROBE}, re-scored)", round(self.pairs_s, 1), len(self.pairs),
+            f"{found:.3f}",
+        ]  # fmt: skip
+
+    def note(self) -> str:
+        return (
+            "Milvus's memory is its server process's whole resident set (a Python gRPC server "
+            "and its FAISS segments) over the vectors; on disk, its data folder (the float32 "
+            "vectors and the index). A query travels gRPC and back, as it would to a Milvus "
+            "Standalone."
+        )
+
+
+def measure_milvus(
+    tmp: Path,
+    parquet: Path,
+    xq: np.ndarray,
+    truth: np.ndarray,
+    ids: dict[str, int],
+    threshold: float,
+) -> MilvusRun:
+    """Index ``parquet`` into a Milvus Lite server as ``tsctl index build --out URI`` does;
+    top 10 and duplicates through it."""
+    import milvus_lite
+    import psutil
+
+    from devtools.milvus import milvus_lite as lite_server
+    from serveclient import milvusindex
+
+    folder = tmp / "milvus"
+    folder.mkdir()
+    with lite_server(folder) as server:
+        log.info("Milvus: tsctl index build --out %s", server.uri)
+        start = time.perf_counter()
+        built = milvusindex.build([parquet], server.uri, "bench", progress=False)
+        build_s = time.perf_counter() - start
+        opened = milvusindex.open_index(server.uri, "bench")
+        n = built.count
+        log.info("Milvus: %d queries", len(xq))
+        query_s, recall = top10(lambda q: milvusindex.nearest(opened, q, 10), xq, truth, ids)
+        rss = psutil.Process(server.pid).memory_info().rss / n
+        disk = sum(f.stat().st_size for f in (folder / "db").rglob("*") if f.is_file()) / n
+        log.info("Milvus: duplicates")
+        start = time.perf_counter()
+        pairs = {
+            (min(ids[a], ids[b]), max(ids[a], ids[b]))
+            for a, b, _ in milvusindex.pairs(opened, threshold)
+        }
+        pairs_s = time.perf_counter() - start
+    return MilvusRun(
+        milvus_lite.__version__, built.spec, build_s, rss, disk, query_s, recall, pairs_s, pairs
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     import faiss
 
@@ -149,6 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--add", type=int, default=10_000, help="photos added to the indexed collection (10000)"
+    )
+    parser.add_argument(
+        "--milvus",
+        action="store_true",
+        help="also through Milvus (a Milvus Lite server process, tsctl index build --out URI)",
     )
     parser.add_argument("--out", type=Path, help="the report (default: results/search.md at 100k)")
     parser.add_argument("--quiet", action="store_true")
@@ -200,6 +293,11 @@ def main(argv: list[str] | None = None) -> int:
             for a, b, _ in index.pairs(opened, args.threshold)
         }
         pairs_s = time.perf_counter() - start
+        milvus = (
+            measure_milvus(Path(tmp), parquet, xq, truth, ids, args.threshold)
+            if args.milvus
+            else None
+        )
         log.info("%d photos added: the index updated", args.add)
         start = time.perf_counter()
         update = index.build([parquet, added], folder, progress=False)
@@ -216,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
          f"{size[index.VECTORS]:,.0f}", f"{size[index.RESCORE]:,.0f}", *percentiles(index_s),
          f"{recall:.3f}"],
     ]  # fmt: skip
+    if milvus is not None:
+        rows.append(milvus.top10_row())
     through = [f"`tsctl duplicates` through the index (each vector's {index.PAIR_CANDIDATES} "
                f"nearest, nprobe {index.PAIR_NPROBE}, re-scored)", round(pairs_s, 1),
                len(pairs)]  # fmt: skip
@@ -230,7 +330,9 @@ def main(argv: list[str] | None = None) -> int:
              len(want_pairs), "1.000"],
             [*through, f"{found:.3f}"],
         ]  # fmt: skip
-    headers = ["search", "build s", "index bytes/vector (memory)", "rescore bytes/vector (disk)",
+        if milvus is not None:
+            duplicates.append(milvus.pairs_row(want_pairs))
+    headers = ["search", "build s", "index bytes/vector (memory)", "bytes/vector on disk",
                "p50 ms", "p99 ms", "recall@10"]  # fmt: skip
     text = "\n".join(
         [
@@ -246,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
             tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True),
             "",
+            *([milvus.note(), ""] if milvus is not None else []),
             f"Float32 is {4 * D:,} bytes a vector: the index in memory is "
             f"{size[index.VECTORS] / (4 * D):.3f} of it"
             + (

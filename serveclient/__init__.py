@@ -12,7 +12,8 @@ command line (``serveclient.cli``).
                    the photos as a stream of files; vectors.py: the Parquet parts;
                    objectstore.py: outputs in an object store; progress.py: its progress bar
     search.py      exact cosine search over an embedding Parquet file; index.py: the
-                   approximate FAISS index beside it (``tsctl index build``)
+                   approximate FAISS index beside it (``tsctl index build``);
+                   milvusindex.py: the same in Milvus, by URI (``--out http://...``)
     head.py        a linear head for the user's own labels, fitted on served embeddings
     pages.py       self-contained HTML pages of results
     metrics.py     TorchServe's and Triton's Prometheus text, summarised; gpus.py: the GPUs'

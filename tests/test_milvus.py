@@ -6,17 +6,13 @@ exact search over the Parquet (serveclient/search.py); and Milvus Lite's ``NAME.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 pytest.importorskip("pymilvus")
 
+from devtools.milvus import milvus_lite
 from devtools.server import free_port
 from serveclient import index, milvusindex, search
 from tests.served import tsctl
@@ -25,39 +21,9 @@ from tests.test_index import clustered, vectors, write
 
 @pytest.fixture(scope="module")
 def milvus(tmp_path_factory):
-    """A Milvus Lite server process; its URI. Stopped after the module, whatever happens."""
-    from pymilvus import MilvusClient
-
-    data = tmp_path_factory.mktemp("milvus-data")
-    port = free_port()
-    exe = shutil.which("milvus-lite", path=str(Path(sys.executable).parent))
-    log = (data.parent / "milvus.log").open("w")
-    proc = subprocess.Popen(
-        [exe, "server", "--data-dir", str(data / "db"), "--host", "127.0.0.1", "--port", str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, (data.parent / "milvus.log").read_text()[-2000:]
-            try:
-                MilvusClient(uri=uri, timeout=2).list_collections()
-                break
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-        yield uri
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+    """A Milvus Lite server process (devtools/milvus.py); its URI. Stopped after the module."""
+    with milvus_lite(tmp_path_factory.mktemp("milvus")) as server:
+        yield server.uri
 
 
 def names_of(found):
