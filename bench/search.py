@@ -12,7 +12,8 @@ at the threshold that ``tsctl duplicates`` through the index finds. Then ``--add
 vectors of the same law (10,000) as a second embed output: the build again updates the index
 (the time, whether it trained anew, recall@10 over the whole afterwards). ``--milvus``: the
 same collection through Milvus too (``tsctl index build --out URI`` into a Milvus Lite server
-process on loopback: its build, memory and disk, queries and duplicates).
+process on loopback: its build, memory and disk, queries and duplicates). ``--photos N``: the
+index on embeddings of N generated photos too (``bench/searchphotos.py`` says how).
 """
 
 from __future__ import annotations
@@ -220,6 +221,7 @@ def measure_milvus(
 def main(argv: list[str] | None = None) -> int:
     import faiss
 
+    from bench import searchphotos
     from bench.layout import RESULTS, publish, setup_cli
     from bench.machine import dated
     from serveclient import index, search
@@ -242,6 +244,15 @@ def main(argv: list[str] | None = None) -> int:
         "--milvus",
         action="store_true",
         help="also through Milvus (a Milvus Lite server process, tsctl index build --out URI)",
+    )
+    parser.add_argument(
+        "--photos",
+        type=int,
+        default=0,
+        help="also the index on embeddings of this many generated photos (bench/searchphotos.py)",
+    )
+    parser.add_argument(
+        "--weights", type=Path, default=Path("build/weights"), help="their weights (build/weights)"
     )
     parser.add_argument("--out", type=Path, help="the report (default: results/search.md at 100k)")
     parser.add_argument("--quiet", action="store_true")
@@ -296,6 +307,11 @@ def main(argv: list[str] | None = None) -> int:
         milvus = (
             measure_milvus(Path(tmp), parquet, xq, truth, ids, args.threshold)
             if args.milvus
+            else None
+        )
+        photos = (
+            searchphotos.section(args.photos, Path(tmp), args.weights, args.threshold)
+            if args.photos
             else None
         )
         log.info("%d photos added: the index updated", args.add)
@@ -382,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
                 disable_numparse=True,
             ),
             "",
+            *([photos] if photos else []),
         ]
     )
     if out is None:
