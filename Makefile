@@ -235,7 +235,7 @@ bench-collection: setup config archives samples
 # tsctl index build over 100k synthetic clustered 2,048-d vectors against exact search (#51):
 # build time, bytes per vector, query p50/p99 at k=10, recall@10, duplicates' pairs found;
 # the same through Milvus (a Milvus Lite server process); the index on the embeddings of 2,000
-# generated photos (the archives' weights) -> results/search.md (about 15 minutes on 2 cores).
+# generated photos (the archives' weights) -> results/search.md (about 17 minutes on 2 cores).
 .PHONY: bench-search
 bench-search: setup weights
 	$(PY) -m bench.search --milvus --photos 2000
