@@ -122,29 +122,23 @@ def job_problems(obj: dict, bucket: str | None, service: str) -> Iterator[Proble
             f"--url {url!r} is not the InferenceService {service!r}",
             f"use http://{service}-predictor.<namespace>.svc.cluster.local",
         )
-    if not on_empty_dir(pod, container, option(words, "--work-dir")):
-        yield Problem(
-            args,
-            f"--work-dir {option(words, '--work-dir')!r} is not an emptyDir mount: the finished "
-            "parts are lost on a restart",
-            "mount an emptyDir there",
-        )
-    yield from secret_problems(container)
+    yield from work_dir_problems(pod, container, args, "the finished parts are lost on a restart")
     env = {e.get("name"): e for e in container.get("env") or []}
     if "PYTHONPATH" in env:
         env_path = "spec.template.spec.containers[0].env"
         yield Problem(env_path, "PYTHONPATH set", "remove it; the image installs serveclient")
 
 
-def on_empty_dir(pod: dict, container: dict, folder: str | None) -> bool:
-    """Whether ``folder`` is the mount of one of the pod's emptyDir volumes."""
+def work_dir_problems(pod: dict, container: dict, args: str, loss: str) -> Iterator[Problem]:
+    """A tsctl pod's ``--work-dir`` off the pod's emptyDir volumes (``loss``: what that costs),
+    and its S3 credentials not taken from a Secret."""
+    work = option(command_words(container), "--work-dir")
     mounts = {m.get("mountPath"): m.get("name") for m in container.get("volumeMounts") or []}
     empty = {v.get("name") for v in pod.get("volumes") or [] if "emptyDir" in v}
-    return folder is not None and mounts.get(folder) in empty
-
-
-def secret_problems(container: dict) -> Iterator[Problem]:
-    """The S3 credentials of ``container`` that are not taken from a Secret."""
+    if work is None or mounts.get(work) not in empty:
+        yield Problem(
+            args, f"--work-dir {work!r} is not an emptyDir mount: {loss}", "mount an emptyDir there"
+        )
     env = {e.get("name"): e for e in container.get("env") or []}
     for name in CREDENTIALS:
         entry = env.get(name)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from kserve_tools.joblint import command_words, on_empty_dir, option, secret_problems
+from kserve_tools.joblint import command_words, option, work_dir_problems
 from kserve_tools.lint.base import Finding, Problem, stamped
 from kserve_tools.render import Resource
 
@@ -110,11 +110,4 @@ def index_job_problems(obj: dict, shards: str) -> Iterator[Problem]:
             "no --collection: the default is named after the first shard's file",
             "name the collection searches will ask for",
         )
-    if not on_empty_dir(pod, container, option(words, "--work-dir")):
-        yield Problem(
-            args,
-            f"--work-dir {option(words, '--work-dir')!r} is not an emptyDir mount: the shards "
-            "land in the image's filesystem",
-            "mount an emptyDir there",
-        )
-    yield from secret_problems(container)
+    yield from work_dir_problems(pod, container, args, "the shards land in the image's filesystem")
