@@ -218,10 +218,71 @@ def measure_milvus(
     )
 
 
+def photos_section(count: int, work: Path, weights: Path, threshold: float) -> str:
+    """The report's section for ``count`` generated photos (bench/searchphotos.py; index files
+    under ``work``). The index is the one a large collection gets (``PROJ256,IVF{lists},SQ8``,
+    tsctl's nprobe and re-scoring), forced at this size, where ``tsctl index build`` would build
+    an exact flat index; the cosines of unrelated photos and of near-copies say whether the
+    weights spread photos apart at all."""
+    from bench.searchphotos import QUERIES, embedded
+    from serveclient import index
+
+    photos = embedded(count, weights)
+    xb, xq, copies, info, embed_s = (
+        photos.xb,
+        photos.xq,
+        photos.copies,
+        photos.weights,
+        photos.embed_s,
+    )
+    parquet = work / "photos.parquet"
+    ids = {name: i for i, name in enumerate(write_collection(parquet, xb))}
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(0, count - copies, (2, 2000))
+    unrelated = np.einsum("nd,nd->n", xb[a[a != b]], xb[b[a != b]])
+    twins = np.einsum("nd,nd->n", xb[:copies], xb[count - copies :])
+    exact_ranking = exact_top10(xb, xq)
+    saved = index.EXACT_BELOW
+    index.EXACT_BELOW = 0  # the index a large collection gets, at this size
+    try:
+        built = index.build([parquet], work / "photos.vindex", progress=False)
+    finally:
+        index.EXACT_BELOW = saved
+    opened = index.open_index(work / "photos.vindex")
+    query_s, recall = top10(lambda q: index.nearest(opened, q, 10), xq, exact_ranking, ids)
+    found = {tuple(sorted((ids[p], ids[q]))) for p, q, _ in index.pairs(opened, threshold)}
+    exact = {(int(i), int(j)) for i, j in np.argwhere(np.triu(xb @ xb.T >= threshold, 1))}
+    planted = {(i, count - copies + i) for i in range(copies)}
+    weights_line = f"weights: {info['source']}" + (
+        "" if info.get("trained") else " (**untrained**: these are not real embeddings)"
+    )
+    table = [
+        ["cosine of unrelated photos (median of 2,000 pairs)", f"{np.median(unrelated):.3f}"],
+        [f"cosine of a near-copy to its photo (median of {copies})", f"{np.median(twins):.3f}"],
+        [f"`tsctl index build` forced to {built.spec}: recall@10 ({QUERIES} queries)",
+         f"{recall:.3f}"],
+        ["its query p50 / p99 ms", "{} / {}".format(*percentiles(query_s))],
+        [f"exact search's pairs at cosine {threshold}", f"{len(exact):,}"],
+        ["of them, planted near-copies", f"{len(exact & planted)} of {copies}"],
+        ["share of exact's pairs `tsctl duplicates` finds through the index",
+         f"{len(found & exact) / max(len(exact), 1):.3f}"],
+    ]  # fmt: skip
+    return "\n".join(
+        [
+            f"## Embeddings of {count:,} generated photos",
+            "",
+            f"`tests/imagegen.py`'s photos, 1% of them near-copies (90% scale, JPEG quality "
+            f"70), embedded as the server embeds them in {embed_s:.0f} s; {weights_line}.",
+            "",
+            tabulate(table, headers=["", ""], tablefmt="github", disable_numparse=True),
+            "",
+        ]
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     import faiss
 
-    from bench import searchphotos
     from bench.layout import RESULTS, publish, setup_cli
     from bench.machine import dated
     from serveclient import index, search
@@ -310,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
             else None
         )
         photos = (
-            searchphotos.section(args.photos, Path(tmp), args.weights, args.threshold)
+            photos_section(args.photos, Path(tmp), args.weights, args.threshold)
             if args.photos
             else None
         )

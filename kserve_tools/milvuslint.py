@@ -22,6 +22,7 @@ SERVICE = "milvus"  # kserve/milvus/milvus.yaml's Service: what the index Job wr
 GRPC_PORT = 19530
 HEALTH_PORT = 9091
 DATA = "/var/lib/milvus"
+VALUED = ("--out", "--collection", "--work-dir")  # tsctl index build's options with a value
 
 
 def is_index_job(resource: Resource) -> bool:
@@ -72,6 +73,20 @@ def standalone_problems(obj: dict) -> Iterator[Problem]:
         )
 
 
+def build_inputs(words: list[str]) -> list[str]:
+    """The PARQUET arguments of ``tsctl index build ...``: its words past the command that are
+    neither options nor an option's value (``--out URL`` as well as ``--out=URL``)."""
+    inputs, skip = [], False
+    for word in words[3:]:
+        if skip:
+            skip = False
+        elif word.startswith("-"):
+            skip = word in VALUED
+        else:
+            inputs.append(word)
+    return inputs
+
+
 def index_job_findings(resource: Resource, shards: str) -> list[Finding]:
     """Our rules for the index Job; ``shards``: the s3:// prefix the collection job's pods
     upload their shards under."""
@@ -89,7 +104,7 @@ def index_job_problems(obj: dict, shards: str) -> Iterator[Problem]:
     [container, *_] = pod.get("containers") or [{}]
     args = "spec.template.spec.containers[0].command"
     words = command_words(container)
-    inputs = [w for w in words[3:] if not w.startswith("-")]
+    inputs = build_inputs(words)
     if inputs != [shards]:
         yield Problem(
             args,

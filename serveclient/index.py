@@ -273,21 +273,39 @@ def check_fresh(manifest: dict, what: str) -> None:
     ``s3://`` source is asked of its store)."""
     for stamped in manifest["sources"]:
         origin = stamped["path"]
+        was = (stamped["size"], stamped["mtime_ns"])
         try:
             if objectstore.is_remote(origin):
+                # whole seconds: a store's listing and its answer for one object may differ
+                # in the milliseconds (MinIO, S3), and an object is never replaced twice a second
                 now = objectstore.stamp_of(origin)
+                now, was = (now[0], now[1] // 10**9) if now else None, (was[0], was[1] // 10**9)
             else:
                 stat = Path(origin).stat() if Path(origin).is_file() else None
                 now = (stat.st_size, stat.st_mtime_ns) if stat else None
         except OSError as exc:
             raise StaleIndex(f"{what}: cannot tell whether {origin} changed: {exc}") from exc
-        if now != (stamped["size"], stamped["mtime_ns"]):
+        if now != was:
             raise StaleIndex(f"{what} is older than {origin}")
 
 
 def local_sources(manifest: dict) -> list[Path]:
-    """Where the build read the manifest's sources (checked fresh by ``check_fresh``)."""
-    return [Path(s.get("local", s["path"])) for s in manifest["sources"]]
+    """Where the build read the manifest's sources (fresh by ``check_fresh``); ``StaleIndex``
+    when a fetched copy of an ``s3://`` source is gone or changed here (another machine, or a
+    pod's emptied work folder)."""
+    found = []
+    for stamped in manifest["sources"]:
+        local = Path(stamped.get("local", stamped["path"]))
+        stat = local.stat() if local.is_file() else None
+        if stat is None or (stat.st_size, stat.st_mtime_ns) != (
+            stamped["size"],
+            stamped["mtime_ns"],
+        ):
+            raise StaleIndex(
+                f"the copy of {stamped['path']} the index was built from is not at {local}"
+            )
+        found.append(local)
+    return found
 
 
 def wanted(sources: list[Source]) -> dict[str, str]:

@@ -15,11 +15,13 @@ The manifest (the sources' stamps, the count, the index) is a property of the co
 is a ``StaleIndex``; a collection whose rows are not the count its manifest records, or which
 has no manifest, a ``CorruptIndex``; neither is answered from. A build brings the collection up
 to date as the collection job resumes: photos added or changed are upserted, those no source
-holds any more deleted (a deleted path is never answered again).
+holds any more deleted (a deleted path is never answered again). Each row's primary key is
+a hash of its path (``_id``), so no path is ever quoted into a Milvus expression.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Iterator
@@ -52,7 +54,7 @@ def is_uri(target: str | Path) -> bool:
 
 def collection_for(parquet: Path) -> str:
     """The default collection of an embed output: its name, in the letters Milvus accepts."""
-    name = re.sub(r"\W", "_", parquet.name.removesuffix(".parquet"))
+    name = re.sub(r"\W", "_", parquet.name.removesuffix(".parquet"), flags=re.ASCII)
     return name if re.match(r"[A-Za-z_]", name) else f"c_{name}"
 
 
@@ -90,16 +92,27 @@ def connect(uri: str) -> Any:
         ) from exc
 
 
+def _id(path: str) -> str:
+    """A path's primary key: a hash in hex, so no filter or iterator of Milvus or pymilvus ever
+    quotes a path (neither escapes every character a file name may hold)."""
+    return hashlib.blake2b(path.encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
+
+
 def _manifest(client: Any, collection: str, uri: str) -> dict:
     text = client.describe_collection(collection).get("properties", {}).get(PROPERTY)
     if not text:
         raise CorruptIndex(f"the collection {collection} at {uri} has no {PROPERTY}")
-    manifest = json.loads(text)
-    if manifest.get("format") != FORMAT:
+    try:
+        manifest = json.loads(text)
+    except ValueError as exc:
+        raise CorruptIndex(f"the collection {collection} at {uri}: {PROPERTY}: {exc}") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else None
         raise CorruptIndex(
-            f"the collection {collection} at {uri} is format {manifest.get('format')}, "
-            f"this tsctl reads {FORMAT}"
+            f"the collection {collection} at {uri} is format {found}, this tsctl reads {FORMAT}"
         )
+    if not {"spec", "count", "sources"} <= manifest.keys():
+        raise CorruptIndex(f"the collection {collection} at {uri}: {PROPERTY} is incomplete")
     return manifest
 
 
@@ -113,18 +126,23 @@ def _count(client: Any, collection: str) -> int:
 def open_index(uri: str, collection: str, check_sources: bool = True) -> Opened:
     """The collection, checked against its manifest (and its sources' stamps)."""
     client = connect(uri)
-    if not client.has_collection(collection):
-        raise CorruptIndex(f"no collection {collection} at {uri}")
-    manifest = _manifest(client, collection, uri)
-    opened = Opened(client, uri, collection, manifest)
-    count = _count(client, collection)
-    if count != manifest["count"]:
-        raise CorruptIndex(
-            f"the collection {opened.where} holds {count} vectors, its manifest {manifest['count']}"
-        )
-    if check_sources:
-        index.check_fresh(manifest, f"the collection {opened.where}")
-    client.load_collection(collection)
+    try:
+        if not client.has_collection(collection):
+            raise CorruptIndex(f"no collection {collection} at {uri}")
+        manifest = _manifest(client, collection, uri)
+        opened = Opened(client, uri, collection, manifest)
+        client.load_collection(collection)  # a server counts and searches loaded ones only
+        count = _count(client, collection)
+        if count != manifest["count"]:
+            raise CorruptIndex(
+                f"the collection {opened.where} holds {count} vectors, "
+                f"its manifest {manifest['count']}"
+            )
+        if check_sources:
+            index.check_fresh(manifest, f"the collection {opened.where}")
+    except BaseException:
+        client.close()
+        raise
     return opened
 
 
@@ -150,7 +168,8 @@ def _create(client: Any, collection: str, spec: str) -> None:
     from pymilvus import DataType, MilvusClient
 
     schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
-    schema.add_field("path", DataType.VARCHAR, is_primary=True, max_length=PATH_BYTES)
+    schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=32)
+    schema.add_field("path", DataType.VARCHAR, max_length=PATH_BYTES)
     schema.add_field("key", DataType.VARCHAR, max_length=64)
     schema.add_field("embedding", DataType.FLOAT_VECTOR, dim=EMBEDDING_DIM)
     client.create_collection(collection, schema=schema, index_params=_index_params(client, spec))
@@ -176,43 +195,59 @@ def build(
     work_dir: Path = index.WORK_DIR,
 ) -> Built:
     """Bring ``collection`` at ``uri`` up to date with the Parquet ``inputs`` (``s3://`` ones
-    fetched into ``work_dir``; the collection created on first use): insert the photos it
+    fetched into ``work_dir``; the collection created on first use): upsert the photos it
     lacks or holds at an older size/mtime, delete those gone."""
-    from tqdm import tqdm
-
     sources = index.sources_of(inputs, work_dir)
     want = index.wanted(sources)
-    spec = _spec_for(len(want))
     client = connect(uri)
+    try:
+        return _build(client, sources, want, uri, collection, progress)
+    finally:
+        client.close()
+
+
+def _build(
+    client: Any,
+    sources: list[index.Source],
+    want: dict[str, str],
+    uri: str,
+    collection: str,
+    progress: bool,
+) -> Built:
+    from tqdm import tqdm
+
+    spec = _spec_for(len(want))
     trained = not client.has_collection(collection)
     if trained:
         _create(client, collection, spec)
-        held: dict[str, str] = {}
-    else:
-        held = _held(client, collection)
-        old = client.describe_collection(collection).get("properties", {}).get(PROPERTY)
-        old_spec = json.loads(old)["spec"] if old else None
-        if old_spec == "FLAT" and spec != "FLAT":  # outgrown: the IVF index trains anew
-            client.release_collection(collection)
-            client.drop_index(collection, "embedding")
-            client.create_index(collection, _index_params(client, spec))
-            trained = True
-        else:
-            spec = old_spec or spec
+    try:
+        old_spec = None if trained else _manifest(client, collection, uri)["spec"]
+    except CorruptIndex:
+        old_spec = None  # a killed build, or another's: the index is set anew below
+    if old_spec is not None and not (old_spec == "FLAT" and spec != "FLAT"):
+        spec = old_spec  # an IVF index keeps its lists as the collection grows
+    elif not trained:  # outgrown (the IVF index trains anew) or unknown: set it to spec
+        client.release_collection(collection)
+        for name in client.list_indexes(collection):
+            client.drop_index(collection, name)
+        client.create_index(collection, _index_params(client, spec))
+        trained = True
+    client.load_collection(collection)
+    held = _held(client, collection)
     gone = [path for path, key in held.items() if want.get(path) != key]
     for start in range(0, len(gone), BATCH):
-        client.delete(collection, ids=gone[start : start + BATCH])
+        client.delete(collection, ids=[_id(p) for p in gone[start : start + BATCH]])
     fresh = {path for path, key in want.items() if held.get(path) != key}
     added = len(fresh)
     bar = tqdm(total=len(fresh), unit="vec", desc="index", disable=not progress)
     for paths, keys, matrix in index.rows_of(sources):
         rows = [
-            {"path": p, "key": k, "embedding": matrix[j]}
+            {"id": _id(p), "path": p, "key": k, "embedding": matrix[j]}
             for j, (p, k) in enumerate(zip(paths, keys))
             if p in fresh and want[p] == k
         ]
         for start in range(0, len(rows), BATCH):
-            client.insert(collection, rows[start : start + BATCH])
+            client.upsert(collection, rows[start : start + BATCH])  # a rerun: the same id
         fresh -= {row["path"] for row in rows}  # a path's first row at its newest key, once
         bar.update(len(rows))
     bar.close()
@@ -280,9 +315,9 @@ def stored(opened: Opened, paths: list[str]) -> np.ndarray:
     rows = []
     for start in range(0, len(paths), BATCH):
         chunk = paths[start : start + BATCH]
-        rows += opened.client.query(
+        rows += opened.client.get(
             opened.collection,
-            filter=f"path in {json.dumps(chunk)}",
+            ids=[_id(p) for p in chunk],
             output_fields=["path", "embedding"],
             consistency_level="Strong",
         )

@@ -106,3 +106,10 @@ def _container_of(obj):
 def _replace(obj, old, new):
     container = _container_of(obj)
     container["command"] = [w.replace(old, new) for w in container["command"]]
+
+
+def test_the_index_jobs_inputs_are_read_in_either_option_form():
+    words = ["tsctl", "index", "build", "--out", "http://milvus.x:19530", "s3://b/e/",
+             "--collection=photos", "--work-dir", "/work", "--no-progress"]  # fmt: skip
+    assert milvuslint.build_inputs(words) == ["s3://b/e/"]
+    assert vars(parser().parse_args(words[1:]))["inputs"] == ["s3://b/e/"]

@@ -6,6 +6,7 @@ exact search over the Parquet (serveclient/search.py); and Milvus Lite's ``NAME.
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ pytest.importorskip("pymilvus")
 from devtools.milvus import milvus_lite
 from devtools.server import free_port
 from serveclient import index, milvusindex, search
+from serveclient.errors import UsageError
 from tests.served import tsctl
 from tests.test_index import clustered, vectors, write
 
@@ -59,7 +61,7 @@ def test_a_milvus_collection_answers_as_exact_search_and_updates_in_place(tmp_pa
     # stored vectors as queries; a path it lacks is named
     unit = matrix / np.linalg.norm(matrix, axis=1, keepdims=True)
     assert np.allclose(milvusindex.stored(opened, ["p042.jpg"]), unit[[42]], atol=1e-6)
-    with pytest.raises(Exception, match=r"not stored in first at .*p000\.jpg"):
+    with pytest.raises(UsageError, match=r"not stored in first at .*p000\.jpg"):
         milvusindex.stored(opened, ["p000.jpg"])
     # duplicates: the pairs exact search finds over the same photos
     got = search.group(milvusindex.pairs(opened, 0.97))
@@ -71,16 +73,25 @@ def test_a_stale_or_foreign_collection_is_named_never_answered(tmp_path, milvus)
     from pymilvus import MilvusClient
 
     matrix = vectors(50, 2)
-    src = write(tmp_path / "e.parquet", [f"p{i}" for i in range(50)], matrix)
+    odd = ['a"b.jpg', "café.jpg", "it's.jpg", "x\\y\x01.jpg", "ü"]  # never quoted: hashed ids
+    names = [f"p{i}" for i in range(45)] + odd
+    src = write(tmp_path / "e.parquet", names, matrix)
     milvusindex.build([src], milvus, "second", progress=False)
-    write(src, [f"p{i}" for i in range(49)], matrix[:49])
+    opened = milvusindex.open_index(milvus, "second")
+    unit = matrix / np.linalg.norm(matrix, axis=1, keepdims=True)
+    assert np.allclose(milvusindex.stored(opened, names[45:]), unit[45:], atol=1e-6)
+    write(src, names[:49], matrix[:49])  # "ü" removed, by a filter that must quote it
     with pytest.raises(index.StaleIndex, match=r"second at http.* is older than .*e\.parquet") as e:
         milvusindex.open_index(milvus, "second")
     assert "--exact" in e.value.hint
     assert milvusindex.build([src], milvus, "second", progress=False).removed == 1
     assert milvusindex.open_index(milvus, "second").manifest["count"] == 49
+    write(src, names[:45] + names[46:49], np.concatenate([matrix[:45], matrix[46:49]]))  # 'a"b.jpg'
+    assert milvusindex.build([src], milvus, "second", progress=False).removed == 1
+    write(src, names[:49], matrix[:49])
+    assert milvusindex.build([src], milvus, "second", progress=False).added == 1
     client = MilvusClient(uri=milvus)
-    client.delete("second", ids=["p3"])  # rows changed behind tsctl's back
+    client.delete("second", filter='path == "p3"')  # rows changed behind tsctl's back
     with pytest.raises(index.CorruptIndex, match="holds 48 vectors, its manifest 49"):
         milvusindex.open_index(milvus, "second")
     with pytest.raises(index.CorruptIndex, match="no collection nothing_here"):
@@ -88,6 +99,13 @@ def test_a_stale_or_foreign_collection_is_named_never_answered(tmp_path, milvus)
     client.alter_collection_properties("second", properties={milvusindex.PROPERTY: "{}"})
     with pytest.raises(index.CorruptIndex, match="format None"):
         milvusindex.open_index(milvus, "second")
+    # a build over it (a killed build's) sets the index anew and brings the rows back
+    client.release_collection("second")
+    client.drop_index("second", "embedding")
+    again = milvusindex.build([src], milvus, "second", progress=False)
+    assert (again.added, again.count, again.trained) == (1, 49, True)
+    opened = milvusindex.open_index(milvus, "second")
+    assert [p for p, _ in milvusindex.nearest(opened, matrix[47:48], 1)[0]] == ["it's.jpg"]
 
 
 def test_past_the_flat_limit_the_collection_is_ivf_sq8_and_finds_the_exact_neighbours(
@@ -197,3 +215,20 @@ def test_the_shards_an_indexed_job_uploaded_are_indexed_from_s3_and_checked_ther
     assert (again.added, again.removed, again.count) == (0, 1, 59)
     opened = milvusindex.open_index(milvus, "shards")
     assert "p59.jpg" not in {p for p, _ in milvusindex.nearest(opened, matrix[59:60], 5)[0]}
+
+
+def test_the_folder_index_of_s3_shards_needs_its_fetched_copies_for_duplicates(tmp_path, s3):
+    """The folder index from ``s3://``: searched wherever the bucket answers; its duplicates
+    read the fetched copies, and a work folder emptied since is named, not a crash."""
+    matrix = vectors(40, 6)
+    matrix[30] = matrix[3] * 1.001
+    write(tmp_path / "e.parquet", [f"p{i}.jpg" for i in range(40)], matrix)
+    s3.upload_file(str(tmp_path / "e.parquet"), "photos", "emb/e.parquet")
+    work = tmp_path / "work"
+    index.build(["s3://photos/emb/"], tmp_path / "v", progress=False, work_dir=work)
+    opened = index.open_index(tmp_path / "v")
+    assert opened.manifest["sources"][0]["path"] == "s3://photos/emb/e.parquet"
+    assert search.group(index.pairs(opened, 0.97))[0]["paths"] == ["p3.jpg", "p30.jpg"]
+    shutil.rmtree(work)
+    with pytest.raises(index.StaleIndex, match=r"copy of s3://photos/emb/e\.parquet .* is not at"):
+        list(index.pairs(index.open_index(tmp_path / "v"), 0.97))
