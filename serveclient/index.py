@@ -52,7 +52,6 @@ RESCORE_DEPTH = 100  # candidates re-scored per query (results/search.md measure
 MANIFEST, VECTORS, PATHS, RESCORE = "manifest.json", "vectors.faiss", "paths.parquet", "rescore.f16"
 ROW_BYTES = EMBEDDING_DIM * 2  # a float16 vector of rescore.f16
 FORMAT = 2
-WORK_DIR = Path(".tsctl-work")  # local copies of s3:// sources, as tsctl embed's --work-dir
 
 
 class IndexUnusable(TsError):
@@ -147,7 +146,7 @@ class Source:
     origin: str
 
 
-def sources_of(inputs: list[Path | str], work_dir: Path = WORK_DIR) -> list[Source]:
+def sources_of(inputs: list[Path | str], work_dir: Path = objectstore.WORK_DIR) -> list[Source]:
     """Parquet files from files or folders (an Indexed Job's shards), sorted; ``s3://`` objects
     or prefixes (``s3://bucket/embeddings/``) are fetched into ``work_dir`` first."""
     found: list[Source] = []
@@ -335,7 +334,10 @@ def _tune(index: Any, spec: str) -> None:
 
 
 def build(
-    inputs: list[Path | str], folder: Path, progress: bool = True, work_dir: Path = WORK_DIR
+    inputs: list[Path | str],
+    folder: Path,
+    progress: bool = True,
+    work_dir: Path = objectstore.WORK_DIR,
 ) -> Built:
     """Build the index in ``folder`` from the Parquet ``inputs`` (``s3://`` ones fetched into
     ``work_dir``), or bring the one there up to date: add the photos it lacks (or holds at an

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from serveclient import index
+from serveclient import index, objectstore
 from serveclient.index import Built, CorruptIndex
 from serveclient.search import normalised, require_stored
 from serveclient.vectors import EMBEDDING_DIM
@@ -192,7 +192,7 @@ def build(
     uri: str,
     collection: str,
     progress: bool = True,
-    work_dir: Path = index.WORK_DIR,
+    work_dir: Path = objectstore.WORK_DIR,
 ) -> Built:
     """Bring ``collection`` at ``uri`` up to date with the Parquet ``inputs`` (``s3://`` ones
     fetched into ``work_dir``; the collection created on first use): upsert the photos it

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 REMOTE_SCHEMES = ("s3://",)
+WORK_DIR = Path(".tsctl-work")  # tsctl's default --work-dir: local copies of s3:// objects
 
 
 def is_remote(out: str) -> bool:

@@ -10,7 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from serveclient import errors, objectstore
-from serveclient.cli.common import DEFAULT_MODELS, Commands, endpoint_arguments
+from serveclient.cli.common import (
+    DEFAULT_MODELS,
+    Commands,
+    endpoint_arguments,
+    work_dir_argument,
+)
 from serveclient.cli.jobs import collection_of, run_job
 from serveclient.client import Client
 from serveclient.collection import Shard
@@ -65,12 +70,7 @@ def register(commands: Commands) -> None:
             "the job narrows its window on each 503)",
         )
         endpoint_arguments(c)
-        c.add_argument(
-            "--work-dir",
-            type=Path,
-            default=Path(".tsctl-work"),
-            help="local copy of an s3:// --out while the job runs",
-        )
+        work_dir_argument(c, "local copy of an s3:// --out while the job runs")
         c.add_argument(
             "--preprocess",
             choices=("auto", "client", "server"),

@@ -70,6 +70,13 @@ def url_arguments(c: argparse.ArgumentParser, what: str = URL_HELP) -> None:
     )
 
 
+def work_dir_argument(c: argparse.ArgumentParser, what: str) -> None:
+    """``--work-dir``: where ``what`` (local copies of s3:// objects) are kept."""
+    from serveclient.objectstore import WORK_DIR
+
+    c.add_argument("--work-dir", type=Path, default=WORK_DIR, help=f"{what} ({WORK_DIR})")
+
+
 def endpoint_arguments(c: argparse.ArgumentParser) -> None:
     """``url_arguments`` for a KServe endpoint, and the KServe protocol to speak to it."""
     url_arguments(

@@ -17,6 +17,7 @@ from serveclient.cli.common import (
     Commands,
     endpoint_arguments,
     read_image,
+    work_dir_argument,
     wrote_page,
 )
 from serveclient.client import Client
@@ -88,12 +89,7 @@ def register(commands: Commands) -> None:
         "(http://HOST:19530, or Milvus Lite's NAME.db)",
     )
     _collection_argument(build)
-    build.add_argument(
-        "--work-dir",
-        type=Path,
-        default=Path(".tsctl-work"),
-        help="local copies of s3:// inputs (kept, and fetched again only when they change)",
-    )
+    work_dir_argument(build, "local copies of s3:// inputs, fetched again only when they change")
     build.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
