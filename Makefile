@@ -191,14 +191,19 @@ lint: $(VENV)/.installed
 
 # The whole suite, the benchmark smoke test (marked slow) and the runtime image's container
 # test included (the image: ~10 minutes the first time, reused afterwards; see kserve/README.md).
+# TEST_WORKERS pytest processes (pytest-xdist), each taking whole modules (--dist loadfile: a
+# module's servers start once); 0 runs it in this process. Two on a 2-core host: the suite's
+# servers spend much of their time starting and waiting, which the other process fills.
+TEST_WORKERS ?= 2
+PYTEST := $(VENV)/bin/pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 test: setup config archives samples kserve-image triton-server
 	@$(MAKE) --no-print-directory lint
-	$(VENV)/bin/pytest
+	$(PYTEST)
 
 # The inner loop: everything but the tests marked slow or container (see pytest.ini).
 test-fast: setup config archives samples triton-server
 	@$(MAKE) --no-print-directory lint
-	$(VENV)/bin/pytest -m "not slow and not container"
+	$(PYTEST) -m "not slow and not container"
 
 # Raw model speed, our tagger served (the shipped archives: auto may serve int8), and
 # TorchServe's stock image_classifier on the same weights -> results/benchmark.md, .json, .png
