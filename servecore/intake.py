@@ -171,7 +171,7 @@ class Intake:
             decoded = attempt(
                 request.request_id,
                 "decoding",
-                partial(each_image, request.request_id, "decoding", futures, Future.result),
+                partial(each_image, request.request_id, "decoding", futures, _result),
             )
             if isinstance(decoded, Failed):
                 states.append(decoded)
@@ -180,8 +180,8 @@ class Intake:
             tensors.extend(decoded)
         return states, tensors
 
-    def _start(self, requests: Sequence[Admitted]) -> list[Future]:
-        """One future crop per admitted image, in order. The images the device decoder
+    def _start(self, requests: Sequence[Admitted]) -> list[Pending | Future]:
+        """One crop to come per admitted image, in order. The images the device decoder
         accepts (not an explanation's: the explainer draws on the decoded picture) go to it in
         one call while the pool decodes the others; what it refuses goes to the pool after."""
         decoder = self.device_decoder
@@ -203,7 +203,8 @@ class Intake:
             if turns.get(k) is not None and isinstance(image, OpenedImage)
         }
         pooled = [(k, image) for k, (image, _) in enumerate(images) if k not in routed]
-        futures = (  # the pool's tasks start before the device's call: they overlap
+        # The pool's tasks start before the device's call: they overlap.
+        futures: dict[int, Pending | Future] = (
             self._shared_out(pooled)
             if len(images) > 1
             else {k: _now(self.preprocessor.decode, image) for k, image in pooled}
@@ -212,30 +213,36 @@ class Intake:
             crops = decoder(list(routed.values()), [turns[k] or 1 for k in routed])
             for (k, image), crop in zip(routed.items(), crops, strict=True):
                 futures[k] = (
-                    _done(crop)
+                    Pending(crop=crop)
                     if crop is not None
                     else self.pool.submit(self.preprocessor.decode, image)
                 )
         return [futures[k] for k in range(len(images))]
 
-    def _shared_out(self, images: list[tuple[int, OpenedImage | GivenCrop]]) -> dict[int, Future]:
-        """Each ``(k, image)``'s future crop, the images dealt out to one pool task per thread
-        (largest first, each to the task with the fewest pixels so far), each task decoding
-        its share in turn: a batch costs the pool a hand-off per thread, not one per image
-        (each wakes a thread; one per image was a tenth of the null model's CPU per image on
-        Triton, issue #49)."""
-        shares: list[list[tuple[OpenedImage | GivenCrop, Future]]] = [
+    def _shared_out(
+        self, images: list[tuple[int, OpenedImage | GivenCrop]]
+    ) -> dict[int, Pending | Future]:
+        """Each ``(k, image)``'s crop to come, the images dealt out to one pool task per
+        thread (largest first, each to the task with the fewest pixels so far), each task
+        decoding its share in turn: a batch costs the pool a hand-off per thread, not one per
+        image (each wakes a thread; one per image was a tenth of the null model's CPU per image
+        on Triton, issue #49), and one future per task, not per image."""
+        shares: list[list[tuple[OpenedImage | GivenCrop, Pending]]] = [
             [] for _ in range(min(self.threads, len(images)))
         ]
         pixels = [0] * len(shares)
-        futures: dict[int, Future] = {}
+        pending: dict[int, Pending | Future] = {}
         for k, image in sorted(images, key=lambda item: -item[1].pixels):
             least = pixels.index(min(pixels))
             pixels[least] += image.pixels + 1  # + 1: crops, which cost no pixels, spread too
-            shares[least].append((image, futures.setdefault(k, Future())))
+            slot = Pending()
+            shares[least].append((image, slot))
+            pending[k] = slot
         for share in shares:
-            self.pool.submit(_decode_share, self.preprocessor.decode, share)
-        return futures
+            task = self.pool.submit(_decode_share, self.preprocessor.decode, share)
+            for _, slot in share:
+                slot.after = task
+        return pending
 
 
 def decode_threads(device: torch.device) -> int:
@@ -246,30 +253,53 @@ def decode_threads(device: torch.device) -> int:
     return cores if device.type == "cuda" else min(MAX_DECODE_THREADS, cores)
 
 
-def _done(value: torch.Tensor) -> Future:
-    future: Future = Future()
-    future.set_result(value)
-    return future
+class Pending:
+    """One image's crop, or what decoding it raised, set once by whoever decodes it: a pool
+    task decoding a share of the batch (``after``: that task, waited for before the crop is
+    read), the device decoder, or this thread. Lighter than a ``Future`` per image: no lock of
+    its own, nothing to wake."""
+
+    __slots__ = ("after", "crop", "raised")
+
+    def __init__(self, crop: torch.Tensor | None = None) -> None:
+        self.after: Future | None = None
+        self.crop = crop
+        self.raised: BaseException | None = None
+
+    def result(self) -> torch.Tensor:
+        """The crop, once its task is done; what decoding raised, raised here."""
+        if self.after is not None:
+            self.after.result()  # _decode_share never raises: every slot of its share is set
+        if self.crop is not None:
+            return self.crop
+        try:
+            raise self.raised or RuntimeError("an image's crop was read before it was decoded")
+        finally:  # the error's traceback holds this frame: not the slot too (as Future does)
+            del self
+
+
+def _result(pending: Pending | Future) -> torch.Tensor:
+    return pending.result()
 
 
 def _decode_share(
     decode: Callable[[OpenedImage | GivenCrop], torch.Tensor],
-    share: list[tuple[OpenedImage | GivenCrop, Future]],
+    share: list[tuple[OpenedImage | GivenCrop, Pending]],
 ) -> None:
-    """Each image of ``share`` decoded into its future, in turn: its crop, or what it raised
-    (every future is settled, whatever an image raises)."""
-    for image, future in share:
+    """Each image of ``share`` decoded into its slot, in turn: its crop, or what it raised
+    (every slot is set, whatever an image raises)."""
+    for image, slot in share:
         try:
-            future.set_result(decode(image))
-        except BaseException as exc:  # noqa: BLE001 - kept for Future.result, as the pool does
-            future.set_exception(detached(exc))  # else exc -> this frame -> share -> future
+            slot.crop = decode(image)
+        except BaseException as exc:  # noqa: BLE001 - raised again where the crop is read
+            slot.raised = detached(exc)  # else exc -> this frame -> share -> slot -> exc
 
 
-def _now(fn: Callable, *args) -> Future:
-    """``fn(*args)`` run here, as a finished future (one image is not worth a thread hop)."""
-    future: Future = Future()
+def _now(fn: Callable, *args) -> Pending:
+    """``fn(*args)`` run here, as a settled slot (one image is not worth a thread hop)."""
+    slot = Pending()
     try:
-        future.set_result(fn(*args))
-    except Exception as exc:  # noqa: BLE001 - kept for Future.result, like the pool does
-        future.set_exception(detached(exc))  # else exc -> this frame -> future -> exc
-    return future
+        slot.crop = fn(*args)
+    except Exception as exc:  # noqa: BLE001 - raised again where the crop is read
+        slot.raised = detached(exc)  # else exc -> this frame -> slot -> exc
+    return slot
