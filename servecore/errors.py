@@ -34,9 +34,9 @@ def detached(exc: E) -> E:
     error that is kept (in a request's ``Failed``, in a future or an image's slot). A
     traceback holds the frames the error passed through, and those hold the batch (its
     images, slots and tensors): a kept error would keep them alive, and where one of those
-    frames refers to the keeper (a slot set inside ``intake._now``) only a full garbage
-    collection frees the cycle, so failed requests kept their batches' images for minutes
-    (the worker's RSS rose under bad inputs, #16)."""
+    frames refers to the keeper (a slot filled by ``intake._decode_share``) only a full
+    garbage collection frees the cycle, so failed requests kept their batches' images for
+    minutes (the worker's RSS rose under bad inputs, #16)."""
     seen: set[int] = set()
     link: BaseException | None = exc
     while link is not None and id(link) not in seen:

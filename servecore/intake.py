@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from functools import partial
 
 import torch
@@ -158,20 +158,22 @@ class Intake:
     def _decode(self, requests: Sequence[Admitted]) -> tuple[list[State], list[torch.Tensor]]:
         """The admitted requests' images as model inputs, in order; a request whose image
         fails becomes its ``Failed`` and gets no rows."""
-        started = iter(self._start(requests))
-        pending = [
+        slots, tasks = self._start(requests)
+        wait(tasks)  # the pool's tasks, each a share of the batch: one wait each, not per image
+        started = iter(slots)
+        each = [
             [next(started) for _ in r.images] if isinstance(r, Opened) else [] for r in requests
         ]
         states: list[State] = []
         tensors: list[torch.Tensor] = []
-        for request, futures in zip(requests, pending):
+        for request, crops in zip(requests, each):
             if isinstance(request, Failed):
                 states.append(request)
                 continue
             decoded = attempt(
                 request.request_id,
                 "decoding",
-                partial(each_image, request.request_id, "decoding", futures, _result),
+                partial(each_image, request.request_id, "decoding", crops, Pending.result),
             )
             if isinstance(decoded, Failed):
                 states.append(decoded)
@@ -180,10 +182,11 @@ class Intake:
             tensors.extend(decoded)
         return states, tensors
 
-    def _start(self, requests: Sequence[Admitted]) -> list[Pending | Future]:
-        """One crop to come per admitted image, in order. The images the device decoder
-        accepts (not an explanation's: the explainer draws on the decoded picture) go to it in
-        one call while the pool decodes the others; what it refuses goes to the pool after."""
+    def _start(self, requests: Sequence[Admitted]) -> tuple[list[Pending], list[Future]]:
+        """One slot per admitted image, in order, and the pool's tasks that fill them (the
+        slots are read once those are done). The images the device decoder accepts (not an
+        explanation's: the explainer draws on the decoded picture) go to it in one call while
+        the pool decodes the others; what it refuses goes to the pool after."""
         decoder = self.device_decoder
         images = [
             (image, not isinstance(r, Explaining))  # plain: not an explanation's image
@@ -203,46 +206,40 @@ class Intake:
             if turns.get(k) is not None and isinstance(image, OpenedImage)
         }
         pooled = [(k, image) for k, (image, _) in enumerate(images) if k not in routed]
+        slots = {k: Pending() for k in range(len(images))}
         # The pool's tasks start before the device's call: they overlap.
-        futures: dict[int, Pending | Future] = (
-            self._shared_out(pooled)
-            if len(images) > 1
-            else {k: _now(self.preprocessor.decode, image) for k, image in pooled}
-        )
+        tasks = self._shared_out([(image, slots[k]) for k, image in pooled], len(images) == 1)
         if decoder is not None and routed:  # routed is empty without a decoder: for mypy
             crops = decoder(list(routed.values()), [turns[k] or 1 for k in routed])
+            refused: list[tuple[OpenedImage | GivenCrop, Pending]] = []
             for (k, image), crop in zip(routed.items(), crops, strict=True):
-                futures[k] = (
-                    Pending(crop=crop)
-                    if crop is not None
-                    else self.pool.submit(self.preprocessor.decode, image)
-                )
-        return [futures[k] for k in range(len(images))]
+                if crop is None:
+                    refused.append((image, slots[k]))
+                slots[k].crop = crop
+            tasks += self._shared_out(refused, len(refused) == 1)
+        return [slots[k] for k in range(len(images))], tasks
 
     def _shared_out(
-        self, images: list[tuple[int, OpenedImage | GivenCrop]]
-    ) -> dict[int, Pending | Future]:
-        """Each ``(k, image)``'s crop to come, the images dealt out to one pool task per
-        thread (largest first, each to the task with the fewest pixels so far), each task
-        decoding its share in turn: a batch costs the pool a hand-off per thread, not one per
-        image (each wakes a thread; one per image was a tenth of the null model's CPU per image
-        on Triton, issue #49), and one future per task, not per image."""
+        self, images: list[tuple[OpenedImage | GivenCrop, Pending]], here: bool
+    ) -> list[Future]:
+        """Each image decoded into its slot: on this thread when ``here`` (one image is not
+        worth a thread hop), else dealt out to one pool task per thread (largest first, each
+        to the task with the fewest pixels so far), each task decoding its share in turn, so
+        a batch costs the pool a hand-off and a future per thread, not one per image (each
+        wakes a thread; one per image was a tenth of the null model's CPU per image on Triton,
+        issue #49)."""
+        if here:
+            _decode_share(self.preprocessor.decode, images, Exception)
+            return []
         shares: list[list[tuple[OpenedImage | GivenCrop, Pending]]] = [
             [] for _ in range(min(self.threads, len(images)))
         ]
         pixels = [0] * len(shares)
-        pending: dict[int, Pending | Future] = {}
-        for k, image in sorted(images, key=lambda item: -item[1].pixels):
+        for image, slot in sorted(images, key=lambda item: -item[0].pixels):
             least = pixels.index(min(pixels))
             pixels[least] += image.pixels + 1  # + 1: crops, which cost no pixels, spread too
-            slot = Pending()
             shares[least].append((image, slot))
-            pending[k] = slot
-        for share in shares:
-            task = self.pool.submit(_decode_share, self.preprocessor.decode, share)
-            for _, slot in share:
-                slot.after = task
-        return pending
+        return [self.pool.submit(_decode_share, self.preprocessor.decode, s) for s in shares]
 
 
 def decode_threads(device: torch.device) -> int:
@@ -255,21 +252,18 @@ def decode_threads(device: torch.device) -> int:
 
 class Pending:
     """One image's crop, or what decoding it raised, set once by whoever decodes it: a pool
-    task decoding a share of the batch (``after``: that task, waited for before the crop is
-    read), the device decoder, or this thread. Lighter than a ``Future`` per image: no lock of
-    its own, nothing to wake."""
+    task decoding a share of the batch, the device decoder, or this thread. Read once the
+    tasks are done (``Intake._decode`` waits for them). Lighter than a ``Future`` per image:
+    no lock of its own, nothing to wake."""
 
-    __slots__ = ("after", "crop", "raised")
+    __slots__ = ("crop", "raised")
 
-    def __init__(self, crop: torch.Tensor | None = None) -> None:
-        self.after: Future | None = None
-        self.crop = crop
+    def __init__(self) -> None:
+        self.crop: torch.Tensor | None = None
         self.raised: BaseException | None = None
 
     def result(self) -> torch.Tensor:
-        """The crop, once its task is done; what decoding raised, raised here."""
-        if self.after is not None:
-            self.after.result()  # _decode_share never raises: every slot of its share is set
+        """The crop; what decoding raised, raised here."""
         if self.crop is not None:
             return self.crop
         try:
@@ -278,28 +272,16 @@ class Pending:
             del self
 
 
-def _result(pending: Pending | Future) -> torch.Tensor:
-    return pending.result()
-
-
 def _decode_share(
     decode: Callable[[OpenedImage | GivenCrop], torch.Tensor],
     share: list[tuple[OpenedImage | GivenCrop, Pending]],
+    caught: type[BaseException] = BaseException,
 ) -> None:
     """Each image of ``share`` decoded into its slot, in turn: its crop, or what it raised
-    (every slot is set, whatever an image raises)."""
+    (every slot is set, whatever an image raises; ``caught``: on the serving thread itself,
+    ``Exception``, so that an interrupt still ends the worker)."""
     for image, slot in share:
         try:
             slot.crop = decode(image)
-        except BaseException as exc:  # noqa: BLE001 - raised again where the crop is read
+        except caught as exc:  # raised again where the crop is read, as Future would
             slot.raised = detached(exc)  # else exc -> this frame -> share -> slot -> exc
-
-
-def _now(fn: Callable, *args) -> Pending:
-    """``fn(*args)`` run here, as a settled slot (one image is not worth a thread hop)."""
-    slot = Pending()
-    try:
-        slot.crop = fn(*args)
-    except Exception as exc:  # noqa: BLE001 - raised again where the crop is read
-        slot.raised = detached(exc)  # else exc -> this frame -> slot -> exc
-    return slot
