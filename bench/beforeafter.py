@@ -39,6 +39,7 @@ from bench.layout import (
     setup_cli,
 )
 from bench.machine import dated, describe_machine
+from bench.report import table
 from bench.serving import LoadPlan, ModelUnderTest
 from devtools.server import LocalTorchServe
 
@@ -132,22 +133,37 @@ def report(runs: list[dict], ref: str, served: dict[str, str], machine: dict) ->
         f"{max(r['round'] for r in runs) + 1} rounds, before and after in turn; a cell is the "
         "median round (every round's img/s in the last column).",
         "",
-        "| image | before img/s | after img/s | after/before | before p50 ms | after p50 ms | "
-        "errors | img/s each round (before; after) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
+    rows = []
     for image in IMAGES:
         side = {s: [r for r in runs if r["image"] == image and r["side"] == s] for s in SIDES}
         rate = {s: statistics.median(r["throughput"] for r in side[s]) for s in SIDES}
         p50 = {s: statistics.median(r["p50_ms"] for r in side[s]) for s in SIDES}
         errors = sum(r["errors"] for s in SIDES for r in side[s])
         each = "; ".join(", ".join(f"{r['throughput']:.1f}" for r in side[s]) for s in SIDES)
-        lines.append(
-            f"| {image} | {rate['before']:.1f} | {rate['after']:.1f} | "
-            f"{rate['after'] / rate['before']:.2f} | {p50['before']:.0f} | {p50['after']:.0f} | "
-            f"{errors} | {each} |"
+        rows.append(
+            [
+                image,
+                f"{rate['before']:.1f}",
+                f"{rate['after']:.1f}",
+                f"{rate['after'] / rate['before']:.2f}",
+                f"{p50['before']:.0f}",
+                f"{p50['after']:.0f}",
+                str(errors),
+                each,
+            ]
         )
-    return "\n".join(lines) + "\n"
+    header = [
+        "image",
+        "before img/s",
+        "after img/s",
+        "after/before",
+        "before p50 ms",
+        "after p50 ms",
+        "errors",
+        "img/s each round (before; after)",
+    ]
+    return "\n".join(lines + table(header, rows, "lrrrrrr")) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

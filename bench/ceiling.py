@@ -40,6 +40,7 @@ from bench.loadgen import Connection, Endpoint, closed_loop, post_once
 from bench.machine import dated, describe_machine
 from bench.null import package
 from bench.null.package import BATCH_IMAGES, KINDS, model_name
+from bench.report import table
 from bench.stats import summarize
 from bench.triton import binary_request, triton_serving
 from devtools.server import LocalTorchServe
@@ -335,21 +336,49 @@ def report(rows: list[Row], machine: dict, seconds: float, rounds: int = 1) -> s
         "",
         "## Rows",
         "",
-        "| engine | model | images/request | request | clients | requests | errors | "
-        "requests/s | images/s | p50 ms | p99 ms | images/batch | frontend CPU ms/request | "
-        "worker CPU ms/request | load generator cores | worker CPU ms/request, each round |",
-        "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
-        "---: | ---: | ---: | --- |",
     ]
-    for r in rows:
-        lines.append(
-            f"| {r.engine} | {r.kind} | {r.images} | {FORMS[r.form]} | {r.clients} | "
-            f"{r.requests:,} | "
-            f"{r.errors} | {_f(r.requests_per_s)} | {_f(r.images_per_s)} | {_f(r.p50_ms, 1)} | "
-            f"{_f(r.p99_ms, 1)} | {_f(r.batch_images, 1)} | {_f(r.frontend_ms, 2)} | "
-            f"{_f(r.worker_ms, 2)} | {_f(r.client_cores, 2)} | "
-            f"{', '.join(_f(w, 2) for w in r.worker_ms_runs)} |"
-        )
+    lines += table(
+        [
+            "engine",
+            "model",
+            "images/request",
+            "request",
+            "clients",
+            "requests",
+            "errors",
+            "requests/s",
+            "images/s",
+            "p50 ms",
+            "p99 ms",
+            "images/batch",
+            "frontend CPU ms/request",
+            "worker CPU ms/request",
+            "load generator cores",
+            "worker CPU ms/request, each round",
+        ],
+        [
+            [
+                r.engine,
+                r.kind,
+                str(r.images),
+                FORMS[r.form],
+                str(r.clients),
+                f"{r.requests:,}",
+                str(r.errors),
+                _f(r.requests_per_s),
+                _f(r.images_per_s),
+                _f(r.p50_ms, 1),
+                _f(r.p99_ms, 1),
+                _f(r.batch_images, 1),
+                _f(r.frontend_ms, 2),
+                _f(r.worker_ms, 2),
+                _f(r.client_cores, 2),
+                ", ".join(_f(w, 2) for w in r.worker_ms_runs),
+            ]
+            for r in rows
+        ],
+        "llrlrrrrrrrrrrr",
+    )
     lines += [
         "",
         "## Planning one H100",
@@ -362,17 +391,33 @@ def report(rows: list[Row], machine: dict, seconds: float, rounds: int = 1) -> s
         "one core at most) and frontend cores. A floor: the real model's per-image work "
         "(decode, transform, copies) comes on top.",
         "",
-        "| engine | GPU figure | img/s | images/request | request | requests/s | worker cores | "
-        "workers | frontend cores |",
-        "| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |",
     ]
-    for n in plan(rows):
-        lines.append(
-            f"| {n.engine} | {n.gpu} | {n.images_per_s:,.0f} | {n.images} | {FORMS[n.form]} | "
-            f"{n.requests_per_s:,.0f} | {n.worker_cores:.1f} | {n.workers} | "
-            f"{n.frontend_cores:.1f} |"
-        )
-    return "\n".join(lines) + "\n"
+    header = [
+        "engine",
+        "GPU figure",
+        "img/s",
+        "images/request",
+        "request",
+        "requests/s",
+        "worker cores",
+        "workers",
+        "frontend cores",
+    ]
+    needs = [
+        [
+            n.engine,
+            n.gpu,
+            f"{n.images_per_s:,.0f}",
+            str(n.images),
+            FORMS[n.form],
+            f"{n.requests_per_s:,.0f}",
+            f"{n.worker_cores:.1f}",
+            str(n.workers),
+            f"{n.frontend_cores:.1f}",
+        ]
+        for n in plan(rows)
+    ]
+    return "\n".join(lines + table(header, needs, "llrrlrrrr")) + "\n"
 
 
 def median_row(runs: list[Row]) -> Row:

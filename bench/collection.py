@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 
 from bench.loadgen import Connection, Endpoint, post_once
 from bench.machine import cpu_model, dated
+from bench.report import table
 from bench.stats import summarize
 from devtools.server import LocalTorchServe
 from serveclient import metrics
@@ -228,23 +229,44 @@ def report(results: dict) -> str:
             f"{MODEL} (batchSize {results['plan']['batch_size']}, "
             f"{results['plan']['workers']} worker(s)).",
             "",
-            "| run | images | seconds | images/s | client CPU (share of one core) |",
-            "| --- | ---: | ---: | ---: | ---: |",
-            f"| server alone (bench load generator, {s['clients']} clients, /predictions) | "
-            f"{s['ok']} | {s['seconds']} | {s['images_per_s']} | - |",
-            *(
+            *table(
+                ["run", "images", "seconds", "images/s", "client CPU (share of one core)"],
                 [
-                    f"| the rest of the {s['images']} it sent: not answered 200 (no retries: "
-                    f"what {s['clients']} clients send beyond the frontend's queue "
-                    f"(job_queue_size) is refused with 503; tsctl waits and retries) | "
-                    f"{s['images'] - s['ok']} | | | |"
-                ]
-                if s["images"] > s["ok"]
-                else []
+                    [
+                        f"server alone (bench load generator, {s['clients']} clients, "
+                        "/predictions)",
+                        str(s["ok"]),
+                        str(s["seconds"]),
+                        str(s["images_per_s"]),
+                        "-",
+                    ],
+                    *(
+                        [
+                            [
+                                f"the rest of the {s['images']} it sent: not answered 200 (no "
+                                f"retries: what {s['clients']} clients send beyond the "
+                                "frontend's queue (job_queue_size) is refused with 503; tsctl "
+                                "waits and retries)",
+                                str(s["images"] - s["ok"]),
+                                "",
+                                "",
+                                "",
+                            ]
+                        ]
+                        if s["images"] > s["ok"]
+                        else []
+                    ),
+                    [
+                        f"`tsctl embed` ({results['plan']['concurrency']} requests x "
+                        f"{results['plan']['per_request']} images in flight, v2)",
+                        str(j["done"] + j["failed"]),
+                        str(j["wall_s"]),
+                        str(j["images_per_s"]),
+                        f"{j['cpu_share']:.1%} ({j['cpu_s']} s)",
+                    ],
+                ],
+                "lrrrr",
             ),
-            f"| `tsctl embed` ({results['plan']['concurrency']} requests x "
-            f"{results['plan']['per_request']} images in flight, v2) | {j['done'] + j['failed']} | "
-            f"{j['wall_s']} | {j['images_per_s']} | {j['cpu_share']:.1%} ({j['cpu_s']} s) |",
             "",
             f"The job ran at **{ratio:.2f}x** the server's own throughput (target >= 0.9).",
             "",

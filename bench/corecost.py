@@ -28,6 +28,7 @@ from pathlib import Path
 
 from bench.layout import IMAGES, REPO, RESULTS, SAMPLES, checked_out, publish, setup_cli
 from bench.machine import dated, describe_machine
+from bench.report import table
 
 BEFORE = "399bde5"  # landed main before issue #49's changes
 STEPS = ("prepare", "infer", "answer", "encode", "adapter")
@@ -237,24 +238,29 @@ def report(before: list[dict], after: list[dict], ref: str, machine: dict) -> st
         "requests handed to each engine's adapter in-process; CPU ms per image of the worker's "
         "Python (not the engine's frontend: `make bench-ceiling` measures the servers).",
         "",
-        "| engine | request | model | before ms/image | after ms/image | after/before | "
-        "steps before (prepare / infer / answer / encode / adapter) | steps after |",
-        "| --- | --- | --- | ---: | ---: | ---: | --- | --- |",
     ]
+    header = [
+        "engine",
+        "request",
+        "model",
+        "before ms/image",
+        "after ms/image",
+        "after/before",
+        "steps before (prepare / infer / answer / encode / adapter)",
+        "steps after",
+    ]
+    rows = []
     for r in after:
         b = old.get((r["engine"], r["form"], r["model"]))
         steps = " / ".join(f"{r['steps'][s]:.3f}" for s in STEPS)
+        row = [r["engine"], r["form"], r["model"]]
         if b is None:
-            lines.append(
-                f"| {r['engine']} | {r['form']} | {r['model']} | not served | "
-                f"{r['cpu_ms']:.3f} | | | {steps} |"
-            )
+            rows.append([*row, "not served", f"{r['cpu_ms']:.3f}", "", "", steps])
             continue
         steps_before = " / ".join(f"{b['steps'][s]:.3f}" for s in STEPS)
-        lines.append(
-            f"| {r['engine']} | {r['form']} | {r['model']} | {b['cpu_ms']:.3f} | "
-            f"{r['cpu_ms']:.3f} | {r['cpu_ms'] / b['cpu_ms']:.2f} | {steps_before} | {steps} |"
-        )
+        ratio = f"{r['cpu_ms'] / b['cpu_ms']:.2f}"
+        rows.append([*row, f"{b['cpu_ms']:.3f}", f"{r['cpu_ms']:.3f}", ratio, steps_before, steps])
+    lines += table(header, rows, "lllrrr")
     ratios = [
         r["cpu_ms"] / old[k]["cpu_ms"]
         for r in after

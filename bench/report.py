@@ -36,8 +36,11 @@ def fmt(value, digits: int = 1) -> str:
     return str(value)
 
 
-def table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+def table(header: list[str], rows: list[list[str]], align: str = "") -> list[str]:
+    """A markdown table's lines: ``header``, then each row of cells. ``align``: a letter a
+    column, ``l`` or ``r`` (right, for figures); columns it does not reach are left-aligned."""
+    marks = [" ---: " if a == "r" else " --- " for a in align.ljust(len(header), "l")]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(marks) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return lines
 

@@ -115,16 +115,23 @@ def render_markdown(results: dict) -> str:
         f"- Winner (**bold**, ★): highest img/s with zero errors; ≈ marks settings within "
         f"{TIE:.0%} of it, a tie on a machine this noisy.",
         "",
-        "| batchSize | maxBatchDelay ms | workers | img/s | p50 ms | p99 ms | errors | "
-        "batch mean / max | peak RSS server MB |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+    header = [
+        "batchSize",
+        "maxBatchDelay ms",
+        "workers",
+        "img/s",
+        "p50 ms",
+        "p99 ms",
+        "errors",
+        "batch mean / max",
+        "peak RSS server MB",
+    ]
+    rows = []
     for row in results["rows"]:
         if "failed" in row:
-            lines.append(
-                f"| {row['batchSize']} | {row['maxBatchDelay']} | {row['workers']} | "
-                f"failed: {row['failed']} | | | | | |"
-            )
+            setting = [str(row["batchSize"]), str(row["maxBatchDelay"]), str(row["workers"])]
+            rows.append([*setting, f"failed: {row['failed']}", "", "", "", "", ""])
             continue
         cells = [
             str(row["batchSize"]),
@@ -147,7 +154,8 @@ def render_markdown(results: dict) -> str:
             and row["throughput"] >= (1 - TIE) * best["throughput"]
         ):
             cells[0] = "≈ " + cells[0]
-        lines.append("| " + " | ".join(cells) + " |")
+        rows.append(cells)
+    lines += report.table(header, rows)
     if best is not None:
         lines += [
             "",

@@ -47,6 +47,7 @@ from bench import collection, stock
 from bench.layout import BUILD, EMBEDDING, MODEL_STORE, REPO, RESULTS, WEIGHTS, fresh_dir, setup_cli
 from bench.loadgen import Connection, Endpoint, closed_loop, post_once
 from bench.machine import dated
+from bench.report import table
 from bench.stats import Sample, percentile, ratio, summarize
 from bench.triton import binary_request, triton_serving
 from buildsteps.configgen import bulk_lanes
@@ -569,31 +570,57 @@ def report(results: dict) -> str:
         "The issue's targets, stated, not asserted: p95 during <= "
         f"{IDLE_TARGET}x idle, job during >= {JOB_TARGET}x alone.",
         "",
-        "| target | interactive p95 idle (ms) | p95 during (ms) | during / idle | "
-        "job img/s alone | job img/s during | during / alone | errors by status |",
-        "| --- | ---: | ---: | --- | ---: | ---: | --- | --- |",
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['label']} | {r['interactive_idle']['p95_ms']} | "
-            f"{r['interactive_during']['p95_ms']} | {verdict(r['p95_ratio'], IDLE_TARGET, True)} | "
-            f"{r['job_alone']['images_per_s']} | {r['job_during']['images_per_s']} | "
-            f"{verdict(r['job_ratio'], JOB_TARGET, False)} | {errors_cell(r)} |"
-        )
-    lines += [
-        "",
-        "| target | idle p50 / max (ms) | during p50 / max (ms) | interactive answered "
-        "idle, during | job (bulk) seen running after | job outlasted the window |",
-        "| --- | ---: | ---: | ---: | ---: | --- |",
-    ]
-    for r in rows:
-        i, d = r["interactive_idle"], r["interactive_during"]
-        lines.append(
-            f"| {r['label']} | {i['p50_ms']} / {i['max_ms']} | {d['p50_ms']} / {d['max_ms']} | "
-            f"{i['ok']}/{i['requests']}, {d['ok']}/{d['requests']} | "
-            f"{r['job_seen_running_after_s']} s | "
-            f"{'yes' if r['job_outlasted_window'] else 'no: the window ended without it'} |"
-        )
+    lines += table(
+        [
+            "target",
+            "interactive p95 idle (ms)",
+            "p95 during (ms)",
+            "during / idle",
+            "job img/s alone",
+            "job img/s during",
+            "during / alone",
+            "errors by status",
+        ],
+        [
+            [
+                r["label"],
+                str(r["interactive_idle"]["p95_ms"]),
+                str(r["interactive_during"]["p95_ms"]),
+                verdict(r["p95_ratio"], IDLE_TARGET, True),
+                str(r["job_alone"]["images_per_s"]),
+                str(r["job_during"]["images_per_s"]),
+                verdict(r["job_ratio"], JOB_TARGET, False),
+                errors_cell(r),
+            ]
+            for r in rows
+        ],
+        "lrrlrr",
+    )
+    lines.append("")
+    lines += table(
+        [
+            "target",
+            "idle p50 / max (ms)",
+            "during p50 / max (ms)",
+            "interactive answered idle, during",
+            "job (bulk) seen running after",
+            "job outlasted the window",
+        ],
+        [
+            [
+                r["label"],
+                f"{i['p50_ms']} / {i['max_ms']}",
+                f"{d['p50_ms']} / {d['max_ms']}",
+                f"{i['ok']}/{i['requests']}, {d['ok']}/{d['requests']}",
+                f"{r['job_seen_running_after_s']} s",
+                "yes" if r["job_outlasted_window"] else "no: the window ended without it",
+            ]
+            for r in rows
+            for i, d in [(r["interactive_idle"], r["interactive_during"])]
+        ],
+        "lrrrr",
+    )
     classed = [r for r in rows if r["job_alone_unclassed"]]
     lines.append("")
     if classed:
@@ -601,15 +628,20 @@ def report(results: dict) -> str:
             "The job alone sending its class (`bulk`, tsctl's default) and sending none "
             "(`--priority interactive`, what today's client sends):",
             "",
-            "| target | bulk img/s | no class img/s | bulk / no class |",
-            "| --- | ---: | ---: | --- |",
         ]
-        for r in classed:
-            lines.append(
-                f"| {r['label']} | {r['job_alone']['images_per_s']} | "
-                f"{r['job_alone_unclassed']['images_per_s']} | "
-                f"{verdict(r['class_ratio'], 0.95, False)} |"
-            )
+        lines += table(
+            ["target", "bulk img/s", "no class img/s", "bulk / no class"],
+            [
+                [
+                    r["label"],
+                    str(r["job_alone"]["images_per_s"]),
+                    str(r["job_alone_unclassed"]["images_per_s"]),
+                    verdict(r["class_ratio"], 0.95, False),
+                ]
+                for r in classed
+            ],
+            "lrr",
+        )
     else:
         lines.append(
             "This checkout's `tsctl embed` has no `--priority`: the job sent no class "

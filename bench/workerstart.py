@@ -25,6 +25,7 @@ from pathlib import Path
 
 from bench.layout import MODEL_STORE, REPO, RESULTS, TAGGER, publish, setup_cli
 from bench.machine import dated, describe_machine
+from bench.report import table
 
 # One worker's start, in a fresh process: argv[1] the unpacked archive, argv[2] its YAML.
 WORKER = """
@@ -97,18 +98,33 @@ def report(starts: dict[str, list[dict]], machine: dict) -> str:
         f"- The tagger's archive (`model-store/{TAGGER}.mar`), {len(starts['measured'])} "
         "start(s) of each kind, alternating; seconds from the process's first line",
         "",
-        "| decision | starts | imports s (median) | worker ready s (median) | min | max | "
-        "precision | source |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | --- | --- |",
     ]
+    rows = []
     for kind, runs in starts.items():
         totals = [r["start_s"] for r in runs]
-        lines.append(
-            f"| {kind} | {len(runs)} | {statistics.median(r['import_s'] for r in runs):.1f} | "
-            f"{statistics.median(totals):.1f} | {min(totals):.1f} | {max(totals):.1f} | "
-            f"{runs[-1]['precision']} | {runs[-1]['source']} |"
+        rows.append(
+            [
+                kind,
+                str(len(runs)),
+                f"{statistics.median(r['import_s'] for r in runs):.1f}",
+                f"{statistics.median(totals):.1f}",
+                f"{min(totals):.1f}",
+                f"{max(totals):.1f}",
+                runs[-1]["precision"],
+                runs[-1]["source"],
+            ]
         )
-    return "\n".join(lines) + "\n"
+    header = [
+        "decision",
+        "starts",
+        "imports s (median)",
+        "worker ready s (median)",
+        "min",
+        "max",
+        "precision",
+        "source",
+    ]
+    return "\n".join(lines + table(header, rows, "lrrrrr")) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
