@@ -53,8 +53,31 @@ def free_worker_ports(span: int = 100) -> int:
     raise RuntimeError(f"no free range of {span} worker sockets in {temp}")
 
 
+# Ports ``free_port`` handed out lately, by any process on this machine: a port is chosen
+# seconds before its server binds it (TorchServe loads its models first), and the suite's
+# other pytest process must not choose it meanwhile (a TorchServe of the fault tests failed
+# with "Address already in use" on a port the other process had just taken, 2026-11-28).
+CLAIMS = Path(tempfile.gettempdir()) / "devtools-port-claims"
+CLAIM_S = 600.0  # a claim older than this is free again: its server has bound or gone
+
+
+def _claimed(port: int) -> bool:
+    """Claim ``port`` for this caller; False when another claimed it in the last ``CLAIM_S``."""
+    CLAIMS.mkdir(exist_ok=True)
+    claim = CLAIMS / str(port)
+    with contextlib.suppress(FileNotFoundError):
+        if time.time() - claim.stat().st_mtime > CLAIM_S:
+            claim.unlink(missing_ok=True)
+    try:
+        os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now.
+    """A TCP port on 127.0.0.1 that nothing listens on right now and that no other caller on
+    this machine was handed in the last ``CLAIM_S`` seconds.
 
     Chosen below Linux's ephemeral range (32768 and up): a port the kernel hands out for
     binding to 0 is also handed to outgoing connections, which on a busy machine took it
@@ -67,6 +90,7 @@ def free_port() -> int:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+        if _claimed(port):
             return port
     raise RuntimeError("no free TCP port in 20000-32000 on 127.0.0.1")
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 import concurrent.futures
 import io
 import json
+import os
 import re
 import subprocess
 import sys
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import ClassVar
@@ -855,3 +857,18 @@ def test_no_module_of_the_repository_imports_the_old_package_name():
         and re.search(r"^\s*(from|import) tsclient\b", (REPO / name).read_text(), re.MULTILINE)
     ]
     assert found == []
+
+
+def test_a_port_handed_out_is_not_handed_out_again_while_its_claim_lasts(tmp_path, monkeypatch):
+    """The suite's two pytest processes choose ports seconds before their servers bind them:
+    a port ``free_port`` gave one caller is refused to any other until its claim is old."""
+    from devtools import server
+
+    monkeypatch.setattr(server, "CLAIMS", tmp_path / "claims")
+    first = server.free_port()
+    assert not server._claimed(first)  # another caller, now
+    claim = tmp_path / "claims" / str(first)
+    old = time.time() - server.CLAIM_S - 1
+    os.utime(claim, (old, old))
+    assert server._claimed(first)  # the claim expired: free again
+    assert len(set(server.free_ports())) == len(server.SERVER_PORTS)
