@@ -55,16 +55,19 @@ def client_side(mode: str, entry: dict | None, url: str) -> bool:
     server is a CPU server on this machine (then both sides decode on the same cores and the
     server's own decode is the one path that every client shares), describe is unreadable, or
     this client cannot crop (the collection job's image holds serveclient without torch). A GPU
-    server, or one across a network, gets crops."""
+    server, or one across a network, gets crops. The recipe (torch beneath it, seconds to
+    import) is imported only when crops would be made: a job for a local CPU server skips it."""
     if mode != "auto":
         return mode == "client"
-    try:
-        import model_files.resnet_dual  # noqa: F401 - the recipe, and torch beneath it
-    except ImportError:
-        return False
     from serveclient.client import is_loopback
 
     custom: Any = (entry or {}).get("customizedMetadata")
     if not isinstance(custom, dict) or "preprocessing" not in custom:
         return False
-    return str(custom.get("device", "cpu")).startswith("cuda") or not is_loopback(url)
+    if not (str(custom.get("device", "cpu")).startswith("cuda") or not is_loopback(url)):
+        return False
+    try:
+        import model_files.resnet_dual  # noqa: F401 - the recipe, and torch beneath it
+    except ImportError:
+        return False
+    return True

@@ -25,7 +25,7 @@ from tests.served import TSCTL, tsctl
 
 pytestmark = pytest.mark.integration
 CONTENT = ["path", "size", "mtime", "sha256", "status", "error", "precision"]
-N_KILLED = 400
+N_KILLED = 64
 
 
 def _album(root, n, seed=0, size=(200, 150)):
@@ -130,8 +130,8 @@ def test_a_folder_gets_one_row_per_image_and_vectors_equal_single_requests(torch
 
 def test_a_killed_run_resumes_to_the_same_content(torchserve, tmp_path):
     root = tmp_path / "photos"
-    # Enough photos that the run outlasts its first part (one every 2 s) several times over,
-    # even at int8's pace (~75 img/s on 2 cores).
+    # A part every 8 rows: the run outlasts its first part several times over, even at int8's
+    # pace (~75 img/s on 2 cores), and the kill lands mid-run.
     _album(root, N_KILLED, seed=700, size=(160, 120))
     whole = tmp_path / "whole.parquet"
     assert tsctl(torchserve, "embed", str(root), "--out", str(whole)).returncode == 0
@@ -148,6 +148,8 @@ def test_a_killed_run_resumes_to_the_same_content(torchserve, tmp_path):
             "4",
             "--per-request",
             "2",
+            "--part-rows",
+            "8",
         ],
         env=torchserve.cli_env(),
         stdout=subprocess.DEVNULL,
@@ -173,7 +175,7 @@ def test_a_killed_run_resumes_to_the_same_content(torchserve, tmp_path):
 
 def test_shards_concatenate_to_the_whole(torchserve, tmp_path):
     root = tmp_path / "photos"
-    _album(root, 24, seed=900, size=(160, 120))
+    _album(root, 12, seed=900, size=(160, 120))  # 3, 3 and 6 photos by shard_of
     whole = tmp_path / "whole.parquet"
     assert tsctl(torchserve, "embed", str(root), "--out", str(whole)).returncode == 0
     shards = []

@@ -351,7 +351,7 @@ def test_a_server_killed_mid_embed_then_restarted_leaves_every_photo_once(tmp_pa
 
     photos = tmp_path / "photos"
     photos.mkdir()
-    count = 96  # about 10 s of work at 2 photos a request: the kill lands mid-run
+    count = 48  # a part every 4 rows: the kill lands after the first, with most still to do
     for i in range(count):
         (photos / f"p{i:04d}.jpg").write_bytes(imagegen.jpeg(160, 120, seed=900 + i))
     server = LocalTorchServe(tmp_path / "ts", model_store, load_models=[f"{EMBEDDING}.mar"])
@@ -360,7 +360,7 @@ def test_a_server_killed_mid_embed_then_restarted_leaves_every_photo_once(tmp_pa
     parts = tmp_path / "v.parquet.parts"
     # Interactive: a bulk job idle-schedules its own process (tsctl.batchjob), which on a busy
     # host waits for idle CPU by design; the kill and the resume are what is tested here.
-    argv = [str(TSCTL), "embed", str(photos), "--out", str(out), "--json"]
+    argv = [str(TSCTL), "embed", str(photos), "--out", str(out), "--json", "--part-rows", "4"]
     argv += ["--priority", "interactive"]
     try:
         job = subprocess.Popen(

@@ -69,6 +69,13 @@ def register(commands: Commands) -> None:
             help="the requests' class (default bulk: the server serves people first and "
             "the job narrows its window on each 503)",
         )
+        c.add_argument(
+            "--part-rows",
+            type=int,
+            default=1024,
+            help="rows per Parquet part while the job runs (default 1024; a part is also "
+            "written every 2 s): what a killed job can lose and a rerun does again",
+        )
         endpoint_arguments(c)
         work_dir_argument(c, "local copy of an s3:// --out while the job runs")
         c.add_argument(
@@ -140,6 +147,8 @@ def _collection(client: Client, args, task: str) -> tuple[Any, str, int]:
             "use --out embeddings.parquet; read it with pandas, polars, "
             "DuckDB or serveclient.vectors.read_matrix",
         )
+    if args.part_rows < 1:
+        raise errors.UsageError(f"--part-rows {args.part_rows}: at least 1", "the default is 1024")
     local = objectstore.local_copy(out, args.work_dir) if objectstore.is_remote(out) else Path(out)
     if objectstore.is_remote(out):
         objectstore.download_if_exists(out, local)
@@ -152,7 +161,13 @@ def _collection(client: Client, args, task: str) -> tuple[Any, str, int]:
     output.check_identity()
     done = output.done(with_sha256=args.verify_sha256)
     summary = run_job(
-        client, args, task, batchjob.PartSink(output), collection_of(args), identity, done=done
+        client,
+        args,
+        task,
+        batchjob.PartSink(output, flush_rows=args.part_rows),
+        collection_of(args),
+        identity,
+        done=done,
     )
     if objectstore.is_remote(out):
         objectstore.upload(local, out)
