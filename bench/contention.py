@@ -22,7 +22,7 @@ from bench.layout import BUILD, WEIGHTS, setup_cli
 from bench.stock import SERIALIZED as STOCK_FILE
 from bench.stock import export_stock_model
 from model_files.artifacts import SERIALIZED
-from model_files.resnet_dual import normalize
+from model_files.recipe import normalize
 
 # Each neighbour prints "ready" once it is busy, so no measurement starts before it does.
 BUSY_LOOP = "print('ready', flush=True)\nwhile True: pass\n"

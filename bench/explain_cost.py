@@ -15,7 +15,7 @@ import torch
 from bench.raw import Budget, timed_loop
 from bench.stats import percentile
 from model_files.artifacts import CHECKPOINT, ModelFiles
-from model_files.resnet_dual import crop, normalize
+from model_files.recipe import crop, normalize
 from servecore.classes import Classes
 from servecore.config import EXPLAIN_METHODS, HandlerConfig
 from servecore.explain import compute as explain

@@ -33,8 +33,9 @@ from bench.layout import IMAGES, RESULTS, SAMPLES, WEIGHTS, publish, setup_cli
 from bench.machine import dated
 from buildsteps.export import _onnx_to_ir
 from model_files.artifacts import CHECKPOINT, SERIALIZED
+from model_files.recipe import crop
 from model_files.resnet_dual import WEIGHTS as TORCHVISION_WEIGHTS
-from model_files.resnet_dual import build_dual, crop
+from model_files.resnet_dual import build_dual
 from servecore.backends import Backend, load_backend
 from servecore.config import HandlerConfig
 from servecore.images import decode

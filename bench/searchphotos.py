@@ -4,7 +4,7 @@
 The photos: ``tests/imagegen.py``'s (gradients, shapes, noise; 320x240, one seed each), and 1%
 near-copies of them (the same photo scaled to 90% and saved again at JPEG quality 70: what
 ``duplicates`` is for); 100 more photos as queries. Each is embedded as the server embeds it:
-``model_files.resnet_dual.crop``, the served model's forward in float32 with the archives'
+``model_files.recipe.crop``, the served model's forward in float32 with the archives'
 weights (``build/weights``: ImageNet's where they were built with network access, else the
 seeded untrained ones, which the report says), L2-normalised.
 """
@@ -49,7 +49,8 @@ def embed(files: list[bytes], weights: Path) -> np.ndarray:
     import torch
     from PIL import Image
 
-    from model_files.resnet_dual import build_served, crop
+    from model_files.recipe import crop
+    from model_files.resnet_dual import build_served
 
     model = build_served(torch.load(weights / "resnet50.pt", weights_only=True))
     rows = []

@@ -9,7 +9,7 @@ reads ``resnet50.pt`` from the weights folder and writes next to it
 [N, 3, 224, 224] uint8, the preprocessed crop, and normalise it in the graph
 (``model_files.resnet_dual.ServedResNet50``), and return ``embedding`` [N, 2048] and ``logits``
 [N, classes] from one run. An export is redone only when the checkpoint's sha256 or the served
-input (``resnet_dual.INPUT``) changed (``<file>.sha256``).
+input (``recipe.INPUT``) changed (``<file>.sha256``).
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ from model_files.artifacts import (
     fidelity_record,
     refusal_record,
 )
-from model_files.resnet_dual import crop
+from model_files.recipe import crop
 from servecore.backends import RUNTIME_DEFAULT, load_backend
 from servecore.classes import Classes
 from servecore.precision import agreement, failures

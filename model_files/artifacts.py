@@ -214,7 +214,7 @@ def checkpoint_sha256(weights_dir: Path) -> str:
 
 def model_source(weights_dir: Path) -> str:
     """What a file made for the served model is made from: the checkpoint's sha256 and the
-    served input (``resnet_dual.INPUT``); a file stamped otherwise is rebuilt."""
+    served input (``recipe.INPUT``); a file stamped otherwise is rebuilt."""
     return f"{checkpoint_sha256(weights_dir)} {SERVED_INPUT}"
 
 

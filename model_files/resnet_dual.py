@@ -6,43 +6,24 @@ torchvision (our tests' reference) or by TorchServe's stock handler (the benchma
 
 The served input (``INPUT``): ``uint8 [N, 3, 224, 224]``, RGB, channels first: the weights' own
 transform up to its crop (shorter side resized to 232, bilinear with antialias, centre crop
-224), the pixels as PIL gives them. What the transform does after the crop (to float in [0, 1],
-ImageNet mean/std) runs inside the model (``normalize``), on whatever device the model runs on,
-with torchvision's own arithmetic: answers equal the float transform's. A uint8 crop is 4x
-smaller to stack, copy and send than its float tensor.
+224: ``model_files.recipe``), the pixels as PIL gives them. What the transform does after the
+crop (to float in [0, 1], ImageNet mean/std: ``model_files.recipe.normalize``) runs inside the
+model, on whatever device the model runs on, with torchvision's own arithmetic: answers equal
+the float transform's. A uint8 crop is 4x smaller to stack, copy and send than its float
+tensor.
 """
 
 from __future__ import annotations
 
 import torch
-from PIL import Image
 from torch import nn
 from torchvision.models import ResNet, ResNet50_Weights, resnet50
-from torchvision.transforms import functional as F
 
-from model_files.artifacts import SERVED_INPUT
+from model_files.recipe import MEAN, STD, normalized
 
 # Weights whose transform and categories every archive uses, whatever checkpoint fills them.
 WEIGHTS = ResNet50_Weights.IMAGENET1K_V2
 EMBEDDING_DIM = 2048
-_TRANSFORM = WEIGHTS.transforms()
-RESIZE, CROP = _TRANSFORM.resize_size[0], _TRANSFORM.crop_size[0]
-MEAN, STD = tuple(_TRANSFORM.mean), tuple(_TRANSFORM.std)
-# The served input's name: files made for another input are stale (model_files/artifacts.py).
-INPUT = SERVED_INPUT
-# What a preprocessing step must produce, what describe reports (a client preprocessing on its
-# own side compares it with its own).
-PREPROCESSING = {
-    "input": INPUT,
-    "dtype": "uint8",
-    "shape": ["n", 3, CROP, CROP],
-    "layout": "NCHW, RGB",
-    "resize": RESIZE,
-    "interpolation": _TRANSFORM.interpolation.value,
-    "antialias": True,
-    "crop": CROP,
-    "in_model": f"x / 255, minus mean {list(MEAN)}, divided by std {list(STD)}",
-}
 
 
 class DualResNet50(nn.Module):
@@ -65,29 +46,6 @@ class DualResNet50(nn.Module):
         return embedding, b.fc(embedding)
 
 
-def crop(image: Image.Image) -> torch.Tensor:
-    """An RGB image -> the served input's crop, uint8 [3, 224, 224]: the weights' transform up
-    to its crop, the same calls (so the same pixels) as torchvision's."""
-    resized = F.resize(
-        image, [RESIZE], interpolation=_TRANSFORM.interpolation, antialias=_TRANSFORM.antialias
-    )
-    return F.pil_to_tensor(F.center_crop(resized, [CROP]))
-
-
-def normalize(pixels: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """uint8 crops -> the float input the weights expect, as torchvision's transform computes
-    it (``convert_image_dtype`` then ``normalize``), in ``dtype`` on ``pixels``' device."""
-    mean = torch.as_tensor(MEAN, dtype=dtype, device=pixels.device).view(-1, 1, 1)
-    std = torch.as_tensor(STD, dtype=dtype, device=pixels.device).view(-1, 1, 1)
-    return _normalized(pixels, dtype, mean, std)
-
-
-def _normalized(
-    pixels: torch.Tensor, dtype: torch.dtype, mean: torch.Tensor, std: torch.Tensor
-) -> torch.Tensor:
-    return (pixels.to(dtype) / 255).sub_(mean).div_(std)
-
-
 class ServedResNet50(nn.Module):
     """``forward(uint8 [N, 3, 224, 224]) -> (embedding, logits)``: ``normalize`` in the dtype
     of the weights, then the dual pass; ``channels_last`` lays the normalised input out as
@@ -108,7 +66,7 @@ class ServedResNet50(nn.Module):
 
     def forward(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         dtype = self.dual.backbone.conv1.weight.dtype
-        x = _normalized(pixels, dtype, self.mean.to(dtype), self.std.to(dtype))
+        x = normalized(pixels, dtype, self.mean.to(dtype), self.std.to(dtype))
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         return self.dual(x)

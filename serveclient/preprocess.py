@@ -1,5 +1,5 @@
 """Client-side preprocessing (``tsctl embed/tag --preprocess client``): each photo decoded and
-cropped on this machine's cores with the served recipe (``model_files.resnet_dual.crop`` through
+cropped on this machine's cores with the served recipe (``model_files.recipe.crop`` through
 the core's own ``Preprocessor``: the same limits, draft decoding as the server is set, the same
 errors) and sent as the model's ``crops`` input (``servecore.crops``): 150 KB an image on the
 wire instead of the file (a 12 MP photo is several MB), and no decoding on the server.
@@ -26,7 +26,7 @@ class ClientCrops:
     customized describe entry) would crop them; ``UsageError`` when its recipe is not ours."""
 
     def __init__(self, entry: dict | None) -> None:
-        from model_files.resnet_dual import PREPROCESSING
+        from model_files.recipe import PREPROCESSING
         from servecore.config import HandlerConfig
         from servecore.preprocessor import Preprocessor
 
@@ -67,7 +67,7 @@ def client_side(mode: str, entry: dict | None, url: str) -> bool:
     if not (str(custom.get("device", "cpu")).startswith("cuda") or not is_loopback(url)):
         return False
     try:
-        import model_files.resnet_dual  # noqa: F401 - the recipe, and torch beneath it
+        import model_files.recipe  # noqa: F401 - the recipe, and torch beneath it
     except ImportError:
         return False
     return True

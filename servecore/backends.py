@@ -207,7 +207,8 @@ def _torch(
     if kind == "torchscript":
         module = torch.jit.load(str(path), map_location=device).eval()
     else:
-        from model_files.resnet_dual import CROP, build_served
+        from model_files.recipe import CROP
+        from model_files.resnet_dual import build_served
 
         module = build_served(torch.load(path, map_location="cpu", weights_only=True)).to(device)
     if not (on_gpu and kind == "eager"):

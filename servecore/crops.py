@@ -1,5 +1,5 @@
 """Preprocessed crops as a model input: a KServe v2 ``UINT8`` tensor named ``crops``, shape
-``[n, 224, 224, 3]``, each image the served recipe's crop (``model_files.resnet_dual.crop``,
+``[n, 224, 224, 3]``, each image the served recipe's crop (``model_files.recipe.crop``,
 ``PREPROCESSING``) laid out height, width, RGB channel.
 
 HWC because that is how a client holds an image (``numpy.asarray(pil_image)``, OpenCV, TF), so
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from model_files.resnet_dual import CROP, INPUT
+from model_files.recipe import CROP, INPUT
 from servecore.errors import InvalidRequest, echo
 
 CROPS = "crops"  # the input's name (Triton requires it; TorchServe reads the datatype)

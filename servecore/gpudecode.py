@@ -20,11 +20,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from PIL import ExifTags, Image
-from torchvision.io import ImageReadMode, decode_jpeg
-from torchvision.transforms import InterpolationMode
-from torchvision.transforms.v2 import functional as F
 
-from model_files.resnet_dual import CROP, RESIZE
+from model_files.recipe import CROP, RESIZE
 from servecore.images import OpenedImage
 
 logger = logging.getLogger(__name__)
@@ -88,12 +85,17 @@ class DeviceDecoder:
     the decoder refused. ``chunk_pixels`` bounds the stored pixels decoded at once (device
     memory: 3 bytes each); ``decode`` is ``torchvision.io.decode_jpeg`` unless a test fakes it.
     The decode returns finished (torchvision waits for nvJPEG); the resize and crop are queued
-    on the current stream and finish ahead of the forward that reads them."""
+    on the current stream and finish ahead of the forward that reads them. torchvision is
+    imported here, by a GPU worker, not by every worker that imports the intake (seconds of a
+    CPU worker's start)."""
 
-    def __init__(self, device: torch.device, chunk_pixels: int, decode: Decode = decode_jpeg):
+    def __init__(self, device: torch.device, chunk_pixels: int, decode: Decode | None = None):
+        from torchvision.io import ImageReadMode, decode_jpeg
+
         self.device = device
         self.chunk_pixels = chunk_pixels
-        self.decode = decode
+        self.decode = decode or decode_jpeg
+        self.rgb = ImageReadMode.RGB
 
     def __str__(self) -> str:
         return f"{self.device} (nvJPEG; other images on the CPU)"
@@ -145,7 +147,7 @@ class DeviceDecoder:
             # reading (pytorch/vision#9606): nothing may be queued when it starts.
             torch.cuda.current_stream(self.device).synchronize()
         try:
-            return list(self.decode(encoded, mode=ImageReadMode.RGB, device=self.device))
+            return list(self.decode(encoded, mode=self.rgb, device=self.device))
         except Exception:  # noqa: BLE001 - some file in the batch; find which below
             if len(encoded) == 1:
                 return [None]
@@ -153,7 +155,7 @@ class DeviceDecoder:
 
     def one(self, data: torch.Tensor) -> torch.Tensor | None:
         try:
-            return self.decode([data], mode=ImageReadMode.RGB, device=self.device)[0]
+            return self.decode([data], mode=self.rgb, device=self.device)[0]
         except Exception as exc:  # noqa: BLE001 - refused: the CPU path decides
             logger.debug("device decoder refused an image, CPU path: %s", exc)
             return None
@@ -174,6 +176,9 @@ def _crop(pixels: torch.Tensor, turn: int) -> torch.Tensor:
     """uint8 [N, 3, H, W] -> [N, 3, 224, 224]: upright by EXIF orientation ``turn``, then the
     weights' resize (bilinear, antialiased; in float32, rounded once, as torchvision resizes
     uint8 on a GPU) and centre crop."""
+    from torchvision.transforms import InterpolationMode  # a GPU worker's, imported once
+    from torchvision.transforms.v2 import functional as F
+
     upright = _ORIENT.get(turn, _same)(pixels)
     resized = F.resize(upright.float(), [RESIZE], InterpolationMode.BILINEAR, antialias=True)
     return F.center_crop(resized, [CROP]).round_().clamp_(0, 255).to(torch.uint8)

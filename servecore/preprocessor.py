@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from model_files.resnet_dual import RESIZE, crop
+from model_files.recipe import RESIZE, crop
 from servecore.boundary import each_image
 from servecore.config import HandlerConfig
 from servecore.crops import GivenCrop, open_crop
@@ -16,7 +16,7 @@ from servecore.parse import ParsedRequest
 
 
 class Preprocessor:
-    """Encoded image bytes -> the served model's input (``model_files.resnet_dual.INPUT``): the
+    """Encoded image bytes -> the served model's input (``model_files.recipe.INPUT``): the
     handler's limits on the image, then the weights' transform up to its crop (resize 232,
     centre crop 224), a uint8 [3, 224, 224] crop; the backend normalises it in the model. In
     two steps, so that a batch is costed before any pixel is decoded; the benchmark times the

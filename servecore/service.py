@@ -26,7 +26,7 @@ from typing import TypeVar
 import torch
 
 from model_files.artifacts import ModelFiles
-from model_files.resnet_dual import PREPROCESSING
+from model_files.recipe import PREPROCESSING
 from servecore.admission import Admission
 from servecore.answers import AnswerSpec, BatchOutputs, Prediction
 from servecore.autoprecision import serving_backend

@@ -13,9 +13,9 @@ import json
 import pytest
 import torch
 from PIL import Image
+from torchvision.transforms.v2 import functional as F  # what servecore.gpudecode resizes with
 
 from model_files.artifacts import SERIALIZED
-from servecore import gpudecode
 from servecore.backends import load_backend
 from servecore.config import HandlerConfig
 from servecore.gpudecode import DeviceDecoder, accepts, assemble, for_worker
@@ -177,7 +177,7 @@ def test_images_of_one_size_are_resized_together_each_as_if_alone(monkeypatch):
     alone = [decoder([SERVED.open(data)])[0] for data in images]
     resized: list[int] = []
     fail_groups = [False]
-    real_resize = gpudecode.F.resize
+    real_resize = F.resize
 
     def counting(pixels, *args, **kwargs):
         resized.append(len(pixels))
@@ -185,7 +185,7 @@ def test_images_of_one_size_are_resized_together_each_as_if_alone(monkeypatch):
             raise RuntimeError("CUDA out of memory")
         return real_resize(pixels, *args, **kwargs)
 
-    monkeypatch.setattr(gpudecode.F, "resize", counting)
+    monkeypatch.setattr(F, "resize", counting)
     for fail, calls in ((False, [3, 2, 1, 1]), (True, [3, 1, 1, 1, 2, 1, 1, 1, 1])):
         fail_groups[0], resized[:] = fail, []
         crops = decoder([SERVED.open(data) for data in images])

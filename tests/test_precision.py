@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from model_files.artifacts import ModelFiles
-from model_files.resnet_dual import normalize
+from model_files.recipe import normalize
 from servecore import autoprecision
 from servecore.backends import Backend
 from servecore.config import HandlerConfig

@@ -784,7 +784,7 @@ class _DescribingServer(_TaggingServer):
         self.crops: list = []
 
     def describe(self, model, version=None, customized=False):
-        from model_files.resnet_dual import PREPROCESSING
+        from model_files.recipe import PREPROCESSING
 
         return [{"modelName": model, "customizedMetadata": {"preprocessing": PREPROCESSING}}]
 

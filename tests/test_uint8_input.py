@@ -8,7 +8,7 @@ import torch
 
 from buildsteps.export import export
 from model_files.artifacts import SERIALIZED
-from model_files.resnet_dual import normalize
+from model_files.recipe import normalize
 from servecore.backends import load_backend
 from servecore.config import HandlerConfig
 from servecore.preprocessor import Preprocessor

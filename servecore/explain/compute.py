@@ -27,15 +27,13 @@ import torch.nn.functional as F
 from PIL import Image, ImageDraw
 from torch import nn
 
-from model_files.resnet_dual import WEIGHTS, build_dual, normalize
+from model_files.recipe import CROP, RESIZE, normalize
 from servecore.classes import Classes
 from servecore.explain.document import Explanation
 from servecore.explain.options import ExplainSpec
 
-# The model's view of an image (the weights' transform, as servecore.intake applies it): the
+# The model's view of an image (model_files.recipe, as servecore.intake applies it): the
 # shorter side resized to RESIZE, then a centre CROP x CROP.
-_TRANSFORM = WEIGHTS.transforms()
-RESIZE, CROP = _TRANSFORM.resize_size[0], _TRANSFORM.crop_size[0]
 INPUT_GRID = 28  # IG and occlusion: |attribution| average-pooled to 28x28
 OCCLUSION_WINDOW, OCCLUSION_STRIDE = 56, 28
 OCCLUSION_PASSES = ((CROP - OCCLUSION_WINDOW) // OCCLUSION_STRIDE + 1) ** 2  # 49
@@ -346,5 +344,7 @@ def load_explainer(checkpoint: Path, png_max_side: int) -> Explainer | None:
     backend), or None when the archive has none (explanations then answer 501)."""
     if not checkpoint.is_file():
         return None
+    from model_files.resnet_dual import build_dual  # torchvision: imported by the first to explain
+
     dual = build_dual(torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True))
     return Explainer(dual, dual.backbone.layer4, png_max_side)

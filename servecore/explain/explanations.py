@@ -8,6 +8,9 @@ and logits (``compute``, Captum on the eager model) as ``Explained`` values.
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,17 +24,28 @@ from servecore.classes import Classes
 from servecore.config import ExplainConfig
 from servecore.crops import GivenCrop
 from servecore.errors import InvalidParameter, NotSupported, detached
-from servecore.explain.compute import ExplainJob, load_explainer, passes, thumbnail
+from servecore.explain.compute import (
+    Explainer,
+    ExplainJob,
+    load_explainer,
+    passes,
+    thumbnail,
+)
 from servecore.explain.document import Explained
 from servecore.explain.options import ExplainSpec, parse_explain
 from servecore.images import OpenedImage, decode
 from servecore.parse import ParsedRequest, Protocol
 from servecore.stages import Admitted, Explaining, Failed, Opened, Placed, PreparedBatch
 
+logger = logging.getLogger(__name__)
+
 
 class Explanations:
     """Explanations on the archive's PyTorch checkpoint (gradients need the eager model,
-    whatever backend serves predictions); without one, explanation requests get 501."""
+    whatever backend serves predictions); without one, explanation requests get 501. The eager
+    model is built by the first batch that explains, not when the worker starts: torchvision
+    and the model are seconds of a start that most workers never use; a checkpoint that does
+    not load then fails that batch's explanations (500), not the worker's predictions."""
 
     def __init__(
         self,
@@ -45,8 +59,10 @@ class Explanations:
         self.threads = threads  # torch's intra-op threads for the eager passes (0: as they are)
         self.classes = classes
         self.embedding_default = embedding_default  # the embedding model explains its vector
-        self.explainer = load_explainer(checkpoint, config.png_max_side)
+        self.checkpoint = checkpoint if checkpoint.is_file() else None
         self.checkpoint_name = checkpoint.name
+        self._explainer: Explainer | None = None
+        self._loading = threading.Lock()
         self.budget = Budget(
             "explain.max_passes_per_batch",
             "explanation passes",
@@ -65,7 +81,7 @@ class Explanations:
     def spec(self, request: ParsedRequest) -> ExplainSpec:
         """An explanation request's checked parameters (4xx, or 501 when this model cannot
         explain or the protocol has no explanations)."""
-        if self.explainer is None:
+        if self.checkpoint is None:
             raise NotSupported(
                 "this archive carries no PyTorch checkpoint for explanations; "
                 f"rebuild it with archive.sh (it packs {self.checkpoint_name})"
@@ -119,15 +135,16 @@ class Explanations:
             for i, r in enumerate(batch.requests)
             if isinstance(r, Placed) and isinstance(r.opened, Explaining)
         ]
-        if not asking or batch.pixels is None or self.explainer is None:
-            return {}  # no explainer: spec() let no explanation request through
+        if not asking or batch.pixels is None or self.checkpoint is None:
+            return {}  # no checkpoint: spec() let no explanation request through
         try:
             jobs = [
                 ExplainJob(opened.spec, r.rows, self._pictures(opened)) for _, r, opened in asking
             ]
             # The explainer runs on the CPU; a GPU worker's batch may be on its GPU.
             with torch_threads(self.threads):
-                answers = self.explainer.explain(batch.pixels.cpu(), logits, jobs, self.classes)
+                explainer = self._loaded(self.checkpoint)
+                answers = explainer.explain(batch.pixels.cpu(), logits, jobs, self.classes)
         except Exception as exc:  # noqa: BLE001 - the boundary of the explanation requests
             error = detached(as_request_error(exc, "explaining", asking[0][1].request_id))
             return {i: Failed(r.request_id, error) for i, r, _ in asking}
@@ -135,6 +152,21 @@ class Explanations:
             i: Explained(opened.request.protocol, opened.spec.method, answer)
             for (i, _, opened), answer in zip(asking, answers)
         }
+
+    def _loaded(self, checkpoint: Path) -> Explainer:
+        """The explainer, built from ``checkpoint`` by the first caller."""
+        with self._loading:
+            if self._explainer is None:
+                started = time.monotonic()
+                self._explainer = load_explainer(checkpoint, self.config.png_max_side)
+                if self._explainer is None:
+                    raise FileNotFoundError(f"{checkpoint} is gone")
+                logger.info(
+                    "explainer: the eager model from %s built in %.1f s",
+                    checkpoint.name,
+                    time.monotonic() - started,
+                )
+            return self._explainer
 
     def _pictures(self, request: Explaining) -> list:
         """The request's images, shrunk, for a PNG heatmap (decoded already: no new work but
