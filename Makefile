@@ -76,12 +76,14 @@ chromium:
 kubectl:
 	@devtools/ensure_kubectl.sh
 
+# --no-compile: byte-compiling the 21,000 files of torch and the rest is about a minute of a
+# 2-core set-up; Python compiles what a process imports, once, on first import.
 $(VENV)/.installed: requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] >= (3, 10), "Python 3.10+ needed (3.11 recommended), found " + sys.version' \
 		|| { echo "error: set PYTHON=/path/to/python3.11" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV) || { echo "error: could not create $(VENV); on Debian/Ubuntu: apt-get install -y python3-venv" >&2; exit 1; }
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-compile -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps -e .
 	@touch $@
 
@@ -168,7 +170,7 @@ triton-server: $(VENV)/.installed
 $(TRITON_VENV)/.installed: requirements-triton.txt tritonrepo/install.py
 	rm -rf $(TRITON_VENV)
 	$(PYTHON) -m venv $(TRITON_VENV)
-	$(TRITON_VENV)/bin/pip install --quiet -r requirements-triton.txt
+	$(TRITON_VENV)/bin/pip install --quiet --no-compile -r requirements-triton.txt
 	$(PY) -m tritonrepo.install
 	@touch $@
 
