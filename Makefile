@@ -198,8 +198,10 @@ lint: $(VENV)/.installed
 # servers spend much of their time starting and waiting, which the other process fills.
 TEST_WORKERS ?= 2
 PYTEST := $(VENV)/bin/pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
-test: setup config archives samples kserve-image triton-server
-	@$(MAKE) --no-print-directory lint
+# After the venv, the independent steps side by side (each mostly on one core: pip, podman,
+# NNCF, mypy), each one's output printed whole when it ends; then the tests.
+test: setup config samples
+	@$(MAKE) --no-print-directory -j4 --output-sync=target archives kserve-image triton-server lint
 	$(PYTEST)
 
 # The inner loop: everything but the tests marked slow or container (see pytest.ini).
