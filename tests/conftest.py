@@ -86,18 +86,24 @@ HEAD_PER_LABEL = 12  # photos of each of devtools/scenes.py's four kinds: 9 trai
 
 
 @pytest.fixture(scope="session")
-def trained_head(torchserve, weights_dir, tmp_path_factory):
-    """``tsctl head train`` through the session's TorchServe on a labelled set made here
-    (devtools/scenes.py: four kinds of synthetic scene): (photos folder, the training's output
-    folder, its JSON answer). test_head checks the training, test_own_served serves its
-    result."""
+def head_photos(tmp_path_factory) -> Path:
+    """A labelled set made here (devtools/scenes.py: four kinds of synthetic scene, a folder
+    each), what test_head and test_own_served train heads on."""
     from devtools.scenes import labelled_set
+
+    photos = tmp_path_factory.mktemp("head-photos") / "photos"
+    labelled_set(photos, HEAD_PER_LABEL, seed=4800)
+    return photos
+
+
+@pytest.fixture(scope="session")
+def trained_head(head_photos, torchserve, weights_dir, tmp_path_factory):
+    """``tsctl head train`` through the session's TorchServe on ``head_photos``: (photos
+    folder, the training's output folder, its JSON answer). test_head checks the training."""
     from tests.served import train_head
 
-    root = tmp_path_factory.mktemp("head")
-    photos = root / "photos"
-    labelled_set(photos, HEAD_PER_LABEL, seed=4800)
-    out = root / "tagger"
+    photos = head_photos
+    out = tmp_path_factory.mktemp("head") / "tagger"
     run = train_head(torchserve, photos, out, weights_dir)
     assert run.returncode == 0, run.stderr
     return photos, out, json.loads(run.stdout)

@@ -1,7 +1,7 @@
 """The user's own tagger served from a fresh archive on TorchServe and on Triton: a head
 ``tsctl head train`` fitted on the session Triton's embeddings (pinned to f32: the arithmetic the
 tagger is served in here, so the report's predictions are the ones to expect; the photos are
-tests/conftest.py's ``trained_head``'s, four labels of synthetic scenes), built as ``make
+tests/conftest.py's ``head_photos``, four labels of synthetic scenes), built as ``make
 archives WEIGHTS=out/resnet50.pt LABELS=out/labels.txt GATE_PHOTOS=photos`` builds it (its int8
 judged on the user's photos), served pinned to f32. What the user checks: the answers name their
 labels and tag the held-out photos as the training report said (the same accuracy), ``topk``
@@ -47,24 +47,23 @@ class OwnBuild:
 
 
 @pytest.fixture(scope="module")
-def f32_head(trained_head, triton, weights_dir, tmp_path_factory) -> Path:
+def f32_head(head_photos, triton, weights_dir, tmp_path_factory) -> Path:
     """The training's output folder: ``tsctl head train --url`` on the session's Triton, whose
     repository is pinned to f32. (The session's TorchServe serves ``auto``: int8 or bf16 where
     the host measures them faster, and a photo near a boundary may then tag otherwise at f32.)"""
-    photos, _, _ = trained_head
     out = tmp_path_factory.mktemp("head-f32") / "tagger"
-    run = train_head(triton, photos, out, weights_dir)
+    run = train_head(triton, head_photos, out, weights_dir)
     assert run.returncode == 0, run.stderr
     assert json.loads((out / "report.json").read_text())["embedded_by"]["precision"] == "f32"
     return out
 
 
 @pytest.fixture(scope="module")
-def own(trained_head, f32_head, model_store, tmp_path_factory) -> OwnBuild:
+def own(head_photos, f32_head, model_store, tmp_path_factory) -> OwnBuild:
     """``make archives WEIGHTS=... LABELS=... GATE_PHOTOS=...``'s steps, into folders of this
     module's (the shipped archives' backend; calibration on 16 tensors, not 200, to keep it
     short: the gate's verdict is what is checked, not int8's quality)."""
-    photos, out = trained_head[0], f32_head
+    photos, out = head_photos, f32_head
     work = tmp_path_factory.mktemp("own-build")
     built = work / "weights"
     weights.build(str(out / "resnet50.pt"), built, out / "labels.txt")

@@ -22,6 +22,7 @@ from serveclient.collection import Shard
 from serveclient.traffic import CLASSES
 
 DEFAULT_OUTS = {"embedding": "embeddings.parquet", "tags": "tags.parquet"}
+PART_ROWS = 1024  # rows per Parquet part while a job runs (--part-rows)
 
 
 def register(commands: Commands) -> None:
@@ -72,8 +73,8 @@ def register(commands: Commands) -> None:
         c.add_argument(
             "--part-rows",
             type=int,
-            default=1024,
-            help="rows per Parquet part while the job runs (default 1024; a part is also "
+            default=PART_ROWS,
+            help=f"rows per Parquet part while the job runs (default {PART_ROWS}; a part is also "
             "written every 2 s): what a killed job can lose and a rerun does again",
         )
         endpoint_arguments(c)
@@ -148,7 +149,9 @@ def _collection(client: Client, args, task: str) -> tuple[Any, str, int]:
             "DuckDB or serveclient.vectors.read_matrix",
         )
     if args.part_rows < 1:
-        raise errors.UsageError(f"--part-rows {args.part_rows}: at least 1", "the default is 1024")
+        raise errors.UsageError(
+            f"--part-rows {args.part_rows}: at least 1", f"the default is {PART_ROWS}"
+        )
     local = objectstore.local_copy(out, args.work_dir) if objectstore.is_remote(out) else Path(out)
     if objectstore.is_remote(out):
         objectstore.download_if_exists(out, local)

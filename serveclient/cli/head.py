@@ -63,7 +63,7 @@ def cmd_head(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
 
     from serveclient import head, pages
     from serveclient.batchjob import model_identity
-    from serveclient.cli.batch import _collection
+    from serveclient.cli.batch import PART_ROWS, _collection
     from serveclient.vectors import read_matrix
 
     if not args.folder.is_dir():
@@ -91,7 +91,7 @@ def cmd_head(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
     args.out.mkdir(parents=True, exist_ok=True)
     embeddings = args.out / "embeddings.parquet"
     job_args = argparse.Namespace(
-        **{**vars(args), "sources": [str(args.folder)], "out": embeddings}
+        **{**vars(args), "sources": [str(args.folder)], "out": embeddings, "part_rows": PART_ROWS}
     )
     embedded, _, code = _collection(client, job_args, "embedding")
     if code:
