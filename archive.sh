@@ -82,6 +82,9 @@ for f in "${FILES[@]:1}" "${INT8[@]}"; do cp "$WEIGHTS_DIR/$f" "$STAGE/"; done
 CHECKPOINT="$WEIGHTS_DIR/$("$PYTHON" -m model_files.artifacts serialized eager)"
 if [ "${EXPLAIN:-1}" != 0 ] && [ "$CHECKPOINT" != "$SERIALIZED" ]; then cp "$CHECKPOINT" "$STAGE/"; fi
 
+# zip-store: the members are stored, not deflated. The weights (230 MB) do not compress (8%),
+# but inflating them cost TorchServe 3.5 s per model at every start and the archiver 8 s per
+# archive; stored, the frontend extracts them at disk speed (a 2-model start: 21 s -> 14 s).
 for model in "${MODELS[@]}"; do
   config="$CONFIG_DIR/$model.yaml"
   [ -f "$config" ] || die "no model config $config for model '$model'"
@@ -93,6 +96,7 @@ for model in "${MODELS[@]}"; do
     --extra-files "$STAGE" \
     --config-file "$config" \
     --export-path "$WORK" \
+    --archive-format zip-store \
     --force
   # The archiver names the file after the model; another version must not overwrite the default.
   archive=$("$PYTHON" -m buildsteps.configgen archive-name "$model" "$VERSION")

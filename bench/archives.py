@@ -67,9 +67,9 @@ class ArchiveInfo:
     def with_config(self, config: dict, mar_path: Path, version: str | None = None) -> Path:
         """This archive with ``config`` as its model-config.yaml (and ``version`` in its
         manifest, if given), at ``mar_path``: the same weights and code, so what
-        ``build_variant`` would pack from this archive's inputs, in a second instead of
-        archive.sh's eight (Info-ZIP's ``zip`` replaces those members and copies the others as
-        they are compressed)."""
+        ``build_variant`` would pack from this archive's inputs, without archive.sh's staging
+        and archiver run (Info-ZIP's ``zip`` replaces those members and copies the others as
+        they are)."""
         texts = {self.config_file: _config_text(config)}
         if version is not None:
             with zipfile.ZipFile(self.path) as mar:
@@ -77,7 +77,7 @@ class ArchiveInfo:
             manifest["model"]["modelVersion"] = version
             texts[MANIFEST] = json.dumps(manifest, indent=2)
         mar_path.parent.mkdir(parents=True, exist_ok=True)
-        if shutil.which("zip") is None:  # no Info-ZIP: every member written again (8 s)
+        if shutil.which("zip") is None:  # no Info-ZIP: every member written again
             with zipfile.ZipFile(self.path) as old, zipfile.ZipFile(mar_path, "w") as new:
                 for info in old.infolist():
                     new.writestr(info, texts.get(info.filename) or old.read(info))

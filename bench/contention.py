@@ -3,9 +3,10 @@
 
 Why it exists: benchmark runs taken beside other work showed TorchServe's stock handler
 (TorchScript, PyTorch's OpenMP threads) collapsing far more than our OpenVINO tagger. This
-measures the batch-8 forward of both runtimes, from the same weights, alone and beside: one and
-two busy-looping processes, and one PyTorch process running its own OpenMP threads (what a test
-suite or another model server next to TorchServe looks like). Prints a Markdown table.
+measures the forward of both runtimes (batch 8 unless ``--batch``), from the same weights,
+alone and beside: one and two busy-looping processes, and one PyTorch process running its own
+OpenMP threads (what a test suite or another model server next to TorchServe looks like).
+Prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--warmup", type=int, default=2, help="untimed forwards before each measurement"
     )
+    parser.add_argument("--batch", type=int, default=8, help="images per forward (default 8)")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
     setup_cli("contention", args.quiet)
@@ -80,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                 if process.stdout.readline().strip() != "ready":
                     raise RuntimeError(f"neighbour {label!r} did not start")
             rates = [
-                raw.forward_throughput(run, pixels, 8, budget)["images_per_s"]
+                raw.forward_throughput(run, pixels, args.batch, budget)["images_per_s"]
                 for run, pixels in zip((run_stock, ours), inputs)
             ]
         finally:
@@ -98,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         rows,
     )
     print(
-        f"Batch-8 forward, {STOCK_FILE} vs {SERIALIZED['openvino']}, "
+        f"Batch-{args.batch} forward, {STOCK_FILE} vs {SERIALIZED['openvino']}, "
         f"{args.seconds:g} s each.\n\n" + "\n".join(lines)
     )
     return 0

@@ -54,7 +54,8 @@ def archive_stock(serialized: Path, index_to_name: Path, model_store: Path, tmpd
     torch-model-archiver stages in ``$TMPDIR/<model-name>`` and deletes it first, so it runs
     with a private ``TMPDIR``."""
     mar = model_store / f"{MODEL_NAME}.mar"
-    source = sha256_of(serialized)
+    # zip-store, as archive.sh packs ours: the two servers' start times compare like for like.
+    source = f"{sha256_of(serialized)} zip-store"
     if is_current(mar, source):
         return mar
     model_store.mkdir(parents=True, exist_ok=True)
@@ -75,6 +76,8 @@ def archive_stock(serialized: Path, index_to_name: Path, model_store: Path, tmpd
             str(index_to_name),
             "--export-path",
             str(model_store),
+            "--archive-format",
+            "zip-store",
             "--force",
         ],
         env={**os.environ, "TMPDIR": str(tmpdir)},

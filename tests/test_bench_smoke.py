@@ -112,7 +112,12 @@ def test_ingestion_split_reads_a_real_torchserve_log(tmp_path, model_store):
 
 def test_contention_probe_measures_both_runtimes_beside_each_neighbour(model_store):
     run = subprocess.run(
-        [sys.executable, "-m", "bench.contention", "--seconds", "0.5", "--warmup", "1", "--quiet"],
+        [
+            sys.executable,
+            "-m",
+            "bench.contention",
+            *("--seconds", "0.5", "--warmup", "1", "--batch", "1", "--quiet"),
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,

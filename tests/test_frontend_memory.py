@@ -17,7 +17,6 @@ from collections import Counter
 import pytest
 import requests
 
-from devtools.server import LocalTorchServe
 from tests.conftest import MODELS, REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -30,9 +29,10 @@ REFUSALS = {413, 503, 507}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, model_store):
-    with LocalTorchServe(tmp_path_factory.mktemp("burst-ts"), model_store) as ts:
-        yield ts
+def server(torchserve):
+    """The session's TorchServe: the shipped settings, as the burst needs, and the test itself
+    proves it leaves that server answering with the same frontend and workers."""
+    return torchserve
 
 
 def _post(port: int, model: str, body: bytes, headers: dict) -> int | str:

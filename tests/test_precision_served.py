@@ -20,18 +20,10 @@ LOG_LINE = re.compile(rf"(W-\d+-{MODEL}_[\d.]+)-std\w+ MODEL_LOG - .*precision_c
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, model_store):
-    """The tagger alone (one TorchServe for this module), always stopped."""
-    from devtools.server import LocalTorchServe
-
-    ts = LocalTorchServe(
-        tmp_path_factory.mktemp("precision"), model_store, load_models=[f"{MODEL}.mar"]
-    )
-    ts.start()
-    try:
-        yield ts
-    finally:
-        ts.kill()
+def server(torchserve):
+    """The session's TorchServe (both archives, the shipped settings): what this module scales
+    it puts back in a ``finally``."""
+    return torchserve
 
 
 def choice_of(ts) -> dict:
