@@ -134,6 +134,15 @@ def inside(pod, code: str) -> str:
     return done.stdout.strip()
 
 
+def served_precision(ts, model: str) -> str:
+    """The ``handler.precision`` that serves what ``model`` on ``ts`` serves (describe's
+    ``int8+f32`` is ``int8``): a second server pinned to it answers with the same arithmetic,
+    where its own ``auto`` could choose otherwise on a busy host (its batch sizes are another
+    key of the host's stored choices)."""
+    meta = ts.client().describe(model, customized=True)[0]["customizedMetadata"]
+    return meta["precision"].split("+")[0]
+
+
 def raw_answer(ts, model: str, image: bytes, **headers):
     response = requests.post(
         f"{ts.inference_url}/predictions/{model}",

@@ -13,7 +13,7 @@ import requests
 from tests import corpus, imagegen
 from tests.corpus import b64
 from tests.reference import assert_same_tags, rel_error
-from tests.served import raw_answer, variant_server
+from tests.served import raw_answer, served_precision, variant_server
 
 pytestmark = pytest.mark.integration
 TOLERANCE = 1e-4
@@ -213,13 +213,19 @@ def test_every_bad_input_alone_gets_its_status_and_message(torchserve):
 
 
 @pytest.fixture(scope="module")
-def slow_batching_server(tmp_path_factory, model_store):
+def slow_batching_server(tmp_path_factory, model_store, torchserve):
     """A second TorchServe whose tagger waits up to 30 s to fill a batch of 8: a group of 8
     concurrent requests is then one batch, which every answer's X-Batch-Size proves. A full
     batch goes at once, so the long wait costs nothing; it only keeps slow uploads of large
-    bodies on a loaded machine from splitting a group."""
+    bodies on a loaded machine from splitting a group. Pinned to the precision the session's
+    server serves, whose single answers the batched ones must equal."""
     with variant_server(
-        tmp_path_factory, model_store, "resnet50-tagger", batchSize=8, maxBatchDelay=30000
+        tmp_path_factory,
+        model_store,
+        "resnet50-tagger",
+        handler={"precision": served_precision(torchserve, "resnet50-tagger")},
+        batchSize=8,
+        maxBatchDelay=30000,
     ) as server:
         yield server
 
