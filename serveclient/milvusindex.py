@@ -76,6 +76,13 @@ class Opened:
         return self.manifest["spec"] != "FLAT"
 
 
+# pymilvus pings every 10 s, calls or not; a grpc-go server's default policy allows one ping per
+# 5 minutes and none without a call, and answers more with GOAWAY "too many pings". A pytest
+# process whose connection sat idle through a minute of other work then failed to reconnect to
+# Milvus Lite (the fresh-clone run of 2026-11-28): ping no more than the server allows.
+KEEPALIVE = {"grpc.keepalive_time_ms": 300_000, "grpc.keepalive_permit_without_calls": False}
+
+
 def connect(uri: str) -> Any:
     """A ``MilvusClient`` for ``uri``; ``UsageError`` when nothing answers there."""
     from pymilvus import MilvusClient
@@ -84,7 +91,7 @@ def connect(uri: str) -> Any:
     from serveclient.errors import UsageError
 
     try:
-        return MilvusClient(uri=uri, timeout=30)
+        return MilvusClient(uri=uri, timeout=30, grpc_options=KEEPALIVE)
     except MilvusException as exc:
         raise UsageError(
             f"no Milvus at {uri}: {exc}",
