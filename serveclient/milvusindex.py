@@ -78,8 +78,8 @@ class Opened:
 
 # pymilvus pings every 10 s, calls or not; a grpc-go server's default policy allows one ping per
 # 5 minutes and none without a call, and answers more with GOAWAY "too many pings". A pytest
-# process whose connection sat idle through a minute of other work then failed to reconnect to
-# Milvus Lite (the fresh-clone run of 2026-11-28): ping no more than the server allows.
+# process whose connection sat idle through other tests then failed to reconnect to Milvus
+# Lite with that error (a fresh-clone run, 2026-11-28): ping no more than the server allows.
 KEEPALIVE = {"grpc.keepalive_time_ms": 300_000, "grpc.keepalive_permit_without_calls": False}
 
 
