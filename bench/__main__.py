@@ -132,18 +132,14 @@ def run_pipeline(label: str, config: HandlerConfig, image: bytes, budget: raw.Bu
 
 
 def serve_ours(
-    images: dict[str, bytes],
-    plan: LoadPlan,
-    weights: dict,
-    *,
-    store: Path = MODEL_STORE,
-    config: Path | None = None,
-    load_models: list[str] | None = None,
-    run: str = "ours",
+    images: dict[str, bytes], plan: LoadPlan, weights: dict, attach: Path | None = None
 ) -> dict:
-    workdir = fresh_dir(BUILD / "run" / run)
-    server = LocalTorchServe(
-        workdir, store, load_models=load_models, **({"config": config} if config else {})
+    """``OURS`` served by a fresh TorchServe on the shipped archives and settings (``attach``:
+    the one running in that folder, measured and left running), loaded by ``plan``."""
+    server = (
+        LocalTorchServe.attach(attach)
+        if attach
+        else LocalTorchServe(fresh_dir(BUILD / "run" / "ours"), MODEL_STORE)
     )
     started = time.monotonic()
     with server:
@@ -163,7 +159,7 @@ def serve_ours(
         "precision": meta.get("precision", "unknown"),
         "precision_choice": meta.get("precision_choice"),
         "quantization": meta.get("quantization"),
-        "startup_s": startup_s,
+        "startup_s": None if attach else startup_s,
         **measured,
     }
 
@@ -203,6 +199,13 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds-long runs: a smoke test of the pipeline, not a benchmark",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument(
+        "--attach",
+        type=Path,
+        metavar="DIR",
+        help="ours: the TorchServe devtools.server started in DIR (the shipped settings), "
+        "measured and left running",
+    )
     args = parser.parse_args(argv)
     setup_cli("bench", args.quiet)
     plan = QUICK_PLAN if args.quick else LoadPlan()
@@ -222,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("explanations: cost per method")
     explain_results = explain_cost.run_explain(WEIGHTS, images["small"], config, args.quick)
     log.info("served: ours (%s)", OURS)
-    ours = serve_ours(images, plan, weights)
+    ours = serve_ours(images, plan, weights, args.attach)
     served = served_row(ours)
     log.info("in-process pipeline: %s (what the tagger served)", served)
     pipeline = run_pipeline(served, config, images["small"], budget)

@@ -186,18 +186,30 @@ def cpu_seconds(server: LocalTorchServe) -> dict[str, float]:
 
 
 def measure_variant(
-    name: str, overrides: dict[str, str], images: dict[str, bytes], plan: LoadPlan, round_: int
+    name: str,
+    overrides: dict[str, str],
+    images: dict[str, bytes],
+    plan: LoadPlan,
+    round_: int,
+    attach: Path | None = None,
 ) -> list[dict]:
-    """Start the tagger alone with ``overrides``, and measure each image and client count
-    (each row also says what the worker served: describe's backend and precision)."""
-    workdir = fresh_dir(BUILD / "ingestion" / f"round{round_}-{list(VARIANTS).index(name)}")
-    server = LocalTorchServe(
-        workdir, MODEL_STORE, load_models=[f"{TAGGER}.mar"], properties=overrides
+    """Start the tagger alone with ``overrides`` (``attach``: measure the running TorchServe in
+    that folder instead, and leave it running), and measure each image and client count (each
+    row also says what the worker served: describe's backend and precision)."""
+    server = (
+        LocalTorchServe.attach(attach)
+        if attach
+        else LocalTorchServe(
+            fresh_dir(BUILD / "ingestion" / f"round{round_}-{list(VARIANTS).index(name)}"),
+            MODEL_STORE,
+            load_models=[f"{TAGGER}.mar"],
+            properties=overrides,
+        )
     )
     rows = []
     with server:
         served = server.client().describe(TAGGER, customized=True)[0]["customizedMetadata"]
-        log_file = workdir / "logs" / "ts_log.log"
+        log_file = server.workdir / "logs" / "ts_log.log"
         model = ModelUnderTest(server, TAGGER, batches_from_log=False, plan=plan)
         for image, body in images.items():
             for clients in plan.clients:
@@ -388,6 +400,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument(
+        "--attach",
+        type=Path,
+        metavar="DIR",
+        help="shipped: the TorchServe devtools.server started in DIR (the shipped settings), "
+        "measured and left running",
+    )
     args = parser.parse_args(argv)
     setup_cli("ingestion", args.quiet)
     plan = QUICK if args.quick else PLAN
@@ -399,7 +418,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     for round_ in range(rounds):
         for name in args.variants.split(","):
-            rows += measure_variant(name, VARIANTS[name], images, plan, round_)
+            attach = args.attach if name == "shipped" else None
+            rows += measure_variant(name, VARIANTS[name], images, plan, round_, attach)
     meta = {
         "command": " ".join(["python -m bench.ingestion", *(argv or sys.argv[1:])]),
         "machine": machine_info,

@@ -339,12 +339,17 @@ def record_sample(
 
 
 class TorchServeTarget:
-    """The shipped TorchServe config and archives; workers found through describe."""
+    """The shipped TorchServe config and archives; workers found through describe.
+    ``attach``: the folder of a running ``LocalTorchServe`` to soak instead of a fresh one."""
 
     engine, stem = "TorchServe", "soak"
 
-    def __init__(self) -> None:
-        self.server = LocalTorchServe(fresh_dir(BUILD / "soak"), MODEL_STORE)
+    def __init__(self, attach: Path | None = None) -> None:
+        self.server = (
+            LocalTorchServe.attach(attach)
+            if attach
+            else LocalTorchServe(fresh_dir(BUILD / "soak"), MODEL_STORE)
+        )
         self.port, self.headers = 0, {}
 
     def start(self) -> None:
@@ -420,10 +425,12 @@ def _is_stub_of(process: psutil.Process, model: str) -> bool:
 TARGETS = {"torchserve": TorchServeTarget, "triton": TritonTarget}
 
 
-def soak(duration_s: float, out_dir: Path, engine: str = "torchserve") -> dict:
-    """Run the engine's mix for ``duration_s`` against a fresh server; write the reports;
-    return the summary."""
-    target: Target = TARGETS[engine]()
+def soak(
+    duration_s: float, out_dir: Path, engine: str = "torchserve", attach: Path | None = None
+) -> dict:
+    """Run the engine's mix for ``duration_s`` against a fresh server (``attach``: the running
+    TorchServe in that folder); write the reports; return the summary."""
+    target: Target = TorchServeTarget(attach) if attach else TARGETS[engine]()
     classes = target.classes(SAMPLES)
     records = {cls.name: Record() for cls in classes}
     series = MemorySeries()
@@ -613,11 +620,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--engine", choices=sorted(TARGETS), default="torchserve")
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument(
+        "--attach",
+        type=Path,
+        metavar="DIR",
+        help="soak the TorchServe devtools.server started in DIR and leave it running",
+    )
     args = parser.parse_args(argv)
     setup_cli("soak", args.quiet)
     if not 0 < args.minutes <= 60:
         parser.error("--minutes must be in (0, 60]: the soak is bounded")
-    summary = soak(QUICK_S if args.quick else args.minutes * 60, args.out, args.engine)
+    if args.attach and args.engine != "torchserve":
+        parser.error("--attach: a TorchServe's folder (--engine torchserve)")
+    duration_s = QUICK_S if args.quick else args.minutes * 60
+    summary = soak(duration_s, args.out, args.engine, args.attach)
     print(render_markdown(summary))
     return 0
 

@@ -324,8 +324,13 @@ class OursOnTorchServe(OnTorchServe):
     name, label = "ours", "ours on TorchServe 0.12"
     model = EMBEDDING
 
-    def __init__(self) -> None:
-        self.server = LocalTorchServe(fresh_dir(WORK / "ours"), MODEL_STORE)
+    def __init__(self, attach: Path | None = None) -> None:
+        """``attach``: the folder of a running ``LocalTorchServe`` to measure, left running."""
+        self.server = (
+            LocalTorchServe.attach(attach)
+            if attach
+            else LocalTorchServe(fresh_dir(WORK / "ours"), MODEL_STORE)
+        )
         self.runs = 0
 
     def concurrency(self) -> int:
@@ -696,6 +701,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=RESULTS, help="where traffic.md/.json go")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument(
+        "--attach",
+        type=Path,
+        metavar="DIR",
+        help="ours: the TorchServe devtools.server started in DIR, measured and left running",
+    )
     args = parser.parse_args(argv)
     names = [t.strip() for t in args.targets.split(",") if t.strip()]
     if unknown := set(names) - set(TARGETS):
@@ -708,7 +719,7 @@ def main(argv: list[str] | None = None) -> int:
     photos = collection.generate(folder, args.photos)
     rows, skipped = [], {}
     makers = {
-        "ours": OursOnTorchServe,
+        "ours": lambda: OursOnTorchServe(args.attach),
         "triton": OursOnTriton,
         "stock": lambda: StockTorchServe(STOCK_JOB_WINDOWS * settings.seconds),
     }

@@ -170,7 +170,8 @@ class LocalTorchServe:
     store and metrics config are rewritten to this instance's. ``properties``: more overrides.
     ``model_api``: turn on registering and unregistering models (``enable_model_api``, off in
     the shipped config: config/server.properties says why), for tests and benchmarks that
-    register archives.
+    register archives. ``ports``: these, not free ones. ``owned``: False for a server another
+    process started (``attach``).
     """
 
     def __init__(
@@ -183,6 +184,8 @@ class LocalTorchServe:
         properties: dict[str, str] | None = None,
         env: dict[str, str] | None = None,
         model_api: bool = False,
+        ports: dict[str, int] | None = None,
+        owned: bool = True,
     ) -> None:
         self.workdir = Path(workdir).resolve()
         self.model_store = Path(model_store).resolve()
@@ -193,7 +196,8 @@ class LocalTorchServe:
             **(properties or {}),
         }
         self.extra_env = dict(env or {})
-        self.ports = free_ports()
+        self.ports = ports or free_ports()
+        self.owned = owned
         urls = loopback_urls(self.ports)
         self.inference_url, self.management_url, self.metrics_url = (
             urls["inference"],
@@ -205,10 +209,32 @@ class LocalTorchServe:
         self.keys: Keys | None = None
         self._pids: set[int] = set()
 
+    @classmethod
+    def attach(cls, workdir: Path) -> LocalTorchServe:
+        """The server a ``start`` left running in ``workdir`` (another process's: the suite's
+        session server), read from the config.properties and key file it wrote there, to
+        measure and leave running: ``start`` only waits until it is ready, ``stop`` and
+        ``kill`` do nothing to it (its owner stops it)."""
+        workdir = Path(workdir).resolve()
+        text = (workdir / "config.properties").read_text()
+        values = dict(re.findall(r"^(\w+)=(.*)$", text, re.MULTILINE))
+        ports = {
+            name: int(values[f"{name}_address"].rsplit(":", 1)[1])
+            for name in ("inference", "management", "metrics")
+        } | {name: int(values[f"{name}_port"]) for name in ("grpc_inference", "grpc_management")}
+        return cls(workdir, Path(values["model_store"]), ports=ports, owned=False)
+
     # ------------------------------------------------------------------ lifecycle
 
     def start(self, timeout: float = 300.0) -> LocalTorchServe:
-        """Start, then wait until every loaded model has a READY worker."""
+        """Start, then wait until every loaded model has a READY worker (an attached server:
+        only the wait)."""
+        if not self.owned:
+            self._expected = _startup_models(
+                (self.workdir / "config.properties").read_text(), self.model_store
+            )
+            self._wait_ready(timeout)
+            return self
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.tmpdir.mkdir(exist_ok=True)
         config_path = self.workdir / "config.properties"
@@ -256,6 +282,8 @@ class LocalTorchServe:
 
     def stop(self) -> None:
         """``torchserve --stop``, then kill whatever of the server and its workers survived."""
+        if not self.owned:
+            return
         self._pids |= self._server_pids()
         stop_torchserve(
             str(Path(sys.executable).parent / "torchserve"), self.workdir, self._env(), self._pids
@@ -264,6 +292,8 @@ class LocalTorchServe:
     def kill(self) -> None:
         """SIGKILL the frontend and its workers at once, without TorchServe's drain (3.7 s a
         server here): a teardown's stop, with nothing in flight. ``start`` may follow."""
+        if not self.owned:
+            return
         self._pids |= self._server_pids()
         stop_processes(self._pids, grace=0)
         self.pid_file.unlink(missing_ok=True)

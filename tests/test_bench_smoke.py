@@ -1,7 +1,8 @@
 """The shipped benchmark tools run end to end: ``python -m bench --quick``,
 ``python -m bench.ingestion --quick`` and ``python -m bench.contention`` (seconds-long loads,
 so their numbers mean nothing; what is checked is that every measurement ran, was reported and
-is consistent with itself)."""
+is consistent with itself). Those that measure our TorchServe as shipped measure the session's
+(``--attach``): the same settings, without a start of their own."""
 
 from __future__ import annotations
 
@@ -13,13 +14,19 @@ import pytest
 
 from tests.conftest import REPO
 
-# About two thirds of the suite's time: `make test` runs it, `make test-fast` does not.
+# The suite's largest module by time: `make test` runs it, `make test-fast` does not.
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def test_quick_benchmark_reports_every_measurement(tmp_path, model_store):
+def test_quick_benchmark_reports_every_measurement(tmp_path, torchserve):
+    """``python -m bench --quick``, ours measured on the session's TorchServe (``--attach``:
+    the shipped settings, as the benchmark's own server has them); Triton and the stock
+    handler on servers of its own."""
     run = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--quiet", "--out", str(tmp_path)],
+        [
+            *(sys.executable, "-m", "bench", "--quick", "--quiet"),
+            *("--attach", str(torchserve.workdir), "--out", str(tmp_path)),
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -69,10 +76,11 @@ def _triton_installed() -> bool:
     return True
 
 
-def test_ingestion_split_reads_a_real_torchserve_log(tmp_path, model_store):
-    """``python -m bench.ingestion --quick`` on the shipped settings: every row found its
-    batches in TorchServe's own log, and the parts add up (the worker's handler time is part
-    of the frontend's backend time; decode and forward are parts of the handler time)."""
+def test_ingestion_split_reads_a_real_torchserve_log(tmp_path, torchserve):
+    """``python -m bench.ingestion --quick`` on the shipped settings (the session's TorchServe,
+    ``--attach``): every row found its batches in TorchServe's own log, and the parts add up
+    (the worker's handler time is part of the frontend's backend time; decode and forward are
+    parts of the handler time)."""
     run = subprocess.run(
         [
             sys.executable,
@@ -82,6 +90,8 @@ def test_ingestion_split_reads_a_real_torchserve_log(tmp_path, model_store):
             "--quiet",
             "--variants",
             "shipped",
+            "--attach",
+            str(torchserve.workdir),
             "--out",
             str(tmp_path),
         ],
@@ -140,12 +150,16 @@ def test_contention_probe_measures_both_runtimes_beside_each_neighbour(model_sto
         assert stock > 0 and ours > 0, row
 
 
-def test_soak_runs_every_class_and_reports(tmp_path, model_store):
-    """``python -m bench.soak --quick``: 6 s of every traffic class against a real server;
-    every class was sent and answered as a healthy server answers it, no worker restarted,
-    and the report and plot were written."""
+def test_soak_runs_every_class_and_reports(tmp_path, torchserve):
+    """``python -m bench.soak --quick --attach``: 6 s of every traffic class against the
+    session's TorchServe (the shipped settings, as a fresh soak server has them); every class
+    was sent and answered as a healthy server answers it, no worker restarted, and the report
+    and plot were written."""
     run = subprocess.run(
-        [sys.executable, "-m", "bench.soak", "--quick", "--quiet", "--out", str(tmp_path)],
+        [
+            *(sys.executable, "-m", "bench.soak", "--quick", "--quiet"),
+            *("--attach", str(torchserve.workdir), "--out", str(tmp_path)),
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -205,9 +219,10 @@ def test_soak_on_triton_runs_every_class_and_reports(tmp_path, model_store):
     assert (tmp_path / "soak-triton.png").stat().st_size > 10_000
 
 
-def test_traffic_bench_measures_interactive_clients_beside_the_job(tmp_path, model_store):
-    """``python -m bench.traffic`` tiny on our TorchServe: 2 clients x 5 photos/s x 2 s, alone
-    and while ``tsctl embed`` runs over 20 photos; every request and photo answered, and the
+def test_traffic_bench_measures_interactive_clients_beside_the_job(tmp_path, torchserve):
+    """``python -m bench.traffic`` tiny on the session's TorchServe (``--attach``: the shipped
+    settings, as the bench's own server has them): 2 clients x 5 photos/s x 2 s, alone and
+    while ``tsctl embed`` runs over 20 photos; every request and photo answered, and the
     report's row and provenance line written."""
     run = subprocess.run(
         [
@@ -220,6 +235,8 @@ def test_traffic_bench_measures_interactive_clients_beside_the_job(tmp_path, mod
             "2",
             "--targets",
             "ours",
+            "--attach",
+            str(torchserve.workdir),
             "--quiet",
             "--out",
             str(tmp_path),
