@@ -37,6 +37,8 @@ def milvus_lite(folder: Path) -> Iterator[Lite]:
     from pymilvus import MilvusClient
     from pymilvus.exceptions import MilvusException
 
+    from serveclient.milvusindex import KEEPALIVE
+
     exe = shutil.which("milvus-lite", path=str(Path(sys.executable).parent))
     if exe is None:
         raise RuntimeError("no milvus-lite beside this Python: `make setup` installs it")
@@ -61,7 +63,14 @@ def milvus_lite(folder: Path) -> Iterator[Lite]:
                 with attempt:
                     if proc.poll() is not None:
                         raise RuntimeError(f"milvus-lite exited {proc.returncode}: see {log_path}")
-                    MilvusClient(uri=uri, timeout=2).list_collections()
+                    # pymilvus shares one connection per address in a process, made with the
+                    # options of its first client: this one's, in a test session, so tsctl's
+                    # keep-alive, not pymilvus's 10 s pings that Milvus answers with GOAWAY.
+                    client = MilvusClient(uri=uri, timeout=2, grpc_options=KEEPALIVE)
+                    try:
+                        client.list_collections()
+                    finally:
+                        client.close()
             yield Lite(uri, proc.pid)
         finally:
             proc.terminate()

@@ -76,10 +76,12 @@ class Opened:
         return self.manifest["spec"] != "FLAT"
 
 
-# pymilvus pings every 10 s, calls or not; a grpc-go server's default policy allows one ping per
-# 5 minutes and none without a call, and answers more with GOAWAY "too many pings". A pytest
-# process whose connection sat idle through other tests then failed to reconnect to Milvus
-# Lite with that error (a fresh-clone run, 2026-11-28): ping no more than the server allows.
+# pymilvus pings every 10 s, calls or not; a gRPC server on its defaults (Milvus Lite's Python
+# grpc.server among them) takes a ping without data once per 5 minutes and answers the second
+# early one with GOAWAY "too many pings". A pytest process whose connection sat idle through
+# other tests then failed to reconnect to Milvus Lite with that error (fresh-clone runs,
+# 2026-11-28): ping no more than the server allows. pymilvus shares one connection per address
+# within a process, made with its first client's options: every client here passes these.
 KEEPALIVE = {"grpc.keepalive_time_ms": 300_000, "grpc.keepalive_permit_without_calls": False}
 
 
