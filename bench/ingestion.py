@@ -105,11 +105,14 @@ def batch_times(lines: Iterable[str], model: str) -> dict[str, list]:
     not always next to each other; a line seen before is counted once (each carries a
     millisecond timestamp and a worker, HandlerTime also request ids). A call that reached the
     handler without a batch's stages (a describe: HandlerTime and a backend time, no decode) is
-    not a batch: counting it would shift the stage lists against the handler and backend ones."""
+    not a batch: counting it would shift the stage lists against the handler and backend ones.
+    A batch without one of the stages (every image refused: opened, never decoded) has None
+    there, so that each stage list stays aligned with the handler's; a stage no batch has is
+    an empty list."""
     times: dict[str, list] = {"backend": [], **{key: [] for key in _STAGES.values()}, "ids": []}
     seen: set[str] = set()
     loaded: set[str] = set()
-    staged: set[str] = set()  # workers with stage lines since their last HandlerTime
+    staged: dict[str, dict[str, float]] = {}  # each worker's stages since its last HandlerTime
     not_a_batch: set[str] = set()  # workers whose next backend time is not a batch's
     for line in lines:
         if line in seen:
@@ -128,14 +131,17 @@ def batch_times(lines: Iterable[str], model: str) -> dict[str, list]:
         if metric and metric.group("model") == model:
             key, worker = _STAGES[metric.group("name")], metric.group("worker")
             if key != "handler":
-                staged.add(worker)
+                staged.setdefault(worker, {})[key] = float(metric.group("ms"))
             elif worker not in staged:
                 not_a_batch.add(worker)
-                continue
             else:
-                staged.discard(worker)
+                stages = {**staged.pop(worker), "handler": float(metric.group("ms"))}
+                for stage in _STAGES.values():
+                    times[stage].append(stages.get(stage))
                 times["ids"].append(tuple(request_ids(line)))
-            times[key].append(float(metric.group("ms")))
+    for stage in _STAGES.values():
+        if all(value is None for value in times[stage]):
+            times[stage] = []
     return times
 
 
@@ -150,8 +156,10 @@ def run_batches(times: dict[str, list], run_ids: set[str]) -> dict[str, list]:
     return {key: values[hits[0] : hits[-1] + 1] for key, values in times.items()}
 
 
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else float("nan")
+def _mean(values: list[float | None]) -> float:
+    """The mean of the values there are (a batch without a stage has None)."""
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else float("nan")
 
 
 def split(times: dict[str, list[float]], wall_s: float) -> dict:

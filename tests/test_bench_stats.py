@@ -180,6 +180,28 @@ def test_ingestion_does_not_count_a_describe_as_a_batch():
     assert len(times["ids"]) == 2
 
 
+def test_ingestion_keeps_the_stages_aligned_past_a_batch_that_decoded_nothing():
+    """A batch whose images were all refused once opened (a long-running server's log: the
+    suite's, after hostile clients) has an open time and no decode: the next batch's decode
+    stays its own, not the refused one's."""
+    model = "resnet50-tagger"
+    refused = [
+        line.replace("resnet50_decode_ms_total", "resnet50_open_ms_total")
+        for line in _ts_log(model, 3, 2.5, 0.4, ids=("r1",))
+    ]
+    times = batch_times(
+        [_backend_line(model, 4911), *refused, *_ts_log(model, 44, 39.5, 15.0, ids=("b1",))],
+        model,
+    )
+    assert (times["handler"], times["decode"], times["open"]) == (
+        [2.5, 39.5],
+        [None, 15.0],
+        [0.4, None],
+    )
+    assert run_batches(times, {"b1"})["decode"] == [15.0]
+    assert split(run_batches(times, {"b1"}), wall_s=1.0)["decode_ms"] == 15.0
+
+
 def test_ingestion_finds_a_run_by_its_request_ids():
     model = "resnet50-tagger"  # request ids are UUIDs (hex and dashes) in a real log
     warm_up = _ts_log(model, 30, 25.0, 5.0, ids=("a1", "a2", "a3")) + _ts_log(
