@@ -32,7 +32,9 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -145,16 +147,20 @@ def _run(path: Path, precision: str, pixels: torch.Tensor) -> tuple[np.ndarray, 
     return (torch.cat([o[0] for o in outputs]).numpy(), torch.cat([o[1] for o in outputs]).numpy())
 
 
-def quantize(
-    weights_dir: Path,
-    calibration: list[Image.Image],
-    heldout: list[Image.Image],
-    thresholds: dict,
-    size: int = 200,
-    subset_size: int | None = None,
-) -> Path:
-    """Write the int8 IR beside the float32 one and return its path, or raise FidelityError
-    (nothing written) when it disagrees with float32 beyond ``thresholds``."""
+@dataclass(frozen=True)
+class Calibrated:
+    """The int8 model NNCF made from the float32 IR, not yet judged nor written."""
+
+    model: Any  # openvino.Model
+    fp32: Path  # the float32 IR it was made from (what the gate compares it with)
+    size: int  # calibration tensors
+    photos: int  # calibration photos
+    seconds: float  # the calibration's wall time
+
+
+def calibrate(weights_dir: Path, calibration: list[Image.Image], size: int = 200) -> Calibrated:
+    """NNCF's post-training quantisation of the float32 IR in ``weights_dir`` (exported first
+    when missing) on ``size`` tensors made from the ``calibration`` photos; writes nothing."""
     # NNCF sends usage telemetry unless told otherwise; its documented switch is this variable.
     os.environ.setdefault("NNCF_CI", "1")
     import nncf
@@ -175,17 +181,35 @@ def quantize(
         dataset,
         preset=nncf.QuantizationPreset.PERFORMANCE,
         target_device=nncf.TargetDevice.CPU,
-        subset_size=subset_size or size,
+        subset_size=size,
         advanced_parameters=AdvancedQuantizationParameters(
             activations_range_estimator_params=RangeEstimatorParametersSet.MINMAX
         ),
     )
+    return Calibrated(quantized, fp32, size, len(calibration), time.monotonic() - started)
+
+
+def accept(
+    weights_dir: Path,
+    calibrated: Calibrated,
+    calibration: list[Image.Image],
+    heldout: list[Image.Image],
+    thresholds: dict,
+) -> Path:
+    """The fidelity gate: write ``calibrated``'s int8 IR and its record beside the float32 one
+    and return its path, or raise FidelityError (nothing written) when it disagrees with float32
+    beyond ``thresholds`` on ``heldout`` (and augmentations of ``calibration``)."""
+    import nncf
+    import openvino as ov
+
+    started = time.monotonic()
+    fp32 = calibrated.fp32
     # Staged beside the weights (same file system: the final moves are renames); whatever
     # fails, the staging folder goes and nothing half-written reaches weights_dir.
     with tempfile.TemporaryDirectory(prefix="int8.", dir=weights_dir) as tmp:
         staging = Path(tmp)
         candidate = staging / TARGET
-        ov.save_model(quantized, str(candidate), compress_to_fp16=False)
+        ov.save_model(calibrated.model, str(candidate), compress_to_fp16=False)
 
         probe = heldout_set(heldout, calibration)
         heads = Classes.read(ModelFiles.read(weights_dir, fp32.name)).rows
@@ -206,20 +230,34 @@ def quantize(
             "method": "NNCF post-training quantisation, MINMAX ranges",
             "nncf": nncf.__version__,
             "openvino": ov.get_version(),
-            "calibration_tensors": size,
-            "calibration_photos": len(calibration),
+            "calibration_tensors": calibrated.size,
+            "calibration_photos": calibrated.photos,
             "heldout_photos": len(heldout),
             "fidelity_vs_f32": figures,
             "thresholds": thresholds,
             "checkpoint_sha256": checkpoint_sha256(weights_dir),
             "input": SERVED_INPUT,
             "note": "agreement with float32 on the same weights, not ImageNet accuracy",
-            "build_s": round(time.monotonic() - started, 1),
+            "build_s": round(calibrated.seconds + time.monotonic() - started, 1),
         }
         (staging / fidelity_record(TARGET)).write_text(json.dumps(record, indent=2) + "\n")
         for name in [TARGET, *companions(TARGET)]:
             (staging / name).replace(weights_dir / name)
     return weights_dir / TARGET
+
+
+def quantize(
+    weights_dir: Path,
+    calibration: list[Image.Image],
+    heldout: list[Image.Image],
+    thresholds: dict,
+    size: int = 200,
+) -> Path:
+    """``calibrate`` then ``accept``: write the int8 IR beside the float32 one and return its
+    path, or raise FidelityError (nothing written) when it disagrees with float32 beyond
+    ``thresholds``."""
+    calibrated = calibrate(weights_dir, calibration, size)
+    return accept(weights_dir, calibrated, calibration, heldout, thresholds)
 
 
 def _clear(weights_dir: Path) -> None:
