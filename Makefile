@@ -163,14 +163,23 @@ monitor: $(VENV)/.installed prometheus
 # and tests/test_triton.py is skipped, saying why.
 TRITON_VENV := build/triton-venv
 
+NO_TRITON := "warning: no Triton (nvidia-pytriton did not install): tests/test_triton.py will be skipped"
 triton-server: $(VENV)/.installed
-	@$(MAKE) --no-print-directory $(TRITON_VENV)/.installed \
-		|| echo "warning: no Triton (nvidia-pytriton did not install): tests/test_triton.py will be skipped" >&2
+	@$(MAKE) --no-print-directory $(TRITON_VENV)/.installed || echo $(NO_TRITON) >&2
 
-$(TRITON_VENV)/.installed: requirements-triton.txt tritonrepo/install.py
+# The wheel's venv needs nothing of the project's, so make test installs it beside the
+# project's (pip works on one core; the other was idle).
+.PHONY: triton-venv
+triton-venv:
+	@$(MAKE) --no-print-directory $(TRITON_VENV)/.pip || echo $(NO_TRITON) >&2
+
+$(TRITON_VENV)/.pip: requirements-triton.txt
 	rm -rf $(TRITON_VENV)
 	$(PYTHON) -m venv $(TRITON_VENV)
 	$(TRITON_VENV)/bin/pip install --quiet --no-compile -r requirements-triton.txt
+	@touch $@
+
+$(TRITON_VENV)/.installed: $(TRITON_VENV)/.pip tritonrepo/install.py
 	$(PY) -m tritonrepo.install
 	@touch $@
 
@@ -198,11 +207,18 @@ lint: $(VENV)/.installed
 # servers spend much of their time starting and waiting, which the other process fills.
 TEST_WORKERS ?= 2
 PYTEST := $(VENV)/bin/pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
-# After the venv, the independent steps side by side (each mostly on one core: pip, podman,
-# NNCF, mypy), each one's output printed whole when it ends; then the tests.
-test: setup config samples
+# The set-up (its apt steps one at a time) beside Triton's venv; after them the independent
+# steps side by side (each mostly on one core: podman, NNCF, mypy), each one's output printed
+# whole when it ends; then the tests.
+test:
+	@$(MAKE) --no-print-directory -j2 --output-sync=target setup-serial triton-venv
+	@$(MAKE) --no-print-directory config samples
 	@$(MAKE) --no-print-directory -j4 --output-sync=target archives kserve-image triton-server lint
 	$(PYTEST)
+
+.PHONY: setup-serial
+setup-serial:
+	@$(MAKE) --no-print-directory -j1 setup
 
 # The inner loop: everything but the tests marked slow or container (see pytest.ini).
 test-fast: setup config archives samples triton-server
