@@ -25,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import javaproperties
 import psutil
 import requests
 
@@ -163,6 +164,10 @@ def stop_processes(pids: set[int], grace: float = 30.0) -> None:
     psutil.wait_procs(alive, timeout=10)
 
 
+class NotStartedHere(RuntimeError):
+    """``LocalTorchServe.attach`` was given a folder no ``LocalTorchServe`` started a server in."""
+
+
 class LocalTorchServe:
     """A ``torchserve --start`` process on free ports; ``stop()`` always leaves nothing behind.
 
@@ -216,8 +221,13 @@ class LocalTorchServe:
         measure and leave running: ``start`` only waits until it is ready, ``stop`` and
         ``kill`` do nothing to it (its owner stops it)."""
         workdir = Path(workdir).resolve()
-        text = (workdir / "config.properties").read_text()
-        values = dict(re.findall(r"^(\w+)=(.*)$", text, re.MULTILINE))
+        config = workdir / "config.properties"
+        if not config.is_file():
+            raise NotStartedHere(
+                f"{workdir}: no config.properties, so no server that devtools.server started "
+                "there: give the folder a running LocalTorchServe was started in"
+            )
+        values = javaproperties.loads(config.read_text())
         ports = {
             name: int(values[f"{name}_address"].rsplit(":", 1)[1])
             for name in ("inference", "management", "metrics")
