@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import re
 import shutil
 import signal
 import socket
@@ -232,7 +231,9 @@ class LocalTorchServe:
             name: int(values[f"{name}_address"].rsplit(":", 1)[1])
             for name in ("inference", "management", "metrics")
         } | {name: int(values[f"{name}_port"]) for name in ("grpc_inference", "grpc_management")}
-        return cls(workdir, Path(values["model_store"]), ports=ports, owned=False)
+        server = cls(workdir, Path(values["model_store"]), ports=ports, owned=False)
+        server._expected = _startup_models(values.get("load_models", ""), server.model_store)
+        return server
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -240,9 +241,6 @@ class LocalTorchServe:
         """Start, then wait until every loaded model has a READY worker (an attached server:
         only the wait)."""
         if not self.owned:
-            self._expected = _startup_models(
-                (self.workdir / "config.properties").read_text(), self.model_store
-            )
             self._wait_ready(timeout)
             return self
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -257,15 +255,13 @@ class LocalTorchServe:
             overrides["load_models"] = ",".join(self.load_models)
         overrides.update(self.properties)
         text = rewrite_properties(self.config.read_text(), overrides)
+        values = javaproperties.loads(text)
         # TorchServe unpacks each archive under Java's temp folder and removes it only when it
         # stops itself: this server's own folder, so that kill() can remove what it left.
-        vmargs = re.search(r"^vmargs=(.*)$", text, re.MULTILINE)
         java_tmp = f"-Djava.io.tmpdir={self.tmpdir}"
-        text = rewrite_properties(
-            text, {"vmargs": f"{vmargs.group(1)} {java_tmp}" if vmargs else java_tmp}
-        )
-        config_path.write_text(text)
-        self._expected = _startup_models(text, self.model_store)
+        vmargs = f"{values['vmargs']} {java_tmp}" if values.get("vmargs") else java_tmp
+        config_path.write_text(rewrite_properties(text, {"vmargs": vmargs}))
+        self._expected = _startup_models(values.get("load_models", ""), self.model_store)
         command = [
             str(Path(sys.executable).parent / "torchserve"),
             "--start",
@@ -392,10 +388,9 @@ class LocalTorchServe:
         return True
 
 
-def _startup_models(properties: str, model_store: Path) -> int:
-    """How many models ``load_models`` in a config.properties text loads at start-up."""
-    match = re.search(r"^load_models=(.*)$", properties, re.MULTILINE)
-    value = match.group(1).strip() if match else ""
+def _startup_models(load_models: str, model_store: Path) -> int:
+    """How many models a config.properties' ``load_models`` value loads at start-up."""
+    value = load_models.strip()
     if value == "all":
         return len(list(model_store.glob("*.mar")))
     return len([m for m in value.split(",") if m.strip()])
