@@ -75,23 +75,25 @@ def crop_count(shape: Any, where: str) -> int:
 
 def crops_of(data: Any, count: int, where: str) -> list[bytes]:
     """A ``UINT8`` tensor's elements (a JSON list of integers, raw bytes, or an array) of
-    ``count`` crops (``crop_count``) as one ``CROP_BYTES`` item per crop, or a 400."""
+    ``count`` crops (``crop_count``) as one ``CROP_BYTES`` item per crop, or a 400. Each crop
+    is copied out of ``data`` once."""
     raw = _raw(data, where)
     if len(raw) != count * CROP_BYTES:
         raise InvalidRequest(
             f"{where} holds {len(raw)} values, its shape [{count}, {CROP}, {CROP}, 3] says "
             f"{count * CROP_BYTES}: send every pixel of every crop"
         )
-    return [raw[i * CROP_BYTES : (i + 1) * CROP_BYTES] for i in range(count)]
+    return [bytes(raw[i * CROP_BYTES : (i + 1) * CROP_BYTES]) for i in range(count)]
 
 
-def _raw(data: Any, where: str) -> bytes:
+def _raw(data: Any, where: str) -> memoryview:
+    """``data``'s pixels as a flat byte view (no copy of a body or an array)."""
     if isinstance(data, (bytes, bytearray, memoryview)):
-        return bytes(data)
+        return memoryview(data).cast("B")
     if isinstance(data, np.ndarray):
         if data.dtype != np.uint8:
             raise InvalidRequest(f"{where} must be UINT8, got {data.dtype}")
-        return data.tobytes()
+        return np.ascontiguousarray(data).reshape(-1).data
     try:
         values = np.asarray(data)
     except ValueError:
@@ -101,4 +103,4 @@ def _raw(data: Any, where: str) -> bytes:
             f"{where}.data must hold integers 0..255 (UINT8 pixels), got "
             f"{'values of ' + str(values.dtype) if values.size else 'something else'}"
         )
-    return values.astype(np.uint8).tobytes()
+    return values.astype(np.uint8).reshape(-1).data

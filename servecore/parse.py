@@ -212,7 +212,7 @@ def _parse(request: HttpRequest, config: HandlerConfig) -> ParsedRequest:
     query_top_k = parse_top_k(form["topk"]) if "topk" in form else None
     payload = request.body if request.body is not None else form[IMAGE_FIELD]
     if request.header_length is not None and isinstance(payload, (bytes, bytearray)):
-        return _parse_binary(bytes(payload), request.header_length, query_top_k, config)
+        return _parse_binary(payload, request.header_length, query_top_k, config)
     if isinstance(payload, JsonDocument):
         payload = payload.checked(config)
     elif not is_json(payload):
@@ -248,7 +248,7 @@ def _parse(request: HttpRequest, config: HandlerConfig) -> ParsedRequest:
 
 
 def _parse_binary(
-    body: bytes, header_length: Any, query_top_k: int | None, config: HandlerConfig
+    body: bytes | bytearray, header_length: Any, query_top_k: int | None, config: HandlerConfig
 ) -> ParsedRequest:
     """A v2 body in the binary tensor extension: its JSON header, its tensors' bytes after."""
     with _as_invalid_request():
@@ -446,8 +446,9 @@ def _parse_v2(payload: dict, query_top_k: int | None, config: HandlerConfig) -> 
 
 
 def _bytes_data(tensor: dict, where: str) -> list:
-    """A BYTES tensor's elements: base64 texts in JSON, raw bytes from the binary extension."""
-    if isinstance(tensor.get("data"), bytes):
+    """A BYTES tensor's elements: base64 texts in JSON, raw bytes from the binary extension
+    (a view of the body, ``fill_inputs``)."""
+    if isinstance(tensor.get("data"), (bytes, memoryview)):
         with _as_invalid_request():
             return elements_of(tensor["data"], where)
     return _require(tensor, "data", list, where)

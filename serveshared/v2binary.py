@@ -52,9 +52,13 @@ class MalformedBinary(ValueError):
     server answers it 400, ``servecore.parse``)."""
 
 
-def split_body(body: bytes, header_length: Any) -> tuple[bytes, bytes]:
-    """A request body as its JSON header and the bytes after it (``header_length``: the
-    ``Inference-Header-Content-Length`` header's value, as text or bytes)."""
+def split_body(
+    body: bytes | bytearray | memoryview, header_length: Any
+) -> tuple[bytes, memoryview]:
+    """A request body as its JSON header and a view of the bytes after it, not a copy: the
+    tensors' bytes are read out once, element by element (``elements_of``).
+    ``header_length``: the ``Inference-Header-Content-Length`` header's value, as text or
+    bytes."""
     text = header_length
     if isinstance(text, (bytes, bytearray)):
         text = text.decode("latin-1")
@@ -64,13 +68,14 @@ def split_body(body: bytes, header_length: Any) -> tuple[bytes, bytes]:
             f"{HEADER_LENGTH} must be the length of the body's JSON header (0..{len(body)}), "
             f"got {echo(header_length)}"
         )
-    return body[:length], body[length:]
+    view = memoryview(body)
+    return bytes(view[:length]), view[length:]
 
 
-def fill_inputs(header: dict, data: bytes) -> dict:
+def fill_inputs(header: dict, data: memoryview) -> dict:
     """The JSON header with each input's ``binary_data_size`` bytes (in input order) put in
-    as its ``data`` (raw ``bytes``); ``MalformedBinary`` when the sizes and the data
-    disagree."""
+    as its ``data`` (a ``memoryview`` of ``data``, not a copy); ``MalformedBinary`` when the
+    sizes and the data disagree."""
     inputs, at = header.get("inputs"), 0
     for i, tensor in enumerate(inputs if isinstance(inputs, list) else []):
         params = tensor.get("parameters") if isinstance(tensor, dict) else None
@@ -92,8 +97,9 @@ def fill_inputs(header: dict, data: bytes) -> dict:
     return header
 
 
-def elements_of(data: bytes, where: str = "a BYTES tensor") -> list[bytes]:
-    """A ``BYTES`` tensor's raw data back as its elements (``bytes_elements`` undone)."""
+def elements_of(data: bytes | memoryview, where: str = "a BYTES tensor") -> list[bytes]:
+    """A ``BYTES`` tensor's raw data back as its elements (``bytes_elements`` undone), each
+    copied out once."""
     elements, at = [], 0
     while at < len(data):
         size = int.from_bytes(data[at : at + 4], "little") if at + 4 <= len(data) else -1
@@ -102,7 +108,7 @@ def elements_of(data: bytes, where: str = "a BYTES tensor") -> list[bytes]:
                 f"{where}'s binary data is cut short at byte {at}: each element is a 4-byte "
                 "little-endian length and that many bytes"
             )
-        elements.append(data[at + 4 : at + 4 + size])
+        elements.append(bytes(data[at + 4 : at + 4 + size]))
         at += 4 + size
     return elements
 
