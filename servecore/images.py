@@ -161,8 +161,9 @@ def open_image(
     if plain is not None:  # PIL opens it when it is decoded
         _within(plain.size, max_pixels)
         scale = _draft_scale(plain.size, draft_size)
-        width, height = ((side + scale - 1) // scale for side in plain.size)
-        header = Header("JPEG", plain.mode, (width, height), scale, plain.progressive)
+        width, height = plain.size
+        size = ((width + scale - 1) // scale, (height + scale - 1) // scale)
+        header = Header("JPEG", plain.mode, size, scale, plain.progressive)
         return OpenedImage(data, header, draft_size)
     image = _open(data)
     _within(image.size, max_pixels)
@@ -197,7 +198,7 @@ def _draft_scale(size: tuple[int, int], draft_size: int | None) -> int:
     if not draft_size:
         return 1
     fits = min(size[0] // draft_size, size[1] // draft_size)
-    return next((s for s in (8, 4, 2) if fits >= s), 1)
+    return 8 if fits >= 8 else 4 if fits >= 4 else 2 if fits >= 2 else 1
 
 
 def decode(opened: OpenedImage) -> Image.Image:

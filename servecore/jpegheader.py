@@ -17,9 +17,11 @@ where PIL's own parser would accept it with the same size and mode, so no answer
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 SOI = b"\xff\xd8\xff"
+_SEGMENT = struct.Struct(">BBH")  # a segment's start: 0xFF, its marker, its length
 _SOS = 0xDA
 _DQT = 0xDB
 _FRAMES = {0xC0: False, 0xC1: False, 0xC2: True}  # marker -> progressive
@@ -51,32 +53,30 @@ def frame(data: bytes) -> Frame | None:
     found: Frame | None = None
     at, end = 2, len(data)
     while at + 4 <= end:
-        if data[at] != 0xFF:
-            return None
-        marker = data[at + 1]
-        length = (data[at + 2] << 8) | data[at + 3]
-        body = at + 4
+        # One unpack per segment (marker byte, marker, length): this loop runs for every image
+        # a request carries, so it is kept to a few operations per segment.
+        ff, marker, length = _SEGMENT.unpack_from(data, at)
         stop = at + 2 + length
-        if length < 2 or stop > end:
+        if ff != 0xFF or length < 2 or stop > end:
             return None
+        if marker in _SKIPPED:
+            at = stop
+            continue
         if marker == _SOS:
             return found
         if marker in _FRAMES:
             if found is not None:
                 return None
-            found = _frame(data[body:stop], _FRAMES[marker])
+            found = _frame(data[at + 4 : stop], _FRAMES[marker])
             if found is None:
                 return None
         elif marker == _DQT:
-            if not _whole_tables(data[body:stop]):
+            if not _whole_tables(data, at + 4, stop):
                 return None
         elif marker == 0xE1:  # EXIF or XMP: an orientation may be there
             return None
-        elif marker == 0xE2:
-            if data.startswith(b"MPF\0", body):
-                return None
-        elif marker not in _SKIPPED:
-            return None
+        elif marker != 0xE2 or data.startswith(b"MPF\0", at + 4):
+            return None  # a marker PIL reads otherwise, or an MPF block (PIL opens it as MPO)
         at = stop
     return None
 
@@ -94,9 +94,9 @@ def _frame(segment: bytes, progressive: bool) -> Frame | None:
     return Frame((width, height), components, progressive)
 
 
-def _whole_tables(segment: bytes) -> bool:
-    """Whether a DQT segment is whole tables: each 1 + 64 bytes, or 1 + 128 at 16 bits."""
-    at = 0
-    while at < len(segment):
-        at += 1 + (64 if segment[at] >> 4 == 0 else 128)
-    return at == len(segment)
+def _whole_tables(data: bytes, at: int, stop: int) -> bool:
+    """Whether the DQT segment ``data[at:stop]`` is whole tables: each 1 + 64 bytes, or 1 + 128
+    at 16 bits."""
+    while at < stop:
+        at += 65 if data[at] >> 4 == 0 else 129
+    return at == stop
