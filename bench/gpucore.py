@@ -43,6 +43,9 @@ class CoreTimes:
         elif metric.name == self.batches_metric:
             self.batches += value
 
+    def flush(self) -> None:
+        pass
+
     def reset(self) -> None:
         self.ms, self.batches = {}, 0.0
 

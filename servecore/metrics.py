@@ -166,15 +166,22 @@ METRICS: tuple[Metric, ...] = (
 class MetricsSink(Protocol):
     """Where an engine exports metrics. ``add``: count ``value`` into a counter, set a gauge
     to it or observe it in a histogram (the metric's kind says which), with the values of the
-    metric's own labels in ``labels`` (the sink adds ``COMMON_LABELS``' values)."""
+    metric's own labels in ``labels`` (the sink adds ``COMMON_LABELS``' values). ``flush``:
+    the batch is done; a sink that holds what it was given (TorchServe's, which writes a
+    batch's lines together) sends it now."""
 
     def add(self, metric: Metric, value: float, labels: tuple[str, ...] = ()) -> None: ...
+
+    def flush(self) -> None: ...
 
 
 class NoMetrics:
     """A sink that drops everything (an engine without metrics, tests)."""
 
     def add(self, metric: Metric, value: float, labels: tuple[str, ...] = ()) -> None:
+        pass
+
+    def flush(self) -> None:
         pass
 
 
@@ -192,6 +199,7 @@ class BatchMetrics:
         self.pid = str(os.getpid())
         self.slot, self.restarts = slot, restarts
         self.sink.add(WORKER_RESTARTS, restarts, (slot,))
+        self.sink.flush()
 
     def batch(self, requests: int, images: int, open_ms: float, decode_ms: float) -> None:
         """One batch: ``requests`` requests carrying ``images`` good images."""
@@ -209,6 +217,10 @@ class BatchMetrics:
         self.sink.add(PRECISION, 1, (self.precision,))
         self.sink.add(WORKER_RSS, round(self.process.memory_info().rss / 2**20, 1), (self.pid,))
         self.sink.add(WORKER_RESTARTS, self.restarts, (self.slot,))
+
+    def flush(self) -> None:
+        """The batch is recorded: the sink sends what it holds (``MetricsSink.flush``)."""
+        self.sink.flush()
 
     def forward(self, forward_ms: float) -> None:
         self.sink.add(FORWARD_MS, forward_ms)

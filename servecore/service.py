@@ -306,11 +306,14 @@ class ImageModel:
         timed together (``resnet50_answer_ms_total``), and the errors counted are those of the
         replies as sent: an ``encode`` that raises a ``RequestError`` refuses that answer (an
         HTTP edge's 413, too large to send), and the request's error is written instead."""
-        computed = self.infer(self.prepare(incoming))
-        started = time.perf_counter()
-        sent = [_written(reply, encode) for reply in self.answer(computed)]
-        self.metrics.errors(reply.error.kind for reply, _ in sent if reply.error is not None)
-        self.metrics.answer(1000 * (time.perf_counter() - started))
+        try:
+            computed = self.infer(self.prepare(incoming))
+            started = time.perf_counter()
+            sent = [_written(reply, encode) for reply in self.answer(computed)]
+            self.metrics.errors(reply.error.kind for reply, _ in sent if reply.error is not None)
+            self.metrics.answer(1000 * (time.perf_counter() - started))
+        finally:
+            self.metrics.flush()  # the batch's metrics out together, even when it failed
         return [response for _, response in sent]
 
     def describe(self) -> dict:

@@ -55,6 +55,9 @@ class Sink:
     def add(self, metric, value, labels=()):
         self.added.append((metric.name, value, labels))
 
+    def flush(self):
+        pass
+
 
 def test_restarts_are_set_when_the_worker_loads_and_with_every_batch():
     sink = Sink()

@@ -71,6 +71,9 @@ class TritonMetrics:
         else:
             series.observe(value)
 
+    def flush(self) -> None:
+        """Nothing held: each value went to Triton's metric when it was added."""
+
     def close(self) -> None:
         """Let go of every series, then the families (Triton's order: a family deleted before
         its metrics is logged as a leak). ``finalize`` calls it."""
