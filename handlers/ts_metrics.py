@@ -1,4 +1,6 @@
-"""The model's metrics (``servecore.metrics``) exported through TorchServe's metrics cache."""
+"""The model's metrics (``servecore.metrics``) as TorchServe's metric lines: each metric
+looked up in TorchServe's metrics cache (what its metrics YAML declares), its values written as
+the cache's own metric objects write them, a batch's lines in one log record."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any
 
 from ts.metrics.metric_type_enum import MetricTypes
 
-from servecore.metrics import METRICS, Metric
+from servecore.metrics import METRICS, Kind, Metric
 
 logger = logging.getLogger(__name__)
 # The logger TorchServe's own metric objects write their lines through (CachingMetric's).
@@ -56,8 +58,9 @@ class TorchServeMetrics:
             return
         head, names, tail = found
         values = (*self.dimensions, *labels)
-        if len(values) != len(names) or (metric.kind.name == "COUNTER" and value < 0):
-            # TorchServe's own check and message: a bug of ours, logged, never a failed batch
+        if len(values) != len(names) or (metric.kind is Kind.COUNTER and value < 0):
+            # TorchServe's own two checks (dimensions, a counter's sign), logged as it logs
+            # them: a bug of ours, never a failed batch
             METRIC_LINES.error(
                 "[METRICS]Failed to update metric with name:%s: dimension values %s for "
                 "dimension names %s, value %s",
