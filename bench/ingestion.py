@@ -83,6 +83,12 @@ _BACKEND = re.compile(
     r"(?P<worker>W-\d+-(?P<model>[^ ]+?)_[^ ]+) org\.pytorch\.serve\.wlm\."
     r"WorkerThread - Backend response time: (?P<ms>\d+)"
 )
+# The frontend restarting a worker that died (killed, crashed): its next backend time is the
+# model's load again, not a batch, under the same worker name.
+_RESTART = re.compile(
+    r"(?P<worker>W-\d+-(?P<model>[^ ]+?)_[^ ]+) org\.pytorch\.serve\.wlm\."
+    r"WorkerThread - Retry worker"
+)
 _STAGES = {
     "HandlerTime": "handler",
     "resnet50_open_ms_total": "open",
@@ -101,14 +107,15 @@ def batch_times(lines: Iterable[str], model: str) -> dict[str, list]:
     """Per-batch figures of ``model`` from ts_log lines, in log order: milliseconds
     ``backend``, ``handler``, ``decode``, ``forward``, and the request ``ids`` each HandlerTime
     line names (each a list, one entry per batch). Each worker's first "Backend response time"
-    is its model load, not a batch. The frontend writes each log line twice (two appenders),
-    not always next to each other; a line seen before is counted once (each carries a
-    millisecond timestamp and a worker, HandlerTime also request ids). A call that reached the
-    handler without a batch's stages (a describe: HandlerTime and a backend time, no decode) is
-    not a batch: counting it would shift the stage lists against the handler and backend ones.
-    A batch without one of the stages (every image refused: opened, never decoded) has None
-    there, so that each stage list stays aligned with the handler's; a stage no batch has is
-    an empty list."""
+    is its model load, not a batch, and so is its first after the frontend restarted it (a
+    long-running server's log: the suite's, after a test killed a worker). The frontend
+    writes each log line twice (two appenders), not always next to each other; a line seen
+    before is counted once (each carries a millisecond timestamp and a worker, HandlerTime also
+    request ids). A call that reached the handler without a batch's stages (a describe:
+    HandlerTime and a backend time, no decode) is not a batch: counting it would shift the
+    stage lists against the handler and backend ones. A batch without one of the stages (every
+    image refused: opened, never decoded) has None there, so that each stage list stays
+    aligned with the handler's; a stage no batch has is an empty list."""
     times: dict[str, list] = {"backend": [], **{key: [] for key in _STAGES.values()}, "ids": []}
     seen: set[str] = set()
     loaded: set[str] = set()
@@ -118,6 +125,13 @@ def batch_times(lines: Iterable[str], model: str) -> dict[str, list]:
         if line in seen:
             continue
         seen.add(line)
+        restart = _RESTART.search(line)
+        if restart and restart.group("model") == model:
+            worker = restart.group("worker")
+            loaded.discard(worker)
+            staged.pop(worker, None)
+            not_a_batch.discard(worker)
+            continue
         backend = _BACKEND.search(line)
         if backend and backend.group("model") == model:
             worker = backend.group("worker")

@@ -202,6 +202,30 @@ def test_ingestion_keeps_the_stages_aligned_past_a_batch_that_decoded_nothing():
     assert split(run_batches(times, {"b1"}), wall_s=1.0)["decode_ms"] == 15.0
 
 
+def test_ingestion_does_not_count_a_restarted_workers_load_as_a_batch():
+    """A worker killed and restarted by the frontend (the suite's long-running server) loads
+    the model again under the same name: that backend time is a load, and the batches after it
+    keep their own backend times."""
+    model = "resnet50-tagger"
+    retry = (
+        f"2026-11-22T12:14:27,000 [INFO ] W-49201-{model}_1.0 "
+        "org.pytorch.serve.wlm.WorkerThread - Retry worker: 49201 in 1 seconds."
+    )
+    times = batch_times(
+        [
+            _backend_line(model, 4911),
+            *_ts_log(model, 44, 39.5, 15.0, ids=("a1",)),
+            retry,
+            retry,
+            _backend_line(model, 3076),
+            *_ts_log(model, 60, 50.5, 25.0, ids=("b1",)),
+        ],
+        model,
+    )
+    assert (times["backend"], times["handler"]) == ([44.0, 60.0], [39.5, 50.5])
+    assert run_batches(times, {"b1"})["backend"] == [60.0]
+
+
 def test_ingestion_finds_a_run_by_its_request_ids():
     model = "resnet50-tagger"  # request ids are UUIDs (hex and dashes) in a real log
     warm_up = _ts_log(model, 30, 25.0, 5.0, ids=("a1", "a2", "a3")) + _ts_log(
