@@ -82,8 +82,13 @@ class Response:
 class Error:
     UNAVAILABLE, INVALID_ARG, INTERNAL = 1, 2, 3
     def __init__(self, message, code=3): self.message, self.code = message, code
+class Input:  # an input tensor: pb_utils names it by a method
+    def __init__(self, name, array): self.given, self.array = name, array
+    def name(self): return self.given
+    def as_numpy(self): return self.array
 class Request:
-    def __init__(self, inputs, rid): self.inputs, self.rid = inputs, rid
+    def __init__(self, given, rid): self.given, self.rid = given, rid
+    def inputs(self): return list(self.given.values())
     def request_id(self): return self.rid
     def parameters(self): return "{}"
     def requested_output_names(self): return []  # none named: every output, as before
@@ -95,7 +100,7 @@ pb.Tensor, pb.InferenceResponse, pb.TritonError = Tensor, Response, Error
 pb.MetricFamily = NoFamily
 dtypes = {"TYPE_FP32": np.float32, "TYPE_STRING": np.object_, "TYPE_BOOL": np.bool_}
 pb.triton_string_to_numpy = dtypes.__getitem__
-pb.get_input_tensor_by_name = lambda request, name: request.inputs.get(name)
+pb.get_input_tensor_by_name = lambda request, name: request.given.get(name)  # older adapters
 sys.modules["triton_python_backend_utils"] = pb
 
 def triton_model(task):
@@ -156,9 +161,9 @@ def run_ts(task, form):
 def run_triton(task, form):
     instance = triton_model(task)
     if form == "images tensor":
-        inputs = {"images": Tensor("images", np.array([[jpeg]], dtype=np.object_))}
+        inputs = {"images": Input("images", np.array([[jpeg]], dtype=np.object_))}
     else:
-        inputs = {"crops": Tensor("crops", crop)}
+        inputs = {"crops": Input("crops", crop)}
     requests = [Request(inputs, f"r{i}") for i in range(64)]
     def once():
         answers = instance.execute(requests)

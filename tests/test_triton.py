@@ -105,6 +105,19 @@ class FakeTensor:
         return self.array
 
 
+class FakeInput:
+    """An input ``pb_utils.Tensor`` as the adapter reads it: its name is a method."""
+
+    def __init__(self, name: str, array: np.ndarray) -> None:
+        self.given, self.array = name, array
+
+    def name(self) -> str:
+        return self.given
+
+    def as_numpy(self) -> np.ndarray:
+        return self.array
+
+
 class FakeError:
     UNAVAILABLE, INVALID_ARG, INTERNAL = "unavailable", "invalid", "internal"
 
@@ -144,6 +157,9 @@ class FakeRequest:
     def request_id(self) -> str:
         return self.id
 
+    def inputs(self) -> list[FakeInput]:
+        return [FakeInput("images", self.images)]
+
     def requested_output_names(self) -> list[str]:
         """The outputs the client named (none: Triton then hands over every output)."""
         return list(self.outputs)
@@ -164,9 +180,6 @@ def fake_pb_utils(monkeypatch):
         "TYPE_STRING": np.object_,
         "TYPE_BOOL": np.bool_,
     }.__getitem__
-    module.get_input_tensor_by_name = lambda request, name: (
-        FakeTensor(name, request.images) if name == "images" else None
-    )
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", module)
     monkeypatch.delitem(sys.modules, "tritonrepo.model", raising=False)
     yield importlib.import_module("tritonrepo.model")

@@ -27,7 +27,15 @@ from buildsteps.configgen import frontend_settings
 from serveclient import metrics
 from serveclient.errors import ApiError
 from serveclient.triton import TritonClient
-from servecore.metrics import BATCH_SIZE, BATCHES, ERRORS, METRICS, BatchMetrics
+from servecore.metrics import (
+    BATCH_SIZE,
+    BATCHES,
+    CACHE_BYTES,
+    CACHE_HITS,
+    ERRORS,
+    METRICS,
+    BatchMetrics,
+)
 from tests.conftest import REPO
 from tests.served import TSCTL, settled
 from tests.served import v2_infer as infer
@@ -110,8 +118,9 @@ def test_a_batch_reaches_triton_as_the_same_series_as_on_torchserve():
         tuple(sorted((*base, ("error_type", "InvalidImage")))): [("increment", 2)],
         tuple(sorted((*base, ("error_type", "Overloaded")))): [("increment", 1)],
     }
+    # An update that changes nothing is not sent again (each call is a round trip to Triton).
     assert series("resnet50_precision") == {
-        tuple(sorted((*base, ("precision", "int8+f32")))): [("set", 1), ("set", 1)]
+        tuple(sorted((*base, ("precision", "int8+f32")))): [("set", 1)]
     }
     assert series("resnet50_batch_size") == {base: [("observe", 3), ("observe", 3)]}
     [histogram] = sink.families["resnet50_images_per_batch"].metrics
@@ -119,6 +128,19 @@ def test_a_batch_reaches_triton_as_the_same_series_as_on_torchserve():
     assert histogram.buckets == BUCKETS and BUCKETS[0] == 1 and BUCKETS[-1] >= 1000
     [counter] = sink.families["resnet50_images_total"].metrics
     assert counter.buckets is None  # Triton refuses buckets on anything but a histogram
+
+
+def test_updates_that_change_nothing_are_not_sent_and_the_rest_are():
+    """A counter's increment by 0 and a gauge set to its last value change no value Triton
+    shows, so they cost no round trip; the first use still makes the series (it shows 0)."""
+    sink = TritonMetrics(fake_pb_utils(), TAGGER, hostname="h")
+    for hits, held in ((0, 0), (0, 0), (2, 0), (0, 512), (1, 512), (0, 0)):
+        sink.add(CACHE_HITS, hits)
+        sink.add(CACHE_BYTES, held)
+    [counter] = sink.families["resnet50_cache_hits_total"].metrics
+    assert counter.calls == [("increment", 0), ("increment", 2), ("increment", 1)]
+    [gauge] = sink.families["resnet50_cache_bytes"].metrics
+    assert gauge.calls == [("set", 0), ("set", 512), ("set", 0)]
 
 
 def test_the_hostname_is_this_hosts_by_default():

@@ -33,6 +33,10 @@ class TritonMetrics:
     model, and models, share a family by name; Triton counts a series' users and keeps it
     until the last lets go.
 
+    Each call on a ``Metric`` is a round trip to the server through the stub's message queue:
+    an update that changes nothing is not sent (a counter's increment by 0, a gauge set to the
+    value this instance last set it to), so the values the server shows are the same.
+
     A family the server refuses (``--allow-metrics=false``, a name clash with another
     kind) switches that metric off with a warning, never a failed batch."""
 
@@ -57,19 +61,30 @@ class TritonMetrics:
                 logger.warning("metric %s off: %s", metric.name, exc)
         # pb_utils' Metric objects (the stub's classes, untyped), by name and label values.
         self.series: dict[tuple[str, tuple[str, ...]], Any] = {}
+        self.gauges: dict[tuple[str, tuple[str, ...]], float] = {}  # the value each was set to
 
     def add(self, metric: Metric, value: float, labels: tuple[str, ...] = ()) -> None:
-        series = self.series.get((metric.name, labels))
+        key = (metric.name, labels)
+        series = self.series.get(key)
         if series is None:
             series = self._series(metric, labels)
-        if series is None:
+            if series is None:
+                return
+        elif self._unchanged(metric, key, value):
             return
         if metric.kind is Kind.COUNTER:
             series.increment(value)
         elif metric.kind is Kind.GAUGE:
             series.set(value)
+            self.gauges[key] = value
         else:
             series.observe(value)
+
+    def _unchanged(self, metric: Metric, key: tuple[str, tuple[str, ...]], value: float) -> bool:
+        """Whether sending ``value`` to the existing series ``key`` would change nothing."""
+        if metric.kind is Kind.COUNTER:
+            return not value
+        return metric.kind is Kind.GAUGE and self.gauges.get(key) == value
 
     def flush(self) -> None:
         """Nothing held: each value went to Triton's metric when it was added."""
@@ -78,6 +93,7 @@ class TritonMetrics:
         """Let go of every series, then the families (Triton's order: a family deleted before
         its metrics is logged as a leak). ``finalize`` calls it."""
         self.series.clear()
+        self.gauges.clear()
         self.families.clear()
 
     def _series(self, metric: Metric, labels: tuple[str, ...]):

@@ -100,8 +100,9 @@ class TritonPythonModel:
 def _payload(request, parameters: dict) -> TensorRequest:
     """The request's input tensors read into arrays, with its parameters: the values the core
     parses (``servecore.tensorinput``), without calling back here."""
-    found = (pb_utils.get_input_tensor_by_name(request, name) for name in (INPUT, CROPS))
-    images, crops = (None if tensor is None else tensor.as_numpy() for tensor in found)
+    # One pass over the inputs: each ``get_input_tensor_by_name`` converts them all anew.
+    given = {tensor.name(): tensor for tensor in request.inputs()}
+    images, crops = (given[name].as_numpy() if name in given else None for name in (INPUT, CROPS))
     return TensorRequest(images, crops, parameters, request.request_id() or None)
 
 
