@@ -71,7 +71,9 @@ class Prediction:
         tags: list[list[Tag]] | None,
     ) -> Prediction:
         """``request``'s prediction: its protocol, id and binary outputs with these values."""
-        binary = frozenset(o for o in Output if request.binary(o))
+        # Most requests name no outputs and no binary_data_output: nothing to ask each output.
+        asked = request.outputs or request.binary_output
+        binary = frozenset(o for o in Output if request.binary(o)) if asked else frozenset()
         return cls(request.protocol, request.request_id, embeddings, tags, binary)
 
 
