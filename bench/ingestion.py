@@ -79,16 +79,14 @@ VARIANTS = {
 PLAN = LoadPlan(warmup_s=2.0, closed_s=8.0, closed_max_requests=2000)  # clients 1 and 16
 QUICK = replace(PLAN, warmup_s=0.5, closed_s=1.5)
 
-_BACKEND = re.compile(
-    r"(?P<worker>W-\d+-(?P<model>[^ ]+?)_[^ ]+) org\.pytorch\.serve\.wlm\."
-    r"WorkerThread - Backend response time: (?P<ms>\d+)"
+# A frontend log line about one worker: its name (model and version in it), then the message.
+_WORKER_LINE = (
+    r"(?P<worker>W-\d+-(?P<model>[^ ]+?)_[^ ]+) org\.pytorch\.serve\.wlm\.WorkerThread - "
 )
+_BACKEND = re.compile(_WORKER_LINE + r"Backend response time: (?P<ms>\d+)")
 # The frontend restarting a worker that died (killed, crashed): its next backend time is the
 # model's load again, not a batch, under the same worker name.
-_RESTART = re.compile(
-    r"(?P<worker>W-\d+-(?P<model>[^ ]+?)_[^ ]+) org\.pytorch\.serve\.wlm\."
-    r"WorkerThread - Retry worker"
-)
+_RESTART = re.compile(_WORKER_LINE + "Retry worker")
 _STAGES = {
     "HandlerTime": "handler",
     "resnet50_open_ms_total": "open",
