@@ -33,9 +33,8 @@ class TritonMetrics:
     model, and models, share a family by name; Triton counts a series' users and keeps it
     until the last lets go.
 
-    Each call on a ``Metric`` is a round trip to the server through the stub's message queue:
-    an update that changes nothing is not sent (a counter's increment by 0, a gauge set to the
-    value this instance last set it to), so the values the server shows are the same.
+    Each call on a ``Metric`` is a round trip through the stub's message queue: a counter's
+    increment by 0 and a gauge set to the value this instance last set are not sent.
 
     A family the server refuses (``--allow-metrics=false``, a name clash with another
     kind) switches that metric off with a warning, never a failed batch."""
@@ -46,11 +45,7 @@ class TritonMetrics:
             "engine": ENGINE,
             "Hostname": hostname or socket.gethostname(),
         }
-        kinds = {
-            Kind.COUNTER: pb_utils.MetricFamily.COUNTER,
-            Kind.GAUGE: pb_utils.MetricFamily.GAUGE,
-            Kind.HISTOGRAM: pb_utils.MetricFamily.HISTOGRAM,
-        }
+        kinds = {kind: getattr(pb_utils.MetricFamily, kind.name) for kind in Kind}  # COUNTER ...
         self.families: dict = {}
         for metric in METRICS:
             try:
@@ -70,8 +65,8 @@ class TritonMetrics:
             series = self._series(metric, labels)
             if series is None:
                 return
-        elif self._unchanged(metric, key, value):
-            return
+        elif (metric.kind is Kind.COUNTER and not value) or self.gauges.get(key) == value:
+            return  # it would change no value Triton shows: no round trip
         if metric.kind is Kind.COUNTER:
             series.increment(value)
         elif metric.kind is Kind.GAUGE:
@@ -79,12 +74,6 @@ class TritonMetrics:
             self.gauges[key] = value
         else:
             series.observe(value)
-
-    def _unchanged(self, metric: Metric, key: tuple[str, tuple[str, ...]], value: float) -> bool:
-        """Whether sending ``value`` to the existing series ``key`` would change nothing."""
-        if metric.kind is Kind.COUNTER:
-            return not value
-        return metric.kind is Kind.GAUGE and self.gauges.get(key) == value
 
     def flush(self) -> None:
         """Nothing held: each value went to Triton's metric when it was added."""
