@@ -45,7 +45,7 @@ class TritonMetrics:
             "engine": ENGINE,
             "Hostname": hostname or socket.gethostname(),
         }
-        kinds = {kind: getattr(pb_utils.MetricFamily, kind.name) for kind in Kind}  # COUNTER ...
+        kinds = {kind: getattr(pb_utils.MetricFamily, kind.name) for kind in Kind}  # same names
         self.families: dict = {}
         for metric in METRICS:
             try:
