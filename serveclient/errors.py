@@ -74,8 +74,8 @@ class NotOnTriton(TsError):
 
 
 class Unhealthy(TsError):
-    """``health``: the server answers but a model has no READY worker; ``tag``/``embed``: some
-    files failed."""
+    """``health``: the server answers but a model has no READY worker; ``scale``: a worker it
+    started is not READY; ``tag``/``embed``: some files failed."""
 
     exit_code = 7
 

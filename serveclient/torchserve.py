@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import requests
+from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from serveclient import errors, metrics
 from serveclient.base import TIMEOUT_S, URL_SCHEMES, Client, Report, check_name, version_row
@@ -31,6 +32,11 @@ from serveclient.traffic import INTERACTIVE, Traffic
 from serveshared import ports
 from serveshared.keys import KEY_FILE, KINDS, Keys, bearer
 from serveshared.wire import TOP_K_HEADER
+
+# How long scale waits for describe to agree with TorchServe's answer (_await_ready), and how often
+# it asks.
+READY_WAIT_S = 30.0
+READY_POLL_S = 0.05
 
 
 def check_archive(archive: str) -> str:
@@ -236,7 +242,7 @@ class TorchServeClient(Client):
             raise errors.UsageError(
                 f"bad worker counts min={min_worker} max={max_worker}", "use 0 <= --min <= --max"
             )
-        return self._call(
+        answer = self._call(
             "PUT",
             "management",
             path,
@@ -247,6 +253,37 @@ class TorchServeClient(Client):
                 "synchronous": "true",
             },
         ).json()
+        self._await_ready(model, version, min_worker)
+        return answer
+
+    def _await_ready(self, model: str, version: str | None, count: int) -> None:
+        """Wait until describe shows ``count`` READY workers of the version.
+
+        TorchServe 0.12 answers a synchronous scale as soon as the last worker reports its
+        model loaded, but ``WorkerThread.setState`` tells the waiting request before it records
+        the state, so a describe right after the answer can still show that worker UNLOADING
+        (seen on a busy host). The gap is one thread switch: ``READY_WAIT_S`` bounds it, and a
+        worker not READY by then (it died just after loading) is an ``Unhealthy`` error."""
+        if count == 0:
+            return
+        path, what = _model_path(model, version), f"describe {_label(model, version)}"
+
+        def ready() -> int:
+            entry = self._call("GET", "management", path, what).json()[0]
+            return sum(w.get("status") == "READY" for w in entry.get("workers", []))
+
+        found = Retrying(
+            stop=stop_after_delay(READY_WAIT_S),
+            wait=wait_fixed(READY_POLL_S),
+            retry=retry_if_result(lambda n: n < count),
+            retry_error_callback=lambda state: state.outcome.result() if state.outcome else 0,
+        )(ready)
+        if found < count:
+            raise errors.Unhealthy(
+                f"{_label(model, version)}: {found} of {count} workers READY "
+                f"{READY_WAIT_S:.0f} s after TorchServe said they had loaded",
+                "see logs/model_log.log for why a worker stopped",
+            )
 
     def set_default(self, model: str, version: str) -> dict:
         """Make ``version`` what ``/predictions/MODEL`` serves."""

@@ -46,10 +46,10 @@ def _key_file(path, inference="inf-1", management="man-1", minutes=60):
     return path
 
 
-def _response(status: int, body: dict | str = "") -> requests.Response:
+def _response(status: int, body: dict | list | str = "") -> requests.Response:
     response = requests.Response()
     response.status_code = status
-    response._content = (json.dumps(body) if isinstance(body, dict) else body).encode()
+    response._content = (body if isinstance(body, str) else json.dumps(body)).encode()
     return response
 
 
@@ -872,3 +872,39 @@ def test_a_port_handed_out_is_not_handed_out_again_while_its_claim_lasts(tmp_pat
     os.utime(claim, (old, old))
     assert server._claimed(first)  # the claim expired: free again
     assert len(set(server.free_ports())) == len(server.SERVER_PORTS)
+
+
+class ScalingServer:
+    """Stands in for ``TorchServeClient._send`` as TorchServe 0.12 answers a synchronous scale:
+    OK at once, while describe shows the new worker UNLOADING for the first ``lagging`` calls
+    (its thread has not recorded the state it reported)."""
+
+    def __init__(self, lagging: int):
+        self.lagging, self.calls = lagging, []
+
+    def __call__(self, method, port, path, params, auth, **kwargs):
+        self.calls.append((method, path))
+        if method == "PUT":
+            return _response(200, {"status": "Workers scaled to 2 for model: m"})
+        second = "UNLOADING" if self.lagging > 0 else "READY"
+        self.lagging -= 1
+        return _response(200, [{"workers": [{"status": "READY"}, {"status": second}]}])
+
+
+def test_scale_returns_when_describe_shows_every_worker_ready(tmp_path):
+    client = TorchServeClient(key_file=_key_file(tmp_path / "key_file.json"))
+    client._send = fake = ScalingServer(lagging=2)
+    assert client.scale("m", 2) == {"status": "Workers scaled to 2 for model: m"}
+    # Two describes saw the lagging worker, the third both READY, and then it returned.
+    assert fake.calls == [("PUT", "/models/m"), *[("GET", "/models/m")] * 3]
+
+
+def test_scale_says_so_when_a_started_worker_never_becomes_ready(tmp_path, monkeypatch):
+    monkeypatch.setattr("serveclient.torchserve.READY_WAIT_S", 0.3)
+    client = TorchServeClient(key_file=_key_file(tmp_path / "key_file.json"))
+    client._send = ScalingServer(lagging=10**6)
+    with pytest.raises(errors.Unhealthy, match=r"m: 1 of 2 workers READY 0 s after"):
+        client.scale("m", 2)
+    client._send = fake = ScalingServer(lagging=10**6)
+    client.scale("m", 0)  # nothing to wait for: no describe
+    assert fake.calls == [("PUT", "/models/m")]
