@@ -38,11 +38,17 @@ PREPROCESSING = {
 }
 
 
-def crop(image: Image.Image) -> torch.Tensor:
+def crop(image: Image.Image, out: torch.Tensor | None = None) -> torch.Tensor:
     """An RGB image -> the served input's crop, uint8 [3, 224, 224], the pixels torchvision's
     ``F.resize(image, [232])``, ``F.center_crop(.., [224])`` and ``F.pil_to_tensor`` give: the
     same PIL calls on the same sizes. The resize never leaves a side under 224, so the crop
-    needs no padding."""
+    needs no padding.
+
+    ``out``: a contiguous uint8 [3, 224, 224] CPU tensor (a row of the batch) to write the crop
+    into, returned. Without it, a view in PIL's own layout (height, width, channel) of a copy of
+    the pixels. With it, one transposing copy (numpy's) from PIL's bytes into place, where the
+    views cost a copy and then a ``torch.stack`` of strided uint8 views (the slower of the two
+    on a CPU) to make a batch."""
     width, height = image.size
     short, long = min(width, height), max(width, height)
     new_long = int(RESIZE * long / short)
@@ -53,6 +59,9 @@ def crop(image: Image.Image) -> torch.Tensor:
     if (width, height) != (CROP, CROP):
         top, left = round((height - CROP) / 2.0), round((width - CROP) / 2.0)
         image = image.crop((left, top, left + CROP, top + CROP))
+    if out is not None:
+        np.copyto(out.numpy(), np.asarray(image).reshape(CROP, CROP, -1).transpose(2, 0, 1))
+        return out
     pixels = torch.as_tensor(np.array(image, copy=True))
     return pixels.view(CROP, CROP, -1).permute(2, 0, 1)
 

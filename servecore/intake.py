@@ -5,9 +5,10 @@ request's parameters are checked in between, before any image is read; a request
 deadline has passed is answered 504 before it is even parsed); the batch's work is admitted
 within its budgets (``servecore.admission``: the bulk share, forward rows, decoded pixels,
 explanation passes) before anything is decoded; the admitted images are decoded on a small
-thread pool (PIL and torch release the GIL) and stacked into one CPU tensor; on a CUDA worker
-with ``gpu_decode`` on, the JPEGs its GPU decodes go there in one batched call
-(``servecore.gpudecode``) while the pool decodes the rest, and the batch is stacked on the GPU.
+thread pool (PIL and numpy release the GIL), each into its row of the batch's CPU tensor
+(made first, so no copy joins the crops); on a CUDA worker with ``gpu_decode`` on, the JPEGs
+its GPU decodes go there in one batched call (``servecore.gpudecode``) while the pool decodes
+the rest, and the batch is stacked on the GPU.
 Whatever goes wrong fails its own request only (``servecore.boundary``).
 
 Imports explanations: the intake calls the explanation stage (``servecore.explain.explanations``) to
@@ -23,6 +24,7 @@ from functools import partial
 
 import torch
 
+from model_files.recipe import CROP
 from servecore.admission import Admission, Budget
 from servecore.boundary import attempt, each_image
 from servecore.config import MAX_DECODE_THREADS, HandlerConfig
@@ -47,6 +49,7 @@ from servecore.stages import (
 from serveshared.wire import DEADLINE_HEADER
 
 CPU = torch.device("cpu")
+ROW = (3, CROP, CROP)  # one image's row of the batch: the served uint8 crop
 
 
 class Intake:
@@ -102,11 +105,10 @@ class Intake:
         opened = [self.open(request, now) for request in incoming]
         admitted = self.lookup(self.admit(opened, now))
         decoding = time.perf_counter()
-        states, tensors = self._decode(admitted)
-        decoder = self.device_decoder
+        states, batch = self._decode(admitted)
         return PreparedBatch(
             tuple(states),
-            assemble(tensors, None if decoder is None else decoder.device) if tensors else None,
+            batch,
             open_ms=1000 * (decoding - started),
             decode_ms=1000 * (time.perf_counter() - decoding),
         )
@@ -155,38 +157,49 @@ class Intake:
         images = self.preprocessor.read(incoming.request_id, request)
         return Opened(incoming.request_id, request, images, priority=priority)
 
-    def _decode(self, requests: Sequence[Admitted]) -> tuple[list[State], list[torch.Tensor]]:
-        """The admitted requests' images as model inputs, in order; a request whose image
-        fails becomes its ``Failed`` and gets no rows."""
-        slots, tasks = self._start(requests)
+    def _decode(self, requests: Sequence[Admitted]) -> tuple[list[State], torch.Tensor | None]:
+        """The admitted requests' images as the batch tensor, in order (None: no image); a
+        request whose image fails becomes its ``Failed`` and gets no rows."""
+        slots, tasks, rows = self._start(requests)
         wait(tasks)  # the pool's tasks, each a share of the batch: one wait each, not per image
-        started = iter(slots)
-        each = [
-            [next(started) for _ in r.images] if isinstance(r, Opened) else [] for r in requests
-        ]
         states: list[State] = []
         tensors: list[torch.Tensor] = []
-        for request, crops in zip(requests, each):
+        kept: list[int] = []  # the slots of the placed requests' images
+        at = 0
+        for request in requests:
+            first, at = at, at + (len(request.images) if isinstance(request, Opened) else 0)
             if isinstance(request, Failed):
                 states.append(request)
                 continue
             decoded = attempt(
                 request.request_id,
                 "decoding",
-                partial(each_image, request.request_id, "decoding", crops, Pending.result),
+                partial(
+                    each_image, request.request_id, "decoding", slots[first:at], Pending.result
+                ),
             )
             if isinstance(decoded, Failed):
                 states.append(decoded)
                 continue
             states.append(Placed(request, range(len(tensors), len(tensors) + len(decoded))))
             tensors.extend(decoded)
-        return states, tensors
+            kept.extend(range(first, at))
+        if not tensors:
+            return states, None
+        if rows is not None:  # the crops were written into its rows: no copy unless one failed
+            return states, rows if len(kept) == len(rows) else rows[kept]
+        decoder = self.device_decoder
+        return states, assemble(tensors, None if decoder is None else decoder.device)
 
-    def _start(self, requests: Sequence[Admitted]) -> tuple[list[Pending], list[Future]]:
-        """One slot per admitted image, in order, and the pool's tasks that fill them (the
-        slots are read once those are done). The images the device decoder accepts (not an
-        explanation's: the explainer draws on the decoded picture) go to it in one call while
-        the pool decodes the others; what it refuses goes to the pool after."""
+    def _start(
+        self, requests: Sequence[Admitted]
+    ) -> tuple[list[Pending], list[Future], torch.Tensor | None]:
+        """One slot per admitted image, in order, the pool's tasks that fill them (the slots
+        are read once those are done), and without a device decoder the batch tensor whose rows
+        they are written into. The images the device decoder accepts (not an explanation's: the
+        explainer draws on the decoded picture) go to it in one call while the pool decodes the
+        others; what it refuses goes to the pool after, and the batch is assembled from the
+        crops."""
         decoder = self.device_decoder
         images = [
             (image, not isinstance(r, Explaining))  # plain: not an explanation's image
@@ -194,6 +207,12 @@ class Intake:
             if isinstance(r, Opened)
             for image in r.images
         ]
+        rows = None
+        if decoder is None:
+            rows = torch.empty((len(images), *ROW), dtype=torch.uint8)
+            slots = dict(enumerate(map(Pending, rows.unbind())))
+        else:
+            slots = {k: Pending() for k in range(len(images))}
         turns = {
             k: accepts(image)  # the EXIF orientation, read once; None: not for the device
             for k, (image, plain) in enumerate(images)
@@ -206,7 +225,6 @@ class Intake:
             if turns.get(k) is not None and isinstance(image, OpenedImage)
         }
         pooled = [(k, image) for k, (image, _) in enumerate(images) if k not in routed]
-        slots = {k: Pending() for k in range(len(images))}
         # The pool's tasks start before the device's call: they overlap.
         tasks = self._shared_out([(image, slots[k]) for k, image in pooled], len(images) == 1)
         if decoder is not None and routed:  # routed is empty without a decoder: for mypy
@@ -217,7 +235,7 @@ class Intake:
                     refused.append((image, slots[k]))
                 slots[k].crop = crop
             tasks += self._shared_out(refused, len(refused) == 1)
-        return [slots[k] for k in range(len(images))], tasks
+        return [slots[k] for k in range(len(images))], tasks, rows
 
     def _shared_out(
         self, images: list[tuple[OpenedImage | GivenCrop, Pending]], here: bool
@@ -256,10 +274,11 @@ class Pending:
     tasks are done (``Intake._decode`` waits for them). Lighter than a ``Future`` per image:
     no lock of its own, nothing to wake."""
 
-    __slots__ = ("crop", "raised")
+    __slots__ = ("crop", "out", "raised")
 
-    def __init__(self) -> None:
+    def __init__(self, out: torch.Tensor | None = None) -> None:
         self.crop: torch.Tensor | None = None
+        self.out = out  # the batch's row to decode into, when the batch is made first
         self.raised: BaseException | None = None
 
     def result(self) -> torch.Tensor:
@@ -273,7 +292,7 @@ class Pending:
 
 
 def _decode_share(
-    decode: Callable[[OpenedImage | GivenCrop], torch.Tensor],
+    decode: Callable[[OpenedImage | GivenCrop, torch.Tensor | None], torch.Tensor],
     share: list[tuple[OpenedImage | GivenCrop, Pending]],
     caught: type[BaseException] = BaseException,
 ) -> None:
@@ -282,6 +301,6 @@ def _decode_share(
     ``Exception``, so that an interrupt still ends the worker)."""
     for image, slot in share:
         try:
-            slot.crop = decode(image)
+            slot.crop = decode(image, slot.out)
         except caught as exc:  # raised again where the crop is read, as Future would
             slot.raised = detached(exc)  # else exc -> this frame -> share -> slot -> exc

@@ -36,11 +36,15 @@ class Preprocessor:
             draft_size=self.draft_size,
         )
 
-    def decode(self, opened: OpenedImage | GivenCrop) -> torch.Tensor:
-        """The model's input for an opened image; a crop the request carried is one already."""
+    def decode(
+        self, opened: OpenedImage | GivenCrop, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The model's input for an opened image; a crop the request carried is one already.
+        ``out``: a contiguous uint8 [3, 224, 224] CPU tensor, a row of the batch, that the crop
+        is written into and returned as (``model_files.recipe.crop``)."""
         if isinstance(opened, GivenCrop):
-            return opened.crop
-        return crop(decode(opened))
+            return opened.crop if out is None else out.copy_(opened.crop)
+        return crop(decode(opened), out)
 
     def __call__(self, data: bytes) -> torch.Tensor:
         return self.decode(self.open(data))

@@ -175,9 +175,9 @@ def decoded(monkeypatch):
     seen: list[int] = []
     original = Preprocessor.decode
 
-    def spy(self, image):
+    def spy(self, image, out=None):
         seen.append(image.pixels)
-        return original(self, image)
+        return original(self, image, out)
 
     monkeypatch.setattr(Preprocessor, "decode", spy)
     return seen

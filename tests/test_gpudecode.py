@@ -259,9 +259,9 @@ def test_the_intake_routes_each_image_and_a_refused_one_fails_alone(embedder, mo
     cpu_decoded: list[bytes] = []
     decode = handler.model.intake.preprocessor.decode
 
-    def counted(opened):
+    def counted(opened, out=None):
         cpu_decoded.append(opened.data)
-        return decode(opened)
+        return decode(opened, out)
 
     monkeypatch.setattr(handler.model.intake.preprocessor, "decode", counted)
     bodies = [JPEG, PNG, CORRUPT, PROGRESSIVE, GRAY, WEBP, CMYK]

@@ -59,9 +59,9 @@ class DecodeCounter:
         self.calls = 0
         self.decode = handler.model.intake.preprocessor.decode
 
-    def __call__(self, opened):
+    def __call__(self, opened, out=None):
         self.calls += 1
-        return self.decode(opened)
+        return self.decode(opened, out)
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
@@ -156,10 +156,10 @@ def test_unexpected_failure_is_a_500_for_that_request_only(tagger, alone, monkey
     handler, context = tagger
     decode = handler.model.intake.preprocessor.decode
 
-    def broken(opened):
+    def broken(opened, out=None):
         if opened.image.size == (64, 48):
             raise RuntimeError("simulated bug")
-        return decode(opened)
+        return decode(opened, out)
 
     monkeypatch.setattr(handler.model.intake.preprocessor, "decode", broken)
     odd = imagegen.png(64, 48, seed=1)

@@ -49,6 +49,10 @@ def test_the_crop_is_torchvisions(size, mode):
     got = recipe.crop(image)
     assert got.dtype == torch.uint8 and got.shape == expected.shape
     assert torch.equal(got, expected)
+    # Written into a batch's row (what the intake does): the same pixels, in that row.
+    batch = torch.full((2, *expected.shape), 7, dtype=torch.uint8)
+    recipe.crop(image, batch[1])
+    assert torch.equal(batch[1], expected) and bool((batch[0] == 7).all())
 
 
 def test_normalize_is_the_float_transform_after_the_crop():

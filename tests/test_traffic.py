@@ -93,7 +93,7 @@ def test_an_expired_request_is_answered_504_without_being_parsed_or_decoded(tagg
     intake = handler.model.intake
     parsed, decoded = [], []
     decode = intake.preprocessor.decode
-    intake.preprocessor.decode = lambda image: decoded.append(image) or decode(image)
+    intake.preprocessor.decode = lambda image, out=None: decoded.append(image) or decode(image, out)
 
     class Payload(HttpRequest):
         """A request whose parsing is counted."""

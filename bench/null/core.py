@@ -3,9 +3,10 @@ admission, batching and encoding cost per request, without any image work.
 
 ``null_core(build)`` calls ``build`` (an adapter's own ``initialize``, which constructs
 ``ImageModel``) with the backend loader replaced by ``null_backend`` (no model file is read),
-then replaces the model's decode with one that hands back a fixed tensor. Everything else is
-the core as it serves: each request parsed, its images' headers read and checked against the
-limits, the batch admitted within its budgets, the rows stacked, answers built and encoded.
+then replaces the model's decode with one that writes nothing (the batch's row is left as it
+is; without a row to write, it hands back a fixed tensor). Everything else is the core as it
+serves: each request parsed, its images' headers read and checked against the limits, the
+batch admitted within its budgets and its tensor made, answers built and encoded.
 """
 
 from __future__ import annotations
@@ -41,4 +42,9 @@ def null_core(build: Callable[[], None], model: Callable[[], service.ImageModel]
     with mock.patch.object(service, "serving_backend", null_backend):
         build()
     pixels = torch.zeros(INPUT_SHAPE, dtype=torch.uint8)
-    model().intake.preprocessor.decode = lambda _opened: pixels  # type: ignore[method-assign]
+
+    def decode(_opened: object, out: torch.Tensor | None = None) -> torch.Tensor:
+        # The batch's row as it is: writing pixels into it is a real decode's own work.
+        return pixels if out is None else out
+
+    model().intake.preprocessor.decode = decode  # type: ignore[method-assign]
