@@ -19,6 +19,7 @@ from PIL import Image
 from model_files.artifacts import SERVED_INPUT
 
 RESIZE, CROP = 232, 224
+ROW = (3, CROP, CROP)  # one image in the served batch: its uint8 crop, channels first
 INTERPOLATION = "bilinear"  # PIL's bilinear filter, antialiased as PIL always does
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 # The served input's name: files made for another input are stale (model_files/artifacts.py).

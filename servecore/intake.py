@@ -24,7 +24,7 @@ from functools import partial
 
 import torch
 
-from model_files.recipe import CROP
+from model_files.recipe import ROW
 from servecore.admission import Admission, Budget
 from servecore.boundary import attempt, each_image
 from servecore.config import MAX_DECODE_THREADS, HandlerConfig
@@ -49,7 +49,6 @@ from servecore.stages import (
 from serveshared.wire import DEADLINE_HEADER
 
 CPU = torch.device("cpu")
-ROW = (3, CROP, CROP)  # one image's row of the batch: the served uint8 crop
 
 
 class Intake:

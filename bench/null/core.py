@@ -17,11 +17,10 @@ from unittest import mock
 import torch
 
 from bench.null import fixed
+from model_files.recipe import ROW
 from servecore import service
 from servecore.backends import Backend
 from servecore.precision import Choice
-
-INPUT_SHAPE = (3, 224, 224)  # the served input of every image: a uint8 crop
 
 
 def null_backend(*_args, **_kwargs) -> tuple[Backend, Choice]:
@@ -41,7 +40,7 @@ def null_core(build: Callable[[], None], model: Callable[[], service.ImageModel]
     """Run ``build`` with no backend loaded, then make ``model()``'s decode a no-op."""
     with mock.patch.object(service, "serving_backend", null_backend):
         build()
-    pixels = torch.zeros(INPUT_SHAPE, dtype=torch.uint8)
+    pixels = torch.zeros(ROW, dtype=torch.uint8)
 
     def decode(_opened: object, out: torch.Tensor | None = None) -> torch.Tensor:
         # The batch's row as it is: writing pixels into it is a real decode's own work.
