@@ -205,8 +205,10 @@ class TorchServeClient(Client):
 
         ``batch_size``/``max_batch_delay`` are sent to TorchServe (they win over the archive's
         YAML in 0.12). ``workers``: TorchServe 0.12 ignores ``initial_workers`` when the
-        archive's YAML sets ``minWorkers``, so the model is scaled to exactly ``workers``
-        after registration. Returns the describe entry of the registered version."""
+        archive's YAML sets ``minWorkers``, so the registered version is scaled to exactly
+        ``workers`` after registration; without it, this waits until describe shows the
+        version's ``minWorkers`` READY (``_await_ready``). Returns TorchServe's answer with
+        ``model``, the registered name."""
         check_archive(archive)
         if name is not None:
             check_name(name)
@@ -225,11 +227,20 @@ class TorchServeClient(Client):
                 "synchronous": "true",
             },
         ).json()
-        registered = _registered_name(answer.get("status", "")) or name
+        registered, version = _registered(answer.get("status", ""))
+        registered = registered or name
         if registered is None:
             return answer
-        if workers is not None:
-            self.scale(registered, workers, workers)
+        if workers is not None:  # the registered version: another may be the default
+            self.scale(registered, workers, workers, version)
+        else:
+            [entry] = self._call(
+                "GET",
+                "management",
+                _model_path(registered, version),
+                f"describe {_label(registered, version)}",
+            ).json()
+            self._await_ready(registered, version, entry.get("minWorkers", 0))
         return answer | {"model": registered}
 
     def scale(
@@ -426,7 +437,8 @@ def _label(model: str, version: str | None) -> str:
     return f"{model} {version}" if version else model
 
 
-def _registered_name(status: str) -> str | None:
-    """``Model "resnet50-tagger" Version: 2.0 registered with 1 initial workers`` -> name."""
-    match = re.search(r'Model "([^"]+)"', status)
-    return match.group(1) if match else None
+def _registered(status: str) -> tuple[str | None, str | None]:
+    """``Model "resnet50-tagger" Version: 2.0 registered with 1 initial workers`` -> (name,
+    version); None for what the status does not say."""
+    match = re.search(r'Model "([^"]+)"(?: Version: (\S+))?', status)
+    return (match.group(1), match.group(2)) if match else (None, None)

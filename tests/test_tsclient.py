@@ -884,11 +884,16 @@ class ScalingServer:
 
     def __call__(self, method, port, path, params, auth, **kwargs):
         self.calls.append((method, path))
+        if method == "POST":  # a second version registered: 1.0 stays the default
+            return _response(
+                200, {"status": 'Model "m" Version: 2.0 registered with 1 initial workers'}
+            )
         if method == "PUT":
             return _response(200, {"status": "Workers scaled to 2 for model: m"})
         second = "UNLOADING" if self.lagging > 0 else "READY"
         self.lagging -= 1
-        return _response(200, [{"workers": [{"status": "READY"}, {"status": second}]}])
+        workers = [{"status": "READY"}, {"status": second}]
+        return _response(200, [{"minWorkers": 2, "workers": workers}])
 
 
 def test_scale_returns_when_describe_shows_every_worker_ready(tmp_path):
@@ -908,3 +913,20 @@ def test_scale_says_so_when_a_started_worker_never_becomes_ready(tmp_path, monke
     client._send = fake = ScalingServer(lagging=10**6)
     client.scale("m", 0)  # nothing to wait for: no describe
     assert fake.calls == [("PUT", "/models/m")]
+
+
+def test_register_scales_and_waits_for_the_version_it_registered(tmp_path):
+    """The version TorchServe's answer names, not the default (``/models/m`` scales 1.0)."""
+    client = TorchServeClient(key_file=_key_file(tmp_path / "key_file.json"))
+    client._send = fake = ScalingServer(lagging=1)
+    assert client.register("m-2.0.mar", workers=2)["model"] == "m"
+    assert fake.calls == [
+        ("POST", "/models"),
+        ("PUT", "/models/m/2.0"),
+        *[("GET", "/models/m/2.0")] * 2,
+    ]
+    # Without workers: the version's minWorkers as described, READY before it returns.
+    # (The first describe reads minWorkers 2 and sees one READY; two more, and both are.)
+    client._send = fake = ScalingServer(lagging=2)
+    client.register("m-2.0.mar")
+    assert fake.calls == [("POST", "/models"), *[("GET", "/models/m/2.0")] * 3]
