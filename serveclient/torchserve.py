@@ -234,13 +234,7 @@ class TorchServeClient(Client):
         if workers is not None:  # the registered version: another may be the default
             self.scale(registered, workers, workers, version)
         else:
-            [entry] = self._call(
-                "GET",
-                "management",
-                _model_path(registered, version),
-                f"describe {_label(registered, version)}",
-            ).json()
-            self._await_ready(registered, version, entry.get("minWorkers", 0))
+            self._await_ready(registered, version, None)
         return answer | {"model": registered}
 
     def scale(
@@ -267,8 +261,9 @@ class TorchServeClient(Client):
         self._await_ready(model, version, min_worker)
         return answer
 
-    def _await_ready(self, model: str, version: str | None, count: int) -> None:
-        """Wait until describe shows ``count`` READY workers of the version.
+    def _await_ready(self, model: str, version: str | None, count: int | None) -> None:
+        """Wait until describe shows ``count`` READY workers of the version (None: its
+        ``minWorkers``, as the same describe gives it).
 
         TorchServe 0.12 answers a synchronous scale as soon as the last worker reports its
         model loaded, but ``WorkerThread.setState`` tells the waiting request before it records
@@ -279,19 +274,21 @@ class TorchServeClient(Client):
             return
         path, what = _model_path(model, version), f"describe {_label(model, version)}"
 
-        def ready() -> int:
+        def ready() -> tuple[int, int]:
+            """(READY workers, workers wanted)."""
             entry = self._call("GET", "management", path, what).json()[0]
-            return sum(w.get("status") == "READY" for w in entry.get("workers", []))
+            wanted = entry.get("minWorkers", 0) if count is None else count
+            return sum(w.get("status") == "READY" for w in entry.get("workers", [])), wanted
 
-        found = Retrying(
+        found, wanted = Retrying(
             stop=stop_after_delay(READY_WAIT_S),
             wait=wait_fixed(READY_POLL_S),
-            retry=retry_if_result(lambda n: n < count),
-            retry_error_callback=lambda state: state.outcome.result() if state.outcome else 0,
+            retry=retry_if_result(lambda seen: seen[0] < seen[1]),
+            retry_error_callback=lambda state: state.outcome.result() if state.outcome else (0, 1),
         )(ready)
-        if found < count:
+        if found < wanted:
             raise errors.Unhealthy(
-                f"{_label(model, version)}: {found} of {count} workers READY "
+                f"{_label(model, version)}: {found} of {wanted} workers READY "
                 f"{READY_WAIT_S:.0f} s after TorchServe said they had loaded",
                 "see logs/model_log.log for why a worker stopped",
             )
