@@ -15,6 +15,7 @@ command line (``serveclient.cli``).
                    approximate FAISS index beside it (``tsctl index build``);
                    milvusindex.py: the same in Milvus, by URI (``--out http://...``)
     head.py        a linear head for the user's own labels, fitted on served embeddings
+    outputlock.py  one writer per output folder or file (embed, index build, head train)
     pages.py       self-contained HTML pages of results
     metrics.py     TorchServe's and Triton's Prometheus text, summarised; gpus.py: the GPUs'
     top.py         ``tsctl top``'s live view
