@@ -6,7 +6,11 @@ Service, and the Job that indexes the collection job's shards into it. Called by
 The rules catch what would run but lose or miss data: local storage on more than one replica
 or off a persistent claim (the index goes with the pod), no health probe (tsctl reaches a
 Milvus still loading), an index Job reading another prefix than the collection job writes, or
-writing to another Milvus than the Service, or with credentials in the manifest.
+writing to another Milvus than the Service, or with credentials in the manifest. And what would
+let any pod rewrite the collection (rows whose paths the pages then read): authentication off,
+root's password Milvus's default or written into the manifest, the index Job without its token
+from a Secret, no NetworkPolicy in front of Milvus's pods or one admitting more than labelled
+pods of the namespace on the gRPC port (``policy_findings``, per rendered target).
 """
 
 from __future__ import annotations
@@ -14,15 +18,26 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from kserve_tools.joblint import command_words, option, work_dir_problems
-from kserve_tools.lint.base import Finding, Problem, stamped
+from kserve_tools.joblint import (
+    command_words,
+    credential_problems,
+    literal_problems,
+    option,
+    work_dir_problems,
+)
+from kserve_tools.lint.base import Finding, Problem, finding, stamped
 from kserve_tools.render import Resource
 
 SERVICE = "milvus"  # kserve/milvus/milvus.yaml's Service: what the index Job writes to
 GRPC_PORT = 19530
 HEALTH_PORT = 9091
 DATA = "/var/lib/milvus"
-VALUED = ("--out", "--collection", "--work-dir")  # tsctl index build's options with a value
+VALUED = ("--out", "--collection", "--work-dir", "--milvus-token-file")  # options with a value
+# Milvus reads milvus.yaml's settings from the environment too (names compared without case,
+# dots or underscores): common.security.authorizationEnabled and defaultRootPassword.
+AUTH = "COMMON_SECURITY_AUTHORIZATIONENABLED"
+ROOT_PASSWORD = "COMMON_SECURITY_DEFAULTROOTPASSWORD"
+TOKEN_ENV = "MILVUS_TOKEN"  # tsctl's, when no --milvus-token-file
 
 
 def is_index_job(resource: Resource) -> bool:
@@ -70,6 +85,27 @@ def standalone_problems(obj: dict) -> Iterator[Problem]:
             "spec.template.spec.containers[0].readinessProbe",
             f"{probe or None}: the Service sends requests to a Milvus still starting",
             f"probe httpGet /healthz on port {HEALTH_PORT}",
+        )
+    yield from auth_problems(container)
+    yield from literal_problems(pod)
+
+
+def auth_problems(container: dict) -> Iterator[Problem]:
+    """Milvus's authentication off, or root's password not from a Secret."""
+    env = {e.get("name"): e for e in container.get("env") or []}
+    path = "spec.template.spec.containers[0].env"
+    if str((env.get(AUTH) or {}).get("value")).lower() != "true":
+        yield Problem(
+            path,
+            "authentication is off: any pod that reaches port 19530 can rewrite the collection",
+            f'set {AUTH}: "true"',
+        )
+    if "secretKeyRef" not in ((env.get(ROOT_PASSWORD) or {}).get("valueFrom") or {}):
+        yield Problem(
+            path,
+            f"{ROOT_PASSWORD} does not come from a Secret: root keeps Milvus's default "
+            "password, or the manifest holds it",
+            "take it from the Secret milvus-auth (secretKeyRef, key root-password)",
         )
 
 
@@ -126,3 +162,98 @@ def index_job_problems(obj: dict, shards: str) -> Iterator[Problem]:
             "name the collection searches will ask for",
         )
     yield from work_dir_problems(pod, container, args, "the shards land in the image's filesystem")
+    yield from credential_problems(pod)
+    yield from token_problems(pod, container, words, args)
+
+
+def token_problems(pod: dict, container: dict, words: list[str], args: str) -> Iterator[Problem]:
+    """The index Job without a Milvus token from a Secret: ``--milvus-token-file`` inside a
+    mount of a ``secret`` volume, or else ``MILVUS_TOKEN`` from a ``secretKeyRef``."""
+    path = option(words, "--milvus-token-file")
+    secrets = {v.get("name") for v in pod.get("volumes") or [] if "secret" in v}
+    mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") in secrets]
+    if path is not None:
+        if not any(path.startswith(m.get("mountPath", "").rstrip("/") + "/") for m in mounts):
+            yield Problem(
+                args,
+                f"--milvus-token-file {path!r} is not in a mount of a Secret",
+                "mount the Secret milvus-auth (key token) there",
+            )
+        return
+    env = {e.get("name"): e for e in container.get("env") or []}
+    if "secretKeyRef" not in ((env.get(TOKEN_ENV) or {}).get("valueFrom") or {}):
+        yield Problem(
+            args,
+            "no Milvus token from a Secret: Milvus (authentication on) refuses the build",
+            "mount the Secret milvus-auth (key token) and pass --milvus-token-file=<its path>",
+        )
+
+
+def policy_findings(objects: list[Resource]) -> list[Finding]:
+    """For each Milvus StatefulSet among ``objects`` (one rendered target): a NetworkPolicy
+    there selects its pods, and every ingress rule of every one that does admits only pods of
+    the namespace chosen by label (``podSelector.matchLabels``, no namespace, IP block or empty
+    peer) on the gRPC port alone; each index Job's pods carry the labels of one such rule."""
+    found: list[Finding] = []
+    policies = [r for r in objects if r.kind == "NetworkPolicy"]
+    for milvus in (r for r in objects if r.kind == "StatefulSet"):
+        template = (milvus.obj.get("spec") or {}).get("template") or {}
+        labels = (template.get("metadata") or {}).get("labels") or {}
+        selecting = [p for p in policies if _selects(p.obj, labels)]
+        if not selecting:
+            found.append(
+                finding(
+                    milvus,
+                    "<NetworkPolicy>",
+                    f"no NetworkPolicy selects Milvus's pods ({labels}): every pod of the "
+                    f"cluster reaches port {GRPC_PORT}",
+                    "keep kserve/milvus/networkpolicy.yaml in the kustomization",
+                )
+            )
+        clients = []
+        for policy in selecting:
+            for i, rule in enumerate((policy.obj.get("spec") or {}).get("ingress") or []):
+                problem, admitted = _rule_problem(rule)
+                if problem:
+                    found.append(finding(policy, f"spec.ingress[{i}]", *problem))
+                clients += admitted
+        for job in (r for r in objects if r.kind == "Job" and is_index_job(r)):
+            pod = ((job.obj.get("spec") or {}).get("template") or {}).get("metadata") or {}
+            own = pod.get("labels") or {}
+            if not any(c.items() <= own.items() for c in clients):
+                found.append(
+                    finding(
+                        job,
+                        "spec.template.metadata.labels",
+                        f"{own}: the NetworkPolicy admits none of these pods to Milvus "
+                        f"(it admits {clients or 'no pod'})",
+                        "label the pod template with the labels the policy admits",
+                    )
+                )
+    return found
+
+
+def _selects(policy: dict, labels: dict) -> bool:
+    """Whether an Ingress ``policy`` selects pods labelled ``labels``."""
+    spec = policy.get("spec") or {}
+    chosen = (spec.get("podSelector") or {}).get("matchLabels") or {}
+    return "Ingress" in (spec.get("policyTypes") or []) and chosen.items() <= labels.items()
+
+
+def _rule_problem(rule: dict) -> tuple[tuple[str, str] | None, list[dict]]:
+    """(what is wrong with one ingress rule and how to fix it, or None; the pod labels it
+    admits)."""
+    peers = rule.get("from") or []
+    admitted = [((p.get("podSelector") or {}).get("matchLabels") or {}) for p in peers]
+    if not peers or any(set(p) != {"podSelector"} for p in peers) or not all(admitted):
+        return (
+            "admits more than labelled pods of this namespace",
+            'admit peers by podSelector.matchLabels only (milvus-client: "true")',
+        ), []
+    ports = {p.get("port") for p in rule.get("ports") or []}
+    if not ports or ports - {GRPC_PORT, "grpc"}:
+        return (
+            f"admits {sorted(map(str, ports)) or 'every port'}, not port {GRPC_PORT} alone",
+            f"list port {GRPC_PORT} only",
+        ), admitted
+    return None, admitted

@@ -1,7 +1,7 @@
 """The collection job's Kubernetes manifest (kserve/batch-job), offline: rendered by kubectl
 kustomize, linted (kserve_tools.joblint), mutated copies failing with the expected message,
-and its shard arithmetic: the n pods' ``--shard`` values split a collection into disjoint
-parts that add up to the whole."""
+its own credentials and prefix (never the models' storage), and its shard arithmetic: the n
+pods' ``--shard`` values split a collection into disjoint parts that add up to the whole."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from kserve_tools import joblint
 from kserve_tools import lint as kserve_lint
 from kserve_tools.joblint import INDEX, command_words, job_findings, option
 from kserve_tools.render import render
@@ -34,13 +35,13 @@ def _rendered():
 
 
 def job():
-    [resource] = copy.deepcopy(_rendered())
-    assert resource.kind == "Job"
+    [resource] = [r for r in copy.deepcopy(_rendered()) if r.kind == "Job"]
     return resource
 
 
 def findings(resource) -> list[str]:
-    return [str(f) for f in job_findings(resource, *kserve_lint.base_service())]
+    service = kserve_lint.base_service()[1]
+    return [str(f) for f in job_findings(resource, kserve_lint.model_storage(), service)]
 
 
 def _words(resource):
@@ -72,9 +73,30 @@ def test_the_pods_shards_add_up_to_the_collection():
                 owners[key] = index
     assert len(owners) == len(keys)  # together the whole
     assert len(outs) == n  # one output per pod
-    bucket, service = kserve_lint.base_service()
-    assert all(o.startswith(f"s3://{bucket}/") for o in outs)
+    service = kserve_lint.base_service()[1]
     assert option(words, "--url").startswith(f"http://{service}-predictor.")
+
+
+def test_the_job_writes_with_its_own_credentials_under_its_own_prefix():
+    """The pods hold no key to the models' archives: their S3 keys come from a Secret of
+    their own, they run as a ServiceAccount of their own without an API token, and their
+    prefix and every InferenceService's storageUri are apart."""
+    resource = job()
+    pod = resource.obj["spec"]["template"]["spec"]
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    secrets = {env[k]["valueFrom"]["secretKeyRef"]["name"] for k in joblint.CREDENTIALS}
+    assert secrets == {"resnet50-embeddings-s3"}
+    assert not secrets & joblint.MODEL_STORAGE_SECRETS
+    [account] = [r for r in _rendered() if r.kind == "ServiceAccount"]
+    assert pod["serviceAccountName"] == account.name == "resnet50-embed"
+    assert pod["automountServiceAccountToken"] is False
+    assert account.obj["automountServiceAccountToken"] is False
+    storage = kserve_lint.model_storage()
+    assert "s3://YOUR-BUCKET/resnet50-serve/" in storage and len(storage) >= 5
+    prefix = option(_words(resource), "--out").rsplit("/", 1)[0] + "/"
+    assert prefix == kserve_lint.collection_shards() == "s3://YOUR-BUCKET/embeddings/"
+    for uri in storage:
+        assert not uri.startswith(prefix) and not prefix.startswith(uri.rstrip("/")), uri
 
 
 def _set_arg(resource, old, new):
@@ -97,8 +119,18 @@ def _mutate(name):
         pod["restartPolicy"] = "Never"
     elif name == "out":
         _set_arg(resource, "shard-$(JOB_COMPLETION_INDEX)-of-4", "all")
-    elif name == "bucket":
-        _set_arg(resource, "s3://YOUR-BUCKET/", "s3://another-bucket/")
+    elif name == "models-prefix":
+        _set_arg(resource, "s3://YOUR-BUCKET/embeddings/", "s3://YOUR-BUCKET/resnet50-serve/e/")
+    elif name == "bucket-root":
+        _set_arg(resource, "s3://YOUR-BUCKET/embeddings/", "s3://YOUR-BUCKET/")
+    elif name == "storage-secret":
+        container["env"][1]["valueFrom"]["secretKeyRef"]["name"] = "s3-credentials"
+    elif name == "storage-envfrom":
+        container["envFrom"] = [{"secretRef": {"name": "storage-config"}}]
+    elif name == "account":
+        del pod["serviceAccountName"]
+    elif name == "api-token":
+        del pod["automountServiceAccountToken"]
     elif name == "url":
         _set_arg(resource, "resnet50-predictor", "someone-else")
     elif name == "workdir":
@@ -117,10 +149,16 @@ def _mutate(name):
         ("parallelism", "9 pods for 4 shards"),
         ("restart", "redoes the whole shard"),
         ("out", "shards overwrite each other"),
-        ("bucket", "not in the bucket the storage initializer reads (YOUR-BUCKET)"),
+        ("models-prefix", "and the models' storage 's3://YOUR-BUCKET/resnet50-serve/' overlap"),
+        ("bucket-root", "the job's keys, scoped to its prefix, would reach the archives"),
+        ("storage-secret", "names the models' storage secret 's3-credentials'"),
+        ("storage-envfrom", "names the models' storage secret 'storage-config'"),
+        ("account", "none: the pods run as the namespace's default ServiceAccount"),
+        ("api-token", "a Kubernetes API token is mounted in pods that decode untrusted photos"),
         ("url", "is not the InferenceService 'resnet50'"),
         ("workdir", "is not an emptyDir mount"),
         ("secret", "AWS_ACCESS_KEY_ID does not come from a Secret"),
+        ("secret", "AWS_ACCESS_KEY_ID is written into the manifest"),
     ],
 )
 def test_mutated_job_fails_with_the_expected_message(mutation, message):

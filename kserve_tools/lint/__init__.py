@@ -44,8 +44,10 @@ For our Triton ClusterServingRuntime (``kserve/triton-runtime``, the same image)
 health routes as probes; a memory-backed ``/dev/shm``; ``TRITON_FOOTPRINT_GIB``, also for every
 InferenceService on it).
 
-For the collection job (``kserve/batch-job``, an Indexed Job): ``kserve_tools.joblint``.
-For Milvus and its index Job (``kserve/milvus``): ``kserve_tools.milvuslint``.
+For the collection job (``kserve/batch-job``, an Indexed Job): ``kserve_tools.joblint`` (its
+output apart from every InferenceService's ``storageUri``, its own Secret and ServiceAccount).
+For Milvus and its index Job (``kserve/milvus``): ``kserve_tools.milvuslint`` (authentication on,
+root's password and the token from Secrets, a NetworkPolicy admitting only labelled pods).
 For the PodMonitor and PrometheusRule (``kserve/monitoring``): ``kserve_tools.monitoring``.
 
 One module per kind of object (``schema``, ``inferenceservice``, ``servingruntime``,
@@ -61,6 +63,7 @@ For a bundle: ``config/config.properties`` names exactly the archives in ``model
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -127,6 +130,7 @@ __all__ = [
     "lint",
     "main",
     "mode",
+    "model_storage",
     "network_policy_findings",
     "port",
     "runtime_findings",
@@ -156,7 +160,7 @@ def default_targets() -> list[Path]:
 def collection_shards() -> str:
     """The s3:// prefix the collection job's pods upload their shards under: what the index
     Job must read."""
-    [job] = render(BATCH_JOB_DIR)
+    [job] = [r for r in render(BATCH_JOB_DIR) if r.kind == "Job"]
     words = command_words(job.obj["spec"]["template"]["spec"]["containers"][0])
     return (option(words, "--out") or "").rsplit("/", 1)[0] + "/"
 
@@ -168,6 +172,21 @@ def base_service() -> tuple[str | None, str]:
     uri = str(resource.obj["spec"]["predictor"]["model"].get("storageUri", ""))
     bucket = uri[len("s3://") :].split("/", 1)[0] if uri.startswith("s3://") else None
     return bucket, resource.name
+
+
+@functools.cache
+def model_storage() -> tuple[str, ...]:
+    """The ``storageUri`` (and ``storageUris``) of every InferenceService in kserve/'s targets:
+    the models' archives, which no job may write under."""
+    uris: list[str] = []
+    for target in default_targets():
+        for resource in render(target) if target not in (BATCH_JOB_DIR, MILVUS_DIR) else []:
+            if resource.kind != "InferenceService":
+                continue
+            model = ((resource.obj.get("spec") or {}).get("predictor") or {}).get("model") or {}
+            uris.append(model.get("storageUri"))
+            uris += [u.get("uri") for u in model.get("storageUris") or []]
+    return tuple(sorted({str(u) for u in uris if u}))
 
 
 def lint(
@@ -196,7 +215,7 @@ def lint(
             )
             continue
         rendered += objects
-        found += network_policy_findings(objects)
+        found += network_policy_findings(objects) + milvuslint.policy_findings(objects)
     runtimes = {r.name: r for r in (STOCK_RUNTIME, TRITON_RUNTIME)}
     # Our runtimes are known to every InferenceService, linted or not; linted when rendered.
     for resource in render(RUNTIME_DIR) + render(TRITON_RUNTIME_DIR) + rendered:
@@ -237,7 +256,7 @@ def _findings(
     if resource.kind == "Job" and milvuslint.is_index_job(resource):
         return milvuslint.index_job_findings(resource, collection_shards())
     if resource.kind == "Job":
-        return job_findings(resource, *base_service())
+        return job_findings(resource, model_storage(), base_service()[1])
     if resource.kind in ("StatefulSet", "Service", "ConfigMap"):
         return milvuslint.findings(resource)
     if resource.kind in ("PodMonitor", "PrometheusRule"):
@@ -246,8 +265,8 @@ def _findings(
             base_service()[1],
             port(server_properties(RUNTIME_SERVER_PROPERTIES)["metrics_address"]),
         )
-    if resource.kind == "NetworkPolicy":
-        return []  # checked with its InferenceService, per target
+    if resource.kind in ("NetworkPolicy", "ServiceAccount"):
+        return []  # a policy checked with what it selects, per target; a job's account with it
     schema = schema_findings(resource) if resource.kind == "InferenceService" else []
     return schema + inference_service_findings(resource, runtimes, limits)
 

@@ -16,6 +16,8 @@ from serveclient.cli.common import (
     DEFAULT_MODELS,
     Commands,
     endpoint_arguments,
+    milvus_token,
+    milvus_token_argument,
     read_image,
     work_dir_argument,
     wrote_page,
@@ -109,6 +111,7 @@ def _collection_argument(parser: argparse.ArgumentParser) -> None:
         "--collection",
         help="with a Milvus URI: the collection (default: the first embed output's name)",
     )
+    milvus_token_argument(parser)
 
 
 def default_folder(parquet: Path) -> Path:
@@ -125,7 +128,8 @@ def _opened(args: argparse.Namespace) -> tuple[Any, Any]:
         if not (args.collection or args.index):
             raise UsageError("which collection?", "add --collection (or --index PARQUET)")
         collection = args.collection or milvusindex.collection_for(args.index)
-        return milvusindex.open_index(args.vindex, collection), milvusindex
+        token = milvus_token(args)
+        return milvusindex.open_index(args.vindex, collection, token=token), milvusindex
     if args.index is None:
         raise UsageError("no --index", "name the embed output (Parquet) to search")
     if args.exact:
@@ -144,7 +148,8 @@ def cmd_index(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
     if args.out and milvusindex.is_uri(args.out):
         collection = args.collection or milvusindex.collection_for(first)
         where = f"{collection} at {args.out}"
-        built = milvusindex.build(args.inputs, args.out, collection, progress, work)
+        token = milvus_token(args)
+        built = milvusindex.build(args.inputs, args.out, collection, progress, work, token)
         data = {"uri": args.out, "collection": collection, **vars(built)}
     else:
         if not args.out and "://" in args.inputs[0]:
