@@ -18,7 +18,7 @@ from torchvision.transforms.v2 import functional as F  # what servecore.gpudecod
 from model_files.artifacts import SERIALIZED
 from servecore.backends import load_backend
 from servecore.config import HandlerConfig
-from servecore.gpudecode import DeviceDecoder, accepts, assemble, for_worker
+from servecore.gpudecode import DecoderChoice, DeviceDecoder, accepts, assemble, for_worker
 from servecore.precision import FIDELITY_BOUND
 from servecore.preprocessor import Preprocessor
 from tests import imagegen
@@ -200,8 +200,9 @@ def test_a_mixed_batch_is_assembled_in_order():
 
 
 def test_the_setting_turns_it_on_only_on_a_cuda_worker():
-    assert for_worker("auto", CPU, 1) is None
-    assert for_worker("off", torch.device("cuda"), 1) is None
+    assert for_worker("auto", CPU, 1) == (None, DecoderChoice("cpu", "a CPU worker"))
+    off = for_worker("off", torch.device("cuda"), 1)
+    assert off == (None, DecoderChoice("cpu", "handler.gpu_decode is off"))
 
 
 @pytest.fixture(scope="module")
@@ -320,7 +321,7 @@ def test_nvjpeg_crops_answer_as_the_cpu_path(weights_dir):
     chroma upsampling differ from libjpeg's) and answering as the CPU path's, within the
     fidelity bound."""
     device = torch.device("cuda")
-    decoder = for_worker("auto", device, 200_000_000)
+    decoder, _ = for_worker("nvjpeg", device, 200_000_000)
     assert decoder is not None
     images = [JPEG, GRAY, LARGE, oriented(6), mpo()]
     crops = decoder([SERVED.open(data) for data in images])
@@ -340,7 +341,7 @@ def test_nvjpeg_crops_answer_as_the_cpu_path(weights_dir):
 def test_nvjpeg_refuses_a_corrupt_jpeg_alone(embedder):
     """nvJPEG refuses the corrupt JPEG (None: the CPU path then decides) and decodes the others
     of the same call; served, it is the CPU path's 400, its neighbours answered."""
-    decoder = for_worker("auto", torch.device("cuda"), 200_000_000)
+    decoder, _ = for_worker("nvjpeg", torch.device("cuda"), 200_000_000)
     assert decoder is not None
     crops = decoder([SERVED.open(data) for data in (JPEG, CORRUPT, GRAY)])
     assert crops[1] is None
