@@ -319,13 +319,14 @@ class CudaGraphs:
     def __call__(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         rows = len(batch)
         size = next((s for s in sorted(self.graphs) if s >= rows), None)
-        if size is None:
-            embedding, logits = self.module(batch)
-            return embedding, logits
-        graph, static, (embedding, logits) = self.graphs[size]
-        static[:rows].copy_(batch)
-        graph.replay()
-        return embedding[:rows].clone(), logits[:rows].clone()
+        with torch.inference_mode():  # the static tensors were made under it
+            if size is None:
+                embedding, logits = self.module(batch)
+                return embedding, logits
+            graph, static, (embedding, logits) = self.graphs[size]
+            static[:rows].copy_(batch)
+            graph.replay()
+            return embedding[:rows].clone(), logits[:rows].clone()
 
     def check(self, size: int, device: torch.device) -> None:
         """A replay of ``size`` rows of seeded noise answers as the eager forward, else raises."""
