@@ -34,9 +34,9 @@ The edges and the rest:
     tensoroutput.py the tensor edge's way out: named output arrays, Triton's error codes
     tensoredge.py  the tensor edge as one object (decode, encode), as httpedge.py's HttpEdge
     crops.py       the ``crops`` input ([n, 224, 224, 3] uint8)
-    gpudecode.py   JPEGs decoded and cropped on the worker's GPU, batched: the decoder chosen
-                   at start, torchvision's nvJPEG; nvimgdecode.py: nvImageCodec's (hardware
-                   JPEG engines, region decoding)
+    gpudecode.py   JPEGs decoded and cropped on the worker's GPU, batched (torchvision's
+                   nvJPEG); nvimgdecode.py: nvImageCodec's (hardware JPEG engines, region
+                   decoding); gpuchoice.py: which of them a worker takes, chosen at start
     overlap.py     a GPU worker's batch in parts: each part's forward queued before the next
                    part is decoded, the answers copied back once
     priority.py    a request's priority class and deadline; lanes.py: the bulk lane's CPU policy

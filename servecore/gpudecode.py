@@ -1,9 +1,8 @@
 """JPEG bytes -> the served input's uint8 crops on the worker's GPU: one batched decode, then
 the weights' resize and centre crop there. The decoder is chosen once, when the worker starts
-(``for_worker``), the first that works of: nvImageCodec (``servecore.nvimgdecode``: the GPU's
-hardware JPEG engines where it has them, region decoding), torchvision's nvJPEG
-(``torchvision.io.decode_jpeg`` on CUDA: ``DeviceDecoder`` here), the CPU path; describe
-reports which and why (``DecoderChoice``).
+(``servecore.gpuchoice``), the first that works of: nvImageCodec (``servecore.nvimgdecode``:
+the GPU's hardware JPEG engines where it has them, region decoding), torchvision's nvJPEG
+(``torchvision.io.decode_jpeg`` on CUDA: ``DeviceDecoder`` here), the CPU path.
 
 Only a JPEG that nvJPEG decodes as PIL does is sent (``accepts``, read from the header PIL
 already parsed: baseline JPEG/MPO in RGB or grayscale, complete, its EXIF orientation
@@ -22,7 +21,7 @@ import io
 import logging
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 from PIL import ExifTags, Image
@@ -285,46 +284,6 @@ def _crop(pixels: torch.Tensor, turn: int, region: Window | None = None) -> torc
         )
         cropped = rows @ upright @ cols.T  # only the crop's pixels are computed
     return cropped.round_().clamp_(0, 255).to(torch.uint8)
-
-
-@dataclass(frozen=True)
-class DecoderChoice:
-    """Which decoder a worker's JPEGs go to (``nvimgcodec``, ``nvjpeg`` or ``cpu``) and why,
-    in describe's ``gpu``: each decoder passed over says what it lacked."""
-
-    decoder: str
-    why: str
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-def for_worker(
-    setting: str, device: torch.device, chunk_pixels: int
-) -> tuple[DeviceDecoder | None, DecoderChoice]:
-    """``handler.gpu_decode`` on a worker of ``device``: the decoder its JPEGs go to (None: the
-    CPU path) and why, chosen once. ``auto`` and ``nvimgcodec``: nvImageCodec when it is
-    installed and decodes a probe JPEG on this GPU, else what ``nvjpeg`` gives: torchvision's
-    nvJPEG when it decodes the probe, else the CPU (each step logged)."""
-    if device.type != "cuda":
-        return None, DecoderChoice("cpu", "a CPU worker")
-    if setting == "off":
-        return None, DecoderChoice("cpu", "handler.gpu_decode is off")
-    passed: list[str] = []
-    if setting in ("auto", "nvimgcodec"):
-        from servecore import nvimgdecode  # imports nvImageCodec, only on a GPU worker
-
-        found, why = nvimgdecode.load(device, chunk_pixels)
-        if found is not None:
-            return found, DecoderChoice("nvimgcodec", why)
-        logger.warning("gpu_decode: nvImageCodec %s; trying torchvision's nvJPEG", why)
-        passed.append(f"nvImageCodec {why}")
-    decoder = DeviceDecoder(device, chunk_pixels)
-    if decoder.decoded([_encoded(probe_jpeg())])[0] is not None:
-        return decoder, DecoderChoice("nvjpeg", "; ".join([*passed, "torchvision's nvJPEG"]))
-    logger.warning("gpu_decode: nvJPEG decoding fails on %s; decoding on the CPU", device)
-    passed.append(f"torchvision's nvJPEG fails to decode a probe JPEG on {device}")
-    return None, DecoderChoice("cpu", "; ".join(passed))
 
 
 def probe_jpeg(size: int = 256) -> bytes:

@@ -33,7 +33,8 @@ from servecore.config import MAX_DECODE_THREADS, HandlerConfig
 from servecore.crops import GivenCrop
 from servecore.errors import DeadlineExceeded, detached
 from servecore.explain.explanations import Explanations
-from servecore.gpudecode import DeviceDecoder, accepts, assemble, for_worker
+from servecore.gpuchoice import for_worker
+from servecore.gpudecode import DeviceDecoder, accepts, assemble
 from servecore.host import usable_cpus
 from servecore.images import OpenedImage
 from servecore.overlap import Outputs, Overlap

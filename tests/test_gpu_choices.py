@@ -124,7 +124,7 @@ class FakeCuda:
     def graph_pool_handle(self):
         return "pool"
 
-    def Stream(self, device):
+    def Stream(self, device):  # noqa: N802 - the library's name
         return self
 
     def current_stream(self, device):
@@ -138,7 +138,7 @@ class FakeCuda:
 
         return contextlib.nullcontext()
 
-    def CUDAGraph(self):
+    def CUDAGraph(self):  # noqa: N802 - the library's name
         return types.SimpleNamespace(replay=None)
 
     def graph(self, graph, pool, stream):

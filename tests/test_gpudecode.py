@@ -19,7 +19,8 @@ from torchvision.transforms.v2 import functional as F  # what servecore.gpudecod
 from model_files.artifacts import SERIALIZED
 from servecore.backends import load_backend
 from servecore.config import HandlerConfig
-from servecore.gpudecode import DecoderChoice, DeviceDecoder, accepts, assemble, for_worker
+from servecore.gpuchoice import DecoderChoice, for_worker
+from servecore.gpudecode import DeviceDecoder, accepts, assemble
 from servecore.precision import FIDELITY_BOUND
 from servecore.preprocessor import Preprocessor
 from tests import imagegen
@@ -408,21 +409,22 @@ class FakeCodec:
         self.calls: list[list[tuple[str, tuple | None]]] = []
         self.decoders: list[list] = []
 
-    def DecodeParams(self, **params):
+    def DecodeParams(self, **params):  # noqa: N802 - the library's name
         assert params == {"apply_exif_orientation": False, "color_spec": "srgb"}
         return params
 
-    def Backend(self, kind, *hint):
+    def Backend(self, kind, *hint):  # noqa: N802 - the library's name
         return (kind, *hint)
 
-    def Region(self, *box):
+    def Region(self, *box):  # noqa: N802 - the library's name
         return box
 
-    def CodeStream(self, data):
+    def CodeStream(self, data):  # noqa: N802 - the library's name
         image = Image.open(io.BytesIO(data))  # raises for what PIL cannot read: as the library
         return FakeStream(data, image.width, image.height)
 
-    def Decoder(self, device_id, backends):
+    def Decoder(self, device_id, backends):  # noqa: N802 - the library's name
+        assert device_id == 0  # the worker's GPU index (a CPU's: none, so 0)
         self.decoders.append(backends)
         return FakeDecoder(self, backends)
 
