@@ -84,8 +84,9 @@ def run_core(
 ) -> tuple[dict[str, Rate], dict[str, dict[str, float]], str]:
     """(3): ``ImageModel.run`` on each batch of ``work`` (one request per JPEG; then the same
     photos as the crops a client would send, which skip decoding) with the ``handler:``
-    settings ``handler``, then the JPEGs again with the overlap off (``gpu_overlap_chunks:
-    1``, the precision the first model chose, kept in a scratch host cache): img/s, the core's
+    settings ``handler``, then on a GPU the JPEGs again with the overlap off
+    (``gpu_overlap_chunks: 1``, the precision the first model chose, kept in a scratch host
+    cache): img/s, the core's
     own ms per batch by part (open, decode, forward, answer), and what the core chose
     (precision, decoder, CUDA graphs, overlap). ``timed(step, images, warm)`` measures,
     calling ``warm()`` once warmed up."""
@@ -93,7 +94,11 @@ def run_core(
     rates: dict[str, Rate] = {}
     parts: dict[str, dict[str, float]] = {}
     chose = ""
-    for suffix, extra in (("", {}), (OVERLAP_OFF, {"gpu_overlap_chunks": 1})):
+    # The overlap is a GPU worker's: on a CPU the second model would time the same path again.
+    variants = [("", {})] + (
+        [(OVERLAP_OFF, {"gpu_overlap_chunks": 1})] if device.type == "cuda" else []
+    )
+    for suffix, extra in variants:
         model, times, loaded = _model(folder, device, work, {**settings, **handler, **extra})
         requests = {
             f"{name}{suffix}": [_jpeg_request(j) for j in data] for name, data in work.items()

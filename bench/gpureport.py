@@ -155,7 +155,8 @@ def report(f: Findings) -> str:
             "As an engine calls it: a batch of the served size of 1-image requests at a time. "
             "Each image kind with the overlap on (the default, `gpu_overlap_chunks`: a batch's "
             "parts decoded while the earlier parts' forwards run) and off (`, overlap off`: "
-            "decode the batch, then run it); on a CPU both are the CPU path.",
+            "decode the batch, then run it); on a CPU there is no overlap (a GPU worker's), "
+            "so those rows are left out.",
             "",
             *(
                 [
