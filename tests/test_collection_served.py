@@ -27,7 +27,7 @@ from tests.served import TSCTL, tsctl
 pytestmark = pytest.mark.integration
 CONTENT = ["path", "path_bytes", "size", "mtime", "sha256", "status", "error", "precision"]
 N_KILLED = 36  # photos of the kill trials
-KILL_TRIALS = 4
+KILL_TRIALS = 3
 
 
 def _album(root, n, seed=0, size=(200, 150)):
