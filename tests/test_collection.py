@@ -813,3 +813,30 @@ def test_embed_holds_its_outputs_lock_for_the_whole_run_refusing_or_waiting(tmp_
         assert result == []
     waiter.join(60)
     assert result and result[0][0]["skipped"] == 3
+
+
+def test_a_merge_killed_after_its_rename_is_finished_by_the_next_one(tmp_path, monkeypatch):
+    """The point a random kill rarely hits: the merged output renamed into place, its parts not
+    yet removed. Readers see a whole output; the next merge keeps each path once."""
+    from pathlib import Path
+
+    from serveclient.vectors import path_hash
+
+    out = Output(tmp_path / "v.parquet", "embedding", META)
+    out.write_part(_rows(4))
+    out.write_part(_rows(3, start=2))  # rows 2 and 3 again, newer
+    walked = np.array([path_hash(f"p/{i:04d}.jpg") for i in range(1, 5)], np.uint64)
+    unlink = Path.unlink
+
+    def killed(self, missing_ok=False):
+        if self.name.startswith("part-"):
+            raise KeyboardInterrupt  # the process dies here
+        unlink(self, missing_ok=missing_ok)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Path, "unlink", killed)
+        with pytest.raises(KeyboardInterrupt):
+            out.merge(walked)
+    assert _stored(out.out) == [f"p/{i:04d}.jpg" for i in range(1, 5)] and len(out.existing()) == 3
+    assert out.merge(walked) == 1 and not out.parts.exists()  # p/0000 of the parts, again
+    assert _stored(out.out) == [f"p/{i:04d}.jpg" for i in range(1, 5)]
