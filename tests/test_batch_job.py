@@ -9,6 +9,7 @@ import copy
 import functools
 import os
 import threading
+from typing import ClassVar
 
 import pyarrow.parquet as pq
 import pytest
@@ -338,3 +339,121 @@ def test_a_bulk_job_sends_from_threads_that_yield_the_cpu(tmp_path, traffic, pol
     assert job.run(_photos(tmp_path, [b"a", b"bb", b"ccc"])).done == 3
     assert server.policies == {policy}
     assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the caller's thread is left as it was
+
+
+# ------------------------------------------------------------------ the pods' runs, offline
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    """A local S3 (moto's server on a free loopback port) with the bucket ``photos``, reached
+    as the pods reach theirs (AWS_ENDPOINT_URL and credentials in the environment); a boto3
+    client."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from devtools.server import free_port
+
+    port = free_port()
+    for key, value in {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(key, value)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        client = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}")
+        client.create_bucket(Bucket="photos")
+        yield client
+    finally:
+        server.stop()
+
+
+class _PodServer(_Server):
+    """``_Server`` as the pods' ``tsctl embed --url`` takes it: no management API."""
+
+    reaches_management = False
+    urls: ClassVar[dict[str, str]] = {"inference": "http://resnet50-predictor.default"}
+
+
+def _embed(argv: list[str]) -> tuple[dict, int]:
+    """``tsctl embed ARGV`` in this process, as interactive traffic (bulk would leave the test
+    process SCHED_IDLE for good): (its ``--json`` summary, its exit status)."""
+    from serveclient.cli.batch import _collection
+
+    args = cli.parser().parse_args([*argv, "--priority", "interactive"])
+    data, _, code = _collection(_PodServer(), args, "embedding")
+    return data, code
+
+
+def _pod(index: int, photos, work) -> tuple[dict, int]:
+    """Pod ``index``'s own ``tsctl embed`` arguments, the collection at ``photos``, its
+    emptyDir at ``work`` and the bucket ``photos`` (``YOUR-BUCKET`` is no valid name)."""
+    words = _words(job())
+    argv = words[words.index("tsctl") + 1 : words.index(";")]
+    return _embed(
+        [
+            a.replace(INDEX, str(index))
+            .replace("/data/photos", str(photos))
+            .replace("--work-dir=/work", f"--work-dir={work}")
+            .replace("YOUR-BUCKET", "photos")
+            for a in argv
+        ]
+    )
+
+
+def test_the_pods_keep_a_name_that_is_not_utf8_and_their_shards_stay_the_collection(tmp_path, s3):
+    """Before: a file name that is not UTF-8 raised in its pod on every restart (a crash loop
+    until backoffLimit). Now each pod finishes (exit 0) and uploads its shard, the name kept
+    byte for byte; after a photo moves to another folder (so, maybe, to another shard), the
+    next Job's pods (fresh emptyDirs: each resumes from its shard's object) leave every photo
+    in exactly one shard object, once."""
+    photos = tmp_path / "photos"
+    names = [f"{album}/IMG_{i:03d}.jpg" for album in ("2023", "2024") for i in range(12)]
+    for name in names:
+        (photos / name).parent.mkdir(parents=True, exist_ok=True)
+        (photos / name).write_bytes(name.encode())
+    odd = os.fsencode(photos) + b"/2024/\xe9t\xe9.jpg"
+    with open(odd, "wb") as handle:
+        handle.write(b"latin-1")
+    n = job().obj["spec"]["completions"]
+
+    def every_row() -> list[bytes]:
+        rows = []
+        for listed in s3.list_objects_v2(Bucket="photos", Prefix="embeddings/")["Contents"]:
+            local = tmp_path / "got.parquet"
+            s3.download_file("photos", listed["Key"], str(local))
+            rows += pq.read_table(local).to_pylist()
+        return sorted(r["path_bytes"] or r["path"].encode() for r in rows)
+
+    assert [_pod(i, photos, tmp_path / f"work-{i}")[1] for i in range(n)] == [0] * n
+    expected = sorted([os.fsencode(photos / name) for name in names] + [odd])
+    assert every_row() == expected
+    (photos / "2023" / "IMG_000.jpg").rename(photos / "2024" / "IMG_000-moved.jpg")
+    reruns = [_pod(i, photos, tmp_path / f"next-{i}") for i in range(n)]
+    assert [code for _, code in reruns] == [0] * n
+    assert sum(data["skipped"] for data, _ in reruns) == len(expected) - 1
+    assert sum(data["gone"] for data, _ in reruns) == 1
+    assert every_row() == sorted(
+        [e for e in expected if not e.endswith(b"2023/IMG_000.jpg")]
+        + [os.fsencode(photos / "2024" / "IMG_000-moved.jpg")]
+    )
+
+
+def test_an_upload_that_fails_says_so_and_the_rerun_uploads_what_was_kept(tmp_path, s3):
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(3):
+        (photos / f"{i}.jpg").write_bytes(b"x" * (i + 1))
+    argv = ["embed", str(photos), "--out", "s3://later/v.parquet", f"--work-dir={tmp_path}"]
+    with pytest.raises(errors.TsError, match="cannot upload") as failed:
+        _embed(argv)
+    assert "rerun" in failed.value.hint
+    s3.create_bucket(Bucket="later")
+    data, code = _embed(argv)
+    assert code == 0 and (data["rows"], data["skipped"]) == (3, 3)
+    s3.download_file("later", "v.parquet", str(tmp_path / "got.parquet"))
+    assert pq.read_metadata(tmp_path / "got.parquet").num_rows == 3
