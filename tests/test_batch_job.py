@@ -1,5 +1,5 @@
 """The collection job's Kubernetes manifest (kserve/batch-job), offline: rendered by kubectl
-kustomize, linted (kserve_tools.joblint), mutated copies failing with the expected message,
+kustomize, linted (kserve_tools.lint.job), mutated copies failing with the expected message,
 its own credentials and prefix (never the models' storage), and its shard arithmetic: the n
 pods' ``--shard`` values split a collection into disjoint parts that add up to the whole."""
 
@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from kserve_tools import joblint
 from kserve_tools import lint as kserve_lint
-from kserve_tools.joblint import INDEX, command_words, job_findings, option
+from kserve_tools.lint import job as joblint
+from kserve_tools.lint.job import INDEX, command_words, job_findings, option
 from kserve_tools.render import render
 from serveclient import cli, errors
 from serveclient.batchjob import Job, ListSink, PartSink, Plan, Window

@@ -1,5 +1,5 @@
 """Milvus beside KServe (kserve/milvus), offline: rendered by kubectl kustomize, linted
-(kserve_tools.milvuslint), and mutated copies failing with the expected message; the index
+(kserve_tools.lint.milvus), and mutated copies failing with the expected message; the index
 Job reads the prefix the collection job (kserve/batch-job) writes its shards under; Milvus
 runs with authentication, its keys from Secrets, behind a NetworkPolicy."""
 
@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from kserve_tools import lint as kserve_lint
-from kserve_tools import milvuslint
-from kserve_tools.joblint import command_words
+from kserve_tools.lint import milvus as milvuslint
+from kserve_tools.lint.job import command_words
 from kserve_tools.render import render
 from serveclient.cli import parser
 

@@ -44,9 +44,9 @@ For our Triton ClusterServingRuntime (``kserve/triton-runtime``, the same image)
 health routes as probes; a memory-backed ``/dev/shm``; ``TRITON_FOOTPRINT_GIB``, also for every
 InferenceService on it).
 
-For the collection job (``kserve/batch-job``, an Indexed Job): ``kserve_tools.joblint`` (its
+For the collection job (``kserve/batch-job``, an Indexed Job): ``kserve_tools.lint.job`` (its
 output apart from every InferenceService's ``storageUri``, its own Secret and ServiceAccount).
-For Milvus and its index Job (``kserve/milvus``): ``kserve_tools.milvuslint`` (authentication on,
+For Milvus and its index Job (``kserve/milvus``): ``kserve_tools.lint.milvus`` (authentication on,
 root's password and the token from Secrets, a NetworkPolicy admitting only labelled pods).
 For the PodMonitor and PrometheusRule (``kserve/monitoring``): ``kserve_tools.monitoring``.
 
@@ -69,8 +69,8 @@ from pathlib import Path
 
 from buildsteps.configgen import repo_models
 from buildsteps.gpu import repo_models as gpu_repo_models
-from kserve_tools import milvuslint, monitoring
-from kserve_tools.joblint import command_words, job_findings, option
+from kserve_tools import monitoring
+from kserve_tools.lint import milvus as milvuslint
 from kserve_tools.lint.base import (
     DEFAULT_MODE,
     ISVC_LABEL,
@@ -89,6 +89,7 @@ from kserve_tools.lint.base import (
 )
 from kserve_tools.lint.bundle import bundle_findings
 from kserve_tools.lint.inferenceservice import ServingLimits, inference_service_findings
+from kserve_tools.lint.job import command_words, job_findings, option
 from kserve_tools.lint.memory import FOOTPRINT_GIB, TRITON_FOOTPRINT_GIB
 from kserve_tools.lint.network import network_policy_findings
 from kserve_tools.lint.runtimes import RUNTIME_KINDS

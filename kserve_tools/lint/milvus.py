@@ -18,14 +18,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from kserve_tools.joblint import (
+from kserve_tools.lint.base import Finding, Problem, finding, stamped
+from kserve_tools.lint.job import (
     command_words,
     credential_problems,
     literal_problems,
     option,
     work_dir_problems,
 )
-from kserve_tools.lint.base import Finding, Problem, finding, stamped
 from kserve_tools.render import Resource
 
 SERVICE = "milvus"  # kserve/milvus/milvus.yaml's Service: what the index Job writes to
