@@ -68,6 +68,7 @@ def test_promtool_unit_tests_pass():
 
 
 SCALING_TESTS = RULES.parent / "scaling-tests.yml"
+KEDA_OVERLAYS = ("keda", "keda-gpu")
 
 
 def test_promtool_scaling_tests_pass():
@@ -81,6 +82,32 @@ def test_promtool_scaling_tests_pass():
         cwd=SCALING_TESTS.parent,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("overlay", KEDA_OVERLAYS)
+def test_scaling_tests_ask_each_keda_overlays_query_with_its_target(overlay):
+    """Each External trigger of the overlay is tested as KEDA computes it, ceil(query /
+    target.value), on the overlay's own query and target, once asking for 1 replica and once
+    for more: editing a query or a target without its test fails here."""
+    import yaml
+
+    from kserve_tools.render import render
+
+    [isvc] = [
+        r for r in render(REPO / "kserve" / "overlays" / overlay) if r.kind == "InferenceService"
+    ]
+    metrics = isvc.obj["spec"]["predictor"]["autoScaling"]["metrics"]
+    asked: dict[str, set] = {}
+    for test in yaml.safe_load(SCALING_TESTS.read_text())["tests"]:
+        for check in test.get("promql_expr_test", []):
+            for sample in check["exp_samples"]:
+                asked.setdefault(check["expr"], set()).add(sample["value"])
+    assert metrics
+    for metric in metrics:
+        external = metric["external"]
+        expr = f"ceil({external['metric']['query']} / {external['target']['value']})"
+        assert expr in asked, f"{overlay}: no promtool test evaluates {expr}"
+        assert 1 in asked[expr] and max(asked[expr]) > 1, (expr, asked[expr])
 
 
 def test_every_alert_is_tested_firing_and_quiet():

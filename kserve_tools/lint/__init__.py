@@ -44,15 +44,18 @@ For our Triton ClusterServingRuntime (``kserve/triton-runtime``, the same image)
 health routes as probes; a memory-backed ``/dev/shm``; ``TRITON_FOOTPRINT_GIB``, also for every
 InferenceService on it).
 
+For an InferenceService's ``autoScaling`` (HPA and KEDA metrics, our KEDA queries):
+``autoscaling``.
+
 For the collection job (``kserve/batch-job``, an Indexed Job): ``kserve_tools.joblint``.
 For Milvus and its index Job (``kserve/milvus``): ``kserve_tools.milvuslint``.
 For the PodMonitor and PrometheusRule (``kserve/monitoring``): ``kserve_tools.monitoring``.
 
-One module per kind of object (``schema``, ``inferenceservice``, ``servingruntime``,
-``tritonruntime``, ``network``, ``bundle``; ``memory`` for every pod of our runtime; ``runtimes``
-for the rules both our runtimes share; ``base`` for what every rule module shares), each rule a
-function that yields the problems it finds (``base.Problem``); this module renders the targets,
-sends each object to its rules and prints the findings.
+One module per kind of object (``schema``, ``inferenceservice``, ``autoscaling``,
+``servingruntime``, ``tritonruntime``, ``network``, ``bundle``; ``memory`` for every pod of our
+runtime; ``runtimes`` for the rules both our runtimes share; ``base`` for what every rule module
+shares), each rule a function that yields the problems it finds (``base.Problem``); this module
+renders the targets, sends each object to its rules and prints the findings.
 
 For a bundle: ``config/config.properties`` names exactly the archives in ``model-store/``
 (model names and versions from each archive's manifest) and the models of ``config/models``.
@@ -68,6 +71,7 @@ from buildsteps.configgen import repo_models
 from buildsteps.gpu import repo_models as gpu_repo_models
 from kserve_tools import milvuslint, monitoring
 from kserve_tools.joblint import command_words, job_findings, option
+from kserve_tools.lint.autoscaling import autoscaling_findings
 from kserve_tools.lint.base import (
     DEFAULT_MODE,
     ISVC_LABEL,
@@ -249,7 +253,11 @@ def _findings(
     if resource.kind == "NetworkPolicy":
         return []  # checked with its InferenceService, per target
     schema = schema_findings(resource) if resource.kind == "InferenceService" else []
-    return schema + inference_service_findings(resource, runtimes, limits)
+    return (
+        schema
+        + inference_service_findings(resource, runtimes, limits)
+        + autoscaling_findings(resource)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
