@@ -20,9 +20,11 @@ import yaml
 
 from buildsteps.configgen import bulk_lanes, repo_models
 from kserve_tools import lint as kserve_lint
+from kserve_tools import modelcar
 from kserve_tools.bundle import build_triton, bundle_config, bundle_name
 from kserve_tools.bundle import main as bundle_main
 from kserve_tools.lint.autoscaling import autoscaling_findings
+from kserve_tools.lint.localmodel import localmodel_findings, matches
 from kserve_tools.render import RenderError, render
 from tests.conftest import MODELS, REPO
 
@@ -436,6 +438,74 @@ def test_mutated_keda_overlay_fails_with_the_expected_message(target, mutation):
     problems = keda_findings(resource)
     assert any(expected in p for p in problems), problems
     assert all(" InferenceService " in p and "; fix: " in p for p in problems)
+
+
+# ------------------------------------------------------------------ models on the node
+
+
+def test_the_modelcar_overlay_only_takes_the_bundle_from_its_oci_image():
+    obj, base = isvc("modelcar").obj, isvc("v1").obj
+    assert obj["spec"]["predictor"]["model"].pop("storageUri") == (
+        f"oci://ghcr.io/YOUR-ORG/{bundle_name()}:{VERSION}"
+    )
+    del base["spec"]["predictor"]["model"]["storageUri"]
+    assert obj == base
+
+
+def cache():
+    [resource] = copy.deepcopy(_rendered(KSERVE / "localmodel"))
+    return resource
+
+
+LOCALMODEL_MUTATIONS = {
+    "api": (_set("apiVersion", "serving.kserve.io/v1alpha2"), "not serving.kserve.io/v1alpha1"),
+    "unknown-field": (
+        lambda o: o["spec"].update(nodeGroup=o["spec"].pop("nodeGroups")),
+        "'nodeGroup' was unexpected",
+    ),
+    "no-node-group": (_set("spec.nodeGroups", []), "[] should be non-empty"),
+    "size": (_set("spec.modelSize", "1 GB"), "'1 GB' does not match"),
+    "modelcar": (
+        _set("spec.sourceModelUri", "oci://ghcr.io/YOUR-ORG/resnet50-serve:1.0"),
+        "KServe's download Jobs (the storage initializer) fetch",
+    ),
+    "unused": (
+        _set("spec.sourceModelUri", "s3://YOUR-BUCKET/resnet50-serve-gpu/"),
+        "no InferenceService would use the cache",
+    ),
+}
+
+
+@pytest.mark.parametrize("mutation", LOCALMODEL_MUTATIONS)
+def test_mutated_local_model_cache_fails_with_the_expected_message(mutation):
+    resource = cache()
+    assert localmodel_findings(resource) == []
+    mutate, expected = LOCALMODEL_MUTATIONS[mutation]
+    mutate(resource.obj)
+    problems = [str(f) for f in localmodel_findings(resource)]
+    assert any(expected in p for p in problems), problems
+    assert all(": LocalModelCache resnet50-serve: " in p and "; fix: " in p for p in problems)
+
+
+def test_a_cache_serves_its_uri_and_the_folders_below_it_as_kserve_matches_them():
+    base = isvc("v1").obj["spec"]["predictor"]["model"]["storageUri"]
+    assert cache().obj["spec"]["sourceModelUri"] == base
+    bucket = base.rsplit("/", 2)[0]
+    assert matches(base.rstrip("/"), base) and matches(bucket + "/", base)
+    assert not matches(bucket + "/resnet50", base) and not matches(base + "config/", base)
+
+
+def test_the_modelcar_key_follows_the_bundle_s_content_not_its_file_times(tmp_path):
+    bundle = tmp_path / "resnet50-serve"
+    (bundle / "config").mkdir(parents=True)
+    (bundle / "config" / "serve.sh").write_text("exec torchserve\n")
+    key = modelcar.cache_key(bundle, "FROM x", "base-id")
+    (bundle / "config" / "serve.sh").touch()
+    assert modelcar.cache_key(bundle, "FROM x", "base-id") == key
+    (bundle / "config" / "serve.sh").write_text("exec torchserve --ncs\n")
+    assert modelcar.cache_key(bundle, "FROM x", "base-id") != key
+    with pytest.raises(SystemExit, match=r"is no storage bundle .* run `make kserve-bundle` first"):
+        modelcar.build(bundle)
 
 
 def test_gpu_and_canary_bundle_configs_come_from_the_same_source():
