@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import logging
 import os
 import statistics
 import tempfile
@@ -47,6 +48,7 @@ from kserve_tools.render import render
 BUNDLE = REPO / "build" / "kserve" / bundle_name()
 KINDS = ("storage initializer", "modelcar")
 BUCKET = "models"
+LOG = logging.getLogger("bench.coldstart")
 
 
 @contextmanager
@@ -127,6 +129,7 @@ def measure(runs: int, bundle: Path) -> dict[str, list[dict]]:
         for i in range(runs):
             for kind in KINDS if i % 2 == 0 else reversed(KINDS):
                 starts[kind].append(start_once(kind, container, image, car, uri))
+                LOG.info("run %d, %s: %s", i + 1, kind, starts[kind][-1])
     return starts
 
 
@@ -161,7 +164,12 @@ def report(starts: dict[str, list[dict]], machine: dict, bundle: Path) -> str:
             ]
         )
     header = ["bundle", "starts", "download s", "ready s", "first answer s", "min", "max"]
-    return "\n".join([*lines, *table(header, rows, "lrrrrrr"), ""]) + "\n"
+    each = "; ".join(
+        kind + " " + ", ".join(f"{r['answer_s']:.1f}" for r in runs)
+        for kind, runs in starts.items()
+    )
+    lines += [*table(header, rows, "lrrrrrr"), "", f"Each start's first answer, s: {each}.", ""]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
