@@ -8,6 +8,7 @@ manifests rendered by ``kubectl kustomize``, and the simulated pod the tests sta
                    for the Prometheus Operator objects
     engine.py      podman or docker, and the flags every call needs
     image.py       the runtime image (``make kserve-image``)
+    modelcar.py    the bundle as an OCI image, for ``storageUri: oci://`` (``make kserve-modelcar``)
     container.py   the runtime image run as a pod runs it
     pod.py         TorchServe started as our ClusterServingRuntime starts it
 """

@@ -44,17 +44,22 @@ For our Triton ClusterServingRuntime (``kserve/triton-runtime``, the same image)
 health routes as probes; a memory-backed ``/dev/shm``; ``TRITON_FOOTPRINT_GIB``, also for every
 InferenceService on it).
 
+For an InferenceService's ``autoScaling`` (HPA and KEDA metrics, our KEDA queries):
+``autoscaling``. For the LocalModelCache (``kserve/localmodel``): ``localmodel`` (its CRD
+schema made strict; a URI the download Jobs fetch and kserve/base uses).
+
 For the collection job (``kserve/batch-job``, an Indexed Job): ``kserve_tools.lint.job`` (its
 output apart from every InferenceService's ``storageUri``, its own Secret and ServiceAccount).
 For Milvus and its index Job (``kserve/milvus``): ``kserve_tools.lint.milvus`` (authentication on,
 root's password and the token from Secrets, a NetworkPolicy admitting only labelled pods).
 For the PodMonitor and PrometheusRule (``kserve/monitoring``): ``kserve_tools.monitoring``.
 
-One module per kind of object (``schema``, ``inferenceservice``, ``servingruntime``,
-``tritonruntime``, ``network``, ``bundle``; ``memory`` for every pod of our runtime; ``runtimes``
-for the rules both our runtimes share; ``base`` for what every rule module shares), each rule a
-function that yields the problems it finds (``base.Problem``); this module renders the targets,
-sends each object to its rules and prints the findings.
+One module per kind of object (``schema``, ``inferenceservice``, ``autoscaling``,
+``localmodel``, ``servingruntime``, ``tritonruntime``, ``network``, ``bundle``; ``memory`` for
+every pod of our runtime; ``runtimes`` for the rules both our runtimes share; ``base`` for what
+every rule module shares), each rule a function that yields the problems it finds
+(``base.Problem``); this module renders the targets, sends each object to its rules and prints
+the findings.
 
 For a bundle: ``config/config.properties`` names exactly the archives in ``model-store/``
 (model names and versions from each archive's manifest) and the models of ``config/models``.
@@ -71,6 +76,7 @@ from buildsteps.configgen import repo_models
 from buildsteps.gpu import repo_models as gpu_repo_models
 from kserve_tools import monitoring
 from kserve_tools.lint import milvus as milvuslint
+from kserve_tools.lint.autoscaling import autoscaling_findings
 from kserve_tools.lint.base import (
     DEFAULT_MODE,
     ISVC_LABEL,
@@ -90,6 +96,7 @@ from kserve_tools.lint.base import (
 from kserve_tools.lint.bundle import bundle_findings
 from kserve_tools.lint.inferenceservice import ServingLimits, inference_service_findings
 from kserve_tools.lint.job import command_words, job_findings, option
+from kserve_tools.lint.localmodel import localmodel_findings
 from kserve_tools.lint.memory import FOOTPRINT_GIB, TRITON_FOOTPRINT_GIB
 from kserve_tools.lint.network import network_policy_findings
 from kserve_tools.lint.runtimes import RUNTIME_KINDS
@@ -108,6 +115,7 @@ BATCH_JOB_DIR = KSERVE / "batch-job"
 MILVUS_DIR = KSERVE / "milvus"  # Milvus Standalone and the index Job
 TRITON_DIR = KSERVE / "triton"  # the InferenceService on KServe's Triton runtime
 BASE_ISVC = KSERVE / "base" / "inferenceservice.yaml"
+LOCALMODEL_DIR = KSERVE / "localmodel"  # the LocalModelCache of the base's bundle
 
 __all__ = [
     "DEFAULT_MODE",
@@ -144,14 +152,15 @@ __all__ = [
 
 
 def default_targets() -> list[Path]:
-    """Our runtimes, every overlay, the stock-runtime manifests, the collection job, Milvus and
-    its index Job, and the monitoring objects."""
+    """Our runtimes, every overlay, the stock-runtime manifests, the LocalModelCache, the
+    collection job, Milvus and its index Job, and the monitoring objects."""
     return [
         RUNTIME_DIR,
         TRITON_RUNTIME_DIR,
         *sorted(p for p in (KSERVE / "overlays").iterdir() if p.is_dir()),
         *sorted((KSERVE / "stock").glob("*.yaml")),
         TRITON_DIR,
+        LOCALMODEL_DIR,
         BATCH_JOB_DIR,
         MILVUS_DIR,
         monitoring.MONITORING_DIR,
@@ -268,8 +277,14 @@ def _findings(
         )
     if resource.kind in ("NetworkPolicy", "ServiceAccount"):
         return []  # a policy checked with what it selects, per target; a job's account with it
+    if resource.kind == "LocalModelCache":
+        return localmodel_findings(resource)
     schema = schema_findings(resource) if resource.kind == "InferenceService" else []
-    return schema + inference_service_findings(resource, runtimes, limits)
+    return (
+        schema
+        + inference_service_findings(resource, runtimes, limits)
+        + autoscaling_findings(resource)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
