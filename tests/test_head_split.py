@@ -50,12 +50,12 @@ def test_the_confusion_in_the_report_is_bounded_and_says_what_it_left_out():
     cells); the most confused pairs, at most ``CONFUSION_PAIRS``, most frequent first, and how
     many mistaken pairs it left out."""
     rng = np.random.default_rng(11)
-    labels = [f"label-{i:03d}" for i in range(head.CONFUSION_TABLE_LABELS + 10)]
+    labels = [f"label-{i:03d}" for i in range(60)]
     y = np.repeat(np.arange(len(labels)), 4)
     x = rng.normal(size=(len(y), 16)).astype(np.float32)  # noise: mistakes everywhere
     fitted = head.fit(x, y, labels, test_size=0.5)
     report = fitted.report["confusion"]
-    assert report["counts"] == [] and report["table_labels_max"] == head.CONFUSION_TABLE_LABELS
+    assert report["counts"] == [] and report["table_labels_max"] == head.CONFUSION_TABLE_LABELS < 60
     wrong = [(t, p) for t, p in zip(y[fitted.test_rows], fitted.predicted) if t != p]
     pairs = report["most_confused"]
     assert len(pairs) == head.CONFUSION_PAIRS < len(set(wrong))
