@@ -186,7 +186,10 @@ def _asked_before(asked: dict) -> tuple[str, Path | None, list[AddedHead], str]:
     heads = [AddedHead(h[0], Path(h[1]), Path(h[3])) for h in asked.get("requested_heads", [])]
     name = asked.get("requested_name") or next((h["name"] for h in asked.get("heads", [])), "")
     labels_path = None if labels is None else Path(labels)
-    return asked.get("requested", "auto"), labels_path, heads, name or "main"
+    source = asked.get("requested", "auto")
+    if source == "auto":  # what it resolved to: a rebuild is the same weights, not a download
+        source = "imagenet" if asked.get("source") == "imagenet" else "seeded"
+    return source, labels_path, heads, name or "main"
 
 
 @dataclass(frozen=True)
