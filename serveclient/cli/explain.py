@@ -33,7 +33,7 @@ def register(commands: Commands) -> None:
         help="one image; with --html, image files and folders (walked)",
     )
     e.add_argument("--model", default="resnet50-tagger")
-    e.add_argument("--target", help="class index or label (default: the top-1 class)")
+    e.add_argument("--target", help="a label, or #N for class index N (default: the top-1 class)")
     e.add_argument("--topk", type=int, help="explain the k most probable classes")
     e.add_argument("--method", help="gradcam (default), ig or occlusion")
     e.add_argument("--n-steps", type=int, help="integrated-gradients steps")
