@@ -91,6 +91,11 @@ def register(commands: Commands) -> None:
     _collection_argument(build)
     work_dir_argument(build, "local copies of s3:// inputs, fetched again only when they change")
     build.add_argument("--no-progress", action="store_true", help="no progress bar")
+    build.add_argument(
+        "--wait",
+        action="store_true",
+        help="another build of the same folder running: wait for it (default: refuse at once)",
+    )
 
 
 def _search_arguments(parser: argparse.ArgumentParser) -> None:
@@ -151,16 +156,17 @@ def cmd_index(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
             raise UsageError(f"where should the index of {args.inputs[0]} go?", "add --out")
         folder = Path(args.out) if args.out else default_folder(first)
         where = str(folder)
-        built = index.build(args.inputs, folder, progress, work)
+        built = index.build(args.inputs, folder, progress, work, wait=args.wait)
         data = {"folder": where, **vars(built)}
-    return (
-        data,
-        (
-            f"{where}: {built.count} vectors ({built.spec}), {built.added} added, "
-            f"{built.removed} removed"
-        ),
-        0,
-    )
+    text = f"{where}: {built.count} vectors ({built.spec}), {built.added} added, "
+    text += f"{built.removed} removed"
+    if built.trained_at is not None:
+        text += (
+            f"; quantisers trained on a sample of the {built.trained_at:,}"
+            if built.trained
+            else f"; not retrained (its quantisers were trained at {built.trained_at:,} vectors)"
+        ) + f", trained anew past {built.retrain_past:,}"
+    return data, text, 0
 
 
 def cmd_similar(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
