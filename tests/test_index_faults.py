@@ -12,6 +12,7 @@ vectors (serveclient/index.py, serveclient/outputlock.py):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -29,7 +30,7 @@ pytest.importorskip("faiss")
 
 from serveclient import index
 from tests.served import REPO, TSCTL, tsctl
-from tests.test_index import vectors, write
+from tests.test_index import files_of, vectors, write
 
 ENV = dict(os.environ, PYTHONPATH=str(REPO))
 TRIALS = 3
@@ -58,12 +59,17 @@ def events(proc: subprocess.Popen) -> list[tuple[float, str]]:
 
 
 def state(folder: Path) -> tuple[dict, list, list]:
-    """What a reader finds in ``folder``: the opened index's files (bytes and sha256 of each),
-    its answers to QUERIES and the stored vectors of those answers (each row checked)."""
+    """What a reader finds in ``folder``: the sha256 of each file of the index it opens, its
+    answers to QUERIES and the stored vectors of those answers (each row checked)."""
     opened = index.open_index(folder, check_sources=False)
     answers = index.nearest(opened, QUERIES, 5)
     rows = index.stored(opened, [path for hits in answers for path, _ in hits])
-    return opened.manifest["files"], answers, rows.round(4).tolist()
+    files = files_of(folder)
+    hashes = {
+        name: hashlib.sha256((files / name).read_bytes()).hexdigest()
+        for name in (index.VECTORS, index.PATHS, index.RESCORE)
+    }
+    return hashes, answers, rows.round(4).tolist()
 
 
 def leftovers(parent: Path, folder: Path) -> list[str]:
