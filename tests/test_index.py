@@ -94,8 +94,8 @@ def test_duplicates_from_the_index_match_exact(tmp_path):
     matrix[60] = matrix[7] + 0.001
     src = write(tmp_path / "e.parquet", [f"p{i:03d}" for i in range(100)], matrix)
     index.build([src], tmp_path / "v", progress=False)
-    got = search.group(index.pairs(index.open_index(tmp_path / "v"), 0.97))
-    want = search.duplicates(src, 0.97)
+    got = search.group(index.pairs(index.open_index(tmp_path / "v"), 0.97)).groups
+    want = search.duplicates(src, 0.97).groups
     assert [g["paths"] for g in got] == [g["paths"] for g in want] == [["p007", "p050", "p060"]]
 
 
@@ -148,8 +148,8 @@ def test_approximate_duplicates_are_the_exact_pairs_and_updates_append(tmp_path,
     shards.mkdir()
     write(shards / "0.parquet", [f"p{i:04d}" for i in range(2000)], matrix)
     assert index.build([shards], tmp_path / "v", progress=False).trained
-    got = search.group(index.pairs(index.open_index(tmp_path / "v"), 0.99))
-    want = search.duplicates(shards / "0.parquet", 0.99)
+    got = search.group(index.pairs(index.open_index(tmp_path / "v"), 0.99)).groups
+    want = search.duplicates(shards / "0.parquet", 0.99).groups
     assert [g["paths"] for g in got] == [g["paths"] for g in want]
     assert sorted(map(tuple, [g["paths"] for g in want])) == [
         ("p0007", "p1500"),

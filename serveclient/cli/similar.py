@@ -4,11 +4,13 @@ build`` writes (``INDEX.vindex/`` beside the Parquet, or ``--vindex``) when ther
 (or with ``--exact``) exact cosine over the Parquet; ``--html``: also a page of thumbnails.
 ``similar --stored`` takes photos of the collection as queries, by the path stored there.
 ``--out``/``--vindex`` may name Milvus instead (a server's ``http://HOST:19530`` or Milvus
-Lite's ``NAME.db``; serveclient/milvusindex.py): the same commands, only the URI changes."""
+Lite's ``NAME.db``; serveclient/milvusindex.py): the same commands, only the URI changes.
+``-k``, ``--threshold`` and ``--max-pairs`` are checked here, whatever answers (exit 2)."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from serveclient.cli.common import (
 )
 from serveclient.client import Client
 from serveclient.errors import UsageError
+from serveclient.search import MAX_K, MAX_PAIRS, MOST_PAIRS
 from serveclient.traffic import Traffic
 
 
@@ -45,7 +48,9 @@ def register(commands: Commands) -> None:
     q.add_argument(
         "--index", type=Path, help="an embed output (Parquet); not needed with a Milvus --vindex"
     )
-    q.add_argument("-k", type=int, default=10, help="neighbours per query (10)")
+    q.add_argument(
+        "-k", type=_whole(MAX_K), default=10, help=f"neighbours per query (10; 1 to {MAX_K:,})"
+    )
     q.add_argument("--model", default=DEFAULT_MODELS["embedding"])
     q.add_argument(
         "--deadline-ms",
@@ -64,7 +69,15 @@ def register(commands: Commands) -> None:
         "duplicates", cmd_duplicates, help="groups of near-duplicate photos in an embed output"
     )
     dup.add_argument("--index", type=Path, help="as for similar")
-    dup.add_argument("--threshold", type=float, default=0.97, help="cosine (0.97)")
+    dup.add_argument(
+        "--threshold", type=_cosine, default=0.97, help="cosine, above 0 and at most 1 (0.97)"
+    )
+    dup.add_argument(
+        "--max-pairs",
+        type=_whole(MOST_PAIRS),
+        default=MAX_PAIRS,
+        help=f"stop after this many pairs, saying so ({MAX_PAIRS:,}; at most {MOST_PAIRS:,})",
+    )
     _search_arguments(dup)
     dup.add_argument(
         "--html",
@@ -96,6 +109,36 @@ def register(commands: Commands) -> None:
         action="store_true",
         help="another build of the same folder running: wait for it (default: refuse at once)",
     )
+
+
+def _whole(most: int) -> Callable[[str], int]:
+    """An argparse type: a whole number from 1 to ``most``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if not 1 <= value <= most:
+            raise argparse.ArgumentTypeError(
+                f"expected a whole number from 1 to {most:,}, not {text}"
+            )
+        return value
+
+    return parse
+
+
+def _cosine(text: str) -> float:
+    """An argparse type: a cosine threshold, above 0 and at most 1 (NaN is neither)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a cosine above 0 and at most 1 (0.97: near-copies), not {text}"
+        )
+    return value
 
 
 def _search_arguments(parser: argparse.ArgumentParser) -> None:
@@ -218,19 +261,22 @@ def cmd_duplicates(client: Client, args: argparse.Namespace) -> tuple[Any, str, 
 
     opened, engine = _opened(args)
     if opened is None:
-        groups = search.duplicates(args.index, args.threshold)
+        found = search.duplicates(args.index, args.threshold, args.max_pairs)
     else:
-        groups = search.group(engine.pairs(opened, args.threshold))
+        found = search.group(engine.pairs(opened, args.threshold), args.max_pairs)
     lines = [
         f"{len(g['paths'])} files, cosine >= {g['min_score']:.4f}: " + ", ".join(g["paths"])
-        for g in groups
+        for g in found.groups
     ] or [f"no near-duplicates at cosine >= {args.threshold}"]
+    if found.note:
+        lines.append(found.note.strip())
     if args.html is not None:
         from serveclient import pages
 
-        thumbs = pages.Thumbnailer(expected=sum(len(g["paths"]) for g in groups))
+        thumbs = pages.Thumbnailer(expected=sum(len(g["paths"]) for g in found.groups))
         html = pages.duplicates_page(
-            groups, thumbs, index=str(args.index or args.vindex), threshold=args.threshold
+            found, thumbs, index=str(args.index or args.vindex), threshold=args.threshold
         )
         lines.append(wrote_page(args.html, html))
-    return groups, "\n".join(lines), 0
+    data = {"groups": found.groups, "pairs": found.pairs, "complete": found.complete}
+    return data, "\n".join(lines), 0
