@@ -308,14 +308,17 @@ def _read(folder: Path) -> Opened:
             size, recorded = os.fstat(handle.fileno()).st_size, manifest["files"][name]["bytes"]
             if size != recorded or (name == RESCORE and size != rows * ROW_BYTES):
                 raise ValueError(f"{name} holds {size} bytes, its manifest records {recorded}")
-        data = {n: _checked(n, handles[n].read(), manifest) for n in (VECTORS, PATHS)}
+        for name in (VECTORS, PATHS):
+            _check(name, handles[name], manifest)
+        # from the handle opened above (faiss-cpu's stubs omit its SWIG callback readers)
+        reader = faiss.PyCallbackIOReader(handles[VECTORS].read)  # type: ignore[attr-defined]
+        index = faiss.read_index(reader)
+        table = pq.read_table(handles[PATHS], schema=_PATHS_SCHEMA)
         rescore = (
             np.memmap(handles[RESCORE], np.float16, "r", shape=(rows, EMBEDDING_DIM))
             if rows
             else np.zeros((0, EMBEDDING_DIM), np.float16)
         )
-    index = faiss.deserialize_index(np.frombuffer(data[VECTORS], np.uint8))
-    table = pq.read_table(pa.BufferReader(data[PATHS]), schema=_PATHS_SCHEMA)
     ids, paths, keys = (table.column(c).to_pylist() for c in ("id", "path", "key"))
     if not index.ntotal == len(ids) == manifest["count"]:
         raise ValueError(f"{VECTORS} holds {index.ntotal} vectors, {PATHS} {len(ids)}")
@@ -328,10 +331,15 @@ def _read(folder: Path) -> Opened:
     return Opened(folder, files, index, names, held, manifest, rescore, digests, unchecked)
 
 
-def _checked(name: str, data: bytes, manifest: dict) -> bytes:
-    if hashlib.sha256(data).hexdigest() != manifest["files"][name]["sha256"]:
+def _check(name: str, handle: Any, manifest: dict) -> None:
+    """ValueError unless the file open as ``handle`` has the sha256 ``manifest`` records; it
+    is read again from its start after."""
+    digest = hashlib.sha256()
+    for block in iter(lambda: handle.read(1 << 20), b""):
+        digest.update(block)
+    if digest.hexdigest() != manifest["files"][name]["sha256"]:
         raise ValueError(f"{name} does not match the sha256 its manifest records")
-    return data
+    handle.seek(0)
 
 
 def check_fresh(manifest: dict, what: str) -> None:
@@ -420,6 +428,8 @@ class _Draft:
 
 
 def _build(inputs: list[Path | str], folder: Path, progress: bool, work_dir: Path) -> Built:
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{folder} is a file, not an index folder", "name a folder with --out")
     sources = sources_of(inputs, work_dir)
     want = wanted(sources)
     old = _previous(folder)
@@ -557,8 +567,14 @@ def _write(
     buffer = pa.BufferOutputStream()
     pq.write_table(table, buffer)
     records = {
-        VECTORS: _flushed(files / VECTORS, faiss.serialize_index(draft.index)),
-        PATHS: _flushed(files / PATHS, buffer.getvalue()),
+        VECTORS: _flushed(
+            files / VECTORS,
+            lambda write: faiss.write_index(
+                draft.index,
+                faiss.PyCallbackIOWriter(write),  # type: ignore[attr-defined]  # as _read's
+            ),
+        ),
+        PATHS: _flushed(files / PATHS, lambda write: write(buffer.getvalue())),
         RESCORE: {"bytes": draft.rows * ROW_BYTES},  # each row's digest is in PATHS
     }
     _fsync(files)
@@ -611,15 +627,22 @@ def _append(
     bar.close()
 
 
-def _flushed(path: Path, data: Any) -> dict:
-    """``data`` (bytes-like) written to the new file ``path`` and flushed to disk; the
+def _flushed(path: Path, fill: Callable[[Callable[[Any], int]], object]) -> dict:
+    """A new file ``path``, its bytes written by ``fill(write)`` and flushed to disk; the
     manifest's record of it (bytes, sha256)."""
+    digest, size = hashlib.sha256(), 0
     with path.open("xb") as f:
-        f.write(data)
+
+        def write(chunk: Any) -> int:
+            nonlocal size
+            digest.update(chunk)
+            size += memoryview(chunk).nbytes
+            return f.write(chunk)
+
+        fill(write)
         f.flush()
         os.fsync(f.fileno())
-    view = memoryview(data)
-    return {"bytes": view.nbytes, "sha256": hashlib.sha256(view).hexdigest()}
+    return {"bytes": size, "sha256": digest.hexdigest()}
 
 
 def _fsync(folder: Path) -> None:
@@ -634,7 +657,7 @@ def _swap(folder: Path, manifest: dict) -> None:
     """Replace ``folder``'s manifest, the one file readers follow, with ``manifest``: written
     and flushed under a temporary name first, the rename flushed after."""
     tmp = folder / f"{MANIFEST}.tmp-{uuid.uuid4().hex[:8]}"
-    _flushed(tmp, json.dumps(manifest, indent=1).encode())
+    _flushed(tmp, lambda write: write(json.dumps(manifest, indent=1).encode()))
     os.replace(tmp, folder / MANIFEST)
     _fsync(folder)
 

@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("faiss")
 
 from serveclient import index, search
+from serveclient.errors import UsageError
 from serveclient.vectors import EMBEDDING_DIM, embedding_rows
 
 
@@ -179,8 +180,6 @@ def test_a_short_rescore_file_is_a_corrupt_index(tmp_path, small_ivf):
 def test_a_stored_photo_is_a_query_with_or_without_the_index(tmp_path):
     """``tsctl similar --stored``: the vector the collection holds for a path, from the Parquet
     (float32) or from the index (its float16 copy); a path the collection lacks is named."""
-    from serveclient.errors import UsageError
-
     matrix = vectors(120, 3)
     names = [f"p{i}.jpg" for i in range(120)]
     src = write(tmp_path / "e.parquet", names, matrix)
@@ -243,6 +242,8 @@ def test_a_build_removes_what_builds_left_and_nothing_else(tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == sorted(
         [generation, index.MANIFEST, "notes.txt"]
     )
+    with pytest.raises(UsageError, match=r"notes\.txt is a file, not an index folder"):
+        index.build([src], folder / "notes.txt", progress=False)
 
 
 def two_subspaces(first: int, rest: int) -> np.ndarray:
