@@ -113,7 +113,7 @@ class Thumbnailer:
             return thumb
         if self.spent + len(thumb.uri) > self.budget:
             self.left_out += 1
-            return replace(thumb, uri=None, error="left out: the page's thumbnail budget is spent")
+            return replace(thumb, uri=None, error="the page's thumbnail budget is spent")
         self.spent += len(thumb.uri)
         return thumb
 
@@ -160,13 +160,13 @@ def read_photo(path: str) -> bytes:
         mode = os.fstat(fd).st_mode
         kind = next((name for test, name in NOT_REGULAR if test(mode)), None)
         if kind is not None:
-            raise ValueError(f"not shown: {kind}, not a regular file")
+            raise ValueError(f"{kind}, not a regular file")
         with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(MAX_FILE_BYTES + 1)
     finally:
         os.close(fd)
     if len(data) > MAX_FILE_BYTES:
-        raise ValueError(f"not shown: over the {_bytes(MAX_FILE_BYTES)} a page reads of a photo")
+        raise ValueError(f"over the {_bytes(MAX_FILE_BYTES)} a page reads of a photo")
     return data
 
 

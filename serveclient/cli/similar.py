@@ -85,7 +85,11 @@ def register(commands: Commands) -> None:
         metavar="FILE",
         help="also write a page of thumbnails: each group side by side",
     )
+    _index_command(commands)
 
+
+def _index_command(commands: Commands) -> None:
+    """``tsctl index build``: its parser."""
     build = commands.add(
         "index", cmd_index, help="build or update the approximate index of embed outputs"
     )
