@@ -113,8 +113,9 @@ def test_a_build_killed_at_random_points_leaves_a_whole_index_and_a_rerun_finish
         parent = tmp_path / f"trial{trial}"
         folder = parent / "v"
         shutil.copytree(template, folder)
-        # the k-th progress line, then a random share of the time to the next one
-        k = rng.randrange(len(seen))
+        # a progress line in the trial's share of them (each trial a third of the build),
+        # then a random share of the time to the next one
+        k = rng.randrange(trial * len(seen) // TRIALS, (trial + 1) * len(seen) // TRIALS)
         gap = (seen[k + 1][0] if k + 1 < len(seen) else seen[k][0] + 0.5) - seen[k][0]
         delay = rng.random() * gap
         proc = start(folder, sources)

@@ -209,7 +209,7 @@ def cmd_index(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
     text += f"{built.removed} removed"
     if built.trained_at is not None:
         text += (
-            f"; quantisers trained on a sample of the {built.trained_at:,}"
+            f"; quantisers trained on a sample of its {built.trained_at:,} vectors"
             if built.trained
             else f"; not retrained (its quantisers were trained at {built.trained_at:,} vectors)"
         ) + f", trained anew past {built.retrain_past:,}"
