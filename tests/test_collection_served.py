@@ -279,7 +279,7 @@ def test_similar_finds_a_photos_flipped_copy_first(engine, request, tmp_path):
         None, "duplicates", "--index", str(index), "--threshold", f"{threshold:.6f}", "--json"
     )
     assert dups.returncode == 0, dups.stderr
-    groups = json.loads(dups.stdout)
+    groups = json.loads(dups.stdout)["groups"]
     assert any({query, str(flipped)} <= set(g["paths"]) for g in groups), groups
 
     # The same commands through `tsctl index build`'s index answer the same; once the embed
@@ -300,7 +300,9 @@ def test_similar_finds_a_photos_flipped_copy_first(engine, request, tmp_path):
         None, "duplicates", "--index", str(index), "--threshold", f"{threshold:.6f}", "--json",
         "--html", str(same),
     )  # fmt: skip
-    assert [g["paths"] for g in json.loads(indexed_dups.stdout)] == [g["paths"] for g in groups]
+    assert [g["paths"] for g in json.loads(indexed_dups.stdout)["groups"]] == [
+        g["paths"] for g in groups
+    ]
     # The picture pages from the index's answers: the query beside its flipped copy.
     for page in (near, same):
         html = page.read_text()

@@ -70,7 +70,7 @@ def test_a_milvus_collection_answers_as_exact_search_and_updates_in_place(tmp_pa
     with pytest.raises(UsageError, match=r"not stored in first at .*p000\.jpg"):
         milvusindex.stored(opened, ["p000.jpg"])
     # duplicates: the pairs exact search finds over the same photos
-    got = search.group(milvusindex.pairs(opened, 0.97))
+    got = search.group(milvusindex.pairs(opened, 0.97)).groups
     want = [["p017.jpg", "p250.jpg"]]
     assert [g["paths"] for g in got] == want
 
@@ -135,8 +135,9 @@ def test_past_the_flat_limit_the_collection_is_ivf_sq8_and_finds_the_exact_neigh
     assert recall >= 0.95
     for g, w in zip(got, want):  # re-scored: exact cosines, as the Parquet's
         assert g[0][1] == pytest.approx(w[0][1], abs=1e-5)
-    pairs = search.group(milvusindex.pairs(opened, 0.99))
-    assert [g["paths"] for g in pairs] == [g["paths"] for g in search.duplicates(src, 0.99)]
+    pairs = search.group(milvusindex.pairs(opened, 0.99)).groups
+    want = search.duplicates(src, 0.99).groups
+    assert [g["paths"] for g in pairs] == [g["paths"] for g in want]
 
 
 def test_tsctl_builds_and_searches_milvus_by_uri_as_it_does_the_folder_index(tmp_path, milvus):
@@ -162,9 +163,14 @@ def test_tsctl_builds_and_searches_milvus_by_uri_as_it_does_the_folder_index(tmp
     # a search machine without the Parquet: the collection by name
     alone = tsctl(None, "--json", "duplicates", "--vindex", milvus, "--collection", "photos")
     assert alone.returncode == 0, alone.stderr
-    groups = json.loads(alone.stdout)
-    assert groups == search.duplicates(src, 0.97)
-    assert [g["paths"] for g in groups] == [["p3.jpg", "p99.jpg"]]
+    found = json.loads(alone.stdout)
+    assert (found["groups"], found["complete"]) == (search.duplicates(src, 0.97).groups, True)
+    assert [g["paths"] for g in found["groups"]] == [["p3.jpg", "p99.jpg"]]
+    # a threshold every pair reaches stops at the pair cap, as exact search and FAISS do
+    low = ["--threshold", "0.3", "--max-pairs", "5"]
+    capped = tsctl(None, "--json", "duplicates", "--vindex", milvus, "--collection", "photos", *low)
+    assert capped.returncode == 0, capped.stderr
+    assert (json.loads(capped.stdout)["pairs"], json.loads(capped.stdout)["complete"]) == (5, False)
 
 
 @pytest.fixture
@@ -234,7 +240,7 @@ def test_the_folder_index_of_s3_shards_needs_its_fetched_copies_for_duplicates(t
     index.build(["s3://photos/emb/"], tmp_path / "v", progress=False, work_dir=work)
     opened = index.open_index(tmp_path / "v")
     assert opened.manifest["sources"][0]["path"] == "s3://photos/emb/e.parquet"
-    assert search.group(index.pairs(opened, 0.97))[0]["paths"] == ["p3.jpg", "p30.jpg"]
+    assert search.group(index.pairs(opened, 0.97)).groups[0]["paths"] == ["p3.jpg", "p30.jpg"]
     shutil.rmtree(work)
     with pytest.raises(index.StaleIndex, match=r"copy of s3://photos/emb/e\.parquet .* is not at"):
         list(index.pairs(index.open_index(tmp_path / "v"), 0.97))
