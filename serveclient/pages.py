@@ -467,7 +467,7 @@ def head_page(report: dict, mistakes: Sequence[dict], thumbs: Thumbnailer) -> st
     sections = [
         "<section><h2>Per label (held out)</h2><table class='gallery'><tr><th>label</th>"
         f"<th>precision</th><th>recall</th><th>photos</th></tr>{per_label}</table></section>",
-        _confusion(labels, report["confusion"]["counts"]),
+        _confusion(labels, report["confusion"]),
         f"<section><h2>Mistakes ({len(mistakes)})</h2>"
         + (
             f'<div class="row">{"".join(figures)}</div>'
@@ -488,10 +488,27 @@ def head_page(report: dict, mistakes: Sequence[dict], thumbs: Thumbnailer) -> st
     return page("Tagger trained from your folders", summary, sections)
 
 
-def _confusion(labels: Sequence[str], counts: Sequence[Sequence[int]]) -> str:
+def _confusion(labels: Sequence[str], confusion: dict) -> str:
     """The confusion table's section: every label up to ``MAX_TABLE_LABELS``, else those
-    with the most held-out mistakes (as the true or the predicted label), in label order."""
-    table = np.asarray(counts, np.int64).reshape(len(labels), len(labels))
+    with the most held-out mistakes (as the true or the predicted label), in label order; a
+    report too large for a table (``counts`` empty: ``serveclient.head.confusion``) shows its
+    most confused pairs instead."""
+    title = "<section><h2>Confusion (rows: true label, columns: predicted)</h2>"
+    if not confusion["counts"]:
+        pairs = confusion["most_confused"][:MAX_TABLE_ROWS]
+        rows = "".join(
+            f"<tr><td>{escape(p['true'])}</td><td>{escape(p['predicted'])}</td>"
+            f"<td>{p['count']}</td></tr>"
+            for p in pairs
+        )
+        more = len(confusion["most_confused"]) - len(pairs) + confusion["most_confused_left_out"]
+        return (
+            f'{title}<p class="meta">{len(labels)} labels: too many for a table; the most '
+            f"confused pairs{f', {more} more mistaken pairs left out' if more else ''}.</p>"
+            "<table class='gallery'><tr><th>true</th><th>predicted</th><th>photos</th></tr>"
+            f"{rows}</table></section>"
+        )
+    table = np.asarray(confusion["counts"], np.int64).reshape(len(labels), len(labels))
     shown = list(range(len(labels)))
     note = ""
     if len(labels) > MAX_TABLE_LABELS:
@@ -508,7 +525,4 @@ def _confusion(labels: Sequence[str], counts: Sequence[Sequence[int]]) -> str:
         + "</tr>"
         for i in shown
     )
-    return (
-        f"<section><h2>Confusion (rows: true label, columns: predicted)</h2>{note}"
-        f"<table class='gallery'><tr><th></th>{head}</tr>{rows}</table></section>"
-    )
+    return f"{title}{note}<table class='gallery'><tr><th></th>{head}</tr>{rows}</table></section>"

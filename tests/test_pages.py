@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import base64
 import copy
+import re
 import urllib.parse
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from devtools import pages_demo
 from devtools.pages_demo import ONERROR_NAME, SCRIPT_NAME
-from serveclient import errors, pages
+from serveclient import errors, head, pages
 from serveclient.batchjob import Job, Plan, explain_budget
 from serveclient.collection import Entry
 from serveclient.search import Grouped
@@ -247,21 +249,28 @@ def noisy_photos(folder: Path, n: int) -> list[str]:
     return paths
 
 
+def _head_report(labels: list[str], truth: np.ndarray, predicted: np.ndarray) -> dict:
+    """A head train report as ``serveclient.head`` writes it, its confusion from the pairs."""
+    return {
+        "labels": labels,
+        "split": {"train": 60_000, "held_out": len(truth), "seed": 0},
+        "per_label": {label: {"precision": 0.5, "recall": 0.5, "support": 40} for label in labels},
+        "confusion": head.confusion(truth, predicted, labels),
+        "held_out_accuracy": 0.0,
+        "calibration": {"expected_calibration_error": 0.1},
+    }
+
+
 def test_a_head_report_of_twenty_thousand_mistakes_and_500_labels_stays_within_its_caps(
     tmp_path,
 ):
     paths = noisy_photos(tmp_path, 40)
     labels = [f"label{i}" for i in range(500)]
-    confusion = [[(i * 7 + j) % 3 if i != j else 20 for j in range(500)] for i in range(500)]
-    confusion[3][4] = 90  # label3 and label4: the most confused
-    report = {
-        "labels": labels,
-        "split": {"train": 60_000, "held_out": 20_000, "seed": 0},
-        "per_label": {label: {"precision": 0.5, "recall": 0.5, "support": 40} for label in labels},
-        "confusion": {"counts": confusion},
-        "held_out_accuracy": 0.0,
-        "calibration": {"expected_calibration_error": 0.1},
-    }
+    truth = np.arange(20_000) % 500
+    predicted = (truth * 7 + 1) % 500
+    predicted[:90] = 4
+    truth[:90] = 3  # label3 taken for label4 90 times: the most confused pair
+    report = _head_report(labels, truth, predicted)
     mistakes = [
         {"path": paths[i % 40], "label": "label3", "predicted": "label4", "probability": 0.9}
         for i in range(20_000)
@@ -270,9 +279,23 @@ def test_a_head_report_of_twenty_thousand_mistakes_and_500_labels_stays_within_i
     assert len(html.encode()) < pages.PAGE_BUDGET_BYTES + 2_000_000
     assert html.count("<figure") == pages.MAX_PICTURES
     assert "Showing 2,000 of 20,000 mistakes: the page&#x27;s cap; report.json holds" in html
-    assert f"{pages.MAX_TABLE_LABELS} of 500 labels: those with the most mistakes" in html
-    assert html.count("<td>") == 500 * 4 + pages.MAX_TABLE_LABELS**2
-    assert "<th>label3</th>" in html and "<td>90</td>" in html
+    # 500 labels: no table in the report, so the page lists the most confused pairs first.
+    assert "500 labels: too many for a table; the most confused pairs" in html
+    rows = re.findall(r"<tr><td>(label\d+)</td><td>(label\d+)</td><td>(\d+)</td>", html)
+    assert rows[0] == ("label3", "label4", "90") and len(rows) == head.CONFUSION_PAIRS
+    assert html.count("<td>") == 500 * 4 + head.CONFUSION_PAIRS * 3
+
+
+def test_a_head_report_over_the_page_s_labels_shows_those_with_the_most_mistakes():
+    labels = [f"label{i}" for i in range(45)]  # a table in the report, too wide for the page
+    truth = np.repeat(np.arange(45), 4)
+    predicted = truth.copy()
+    predicted[::4] = (truth[::4] + 1) % 45  # one mistake a label
+    predicted[1:12:4] = 44  # label0..label2 taken for label44 too
+    report = _head_report(labels, truth, predicted)
+    html = pages.head_page(report, [], pages.Thumbnailer())
+    assert f"{pages.MAX_TABLE_LABELS} of 45 labels: those with the most mistakes" in html
+    assert "<th>label44</th>" in html and html.count("<td>") == 45 * 4 + pages.MAX_TABLE_LABELS**2
 
 
 def test_thumbnails_past_the_byte_budget_are_placeholders_and_counted(tmp_path):
