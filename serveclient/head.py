@@ -135,14 +135,17 @@ class TrainingSet:
     left_out: dict[str, int]
 
 
-def training_set(paths: Sequence[str], x: np.ndarray, photos: Mapping[str, Photo]) -> TrainingSet:
+def training_set(
+    paths: Sequence[str], x: np.ndarray, photos: Mapping[str, Photo], dropped: int = 0
+) -> TrainingSet:
     """The rows of ``x`` (``paths`` their photos) for exactly ``photos`` (``walk``'s), each path
     compared ``absolute``: a row whose photo was moved or deleted since, or that a run on
-    another FOLDER wrote into the same --out, is left out (``not_under_folder``); a photo
-    stored twice (two spellings of one path) is fitted once, on the row the walk spells
+    another FOLDER wrote into the same --out, is left out (``not_under_folder``, counted with
+    the ``dropped`` rows the embedding job's merge already removed as gone); a photo stored
+    twice (two spellings of one path) is fitted once, on the row the walk spells
     (``stored_twice``). ``TsError`` when a photo has no row: the folder changed meanwhile."""
     kept: dict[str, int] = {}
-    gone = 0
+    gone = dropped
     for row, path in enumerate(paths):
         where = absolute(path)
         photo = photos.get(where)
@@ -165,7 +168,7 @@ def training_set(paths: Sequence[str], x: np.ndarray, photos: Mapping[str, Photo
         x[[kept[p] for p in order]],
         np.array([index[photos[p].label] for p in order], dtype=np.int64),
         labels,
-        {"not_under_folder": gone, "stored_twice": len(paths) - gone - len(kept)},
+        {"not_under_folder": gone, "stored_twice": len(paths) + dropped - gone - len(kept)},
     )
 
 

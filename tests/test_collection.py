@@ -330,7 +330,9 @@ def test_duplicates_groups_chains_across_chunks(tmp_path):
     out.write_part(rows)
     out.merge()
     for chunk in (7, 100):
-        groups = duplicates(out.out, 0.97, rows=chunk)
+        found = duplicates(out.out, 0.97, rows=chunk)
+        groups = found.groups
+        assert found.complete and found.pairs == 4  # 003's one, 030's three
         assert [sorted(g["paths"]) for g in groups] == [
             ["030.jpg", "copy-of-030.jpg", "copy2-of-030.jpg"],
             ["003.jpg", "copy-of-003.jpg"],

@@ -79,8 +79,11 @@ def test_two_versions_side_by_side_and_the_default_switch(ops):
         ops,
         "register",
         ops.v2_archive,
+        # 1.0's batch size: a worker's ``auto`` precision is keyed by the batch sizes it times,
+        # so another size measures anew, and on a busy host may choose another arithmetic
+        # (int8 against f32: other probabilities). The delay shows the flags were applied.
         "--batch-size",
-        "4",
+        "16",
         "--max-batch-delay",
         "5",
         "--workers",
@@ -89,7 +92,7 @@ def test_two_versions_side_by_side_and_the_default_switch(ops):
     assert registered.returncode == 0, registered.stderr
     assert "not kept across a restart" in registered.stdout
     v2 = client.describe("resnet50-tagger", "2.0")[0]
-    assert (v2["batchSize"], v2["maxBatchDelay"], len(v2["workers"])) == (4, 5, 1)
+    assert (v2["batchSize"], v2["maxBatchDelay"], len(v2["workers"])) == (16, 5, 1)
     try:
         assert len(_tags(client, "1.0")) == 5 and len(_tags(client, "2.0")) == V2_TOP_K
         assert _tags(client, "2.0") == _tags(client, "1.0")[:V2_TOP_K]

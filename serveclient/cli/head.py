@@ -96,7 +96,7 @@ def cmd_head(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
         embeddings = args.out / "embeddings.parquet"
         _note(f"{len(photos)} photos under {args.folder}: embedding what is new into {embeddings}")
         embedded = _embed(client, args, embeddings)
-        chosen = head.training_set(*read_matrix(embeddings), photos)
+        chosen = head.training_set(*read_matrix(embeddings), photos, embedded["gone"] or 0)
         _note(f"fitting the head on {len(chosen.paths)} photos")
         fitted = head.fit(
             chosen.x, chosen.y, chosen.labels, test_size=args.test_size, seed=args.seed, c=args.c
