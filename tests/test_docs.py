@@ -483,6 +483,7 @@ NUMBER_DOCS = (
     "docs/backends.md",
     "docs/configuration.md",
     "docs/explanations.md",
+    "docs/guarantees.md",
     "docs/operations.md",
     "docs/testing.md",
 )
