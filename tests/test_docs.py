@@ -6,7 +6,8 @@ every relative Markdown link points to an existing file (and heading, for ``#anc
 serveclient.cli's parser; every ``python -m MODULE`` of this repository resolves to a module.
 In the docs this renovation wrote (all but kserve/README.md, whose paths are relative to
 kserve/ and name upstream files), every repository path in backticks or a code block exists,
-except the generated ones listed in GENERATED; the README's layout map names only what exists;
+except the generated ones listed in GENERATED, and every test named as ``file.py::test`` is a
+function of that file in tests/; the README's layout map names only what exists;
 and the README stays a front door (at most README_MAX_LINES lines).
 
 Numbers, in NUMBER_DOCS: the settings, status and metrics tables are generated from the code
@@ -344,6 +345,43 @@ def test_named_paths_exist(path):
     assert not problems, _problems_message(problems)
 
 
+NAMED_TEST = re.compile(r"^(?:tests/)?(test_\w+\.py)?::(test_\w+)$")
+
+
+def named_test_problems(doc: Doc) -> list[str]:
+    """Each test a doc names (`test_x.py::test_y`, or `::test_y` of the file named last) is a
+    function of that file in tests/."""
+    problems, file = [], None
+    for line in doc.prose:
+        file = None if line.startswith("#") else file
+        for span in (m.group(2) for m in CODE_SPAN.finditer(line)):
+            m = NAMED_TEST.match(span)
+            if not m:
+                continue
+            file = m.group(1) or file
+            source = ROOT / "tests" / (file or "?")
+            if not source.is_file() or not re.search(
+                rf"^\s*(?:async )?def {m.group(2)}\(", source.read_text(), re.M
+            ):
+                problems.append(f"{doc.name}: `{span}`: no such test in tests/{file}")
+    return problems
+
+
+@pytest.mark.parametrize("path", _own_docs(), ids=rel)
+def test_named_tests_exist(path):
+    problems = named_test_problems(parse(path))
+    assert not problems, _problems_message(problems)
+
+
+def test_named_test_check_catches_breakage(tmp_path):
+    bad = tmp_path / "bad.md"
+    bad.write_text("`test_docs.py::test_named_tests_exist`, `::test_no_such`, `test_x.py::test_y`")
+    assert [p.split("`")[1] for p in named_test_problems(parse(bad))] == [
+        "::test_no_such",
+        "test_x.py::test_y",
+    ]
+
+
 def layout_block(doc: Doc) -> str | None:
     """The layout map: the code block with a line starting 'handlers/' (entries relative to
     the root, the names after them relative to each entry)."""
@@ -445,6 +483,7 @@ NUMBER_DOCS = (
     "docs/backends.md",
     "docs/configuration.md",
     "docs/explanations.md",
+    "docs/guarantees.md",
     "docs/operations.md",
     "docs/testing.md",
 )
