@@ -30,7 +30,7 @@ from model_files.recipe import PREPROCESSING
 from servecore.admission import Admission
 from servecore.answers import AnswerSpec, BatchOutputs, Prediction
 from servecore.autoprecision import serving_backend
-from servecore.backends import pick_device
+from servecore.backends import device_memory, pick_device
 from servecore.cache import AnswerCache
 from servecore.classes import Classes
 from servecore.config import HandlerConfig, Output
@@ -201,11 +201,13 @@ class ImageModel:
         self.intake = Intake(
             config, self.explanations, Admission(), lookup=self.cache.lookup, device=self.device
         )
+        on_gpu = self.device.type == "cuda"
         self.metrics = BatchMetrics(
             metrics,
             self.backend.precision,
             settings.slot,
             mark_start(settings.name, settings.slot) if settings.slot else 0,
+            partial(torch.cuda.memory_reserved, self.device) if on_gpu else None,
         )
         if not files.weights.get("trained", False):
             logger.warning("%s: %s", settings.name, files.weights.get("warning"))
@@ -318,8 +320,9 @@ class ImageModel:
 
     def describe(self) -> dict:
         """Which weights (how many classes their labels name, in which heads), settings, backend and
-        precision this model runs."""
+        precision this model runs; on a GPU, what this worker holds of its memory now."""
         files = self.settings.files
+        memory = device_memory(self.device)
         return {
             "weights": files.weights,
             "classes": len(self.answers.classes),
@@ -335,4 +338,5 @@ class ImageModel:
             "decode": str(self.intake.device_decoder or "cpu"),
             "preprocessing": PREPROCESSING,
             "crops_input": CROPS_INPUT,
+            **({} if memory is None else {"gpu_memory": memory}),
         }
