@@ -40,6 +40,8 @@ manifest is the one it installed.
 from __future__ import annotations
 
 import argparse
+import ctypes.util
+import gzip
 import hashlib
 import importlib.util
 import json
@@ -309,6 +311,43 @@ def wheel_name(wheel: Path) -> str:
     return canonical(wheel.name.split("-")[0])
 
 
+def libpython_name(python: str) -> str:
+    """The shared library a CPython ``python`` backend stub links (its ``DT_NEEDED``)."""
+    return f"libpython{python}.so.1.0"
+
+
+def found_libpython(python: str, given: Path | None) -> Path | None:
+    """``given``, else the shared ``libpython`` of a ``python{X.Y}`` on ``PATH``, else None."""
+    if given is not None:
+        if given.name != libpython_name(python) or not given.is_file():
+            raise StageError(f"--libpython {given}: not a file named {libpython_name(python)}")
+        return given
+    try:
+        folder = run(
+            [f"python{python}", "-c", "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))"]
+        )
+    except (StageError, OSError):
+        return None
+    found = Path(folder.strip()) / libpython_name(python)
+    return found if found.is_file() else None
+
+
+def packed_libpython(library: Path, cache: Path) -> Path:
+    """``library`` gzipped in ``cache`` (stripped of symbols first where ``strip`` is found)."""
+    packed = cache / f"{library.name}-{sha256_of(library)[:16]}.gz"
+    if not packed.is_file():
+        with tempfile.TemporaryDirectory(dir=cache) as work:
+            lean = Path(work) / library.name
+            if shutil.which("strip"):
+                run(["strip", "--strip-unneeded", "-o", str(lean), str(library)])
+            else:
+                shutil.copy2(library, lean)
+            with lean.open("rb") as source, gzip.open(Path(work) / "packed", "wb", 6) as out:
+                shutil.copyfileobj(source, out, MIB)
+            os.replace(Path(work) / "packed", packed)
+    return packed
+
+
 def triton_facts(wheel: Path, python: str) -> dict:
     """What the pytriton wheel holds for ``python``: its backend stub and CUDA runtime;
     ``StageError`` when it has no stub for that Python."""
@@ -453,9 +492,12 @@ def stage(
     *,
     cache: Path = CACHE,
     decoders: Path | None = GPU_REQUIREMENTS,
+    libpython: Path | None = None,
 ) -> dict:
     """The whole stage for a host running CPython ``python`` into ``out`` (module docstring);
-    ``decoders``: the requirements file of the decoder wheels (None: none). Its manifest."""
+    ``decoders``: the requirements file of the decoder wheels (None: none); ``libpython``: a
+    shared ``libpythonX.Y.so.1.0`` for a host whose Python has none (None: a ``pythonX.Y`` on
+    ``PATH``'s, if any). Its manifest."""
     cache.mkdir(parents=True, exist_ok=True)
     exact, provided = pins(), host_provided(python)
     java, java_about = java_runtime(cache)
@@ -467,17 +509,20 @@ def stage(
         pytriton = next(w for w in found if wheel_name(w) == "nvidia-pytriton")
         have = provided | {wheel_name(w) for w in wheels}
         extra = download(wanted, Path(work) / "decoders", python, but=have) if wanted else []
+        library = found_libpython(python, libpython)
+        shared = [] if library is None else [packed_libpython(library, cache)]
         pieces = [
             Piece("java.tar.gz", java),
             *(Piece(f"wheels/{w.name}", w) for w in wheels),
             *(Piece(f"triton/{w.name}", w) for w in found),
             *(Piece(f"decoders/{w.name}", w) for w in extra),
+            *(Piece(f"triton/{libpython_name(python)}.gz", p) for p in shared),
         ]
         about = {
             "python": python,
             "commit": commit(),
             "java": java_about,
-            "triton": triton_facts(pytriton, python),
+            "triton": {**triton_facts(pytriton, python), "libpython": library and str(library)},
             "requirements": {"project": project, "triton": triton, "decoders": wanted},
             "decoders_from": source,
             "host_has": sorted(provided),
@@ -620,6 +665,30 @@ def unpack_java(host: Path) -> Path:
     return java
 
 
+def has_libpython(python: str) -> bool:
+    """Whether this Python's shared ``libpython`` is where the stub finds it: its ``LIBDIR``
+    (Triton's launcher puts that on ``LD_LIBRARY_PATH``) or the dynamic loader's cache."""
+    libdir = sysconfig.get_config_var("LIBDIR")
+    if libdir and (Path(libdir) / libpython_name(python)).is_file():
+        return True
+    return ctypes.util.find_library(f"python{python}") is not None
+
+
+def lend_libpython(triton_venv: Path, packed: Path, python: str) -> None:
+    """Where this Python has no shared ``libpython`` (a distribution's static build), the
+    staged one, among the wheel's libraries (on ``LD_LIBRARY_PATH`` when Triton runs)."""
+    if has_libpython(python):
+        return
+    if not packed.is_file():
+        print(f"stage install: no {libpython_name(python)} here nor staged: Triton's backend "
+              "stub cannot start (stage with --libpython)", file=sys.stderr)  # fmt: skip
+        return
+    libs = next(triton_venv.glob("lib/python3*/site-packages")) / "nvidia_pytriton.libs"
+    with gzip.open(packed) as source, (libs / libpython_name(python)).open("wb") as out:
+        shutil.copyfileobj(source, out, MIB)
+    (libs / libpython_name(python)).chmod(0o755)
+
+
 def install(
     stage_dir: Path = OUT, host: Path = HOST, *, venv: Path = VENV, triton_venv: Path = TRITON_VENV
 ) -> dict:
@@ -654,6 +723,7 @@ def install(
     pip_install(project, pip, [host / "wheels", host / "decoders"], wanted)
     triton = make_venv(triton_venv, sites)
     pip_install(triton, pip, [host / "triton"], requirements["triton"], deps=False)
+    lend_libpython(triton_venv, host / "triton" / f"{libpython_name(python)}.gz", python)
     run([str(project), "-m", "tritonrepo.install"], cwd=REPO)
     marker.write_text(digest)
     return manifest
@@ -677,12 +747,17 @@ def main(argv: list[str] | None = None) -> int:
         help="the GPU decoder wheels' requirements (requirements-gpu.txt)",
     )
     parser.add_argument("--no-decoders", action="store_true", help="stage no decoder wheels")
+    parser.add_argument(
+        "--libpython",
+        type=Path,
+        help="a shared libpythonX.Y.so.1.0 for a host whose Python has none (default: a "
+        "pythonX.Y on PATH's, if any)",
+    )
     args = parser.parse_args(argv)
     try:
         if args.command == "stage":
-            manifest = stage(
-                args.out, args.python, decoders=None if args.no_decoders else args.decoders
-            )
+            decoders = None if args.no_decoders else args.decoders
+            manifest = stage(args.out, args.python, decoders=decoders, libpython=args.libpython)
             print(summary(manifest, args.out))
         elif args.command == "check":
             state = loads_state(read_manifest(args.out), args.out)

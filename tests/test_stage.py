@@ -280,3 +280,33 @@ def test_a_triton_server_laid_out_into_an_empty_folder_starts_and_answers(tmp_pa
         answer = requests.post(f"{triton.url}/v2/models/echo/infer", json=body, timeout=60)
     assert answer.status_code == 200, answer.text
     assert answer.json()["outputs"][0]["data"] == [3.0, 4.0]
+
+
+def test_a_host_python_without_a_shared_libpython_is_lent_the_staged_one(
+    tmp_path, monkeypatch, capsys
+):
+    """Triton's backend stub links libpythonX.Y.so.1.0: where the host's Python is a static
+    build (a distribution's python3 without its libpython package), install puts the staged
+    one (stripped, gzipped) among the wheel's libraries; with its own, nothing; with neither,
+    it says Triton's stub cannot start."""
+    import sysconfig
+
+    library = Path(sysconfig.get_config_var("LIBDIR")) / stage.libpython_name(PYTHON)
+    if not library.is_file():
+        pytest.skip(f"this Python has no {library.name} to stage")
+    with pytest.raises(StageError, match="not a file named libpython"):
+        stage.found_libpython(PYTHON, tmp_path / "libpython.so")
+    assert stage.found_libpython(PYTHON, library) == library
+    packed = stage.packed_libpython(library, tmp_path)
+    libs = tmp_path / "venv" / "lib" / f"python{PYTHON}" / "site-packages" / "nvidia_pytriton.libs"
+    libs.mkdir(parents=True)
+    monkeypatch.setattr(stage, "has_libpython", lambda python: False)
+    stage.lend_libpython(tmp_path / "venv", packed, PYTHON)
+    lent = libs / library.name
+    assert lent.stat().st_mode & 0o111 and lent.read_bytes()[:4] == b"\x7fELF"
+    stage.lend_libpython(tmp_path / "venv", tmp_path / "missing.gz", PYTHON)
+    assert "Triton's backend stub cannot start (stage with --libpython)" in capsys.readouterr().err
+    monkeypatch.setattr(stage, "has_libpython", lambda python: True)
+    lent.unlink()
+    stage.lend_libpython(tmp_path / "venv", packed, PYTHON)
+    assert not lent.exists()
