@@ -313,3 +313,28 @@ def test_a_gpu_worker_reports_the_memory_it_holds_and_a_cpu_worker_nothing(monke
         (WORKER_GPU.name, 3072.5, (str(os.getpid()),))
     ]
     assert not [a for a in on_cpu.added if a[0] == WORKER_GPU.name]
+
+
+def test_workers_per_gpu_of_the_yaml_reach_both_engines_through_the_gpu_archives(tmp_path, weights):
+    """What `make gpu` and `make triton-repo DEVICE=gpu` run (buildsteps.gpu.archive, then
+    tritonrepo.generate --gpus --model-store build/gpu/model-store) on a YAML asking 3 workers
+    per GPU: the archive's packed YAML has 3 x 2 workers, Triton's group 3 a GPU on both."""
+    from tritonrepo.generate import generate
+
+    models = tmp_path / "models"
+    models.mkdir()
+    source = yaml.safe_load((MODELS / f"{TAGGER}.yaml").read_text())
+    source["gpu"]["workersPerGpu"] = 3
+    (models / f"{TAGGER}.yaml").write_text(yaml.safe_dump(source))
+    configs, store = tmp_path / "configs", tmp_path / "store"
+    gpu.write_model_configs(configs, 2, models_dir=models)
+    gpu.archive(store, 2, weights, configs=configs)
+    _, packed = _packed_config(store / f"{TAGGER}.mar")
+    assert packed["minWorkers"] == packed["maxWorkers"] == 6
+    generate(tmp_path / "triton", models_dir=models, model_store=store, gpus=2, lanes=False)
+    (group,) = _pbtxt((tmp_path / "triton" / TAGGER / "config.pbtxt").read_text()).instance_group
+    assert (group.kind, group.count, list(group.gpus)) == (
+        model_config_pb2.ModelInstanceGroup.KIND_GPU,
+        3,
+        [0, 1],
+    )
