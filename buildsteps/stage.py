@@ -19,8 +19,10 @@ serving needs beyond that, from a machine that has it:
 - ``triton/``: the ``nvidia-pytriton`` wheel (tritonserver 2.51, its CUDA 12 runtime and
   libraries, and a Python backend stub for each Python from 3.8 to 3.13: the staging checks
   the host's is there) and numpy 1.26 for the stub, as requirements-triton.txt pins them;
-- ``decoders/``: the GPU JPEG decoder wheels of requirements-gpu.txt (``DECODERS`` where there
-  is no such file).
+- ``decoders/``: the GPU JPEG decoder wheels requirements-gpu.txt pins (none without it);
+- ``triton/libpythonX.Y.so.1.0.gz``: a shared libpython for a host whose Python is a static
+  build (``--libpython``, else a ``pythonX.Y`` on ``PATH``'s), lent to Triton's stub there only
+  where the host has none.
 
 Pieces over a load's size are split into parts; pieces and parts are packed into loads
 (``load-1/``, ``load-2/``, ...), each at most what one call to the GPU host carries beside the
@@ -71,8 +73,6 @@ MARGIN = MIB  # for files the checkout gains between staging and sending
 MANIFEST_ROOM = 64 * 1024  # each load's copy of the manifest, beside its parts
 PINS = (REPO / "requirements.txt", REPO / "requirements-triton.txt")
 GPU_REQUIREMENTS = REPO / "requirements-gpu.txt"
-# Until requirements-gpu.txt exists: nvImageCodec for CUDA 13 and the nvJPEG it decodes with.
-DECODERS = ("nvidia-nvimgcodec-cu13==0.9.0.20", "nvidia-nvjpeg==13.3.2.43")
 # What serving on the host imports beyond torch's own: TorchServe and its archiver, the core
 # (psutil, orjson), the build steps (pyyaml, javaproperties), devtools.server and the client the
 # benchmark drives it with (requests, tenacity, tabulate, prometheus-client), NVML (the
@@ -367,7 +367,7 @@ def decoder_requirements(path: Path = GPU_REQUIREMENTS) -> tuple[list[str], str]
     if path.is_file():
         lines = [line.split("#")[0].strip() for line in path.read_text().splitlines()]
         return [line for line in lines if line], path.name
-    return list(DECODERS), "buildsteps/stage.py DECODERS (no requirements-gpu.txt)"
+    return [], f"none (no {path.name})"
 
 
 # --------------------------------------------------------------------------- here: loads

@@ -310,3 +310,16 @@ def test_a_host_python_without_a_shared_libpython_is_lent_the_staged_one(
     lent.unlink()
     stage.lend_libpython(tmp_path / "venv", packed, PYTHON)
     assert not lent.exists()
+
+
+def test_the_decoder_wheels_are_requirements_gpu_txts_or_none(tmp_path):
+    listed = tmp_path / "requirements-gpu.txt"
+    listed.write_text(
+        "# the GPU's JPEG engines\nnvidia-nvimgcodec-cu13==0.9.0.20\n\n"
+        "nvidia-nvjpeg==13.0.1.86  # its nvJPEG\n"
+    )
+    assert stage.decoder_requirements(listed) == (
+        ["nvidia-nvimgcodec-cu13==0.9.0.20", "nvidia-nvjpeg==13.0.1.86"],
+        "requirements-gpu.txt",
+    )
+    assert stage.decoder_requirements(tmp_path / "absent.txt") == ([], "none (no absent.txt)")
