@@ -384,6 +384,14 @@ podman:
 kserve-image: $(VENV)/.installed podman
 	$(PY) -m kserve_tools.image --base "$(KSERVE_BASE)" $(if $(KSERVE_TORCH_INDEX),--torch-index "$(KSERVE_TORCH_INDEX)")
 
+# The bundle as a modelcar (kserve/overlays/modelcar, storageUri oci://...): an OCI image holding
+# it under /models, FROM the runtime image's base (KSERVE_BASE), tagged
+# localhost/<bundle name>:<version>-<key> and reused while the bundle and the base are unchanged
+# (kserve_tools/modelcar.py). KSERVE_DEVICE and KSERVE_MODEL_VERSION as for kserve-bundle.
+.PHONY: kserve-modelcar
+kserve-modelcar: kserve-bundle podman
+	$(PY) -m kserve_tools.modelcar --device "$(KSERVE_DEVICE)" --base "$(KSERVE_BASE)" $(if $(KSERVE_MODEL_VERSION),--model-version "$(KSERVE_MODEL_VERSION)")
+
 kserve-image-test: setup config archives kserve-image
 	$(VENV)/bin/pytest -m container tests/test_kserve_image.py tests/test_kserve_triton_image.py
 

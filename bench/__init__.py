@@ -12,7 +12,8 @@
 The other tools, each ``python -m bench.<name>`` (bench/README.md says what each measures):
 ``crops``, ``preprocess``, ``soak``, ``traffic``, ``ingestion``, ``contention``,
 ``availability``, ``collection``, ``explain_cost``, ``triton``, ``corecost``, ``workerstart``,
-``heads``, ``beforeafter``, ``search`` (``searchphotos``: its generated photos, embedded);
+``heads``, ``beforeafter``, ``search`` (``searchphotos``: its generated photos, embedded),
+``coldstart`` (a KServe pod's start: storage initializer or modelcar);
 ``gpucore`` (the GPU loop ``gpu`` times) and ``gpureport`` (its report).
 
 Modules: ``loadgen`` (closed/open-loop HTTP clients), ``stats`` (percentiles, run summaries),

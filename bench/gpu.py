@@ -12,7 +12,9 @@ process finds (CUDA, else CPU), in one Markdown report.
    the weights' mean/std -> forward at the fastest setting of (1) -> outputs to CPU;
 3. **the core**: ``ImageModel.run`` on one request per JPEG (eager backend, ``precision:
    auto``, ``device: cuda`` on a GPU; ``--handler decode_threads=16`` changes a setting), as
-   an engine calls it, with its own times per part (open, decode, forward, answer).
+   an engine calls it, with its own times per part (open, decode, forward, answer), the
+   decoder it chose (nvImageCodec, nvJPEG or the CPU, and why), its CUDA graphs, and each
+   image kind again with the overlap off (``gpu_overlap_chunks: 1``).
 
 Small JPEGs (451x300) and noisy 12 MP photos: ``build/samples`` when ``make samples`` wrote
 them, else generated (``tests/imagegen.py``). Weights: ``--weights`` (``build/weights``) when

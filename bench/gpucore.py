@@ -72,6 +72,9 @@ def crop_request(crop: Any) -> Any:
     return HttpRequest(body=body, header_length=headers[HEADER_LENGTH])
 
 
+OVERLAP_OFF = ", overlap off"  # the rows of the same photos with handler.gpu_overlap_chunks: 1
+
+
 def run_core(
     folder: Path,
     device: torch.device,
@@ -80,20 +83,52 @@ def run_core(
     timed: Timed,
 ) -> tuple[dict[str, Rate], dict[str, dict[str, float]], str]:
     """(3): ``ImageModel.run`` on each batch of ``work`` (one request per JPEG; then the same
-    photos as the crops a client would send, which skip decoding) with the
-    ``handler:`` settings ``handler``: img/s, the core's own ms per batch by part (open,
-    decode, forward, answer), and the precision it chose. ``timed(step, images, warm)``
-    measures, calling ``warm()`` once warmed up."""
+    photos as the crops a client would send, which skip decoding) with the ``handler:``
+    settings ``handler``, then on a GPU the JPEGs again with the overlap off
+    (``gpu_overlap_chunks: 1``, the precision the first model chose, kept in a scratch host
+    cache): img/s, the core's
+    own ms per batch by part (open, decode, forward, answer), and what the core chose
+    (precision, decoder, CUDA graphs, overlap). ``timed(step, images, warm)`` measures,
+    calling ``warm()`` once warmed up."""
+    settings = {"device": device.type, "precision_cache": str(folder / "precision.json")}
+    rates: dict[str, Rate] = {}
+    parts: dict[str, dict[str, float]] = {}
+    chose = ""
+    # The overlap is a GPU worker's: on a CPU the second model would time the same path again.
+    variants = [("", {})] + (
+        [(OVERLAP_OFF, {"gpu_overlap_chunks": 1})] if device.type == "cuda" else []
+    )
+    for suffix, extra in variants:
+        model, times, loaded = _model(folder, device, work, {**settings, **handler, **extra})
+        requests = {
+            f"{name}{suffix}": [_jpeg_request(j) for j in data] for name, data in work.items()
+        }
+        if not suffix:
+            gpu = model.describe()["gpu"]
+            chose = (
+                f"{loaded}; {model.choice.line()}; decoder: {gpu['decoder']} ({gpu['why']}); "
+                f"overlap: {gpu['overlap_chunks']} parts a batch; CUDA graphs: "
+                f"{gpu['cuda_graphs'] or 'n/a'}"
+            )
+            for name, data in work.items():  # the same photos sent as crops (#44): no decode
+                crops = [model.intake.preprocessor(j).permute(1, 2, 0).numpy() for j in data]
+                requests[f"{name} as crops"] = [crop_request(crop) for crop in crops]
+        for name, sent in requests.items():
+            rates[name], parts[name] = _timed_run(model, name, sent, times, timed)
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rates, parts, chose
+
+
+def _model(folder: Path, device: torch.device, work: dict, handler: dict) -> tuple:
+    """A loaded ``ImageModel`` for ``handler``, the metrics sink it records into, and how long
+    it took to load."""
     from model_files.artifacts import ModelFiles
     from servecore import metrics
     from servecore.config import HandlerConfig
-    from servecore.parse import HttpRequest
     from servecore.service import ImageModel, ModelSettings
-    from servecore.stages import Incoming
 
-    config = HandlerConfig.from_mapping(
-        {"device": device.type, "precision_cache": "off", **handler}
-    )
     times = CoreTimes(
         {m.name: m.name.split("_")[1] for m in (metrics.OPEN_MS, metrics.DECODE_MS,
                                                   metrics.FORWARD_MS, metrics.ANSWER_MS)},
@@ -103,31 +138,36 @@ def run_core(
         ModelFiles.read(folder, CHECKPOINT),
         "resnet50-tagger",
         "bench",
-        config,
+        HandlerConfig.from_mapping(handler),
         batch_size=max(len(d) for d in work.values()),
         gpu_id=0 if device.type == "cuda" else None,
     )
     started = time.perf_counter()
     model = ImageModel(settings, times)
-    loaded = f"{model.backend.precision}, loaded in {time.perf_counter() - started:.1f} s"
-    rates: dict[str, Rate] = {}
-    parts: dict[str, dict[str, float]] = {}
-    requests: dict[str, list[HttpRequest]] = {
-        name: [HttpRequest(body=jpeg) for jpeg in data] for name, data in work.items()
-    }
-    for name, data in work.items():  # the same photos sent as crops (#44): no decode at all
-        crops = [model.intake.preprocessor(jpeg).permute(1, 2, 0).numpy() for jpeg in data]
-        requests[f"{name} as crops"] = [crop_request(crop) for crop in crops]
-    for name, sent in requests.items():
-        incoming = [Incoming(str(i), request) for i, request in enumerate(sent)]
-        # The core's replies as values, no edge: what the core itself takes.
-        errors = [r.error for r in model.run(incoming, _values) if r.error is not None]
-        if errors:  # a refused image is not a measurement of the core's speed
-            raise RuntimeError(f"the core refused {len(errors)} of the {name} JPEGs: {errors[0]}")
-        run = partial(model.run, incoming, _values)
-        rates[name] = timed(run, len(sent), times.reset)
-        parts[name] = times.per_batch()
-    return rates, parts, f"{loaded}; {model.choice.line()}"
+    return (
+        model,
+        times,
+        f"{model.backend.precision}, loaded in {time.perf_counter() - started:.1f} s",
+    )
+
+
+def _jpeg_request(jpeg: bytes) -> Any:
+    from servecore.parse import HttpRequest
+
+    return HttpRequest(body=jpeg)
+
+
+def _timed_run(model: Any, name: str, sent: list, times: CoreTimes, timed: Timed) -> tuple:
+    """One row: ``model.run`` on ``sent`` (one request each) as an engine calls it, timed."""
+    from servecore.stages import Incoming
+
+    incoming = [Incoming(str(i), request) for i, request in enumerate(sent)]
+    # The core's replies as values, no edge: what the core itself takes.
+    errors = [r.error for r in model.run(incoming, _values) if r.error is not None]
+    if errors:  # a refused image is not a measurement of the core's speed
+        raise RuntimeError(f"the core refused {len(errors)} of the {name} JPEGs: {errors[0]}")
+    rate = timed(partial(model.run, incoming, _values), len(sent), times.reset)
+    return rate, times.per_batch()
 
 
 def _values(reply: Any) -> Any:

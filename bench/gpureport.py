@@ -90,8 +90,9 @@ CROPS = " as crops"  # the core's rows of the same photos sent as crops (bench/g
 
 
 def batch_of(f: Findings, name: str) -> int:
-    """The batch size of an image kind's row (its crops row: the same photos)."""
-    return f.batches[name.removesuffix(CROPS)]
+    """The batch size of an image kind's row (its crops and overlap-off rows: the same
+    photos)."""
+    return f.batches[name.split()[0].rstrip(",")]
 
 
 def forward_share(f: Findings, name: str) -> str:
@@ -150,6 +151,12 @@ def report(f: Findings) -> str:
             "",
             *table(batches, by_image(f.limit)),
             "## 3. The core (`ImageModel.run`, one request per JPEG, eager, precision auto)",
+            "",
+            "As an engine calls it: a batch of the served size of 1-image requests at a time. "
+            "Each image kind with the overlap on (the default, `gpu_overlap_chunks`: a batch's "
+            "parts decoded while the earlier parts' forwards run) and off (`, overlap off`: "
+            "decode the batch, then run it); on a CPU there is no overlap (a GPU worker's), "
+            "so those rows are left out.",
             "",
             *(
                 [

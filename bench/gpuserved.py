@@ -328,7 +328,7 @@ def torchserve(deployment_dir: Path, image: bytes) -> Iterator[Served]:
 
         meta = described(1).get("customizedMetadata") or {}
         facts = {key: meta.get(key) for key in ("precision", "device", "decode")}
-        facts["gpu memory of a worker"] = held(meta.get("gpu_memory"))
+        facts["gpu memory of a worker"] = held((meta.get("gpu") or {}).get("memory"))
         facts["java"] = server.processes()[0].exe()
         yield Served(
             "torchserve", endpoint, workers, lambda _: lambda: math.nan,
@@ -338,7 +338,7 @@ def torchserve(deployment_dir: Path, image: bytes) -> Iterator[Served]:
 
 
 def held(memory: dict | None) -> str:
-    """describe's ``gpu_memory`` in a line (``-`` on a CPU)."""
+    """describe's ``gpu.memory`` in a line (``-`` on a CPU)."""
     if not memory:
         return "-"
     mib = {k: v / 2**20 for k, v in memory.items() if k.endswith("_bytes")}

@@ -347,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
         built = index.build([parquet], folder, progress=False)
         build_s = time.perf_counter() - start
         opened = index.open_index(folder)
-        size = {f: (folder / f).stat().st_size / args.n for f in (index.VECTORS, index.RESCORE)}
+        files = opened.files  # the build folder the manifest names
+        size = {f: (files / f).stat().st_size / args.n for f in (index.VECTORS, index.RESCORE)}
         pq_bytes = parquet.stat().st_size / args.n
         faiss.omp_set_num_threads(1)  # one query at a time, as tsctl similar asks
         log.info("%d queries through the index, %d exact", args.queries, args.exact_queries)

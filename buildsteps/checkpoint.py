@@ -8,9 +8,15 @@ classes. Accepted: a state dict (``torch.save(model.state_dict())``), one nested
 allow-list of torchvision's ResNet classes and the ``nn`` layers a ResNet50 holds, never an
 arbitrary pickle (a checkpoint can carry code).
 
+A checkpoint may carry its labels (``{"state_dict": ..., "labels": [names]}``, as ``tsctl head
+train`` writes it): one file holds the pair, so a LABELS file that is not the same list is refused
+rather than served under the wrong names.
+
 ``read_labels(path)`` -> the class names, from a JSON list, a JSON object index -> name (as
 TorchServe's ``index_to_name.json``, whose values may be ``[wnid, name]``), or a text file with
-one name per line.
+one name per line. UTF-8 (a BOM is dropped), any line ends (``\n``, ``\r\n``, ``\r``);
+blank lines at the end are ignored. The names then follow ``model_files.artifacts``'s
+``labels_problem``, the rule ``tsctl head train`` applies to its folders.
 
 Each refusal is a ``CheckpointError`` whose message says what is wrong and how to fix it.
 """
@@ -19,8 +25,11 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 from collections.abc import Sequence
 from pathlib import Path
+
+from model_files.artifacts import labels_problem
 
 MIN_CLASSES = 2
 # Prefixes a wrapper adds to every key: DataParallel / DistributedDataParallel, and a
@@ -147,30 +156,43 @@ def _check_resnet50(state: dict, path: Path) -> int:
     return classes
 
 
-def read_checkpoint(path: Path) -> tuple[dict, int]:
-    """``(state_dict, classes)`` of the resnet50 checkpoint at ``path``; else a
-    ``CheckpointError``."""
-    state = _state_dict(_load(path), path)
-    return state, _check_resnet50(state, path)
+def read_checkpoint(path: Path) -> tuple[dict, int, list[str] | None]:
+    """``(state_dict, classes, labels)`` of the resnet50 checkpoint at ``path``, ``labels`` the
+    names it carries (None when it carries none); else a ``CheckpointError``."""
+    loaded = _load(path)
+    carried = loaded.get("labels") if isinstance(loaded, dict) else None
+    state = _state_dict(loaded, path)
+    if not (isinstance(carried, list) and all(isinstance(n, str) for n in carried)):
+        carried = None  # another program's "labels" entry: not names
+    return state, _check_resnet50(state, path), carried
 
 
 def read_labels(path: Path) -> list[str]:
     """The class names in ``path`` (JSON list, JSON object index -> name, or one per line)."""
     if not path.is_file():
         raise CheckpointError(f"labels file {path} does not exist (LABELS=/path/to/labels)")
-    text = path.read_text(encoding="utf-8")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(
+            f"labels file {path} is not UTF-8 (byte {exc.start}: {data[exc.start : exc.end]!r}): "
+            "save it as UTF-8"
+        ) from None
     if path.suffix.lower() == ".json":
         try:
-            data = json.loads(text)
+            return _json_labels(json.loads(text), path)
         except json.JSONDecodeError as exc:
             raise CheckpointError(f"labels file {path} is not valid JSON: {exc}") from None
-        return _json_labels(data, path)
-    return [line.strip() for line in text.removesuffix("\n").split("\n")]
+    lines = re.split(r"\r\n|\r|\n", text)
+    while lines and not lines[-1].strip():
+        lines.pop()  # blank lines at the end: an editor's, not classes
+    return [line.strip() for line in lines]
 
 
 def _json_labels(data: object, path: Path) -> list[str]:
     if isinstance(data, dict):
-        indexes = sorted(data, key=lambda k: int(k) if str(k).isdigit() else -1)
+        indexes = sorted(data, key=lambda k: int(k) if re.fullmatch("[0-9]+", k) else -1)
         if indexes != [str(i) for i in range(len(data))]:
             raise CheckpointError(
                 f"labels file {path}: a JSON object's keys must be the class indexes "
@@ -196,17 +218,23 @@ def check_labels(labels: Sequence[str], classes: int, where: str) -> None:
             f"{where} has {len(labels)} labels but the checkpoint's fc has {classes} classes: "
             f"give exactly {classes} names, in the order of the fc's rows"
         )
-    empty = [i for i, name in enumerate(labels) if not name]
-    if empty:
-        raise CheckpointError(
-            f"{where}: label {empty[0]} is empty ({len(empty)} empty in all): every class needs "
-            "a name"
-        )
-    seen: dict[str, int] = {}
-    for i, name in enumerate(labels):
-        if name.lower() in seen:
-            raise CheckpointError(
-                f"{where}: label {name!r} is repeated (classes {seen[name.lower()]} and {i}, "
-                "compared ignoring case): every class needs its own name"
-            )
-        seen[name.lower()] = i
+    problem = labels_problem(labels)
+    if problem:
+        raise CheckpointError(f"{where}: {problem}")
+
+
+def same_labels(carried: list[str] | None, given: list[str], path: Path, where: str) -> None:
+    """Refuse a labels file that is not the list the checkpoint at ``path`` carries."""
+    if carried is None or carried == given:
+        return
+    i = next((i for i, pair in enumerate(zip(carried, given)) if pair[0] != pair[1]), None)
+    differ = (
+        f"{len(carried)} labels there, {len(given)} here"
+        if i is None
+        else f"class {i} is {carried[i]!r} there, {given[i]!r} here"
+    )
+    raise CheckpointError(
+        f"{where} is not the list of labels {path} carries ({differ}): they come from different "
+        "runs (one interrupted, or rerun since); leave LABELS out to serve the checkpoint's own, "
+        "or rerun tsctl head train"
+    )

@@ -4,9 +4,12 @@
     make eval PHOTOS=FOLDER
 
 FOLDER holds images, at any depth. An image in a subfolder named after one of the served
-model's classes (its ``index_to_name.json``: ImageNet's ``tabby``, ``Egyptian cat``,
-``tiger_cat``, or your checkpoint's LABELS; any case, ``_`` for spaces) or after a class
-index (``281``) is labelled with that class; any other image
+model's labels (its ``index_to_name.json``: ImageNet's ``tabby``, ``Egyptian cat``, or your
+checkpoint's LABELS, ``tsctl head train``'s folder names) is labelled with that class, the name
+compared as written first: a folder ``3`` is the label ``3``, ``ice_cream`` the label
+``ice_cream``. Only a name that is no label is then read loosely, where that cannot take
+another label's place: in any case with ``_`` for a space (``tiger_cat``) when exactly one
+label matches so, and as a class index (``281``) when no label is a number. Any other image
 counts for agreement only. Every precision the archive's files can run here is run on every
 image through the served preprocessing (``servecore.intake.Preprocessor``) in batches of
 ``--batch``: top-1/top-5 accuracy on the labelled images, top-1 agreement and embedding cosine
@@ -54,13 +57,21 @@ class Photo:
 
 
 def class_index(name: str, categories: list[str]) -> int | None:
-    """The class a folder name names: an index 0..999 or a category (any case, ``_`` for a
-    space); None when it names none."""
-    if re.fullmatch(r"\d{1,4}", name):
-        index = int(name)
-        return index if index < len(categories) else None
-    wanted = name.replace("_", " ").strip().lower()
-    return next((i for i, c in enumerate(categories) if c.lower() == wanted), None)
+    """The class a folder name names (the module's docstring says how); None when it names
+    none, or more than one label loosely."""
+    if name in categories:
+        return categories.index(name)
+
+    def loose(text: str) -> str:
+        return text.replace("_", " ").strip().lower()
+
+    matches = {c for c in categories if loose(c) == loose(name)}
+    if len(matches) == 1:
+        return categories.index(matches.pop())
+    numbers = re.compile("[0-9]+")
+    if numbers.fullmatch(name) and not any(numbers.fullmatch(c) for c in categories):
+        return int(name) if int(name) < len(categories) else None
+    return None
 
 
 def find_photos(folder: Path, categories: list[str]) -> list[Photo]:

@@ -9,7 +9,11 @@ writes into ``--out`` (default ``build/weights``):
 - ``resnet50.pt``         torchvision ``resnet50`` state dict (its ``fc`` has N classes);
 - ``weights_info.json``   source, ``trained`` flag, sha256 of ``resnet50.pt``, ``classes`` N,
                           ``labels`` (where the names came from) and ``labels_sha256`` (of
-                          ``index_to_name.json``); the describe API reports this file verbatim;
+                          ``index_to_name.json``); the describe API reports this file verbatim
+                          and every archive carries it, so it names files by name and sha256,
+                          never by a path of the machine that built it;
+- ``.request.json``       what was asked (the paths as given), to tell the next build whether
+                          it is up to date; local, never packed;
 - ``index_to_name.json``  class index -> name: ImageNet's ``meta["categories"]`` for the
                           ImageNet and seeded sources, ``--labels`` for a checkpoint.
 
@@ -22,7 +26,8 @@ every head (servecore/classes.py tells them apart).
 
 A checkpoint (``buildsteps/checkpoint.py`` says the formats) is a torchvision resnet50 with any
 N >= 2 classes; its labels must name each class once. A checkpoint with N != 1000 needs
-``--labels``; one with 1,000 classes and no ``--labels`` is given ImageNet's names, with a
+``--labels`` unless it carries its labels (``tsctl head train``'s does: ``--labels`` must then be
+that same list); one with 1,000 classes and no labels is given ImageNet's names, with a
 warning. Every refusal (labels that do not match, keys that are not a ResNet50, a file that is
 not a checkpoint) happens before anything is written.
 
@@ -45,8 +50,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from buildsteps.checkpoint import CheckpointError, check_labels, read_checkpoint, read_labels
+from buildsteps.checkpoint import (
+    CheckpointError,
+    check_labels,
+    read_checkpoint,
+    read_labels,
+    same_labels,
+)
 from model_files.artifacts import CHECKPOINT, INFO, LABELS, sha256_of
+
+REQUEST = ".request.json"  # what the build was asked (local paths): beside INFO, never packed
 
 SEED = 0
 UNTRAINED_WARNING = (
@@ -97,10 +110,12 @@ def _seeded_state_dict():
 def _checkpoint_state_dict(path: Path, labels: Path | None):
     """A checkpoint's state dict, its labels and its info; every check before anything is
     written (``CheckpointError`` says what is wrong)."""
-    state, classes = read_checkpoint(path)
+    state, classes, carried = read_checkpoint(path)
     if labels is not None:
-        names, where = read_labels(labels), f"labels file {labels.resolve()}"
-        check_labels(names, classes, where)  # yours; ImageNet's own repeat 'crane' and 'maillot'
+        names, where = read_labels(labels), f"labels file {labels.name}"
+        same_labels(carried, names, path, where)
+    elif carried is not None:
+        names, where = carried, f"the labels {path.name} carries"
     elif classes == len(_imagenet_names()):
         names, where = _imagenet_names(), IMAGENET_LABELS
         banner(
@@ -112,13 +127,15 @@ def _checkpoint_state_dict(path: Path, labels: Path | None):
             f"{path} has {classes} classes: give their names with LABELS=/path/to/labels "
             "(a JSON list, a JSON object index -> name, or a text file, one name per line)"
         )
+    if where != IMAGENET_LABELS:  # yours; ImageNet's own repeat 'crane' and 'maillot'
+        check_labels(names, classes, where)
     return (
         state,
         names,
         {
             "source": "checkpoint",
             "trained": True,
-            "detail": f"local checkpoint {path.resolve()} (sha256 {sha256_of(path)})",
+            "detail": f"local checkpoint {path.name} (sha256 {sha256_of(path)})",
             "labels": where,
         },
     )
@@ -163,6 +180,18 @@ def _still_current(source: str, labels: Path | None, info: dict) -> bool:
     return path.is_file() and sha256_of(path) in info.get("detail", "")
 
 
+def _asked_before(asked: dict) -> tuple[str, Path | None, list[AddedHead], str]:
+    """The source, labels, heads and name weights were built from, as ``REQUEST`` records."""
+    labels = asked.get("requested_labels")
+    heads = [AddedHead(h[0], Path(h[1]), Path(h[3])) for h in asked.get("requested_heads", [])]
+    name = asked.get("requested_name") or next((h["name"] for h in asked.get("heads", [])), "")
+    labels_path = None if labels is None else Path(labels)
+    source = asked.get("requested", "auto")
+    if source == "auto":  # what it resolved to: a rebuild is the same weights, not a download
+        source = "imagenet" if asked.get("source") == "imagenet" else "seeded"
+    return source, labels_path, heads, name or "main"
+
+
 @dataclass(frozen=True)
 class AddedHead:
     """One ``--add-head``: its name, checkpoint and labels file."""
@@ -202,8 +231,9 @@ def with_heads(
                 f"head name {head.name!r} is empty or already taken "
                 f"({', '.join(h['name'] for h in recorded)}): give each head its own name"
             )
-        theirs, classes = read_checkpoint(head.checkpoint)
+        theirs, classes, carried = read_checkpoint(head.checkpoint)
         labels = read_labels(head.labels)
+        same_labels(carried, labels, head.checkpoint, f"labels file {head.labels}")
         check_labels(labels, classes, f"labels file {head.labels}")
         other = [
             k for k in state if not k.startswith("fc.") and not torch.equal(state[k], theirs[k])
@@ -221,9 +251,8 @@ def with_heads(
             {
                 "name": head.name,
                 "classes": classes,
-                "labels": f"labels file {head.labels.resolve()}",
-                "detail": f"fc of {head.checkpoint.resolve()} (sha256 "
-                f"{sha256_of(head.checkpoint)})",
+                "labels": f"labels file {head.labels.name}",
+                "detail": f"fc of {head.checkpoint.name} (sha256 {sha256_of(head.checkpoint)})",
             }
         )
     state = {**state, "fc.weight": torch.cat(weight), "fc.bias": torch.cat(bias)}
@@ -244,23 +273,29 @@ def build(
     info_path = out / INFO
     if info_path.is_file() and (out / CHECKPOINT).is_file():
         info = json.loads(info_path.read_text())
+        request = out / REQUEST
+        asked = {**info, **(json.loads(request.read_text()) if request.is_file() else {})}
+        old = "requested" in info  # a build before REQUEST kept paths in the info: rebuilt once
         wanted = (source is None and labels is None and not heads) or (
-            info.get("requested") == (source or info.get("requested"))
-            and info.get("requested_labels") == (None if labels is None else str(labels))
-            and info.get("requested_heads", []) == [h.requested() for h in heads]
-            and _still_current(source or info.get("requested", "auto"), labels, info)
+            asked.get("requested") == (source or asked.get("requested"))
+            and asked.get("requested_labels") == (None if labels is None else str(labels))
+            and asked.get("requested_heads", []) == [h.requested() for h in heads]
+            and asked.get("requested_name", name) == name
+            and _still_current(source or asked.get("requested", "auto"), labels, asked)
         )
-        if wanted and sha256_of(out / CHECKPOINT) == info.get("sha256"):
+        if wanted and not old and sha256_of(out / CHECKPOINT) == info.get("sha256"):
             print(f"weights up to date: {info['source']} ({info_path})")
             return info
-        if wanted:  # a checkpoint that is not the one recorded: rebuild from the same source
+        if wanted:  # a checkpoint that is not the one recorded: rebuild as it was asked
             print(
-                f"weights: {out / CHECKPOINT} does not match its recorded sha256; rebuilding",
+                f"weights: {out / CHECKPOINT} is not the one {INFO} records, or {INFO} is an "
+                "older build's: rebuilding as it was asked",
                 file=sys.stderr,
             )
-            source = source or info.get("requested")
+            if source is None:
+                source, labels, heads, name = _asked_before(asked)
         elif source is None and heads:  # heads added to the weights already built
-            source = info.get("requested")
+            source = asked.get("requested")
     source = source or "auto"
 
     import torch
@@ -274,11 +309,15 @@ def build(
     torch.save(state, partial)
     os.replace(partial, ckpt)
     (out / LABELS).write_text(json.dumps({str(i): name for i, name in enumerate(names)}, indent=0))
+    request = {
+        "requested": source,
+        "requested_labels": None if labels is None else str(labels),
+        "requested_labels_sha256": None if labels is None else sha256_of(labels),
+        "requested_heads": [h.requested() for h in heads],
+        "requested_name": name,
+    }
+    (out / REQUEST).write_text(json.dumps(request, indent=2) + "\n")
     info.update(
-        requested=source,
-        requested_labels=None if labels is None else str(labels),
-        requested_labels_sha256=None if labels is None else sha256_of(labels),
-        requested_heads=[h.requested() for h in heads],
         file=CHECKPOINT,
         sha256=sha256_of(ckpt),
         classes=len(names),

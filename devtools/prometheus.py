@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -58,6 +59,22 @@ def recording_rules(path: Path = RULES) -> dict[str, str]:
         for rule in group["rules"]
         if "record" in rule
     }
+
+
+# Keywords and aggregations a PromQL expression may use bare (without parentheses after them).
+PROMQL_WORDS = frozenset(
+    {"sum", "max", "min", "avg", "count", "rate", "by", "without", "ignoring", "on"}
+    | {"group_left", "group_right", "and", "or", "unless", "offset", "bool"}
+)
+
+
+def series_names(expr: str) -> set[str]:
+    """The series a PromQL expression reads: identifiers outside label matchers, grouping
+    clauses and durations that are not functions or keywords."""
+    bare = re.sub(r'\{[^}]*\}|\[[^\]]*\]|"[^"]*"', " ", expr)
+    bare = re.sub(r"\b(by|without|ignoring|on)\s*\([^)]*\)", " ", bare)
+    tokens = re.findall(r"([A-Za-z_:][A-Za-z0-9_:]*)\s*(\()?", bare)
+    return {name for name, call in tokens if not call and name not in PROMQL_WORDS}
 
 
 def config(targets: list[str], interval_s: float, rules: Path = RULES) -> dict:

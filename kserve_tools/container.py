@@ -10,7 +10,8 @@ declared or not). ``/mnt/models`` is the bundle,
 bind-mounted read-only (KServe's storage initializer leaves it read-only for the server).
 Probes run as the kubelet runs them: an exec probe with ``<engine> exec`` inside the container,
 an httpGet probe on the published port. Stopping is the kubelet's: SIGTERM, then SIGKILL after
-the grace period.
+the grace period. ``ModelcarPod``: the same runtime reading the bundle from a modelcar image
+instead, through the modelcar process's root, as KServe wires a pod for ``storageUri: oci://``.
 
     with RuntimeContainer(container, image, bundle_folder) as pod:
         requests.post(pod.inference_url + "/v1/models/resnet50-tagger:predict", json=...)
@@ -19,7 +20,9 @@ the grace period.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -75,7 +78,7 @@ class RuntimeContainer:
         c = self.container
         security = c.get("securityContext") or {}
         limits = (c.get("resources") or {}).get("limits") or {}
-        flags = ["--detach", "--name", self.name, *limit_flags(), "-v", f"{self.bundle}:{MOUNT}:ro"]
+        flags = ["--detach", "--name", self.name, *limit_flags(), *self.mount_flags()]
         for port in self.publish:
             flags += ["-p", f"127.0.0.1::{port}"]
         if c.get("command"):
@@ -100,6 +103,11 @@ class RuntimeContainer:
         if "cpu" in limits:
             flags += ["--cpus", cpus(limits["cpu"])]
         return [*self.engine, "run", *flags, self.image, *(c.get("args") or [])]
+
+    def mount_flags(self) -> list[str]:
+        """How the bundle reaches ``/mnt/models``: read-only, as the storage initializer leaves
+        it."""
+        return ["-v", f"{self.bundle}:{MOUNT}:ro"]
 
     def volume_flags(self, uid: int) -> list[str]:
         """The container's ``emptyDir`` mounts: ``/dev/shm`` as the engine's shared memory of
@@ -130,8 +138,8 @@ class RuntimeContainer:
     def start(self, timeout: float = 600.0) -> RuntimeContainer:
         """Run the container and wait until its readinessProbe passes."""
         self.started_at = time.monotonic()
-        subprocess.run(self.run_command(), check=True, capture_output=True, text=True)
         try:
+            self.launch()
             self.inference_url = f"http://{self.published(self.container_port)}"
             self.wait_ready(timeout)
         except BaseException:
@@ -139,9 +147,15 @@ class RuntimeContainer:
             raise
         return self
 
+    def launch(self) -> None:
+        """Start the pod's containers (here the runtime's alone)."""
+        subprocess.run(self.run_command(), check=True, capture_output=True, text=True)
+
     def published(self, port: int) -> str:
         """``127.0.0.1:<host port>`` the container's ``port`` is published on."""
-        out = self._engine("port", self.name, f"{port}/tcp").stdout.strip().splitlines()
+        out = self._engine("port", self.name, f"{port}/tcp", check=False).stdout.split()
+        if not out:  # an exited container publishes nothing
+            raise RuntimeError(f"the container exited: {self.state()}\n{self.logs()}")
         return out[0].replace("0.0.0.0:", "127.0.0.1:")
 
     def exec(self, command: list[str], timeout: float) -> subprocess.CompletedProcess:
@@ -219,3 +233,55 @@ class RuntimeContainer:
         return subprocess.run(
             [*self.engine, *args], check=check, capture_output=True, text=True, timeout=120
         )
+
+
+# KServe's modelcar containers (kserve/kserve pkg/utils, CreateModelcarContainer and
+# CreateModelcarInitContainer), their args as the shell receives them: KServe writes "$$$$" and
+# the kubelet's $$-escape leaves the shell's own "$$", its pid.
+MODELCAR_ARGS = ["sh", "-c", f"ln -sf /proc/$$/root/models {MOUNT} && sleep infinity"]
+MODELCAR_CHECK = ["sh", "-c", '[ -d /models ] && [ "$(ls -A /models)" ]']
+MODELCAR_LIMITS = ["--memory", "15m", "--cpus", "0.01"]  # KServe's cpuModelcar, memoryModelcar
+
+
+class ModelcarPod(RuntimeContainer):
+    """The runtime beside a modelcar, wired as KServe's webhook wires a pod whose storageUri is
+    ``oci://`` (``ConfigureModelcarToContainer``): the modelcar image's check of ``/models``
+    first (its init container); then one process namespace for the pod
+    (``shareProcessNamespace``: here a pause container holds it, as the kubelet's does), an
+    ``emptyDir`` at ``/mnt`` in both containers, ``MODEL_INIT_MODE=async`` in the runtime's env,
+    and the containers in the pod spec's order: the runtime, then the modelcar, whose shell
+    links ``/mnt/models`` to its own ``/models`` through ``/proc/<its pid>/root``. ``remove()``
+    removes all of it."""
+
+    def __init__(self, container: dict, image: str, modelcar: str, **kwargs) -> None:
+        env = [*(container.get("env") or []), {"name": "MODEL_INIT_MODE", "value": "async"}]
+        self.mnt = Path(tempfile.mkdtemp(prefix="modelcar-mnt-"))
+        self.mnt.chmod(0o777)  # an emptyDir's mode
+        super().__init__({**container, "env": env}, image, self.mnt, **kwargs)
+        self.modelcar = modelcar
+        self.pause, self.sidecar = f"{self.name}-pause", f"{self.name}-modelcar"
+
+    def mount_flags(self) -> list[str]:
+        return ["--pid", f"container:{self.pause}", "-v", f"{self.mnt}:/mnt"]
+
+    def launch(self) -> None:
+        run = [*self.engine, "run", *limit_flags()]
+        for command in (
+            [*run, "--rm", self.modelcar, *MODELCAR_CHECK],
+            [*run, "--detach", "--name", self.pause, self.modelcar, "sleep", "infinity"],
+        ):
+            subprocess.run(command, check=True, capture_output=True, text=True)
+        super().launch()
+        sidecar = ["--detach", "--name", self.sidecar, *MODELCAR_LIMITS, *self.mount_flags()]
+        subprocess.run(
+            [*run, *sidecar, self.modelcar, *MODELCAR_ARGS],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+
+    def remove(self) -> None:
+        super().remove()
+        for name in (self.sidecar, self.pause):
+            self._engine("rm", "--force", "--time", "0", name, check=False)
+        shutil.rmtree(self.mnt, ignore_errors=True)

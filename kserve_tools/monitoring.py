@@ -7,10 +7,12 @@ config/monitoring/rules.yml, the one source of the rules (this module writes its
 Lint rules, called by ``kserve_tools.lint`` for every rendered PodMonitor and PrometheusRule:
 
 - PodMonitor: ``monitoring.coreos.com/v1``; known fields only (the ones used here); selects the
-  base InferenceService's pods (``serving.kserve.io/inferenceservice``); one endpoint on
-  ``/metrics`` that keeps only ``kserve-container`` and points ``__address__`` at the runtime's
-  ``metrics_address`` port (kserve/runtime/server.properties: not a declared container port,
-  Knative allows one); sets ``job`` to the rules' job, or no rule or alert matches;
+  base InferenceService's pods (``serving.kserve.io/inferenceservice``, by ``matchLabels`` or
+  an ``In`` expression: ``selected_services``); one endpoint on ``/metrics`` that keeps only
+  ``kserve-container`` and points ``__address__`` at the runtime's ``metrics_address`` port
+  (kserve/runtime/server.properties: not a declared container port, Knative allows one); sets
+  ``job`` to the rules' job, or no rule or alert matches, and ``inferenceservice`` from the
+  pod's label, or the autoscaling rules sum nothing;
 - PrometheusRule: its groups equal config/monitoring/rules.yml's (else stale).
 
 The operator's CRD schemas are not in ../shared/reference/ (only KServe's is): when a pinned
@@ -35,6 +37,8 @@ MONITORING_DIR = REPO / "kserve" / "monitoring"
 PROMETHEUS_RULE = MONITORING_DIR / "prometheusrule.yaml"
 API = "monitoring.coreos.com/v1"
 CONTAINER = "kserve-container"  # KServe's name for the runtime's container
+# ISVC_LABEL as Prometheus's pod discovery names it
+POD_LABEL = "__meta_kubernetes_pod_label_serving_kserve_io_inferenceservice"
 REFERENCE = REPO.parent / "shared" / "reference" / "prometheus-operator"
 SCHEMAS = {
     "PodMonitor": REFERENCE / "podmonitor-v1.schema.json",
@@ -123,12 +127,12 @@ def object_problems(kind: str, obj: dict, isvc_name: str, metrics_port: int) -> 
     spec = obj.get("spec") or {}
     for key in sorted(set(spec) - POD_MONITOR_SPEC):
         yield Problem(f"spec.{key}", "unknown field", f"one of {sorted(POD_MONITOR_SPEC)}")
-    selected = ((spec.get("selector") or {}).get("matchLabels") or {}).get(ISVC_LABEL)
-    if selected != isvc_name:
+    selected = selected_services(spec.get("selector") or {})
+    if isvc_name not in selected:
         yield Problem(
-            f"spec.selector.matchLabels.{ISVC_LABEL}",
-            f"{selected!r} selects no pod of InferenceService {isvc_name}",
-            f"{ISVC_LABEL}: {isvc_name}",
+            f"spec.selector.{ISVC_LABEL}",
+            f"{sorted(selected)} selects no pod of InferenceService {isvc_name}",
+            f"matchLabels {ISVC_LABEL}: {isvc_name} (or an In expression naming it)",
         )
     endpoints = spec.get("podMetricsEndpoints") or []
     if len(endpoints) != 1:
@@ -141,8 +145,19 @@ def object_problems(kind: str, obj: dict, isvc_name: str, metrics_port: int) -> 
     yield from endpoint_problems(endpoints[0], metrics_port)
 
 
+def selected_services(selector: dict) -> set[str]:
+    """The InferenceServices whose pods a label selector picks by KServe's pod label: its
+    ``matchLabels`` value and its ``In`` expressions' values."""
+    names = {(selector.get("matchLabels") or {}).get(ISVC_LABEL)} - {None}
+    for expression in selector.get("matchExpressions") or []:
+        if expression.get("key") == ISVC_LABEL and expression.get("operator") == "In":
+            names |= set(expression.get("values") or [])
+    return names
+
+
 def endpoint_problems(endpoint: dict, metrics_port: int) -> Iterator[Problem]:
-    """The one endpoint: /metrics of kserve-container only, on the metrics port, as our job."""
+    """The one endpoint: /metrics of kserve-container only, on the metrics port, as our job,
+    labelled with the pod's InferenceService."""
     path = "spec.podMetricsEndpoints[0]"
     for key in sorted(set(endpoint) - ENDPOINT):
         yield Problem(f"{path}.{key}", "unknown field", f"one of {sorted(ENDPOINT)}")
@@ -191,6 +206,13 @@ def endpoint_problems(endpoint: dict, metrics_port: int) -> Iterator[Problem]:
             f"{path}.relabelings",
             f"job is not {JOB!r}: the rules and alerts select it",
             f"targetLabel: job, replacement: {JOB}",
+        )
+    service = sets("inferenceservice")
+    if not service or service[-1].get("sourceLabels") != [POD_LABEL]:
+        yield Problem(
+            f"{path}.relabelings",
+            "no inferenceservice label from the pod's: the autoscaling rules sum by it",
+            f"sourceLabels [{POD_LABEL}], targetLabel inferenceservice",
         )
 
 

@@ -18,6 +18,7 @@ import hashlib
 import json
 import sys
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -194,8 +195,31 @@ class ModelFiles:
 
 def load_labels(path: Path) -> list[str]:
     """The class names of a ``LABELS`` file, in class-index order."""
-    mapping = json.loads(Path(path).read_text())
+    mapping = json.loads(Path(path).read_text(encoding="utf-8"))
     return [mapping[str(i)] for i in range(len(mapping))]
+
+
+def labels_problem(names: Sequence[str]) -> str | None:
+    """Why ``names`` cannot be a model's labels, or None: the one rule ``make serve``
+    (buildsteps/checkpoint.py) and ``tsctl head train`` (its folder names) apply. Every class
+    has a name: one line of UTF-8 text, no space around it, not another's ignoring case (a
+    target or a folder names a label in any case)."""
+    seen: dict[str, int] = {}
+    for i, name in enumerate(names):
+        if not name:
+            empty = sum(not n for n in names)
+            return f"label {i} is empty ({empty} empty in all): every class needs a name"
+        if name != name.strip() or "\n" in name or "\r" in name:
+            return f"label {i} ({name!r}) is not one line without spaces around it"
+        if any("\ud800" <= c <= "\udfff" for c in name):  # what str holds of non-UTF-8 bytes
+            return f"label {i} ({name!r}) is not UTF-8 text"
+        if name.lower() in seen:
+            return (
+                f"label {name!r} is repeated (classes {seen[name.lower()]} and {i}, compared "
+                "ignoring case): every class needs its own name"
+            )
+        seen[name.lower()] = i
+    return None
 
 
 def sha256_of(path: Path) -> str:

@@ -394,10 +394,10 @@ class Client(ABC):
         png: bool = False,
     ) -> dict:
         """Where the model looked for each target of one image (top-1 by default; a class
-        ``target`` by index or label; ``topk`` targets): ``{"method", "explanations":
-        [{"label", "index", "probability", "rank", "grid", "png"?}]}``."""
+        ``target`` by label, or by index as an int; ``topk`` targets): ``{"method",
+        "explanations": [{"label", "index", "probability", "rank", "grid", "png"?}]}``."""
         options = {
-            "target": target,
+            "target": f"#{target}" if type(target) is int else target,  # text is a label
             "topk": topk,
             "method": method,
             "n_steps": n_steps,

@@ -1,9 +1,10 @@
 """Embed or tag a whole collection: files read, sent several to a KServe request, answers
 written as Parquet parts (``serveclient.vectors``), with retries and progress.
 
-    job = Job(client, "resnet50-embedding", "embedding", PartSink(output),
+    walk = Walk()
+    job = Job(client, "resnet50-embedding", "embedding", PartSink(output, walk=walk),
               Plan.from_describe(entry))
-    summary = job.run(collection.entries(shard), done=output.done())
+    summary = job.run(walk.of(collection.entries(shard)), done=output.done())
 
 Pacing (``Plan``): the server runs a batch of up to ``batchSize`` requests per worker, and the
 handler admits at most ``max_batch_images`` rows per batch (503 beyond). So each request
@@ -32,6 +33,10 @@ one per answer up to ``Plan.concurrency``), so its retries do not queue ahead of
 
 Cache: each row records whether the server's content cache answered it (``cached``), and the
 summary counts the images it did (``cache_hits``).
+
+The output is the walk: a complete run (every entry answered, every folder listed) merges
+keeping only the paths its walk found (``Walk``), so a file moved or deleted since loses its
+row; an interrupted run merges nothing and drops nothing (its parts wait for the rerun).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import hashlib
 import os
 import threading
 import time
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -62,7 +68,7 @@ from serveclient.client import Answers, Client
 from serveclient.collection import Entry
 from serveclient.progress import JobProgress
 from serveclient.traffic import BULK, Traffic
-from serveclient.vectors import EMBEDDING_DIM, DoneIndex, Output, Row
+from serveclient.vectors import EMBEDDING_DIM, DoneIndex, Output, Row, path_hash, stored_path
 
 TAG_FIELDS = ("label", "index", "probability", "head")  # "head": a model with several
 
@@ -177,22 +183,54 @@ class Summary:
         for row in rows:
             if row.error:
                 self.failed += 1
-                if len(self.failures) < keep:
-                    self.failures.append((row.path, row.error))
+                if len(self.failures) < keep:  # the stored text: printable whatever the name
+                    self.failures.append((stored_path(row.path)[0], row.error))
             else:
                 self.done += 1
+
+
+class Walk:
+    """The paths a run's entries named (``vectors.path_hash``: 8 bytes a file), recorded as
+    ``of`` passes them on, and whether every folder could be listed (``whole``: else a file
+    not seen may still be there, and no row may be dropped for its absence)."""
+
+    def __init__(self) -> None:
+        self._hashes = array("Q")
+        self.whole = True
+
+    def of(self, entries: Iterable[Entry]) -> Iterator[Entry]:
+        for entry in entries:
+            self._hashes.append(path_hash(entry.path))
+            self.whole = self.whole and not entry.unlisted
+            yield entry
+
+    def paths(self) -> np.ndarray:
+        return np.frombuffer(self._hashes, np.uint64).copy()  # the array may grow again
 
 
 class PartSink:
     """Rows into Parquet parts: a part every ``flush_rows`` rows or ``flush_s`` seconds,
     whichever comes first, so a kill loses the files in flight and at most ``flush_s`` of
-    answered ones; ``close(complete=True)`` merges the parts into the output."""
+    answered ones; ``close(complete=True)`` merges the parts into the output, keeping only the
+    paths of ``walk`` when it saw the whole collection (``gone``: the rows it dropped).
 
-    def __init__(self, output: Output, flush_rows: int = 1024, flush_s: float = 2.0) -> None:
-        self.output = output
+    A part that cannot be written raises ``vectors.OutputError`` once: its rows are let go
+    (their files are redone by the rerun), the parts before it stay, and nothing is written
+    after it, so ``close`` cannot fail again on the same rows."""
+
+    def __init__(
+        self,
+        output: Output,
+        flush_rows: int = 1024,
+        flush_s: float = 2.0,
+        walk: Walk | None = None,
+    ) -> None:
+        self.output, self.walk = output, walk
         self.flush_rows, self.flush_s = flush_rows, flush_s
         self.rows: list[Row] = []
+        self.gone = 0
         self._since = time.monotonic()
+        self._failed = False
 
     def add(self, rows: list[Row]) -> None:
         self.rows += rows
@@ -204,15 +242,20 @@ class PartSink:
             self.flush()
 
     def flush(self) -> None:
-        if self.rows:
-            self.output.write_part(self.rows)
-        self.rows = []
+        rows, self.rows = self.rows, []
         self._since = time.monotonic()
+        if rows and not self._failed:
+            try:
+                self.output.write_part(rows)
+            except Exception:
+                self._failed = True
+                raise
 
     def close(self, complete: bool) -> None:
         self.flush()
-        if complete:
-            self.output.merge()
+        if complete and not self._failed:
+            walked = self.walk.paths() if self.walk is not None and self.walk.whole else None
+            self.gone = self.output.merge(walked)
 
 
 class ListSink:
@@ -338,8 +381,8 @@ class Job:
             pool.shutdown(wait=complete, cancel_futures=True)
             summary.seconds = time.monotonic() - start
             summary.bytes_sent = self.client.bytes_sent - sent
-            self.sink.close(complete)
             self.progress.close()
+            self.sink.close(complete)
         return summary
 
     # ------------------------------------------------------------------ the main thread

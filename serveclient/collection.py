@@ -12,6 +12,14 @@ folder reached twice (a symlink loop, or two links to one folder) is walked once
 collected in memory but the set of folders seen: the stream is as long as the collection, the
 memory is not.
 
+Paths: each source is made absolute first (``~`` expanded, ``.`` and ``..`` resolved as the
+shell's ``cd`` does, by the name: ``os.path.abspath``), so ``photos``, ``./photos/`` and
+``~/photos`` walk to the same paths, and a rerun matches its rows whatever the working folder.
+Symbolic links are kept as named, not resolved: a linked album stays where the user sees it
+(its label folder, its place in a page), and paths stay the same when the target behind a
+stable link moves. File names are kept as the operating system gives them (bytes that are not
+UTF-8 as ``os.fsdecode``'s surrogates; ``serveclient.vectors`` stores them byte for byte).
+
 Sharding: a file belongs to shard ``i`` of ``n`` when a stable hash of its ``key`` (its path
 relative to the folder it was found under, or the path as given) is ``i`` modulo ``n``. So n
 machines given the same sources split them without talking to each other, the shards are
@@ -79,16 +87,18 @@ def shard_of(key: str, count: int) -> int:
 
 @dataclass(frozen=True)
 class Entry:
-    """One file of the collection. ``path``: as walked (the source joined with the names
-    below it); ``key``: what shards it (relative to its source folder); ``size`` and
+    """One file of the collection. ``path``: as walked (the absolute source joined with the
+    names below it); ``key``: what shards it (relative to its source folder); ``size`` and
     ``mtime_ns`` from ``stat`` (what a rerun compares), or None when it could not be read
-    (``error`` says why)."""
+    (``error`` says why). ``unlisted``: a folder or source that could not be read, so the walk
+    cannot say which files lie under it."""
 
     path: str
     key: str
     size: int | None
     mtime_ns: int | None
     error: str | None = None
+    unlisted: bool = False
 
 
 class Collection:
@@ -140,18 +150,19 @@ class Collection:
                     yield path
 
 
-def _source(path: str, seen: set[tuple[int, int]]) -> Iterator[Entry]:
-    """A folder walked, or a file (any extension) as it is; a path that cannot be read is
-    one failed entry (its row says why)."""
+def _source(given: str, seen: set[tuple[int, int]]) -> Iterator[Entry]:
+    """A folder walked, or a file (any extension) as it is, keyed by the path as given; a path
+    that cannot be read is one failed entry (its row says why)."""
+    path = os.path.abspath(os.path.expanduser(given))
     try:
         info = os.stat(path)
     except OSError as exc:
-        yield Entry(path, path, None, None, _reason(exc))
+        yield Entry(path, given, None, None, _reason(exc), unlisted=True)
         return
     if stat.S_ISDIR(info.st_mode):
         yield from _walk_folder(path, seen)
     else:
-        yield Entry(path, path, info.st_size, info.st_mtime_ns)
+        yield Entry(path, given, info.st_size, info.st_mtime_ns)
 
 
 def _walk_folder(root: str, seen: set[tuple[int, int]]) -> Iterator[Entry]:
@@ -167,7 +178,8 @@ def _walk_folder(root: str, seen: set[tuple[int, int]]) -> Iterator[Entry]:
             with os.scandir(folder) as listing:
                 items = sorted(listing, key=lambda item: item.name)
         except OSError as exc:
-            yield Entry(folder, os.path.relpath(folder, root), None, None, _reason(exc))
+            key = os.path.relpath(folder, root)
+            yield Entry(folder, key, None, None, _reason(exc), unlisted=True)
             continue
         folders = []
         for item in items:

@@ -54,6 +54,13 @@ class KeyRejected(ApiError):
     exit_code = 4
 
 
+class MilvusTokenError(TsError):
+    """A Milvus token file that cannot be read or holds none, or Milvus (authentication on)
+    refusing the token or its absence. The message never holds the token."""
+
+    exit_code = 4
+
+
 class NotFound(ApiError):
     """Unknown model or version."""
 

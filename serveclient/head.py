@@ -2,10 +2,12 @@
 embeddings of a folder of labelled photos, measured on a held-out split, and folded into a
 torchvision ResNet50 checkpoint that ``make archives WEIGHTS=... LABELS=...`` packs.
 
-    labels, y = labels_of(paths, folder)          # one subfolder per label
-    fitted = fit(X, y, labels, test_size=0.25, seed=0)
-    fitted.report                                 # sizes, accuracy, per-label P/R, confusion
-    state = fold(backbone_state_dict, fitted)     # a full resnet50 state dict, fc with N rows
+    photos = walk(folder)                          # every photo now, labelled by subfolder
+    check_split(label_counts(photos), test_size)   # before anything is embedded
+    chosen = training_set(paths, X, photos)        # the rows of exactly those photos
+    fitted = fit(chosen.x, chosen.y, chosen.labels, test_size=0.25, seed=0)
+    fitted.report                                  # sizes, accuracy, per-label P/R, confusion
+    state = fold(backbone_state_dict, fitted)      # a full resnet50 state dict, fc with N rows
 
 The head: scikit-learn's multinomial ``LogisticRegression`` (lbfgs, L2): a convex fit with no
 learning rate or epochs to choose, its softmax is the probability per tag, and it is minutes
@@ -26,42 +28,145 @@ scale with ``|x|`` and could change the ranking, so neither is used.
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from serveclient.errors import UsageError
+from model_files.artifacts import labels_problem
+from serveclient.collection import Collection
+from serveclient.errors import TsError, UsageError
 
 CALIBRATION_BINS = 15
 MIN_PER_LABEL = 2  # a stratified split needs one photo per label on each side
+CONFUSION_TABLE_LABELS = 50  # the report's full N x N table up to this many labels
+CONFUSION_PAIRS = 100  # the most confused (true, predicted) pairs the report lists
 
 
-def labels_of(paths: Sequence[str], folder: Path | str) -> tuple[list[str], np.ndarray]:
-    """The sorted labels (the names of ``folder``'s subfolders that hold photos) and each
-    path's label index. A photo directly in ``folder`` has no label: refused."""
-    names = []
-    for path in paths:
-        parts = Path(os.path.relpath(path, folder)).parts
+@dataclass(frozen=True)
+class Photo:
+    """A photo under FOLDER now: its path as the walk spells it, and its label."""
+
+    path: str
+    label: str
+
+
+def absolute(path: str) -> str:
+    """``path`` as ``walk`` and ``training_set`` compare it: ``~`` expanded, made absolute,
+    normalised (``photos/x``, ``./photos/x`` and ``~/photos/x`` run from home are one)."""
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def walk(folder: Path | str) -> dict[str, Photo]:
+    """Every photo under ``folder`` now (the embedding job's walk, serveclient.collection), by
+    ``absolute`` path, labelled by the first subfolder it lies in. Refused: a photo directly
+    in ``folder``, and folder names that are no labels (``labels_problem``: what ``make
+    serve`` would refuse later, ``Cat`` beside ``cat`` among them)."""
+    root, found = absolute(str(folder)), {}
+    for entry in Collection([str(folder)]).entries():
+        path = absolute(entry.path)
+        parts = Path(os.path.relpath(path, root)).parts
         if len(parts) < 2:
             raise UsageError(
-                f"{path} is not in a label's subfolder of {folder}",
+                f"{entry.path} is not in a label's subfolder of {folder}",
                 "put each photo in FOLDER/<label>/ (one subfolder per label)",
             )
-        names.append(parts[0])
-    labels = sorted(set(names))
+        try:  # a label is text: the folder's name as the file system holds it, read as UTF-8
+            label = os.fsencode(parts[0]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise UsageError(
+                f"the folder {parts[0]!r} of {folder} is not named in UTF-8", "rename it"
+            ) from None
+        found[path] = Photo(entry.path, label)
+    problem = labels_problem(sorted({p.label for p in found.values()}))
+    if problem:
+        raise UsageError(f"the subfolders of {folder} are no labels: {problem}", "rename them")
+    return found
+
+
+def label_counts(photos: Mapping[str, Photo]) -> dict[str, int]:
+    """Photos per label, in label order."""
+    return dict(sorted(Counter(p.label for p in photos.values()).items()))
+
+
+def check_split(counts: Mapping[str, int], test_size: float) -> None:
+    """Refuse what the seeded stratified split of ``fit`` cannot divide, in the tool's words:
+    fewer than 2 labels, a label with fewer than ``MIN_PER_LABEL`` photos, or a held-out share
+    that leaves some label without a photo on one side (scikit-learn holds out
+    ``ceil(test_size * n)`` photos and needs one of each label on each side)."""
+    labels, n = len(counts), sum(counts.values())
+    if labels < 2:
+        raise UsageError(
+            f"{labels} label found; a tagger needs at least 2",
+            "make one subfolder per label, each with photos",
+        )
+    few = [f"{label} ({count})" for label, count in counts.items() if count < MIN_PER_LABEL]
+    if few:
+        raise UsageError(
+            f"too few photos for a held-out split: {', '.join(few[:10])}"
+            + (f" and {len(few) - 10} more labels" if len(few) > 10 else ""),
+            f"give each label at least {MIN_PER_LABEL} photos (tens make a useful report)",
+        )
+    held_out = math.ceil(test_size * n)
+    if not labels <= held_out <= n - labels:
+        raise UsageError(
+            f"{labels} labels, {n} photos: --test-size {test_size} holds out {held_out} and "
+            f"trains on {n - held_out}, and each side needs a photo of every label",
+            f"give --test-size from {labels / n:.3f} to {(n - labels) / n:.3f}"
+            if labels / n <= (n - labels) / n
+            else "give each label more photos",
+        )
+
+
+@dataclass(frozen=True)
+class TrainingSet:
+    """The rows fitted on: one per photo under FOLDER now, in path order (so the seed picks the
+    same held-out photos whatever order the embedding job finished them in, on every host),
+    and how many rows of the embeddings were left out, by reason."""
+
+    paths: list[str]
+    x: np.ndarray
+    y: np.ndarray
+    labels: list[str]
+    left_out: dict[str, int]
+
+
+def training_set(paths: Sequence[str], x: np.ndarray, photos: Mapping[str, Photo]) -> TrainingSet:
+    """The rows of ``x`` (``paths`` their photos) for exactly ``photos`` (``walk``'s), each path
+    compared ``absolute``: a row whose photo was moved or deleted since, or that a run on
+    another FOLDER wrote into the same --out, is left out (``not_under_folder``); a photo
+    stored twice (two spellings of one path) is fitted once, on the row the walk spells
+    (``stored_twice``). ``TsError`` when a photo has no row: the folder changed meanwhile."""
+    kept: dict[str, int] = {}
+    gone = 0
+    for row, path in enumerate(paths):
+        where = absolute(path)
+        photo = photos.get(where)
+        if photo is None:
+            gone += 1
+        elif where not in kept or path == photo.path:
+            kept[where] = row
+    missing = [photos[p].path for p in photos if p not in kept]
+    if missing:
+        raise TsError(
+            f"{len(missing)} photos have no embedding (e.g. {missing[0]}): the folder changed "
+            "while head train ran",
+            "rerun: what was embedded is kept",
+        )
+    order = sorted(kept)
+    labels = sorted({photos[p].label for p in order})
     index = {label: i for i, label in enumerate(labels)}
-    return labels, np.array([index[n] for n in names], dtype=np.int64)
-
-
-def in_path_order(paths: Sequence[str], x: np.ndarray) -> tuple[list[str], np.ndarray]:
-    """``paths`` sorted and ``x``'s rows with them. ``fit`` splits rows by a seed: in path
-    order, not in the order an embedding job finished the photos, the seed picks the same
-    held-out photos on every run and every host."""
-    order = sorted(range(len(paths)), key=paths.__getitem__)
-    return [paths[i] for i in order], x[order]
+    return TrainingSet(
+        [photos[p].path for p in order],
+        x[[kept[p] for p in order]],
+        np.array([index[photos[p].label] for p in order], dtype=np.int64),
+        labels,
+        {"not_under_folder": gone, "stored_twice": len(paths) - gone - len(kept)},
+    )
 
 
 @dataclass
@@ -88,21 +193,10 @@ def fit(
 ) -> Fitted:
     """Split stratified and seeded, fit on the training part, measure on the held-out part."""
     from sklearn.linear_model import LogisticRegression
-    from sklearn.metrics import confusion_matrix, precision_recall_fscore_support
+    from sklearn.metrics import precision_recall_fscore_support
     from sklearn.model_selection import train_test_split
 
-    counts = np.bincount(y, minlength=len(labels))
-    if len(labels) < 2:
-        raise UsageError(
-            f"{len(labels)} label found; a tagger needs at least 2",
-            "make one subfolder per label, each with photos",
-        )
-    if counts.min() < MIN_PER_LABEL:
-        few = [f"{labels[int(i)]} ({counts[i]})" for i in np.flatnonzero(counts < MIN_PER_LABEL)]
-        raise UsageError(
-            f"too few photos for a held-out split: {', '.join(few)}",
-            f"give each label at least {MIN_PER_LABEL} photos (tens make a useful report)",
-        )
+    check_split(dict(zip(labels, np.bincount(y, minlength=len(labels)).tolist())), test_size)
     rows = np.arange(len(y))
     train, test = train_test_split(rows, test_size=test_size, stratify=y, random_state=seed)
     scale = x[train].std(axis=0)
@@ -116,7 +210,6 @@ def fit(
     probabilities = _softmax(logits)
     predicted = probabilities.argmax(axis=1)
     truth = y[test]
-    confusion = confusion_matrix(truth, predicted, labels=range(len(labels)))
     precision, recall, _, support = precision_recall_fscore_support(
         truth, predicted, labels=range(len(labels)), zero_division=0
     )
@@ -148,12 +241,7 @@ def fit(
             }
             for i, label in enumerate(labels)
         },
-        "confusion": {
-            "rows": "true label",
-            "columns": "predicted label",
-            "labels": list(labels),
-            "counts": confusion.tolist(),
-        },
+        "confusion": confusion(truth, predicted, labels),
         "calibration": {
             "method": "softmax of the multinomial logistic regression (no post-hoc scaling)",
             "expected_calibration_error": expected_calibration_error(probabilities, truth),
@@ -163,6 +251,34 @@ def fit(
         },
     }
     return Fitted(list(labels), weight, test, predicted, probabilities, report)
+
+
+def confusion(truth: np.ndarray, predicted: np.ndarray, labels: Sequence[str]) -> dict:
+    """The held-out confusion, bounded: ``counts``, the N x N table (rows true, columns
+    predicted), only for at most ``CONFUSION_TABLE_LABELS`` labels (else ``[]``), and
+    ``most_confused``, at most ``CONFUSION_PAIRS`` mistaken (true, predicted) pairs, most
+    frequent first, with the number of mistaken pairs left out. Counted from the pairs that
+    occur, so memory follows the held-out photos, not N x N."""
+    pairs, counts = np.unique(np.stack([truth, predicted]), axis=1, return_counts=True)
+    table = []
+    if len(labels) <= CONFUSION_TABLE_LABELS:
+        dense = np.zeros((len(labels), len(labels)), dtype=np.int64)
+        dense[pairs[0], pairs[1]] = counts
+        table = dense.tolist()
+    wrong = [(-int(c), int(t), int(p)) for (t, p), c in zip(pairs.T, counts) if t != p]
+    wrong.sort()
+    return {
+        "rows": "true label",
+        "columns": "predicted label",
+        "labels": list(labels),
+        "counts": table,
+        "table_labels_max": CONFUSION_TABLE_LABELS,
+        "most_confused": [
+            {"true": labels[t], "predicted": labels[p], "count": -c}
+            for c, t, p in wrong[:CONFUSION_PAIRS]
+        ],
+        "most_confused_left_out": max(0, len(wrong) - CONFUSION_PAIRS),
+    }
 
 
 def expected_calibration_error(probabilities: np.ndarray, truth: np.ndarray) -> float:

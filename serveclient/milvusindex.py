@@ -1,6 +1,9 @@
 """The collection's vectors in Milvus (``tsctl index build --out URI``): a Milvus server
 (``http://HOST:19530``: Standalone, or Distributed on Kubernetes, kserve/milvus/) or Milvus Lite
 (a local ``NAME.db``), through pymilvus's ``MilvusClient``: the same code, only the URI changes.
+A server with authentication on (kserve/milvus/) is sent the caller's token (``user:password``,
+which tsctl reads from a file or ``$MILVUS_TOKEN``, never from argv); a refusal is a
+``MilvusTokenError``.
 
 One Milvus collection per embed output (``collection_for``): ``path`` (the primary key, as the
 embed output stores it), ``key`` (the row's "size:mtime") and ``embedding`` (the float32 unit
@@ -85,16 +88,27 @@ class Opened:
 KEEPALIVE = {"grpc.keepalive_time_ms": 300_000, "grpc.keepalive_permit_without_calls": False}
 
 
-def connect(uri: str) -> Any:
-    """A ``MilvusClient`` for ``uri``; ``UsageError`` when nothing answers there."""
+def connect(uri: str, token: str | None = None) -> Any:
+    """A ``MilvusClient`` for ``uri`` that sends ``token`` (``user:password``; None: none, for a
+    Milvus without authentication) with every call; ``MilvusTokenError`` when Milvus refuses
+    the token or its absence, ``UsageError`` when nothing answers there."""
     from pymilvus import MilvusClient
     from pymilvus.exceptions import MilvusException
 
-    from serveclient.errors import UsageError
+    from serveclient.errors import MilvusTokenError, UsageError
 
     try:
-        return MilvusClient(uri=uri, timeout=30, grpc_options=KEEPALIVE)
+        return MilvusClient(uri=uri, token=token or "", timeout=30, grpc_options=KEEPALIVE)
     except MilvusException as exc:
+        # pymilvus says only "Fail connecting"; the gRPC status it wraps (a grpc.Call) says why.
+        cause: Any = exc.__cause__
+        if getattr(getattr(cause, "code", lambda: None)(), "name", None) == "UNAUTHENTICATED":
+            what = "refused the token" if token else "needs a token (authentication is on)"
+            raise MilvusTokenError(
+                f"Milvus at {uri} {what}: {cause.details()}",
+                "put the token (user:password) in a file and pass --milvus-token-file PATH, "
+                "or set $MILVUS_TOKEN (on Kubernetes: the Secret milvus-auth, kserve/README.md)",
+            ) from None
         raise UsageError(
             f"no Milvus at {uri}: {exc}",
             "start it (kserve/milvus/, or `milvus-lite server`) or name another --out/--vindex",
@@ -132,9 +146,12 @@ def _count(client: Any, collection: str) -> int:
     return int(rows[0]["count(*)"])
 
 
-def open_index(uri: str, collection: str, check_sources: bool = True) -> Opened:
-    """The collection, checked against its manifest (and its sources' stamps)."""
-    client = connect(uri)
+def open_index(
+    uri: str, collection: str, check_sources: bool = True, token: str | None = None
+) -> Opened:
+    """The collection, checked against its manifest (and its sources' stamps); ``token`` as
+    for ``connect``."""
+    client = connect(uri, token)
     try:
         if not client.has_collection(collection):
             raise CorruptIndex(f"no collection {collection} at {uri}")
@@ -202,14 +219,16 @@ def build(
     collection: str,
     progress: bool = True,
     work_dir: Path = objectstore.WORK_DIR,
+    token: str | None = None,
 ) -> Built:
     """Bring ``collection`` at ``uri`` up to date with the Parquet ``inputs`` (``s3://`` ones
     fetched into ``work_dir``; the collection created on first use): upsert the photos it
-    lacks or holds at an older size/mtime, delete those gone."""
-    sources = index.sources_of(inputs, work_dir)
-    want = index.wanted(sources)
-    client = connect(uri)
+    lacks or holds at an older size/mtime, delete those gone. ``token`` as for ``connect``
+    (refused before any shard is fetched)."""
+    client = connect(uri, token)
     try:
+        sources = index.sources_of(inputs, work_dir)
+        want = index.wanted(sources)
         return _build(client, sources, want, uri, collection, progress)
     finally:
         client.close()

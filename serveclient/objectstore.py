@@ -5,6 +5,13 @@ pyarrow's own S3 filesystem (no extra dependency).
 Credentials and endpoint come from the environment as for KServe's storage initializer:
 ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``, and
 ``AWS_ENDPOINT_URL`` (or ``S3_ENDPOINT``) for a non-AWS store.
+
+What holds for an object: the upload replaces it whole (a reader sees the old object or the
+new one); the merged file it uploads is a complete run's, so it holds exactly that run's walk.
+No lock guards a bucket: ``tsctl embed`` locks the local copy (``outputlock``), which keeps two
+runs sharing one ``--work-dir`` apart, not two machines. Two writers of one key do not corrupt
+it, but the last upload wins: give each writer its own key (the Indexed Job gives each shard
+its own, and ``make kserve-lint`` checks it).
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+
+from serveclient.errors import TsError
 
 REMOTE_SCHEMES = ("s3://",)
 WORK_DIR = Path(".tsctl-work")  # tsctl's default --work-dir: local copies of s3:// objects
@@ -55,22 +64,29 @@ def download_if_exists(uri: str, local: Path) -> bool:
         return False
     if not local.exists():
         tmp = local.with_name(f".{local.name}.download.tmp")
-        fs.copy_files(
-            key, str(tmp), source_filesystem=filesystem, destination_filesystem=fs.LocalFileSystem()
-        )
+        _copy(key, filesystem, str(tmp), fs.LocalFileSystem(), f"download {uri}", "then rerun")
         os.replace(tmp, local)
     return True
 
 
 def upload(local: Path, uri: str) -> None:
     """Put the merged output at ``uri`` (a single PUT or multipart upload: readers see the
-    old object or the new one)."""
+    old object or the new one); a failure says so, the merged rows kept in ``local``."""
     from pyarrow import fs
 
     filesystem, key = _filesystem(uri)
-    fs.copy_files(
-        str(local), key, source_filesystem=fs.LocalFileSystem(), destination_filesystem=filesystem
-    )
+    kept = f"then rerun the same command with the same --work-dir: {local} keeps the rows"
+    _copy(str(local), fs.LocalFileSystem(), key, filesystem, f"upload {local} to {uri}", kept)
+
+
+def _copy(source: str, source_fs, dest: str, dest_fs, what: str, then: str) -> None:
+    from pyarrow import fs
+
+    try:
+        fs.copy_files(source, dest, source_filesystem=source_fs, destination_filesystem=dest_fs)
+    except OSError as exc:
+        hint = f"check the store and its AWS_* settings, {then}"
+        raise TsError(f"cannot {what}: {exc}", hint) from exc
 
 
 def parquet_objects(uri: str) -> list[tuple[str, int, int]]:

@@ -8,9 +8,14 @@ and message goes through ``html.escape``: a file named ``<script>.jpg`` is text.
 cannot be read or decoded shows a placeholder with the reason, never a broken image. Captions
 link to the originals (``file://`` URIs from ``Path.as_uri``, which percent-encodes).
 
-Size: a ``Thumbnailer`` is told how many thumbnails its page will hold and shrinks them
-(side, then JPEG quality) so the page's thumbnails stay within ``PAGE_BUDGET_BYTES``: a page
-of 1,000 pairs of photos stays a few MB.
+Size, capped: a page shows at most ``MAX_PICTURES`` pictures and ``PAGE_BUDGET_BYTES`` of
+thumbnails, its tables at most ``MAX_TABLE_ROWS`` rows (the confusion table ``MAX_TABLE_LABELS``
+labels), and its summary says what it left out. A ``Thumbnailer`` is told how many thumbnails
+its page will hold and shrinks them (side, then JPEG quality) to share the budget: a page of
+1,000 pairs of photos stays a few MB; a thumbnail past the budget is a placeholder saying so.
+A picture is read from a regular file of at most ``MAX_FILE_BYTES``, never from a FIFO, a
+device or a folder (each a placeholder naming what it is), so no path can hang a page or
+fill its memory.
 
     thumbs = Thumbnailer(expected=len(paths))
     Path("similar.html").write_text(similar_page(results, thumbs, index="v.parquet"))
@@ -21,18 +26,35 @@ from __future__ import annotations
 import base64
 import io
 import os
+import stat
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from html import escape
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import numpy as np
 from PIL import Image, ImageOps
+
+if TYPE_CHECKING:
+    from serveclient.search import Grouped
 
 # (longer side in px, JPEG quality), largest first: the first whose JPEG fits the per-image
 # share of the budget is kept, the last is kept whatever its size.
 THUMB_STEPS = ((160, 80), (128, 72), (96, 65), (64, 55))
-PAGE_BUDGET_BYTES = 4 << 20  # base64 thumbnails per page
+PAGE_BUDGET_BYTES = 4 << 20  # base64 thumbnails per page, at most
 MAX_THUMB_BYTES = 24 << 10  # one thumbnail at most, however few the page holds
+MAX_PICTURES = 2000  # pictures a page shows at most (1,000 pairs)
+MAX_TABLE_ROWS = 1000  # rows of a table on a page
+MAX_TABLE_LABELS = 40  # labels of a confusion table (rows and columns)
+MAX_FILE_BYTES = 32 << 20  # a photo read for its thumbnail: the most a request may carry
+NOT_REGULAR = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a device"),
+    (stat.S_ISBLK, "a device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 ORIENTATION_TAG = 0x0112  # EXIF orientation: only photos that carry one are transposed
 
 
@@ -50,26 +72,52 @@ class Thumb:
 
 
 class Thumbnailer:
-    """Thumbnails for one page, each file read once however often the page shows it."""
+    """Thumbnails for one page, each file read once however often the page shows it, within
+    ``budget`` bytes (base64) in all: one that no longer fits is a placeholder saying so,
+    counted in ``left_out``."""
 
     def __init__(self, expected: int = 1, budget: int = PAGE_BUDGET_BYTES) -> None:
-        self.share = max(1, min(MAX_THUMB_BYTES, budget // max(1, expected)))
+        expected = max(1, min(expected, MAX_PICTURES))
+        self.share = max(1, min(MAX_THUMB_BYTES, budget // expected))
+        self.budget, self.spent, self.left_out = budget, 0, 0
         self._cache: dict[str, Thumb] = {}
 
     def of_path(self, path: str) -> Thumb:
         """The thumbnail of the file at ``path`` (a placeholder's reason when it is missing,
-        unreadable or not an image Pillow decodes)."""
+        unreadable, not a regular file, too large or not an image Pillow decodes)."""
         if path not in self._cache:
             try:
-                data = Path(path).read_bytes()
+                self._cache[path] = self._made(read_photo(path))
             except OSError as exc:
                 self._cache[path] = Thumb(None, error=f"cannot read: {exc.strerror or exc}")
-            else:
-                self._cache[path] = self.of_bytes(data)
-        return self._cache[path]
+            except ValueError as exc:
+                self._cache[path] = Thumb(None, error=str(exc))
+        return self._charged(self._cache[path])
 
     def of_bytes(self, data: bytes) -> Thumb:
         """The thumbnail of an encoded image (any format Pillow reads)."""
+        return self._charged(self._made(data))
+
+    def note(self) -> str:
+        """What the budget left out, for a page's summary ("" when nothing)."""
+        if not self.left_out:
+            return ""
+        return (
+            f" {self.left_out:,} thumbnail(s) left out: the page's {_bytes(self.budget)} "
+            "for thumbnails was spent."
+        )
+
+    def _charged(self, thumb: Thumb) -> Thumb:
+        """``thumb`` counted against the budget, or its placeholder once the budget is spent."""
+        if thumb.uri is None:
+            return thumb
+        if self.spent + len(thumb.uri) > self.budget:
+            self.left_out += 1
+            return replace(thumb, uri=None, error="the page's thumbnail budget is spent")
+        self.spent += len(thumb.uri)
+        return thumb
+
+    def _made(self, data: bytes) -> Thumb:
         try:
             with Image.open(io.BytesIO(data)) as image:
                 width, height = image.size
@@ -100,6 +148,26 @@ class Thumbnailer:
             if len(buffer.getvalue()) * 4 // 3 <= self.share:
                 break
         return buffer.getvalue(), small.size
+
+
+def read_photo(path: str) -> bytes:
+    """The bytes of the regular file at ``path``, at most ``MAX_FILE_BYTES`` of them read;
+    ValueError naming what it is instead (a FIFO, a device, a folder) or that it is larger.
+    Opened without blocking (a FIFO without a writer would wait forever) and checked on the
+    descriptor it is read from, so a file swapped in between cannot slip past."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+        kind = next((name for test, name in NOT_REGULAR if test(mode)), None)
+        if kind is not None:
+            raise ValueError(f"{kind}, not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_FILE_BYTES:
+        raise ValueError(f"over the {_bytes(MAX_FILE_BYTES)} a page reads of a photo")
+    return data
 
 
 # ---------------------------------------------------------------------- building blocks
@@ -196,17 +264,39 @@ def _bytes(n: int) -> str:
 # ---------------------------------------------------------------------- the pages
 
 
+def _fitted(counts: Sequence[int], most: int = MAX_PICTURES) -> list[int]:
+    """How many of each item's ``counts`` pictures a page of ``most`` shows: in order, until
+    it is full."""
+    shown = []
+    for n in counts:
+        shown.append(min(n, most))
+        most -= shown[-1]
+    return shown
+
+
+def left_out(shown: int, total: int, what: str, where: str) -> str:
+    """A summary's note of what a page's cap left out and ``where`` the rest is ("" when
+    nothing was)."""
+    if shown >= total:
+        return ""
+    return f" Showing {shown:,} of {total:,} {what}: the page's cap; {where} holds them all."
+
+
 def similar_page(
     results: dict[str, list[dict]], thumbs: Thumbnailer, index: str, model: str
 ) -> str:
     """``tsctl similar``: per query, the query photo then its neighbours, best first, each
     with its cosine score. ``results``: ``{query: [{"path", "score"}, ...]}``."""
+    counts = [1 + len(hits) for hits in results.values()]
+    shown = _fitted(counts)
     sections = []
-    for query, hits in results.items():
+    for (query, hits), room in zip(results.items(), shown):
+        if not room:
+            break
         row = [figure(thumbs.of_path(query), query, ["query"], css="query")]
         row += [
             figure(thumbs.of_path(h["path"]), h["path"], [f"#{i}  cosine {h['score']:.4f}"])
-            for i, h in enumerate(hits, 1)
+            for i, h in enumerate(hits[: room - 1], 1)
         ]
         if not hits:
             row.append('<p class="meta">no stored photos</p>')
@@ -214,17 +304,23 @@ def similar_page(
     summary = (
         f"{len(results)} quer{'y' if len(results) == 1 else 'ies'} against {index}, "
         f"embedded by {model}; neighbours best first, by cosine similarity."
+        + left_out(sum(shown), sum(counts), "photos", "tsctl similar --json")
+        + thumbs.note()
     )
     return page("Similar photos", summary, sections)
 
 
-def duplicates_page(groups: list[dict], thumbs: Thumbnailer, index: str, threshold: float) -> str:
+def duplicates_page(found: Grouped, thumbs: Thumbnailer, index: str, threshold: float) -> str:
     """``tsctl duplicates``: each group side by side with its lowest pair score and each
-    file's pixels and bytes. ``groups``: ``[{"paths", "min_score"}, ...]`` (``search``)."""
+    file's pixels and bytes. ``found``: ``search.group``'s."""
+    groups = found.groups
+    shown = _fitted([len(g["paths"]) for g in groups])
     sections = []
-    for number, group in enumerate(groups, 1):
+    for number, (group, room) in enumerate(zip(groups, shown), 1):
+        if not room:
+            break
         row = []
-        for path in group["paths"]:
+        for path in group["paths"][:room]:
             thumb = thumbs.of_path(path)
             row.append(figure(thumb, path, [describe_file(thumb)]))
         sections.append(
@@ -237,6 +333,9 @@ def duplicates_page(groups: list[dict], thumbs: Thumbnailer, index: str, thresho
     summary = (
         f"{len(groups)} group(s) of near-duplicates in {index} at cosine >= "
         f"{threshold}: files linked by a chain of pairs at least that similar."
+        + found.note
+        + left_out(sum(shown), sum(len(g["paths"]) for g in groups), "photos", "--json")
+        + thumbs.note()
     )
     return page("Near-duplicate photos", summary, sections)
 
@@ -256,14 +355,19 @@ class Explained:
 class ExplainGallery:
     """A ``batchjob.Job`` sink for explanations: each answered row becomes an ``Explained`` at
     once (the PNG heatmap, some 200 KB, shrunk to a thumbnail and dropped), so memory grows by
-    two thumbnails per photo, not by the server's answers."""
+    two thumbnails per photo, not by the server's answers, up to ``most`` photos: those
+    answered later are counted (``left_out``), not kept."""
 
-    def __init__(self, thumbs: Thumbnailer) -> None:
+    def __init__(self, thumbs: Thumbnailer, most: int = MAX_PICTURES // 2) -> None:
         self.thumbs = thumbs
         self.items: list[Explained] = []
+        self.most, self.left_out = most, 0  # photos kept (two pictures each), and past them
 
     def add(self, rows) -> None:
         for row in rows:
+            if len(self.items) == self.most:
+                self.left_out += 1
+                continue
             photo = self.thumbs.of_path(row.path)
             if row.error:
                 self.items.append(Explained(row.path, photo, None, error=row.error))
@@ -291,10 +395,13 @@ class ExplainGallery:
         pass
 
 
-def explain_page(items: Sequence[Explained], model: str, method: str, target: str) -> str:
+def explain_page(
+    items: Sequence[Explained], model: str, method: str, target: str, dropped: int = 0
+) -> str:
     """``tsctl explain --html``: a table of photo | heatmap of the first target | the
     explained targets with their probabilities. ``method`` and ``target`` are named at the
-    top (e.g. ``gradcam``, ``the 3 most probable classes``)."""
+    top (e.g. ``gradcam``, ``the 3 most probable classes``); ``dropped``: the photos answered
+    past the gallery's cap (``ExplainGallery.left_out``)."""
     rows = [
         '<table class="gallery"><tr><th>photo</th><th>where the model looked '
         "(first target)</th><th>targets (probability)</th></tr>"
@@ -324,6 +431,7 @@ def explain_page(items: Sequence[Explained], model: str, method: str, target: st
         + (f"; {failed} failed" if failed else "")
         + ". Heatmaps cover the centre crop "
         "the model saw; the rest is dimmed."
+        + left_out(len(items), len(items) + dropped, "photos", "tsctl explain --json")
     )
     return page("Where the model looked", summary, rows)
 
@@ -339,20 +447,14 @@ def write(path: Path, html: str) -> int:
 
 def head_page(report: dict, mistakes: Sequence[dict], thumbs: Thumbnailer) -> str:
     """``tsctl head train``: the held-out measures (per-label precision and recall, the
-    confusion table) and a thumbnail of every held-out mistake, captioned with its true label,
-    the predicted one and the head's probability. ``mistakes``: ``[{"path", "label",
-    "predicted", "probability"}, ...]``."""
-    labels = report["labels"]
-    split = report["split"]
+    confusion table) and a thumbnail of each held-out mistake, captioned with its true label,
+    the predicted one and the head's probability, within the page's caps (report.json holds
+    everything). ``mistakes``: ``[{"path", "label", "predicted", "probability"}, ...]``."""
+    labels, split = report["labels"], report["split"]
     per_label = "".join(
         f"<tr><td>{escape(label)}</td><td>{m['precision']:.3f}</td><td>{m['recall']:.3f}</td>"
         f"<td>{m['support']}</td></tr>"
-        for label, m in report["per_label"].items()
-    )
-    head = "".join(f"<th>{escape(label)}</th>" for label in labels)
-    confusion = "".join(
-        f"<tr><th>{escape(label)}</th>" + "".join(f"<td>{n}</td>" for n in row) + "</tr>"
-        for label, row in zip(labels, report["confusion"]["counts"])
+        for label, m in list(report["per_label"].items())[:MAX_TABLE_ROWS]
     )
     figures = [
         figure(
@@ -360,13 +462,12 @@ def head_page(report: dict, mistakes: Sequence[dict], thumbs: Thumbnailer) -> st
             m["path"],
             [f"true {m['label']}", f"predicted {m['predicted']} ({m['probability']:.3f})"],
         )
-        for m in mistakes
+        for m in mistakes[:MAX_PICTURES]
     ]
     sections = [
         "<section><h2>Per label (held out)</h2><table class='gallery'><tr><th>label</th>"
         f"<th>precision</th><th>recall</th><th>photos</th></tr>{per_label}</table></section>",
-        "<section><h2>Confusion (rows: true label, columns: predicted)</h2>"
-        f"<table class='gallery'><tr><th></th>{head}</tr>{confusion}</table></section>",
+        _confusion(labels, report["confusion"]),
         f"<section><h2>Mistakes ({len(mistakes)})</h2>"
         + (
             f'<div class="row">{"".join(figures)}</div>'
@@ -380,5 +481,48 @@ def head_page(report: dict, mistakes: Sequence[dict], thumbs: Thumbnailer) -> st
         f"(stratified, seed {split['seed']}); held-out accuracy "
         f"{report['held_out_accuracy']:.3f}, expected calibration error "
         f"{report['calibration']['expected_calibration_error']:.3f}."
+        + left_out(len(figures), len(mistakes), "mistakes", "report.json")
+        + left_out(min(len(labels), MAX_TABLE_ROWS), len(labels), "labels' measures", "report.json")
+        + thumbs.note()
     )
     return page("Tagger trained from your folders", summary, sections)
+
+
+def _confusion(labels: Sequence[str], confusion: dict) -> str:
+    """The confusion table's section: every label up to ``MAX_TABLE_LABELS``, else those
+    with the most held-out mistakes (as the true or the predicted label), in label order; a
+    report too large for a table (``counts`` empty: ``serveclient.head.confusion``) shows its
+    most confused pairs instead."""
+    title = "<section><h2>Confusion (rows: true label, columns: predicted)</h2>"
+    if not confusion["counts"]:
+        pairs = confusion["most_confused"][:MAX_TABLE_ROWS]
+        rows = "".join(
+            f"<tr><td>{escape(p['true'])}</td><td>{escape(p['predicted'])}</td>"
+            f"<td>{p['count']}</td></tr>"
+            for p in pairs
+        )
+        more = len(confusion["most_confused"]) - len(pairs) + confusion["most_confused_left_out"]
+        return (
+            f'{title}<p class="meta">{len(labels)} labels: too many for a table; the most '
+            f"confused pairs{f', {more} more mistaken pairs left out' if more else ''}.</p>"
+            "<table class='gallery'><tr><th>true</th><th>predicted</th><th>photos</th></tr>"
+            f"{rows}</table></section>"
+        )
+    table = np.asarray(confusion["counts"], np.int64).reshape(len(labels), len(labels))
+    shown = list(range(len(labels)))
+    note = ""
+    if len(labels) > MAX_TABLE_LABELS:
+        wrong = table.sum(0) + table.sum(1) - 2 * np.diag(table)
+        shown = sorted(np.argsort(-wrong, kind="stable")[:MAX_TABLE_LABELS].tolist())
+        note = (
+            f'<p class="meta">{MAX_TABLE_LABELS} of {len(labels)} labels: those with the most '
+            "mistakes; report.json holds the whole table.</p>"
+        )
+    head = "".join(f"<th>{escape(labels[i])}</th>" for i in shown)
+    rows = "".join(
+        f"<tr><th>{escape(labels[i])}</th>"
+        + "".join(f"<td>{table[i, j]}</td>" for j in shown)
+        + "</tr>"
+        for i in shown
+    )
+    return f"{title}{note}<table class='gallery'><tr><th></th>{head}</tr>{rows}</table></section>"

@@ -12,16 +12,23 @@ changed index is read again; a folder that cannot be written is searched from th
 groups of vectors at least ``threshold`` apart by cosine, O(n^2): fine up to some 100,000
 vectors on a laptop; beyond, or for many queries a second, move to a vector index (FAISS,
 or a vector database), which trades exactness for sub-linear search.
+
+Bounds, whatever answers (this scan, the FAISS index, Milvus): ``k`` from 1 to ``MAX_K``; a
+``threshold`` above 0 and at most 1; ``group`` stops at ``MAX_PAIRS`` pairs (or the caller's
+``most``) and says so, so a low threshold over a large collection (every pair of post-ReLU
+embeddings has a positive cosine) costs that many pairs of memory, not n^2.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 import logging
 import os
 import uuid
 from collections.abc import Container, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +39,10 @@ from serveclient.errors import UsageError
 from serveclient.vectors import EMBEDDING_DIM, OK, batches
 
 CHUNK_ROWS = 16384
+BLOCK_ROWS = 2048  # duplicates: rows of a chunk scored at once (2048 x 16384 float32, 128 MB)
+MAX_K = 1000  # neighbours a query may ask for
+MAX_PAIRS = 100_000  # pairs ``duplicates`` groups at most, unless told (--max-pairs)
+MOST_PAIRS = 1_000_000  # the most --max-pairs may ask for (some 300 MB of pairs and groups)
 log = logging.getLogger("serveclient.search")
 
 
@@ -176,28 +187,57 @@ def nearest(
     return found
 
 
-def duplicates(index: Path | str, threshold: float = 0.97, rows: int = CHUNK_ROWS) -> list[dict]:
+@dataclass(frozen=True)
+class Grouped:
+    """Groups of near-duplicates and what they were made of: ``pairs`` pairs, all there were
+    (``complete``) or the first ``pairs`` found, the search stopped there (``most``)."""
+
+    groups: list[dict]
+    pairs: int
+    complete: bool
+
+    @property
+    def note(self) -> str:
+        """What a search stopped at its cap means (" ..."), or "" when it was not."""
+        if self.complete:
+            return ""
+        return (
+            f" The search stopped at {self.pairs:,} pairs (--max-pairs): the groups hold only "
+            "the pairs found first; raise --threshold, or --max-pairs."
+        )
+
+
+def duplicates(
+    index: Path | str, threshold: float = 0.97, most: int = MAX_PAIRS, rows: int = CHUNK_ROWS
+) -> Grouped:
     """Groups of near-duplicates: files linked by a chain of pairs with cosine >=
-    ``threshold``, largest group first (see ``group``). Every chunk is compared with itself
-    and every later chunk: memory two chunks, time quadratic."""
-    found: list[tuple[int, int, float]] = []
+    ``threshold``, largest group first (see ``group``), of the first ``most`` pairs found.
+    Every chunk is compared with itself and every later chunk, ``BLOCK_ROWS`` rows at a time:
+    memory two chunks, one block's scores and the pairs; time quadratic."""
+    found = list(itertools.islice(_pairs(index, threshold, rows), most + 1))
+    names = _paths_at(index, {i for pair in found for i in pair[:2]})
+    return group(((names[i], names[j], score) for i, j, score in found), most)
+
+
+def _pairs(index: Path | str, threshold: float, rows: int) -> Iterator[tuple[int, int, float]]:
+    """(row, later row, cosine) of every pair at cosine >= ``threshold``, a row at a time."""
     for offset_a, a in unit_chunks(index, rows):
         for offset_b, b in unit_chunks(index, rows):
             if offset_b + len(b) <= offset_a:
                 continue
-            scores = a @ b.T
-            for i, j in np.argwhere(scores >= threshold):
-                gi, gj = offset_a + int(i), offset_b + int(j)
-                if gj > gi:
-                    found.append((gi, gj, float(scores[i, j])))
-    names = _paths_at(index, {i for pair in found for i in pair[:2]})
-    return group((names[i], names[j], score) for i, j, score in found)
+            for start in range(0, len(a), BLOCK_ROWS):
+                scores = a[start : start + BLOCK_ROWS] @ b.T
+                for i, row in enumerate(scores):
+                    gi = offset_a + start + i
+                    for j in np.flatnonzero(row >= threshold).tolist():
+                        if offset_b + j > gi:
+                            yield gi, offset_b + j, float(row[j])
 
 
-def group(pairs: Iterable[tuple[str, str, float]]) -> list[dict]:
-    """Files linked by a chain of ``pairs`` (a, b, cosine), largest group first, each
-    ``{"paths": [...], "min_score": s}``: paths sorted, s the lowest score of a pair that
-    joined it."""
+def group(pairs: Iterable[tuple[str, str, float]], most: int = MAX_PAIRS) -> Grouped:
+    """Files linked by a chain of the first ``most`` of ``pairs`` (a, b, cosine), largest
+    group first, each ``{"paths": [...], "min_score": s}``: paths sorted, s the lowest score
+    of a pair that joined it. A pair past ``most`` stops the search (``complete`` False)."""
     parent: dict[str, str] = {}
     low: dict[str, float] = {}
 
@@ -208,19 +248,24 @@ def group(pairs: Iterable[tuple[str, str, float]]) -> list[dict]:
             i = parent[i]
         return i
 
-    for a, b, score in pairs:
+    found, taken, complete = iter(pairs), 0, True
+    for a, b, score in found:
+        if taken == most:
+            complete = False
+            break
+        taken += 1
         ra, rb = root(a), root(b)
         merged = min(low.get(ra, 1.0), low.get(rb, 1.0), score)
         if ra != rb:
             parent[rb] = ra
         low[ra] = merged
+    getattr(found, "close", lambda: None)()  # a generator's search ends here
     members: dict[str, list[str]] = {}
     for i in list(parent):
         members.setdefault(root(i), []).append(i)
-    groups = [
-        {"paths": sorted(group), "min_score": round(low[r], 6)} for r, group in members.items()
-    ]
-    return sorted(groups, key=lambda g: (-len(g["paths"]), g["paths"][0]))
+    groups = sorted((sorted(group), round(low[r], 6)) for r, group in members.items())
+    groups.sort(key=lambda g: -len(g[0]))  # stable: largest first, then by first path
+    return Grouped([{"paths": p, "min_score": s} for p, s in groups], taken, complete)
 
 
 def _paths_at(index: Path | str, wanted: set[int]) -> dict[int, str]:

@@ -1,25 +1,35 @@
 """The Parquet files of a collection job: their schema, the parts written while it runs, what
 is already done, and the merged output.
 
-One row per file: ``path``, ``size``, ``mtime`` (UTC timestamp, ns), ``sha256`` (hex of the
-bytes sent), ``status`` (``ok`` or ``error``), ``error`` (the server's or the reader's
-message), ``precision`` (the arithmetic that computed the row, from the answer's
+One row per file: ``path``, ``path_bytes``, ``size``, ``mtime`` (UTC timestamp, ns),
+``sha256`` (hex of the bytes sent), ``status`` (``ok`` or ``error``), ``error`` (the server's or
+the reader's message), ``precision`` (the arithmetic that computed the row, from the answer's
 ``X-Precision`` header: replicas measuring ``auto`` on different nodes may differ; null for a
 failed file or a server that does not say), ``cached`` (whether the server's content cache
 answered it: TorchServe's ``X-Cache-Hits``, Triton's ``cached`` output; false when the cache is
 off; null for a failed file, or where TorchServe counted some but not all of a request's images
 as hits without naming them), and the answer: ``embedding``
 (``fixed_size_list<float32>[2048]``) or ``tags`` (``list<struct<label: string, index: int32,
-probability: float32>>``), null when the file failed. The file's key-value metadata ``serveclient``
+probability: float32>>``), null when the file failed. The file's key-value metadata ``tsclient``
 holds JSON naming the model, its version, precision, backend and weights fingerprint (from the
 describe answer) and the schema version.
 pandas, polars and DuckDB read the files as they are.
 
+Paths: ``path`` is always a UTF-8 string (absolute, as ``serveclient.collection`` walks it). A
+file name the operating system gives as bytes that are not UTF-8 keeps its exact bytes in
+``path_bytes`` (binary; null for every other row), and ``path`` then writes each byte that is
+not UTF-8 as ``\\xNN``: the file is still embedded, and ``os.fsdecode(path_bytes)`` opens it.
+Rows are told apart by those bytes, never by the text alone (``path_key``).
+
 Safety: rows are written as parts (``OUT.parts/part-NNNNNN.parquet``), each to a temporary name
 then ``os.replace``d, so a process killed at any moment leaves only whole parts (and a stray
-temporary, removed on the next run). ``merge`` streams the previous output and the parts into
-a temporary file, replaces the output, then removes the parts; a kill anywhere in between
-leaves rows in both places, and the next merge keeps the newest row per path.
+temporary, removed on the next run). A row that cannot be stored becomes an ``error`` row saying
+why, so one bad value never loses its part; a part that cannot be written (a full disk) raises
+``OutputError`` once, the parts before it kept. ``merge`` streams the previous output and the
+parts into a temporary file, replaces the output, then removes the parts; a kill anywhere in
+between leaves rows in both places, and the next merge keeps the newest row per path. Given the
+paths a complete walk found, ``merge`` also drops the rows of every other path (a file moved,
+deleted, or under a folder no longer named), so the output is exactly the collection.
 """
 
 from __future__ import annotations
@@ -37,16 +47,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from serveclient.errors import UsageError
+from serveclient.errors import TsError, UsageError
 
 EMBEDDING_DIM = 2048  # ResNet50's pooled layer4
-# 2: the precision column, 3: cached (files of older versions merge with them as null)
-SCHEMA_VERSION = 3
+# 2: the precision column, 3: cached, 4: path_bytes (older files merge with them as null)
+SCHEMA_VERSION = 4
 META_KEY = b"tsclient"  # the Parquet metadata key: a file format, kept across the rename
 OK, ERROR = "ok", "error"
 TAG = pa.struct([("label", pa.string()), ("index", pa.int32()), ("probability", pa.float32())])
 COLUMNS = [
     ("path", pa.string()),
+    ("path_bytes", pa.binary()),
     ("size", pa.int64()),
     ("mtime", pa.timestamp("ns", tz="UTC")),
     ("sha256", pa.string()),
@@ -59,6 +70,30 @@ ANSWERS = {"embedding": pa.list_(pa.float32(), EMBEDDING_DIM), "tags": pa.list_(
 # Metadata that must agree between a run and the rows it resumes.
 IDENTITY = ("task", "model", "model_version", "weights_sha256")
 READ_ROWS = 8192  # rows per record batch when streaming a file
+
+
+class OutputError(TsError):
+    """A part or the merged output could not be written (a full disk, a folder not writable):
+    what was written before stays, and a rerun resumes from it."""
+
+
+def stored_path(path: str) -> tuple[str, bytes | None]:
+    """How ``path`` (a name as the operating system gave it: ``os.fsdecode``'s surrogates for
+    bytes that are not UTF-8) is stored: its ``path`` text, and its exact bytes for
+    ``path_bytes`` when they are not UTF-8 (else None)."""
+    raw = path_key(path)
+    try:
+        return raw.decode("utf-8"), None
+    except UnicodeDecodeError:
+        return raw.decode("utf-8", "backslashreplace"), raw
+
+
+def path_key(path: str) -> bytes:
+    """The bytes that name ``path``: what rows are matched on (resume, merge, the walk)."""
+    try:
+        return os.fsencode(path)
+    except UnicodeEncodeError:  # a lone surrogate no file system gave: kept, byte for byte
+        return path.encode("utf-8", "surrogatepass")
 
 
 def schema(task: str, meta: dict | None = None) -> pa.Schema:
@@ -77,6 +112,7 @@ def embedding_rows(paths: list[str], matrix: np.ndarray, size: int = 1) -> pa.Ta
     return pa.table(
         {
             "path": paths,
+            "path_bytes": [None] * n,
             "size": [size] * n,
             "mtime": pa.array([0] * n, pa.timestamp("ns", tz="UTC")),
             "sha256": [None] * n,
@@ -112,8 +148,10 @@ class Row:
     cached: bool | None = False  # answered from the server's content cache
 
     def record(self, task: str) -> dict:
+        text, raw = stored_path(self.path)
         return {
-            "path": self.path,
+            "path": text,
+            "path_bytes": raw,
             "size": self.size,
             "mtime": self.mtime_ns,
             "sha256": self.sha256,
@@ -177,25 +215,56 @@ class Output:
                     stray.unlink(missing_ok=True)
 
     def write_part(self, rows: list[Row]) -> Path:
-        """Write ``rows`` as the next part, atomically."""
-        self.parts.mkdir(parents=True, exist_ok=True)
-        numbers = [int(p.stem.split("-")[1]) for p in self.parts.glob("part-*.parquet")]
-        final = self.parts / f"part-{max(numbers, default=-1) + 1:06d}.parquet"
-        table = pa.Table.from_pylist([r.record(self.task) for r in rows], schema=self.schema)
-        _atomic_write(final, lambda tmp: pq.write_table(table, tmp, **_options(self.task)))
+        """Write ``rows`` as the next part, atomically; ``OutputError`` when it cannot be."""
+        table = self._table(rows)
+        try:
+            self.parts.mkdir(parents=True, exist_ok=True)
+            numbers = [int(p.stem.split("-")[1]) for p in self.parts.glob("part-*.parquet")]
+            final = self.parts / f"part-{max(numbers, default=-1) + 1:06d}.parquet"
+            _atomic_write(final, lambda tmp: pq.write_table(table, tmp, **_options(self.task)))
+        except OSError as exc:
+            raise _unwritable(self.parts, exc, "the parts written before it are kept") from exc
         return final
 
-    def merge(self) -> Path:
+    def _table(self, rows: list[Row]) -> pa.Table:
+        """``rows`` as a table; a row whose values Parquet cannot hold (text that is not
+        Unicode from a server, a value of the wrong type) becomes an error row saying so."""
+        try:
+            return pa.Table.from_pylist([r.record(self.task) for r in rows], schema=self.schema)
+        except (pa.ArrowException, UnicodeError, TypeError, ValueError):
+            pass
+        records = []
+        for row in rows:
+            record = row.record(self.task)
+            try:
+                pa.Table.from_pylist([record], schema=self.schema)
+            except (pa.ArrowException, UnicodeError, TypeError, ValueError) as exc:
+                why = f"{type(exc).__name__}: {exc}".encode("utf-8", "backslashreplace").decode()
+                bad = Row(row.path, row.size, row.mtime_ns, row.sha256, f"cannot be stored: {why}")
+                record = bad.record(self.task)
+            records.append(record)
+        return pa.Table.from_pylist(records, schema=self.schema)
+
+    def merge(self, walked: np.ndarray | None = None) -> int:
         """Stream the previous output and the parts into one file (the newest row per path,
-        each path once), replace ``out`` with it, remove the parts."""
+        each path once), replace ``out`` with it, remove the parts. ``walked``: the
+        ``path_hash`` of every path a complete walk found; the rows of other paths are dropped.
+        Returns how many were (0 without ``walked``); ``OutputError`` when ``out`` cannot be
+        written (the parts are then kept, and a rerun merges them)."""
+        try:
+            return self._merge(walked)
+        except OSError as exc:
+            raise _unwritable(self.out, exc, "the parts are kept: a rerun merges them") from exc
+
+    def _merge(self, walked: np.ndarray | None) -> int:
         files = self.existing()
         if not files:
             _atomic_write(
                 self.out,
                 lambda tmp: pq.write_table(self.schema.empty_table(), tmp, **_options(self.task)),
             )
-            return self.out
-        keep = _newest(files)
+            return 0
+        keep, gone = _newest(files, walked)
 
         def write(tmp: Path) -> None:
             with pq.ParquetWriter(tmp, self.schema, **_options(self.task)) as writer:
@@ -214,7 +283,14 @@ class Output:
             path.unlink()
         if self.parts.is_dir() and not any(self.parts.iterdir()):
             self.parts.rmdir()
-        return self.out
+        return gone
+
+
+def _unwritable(where: Path, exc: OSError, kept: str) -> OutputError:
+    return OutputError(
+        f"cannot write {where}: {exc.strerror or exc}",
+        f"free space or make the folder writable, then rerun the same command ({kept})",
+    )
 
 
 def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -232,6 +308,7 @@ def _options(task: str) -> dict:
             "embedding": "NONE",
             "tags": "ZSTD",
             "path": "ZSTD",
+            "path_bytes": "ZSTD",
             "error": "ZSTD",
             "sha256": "ZSTD",
             "status": "ZSTD",
@@ -255,9 +332,20 @@ def _atomic_write(final: Path, write) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def _stored_keys(batch: pa.RecordBatch | pa.Table) -> list[bytes]:
+    """Each row's ``path_key``: its ``path_bytes``, else its ``path`` (files of schema 3 and
+    before have no ``path_bytes``)."""
+    names = batch.column("path").to_pylist()
+    if "path_bytes" not in batch.schema.names:
+        return [name.encode() for name in names]
+    raw = batch.column("path_bytes").to_pylist()
+    return [r if r is not None else name.encode() for name, r in zip(names, raw)]
+
+
 def _path_hashes(path: Path) -> np.ndarray:
-    column = pq.read_table(path, columns=["path"]).column("path").to_pylist()
-    return np.fromiter((_hash(p) for p in column), dtype=np.uint64, count=len(column))
+    columns = [c for c in ("path", "path_bytes") if c in pq.read_schema(path).names]
+    keys = _stored_keys(pq.read_table(path, columns=columns))
+    return np.fromiter((_hash(k) for k in keys), dtype=np.uint64, count=len(keys))
 
 
 def _last_of_each(hashes: np.ndarray) -> np.ndarray:
@@ -268,11 +356,18 @@ def _last_of_each(hashes: np.ndarray) -> np.ndarray:
     return keep
 
 
-def _newest(files: list[Path]) -> list[np.ndarray]:
-    """Per file, a mask of its rows that are the newest row of their path (16 bytes a row)."""
+def _newest(files: list[Path], walked: np.ndarray | None) -> tuple[list[np.ndarray], int]:
+    """Per file, a mask of its rows that are the newest row of their path and (with
+    ``walked``) in it (16 bytes a row); and how many newest rows ``walked`` left out."""
     hashes = [_path_hashes(path) for path in files]
-    keep = _last_of_each(np.concatenate(hashes))
-    return np.split(keep, np.cumsum([len(h) for h in hashes])[:-1])
+    every = np.concatenate(hashes)
+    keep = _last_of_each(every)
+    gone = 0
+    if walked is not None:
+        found = np.isin(every, walked)
+        gone = int(np.count_nonzero(keep & ~found))
+        keep &= found
+    return np.split(keep, np.cumsum([len(h) for h in hashes])[:-1]), gone
 
 
 class DoneIndex:
@@ -292,11 +387,13 @@ class DoneIndex:
     @classmethod
     def read(cls, files: list[Path], with_sha256: bool = False) -> DoneIndex:
         paths, keys, ok, sha = [], [], [], []
-        columns = ["path", "size", "mtime", "status"] + (["sha256"] if with_sha256 else [])
         for path in files:
+            wanted = ["path", "path_bytes", "size", "mtime", "status"]
+            wanted += ["sha256"] if with_sha256 else []
+            columns = [c for c in wanted if c in pq.read_schema(path).names]
             for batch in pq.ParquetFile(path).iter_batches(READ_ROWS * 8, columns=columns):
                 # Column by column: to_pydict would also build a datetime per mtime.
-                names = batch.column("path").to_pylist()
+                names = _stored_keys(batch)
                 sizes = batch.column("size").to_pylist()
                 mtimes = batch.column("mtime").cast(pa.int64()).to_pylist()
                 paths.append(np.fromiter((_hash(p) for p in names), np.uint64))
@@ -324,13 +421,13 @@ class DoneIndex:
         return len(self.keys)
 
     def holds(self, path: str, size: int | None, mtime_ns: int | None) -> bool:
-        return _found(self.keys, _key(path, size, mtime_ns))
+        return _found(self.keys, _key(path_key(path), size, mtime_ns))
 
     def sha256_of(self, path: str) -> str | None:
         """The sha256 of ``path``'s ok row (only with ``with_sha256``)."""
         if self.paths is None or self.sha is None:  # both or neither: with_sha256
             return None
-        key = np.uint64(_hash(path))
+        key = np.uint64(path_hash(path))
         at = int(np.searchsorted(self.paths, key))
         if at < len(self.paths) and self.paths[at] == key:
             return self.sha[at].decode()
@@ -342,14 +439,17 @@ def _found(sorted_keys: np.ndarray, key: int) -> bool:
     return at < len(sorted_keys) and int(sorted_keys[at]) == key
 
 
-def _key(path: str, size: int | None, mtime_ns: int | None) -> int:
-    return _hash(f"{path}\0{size}\0{mtime_ns}")
+def _key(raw: bytes, size: int | None, mtime_ns: int | None) -> int:
+    return _hash(raw + f"\0{size}\0{mtime_ns}".encode())
 
 
-def _hash(text: str) -> int:
-    return int.from_bytes(
-        hashlib.blake2b(text.encode("utf-8", "surrogateescape"), digest_size=8).digest(), "big"
-    )
+def path_hash(path: str) -> int:
+    """A path's 64-bit hash, as the resume index and ``merge(walked=...)`` keep it."""
+    return _hash(path_key(path))
+
+
+def _hash(raw: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "big")
 
 
 # ---------------------------------------------------------------------- reading vectors

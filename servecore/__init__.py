@@ -34,7 +34,11 @@ The edges and the rest:
     tensoroutput.py the tensor edge's way out: named output arrays, Triton's error codes
     tensoredge.py  the tensor edge as one object (decode, encode), as httpedge.py's HttpEdge
     crops.py       the ``crops`` input ([n, 224, 224, 3] uint8)
-    gpudecode.py   JPEGs decoded and cropped on the worker's GPU (nvJPEG), batched
+    gpudecode.py   JPEGs decoded and cropped on the worker's GPU, batched (torchvision's
+                   nvJPEG); nvimgdecode.py: nvImageCodec's (hardware JPEG engines, region
+                   decoding); gpuchoice.py: which of them a worker takes, chosen at start
+    overlap.py     a GPU worker's batch in parts: each part's forward queued before the next
+                   part is decoded, the answers copied back once
     priority.py    a request's priority class and deadline; lanes.py: the bulk lane's CPU policy
     restarts.py    how often a worker was started again in its slot
     host.py        what CPU this is, and how many cores this process may use

@@ -330,12 +330,17 @@ def serving_backend(
 ) -> tuple[Backend, Choice]:
     """The backend a worker of ``model`` (its name and version) serves and the choice behind
     it, from the handler's settings
-    (precision, half_precision, threads, onnx_spinning, auto_int8, precision_cache).
+    (precision, half_precision, threads, onnx_spinning, auto_int8, precision_cache, cuda_graphs:
+    an eager GPU candidate is timed as it serves, replayed from its graphs).
     ``half_precision`` on an eager CUDA worker is an explicit f16. ``auto`` with a single
     candidate is measured on OpenVINO only, whose warm-up it times."""
     kind = files.backend
     options = RuntimeOptions(
-        config.threads, config.onnx_spinning, config.half_precision, max(batch_sizes)
+        config.threads,
+        config.onnx_spinning,
+        config.half_precision,
+        max(batch_sizes),
+        config.cuda_graphs and device.type == "cuda",
     )
     candidates = precision_candidates(
         kind, files.folder, files.serialized, device, options, config.auto_int8
@@ -350,6 +355,7 @@ def serving_backend(
         "threads": config.threads,
         "device": device.type,
         "candidates": list(loaders),
+        **({"cuda_graphs": options.graphs} if options.graphs else {}),
     }
     store = ChoiceStore(files.folder, cache_file(config.precision_cache), archive, model)
     precision = config.precision

@@ -14,13 +14,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from model_files.artifacts import QUANTIZED, SERIALIZED, fidelity_record, is_quantised
+from model_files.recipe import ROW
 from servecore.precision import Candidate, failures
 from servecore.runtime import Backend
 
@@ -41,12 +44,14 @@ class RuntimeOptions:
     ``threads`` (0: the runtime's default), ONNX Runtime's ``spin`` (busy-waiting threads) and
     ``half`` (float16, eager on CUDA only: ``handler.half_precision``); ``max_rows``: the
     largest batch the worker runs (eager on CUDA pads every batch up to one of
-    ``padded_sizes(max_rows)``; 0: no padding)."""
+    ``padded_sizes(max_rows)``; 0: no padding); ``graphs``: eager on CUDA replays each of those
+    sizes as a CUDA graph (``handler.cuda_graphs``)."""
 
     threads: int = 0
     spin: bool = False
     half: bool = False
     max_rows: int = 0
+    graphs: bool = False
 
 
 def padded_sizes(max_rows: int) -> tuple[int, ...]:
@@ -122,7 +127,7 @@ def load_backend(
     if kind == "onnx":
         return _onnx(path, device, options)
     dtype = torch.float16 if options.half else torch.float32
-    return _torch(kind, path, device, dtype, options.max_rows)
+    return _torch(kind, path, device, dtype, options)
 
 
 def precision_candidates(
@@ -169,8 +174,7 @@ def precision_candidates(
     path = folder / serialized
     if kind == "onnx":
         return [Candidate("f32", load=partial(_onnx, path, device, options))]
-    rows = options.max_rows
-    candidates.append(Candidate("f32", load=partial(_torch, kind, path, device, max_rows=rows)))
+    candidates.append(Candidate("f32", load=partial(_torch, kind, path, device, options=options)))
     if device.type != "cuda":
         return candidates
     for name, dtype in _GPU_HALVES.items():
@@ -180,7 +184,7 @@ def precision_candidates(
             why = f"{torch.cuda.get_device_name(device)} has no bf16 support"
         else:
             candidates.append(
-                Candidate(name, load=partial(_torch, kind, path, device, dtype, rows))
+                Candidate(name, load=partial(_torch, kind, path, device, dtype, options))
             )
             continue
         candidates.append(Candidate(name, excluded=why))
@@ -210,7 +214,7 @@ def _torch(
     path: Path,
     device: torch.device,
     dtype: torch.dtype = torch.float32,
-    max_rows: int = 0,
+    options: RuntimeOptions = RuntimeOptions(),
 ) -> Backend:
     """Eager PyTorch (the checkpoint, as ``ServedResNet50``) or TorchScript (exported with the
     normalisation in it). ``dtype``: eager on CUDA only (a frozen TorchScript module holds its
@@ -218,62 +222,142 @@ def _torch(
 
     On a GPU, eager runs channels_last with cuDNN's autotuner on (a batch size's fastest
     convolutions are found on its first call), every batch padded up to one of
-    ``padded_sizes(max_rows)``, each autotuned here, at load; the uint8 batch goes over from a
-    page-locked staging buffer."""
+    ``padded_sizes(options.max_rows)``, each autotuned here, at load, then with
+    ``options.graphs`` captured as a CUDA graph each (``CudaGraphs``); its ``start`` leaves the
+    outputs on the device. A CPU batch goes over from page-locked memory (the copy is
+    asynchronous; torch's page-locked allocator reuses a buffer only once its copy is done)."""
     on_gpu = device.type == "cuda"
     if kind == "torchscript":
         module = torch.jit.load(str(path), map_location=device).eval()
     else:
-        from model_files.recipe import CROP
         from model_files.resnet_dual import build_served
 
         module = build_served(torch.load(path, map_location="cpu", weights_only=True)).to(device)
-    if not (on_gpu and kind == "eager"):
+    eager_gpu = on_gpu and kind == "eager"
+    if not eager_gpu:
         dtype = torch.float32
     module = module.to(dtype)
-    if on_gpu and kind == "eager":
+    if eager_gpu:
         torch.backends.cudnn.benchmark = True
         module = module.to(memory_format=torch.channels_last)
         module.channels_last = True
-    staging = _PinnedStaging() if on_gpu else None
-    sizes = padded_sizes(max_rows) if on_gpu and kind == "eager" else ()
+    sizes = padded_sizes(options.max_rows) if eager_gpu else ()
 
-    def forward(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = len(batch)
+        padding = padded_rows(rows, sizes) - rows
+        if padding:  # rows of zeros: each row's answer is its own (eval mode)
+            batch = torch.cat([batch, batch.new_zeros((padding, *batch.shape[1:]))])
+        embedding, logits = module(batch)
+        return embedding[:rows], logits[:rows]
+
+    with torch.inference_mode():
+        for size in sizes:  # cuDNN's autotuning of every size the worker will run, now
+            run(torch.zeros(size, *ROW, dtype=torch.uint8, device=device))
+    graphs, replayed = None, ""
+    if eager_gpu:
+        graphs, replayed = (
+            CudaGraphs.capture(module, sizes, device)
+            if options.graphs
+            else (None, "off (handler.cuda_graphs: false)")
+        )
+    launch = graphs or run
+
+    def start(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.inference_mode():
             if batch.device != device:
-                batch = (staging(batch) if staging else batch).to(device, non_blocking=True)
-            rows = len(batch)
-            padding = padded_rows(rows, sizes) - rows
-            if padding:  # rows of zeros: each row's answer is its own (eval mode)
-                batch = torch.cat([batch, batch.new_zeros((padding, *batch.shape[1:]))])
-            embedding, logits = module(batch)
-            return embedding[:rows].float().cpu(), logits[:rows].float().cpu()
+                batch = batch.pin_memory().to(device, non_blocking=True)
+            return launch(batch)
 
-    for size in sizes:  # cuDNN's autotuning of every size the worker will run, now
-        forward(torch.zeros(size, 3, CROP, CROP, dtype=torch.uint8))
-    return Backend(kind, _PRECISION_OF[dtype], path.name, str(device), forward)
+    def forward(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if not on_gpu:
+            with torch.inference_mode():
+                return run(batch)
+        embedding, logits = start(batch)
+        return embedding.float().cpu(), logits.float().cpu()
+
+    return Backend(
+        kind,
+        _PRECISION_OF[dtype],
+        path.name,
+        str(device),
+        forward,
+        start=start if eager_gpu else None,
+        graphs=replayed,
+    )
 
 
-class _PinnedStaging:
-    """One page-locked buffer, grown to the largest batch seen: a host-to-GPU copy from it is
-    asynchronous and runs at the bus's speed (from pageable memory the driver stages it
-    through its own buffer first). Reusing it is safe because each forward ends by copying its
-    outputs back, which waits for the copy in."""
+Graph = tuple[Any, torch.Tensor, tuple[torch.Tensor, ...]]  # CUDAGraph, static input, outputs
 
-    def __init__(self) -> None:
-        self.buffer: torch.Tensor | None = None
 
-    def __call__(self, batch: torch.Tensor) -> torch.Tensor:
-        if (
-            self.buffer is None
-            or self.buffer.dtype != batch.dtype
-            or self.buffer.shape[1:] != batch.shape[1:]
-            or len(self.buffer) < len(batch)
-        ):
-            self.buffer = torch.empty(batch.shape, dtype=batch.dtype, pin_memory=True)
-        rows = self.buffer[: len(batch)]
-        rows.copy_(batch)
-        return rows
+class CudaGraphs:
+    """The served module replayed as one CUDA graph per padded batch size: a batch is copied
+    into its size's static input, the graph replayed, its rows of the static outputs copied out
+    (the next replay of that size overwrites them). One replay stands for the hundreds of
+    kernels the eager forward launches from Python, each some microseconds of the worker's CPU.
+    The graphs share one memory pool, captured largest first; a batch larger than every size
+    runs eagerly. No GPU has run this yet: tests/test_gpu_choices.py drives it with a stand-in
+    for ``torch.cuda``'s graph calls."""
+
+    def __init__(self, module: Callable, graphs: dict[int, Graph]) -> None:
+        self.module = module
+        self.graphs = graphs
+
+    @classmethod
+    def capture(
+        cls, module: Callable, sizes: tuple[int, ...], device: torch.device, cuda=torch.cuda
+    ) -> tuple[CudaGraphs | None, str]:
+        """The graphs of ``sizes`` (each warmed up on the capture stream first, as capture
+        needs) and what describe reports of them: their sizes, or (None, why) when a capture
+        fails or a replay answers otherwise than the eager forward (the worker then runs
+        eagerly, logged). ``cuda``: ``torch.cuda`` unless a test stands in for it."""
+        try:
+            graphs: dict[int, Graph] = {}
+            pool = cuda.graph_pool_handle()
+            stream = cuda.Stream(device)
+            with torch.inference_mode():
+                for size in sorted(sizes, reverse=True):
+                    static = torch.zeros(size, *ROW, dtype=torch.uint8, device=device)
+                    stream.wait_stream(cuda.current_stream(device))
+                    with cuda.stream(stream):
+                        module(static)
+                    cuda.current_stream(device).wait_stream(stream)
+                    graph = cuda.CUDAGraph()
+                    with cuda.graph(graph, pool=pool, stream=stream):
+                        outputs = module(static)
+                    graphs[size] = (graph, static, tuple(outputs))
+                replayed = cls(module, graphs)
+                replayed.check(min(sizes), device)
+        except Exception as error:  # noqa: BLE001 - any failure to capture: eager instead
+            logger.warning("CUDA graphs: capture failed, running eagerly: %s", error)
+            return None, f"off (capture failed: {type(error).__name__}: {str(error)[:200]})"
+        return replayed, ", ".join(map(str, sorted(graphs)))
+
+    def __call__(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = len(batch)
+        size = next((s for s in sorted(self.graphs) if s >= rows), None)
+        with torch.inference_mode():  # the static tensors were made under it
+            if size is None:
+                embedding, logits = self.module(batch)
+                return embedding, logits
+            graph, static, (embedding, logits) = self.graphs[size]
+            static[:rows].copy_(batch)
+            graph.replay()
+            return embedding[:rows].clone(), logits[:rows].clone()
+
+    def check(self, size: int, device: torch.device) -> None:
+        """A replay of ``size`` rows of seeded noise answers as the eager forward, else raises."""
+        generator = torch.Generator().manual_seed(0)
+        probe = torch.randint(0, 256, (size, *ROW), dtype=torch.uint8, generator=generator)
+        probe = probe.to(device)
+        replayed = [t.float() for t in self(probe)]
+        eager = [t.float() for t in self.module(probe)]
+        for got, expected in zip(replayed, eager, strict=True):
+            if not torch.allclose(got, expected, rtol=1e-3, atol=1e-3):
+                raise RuntimeError(
+                    f"a replay of {size} rows differs from the eager forward by up to "
+                    f"{float((got - expected).abs().max()):.3g}"
+                )
 
 
 def _openvino(path: Path, threads: int, precision: str, warmup: tuple[int, ...]) -> Backend:

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from model_files.artifacts import PRECISIONS
 
 DEVICES = ("auto", "cpu", "cuda")
-GPU_DECODE = ("auto", "off")
+GPU_DECODE = ("auto", "nvimgcodec", "nvjpeg", "off")
 # What TorchServe and Triton accept as a model name (a bulk lane is registered under one).
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 EXPLAIN_METHODS = ("gradcam", "ig", "occlusion")  # computed in servecore/explain/compute.py
@@ -146,11 +146,28 @@ class HandlerConfig:
     )
     gpu_decode: str = setting(
         "auto",
-        "`auto` decodes JPEGs on a CUDA worker's GPU (batched nvJPEG, resize and crop there); "
-        "PNG, WebP, progressive or CMYK JPEGs and any image nvJPEG refuses take the CPU path, "
-        "alone; `off`: every image on the CPU; ignored on a CPU worker "
+        "JPEGs on a CUDA worker's GPU, decoded there in one batched call, resized and cropped "
+        "there: `auto` takes the first that works of nvImageCodec (its hardware JPEG engines "
+        "where the GPU has them; `requirements-gpu.txt`), torchvision's nvJPEG, the CPU; "
+        "`nvimgcodec` or `nvjpeg` starts that list there; `off`: every image on the CPU. What "
+        "was chosen and why: describe's `gpu`. PNG, WebP, progressive or CMYK JPEGs and any "
+        "image the GPU refuses take the CPU path, alone; ignored on a CPU worker "
         "([backends.md](backends.md#decoding-on-the-gpu))",
         choices=GPU_DECODE,
+    )
+    gpu_overlap_chunks: int = setting(
+        2,
+        "a CUDA worker decodes a batch in this many parts, each part's forward queued on the "
+        "GPU before the next part is decoded (on a stream of its own), the answers copied back "
+        "once; 1 = off: the whole batch decoded, then run ([backends.md](backends.md#overlap-"
+        "and-cuda-graphs-on-the-gpu)); ignored on a CPU worker",
+        bounds=(1, 16),
+    )
+    cuda_graphs: bool = setting(
+        True,
+        "an eager CUDA worker captures one CUDA graph of the forward per padded batch size "
+        "when it loads and replays it (no kernel launches from Python); a capture that fails "
+        "is logged and that worker runs eagerly (describe's `gpu`); ignored on a CPU worker",
     )
     onnx_spinning: bool = setting(
         False,

@@ -1,5 +1,8 @@
-"""JPEG bytes -> the served input's uint8 crops on the worker's GPU: batched nvJPEG
-(``torchvision.io.decode_jpeg`` on CUDA), then the weights' resize and centre crop there.
+"""JPEG bytes -> the served input's uint8 crops on the worker's GPU: one batched decode, then
+the weights' resize and centre crop there. The decoder is chosen once, when the worker starts
+(``servecore.gpuchoice``), the first that works of: nvImageCodec (``servecore.nvimgdecode``:
+the GPU's hardware JPEG engines where it has them, region decoding), torchvision's nvJPEG
+(``torchvision.io.decode_jpeg`` on CUDA: ``DeviceDecoder`` here), the CPU path.
 
 Only a JPEG that nvJPEG decodes as PIL does is sent (``accepts``, read from the header PIL
 already parsed: baseline JPEG/MPO in RGB or grayscale, complete, its EXIF orientation
@@ -13,10 +16,12 @@ uint8 resize PIL's path runs, measured on CPU): answers stay within the fidelity
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 from PIL import ExifTags, Image
@@ -39,7 +44,9 @@ _ORIENT: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {
     7: lambda t: t.transpose(-2, -1).flip(-2, -1),  # TRANSVERSE
     8: lambda t: t.transpose(-2, -1).flip(-2),  # ROTATE_90 (90 anticlockwise)
 }
+_TRANSPOSED = (5, 6, 7, 8)  # the orientations that swap width and height
 Decode = Callable[..., list[torch.Tensor]]  # torchvision.io.decode_jpeg's list form
+
 # Pixels resized in one call, counted in the input or the resized copy, whichever is larger:
 # bounds its float32 working memory to about 200 MB each (3 channels, 4 bytes a value). A
 # group of 451x300 photos is resized 124 at a time, a 12 MP photo alone.
@@ -80,6 +87,72 @@ def stored_pixels(opened: OpenedImage) -> int:
     return opened.pixels * opened.header.scale**2
 
 
+@dataclass(frozen=True)
+class Window:
+    """The region of an upright image a decoder needs for the crop: ``margins`` (rows off the
+    top and off the bottom, columns off each side: symmetric, so it is the same region whatever
+    EXIF turn the image takes, its sides swapped by a transposing one), of an upright image of
+    ``size`` (rows, columns) that the resize makes ``resized``, whose crop starts at
+    ``start``. The crop of the region is computed with the weights the resize of the whole
+    image gives the crop's pixels (``_span``): the same pixels to float rounding."""
+
+    margins: tuple[int, int]
+    size: tuple[int, int]
+    resized: tuple[int, int]
+    start: tuple[int, int]
+
+    def stored(self, width: int, height: int, turn: int) -> tuple[int, int, int, int]:
+        """The region in the stored image (``width`` x ``height``): top, left, bottom, right."""
+        rows, cols = self.margins[::-1] if turn in _TRANSPOSED else self.margins
+        return rows, cols, height - rows, width - cols
+
+
+def window(width: int, height: int, turn: int) -> Window | None:
+    """The ``Window`` of a stored ``width`` x ``height`` image taking EXIF turn ``turn``; None
+    when the resize does not shrink both sides at least twofold (a region would save little).
+    The crop is the CPU path's: shorter side to ``RESIZE`` (the longer ``int(RESIZE * long /
+    short)``), centre ``CROP`` at ``round((side - CROP) / 2)``."""
+    upright = (height, width) if turn not in _TRANSPOSED else (width, height)  # rows, cols
+    short, long = min(upright), max(upright)
+    resized_long = int(RESIZE * long / short)
+    resized = (resized_long, RESIZE) if upright[1] <= upright[0] else (RESIZE, resized_long)
+    if any(size < 2 * new for size, new in zip(upright, resized)):
+        return None
+    starts = tuple(round((new - CROP) / 2) for new in resized)
+    margins = []
+    for size, new, start in zip(upright, resized, starts):
+        first, _ = _taps(size, new, start)
+        _, last = _taps(size, new, start + CROP - 1)
+        margins.append(min(first, size - last))
+    return Window((margins[0], margins[1]), upright, resized, (starts[0], starts[1]))
+
+
+def _taps(size: int, new: int, index: int) -> tuple[int, int]:
+    """The source pixels [first, last) torch's antialiased bilinear resize of a side of
+    ``size`` to ``new`` (shrinking) reads for output pixel ``index``
+    (``aten/src/ATen/native/cpu/UpSampleKernel.cpp``: the support is the scale)."""
+    scale = size / new
+    center = scale * (index + 0.5)
+    return max(int(center - scale + 0.5), 0), min(int(center + scale + 0.5), size)
+
+
+@functools.lru_cache(maxsize=64)
+def _span(size: int, new: int, start: int, margin: int, device: torch.device) -> torch.Tensor:
+    """float32 [CROP, size - 2 * margin] on ``device``: the weights of the source pixels
+    [margin, size - margin) in output pixels [start, start + CROP) of a side of ``size``
+    resized to ``new``, as torch's antialiased bilinear resize computes them (a triangle
+    filter as wide as the scale, normalised per output pixel); kept per photo size."""
+    scale = size / new
+    weights = torch.zeros(CROP, size, dtype=torch.float64)
+    for row in range(CROP):
+        first, last = _taps(size, new, start + row)
+        taps = torch.arange(first, last, dtype=torch.float64)
+        center = scale * (start + row + 0.5)
+        triangle = (1 - ((taps - center + 0.5) / scale).abs()).clamp(min=0)
+        weights[row, first:last] = triangle / triangle.sum()
+    return weights[:, margin : size - margin].to(device, torch.float32)
+
+
 class DeviceDecoder:
     """Accepted JPEGs -> uint8 [3, 224, 224] crops on ``device``, in order, None for each one
     the decoder refused. ``chunk_pixels`` bounds the stored pixels decoded at once (device
@@ -108,33 +181,42 @@ class DeviceDecoder:
         turns = list(orientations) if orientations is not None else [accepts(i) for i in images]
         crops: list[torch.Tensor | None] = []
         for chunk in _chunks(images, self.chunk_pixels):
-            decoded = self.decoded([_encoded(image.data) for image in chunk])
-            crops += self.crops(
-                decoded, [t or 1 for t in turns[len(crops) : len(crops) + len(chunk)]]
-            )
+            chunk_turns = [t or 1 for t in turns[len(crops) : len(crops) + len(chunk)]]
+            decoded = self.decoded_images(chunk, chunk_turns)
+            crops += self.crops(decoded, chunk_turns)
         return crops
 
+    def decoded_images(
+        self, images: Sequence[OpenedImage], turns: Sequence[int]
+    ) -> list[tuple[torch.Tensor | None, Window | None]]:
+        """Each image's stored pixels (RGB uint8 [3, H, W], or only its ``Window``'s region,
+        which nvJPEG cannot decode: always None here), None for one refused."""
+        return [(pixels, None) for pixels in self.decoded([_encoded(i.data) for i in images])]
+
     def crops(
-        self, decoded: list[torch.Tensor | None], turns: list[int]
+        self,
+        decoded: list[tuple[torch.Tensor | None, Window | None]],
+        turns: list[int],
     ) -> list[torch.Tensor | None]:
-        """The crop of each decoded image (None stays None), in order. Images of one size and
-        orientation are resized together, ``GROUP_PIXELS`` at most at once: on a GPU each
-        resize call is about six kernel launches, 90 µs of the worker's CPU, and a batched
-        call's rows are each the image's own crop, bit for bit (measured on an H200: 64
+        """The crop of each decoded image (None stays None), in order. Images of one size,
+        orientation and window are resized together, ``GROUP_PIXELS`` at most at once: on a
+        GPU each resize call is about six kernel launches, 90 µs of the worker's CPU, and a
+        batched call's rows are each the image's own crop, bit for bit (measured on an H200: 64
         small JPEGs 6.0 -> 0.6 ms). A group that fails is cropped one image at a time."""
         out: list[torch.Tensor | None] = [None] * len(decoded)
-        groups: dict[tuple[tuple[int, ...], int], list[tuple[int, torch.Tensor]]] = {}
-        for i, pixels in enumerate(decoded):
+        groups: dict[tuple, list[tuple[int, torch.Tensor]]] = {}
+        for i, (pixels, region) in enumerate(decoded):
             if pixels is not None:
-                groups.setdefault((tuple(pixels.shape), turns[i]), []).append((i, pixels))
-        for (shape, turn), members in groups.items():
+                key = (tuple(pixels.shape), turns[i], region)
+                groups.setdefault(key, []).append((i, pixels))
+        for (shape, turn, region), members in groups.items():
             height, width = shape[-2:]
             resized = RESIZE * RESIZE * max(height, width) // min(height, width)
             step = max(1, GROUP_PIXELS // max(height * width, resized))
             for start in range(0, len(members), step):
                 part = members[start : start + step]
                 batch = torch.stack([p for _, p in part]) if len(part) > 1 else part[0][1][None]
-                for (i, _), crop in zip(part, self._resized(batch, turn)):
+                for (i, _), crop in zip(part, self._resized(batch, turn, region)):
                     out[i] = crop
         return out
 
@@ -142,10 +224,7 @@ class DeviceDecoder:
         """RGB uint8 [3, H, W] per image, on the device: one batched call; when that fails
         (nvJPEG fails the whole call for one bad file), one call per image, None for each
         that fails."""
-        if self.device.type == "cuda":
-            # The decoder writes on its own stream into memory the caller's stream may still be
-            # reading (pytorch/vision#9606): nothing may be queued when it starts.
-            torch.cuda.current_stream(self.device).synchronize()
+        quiet(self.device)
         try:
             return list(self.decode(encoded, mode=self.rgb, device=self.device))
         except Exception:  # noqa: BLE001 - some file in the batch; find which below
@@ -160,55 +239,74 @@ class DeviceDecoder:
             logger.debug("device decoder refused an image, CPU path: %s", exc)
             return None
 
-    def _resized(self, pixels: torch.Tensor, turn: int) -> list[torch.Tensor | None]:
+    def _resized(
+        self, pixels: torch.Tensor, turn: int, region: Window | None
+    ) -> list[torch.Tensor | None]:
         """``_crop`` of a group, one crop per image; when the device fails the group (out of
         memory, say), each image alone, None for one it fails (the CPU path decodes it)."""
         try:
-            return list(_crop(pixels, turn))
+            return list(_crop(pixels, turn, region))
         except Exception as exc:  # noqa: BLE001 - e.g. out of device memory
             if len(pixels) > 1:
-                return [crop for one in pixels for crop in self._resized(one[None], turn)]
+                return [c for one in pixels for c in self._resized(one[None], turn, region)]
             logger.warning("device resize failed, decoding on the CPU: %s", exc)
             return [None]
 
 
-def _crop(pixels: torch.Tensor, turn: int) -> torch.Tensor:
+def quiet(device: torch.device) -> None:
+    """Waits for the work queued on ``device``'s current stream (the decode stream, while
+    decoding): a decoder writes from its own stream, or nvJPEG's hardware engines regardless of
+    any stream, into memory that queued work may still read (pytorch/vision#9606,
+    meta-pytorch/torchcodec#1634), so nothing may be queued when it starts. The forward runs
+    on another stream and is not waited for (``servecore.overlap``)."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
+def _crop(pixels: torch.Tensor, turn: int, region: Window | None = None) -> torch.Tensor:
     """uint8 [N, 3, H, W] -> [N, 3, 224, 224]: upright by EXIF orientation ``turn``, then the
     weights' resize (bilinear, antialiased; in float32, rounded once, as torchvision resizes
-    uint8 on a GPU) and centre crop."""
+    uint8 on a GPU) and centre crop; of a ``region`` (its pixels only), the whole image's crop
+    computed from the weights the whole image's resize gives it."""
     from torchvision.transforms import InterpolationMode  # a GPU worker's, imported once
     from torchvision.transforms.v2 import functional as F
 
-    upright = _ORIENT.get(turn, _same)(pixels)
-    resized = F.resize(upright.float(), [RESIZE], InterpolationMode.BILINEAR, antialias=True)
-    return F.center_crop(resized, [CROP]).round_().clamp_(0, 255).to(torch.uint8)
+    upright = _ORIENT.get(turn, _same)(pixels).float()
+    if region is None:
+        resized = F.resize(upright, [RESIZE], InterpolationMode.BILINEAR, antialias=True)
+        cropped = F.center_crop(resized, [CROP])
+    else:
+        rows, cols = (
+            _span(size, new, start, margin, pixels.device)
+            for size, new, start, margin in zip(
+                region.size, region.resized, region.start, region.margins
+            )
+        )
+        cropped = rows @ upright @ cols.T  # only the crop's pixels are computed
+    return cropped.round_().clamp_(0, 255).to(torch.uint8)
 
 
-def for_worker(setting: str, device: torch.device, chunk_pixels: int) -> DeviceDecoder | None:
-    """``handler.gpu_decode``: ``auto`` decodes JPEGs on a CUDA worker's GPU when a probe
-    JPEG decodes there (torchvision built with nvJPEG), else (``off``, a CPU worker, no
-    nvJPEG) None: every image on the CPU path."""
-    if setting == "off" or device.type != "cuda":
-        return None
-    decoder = DeviceDecoder(device, chunk_pixels)
+def probe_jpeg(size: int = 256) -> bytes:
+    """A small baseline 4:2:0 JPEG (what a GPU decoder is tried on at start)."""
     buffer = io.BytesIO()
-    Image.new("RGB", (16, 16), (90, 120, 150)).save(buffer, "JPEG")
-    if decoder.decoded([_encoded(buffer.getvalue())])[0] is None:
-        logger.warning("gpu_decode: nvJPEG decoding fails on %s; decoding on the CPU", device)
-        return None
-    return decoder
+    Image.new("RGB", (size, size), (90, 120, 150)).save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
 
 
 def assemble(crops: Sequence[torch.Tensor], device: torch.device | None) -> torch.Tensor:
     """The batch of crops in order: on ``device`` when any crop is there (the CPU crops
-    copied over in one transfer), else on the CPU (the backend stages it)."""
+    copied over in one transfer, from page-locked memory, queued on the current stream), else
+    on the CPU (the backend stages it)."""
     if device is None or all(c.device.type == "cpu" for c in crops):
         return torch.stack(list(crops))
     batch = torch.empty((len(crops), *crops[0].shape), dtype=torch.uint8, device=device)
     on_cpu = [i for i, c in enumerate(crops) if c.device.type == "cpu"]
     on_device = [i for i, c in enumerate(crops) if c.device.type != "cpu"]
     if on_cpu:
-        batch[on_cpu] = torch.stack([crops[i] for i in on_cpu]).to(device)
+        staged = torch.stack([crops[i] for i in on_cpu])
+        if device.type == "cuda":
+            staged = staged.pin_memory()
+        batch[on_cpu] = staged.to(device, non_blocking=True)
     batch[on_device] = torch.stack([crops[i] for i in on_device])
     return batch
 

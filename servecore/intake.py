@@ -8,7 +8,8 @@ explanation passes) before anything is decoded; the admitted images are decoded 
 thread pool (PIL and numpy release the GIL), each into its row of the batch's CPU tensor
 (made first, so no copy joins the crops); on a CUDA worker with ``gpu_decode`` on, the JPEGs
 its GPU decodes go there in one batched call (``servecore.gpudecode``) while the pool decodes
-the rest, and the batch is stacked on the GPU.
+the rest, and the batch is stacked on the GPU; a GPU worker that overlaps (``servecore.overlap``)
+decodes the admitted requests in parts, queuing each part's forward before decoding the next.
 Whatever goes wrong fails its own request only (``servecore.boundary``).
 
 Imports explanations: the intake calls the explanation stage (``servecore.explain.explanations``) to
@@ -17,6 +18,7 @@ check an explanation request's parameters and admit the batch's explanation work
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -31,9 +33,11 @@ from servecore.config import MAX_DECODE_THREADS, HandlerConfig
 from servecore.crops import GivenCrop
 from servecore.errors import DeadlineExceeded, detached
 from servecore.explain.explanations import Explanations
-from servecore.gpudecode import DeviceDecoder, accepts, assemble, for_worker
+from servecore.gpuchoice import for_worker
+from servecore.gpudecode import DeviceDecoder, accepts, assemble
 from servecore.host import usable_cpus
 from servecore.images import OpenedImage
+from servecore.overlap import Outputs, Overlap
 from servecore.parse import check_top_k
 from servecore.preprocessor import Preprocessor
 from servecore.stages import (
@@ -54,7 +58,8 @@ CPU = torch.device("cpu")
 class Intake:
     """Turns one batch of ``Incoming`` requests into a ``PreparedBatch``. ``clock``: Unix
     time in seconds, what deadlines and the interactive window are counted on.
-    ``device_decoder``: the GPU's JPEG decoder (``handler.gpu_decode``), None when off."""
+    ``device_decoder``: the GPU's JPEG decoder (``handler.gpu_decode``), None when off;
+    ``decoder_choice``: which decoder that is and why (describe's ``gpu``)."""
 
     def __init__(
         self,
@@ -93,24 +98,59 @@ class Intake:
         )
         self.threads = config.decode_threads or decode_threads(device)
         self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="decode")
-        self.device_decoder: DeviceDecoder | None = for_worker(
+        self.device_decoder: DeviceDecoder | None
+        self.device_decoder, self.decoder_choice = for_worker(
             config.gpu_decode, device, config.max_batch_pixels
         )
 
-    def prepare(self, incoming: Sequence[Incoming]) -> PreparedBatch:
+    def prepare(
+        self, incoming: Sequence[Incoming], overlap: Overlap | None = None
+    ) -> PreparedBatch:
         """Each request opened, the batch's work admitted, the cache's answers looked up, the
-        rest decoded and stacked; ``open_ms`` is the time to the decode."""
+        rest decoded and stacked; ``open_ms`` is the time to the decode. With ``overlap`` (a GPU
+        worker's), decoded in its parts, each part's forward queued before the next part is
+        decoded (``forwarded``; ``decode_ms`` then includes queuing them)."""
         started, now = time.perf_counter(), self.clock()
         opened = [self.open(request, now) for request in incoming]
         admitted = self.lookup(self.admit(opened, now))
         decoding = time.perf_counter()
-        states, batch = self._decode(admitted)
+        forwarded: list[Outputs] = []
+        if overlap is None:
+            states, batch = self._decode(admitted)
+        else:
+            states, batch = self._overlapped(admitted, overlap, forwarded)
         return PreparedBatch(
             tuple(states),
             batch,
             open_ms=1000 * (decoding - started),
             decode_ms=1000 * (time.perf_counter() - decoding),
+            forwarded=tuple(forwarded),
         )
+
+    def _overlapped(
+        self, requests: Sequence[Admitted], overlap: Overlap, forwarded: list[Outputs]
+    ) -> tuple[list[State], torch.Tensor | None]:
+        """``_decode`` of each of ``overlap``'s parts in turn, on its decode stream, each
+        part's forward queued (into ``forwarded``) before the next is decoded; the parts' rows
+        numbered on from the last."""
+        states: list[State] = []
+        parts: list[torch.Tensor] = []
+        rows = 0
+        for part in overlap.parts(requests):
+            with overlap.decoding():
+                decoded, pixels = self._decode(part)
+            for state in decoded:
+                if isinstance(state, Placed):
+                    moved = range(state.rows.start + rows, state.rows.stop + rows)
+                    state = dataclasses.replace(state, rows=moved)
+                states.append(state)
+            if pixels is not None:
+                forwarded += overlap.launch(pixels)
+                parts.append(pixels)
+                rows += len(pixels)
+        if not parts:
+            return states, None
+        return states, parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def admit(self, requests: list[Admitted], now: float) -> list[Admitted]:
         """The batch's work within its budgets, in order: the bulk share, forward rows and

@@ -20,7 +20,10 @@ class Backend:
     CPU or already on the backend's device; ``emulated``: the runtime runs ``precision``
     without the CPU's native units for it (OpenVINO's bf16 on AVX-512 without bf16: real bf16
     rounding, slower than f32); ``torch_threads``: the forward runs on torch's intra-op
-    threads (eager, TorchScript), not a runtime's own (OpenVINO, ONNX Runtime)."""
+    threads (eager, TorchScript), not a runtime's own (OpenVINO, ONNX Runtime); ``start``
+    (eager on a GPU): ``forward`` without its copy back, its outputs left on the device, queued
+    on the current stream and not waited for, so that a caller queues several and copies once;
+    ``graphs``: the batch sizes replayed as CUDA graphs, or why none ("": not a GPU runtime)."""
 
     name: str
     precision: str
@@ -29,6 +32,8 @@ class Backend:
     forward: Forward
     emulated: bool = False
     torch_threads: bool = True
+    start: Forward | None = None
+    graphs: str = ""
 
     def __call__(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.forward(pixels)

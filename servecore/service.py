@@ -41,6 +41,7 @@ from servecore.explain.explanations import Explanations
 from servecore.intake import Intake
 from servecore.lanes import lane_of, yield_cpu
 from servecore.metrics import BatchMetrics, MetricsSink, NoMetrics
+from servecore.overlap import Overlap, Streams, collect
 from servecore.priority import Priority
 from servecore.restarts import mark_start
 from servecore.stages import (
@@ -201,6 +202,16 @@ class ImageModel:
         self.intake = Intake(
             config, self.explanations, Admission(), lookup=self.cache.lookup, device=self.device
         )
+        self.overlap = (
+            Overlap(
+                config.gpu_overlap_chunks,
+                self.backend.start,
+                self.forward_rows,
+                Streams(self.device),
+            )
+            if self.backend.start is not None
+            else None
+        )
         on_gpu = self.device.type == "cuda"
         self.metrics = BatchMetrics(
             metrics,
@@ -231,7 +242,7 @@ class ImageModel:
         """Each request through its own path (``Intake.prepare``), the good images stacked
         into one tensor (on the GPU where ``gpu_decode`` put them there, else the CPU).
         Whatever goes wrong fails its own request only."""
-        batch = self.intake.prepare(incoming)
+        batch = self.intake.prepare(incoming, self.overlap)
         self.metrics.batch(
             len(incoming),
             0 if batch.pixels is None else len(batch.pixels),
@@ -242,12 +253,16 @@ class ImageModel:
 
     def infer(self, batch: PreparedBatch) -> ComputedBatch:
         """The batch's good images through the model, ``forward_rows`` at a time (a bound on
-        the worker's memory), then its explanations."""
+        the worker's memory), then its explanations; on a GPU worker that overlaps, the
+        forwards ``prepare`` queued are collected instead (one copy back, one wait)."""
         if batch.pixels is None:
             return ComputedBatch(batch, None, None, {})
         started = time.perf_counter()
-        outputs = [self.backend(rows) for rows in batch.pixels.split(self.forward_rows)]
-        embedding, logits = (torch.cat(parts) for parts in zip(*outputs))
+        if batch.forwarded:
+            embedding, logits = collect(batch.forwarded)
+        else:
+            outputs = [self.backend(rows) for rows in batch.pixels.split(self.forward_rows)]
+            embedding, logits = (torch.cat(parts) for parts in zip(*outputs))
         self.metrics.forward(1000 * (time.perf_counter() - started))
         rows = (len(batch.pixels), len(embedding), len(logits))
         if len(set(rows)) != 1:
@@ -322,7 +337,6 @@ class ImageModel:
         """Which weights (how many classes their labels name, in which heads), settings, backend and
         precision this model runs; on a GPU, what this worker holds of its memory now."""
         files = self.settings.files
-        memory = device_memory(self.device)
         return {
             "weights": files.weights,
             "classes": len(self.answers.classes),
@@ -336,7 +350,12 @@ class ImageModel:
             "quantization": files.quantization,
             "device": str(self.device),
             "decode": str(self.intake.device_decoder or "cpu"),
+            "gpu": {
+                **self.intake.decoder_choice.as_dict(),
+                "overlap_chunks": self.overlap.chunks if self.overlap else 0,
+                "cuda_graphs": self.backend.graphs,
+                "memory": device_memory(self.device),
+            },
             "preprocessing": PREPROCESSING,
             "crops_input": CROPS_INPUT,
-            **({} if memory is None else {"gpu_memory": memory}),
         }

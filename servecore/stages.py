@@ -184,12 +184,16 @@ class PreparedBatch:
     """A batch after ``prepare``: its requests in arrival order, the stacked images of the
     placed ones (None when every request failed; on the CPU, or on the GPU when it decoded
     some) and the milliseconds opening (parsing,
-    reading headers, admitting) and decoding took."""
+    reading headers, admitting) and decoding took. ``forwarded``: on a GPU worker that
+    overlaps decoding with the forward (``servecore.overlap``), the (embedding, logits) of the
+    forwards already queued on the device for those images, in row order; () when ``infer``
+    runs the forward."""
 
     requests: tuple[State, ...]
     pixels: torch.Tensor | None
     open_ms: float = 0.0
     decode_ms: float = 0.0
+    forwarded: tuple[tuple[torch.Tensor, torch.Tensor], ...] = ()
 
 
 @dataclass(frozen=True)

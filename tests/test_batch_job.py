@@ -1,7 +1,7 @@
 """The collection job's Kubernetes manifest (kserve/batch-job), offline: rendered by kubectl
-kustomize, linted (kserve_tools.joblint), mutated copies failing with the expected message,
-and its shard arithmetic: the n pods' ``--shard`` values split a collection into disjoint
-parts that add up to the whole."""
+kustomize, linted (kserve_tools.lint.job), mutated copies failing with the expected message,
+its own credentials and prefix (never the models' storage), and its shard arithmetic: the n
+pods' ``--shard`` values split a collection into disjoint parts that add up to the whole."""
 
 from __future__ import annotations
 
@@ -9,13 +9,15 @@ import copy
 import functools
 import os
 import threading
+from typing import ClassVar
 
 import pyarrow.parquet as pq
 import pytest
 import yaml
 
 from kserve_tools import lint as kserve_lint
-from kserve_tools.joblint import INDEX, command_words, job_findings, option
+from kserve_tools.lint import job as joblint
+from kserve_tools.lint.job import INDEX, command_words, job_findings, option
 from kserve_tools.render import render
 from serveclient import cli, errors
 from serveclient.batchjob import Job, ListSink, PartSink, Plan, Window
@@ -34,13 +36,13 @@ def _rendered():
 
 
 def job():
-    [resource] = copy.deepcopy(_rendered())
-    assert resource.kind == "Job"
+    [resource] = [r for r in copy.deepcopy(_rendered()) if r.kind == "Job"]
     return resource
 
 
 def findings(resource) -> list[str]:
-    return [str(f) for f in job_findings(resource, *kserve_lint.base_service())]
+    service = kserve_lint.base_service()[1]
+    return [str(f) for f in job_findings(resource, kserve_lint.model_storage(), service)]
 
 
 def _words(resource):
@@ -72,9 +74,30 @@ def test_the_pods_shards_add_up_to_the_collection():
                 owners[key] = index
     assert len(owners) == len(keys)  # together the whole
     assert len(outs) == n  # one output per pod
-    bucket, service = kserve_lint.base_service()
-    assert all(o.startswith(f"s3://{bucket}/") for o in outs)
+    service = kserve_lint.base_service()[1]
     assert option(words, "--url").startswith(f"http://{service}-predictor.")
+
+
+def test_the_job_writes_with_its_own_credentials_under_its_own_prefix():
+    """The pods hold no key to the models' archives: their S3 keys come from a Secret of
+    their own, they run as a ServiceAccount of their own without an API token, and their
+    prefix and every InferenceService's storageUri are apart."""
+    resource = job()
+    pod = resource.obj["spec"]["template"]["spec"]
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    secrets = {env[k]["valueFrom"]["secretKeyRef"]["name"] for k in joblint.CREDENTIALS}
+    assert secrets == {"resnet50-embeddings-s3"}
+    assert not secrets & joblint.MODEL_STORAGE_SECRETS
+    [account] = [r for r in _rendered() if r.kind == "ServiceAccount"]
+    assert pod["serviceAccountName"] == account.name == "resnet50-embed"
+    assert pod["automountServiceAccountToken"] is False
+    assert account.obj["automountServiceAccountToken"] is False
+    storage = kserve_lint.model_storage()
+    assert "s3://YOUR-BUCKET/resnet50-serve/" in storage and len(storage) >= 5
+    prefix = option(_words(resource), "--out").rsplit("/", 1)[0] + "/"
+    assert prefix == kserve_lint.collection_shards() == "s3://YOUR-BUCKET/embeddings/"
+    for uri in storage:
+        assert not uri.startswith(prefix) and not prefix.startswith(uri.rstrip("/")), uri
 
 
 def _set_arg(resource, old, new):
@@ -97,8 +120,18 @@ def _mutate(name):
         pod["restartPolicy"] = "Never"
     elif name == "out":
         _set_arg(resource, "shard-$(JOB_COMPLETION_INDEX)-of-4", "all")
-    elif name == "bucket":
-        _set_arg(resource, "s3://YOUR-BUCKET/", "s3://another-bucket/")
+    elif name == "models-prefix":
+        _set_arg(resource, "s3://YOUR-BUCKET/embeddings/", "s3://YOUR-BUCKET/resnet50-serve/e/")
+    elif name == "bucket-root":
+        _set_arg(resource, "s3://YOUR-BUCKET/embeddings/", "s3://YOUR-BUCKET/")
+    elif name == "storage-secret":
+        container["env"][1]["valueFrom"]["secretKeyRef"]["name"] = "s3-credentials"
+    elif name == "storage-envfrom":
+        container["envFrom"] = [{"secretRef": {"name": "storage-config"}}]
+    elif name == "account":
+        del pod["serviceAccountName"]
+    elif name == "api-token":
+        del pod["automountServiceAccountToken"]
     elif name == "url":
         _set_arg(resource, "resnet50-predictor", "someone-else")
     elif name == "workdir":
@@ -117,10 +150,16 @@ def _mutate(name):
         ("parallelism", "9 pods for 4 shards"),
         ("restart", "redoes the whole shard"),
         ("out", "shards overwrite each other"),
-        ("bucket", "not in the bucket the storage initializer reads (YOUR-BUCKET)"),
+        ("models-prefix", "and the models' storage 's3://YOUR-BUCKET/resnet50-serve/' overlap"),
+        ("bucket-root", "the job's keys, scoped to its prefix, would reach the archives"),
+        ("storage-secret", "names the models' storage secret 's3-credentials'"),
+        ("storage-envfrom", "names the models' storage secret 'storage-config'"),
+        ("account", "none: the pods run as the namespace's default ServiceAccount"),
+        ("api-token", "a Kubernetes API token is mounted in pods that decode untrusted photos"),
         ("url", "is not the InferenceService 'resnet50'"),
         ("workdir", "is not an emptyDir mount"),
         ("secret", "AWS_ACCESS_KEY_ID does not come from a Secret"),
+        ("secret", "AWS_ACCESS_KEY_ID is written into the manifest"),
     ],
 )
 def test_mutated_job_fails_with_the_expected_message(mutation, message):
@@ -300,3 +339,121 @@ def test_a_bulk_job_sends_from_threads_that_yield_the_cpu(tmp_path, traffic, pol
     assert job.run(_photos(tmp_path, [b"a", b"bb", b"ccc"])).done == 3
     assert server.policies == {policy}
     assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the caller's thread is left as it was
+
+
+# ------------------------------------------------------------------ the pods' runs, offline
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    """A local S3 (moto's server on a free loopback port) with the bucket ``photos``, reached
+    as the pods reach theirs (AWS_ENDPOINT_URL and credentials in the environment); a boto3
+    client."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from devtools.server import free_port
+
+    port = free_port()
+    for key, value in {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(key, value)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        client = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}")
+        client.create_bucket(Bucket="photos")
+        yield client
+    finally:
+        server.stop()
+
+
+class _PodServer(_Server):
+    """``_Server`` as the pods' ``tsctl embed --url`` takes it: no management API."""
+
+    reaches_management = False
+    urls: ClassVar[dict[str, str]] = {"inference": "http://resnet50-predictor.default"}
+
+
+def _embed(argv: list[str]) -> tuple[dict, int]:
+    """``tsctl embed ARGV`` in this process, as interactive traffic (bulk would leave the test
+    process SCHED_IDLE for good): (its ``--json`` summary, its exit status)."""
+    from serveclient.cli.batch import _collection
+
+    args = cli.parser().parse_args([*argv, "--priority", "interactive"])
+    data, _, code = _collection(_PodServer(), args, "embedding")
+    return data, code
+
+
+def _pod(index: int, photos, work) -> tuple[dict, int]:
+    """Pod ``index``'s own ``tsctl embed`` arguments, the collection at ``photos``, its
+    emptyDir at ``work`` and the bucket ``photos`` (``YOUR-BUCKET`` is no valid name)."""
+    words = _words(job())
+    argv = words[words.index("tsctl") + 1 : words.index(";")]
+    return _embed(
+        [
+            a.replace(INDEX, str(index))
+            .replace("/data/photos", str(photos))
+            .replace("--work-dir=/work", f"--work-dir={work}")
+            .replace("YOUR-BUCKET", "photos")
+            for a in argv
+        ]
+    )
+
+
+def test_the_pods_keep_a_name_that_is_not_utf8_and_their_shards_stay_the_collection(tmp_path, s3):
+    """Before: a file name that is not UTF-8 raised in its pod on every restart (a crash loop
+    until backoffLimit). Now each pod finishes (exit 0) and uploads its shard, the name kept
+    byte for byte; after a photo moves to another folder (so, maybe, to another shard), the
+    next Job's pods (fresh emptyDirs: each resumes from its shard's object) leave every photo
+    in exactly one shard object, once."""
+    photos = tmp_path / "photos"
+    names = [f"{album}/IMG_{i:03d}.jpg" for album in ("2023", "2024") for i in range(12)]
+    for name in names:
+        (photos / name).parent.mkdir(parents=True, exist_ok=True)
+        (photos / name).write_bytes(name.encode())
+    odd = os.fsencode(photos) + b"/2024/\xe9t\xe9.jpg"
+    with open(odd, "wb") as handle:
+        handle.write(b"latin-1")
+    n = job().obj["spec"]["completions"]
+
+    def every_row() -> list[bytes]:
+        rows = []
+        for listed in s3.list_objects_v2(Bucket="photos", Prefix="embeddings/")["Contents"]:
+            local = tmp_path / "got.parquet"
+            s3.download_file("photos", listed["Key"], str(local))
+            rows += pq.read_table(local).to_pylist()
+        return sorted(r["path_bytes"] or r["path"].encode() for r in rows)
+
+    assert [_pod(i, photos, tmp_path / f"work-{i}")[1] for i in range(n)] == [0] * n
+    expected = sorted([os.fsencode(photos / name) for name in names] + [odd])
+    assert every_row() == expected
+    (photos / "2023" / "IMG_000.jpg").rename(photos / "2024" / "IMG_000-moved.jpg")
+    reruns = [_pod(i, photos, tmp_path / f"next-{i}") for i in range(n)]
+    assert [code for _, code in reruns] == [0] * n
+    assert sum(data["skipped"] for data, _ in reruns) == len(expected) - 1
+    assert sum(data["gone"] for data, _ in reruns) == 1
+    assert every_row() == sorted(
+        [e for e in expected if not e.endswith(b"2023/IMG_000.jpg")]
+        + [os.fsencode(photos / "2024" / "IMG_000-moved.jpg")]
+    )
+
+
+def test_an_upload_that_fails_says_so_and_the_rerun_uploads_what_was_kept(tmp_path, s3):
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(3):
+        (photos / f"{i}.jpg").write_bytes(b"x" * (i + 1))
+    argv = ["embed", str(photos), "--out", "s3://later/v.parquet", f"--work-dir={tmp_path}"]
+    with pytest.raises(errors.TsError, match="cannot upload") as failed:
+        _embed(argv)
+    assert "rerun" in failed.value.hint
+    s3.create_bucket(Bucket="later")
+    data, code = _embed(argv)
+    assert code == 0 and (data["rows"], data["skipped"]) == (3, 3)
+    s3.download_file("later", "v.parquet", str(tmp_path / "got.parquet"))
+    assert pq.read_metadata(tmp_path / "got.parquet").num_rows == 3

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
+from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -175,6 +177,7 @@ def test_schema_parts_merge_and_readers(tmp_path):
     assert schema.field("mtime").type == pa.timestamp("ns", tz="UTC")
     assert [f.name for f in schema] == [
         "path",
+        "path_bytes",
         "size",
         "mtime",
         "sha256",
@@ -193,7 +196,7 @@ def test_schema_parts_merge_and_readers(tmp_path):
     frame = pd.read_parquet(out.out)
     assert len(frame) == 9 and frame["status"].value_counts().to_dict() == {"ok": 8, "error": 1}
     assert len(frame["embedding"][0]) == EMBEDDING_DIM
-    assert pl.read_parquet(out.out).shape == (9, 9)
+    assert pl.read_parquet(out.out).shape == (9, 10)
     sql = f"select count(*), max(len(embedding)) from '{out.out}' where status = 'ok'"
     assert duckdb.sql(sql).fetchall() == [(8, EMBEDDING_DIM)]
     paths, matrix = read_matrix(out.out)
@@ -592,3 +595,248 @@ def test_job_retries_an_outage_then_gives_up_and_keeps_what_is_written(tmp_path)
     with pytest.raises(errors.ServerNotRunning):
         job.run(_files(tmp_path, 4))
     assert not out.out.exists()  # not merged: a rerun resumes from the parts
+
+
+# ------------------------------------------------------------------ names, gone files, one writer
+
+
+class CliClient(FakeClient):
+    """``FakeClient`` as ``tsctl embed``'s own code takes it: no management API to describe."""
+
+    reaches_management = False
+    urls: ClassVar[dict[str, str]] = {"inference": "http://127.0.0.1:9"}
+
+
+def _embed(client, *argv):
+    """``tsctl embed ARGV`` in this process: (its ``--json`` summary, its exit status). Sent as
+    interactive: a bulk job would leave this test process SCHED_IDLE for good."""
+    from serveclient import cli
+    from serveclient.cli.batch import _collection
+
+    args = cli.parser().parse_args(["embed", *argv, "--priority", "interactive"])
+    data, text, code = _collection(client, args, "embedding")
+    text.encode("utf-8")  # printable, whatever the names
+    return data, code
+
+
+def _album(root, names):
+    for name in names:
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"ok " + name.encode())
+
+
+def _stored(out):
+    return sorted(pq.read_table(out, columns=["path"]).column("path").to_pylist())
+
+
+def test_a_file_name_that_is_not_utf8_is_embedded_and_stored_byte_for_byte(tmp_path):
+    """Before: the name's surrogates reached a string column, the part raised, every run died
+    on it. Now the row is kept: ``path`` a UTF-8 string (the byte as ``\\xe9``), its exact bytes
+    in ``path_bytes``, and a rerun matches it by those bytes."""
+    import duckdb
+    import pandas as pd
+    import polars as pl
+
+    root = tmp_path / "photos"
+    _album(root, ["plain.jpg"])
+    latin1 = os.fsencode(root) + b"/caf\xe9.jpg"  # Latin-1 from an old camera: not UTF-8
+    broken = os.fsencode(root) + b"/\xff.jpg"
+    with open(latin1, "wb") as handle:
+        handle.write(b"ok latin-1")
+    with open(broken, "wb") as handle:
+        handle.write(b"bad image")
+    out = tmp_path / "v.parquet"
+    data, code = _embed(CliClient(), str(root), "--out", str(out))
+    assert code == 7 and (data["rows"], data["done"], data["failed"]) == (3, 2, 1)
+    assert [f["path"] for f in data["failures"]] == [f"{root}/\\xff.jpg"]
+    frame = pd.read_parquet(out).sort_values("path").reset_index(drop=True)
+    assert frame["path"].tolist() == [
+        f"{root}/\\xff.jpg",
+        f"{root}/caf\\xe9.jpg",
+        f"{root}/plain.jpg",
+    ]
+    assert frame["path_bytes"].tolist() == [broken, latin1, None]
+    assert frame["status"].tolist() == ["error", "ok", "ok"]
+    with open(os.fsdecode(frame["path_bytes"][1]), "rb") as handle:  # the way back to the file
+        assert handle.read() == b"ok latin-1"
+    assert frame["embedding"][1][0] == len(b"ok latin-1")
+    assert pl.read_parquet(out)["path"].dtype == pl.String
+    assert duckdb.sql(f"select count(*) from '{out}' where path like '%caf%'").fetchall() == [(1,)]
+    again, _ = _embed(CliClient(), str(root), "--out", str(out))
+    assert (again["rows"], again["skipped"], again["done"], again["failed"]) == (3, 2, 0, 1)
+
+
+def test_a_value_parquet_cannot_hold_fails_its_row_not_the_part(tmp_path):
+    """A server's JSON may carry a lone surrogate (``"\\ud800"``), which no Parquet string
+    holds: that row becomes an error row saying so, the rest of the part is written."""
+    out = Output(tmp_path / "t.parquet", "tags", META)
+    tag = {"label": "tabby", "index": 281, "probability": 0.5}
+    out.write_part(
+        [
+            Row("a.jpg", 1, 2, "0" * 64, None, [tag]),
+            Row("b.jpg", 1, 2, "0" * 64, None, [{**tag, "label": "\ud800"}]),
+        ]
+    )
+    rows = {r["path"]: r for r in pq.read_table(out.existing()[0]).to_pylist()}
+    assert rows["a.jpg"]["status"] == "ok" and rows["a.jpg"]["tags"] == [tag]
+    assert rows["b.jpg"]["status"] == "error" and "cannot be stored" in rows["b.jpg"]["error"]
+
+
+def test_a_part_that_cannot_be_written_stops_the_job_once_keeping_the_parts_before(
+    tmp_path, monkeypatch
+):
+    """Before: the flush raised, the job's ``finally`` flushed the same rows again and raised
+    again, and the user saw a traceback. Now: one ``TsError`` saying what and how to go on, no
+    second attempt, the parts already written kept for the rerun."""
+    import errno
+
+    write, attempts = pq.write_table, []
+
+    def disk_full_from_the_third(table, where, **options):
+        attempts.append(table.num_rows)
+        if len(attempts) >= 3:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        write(table, where, **options)
+
+    monkeypatch.setattr(pq, "write_table", disk_full_from_the_third)
+    out = Output(tmp_path / "v.parquet", "embedding", META)
+    job = Job(FakeClient(), "m", "embedding", PartSink(out, flush_rows=2), Plan(1, 2))
+    with pytest.raises(errors.TsError, match="No space left on device") as failed:
+        job.run(_files(tmp_path, 10))
+    assert "rerun" in failed.value.hint and str(out.parts) in failed.value.message
+    assert attempts == [2, 2, 2]  # reported once: closing the job wrote nothing again
+    assert sum(pq.ParquetFile(p).metadata.num_rows for p in out.existing()) == 4
+    assert not out.out.exists() and not list(out.parts.glob(".*.tmp"))
+
+
+def test_after_a_complete_run_the_output_holds_exactly_the_files_walked(tmp_path):
+    """Before: a photo moved from cat/ to dog/ kept both rows, a deleted folder stayed, and
+    another FOLDER into the same --out kept the old one's rows."""
+    root = tmp_path / "photos"
+    _album(root, ["cat/1.jpg", "cat/2.jpg", "dog/3.jpg", "old/4.jpg"])
+    out = str(tmp_path / "v.parquet")
+    first, _ = _embed(CliClient(), str(root), "--out", out)
+    assert (first["rows"], first["gone"]) == (4, 0)
+    (root / "cat" / "1.jpg").rename(root / "dog" / "1.jpg")
+    shutil.rmtree(root / "old")
+    moved, _ = _embed(CliClient(), str(root), "--out", out)
+    assert _stored(out) == [str(root / p) for p in ("cat/2.jpg", "dog/1.jpg", "dog/3.jpg")]
+    assert (moved["done"], moved["skipped"], moved["gone"]) == (1, 2, 2)
+    # A source or folder that cannot be read: the walk cannot say what is gone, nothing goes.
+    kept, code = _embed(CliClient(), str(root / "dog"), str(tmp_path / "unmounted"), "--out", out)
+    assert code == 7 and kept["gone"] is None
+    assert _stored(out) == [
+        *(str(root / p) for p in ("cat/2.jpg", "dog/1.jpg", "dog/3.jpg")),
+        str(tmp_path / "unmounted"),
+    ]
+    other, _ = _embed(CliClient(), str(root / "dog"), "--out", out)
+    assert (other["rows"], other["skipped"], other["gone"]) == (2, 2, 2)
+    assert _stored(out) == [str(root / "dog" / "1.jpg"), str(root / "dog" / "3.jpg")]
+
+
+def test_two_spellings_of_a_folder_store_the_same_rows(tmp_path, monkeypatch):
+    """Before: ``photos`` stored ``photos/a.jpg``, ``~/photos`` the absolute path: each file
+    twice. Now every spelling is made absolute (``~`` expanded, ``.``/``..`` resolved); a
+    symlink stays a name of its own (not resolved: its paths are where the user sees them)."""
+    home = tmp_path / "home"
+    _album(home / "photos", ["a.jpg", "sub/b.jpg"])
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(home)
+    out = str(tmp_path / "v.parquet")
+    _embed(CliClient(), "photos", "--out", out)
+    expected = [str(home / "photos" / "a.jpg"), str(home / "photos" / "sub" / "b.jpg")]
+    assert _stored(out) == expected
+    for spelling in ("~/photos", "./photos/", "photos/sub/..", str(home / "photos")):
+        again, _ = _embed(CliClient(), spelling, "--out", out)
+        assert (again["rows"], again["skipped"], again["gone"]) == (2, 2, 0), spelling
+    (home / "pics").symlink_to(home / "photos")
+    linked, _ = _embed(CliClient(), "pics", "--out", out)
+    assert (linked["done"], linked["gone"]) == (2, 2)
+    assert _stored(out) == [str(home / "pics" / "a.jpg"), str(home / "pics" / "sub" / "b.jpg")]
+
+
+def _waits_on(lock) -> bool:
+    """Whether a process waits for the flock of ``lock`` (a ``->`` line of /proc/locks)."""
+    inode = str(os.stat(lock).st_ino)
+    with open("/proc/locks") as locks:
+        return any(
+            "->" in fields and fields[-3].rsplit(":", 1)[-1] == inode
+            for fields in (line.split() for line in locks)
+        )
+
+
+def test_embed_holds_its_outputs_lock_for_the_whole_run_refusing_or_waiting(tmp_path):
+    import threading
+    import time
+
+    from serveclient.outputlock import OutputBusy, hold, lock_path
+
+    root = tmp_path / "photos"
+    _album(root, ["a.jpg", "b.jpg", "c.jpg"])
+    out = tmp_path / "v.parquet"
+
+    class Watching(CliClient):
+        """Tries the output's lock while the job sends: refused each time, as it is held."""
+
+        def __init__(self):
+            super().__init__()
+            self.held: list[bool] = []
+
+        def infer_answers(self, model, images, **kwargs):
+            try:
+                with hold(out):
+                    self.held.append(False)
+            except OutputBusy:
+                self.held.append(True)
+            return super().infer_answers(model, images, **kwargs)
+
+    client = Watching()
+    assert _embed(client, str(root), "--out", str(out))[0]["done"] == 3
+    assert client.held and all(client.held)
+    with hold(out, what="tsctl embed elsewhere"):
+        with pytest.raises(OutputBusy) as refused:
+            _embed(CliClient(), str(root), "--out", str(out))
+        assert refused.value.exit_code == 8 and "tsctl embed elsewhere" in refused.value.message
+        assert "--wait" in refused.value.hint
+        result: list = []
+        waiter = threading.Thread(
+            target=lambda: result.append(
+                _embed(CliClient(), str(root), "--out", str(out), "--wait")
+            )
+        )
+        waiter.start()
+        deadline = time.monotonic() + 60
+        while not _waits_on(lock_path(out)):
+            assert waiter.is_alive() and time.monotonic() < deadline, "it did not wait"
+            time.sleep(0.02)
+        assert result == []
+    waiter.join(60)
+    assert result and result[0][0]["skipped"] == 3
+
+
+def test_a_merge_killed_after_its_rename_is_finished_by_the_next_one(tmp_path, monkeypatch):
+    """The point a random kill rarely hits: the merged output renamed into place, its parts not
+    yet removed. Readers see a whole output; the next merge keeps each path once."""
+    from pathlib import Path
+
+    from serveclient.vectors import path_hash
+
+    out = Output(tmp_path / "v.parquet", "embedding", META)
+    out.write_part(_rows(4))
+    out.write_part(_rows(3, start=2))  # rows 2 and 3 again, newer
+    walked = np.array([path_hash(f"p/{i:04d}.jpg") for i in range(1, 5)], np.uint64)
+    unlink = Path.unlink
+
+    def killed(self, missing_ok=False):
+        if self.name.startswith("part-"):
+            raise KeyboardInterrupt  # the process dies here
+        unlink(self, missing_ok=missing_ok)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Path, "unlink", killed)
+        with pytest.raises(KeyboardInterrupt):
+            out.merge(walked)
+    assert _stored(out.out) == [f"p/{i:04d}.jpg" for i in range(1, 5)] and len(out.existing()) == 3
+    assert out.merge(walked) == 1 and not out.parts.exists()  # p/0000 of the parts, again
+    assert _stored(out.out) == [f"p/{i:04d}.jpg" for i in range(1, 5)]

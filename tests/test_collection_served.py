@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import time
@@ -24,8 +25,9 @@ from tests.reference import rel_error
 from tests.served import TSCTL, tsctl
 
 pytestmark = pytest.mark.integration
-CONTENT = ["path", "size", "mtime", "sha256", "status", "error", "precision"]
-N_KILLED = 64
+CONTENT = ["path", "path_bytes", "size", "mtime", "sha256", "status", "error", "precision"]
+N_KILLED = 36  # photos of the kill trials
+KILL_TRIALS = 3
 
 
 def _album(root, n, seed=0, size=(200, 150)):
@@ -128,49 +130,101 @@ def test_a_folder_gets_one_row_per_image_and_vectors_equal_single_requests(torch
     assert metadata(tags)["model_version"] is None  # no management API behind --url
 
 
-def test_a_killed_run_resumes_to_the_same_content(torchserve, tmp_path):
-    root = tmp_path / "photos"
-    # A part every 8 rows: the run outlasts its first part several times over, even at int8's
-    # pace (~75 img/s on 2 cores), and the kill lands mid-run.
-    _album(root, N_KILLED, seed=700, size=(160, 120))
-    whole = tmp_path / "whole.parquet"
-    assert tsctl(torchserve, "embed", str(root), "--out", str(whole)).returncode == 0
-    out = tmp_path / "killed.parquet"
-    parts = tmp_path / "killed.parquet.parts"
+def _parts(out: Path) -> list[Path]:
+    return sorted(out.with_name(out.name + ".parts").glob("part-*.parquet"))
+
+
+def _killed(server, root: Path, out: Path, rng: random.Random) -> str:
+    """Start the real ``tsctl embed ROOT --out OUT`` (a part every 2 rows) and SIGKILL it at a
+    random point of its own progress: once a random number of new parts are on disk, or as its
+    merge begins; what it was killed at (``finished``: it ended first)."""
+    before = len(_parts(out))
+    stamp = out.stat().st_mtime_ns if out.exists() else None
+    target = rng.choice([None, *range(1, N_KILLED // 2)])  # None: at the merge
+    argv = [str(TSCTL), "embed", str(root), "--out", str(out), "--part-rows", "2"]
+    argv += ["--concurrency", "2", "--per-request", "1"]
     process = subprocess.Popen(
-        [
-            str(TSCTL),
-            "embed",
-            str(root),
-            "--out",
-            str(out),
-            "--concurrency",
-            "4",
-            "--per-request",
-            "2",
-            "--part-rows",
-            "8",
-        ],
-        env=torchserve.cli_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        argv, env=server.cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    deadline = time.monotonic() + 120
-    while not (parts.is_dir() and any(parts.glob("part-*.parquet"))):
-        assert process.poll() is None, "finished before it could be killed"
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
-    assert not out.exists()
-    written = sum(pq.ParquetFile(p).metadata.num_rows for p in parts.glob("part-*.parquet"))
-    assert 0 < written < N_KILLED
-    resumed = tsctl(torchserve, "embed", str(root), "--out", str(out), "--json")
-    assert resumed.returncode == 0, resumed.stderr
-    summary = json.loads(resumed.stdout)
-    assert summary["skipped"] == written and summary["done"] == N_KILLED - written
-    assert not parts.exists() and not list(tmp_path.glob(".*.tmp"))
-    _same_content(out, whole)
+    try:
+        deadline = time.monotonic() + 120
+        while process.poll() is None:
+            merging = any(out.parent.glob(f".{out.name}.*.tmp")) or (
+                out.exists() and out.stat().st_mtime_ns != stamp
+            )
+            written = len(_parts(out)) - before
+            if merging if target is None else written >= target:
+                os.kill(process.pid, signal.SIGKILL)
+                process.wait()
+                return "merge" if target is None else f"{written} parts"
+            assert time.monotonic() < deadline, "the run neither ended nor reached its kill point"
+            time.sleep(0.01)  # polls the files; the kill point is the job's, not a time
+        return "finished"
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_runs_killed_at_random_points_resume_to_the_uninterrupted_output(torchserve, tmp_path):
+    """``KILL_TRIALS`` seeded trials, each killing the real ``tsctl embed`` with SIGKILL once
+    or twice at a random point (after a random number of parts, or at its merge) and then
+    rerunning it: whatever the kill left is whole (each visible part and output a readable
+    Parquet), and the rerun's output equals an uninterrupted run's: the same paths, one row
+    each, the same statuses and errors, the same vectors."""
+    root = tmp_path / "photos"
+    _album(root, N_KILLED, seed=700, size=(160, 120))
+    (root / "y0" / "broken.jpg").write_bytes(b"not an image")  # an error row among them
+    whole = tmp_path / "whole.parquet"
+    assert tsctl(torchserve, "embed", str(root), "--out", str(whole)).returncode == 7
+    rng = random.Random(68)
+    kills = []
+    for trial in range(KILL_TRIALS):
+        out = tmp_path / f"killed-{trial}.parquet"
+        for _ in range(rng.randint(1, 2)):
+            kills.append(_killed(torchserve, root, out, rng))
+            for visible in [*_parts(out), *([out] if out.exists() else [])]:
+                pq.read_metadata(visible)  # whole, or it would not be there by this name
+        resumed = tsctl(torchserve, "embed", str(root), "--out", str(out), "--json")
+        assert resumed.returncode == 7, resumed.stderr  # broken.jpg, not a refused lock
+        assert not _parts(out) and not list(tmp_path.glob(".*.tmp"))
+        assert _frame(out)["path"].is_unique
+        _same_content(out, whole)
+    assert sum(k != "finished" for k in kills) >= KILL_TRIALS, kills  # the kills did land
+
+
+def test_names_that_are_not_utf8_and_every_spelling_of_a_folder_give_one_row_each(
+    torchserve, tmp_path
+):
+    """The real ``tsctl`` from a working folder: ``photos``, ``~/photos`` (expanded by tsctl,
+    as a quoted tilde is) and ``find``'s list on stdin, its bytes as the file system has them,
+    all land on the same rows; a Latin-1 name is embedded and kept byte for byte; a photo
+    moved is stored once, at its new path. Before: ``photos`` and ``~/photos`` stored each
+    file twice, and the Latin-1 name stopped every run with a traceback."""
+    home = tmp_path / "home"
+    photos = _album(home / "photos", 4, seed=1300, size=(160, 120))
+    latin1 = os.fsencode(home / "photos") + b"/caf\xe9.jpg"
+    with open(latin1, "wb") as handle:
+        handle.write(imagegen.jpeg(160, 120, seed=1304))
+    env = {**torchserve.cli_env(), "HOME": str(home)}
+
+    def embed(*sources: str, stdin: bytes | None = None) -> dict:
+        argv = [str(TSCTL), "--json", "embed", *sources, "--out", "v.parquet"]
+        run = subprocess.run(argv, cwd=home, env=env, input=stdin, capture_output=True, timeout=300)
+        assert run.returncode == 0, run.stderr.decode(errors="replace")
+        return json.loads(run.stdout)
+
+    assert (embed("photos")["rows"], embed("~/photos")["skipped"]) == (5, 5)
+    listing = b"\n".join([latin1, *(os.fsencode(p) for p in photos)]) + b"\n"
+    assert embed("-", stdin=listing)["skipped"] == 5
+    Path(photos[0]).rename(home / "photos" / "moved.jpg")
+    moved = embed("./photos/")
+    assert (moved["rows"], moved["done"], moved["gone"]) == (5, 1, 1)
+    frame = _frame(home / "v.parquet")
+    text = f"{home}/photos/caf\\xe9.jpg"
+    assert sorted(frame["path"]) == sorted([*photos[1:], str(home / "photos" / "moved.jpg"), text])
+    assert frame.set_index("path")["path_bytes"].dropna().to_dict() == {text: latin1}
+    assert (frame["status"] == "ok").all()
 
 
 def test_shards_concatenate_to_the_whole(torchserve, tmp_path):
@@ -225,7 +279,7 @@ def test_similar_finds_a_photos_flipped_copy_first(engine, request, tmp_path):
         None, "duplicates", "--index", str(index), "--threshold", f"{threshold:.6f}", "--json"
     )
     assert dups.returncode == 0, dups.stderr
-    groups = json.loads(dups.stdout)
+    groups = json.loads(dups.stdout)["groups"]
     assert any({query, str(flipped)} <= set(g["paths"]) for g in groups), groups
 
     # The same commands through `tsctl index build`'s index answer the same; once the embed
@@ -246,7 +300,9 @@ def test_similar_finds_a_photos_flipped_copy_first(engine, request, tmp_path):
         None, "duplicates", "--index", str(index), "--threshold", f"{threshold:.6f}", "--json",
         "--html", str(same),
     )  # fmt: skip
-    assert [g["paths"] for g in json.loads(indexed_dups.stdout)] == [g["paths"] for g in groups]
+    assert [g["paths"] for g in json.loads(indexed_dups.stdout)["groups"]] == [
+        g["paths"] for g in groups
+    ]
     # The picture pages from the index's answers: the query beside its flipped copy.
     for page in (near, same):
         html = page.read_text()

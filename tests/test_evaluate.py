@@ -112,7 +112,30 @@ def test_an_unlabelled_folder_gives_agreement_only(tmp_path, weights_dir):
         ("281", 281),
         ("1000", None),
         ("holiday", None),
+        ("cardigan", 474),  # as written first: ImageNet has the dog Cardigan and the cardigan
+        ("Cardigan", 264),
+        ("CARDIGAN", None),  # loosely, both: neither
     ],
 )
 def test_folder_names_as_classes(name, index):
     assert evaluate.class_index(name, CATEGORIES) == index
+
+
+STARS = ["1", "2", "3", "4", "5"]
+
+
+@pytest.mark.parametrize(
+    ("labels", "name", "index"),
+    [
+        (STARS, "3", 2),  # a digit folder is a label of a model whose labels are numbers
+        (STARS, "0", None),  # never an index there: row 0 is the label "1"
+        (["2019", "2020"], "2019", 0),
+        (["ice_cream", "pizza"], "ice_cream", 0),  # a head's own label, as its folder names it
+        (["ice cream", "ice_cream"], "ice_cream", 1),
+        (["ice cream", "pizza"], "Ice_Cream", 0),  # the loose match, where only one label fits
+        (["ice cream", "ice_cream"], "ICE_CREAM", None),
+        (["cat", "dog"], "1", 1),  # no label is a number: an index
+    ],
+)
+def test_folder_names_as_your_own_labels(labels, name, index):
+    assert evaluate.class_index(name, labels) == index

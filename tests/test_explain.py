@@ -18,9 +18,10 @@ from torchvision.models import ResNet50_Weights
 
 from model_files.resnet_dual import build_dual
 from servecore.classes import Classes
-from servecore.config import HandlerConfig
+from servecore.config import ExplainConfig, HandlerConfig
+from servecore.errors import InvalidParameter
 from servecore.explain import compute as explain
-from servecore.explain.options import ExplainSpec
+from servecore.explain.options import ExplainSpec, parse_explain
 from tests import imagegen
 from tests.handler_context import make_handler, run_batch
 
@@ -207,8 +208,8 @@ def test_png_is_bounded_and_keeps_the_aspect_ratio(tagger):
 
 
 def test_item_in_batch_equals_item_alone(tagger):
-    alone, _ = explained(tagger, [{"data": IMAGE, "target": b"7"}])
-    batched, statuses = explained(tagger, [{"data": PORTRAIT}, {"data": IMAGE, "target": b"7"}])
+    alone, _ = explained(tagger, [{"data": IMAGE, "target": b"#7"}])
+    batched, statuses = explained(tagger, [{"data": PORTRAIT}, {"data": IMAGE, "target": b"#7"}])
     assert statuses == [(200, None)] * 2
     assert torch.tensor(batched[1]["explanations"][0]["grid"]) == pytest.approx(
         torch.tensor(alone[0]["explanations"][0]["grid"]), abs=1e-3
@@ -276,3 +277,44 @@ def test_bad_explain_parameters_are_400s(tagger, options, word):
     answers, statuses = explained(tagger, [as_json(**options)])
     assert statuses == [(400, "Bad Request")]
     assert word in answers[0]["message"]
+
+
+STARS = ["1", "2", "3", "4", "5"]
+YEARS = ["2019", "2020", "2021", "2022", "2023"]
+
+
+@pytest.mark.parametrize(
+    ("labels", "target", "classes"),
+    [
+        (STARS, b"3", (2,)),  # a form field's text: the label "3", not row 3 (label "4")
+        (STARS, "3", (2,)),
+        (STARS, 3, (3,)),  # a JSON integer: the index
+        (STARS, "#3", (3,)),
+        (STARS, ["5", "#0", 1], (4, 0, 1)),
+        (YEARS, "2019", (0,)),  # 2019 named, not refused as an index
+        (["ice_cream", "ice cream sandwich", "Cat"], "ice_cream", (0,)),
+        (["ice_cream", "ice cream sandwich", "Cat"], "cat", (2,)),
+        (CATEGORIES, "cardigan", (474,)),  # as written first: ImageNet has Cardigan and cardigan
+        (CATEGORIES, "Cardigan", (264,)),
+        (CATEGORIES, "#281", (281,)),
+        (CATEGORIES, "embedding", (-1,)),
+    ],
+)
+def test_a_target_is_a_label_first_an_index_only_as_an_integer_or_hash(labels, target, classes):
+    spec = parse_explain({"target": target}, None, labels, ExplainConfig())
+    assert spec.classes == classes
+
+
+@pytest.mark.parametrize(
+    ("labels", "target", "words"),
+    [
+        (CATEGORIES, "281", "no label 281; the class index is '#281'"),
+        (STARS, "0", "no label 0; the class index is '#0'"),
+        (STARS, "#5", "index 5 is not in 0..4"),
+        (STARS, 7, "index 7 is not in 0..4"),
+    ],
+)
+def test_a_target_that_names_no_label_says_how_to_give_an_index(labels, target, words):
+    with pytest.raises(InvalidParameter) as refused:
+        parse_explain({"target": target}, None, labels, ExplainConfig())
+    assert words in refused.value.message

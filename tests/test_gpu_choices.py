@@ -4,6 +4,8 @@ CPU reference within the fidelity bound. The CUDA tests skip without one."""
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 import torch
@@ -19,6 +21,7 @@ from servecore.service import timed_batches
 from tests import imagegen
 
 CUDA = torch.device("cuda", 0)
+CPU_DEVICE = torch.device("cpu")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
 
 
@@ -108,3 +111,93 @@ def test_padded_rows_answer_as_the_batch_alone(tmp_path, weights_dir):
     assert embedding.shape == (3, 2048) and logits.shape == (3, 1000)
     full, _ = backend(torch.cat([images, torch.zeros_like(images[:1])]))
     torch.testing.assert_close(embedding, full[:3], rtol=1e-5, atol=1e-5)
+
+
+class FakeCuda:
+    """``torch.cuda``'s graph calls as ``CudaGraphs.capture`` makes them, on the CPU: a
+    captured graph's replay runs the module again on its static input and writes the outputs
+    it captured in place, as a CUDA graph replays into its memory; ``fail``: capture raises."""
+
+    def __init__(self, fail: bool = False, drift: float = 0.0):
+        self.fail, self.drift, self.capturing, self.sizes = fail, drift, None, []
+
+    def graph_pool_handle(self):
+        return "pool"
+
+    def Stream(self, device):  # noqa: N802 - the library's name
+        return self
+
+    def current_stream(self, device):
+        return self
+
+    def wait_stream(self, stream):
+        pass
+
+    def stream(self, stream):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def CUDAGraph(self):  # noqa: N802 - the library's name
+        return types.SimpleNamespace(replay=None)
+
+    def graph(self, graph, pool, stream):
+        import contextlib
+
+        if self.fail:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        self.capturing = graph
+        return contextlib.nullcontext()
+
+
+def graphed(fake: FakeCuda):
+    def module(pixels):
+        embedding = pixels.float().mean((2, 3)).repeat(1, 4)
+        logits = pixels.float().amax((2, 3)) + fake.drift * (fake.capturing is None)
+        if fake.capturing is not None:  # the outputs a replay writes into
+            graph, static, outputs = fake.capturing, pixels, (embedding, logits)
+            fake.sizes.append(len(static))
+
+            def replay():
+                for out, new in zip(outputs, module_eager(static)):
+                    out.copy_(new)
+
+            graph.replay = replay
+            fake.capturing = None
+        return embedding, logits
+
+    def module_eager(pixels):
+        return pixels.float().mean((2, 3)).repeat(1, 4), pixels.float().amax((2, 3))
+
+    return module
+
+
+def test_cuda_graphs_are_captured_per_size_and_replayed_padded(monkeypatch):
+    """Largest first; a batch of 3 replays the graph of 4 (its rows copied in, its rows of
+    the outputs copied out: the next replay does not change them), a batch over every size runs
+    eagerly."""
+    fake = FakeCuda()
+    module = graphed(fake)
+    graphs, described = backends.CudaGraphs.capture(module, (1, 2, 4), CPU_DEVICE, cuda=fake)
+    assert graphs is not None and described == "1, 2, 4" and fake.sizes == [4, 2, 1]
+    first = torch.randint(0, 256, (3, 3, 224, 224), dtype=torch.uint8)
+    embedding, logits = graphs(first)
+    expected = module(first)
+    assert embedding.shape == (3, 12) and torch.equal(embedding, expected[0])
+    assert torch.equal(logits, expected[1])
+    graphs(torch.zeros(3, 3, 224, 224, dtype=torch.uint8))  # the same graph again
+    assert torch.equal(embedding, expected[0])
+    five = torch.randint(0, 256, (5, 3, 224, 224), dtype=torch.uint8)
+    assert torch.equal(graphs(five)[1], module(five)[1])
+
+
+@pytest.mark.parametrize(
+    ("fake", "why"),
+    [
+        (FakeCuda(fail=True), "off (capture failed: RuntimeError: operation not permitted"),
+        (FakeCuda(drift=1.0), "off (capture failed: RuntimeError: a replay of 1 rows differs"),
+    ],
+)
+def test_a_failed_capture_or_a_replay_that_disagrees_runs_eagerly_and_says_so(fake, why):
+    graphs, described = backends.CudaGraphs.capture(graphed(fake), (1, 2), CPU_DEVICE, cuda=fake)
+    assert graphs is None and described.startswith(why)

@@ -272,10 +272,10 @@ def test_gpu_inference_services_are_linted_against_the_gpu_workers(target):
 
 
 def test_a_gpu_worker_reports_the_memory_it_holds_and_a_cpu_worker_nothing(monkeypatch):
-    """describe's gpu_memory (servecore.backends.device_memory): what the worker's PyTorch
-    reserved and allocated on its device and the device's free and total, bytes, None on a CPU
-    (describe then has no such key); the per-batch gauge resnet50_worker_gpu_mb{worker_pid}
-    (tsctl top's GPU MB) in MiB on a GPU worker only."""
+    """describe's gpu.memory (servecore.backends.device_memory): what the worker's PyTorch
+    reserved and allocated on its device and the device's free and total, bytes, None on a
+    CPU; the per-batch gauge resnet50_worker_gpu_mb{worker_pid} (tsctl top's GPU MB) in MiB on
+    a GPU worker only."""
     import os
 
     import torch

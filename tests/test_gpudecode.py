@@ -7,6 +7,7 @@ the end skip without one."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 
@@ -18,7 +19,8 @@ from torchvision.transforms.v2 import functional as F  # what servecore.gpudecod
 from model_files.artifacts import SERIALIZED
 from servecore.backends import load_backend
 from servecore.config import HandlerConfig
-from servecore.gpudecode import DeviceDecoder, accepts, assemble, for_worker
+from servecore.gpuchoice import DecoderChoice, for_worker
+from servecore.gpudecode import DeviceDecoder, accepts, assemble
 from servecore.precision import FIDELITY_BOUND
 from servecore.preprocessor import Preprocessor
 from tests import imagegen
@@ -200,8 +202,9 @@ def test_a_mixed_batch_is_assembled_in_order():
 
 
 def test_the_setting_turns_it_on_only_on_a_cuda_worker():
-    assert for_worker("auto", CPU, 1) is None
-    assert for_worker("off", torch.device("cuda"), 1) is None
+    assert for_worker("auto", CPU, 1) == (None, DecoderChoice("cpu", "a CPU worker"))
+    off = for_worker("off", torch.device("cuda"), 1)
+    assert off == (None, DecoderChoice("cpu", "handler.gpu_decode is off"))
 
 
 @pytest.fixture(scope="module")
@@ -320,7 +323,7 @@ def test_nvjpeg_crops_answer_as_the_cpu_path(weights_dir):
     chroma upsampling differ from libjpeg's) and answering as the CPU path's, within the
     fidelity bound."""
     device = torch.device("cuda")
-    decoder = for_worker("auto", device, 200_000_000)
+    decoder, _ = for_worker("nvjpeg", device, 200_000_000)
     assert decoder is not None
     images = [JPEG, GRAY, LARGE, oriented(6), mpo()]
     crops = decoder([SERVED.open(data) for data in images])
@@ -340,7 +343,7 @@ def test_nvjpeg_crops_answer_as_the_cpu_path(weights_dir):
 def test_nvjpeg_refuses_a_corrupt_jpeg_alone(embedder):
     """nvJPEG refuses the corrupt JPEG (None: the CPU path then decides) and decodes the others
     of the same call; served, it is the CPU path's 400, its neighbours answered."""
-    decoder = for_worker("auto", torch.device("cuda"), 200_000_000)
+    decoder, _ = for_worker("nvjpeg", torch.device("cuda"), 200_000_000)
     assert decoder is not None
     crops = decoder([SERVED.open(data) for data in (JPEG, CORRUPT, GRAY)])
     assert crops[1] is None
@@ -363,3 +366,234 @@ def test_a_crop_the_request_carried_never_goes_to_the_device_decoder(embedder):
     assert [s for s, _ in statuses] == [200, 200]
     assert named(recording.calls) == [["jpeg"]]
     assert torch.equal(batch.prepared.pixels[1], crop)
+
+
+# ------------------------------------------------ regions, nvImageCodec and the choice at start
+
+
+@pytest.mark.parametrize(("width", "height"), [(2000, 1500), (1500, 2000), (3000, 1000)])
+@pytest.mark.parametrize("turn", [1, 3, 6, 8])
+def test_a_region_crop_is_the_whole_images_crop_to_rounding(width, height, turn):
+    """A photo the resize shrinks at least twofold is decoded only where its crop falls (a
+    4:3 photo: 71% of it here, 63% at 12 MP), the crop computed from the weights the whole
+    image's resize gives it: at most 1 level from the whole image's crop, on a few pixels."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    from servecore.gpudecode import _crop, window
+
+    data = imagegen.jpeg(width, height, seed=width + turn)
+    whole = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), ImageReadMode.RGB)
+    region = window(width, height, turn)
+    assert region is not None and window(451, 300, turn) is None  # too small to cut
+    top, left, bottom, right = region.stored(width, height, turn)
+    assert (bottom - top) * (right - left) < 0.75 * width * height
+    cut = _crop(whole[None, :, top:bottom, left:right].contiguous(), turn, region)[0]
+    difference = (cut.int() - _crop(whole[None], turn)[0].int()).abs()
+    assert int(difference.max()) <= 1 and float((difference > 0).float().mean()) < 1e-3
+
+
+class FakeCodec:
+    """nvImageCodec's Python API as servecore.nvimgdecode calls it, on the CPU: libjpeg
+    (torchvision) decodes, a region is a slice of the whole; ``refuse``: bytes it answers None
+    for, ``raising``: the whole call raises; ``hardware``: whether a decoder of the hardware
+    backend alone decodes anything."""
+
+    __version__ = "0.9.0-fake"
+    ColorSpec = type("ColorSpec", (), {"SRGB": "srgb"})
+    ImageBufferKind = type("ImageBufferKind", (), {"STRIDED_HOST": "host"})
+    BackendKind = type("BackendKind", (), {"HW_GPU_ONLY": "hw", "GPU_ONLY": "cuda"})
+    LoadHintPolicy = type("LoadHintPolicy", (), {"ADAPTIVE_MINIMIZE_IDLE_TIME": "adaptive"})
+
+    def __init__(self, refuse=(), hardware=True):
+        self.refuse, self.hardware, self.raising = refuse, hardware, False
+        self.calls: list[list[tuple[str, tuple | None]]] = []
+        self.decoders: list[list] = []
+
+    def DecodeParams(self, **params):  # noqa: N802 - the library's name
+        assert params == {"apply_exif_orientation": False, "color_spec": "srgb"}
+        return params
+
+    def Backend(self, kind, *hint):  # noqa: N802 - the library's name
+        return (kind, *hint)
+
+    def Region(self, *box):  # noqa: N802 - the library's name
+        return box
+
+    def CodeStream(self, data):  # noqa: N802 - the library's name
+        image = Image.open(io.BytesIO(data))  # raises for what PIL cannot read: as the library
+        return FakeStream(data, image.width, image.height)
+
+    def Decoder(self, device_id, backends):  # noqa: N802 - the library's name
+        assert device_id == 0  # the worker's GPU index (a CPU's: none, so 0)
+        self.decoders.append(backends)
+        return FakeDecoder(self, backends)
+
+
+class FakeStream:
+    def __init__(self, data, width, height, region=None):
+        self.data, self.width, self.height, self.region = data, width, height, region
+
+    def get_sub_code_stream(self, region):
+        return FakeStream(self.data, self.width, self.height, region)
+
+
+class FakeImage:
+    buffer_kind = "host"
+
+    def __init__(self, pixels):
+        self.pixels = pixels
+
+    def __array__(self, dtype=None, copy=None):
+        return self.pixels
+
+
+class FakeDecoder:
+    def __init__(self, codec, backends):
+        self.codec, self.backends = codec, backends
+
+    def decode(self, streams, params=None, cuda_stream=0):
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        codec = self.codec
+        codec.calls.append([(NAMES.get(s.data, "other"), s.region) for s in streams])
+        if codec.raising:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        if [b[0] for b in self.backends] == ["hw"] and not codec.hardware:
+            return [None] * len(streams)
+        out = []
+        for s in streams:
+            if s.data in codec.refuse:
+                out.append(None)
+                continue
+            hwc = decode_jpeg(torch.frombuffer(bytearray(s.data), dtype=torch.uint8),
+                              mode=ImageReadMode.RGB).permute(1, 2, 0)  # fmt: skip
+            if s.region is not None:
+                top, left, bottom, right = s.region
+                hwc = hwc[top:bottom, left:right]
+            out.append(FakeImage(hwc.contiguous().numpy()))
+        return out
+
+
+def nvimg(codec, chunk_pixels=200_000_000):
+    from servecore import nvimgdecode
+
+    decoder, why = nvimgdecode.load(CPU, chunk_pixels, codec)
+    assert decoder is not None, why
+    return decoder, why
+
+
+def test_nvimagecodec_decodes_a_chunk_in_one_call_a_large_photo_in_its_region():
+    """One call for the chunk; the large photo sent as its crop's region (the window's box in
+    stored pixels); an image the library refuses is None alone (the CPU path then decides); the
+    crops are the nvJPEG decoder's (the same resize), the large one's to rounding."""
+    from servecore.gpudecode import window
+
+    codec = FakeCodec(refuse=(CORRUPT,))
+    decoder, _ = nvimg(codec)
+    images = [JPEG, LARGE, CORRUPT, oriented(6), GRAY]
+    opened = [SERVED.open(data) for data in images]
+    crops = decoder(opened)
+    box = window(2000, 1500, 1).stored(2000, 1500, 1)
+    assert codec.calls[-1] == [
+        ("jpeg", None), ("large", box), ("corrupt", None), ("other", None), ("gray", None)
+    ]  # fmt: skip
+    assert [c is None for c in crops] == [False, False, True, False, False]
+    expected = stand_in()[0](opened)
+    for crop, want in zip(crops, expected):
+        if want is not None:
+            assert int((crop.int() - want.int()).abs().max()) <= 1
+    assert str(decoder) == (
+        "cpu (nvImageCodec: hardware JPEG engines, then CUDA; other images on the CPU)"
+    )
+
+
+def test_nvimagecodec_failing_a_whole_call_is_asked_one_image_at_a_time():
+    codec = FakeCodec()
+    decoder, _ = nvimg(codec)
+    codec.raising = True
+    assert decoder([SERVED.open(JPEG), SERVED.open(GRAY)]) == [None, None]
+    calls = [[name for name, _ in call] for call in codec.calls[-3:]]
+    assert calls == [["jpeg", "gray"], ["jpeg"], ["gray"]]
+
+
+def test_nvimagecodec_takes_the_hardware_engines_only_where_a_probe_finds_them(monkeypatch):
+    from servecore import nvimgdecode
+
+    with_hardware, why = nvimg(FakeCodec(hardware=True))
+    assert with_hardware.decoder.backends == [("hw", 0.9, "adaptive"), ("cuda",)]
+    assert "the hardware JPEG engines of cpu" in why
+    without, why = nvimg(FakeCodec(hardware=False))
+    assert without.decoder.backends == [("cuda",)] and "has no hardware JPEG decoder" in why
+    broken = FakeCodec()
+    broken.Decoder = lambda **_: (_ for _ in ()).throw(RuntimeError("CUDA Runtime failure: '#35'"))
+    assert nvimgdecode.load(CPU, 1, broken) == (
+        None, "failed to start on cpu (RuntimeError: CUDA Runtime failure: '#35')"
+    )  # fmt: skip
+
+    def missing(name):
+        raise ModuleNotFoundError(f"No module named {name!r}")
+
+    monkeypatch.setattr(nvimgdecode.importlib, "import_module", missing)
+    found, why = nvimgdecode.load(CPU, 1)
+    assert found is None and "is not installed" in why and "requirements-gpu.txt" in why
+
+
+@pytest.mark.parametrize(
+    ("setting", "nvimgcodec", "nvjpeg", "chosen", "why"),
+    [
+        ("auto", True, True, "nvimgcodec", "the probe's reason"),
+        ("auto", False, True, "nvjpeg", "nvImageCodec is not installed; torchvision's nvJPEG"),
+        ("nvimgcodec", False, False, "cpu", "nvImageCodec is not installed; torchvision's "
+         "nvJPEG fails to decode a probe JPEG on cuda"),
+        ("nvjpeg", True, True, "nvjpeg", "torchvision's nvJPEG"),
+    ],
+)  # fmt: skip
+def test_a_gpu_worker_takes_the_first_decoder_that_works_and_says_why(
+    monkeypatch, setting, nvimgcodec, nvjpeg, chosen, why
+):
+    """nvImageCodec, then torchvision's nvJPEG, then the CPU, each passed over saying why."""
+    from servecore import gpudecode, nvimgdecode
+
+    asked = []
+
+    def load(device, chunk_pixels):
+        asked.append(device)
+        return ("decoder", "the probe's reason") if nvimgcodec else (None, "is not installed")
+
+    monkeypatch.setattr(nvimgdecode, "load", load)
+    monkeypatch.setattr(gpudecode, "quiet", lambda device: None)
+    probe = [torch.zeros(3, 8, 8) if nvjpeg else None]
+    monkeypatch.setattr(DeviceDecoder, "decoded", lambda self, encoded: probe)
+    decoder, choice = for_worker(setting, torch.device("cuda"), 1)
+    assert choice == DecoderChoice(chosen, why)
+    assert (decoder is None) == (chosen == "cpu")
+    assert bool(asked) == (setting != "nvjpeg")
+
+
+nvimgcodec_installed = pytest.mark.skipif(
+    importlib.util.find_spec("nvidia") is None
+    or importlib.util.find_spec("nvidia.nvimgcodec") is None,
+    reason="nvImageCodec not installed (requirements-gpu.txt)",
+)
+
+
+@nvimgcodec_installed
+def test_nvimagecodec_itself_on_its_cpu_decoder_crops_as_the_cpu_path():
+    """The library's own API (code streams, regions, one batched call, None for a corrupt
+    file), on its CPU decoder (libjpeg-turbo; no GPU needed): crops within one level of the CPU
+    path's decoded at full size, the corrupt JPEG refused alone."""
+    from nvidia import nvimgcodec
+
+    from servecore.nvimgdecode import NvImageCodecDecoder
+
+    cpu_only = nvimgcodec.Decoder(
+        device_id=nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY,
+        backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.CPU_ONLY)],
+    )
+    decoder = NvImageCodecDecoder(CPU, 200_000_000, nvimgcodec, cpu_only, "CPU")
+    images = [JPEG, GRAY, LARGE, oriented(6), CORRUPT, mpo()]
+    crops = decoder([SERVED.open(data) for data in images])
+    assert [c is None for c in crops] == [False, False, False, False, True, False]
+    for crop, data in zip(crops, images):
+        if crop is not None:
+            assert int((crop.int() - FULL(data).int()).abs().max()) <= 1

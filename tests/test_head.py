@@ -73,7 +73,10 @@ def test_the_checkpoint_is_a_resnet50_tagging_as_the_report_says(trained_head, w
     report = json.loads((out / "report.json").read_text())
     labels = (out / "labels.txt").read_text().splitlines()
     assert labels == report["labels"]
-    state = torch.load(out / "resnet50.pt", map_location="cpu", weights_only=True)
+    checkpoint = torch.load(out / "resnet50.pt", map_location="cpu", weights_only=True)
+    assert checkpoint["labels"] == labels  # the pair in one file: labels.txt is its copy
+    assert (out / "labels.txt").read_bytes() == "".join(f"{n}\n" for n in labels).encode()
+    state = checkpoint["state_dict"]
     backbone = torch.load(weights_dir / "resnet50.pt", map_location="cpu", weights_only=True)
     assert state.keys() == backbone.keys()
     assert all(torch.equal(state[k], backbone[k]) for k in backbone if not k.startswith("fc."))

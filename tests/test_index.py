@@ -4,6 +4,7 @@ stale and corrupt indexes named, and its answers against exact search (serveclie
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 pytest.importorskip("faiss")
 
 from serveclient import index, search
+from serveclient.errors import UsageError
 from serveclient.vectors import EMBEDDING_DIM, embedding_rows
 
 
@@ -73,9 +75,10 @@ def test_stale_and_corrupt_indexes_are_named(tmp_path):
     assert "--exact" in stale.value.hint
     index.build([src], tmp_path / "v", progress=False)
     assert index.open_index(tmp_path / "v").index.ntotal == 49
-    data = bytearray((tmp_path / "v" / index.VECTORS).read_bytes())
+    vectors_file = index.open_index(tmp_path / "v").files / index.VECTORS
+    data = bytearray(vectors_file.read_bytes())
     data[-1] ^= 0xFF
-    (tmp_path / "v" / index.VECTORS).write_bytes(bytes(data))
+    vectors_file.write_bytes(bytes(data))
     with pytest.raises(index.CorruptIndex, match="sha256"):
         index.open_index(tmp_path / "v")
     manifest = tmp_path / "v" / index.MANIFEST
@@ -92,8 +95,8 @@ def test_duplicates_from_the_index_match_exact(tmp_path):
     matrix[60] = matrix[7] + 0.001
     src = write(tmp_path / "e.parquet", [f"p{i:03d}" for i in range(100)], matrix)
     index.build([src], tmp_path / "v", progress=False)
-    got = search.group(index.pairs(index.open_index(tmp_path / "v"), 0.97))
-    want = search.duplicates(src, 0.97)
+    got = search.group(index.pairs(index.open_index(tmp_path / "v"), 0.97)).groups
+    want = search.duplicates(src, 0.97).groups
     assert [g["paths"] for g in got] == [g["paths"] for g in want] == [["p007", "p050", "p060"]]
 
 
@@ -146,8 +149,8 @@ def test_approximate_duplicates_are_the_exact_pairs_and_updates_append(tmp_path,
     shards.mkdir()
     write(shards / "0.parquet", [f"p{i:04d}" for i in range(2000)], matrix)
     assert index.build([shards], tmp_path / "v", progress=False).trained
-    got = search.group(index.pairs(index.open_index(tmp_path / "v"), 0.99))
-    want = search.duplicates(shards / "0.parquet", 0.99)
+    got = search.group(index.pairs(index.open_index(tmp_path / "v"), 0.99)).groups
+    want = search.duplicates(shards / "0.parquet", 0.99).groups
     assert [g["paths"] for g in got] == [g["paths"] for g in want]
     assert sorted(map(tuple, [g["paths"] for g in want])) == [
         ("p0007", "p1500"),
@@ -167,17 +170,16 @@ def test_approximate_duplicates_are_the_exact_pairs_and_updates_append(tmp_path,
 def test_a_short_rescore_file_is_a_corrupt_index(tmp_path, small_ivf):
     src = write(tmp_path / "e.parquet", [f"p{i}" for i in range(600)], clustered(600, 8))
     assert index.build([src], tmp_path / "v", progress=False).spec == small_ivf
-    store = tmp_path / "v" / index.RESCORE
+    store = index.open_index(tmp_path / "v").files / index.RESCORE
     store.write_bytes(store.read_bytes()[: -index.ROW_BYTES])
-    with pytest.raises(index.CorruptIndex, match=r"rescore\.f16 holds fewer than the 600 rows"):
+    size = 599 * index.ROW_BYTES
+    with pytest.raises(index.CorruptIndex, match=rf"rescore\.f16 holds {size} bytes, its manifest"):
         index.open_index(tmp_path / "v")
 
 
 def test_a_stored_photo_is_a_query_with_or_without_the_index(tmp_path):
     """``tsctl similar --stored``: the vector the collection holds for a path, from the Parquet
     (float32) or from the index (its float16 copy); a path the collection lacks is named."""
-    from serveclient.errors import UsageError
-
     matrix = vectors(120, 3)
     names = [f"p{i}.jpg" for i in range(120)]
     src = write(tmp_path / "e.parquet", names, matrix)
@@ -194,3 +196,121 @@ def test_a_stored_photo_is_a_query_with_or_without_the_index(tmp_path):
                    lambda: index.stored(opened, ["nope.jpg"])):  # fmt: skip
         with pytest.raises(UsageError, match=r"not stored in .*nope\.jpg"):
             lookup()
+
+
+def files_of(folder: Path) -> Path:
+    """Where the index in ``folder`` keeps its files: the build folder its manifest names."""
+    return folder / json.loads((folder / index.MANIFEST).read_text()).get("generation", "")
+
+
+def test_every_file_of_an_index_is_checked_against_its_manifest(tmp_path):
+    """Another index's paths.parquet (ids mapped to the wrong paths) is refused when opened;
+    a changed row of rescore.f16 is refused when a search reads it, the others still answer."""
+    for name, prefix in (("x", "p"), ("y", "q")):
+        src = write(
+            tmp_path / f"{name}.parquet", [f"{prefix}{i}" for i in range(100)], vectors(100, 4)
+        )
+        index.build([src], tmp_path / name, progress=False)
+    mine = files_of(tmp_path / "x") / index.PATHS
+    kept = mine.read_bytes()
+    shutil.copyfile(files_of(tmp_path / "y") / index.PATHS, mine)
+    with pytest.raises(index.CorruptIndex, match=r"paths\.parquet (does not match|holds \d+ b)"):
+        index.open_index(tmp_path / "x")
+    mine.write_bytes(kept)
+    opened = index.open_index(tmp_path / "x")
+    row = {path: id_ for id_, path in opened.names.items()}["p5"]
+    with (files_of(tmp_path / "x") / index.RESCORE).open("r+b") as f:
+        f.seek(row * index.ROW_BYTES + 10)
+        f.write(b"\x00\x3c")  # one float16 of p5's row now reads 1.0
+    opened = index.open_index(tmp_path / "x")
+    assert index.stored(opened, ["p6"]).shape == (1, EMBEDDING_DIM)
+    with pytest.raises(index.CorruptIndex, match=rf"row {row} of rescore\.f16 does not match"):
+        index.stored(opened, ["p5"])
+
+
+def test_a_build_removes_what_builds_left_and_nothing_else(tmp_path):
+    """A folder of the format before (its files beside the manifest) is rebuilt; what it and
+    killed builds left goes, a file of the user's stays."""
+    folder = tmp_path / "v"
+    (folder / "gen-0123456789ab").mkdir(parents=True)  # a killed build's
+    for name in (index.VECTORS, index.PATHS, index.RESCORE, "manifest.json.tmp", "notes.txt"):
+        (folder / name).write_text("old")
+    (folder / index.MANIFEST).write_text(json.dumps({"format": 2}))
+    src = write(tmp_path / "e.parquet", ["a", "b"], vectors(2, 5))
+    assert index.build([src], folder, progress=False).count == 2
+    generation = files_of(folder).name
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [generation, index.MANIFEST, "notes.txt"]
+    )
+    with pytest.raises(UsageError, match=r"notes\.txt is a file, not an index folder"):
+        index.build([src], folder / "notes.txt", progress=False)
+
+
+def two_subspaces(first: int, rest: int) -> np.ndarray:
+    """``first`` vectors near a 16-dimensional subspace, then ``rest`` of ``clustered``'s: a
+    collection whose first rows in folder order are all of one kind."""
+    basis = np.random.default_rng(1).standard_normal((16, EMBEDDING_DIM)) / EMBEDDING_DIM**0.5
+    rng = np.random.default_rng(2)
+    head = rng.standard_normal((first, 16)) * 3 @ basis + 0.1 * rng.standard_normal(
+        (first, EMBEDDING_DIM)
+    )
+    return np.concatenate([head.astype(np.float32), clustered(rest, 4)])
+
+
+def test_the_quantisers_train_on_a_random_sample_not_the_first_rows(
+    tmp_path, small_ivf, monkeypatch
+):
+    """Trained on the first 300 rows (one kind), the projection would keep their directions
+    and lose the others': the other kind's neighbours are found as exact search finds them."""
+    monkeypatch.setattr(index, "training_rows", lambda spec: 300)
+    matrix = two_subspaces(300, 2700)
+    src = write(tmp_path / "e.parquet", [f"p{i:04d}" for i in range(3000)], matrix)
+    index.build([src], tmp_path / "v", progress=False)
+    opened = index.open_index(tmp_path / "v")
+    assert opened.manifest["trained"] == {"count": 3000, "sample": 300, "seed": index.SAMPLE_SEED}
+    queries = clustered(20, 5)
+    got, want = index.nearest(opened, queries, 10), search.nearest(src, queries, 10)
+    recall = np.mean([len({p for p, _ in g} & {p for p, _ in w}) / 10 for g, w in zip(got, want)])
+    assert recall >= 0.9
+
+
+def test_the_training_sample_is_the_same_in_any_folder_order(tmp_path):
+    matrix = vectors(400, 6)
+    names = [f"p{i:03d}" for i in range(400)]
+    forward = index.sources_of([write(tmp_path / "f.parquet", names, matrix)])
+    backward = index.sources_of([write(tmp_path / "b.parquet", names[::-1], matrix[::-1])])
+    first = index._sample(forward, index.wanted(forward), 50)
+    assert np.array_equal(first, index._sample(backward, index.wanted(backward), 50))
+    assert first.shape == (50, EMBEDDING_DIM)
+
+
+def test_an_ivf_index_is_trained_anew_past_the_growth_factor(tmp_path, monkeypatch, capsys):
+    """Kept while the collection grows less than RETRAIN_GROWTH times (and tsctl says so),
+    trained anew past it, on a sample of the whole."""
+    from serveclient.cli import main
+
+    monkeypatch.setattr(index, "spec_for", lambda count: "IVF4,Flat")
+    matrix = vectors(500, 8)
+    names = [f"p{i:03d}" for i in range(500)]
+    src = tmp_path / "e.parquet"
+    write(src, names[:100], matrix[:100])
+    built = index.build([src], tmp_path / "v", progress=False)
+    assert (built.trained, built.trained_at, built.retrain_past) == (True, 100, 200)
+    write(src, names[:200], matrix[:200])  # twice as many: not past the factor
+    assert main(["index", "build", str(src), "--out", str(tmp_path / "v"), "--no-progress"]) == 0
+    assert (
+        "200 vectors (IVF4,Flat), 100 added, 0 removed; not retrained (its quantisers were "
+        "trained at 100 vectors), trained anew past 200"
+    ) in capsys.readouterr().out
+    write(src, names[:201], matrix[:201])
+    built = index.build([src], tmp_path / "v", progress=False)
+    assert (built.trained, built.trained_at, built.retrain_past, built.added) == (
+        True,
+        201,
+        402,
+        201,
+    )
+    opened = index.open_index(tmp_path / "v")
+    assert opened.manifest["trained"]["count"] == 201
+    hit = index.nearest(opened, matrix[150:151], 1)[0][0]
+    assert hit[0] == "p150" and hit[1] == pytest.approx(1.0, abs=2e-3)

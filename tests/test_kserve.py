@@ -20,8 +20,11 @@ import yaml
 
 from buildsteps.configgen import bulk_lanes, repo_models
 from kserve_tools import lint as kserve_lint
+from kserve_tools import modelcar
 from kserve_tools.bundle import build_triton, bundle_config, bundle_name
 from kserve_tools.bundle import main as bundle_main
+from kserve_tools.lint.autoscaling import autoscaling_findings
+from kserve_tools.lint.localmodel import localmodel_findings, matches
 from kserve_tools.render import RenderError, render
 from tests.conftest import MODELS, REPO
 
@@ -316,6 +319,193 @@ def test_keda_takes_no_scale_metric_and_kpa_is_no_autoscaler_class():
     del resource.obj["spec"]["predictor"]["scaleMetric"]
     del resource.obj["spec"]["predictor"]["scaleTarget"]
     assert findings(resource) == []
+
+
+# ------------------------------------------------------------------ KEDA through autoScaling
+
+KEDA = ("keda", "keda-gpu")
+
+
+def keda_findings(resource) -> list[str]:
+    return findings(resource) + [str(f) for f in autoscaling_findings(resource)]
+
+
+def _triggers(obj) -> list[dict]:
+    return obj["spec"]["predictor"]["autoScaling"]["metrics"]
+
+
+def _query(obj, change) -> None:
+    metric = _triggers(obj)[0]["external"]["metric"]
+    metric["query"] = change(metric["query"])
+
+
+def test_keda_overlays_scale_their_own_pods_on_our_recorded_signals():
+    """CPU pods on the requests waiting, GPU pods on the GPU's busy share as well; each query a
+    sum of one recorded signal for this InferenceService alone; the rest as their base."""
+    cpu, gpu = isvc("keda").obj, isvc("keda-gpu").obj
+    for obj, base, signals in (
+        (cpu, isvc("v1").obj, ["queued_requests"]),
+        (gpu, isvc("gpu").obj, ["gpu_busy", "queued_requests"]),
+    ):
+        assert obj["metadata"]["annotations"] == {
+            "serving.kserve.io/deploymentMode": "Standard",
+            "serving.kserve.io/autoscalerClass": "keda",
+        }
+        predictor = obj["spec"]["predictor"]
+        assert (predictor["minReplicas"], predictor["maxReplicas"]) == (1, 4)
+        assert "scaleMetric" not in predictor
+        queries = [t["external"]["metric"]["query"] for t in _triggers(obj)]
+        assert queries == [
+            f'sum(inferenceservice:{s}:sum{{namespace="YOUR-NAMESPACE",'
+            f'inferenceservice="{obj["metadata"]["name"]}"}})'
+            for s in signals
+        ]
+        assert {
+            k: v
+            for k, v in predictor.items()
+            if k not in ("autoScaling", "minReplicas", "maxReplicas")
+        } == base["spec"]["predictor"]
+
+
+KEDA_MUTATIONS = {
+    "unrecorded-series": (
+        lambda o: _query(o, lambda q: q.replace(":sum{", ":total{")),
+        "which no rule of config/monitoring/rules.yml records",
+    ),
+    "another-service": (
+        lambda o: _query(o, lambda q: q.replace('inferenceservice="', 'inferenceservice="x-')),
+        "does not select inferenceservice=",
+    ),
+    "several-series": (
+        lambda o: _query(o, lambda q: q[len("sum(") : -1]),
+        "may return several series",
+    ),
+    "no-threshold": (
+        lambda o: _triggers(o)[0]["external"]["target"].pop("value"),
+        "the target threshold value should not be empty",
+    ),
+    "scale-to-zero": (
+        lambda o: o["spec"]["predictor"].update(minReplicas=0),
+        "nothing would ever ask for the first one back",
+    ),
+    "knative": (
+        lambda o: _annotate(o, "serving.kserve.io/deploymentMode", "Knative"),
+        "KEDA autoscaling is only supported in Standard mode",
+    ),
+    "no-trigger": (
+        lambda o: o["spec"]["predictor"].update(autoScaling={}),
+        "missing: KServe would give KEDA no trigger",
+    ),
+    "hpa-with-external": (
+        lambda o: _annotate(o, "serving.kserve.io/autoscalerClass", "hpa"),
+        "invalid HPA metric source type with value [External]",
+    ),
+    "cpu-as-value": (
+        lambda o: _triggers(o).append(
+            {
+                "type": "Resource",
+                "resource": {
+                    "name": "cpu",
+                    "target": {"type": "AverageValue", "averageValue": "1"},
+                },
+            }
+        ),
+        "the cpu target value type should be Utilization",
+    ),
+    "unscraped": (
+        lambda o: (
+            o["metadata"].update(name="resnet50-b"),
+            _query(
+                o, lambda q: re.sub(r'inferenceservice="[^"]*"', 'inferenceservice="resnet50-b"', q)
+            ),
+        ),
+        "PodMonitor scrapes no pod of InferenceService resnet50-b",
+    ),
+    "target-type": (
+        lambda o: _triggers(o)[0]["external"]["target"].update(type="Average"),
+        "'Average' is not one of ['Utilization', 'Value', 'AverageValue']",
+    ),
+}
+
+
+@pytest.mark.parametrize("mutation", KEDA_MUTATIONS)
+@pytest.mark.parametrize("target", KEDA)
+def test_mutated_keda_overlay_fails_with_the_expected_message(target, mutation):
+    resource = isvc(target)
+    assert keda_findings(resource) == []
+    mutate, expected = KEDA_MUTATIONS[mutation]
+    mutate(resource.obj)
+    problems = keda_findings(resource)
+    assert any(expected in p for p in problems), problems
+    assert all(" InferenceService " in p and "; fix: " in p for p in problems)
+
+
+# ------------------------------------------------------------------ models on the node
+
+
+def test_the_modelcar_overlay_only_takes_the_bundle_from_its_oci_image():
+    obj, base = isvc("modelcar").obj, isvc("v1").obj
+    assert obj["spec"]["predictor"]["model"].pop("storageUri") == (
+        f"oci://ghcr.io/YOUR-ORG/{bundle_name()}:{VERSION}"
+    )
+    del base["spec"]["predictor"]["model"]["storageUri"]
+    assert obj == base
+
+
+def cache():
+    [resource] = copy.deepcopy(_rendered(KSERVE / "localmodel"))
+    return resource
+
+
+LOCALMODEL_MUTATIONS = {
+    "api": (_set("apiVersion", "serving.kserve.io/v1alpha2"), "not serving.kserve.io/v1alpha1"),
+    "unknown-field": (
+        lambda o: o["spec"].update(nodeGroup=o["spec"].pop("nodeGroups")),
+        "'nodeGroup' was unexpected",
+    ),
+    "no-node-group": (_set("spec.nodeGroups", []), "[] should be non-empty"),
+    "size": (_set("spec.modelSize", "1 GB"), "'1 GB' does not match"),
+    "modelcar": (
+        _set("spec.sourceModelUri", "oci://ghcr.io/YOUR-ORG/resnet50-serve:1.0"),
+        "KServe's download Jobs (the storage initializer) fetch",
+    ),
+    "unused": (
+        _set("spec.sourceModelUri", "s3://YOUR-BUCKET/resnet50-serve-gpu/"),
+        "no InferenceService would use the cache",
+    ),
+}
+
+
+@pytest.mark.parametrize("mutation", LOCALMODEL_MUTATIONS)
+def test_mutated_local_model_cache_fails_with_the_expected_message(mutation):
+    resource = cache()
+    assert localmodel_findings(resource) == []
+    mutate, expected = LOCALMODEL_MUTATIONS[mutation]
+    mutate(resource.obj)
+    problems = [str(f) for f in localmodel_findings(resource)]
+    assert any(expected in p for p in problems), problems
+    assert all(": LocalModelCache resnet50-serve: " in p and "; fix: " in p for p in problems)
+
+
+def test_a_cache_serves_its_uri_and_the_folders_below_it_as_kserve_matches_them():
+    base = isvc("v1").obj["spec"]["predictor"]["model"]["storageUri"]
+    assert cache().obj["spec"]["sourceModelUri"] == base
+    bucket = base.rsplit("/", 2)[0]
+    assert matches(base.rstrip("/"), base) and matches(bucket + "/", base)
+    assert not matches(bucket + "/resnet50", base) and not matches(base + "config/", base)
+
+
+def test_the_modelcar_key_follows_the_bundle_s_content_not_its_file_times(tmp_path):
+    bundle = tmp_path / "resnet50-serve"
+    (bundle / "config").mkdir(parents=True)
+    (bundle / "config" / "serve.sh").write_text("exec torchserve\n")
+    key = modelcar.cache_key(bundle, "FROM x", "base-id")
+    (bundle / "config" / "serve.sh").touch()
+    assert modelcar.cache_key(bundle, "FROM x", "base-id") == key
+    (bundle / "config" / "serve.sh").write_text("exec torchserve --ncs\n")
+    assert modelcar.cache_key(bundle, "FROM x", "base-id") != key
+    with pytest.raises(SystemExit, match=r"is no storage bundle .* run `make kserve-bundle` first"):
+        modelcar.build(bundle)
 
 
 def test_gpu_and_canary_bundle_configs_come_from_the_same_source():

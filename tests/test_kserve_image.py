@@ -3,19 +3,25 @@
 (``kserve_tools.container``): the rendered ClusterServingRuntime's command, args, env,
 ``securityContext`` and limits, ``/mnt/models`` the bundle of ``make kserve-bundle`` mounted
 read-only, the port published on 127.0.0.1. Answers are compared with the local server's (the
-session ``torchserve``), as in tests/test_kserve_runtime.py."""
+session ``torchserve``), as in tests/test_kserve_runtime.py. Last, the same runtime reads that
+bundle from its modelcar image (``make kserve-modelcar``) as KServe wires a pod for
+``storageUri: oci://`` (``ModelcarPod``: one process namespace, the files through the modelcar
+process's root)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
+import subprocess
 
 import pytest
 import requests
 
 from buildsteps.configgen import repo_models
+from kserve_tools import modelcar
 from kserve_tools.bundle import build
-from kserve_tools.container import MOUNT, RuntimeContainer
+from kserve_tools.container import MODELCAR_ARGS, MOUNT, ModelcarPod, RuntimeContainer
 from kserve_tools.lint import RUNTIME_DIR
 from kserve_tools.render import render
 from tests import imagegen
@@ -164,3 +170,67 @@ def test_sigterm_stops_torchserve_cleanly_within_the_grace_period(pod):
     assert not state.get("OOMKilled"), state
     assert code == 0, f"exit code {code} after SIGTERM ({seconds:.1f} s):\n{pod.logs()}"
     assert seconds < pod.grace, f"{seconds:.1f} s: SIGKILL was needed"
+
+
+# ------------------------------------------------------------------ the bundle from a modelcar
+
+
+@pytest.fixture(scope="module")
+def modelcar_pod(runtime_image, container, bundle):
+    """The runtime beside the bundle's modelcar (``make kserve-modelcar``'s image when it holds
+    this bundle: the key is the content; the tests above stopped the first pod); removed
+    whatever happens."""
+    server = ModelcarPod(container, runtime_image, modelcar.build(bundle.folder))
+    try:
+        server.start()
+        yield server
+    finally:
+        server.remove()
+
+
+def test_the_runtime_reads_the_modelcar_s_files_through_its_process_root(modelcar_pod, bundle):
+    """/mnt/models is the modelcar shell's link to /proc/<its pid>/root/models, made after the
+    runtime started (it waited: MODEL_INIT_MODE=async); through it the runtime reads the
+    bundle byte for byte, and cannot change it."""
+    link = modelcar_pod.exec(["readlink", MOUNT], timeout=30).stdout.strip()
+    pid = link.removeprefix("/proc/").removesuffix("/root/models")
+    assert pid.isdigit(), link
+    cmdline = modelcar_pod.exec(["cat", f"/proc/{pid}/cmdline"], timeout=30).stdout
+    assert cmdline.rstrip("\0").split("\0") == MODELCAR_ARGS
+    started = {
+        name: subprocess.run(
+            [*modelcar_pod.engine, "inspect", "--format", "{{.State.StartedAt}}", name],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for name in (modelcar_pod.name, modelcar_pod.sidecar)
+    }
+    assert started[modelcar_pod.name] < started[modelcar_pod.sidecar], started
+    listing = modelcar_pod.exec(
+        ["sh", "-c", f"cd {MOUNT}/ && find . -type f | sort | xargs sha256sum"], timeout=120
+    )
+    assert listing.returncode == 0, listing.stderr
+    local = {
+        f"./{path.relative_to(bundle.folder)}": hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in modelcar.files(bundle.folder)
+    }
+    assert dict(reversed(line.split()) for line in listing.stdout.splitlines()) == local
+    touched = modelcar_pod.exec(["touch", f"{MOUNT}/config/written"], timeout=30)
+    assert touched.returncode != 0 and "Permission denied" in touched.stderr
+
+
+def test_the_runtime_answers_from_the_modelcar_as_the_local_server(
+    modelcar_pod, torchserve, local_answers
+):
+    agree = Agreement.between(modelcar_pod, torchserve, IMAGES[0])
+    for image, (_, tags) in zip(IMAGES, local_answers):
+        v1 = requests.post(
+            f"{modelcar_pod.inference_url}/v1/models/resnet50-tagger:predict",
+            json={"instances": [{"data": b64(image)}], "parameters": {"topk": TOPK}},
+            timeout=120,
+        )
+        assert v1.status_code == 200, v1.text
+        agree.tags(v1.json()["predictions"][0], tags)
+    assert modelcar_pod.readiness[-1] and not any(modelcar_pod.readiness[:-1])
+    print(f"\ncold start, modelcar (first container -> ready): {modelcar_pod.ready_after:.1f} s")

@@ -55,10 +55,14 @@ def _endpoint(obj) -> dict:
 
 POD_MONITOR_MUTATIONS = {
     "selector": (
-        lambda o: o["spec"]["selector"]["matchLabels"].update(
-            {"serving.kserve.io/inferenceservice": "resnet"}
+        lambda o: o["spec"]["selector"].update(
+            matchExpressions=[], matchLabels={"serving.kserve.io/inferenceservice": "resnet"}
         ),
-        "'resnet' selects no pod",
+        "['resnet'] selects no pod of InferenceService resnet50",
+    ),
+    "isvc-label": (
+        lambda o: _endpoint(o)["relabelings"].pop(3),
+        "no inferenceservice label from the pod's",
     ),
     "port": (
         lambda o: _endpoint(o)["relabelings"][1].update(replacement="$1:8080"),

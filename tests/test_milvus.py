@@ -1,11 +1,15 @@
 """``tsctl index build --out URI`` and the searches through Milvus (serveclient/milvusindex.py)
 against a real Milvus Lite server process (``milvus-lite server`` on a free loopback port,
 reached at ``http://127.0.0.1:PORT`` exactly as a Milvus Standalone would be), compared with
-exact search over the Parquet (serveclient/search.py); and Milvus Lite's ``NAME.db`` URI."""
+exact search over the Parquet (serveclient/search.py); and Milvus Lite's ``NAME.db`` URI. The
+token: tsctl reads it from a file or ``$MILVUS_TOKEN`` and sends it to a server that checks it
+as Milvus Standalone with authentication on does (Milvus Lite has none: devtools/milvus.py puts
+Milvus's check in front); a refusal is named, the token never shown."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -16,7 +20,9 @@ pytest.importorskip("pymilvus")
 from devtools.milvus import milvus_lite
 from devtools.server import free_port
 from serveclient import index, milvusindex, search
-from serveclient.errors import UsageError
+from serveclient.cli import parser
+from serveclient.cli.common import TOKEN_BYTES, milvus_token
+from serveclient.errors import MilvusTokenError, UsageError
 from tests.served import tsctl
 from tests.test_index import clustered, vectors, write
 
@@ -64,7 +70,7 @@ def test_a_milvus_collection_answers_as_exact_search_and_updates_in_place(tmp_pa
     with pytest.raises(UsageError, match=r"not stored in first at .*p000\.jpg"):
         milvusindex.stored(opened, ["p000.jpg"])
     # duplicates: the pairs exact search finds over the same photos
-    got = search.group(milvusindex.pairs(opened, 0.97))
+    got = search.group(milvusindex.pairs(opened, 0.97)).groups
     want = [["p017.jpg", "p250.jpg"]]
     assert [g["paths"] for g in got] == want
 
@@ -129,8 +135,9 @@ def test_past_the_flat_limit_the_collection_is_ivf_sq8_and_finds_the_exact_neigh
     assert recall >= 0.95
     for g, w in zip(got, want):  # re-scored: exact cosines, as the Parquet's
         assert g[0][1] == pytest.approx(w[0][1], abs=1e-5)
-    pairs = search.group(milvusindex.pairs(opened, 0.99))
-    assert [g["paths"] for g in pairs] == [g["paths"] for g in search.duplicates(src, 0.99)]
+    pairs = search.group(milvusindex.pairs(opened, 0.99)).groups
+    want = search.duplicates(src, 0.99).groups
+    assert [g["paths"] for g in pairs] == [g["paths"] for g in want]
 
 
 def test_tsctl_builds_and_searches_milvus_by_uri_as_it_does_the_folder_index(tmp_path, milvus):
@@ -156,9 +163,14 @@ def test_tsctl_builds_and_searches_milvus_by_uri_as_it_does_the_folder_index(tmp
     # a search machine without the Parquet: the collection by name
     alone = tsctl(None, "--json", "duplicates", "--vindex", milvus, "--collection", "photos")
     assert alone.returncode == 0, alone.stderr
-    groups = json.loads(alone.stdout)
-    assert groups == search.duplicates(src, 0.97)
-    assert [g["paths"] for g in groups] == [["p3.jpg", "p99.jpg"]]
+    found = json.loads(alone.stdout)
+    assert (found["groups"], found["complete"]) == (search.duplicates(src, 0.97).groups, True)
+    assert [g["paths"] for g in found["groups"]] == [["p3.jpg", "p99.jpg"]]
+    # a threshold every pair reaches stops at the pair cap, as exact search and FAISS do
+    low = ["--threshold", "0.3", "--max-pairs", "5"]
+    capped = tsctl(None, "--json", "duplicates", "--vindex", milvus, "--collection", "photos", *low)
+    assert capped.returncode == 0, capped.stderr
+    assert (json.loads(capped.stdout)["pairs"], json.loads(capped.stdout)["complete"]) == (5, False)
 
 
 @pytest.fixture
@@ -228,7 +240,111 @@ def test_the_folder_index_of_s3_shards_needs_its_fetched_copies_for_duplicates(t
     index.build(["s3://photos/emb/"], tmp_path / "v", progress=False, work_dir=work)
     opened = index.open_index(tmp_path / "v")
     assert opened.manifest["sources"][0]["path"] == "s3://photos/emb/e.parquet"
-    assert search.group(index.pairs(opened, 0.97))[0]["paths"] == ["p3.jpg", "p30.jpg"]
+    assert search.group(index.pairs(opened, 0.97)).groups[0]["paths"] == ["p3.jpg", "p30.jpg"]
     shutil.rmtree(work)
     with pytest.raises(index.StaleIndex, match=r"copy of s3://photos/emb/e\.parquet .* is not at"):
         list(index.pairs(index.open_index(tmp_path / "v"), 0.97))
+
+
+# ------------------------------------------------------------------ authentication
+
+TOKEN = "root:correct horse 42"  # what the Secret milvus-auth's key token holds: user:password
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory):
+    """A Milvus Lite server with authentication on (devtools/milvus.py: each call's
+    authorization header checked as Milvus Standalone checks it, refused with its words);
+    its URI. Milvus Lite itself has no authentication."""
+    with milvus_lite(tmp_path_factory.mktemp("secured"), token=TOKEN) as server:
+        yield server.uri
+
+
+def test_tsctl_sends_the_token_from_a_file_or_the_environment_and_names_a_refusal(
+    tmp_path, secured, monkeypatch
+):
+    """The index Job's way (a file, as the Secret mounts it, newline and all) and a search
+    pod's (``$MILVUS_TOKEN``); without the token or with a wrong one, exit 4 with the reason
+    and what to do, no traceback (``--json``: the error object); the token is in no output,
+    the wrong one neither."""
+    monkeypatch.delenv("MILVUS_TOKEN", raising=False)
+    matrix = vectors(40, 7)
+    matrix[30] = matrix[3] * 1.001
+    src = write(tmp_path / "photos.parquet", [f"p{i}.jpg" for i in range(40)], matrix)
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    (tmp_path / "wrong").write_text("root:not-the-password")
+    build = ["index", "build", str(src), "--out", secured, "--no-progress"]
+    built = tsctl(None, *build, "--milvus-token-file", str(tmp_path / "token"))
+    assert built.returncode == 0, built.stderr
+    assert f"photos at {secured}: 40 vectors (FLAT), 40 added, 0 removed" in built.stdout
+    search = ["duplicates", "--vindex", secured, "--collection", "photos"]
+    runs = [built]
+    for argv, reason in [
+        (["--json", *search], "needs a token (authentication is on): missing authorization"),
+        (
+            [*search, "--milvus-token-file", str(tmp_path / "wrong")],
+            "refused the token: auth check failure, please check username and password",
+        ),
+    ]:
+        refused = tsctl(None, *argv)
+        runs.append(refused)
+        assert refused.returncode == 4, refused.stderr
+        assert f"Milvus at {secured} {reason}" in refused.stderr + refused.stdout
+        assert "--milvus-token-file PATH, or set $MILVUS_TOKEN" in refused.stderr
+        assert "Traceback" not in refused.stderr and "not-the-password" not in refused.stderr
+    monkeypatch.setenv("MILVUS_TOKEN", TOKEN)
+    similar = ["similar", "p3.jpg", "--stored", "--vindex", secured, "--collection", "photos"]
+    near = tsctl(None, "--json", *similar, "-k", "1")
+    assert near.returncode == 0, near.stderr
+    assert [h["path"] for h in json.loads(near.stdout)["p3.jpg"]] == ["p30.jpg"]
+    for run in [*runs, near]:
+        assert "correct horse" not in run.stdout + run.stderr
+
+
+def test_the_library_takes_the_token_as_an_argument(tmp_path, secured):
+    src = write(tmp_path / "e.parquet", ["a.jpg", "b.jpg"], vectors(2, 8))
+    assert milvusindex.build([src], secured, "lib", progress=False, token=TOKEN).count == 2
+    assert milvusindex.open_index(secured, "lib", token=TOKEN).manifest["count"] == 2
+    with pytest.raises(MilvusTokenError, match="needs a token") as refused:
+        milvusindex.open_index(secured, "lib")
+    assert refused.value.exit_code == 4
+
+
+def _token(*argv):
+    return milvus_token(parser().parse_args(["duplicates", "--vindex", "http://m:19530", *argv]))
+
+
+def test_the_token_file_is_read_bounded_and_never_quoted(tmp_path, monkeypatch):
+    monkeypatch.delenv("MILVUS_TOKEN", raising=False)
+    assert _token() is None  # a Milvus without authentication
+    monkeypatch.setenv("MILVUS_TOKEN", "reader:from-env")
+    assert _token() == "reader:from-env"
+    (tmp_path / "token").write_text("\n indexer:from-file \r\n")
+    assert _token("--milvus-token-file", str(tmp_path / "token")) == "indexer:from-file"
+    (tmp_path / "empty").write_text(" \n")
+    (tmp_path / "big").write_bytes(b"x" * (TOKEN_BYTES + 1))
+    for argv, message in [
+        (["--milvus-token-file", str(tmp_path / "empty")], "empty holds nothing, not a Milvus"),
+        (["--milvus-token-file", str(tmp_path / "big")], f"more than {TOKEN_BYTES} bytes"),
+        (["--milvus-token-file", str(tmp_path)], f"{tmp_path} is not a file"),
+        # the token itself given where its file belongs: refused without repeating it
+        (["--milvus-token", "root:hunter22"], "--milvus-token-file: the path given is not a file"),
+    ]:
+        with pytest.raises(MilvusTokenError, match=message) as refused:
+            _token(*argv)
+        assert "hunter22" not in str(refused.value) and refused.value.exit_code == 4
+
+
+def test_no_option_takes_the_token_itself():
+    """argv is every local user's to read (/proc/PID/cmdline): the commands that open a Milvus
+    URI name a file or a variable for their secrets, never the secret."""
+    commands = parser()._subparsers._group_actions[0].choices
+    for name in ("index", "similar", "duplicates"):
+        secret = {
+            option
+            for action in commands[name]._actions
+            for option in action.option_strings
+            if re.search("token|password|secret|key", option) and action.dest != "key_file"
+        }
+        assert secret <= {"--milvus-token-file", "--token-env"}, (name, secret)
+        assert "--milvus-token-file" in secret

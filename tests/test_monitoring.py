@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from devtools.prometheus import RULES, UNIT_TESTS, LocalPrometheus, alert_rules
+from devtools.prometheus import RULES, UNIT_TESTS, LocalPrometheus, alert_rules, series_names
 from serveclient import metrics
 from servecore.metrics import COMMON_LABELS, METRICS
 from tests.conftest import REPO
@@ -65,6 +65,49 @@ def test_promtool_unit_tests_pass():
         cwd=UNIT_TESTS.parent,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+SCALING_TESTS = RULES.parent / "scaling-tests.yml"
+KEDA_OVERLAYS = ("keda", "keda-gpu")
+
+
+def test_promtool_scaling_tests_pass():
+    """The replica count KEDA asks for crosses to one more exactly when the synthetic load
+    says it should (config/monitoring/scaling-tests.yml)."""
+    result = subprocess.run(
+        [_promtool(), "test", "rules", str(SCALING_TESTS)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=SCALING_TESTS.parent,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("overlay", KEDA_OVERLAYS)
+def test_scaling_tests_ask_each_keda_overlays_query_with_its_target(overlay):
+    """Each External trigger of the overlay is tested as KEDA computes it, ceil(query /
+    target.value), on the overlay's own query and target, once asking for 1 replica and once
+    for more: editing a query or a target without its test fails here."""
+    import yaml
+
+    from kserve_tools.render import render
+
+    [isvc] = [
+        r for r in render(REPO / "kserve" / "overlays" / overlay) if r.kind == "InferenceService"
+    ]
+    metrics = isvc.obj["spec"]["predictor"]["autoScaling"]["metrics"]
+    asked: dict[str, set] = {}
+    for test in yaml.safe_load(SCALING_TESTS.read_text())["tests"]:
+        for check in test.get("promql_expr_test", []):
+            for sample in check["exp_samples"]:
+                asked.setdefault(check["expr"], set()).add(sample["value"])
+    assert metrics
+    for metric in metrics:
+        external = metric["external"]
+        expr = f"ceil({external['metric']['query']} / {external['target']['value']})"
+        assert expr in asked, f"{overlay}: no promtool test evaluates {expr}"
+        assert 1 in asked[expr] and max(asked[expr]) > 1, (expr, asked[expr])
 
 
 def test_every_alert_is_tested_firing_and_quiet():
@@ -204,26 +247,6 @@ def test_recording_rules_agree_with_the_requests_sent(torchserve, prometheus):
 
 # ---------------------------------------------------------------------- the dashboard
 
-PROMQL_WORDS = {
-    "sum",
-    "max",
-    "min",
-    "avg",
-    "count",
-    "rate",
-    "by",
-    "without",
-    "ignoring",
-    "on",
-    "group_left",
-    "group_right",
-    "and",
-    "or",
-    "unless",
-    "offset",
-    "bool",
-}
-
 
 def _exported_names() -> set[str]:
     """Every series name the server exports (config/metrics.yaml; histograms as _sum, _count
@@ -241,17 +264,6 @@ def _exported_names() -> set[str]:
                 if kind == "histogram":
                     names |= {metric["name"] + s for s in ("_sum", "_count", "_bucket")}
     return names
-
-
-def _series_names(expr: str) -> set[str]:
-    """The series an expression reads: identifiers outside label matchers, grouping clauses
-    and durations that are not PromQL functions or keywords."""
-    import re
-
-    bare = re.sub(r'\{[^}]*\}|\[[^\]]*\]|"[^"]*"', " ", expr)
-    bare = re.sub(r"\b(by|without|ignoring|on)\s*\([^)]*\)", " ", bare)
-    tokens = re.findall(r"([A-Za-z_:][A-Za-z0-9_:]*)\s*(\()?", bare)
-    return {name for name, call in tokens if not call and name not in PROMQL_WORDS}
 
 
 def test_committed_dashboard_is_what_the_code_builds():
@@ -273,7 +285,7 @@ def test_every_dashboard_query_names_a_real_series_and_parses(tmp_path):
     assert len(queries) >= 10
     known = _exported_names()
     for expr in queries:
-        names = _series_names(expr)
+        names = series_names(expr)
         assert names, f"no series found in {expr!r}"
         assert names <= known, (
             f"{expr!r} reads {sorted(names - known)}: nothing exports or records it"
@@ -306,5 +318,5 @@ def test_series_names_are_read_from_an_expression():
         'sum by (model, batch_size) (rate(resnet50_batches_by_size_total{job="x"}[5m])) / '
         "ignoring (batch_size) group_left sum by (model) (rate(resnet50_batches_total[5m]))"
     )
-    assert _series_names(expr) == {"resnet50_batches_by_size_total", "resnet50_batches_total"}
-    assert _series_names('job:ts_requests:rate1m{code="5xx"} > 0.5') == {"job:ts_requests:rate1m"}
+    assert series_names(expr) == {"resnet50_batches_by_size_total", "resnet50_batches_total"}
+    assert series_names('job:ts_requests:rate1m{code="5xx"} > 0.5') == {"job:ts_requests:rate1m"}

@@ -13,6 +13,7 @@ from torch import nn
 from torchvision.models import resnet50
 
 from buildsteps import weights
+from buildsteps.checkpoint import read_labels
 from model_files.artifacts import INFO, LABELS
 from model_files.resnet_dual import build_dual
 from tests import imagegen
@@ -122,6 +123,72 @@ def test_a_broken_checkpoint_is_refused_at_build_time(files, tmp_path, capsys, n
     argv = ["--source", str(ckpt), "--out", str(out)]
     assert weights.main(argv + ([] if labels is None else ["--labels", str(labels)])) == 2
     assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "data"),
+    [
+        ("bom.txt", b"\xef\xbb\xbfcat\ndog\n"),  # Notepad's UTF-8
+        ("bom.json", b'\xef\xbb\xbf["cat", "dog"]'),
+        ("crlf.txt", b"cat\r\ndog\r\n"),
+        ("cr.txt", b"cat\rdog\r"),  # classic Mac line ends
+        ("blank-end.txt", b"cat\ndog\n\n \n"),  # blank lines at the end: not classes
+    ],
+)
+def test_a_labels_file_is_read_as_its_author_wrote_it(tmp_path, name, data):
+    (tmp_path / name).write_bytes(data)
+    assert read_labels(tmp_path / name) == ["cat", "dog"]
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "message"),
+    [
+        ("latin1.txt", b"caf\xe9\n", "is not UTF-8 (byte 3: b'\\xe9'): save it as UTF-8"),
+        ("keys.json", '{"0": "cat", "\u00b2": "dog"}'.encode(), "keys must be the class indexes"),
+        ("first-blank.txt", b"\ncat\n", "label 0 is empty"),
+        ("case.txt", b"Cat\ncat\n", "label 'cat' is repeated (classes 0 and 1"),
+    ],
+)
+def test_a_bad_labels_file_is_refused_in_the_builds_words(tmp_path, capsys, name, data, message):
+    torch.manual_seed(2)
+    torch.save(resnet50(num_classes=2).state_dict(), tmp_path / "two.pt")
+    (tmp_path / name).write_bytes(data)
+    out = tmp_path / "out"
+    argv = ["--source", str(tmp_path / "two.pt"), "--labels", str(tmp_path / name)]
+    assert weights.main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def carrying(files, tmp_path_factory):
+    """A checkpoint that carries its labels, as ``tsctl head train`` writes one."""
+    root = tmp_path_factory.mktemp("carrying")
+    state = torch.load(files / "state.pt", weights_only=True)
+    torch.save({"state_dict": state, "labels": NAMES}, root / "resnet50.pt")
+    return root / "resnet50.pt"
+
+
+def test_a_checkpoint_that_carries_its_labels_serves_them(carrying, files, tmp_path):
+    info = weights.build(str(carrying), tmp_path / "alone")  # no LABELS needed
+    assert info["labels"] == "the labels resnet50.pt carries"
+    assert json.loads((tmp_path / "alone" / LABELS).read_text())["36"] == NAMES[36]
+    info = weights.build(str(carrying), tmp_path / "same", files / "labels.txt")
+    assert info["classes"] == CLASSES
+
+
+def test_labels_that_are_not_the_ones_the_checkpoint_carries_are_refused(
+    carrying, tmp_path, capsys
+):
+    """What a head train killed between its two files would leave: new weights, old names."""
+    (tmp_path / "old.txt").write_text("\n".join(reversed(NAMES)) + "\n")
+    out = tmp_path / "out"
+    argv = ["--source", str(carrying), "--labels", str(tmp_path / "old.txt"), "--out", str(out)]
+    assert weights.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "is not the list of labels" in err and "class 0 is 'product-00' there" in err
     assert not out.exists()
 
 

@@ -2,23 +2,28 @@
 tsctl from a generated album against the session's real TorchServe and opened in headless
 Chromium (Debian's, through the ``playwright`` package): every thumbnail loads, the broken and
 the missing file show a placeholder, no script from a file name runs and its name is shown as
-text; a screenshot of each lands in build/pages/ for a person to look at. Plus the page
-budget: a page of 1,000 pairs of noisy photos stays a few MB."""
+text; a screenshot of each lands in build/pages/ for a person to look at. Plus the caps,
+without a server: a page of 1,000 pairs of noisy photos stays a few MB, no page grows past
+its pictures, bytes and table rows whatever it is given (and says what it left out), and a
+FIFO, a device, a folder or a huge file among the paths is a placeholder, never a hang."""
 
 from __future__ import annotations
 
 import base64
 import copy
+import re
 import urllib.parse
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from devtools import pages_demo
 from devtools.pages_demo import ONERROR_NAME, SCRIPT_NAME
-from serveclient import errors, pages
+from serveclient import errors, head, pages
 from serveclient.batchjob import Job, Plan, explain_budget
 from serveclient.collection import Entry
+from serveclient.search import Grouped
 from tests import imagegen
 from tests.conftest import REPO
 from tests.served import tsctl
@@ -138,11 +143,14 @@ def test_a_page_of_a_thousand_pairs_stays_a_few_mb(tmp_path):
     groups = [
         {"paths": [paths[i % 40], paths[(i + 1) % 40]], "min_score": 0.98} for i in range(1000)
     ]
-    html = pages.duplicates_page(groups, pages.Thumbnailer(expected=2000), "x.parquet", 0.97)
+    found = Grouped(groups, 1000, complete=True)
+    html = pages.duplicates_page(found, pages.Thumbnailer(expected=2000), "x.parquet", 0.97)
     assert len(html.encode()) < pages.PAGE_BUDGET_BYTES + 1_000_000
     assert html.count("<img ") == 2000
     # A small page keeps its thumbnails large.
-    small = pages.duplicates_page(groups[:2], pages.Thumbnailer(expected=4), "x.parquet", 0.97)
+    small = pages.duplicates_page(
+        Grouped(groups[:2], 2, True), pages.Thumbnailer(expected=4), "x.parquet", 0.97
+    )
     assert 'width="160"' in small
 
 
@@ -230,3 +238,120 @@ def test_an_explanation_job_retries_a_busy_server_and_records_refusals(tmp_path)
     assert items["bad.jpg"].error == "HTTP 400 InvalidImage: not an image"
     with pytest.raises(ValueError, match="one image per request"):
         Job(client, "m", "explain", gallery, Plan(per_request=4))
+
+
+def noisy_photos(folder: Path, n: int) -> list[str]:
+    paths = []
+    for i in range(n):
+        path = folder / f"p{i}.jpg"
+        path.write_bytes(imagegen.jpeg(640, 480, seed=i))
+        paths.append(str(path))
+    return paths
+
+
+def _head_report(labels: list[str], truth: np.ndarray, predicted: np.ndarray) -> dict:
+    """A head train report as ``serveclient.head`` writes it, its confusion from the pairs."""
+    return {
+        "labels": labels,
+        "split": {"train": 60_000, "held_out": len(truth), "seed": 0},
+        "per_label": {label: {"precision": 0.5, "recall": 0.5, "support": 40} for label in labels},
+        "confusion": head.confusion(truth, predicted, labels),
+        "held_out_accuracy": 0.0,
+        "calibration": {"expected_calibration_error": 0.1},
+    }
+
+
+def test_a_head_report_of_twenty_thousand_mistakes_and_500_labels_stays_within_its_caps(
+    tmp_path,
+):
+    paths = noisy_photos(tmp_path, 40)
+    labels = [f"label{i}" for i in range(500)]
+    truth = np.arange(20_000) % 500
+    predicted = (truth * 7 + 1) % 500
+    predicted[:90] = 4
+    truth[:90] = 3  # label3 taken for label4 90 times: the most confused pair
+    report = _head_report(labels, truth, predicted)
+    mistakes = [
+        {"path": paths[i % 40], "label": "label3", "predicted": "label4", "probability": 0.9}
+        for i in range(20_000)
+    ]
+    html = pages.head_page(report, mistakes, pages.Thumbnailer(expected=len(mistakes)))
+    assert len(html.encode()) < pages.PAGE_BUDGET_BYTES + 2_000_000
+    assert html.count("<figure") == pages.MAX_PICTURES
+    assert "Showing 2,000 of 20,000 mistakes: the page&#x27;s cap; report.json holds" in html
+    # 500 labels: no table in the report, so the page lists the most confused pairs first.
+    assert "500 labels: too many for a table; the most confused pairs" in html
+    rows = re.findall(r"<tr><td>(label\d+)</td><td>(label\d+)</td><td>(\d+)</td>", html)
+    assert rows[0] == ("label3", "label4", "90") and len(rows) == head.CONFUSION_PAIRS
+    assert html.count("<td>") == 500 * 4 + head.CONFUSION_PAIRS * 3
+
+
+def test_a_head_report_over_the_page_s_labels_shows_those_with_the_most_mistakes():
+    labels = [f"label{i}" for i in range(45)]  # a table in the report, too wide for the page
+    truth = np.repeat(np.arange(45), 4)
+    predicted = truth.copy()
+    predicted[::4] = (truth[::4] + 1) % 45  # one mistake a label
+    predicted[1:12:4] = 44  # label0..label2 taken for label44 too
+    report = _head_report(labels, truth, predicted)
+    html = pages.head_page(report, [], pages.Thumbnailer())
+    assert f"{pages.MAX_TABLE_LABELS} of 45 labels: those with the most mistakes" in html
+    assert "<th>label44</th>" in html and html.count("<td>") == 45 * 4 + pages.MAX_TABLE_LABELS**2
+
+
+def test_thumbnails_past_the_byte_budget_are_placeholders_and_counted(tmp_path):
+    paths = noisy_photos(tmp_path, 3)
+    one = len(pages.Thumbnailer().of_path(paths[0]).uri)
+    thumbs = pages.Thumbnailer(expected=1, budget=one * 3 // 2)  # one fits, two do not
+    shown = [thumbs.of_path(p) for p in paths + paths]
+    assert sum(t.uri is not None for t in shown) == 1
+    assert {t.error for t in shown[1:]} == {"the page's thumbnail budget is spent"}
+    assert thumbs.spent == one and thumbs.left_out == 5
+    assert thumbs.note().startswith(" 5 thumbnail(s) left out: the page's ")
+
+
+def test_similar_duplicates_and_explain_pages_cap_their_pictures(tmp_path):
+    (photo,) = noisy_photos(tmp_path, 1)
+    hits = [{"path": photo, "score": 0.9}] * 1000
+    results = {f"{photo}?{q}": hits for q in range(3)}
+    html = pages.similar_page(results, pages.Thumbnailer(expected=3003), "x.parquet", "m")
+    assert html.count("<figure") == pages.MAX_PICTURES
+    assert "Showing 2,000 of 3,003 photos" in html
+    groups = [{"paths": [photo] * 1500, "min_score": 0.99}] * 2
+    found = Grouped(groups, 5, complete=False)
+    html = pages.duplicates_page(found, pages.Thumbnailer(expected=3000), "x.parquet", 0.3)
+    assert html.count("<figure") == pages.MAX_PICTURES
+    assert "Showing 2,000 of 3,000 photos" in html
+    assert "The search stopped at 5 pairs (--max-pairs)" in html
+
+    class Row:
+        path, error, answer = photo, "HTTP 400 InvalidImage: no", None
+
+    gallery = pages.ExplainGallery(pages.Thumbnailer(), most=3)
+    gallery.add([Row()] * 5)
+    assert (len(gallery.items), gallery.left_out) == (3, 2)
+    html = pages.explain_page(gallery.items, "m", "gradcam", "t", gallery.left_out)
+    assert "Showing 3 of 5 photos" in html and html.count("<figure") == 3
+
+
+def test_a_fifo_a_device_a_folder_and_a_huge_file_are_placeholders_never_a_hang(tmp_path):
+    import os
+    import threading
+
+    fifo, huge = tmp_path / "photo.fifo", tmp_path / "huge.jpg"
+    os.mkfifo(fifo)
+    with huge.open("wb") as f:
+        f.truncate(pages.MAX_FILE_BYTES + 1)  # sparse: nothing written
+    asked = [str(fifo), "/dev/zero", str(tmp_path), str(huge)]
+    thumbs, found = pages.Thumbnailer(), {}
+    worker = threading.Thread(target=lambda: found.update((p, thumbs.of_path(p)) for p in asked))
+    worker.start()
+    worker.join(30)
+    if worker.is_alive():  # blocked opening the FIFO: let it go, then fail
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("reading the FIFO's thumbnail hung")
+    assert [found[p].error for p in asked] == [
+        "a FIFO, not a regular file",
+        "a device, not a regular file",
+        "a folder, not a regular file",
+        "over the 32.0 MB a page reads of a photo",
+    ]

@@ -65,7 +65,8 @@ def test_concurrent_explanations_and_predictions_each_get_their_own_answer(torch
     expected = [281, 1, 7, 0, top(reference)[0], 999]
 
     def explained(target):
-        fields = {"png": "true"} if target is None else {"target": str(target), "png": "true"}
+        index = f"#{target}" if isinstance(target, int) else target  # a form field's text
+        fields = {"png": "true"} if target is None else {"target": index, "png": "true"}
         return post(
             torchserve,
             "/explanations/resnet50-tagger",

@@ -350,6 +350,7 @@ DESCRIBE_KEYS = {
     "quantization",
     "device",
     "decode",
+    "gpu",
     "preprocessing",
     "crops_input",
 }  # servecore's ImageModel.describe

@@ -127,3 +127,42 @@ def test_the_checkpoint_is_renamed_into_place(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         build_weights.build("seeded", out)
     assert not (out / "resnet50.pt").exists() and not (out / "weights_info.json").exists()
+
+
+def test_the_info_every_archive_carries_names_no_path_of_the_build_machine(tmp_path, capsys):
+    """``weights_info.json`` is packed into every archive and reported by describe: files by
+    name and sha256 only. What was asked (the paths, to know when to rebuild) stays beside it,
+    in ``.request.json``, which no archive carries; a build from before it is rebuilt once."""
+    from torchvision.models import resnet50
+
+    torch.manual_seed(3)
+    state = resnet50(num_classes=3).state_dict()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    torch.save(state, mine / "shop.pt")
+    torch.save({**state, "fc.weight": state["fc.weight"] * 2}, mine / "extra.pt")
+    for name in ("shop.txt", "extra.txt"):
+        (mine / name).write_text("a\nb\nc\n")
+    heads = [build_weights.AddedHead("extra", mine / "extra.pt", mine / "extra.txt")]
+    out = tmp_path / "out"
+    info = build_weights.build(str(mine / "shop.pt"), out, mine / "shop.txt", heads, "shop")
+    text = (out / "weights_info.json").read_text()
+    assert str(tmp_path) not in text and "/" not in text.replace("https://", "")
+    sha = hashlib.sha256((mine / "shop.pt").read_bytes()).hexdigest()
+    assert info["detail"] == f"local checkpoint shop.pt (sha256 {sha})"
+    assert info["labels"] == "labels file shop.txt"
+    assert [h["labels"] for h in info["heads"]] == ["labels file shop.txt", "labels file extra.txt"]
+    assert "fc of extra.pt (sha256 " in info["heads"][1]["detail"]
+    assert json.loads((out / ".request.json").read_text())["requested"] == str(mine / "shop.pt")
+    # The request still decides: the same one is up to date, another label file rebuilds.
+    build_weights.build(str(mine / "shop.pt"), out, mine / "shop.txt", heads, "shop")
+    assert "weights up to date" in capsys.readouterr().out
+    # A build of an older version kept the request, with its paths, in the info: rebuilt as
+    # it was asked (labels and heads too), the paths leave the info.
+    request = json.loads((out / ".request.json").read_text())
+    (out / ".request.json").unlink()
+    (out / "weights_info.json").write_text(json.dumps({**info, **request}))
+    again = build_weights.build(None, out)
+    assert "rebuilding" in capsys.readouterr().err
+    assert again["heads"] == info["heads"] and again["sha256"] == info["sha256"]
+    assert str(tmp_path) not in (out / "weights_info.json").read_text()

@@ -44,15 +44,22 @@ For our Triton ClusterServingRuntime (``kserve/triton-runtime``, the same image)
 health routes as probes; a memory-backed ``/dev/shm``; ``TRITON_FOOTPRINT_GIB``, also for every
 InferenceService on it).
 
-For the collection job (``kserve/batch-job``, an Indexed Job): ``kserve_tools.joblint``.
-For Milvus and its index Job (``kserve/milvus``): ``kserve_tools.milvuslint``.
+For an InferenceService's ``autoScaling`` (HPA and KEDA metrics, our KEDA queries):
+``autoscaling``. For the LocalModelCache (``kserve/localmodel``): ``localmodel`` (its CRD
+schema made strict; a URI the download Jobs fetch and kserve/base uses).
+
+For the collection job (``kserve/batch-job``, an Indexed Job): ``kserve_tools.lint.job`` (its
+output apart from every InferenceService's ``storageUri``, its own Secret and ServiceAccount).
+For Milvus and its index Job (``kserve/milvus``): ``kserve_tools.lint.milvus`` (authentication on,
+root's password and the token from Secrets, a NetworkPolicy admitting only labelled pods).
 For the PodMonitor and PrometheusRule (``kserve/monitoring``): ``kserve_tools.monitoring``.
 
-One module per kind of object (``schema``, ``inferenceservice``, ``servingruntime``,
-``tritonruntime``, ``network``, ``bundle``; ``memory`` for every pod of our runtime; ``runtimes``
-for the rules both our runtimes share; ``base`` for what every rule module shares), each rule a
-function that yields the problems it finds (``base.Problem``); this module renders the targets,
-sends each object to its rules and prints the findings.
+One module per kind of object (``schema``, ``inferenceservice``, ``autoscaling``,
+``localmodel``, ``servingruntime``, ``tritonruntime``, ``network``, ``bundle``; ``memory`` for
+every pod of our runtime; ``runtimes`` for the rules both our runtimes share; ``base`` for what
+every rule module shares), each rule a function that yields the problems it finds
+(``base.Problem``); this module renders the targets, sends each object to its rules and prints
+the findings.
 
 For a bundle: ``config/config.properties`` names exactly the archives in ``model-store/``
 (model names and versions from each archive's manifest) and the models of ``config/models``.
@@ -61,13 +68,15 @@ For a bundle: ``config/config.properties`` names exactly the archives in ``model
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
 from buildsteps.configgen import repo_models
 from buildsteps.gpu import repo_models as gpu_repo_models
-from kserve_tools import milvuslint, monitoring
-from kserve_tools.joblint import command_words, job_findings, option
+from kserve_tools import monitoring
+from kserve_tools.lint import milvus as milvuslint
+from kserve_tools.lint.autoscaling import autoscaling_findings
 from kserve_tools.lint.base import (
     DEFAULT_MODE,
     ISVC_LABEL,
@@ -86,6 +95,8 @@ from kserve_tools.lint.base import (
 )
 from kserve_tools.lint.bundle import bundle_findings
 from kserve_tools.lint.inferenceservice import ServingLimits, inference_service_findings
+from kserve_tools.lint.job import command_words, job_findings, option
+from kserve_tools.lint.localmodel import localmodel_findings
 from kserve_tools.lint.memory import FOOTPRINT_GIB, TRITON_FOOTPRINT_GIB
 from kserve_tools.lint.network import network_policy_findings
 from kserve_tools.lint.runtimes import RUNTIME_KINDS
@@ -104,6 +115,7 @@ BATCH_JOB_DIR = KSERVE / "batch-job"
 MILVUS_DIR = KSERVE / "milvus"  # Milvus Standalone and the index Job
 TRITON_DIR = KSERVE / "triton"  # the InferenceService on KServe's Triton runtime
 BASE_ISVC = KSERVE / "base" / "inferenceservice.yaml"
+LOCALMODEL_DIR = KSERVE / "localmodel"  # the LocalModelCache of the base's bundle
 
 __all__ = [
     "DEFAULT_MODE",
@@ -127,6 +139,7 @@ __all__ = [
     "lint",
     "main",
     "mode",
+    "model_storage",
     "network_policy_findings",
     "port",
     "runtime_findings",
@@ -139,14 +152,15 @@ __all__ = [
 
 
 def default_targets() -> list[Path]:
-    """Our runtimes, every overlay, the stock-runtime manifests, the collection job, Milvus and
-    its index Job, and the monitoring objects."""
+    """Our runtimes, every overlay, the stock-runtime manifests, the LocalModelCache, the
+    collection job, Milvus and its index Job, and the monitoring objects."""
     return [
         RUNTIME_DIR,
         TRITON_RUNTIME_DIR,
         *sorted(p for p in (KSERVE / "overlays").iterdir() if p.is_dir()),
         *sorted((KSERVE / "stock").glob("*.yaml")),
         TRITON_DIR,
+        LOCALMODEL_DIR,
         BATCH_JOB_DIR,
         MILVUS_DIR,
         monitoring.MONITORING_DIR,
@@ -156,7 +170,7 @@ def default_targets() -> list[Path]:
 def collection_shards() -> str:
     """The s3:// prefix the collection job's pods upload their shards under: what the index
     Job must read."""
-    [job] = render(BATCH_JOB_DIR)
+    [job] = [r for r in render(BATCH_JOB_DIR) if r.kind == "Job"]
     words = command_words(job.obj["spec"]["template"]["spec"]["containers"][0])
     return (option(words, "--out") or "").rsplit("/", 1)[0] + "/"
 
@@ -168,6 +182,21 @@ def base_service() -> tuple[str | None, str]:
     uri = str(resource.obj["spec"]["predictor"]["model"].get("storageUri", ""))
     bucket = uri[len("s3://") :].split("/", 1)[0] if uri.startswith("s3://") else None
     return bucket, resource.name
+
+
+@functools.cache
+def model_storage() -> tuple[str, ...]:
+    """The ``storageUri`` (and ``storageUris``) of every InferenceService in kserve/'s targets:
+    the models' archives, which no job may write under."""
+    uris: list[str] = []
+    for target in default_targets():
+        for resource in render(target) if target not in (BATCH_JOB_DIR, MILVUS_DIR) else []:
+            if resource.kind != "InferenceService":
+                continue
+            model = ((resource.obj.get("spec") or {}).get("predictor") or {}).get("model") or {}
+            uris.append(model.get("storageUri"))
+            uris += [u.get("uri") for u in model.get("storageUris") or []]
+    return tuple(sorted({str(u) for u in uris if u}))
 
 
 def lint(
@@ -196,7 +225,7 @@ def lint(
             )
             continue
         rendered += objects
-        found += network_policy_findings(objects)
+        found += network_policy_findings(objects) + milvuslint.policy_findings(objects)
     runtimes = {r.name: r for r in (STOCK_RUNTIME, TRITON_RUNTIME)}
     # Our runtimes are known to every InferenceService, linted or not; linted when rendered.
     for resource in render(RUNTIME_DIR) + render(TRITON_RUNTIME_DIR) + rendered:
@@ -237,7 +266,7 @@ def _findings(
     if resource.kind == "Job" and milvuslint.is_index_job(resource):
         return milvuslint.index_job_findings(resource, collection_shards())
     if resource.kind == "Job":
-        return job_findings(resource, *base_service())
+        return job_findings(resource, model_storage(), base_service()[1])
     if resource.kind in ("StatefulSet", "Service", "ConfigMap"):
         return milvuslint.findings(resource)
     if resource.kind in ("PodMonitor", "PrometheusRule"):
@@ -246,10 +275,16 @@ def _findings(
             base_service()[1],
             port(server_properties(RUNTIME_SERVER_PROPERTIES)["metrics_address"]),
         )
-    if resource.kind == "NetworkPolicy":
-        return []  # checked with its InferenceService, per target
+    if resource.kind in ("NetworkPolicy", "ServiceAccount"):
+        return []  # a policy checked with what it selects, per target; a job's account with it
+    if resource.kind == "LocalModelCache":
+        return localmodel_findings(resource)
     schema = schema_findings(resource) if resource.kind == "InferenceService" else []
-    return schema + inference_service_findings(resource, runtimes, limits)
+    return (
+        schema
+        + inference_service_findings(resource, runtimes, limits)
+        + autoscaling_findings(resource)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

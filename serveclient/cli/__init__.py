@@ -7,14 +7,15 @@
     tsctl register ARCHIVE [--name N] [--batch-size B] [--max-batch-delay MS] [--workers W]
     tsctl scale NAME --min N [--max M] | set-default NAME VERSION | unregister NAME [VERSION]
     tsctl embed FILE|FOLDER|-... [--out embeddings.parquet] [--shard i/n] [--verify-sha256]
-                 [--priority bulk|interactive]
+                 [--priority bulk|interactive] [--wait]
     tsctl tag FILE|FOLDER|-... [--topk K] [--out tags.parquet]    (no --out: print the tags)
     tsctl similar QUERY... --index embeddings.parquet [-k 10] [--html similar.html]
                  [--deadline-ms MS]
-    tsctl duplicates --index ... [--threshold 0.97] [--html duplicates.html]
+    tsctl duplicates --index ... [--threshold 0.97] [--max-pairs N] [--html duplicates.html]
+    tsctl index build PARQUET... --out FOLDER|MILVUS_URI [--wait] [--milvus-token-file F]
     tsctl explain FILE [--model M] [--target T | --topk K] [--method M] [--n-steps N]
                  [--out heatmap.png]
-    tsctl head train FOLDER --out DIR [--backbone build/weights/resnet50.pt] [--seed S]
+    tsctl head train FOLDER --out DIR [--backbone build/weights/resnet50.pt] [--seed S] [--wait]
     tsctl explain FILE|FOLDER... --html gallery.html [--target T | --topk K] [--method M]
 
 Human-readable output by default, ``--json`` (before or after the command) for scripts.
@@ -25,7 +26,9 @@ TorchServe cannot route), 3 server not running, 4 key file missing or key refuse
 model or version, 6 refused by the server (registration outside the allowed sources, a name
 already registered, removing the default version, an API switched off, a TorchServe-only command
 pointed at Triton), 7 unhealthy (a model without a READY worker, or some files failed in
-``tag``/``embed``), 130 interrupted (Ctrl-C: what was answered is kept; rerun to resume).
+``tag``/``embed``), 8 another run holds the output's lock (``embed``, ``index build``,
+``head train``: ``--wait`` queues behind it; serveclient.outputlock), 130 interrupted
+(Ctrl-C: what was answered is kept; rerun to resume).
 """
 
 # The package: common.py (the options and client every command shares), one module per group of

@@ -1,7 +1,8 @@
 """tsctl's ``tag`` and ``embed``: a whole collection (files, folders, paths on stdin) through
 the model into Parquet (``--out``, a path or s3://), resumably; ``tag`` without ``--out``
-prints the tags. Exit 7 when some files failed. numpy and pyarrow load only when these run
-(tsctl list stays quick)."""
+prints the tags. One run writes an output at a time (``serveclient.outputlock``: a second is
+refused, exit 8, or waits with ``--wait``). Exit 7 when some files failed. numpy and pyarrow
+load only when these run (tsctl list stays quick)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,12 @@ def register(commands: Commands) -> None:
         )
         c.add_argument("--shard", help="i/n: only this machine's share of the collection")
         c.add_argument(
+            "--wait",
+            action="store_true",
+            help="when another run writes the same --out, wait for it to finish "
+            "(default: refuse at once, naming it)",
+        )
+        c.add_argument(
             "--verify-sha256",
             action="store_true",
             help="skip files whose bytes hash as stored (else: same size and mtime)",
@@ -96,6 +103,7 @@ def register(commands: Commands) -> None:
 
 def cmd_tag(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
     from serveclient import batchjob
+    from serveclient.vectors import stored_path
 
     if args.out is not None:
         return _collection(client, args, "tags")
@@ -109,17 +117,18 @@ def cmd_tag(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
     data, lines = {}, []
     for row in sorted(sink.rows, key=lambda r: order.get(r.path, len(order))):
         tags: list[dict] = row.answer if isinstance(row.answer, list) else []
+        path = stored_path(row.path)[0]  # a name that is not UTF-8 printed as the Parquet's
         # Each tag carries the precision its answer came with (the Parquet rows' column):
         # the answer stays the list of tags scripts read.
-        data[row.path] = (
+        data[path] = (
             {"error": row.error}
             if row.error
             else [{**tag, "precision": row.precision} for tag in tags]
         )
         lines.append(
-            f"{row.path}: error: {row.error}"
+            f"{path}: error: {row.error}"
             if row.error
-            else f"{row.path}: " + ", ".join(_tag_text(t) for t in tags)
+            else f"{path}: " + ", ".join(_tag_text(t) for t in tags)
         )
     return data, "\n".join(lines), errors.Unhealthy.exit_code if summary.failed else 0
 
@@ -135,10 +144,12 @@ def cmd_embed(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
 
 
 def _collection(client: Client, args, task: str) -> tuple[Any, str, int]:
-    """Run the job into Parquet (``--out``, a local path or s3://): resume, merge, report."""
+    """Run the job into Parquet (``--out``, a local path or s3://) holding the output's lock
+    (``--wait``: wait for another run's): resume, merge, report. After a complete run the
+    output holds one row for each file of this walk and nothing else."""
     import pyarrow.parquet as pq
 
-    from serveclient import batchjob
+    from serveclient import batchjob, outputlock
     from serveclient.vectors import Output
 
     out = str(args.out or DEFAULT_OUTS[task])
@@ -152,35 +163,40 @@ def _collection(client: Client, args, task: str) -> tuple[Any, str, int]:
         raise errors.UsageError(
             f"--part-rows {args.part_rows}: at least 1", f"the default is {PART_ROWS}"
         )
-    local = objectstore.local_copy(out, args.work_dir) if objectstore.is_remote(out) else Path(out)
-    if objectstore.is_remote(out):
-        objectstore.download_if_exists(out, local)
-    meta = {"shard": str(Shard.parse(args.shard))}
-    identity = batchjob.model_identity(
-        client, args.model or DEFAULT_MODELS[task], with_management=client.reaches_management
-    )
-    output = Output(local, task, {**identity[1], **meta})
-    output.clean()
-    output.check_identity()
-    done = output.done(with_sha256=args.verify_sha256)
-    summary = run_job(
-        client,
-        args,
-        task,
-        batchjob.PartSink(output, flush_rows=args.part_rows),
-        collection_of(args),
-        identity,
-        done=done,
-    )
-    if objectstore.is_remote(out):
-        objectstore.upload(local, out)
-    rows = pq.ParquetFile(local).metadata.num_rows
+    remote = objectstore.is_remote(out)
+    local = objectstore.local_copy(out, args.work_dir) if remote else Path(out)
+    # For s3:// the lock guards the local copy (one --work-dir): a bucket has no lock to take.
+    with outputlock.hold(local, wait=getattr(args, "wait", False)):
+        if remote:
+            objectstore.download_if_exists(out, local)
+        identity = batchjob.model_identity(
+            client, args.model or DEFAULT_MODELS[task], with_management=client.reaches_management
+        )
+        output = Output(local, task, {**identity[1], "shard": str(Shard.parse(args.shard))})
+        output.clean()
+        output.check_identity()
+        done = output.done(with_sha256=args.verify_sha256)
+        walk = batchjob.Walk()
+        sink = batchjob.PartSink(output, flush_rows=args.part_rows, walk=walk)
+        summary = run_job(
+            client, args, task, sink, collection_of(args), identity, done=done, walk=walk
+        )
+        if remote:
+            objectstore.upload(local, out)
+        rows = pq.ParquetFile(local).metadata.num_rows
+    return _report(out, rows, summary, sink.gone if walk.whole else None)
+
+
+def _report(out: str, rows: int, summary, gone: int | None) -> tuple[Any, str, int]:
+    """The summary of a run into ``out`` (``rows`` now), ``gone`` rows dropped as no longer
+    found (None: a folder could not be listed, so none were)."""
     data = {
         "out": out,
         "rows": rows,
         "done": summary.done,
         "failed": summary.failed,
         "skipped": summary.skipped,
+        "gone": gone,
         "cache_hits": summary.cache_hits,
         "bytes_sent": summary.bytes_sent,
         "preprocess": "client" if summary.preprocessed else "server",
@@ -198,9 +214,14 @@ def _collection(client: Client, args, task: str) -> tuple[Any, str, int]:
         )
     lines.append(
         f"wrote {out}: {rows} rows ({summary.done} done, {summary.failed} failed, "
-        f"{summary.skipped} already done) in {summary.seconds:.1f} s, "
-        f"{summary.bytes_sent / 1e6:.1f} MB sent "
+        f"{summary.skipped} already done, {gone or 0} dropped as no longer found) in "
+        f"{summary.seconds:.1f} s, {summary.bytes_sent / 1e6:.1f} MB sent "
         f"({'crops made here' if summary.preprocessed else 'the files'})"
         + (f"; {summary.cache_hits} answered from the server's cache" if summary.cache_hits else "")
     )
+    if gone is None:
+        lines.append(
+            "a folder or source could not be read (its error row above): rows of files not "
+            "found were kept, not dropped; rerun when it can be read"
+        )
     return data, "\n".join(lines), errors.Unhealthy.exit_code if summary.failed else 0

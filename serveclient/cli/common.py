@@ -1,6 +1,7 @@
 """What every tsctl command shares: how a command joins the parser (``Commands``), the options
 that name and reach a server (``url_arguments``, ``endpoint_arguments``) the client made
-from them (``make_client``), and ``wrote_page`` for the commands that write an HTML page.
+from them (``make_client``), a Milvus URI's token (``milvus_token_argument``, ``milvus_token``),
+and ``wrote_page`` for the commands that write an HTML page.
 
 A command is a function ``(client, args) -> (data for --json, text for humans, exit code)``;
 text ``None`` means the command drew its own screen (``top``).
@@ -68,6 +69,47 @@ def url_arguments(c: argparse.ArgumentParser, what: str = URL_HELP) -> None:
         "--ca-bundle",
         help="with --url: CA certificates to verify TLS with (verification is always on)",
     )
+
+
+MILVUS_TOKEN_ENV = "MILVUS_TOKEN"
+TOKEN_BYTES = 4096  # user:password (Milvus allows 72 bytes of password) or an API key, with room
+
+
+def milvus_token_argument(c: argparse.ArgumentParser) -> None:
+    """``--milvus-token-file``: where the token of a Milvus URI is read from. There is no option
+    that takes the token itself: every user of the host reads a process's argv in /proc."""
+    c.add_argument(
+        "--milvus-token-file",
+        type=Path,
+        metavar="PATH",
+        help=f"with a Milvus URI: a file holding its token, user:password (else "
+        f"${MILVUS_TOKEN_ENV}); never give the token itself on the command line",
+    )
+
+
+def milvus_token(args: argparse.Namespace) -> str | None:
+    """The token of ``--milvus-token-file`` (the file's text, whitespace at its ends dropped),
+    else ``$MILVUS_TOKEN``, else None (Milvus without authentication). ``MilvusTokenError`` for
+    a file that is not a readable regular file of at most ``TOKEN_BYTES`` holding a token; no
+    message quotes what the file holds."""
+    path = args.milvus_token_file
+    if path is None:
+        return os.environ.get(MILVUS_TOKEN_ENV) or None
+    hint = f"write the token (user:password) into a file and name it, or set ${MILVUS_TOKEN_ENV}"
+    if not path.is_file():
+        # Named as given unless it may be the token itself, mistyped into the option.
+        shown = "the path given" if ":" in str(path) else str(path)
+        raise errors.MilvusTokenError(f"--milvus-token-file: {shown} is not a file", hint)
+    try:
+        with path.open("rb") as f:
+            data = f.read(TOKEN_BYTES + 1)
+    except OSError as exc:
+        raise errors.MilvusTokenError(f"cannot read {path}: {exc.strerror}", hint) from None
+    token = data.decode("utf-8", "replace").strip()
+    if not token or len(data) > TOKEN_BYTES:
+        found = "nothing" if not token else f"more than {TOKEN_BYTES} bytes"
+        raise errors.MilvusTokenError(f"{path} holds {found}, not a Milvus token", hint)
+    return token
 
 
 def work_dir_argument(c: argparse.ArgumentParser, what: str) -> None:

@@ -33,7 +33,7 @@ def register(commands: Commands) -> None:
         help="one image; with --html, image files and folders (walked)",
     )
     e.add_argument("--model", default="resnet50-tagger")
-    e.add_argument("--target", help="class index or label (default: the top-1 class)")
+    e.add_argument("--target", help="a label, or #N for class index N (default: the top-1 class)")
     e.add_argument("--topk", type=int, help="explain the k most probable classes")
     e.add_argument("--method", help="gradcam (default), ig or occlusion")
     e.add_argument("--n-steps", type=int, help="integrated-gradients steps")
@@ -132,7 +132,7 @@ def _explain_gallery(client: Client, args: argparse.Namespace) -> tuple[Any, str
     handler = ((identity[0] or {}).get("customizedMetadata") or {}).get("handler") or {}
     method = args.method or (handler.get("explain") or {}).get("method") or "the model's default"
     target = args.target if args.target is not None else f"the {topk} most probable classes"
-    html = pages.explain_page(items, args.model, method, target)
+    html = pages.explain_page(items, args.model, method, target, gallery.left_out)
     lines = [f"{p}: error: {e}" for p, e in summary.failures]
     lines.append(f"{summary.done} explained, {summary.failed} failed in {summary.seconds:.1f} s")
     lines.append(wrote_page(args.html, html))

@@ -16,10 +16,14 @@ from serveclient.traffic import Traffic
 
 
 def collection_of(args: argparse.Namespace) -> Collection:
-    """The sources given (files, folders, ``-``), and stdin's paths with ``--from-stdin``."""
+    """The sources given (files, folders, ``-``), and stdin's paths with ``--from-stdin``:
+    read as the file system's names (bytes that are not UTF-8 kept, as ``os.fsdecode`` keeps
+    them in argv), not in the locale's strict decoding."""
     sources = list(args.sources) + (
         [STDIN] if args.from_stdin and STDIN not in args.sources else []
     )
+    if STDIN in sources and hasattr(sys.stdin, "reconfigure"):
+        sys.stdin.reconfigure(encoding=sys.getfilesystemencoding(), errors="surrogateescape")
     return Collection(sources, stdin=sys.stdin)
 
 
@@ -33,10 +37,12 @@ def run_job(
     done=None,
     plan=None,
     explain=None,
+    walk=None,
 ):
     """Run ``batchjob.Job`` over the collection's shard, with a progress bar whose total a
     second walk, beside the job, fills in; the job's summary. ``plan``: default from the describe
-    answer; ``explain``: the explanation options of a gallery (else tags or embeddings)."""
+    answer; ``explain``: the explanation options of a gallery (else tags or embeddings);
+    ``walk``: a ``batchjob.Walk`` that records the job's entries (its sink's)."""
     from serveclient import batchjob
 
     model = args.model or DEFAULT_MODELS[task]
@@ -79,4 +85,5 @@ def run_job(
         traffic=traffic,
         crops=crops,
     )
-    return job.run(collection.entries(shard), done=done)
+    entries = collection.entries(shard)
+    return job.run(walk.of(entries) if walk is not None else entries, done=done)

@@ -4,11 +4,13 @@ build`` writes (``INDEX.vindex/`` beside the Parquet, or ``--vindex``) when ther
 (or with ``--exact``) exact cosine over the Parquet; ``--html``: also a page of thumbnails.
 ``similar --stored`` takes photos of the collection as queries, by the path stored there.
 ``--out``/``--vindex`` may name Milvus instead (a server's ``http://HOST:19530`` or Milvus
-Lite's ``NAME.db``; serveclient/milvusindex.py): the same commands, only the URI changes."""
+Lite's ``NAME.db``; serveclient/milvusindex.py): the same commands, only the URI changes.
+``-k``, ``--threshold`` and ``--max-pairs`` are checked here, whatever answers (exit 2)."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +18,15 @@ from serveclient.cli.common import (
     DEFAULT_MODELS,
     Commands,
     endpoint_arguments,
+    milvus_token,
+    milvus_token_argument,
     read_image,
     work_dir_argument,
     wrote_page,
 )
 from serveclient.client import Client
 from serveclient.errors import UsageError
+from serveclient.search import MAX_K, MAX_PAIRS, MOST_PAIRS
 from serveclient.traffic import Traffic
 
 
@@ -45,7 +50,9 @@ def register(commands: Commands) -> None:
     q.add_argument(
         "--index", type=Path, help="an embed output (Parquet); not needed with a Milvus --vindex"
     )
-    q.add_argument("-k", type=int, default=10, help="neighbours per query (10)")
+    q.add_argument(
+        "-k", type=_whole(MAX_K), default=10, help=f"neighbours per query (10; 1 to {MAX_K:,})"
+    )
     q.add_argument("--model", default=DEFAULT_MODELS["embedding"])
     q.add_argument(
         "--deadline-ms",
@@ -64,7 +71,15 @@ def register(commands: Commands) -> None:
         "duplicates", cmd_duplicates, help="groups of near-duplicate photos in an embed output"
     )
     dup.add_argument("--index", type=Path, help="as for similar")
-    dup.add_argument("--threshold", type=float, default=0.97, help="cosine (0.97)")
+    dup.add_argument(
+        "--threshold", type=_cosine, default=0.97, help="cosine, above 0 and at most 1 (0.97)"
+    )
+    dup.add_argument(
+        "--max-pairs",
+        type=_whole(MOST_PAIRS),
+        default=MAX_PAIRS,
+        help=f"stop after this many pairs, saying so ({MAX_PAIRS:,}; at most {MOST_PAIRS:,})",
+    )
     _search_arguments(dup)
     dup.add_argument(
         "--html",
@@ -72,7 +87,11 @@ def register(commands: Commands) -> None:
         metavar="FILE",
         help="also write a page of thumbnails: each group side by side",
     )
+    _index_command(commands)
 
+
+def _index_command(commands: Commands) -> None:
+    """``tsctl index build``: its parser."""
     build = commands.add(
         "index", cmd_index, help="build or update the approximate index of embed outputs"
     )
@@ -91,6 +110,41 @@ def register(commands: Commands) -> None:
     _collection_argument(build)
     work_dir_argument(build, "local copies of s3:// inputs, fetched again only when they change")
     build.add_argument("--no-progress", action="store_true", help="no progress bar")
+    build.add_argument(
+        "--wait",
+        action="store_true",
+        help="another build of the same folder running: wait for it (default: refuse at once)",
+    )
+
+
+def _whole(most: int) -> Callable[[str], int]:
+    """An argparse type: a whole number from 1 to ``most``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if not 1 <= value <= most:
+            raise argparse.ArgumentTypeError(
+                f"expected a whole number from 1 to {most:,}, not {text}"
+            )
+        return value
+
+    return parse
+
+
+def _cosine(text: str) -> float:
+    """An argparse type: a cosine threshold, above 0 and at most 1 (NaN is neither)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a cosine above 0 and at most 1 (0.97: near-copies), not {text}"
+        )
+    return value
 
 
 def _search_arguments(parser: argparse.ArgumentParser) -> None:
@@ -109,6 +163,7 @@ def _collection_argument(parser: argparse.ArgumentParser) -> None:
         "--collection",
         help="with a Milvus URI: the collection (default: the first embed output's name)",
     )
+    milvus_token_argument(parser)
 
 
 def default_folder(parquet: Path) -> Path:
@@ -125,7 +180,8 @@ def _opened(args: argparse.Namespace) -> tuple[Any, Any]:
         if not (args.collection or args.index):
             raise UsageError("which collection?", "add --collection (or --index PARQUET)")
         collection = args.collection or milvusindex.collection_for(args.index)
-        return milvusindex.open_index(args.vindex, collection), milvusindex
+        token = milvus_token(args)
+        return milvusindex.open_index(args.vindex, collection, token=token), milvusindex
     if args.index is None:
         raise UsageError("no --index", "name the embed output (Parquet) to search")
     if args.exact:
@@ -144,23 +200,25 @@ def cmd_index(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
     if args.out and milvusindex.is_uri(args.out):
         collection = args.collection or milvusindex.collection_for(first)
         where = f"{collection} at {args.out}"
-        built = milvusindex.build(args.inputs, args.out, collection, progress, work)
+        token = milvus_token(args)
+        built = milvusindex.build(args.inputs, args.out, collection, progress, work, token)
         data = {"uri": args.out, "collection": collection, **vars(built)}
     else:
         if not args.out and "://" in args.inputs[0]:
             raise UsageError(f"where should the index of {args.inputs[0]} go?", "add --out")
         folder = Path(args.out) if args.out else default_folder(first)
         where = str(folder)
-        built = index.build(args.inputs, folder, progress, work)
+        built = index.build(args.inputs, folder, progress, work, wait=args.wait)
         data = {"folder": where, **vars(built)}
-    return (
-        data,
-        (
-            f"{where}: {built.count} vectors ({built.spec}), {built.added} added, "
-            f"{built.removed} removed"
-        ),
-        0,
-    )
+    text = f"{where}: {built.count} vectors ({built.spec}), {built.added} added, "
+    text += f"{built.removed} removed"
+    if built.trained_at is not None:
+        text += (
+            f"; quantisers trained on a sample of its {built.trained_at:,} vectors"
+            if built.trained
+            else f"; not retrained (its quantisers were trained at {built.trained_at:,} vectors)"
+        ) + f", trained anew past {built.retrain_past:,}"
+    return data, text, 0
 
 
 def cmd_similar(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
@@ -212,19 +270,22 @@ def cmd_duplicates(client: Client, args: argparse.Namespace) -> tuple[Any, str, 
 
     opened, engine = _opened(args)
     if opened is None:
-        groups = search.duplicates(args.index, args.threshold)
+        found = search.duplicates(args.index, args.threshold, args.max_pairs)
     else:
-        groups = search.group(engine.pairs(opened, args.threshold))
+        found = search.group(engine.pairs(opened, args.threshold), args.max_pairs)
     lines = [
         f"{len(g['paths'])} files, cosine >= {g['min_score']:.4f}: " + ", ".join(g["paths"])
-        for g in groups
+        for g in found.groups
     ] or [f"no near-duplicates at cosine >= {args.threshold}"]
+    if found.note:
+        lines.append(found.note.strip())
     if args.html is not None:
         from serveclient import pages
 
-        thumbs = pages.Thumbnailer(expected=sum(len(g["paths"]) for g in groups))
+        thumbs = pages.Thumbnailer(expected=sum(len(g["paths"]) for g in found.groups))
         html = pages.duplicates_page(
-            groups, thumbs, index=str(args.index or args.vindex), threshold=args.threshold
+            found, thumbs, index=str(args.index or args.vindex), threshold=args.threshold
         )
         lines.append(wrote_page(args.html, html))
-    return groups, "\n".join(lines), 0
+    data = {"groups": found.groups, "pairs": found.pairs, "complete": found.complete}
+    return data, "\n".join(lines), 0

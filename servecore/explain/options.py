@@ -90,26 +90,38 @@ def _bool_option(value: Any) -> bool:
 
 
 def _classes(target: Any, labels: Sequence[str], embedding_default: bool) -> tuple[int, ...]:
+    """A target is a label first (as written, then in any case: labels that differ only in
+    case are refused at build time), then ``embedding``; a class index only as a JSON integer
+    or ``#3`` (text: a form field), so the labels ``1``..``5`` or ``2019`` are labels."""
     if target is None:
         return (-1,) if embedding_default else ()
     items = target if isinstance(target, list) else [target]
     if not items:
-        raise InvalidParameter("target must name at least one class (index or label)")
-    by_label = {name.lower(): i for i, name in enumerate(labels)}
+        raise InvalidParameter("target must name at least one class (a label, or #index)")
+    exact = {name: i for i, name in reversed(list(enumerate(labels)))}  # the first wins
+    any_case = {name.lower(): i for i, name in reversed(list(enumerate(labels)))}
     classes = []
     for item in items:
-        if isinstance(item, str) and re.fullmatch(r"[0-9]{1,4}", item.strip()):
-            item = int(item)
-        if isinstance(item, str) and item.strip().lower() == EMBEDDING_TARGET:
+        text = item.strip() if isinstance(item, str) else ""
+        index = re.fullmatch(r"#([0-9]{1,9})", text)
+        if text and (text in exact or text.lower() in any_case):
+            classes.append(exact[text] if text in exact else any_case[text.lower()])
+        elif text.lower() == EMBEDDING_TARGET:
             classes.append(-1)
-        elif type(item) is int and 0 <= item < len(labels):
-            classes.append(item)
-        elif isinstance(item, str) and item.strip().lower() in by_label:
-            classes.append(by_label[item.strip().lower()])
+        elif type(item) is int or index:
+            classes.append(_index(int(index.group(1)) if index else item, len(labels)))
         else:
+            digits = re.fullmatch("[0-9]+", text)
             raise InvalidParameter(
-                f"unknown target class {echo(item)}: give one of the model's "
-                f"{len(labels)} class indexes 0..{len(labels) - 1}, a label such as "
-                f"{labels[-1]!r}, or {EMBEDDING_TARGET!r}"
+                f"unknown target class {echo(item)}"
+                + (f" (no label {text}; the class index is '#{text}')" if digits else "")
+                + f": give one of the model's labels, such as {labels[-1]!r}, a class index "
+                f"as '#3' or the JSON integer 3 (0..{len(labels) - 1}), or {EMBEDDING_TARGET!r}"
             )
     return tuple(classes)
+
+
+def _index(index: int, classes: int) -> int:
+    if not 0 <= index < classes:
+        raise InvalidParameter(f"target class index {index} is not in 0..{classes - 1}")
+    return index
