@@ -327,6 +327,29 @@ bench-worker-start: setup config archives
 bench-gpu: $(VENV)/.installed
 	$(PY) -m bench.gpu
 
+# A bare, offline GPU host (a Python with torch only; no Java, no Triton, no network): what it
+# lacks staged here for its Python (GPU_PYTHON) into build/stage/load-N, folders of at most what
+# one call to it carries beside the checkout (buildsteps/stage.py: a jlinked Java runtime,
+# TorchServe's and our wheels, Triton's, the GPU decoders', each with the manifest). Send each
+# load, then run `bash bench/gpuserved.sh` there (make bench-gpu-served): it installs them
+# offline and measures TorchServe with GPU workers and Triton with KIND_GPU instances beside
+# the core -> results/gpu-served.md, in under 8 minutes. make bench-gpu-served-rehearsal plays
+# the bare host here (devtools/barehost.py: a Python seeing only torch, a copy of the tree, a
+# stage for this Python) and runs the same script on the CPU -> build/gpu-served.md.
+# LIBPYTHON=/path/libpython3.12.so.1.0: for a host whose Python has no shared libpython (Triton's
+# backend stub links it; default: a python3.12 on PATH's, if any).
+GPU_PYTHON ?= 3.12
+LIBPYTHON ?=
+.PHONY: gpu-stage bench-gpu-served bench-gpu-served-rehearsal
+gpu-stage: $(VENV)/.installed java
+	$(PY) -m buildsteps.stage --python $(GPU_PYTHON) $(if $(LIBPYTHON),--libpython "$(LIBPYTHON)")
+
+bench-gpu-served:
+	bash bench/gpuserved.sh
+
+bench-gpu-served-rehearsal: $(VENV)/.installed java triton-server
+	$(PY) -m devtools.barehost
+
 # KServe (kserve/README.md). The storage bundle our runtime reads, as a folder and a .tar.gz
 # under build/kserve/ (KSERVE_DEVICE=gpu for the GPU bundle: eager archives packed with each
 # model's gpu: section for KSERVE_GPUS GPUs per pod, buildsteps/gpu.py;

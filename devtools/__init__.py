@@ -8,5 +8,7 @@ the Java and kubectl checks. Nothing here is imported by the handler, nor import
     samples.py       sample photos for the README, the tests and the benchmark
     scenes.py        a labelled set of synthetic scenes (tsctl head train's test, the docs)
     pages_demo.py    the result pages made from an album with every case they must handle
+    barehost.py      a bare GPU host played here (a Python seeing only torch, a copy of the
+                     tree): make bench-gpu-served-rehearsal
     vulture_whitelist.py  names the dead-code check cannot see used
 """

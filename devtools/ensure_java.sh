@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # TorchServe's frontend is a Java program and needs Java 17 or newer. Check for it; where
 # apt-get can install it (root or passwordless sudo), do so; otherwise stop with what to do.
+# Then jlink and jdeps (a JDK's): `make gpu-stage` makes the Java runtime a bare GPU host gets
+# with them (buildsteps/stage.py); without them it, and its tests, say so, and nothing else stops.
 set -euo pipefail
 # shellcheck source=devtools/apt.sh
 . "$(dirname "$0")/apt.sh"
@@ -14,8 +16,20 @@ java_major() {
   echo "${v%%.*}"
 }
 
+jdk_tools() {
+  if command -v jlink >/dev/null 2>&1 && command -v jdeps >/dev/null 2>&1; then return 0; fi
+  if can_apt; then
+    echo "Installing a JDK (jlink, jdeps: make gpu-stage) with apt-get..." >&2
+    apt_update
+    apt_install openjdk-17-jdk-headless && hash -r && return 0
+  fi
+  echo "warning: no jlink/jdeps (a JDK 17+: apt-get install -y openjdk-17-jdk-headless):" \
+    "make gpu-stage and tests/test_stage.py's Java tests cannot run" >&2
+}
+
 major=$(java_major)
 if [ "${major:-0}" -ge 17 ]; then
+  jdk_tools
   exit 0
 fi
 
@@ -39,3 +53,4 @@ MSG
   exit 1
 fi
 echo "Java $major is ready." >&2
+jdk_tools

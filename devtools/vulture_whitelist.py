@@ -35,6 +35,7 @@ _.p95_ms  # bench.stats.RunStats, reported through to_dict()
 # pytest and http.server read these by name.
 _.pytestmark  # pytest's module-level marks
 _.do_GET  # http.server.BaseHTTPRequestHandler's GET hook (tests)
+_.do_POST  # ... and its POST hook (tests/test_bench_gpu_served.py)
 _.log_message  # http.server.BaseHTTPRequestHandler's log hook (tests)
 _.intercept_service  # grpc.ServerInterceptor's hook (devtools/milvus.py: Milvus's token check)
 _.nprobe  # FAISS reads an IVF index's nprobe when it searches (serveclient/index.py)

@@ -8,7 +8,11 @@ is and how much of its memory is in use, read the same way from either engine.
 - Triton 2.51 (every second): ``nv_gpu_utilization`` as a fraction, ``nv_gpu_memory_used_bytes``
   and ``nv_gpu_memory_total_bytes``, per ``gpu_uuid``.
 
-A server without GPUs exports none of them: ``read`` returns nothing and ``lines`` adds nothing.
+And each GPU worker's own: the core's ``resnet50_worker_gpu_mb{worker_pid}`` (the memory its
+PyTorch holds, reserved, set every batch; either engine), ``worker_mb``.
+
+A server without GPUs exports none of them: ``read`` and ``worker_mb`` return nothing and
+``lines`` adds nothing.
 """
 
 from __future__ import annotations
@@ -51,6 +55,18 @@ SERIES = {
     "nv_gpu_memory_used_bytes": ("gpu_uuid", "used_bytes", 1.0),
     "nv_gpu_memory_total_bytes": ("gpu_uuid", "total_bytes", 1.0),
 }
+
+
+WORKER_SERIES = "resnet50_worker_gpu_mb"  # servecore.metrics.WORKER_GPU
+
+
+def worker_mb(samples: Iterable[Sample]) -> dict[str, float]:
+    """``{worker pid: MiB}``: the GPU memory each GPU worker's PyTorch holds."""
+    return {
+        labels.get("worker_pid", "?"): value
+        for name, labels, value in samples
+        if name == WORKER_SERIES
+    }
 
 
 def read(samples: Iterable[Sample]) -> dict[str, Gpu]:

@@ -19,7 +19,9 @@ Each frame compares two reads of ``/metrics`` (and the management API's workers)
   ``top`` started says "at least since"), and its workers' restarts under this server
   (``resnet50_worker_restarts``, summed over its slots);
 - per worker: status, pid, resident memory (``resnet50_worker_rss_mb`` of its pid, else the
-  management API's) and the precision it serves;
+  management API's), on a GPU the GPU memory it holds (``resnet50_worker_gpu_mb``: what its
+  PyTorch reserved; the column is left out where no worker reports one) and the precision it
+  serves;
 - per GPU, where the server reports GPUs: how busy it is and its memory in use, at the last
   sample (``serveclient/gpus.py``: TorchServe's ``GPUUtilization``/``GPUMemory*``, Triton's
   ``nv_gpu_*``); nothing on a CPU host.
@@ -94,6 +96,7 @@ class Read:
     pids: dict[str, list[str]] = field(default_factory=dict)  # by model, as the core reported
     workers: dict[str, list[dict]] = field(default_factory=dict)
     gpus: dict[str, gpu_metrics.Gpu] = field(default_factory=dict)  # empty on a CPU host
+    gpu_mb: dict[str, float] = field(default_factory=dict)  # by worker pid; empty on a CPU
     down: frozenset[str] = frozenset()  # models with no worker ready
     restarts: dict[str, float] = field(default_factory=dict)  # by model, over its slots
     wall: float = field(default_factory=time.time)  # when, on the clock
@@ -119,6 +122,7 @@ def parse(
         statuses=metrics.frontend_statuses(text) if classes else {},
         workers=workers,
         gpus=gpu_metrics.read(samples),
+        gpu_mb=gpu_metrics.worker_mb(samples),
         down=frozenset(down),
         wall=time.time() if wall is None else wall,
     )
@@ -258,6 +262,7 @@ def frame(old: Read, new: Read, *, url: str = "", width: int = WIDTH) -> str:
     ).splitlines()
     lines += ["", "errors/s by kind (handler; Overloaded = its 503 refusals)", *error_lines]
     lines += ["", "deadlines and cache", *traffic_lines, ""]
+    gpu = ["GPU MB"] if new.gpu_mb else []  # a CPU host's frame as it was
     worker_rows = [
         [
             model,
@@ -265,13 +270,14 @@ def frame(old: Read, new: Read, *, url: str = "", width: int = WIDTH) -> str:
             w.get("status", "?"),
             w.get("pid", "-"),
             _num(_rss_mb(new, w), 0),
+            *([_num(new.gpu_mb.get(str(w.get("pid"))), 0)] if gpu else []),
             new.precision.get(model, "-"),
         ]
         for model, workers in sorted(new.workers.items())
         for w in _with_pids(workers, new.pids.get(model, []))
     ]
     lines += tabulate(
-        [["model", "worker", "status", "pid", "RSS MB", "precision"], *worker_rows],
+        [["model", "worker", "status", "pid", "RSS MB", *gpu, "precision"], *worker_rows],
         tablefmt="plain",
         disable_numparse=True,
     ).splitlines()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -83,6 +84,22 @@ def pick_device(wanted: str, gpu_id) -> torch.device:
             f"(gpu_id={gpu_id}, cuda available={torch.cuda.is_available()})"
         )
     return torch.device("cpu")
+
+
+def device_memory(device: torch.device) -> dict | None:
+    """This process's memory on a CUDA ``device``, bytes: what PyTorch's caching allocator
+    holds (``reserved``) and what tensors use of it (``allocated``), and the device's
+    ``free`` and ``total`` (every process's); None on a CPU."""
+    if device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    return {
+        "pid": os.getpid(),
+        "reserved_bytes": torch.cuda.memory_reserved(device),
+        "allocated_bytes": torch.cuda.memory_allocated(device),
+        "device_free_bytes": free,
+        "device_total_bytes": total,
+    }
 
 
 def load_backend(

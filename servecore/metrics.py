@@ -23,6 +23,8 @@ first, then its own labels:
     resnet50_batch_size, resnet50_images_per_batch      the same sizes as histograms
     resnet50_precision{precision="int8+f32"}            1: the precision this worker serves
     resnet50_worker_rss_mb{worker_pid="1234"}           the worker's resident memory, MiB
+    resnet50_worker_gpu_mb{worker_pid="1234"}           the GPU memory its PyTorch holds
+                                                        (reserved), MiB: GPU workers only
     resnet50_worker_restarts{slot="..."}                times the worker in this slot was started
                                                         again under this server (0: never;
                                                         ``servecore.restarts``)
@@ -43,7 +45,7 @@ from __future__ import annotations
 import enum
 import os
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -119,6 +121,12 @@ PRECISION = Metric(
 WORKER_RSS = Metric(
     "resnet50_worker_rss_mb", Kind.GAUGE, ("worker_pid",), "the worker's resident memory, MiB"
 )
+WORKER_GPU = Metric(
+    "resnet50_worker_gpu_mb",
+    Kind.GAUGE,
+    ("worker_pid",),
+    "the GPU memory the worker's PyTorch holds (reserved), MiB; GPU workers only",
+)
 WORKER_RESTARTS = Metric(
     "resnet50_worker_restarts",
     Kind.GAUGE,
@@ -156,6 +164,7 @@ METRICS: tuple[Metric, ...] = (
     ANSWER_MS,
     PRECISION,
     WORKER_RSS,
+    WORKER_GPU,
     WORKER_RESTARTS,
     CACHE_HITS,
     CACHE_MISSES,
@@ -189,11 +198,17 @@ class BatchMetrics:
     """What the model records per batch, through the engine's sink."""
 
     def __init__(
-        self, sink: MetricsSink, precision: str, slot: str = "", restarts: int = 0
+        self,
+        sink: MetricsSink,
+        precision: str,
+        slot: str = "",
+        restarts: int = 0,
+        gpu_bytes: Callable[[], int] | None = None,
     ) -> None:
         """``slot``: where the engine runs this worker; ``restarts``: how often it was started
-        there before (``servecore.restarts.mark_start``), set now and with every batch."""
-        self.sink = sink
+        there before (``servecore.restarts.mark_start``), set now and with every batch;
+        ``gpu_bytes``: the GPU memory the worker holds now (None: a CPU worker)."""
+        self.sink, self.gpu_bytes = sink, gpu_bytes
         self.precision = precision
         self.process = psutil.Process()
         self.pid = str(os.getpid())
@@ -216,6 +231,8 @@ class BatchMetrics:
         self.sink.add(BY_SIZE, 1, (str(requests),))
         self.sink.add(PRECISION, 1, (self.precision,))
         self.sink.add(WORKER_RSS, round(self.process.memory_info().rss / 2**20, 1), (self.pid,))
+        if self.gpu_bytes is not None:
+            self.sink.add(WORKER_GPU, round(self.gpu_bytes() / 2**20, 1), (self.pid,))
         self.sink.add(WORKER_RESTARTS, self.restarts, (self.slot,))
 
     def flush(self) -> None:

@@ -30,7 +30,7 @@ from model_files.recipe import PREPROCESSING
 from servecore.admission import Admission
 from servecore.answers import AnswerSpec, BatchOutputs, Prediction
 from servecore.autoprecision import serving_backend
-from servecore.backends import pick_device
+from servecore.backends import device_memory, pick_device
 from servecore.cache import AnswerCache
 from servecore.classes import Classes
 from servecore.config import HandlerConfig, Output
@@ -212,11 +212,13 @@ class ImageModel:
             if self.backend.start is not None
             else None
         )
+        on_gpu = self.device.type == "cuda"
         self.metrics = BatchMetrics(
             metrics,
             self.backend.precision,
             settings.slot,
             mark_start(settings.name, settings.slot) if settings.slot else 0,
+            partial(torch.cuda.memory_reserved, self.device) if on_gpu else None,
         )
         if not files.weights.get("trained", False):
             logger.warning("%s: %s", settings.name, files.weights.get("warning"))
@@ -333,7 +335,7 @@ class ImageModel:
 
     def describe(self) -> dict:
         """Which weights (how many classes their labels name, in which heads), settings, backend and
-        precision this model runs."""
+        precision this model runs; on a GPU, what this worker holds of its memory now."""
         files = self.settings.files
         return {
             "weights": files.weights,
@@ -352,6 +354,7 @@ class ImageModel:
                 **self.intake.decoder_choice.as_dict(),
                 "overlap_chunks": self.overlap.chunks if self.overlap else 0,
                 "cuda_graphs": self.backend.graphs,
+                "memory": device_memory(self.device),
             },
             "preprocessing": PREPROCESSING,
             "crops_input": CROPS_INPUT,

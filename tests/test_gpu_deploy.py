@@ -266,3 +266,75 @@ def test_gpu_inference_services_are_linted_against_the_gpu_workers(target):
             isvc, {}, ServingLimits.from_models(gpu.repo_models(1))
         )
         assert any("a batch could never fill" in str(p) for p in problems)
+
+
+# ---------------------------------------------------------------------- GPU memory per worker
+
+
+def test_a_gpu_worker_reports_the_memory_it_holds_and_a_cpu_worker_nothing(monkeypatch):
+    """describe's gpu.memory (servecore.backends.device_memory): what the worker's PyTorch
+    reserved and allocated on its device and the device's free and total, bytes, None on a
+    CPU; the per-batch gauge resnet50_worker_gpu_mb{worker_pid} (tsctl top's GPU MB) in MiB on
+    a GPU worker only."""
+    import os
+
+    import torch
+
+    from servecore import backends
+    from servecore.metrics import WORKER_GPU, BatchMetrics
+
+    assert backends.device_memory(torch.device("cpu")) is None
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (60 * gib, 80 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 3 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 2 * gib)
+    assert backends.device_memory(torch.device("cuda:0")) == {
+        "pid": os.getpid(),
+        "reserved_bytes": 3 * gib,
+        "allocated_bytes": 2 * gib,
+        "device_free_bytes": 60 * gib,
+        "device_total_bytes": 80 * gib,
+    }
+
+    class Kept:
+        def __init__(self) -> None:
+            self.added: list[tuple] = []
+
+        def add(self, metric, value, labels=()):
+            self.added.append((metric.name, value, labels))
+
+        def flush(self) -> None:
+            pass
+
+    on_gpu, on_cpu = Kept(), Kept()
+    BatchMetrics(on_gpu, "f16", gpu_bytes=lambda: 3 * gib + 2**19).batch(4, 4, 1.0, 2.0)
+    BatchMetrics(on_cpu, "f32").batch(4, 4, 1.0, 2.0)
+    assert [a for a in on_gpu.added if a[0] == WORKER_GPU.name] == [
+        (WORKER_GPU.name, 3072.5, (str(os.getpid()),))
+    ]
+    assert not [a for a in on_cpu.added if a[0] == WORKER_GPU.name]
+
+
+def test_workers_per_gpu_of_the_yaml_reach_both_engines_through_the_gpu_archives(tmp_path, weights):
+    """What `make gpu` and `make triton-repo DEVICE=gpu` run (buildsteps.gpu.archive, then
+    tritonrepo.generate --gpus --model-store build/gpu/model-store) on a YAML asking 3 workers
+    per GPU: the archive's packed YAML has 3 x 2 workers, Triton's group 3 a GPU on both."""
+    from tritonrepo.generate import generate
+
+    models = tmp_path / "models"
+    models.mkdir()
+    source = yaml.safe_load((MODELS / f"{TAGGER}.yaml").read_text())
+    source["gpu"]["workersPerGpu"] = 3
+    (models / f"{TAGGER}.yaml").write_text(yaml.safe_dump(source))
+    configs, store = tmp_path / "configs", tmp_path / "store"
+    gpu.write_model_configs(configs, 2, models_dir=models)
+    gpu.archive(store, 2, weights, configs=configs)
+    _, packed = _packed_config(store / f"{TAGGER}.mar")
+    assert packed["minWorkers"] == packed["maxWorkers"] == 6
+    generate(tmp_path / "triton", models_dir=models, model_store=store, gpus=2, lanes=False)
+    (group,) = _pbtxt((tmp_path / "triton" / TAGGER / "config.pbtxt").read_text()).instance_group
+    assert (group.kind, group.count, list(group.gpus)) == (
+        model_config_pb2.ModelInstanceGroup.KIND_GPU,
+        3,
+        [0, 1],
+    )

@@ -471,3 +471,29 @@ def test_a_cpu_host_shows_no_gpu_lines():
     screen = top.frame(top.parse(text, workers, 0.0), top.parse(text, workers, 1.0))
     assert _gpu_rows(screen) == []
     assert "gpu" not in screen.lower()
+
+
+def test_each_gpu_worker_shows_the_gpu_memory_it_holds():
+    """The core's resnet50_worker_gpu_mb of each worker's pid in its row (what its PyTorch
+    reserved, every batch), beside its RSS; a worker that reported none shows a dash."""
+    base = _metrics(10, 500_000, 100_000, 10, {1: 10}, {}, (10, 0, 0))
+    held = (
+        f'resnet50_worker_gpu_mb{{model="{TAGGER}",engine="torchserve",worker_pid="4242",'
+        'Hostname="h",} 2310.0\n'
+    )
+    workers = {
+        TAGGER: [
+            {"id": "9000", "status": "READY", "pid": 4242},
+            {"id": "9001", "status": "READY", "pid": 4243},
+        ]
+    }
+    old, new = top.parse(base + held, workers, 0.0), top.parse(base + held, workers, 2.0)
+    lines = top.frame(old, new).splitlines()
+    header = next(line.split() for line in lines if line.startswith("model") and "pid" in line)
+    assert header == ["model", "worker", "status", "pid", "RSS", "MB", "GPU", "MB", "precision"]
+    rows = [line.split() for line in lines if line.startswith(TAGGER) and "READY" in line]
+    assert rows == [
+        [TAGGER, "9000", "READY", "4242", "1024", "2310", "int8+f32"],
+        [TAGGER, "9001", "READY", "4243", "-", "-", "int8+f32"],
+    ]
+    assert all(len(line) <= 80 for line in lines)

@@ -97,19 +97,22 @@ def install(triton: TritonInstall = TritonInstall(), project_venv: Path = PROJEC
             f"{triton.venv} runs Python {version} but {project_venv} does not: "
             "build both with the same interpreter (make PYTHON=...)"
         )
-    stub = triton.wheel / "python_backend_stubs" / version / "triton_python_backend_stub"
-    if not stub.is_file():
-        raise SystemExit(f"nvidia-pytriton has no Python backend stub for Python {version}")
-    if triton.server.exists():
-        shutil.rmtree(triton.server)
-    shutil.copytree(
-        triton.wheel,
-        triton.server,
-        ignore=shutil.ignore_patterns("python_backend_stubs", "__pycache__"),
-    )
-    shutil.copy2(stub, triton.stub)
+    lay_out(triton.wheel, triton.server, version)
     project_site = next((project_venv / "lib").glob(f"python{version}/site-packages"))
     (triton.site_packages() / PTH).write_text(f"{project_site.resolve()}\n")
+
+
+def lay_out(wheel: Path, server: Path, version: str) -> None:
+    """``server``, replaced whole: the wheel's ``tritonserver`` folder ``wheel`` with only
+    Python ``version``'s backend stub, where ``TritonInstall.stub`` looks for it."""
+    stub = wheel / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise SystemExit(f"nvidia-pytriton has no Python backend stub for Python {version}")
+    if server.exists():
+        shutil.rmtree(server)
+    ignored = shutil.ignore_patterns("python_backend_stubs", "__pycache__")
+    shutil.copytree(wheel, server, ignore=ignored)
+    shutil.copy2(stub, TritonInstall(server=server).stub)
 
 
 def _python_version(python: Path) -> str:
