@@ -18,13 +18,14 @@ admits per worker (``handler.explain.max_passes_per_batch`` over the passes one 
 ``Plan.for_explanations``); the server refuses the rest with 503 and ``Retry-After``, retried
 as below.
 
-Failures: a file that cannot be read, or that the server refuses, is one ``error`` row and the
-job goes on. A multi-image request refused for one bad image (the handler answers it as a
-whole) is resent image by image, so each file gets its own answer. 503 (busy batch, full
-queue) and 507 (a worker died) are retried after ``Retry-After`` or a growing pause;
-connection errors and timeouts likewise until ``max_outage_s``, then the job stops (what is
-written stays, a rerun resumes). A refused key, an unknown model or a missing key file stop it
-at once.
+Failures: a file that cannot be read, is no regular file or is larger than a request can carry
+(``collection.read_file``: never blocked on, never read whole), or that the server refuses, is
+one ``error`` row and the job goes on. A multi-image request refused for one bad image (the
+handler answers it as a whole) is resent image by image, so each file gets its own answer.
+503 (busy batch, full queue) and 507 (a worker died) are retried after ``Retry-After`` or a
+growing pause; connection errors and timeouts likewise until ``max_outage_s``, then the job
+stops (what is written stays, a rerun resumes). A refused key, an unknown model or a missing
+key file stop it at once.
 
 Sharing the server (``traffic``, default ``bulk``): the requests say they are a collection
 job's, so the server serves people first and refuses the job's surplus with 503. The job then
@@ -65,7 +66,7 @@ from tenacity.wait import wait_base
 
 from serveclient import errors
 from serveclient.client import Answers, Client
-from serveclient.collection import Entry
+from serveclient.collection import Entry, read_file
 from serveclient.progress import JobProgress
 from serveclient.traffic import BULK, Traffic
 from serveclient.vectors import EMBEDDING_DIM, DoneIndex, Output, Row, path_hash, stored_path
@@ -211,8 +212,9 @@ class Walk:
 class PartSink:
     """Rows into Parquet parts: a part every ``flush_rows`` rows or ``flush_s`` seconds,
     whichever comes first, so a kill loses the files in flight and at most ``flush_s`` of
-    answered ones; ``close(complete=True)`` merges the parts into the output, keeping only the
-    paths of ``walk`` when it saw the whole collection (``gone``: the rows it dropped).
+    answered ones (Ctrl-C none: the close writes what is held); ``close(complete=True)``
+    merges the parts into the output, keeping only the paths of ``walk`` when it saw the whole
+    collection (``gone``: the rows it dropped).
 
     A part that cannot be written raises ``vectors.OutputError`` once: its rows are let go
     (their files are redone by the rerun), the parts before it stay, and nothing is written
@@ -242,14 +244,16 @@ class PartSink:
             self.flush()
 
     def flush(self) -> None:
-        rows, self.rows = self.rows, []
+        """The rows held as a part. They stay held until it is on disk: Ctrl-C during the write
+        leaves them for ``close`` to write (written twice, they merge once)."""
         self._since = time.monotonic()
-        if rows and not self._failed:
+        if self.rows and not self._failed:
             try:
-                self.output.write_part(rows)
+                self.output.write_part(self.rows)
             except Exception:
-                self._failed = True
+                self._failed, self.rows = True, []
                 raise
+        self.rows = []
 
     def close(self, complete: bool) -> None:
         self.flush()
@@ -593,15 +597,13 @@ def explain_passes(method: str, n_steps: int) -> int:
 
 
 def _read(entry: Entry) -> tuple[Row, bytes]:
-    """The file's bytes and its row (size and mtime as read, sha256 of the bytes)."""
+    """The file's bytes and its row (size and mtime as opened, sha256 of the bytes); an error
+    row for a file ``read_file`` refuses (not a regular file, over ``MAX_FILE_BYTES``)."""
     try:
-        with open(entry.path, "rb") as handle:
-            data = handle.read()
-            info = os.fstat(handle.fileno())
-    except OSError as exc:
-        return Row(
-            entry.path, entry.size, entry.mtime_ns, None, f"cannot read: {exc.strerror or exc}"
-        ), b""
+        data, info = read_file(entry.path)
+    except (OSError, ValueError) as exc:
+        why = f"cannot read: {getattr(exc, 'strerror', None) or exc}"
+        return Row(entry.path, entry.size, entry.mtime_ns, None, why), b""
     return Row(entry.path, info.st_size, info.st_mtime_ns, hashlib.sha256(data).hexdigest()), data
 
 

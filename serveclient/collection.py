@@ -1,5 +1,5 @@
 """A photo collection as a stream of files: walked from files, folders and a list of paths on
-stdin, and split into shards.
+stdin, split into shards, and read (``read_file``).
 
     collection = Collection(["photos/", "extra.jpg"])     # or Collection(["-"], stdin=sys.stdin)
     for entry in collection.entries(Shard.parse("2/8")):   # Entry(path, key, size, mtime_ns)
@@ -24,6 +24,11 @@ Sharding: a file belongs to shard ``i`` of ``n`` when a stable hash of its ``key
 relative to the folder it was found under, or the path as given) is ``i`` modulo ``n``. So n
 machines given the same sources split them without talking to each other, the shards are
 disjoint, and together they are the whole collection, wherever each machine mounts it.
+
+Reading: only a regular file of at most ``MAX_FILE_BYTES`` (the most a request can carry), never
+a FIFO, a device, a folder or a socket, and never more than that into memory: every file a
+command sends or shows (``embed``, ``tag``, ``similar QUERY``, ``explain``, a page's thumbnails)
+is read by ``read_file``, so no path can hang a run or fill its memory.
 """
 
 from __future__ import annotations
@@ -45,6 +50,15 @@ IMAGE_EXTENSIONS = frozenset(
     {".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff", ".mpo"}
 )
 STDIN = "-"
+MAX_FILE_BYTES = 32 << 20  # one file read: the most a request may carry (max_request_size)
+NOT_REGULAR = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a device"),
+    (stat.S_ISBLK, "a device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+TOO_LARGE = f"over the {MAX_FILE_BYTES >> 20} MiB a request can carry"
 
 
 @dataclass(frozen=True)
@@ -202,3 +216,32 @@ def _walk_folder(root: str, seen: set[tuple[int, int]]) -> Iterator[Entry]:
 
 def _reason(exc: OSError) -> str:
     return f"cannot read: {exc.strerror or exc}"
+
+
+def read_file(path: str | os.PathLike[str]) -> tuple[bytes, os.stat_result]:
+    """The bytes of the regular file at ``path`` and its ``fstat``; ValueError naming what it
+    is instead (a FIFO, a device, a folder, a socket) or that it is over ``MAX_FILE_BYTES``,
+    OSError when it cannot be read. Checked by ``stat`` before it is opened (nothing else is
+    opened), opened without blocking (a FIFO swapped in meanwhile has no writer to wait for)
+    and checked again on the descriptor it is read from; at most ``MAX_FILE_BYTES + 1`` bytes
+    are read, so a file that grows meanwhile is refused, not read whole."""
+    _readable(os.stat(path))
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        info = _readable(os.fstat(fd))
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_FILE_BYTES:
+        raise ValueError(f"grown {TOO_LARGE} while read")
+    return data, info
+
+
+def _readable(info: os.stat_result) -> os.stat_result:
+    if not stat.S_ISREG(info.st_mode):
+        kind = next((name for test, name in NOT_REGULAR if test(info.st_mode)), "a special file")
+        raise ValueError(f"{kind}, not a regular file")
+    if info.st_size > MAX_FILE_BYTES:
+        raise ValueError(f"{info.st_size:,} bytes, {TOO_LARGE}")
+    return info

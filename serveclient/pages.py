@@ -13,9 +13,9 @@ thumbnails, its tables at most ``MAX_TABLE_ROWS`` rows (the confusion table ``MA
 labels), and its summary says what it left out. A ``Thumbnailer`` is told how many thumbnails
 its page will hold and shrinks them (side, then JPEG quality) to share the budget: a page of
 1,000 pairs of photos stays a few MB; a thumbnail past the budget is a placeholder saying so.
-A picture is read from a regular file of at most ``MAX_FILE_BYTES``, never from a FIFO, a
-device or a folder (each a placeholder naming what it is), so no path can hang a page or
-fill its memory.
+A picture is read by ``collection.read_file``, as every file a command sends: only from a
+regular file of at most ``collection.MAX_FILE_BYTES``, never from a FIFO, a device or a folder
+(each a placeholder naming what it is), so no path can hang a page or fill its memory.
 
     thumbs = Thumbnailer(expected=len(paths))
     Path("similar.html").write_text(similar_page(results, thumbs, index="v.parquet"))
@@ -26,7 +26,7 @@ from __future__ import annotations
 import base64
 import io
 import os
-import stat
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from html import escape
@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image, ImageOps
+
+from serveclient.collection import read_file
 
 if TYPE_CHECKING:
     from serveclient.search import Grouped
@@ -47,14 +49,6 @@ MAX_THUMB_BYTES = 24 << 10  # one thumbnail at most, however few the page holds
 MAX_PICTURES = 2000  # pictures a page shows at most (1,000 pairs)
 MAX_TABLE_ROWS = 1000  # rows of a table on a page
 MAX_TABLE_LABELS = 40  # labels of a confusion table (rows and columns)
-MAX_FILE_BYTES = 32 << 20  # a photo read for its thumbnail: the most a request may carry
-NOT_REGULAR = (
-    (stat.S_ISDIR, "a folder"),
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISCHR, "a device"),
-    (stat.S_ISBLK, "a device"),
-    (stat.S_ISSOCK, "a socket"),
-)
 ORIENTATION_TAG = 0x0112  # EXIF orientation: only photos that carry one are transposed
 
 
@@ -87,7 +81,7 @@ class Thumbnailer:
         unreadable, not a regular file, too large or not an image Pillow decodes)."""
         if path not in self._cache:
             try:
-                self._cache[path] = self._made(read_photo(path))
+                self._cache[path] = self._made(read_file(path)[0])
             except OSError as exc:
                 self._cache[path] = Thumb(None, error=f"cannot read: {exc.strerror or exc}")
             except ValueError as exc:
@@ -148,26 +142,6 @@ class Thumbnailer:
             if len(buffer.getvalue()) * 4 // 3 <= self.share:
                 break
         return buffer.getvalue(), small.size
-
-
-def read_photo(path: str) -> bytes:
-    """The bytes of the regular file at ``path``, at most ``MAX_FILE_BYTES`` of them read;
-    ValueError naming what it is instead (a FIFO, a device, a folder) or that it is larger.
-    Opened without blocking (a FIFO without a writer would wait forever) and checked on the
-    descriptor it is read from, so a file swapped in between cannot slip past."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        mode = os.fstat(fd).st_mode
-        kind = next((name for test, name in NOT_REGULAR if test(mode)), None)
-        if kind is not None:
-            raise ValueError(f"{kind}, not a regular file")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(MAX_FILE_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(data) > MAX_FILE_BYTES:
-        raise ValueError(f"over the {_bytes(MAX_FILE_BYTES)} a page reads of a photo")
-    return data
 
 
 # ---------------------------------------------------------------------- building blocks
@@ -437,11 +411,20 @@ def explain_page(
 
 
 def write(path: Path, html: str) -> int:
-    """Write the page (UTF-8); return its size in bytes."""
+    """Write the page (UTF-8); return its size in bytes. Written to a temporary name of its own
+    beside it (``.NAME.<random>.tmp``), fsynced, then renamed: ``path`` holds an old page or the
+    new one, whole, however many runs write it at once (the last rename wins). A writer killed
+    before its rename leaves its temporary file, never a part of a page under ``path``."""
     data = html.encode("utf-8")
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with tmp.open("xb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return len(data)
 
 

@@ -5,8 +5,15 @@ many vectors the file holds.
 Decoding Parquet's list column costs far more than the arithmetic (some 3 s per 100,000
 vectors against 0.1 s for the dot products), so the first search writes the unit vectors
 beside the index as a plain ``.npy`` matrix (``INDEX.search.npy``, with ``INDEX.search.json``
-naming the index's size and mtime it was made from) and later searches memory-map it. A
-changed index is read again; a folder that cannot be written is searched from the Parquet.
+naming the index's inode, size and mtime it was made from, and the matrix file's) and later
+searches memory-map it. A changed index is read again; a folder that cannot be written is
+searched from the Parquet.
+
+One version: a search opens the Parquet once (``vectors.opened``) and reads its scan, its
+cache's key and the paths it answers with through that open file, so an ``embed`` merge that
+renames a new file over the name meanwhile changes nothing it answers; a cache that another
+search replaced meanwhile (another version's vectors) is not used: that search scans the
+Parquet.
 
 ``nearest``: the k most similar stored vectors to each query, O(n) per query. ``duplicates``:
 groups of vectors at least ``threshold`` apart by cosine, O(n^2): fine up to some 100,000
@@ -36,7 +43,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from serveclient.errors import UsageError
-from serveclient.vectors import EMBEDDING_DIM, OK, batches
+from serveclient.vectors import EMBEDDING_DIM, OK, batches, opened
 
 CHUNK_ROWS = 16384
 BLOCK_ROWS = 2048  # duplicates: rows of a chunk scored at once (2048 x 16384 float32, 128 MB)
@@ -44,6 +51,7 @@ MAX_K = 1000  # neighbours a query may ask for
 MAX_PAIRS = 100_000  # pairs ``duplicates`` groups at most, unless told (--max-pairs)
 MOST_PAIRS = 1_000_000  # the most --max-pairs may ask for (some 300 MB of pairs and groups)
 log = logging.getLogger("serveclient.search")
+Version = tuple[pq.ParquetFile, os.stat_result]  # an embed output opened once (vectors.opened)
 
 
 def normalised(matrix: np.ndarray) -> np.ndarray:
@@ -57,70 +65,76 @@ def _cache_paths(index: Path) -> tuple[Path, Path]:
     return index.with_name(index.name + ".search.npy"), index.with_name(index.name + ".search.json")
 
 
-def _key(index: Path) -> dict:
-    stat = index.stat()
-    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+def _key(info: os.stat_result) -> list[int]:
+    """A file's version: a merge's rename gives a new inode even at the same size and mtime."""
+    return [info.st_ino, info.st_size, info.st_mtime_ns]
 
 
-def _ok_rows(index: Path) -> int:
-    status = pq.read_table(index, columns=["status"]).column("status")
-    return int(pc.sum(pc.equal(status, OK)).as_py() or 0)
-
-
-def _write_cache(index: Path, matrix_path: Path, key_path: Path) -> None:
-    """The unit vectors of the ``ok`` rows, in file order, to ``matrix_path``; then the key.
-    Both are written to temporary names and replaced, the key last: a kill in between leaves
-    a key that no longer matches, so the next search rebuilds."""
-    key = _key(index)
+def _write_cache(version: Version, matrix_path: Path, key_path: Path) -> dict:
+    """The unit vectors of the ``ok`` rows, in file order, to ``matrix_path``; then the key
+    (``index``: the version's, ``matrix``: the matrix file's), returned. Both are written to
+    temporary names and replaced, the key last: a kill in between leaves a key that no longer
+    matches, so the next search rebuilds."""
+    file, info = version
+    status = file.read(columns=["status"]).column("status")
+    ok_rows = int(pc.sum(pc.equal(status, OK)).as_py() or 0)
     tag = f".tmp-{uuid.uuid4().hex[:8]}"
     tmp_matrix = matrix_path.with_name(matrix_path.name + tag)
     tmp_key = key_path.with_name(key_path.name + tag)
     try:
         out = np.lib.format.open_memmap(
-            tmp_matrix, mode="w+", dtype=np.float32, shape=(_ok_rows(index), EMBEDDING_DIM)
+            tmp_matrix, mode="w+", dtype=np.float32, shape=(ok_rows, EMBEDDING_DIM)
         )
         start = 0
-        for _, matrix in batches(index, CHUNK_ROWS):
+        for _, matrix in batches(file, CHUNK_ROWS):
             out[start : start + len(matrix)] = normalised(matrix)
             start += len(matrix)
         out.flush()
         del out
+        key = {"index": _key(info), "matrix": _key(os.stat(tmp_matrix))}
         os.replace(tmp_matrix, matrix_path)
         tmp_key.write_text(json.dumps(key))
         os.replace(tmp_key, key_path)
     finally:
         tmp_matrix.unlink(missing_ok=True)
         tmp_key.unlink(missing_ok=True)
+    return key
 
 
-def _cached_matrix(index: Path) -> np.ndarray | None:
-    """The index's unit vectors memory-mapped from the cache (written first when missing or
-    stale), or None when the cache cannot be written."""
+def _cached_matrix(index: Path, version: Version) -> np.ndarray | None:
+    """The unit vectors of ``version`` (``index`` opened) memory-mapped from the cache (written
+    first when missing or another version's), or None when the cache cannot be written or
+    another search replaced its matrix meanwhile (checked after mapping it)."""
     matrix_path, key_path = _cache_paths(index)
     try:
-        fresh = matrix_path.is_file() and json.loads(key_path.read_text()) == _key(index)
-    except (OSError, ValueError):
+        key = json.loads(key_path.read_text())
+        fresh = key["index"] == _key(version[1]) and key["matrix"] == _key(matrix_path.stat())
+    except (OSError, ValueError, KeyError, TypeError):
         fresh = False
     try:
         if not fresh:
-            _write_cache(index, matrix_path, key_path)
-        return np.load(matrix_path, mmap_mode="r")
+            key = _write_cache(version, matrix_path, key_path)
+        matrix = np.load(matrix_path, mmap_mode="r")
+        if key["matrix"] != _key(matrix_path.stat()):
+            raise OSError(f"another search replaced {matrix_path.name} meanwhile")
+        return matrix
     except (OSError, ValueError) as exc:
         log.warning("searching %s without a cache (%s)", index, exc)
         return None
 
 
-def unit_chunks(index: Path | str, rows: int = CHUNK_ROWS) -> Iterator[tuple[int, np.ndarray]]:
-    """(number of the chunk's first ``ok`` row, unit vectors [n, dim]) over the whole index,
-    ``rows`` at a time, from the cache when it can be used."""
-    index = Path(index)
-    cached = _cached_matrix(index) if index.is_file() else None
+def unit_chunks(
+    index: Path | str, version: Version, rows: int = CHUNK_ROWS
+) -> Iterator[tuple[int, np.ndarray]]:
+    """(number of the chunk's first ``ok`` row, unit vectors [n, dim]) over the whole of
+    ``version`` (``index`` opened), ``rows`` at a time, from the cache when it can be used."""
+    cached = _cached_matrix(Path(index), version)
     if cached is not None:
         for start in range(0, len(cached), rows):
             yield start, np.asarray(cached[start : start + rows])
         return
     start = 0
-    for _, matrix in batches(index, rows):
+    for _, matrix in batches(version[0], rows):
         yield start, normalised(matrix)
         start += len(matrix)
 
@@ -164,7 +178,8 @@ def nearest(
     exclude = [os.path.abspath(p) if p else None for p in (exclude or [None] * len(queries))]
     keep = k + 1  # one spare per query: an index holds each path once, so one exclusion
     best: list[list[tuple[float, int]]] = [[] for _ in queries]  # min-heaps of (score, row)
-    for start, matrix in unit_chunks(index, rows):
+    version = opened(index)
+    for start, matrix in unit_chunks(index, version, rows):
         scores = matrix @ queries.T  # [rows, queries]
         take = min(keep, len(matrix))
         top = np.argpartition(-scores, take - 1, axis=0)[:take]
@@ -175,7 +190,7 @@ def nearest(
                     heapq.heappush(best[j], item)
                 elif item > best[j][0]:
                     heapq.heapreplace(best[j], item)
-    names = _paths_at(index, {row for heap in best for _, row in heap})
+    names = _paths_at(version[0], {row for heap in best for _, row in heap})
     found = []
     for j, heap in enumerate(best):
         hits = [
@@ -214,15 +229,18 @@ def duplicates(
     ``threshold``, largest group first (see ``group``), of the first ``most`` pairs found.
     Every chunk is compared with itself and every later chunk, ``BLOCK_ROWS`` rows at a time:
     memory two chunks, one block's scores and the pairs; time quadratic."""
-    found = list(itertools.islice(_pairs(index, threshold, rows), most + 1))
-    names = _paths_at(index, {i for pair in found for i in pair[:2]})
+    version = opened(index)
+    found = list(itertools.islice(_pairs(index, version, threshold, rows), most + 1))
+    names = _paths_at(version[0], {i for pair in found for i in pair[:2]})
     return group(((names[i], names[j], score) for i, j, score in found), most)
 
 
-def _pairs(index: Path | str, threshold: float, rows: int) -> Iterator[tuple[int, int, float]]:
+def _pairs(
+    index: Path | str, version: Version, threshold: float, rows: int
+) -> Iterator[tuple[int, int, float]]:
     """(row, later row, cosine) of every pair at cosine >= ``threshold``, a row at a time."""
-    for offset_a, a in unit_chunks(index, rows):
-        for offset_b, b in unit_chunks(index, rows):
+    for offset_a, a in unit_chunks(index, version, rows):
+        for offset_b, b in unit_chunks(index, version, rows):
             if offset_b + len(b) <= offset_a:
                 continue
             for start in range(0, len(a), BLOCK_ROWS):
@@ -268,11 +286,12 @@ def group(pairs: Iterable[tuple[str, str, float]], most: int = MAX_PAIRS) -> Gro
     return Grouped([{"paths": p, "min_score": s} for p, s in groups], taken, complete)
 
 
-def _paths_at(index: Path | str, wanted: set[int]) -> dict[int, str]:
-    """The paths of the ``ok`` rows numbered ``wanted`` (in file order)."""
+def _paths_at(file: pq.ParquetFile, wanted: set[int]) -> dict[int, str]:
+    """The paths of the ``ok`` rows numbered ``wanted`` (in file order) of the file the scan
+    read."""
     found: dict[int, str] = {}
     number = 0
-    for batch in pq.ParquetFile(index).iter_batches(CHUNK_ROWS * 4, columns=["path", "status"]):
+    for batch in file.iter_batches(CHUNK_ROWS * 4, columns=["path", "status"]):
         for path, status in zip(
             batch.column("path").to_pylist(), batch.column("status").to_pylist()
         ):

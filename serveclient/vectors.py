@@ -455,21 +455,32 @@ def _hash(raw: bytes) -> int:
 # ---------------------------------------------------------------------- reading vectors
 
 
-def batches(index: Path | str, rows: int = 16384) -> Iterator[tuple[list[str], np.ndarray]]:
-    """(paths, float32 matrix [n, dim]) of the ``ok`` rows of an embedding file, ``rows`` at a
-    time: memory bounded by one batch whatever the file's size."""
+def opened(index: Path | str) -> tuple[pq.ParquetFile, os.stat_result]:
+    """The embedding file at ``index``, opened once, and its ``fstat``: everything read through
+    it is this version of the file, whatever a merge renames over the name meanwhile (a
+    search's scan and the paths it answers with, ``serveclient.search``)."""
     index = Path(index)
     if not index.is_file():
         raise UsageError(
             f"no index at {index}", f"write one with `tsctl embed FOLDER --out {index}`"
         )
-    table_schema = pq.read_schema(index)
-    if "embedding" not in table_schema.names:
+    source = pa.OSFile(str(index))
+    file = pq.ParquetFile(source)
+    if "embedding" not in file.schema_arrow.names:
         raise UsageError(
-            f"{index} holds no embeddings (columns {table_schema.names})",
+            f"{index} holds no embeddings (columns {file.schema_arrow.names})",
             "use the output of `tsctl embed`, not `tsctl tag`",
         )
-    for batch in pq.ParquetFile(index).iter_batches(rows, columns=["path", "status", "embedding"]):
+    return file, os.fstat(source.fileno())
+
+
+def batches(
+    index: Path | str | pq.ParquetFile, rows: int = 16384
+) -> Iterator[tuple[list[str], np.ndarray]]:
+    """(paths, float32 matrix [n, dim]) of the ``ok`` rows of an embedding file (a path, or one
+    ``opened`` already), ``rows`` at a time: memory bounded by one batch whatever its size."""
+    file = index if isinstance(index, pq.ParquetFile) else opened(index)[0]
+    for batch in file.iter_batches(rows, columns=["path", "status", "embedding"]):
         batch = batch.filter(pc.equal(batch.column("status"), OK))
         if batch.num_rows == 0:
             continue

@@ -497,7 +497,8 @@ def test_a_bulk_jobs_requests_fit_the_servers_bulk_share():
 
 def test_the_clients_fallbacks_are_the_servers_defaults():
     """The client image ships without servecore: its fallbacks are written in
-    ``serveclient.batchjob.SERVER_DEFAULTS``, and must be what the server really defaults to."""
+    ``serveclient.batchjob.SERVER_DEFAULTS`` (and the most a file read to send may hold in
+    ``collection.MAX_FILE_BYTES``), and must be what the server really defaults to."""
     import yaml
 
     from servecore.config import ExplainConfig, HandlerConfig
@@ -521,6 +522,11 @@ def test_the_clients_fallbacks_are_the_servers_defaults():
         for path in (REPO / "config" / "models").glob("*.yaml")
     }
     assert shipped == {SERVER_DEFAULTS.batch_size}
+    # A file is read to be sent only up to what one request may carry.
+    from serveclient.collection import MAX_FILE_BYTES
+
+    base = (REPO / "config" / "server-base.properties").read_text()
+    assert f"\nmax_request_size={MAX_FILE_BYTES}\n" in base
 
 
 def test_plan_from_a_served_describe(tmp_path):
@@ -712,6 +718,28 @@ def test_a_part_that_cannot_be_written_stops_the_job_once_keeping_the_parts_befo
     assert not out.out.exists() and not list(out.parts.glob(".*.tmp"))
 
 
+def test_ctrl_c_while_a_part_is_written_keeps_its_rows_for_the_close(tmp_path, monkeypatch):
+    """Before: the sink let a part's rows go before writing them, so Ctrl-C landing in that
+    write lost rows the progress bar had counted done (and ``tsctl`` said were kept). Now they
+    stay held until their part is on disk, and the job's close writes them."""
+    write, calls = pq.write_table, []
+
+    def ctrl_c_in_the_first(table, where, **options):
+        calls.append(table.num_rows)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        write(table, where, **options)
+
+    monkeypatch.setattr(pq, "write_table", ctrl_c_in_the_first)
+    out = Output(tmp_path / "v.parquet", "embedding", META)
+    job = Job(FakeClient(), "m", "embedding", PartSink(out, flush_rows=2), Plan(1, 2))
+    with pytest.raises(KeyboardInterrupt):
+        job.run(_files(tmp_path, 10))
+    assert calls == [2, 2]  # the interrupted part's rows, written by the close
+    assert sum(pq.ParquetFile(p).metadata.num_rows for p in out.existing()) == 2
+    assert not out.out.exists() and not list(out.parts.glob(".*.tmp"))
+
+
 def test_after_a_complete_run_the_output_holds_exactly_the_files_walked(tmp_path):
     """Before: a photo moved from cat/ to dog/ kept both rows, a deleted folder stayed, and
     another FOLDER into the same --out kept the old one's rows."""
@@ -842,3 +870,193 @@ def test_a_merge_killed_after_its_rename_is_finished_by_the_next_one(tmp_path, m
     assert _stored(out.out) == [f"p/{i:04d}.jpg" for i in range(1, 5)] and len(out.existing()) == 3
     assert out.merge(walked) == 1 and not out.parts.exists()  # p/0000 of the parts, again
     assert _stored(out.out) == [f"p/{i:04d}.jpg" for i in range(1, 5)]
+
+
+# ------------------------------------------------------------------ files that are no photo
+
+
+def _in_time(work, fifo):
+    """``work()``'s result (or its exception, raised here), or the test fails when it blocks
+    (on ``fifo``, which is then given a writer so the thread ends)."""
+    from concurrent.futures import ThreadPoolExecutor, TimeoutError
+
+    pool = ThreadPoolExecutor(1)
+    try:
+        return pool.submit(work).result(timeout=30)
+    except TimeoutError:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("blocked reading a FIFO")
+    finally:
+        pool.shutdown(wait=False)
+
+
+def test_a_fifo_a_device_and_a_huge_file_are_error_rows_never_a_hang(tmp_path):
+    """Before: ``tsctl embed`` read each file whole: a FIFO named ``x.jpg`` blocked the run for
+    good, ``/dev/zero`` filled its memory, a huge file was read in and sent. Now each is an
+    error row naming why, read no further than ``stat`` (nothing sent), the rest embedded."""
+    from serveclient.collection import MAX_FILE_BYTES
+
+    root = tmp_path / "photos"
+    _album(root, ["a.jpg", "z.jpg"])
+    os.mkfifo(root / "x.jpg")
+    with open(root / "huge.jpg", "wb") as f:
+        f.truncate(MAX_FILE_BYTES + 1)  # sparse: nothing written
+    out = tmp_path / "v.parquet"
+    client = CliClient()
+    data, code = _in_time(
+        lambda: _embed(client, str(root), "/dev/zero", "--out", str(out)), root / "x.jpg"
+    )
+    assert code == 7 and (data["done"], data["failed"]) == (2, 3)
+    rows = {r["path"]: r for r in pq.read_table(out).to_pylist()}
+    assert {p: r["error"] for p, r in rows.items() if r["status"] == "error"} == {
+        f"{root}/x.jpg": "cannot read: a FIFO, not a regular file",
+        "/dev/zero": "cannot read: a device, not a regular file",
+        f"{root}/huge.jpg": "cannot read: 33,554,433 bytes, over the 32 MiB a request can carry",
+    }
+    assert sum(client.calls) == 2  # images sent: a.jpg and z.jpg alone
+
+
+def test_a_file_swapped_for_a_fifo_after_its_stat_is_refused_on_its_descriptor(
+    tmp_path, monkeypatch
+):
+    """Between the ``stat`` and the ``open`` a regular file becomes a FIFO: opened without
+    blocking, checked again on the descriptor, refused."""
+    from serveclient import collection
+
+    path, stat = tmp_path / "x.jpg", os.stat
+    path.write_bytes(b"a photo")
+
+    def swapped(where, *args, **kwargs):
+        info = stat(where, *args, **kwargs)
+        if str(where) == str(path):
+            path.unlink()
+            os.mkfifo(path)
+        return info
+
+    monkeypatch.setattr(collection.os, "stat", swapped)
+    with pytest.raises(ValueError, match=r"^a FIFO, not a regular file$"):
+        _in_time(lambda: collection.read_file(path), path)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "huge"])
+def test_a_similar_query_that_is_no_photo_file_is_refused_never_a_hang(tmp_path, capsys, kind):
+    """Before: ``tsctl similar QUERY`` read the query whole: a FIFO blocked it, ``/dev/zero``
+    filled its memory. Now: exit 2 naming why, before a server is asked."""
+    from serveclient.cli import main
+    from serveclient.collection import MAX_FILE_BYTES
+
+    index = tmp_path / "v.parquet"
+    out = Output(index, "embedding", META)
+    out.write_part(_rows(3))
+    out.merge()
+    fifo = tmp_path / "q.jpg"
+    os.mkfifo(fifo)
+    query = {"fifo": str(fifo), "device": "/dev/zero", "huge": str(tmp_path / "huge.jpg")}[kind]
+    with open(tmp_path / "huge.jpg", "wb") as f:
+        f.truncate(MAX_FILE_BYTES + 1)
+    code = _in_time(lambda: main(["similar", query, "--index", str(index)]), fifo)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert (
+        f"error: cannot read {query}: "
+        + {
+            "fifo": "a FIFO, not a regular file",
+            "device": "a device, not a regular file",
+            "huge": "33,554,433 bytes, over the 32 MiB a request can carry",
+        }[kind]
+        in err
+    )
+    assert "hint: check the file path: an image, a regular file of 32 MiB at most" in err
+
+
+# ------------------------------------------------------------------ one version of an index
+
+
+def _version(path, prefix, seed, n=30):
+    """An embed output at ``path``: ``n`` random vectors, the last third near copies of the
+    first (so ``duplicates`` finds pairs), paths ``PREFIX/NNN.jpg``."""
+    rng = np.random.default_rng(seed)
+    matrix = rng.normal(size=(n, EMBEDDING_DIM)).astype(np.float32)
+    third = n // 3
+    matrix[-third:] = matrix[:third] + 0.05 * rng.normal(size=(third, EMBEDDING_DIM))
+    out = Output(path, "embedding", META)
+    out.write_part(
+        [Row(f"{prefix}/{i:03d}.jpg", 1, 1, "0" * 64, None, v) for i, v in enumerate(matrix)]
+    )
+    out.merge()
+    return matrix
+
+
+@pytest.mark.parametrize("cache", ["cache", "parquet"])
+def test_a_search_answers_from_the_file_it_scanned_while_a_merge_replaces_it(
+    tmp_path, monkeypatch, cache
+):
+    """Before: exact ``similar``/``duplicates`` looked the paths up by row number after the scan,
+    in whatever file had the name then: an ``embed`` merge renaming a new file over it gave
+    other photos' paths, or a KeyError. Now the scan and the paths read the file opened once."""
+    import shutil
+
+    import serveclient.search as search
+
+    index, older, newer = tmp_path / "v.parquet", tmp_path / "v1.parquet", tmp_path / "v2.parquet"
+    queries = _version(index, "old", seed=0)[[2, 13, 27]]
+    _version(newer, "new", seed=1, n=12)  # fewer rows: a row number past its end too
+    shutil.copy(index, older)
+    want = nearest(index, queries, k=5), duplicates(index, 0.97)
+    assert want[1].pairs == 10
+    if cache == "parquet":
+        monkeypatch.setattr(search, "_write_cache", lambda *_a: (_ for _ in ()).throw(OSError()))
+    paths_at = search._paths_at
+
+    def merged_meanwhile(*args):
+        shutil.copy(newer, tmp_path / "merged.tmp")
+        os.replace(tmp_path / "merged.tmp", index)  # as ``Output.merge`` renames its output
+        return paths_at(*args)
+
+    monkeypatch.setattr(search, "_paths_at", merged_meanwhile)
+    searches = (lambda: nearest(index, queries, k=5), lambda: duplicates(index, 0.97))
+    for run, expected in zip(searches, want):
+        shutil.copy(older, index)
+        assert run() == expected
+        assert _stored(index)[0].startswith("new/")  # the merge did land during the search
+
+
+def test_a_search_never_maps_the_cache_another_search_wrote_for_a_newer_file(tmp_path, monkeypatch):
+    """Two searches while a merge replaces the index: the second writes the new file's cache
+    between the first one's check and its mapping. The first sees the matrix changed under it
+    and scans the file it opened instead of answering with the other file's vectors."""
+    import serveclient.search as search
+
+    index, newer = tmp_path / "v.parquet", tmp_path / "v2.parquet"
+    queries = _version(index, "old", seed=0)[[2, 13, 27]]
+    _version(newer, "new", seed=1)  # as many rows: only the paths and vectors differ
+    want = nearest(index, queries, k=5)  # writes the cache of the old file
+    load, raced = np.load, []
+
+    def another_search_meanwhile(*args, **kwargs):
+        if not raced:
+            raced.append(True)
+            os.replace(newer, index)
+            assert nearest(index, queries, k=1)[0][0][0].startswith("new/")
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(search.np, "load", another_search_meanwhile)
+    assert nearest(index, queries, k=5) == want
+    assert raced and np.load(tmp_path / "v.parquet.search.npy").shape == (30, EMBEDDING_DIM)
+
+
+# ------------------------------------------------------------------ refused options
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_part_rows_below_one_is_refused_before_anything_is_asked_or_written(
+    tmp_path, capsys, value
+):
+    from serveclient.cli import main
+
+    out = tmp_path / "v.parquet"
+    assert main(["embed", str(tmp_path), "--out", str(out), "--part-rows", value]) == 2
+    err = capsys.readouterr().err
+    assert f"tsctl embed: error: --part-rows {value}: at least 1" in err
+    assert "hint: the default is 1024" in err
+    assert list(tmp_path.iterdir()) == []  # no lock, no parts, no output

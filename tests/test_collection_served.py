@@ -1,16 +1,22 @@
 """``tsctl embed``/``tag``/``similar`` over collections, against the session's real TorchServe:
 one row per image file (a broken one with its error, non-images left out), vectors equal to
-single requests, a SIGKILLed run resumed to the same content, shards that add up to the whole,
-and a photo's flipped copy found first (on TorchServe and on Triton, with and without an
-index)."""
+single requests, a SIGKILLed run and one stopped by Ctrl-C resumed to the same content, shards
+that add up to the whole, and a photo's flipped copy found first (on TorchServe and on Triton,
+with and without an index)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import pty
 import random
+import re
+import select
 import signal
+import struct
 import subprocess
+import termios
 import time
 from pathlib import Path
 
@@ -26,7 +32,7 @@ from tests.served import TSCTL, tsctl
 
 pytestmark = pytest.mark.integration
 CONTENT = ["path", "path_bytes", "size", "mtime", "sha256", "status", "error", "precision"]
-N_KILLED = 36  # photos of the kill trials
+N_KILLED = 36  # photos of the kill trials and the Ctrl-C run
 KILL_TRIALS = 3
 
 
@@ -166,17 +172,27 @@ def _killed(server, root: Path, out: Path, rng: random.Random) -> str:
             process.wait()
 
 
-def test_runs_killed_at_random_points_resume_to_the_uninterrupted_output(torchserve, tmp_path):
+@pytest.fixture(scope="module")
+def interrupted_album(torchserve, tmp_path_factory):
+    """The photos the interrupted runs embed (``N_KILLED`` and a broken file: an error row
+    among them), and an uninterrupted run's output of them."""
+    root = tmp_path_factory.mktemp("interrupted") / "photos"
+    _album(root, N_KILLED, seed=700, size=(160, 120))
+    (root / "y0" / "broken.jpg").write_bytes(b"not an image")
+    whole = root.with_name("whole.parquet")
+    assert tsctl(torchserve, "embed", str(root), "--out", str(whole)).returncode == 7
+    return root, whole
+
+
+def test_runs_killed_at_random_points_resume_to_the_uninterrupted_output(
+    torchserve, interrupted_album, tmp_path
+):
     """``KILL_TRIALS`` seeded trials, each killing the real ``tsctl embed`` with SIGKILL once
     or twice at a random point (after a random number of parts, or at its merge) and then
     rerunning it: whatever the kill left is whole (each visible part and output a readable
     Parquet), and the rerun's output equals an uninterrupted run's: the same paths, one row
     each, the same statuses and errors, the same vectors."""
-    root = tmp_path / "photos"
-    _album(root, N_KILLED, seed=700, size=(160, 120))
-    (root / "y0" / "broken.jpg").write_bytes(b"not an image")  # an error row among them
-    whole = tmp_path / "whole.parquet"
-    assert tsctl(torchserve, "embed", str(root), "--out", str(whole)).returncode == 7
+    root, whole = interrupted_album
     rng = random.Random(68)
     kills = []
     for trial in range(KILL_TRIALS):
@@ -191,6 +207,67 @@ def test_runs_killed_at_random_points_resume_to_the_uninterrupted_output(torchse
         assert _frame(out)["path"].is_unique
         _same_content(out, whole)
     assert sum(k != "finished" for k in kills) >= KILL_TRIALS, kills  # the kills did land
+
+
+def test_ctrl_c_at_a_progress_line_exits_130_and_the_rerun_gives_the_uninterrupted_output(
+    torchserve, interrupted_album, tmp_path
+):
+    """The real ``tsctl embed`` on a terminal (a pty: its progress bar drawn), sent SIGINT (what
+    Ctrl-C sends) once its bar counts a photo done: exit 130 saying to rerun, what it had
+    answered kept (the rerun skips it), and the rerun's output equals an uninterrupted run's."""
+    root, whole = interrupted_album
+    out = tmp_path / "v.parquet"
+    argv = [str(TSCTL), "embed", str(root), "--out", str(out), "--part-rows", "2"]
+    argv += ["--concurrency", "2", "--per-request", "1"]
+    screen, counted = b"", re.compile(rb"\| *([1-9]\d*)/%d \[" % (N_KILLED + 1))
+    master, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # 120 columns
+    process = subprocess.Popen(
+        argv,
+        env=torchserve.cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=terminal,
+        # as a shell starts a foreground command: a test run in the background (a non-interactive
+        # shell's `&`) inherits SIGINT ignored, and tsctl would never see the Ctrl-C
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    os.close(terminal)
+
+    def shown() -> bytes:
+        """What the terminal shows next (b"" once tsctl has closed it: EIO)."""
+        if not select.select([master], [], [], 0.5)[0]:
+            return b""
+        try:
+            return os.read(master, 4096)
+        except OSError:
+            return b""
+
+    try:
+        deadline = time.monotonic() + 120
+        while not (done := counted.findall(screen)):
+            assert process.poll() is None and time.monotonic() < deadline, screen
+            screen += shown()
+        process.send_signal(signal.SIGINT)
+        code = process.wait(timeout=120)
+        while more := shown():
+            screen += more
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        os.close(master)
+    assert code == 130, screen
+    assert (
+        b"tsctl embed: interrupted; what was answered is kept, rerun the same command to resume"
+        in screen
+    )
+    resumed = tsctl(torchserve, "embed", str(root), "--out", str(out), "--json")
+    assert resumed.returncode == 7, resumed.stderr  # broken.jpg
+    summary = json.loads(resumed.stdout)
+    assert summary["skipped"] >= int(done[-1]) and summary["done"] > 0  # interrupted mid-run
+    assert summary["skipped"] + summary["done"] + summary["failed"] == N_KILLED + 1
+    assert not _parts(out)
+    _same_content(out, whole)
 
 
 def test_names_that_are_not_utf8_and_every_spelling_of_a_folder_give_one_row_each(

@@ -22,7 +22,7 @@ from devtools import pages_demo
 from devtools.pages_demo import ONERROR_NAME, SCRIPT_NAME
 from serveclient import errors, head, pages
 from serveclient.batchjob import Job, Plan, explain_budget
-from serveclient.collection import Entry
+from serveclient.collection import MAX_FILE_BYTES, Entry
 from serveclient.search import Grouped
 from tests import imagegen
 from tests.conftest import REPO
@@ -340,7 +340,7 @@ def test_a_fifo_a_device_a_folder_and_a_huge_file_are_placeholders_never_a_hang(
     fifo, huge = tmp_path / "photo.fifo", tmp_path / "huge.jpg"
     os.mkfifo(fifo)
     with huge.open("wb") as f:
-        f.truncate(pages.MAX_FILE_BYTES + 1)  # sparse: nothing written
+        f.truncate(MAX_FILE_BYTES + 1)  # sparse: nothing written
     asked = [str(fifo), "/dev/zero", str(tmp_path), str(huge)]
     thumbs, found = pages.Thumbnailer(), {}
     worker = threading.Thread(target=lambda: found.update((p, thumbs.of_path(p)) for p in asked))
@@ -353,5 +353,37 @@ def test_a_fifo_a_device_a_folder_and_a_huge_file_are_placeholders_never_a_hang(
         "a FIFO, not a regular file",
         "a device, not a regular file",
         "a folder, not a regular file",
-        "over the 32.0 MB a page reads of a photo",
+        "33,554,433 bytes, over the 32 MiB a request can carry",
     ]
+
+
+def test_two_runs_writing_one_page_at_once_each_write_it_whole(tmp_path, monkeypatch):
+    """Before: every writer of a page used the one temporary name ``NAME.tmp``: a second run
+    writing the same page between the first one's write and its rename renamed the first's
+    file away (the first failed with FileNotFoundError), and a failed rename left ``NAME.tmp``.
+    Now each writes a temporary name of its own: both finish, the page is the last rename's,
+    whole, and no temporary is left; a write that fails leaves the old page whole."""
+    import os
+
+    page, replace, runs = tmp_path / "similar.html", os.replace, []
+
+    def another_run_meanwhile(src, dst):
+        if not runs:  # the first run, written but not yet renamed: the second runs whole
+            runs.append("second")
+            assert pages.write(page, "<p>second</p>") == 13
+            assert page.read_text() == "<p>second</p>"
+        replace(src, dst)
+
+    monkeypatch.setattr(pages.os, "replace", another_run_meanwhile)
+    assert pages.write(page, "<p>first</p>") == 12 and runs == ["second"]
+    assert page.read_text() == "<p>first</p>"  # the last rename's page, whole
+    assert [p.name for p in tmp_path.iterdir()] == ["similar.html"]
+
+    def disk_full(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pages.os, "replace", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        pages.write(page, "<p>third</p>")
+    assert page.read_text() == "<p>first</p>"
+    assert [p.name for p in tmp_path.iterdir()] == ["similar.html"]

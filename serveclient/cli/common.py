@@ -17,6 +17,7 @@ from typing import Any
 
 from serveclient import errors
 from serveclient.client import Client, TorchServeClient, connect
+from serveclient.collection import MAX_FILE_BYTES, read_file
 from serveclient.engine import not_on_triton
 from serveshared import ports
 from serveshared.keys import KEY_FILE, Keys
@@ -184,10 +185,12 @@ def wrote_page(path: Path, html: str) -> str:
 
 
 def read_image(path: Path | str) -> bytes:
-    """A file's bytes, or the usage error that names it."""
+    """A file's bytes as ``collection.read_file`` reads them (a regular file of at most
+    ``MAX_FILE_BYTES``; a FIFO never blocks), or the usage error that names it."""
     try:
-        return Path(path).read_bytes()
-    except OSError as exc:
+        return read_file(path)[0]
+    except (OSError, ValueError) as exc:
         raise errors.UsageError(
-            f"cannot read {path}: {exc.strerror}", "check the file path"
+            f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}",
+            f"check the file path: an image, a regular file of {MAX_FILE_BYTES >> 20} MiB at most",
         ) from None
