@@ -161,7 +161,7 @@ def load(
         if hardware:
             policy = codec.LoadHintPolicy.ADAPTIVE_MINIMIZE_IDLE_TIME
             backends.insert(0, codec.Backend(kinds.HW_GPU_ONLY, HARDWARE_LOAD, policy))
-        decoder = _decoder(codec, device, backends)
+        decoder = new_decoder(codec, device, backends)
         if not _decodes(codec, device, backends, decoder):
             return None, f"decodes no probe JPEG on {device}"
     except Exception as error:  # noqa: BLE001 - a library that cannot start: the next decoder
@@ -178,40 +178,49 @@ def load(
     return NvImageCodecDecoder(device, chunk_pixels, codec, decoder, label), why
 
 
-def _decoder(codec: ModuleType, device: torch.device, backends: list) -> Any:
+def new_decoder(
+    codec: ModuleType, device: torch.device, backends: list, options: str = OPTIONS
+) -> Any:
+    """A ``nvimgcodec.Decoder`` of ``device`` with ``backends`` only, as a worker makes it."""
     return codec.Decoder(
         device_id=device.index or 0,
         max_num_cpu_threads=CPU_THREADS,
         backends=backends,
-        options=OPTIONS,
+        options=options,
     )
 
 
 def _decodes(codec: ModuleType, device: torch.device, backends: list, decoder: Any = None) -> bool:
     """Whether ``decoder`` (else a new one of ``backends`` only) decodes the probe JPEG."""
-    decoder = decoder or _decoder(codec, device, backends)
+    decoder = decoder or new_decoder(codec, device, backends)
     [image] = decoder.decode([codec.CodeStream(probe_jpeg())])
     return image is not None
 
 
-def keep_pool(device: torch.device) -> bool:
-    """Whether the memory freed to ``device``'s default stream-ordered pool now stays there
-    (release threshold: all of it) rather than going back to the driver at every
-    synchronisation, the wait once a batch included (the pool's default): nvImageCodec
+def keep_pool(device: torch.device, threshold: int = 2**64 - 1) -> bool:
+    """Whether the memory freed to ``device``'s default stream-ordered pool now stays there,
+    up to ``threshold`` bytes (all of it), rather than going back to the driver at every
+    synchronisation, the wait once a batch included (the pool's default, 0): nvImageCodec
     allocates its output images from that pool, so each batch would map them afresh. Set with
     the CUDA driver API (torch has no call for the default pool); a failure is logged and
     costs only that."""
-    handle, pool = ctypes.c_int(), ctypes.c_void_p()
-    threshold = ctypes.c_uint64(2**64 - 1)
     try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-        _checked(cuda.cuDeviceGet(ctypes.byref(handle), device.index or 0))
-        _checked(cuda.cuDeviceGetDefaultMemPool(ctypes.byref(pool), handle))
-        _checked(cuda.cuMemPoolSetAttribute(pool, _RELEASE_THRESHOLD, ctypes.byref(threshold)))
+        cuda, pool = default_pool(device)
+        value = ctypes.c_uint64(threshold)
+        _checked(cuda.cuMemPoolSetAttribute(pool, _RELEASE_THRESHOLD, ctypes.byref(value)))
     except OSError as error:
         logger.warning("nvImageCodec: its pool is released every batch on %s (%s)", device, error)
         return False
     return True
+
+
+def default_pool(device: torch.device) -> tuple[ctypes.CDLL, ctypes.c_void_p]:
+    """The CUDA driver library and ``device``'s default memory pool (raises ``OSError``)."""
+    cuda = ctypes.CDLL("libcuda.so.1")
+    handle, pool = ctypes.c_int(), ctypes.c_void_p()
+    _checked(cuda.cuDeviceGet(ctypes.byref(handle), device.index or 0))
+    _checked(cuda.cuDeviceGetDefaultMemPool(ctypes.byref(pool), handle))
+    return cuda, pool
 
 
 def _checked(status: int) -> None:
