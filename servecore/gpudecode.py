@@ -165,10 +165,14 @@ def _span(size: int, new: int, start: int, margin: int, device: torch.device) ->
     memory without a wait."""
     scale = size / new
     centers = scale * (torch.arange(start, start + CROP, dtype=torch.float64)[:, None] + 0.5)
-    taps = torch.arange(margin, size - margin, dtype=torch.float64)
-    within = (taps >= (centers - scale + 0.5).floor()) & (taps < (centers + scale + 0.5).floor())
-    triangle = (1 - ((taps - centers + 0.5) / scale).abs()).clamp(min=0) * within
-    weights = (triangle / triangle.sum(1, keepdim=True)).float()
+    first = (centers - scale + 0.5).floor().clamp(min=0)
+    last = (centers + scale + 0.5).floor().clamp(max=size)
+    taps = first + torch.arange(int((last - first).max()), dtype=torch.float64)  # [CROP, taps]
+    triangle = (1 - ((taps - centers + 0.5) / scale).abs()).clamp(min=0) * (taps < last)
+    width = size - 2 * margin
+    columns = (taps.long() - margin).clamp(0, width - 1)  # a tap past ``last`` adds 0
+    share = (triangle / triangle.sum(1, keepdim=True)).float()
+    weights = torch.zeros(CROP, width).scatter_add_(1, columns, share)
     if device.type == "cuda":
         weights = weights.pin_memory()
     return weights.to(device, non_blocking=True)
