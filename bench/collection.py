@@ -12,7 +12,7 @@ On one local TorchServe (the archives of model-store/):
 3. **kill**: the job again, SIGKILLed once about half the photos are written, then rerun:
    rows written before the kill, images the server answered by then (its ``resnet50_images``
    counter), and what the rerun redid;
-4. **similar**: ``serveclient.search.nearest`` over ``--vectors`` stored random unit vectors, and
+4. **similar**: ``ExactSearch.nearest`` over ``--vectors`` stored random unit vectors, and
    ``tsctl similar`` end to end (the query embedded by the server).
 
 The photos (mixed sizes, JPEG and PNG, seeded) are generated once into build/bench-collection/.
@@ -41,7 +41,7 @@ from bench.stats import summarize
 from devtools.server import LocalTorchServe
 from serveclient import metrics
 from serveclient.batchjob import Plan
-from serveclient.search import nearest
+from serveclient.search.exact import ExactSearch
 from serveclient.vectors import EMBEDDING_DIM, Output, Row
 
 REPO = Path(__file__).resolve().parent.parent
@@ -198,14 +198,14 @@ def similar_over(server: LocalTorchServe, count: int, query: Path) -> dict:
     for stale in index.parent.glob(index.name + ".search.*"):
         stale.unlink()  # the first search below writes the cache, as a user's first does
     start = time.monotonic()
-    nearest(index, vector, k=10)
+    ExactSearch(index).nearest(vector, k=10)
     first = time.monotonic() - start
     timings = []
     for _ in range(3):
         start = time.monotonic()
-        nearest(index, vector, k=10)
+        ExactSearch(index).nearest(vector, k=10)
         timings.append(time.monotonic() - start)
-    cli = run_tsctl(server, ["similar", str(query), "--index", str(index), "-k", "10"])
+    cli = run_tsctl(server, ["similar", str(query), "--embeddings", str(index), "-k", "10"])
     return {
         "vectors": count,
         "file_mb": round(index.stat().st_size / 2**20, 1),
@@ -280,7 +280,7 @@ def report(results: dict) -> str:
             "",
             "## Exact search",
             "",
-            f"`serveclient.search.nearest` over {q['vectors']:,} stored vectors "
+            f"`ExactSearch.nearest` over {q['vectors']:,} stored vectors "
             f"({q['file_mb']} MB of Parquet), k=10: the first search {q['first_search_s']} s "
             "(it decodes the Parquet once and writes the unit vectors beside it as "
             "`.search.npy`), then three runs: "

@@ -148,7 +148,7 @@ class MilvusRun:
     pairs: set[tuple[int, int]]
 
     def top10_row(self) -> list:
-        from serveclient import milvusindex
+        from serveclient.search import milvusindex
 
         return [
             f"Milvus Lite {self.version} server (`--out http://...`): {self.spec}"
@@ -159,7 +159,7 @@ class MilvusRun:
         ]  # fmt: skip
 
     def pairs_row(self, want: set[tuple[int, int]]) -> list:
-        from serveclient import index
+        from serveclient.search import faissindex as index
 
         found = len(self.pairs & want) / max(len(want), 1)
         return [
@@ -191,7 +191,7 @@ def measure_milvus(
     import psutil
 
     from devtools.milvus import milvus_lite as lite_server
-    from serveclient import milvusindex
+    from serveclient.search import milvusindex
 
     folder = tmp / "milvus"
     folder.mkdir()
@@ -203,15 +203,12 @@ def measure_milvus(
         opened = milvusindex.open_index(server.uri, "bench")
         n = built.count
         log.info("Milvus: %d queries", len(xq))
-        query_s, recall = top10(lambda q: milvusindex.nearest(opened, q, 10), xq, truth, ids)
+        query_s, recall = top10(lambda q: opened.nearest(q, 10), xq, truth, ids)
         rss = psutil.Process(server.pid).memory_info().rss / n
         disk = sum(f.stat().st_size for f in (folder / "db").rglob("*") if f.is_file()) / n
         log.info("Milvus: duplicates")
         start = time.perf_counter()
-        pairs = {
-            (min(ids[a], ids[b]), max(ids[a], ids[b]))
-            for a, b, _ in milvusindex.pairs(opened, threshold)
-        }
+        pairs = {(min(ids[a], ids[b]), max(ids[a], ids[b])) for a, b, _ in opened.pairs(threshold)}
         pairs_s = time.perf_counter() - start
     return MilvusRun(
         milvus_lite.__version__, built.spec, build_s, rss, disk, query_s, recall, pairs_s, pairs
@@ -225,7 +222,7 @@ def photos_section(count: int, work: Path, weights: Path, threshold: float) -> s
     an exact flat index; the cosines of unrelated photos and of near-copies say whether the
     weights spread photos apart at all."""
     from bench.searchphotos import QUERIES, embedded
-    from serveclient import index
+    from serveclient.search import faissindex as index
 
     photos = embedded(count, weights)
     xb, xq, copies, info, embed_s = (
@@ -249,8 +246,8 @@ def photos_section(count: int, work: Path, weights: Path, threshold: float) -> s
     finally:
         index.EXACT_BELOW = saved
     opened = index.open_index(work / "photos.vindex")
-    query_s, recall = top10(lambda q: index.nearest(opened, q, 10), xq, exact_ranking, ids)
-    found = {tuple(sorted((ids[p], ids[q]))) for p, q, _ in index.pairs(opened, threshold)}
+    query_s, recall = top10(lambda q: opened.nearest(q, 10), xq, exact_ranking, ids)
+    found = {tuple(sorted((ids[p], ids[q]))) for p, q, _ in opened.pairs(threshold)}
     exact = {(int(i), int(j)) for i, j in np.argwhere(np.triu(xb @ xb.T >= threshold, 1))}
     planted = {(i, count - copies + i) for i in range(copies)}
     weights_line = f"weights: {info['source']}" + (
@@ -285,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench.layout import RESULTS, publish, setup_cli
     from bench.machine import dated
-    from serveclient import index, search
+    from serveclient.search import faissindex as index
+    from serveclient.search.exact import ExactSearch
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=100_000, help="stored vectors (100000)")
@@ -352,18 +350,17 @@ def main(argv: list[str] | None = None) -> int:
         pq_bytes = parquet.stat().st_size / args.n
         faiss.omp_set_num_threads(1)  # one query at a time, as tsctl similar asks
         log.info("%d queries through the index, %d exact", args.queries, args.exact_queries)
-        index_s, recall = top10(lambda q: index.nearest(opened, q, 10), xq, truth, ids)
-        search.nearest(parquet, xq[:1], 10)  # the exact path's cache, written once
+        index_s, recall = top10(lambda q: opened.nearest(q, 10), xq, truth, ids)
+        ExactSearch(parquet).nearest(xq[:1], 10)  # the exact path's cache, written once
         few = slice(0, args.exact_queries)
         exact_s, exact_recall = top10(
-            lambda q: search.nearest(parquet, q, 10), xq[few], truth[few], ids
+            lambda q: ExactSearch(parquet).nearest(q, 10), xq[few], truth[few], ids
         )
         log.info("duplicates through the index")
         faiss.omp_set_num_threads(os.cpu_count() or 1)  # one batch job, as tsctl duplicates runs
         start = time.perf_counter()
         pairs = {
-            (min(ids[a], ids[b]), max(ids[a], ids[b]))
-            for a, b, _ in index.pairs(opened, args.threshold)
+            (min(ids[a], ids[b]), max(ids[a], ids[b])) for a, b, _ in opened.pairs(args.threshold)
         }
         pairs_s = time.perf_counter() - start
         milvus = (
@@ -382,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         update_s = time.perf_counter() - start
         faiss.omp_set_num_threads(1)
         opened = index.open_index(folder)
-        _, recall_after = top10(lambda q: index.nearest(opened, q, 10), xq, truth_after, ids)
+        _, recall_after = top10(lambda q: opened.nearest(q, 10), xq, truth_after, ids)
     rows = [
         ["exact (`--exact`: float32 over the Parquet)", "-", f"{4 * D:,}", "-",
          *percentiles(exact_s), f"{exact_recall:.3f}"],

@@ -48,7 +48,7 @@ def milvus_lite(folder: Path, token: str | None = None) -> Iterator[Lite]:
     from pymilvus import MilvusClient
     from pymilvus.exceptions import MilvusException
 
-    from serveclient.milvusindex import KEEPALIVE
+    from serveclient.search.milvusindex import KEEPALIVE
 
     exe = shutil.which("milvus-lite", path=str(Path(sys.executable).parent))
     if exe is None:

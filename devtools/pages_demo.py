@@ -98,7 +98,7 @@ def page_commands(album: Album, index: Path, out: Path) -> dict[str, list[str]]:
         "similar": [
             "similar",
             str(album.query),
-            "--index",
+            "--embeddings",
             str(index),
             "-k",
             "5",
@@ -107,7 +107,7 @@ def page_commands(album: Album, index: Path, out: Path) -> dict[str, list[str]]:
         ],
         "duplicates": [
             "duplicates",
-            "--index",
+            "--embeddings",
             str(index),
             "--threshold",
             "0.99999",

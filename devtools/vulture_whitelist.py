@@ -38,7 +38,7 @@ _.do_GET  # http.server.BaseHTTPRequestHandler's GET hook (tests)
 _.do_POST  # ... and its POST hook (tests/test_bench_gpu_served.py)
 _.log_message  # http.server.BaseHTTPRequestHandler's log hook (tests)
 _.intercept_service  # grpc.ServerInterceptor's hook (devtools/milvus.py: Milvus's token check)
-_.nprobe  # FAISS reads an IVF index's nprobe when it searches (serveclient/index.py)
+_.nprobe  # FAISS reads an IVF index's nprobe when it searches (serveclient/search/faissindex.py)
 
 # The import system calls these (tsclient/__init__.py: the old package name's alias finder).
 _.find_spec  # importlib.abc.MetaPathFinder

@@ -11,9 +11,8 @@ command line (``serveclient.cli``).
     batchjob.py    embed or tag a whole collection into Parquet, resumably; collection.py:
                    the photos as a stream of files; vectors.py: the Parquet parts;
                    objectstore.py: outputs in an object store; progress.py: its progress bar
-    search.py      exact cosine search over an embedding Parquet file; index.py: the
-                   approximate FAISS index beside it (``tsctl index build``);
-                   milvusindex.py: the same in Milvus, by URI (``--out http://...``)
+    search/        one ``VectorSearch`` over the collection's vectors, chosen by ``open``:
+                   exact cosine over the Parquet, the FAISS index folder, or Milvus
     head.py        a linear head for the user's own labels, fitted on served embeddings
     outputlock.py  one writer per output folder or file (embed, index build, head train)
     pages.py       self-contained HTML pages of results

@@ -462,7 +462,7 @@ def opened(index: Path | str) -> tuple[pq.ParquetFile, os.stat_result]:
     index = Path(index)
     if not index.is_file():
         raise UsageError(
-            f"no index at {index}", f"write one with `tsctl embed FOLDER --out {index}`"
+            f"no embed output at {index}", f"write one with `tsctl embed FOLDER --out {index}`"
         )
     source = pa.OSFile(str(index))
     file = pq.ParquetFile(source)

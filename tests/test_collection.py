@@ -26,7 +26,7 @@ from serveclient.batchjob import (
 )
 from serveclient.client import Answers
 from serveclient.collection import Collection, Entry, Shard, shard_of
-from serveclient.search import duplicates, nearest
+from serveclient.search.exact import ExactSearch
 from serveclient.vectors import EMBEDDING_DIM, Output, Row, batches, metadata, read_matrix
 
 META = {"model": "resnet50-embedding", "model_version": "1.0", "weights_sha256": "abc"}
@@ -272,12 +272,12 @@ def test_chunked_nearest_equals_brute_force_and_excludes_the_query(tmp_path):
     queries = np.stack([matrix[5], matrix[100] + 0.1 * matrix[200]])
     q = queries / np.linalg.norm(queries, axis=1, keepdims=True)
     for rows_per_chunk in (16, 37, 1000):
-        got = nearest(out.out, queries, k=7, rows=rows_per_chunk)
+        got = ExactSearch(out.out, rows_per_chunk).nearest(queries, k=7)
         for j in range(2):
             expect = np.argsort(-(unit @ q[j]))[:7]
             assert [p for p, _ in got[j]] == [paths[i] for i in expect]
             assert got[j][0][1] == pytest.approx(float(unit[expect[0]] @ q[j]), abs=1e-5)
-    own = nearest(out.out, queries[:1], k=3, exclude=[paths[5]], rows=50)[0]
+    own = ExactSearch(out.out, 50).nearest(queries[:1], k=3, exclude=[paths[5]])[0]
     assert paths[5] not in [p for p, _ in own]
     assert sum(1 for _ in batches(out.out, 50)) == 6  # 299 ok rows, 50 at a time
 
@@ -288,24 +288,24 @@ def test_search_cache_is_used_and_follows_a_changed_index(tmp_path, monkeypatch)
     out.write_part(first)
     out.merge()
     query = first[12].answer
-    assert nearest(out.out, query, k=1)[0][0][0] == "p/0012.jpg"
+    assert ExactSearch(out.out).nearest(query, k=1)[0][0][0] == "p/0012.jpg"
     cache = tmp_path / "v.parquet.search.npy"
     assert np.load(cache).shape == (40, EMBEDDING_DIM)
     # The second search reads the cache only: the Parquet's vectors are not decoded again.
-    import serveclient.search as search
+    import serveclient.search.exact as search
 
     def no_decoding(*_a, **_k):
         raise AssertionError("the Parquet was decoded although the cache is fresh")
 
     with monkeypatch.context() as patch:
         patch.setattr(search, "batches", no_decoding)
-        assert nearest(out.out, query, k=1)[0][0][0] == "p/0012.jpg"
+        assert ExactSearch(out.out).nearest(query, k=1)[0][0][0] == "p/0012.jpg"
     # A rerun adds rows: the next search sees them (the cache is rebuilt, not trusted).
     later = _rows(10, start=40)
     out = Output(tmp_path / "v.parquet", "embedding", META)
     out.write_part(later)
     out.merge()
-    assert nearest(out.out, later[3].answer, k=1)[0][0][0] == "p/0043.jpg"
+    assert ExactSearch(out.out).nearest(later[3].answer, k=1)[0][0][0] == "p/0043.jpg"
     assert np.load(cache).shape == (50, EMBEDDING_DIM)
     # A folder that cannot be written is searched from the Parquet itself.
     cache.unlink()
@@ -314,7 +314,7 @@ def test_search_cache_is_used_and_follows_a_changed_index(tmp_path, monkeypatch)
         "_write_cache",
         lambda *_a: (_ for _ in ()).throw(PermissionError("read-only folder")),
     )
-    assert nearest(out.out, later[3].answer, k=1)[0][0][0] == "p/0043.jpg"
+    assert ExactSearch(out.out).nearest(later[3].answer, k=1)[0][0][0] == "p/0043.jpg"
     assert not cache.exists()
 
 
@@ -330,7 +330,7 @@ def test_duplicates_groups_chains_across_chunks(tmp_path):
     out.write_part(rows)
     out.merge()
     for chunk in (7, 100):
-        found = duplicates(out.out, 0.97, rows=chunk)
+        found = ExactSearch(out.out, chunk).duplicates(0.97)
         groups = found.groups
         assert found.complete and found.pairs == 4  # 003's one, 030's three
         assert [sorted(g["paths"]) for g in groups] == [
@@ -954,7 +954,7 @@ def test_a_similar_query_that_is_no_photo_file_is_refused_never_a_hang(tmp_path,
     query = {"fifo": str(fifo), "device": "/dev/zero", "huge": str(tmp_path / "huge.jpg")}[kind]
     with open(tmp_path / "huge.jpg", "wb") as f:
         f.truncate(MAX_FILE_BYTES + 1)
-    code = _in_time(lambda: main(["similar", query, "--index", str(index)]), fifo)
+    code = _in_time(lambda: main(["similar", query, "--embeddings", str(index)]), fifo)
     err = capsys.readouterr().err
     assert code == 2
     assert (
@@ -996,13 +996,13 @@ def test_a_search_answers_from_the_file_it_scanned_while_a_merge_replaces_it(
     other photos' paths, or a KeyError. Now the scan and the paths read the file opened once."""
     import shutil
 
-    import serveclient.search as search
+    import serveclient.search.exact as search
 
     index, older, newer = tmp_path / "v.parquet", tmp_path / "v1.parquet", tmp_path / "v2.parquet"
     queries = _version(index, "old", seed=0)[[2, 13, 27]]
     _version(newer, "new", seed=1, n=12)  # fewer rows: a row number past its end too
     shutil.copy(index, older)
-    want = nearest(index, queries, k=5), duplicates(index, 0.97)
+    want = ExactSearch(index).nearest(queries, k=5), ExactSearch(index).duplicates(0.97)
     assert want[1].pairs == 10
     if cache == "parquet":
         monkeypatch.setattr(search, "_write_cache", lambda *_a: (_ for _ in ()).throw(OSError()))
@@ -1014,7 +1014,10 @@ def test_a_search_answers_from_the_file_it_scanned_while_a_merge_replaces_it(
         return paths_at(*args)
 
     monkeypatch.setattr(search, "_paths_at", merged_meanwhile)
-    searches = (lambda: nearest(index, queries, k=5), lambda: duplicates(index, 0.97))
+    searches = (
+        lambda: ExactSearch(index).nearest(queries, k=5),
+        lambda: ExactSearch(index).duplicates(0.97),
+    )
     for run, expected in zip(searches, want):
         shutil.copy(older, index)
         assert run() == expected
@@ -1025,23 +1028,23 @@ def test_a_search_never_maps_the_cache_another_search_wrote_for_a_newer_file(tmp
     """Two searches while a merge replaces the index: the second writes the new file's cache
     between the first one's check and its mapping. The first sees the matrix changed under it
     and scans the file it opened instead of answering with the other file's vectors."""
-    import serveclient.search as search
+    import serveclient.search.exact as search
 
     index, newer = tmp_path / "v.parquet", tmp_path / "v2.parquet"
     queries = _version(index, "old", seed=0)[[2, 13, 27]]
     _version(newer, "new", seed=1)  # as many rows: only the paths and vectors differ
-    want = nearest(index, queries, k=5)  # writes the cache of the old file
+    want = ExactSearch(index).nearest(queries, k=5)  # writes the cache of the old file
     load, raced = np.load, []
 
     def another_search_meanwhile(*args, **kwargs):
         if not raced:
             raced.append(True)
             os.replace(newer, index)
-            assert nearest(index, queries, k=1)[0][0][0].startswith("new/")
+            assert ExactSearch(index).nearest(queries, k=1)[0][0][0].startswith("new/")
         return load(*args, **kwargs)
 
     monkeypatch.setattr(search.np, "load", another_search_meanwhile)
-    assert nearest(index, queries, k=5) == want
+    assert ExactSearch(index).nearest(queries, k=5) == want
     assert raced and np.load(tmp_path / "v.parquet.search.npy").shape == (30, EMBEDDING_DIM)
 
 

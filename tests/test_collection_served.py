@@ -340,20 +340,22 @@ def test_similar_finds_a_photos_flipped_copy_first(engine, request, tmp_path):
     listing = "\n".join([*photos, str(flipped)]) + "\n"
     run = tsctl(server, "embed", "-", "--out", str(index), stdin=listing)
     assert run.returncode == 0, run.stderr
-    found = tsctl(server, "similar", query, "--index", str(index), "-k", "3", "--json")
+    found = tsctl(server, "similar", query, "--embeddings", str(index), "-k", "3", "--json")
     assert found.returncode == 0, found.stderr
     hits = json.loads(found.stdout)[query]
     assert hits[0]["path"] == str(flipped), hits
     assert query not in [h["path"] for h in hits]  # the query itself is left out
     assert hits[0]["score"] > hits[1]["score"]
     # The query as a photo of the collection: its stored vector, no server asked.
-    by_path = tsctl(None, "similar", query, "--stored", "--index", str(index), "-k", "3", "--json")
+    by_path = tsctl(
+        None, "similar", query, "--stored", "--embeddings", str(index), "-k", "3", "--json"
+    )
     assert by_path.returncode == 0, by_path.stderr
     assert [h["path"] for h in json.loads(by_path.stdout)[query]] == [h["path"] for h in hits]
     # Untrained weights (a seeded build) put every photo close: cut between the two scores.
     threshold = (hits[0]["score"] + hits[1]["score"]) / 2
     dups = tsctl(
-        None, "duplicates", "--index", str(index), "--threshold", f"{threshold:.6f}", "--json"
+        None, "duplicates", "--embeddings", str(index), "--threshold", f"{threshold:.6f}", "--json"
     )
     assert dups.returncode == 0, dups.stderr
     groups = json.loads(dups.stdout)["groups"]
@@ -366,15 +368,26 @@ def test_similar_finds_a_photos_flipped_copy_first(engine, request, tmp_path):
     assert (tmp_path / "v.parquet.vindex" / "manifest.json").is_file()
     near, same = tmp_path / "similar.html", tmp_path / "duplicates.html"
     indexed = tsctl(
-        server, "similar", query, "--index", str(index), "-k", "3", "--json", "--html", str(near)
+        server,
+        "similar",
+        query,
+        "--embeddings",
+        str(index),
+        "-k",
+        "3",
+        "--json",
+        "--html",
+        str(near),
     )
     assert indexed.returncode == 0, indexed.stderr
     assert [h["path"] for h in json.loads(indexed.stdout)[query]] == [h["path"] for h in hits]
-    stored = tsctl(None, "similar", query, "--stored", "--index", str(index), "-k", "1", "--json")
+    stored = tsctl(
+        None, "similar", query, "--stored", "--embeddings", str(index), "-k", "1", "--json"
+    )
     assert stored.returncode == 0, stored.stderr
     assert [h["path"] for h in json.loads(stored.stdout)[query]] == [str(flipped)]
     indexed_dups = tsctl(
-        None, "duplicates", "--index", str(index), "--threshold", f"{threshold:.6f}", "--json",
+        None, "duplicates", "--embeddings", str(index), "--threshold", f"{threshold:.6f}", "--json",
         "--html", str(same),
     )  # fmt: skip
     assert [g["paths"] for g in json.loads(indexed_dups.stdout)["groups"]] == [
@@ -385,8 +398,8 @@ def test_similar_finds_a_photos_flipped_copy_first(engine, request, tmp_path):
         html = page.read_text()
         assert query in html and str(flipped) in html, page
     pq.write_table(pq.read_table(index).slice(1), index)
-    stale = tsctl(server, "similar", query, "--index", str(index), "-k", "3", "--json")
+    stale = tsctl(server, "similar", query, "--embeddings", str(index), "-k", "3", "--json")
     assert stale.returncode != 0
     assert "older than" in stale.stderr and "--exact" in stale.stderr, stale.stderr
-    exact = tsctl(server, "similar", query, "--index", str(index), "--exact", "--json")
+    exact = tsctl(server, "similar", query, "--embeddings", str(index), "--exact", "--json")
     assert exact.returncode == 0, exact.stderr

@@ -1,5 +1,6 @@
-"""serveclient/index.py on small vector sets: build, update (added, changed and removed photos),
-stale and corrupt indexes named, and its answers against exact search (serveclient/search.py)."""
+"""serveclient/search/faissindex.py on small vector sets: build, update (added, changed and
+removed photos), stale and corrupt indexes named, and its answers against exact search
+(serveclient/search/exact.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import pytest
 
 pytest.importorskip("faiss")
 
-from serveclient import index, search
+from serveclient import search
 from serveclient.errors import UsageError
+from serveclient.search import faissindex as index
+from serveclient.search.exact import ExactSearch
 from serveclient.vectors import EMBEDDING_DIM, embedding_rows
 
 
@@ -37,8 +40,8 @@ def test_build_answers_as_exact_search(tmp_path):
     assert (built.added, built.removed, built.count) == (200, 0, 200)
     opened = index.open_index(tmp_path / "v")
     queries = matrix[:5] + 0.01
-    assert [[p for p, _ in hits] for hits in index.nearest(opened, queries, 10)] == [
-        [p for p, _ in hits] for hits in search.nearest(src, queries, 10)
+    assert [[p for p, _ in hits] for hits in opened.nearest(queries, 10)] == [
+        [p for p, _ in hits] for hits in ExactSearch(src).nearest(queries, 10)
     ]
 
 
@@ -56,13 +59,13 @@ def test_added_changed_and_removed_photos_update_without_rebuild(tmp_path):
     built = index.build([shards], tmp_path / "v", progress=False)
     assert (built.added, built.removed, built.count, built.trained) == (101, 11, 290, False)
     opened = index.open_index(tmp_path / "v")
-    answered = {p for hits in index.nearest(opened, matrix[:20], 50) for p, _ in hits}
+    answered = {p for hits in opened.nearest(matrix[:20], 50) for p, _ in hits}
     assert not answered & {f"p{i}.jpg" for i in range(10)}
-    hit = index.nearest(opened, matrix[250:251], 1)[0][0]
+    hit = opened.nearest(matrix[250:251], 1)[0][0]
     assert hit[0] == "p250.jpg" and hit[1] == pytest.approx(1.0, abs=1e-4)
     # p11's newest row (the vector of shard 2) is the one held
-    assert index.nearest(opened, vectors(1, 9), 1)[0][0][0] == "p11.jpg"
-    assert index.nearest(opened, matrix[11:12], 1)[0][0][0] != "p11.jpg"
+    assert opened.nearest(vectors(1, 9), 1)[0][0][0] == "p11.jpg"
+    assert opened.nearest(matrix[11:12], 1)[0][0][0] != "p11.jpg"
 
 
 def test_stale_and_corrupt_indexes_are_named(tmp_path):
@@ -95,8 +98,8 @@ def test_duplicates_from_the_index_match_exact(tmp_path):
     matrix[60] = matrix[7] + 0.001
     src = write(tmp_path / "e.parquet", [f"p{i:03d}" for i in range(100)], matrix)
     index.build([src], tmp_path / "v", progress=False)
-    got = search.group(index.pairs(index.open_index(tmp_path / "v"), 0.97)).groups
-    want = search.duplicates(src, 0.97).groups
+    got = search.group(index.open_index(tmp_path / "v").pairs(0.97)).groups
+    want = ExactSearch(src).duplicates(0.97).groups
     assert [g["paths"] for g in got] == [g["paths"] for g in want] == [["p007", "p050", "p060"]]
 
 
@@ -133,8 +136,8 @@ def test_the_approximate_index_rescored_answers_as_exact_search(tmp_path, small_
     opened = index.open_index(tmp_path / "v")
     assert opened.manifest["spec"] == small_ivf and opened.manifest["rows"] == 3000
     queries = clustered(20, 5)
-    got = index.nearest(opened, queries, 10)
-    want = search.nearest(src, queries, 10)
+    got = opened.nearest(queries, 10)
+    want = ExactSearch(src).nearest(queries, 10)
     recall = np.mean([len({p for p, _ in g} & {p for p, _ in w}) / 10 for g, w in zip(got, want)])
     assert recall >= 0.95
     for g, w in zip(got, want):
@@ -149,8 +152,8 @@ def test_approximate_duplicates_are_the_exact_pairs_and_updates_append(tmp_path,
     shards.mkdir()
     write(shards / "0.parquet", [f"p{i:04d}" for i in range(2000)], matrix)
     assert index.build([shards], tmp_path / "v", progress=False).trained
-    got = search.group(index.pairs(index.open_index(tmp_path / "v"), 0.99)).groups
-    want = search.duplicates(shards / "0.parquet", 0.99).groups
+    got = search.group(index.open_index(tmp_path / "v").pairs(0.99)).groups
+    want = ExactSearch(shards / "0.parquet").duplicates(0.99).groups
     assert [g["paths"] for g in got] == [g["paths"] for g in want]
     assert sorted(map(tuple, [g["paths"] for g in want])) == [
         ("p0007", "p1500"),
@@ -163,7 +166,7 @@ def test_approximate_duplicates_are_the_exact_pairs_and_updates_append(tmp_path,
     assert (built.added, built.count, built.trained) == (100, 2100, False)  # no retraining
     opened = index.open_index(tmp_path / "v")
     assert (opened.manifest["spec"], opened.manifest["rows"]) == (small_ivf, 2100)
-    hit = index.nearest(opened, extra[42:43], 1)[0][0]
+    hit = opened.nearest(extra[42:43], 1)[0][0]
     assert hit[0] == "q42" and hit[1] == pytest.approx(1.0, abs=2e-3)
 
 
@@ -187,13 +190,13 @@ def test_a_stored_photo_is_a_query_with_or_without_the_index(tmp_path):
     opened = index.open_index(tmp_path / "v")
     unit = matrix / np.linalg.norm(matrix, axis=1, keepdims=True)
     asked = ["p7.jpg", "p42.jpg"]
-    exact = search.stored(src, asked)
+    exact = ExactSearch(src).stored(asked)
     assert np.allclose(exact, unit[[7, 42]], atol=1e-6)
-    assert np.allclose(index.stored(opened, asked), unit[[7, 42]], atol=1e-3)
-    for hits, name in zip(index.nearest(opened, index.stored(opened, asked), 3), asked):
+    assert np.allclose(opened.stored(asked), unit[[7, 42]], atol=1e-3)
+    for hits, name in zip(opened.nearest(opened.stored(asked), 3), asked):
         assert hits[0][0] == name and hits[0][1] == pytest.approx(1.0, abs=1e-3)
-    for lookup in (lambda: search.stored(src, ["p7.jpg", "nope.jpg"]),
-                   lambda: index.stored(opened, ["nope.jpg"])):  # fmt: skip
+    for lookup in (lambda: ExactSearch(src).stored(["p7.jpg", "nope.jpg"]),
+                   lambda: opened.stored(["nope.jpg"])):  # fmt: skip
         with pytest.raises(UsageError, match=r"not stored in .*nope\.jpg"):
             lookup()
 
@@ -223,9 +226,9 @@ def test_every_file_of_an_index_is_checked_against_its_manifest(tmp_path):
         f.seek(row * index.ROW_BYTES + 10)
         f.write(b"\x00\x3c")  # one float16 of p5's row now reads 1.0
     opened = index.open_index(tmp_path / "x")
-    assert index.stored(opened, ["p6"]).shape == (1, EMBEDDING_DIM)
+    assert opened.stored(["p6"]).shape == (1, EMBEDDING_DIM)
     with pytest.raises(index.CorruptIndex, match=rf"row {row} of rescore\.f16 does not match"):
-        index.stored(opened, ["p5"])
+        opened.stored(["p5"])
 
 
 def test_a_build_removes_what_builds_left_and_nothing_else(tmp_path):
@@ -269,7 +272,7 @@ def test_the_quantisers_train_on_a_random_sample_not_the_first_rows(
     opened = index.open_index(tmp_path / "v")
     assert opened.manifest["trained"] == {"count": 3000, "sample": 300, "seed": index.SAMPLE_SEED}
     queries = clustered(20, 5)
-    got, want = index.nearest(opened, queries, 10), search.nearest(src, queries, 10)
+    got, want = opened.nearest(queries, 10), ExactSearch(src).nearest(queries, 10)
     recall = np.mean([len({p for p, _ in g} & {p for p, _ in w}) / 10 for g, w in zip(got, want)])
     assert recall >= 0.9
 
@@ -312,5 +315,5 @@ def test_an_ivf_index_is_trained_anew_past_the_growth_factor(tmp_path, monkeypat
     )
     opened = index.open_index(tmp_path / "v")
     assert opened.manifest["trained"]["count"] == 201
-    hit = index.nearest(opened, matrix[150:151], 1)[0][0]
+    hit = opened.nearest(matrix[150:151], 1)[0][0]
     assert hit[0] == "p150" and hit[1] == pytest.approx(1.0, abs=2e-3)

@@ -1,5 +1,5 @@
 """``tsctl index build`` under kill -9 and concurrency, as real subprocesses on synthetic
-vectors (serveclient/index.py, serveclient/outputlock.py):
+vectors (serveclient/search/faissindex.py, serveclient/outputlock.py):
 
 - killed at seeded random points (a progress line of its own, then a random share of the time
   to its next line in an uninterrupted run), the folder holds the index it started from or the
@@ -28,7 +28,7 @@ import pytest
 
 pytest.importorskip("faiss")
 
-from serveclient import index
+from serveclient.search import faissindex as index
 from tests.served import REPO, TSCTL, tsctl
 from tests.test_index import files_of, vectors, write
 
@@ -62,8 +62,8 @@ def state(folder: Path) -> tuple[dict, list, list]:
     """What a reader finds in ``folder``: the sha256 of each file of the index it opens, its
     answers to QUERIES and the stored vectors of those answers (each row checked)."""
     opened = index.open_index(folder, check_sources=False)
-    answers = index.nearest(opened, QUERIES, 5)
-    rows = index.stored(opened, [path for hits in answers for path, _ in hits])
+    answers = opened.nearest(QUERIES, 5)
+    rows = opened.stored([path for hits in answers for path, _ in hits])
     files = files_of(folder)
     hashes = {
         name: hashlib.sha256((files / name).read_bytes()).hexdigest()
@@ -145,8 +145,8 @@ def test_a_second_build_is_refused_or_waits_and_searches_meanwhile_answer_whole(
     template, sources, _, after, _ = collections
     folder = tmp_path / "v"
     shutil.copytree(template, folder)
-    similar = ["--json", "similar", "p0007.jpg", "--stored", "--index", str(sources[0])]
-    similar += ["--vindex", str(folder), "-k", "5"]
+    similar = ["--json", "similar", "p0007.jpg", "--stored", "--embeddings", str(sources[0])]
+    similar += ["--index", str(folder), "-k", "5"]
     first = start(folder, sources)
     waiting = None
     try:
@@ -160,7 +160,7 @@ def test_a_second_build_is_refused_or_waits_and_searches_meanwhile_answer_whole(
         meanwhile = tsctl(None, *similar)  # a.parquet is unchanged: the old index answers
         assert meanwhile.returncode == 0, meanwhile.stderr
         old = index.open_index(template)
-        want = index.nearest(old, index.stored(old, ["p0007.jpg"]), 5, ["p0007.jpg"])[0]
+        want = old.nearest(old.stored(["p0007.jpg"]), 5, ["p0007.jpg"])[0]
         assert [h["path"] for h in json.loads(meanwhile.stdout)["p0007.jpg"]] == [
             p for p, _ in want
         ]
@@ -184,12 +184,12 @@ READER = textwrap.dedent(
     """
     import json, sys
     from pathlib import Path
-    from serveclient import index
+    from serveclient.search import faissindex as index
     opened = index.open_index(Path(sys.argv[1]))
     paths = sorted(opened.names.values())
     def answers():
-        rows = index.stored(opened, paths)
-        return [rows.sum(axis=1).round(3).tolist(), index.nearest(opened, rows[:20], 3)]
+        rows = opened.stored(paths)
+        return [rows.sum(axis=1).round(3).tolist(), opened.nearest(rows[:20], 3)]
     first = answers()
     print("opened", flush=True)
     sys.stdin.readline()

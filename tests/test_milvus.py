@@ -1,7 +1,7 @@
-"""``tsctl index build --out URI`` and the searches through Milvus (serveclient/milvusindex.py)
+"""``tsctl index build --out URI`` and the searches through Milvus (search/milvusindex.py)
 against a real Milvus Lite server process (``milvus-lite server`` on a free loopback port,
 reached at ``http://127.0.0.1:PORT`` exactly as a Milvus Standalone would be), compared with
-exact search over the Parquet (serveclient/search.py); and Milvus Lite's ``NAME.db`` URI. The
+exact search over the Parquet (serveclient/search/exact.py); and Milvus Lite's ``NAME.db`` URI. The
 token: tsctl reads it from a file or ``$MILVUS_TOKEN`` and sends it to a server that checks it
 as Milvus Standalone with authentication on does (Milvus Lite has none: devtools/milvus.py puts
 Milvus's check in front); a refusal is named, the token never shown."""
@@ -19,10 +19,13 @@ pytest.importorskip("pymilvus")
 
 from devtools.milvus import milvus_lite
 from devtools.server import free_port
-from serveclient import index, milvusindex, search
+from serveclient import search
 from serveclient.cli import parser
 from serveclient.cli.common import TOKEN_BYTES, milvus_token
 from serveclient.errors import MilvusTokenError, UsageError
+from serveclient.search import faissindex as index
+from serveclient.search import milvusindex
+from serveclient.search.exact import ExactSearch
 from tests.served import tsctl
 from tests.test_index import clustered, vectors, write
 
@@ -49,8 +52,8 @@ def test_a_milvus_collection_answers_as_exact_search_and_updates_in_place(tmp_pa
     assert (built.added, built.removed, built.count, built.spec) == (200, 0, 200, "FLAT")
     opened = milvusindex.open_index(milvus, "first")
     queries = matrix[:5] + 0.01
-    assert names_of(milvusindex.nearest(opened, queries, 10)) == names_of(
-        search.nearest(shards / "0.parquet", queries, 10)
+    assert names_of(opened.nearest(queries, 10)) == names_of(
+        ExactSearch(shards / "0.parquet").nearest(queries, 10)
     )
     # a second shard adds 100; the first loses p000..p009 (removed) and p011 changes
     write(shards / "1.parquet", names[200:], matrix[200:])
@@ -59,18 +62,18 @@ def test_a_milvus_collection_answers_as_exact_search_and_updates_in_place(tmp_pa
     built = milvusindex.build([shards], milvus, "first", progress=False)
     assert (built.added, built.removed, built.count, built.trained) == (101, 11, 290, False)
     opened = milvusindex.open_index(milvus, "first")
-    answered = {p for hits in milvusindex.nearest(opened, matrix[:20], 50) for p, _ in hits}
+    answered = {p for hits in opened.nearest(matrix[:20], 50) for p, _ in hits}
     assert not answered & {f"p{i:03d}.jpg" for i in range(10)}
-    hit = milvusindex.nearest(opened, matrix[260:261], 1)[0][0]
+    hit = opened.nearest(matrix[260:261], 1)[0][0]
     assert hit[0] == "p260.jpg" and hit[1] == pytest.approx(1.0, abs=1e-5)
-    assert milvusindex.nearest(opened, vectors(1, 9), 1)[0][0][0] == "p011.jpg"
+    assert opened.nearest(vectors(1, 9), 1)[0][0][0] == "p011.jpg"
     # stored vectors as queries; a path it lacks is named
     unit = matrix / np.linalg.norm(matrix, axis=1, keepdims=True)
-    assert np.allclose(milvusindex.stored(opened, ["p042.jpg"]), unit[[42]], atol=1e-6)
+    assert np.allclose(opened.stored(["p042.jpg"]), unit[[42]], atol=1e-6)
     with pytest.raises(UsageError, match=r"not stored in first at .*p000\.jpg"):
-        milvusindex.stored(opened, ["p000.jpg"])
+        opened.stored(["p000.jpg"])
     # duplicates: the pairs exact search finds over the same photos
-    got = search.group(milvusindex.pairs(opened, 0.97)).groups
+    got = search.group(opened.pairs(0.97)).groups
     want = [["p017.jpg", "p250.jpg"]]
     assert [g["paths"] for g in got] == want
 
@@ -85,7 +88,7 @@ def test_a_stale_or_foreign_collection_is_named_never_answered(tmp_path, milvus)
     milvusindex.build([src], milvus, "second", progress=False)
     opened = milvusindex.open_index(milvus, "second")
     unit = matrix / np.linalg.norm(matrix, axis=1, keepdims=True)
-    assert np.allclose(milvusindex.stored(opened, names[45:]), unit[45:], atol=1e-6)
+    assert np.allclose(opened.stored(names[45:]), unit[45:], atol=1e-6)
     write(src, names[:49], matrix[:49])  # "ü" removed, by a filter that must quote it
     with pytest.raises(index.StaleIndex, match=r"second at http.* is older than .*e\.parquet") as e:
         milvusindex.open_index(milvus, "second")
@@ -111,7 +114,7 @@ def test_a_stale_or_foreign_collection_is_named_never_answered(tmp_path, milvus)
     again = milvusindex.build([src], milvus, "second", progress=False)
     assert (again.added, again.count, again.trained) == (1, 49, True)
     opened = milvusindex.open_index(milvus, "second")
-    assert [p for p, _ in milvusindex.nearest(opened, matrix[47:48], 1)[0]] == ["it's.jpg"]
+    assert [p for p, _ in opened.nearest(matrix[47:48], 1)[0]] == ["it's.jpg"]
 
 
 def test_past_the_flat_limit_the_collection_is_ivf_sq8_and_finds_the_exact_neighbours(
@@ -129,19 +132,19 @@ def test_past_the_flat_limit_the_collection_is_ivf_sq8_and_finds_the_exact_neigh
     assert (built.added, built.count) == (2500, 3000)
     opened = milvusindex.open_index(milvus, "third")
     queries = clustered(20, 5)
-    got = milvusindex.nearest(opened, queries, 10)
-    want = search.nearest(src, queries, 10)
+    got = opened.nearest(queries, 10)
+    want = ExactSearch(src).nearest(queries, 10)
     recall = np.mean([len(set(g) & set(w)) / 10 for g, w in zip(names_of(got), names_of(want))])
     assert recall >= 0.95
     for g, w in zip(got, want):  # re-scored: exact cosines, as the Parquet's
         assert g[0][1] == pytest.approx(w[0][1], abs=1e-5)
-    pairs = search.group(milvusindex.pairs(opened, 0.99)).groups
-    want = search.duplicates(src, 0.99).groups
+    pairs = search.group(opened.pairs(0.99)).groups
+    want = ExactSearch(src).duplicates(0.99).groups
     assert [g["paths"] for g in pairs] == [g["paths"] for g in want]
 
 
 def test_tsctl_builds_and_searches_milvus_by_uri_as_it_does_the_folder_index(tmp_path, milvus):
-    """The same commands; only ``--out``/``--vindex`` change (a server URI, then Milvus
+    """The same commands; only ``--out``/``--index`` change (a server URI, then Milvus
     Lite's local ``.db``)."""
     matrix = vectors(120, 3)
     matrix[99] = matrix[3] * 1.001
@@ -150,25 +153,27 @@ def test_tsctl_builds_and_searches_milvus_by_uri_as_it_does_the_folder_index(tmp
         built = tsctl(None, "index", "build", str(src), "--out", uri, "--no-progress")
         assert built.returncode == 0, built.stderr
         assert f"photos at {uri}: 120 vectors (FLAT), 120 added, 0 removed" in built.stdout
-        argv = ["similar", "p5.jpg", "--stored", "--index", str(src), "--vindex", uri]
+        argv = ["similar", "p5.jpg", "--stored", "--embeddings", str(src), "--index", uri]
         found = tsctl(None, "--json", *argv, "-k", "3")
         assert found.returncode == 0, found.stderr
         hits = json.loads(found.stdout)["p5.jpg"]
-        want = search.nearest(src, search.stored(src, ["p5.jpg"]), 3, exclude=["p5.jpg"])[0]
+        want = ExactSearch(src).nearest(ExactSearch(src).stored(["p5.jpg"]), 3, exclude=["p5.jpg"])[
+            0
+        ]
         assert [h["path"] for h in hits] == [p for p, _ in want]
         assert [h["score"] for h in hits] == pytest.approx([s for _, s in want], abs=1e-5)
         other = tsctl(None, *argv, "--collection", "other")
         assert other.returncode != 0
         assert "no collection other" in other.stderr and "--exact" in other.stderr
     # a search machine without the Parquet: the collection by name
-    alone = tsctl(None, "--json", "duplicates", "--vindex", milvus, "--collection", "photos")
+    alone = tsctl(None, "--json", "duplicates", "--index", milvus, "--collection", "photos")
     assert alone.returncode == 0, alone.stderr
     found = json.loads(alone.stdout)
-    assert (found["groups"], found["complete"]) == (search.duplicates(src, 0.97).groups, True)
+    assert (found["groups"], found["complete"]) == (ExactSearch(src).duplicates(0.97).groups, True)
     assert [g["paths"] for g in found["groups"]] == [["p3.jpg", "p99.jpg"]]
     # a threshold every pair reaches stops at the pair cap, as exact search and FAISS do
     low = ["--threshold", "0.3", "--max-pairs", "5"]
-    capped = tsctl(None, "--json", "duplicates", "--vindex", milvus, "--collection", "photos", *low)
+    capped = tsctl(None, "--json", "duplicates", "--index", milvus, "--collection", "photos", *low)
     assert capped.returncode == 0, capped.stderr
     assert (json.loads(capped.stdout)["pairs"], json.loads(capped.stdout)["complete"]) == (5, False)
 
@@ -218,7 +223,7 @@ def test_the_shards_an_indexed_job_uploaded_are_indexed_from_s3_and_checked_ther
         "s3://photos/emb/shard-0.parquet",
         "s3://photos/emb/shard-1.parquet",
     ]
-    assert milvusindex.nearest(opened, matrix[7:8], 1)[0][0][0] == "p7.jpg"
+    assert opened.nearest(matrix[7:8], 1)[0][0][0] == "p7.jpg"
     write(tmp_path / "shard-1.parquet", names[1::2][:-1], matrix[1::2][:-1])  # p59 gone
     s3.upload_file(str(tmp_path / "shard-1.parquet"), "photos", "emb/shard-1.parquet")
     with pytest.raises(index.StaleIndex, match=r"older than s3://photos/emb/shard-1\.parquet"):
@@ -226,7 +231,7 @@ def test_the_shards_an_indexed_job_uploaded_are_indexed_from_s3_and_checked_ther
     again = milvusindex.build(["s3://photos/emb/"], milvus, "shards", False, tmp_path / "work")
     assert (again.added, again.removed, again.count) == (0, 1, 59)
     opened = milvusindex.open_index(milvus, "shards")
-    assert "p59.jpg" not in {p for p, _ in milvusindex.nearest(opened, matrix[59:60], 5)[0]}
+    assert "p59.jpg" not in {p for p, _ in opened.nearest(matrix[59:60], 5)[0]}
 
 
 def test_the_folder_index_of_s3_shards_needs_its_fetched_copies_for_duplicates(tmp_path, s3):
@@ -240,10 +245,10 @@ def test_the_folder_index_of_s3_shards_needs_its_fetched_copies_for_duplicates(t
     index.build(["s3://photos/emb/"], tmp_path / "v", progress=False, work_dir=work)
     opened = index.open_index(tmp_path / "v")
     assert opened.manifest["sources"][0]["path"] == "s3://photos/emb/e.parquet"
-    assert search.group(index.pairs(opened, 0.97)).groups[0]["paths"] == ["p3.jpg", "p30.jpg"]
+    assert search.group(opened.pairs(0.97)).groups[0]["paths"] == ["p3.jpg", "p30.jpg"]
     shutil.rmtree(work)
     with pytest.raises(index.StaleIndex, match=r"copy of s3://photos/emb/e\.parquet .* is not at"):
-        list(index.pairs(index.open_index(tmp_path / "v"), 0.97))
+        list(index.open_index(tmp_path / "v").pairs(0.97))
 
 
 # ------------------------------------------------------------------ authentication
@@ -277,7 +282,7 @@ def test_tsctl_sends_the_token_from_a_file_or_the_environment_and_names_a_refusa
     built = tsctl(None, *build, "--milvus-token-file", str(tmp_path / "token"))
     assert built.returncode == 0, built.stderr
     assert f"photos at {secured}: 40 vectors (FLAT), 40 added, 0 removed" in built.stdout
-    search = ["duplicates", "--vindex", secured, "--collection", "photos"]
+    search = ["duplicates", "--index", secured, "--collection", "photos"]
     runs = [built]
     for argv, reason in [
         (["--json", *search], "needs a token (authentication is on): missing authorization"),
@@ -293,7 +298,7 @@ def test_tsctl_sends_the_token_from_a_file_or_the_environment_and_names_a_refusa
         assert "--milvus-token-file PATH, or set $MILVUS_TOKEN" in refused.stderr
         assert "Traceback" not in refused.stderr and "not-the-password" not in refused.stderr
     monkeypatch.setenv("MILVUS_TOKEN", TOKEN)
-    similar = ["similar", "p3.jpg", "--stored", "--vindex", secured, "--collection", "photos"]
+    similar = ["similar", "p3.jpg", "--stored", "--index", secured, "--collection", "photos"]
     near = tsctl(None, "--json", *similar, "-k", "1")
     assert near.returncode == 0, near.stderr
     assert [h["path"] for h in json.loads(near.stdout)["p3.jpg"]] == ["p30.jpg"]
@@ -311,7 +316,7 @@ def test_the_library_takes_the_token_as_an_argument(tmp_path, secured):
 
 
 def _token(*argv):
-    return milvus_token(parser().parse_args(["duplicates", "--vindex", "http://m:19530", *argv]))
+    return milvus_token(parser().parse_args(["duplicates", "--index", "http://m:19530", *argv]))
 
 
 def test_the_token_file_is_read_bounded_and_never_quoted(tmp_path, monkeypatch):

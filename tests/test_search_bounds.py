@@ -1,6 +1,6 @@
 """What ``tsctl similar`` and ``tsctl duplicates`` refuse and where they stop, whatever
 answers them (exact search, the FAISS folder index, Milvus; serveclient/cli/similar.py,
-serveclient/search.py): ``-k``, ``--threshold`` and ``--max-pairs`` out of range are refused
+serveclient/search/exact.py): ``-k``, ``--threshold`` and ``--max-pairs`` out of range are refused
 with exit code 2 before any index is opened, and a low threshold stops at the pair cap,
 saying so. Milvus's own duplicates cap is in tests/test_milvus.py."""
 
@@ -12,15 +12,17 @@ import pytest
 
 pytest.importorskip("faiss")
 
-from serveclient import index, search
+from serveclient import search
 from serveclient.cli import main
+from serveclient.search import faissindex as index
+from serveclient.search.exact import ExactSearch
 from tests.served import tsctl
 from tests.test_index import vectors, write
 
 ENGINES = {  # what each search would read: the Parquet, the folder index, a Milvus server
     "exact": ["--exact"],
-    "faiss": ["--vindex", "{folder}"],
-    "milvus": ["--vindex", "http://127.0.0.1:9", "--collection", "c"],  # nothing listens
+    "faiss": ["--index", "{folder}"],
+    "milvus": ["--index", "http://127.0.0.1:9", "--collection", "c"],  # nothing listens
 }
 BAD = {
     "-k": ["0", "-1", "nan", "1.5", "1001", "10" * 40],
@@ -47,7 +49,7 @@ def test_out_of_range_k_threshold_and_pair_caps_are_refused(
     command = ["similar", "p001", "--stored"] if option == "-k" else ["duplicates"]
     where = [a.format(folder=folder) for a in ENGINES[engine]]
     with pytest.raises(SystemExit) as refused:
-        main([*command, "--index", str(src), *where, f"{option}={value}"])
+        main([*command, "--embeddings", str(src), *where, f"{option}={value}"])
     assert refused.value.code == 2
     err = capsys.readouterr().err
     assert f"argument {option}: expected " in err and value in err
@@ -55,7 +57,7 @@ def test_out_of_range_k_threshold_and_pair_caps_are_refused(
 
 def test_tsctl_exits_2_naming_the_range(collection):
     src, _ = collection
-    run = tsctl(None, "similar", "p001", "--stored", "--index", str(src), "-k", "0")
+    run = tsctl(None, "similar", "p001", "--stored", "--embeddings", str(src), "-k", "0")
     assert run.returncode == 2
     assert "argument -k: expected a whole number from 1 to 1,000, not 0" in run.stderr
 
@@ -64,7 +66,16 @@ def test_tsctl_exits_2_naming_the_range(collection):
 def test_a_low_threshold_stops_at_the_pair_cap_and_says_so(collection, capsys, engine):
     src, folder = collection
     where = [a.format(folder=folder) for a in ENGINES[engine]]
-    argv = ["duplicates", "--index", str(src), *where, "--threshold", "0.3", "--max-pairs", "50"]
+    argv = [
+        "duplicates",
+        "--embeddings",
+        str(src),
+        *where,
+        "--threshold",
+        "0.3",
+        "--max-pairs",
+        "50",
+    ]
     assert main(["--json", *argv]) == 0
     found = json.loads(capsys.readouterr().out)
     assert (found["pairs"], found["complete"]) == (50, False)
@@ -86,6 +97,30 @@ def test_the_pair_search_stops_drawing_at_the_cap(collection):
             drawn.append(pair)
             yield pair
 
-    found = search.group(counted(index.pairs(index.open_index(folder), 0.3)), 100)
+    found = search.group(counted(index.open_index(folder).pairs(0.3)), 100)
     assert (found.pairs, found.complete, len(drawn)) == (100, False, 101)
-    assert search.duplicates(src, 0.3, 100).pairs == 100
+    assert ExactSearch(src).duplicates(0.3, 100).pairs == 100
+
+
+def test_the_old_spellings_are_read_for_a_release_with_a_warning(collection, capsys):
+    """``--index PARQUET`` and ``--vindex INDEX`` of the release before mean ``--embeddings``
+    and ``--index``: the same answers, and a warning on stderr naming what was read as what."""
+    src, folder = collection
+    tail = ["--threshold", "0.3", "--max-pairs", "50"]
+    assert (
+        main(["--json", "duplicates", "--embeddings", str(src), "--index", str(folder), *tail]) == 0
+    )
+    new = capsys.readouterr()
+    assert new.err == ""
+    assert main(["--json", "duplicates", "--index", str(src), "--vindex", str(folder), *tail]) == 0
+    old = capsys.readouterr()
+    assert old.out == new.out
+    assert (
+        f"tsctl duplicates: warning: --index {src} names a file, not an index: read as "
+        f"--embeddings {src} (--embeddings names the Parquet, --index a vector index;" in old.err
+    )
+    assert f"warning: --vindex is now --index: read as --index {folder}" in old.err
+    # --vindex goes where --index goes: here a Milvus nobody listens at
+    argv = ["similar", "p001", "--stored", "--vindex", "http://127.0.0.1:9", "--collection", "c"]
+    assert main(argv) != 0
+    assert "no Milvus at http://127.0.0.1:9" in capsys.readouterr().err

@@ -1,18 +1,20 @@
 """tsctl's search over an ``embed`` output: ``similar`` (the stored photos nearest each query)
-and ``duplicates`` (groups of near-duplicates), from the approximate index ``tsctl index
-build`` writes (``INDEX.vindex/`` beside the Parquet, or ``--vindex``) when there is one, else
-(or with ``--exact``) exact cosine over the Parquet; ``--html``: also a page of thumbnails.
-``similar --stored`` takes photos of the collection as queries, by the path stored there.
-``--out``/``--vindex`` may name Milvus instead (a server's ``http://HOST:19530`` or Milvus
-Lite's ``NAME.db``; serveclient/milvusindex.py): the same commands, only the URI changes.
-``-k``, ``--threshold`` and ``--max-pairs`` are checked here, whatever answers (exit 2)."""
+and ``duplicates`` (groups of near-duplicates), through whichever ``serveclient.search.open``
+chooses: the vector index ``tsctl index build`` writes (``--index``: a folder, by default
+``EMBEDDINGS.vindex/`` beside the Parquet, or a Milvus URI, a server's ``http://HOST:19530`` or
+Milvus Lite's ``NAME.db``) when there is one, else (or with ``--exact``) exact cosine over the
+``--embeddings`` Parquet; ``--html``: also a page of thumbnails. ``similar --stored`` takes
+photos of the collection as queries, by the path stored there. ``-k``, ``--threshold`` and
+``--max-pairs`` are checked here, whatever answers (exit 2). The spellings of the release
+before (``--index PARQUET``, ``--vindex INDEX``) are read with a warning (``_respelled``)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from serveclient.cli.common import (
     DEFAULT_MODELS,
@@ -28,6 +30,9 @@ from serveclient.client import Client
 from serveclient.errors import UsageError
 from serveclient.search import MAX_K, MAX_PAIRS, MOST_PAIRS
 from serveclient.traffic import Traffic
+
+if TYPE_CHECKING:
+    from serveclient.search import VectorSearch
 
 
 def register(commands: Commands) -> None:
@@ -46,9 +51,6 @@ def register(commands: Commands) -> None:
         action="store_true",
         help="each QUERY is a photo of the collection: its stored vector is the query "
         "(no server asked)",
-    )
-    q.add_argument(
-        "--index", type=Path, help="an embed output (Parquet); not needed with a Milvus --vindex"
     )
     q.add_argument(
         "-k", type=_whole(MAX_K), default=10, help=f"neighbours per query (10; 1 to {MAX_K:,})"
@@ -70,7 +72,6 @@ def register(commands: Commands) -> None:
     dup = commands.add(
         "duplicates", cmd_duplicates, help="groups of near-duplicate photos in an embed output"
     )
-    dup.add_argument("--index", type=Path, help="as for similar")
     dup.add_argument(
         "--threshold", type=_cosine, default=0.97, help="cosine, above 0 and at most 1 (0.97)"
     )
@@ -149,11 +150,16 @@ def _cosine(text: str) -> float:
 
 def _search_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--exact", action="store_true", help="exact search over the Parquet, not the index"
+        "--embeddings", type=Path, help="an embed output (Parquet); not needed with --index"
     )
     parser.add_argument(
-        "--vindex",
-        help="the index folder (default: INDEX.vindex when it exists), or a Milvus URI",
+        "--index",
+        help="a vector index: the folder `tsctl index build` wrote (default: EMBEDDINGS.vindex "
+        "when it exists), or a Milvus URI",
+    )
+    parser.add_argument("--vindex", help=argparse.SUPPRESS)  # --index's old name, for a release
+    parser.add_argument(
+        "--exact", action="store_true", help="exact search over the Parquet, not the index"
     )
     _collection_argument(parser)
 
@@ -166,34 +172,43 @@ def _collection_argument(parser: argparse.ArgumentParser) -> None:
     milvus_token_argument(parser)
 
 
-def default_folder(parquet: Path) -> Path:
-    """Where ``tsctl index build`` writes by default and the searches look."""
-    return parquet.with_name(parquet.name + ".vindex")
+def _opened(args: argparse.Namespace) -> VectorSearch:
+    """The search the options name (``serveclient.search.open``), old spellings read."""
+    from serveclient import search
+
+    _respelled(args)
+    token = milvus_token(args)
+    return search.open(
+        args.embeddings, args.index, exact=args.exact, collection=args.collection, token=token
+    )
 
 
-def _opened(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The checked index the search uses and the module that searches it (serveclient.index
-    or serveclient.milvusindex), or (None, None) for exact search."""
-    from serveclient import index, milvusindex
+def _respelled(args: argparse.Namespace) -> None:
+    """The release before's spellings, read for one more release with a warning on stderr:
+    ``--index X`` where X is a file that is not Milvus Lite's ``.db`` (or a missing
+    ``.parquet``) was the embed output, now ``--embeddings X``; ``--vindex X`` is ``--index X``."""
+    from serveclient.search.milvusindex import is_uri
 
-    if args.vindex and milvusindex.is_uri(args.vindex) and not args.exact:
-        if not (args.collection or args.index):
-            raise UsageError("which collection?", "add --collection (or --index PARQUET)")
-        collection = args.collection or milvusindex.collection_for(args.index)
-        token = milvus_token(args)
-        return milvusindex.open_index(args.vindex, collection, token=token), milvusindex
-    if args.index is None:
-        raise UsageError("no --index", "name the embed output (Parquet) to search")
-    if args.exact:
-        return None, None
-    folder = Path(args.vindex) if args.vindex else default_folder(args.index)
-    if not (folder / index.MANIFEST).is_file():
-        return None, None
-    return index.open_index(folder), index
+    old = args.index or ""
+    missing_parquet = old.endswith(".parquet") and not Path(old).exists()
+    if args.embeddings is None and not is_uri(old) and (Path(old).is_file() or missing_parquet):
+        _warn(args, f"--index {old} names a file, not an index: read as --embeddings {old}")
+        args.embeddings, args.index = Path(old), None
+    if args.vindex is not None:
+        _warn(args, f"--vindex is now --index: read as --index {args.vindex}")
+        args.index = args.vindex
+
+
+def _warn(args: argparse.Namespace, text: str) -> None:
+    print(
+        f"tsctl {args.command}: warning: {text} (--embeddings names the Parquet, --index a "
+        "vector index; the old spellings go in the next release)",
+        file=sys.stderr,
+    )
 
 
 def cmd_index(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
-    from serveclient import index, milvusindex
+    from serveclient.search import faissindex, milvusindex
 
     progress, work = not args.no_progress, args.work_dir
     first = Path(args.inputs[0].rstrip("/"))
@@ -206,9 +221,9 @@ def cmd_index(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
     else:
         if not args.out and "://" in args.inputs[0]:
             raise UsageError(f"where should the index of {args.inputs[0]} go?", "add --out")
-        folder = Path(args.out) if args.out else default_folder(first)
+        folder = Path(args.out) if args.out else faissindex.default_folder(first)
         where = str(folder)
-        built = index.build(args.inputs, folder, progress, work, wait=args.wait)
+        built = faissindex.build(args.inputs, folder, progress, work, wait=args.wait)
         data = {"folder": where, **vars(built)}
     text = f"{where}: {built.count} vectors ({built.spec}), {built.added} added, "
     text += f"{built.removed} removed"
@@ -224,15 +239,9 @@ def cmd_index(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
 def cmd_similar(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
     import numpy as np
 
-    from serveclient import search
-
-    opened, engine = _opened(args)
+    searched = _opened(args)
     if args.stored:
-        queries = (
-            search.stored(args.index, args.queries)
-            if opened is None
-            else engine.stored(opened, args.queries)
-        )
+        queries = searched.stored(args.queries)
     else:
         vectors = client.infer(
             args.model,
@@ -242,10 +251,7 @@ def cmd_similar(client: Client, args: argparse.Namespace) -> tuple[Any, str, int
             traffic=Traffic.within(deadline_ms=args.deadline_ms),
         )
         queries = np.asarray(vectors, np.float32)
-    if opened is None:
-        found = search.nearest(args.index, queries, args.k, exclude=args.queries)
-    else:
-        found = engine.nearest(opened, queries, args.k, args.queries)
+    found = searched.nearest(queries, args.k, exclude=args.queries)
     data = {
         q: [{"path": p, "score": round(s, 6)} for p, s in hits]
         for q, hits in zip(args.queries, found)
@@ -258,21 +264,14 @@ def cmd_similar(client: Client, args: argparse.Namespace) -> tuple[Any, str, int
         from serveclient import pages
 
         thumbs = pages.Thumbnailer(expected=len(data) + sum(len(h) for h in data.values()))
-        html = pages.similar_page(
-            data, thumbs, index=str(args.index or args.vindex), model=args.model
-        )
+        html = pages.similar_page(data, thumbs, index=searched.where, model=args.model)
         lines.append(wrote_page(args.html, html))
     return data, "\n".join(lines), 0
 
 
 def cmd_duplicates(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
-    from serveclient import search
-
-    opened, engine = _opened(args)
-    if opened is None:
-        found = search.duplicates(args.index, args.threshold, args.max_pairs)
-    else:
-        found = search.group(engine.pairs(opened, args.threshold), args.max_pairs)
+    searched = _opened(args)
+    found = searched.duplicates(args.threshold, args.max_pairs)
     lines = [
         f"{len(g['paths'])} files, cosine >= {g['min_score']:.4f}: " + ", ".join(g["paths"])
         for g in found.groups
@@ -283,9 +282,7 @@ def cmd_duplicates(client: Client, args: argparse.Namespace) -> tuple[Any, str, 
         from serveclient import pages
 
         thumbs = pages.Thumbnailer(expected=sum(len(g["paths"]) for g in found.groups))
-        html = pages.duplicates_page(
-            found, thumbs, index=str(args.index or args.vindex), threshold=args.threshold
-        )
+        html = pages.duplicates_page(found, thumbs, index=searched.where, threshold=args.threshold)
         lines.append(wrote_page(args.html, html))
     data = {"groups": found.groups, "pairs": found.pairs, "complete": found.complete}
     return data, "\n".join(lines), 0

@@ -19,11 +19,6 @@ Parquet.
 groups of vectors at least ``threshold`` apart by cosine, O(n^2): fine up to some 100,000
 vectors on a laptop; beyond, or for many queries a second, move to a vector index (FAISS,
 or a vector database), which trades exactness for sub-linear search.
-
-Bounds, whatever answers (this scan, the FAISS index, Milvus): ``k`` from 1 to ``MAX_K``; a
-``threshold`` above 0 and at most 1; ``group`` stops at ``MAX_PAIRS`` pairs (or the caller's
-``most``) and says so, so a low threshold over a large collection (every pair of post-ReLU
-embeddings has a positive cosine) costs that many pairs of memory, not n^2.
 """
 
 from __future__ import annotations
@@ -34,7 +29,7 @@ import json
 import logging
 import os
 import uuid
-from collections.abc import Container, Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,23 +37,14 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from serveclient.errors import UsageError
+from serveclient.search import VectorSearch, normalised, require_stored
 from serveclient.vectors import EMBEDDING_DIM, OK, batches, opened
 
 CHUNK_ROWS = 16384
 BLOCK_ROWS = 2048  # duplicates: rows of a chunk scored at once (2048 x 16384 float32, 128 MB)
-MAX_K = 1000  # neighbours a query may ask for
-MAX_PAIRS = 100_000  # pairs ``duplicates`` groups at most, unless told (--max-pairs)
-MOST_PAIRS = 1_000_000  # the most --max-pairs may ask for (some 300 MB of pairs and groups)
+NAMED_PAIRS = 65_536  # pairs found before their paths are read (a pass over the paths each)
 log = logging.getLogger("serveclient.search")
 Version = tuple[pq.ParquetFile, os.stat_result]  # an embed output opened once (vectors.opened)
-
-
-def normalised(matrix: np.ndarray) -> np.ndarray:
-    """Rows scaled to unit length (zero rows stay zero), so a dot product is the cosine."""
-    matrix = np.asarray(matrix, dtype=np.float32)
-    norms = np.linalg.norm(matrix, axis=-1, keepdims=True)
-    return matrix / np.where(norms > 0, norms, 1.0)
 
 
 def _cache_paths(index: Path) -> tuple[Path, Path]:
@@ -139,100 +125,68 @@ def unit_chunks(
         start += len(matrix)
 
 
-def stored(index: Path | str, paths: list[str]) -> np.ndarray:
-    """The unit vectors the embed output ``index`` holds for ``paths`` (as written there), in
-    order, read in one pass; ``UsageError`` naming the paths it does not hold."""
-    found: dict[str, np.ndarray] = {}
-    wanted = set(paths)
-    for names, matrix in batches(index):
-        for name, row in zip(names, matrix):
-            if name in wanted:
-                found[name] = row  # a path's last ok row: its newest, the one an index keeps
-    require_stored(paths, found, index)
-    return normalised(np.stack([found[p] for p in paths]))
-
-
-def require_stored(paths: list[str], held: Container[str], where: Path | str) -> None:
-    """``UsageError`` naming the ``paths`` that ``held`` lacks (queries by stored path)."""
-    missing = [p for p in paths if p not in held]
-    if missing:
-        raise UsageError(
-            f"not stored in {where}: {', '.join(missing[:5])}"
-            + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""),
-            "give each path as the embed output holds it, or drop --stored to embed the "
-            "files through the server",
-        )
-
-
-def nearest(
-    index: Path | str,
-    queries: np.ndarray,
-    k: int = 10,
-    exclude: list[str | None] | None = None,
-    rows: int = CHUNK_ROWS,
-) -> list[list[tuple[str, float]]]:
-    """For each query vector, the ``k`` stored paths with the highest cosine similarity, best
-    first, as (path, score). ``exclude[j]``: a file (compared by absolute path) never answered
-    for query j, e.g. the query photo itself when it is in the index."""
-    queries = normalised(np.atleast_2d(queries))
-    exclude = [os.path.abspath(p) if p else None for p in (exclude or [None] * len(queries))]
-    keep = k + 1  # one spare per query: an index holds each path once, so one exclusion
-    best: list[list[tuple[float, int]]] = [[] for _ in queries]  # min-heaps of (score, row)
-    version = opened(index)
-    for start, matrix in unit_chunks(index, version, rows):
-        scores = matrix @ queries.T  # [rows, queries]
-        take = min(keep, len(matrix))
-        top = np.argpartition(-scores, take - 1, axis=0)[:take]
-        for j in range(len(queries)):
-            for i in top[:, j]:
-                item = (float(scores[i, j]), start + int(i))
-                if len(best[j]) < keep:
-                    heapq.heappush(best[j], item)
-                elif item > best[j][0]:
-                    heapq.heapreplace(best[j], item)
-    names = _paths_at(version[0], {row for heap in best for _, row in heap})
-    found = []
-    for j, heap in enumerate(best):
-        hits = [
-            (names[row], score)
-            for score, row in sorted(heap, reverse=True)
-            if exclude[j] is None or os.path.abspath(names[row]) != exclude[j]
-        ]
-        found.append(hits[:k])
-    return found
-
-
 @dataclass(frozen=True)
-class Grouped:
-    """Groups of near-duplicates and what they were made of: ``pairs`` pairs, all there were
-    (``complete``) or the first ``pairs`` found, the search stopped there (``most``)."""
+class ExactSearch(VectorSearch):
+    """Exact cosine over the embed output at ``path``, ``rows`` vectors a chunk."""
 
-    groups: list[dict]
-    pairs: int
-    complete: bool
+    path: Path
+    rows: int = CHUNK_ROWS
 
     @property
-    def note(self) -> str:
-        """What a search stopped at its cap means (" ..."), or "" when it was not."""
-        if self.complete:
-            return ""
-        return (
-            f" The search stopped at {self.pairs:,} pairs (--max-pairs): the groups hold only "
-            "the pairs found first; raise --threshold, or --max-pairs."
-        )
+    def where(self) -> str:
+        return str(self.path)
 
+    def stored(self, paths: list[str]) -> np.ndarray:
+        """Read in one pass; a path's last ``ok`` row (its newest, the one an index keeps)."""
+        found: dict[str, np.ndarray] = {}
+        wanted = set(paths)
+        for names, matrix in batches(self.path):
+            for name, row in zip(names, matrix):
+                if name in wanted:
+                    found[name] = row
+        require_stored(paths, found, self.path)
+        return normalised(np.stack([found[p] for p in paths]))
 
-def duplicates(
-    index: Path | str, threshold: float = 0.97, most: int = MAX_PAIRS, rows: int = CHUNK_ROWS
-) -> Grouped:
-    """Groups of near-duplicates: files linked by a chain of pairs with cosine >=
-    ``threshold``, largest group first (see ``group``), of the first ``most`` pairs found.
-    Every chunk is compared with itself and every later chunk, ``BLOCK_ROWS`` rows at a time:
-    memory two chunks, one block's scores and the pairs; time quadratic."""
-    version = opened(index)
-    found = list(itertools.islice(_pairs(index, version, threshold, rows), most + 1))
-    names = _paths_at(version[0], {i for pair in found for i in pair[:2]})
-    return group(((names[i], names[j], score) for i, j, score in found), most)
+    def nearest(
+        self, queries: np.ndarray, k: int = 10, exclude: list[str | None] | None = None
+    ) -> list[list[tuple[str, float]]]:
+        """O(n) per query, a chunk at a time; the paths read from the file scanned."""
+        queries = normalised(np.atleast_2d(queries))
+        exclude = [os.path.abspath(p) if p else None for p in (exclude or [None] * len(queries))]
+        keep = k + 1  # one spare per query: an index holds each path once, so one exclusion
+        best: list[list[tuple[float, int]]] = [[] for _ in queries]  # min-heaps of (score, row)
+        version = opened(self.path)
+        for start, matrix in unit_chunks(self.path, version, self.rows):
+            scores = matrix @ queries.T  # [rows, queries]
+            take = min(keep, len(matrix))
+            top = np.argpartition(-scores, take - 1, axis=0)[:take]
+            for j in range(len(queries)):
+                for i in top[:, j]:
+                    item = (float(scores[i, j]), start + int(i))
+                    if len(best[j]) < keep:
+                        heapq.heappush(best[j], item)
+                    elif item > best[j][0]:
+                        heapq.heapreplace(best[j], item)
+        names = _paths_at(version[0], {row for heap in best for _, row in heap})
+        found = []
+        for j, heap in enumerate(best):
+            hits = [
+                (names[row], score)
+                for score, row in sorted(heap, reverse=True)
+                if exclude[j] is None or os.path.abspath(names[row]) != exclude[j]
+            ]
+            found.append(hits[:k])
+        return found
+
+    def pairs(self, threshold: float) -> Iterator[tuple[str, str, float]]:
+        """Every chunk compared with itself and every later chunk, ``BLOCK_ROWS`` rows at a
+        time: memory two chunks, one block's scores and ``NAMED_PAIRS`` pairs; time quadratic.
+        Named from the file scanned, ``NAMED_PAIRS`` at a time (a pass over its paths each)."""
+        version = opened(self.path)
+        found = _pairs(self.path, version, threshold, self.rows)
+        while block := list(itertools.islice(found, NAMED_PAIRS)):
+            names = _paths_at(version[0], {i for pair in block for i in pair[:2]})
+            yield from ((names[i], names[j], score) for i, j, score in block)
 
 
 def _pairs(
@@ -250,40 +204,6 @@ def _pairs(
                     for j in np.flatnonzero(row >= threshold).tolist():
                         if offset_b + j > gi:
                             yield gi, offset_b + j, float(row[j])
-
-
-def group(pairs: Iterable[tuple[str, str, float]], most: int = MAX_PAIRS) -> Grouped:
-    """Files linked by a chain of the first ``most`` of ``pairs`` (a, b, cosine), largest
-    group first, each ``{"paths": [...], "min_score": s}``: paths sorted, s the lowest score
-    of a pair that joined it. A pair past ``most`` stops the search (``complete`` False)."""
-    parent: dict[str, str] = {}
-    low: dict[str, float] = {}
-
-    def root(i: str) -> str:
-        parent.setdefault(i, i)
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    found, taken, complete = iter(pairs), 0, True
-    for a, b, score in found:
-        if taken == most:
-            complete = False
-            break
-        taken += 1
-        ra, rb = root(a), root(b)
-        merged = min(low.get(ra, 1.0), low.get(rb, 1.0), score)
-        if ra != rb:
-            parent[rb] = ra
-        low[ra] = merged
-    getattr(found, "close", lambda: None)()  # a generator's search ends here
-    members: dict[str, list[str]] = {}
-    for i in list(parent):
-        members.setdefault(root(i), []).append(i)
-    groups = sorted((sorted(group), round(low[r], 6)) for r, group in members.items())
-    groups.sort(key=lambda g: -len(g[0]))  # stable: largest first, then by first path
-    return Grouped([{"paths": p, "min_score": s} for p, s in groups], taken, complete)
 
 
 def _paths_at(file: pq.ParquetFile, wanted: set[int]) -> dict[int, str]:

@@ -7,7 +7,7 @@ which tsctl reads from a file or ``$MILVUS_TOKEN``, never from argv); a refusal 
 
 One Milvus collection per embed output (``collection_for``): ``path`` (the primary key, as the
 embed output stores it), ``key`` (the row's "size:mtime") and ``embedding`` (the float32 unit
-vector), indexed ``FLAT`` under ``index.EXACT_BELOW`` vectors and ``IVF_SQ8`` (one byte a
+vector), indexed ``FLAT`` under ``faissindex.EXACT_BELOW`` vectors and ``IVF_SQ8`` (one byte a
 dimension, inner product) above. Milvus keeps the float32 vectors beside its index: candidates
 are re-scored with them, so the scores are exact cosines as the folder index's are.
 ``duplicates`` reads its queries from the collection too: a search needs no sources on the
@@ -34,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from serveclient import index, objectstore
-from serveclient.index import Built, CorruptIndex
-from serveclient.search import normalised, require_stored
+from serveclient import objectstore
+from serveclient.search import VectorSearch, faissindex, normalised, require_stored
+from serveclient.search.faissindex import Built, CorruptIndex
 from serveclient.vectors import EMBEDDING_DIM
 
 PROPERTY = "tsctl.manifest"
@@ -62,7 +62,7 @@ def collection_for(parquet: Path) -> str:
 
 
 @dataclass
-class Opened:
+class MilvusIndex(VectorSearch):
     """A checked Milvus collection."""
 
     client: Any  # pymilvus.MilvusClient
@@ -77,6 +77,65 @@ class Opened:
     @property
     def approximate(self) -> bool:
         return self.manifest["spec"] != "FLAT"
+
+    def nearest(
+        self, queries: np.ndarray, k: int = 10, exclude: list[str | None] | None = None
+    ) -> list[list[tuple[str, float]]]:
+        """Milvus's top ``k + RESCORE_EXTRA`` re-scored with the float32 vectors it holds."""
+        import os
+
+        queries = normalised(np.atleast_2d(queries))
+        exclude = [os.path.abspath(p) if p else None for p in (exclude or [None] * len(queries))]
+        fields = ["path", "embedding"]
+        found = []
+        for query, hits, skip in zip(
+            queries, _search(self, queries, k + RESCORE_EXTRA, fields), exclude
+        ):
+            paths = [hit["entity"]["path"] for hit in hits]
+            vectors = np.asarray([hit["entity"]["embedding"] for hit in hits], np.float32)
+            ranked = _ranked(paths, vectors, query)
+            found.append([(p, s) for p, s in ranked if os.path.abspath(p) != skip][:k])
+        return found
+
+    def stored(self, paths: list[str]) -> np.ndarray:
+        """Asked ``BATCH`` paths at a time."""
+        rows = []
+        for start in range(0, len(paths), BATCH):
+            chunk = paths[start : start + BATCH]
+            rows += self.client.get(
+                self.collection,
+                ids=[_id(p) for p in chunk],
+                output_fields=["path", "embedding"],
+                consistency_level="Strong",
+            )
+        held = {row["path"]: row["embedding"] for row in rows}
+        require_stored(paths, held, self.where)
+        return normalised(np.asarray([held[p] for p in paths], np.float32))
+
+    def pairs(self, threshold: float) -> Iterator[tuple[str, str, float]]:
+        """Each vector it holds asks for its ``faissindex.PAIR_CANDIDATES`` nearest
+        (``PAIR_NPROBE`` lists), as the folder index does; those down to ``threshold -
+        PAIR_MARGIN`` by Milvus's scores are re-scored with the float32 vectors it holds.
+        (Milvus Lite's range search measured some 14 ms a vector here against 1.1 for a top
+        16: hours at a million.)"""
+
+        def near(vectors: np.ndarray) -> Iterator[tuple[list[str], np.ndarray]]:
+            found = _search(
+                self, vectors, faissindex.PAIR_CANDIDATES, ["path"], nprobe=faissindex.PAIR_NPROBE
+            )
+            floor = threshold - PAIR_MARGIN
+            candidates = [
+                [hit["entity"]["path"] for hit in hits if hit["distance"] >= floor]
+                for hits in found
+            ]
+            wanted = sorted({p for paths in candidates for p in paths})
+            held = dict(zip(wanted, _vectors(self, wanted)))
+            for vector, paths in zip(vectors, candidates):
+                rows = np.asarray([held[p] for p in paths], np.float32).reshape(-1, EMBEDDING_DIM)
+                ranked = _ranked(paths, rows, vector)
+                yield [p for p, _ in ranked], np.asarray([s for _, s in ranked], np.float32)
+
+        yield from faissindex.pairs_of(_batches(self), near, threshold)
 
 
 # pymilvus pings every 10 s, calls or not; a gRPC server on its defaults (Milvus Lite's Python
@@ -148,7 +207,7 @@ def _count(client: Any, collection: str) -> int:
 
 def open_index(
     uri: str, collection: str, check_sources: bool = True, token: str | None = None
-) -> Opened:
+) -> MilvusIndex:
     """The collection, checked against its manifest (and its sources' stamps); ``token`` as
     for ``connect``."""
     client = connect(uri, token)
@@ -156,7 +215,7 @@ def open_index(
         if not client.has_collection(collection):
             raise CorruptIndex(f"no collection {collection} at {uri}")
         manifest = _manifest(client, collection, uri)
-        opened = Opened(client, uri, collection, manifest)
+        opened = MilvusIndex(client, uri, collection, manifest)
         client.load_collection(collection)  # a server counts and searches loaded ones only
         count = _count(client, collection)
         if count != manifest["count"]:
@@ -165,7 +224,7 @@ def open_index(
                 f"its manifest {manifest['count']}"
             )
         if check_sources:
-            index.check_fresh(manifest, f"the collection {opened.where}")
+            faissindex.check_fresh(manifest, f"the collection {opened.where}")
     except BaseException:
         client.close()
         raise
@@ -173,7 +232,7 @@ def open_index(
 
 
 def _spec_for(count: int) -> str:
-    if count < index.EXACT_BELOW:
+    if count < faissindex.EXACT_BELOW:
         return "FLAT"
     return f"IVF_SQ8,nlist={int(2 ** round(np.log2(4 * np.sqrt(count))))}"
 
@@ -227,8 +286,8 @@ def build(
     (refused before any shard is fetched)."""
     client = connect(uri, token)
     try:
-        sources = index.sources_of(inputs, work_dir)
-        want = index.wanted(sources)
+        sources = faissindex.sources_of(inputs, work_dir)
+        want = faissindex.wanted(sources)
         return _build(client, sources, want, uri, collection, progress)
     finally:
         client.close()
@@ -236,7 +295,7 @@ def build(
 
 def _build(
     client: Any,
-    sources: list[index.Source],
+    sources: list[faissindex.Source],
     want: dict[str, str],
     uri: str,
     collection: str,
@@ -268,7 +327,7 @@ def _build(
     fresh = {path for path, key in want.items() if held.get(path) != key}
     added = len(fresh)
     bar = tqdm(total=len(fresh), unit="vec", desc="index", disable=not progress)
-    for paths, keys, matrix in index.rows_of(sources):
+    for paths, keys, matrix in faissindex.rows_of(sources):
         rows = [
             {"id": _id(p), "path": p, "key": k, "embedding": matrix[j]}
             for j, (p, k) in enumerate(zip(paths, keys))
@@ -284,7 +343,7 @@ def _build(
         "format": FORMAT,
         "spec": spec,
         "count": len(want),
-        "sources": [index.stamp(s) for s in sources],
+        "sources": [faissindex.stamp(s) for s in sources],
     }
     client.alter_collection_properties(collection, properties={PROPERTY: json.dumps(manifest)})
     count = _count(client, collection)
@@ -294,7 +353,7 @@ def _build(
 
 
 def _search(
-    opened: Opened, vectors: np.ndarray, limit: int, fields: list[str], **extra: float
+    opened: MilvusIndex, vectors: np.ndarray, limit: int, fields: list[str], **extra: float
 ) -> list[list[dict]]:
     params: dict[str, Any] = {"nprobe": NPROBE, **extra} if opened.approximate else {}
     return opened.client.search(
@@ -316,75 +375,12 @@ def _ranked(paths: list[str], vectors: np.ndarray, query: np.ndarray) -> list[tu
     return [(paths[i], float(scores[i])) for i in order]
 
 
-def nearest(
-    opened: Opened, queries: np.ndarray, k: int = 10, exclude: list[str | None] | None = None
-) -> list[list[tuple[str, float]]]:
-    """As ``search.nearest``, from Milvus: the ``k`` nearest paths per query, its top
-    ``k + RESCORE_EXTRA`` re-scored with the float32 vectors it holds."""
-    import os
-
-    queries = normalised(np.atleast_2d(queries))
-    exclude = [os.path.abspath(p) if p else None for p in (exclude or [None] * len(queries))]
-    fields = ["path", "embedding"]
-    found = []
-    for query, hits, skip in zip(
-        queries, _search(opened, queries, k + RESCORE_EXTRA, fields), exclude
-    ):
-        paths = [hit["entity"]["path"] for hit in hits]
-        vectors = np.asarray([hit["entity"]["embedding"] for hit in hits], np.float32)
-        ranked = _ranked(paths, vectors, query)
-        found.append([(p, s) for p, s in ranked if os.path.abspath(p) != skip][:k])
-    return found
-
-
-def stored(opened: Opened, paths: list[str]) -> np.ndarray:
-    """The unit vectors the collection holds for ``paths``, in order; ``UsageError`` naming the
-    paths it does not hold."""
-    rows = []
-    for start in range(0, len(paths), BATCH):
-        chunk = paths[start : start + BATCH]
-        rows += opened.client.get(
-            opened.collection,
-            ids=[_id(p) for p in chunk],
-            output_fields=["path", "embedding"],
-            consistency_level="Strong",
-        )
-    held = {row["path"]: row["embedding"] for row in rows}
-    require_stored(paths, held, opened.where)
-    return normalised(np.asarray([held[p] for p in paths], np.float32))
-
-
-def _vectors(opened: Opened, paths: list[str]) -> np.ndarray:
+def _vectors(opened: MilvusIndex, paths: list[str]) -> np.ndarray:
     """The held float32 vectors of ``paths`` (every one held), in order."""
-    return stored(opened, paths) if paths else np.zeros((0, EMBEDDING_DIM), np.float32)
+    return opened.stored(paths) if paths else np.zeros((0, EMBEDDING_DIM), np.float32)
 
 
-def pairs(
-    opened: Opened, threshold: float, progress: bool = False
-) -> Iterator[tuple[str, str, float]]:
-    """Every pair of held paths with cosine >= ``threshold``, each once: each vector of the
-    sources asks for its ``index.PAIR_CANDIDATES`` nearest (``index.PAIR_NPROBE`` lists), as
-    the folder index does; those down to ``threshold - PAIR_MARGIN`` by Milvus's scores are
-    re-scored with the float32 vectors it holds. (Milvus Lite's range search measured some
-    14 ms a vector here against 1.1 for a top 16: hours at a million.)"""
-
-    def near(vectors: np.ndarray) -> Iterator[tuple[list[str], np.ndarray]]:
-        found = _search(opened, vectors, index.PAIR_CANDIDATES, ["path"], nprobe=index.PAIR_NPROBE)
-        floor = threshold - PAIR_MARGIN
-        candidates = [
-            [hit["entity"]["path"] for hit in hits if hit["distance"] >= floor] for hits in found
-        ]
-        wanted = sorted({p for paths in candidates for p in paths})
-        held = dict(zip(wanted, _vectors(opened, wanted)))
-        for vector, paths in zip(vectors, candidates):
-            rows = np.asarray([held[p] for p in paths], np.float32).reshape(-1, EMBEDDING_DIM)
-            ranked = _ranked(paths, rows, vector)
-            yield [p for p, _ in ranked], np.asarray([s for _, s in ranked], np.float32)
-
-    yield from index.pairs_of(_batches(opened), opened.manifest["count"], near, threshold, progress)
-
-
-def _batches(opened: Opened) -> Iterator[tuple[list[str], np.ndarray]]:
+def _batches(opened: MilvusIndex) -> Iterator[tuple[list[str], np.ndarray]]:
     """(paths, unit vectors) of every row the collection holds, a batch at a time: the
     duplicates' queries come from Milvus itself, so no machine needs the sources for them."""
     iterator = opened.client.query_iterator(

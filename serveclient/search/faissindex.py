@@ -65,7 +65,7 @@ import pyarrow.parquet as pq
 
 from serveclient import objectstore, outputlock
 from serveclient.errors import TsError, UsageError
-from serveclient.search import normalised, require_stored
+from serveclient.search import VectorSearch, normalised, require_stored
 from serveclient.vectors import EMBEDDING_DIM, OK
 
 EXACT_BELOW = 50_000  # IVF1024 wants some 40 vectors per list to train on
@@ -95,6 +95,11 @@ class StaleIndex(IndexUnusable):
 
 class CorruptIndex(IndexUnusable):
     """The index folder's files do not match its manifest, or cannot be read."""
+
+
+def default_folder(parquet: Path) -> Path:
+    """Where ``tsctl index build`` writes by default and the searches look: ``PARQUET.vindex``."""
+    return parquet.with_name(parquet.name + ".vindex")
 
 
 def spec_for(count: int) -> str:
@@ -240,7 +245,7 @@ def rows_of(
 
 
 @dataclass
-class Opened:
+class FaissIndex(VectorSearch):
     """A checked index: the FAISS index and the live paths by id, from the build folder
     (``files``) its manifest named when it was opened."""
 
@@ -258,6 +263,66 @@ class Opened:
     def approximate(self) -> bool:
         return "IVF" in self.manifest["spec"]
 
+    @property
+    def where(self) -> str:
+        return str(self.folder)
+
+    def nearest(
+        self, queries: np.ndarray, k: int = 10, exclude: list[str | None] | None = None
+    ) -> list[list[tuple[str, float]]]:
+        """From an approximate index, its top ``RESCORE_DEPTH`` re-scored with the float16
+        vectors."""
+        queries = normalised(np.atleast_2d(queries))
+        exclude = [os.path.abspath(p) if p else None for p in (exclude or [None] * len(queries))]
+        depth = max(RESCORE_DEPTH, k + 1) if self.approximate else k + 1
+        scores, ids = self.index.search(np.ascontiguousarray(queries), depth)
+        found = []
+        for j, query in enumerate(queries):
+            candidates = ids[j][ids[j] >= 0]
+            ranked = scores[j][: len(candidates)]
+            if self.approximate:
+                ranked = _rescored(self, query, candidates)
+            order = np.argsort(-ranked, kind="stable")
+            hits = [
+                (self.names[int(candidates[i])], float(ranked[i]))
+                for i in order
+                if exclude[j] is None
+                or os.path.abspath(self.names[int(candidates[i])]) != exclude[j]
+            ]
+            found.append(hits[:k])
+        return found
+
+    def stored(self, paths: list[str]) -> np.ndarray:
+        """Its float16 copies, as float32 rows."""
+        ids = {path: id_ for id_, path in self.names.items()}
+        require_stored(paths, ids, self.folder)
+        return _stored(self, np.asarray([ids[p] for p in paths], np.int64))
+
+    def pairs(self, threshold: float) -> Iterator[tuple[str, str, float]]:
+        """Every pair of live paths with cosine >= ``threshold``, each once, from each stored
+        vector's candidates (``_near``; the vectors read from the sources, checked fresh by
+        ``open_index``)."""
+        import faiss
+
+        def near(vectors: np.ndarray) -> Iterator[tuple[list[str], np.ndarray]]:
+            for ids, scores in _near(self, vectors, threshold):
+                yield [self.names[int(i)] for i in ids], scores
+
+        live = {path: self.keys[id_] for id_, path in self.names.items()}
+
+        def batches() -> Iterator[tuple[list[str], np.ndarray]]:
+            for paths, keys, matrix in rows_of(local_sources(self.manifest)):
+                rows = [j for j, (p, k) in enumerate(zip(paths, keys)) if live.get(p) == k]
+                if rows:
+                    yield [paths[j] for j in rows], matrix[rows]
+
+        if self.approximate:
+            faiss.extract_index_ivf(self.index).nprobe = PAIR_NPROBE  # this search only
+        try:
+            yield from pairs_of(batches(), near, threshold)
+        finally:
+            _tune(self.index, self.manifest["spec"])
+
 
 @dataclass
 class Built:
@@ -272,7 +337,7 @@ class Built:
     retrain_past: int | None = None  # IVF: past this count the next build trains them anew
 
 
-def open_index(folder: Path, check_sources: bool = True) -> Opened:
+def open_index(folder: Path, check_sources: bool = True) -> FaissIndex:
     """The index in ``folder``, checked against its manifest (and its sources' stamps);
     ``CorruptIndex`` or ``StaleIndex`` when it must not answer. A build that replaces the
     index while this reads it removes the files of the old one: the new one is read then."""
@@ -290,7 +355,7 @@ def open_index(folder: Path, check_sources: bool = True) -> Opened:
     return opened
 
 
-def _read(folder: Path) -> Opened:
+def _read(folder: Path) -> FaissIndex:
     """``folder``'s manifest, then every file of the build it names, all opened before any is
     read (a build removing them later removes names, not these) and checked against it."""
     import faiss
@@ -328,7 +393,7 @@ def _read(folder: Path) -> Opened:
     digests[ids], unchecked[ids] = table.column("digest").to_numpy(), True
     _tune(index, manifest["spec"])
     names, held = dict(zip(ids, paths)), dict(zip(ids, keys))
-    return Opened(folder, files, index, names, held, manifest, rescore, digests, unchecked)
+    return FaissIndex(folder, files, index, names, held, manifest, rescore, digests, unchecked)
 
 
 def _check(name: str, handle: Any, manifest: dict) -> None:
@@ -466,7 +531,7 @@ def _build(inputs: list[Path | str], folder: Path, progress: bool, work_dir: Pat
     )
 
 
-def _previous(folder: Path) -> Opened | None:
+def _previous(folder: Path) -> FaissIndex | None:
     """The index in ``folder`` to update, or None (none, corrupt, another format: built anew);
     what killed builds left there is removed first."""
     old = None
@@ -480,7 +545,7 @@ def _previous(folder: Path) -> Opened | None:
 
 
 def _draft(
-    old: Opened | None, sources: list[Source], want: dict[str, str], progress: bool
+    old: FaissIndex | None, sources: list[Source], want: dict[str, str], progress: bool
 ) -> tuple[_Draft, bool]:
     """What the build starts from, and whether it trained it: ``old`` updated in place, unless
     there is none or it is outgrown (``_outgrown``): then a new index, trained on a sample."""
@@ -687,33 +752,8 @@ def _say(progress: bool, text: str) -> None:
         sys.stderr.flush()
 
 
-def nearest(
-    opened: Opened, queries: np.ndarray, k: int = 10, exclude: list[str | None] | None = None
-) -> list[list[tuple[str, float]]]:
-    """As ``search.nearest``, from the index: the ``k`` nearest live paths per query; from an
-    approximate index, its top ``RESCORE_DEPTH`` re-scored with the float16 vectors."""
-    queries = normalised(np.atleast_2d(queries))
-    exclude = [os.path.abspath(p) if p else None for p in (exclude or [None] * len(queries))]
-    depth = max(RESCORE_DEPTH, k + 1) if opened.approximate else k + 1
-    scores, ids = opened.index.search(np.ascontiguousarray(queries), depth)
-    found = []
-    for j, query in enumerate(queries):
-        candidates = ids[j][ids[j] >= 0]
-        ranked = scores[j][: len(candidates)]
-        if opened.approximate:
-            ranked = _rescored(opened, query, candidates)
-        order = np.argsort(-ranked, kind="stable")
-        hits = [
-            (opened.names[int(candidates[i])], float(ranked[i]))
-            for i in order
-            if exclude[j] is None or os.path.abspath(opened.names[int(candidates[i])]) != exclude[j]
-        ]
-        found.append(hits[:k])
-    return found
-
-
 def _near(
-    opened: Opened, vectors: np.ndarray, threshold: float
+    opened: FaissIndex, vectors: np.ndarray, threshold: float
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(ids, cosines) of each vector's candidate pairs: from an exact index, its range search
     at ``threshold``, ``RANGE_BATCH`` vectors at a time (each may find every vector: at most
@@ -740,20 +780,12 @@ def _near(
             yield ids[n][valid], cosines[n][valid]
 
 
-def _rescored(opened: Opened, query: np.ndarray, ids: np.ndarray) -> np.ndarray:
+def _rescored(opened: FaissIndex, query: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """Cosine of ``query`` (unit) with the stored vectors of ``ids``."""
     return _stored(opened, ids) @ query
 
 
-def stored(opened: Opened, paths: list[str]) -> np.ndarray:
-    """The vectors the index holds for ``paths`` (its float16 copies, as float32 rows), in
-    order; ``UsageError`` naming the paths it does not hold."""
-    ids = {path: id_ for id_, path in opened.names.items()}
-    require_stored(paths, ids, opened.folder)
-    return _stored(opened, np.asarray([ids[p] for p in paths], np.int64))
-
-
-def _stored(opened: Opened, ids: np.ndarray) -> np.ndarray:
+def _stored(opened: FaissIndex, ids: np.ndarray) -> np.ndarray:
     """The float16 vectors of ``ids`` as float32 rows, read from disk in id order; a live row
     is checked against its digest the first time this reader reads it (``CorruptIndex``)."""
     order = np.argsort(ids)
@@ -771,47 +803,14 @@ def _stored(opened: Opened, ids: np.ndarray) -> np.ndarray:
     return rows
 
 
-def pairs(
-    opened: Opened, threshold: float, progress: bool = False
-) -> Iterator[tuple[str, str, float]]:
-    """Every pair of live paths with cosine >= ``threshold``, each once, from each stored
-    vector's candidates (``_near``; the vectors read from the sources, checked fresh by
-    ``open_index``)."""
-    import faiss
-
-    def near(vectors: np.ndarray) -> Iterator[tuple[list[str], np.ndarray]]:
-        for ids, scores in _near(opened, vectors, threshold):
-            yield [opened.names[int(i)] for i in ids], scores
-
-    live = {path: opened.keys[id_] for id_, path in opened.names.items()}
-
-    def batches() -> Iterator[tuple[list[str], np.ndarray]]:
-        for paths, keys, matrix in rows_of(local_sources(opened.manifest)):
-            rows = [j for j, (p, k) in enumerate(zip(paths, keys)) if live.get(p) == k]
-            if rows:
-                yield [paths[j] for j in rows], matrix[rows]
-
-    if opened.approximate:
-        faiss.extract_index_ivf(opened.index).nprobe = PAIR_NPROBE  # this search only
-    try:
-        yield from pairs_of(batches(), len(live), near, threshold, progress)
-    finally:
-        _tune(opened.index, opened.manifest["spec"])
-
-
 def pairs_of(
     batches: Iterable[tuple[list[str], np.ndarray]],
-    total: int,
     near: Callable[[np.ndarray], Iterator[tuple[list[str], np.ndarray]]],
     threshold: float,
-    progress: bool,
 ) -> Iterator[tuple[str, str, float]]:
     """The pairs at cosine >= ``threshold``, each once: every held vector (``batches`` of
-    paths and unit vectors, ``total`` in all) asked of ``near`` (for a batch of unit vectors,
-    each one's candidate paths and cosines), whatever index answers it."""
-    from tqdm import tqdm
-
-    bar = tqdm(total=total, unit="vec", desc="duplicates", disable=not progress)
+    paths and unit vectors) asked of ``near`` (for a batch of unit vectors, each one's
+    candidate paths and cosines), whatever index answers it."""
     seen: set[tuple[str, str]] = set()
     for paths, matrix in batches:
         for mine, (found, scores) in zip(paths, near(np.ascontiguousarray(matrix))):
@@ -820,5 +819,3 @@ def pairs_of(
                 if score >= threshold and mine != other and pair not in seen:
                     seen.add(pair)  # each pair once: a's search and b's may both find it
                     yield pair[0], pair[1], float(score)
-        bar.update(len(paths))
-    bar.close()
