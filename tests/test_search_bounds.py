@@ -124,3 +124,12 @@ def test_the_old_spellings_are_read_for_a_release_with_a_warning(collection, cap
     argv = ["similar", "p001", "--stored", "--vindex", "http://127.0.0.1:9", "--collection", "c"]
     assert main(argv) != 0
     assert "no Milvus at http://127.0.0.1:9" in capsys.readouterr().err
+
+
+def test_an_index_folder_without_an_index_and_no_embeddings_is_named(tmp_path, capsys):
+    assert main(["similar", "p001", "--stored", "--index", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"tsctl similar: error: no index in {tmp_path}" in err
+    assert (
+        "hint: name the embed output (Parquet) with --embeddings, or `tsctl index build` it" in err
+    )

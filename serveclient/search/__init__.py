@@ -85,7 +85,10 @@ def open(
     if folder and not exact and (folder / faissindex.MANIFEST).is_file():
         return faissindex.open_index(folder)
     if embeddings is None:
-        raise UsageError("no --embeddings", "name the embed output (Parquet) to search")
+        raise UsageError(
+            f"no index in {index}" if index else "no --embeddings",
+            "name the embed output (Parquet) with --embeddings, or `tsctl index build` it",
+        )
     return scan.ExactSearch(Path(embeddings))
 
 
