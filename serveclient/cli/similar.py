@@ -150,10 +150,14 @@ def _cosine(text: str) -> float:
 
 def _search_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--embeddings", type=Path, help="an embed output (Parquet); not needed with --index"
+        "--embeddings",
+        type=Path,
+        metavar="PARQUET",
+        help="an embed output (Parquet); not needed with --index",
     )
     parser.add_argument(
         "--index",
+        metavar="FOLDER|URI",
         help="a vector index: the folder `tsctl index build` wrote (default: EMBEDDINGS.vindex "
         "when it exists), or a Milvus URI",
     )
