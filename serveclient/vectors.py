@@ -491,9 +491,21 @@ def batches(
 
 
 def read_matrix(index: Path | str) -> tuple[list[str], np.ndarray]:
-    """Every ``ok`` path and its vector, in memory (for collections that fit)."""
+    """Every ``ok`` path and its vector, in memory (for collections that fit). Each path is the
+    name as the operating system gives it (``os.fsdecode`` of ``path_bytes`` where the name is
+    not UTF-8), so it opens the file and equals what a walk of the folder yields."""
+    file, _ = opened(index)
+    columns = [
+        c for c in ("path", "path_bytes", "status", "embedding") if c in file.schema_arrow.names
+    ]
     paths, parts = [], []
-    for names, matrix in batches(index):
-        paths += names
-        parts.append(matrix)
+    for batch in file.iter_batches(16384, columns=columns):
+        batch = batch.filter(pc.equal(batch.column("status"), OK))
+        if batch.num_rows == 0:
+            continue
+        column = batch.column("embedding")
+        paths += [os.fsdecode(key) for key in _stored_keys(batch)]
+        parts.append(
+            column.values.to_numpy(zero_copy_only=False).reshape(-1, column.type.list_size)
+        )
     return paths, (np.concatenate(parts) if parts else np.zeros((0, EMBEDDING_DIM), np.float32))

@@ -17,9 +17,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-from serveclient import head
+from serveclient import head, vectors
 from serveclient.cli import main
 from serveclient.outputlock import hold, lock_path
 
@@ -177,6 +179,24 @@ def test_the_training_set_is_exactly_the_photos_under_the_folder_now(tmp_path, m
         == [head.absolute(p) for p in chosen.paths]
         == sorted(str(p) for p in folder.rglob("*.jpg"))
     )
+
+
+def test_a_photo_whose_name_is_not_utf8_is_matched_to_its_embedding(tmp_path):
+    """A name the file system gives as bytes that are not UTF-8 is stored as ``\\xNN`` text
+    beside its exact bytes; read back it is the name the walk gives, so the photo is fitted
+    (before: every run refused it as "no embedding", the folder said to have changed)."""
+    folder = photos(tmp_path / "photos", {"cat": 2, "dog": 2})
+    os.rename(os.fsencode(folder) + b"/cat/0.jpg", os.fsencode(folder) + b"/cat/caf\xe9.jpg")
+    now = head.walk(folder)
+    stored = [vectors.stored_path(p) for p in sorted(now)]
+    table = vectors.embedding_rows([text for text, _ in stored], np.eye(len(stored), 2048))
+    raw = pa.array([exact for _, exact in stored], pa.binary())
+    table = table.set_column(table.schema.get_field_index("path_bytes"), "path_bytes", raw)
+    pq.write_table(table, tmp_path / "embeddings.parquet")
+    chosen = head.training_set(*vectors.read_matrix(tmp_path / "embeddings.parquet"), now)
+    assert os.fsencode(folder) + b"/cat/caf\xe9.jpg" in [os.fsencode(p) for p in chosen.paths]
+    assert [chosen.labels[i] for i in chosen.y] == ["cat", "cat", "dog", "dog"]
+    assert chosen.left_out == {"not_under_folder": 0, "stored_twice": 0}
 
 
 LOCALE_FREE = textwrap.dedent(
