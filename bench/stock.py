@@ -6,7 +6,8 @@ the SAME weights as a plain torchvision ResNet50 (logits only), TorchScript trac
 * ``archive_stock`` packs it with ``torch-model-archiver --handler image_classifier``;
 * ``stock_config`` writes a config.properties that gives the stock model exactly the frontend
   settings (batchSize, maxBatchDelay, workers, timeout) our tagger gets from
-  ``config/models/resnet50-tagger.yaml``, so the comparison differs only in handler and runtime.
+  ``config/models/resnet50-tagger.yaml``, so the comparison differs only in handler and runtime;
+* ``stock_server``: all three done, and the TorchServe that serves it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ import warnings
 from pathlib import Path
 
 from buildsteps import configgen
-from model_files.artifacts import CHECKPOINT, checkpoint_sha256, is_current, mark_current, sha256_of
+from model_files.artifacts import (
+    CHECKPOINT,
+    LABELS,
+    checkpoint_sha256,
+    is_current,
+    mark_current,
+    sha256_of,
+)
 
 MODEL_NAME = "resnet50-stock"
 SERIALIZED = "resnet50_stock.torchscript.pt"
@@ -100,3 +108,18 @@ def stock_config(out: Path, like: str = "resnet50-tagger") -> Path:
         )
     )
     return out
+
+
+def stock_server(workdir: Path, like: str):
+    """A ``LocalTorchServe`` in ``workdir`` (made afresh) serving the stock model of
+    build/weights with ``like``'s frontend settings (started by ``with``)."""
+    from bench.layout import BUILD, WEIGHTS, fresh_dir
+    from devtools.server import LocalTorchServe
+
+    store = BUILD / "model-store"
+    serialized = export_stock_model(WEIGHTS, BUILD)
+    archive_stock(serialized, WEIGHTS / LABELS, store, BUILD / "archiver-tmp")
+    config = stock_config(BUILD / f"stock-like-{like}.properties", like=like)
+    return LocalTorchServe(
+        fresh_dir(workdir), store, config=config, load_models=[f"{MODEL_NAME}.mar"]
+    )
