@@ -18,23 +18,23 @@ import base64
 import json
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from bench.layout import EMBEDDING, IMAGES, MODEL_STORE, RESULTS, SAMPLES, cli, parse
-from bench.loadgen import Endpoint, closed_loop
+from bench.loadgen import Endpoint, closed_loop, v2_binary
 from bench.machine import dated
 from bench.markdown import document, publish, table
 from bench.stats import summarize
-from bench.triton import binary_request, triton_serving
+from bench.triton import missing, triton_serving
 from devtools.server import LocalTorchServe
 from servecore.config import HandlerConfig
 from servecore.preprocessor import Preprocessor
 from serveshared.v2binary import binary_body, binary_tensor
 from tritonrepo.generate import generate
-from tritonrepo.install import NotInstalled, TritonInstall
 
 PHOTOS = ("small", "12mp-noisy")
 CLIENTS = 4
@@ -70,34 +70,37 @@ def measure(endpoints: dict[str, Endpoint], seconds: float) -> dict[str, dict]:
     return rows
 
 
-def torchserve_rows(photos: dict[str, bytes], work: Path, seconds: float) -> dict[str, dict]:
-    models = [f"{EMBEDDING}.mar"]
-    with LocalTorchServe(work / "torchserve", MODEL_STORE, load_models=models) as server:
-        assert server.keys is not None
-        auth = server.keys.inference_headers()
-        endpoints = {}
-        for name, data in photos.items():
-            url = server.inference_url
-            endpoints[f"torchserve {name} jpeg"] = Endpoint(
-                f"{url}/predictions/{EMBEDDING}", auth, data
-            )
-            body, headers = crops_request(crop_of(data))
-            endpoints[f"torchserve {name} crop"] = Endpoint(
-                f"{url}/v2/models/{EMBEDDING}/infer", {**auth, **headers}, body
-            )
-        return measure(endpoints, seconds)
-
-
-def triton_rows(photos: dict[str, bytes], work: Path, seconds: float) -> dict[str, dict]:
+@contextmanager
+def serving(engine: str, work: Path) -> Iterator[tuple]:
+    """The engine serving the embedding model: how it is sent a photo (TorchServe: the raw
+    body on ``/predictions``; Triton: the ``images`` BYTES tensor, binary), its v2 route and
+    auth headers."""
+    if engine == "torchserve":
+        models = [f"{EMBEDDING}.mar"]
+        with LocalTorchServe(work / "torchserve", MODEL_STORE, load_models=models) as server:
+            auth, url = server.keys.inference_headers(), server.inference_url
+            yield (lambda data: Endpoint(f"{url}/predictions/{EMBEDDING}", auth, data),
+                   f"{url}/v2/models/{EMBEDDING}/infer", auth)  # fmt: skip
+        return
     generate(work / "repository", model_store=MODEL_STORE, lanes=False)
     with triton_serving(work / "repository", work / "triton.log") as triton:
         url = f"{triton.url}/v2/models/{EMBEDDING}/infer"
+
+        def jpeg(data: bytes) -> Endpoint:
+            body, headers = v2_binary([data], ["embedding"], binary_out=False)
+            return Endpoint(url, headers, body)
+
+        yield jpeg, url, {}
+
+
+def engine_rows(engine: str, photos: dict[str, bytes], work: Path, seconds: float) -> dict:
+    """Each photo's JPEG and crop rows on ``engine``."""
+    with serving(engine, work) as (jpeg, v2_url, auth):
         endpoints = {}
         for name, data in photos.items():
-            body, headers = binary_request(data, output="embedding")
-            endpoints[f"triton {name} jpeg"] = Endpoint(url, headers, body)
+            endpoints[f"{engine} {name} jpeg"] = jpeg(data)
             body, headers = crops_request(crop_of(data))
-            endpoints[f"triton {name} crop"] = Endpoint(url, headers, body)
+            endpoints[f"{engine} {name} crop"] = Endpoint(v2_url, {**auth, **headers}, body)
         return measure(endpoints, seconds)
 
 
@@ -106,16 +109,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=12.0, help="per measured row")
     args = parse(parser, argv)
     photos = {name: (SAMPLES / IMAGES[name]).read_bytes() for name in PHOTOS}
-    engines: dict[str, Callable[..., dict[str, dict]]] = {"torchserve": torchserve_rows}
-    try:
-        TritonInstall().check()
-        engines["triton"] = triton_rows
-    except NotInstalled as exc:
-        print(f"no Triton rows: {exc}", file=sys.stderr)
+    engines = ["torchserve"]
+    if why := missing():
+        print(f"no Triton rows: {why}", file=sys.stderr)
+    else:
+        engines.append("triton")
     rows: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="bench-crops.") as tmp:
-        for engine, run in engines.items():
-            rows |= run(photos, Path(tmp) / engine, args.seconds)
+        for engine in engines:
+            rows |= engine_rows(engine, photos, Path(tmp) / engine, args.seconds)
     table_rows = []
     for engine, name in ((e, n) for e in engines for n in photos):
         jpeg, crop = rows[f"{engine} {name} jpeg"], rows[f"{engine} {name} crop"]
