@@ -1,21 +1,10 @@
-"""``python -m bench``: one run, same weights, three measurements, one report.
+"""``python -m bench`` (``make bench``): in one run, from the same weights, raw model speed, our
+served tagger (TorchServe, then Triton at the precision TorchServe's served) and TorchServe's
+stock ``image_classifier`` -> results/benchmark.{md,json,png}; bench/README.md says what each
+part measures.
 
-1. raw model speed in this process (every backend and OpenVINO precision: f32, bf16 where the
-   CPU has it, int8 when its IR was built; batch 1, 8 and the tagger's batchSize;
-   single-image latency) and the cost of one explanation per method
-   (``bench/explain_cost.py``);
-2. our served tagger: a real TorchServe with both archives of ``model-store/`` and the shipped
-   ``config/config.properties``; what ``precision: auto`` chose there (describe), then the
-   in-process pipeline of what it serves (decode, preprocess, forward at batch 8; no HTTP);
-   (the shipped archive carries the int8 IR beside the float one, so what ``auto`` serves may
-   be int8: no separate int8 server is needed);
-3. the same tagger at the precision TorchServe's served, on Triton (``bench/triton.py``;
-   skipped, saying so, without ``make triton-server``);
-4. TorchServe's stock ``image_classifier`` serving the same weights, with the same frontend
-   settings, in a TorchServe started only after the others stopped.
-
-Writes ``results/benchmark.{md,json,png}`` and prints the Markdown (progress goes to stderr).
-Every server is stopped in a ``finally``; nothing is left running.
+The Markdown is printed (progress goes to stderr). Every server is stopped in a ``finally``;
+nothing is left running but the server ``--attach`` names, measured as it is.
 """
 
 from __future__ import annotations
@@ -100,14 +89,6 @@ def run_raw(
     return raw.run_raw(WEIGHTS, images, Preprocessor(config), batches=batches, budget=budget)
 
 
-def served_row(ours: dict) -> str:
-    """The raw row that runs what the served tagger runs (its describe: backend, precision)."""
-    label = raw.variant_for(ours["backend"], ours["precision"])
-    if label is None:
-        raise RuntimeError(f"no raw row runs {ours['backend']} at {ours['precision']}")
-    return label
-
-
 def run_pipeline(label: str, config: HandlerConfig, image: bytes, budget: raw.Budget) -> dict:
     """The served tagger's work without serving: the raw row ``label`` (what it serves) at its
     handler settings."""
@@ -186,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     explain_results = explain_cost.run_explain(WEIGHTS, images["small"], config, args.quick)
     log.info("served: ours (%s)", OURS)
     ours = serve_ours(images, plan, weights, args.attach)
-    served = served_row(ours)
+    served = raw.served_variant(ours)
     log.info("in-process pipeline: %s (what the tagger served)", served)
     pipeline = run_pipeline(served, config, images["small"], budget)
     log.info("served: ours on Triton (%s at %s)", OURS, ours["precision"])

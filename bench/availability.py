@@ -1,11 +1,5 @@
 """``python -m bench.availability``: what two workers per model cost in throughput, and what
-they buy when one worker dies.
-
-Two settings of the tagger (batchSize and maxBatchDelay from its YAML), each its own archive
-registered on one TorchServe: the shipped one (1 worker, every core per batch) and the
-availability option (2 workers, ``threads: 1`` each). For each: 16 closed-loop clients on the
-small JPEG (img/s, p50, p99), then the same load while one worker is killed with SIGKILL
-(failed requests, and whether the model answered throughout). Prints a Markdown table.
+they buy when one worker dies (bench/README.md says what it runs). Prints a Markdown table.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import psutil
@@ -39,9 +40,8 @@ from bench.memory import Cpu
 from bench.null import package
 from bench.null.package import BATCH_IMAGES, KINDS, model_name
 from bench.stats import summarize
-from bench.triton import batch_meter, triton_serving
+from bench.triton import batch_meter, missing, triton_serving
 from devtools.server import LocalTorchServe
-from tritonrepo.install import NotInstalled, TritonInstall
 
 logger = logging.getLogger("bench.ceiling")
 
@@ -123,13 +123,9 @@ def torchserve(work: Path, image: bytes, models: list[tuple[str, int]]) -> Itera
                 body, headers = v2_request(form, images, image, ["embedding"])
             return Endpoint(url, {**auth, **headers}, body)
 
-        yield Target(
-            "torchserve",
-            endpoint,
-            lambda: server.processes()[:1],
-            lambda: server.processes()[1:],
-            lambda _kind, _images: lambda: math.nan,  # the rows' X-Batch-Size says it
-        )
+        # The batch meter: NaN, the rows' X-Batch-Size says it.
+        frontend, workers = (lambda: server.processes()[:1]), (lambda: server.processes()[1:])
+        yield Target("torchserve", endpoint, frontend, workers, lambda *_: lambda: math.nan)
 
 
 @contextmanager
@@ -150,13 +146,8 @@ def triton(work: Path, image: bytes, kinds: list[str]) -> Iterator[Target]:
         def batch_images(kind: str, _images: int) -> Callable[[], float]:
             return batch_meter(server.url, model_name(kind))
 
-        yield Target(
-            "triton",
-            endpoint,
-            lambda: [root],
-            lambda: root.children(recursive=True),
-            batch_images,
-        )
+        workers = partial(root.children, recursive=True)
+        yield Target("triton", endpoint, lambda: [root], workers, batch_images)
 
 
 def measure(target: Target, kind: str, images: int, form: str, seconds: float) -> Row:
@@ -299,10 +290,8 @@ def run(
         if not wanted:
             continue
         if engine == "triton":
-            try:
-                TritonInstall().check()
-            except NotInstalled as exc:
-                logger.warning("no Triton rows: %s", exc)
+            if why := missing():
+                logger.warning("no Triton rows: %s", why)
                 continue
             server = triton(fresh_dir(work / engine), image, sorted({k for k, _ in wanted}))
         else:
@@ -313,17 +302,9 @@ def run(
             for kind, images, form in [r for _ in range(rounds) for r in requests]:
                 row = measure(target, kind, images, form, seconds)
                 runs.setdefault((kind, images, form), []).append(row)
-                logger.info(
-                    "%s %s x%d %s: %.0f requests/s, %.0f images/s, p50 %.1f ms, %d errors",
-                    engine,
-                    kind,
-                    images,
-                    form,
-                    row.requests_per_s,
-                    row.images_per_s,
-                    row.p50_ms,
-                    row.errors,
-                )
+                logger.info("%s %s x%d %s: %.0f requests/s, %.0f images/s, p50 %.1f ms, %d errors",
+                            engine, kind, images, form, row.requests_per_s, row.images_per_s,
+                            row.p50_ms, row.errors)  # fmt: skip
             measured += [median_row(found) for found in runs.values()]
     return measured
 

@@ -4,19 +4,11 @@ modelcar.
     python -m bench.coldstart            # -> results/coldstart.md (about 6 minutes on 2 cores)
     python -m bench.coldstart --runs 1   # one start of each kind
 
-Each start is the runtime image (``make kserve-image``) run as kserve/runtime's
-ClusterServingRuntime runs it (``kserve_tools.container``), on ``make kserve-bundle``'s bundle,
-timed from the pod's first step to the tagger's first v1 answer (a small JPEG):
-
-- storage initializer: what KServe's init container does, KServe's own storage library
-  (kserve-storage) downloading the bundle folder from S3 (here moto's S3 server on loopback:
-  no network, so a lower bound), then the runtime on the download, mounted read-only;
-- modelcar: ``ModelcarPod``, the bundle's image (``make kserve-modelcar``) already in the
-  engine's store, as on a node that pulled it before: KServe's check of ``/models``, the
-  runtime and the modelcar sidecar in one process namespace.
-
-The kinds alternate, so a busy moment of the shared host hurts both alike; the report gives
-medians.
+Each start is the runtime image run as kserve/runtime's ClusterServingRuntime runs it
+(``kserve_tools.container``), timed from the pod's first step to the tagger's first v1
+answer: through KServe's storage library downloading the bundle from moto's S3 server on
+loopback (no network, so a lower bound), or from ``ModelcarPod`` with the bundle's image
+already in the engine's store (bench/README.md). The kinds alternate; the report gives medians.
 """
 
 from __future__ import annotations

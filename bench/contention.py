@@ -1,12 +1,8 @@
 """How each runtime's raw forward holds up next to other busy processes:
-``python -m bench.contention`` (about 2 minutes).
+``python -m bench.contention`` (about 2 minutes; bench/README.md says why it exists).
 
-Why it exists: benchmark runs taken beside other work showed TorchServe's stock handler
-(TorchScript, PyTorch's OpenMP threads) collapsing far more than our OpenVINO tagger. This
-measures the forward of both runtimes (batch 8 unless ``--batch``), from the same weights,
-alone and beside: one and two busy-looping processes, and one PyTorch process running its own
-OpenMP threads (what a test suite or another model server next to TorchServe looks like).
-Prints a Markdown table.
+The forward of TorchServe's stock runtime and ours, from the same weights, alone and beside
+each of ``NEIGHBOURS``. Prints a Markdown table.
 """
 
 from __future__ import annotations

@@ -45,7 +45,6 @@ FORMS = (
     ("triton", "images tensor"),
     ("triton", "crops tensor"),
 )
-MODELS = ("embedding", "tags")
 
 # One tree's measurement, run with that tree as the working folder and first on sys.path:
 # argv[1] the JSON of {"image": path, "weights": folder, "batches": n, "forms": FORMS}.

@@ -1,29 +1,12 @@
-"""Where a request's time goes between the client and the worker: ``python -m bench.ingestion``.
+"""Where a request's time goes between the client and the worker: ``python -m bench.ingestion``
+-> results/ingestion.{md,json}.
 
 One TorchServe serving the tagger alone, once per frontend variant (JVM and netty settings),
 variants alternated over ``--rounds`` so that drifting machine load hits each of them alike.
-For each image and client count: a closed-loop run, then the split of its time read from
-TorchServe's own log (``logs/ts_log.log``) for the batches of that run:
-
-* ``backend`` ms per batch: the frontend's "Backend response time", from writing the batch to
-  the worker's socket until the answer is read back;
-* ``handler`` ms per batch: the worker's ``HandlerTime`` (our preprocess + inference +
-  postprocess), of which ``open`` (parsing, image headers, admission), ``decode``,
-  ``forward`` and ``answer`` (the values and their JSON) are our own
-  ``resnet50_open_ms_total``, ``resnet50_decode_ms_total``, ``resnet50_forward_ms_total`` and
-  ``resnet50_answer_ms_total`` metrics;
-* ``transport`` = backend - handler: the batch through the Unix socket both ways and the
-  worker's message parsing (TorchServe's Python ``_retrieve_buffer`` reading the bodies);
-* ``worker busy``: the share of the run's wall time the worker spent on batches (backend ms);
-  the rest it waited for the frontend to hand it one;
-* ``outside`` (one client only) = client p50 - backend p50: HTTP upload, frontend parsing,
-  queueing and the answer's way back;
-* CPU ms per image of each side: the load generator (this process), the Java frontend and the
-  worker(s), from their CPU times over the run: where the cores went;
-* ``of raw``: img/s against the raw forward of the precision the tagger serves (describe), at
-  its batchSize, measured in this process after the servers stopped.
-
-Writes ``results/ingestion.{md,json}``; prints the Markdown. Every server is stopped.
+For each image and client count: a closed-loop run, then its time split by TorchServe's own
+log (``logs/ts_log.log``) for the batches of that run, and each side's CPU (the parts:
+bench/README.md, and the report's own paragraph). ``of raw``: img/s against the raw forward
+of the precision the tagger serves, at its batchSize, measured after the servers stopped.
 """
 
 from __future__ import annotations
@@ -240,9 +223,7 @@ def measure_run(server, endpoint, clients: int, plan: LoadPlan) -> dict:
 def raw_forward(served: dict, batch: int, quick: bool) -> dict:
     """The raw forward of what the worker served (``served``: a row with its backend and
     precision) at ``batch``, in this process, every server stopped."""
-    label = raw.variant_for(served["backend"], served["precision"])
-    if label is None:
-        raise RuntimeError(f"no raw row runs {served['backend']} at {served['precision']}")
+    label = raw.served_variant(served)
     budget = replace(raw.Budget(), seconds=0.5, max_iters=5) if quick else raw.Budget(seconds=6)
     backend = raw.load_variant(WEIGHTS, label)
     measured = raw.forward_throughput(

@@ -278,34 +278,20 @@ def photos_section(count: int, work: Path, weights: Path, threshold: float) -> s
 
 def main(argv: list[str] | None = None) -> int:
     parser = cli("python -m bench.search", __doc__, out=None)
-    parser.add_argument("-n", type=int, default=100_000, help="stored vectors (100000)")
-    parser.add_argument("--queries", type=int, default=300, help="timed queries (300)")
-    parser.add_argument("--exact-queries", type=int, default=50, help="of them, exact (50)")
-    parser.add_argument("--threshold", type=float, default=0.97, help="duplicates' cosine")
-    parser.add_argument(
-        "--pairs-upto",
-        type=int,
-        default=200_000,
-        help="exact search's pairs only up to this many vectors (200000: all pairs are n²)",
-    )
-    parser.add_argument(
-        "--add", type=int, default=10_000, help="photos added to the indexed collection (10000)"
-    )
-    parser.add_argument(
-        "--milvus",
-        action="store_true",
-        help="also through Milvus (a Milvus Lite server process, tsctl index build --out URI)",
-    )
-    parser.add_argument(
-        "--photos",
-        type=int,
-        default=0,
-        help="also the index on embeddings of this many generated photos (bench/searchphotos.py)",
-    )
-    parser.add_argument(
-        "--weights", type=Path, default=Path("build/weights"), help="their weights (build/weights)"
-    )
-    parser.add_argument("--out", type=Path, help="the report (default: results/search.md at 100k)")
+    add = parser.add_argument
+    add("-n", type=int, default=100_000, help="stored vectors (100000)")
+    add("--queries", type=int, default=300, help="timed queries (300)")
+    add("--exact-queries", type=int, default=50, help="of them, exact (50)")
+    add("--threshold", type=float, default=0.97, help="duplicates' cosine")
+    add("--pairs-upto", type=int, default=200_000, help="exact search's pairs only up to this "
+        "many vectors (200000: all pairs are n²)")  # fmt: skip
+    add("--add", type=int, default=10_000, help="photos added to the indexed collection (10000)")
+    add("--milvus", action="store_true", help="also through Milvus (a Milvus Lite server "
+        "process, tsctl index build --out URI)")  # fmt: skip
+    add("--photos", type=int, default=0, help="also the index on embeddings of this many "
+        "generated photos (bench/searchphotos.py)")  # fmt: skip
+    add("--weights", type=Path, default=Path("build/weights"), help="their weights (build/weights)")
+    add("--out", type=Path, help="the report (default: results/search.md at 100k)")
     args = parse(parser, argv)
     provenance = dated()  # the code as it was loaded: later edits are not what ran
     everything, xq = clustered(args.n + args.add)

@@ -3,20 +3,10 @@
     python -m bench.soak [--minutes 10] [--quick] [--engine torchserve|triton]
     make soak [SOAK_MINUTES=10] [SOAK_ENGINE=triton]
 
-One server with the shipped config and both models, loopback only: TorchServe
-(``devtools.server.LocalTorchServe``) or Triton on the generated repository
-(``tritonrepo``). Each traffic class below is a few closed-loop clients with a pause of their
-own: ordinary photos, the embedding model, v2 requests of 8 images, explanations (where the
-engine serves them), bad inputs, and the floods of issue #16 (v2 requests of 8 tiny images
-from 6 clients, 1 MB tensor names, JSON nested 20,000 deep). A sampler records, every few
-seconds, the RSS of the frontend and of each worker and the workers' pids (a changed pid is a
-restart). Writes ``results/soak.md`` (``soak-triton.md`` for Triton: per-class latency
-percentiles and statuses, restarts, memory at start and end) and ``soak[-triton].png`` (RSS
-over time).
-
-What a healthy run shows: no 5xx but 503 (``Overloaded`` from the handler's budgets or a full
-queue), no worker restart, memory flat after the first minute. ``--quick`` is a 6 s smoke
-run (the numbers mean little).
+One server with the shipped config and both models, loopback only: TorchServe (or Triton on
+the generated repository), each traffic class (``traffic``) a few paced clients, and the
+frontend's and workers' memory sampled meanwhile (bench/README.md says what is reported).
+Writes ``results/soak.{md,json,png}`` (``soak-triton.*`` for Triton). ``--quick``: 6 s.
 """
 
 from __future__ import annotations

@@ -69,30 +69,13 @@ def archive_stock(serialized: Path, index_to_name: Path, model_store: Path, tmpd
     model_store.mkdir(parents=True, exist_ok=True)
     tmpdir.mkdir(parents=True, exist_ok=True)
     archiver = Path(sys.executable).parent / "torch-model-archiver"
-    subprocess.run(
-        [
-            str(archiver),
-            "--model-name",
-            MODEL_NAME,
-            "--version",
-            configgen.VERSION,
-            "--serialized-file",
-            str(serialized),
-            "--handler",
-            "image_classifier",
-            "--extra-files",
-            str(index_to_name),
-            "--export-path",
-            str(model_store),
-            "--archive-format",
-            "zip-store",
-            "--force",
-        ],
-        env={**os.environ, "TMPDIR": str(tmpdir)},
-        check=True,
-        stdout=subprocess.DEVNULL,
-        timeout=600,
-    )
+    options = {"model-name": MODEL_NAME, "version": configgen.VERSION,
+               "serialized-file": serialized, "handler": "image_classifier",
+               "extra-files": index_to_name, "export-path": model_store,
+               "archive-format": "zip-store"}  # fmt: skip
+    argv = [str(archiver), *(a for k, v in options.items() for a in (f"--{k}", str(v))), "--force"]
+    env = {**os.environ, "TMPDIR": str(tmpdir)}
+    subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, timeout=600)
     mark_current(mar, source)
     return mar
 

@@ -1,14 +1,11 @@
 """``python -m bench.sweep``: which batchSize x maxBatchDelay x workers serves the tagger best
-on this machine, at 16 closed-loop clients sending the small JPEG.
+on this machine, at 16 closed-loop clients sending the small JPEG -> results/sweep.{md,json}.
 
-One TorchServe runs for the whole sweep with no model loaded. For each setting, while the
-server idles: build a variant archive whose model-config.yaml carries the setting (the only
-way in TorchServe 0.12, see ``bench.archives``), register it, check with the describe API that
-batchSize, maxBatchDelay and the READY worker count are the ones asked for (a setting that did
-not take is reported as failed, never measured), warm up, measure, unregister, delete the
-archive. The exit status is 1 when any setting failed.
-
-Writes ``results/sweep.{md,json}`` and prints the Markdown (progress goes to stderr).
+Each setting is its own archive (the only way in TorchServe 0.12, ``bench.archives``),
+registered on one TorchServe that otherwise serves nothing, checked with the describe API
+(``bench.serving.registered_variant``; a setting that did not take is reported as failed,
+never measured, and the exit status is then 1), warmed up, measured, unregistered and
+deleted; bench/README.md says how the winner and the recommendation are chosen.
 """
 
 from __future__ import annotations

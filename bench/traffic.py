@@ -3,25 +3,11 @@
     python -m bench.traffic [--photos 3000] [--seconds 20] [--targets ours,triton,stock]
                                                                         (make bench-traffic)
 
-Per target, one server (ours on TorchServe with the archives of model-store/, ours on Triton
-on a repository generated from them, TorchServe's stock ``image_classifier`` on the same
-weights, ``bench/stock.py``) and the same generated folder of photos (``bench.collection``'s
-mix, kept in build/bench-collection/):
-
-1. **job alone**: ``tsctl embed FOLDER`` as a user runs it (bulk, so sent to the model's bulk
-   lane where the server registers one, ``servecore/lanes.py``; the stock handler answers no v2
-   request, so its job is bench's closed-loop load generator at the job's concurrency, every
-   photo once) -> img/s; when ``tsctl embed`` has ``--priority``, the same job again with
-   ``--priority interactive`` (today's client, which sends no class), side by side;
-2. **interactive alone**: 2 clients, each sending one distinct 800x600 photo every 0.2 s, to
-   the model the job embeds with, open loop (sent on the clock; latency from the scheduled send, so
-   a late send is the server's fault) for ``--seconds`` -> p50/p95/max and errors;
-3. **both**: the job started and seen running (the server answered a round of its requests),
-   the same interactive clients for ``--seconds``, then the job left to finish -> interactive
-   p95 during it and the job's img/s over its whole run.
-
-The issue's targets (interactive p95 during the job <= 1.5x idle, the job >= 0.85x its img/s
-alone) are stated beside the ratios, not asserted: the figures move with the machine's load.
+Per target (ours on TorchServe, ours on Triton, TorchServe's stock ``image_classifier``), the
+job alone, the interactive clients alone, then both (bench/README.md says what each step
+sends and measures). The issue's targets (interactive p95 during the job <= 1.5x idle, the job
+>= 0.85x its img/s alone) are stated beside the ratios, not asserted: the figures move with
+the machine's load.
 """
 
 from __future__ import annotations
@@ -464,18 +450,11 @@ def report(results: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = cli("python -m bench.traffic", __doc__, attach="ours")
-    parser.add_argument("--photos", type=int, default=Settings.photos, help="the job's folder")
-    parser.add_argument(
-        "--seconds",
-        type=float,
-        default=Settings.seconds,
-        help="how long the interactive clients send, alone and during the job",
-    )
-    parser.add_argument(
-        "--targets",
-        default=",".join(TARGETS),
-        help=f"comma-separated, of {', '.join(TARGETS)} (default all)",
-    )
+    add = parser.add_argument
+    add("--photos", type=int, default=Settings.photos, help="the job's folder")
+    add("--seconds", type=float, default=Settings.seconds,
+        help="how long the interactive clients send, alone and during the job")  # fmt: skip
+    add("--targets", default=",".join(TARGETS), help=f"of {', '.join(TARGETS)} (default all)")
     args = parse(parser, argv)
     names = [t.strip() for t in args.targets.split(",") if t.strip()]
     if unknown := set(names) - set(TARGETS):
@@ -486,11 +465,8 @@ def main(argv: list[str] | None = None) -> int:
     log.info("generating %d photos in %s", args.photos, folder)
     photos = collection.generate(folder, args.photos)
     rows, skipped = [], {}
-    makers = {
-        "ours": lambda: OursOnTorchServe(args.attach),
-        "triton": OursOnTriton,
-        "stock": lambda: StockTorchServe(STOCK_JOB_WINDOWS * settings.seconds),
-    }
+    makers = {"ours": lambda: OursOnTorchServe(args.attach), "triton": OursOnTriton,
+              "stock": lambda: StockTorchServe(STOCK_JOB_WINDOWS * settings.seconds)}  # fmt: skip
     for name in names:
         if name == "triton" and (why := triton_missing()):
             log.warning("no Triton row: %s", why)
