@@ -350,6 +350,14 @@ bench-gpu-served:
 bench-gpu-served-rehearsal: $(VENV)/.installed java triton-server
 	$(PY) -m devtools.barehost
 
+# The GPU path's open questions (nvImageCodec's backend kinds, regions and 4:1:1 on its hardware
+# engines, chroma upsampling against PIL, corrupt scans and mixed batches through the core, the
+# decode stream's drain and its pool) asked of the device in about a minute: results/gpu-check.md
+# on a GPU, build/gpu-check.md as a rehearsal on CPU. Bare: `python3 -m bench.gpucheck`.
+.PHONY: gpu-check
+gpu-check: $(VENV)/.installed
+	$(PY) -m bench.gpucheck
+
 # KServe (kserve/README.md). The storage bundle our runtime reads, as a folder and a .tar.gz
 # under build/kserve/ (KSERVE_DEVICE=gpu for the GPU bundle: eager archives packed with each
 # model's gpu: section for KSERVE_GPUS GPUs per pod, buildsteps/gpu.py;

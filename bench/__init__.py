@@ -8,6 +8,8 @@
     python -m bench.gpu      the core against a GPU's ceilings; results/gpu.md (on a GPU)
     python -m bench.gpuserved  both engines serving a GPU beside the core; results/gpu-served.md
                              (bench/gpuserved.sh on a bare GPU host, from buildsteps/stage.py)
+    python -m bench.gpucheck the GPU path's open questions asked of the device, in seconds;
+                             results/gpu-check.md (on a GPU; a CPU rehearses it)
 
 The other tools, each ``python -m bench.<name>`` (bench/README.md says what each measures):
 ``crops``, ``preprocess``, ``soak``, ``traffic``, ``ingestion``, ``contention``,

@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import gc
 import hashlib
 import json
 import logging
@@ -291,7 +292,10 @@ def choose(
                 source=f"worker pid {os.getpid()} in {_clock() - started:.1f} s",
             )
             store.keep(choice)
-            return backends[choice.precision], choice
+            chosen = backends.pop(choice.precision)
+            backends.clear()
+            _release_device_memory()  # the others' weights, tuned sizes and CUDA graphs
+            return chosen, choice
         else:
             store.join()
     # Measured before: load what was chosen (outside the lock: workers load in parallel).
@@ -394,6 +398,15 @@ def serving_backend(
         ),
         store,
     )
+
+
+def _release_device_memory() -> None:
+    """On a GPU worker, the device memory torch's allocator holds but nothing uses (the
+    backends ``auto`` timed and did not choose) handed back to the driver, for the decoder and
+    the other workers of the GPU; nothing on a CPU worker."""
+    if torch.cuda.is_initialized():
+        gc.collect()  # a backend's graphs or closures may sit in a cycle
+        torch.cuda.empty_cache()
 
 
 def library_versions() -> dict[str, str | None]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -55,16 +56,18 @@ class RuntimeOptions:
 
 
 def padded_sizes(max_rows: int) -> tuple[int, ...]:
-    """The batch sizes an eager CUDA worker runs: the powers of two below ``max_rows``, and
-    ``max_rows``. cuDNN's autotuner picks a batch size's convolutions on its first call (a
-    few hundred milliseconds each); a worker pads every batch up to the next of these few
-    sizes and autotunes each once when it loads, so no request pays it. The padding costs at
-    most twice the rows of a batch just over a power of two (33 rows run as 64)."""
+    """The batch sizes an eager CUDA worker runs: the powers of two below a step (8, or an
+    eighth of ``max_rows`` rounded up to a multiple of 8), then each multiple of the step below
+    ``max_rows``, and ``max_rows``. cuDNN's autotuner picks a batch size's convolutions on its
+    first call (a few hundred milliseconds each); a worker pads every batch up to the next of
+    these sizes and autotunes each once when it loads, so no request pays it. A batch runs at
+    most a step - 1 rows more than it holds, whatever the parts the overlap cuts it into (64
+    rows in 3 parts: 3 x 24, not 3 x 32 as at powers of two)."""
     if max_rows < 1:
         return ()
-    return tuple(
-        sorted({1 << i for i in range(max_rows.bit_length()) if 1 << i < max_rows} | {max_rows})
-    )
+    step = max(8, -(-max_rows // 64) * 8)
+    powers = {1 << i for i in range(step.bit_length()) if 1 << i < min(step, max_rows)}
+    return tuple(sorted(powers | set(range(step, max_rows, step)) | {max_rows}))
 
 
 def padded_rows(rows: int, sizes: tuple[int, ...]) -> int:
@@ -295,13 +298,18 @@ class CudaGraphs:
     into its size's static input, the graph replayed, its rows of the static outputs copied out
     (the next replay of that size overwrites them). One replay stands for the hundreds of
     kernels the eager forward launches from Python, each some microseconds of the worker's CPU.
-    The graphs share one memory pool, captured largest first; a batch larger than every size
-    runs eagerly. No GPU has run this yet: tests/test_gpu_choices.py drives it with a stand-in
-    for ``torch.cuda``'s graph calls."""
+    The graphs share one memory pool, captured largest first, and a replay of one size may
+    overwrite the memory another's outputs are in: sound only because a replay's outputs are
+    cloned at once, on the same stream, before anything else replays: ``__call__`` holds a
+    lock from the copy in to the clones out (one engine thread calls it; the lock keeps a
+    second from interleaving). A batch larger than every size runs eagerly. No GPU has run
+    this yet: tests/test_gpu_choices.py drives it with a stand-in for ``torch.cuda``'s graph
+    calls."""
 
     def __init__(self, module: Callable, graphs: dict[int, Graph]) -> None:
         self.module = module
         self.graphs = graphs
+        self.lock = threading.Lock()
 
     @classmethod
     def capture(
@@ -327,7 +335,8 @@ class CudaGraphs:
                         outputs = module(static)
                     graphs[size] = (graph, static, tuple(outputs))
                 replayed = cls(module, graphs)
-                replayed.check(min(sizes), device)
+                for size in sorted({min(sizes), max(sizes)}):
+                    replayed.check(size, device)
         except Exception as error:  # noqa: BLE001 - any failure to capture: eager instead
             logger.warning("CUDA graphs: capture failed, running eagerly: %s", error)
             return None, f"off (capture failed: {type(error).__name__}: {str(error)[:200]})"
@@ -341,9 +350,10 @@ class CudaGraphs:
                 embedding, logits = self.module(batch)
                 return embedding, logits
             graph, static, (embedding, logits) = self.graphs[size]
-            static[:rows].copy_(batch)
-            graph.replay()
-            return embedding[:rows].clone(), logits[:rows].clone()
+            with self.lock:
+                static[:rows].copy_(batch)
+                graph.replay()
+                return embedding[:rows].clone(), logits[:rows].clone()
 
     def check(self, size: int, device: torch.device) -> None:
         """A replay of ``size`` rows of seeded noise answers as the eager forward, else raises."""

@@ -150,8 +150,9 @@ class HandlerConfig:
         "there: `auto` takes the first that works of nvImageCodec (its hardware JPEG engines "
         "where the GPU has them; `requirements-gpu.txt`), torchvision's nvJPEG, the CPU; "
         "`nvimgcodec` or `nvjpeg` starts that list there; `off`: every image on the CPU. What "
-        "was chosen and why: describe's `gpu`. PNG, WebP, progressive or CMYK JPEGs and any "
-        "image the GPU refuses take the CPU path, alone; ignored on a CPU worker "
+        "was chosen and why: describe's `gpu`. PNG, WebP, progressive, CMYK or RGB-coded JPEGs "
+        "and any image the GPU refuses (counted: `resnet50_gpu_refused_total`) take the CPU "
+        "path, alone; ignored on a CPU worker "
         "([backends.md](backends.md#decoding-on-the-gpu))",
         choices=GPU_DECODE,
     )

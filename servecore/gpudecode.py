@@ -5,13 +5,17 @@ the GPU's hardware JPEG engines where it has them, region decoding), torchvision
 (``torchvision.io.decode_jpeg`` on CUDA: ``DeviceDecoder`` here), the CPU path.
 
 Only a JPEG that nvJPEG decodes as PIL does is sent (``accepts``, read from the header PIL
-already parsed: baseline JPEG/MPO in RGB or grayscale, complete, its EXIF orientation
-readable); the rest (PNG, WebP, progressive or CMYK JPEG, ...) stay on the CPU path, and so
-does any image nvJPEG refuses (``DeviceDecoder`` answers None for it), which the CPU path
-then decodes or fails with its own error. The pixels differ slightly from PIL's (nvJPEG's
-IDCT and chroma upsampling; the resize in float32, rounded once: at most one level from the
-uint8 resize PIL's path runs, measured on CPU): answers stay within the fidelity bound
-(tests/test_gpudecode.py).
+already parsed: baseline JPEG/MPO in YCbCr or grayscale, complete, its EXIF orientation
+readable); the rest (PNG, WebP, progressive, CMYK or RGB-coded JPEG, ...) stay on the CPU
+path, and so does any image nvJPEG refuses (``DeviceDecoder`` answers None for it, and
+counts it: ``Refusals``), which the CPU path then decodes or fails with its own error. The
+pixels differ slightly from PIL's: the resize runs in float32, rounded once (at most one level
+from the uint8 resize PIL's path runs, measured on CPU with libjpeg standing in for nvJPEG),
+and nvJPEG's IDCT and chroma upsampling are its own. nvImageCodec is asked for the upsampling
+libjpeg does (``servecore.nvimgdecode``); torchvision's nvJPEG decoder has no such switch and
+upsamples without interpolation, so 4:2:0 and 4:2:2 JPEGs differ from PIL's at colour edges:
+how far was never measured on a GPU (``python -m bench.gpucheck``). The answers are held
+within the fidelity bound (tests/test_gpudecode.py, its CUDA tests on a GPU).
 """
 
 from __future__ import annotations
@@ -19,14 +23,17 @@ from __future__ import annotations
 import functools
 import io
 import logging
+import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from PIL import ExifTags, Image
 
 from model_files.recipe import CROP, RESIZE
+from servecore import jpegheader
 from servecore.images import OpenedImage
 
 logger = logging.getLogger(__name__)
@@ -51,6 +58,15 @@ Decode = Callable[..., list[torch.Tensor]]  # torchvision.io.decode_jpeg's list 
 # bounds its float32 working memory to about 200 MB each (3 channels, 4 bytes a value). A
 # group of 451x300 photos is resized 124 at a time, a 12 MP photo alone.
 GROUP_PIXELS = 2**24
+# Pixels a region keeps beyond the crop's taps on each side: nvJPEG before 13.2 may get a
+# region's outermost pixel wrong when it upsamples chroma with interpolation (nvImageCodec
+# 0.9 warns so), and these pixels' weights in the crop are 0.
+REGION_EDGE = 2
+# A warning when more than this share of the JPEGs sent to the GPU since the last one came
+# back refused, at most once every WARN_EVERY_S.
+WARN_SHARE, WARN_EVERY_S = 0.1, 60.0
+Item = TypeVar("Item")
+Result = TypeVar("Result")
 
 
 def orientation(image: Image.Image) -> int | None:
@@ -65,7 +81,8 @@ def orientation(image: Image.Image) -> int | None:
 
 def accepts(opened: OpenedImage) -> int | None:
     """The EXIF orientation to apply (1: none) when the header says nvJPEG decodes this image
-    as the CPU path would: a baseline JPEG (or MPO) in RGB or grayscale, ending in its
+    as the CPU path would: a baseline JPEG (or MPO) in YCbCr or grayscale (not RGB-coded:
+    nvJPEG would convert its colours as if YCbCr, ``jpegheader.rgb_coded``), ending in its
     end-of-image marker (nvJPEG may decode a truncated file that PIL refuses with 400), with a
     readable EXIF orientation; None when it does not. Read once: the decoder is handed it. An
     image without EXIF or XMP is not opened by PIL here (``servecore.jpegheader``)."""
@@ -76,6 +93,7 @@ def accepts(opened: OpenedImage) -> int | None:
         and not header.progressive
         and min(header.size) > 0
         and opened.data.rstrip(b"\0\r\n\t ").endswith(_EOI)
+        and not (header.mode == "RGB" and jpegheader.rgb_coded(opened.data))
     ):
         return None
     return orientation(opened.image) if header.tagged else 1
@@ -111,7 +129,8 @@ def window(width: int, height: int, turn: int) -> Window | None:
     """The ``Window`` of a stored ``width`` x ``height`` image taking EXIF turn ``turn``; None
     when the resize does not shrink both sides at least twofold (a region would save little).
     The crop is the CPU path's: shorter side to ``RESIZE`` (the longer ``int(RESIZE * long /
-    short)``), centre ``CROP`` at ``round((side - CROP) / 2)``."""
+    short)``), centre ``CROP`` at ``round((side - CROP) / 2)``; the region reaches
+    ``REGION_EDGE`` pixels beyond the crop's taps."""
     upright = (height, width) if turn not in _TRANSPOSED else (width, height)  # rows, cols
     short, long = min(upright), max(upright)
     resized_long = int(RESIZE * long / short)
@@ -123,7 +142,7 @@ def window(width: int, height: int, turn: int) -> Window | None:
     for size, new, start in zip(upright, resized, starts):
         first, _ = _taps(size, new, start)
         _, last = _taps(size, new, start + CROP - 1)
-        margins.append(min(first, size - last))
+        margins.append(max(0, min(first, size - last) - REGION_EDGE))
     return Window((margins[0], margins[1]), upright, resized, (starts[0], starts[1]))
 
 
@@ -136,21 +155,27 @@ def _taps(size: int, new: int, index: int) -> tuple[int, int]:
     return max(int(center - scale + 0.5), 0), min(int(center + scale + 0.5), size)
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=128)
 def _span(size: int, new: int, start: int, margin: int, device: torch.device) -> torch.Tensor:
     """float32 [CROP, size - 2 * margin] on ``device``: the weights of the source pixels
     [margin, size - margin) in output pixels [start, start + CROP) of a side of ``size``
     resized to ``new``, as torch's antialiased bilinear resize computes them (a triangle
-    filter as wide as the scale, normalised per output pixel); kept per photo size."""
+    filter as wide as the scale, over the taps ``_taps`` gives, normalised per output pixel);
+    kept per photo size, 128 at most (3.5 MB each at 12 MP), copied over from page-locked
+    memory without a wait."""
     scale = size / new
-    weights = torch.zeros(CROP, size, dtype=torch.float64)
-    for row in range(CROP):
-        first, last = _taps(size, new, start + row)
-        taps = torch.arange(first, last, dtype=torch.float64)
-        center = scale * (start + row + 0.5)
-        triangle = (1 - ((taps - center + 0.5) / scale).abs()).clamp(min=0)
-        weights[row, first:last] = triangle / triangle.sum()
-    return weights[:, margin : size - margin].to(device, torch.float32)
+    centers = scale * (torch.arange(start, start + CROP, dtype=torch.float64)[:, None] + 0.5)
+    first = (centers - scale + 0.5).floor().clamp(min=0)
+    last = (centers + scale + 0.5).floor().clamp(max=size)
+    taps = first + torch.arange(int((last - first).max()), dtype=torch.float64)  # [CROP, taps]
+    triangle = (1 - ((taps - centers + 0.5) / scale).abs()).clamp(min=0) * (taps < last)
+    width = size - 2 * margin
+    columns = (taps.long() - margin).clamp(0, width - 1)  # a tap past ``last`` adds 0
+    share = (triangle / triangle.sum(1, keepdim=True)).float()
+    weights = torch.zeros(CROP, width).scatter_add_(1, columns, share)
+    if device.type == "cuda":
+        weights = weights.pin_memory()
+    return weights.to(device, non_blocking=True)
 
 
 class DeviceDecoder:
@@ -169,6 +194,7 @@ class DeviceDecoder:
         self.chunk_pixels = chunk_pixels
         self.decode = decode or decode_jpeg
         self.rgb = ImageReadMode.RGB
+        self.refusals = Refusals(self)
 
     def __str__(self) -> str:
         return f"{self.device} (nvJPEG; other images on the CPU)"
@@ -177,13 +203,14 @@ class DeviceDecoder:
         self, images: Sequence[OpenedImage], orientations: Sequence[int] | None = None
     ) -> list[torch.Tensor | None]:
         """``images`` (accepted ones) and their ``orientations`` (what ``accepts`` answered;
-        None: read again) -> their crops."""
+        None: read again) -> their crops, the refused ones counted."""
         turns = list(orientations) if orientations is not None else [accepts(i) for i in images]
         crops: list[torch.Tensor | None] = []
         for chunk in _chunks(images, self.chunk_pixels):
             chunk_turns = [t or 1 for t in turns[len(crops) : len(crops) + len(chunk)]]
             decoded = self.decoded_images(chunk, chunk_turns)
             crops += self.crops(decoded, chunk_turns)
+        self.refusals.count(len(crops), sum(crop is None for crop in crops))
         return crops
 
     def decoded_images(
@@ -221,23 +248,13 @@ class DeviceDecoder:
         return out
 
     def decoded(self, encoded: list[torch.Tensor]) -> list[torch.Tensor | None]:
-        """RGB uint8 [3, H, W] per image, on the device: one batched call; when that fails
-        (nvJPEG fails the whole call for one bad file), one call per image, None for each
-        that fails."""
-        quiet(self.device)
-        try:
-            return list(self.decode(encoded, mode=self.rgb, device=self.device))
-        except Exception:  # noqa: BLE001 - some file in the batch; find which below
-            if len(encoded) == 1:
-                return [None]
-        return [self.one(data) for data in encoded]
+        """RGB uint8 [3, H, W] per image, on the device: one batched call (nvJPEG fails the
+        whole call for one bad file: then ``bisected``), None for each that fails alone."""
+        return bisected(self._decode_jpegs, encoded)
 
-    def one(self, data: torch.Tensor) -> torch.Tensor | None:
-        try:
-            return self.decode([data], mode=self.rgb, device=self.device)[0]
-        except Exception as exc:  # noqa: BLE001 - refused: the CPU path decides
-            logger.debug("device decoder refused an image, CPU path: %s", exc)
-            return None
+    def _decode_jpegs(self, encoded: list[torch.Tensor]) -> list[torch.Tensor]:
+        quiet(self.device)
+        return list(self.decode(encoded, mode=self.rgb, device=self.device))
 
     def _resized(
         self, pixels: torch.Tensor, turn: int, region: Window | None
@@ -255,12 +272,63 @@ class DeviceDecoder:
 
 def quiet(device: torch.device) -> None:
     """Waits for the work queued on ``device``'s current stream (the decode stream, while
-    decoding): a decoder writes from its own stream, or nvJPEG's hardware engines regardless of
-    any stream, into memory that queued work may still read (pytorch/vision#9606,
-    meta-pytorch/torchcodec#1634), so nothing may be queued when it starts. The forward runs
-    on another stream and is not waited for (``servecore.overlap``)."""
+    decoding), before torchvision's nvJPEG decodes: it writes from a stream of its own into
+    output memory torch's allocator handed out on the current one, which queued work may
+    still read (pytorch/vision#9606, meta-pytorch/torchcodec#1634), so nothing may be queued
+    when it starts. nvImageCodec needs no wait: it decodes on the stream it is given, into
+    memory it allocates there (``servecore.nvimgdecode``). The forward runs on another stream
+    and is not waited for (``servecore.overlap``)."""
     if device.type == "cuda":
         torch.cuda.current_stream(device).synchronize()
+
+
+def bisected(
+    call: Callable[[list[Item]], Sequence[Result | None]], items: list[Item]
+) -> list[Result | None]:
+    """``call(items)``, one result per item; when it raises (a decoder that fails a whole
+    call for one bad file), each half again, down to single items, None for one that fails
+    alone: one bad file among n costs about 2 log2(n) calls, not n."""
+    try:
+        return list(call(items))
+    except Exception as exc:  # noqa: BLE001 - some item of the call; found below
+        if len(items) == 1:
+            logger.debug("device decoder refused an image, CPU path: %s", exc)
+            return [None]
+    half = len(items) // 2
+    return bisected(call, items[:half]) + bisected(call, items[half:])
+
+
+class Refusals:
+    """The images a device decoder was handed (``sent``) and gave back to the CPU path
+    (``refused``) since the worker started (describe's ``gpu.refused``; each batch's in
+    ``resnet50_gpu_refused_total``), and a warning, at most once every ``WARN_EVERY_S``, when
+    more than ``WARN_SHARE`` of those handed over since the last one were refused: a decoder
+    failing inside (nvImageCodec answers None for every image then, without raising) leaves
+    the CPU to decode everything. ``clock``: monotonic seconds, unless a test gives its own."""
+
+    def __init__(self, decoder: object, clock: Callable[[], float] = time.monotonic) -> None:
+        self.decoder, self.clock = decoder, clock
+        self.sent = self.refused = 0
+        self.since = (clock(), 0, 0)  # the warning's window: its start, sent and refused then
+
+    def count(self, sent: int, refused: int) -> None:
+        self.sent, self.refused = self.sent + sent, self.refused + refused
+        started, sent_then, refused_then = self.since
+        now = self.clock()
+        if now - started < WARN_EVERY_S:
+            return
+        window = (self.sent - sent_then, self.refused - refused_then)
+        if window[1] > WARN_SHARE * window[0]:
+            logger.warning(
+                "gpu_decode: %s refused %d of the %d JPEGs it was handed in the last %.0f s; "
+                "the CPU path decoded them instead (describe's gpu.refused, "
+                "resnet50_gpu_refused_total)",
+                self.decoder, window[1], window[0], now - started,
+            )  # fmt: skip
+        self.since = (now, self.sent, self.refused)
+
+    def as_dict(self) -> dict:
+        return {"images": self.refused, "of": self.sent}
 
 
 def _crop(pixels: torch.Tensor, turn: int, region: Window | None = None) -> torch.Tensor:
@@ -297,16 +365,15 @@ def assemble(crops: Sequence[torch.Tensor], device: torch.device | None) -> torc
     """The batch of crops in order: on ``device`` when any crop is there (the CPU crops
     copied over in one transfer, from page-locked memory, queued on the current stream), else
     on the CPU (the backend stages it)."""
-    if device is None or all(c.device.type == "cpu" for c in crops):
+    on_cpu = [i for i, c in enumerate(crops) if c.device.type == "cpu"]
+    if device is None or len(on_cpu) in (0, len(crops)):  # all on one side: one stack
         return torch.stack(list(crops))
     batch = torch.empty((len(crops), *crops[0].shape), dtype=torch.uint8, device=device)
-    on_cpu = [i for i, c in enumerate(crops) if c.device.type == "cpu"]
+    staged = torch.stack([crops[i] for i in on_cpu])
+    if device.type == "cuda":
+        staged = staged.pin_memory()
+    batch[on_cpu] = staged.to(device, non_blocking=True)
     on_device = [i for i, c in enumerate(crops) if c.device.type != "cpu"]
-    if on_cpu:
-        staged = torch.stack([crops[i] for i in on_cpu])
-        if device.type == "cuda":
-            staged = staged.pin_memory()
-        batch[on_cpu] = staged.to(device, non_blocking=True)
     batch[on_device] = torch.stack([crops[i] for i in on_device])
     return batch
 

@@ -109,11 +109,14 @@ class Intake:
         """Each request opened, the batch's work admitted, the cache's answers looked up, the
         rest decoded and stacked; ``open_ms`` is the time to the decode. With ``overlap`` (a GPU
         worker's), decoded in its parts, each part's forward queued before the next part is
-        decoded (``forwarded``; ``decode_ms`` then includes queuing them)."""
+        decoded (``forwarded``; ``decode_ms`` then includes queuing them). ``gpu_refused``: the
+        images the device decoder gave back to the CPU path (None without one)."""
         started, now = time.perf_counter(), self.clock()
         opened = [self.open(request, now) for request in incoming]
         admitted = self.lookup(self.admit(opened, now))
         decoding = time.perf_counter()
+        refusals = None if self.device_decoder is None else self.device_decoder.refusals
+        refused = 0 if refusals is None else refusals.refused
         forwarded: list[Outputs] = []
         if overlap is None:
             states, batch = self._decode(admitted)
@@ -125,20 +128,24 @@ class Intake:
             open_ms=1000 * (decoding - started),
             decode_ms=1000 * (time.perf_counter() - decoding),
             forwarded=tuple(forwarded),
+            gpu_refused=None if refusals is None else refusals.refused - refused,
         )
 
     def _overlapped(
         self, requests: Sequence[Admitted], overlap: Overlap, forwarded: list[Outputs]
     ) -> tuple[list[State], torch.Tensor | None]:
         """``_decode`` of each of ``overlap``'s parts in turn, on its decode stream, each
-        part's forward queued (into ``forwarded``) before the next is decoded; the parts' rows
-        numbered on from the last."""
+        part on the device (``Overlap.staged``: a part the CPU decoded whole is copied over
+        there) and its forward queued (into ``forwarded``) before the next is decoded; the
+        parts' rows numbered on from the last, joined on the device."""
         states: list[State] = []
         parts: list[torch.Tensor] = []
         rows = 0
         for part in overlap.parts(requests):
             with overlap.decoding():
                 decoded, pixels = self._decode(part)
+                if pixels is not None:
+                    pixels = overlap.staged(pixels)
             for state in decoded:
                 if isinstance(state, Placed):
                     moved = range(state.rows.start + rows, state.rows.stop + rows)

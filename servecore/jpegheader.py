@@ -13,6 +13,10 @@ where PIL's own parser would accept it with the same size and mode, so no answer
 - quantisation tables whole (PIL refuses a short one);
 - no APP1 block: EXIF (PIL's ``open`` reads it, and a broken one can fail it) or XMP, either
   of which may hold the orientation; and no MPF block (PIL opens those as MPO).
+
+``rgb_coded(data)`` says whether a colour JPEG's components are R, G and B rather than YCbCr,
+as libjpeg decides it (a GPU worker asks, before it sends a JPEG to nvJPEG, which would
+convert such colours as if YCbCr).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ _SEGMENT = struct.Struct(">BBH")  # a segment's start: 0xFF, its marker, its len
 _SOS = 0xDA
 _DQT = 0xDB
 _FRAMES = {0xC0: False, 0xC1: False, 0xC2: True}  # marker -> progressive
+_ANY_FRAME = set(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # SOF0-SOF15 (not DHT, JPG, DAC)
+_APP0, _APP14 = 0xE0, 0xEE
 # Markers with a length that may come before the frame and scan and that PIL reads or skips
 # without a check of their contents: DHT, DAC, DNL, DRI, EXP, APPn but APP1/APP2 (read below),
 # COM.
@@ -100,3 +106,32 @@ def _whole_tables(data: bytes, at: int, stop: int) -> bool:
     while at < stop:
         at += 65 if data[at] >> 4 == 0 else 129
     return at == stop
+
+
+def rgb_coded(data: bytes) -> bool:
+    """Whether the 3-component JPEG ``data`` stores R, G and B, not YCbCr, as libjpeg (PIL's
+    decoder) reads it (``jdapimin.c``): never with a JFIF APP0 block; with an Adobe APP14
+    block, when its transform is 0; else when the frame's component ids are 'R', 'G', 'B'.
+    Also True when the segments before the scan cannot be walked (junk between markers,
+    which PIL skips): what this cannot read is not sent to the GPU."""
+    jfif, transform, ids = False, None, b""
+    at, end = 2, len(data)
+    while at + 4 <= end:
+        ff, marker, length = _SEGMENT.unpack_from(data, at)
+        if ff != 0xFF or length < 2:
+            return True
+        if marker == _SOS:
+            break
+        body = data[at + 4 : at + 2 + length]
+        if marker == _APP0 and len(body) >= 14 and body.startswith(b"JFIF\0"):
+            jfif = True
+        elif marker == _APP14 and len(body) >= 12 and body.startswith(b"Adobe"):
+            transform = body[11]
+        elif marker in _ANY_FRAME:
+            ids = body[6:15:3]
+        at += 2 + length
+    else:
+        return True
+    if jfif:
+        return False
+    return transform == 0 if transform is not None else ids == b"RGB"

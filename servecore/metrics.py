@@ -31,6 +31,8 @@ first, then its own labels:
     resnet50_cache_hits_total,                          images the content cache answered /
     resnet50_cache_misses_total                         looked up and computed (cache on)
     resnet50_cache_bytes                                what the worker's cache holds, bytes
+    resnet50_gpu_refused_total                          JPEGs the GPU's decoder gave back to the
+                                                        CPU path (GPU workers that decode there)
 
 Mean batch size = rate(resnet50_requests_total) / rate(resnet50_batches_total). Counters are
 named with ``_total`` and exported as named (TorchServe 0.12 appends no suffix; a sink whose
@@ -148,6 +150,12 @@ CACHE_MISSES = Metric(
 CACHE_BYTES = Metric(
     "resnet50_cache_bytes", Kind.GAUGE, (), "bytes the worker's content cache holds"
 )
+GPU_REFUSED = Metric(
+    "resnet50_gpu_refused_total",
+    Kind.COUNTER,
+    (),
+    "JPEGs the GPU's decoder was handed and gave back to the CPU path (GPU workers only)",
+)
 
 # Every metric, declared once: a sink walks this table (config/metrics.yaml must match it).
 METRICS: tuple[Metric, ...] = (
@@ -169,6 +177,7 @@ METRICS: tuple[Metric, ...] = (
     CACHE_HITS,
     CACHE_MISSES,
     CACHE_BYTES,
+    GPU_REFUSED,
 )
 
 
@@ -216,8 +225,16 @@ class BatchMetrics:
         self.sink.add(WORKER_RESTARTS, restarts, (slot,))
         self.sink.flush()
 
-    def batch(self, requests: int, images: int, open_ms: float, decode_ms: float) -> None:
-        """One batch: ``requests`` requests carrying ``images`` good images."""
+    def batch(
+        self,
+        requests: int,
+        images: int,
+        open_ms: float,
+        decode_ms: float,
+        gpu_refused: int | None = None,
+    ) -> None:
+        """One batch: ``requests`` requests carrying ``images`` good images; ``gpu_refused``:
+        the JPEGs the GPU's decoder gave back (None, and nothing recorded, without one)."""
         for metric, value in (
             (BATCH_SIZE, requests),
             (IMAGES_PER_BATCH, images),
@@ -228,6 +245,8 @@ class BatchMetrics:
             (DECODE_MS, decode_ms),
         ):
             self.sink.add(metric, value)
+        if gpu_refused is not None:
+            self.sink.add(GPU_REFUSED, gpu_refused)
         self.sink.add(BY_SIZE, 1, (str(requests),))
         self.sink.add(PRECISION, 1, (self.precision,))
         self.sink.add(WORKER_RSS, round(self.process.memory_info().rss / 2**20, 1), (self.pid,))

@@ -4,9 +4,10 @@ An engine hands a worker one batch and waits for its answers (TorchServe, Triton
 overlap a worker can have is inside a batch: the batch's admitted requests are cut into
 ``handler.gpu_overlap_chunks`` consecutive parts of about equal images (a request's images stay
 in one part); each part is decoded on the worker's decode stream (the GPU's JPEG decoder, its
-resize and crop, the copy over of what the CPU decoded), then its forward is queued on the
-compute stream, which waits for that part's decode on the device, not on the host, and the
-worker goes on to decode the next part while the GPU runs the forward. The outputs stay on
+resize and crop, the copy over of what the CPU decoded: a part all of whose images the CPU
+decoded goes over whole, ``staged``), then its forward is queued on the compute stream,
+which waits for that part's decode on the device, not on the host, and the worker goes on
+to decode the next part while the GPU runs the forward. The outputs stay on
 the device; ``collect`` copies them back once a batch into page-locked memory, and that is the
 one wait for the GPU. With one part it is the same path without the overlap (what
 ``make bench-gpu`` compares it with). Across batches, several workers per GPU overlap one
@@ -35,6 +36,7 @@ class Streams:
     stream of ``device``'s own; a CPU device has neither (a test's)."""
 
     def __init__(self, device: torch.device) -> None:
+        self.device = device
         self.cuda = device.type == "cuda"
         self.compute = torch.cuda.current_stream(device) if self.cuda else None
         self.decode = torch.cuda.Stream(device) if self.cuda else None
@@ -42,6 +44,17 @@ class Streams:
     def decoding(self) -> contextlib.AbstractContextManager:
         """The decode stream as the current one (what is queued inside goes there)."""
         return torch.cuda.stream(self.decode) if self.cuda else contextlib.nullcontext()
+
+    def staged(self, pixels: torch.Tensor) -> torch.Tensor:
+        """``pixels`` on the device: a part whose images the CPU decoded (PNG, progressive
+        JPEGs, crops, what the GPU refused) copied over from page-locked memory, queued on the
+        current stream (the decode stream, while decoding: the copy runs beside the previous
+        part's forward), so that every part of a batch is on one device."""
+        if pixels.device == self.device:
+            return pixels
+        if self.cuda:
+            pixels = pixels.pin_memory()
+        return pixels.to(self.device, non_blocking=True)
 
     def hand_over(self, pixels: torch.Tensor) -> None:
         """``pixels``, made on the decode stream, to the compute stream: it waits (on the
@@ -79,6 +92,9 @@ class Overlap:
 
     def decoding(self) -> contextlib.AbstractContextManager:
         return self.streams.decoding()
+
+    def staged(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self.streams.staged(pixels)
 
     def launch(self, pixels: torch.Tensor) -> list[Outputs]:
         """The forward of ``pixels`` queued on the compute stream, ``rows`` at a time: its

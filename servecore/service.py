@@ -248,6 +248,7 @@ class ImageModel:
             0 if batch.pixels is None else len(batch.pixels),
             batch.open_ms,
             batch.decode_ms,
+            batch.gpu_refused,
         )
         return batch
 
@@ -337,6 +338,7 @@ class ImageModel:
         """Which weights (how many classes their labels name, in which heads), settings, backend and
         precision this model runs; on a GPU, what this worker holds of its memory now."""
         files = self.settings.files
+        decoder = self.intake.device_decoder
         return {
             "weights": files.weights,
             "classes": len(self.answers.classes),
@@ -349,12 +351,13 @@ class ImageModel:
             "precision_choice": self.choice.as_dict(),
             "quantization": files.quantization,
             "device": str(self.device),
-            "decode": str(self.intake.device_decoder or "cpu"),
+            "decode": str(decoder or "cpu"),
             "gpu": {
                 **self.intake.decoder_choice.as_dict(),
                 "overlap_chunks": self.overlap.chunks if self.overlap else 0,
                 "cuda_graphs": self.backend.graphs,
                 "memory": device_memory(self.device),
+                **({"refused": decoder.refusals.as_dict()} if decoder else {}),
             },
             "preprocessing": PREPROCESSING,
             "crops_input": CROPS_INPUT,

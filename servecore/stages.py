@@ -187,13 +187,15 @@ class PreparedBatch:
     reading headers, admitting) and decoding took. ``forwarded``: on a GPU worker that
     overlaps decoding with the forward (``servecore.overlap``), the (embedding, logits) of the
     forwards already queued on the device for those images, in row order; () when ``infer``
-    runs the forward."""
+    runs the forward. ``gpu_refused``: the JPEGs the GPU's decoder gave back to the CPU path
+    (None on a worker without one)."""
 
     requests: tuple[State, ...]
     pixels: torch.Tensor | None
     open_ms: float = 0.0
     decode_ms: float = 0.0
     forwarded: tuple[tuple[torch.Tensor, torch.Tensor], ...] = ()
+    gpu_refused: int | None = None
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from bench.gpu import GPU_REPORT
@@ -121,4 +122,38 @@ def test_a_cpu_run_never_writes_the_gpu_report():
     before = GPU_REPORT.read_bytes() if GPU_REPORT.exists() else None
     run = bare(RUN_BENCH, "--quick", "--out", str(GPU_REPORT))
     assert run.returncode == 2 and "holds GPU figures" in run.stderr, run.stderr[-3000:]
+    assert (GPU_REPORT.read_bytes() if GPU_REPORT.exists() else None) == before
+
+
+def test_the_gpu_check_rehearses_on_a_cpu_saying_what_needs_cuda(tmp_path):
+    """``python -m bench.gpucheck`` bare, on this CPU: every check's section with what it
+    decides; those that need CUDA or nvImageCodec skipped saying so; the corrupt JPEGs
+    through the core on the CPU path (PIL refuses a marker inside the scan, decodes noise)."""
+    from bench.gpucheck import CHECKS
+
+    out = tmp_path / "gpu-check.md"
+    run = bare(
+        "sys.argv = ['bench.gpucheck', *sys.argv[1:]]; "
+        "runpy.run_module('bench.gpucheck', run_name='__main__')",
+        "--quiet", "--out", str(out),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    markdown = out.read_text()
+    assert run.stdout.strip() == markdown.strip()
+    for number, (title, findings, _, _) in enumerate(CHECKS, 1):
+        text = section(markdown, f"{number}. {title} (review {findings}")
+        assert "\nDecides: " in text, title
+        expected = {5: "- a marker mid-scan: CPU path 400 InvalidImage"}.get(number, "- skipped:")
+        assert expected in text, text
+    assert "- noise mid-scan: CPU path 200" in markdown
+    assert markdown.count("- skipped: needs CUDA") == 6
+
+
+def test_a_cpu_run_never_writes_the_gpu_check(capsys):
+    from bench.gpucheck import GPU_REPORT, main
+
+    before = GPU_REPORT.read_bytes() if GPU_REPORT.exists() else None
+    with pytest.raises(SystemExit) as refused:
+        main(["--out", str(GPU_REPORT)])
+    assert refused.value.code == 2 and "holds a GPU's answers" in capsys.readouterr().err
     assert (GPU_REPORT.read_bytes() if GPU_REPORT.exists() else None) == before

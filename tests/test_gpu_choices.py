@@ -81,20 +81,22 @@ def test_gpu_answers_agree_with_the_f32_cpu_reference(weights_dir, precision):
 
 def test_a_gpu_worker_runs_a_few_padded_sizes_each_tuned_at_load():
     """No cuDNN autotuning under a request: every batch is padded up to one of a few sizes
-    (the powers of two below the largest batch, and it), each run once when the worker loads."""
-    assert backends.padded_sizes(64) == (1, 2, 4, 8, 16, 32, 64)
-    assert backends.padded_sizes(48) == (1, 2, 4, 8, 16, 32, 48)
+    (powers of two up to a step of 8, or an eighth of the largest batch, then its multiples,
+    and the largest), each run once when the worker loads: a part of a batch the overlap cut
+    runs at most a step - 1 rows more than it holds (64 rows in 3 parts ran as 3 x 32)."""
+    assert backends.padded_sizes(64) == (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)
+    assert backends.padded_sizes(48) == (1, 2, 4, 8, 16, 24, 32, 40, 48)
+    assert backends.padded_sizes(256) == (1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192, 224, 256)
+    assert backends.padded_sizes(5) == (1, 2, 4, 5) and backends.padded_sizes(8) == (1, 2, 4, 8)
     assert backends.padded_sizes(1) == (1,) and backends.padded_sizes(0) == ()
     sizes = backends.padded_sizes(48)
     assert [backends.padded_rows(n, sizes) for n in (1, 3, 16, 17, 33, 48)] == [
-        1,
-        4,
-        16,
-        32,
-        48,
-        48,
-    ]
+        1, 4, 16, 24, 40, 48,
+    ]  # fmt: skip
     assert backends.padded_rows(49, sizes) == 49 and backends.padded_rows(5, ()) == 5
+    sizes = backends.padded_sizes(64)
+    assert sum(backends.padded_rows(n, sizes) for n in (22, 21, 21)) == 72
+    assert sum(backends.padded_rows(n, sizes) for n in (20, 20)) == 48  # 40 rows in 2 parts
 
 
 @needs_cuda
@@ -118,8 +120,9 @@ class FakeCuda:
     captured graph's replay runs the module again on its static input and writes the outputs
     it captured in place, as a CUDA graph replays into its memory; ``fail``: capture raises."""
 
-    def __init__(self, fail: bool = False, drift: float = 0.0):
+    def __init__(self, fail: bool = False, drift: float = 0.0, stale: int = 0):
         self.fail, self.drift, self.capturing, self.sizes = fail, drift, None, []
+        self.stale = stale  # a size whose replay writes nothing (its outputs stay as captured)
 
     def graph_pool_handle(self):
         return "pool"
@@ -160,7 +163,8 @@ def graphed(fake: FakeCuda):
 
             def replay():
                 for out, new in zip(outputs, module_eager(static)):
-                    out.copy_(new)
+                    if len(static) != fake.stale:
+                        out.copy_(new)
 
             graph.replay = replay
             fake.capturing = None
@@ -185,8 +189,11 @@ def test_cuda_graphs_are_captured_per_size_and_replayed_padded(monkeypatch):
     expected = module(first)
     assert embedding.shape == (3, 12) and torch.equal(embedding, expected[0])
     assert torch.equal(logits, expected[1])
+    graph = graphs.graphs[4][0]
+    replay, held = graph.replay, []
+    graph.replay = lambda: held.append(graphs.lock.locked()) or replay()
     graphs(torch.zeros(3, 3, 224, 224, dtype=torch.uint8))  # the same graph again
-    assert torch.equal(embedding, expected[0])
+    assert torch.equal(embedding, expected[0]) and held == [True]  # replayed under the lock
     five = torch.randint(0, 256, (5, 3, 224, 224), dtype=torch.uint8)
     assert torch.equal(graphs(five)[1], module(five)[1])
 
@@ -196,8 +203,45 @@ def test_cuda_graphs_are_captured_per_size_and_replayed_padded(monkeypatch):
     [
         (FakeCuda(fail=True), "off (capture failed: RuntimeError: operation not permitted"),
         (FakeCuda(drift=1.0), "off (capture failed: RuntimeError: a replay of 1 rows differs"),
+        (FakeCuda(stale=2), "off (capture failed: RuntimeError: a replay of 2 rows differs"),
     ],
 )
 def test_a_failed_capture_or_a_replay_that_disagrees_runs_eagerly_and_says_so(fake, why):
     graphs, described = backends.CudaGraphs.capture(graphed(fake), (1, 2), CPU_DEVICE, cuda=fake)
     assert graphs is None and described.startswith(why)
+
+
+def test_auto_hands_back_the_memory_of_the_backends_it_did_not_choose(monkeypatch, tmp_path):
+    """On a GPU worker ``auto`` loads every candidate (each tuned at every padded size, its
+    graphs captured): once one is chosen, the others are gone when torch's allocator hands
+    its unused memory back to the driver; a CPU worker does neither."""
+    import weakref
+
+    from servecore import autoprecision
+    from tests.test_precision import ARCHIVE, Clock, fake, offer
+
+    monkeypatch.setattr(autoprecision, "_clock", Clock())  # the stand-ins' simulated time
+    loaded: dict[str, weakref.ref] = {}
+
+    def keeping(name, ms):
+        load = fake(name, ms)
+
+        def loading():
+            backend = load()
+            loaded[name] = weakref.ref(backend)
+            return backend
+
+        return loading
+
+    alive_at_release: list[list[str]] = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(
+        torch.cuda,
+        "empty_cache",
+        lambda: alive_at_release.append([n for n, ref in loaded.items() if ref() is not None]),
+    )
+    store = autoprecision.ChoiceStore(tmp_path / "model", tmp_path / "cache.json", ARCHIVE)
+    loaders = {"f32": keeping("f32", 20), "bf16": keeping("bf16", 10)}
+    backend, choice = autoprecision.choose(offer(loaders), (1, 4), store, budget_s=0.2)
+    assert choice.precision == backend.precision == "bf16"
+    assert alive_at_release == [["bf16"]]

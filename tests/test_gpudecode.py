@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import re
 
 import pytest
 import torch
@@ -60,6 +61,7 @@ PROGRESSIVE = saved(imagegen.photo(320, 240, seed=6), progressive=True)
 CMYK = saved(imagegen.photo(320, 240, seed=7).convert("CMYK"))
 TRUNCATED = JPEG[: len(JPEG) // 2]
 CORRUPT = corrupt_jpeg()
+RGB_CODED = saved(imagegen.photo(320, 240, seed=12), keep_rgb=True)  # Adobe transform 0
 
 
 NAMES = {
@@ -122,6 +124,7 @@ def stand_in(refuse: tuple[bytes, ...] = ()) -> tuple[DeviceDecoder, Recording]:
         ("progressive jpeg", PROGRESSIVE, False),
         ("cmyk jpeg", CMYK, False),
         ("truncated jpeg", TRUNCATED, False),
+        ("rgb-coded jpeg", RGB_CODED, False),  # nvJPEG would convert it as if YCbCr
     ],
 )
 def test_the_header_decides_what_goes_to_the_device(name, data, expected):
@@ -153,11 +156,20 @@ def test_exif_orientation_is_applied_as_pil_does(orientation):
     assert crop is not None and int((crop.int() - expected.int()).abs().max()) <= 1
 
 
-def test_one_refused_image_is_retried_alone_and_the_others_decoded():
+def test_a_refused_image_is_found_by_halves_and_the_others_decoded():
+    """nvJPEG fails a whole call for one bad file: the call is halved until the file is alone
+    (one bad file among 16 costs 9 calls, not 17), the others decoded, the refusal counted."""
     decoder, recording = stand_in(refuse=(LARGE,))
     crops = decoder([SERVED.open(data) for data in (JPEG, LARGE, GRAY)])
     assert [c is None for c in crops] == [False, True, False]
-    assert named(recording.calls) == [["jpeg", "large", "gray"], ["jpeg"], ["large"], ["gray"]]
+    assert named(recording.calls) == [["jpeg", "large", "gray"], ["jpeg"], ["large", "gray"],
+                                      ["large"], ["gray"]]  # fmt: skip
+    images = [JPEG] * 11 + [LARGE] + [GRAY] * 4
+    recording.calls.clear()
+    crops = decoder([SERVED.open(data) for data in images])
+    assert [i for i, c in enumerate(crops) if c is None] == [11]
+    assert len(recording.calls) == 9
+    assert decoder.refusals.as_dict() == {"images": 2, "of": 19}
 
 
 def test_device_memory_is_bounded_by_decoding_in_chunks():
@@ -273,6 +285,7 @@ def test_the_intake_routes_each_image_and_a_refused_one_fails_alone(embedder, mo
     assert named(recording.calls) == [
         ["jpeg", "corrupt", "gray"],
         ["jpeg"],
+        ["corrupt", "gray"],
         ["corrupt"],
         ["gray"],
     ]
@@ -292,6 +305,39 @@ def test_the_intake_routes_each_image_and_a_refused_one_fails_alone(embedder, mo
         else:
             assert torch.equal(row, expected)
     assert len(pixels) == len(rows)
+
+
+def test_refusals_are_counted_per_batch_in_describe_and_warned_about_once_a_minute(
+    embedder, caplog
+):
+    """Each batch's JPEGs the GPU's decoder gave back to the CPU path (nvImageCodec answers
+    None for every image when it fails inside, without raising): counted into
+    ``resnet50_gpu_refused_total`` and describe's ``gpu.refused``; a tenth or more refused is
+    one warning a minute, not one a batch. A worker without a device decoder records none."""
+    from servecore.gpudecode import Refusals
+
+    handler, context = embedder
+    decoder, _ = stand_in()
+    now = [0.0]
+    decoder.refusals = Refusals(decoder, clock=lambda: now[0])
+    bodies = [{"body": b} for b in (JPEG, CORRUPT, GRAY, PNG)]
+    handler.model.intake.device_decoder = decoder
+    try:
+        with caplog.at_level("INFO"):
+            for now[0] in (0.0, 30.0, 61.0, 90.0):
+                run_batch(handler, context, bodies)
+            gpu = handler.model.describe()["gpu"]
+    finally:
+        handler.model.intake.device_decoder = None
+    with caplog.at_level("INFO"):
+        run_batch(handler, context, bodies)
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    refused = re.findall(r"\[METRICS\]resnet50_gpu_refused_total\.\w+:([0-9.]+)\|", text)
+    assert refused == ["1"] * 4  # the corrupt JPEG of each batch; none without the decoder
+    assert gpu["refused"] == {"images": 4, "of": 12}
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1, warned
+    assert "refused 3 of the 9 JPEGs it was handed in the last 61 s" in warned[0]
 
 
 def test_budgets_are_applied_before_the_device_decodes(embedder):
@@ -401,7 +447,8 @@ class FakeCodec:
     __version__ = "0.9.0-fake"
     ColorSpec = type("ColorSpec", (), {"SRGB": "srgb"})
     ImageBufferKind = type("ImageBufferKind", (), {"STRIDED_HOST": "host"})
-    BackendKind = type("BackendKind", (), {"HW_GPU_ONLY": "hw", "GPU_ONLY": "cuda"})
+    # nvJPEG's CUDA decoder is filed under HYBRID_CPU_GPU; no JPEG decoder is GPU_ONLY.
+    BackendKind = type("BackendKind", (), {"HW_GPU_ONLY": "hw", "HYBRID_CPU_GPU": "cuda"})
     LoadHintPolicy = type("LoadHintPolicy", (), {"ADAPTIVE_MINIMIZE_IDLE_TIME": "adaptive"})
 
     def __init__(self, refuse=(), hardware=True):
@@ -423,8 +470,11 @@ class FakeCodec:
         image = Image.open(io.BytesIO(data))  # raises for what PIL cannot read: as the library
         return FakeStream(data, image.width, image.height)
 
-    def Decoder(self, device_id, backends):  # noqa: N802 - the library's name
+    def Decoder(self, device_id, max_num_cpu_threads, backends, options):  # noqa: N802
         assert device_id == 0  # the worker's GPU index (a CPU's: none, so 0)
+        assert max_num_cpu_threads == 4  # not one per core on top of the decode threads
+        # libjpeg's (PIL's) upsampling, also in a region (0.9 refuses that unless told)
+        assert options.split() == [":fancy_upsampling=1", ":enable_roi_fancy_upsampling=1"]
         self.decoders.append(backends)
         return FakeDecoder(self, backends)
 
@@ -584,11 +634,12 @@ def test_nvimagecodec_itself_on_its_cpu_decoder_crops_as_the_cpu_path():
     path's decoded at full size, the corrupt JPEG refused alone."""
     from nvidia import nvimgcodec
 
-    from servecore.nvimgdecode import NvImageCodecDecoder
+    from servecore.nvimgdecode import OPTIONS, NvImageCodecDecoder
 
     cpu_only = nvimgcodec.Decoder(
         device_id=nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY,
         backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.CPU_ONLY)],
+        options=OPTIONS,
     )
     decoder = NvImageCodecDecoder(CPU, 200_000_000, nvimgcodec, cpu_only, "CPU")
     images = [JPEG, GRAY, LARGE, oriented(6), CORRUPT, mpo()]

@@ -141,3 +141,45 @@ def test_a_header_it_accepts_pil_opens_with_the_same_frame(data):
 
 
 PROGRESSIVE = imagegen.encode(imagegen.photo(64, 48), "JPEG", progressive=True)
+
+
+def _with_ids(data: bytes, ids: bytes) -> bytes:
+    """``data`` with its three components renamed ``ids``, in the frame and in the scan."""
+    renamed = bytearray(data)
+    sof, sos = data.index(b"\xff\xc0"), data.index(b"\xff\xda")
+    renamed[sof + 10 : sof + 19 : 3] = ids
+    renamed[sos + 5 : sos + 10 : 2] = ids
+    return bytes(renamed)
+
+
+def _rgb_variants() -> dict[str, bytes]:
+    """One photo stored as R, G, B (Adobe APP14 transform 0, component ids 'R', 'G', 'B'), its
+    markers then changed the ways libjpeg reads differently."""
+    stored = imagegen.encode(imagegen.photo(96, 64, seed=5), keep_rgb=True)
+    app14 = stored.index(b"\xff\xee")
+    no_adobe = stored[:app14] + stored[app14 + 2 + stored[app14 + 3] :]
+    jfif = b"\xff\xe0\x00\x10JFIF\x00\x01\x01\x00\x00\x01\x00\x01\x00\x00"
+    transform_1 = bytearray(stored)
+    transform_1[app14 + 4 + 11] = 1
+    return {
+        "adobe transform 0": stored,
+        "adobe transform 0, ids 1 2 3": _with_ids(stored, b"\x01\x02\x03"),
+        "adobe transform 1": bytes(transform_1),
+        "no adobe, ids R G B": no_adobe,
+        "no adobe, ids 1 2 3": _with_ids(no_adobe, b"\x01\x02\x03"),
+        "jfif and adobe transform 0": stored[:2] + jfif + stored[2:],
+    }
+
+
+@pytest.mark.parametrize("name", list(_rgb_variants()))
+def test_an_rgb_coded_jpeg_is_told_as_libjpeg_tells_it(name):
+    """``rgb_coded`` against libjpeg itself: the stored R, G, B come out as the photo's colours
+    only where PIL's decoder took them as RGB (as YCbCr they are far off); a JPEG PIL writes
+    as YCbCr is not RGB-coded, and one whose markers cannot be walked is taken as one."""
+    data = _rgb_variants()[name]
+    photo = np.asarray(imagegen.photo(96, 64, seed=5), dtype=float)
+    decoded = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=float)
+    read_as_rgb = float(np.abs(decoded - photo).mean()) < 10
+    assert jpegheader.rgb_coded(data) == read_as_rgb, name
+    assert not jpegheader.rgb_coded(imagegen.jpeg(96, 64, seed=5))
+    assert jpegheader.rgb_coded(data[:4] + b"junk" + data[4:])
