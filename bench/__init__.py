@@ -18,10 +18,12 @@ The other tools, each ``python -m bench.<name>`` (bench/README.md says what each
 ``coldstart`` (a KServe pod's start: storage initializer or modelcar);
 ``gpucore`` (the GPU loop ``gpu`` times) and ``gpureport`` (its report).
 
-Modules: ``loadgen`` (closed/open-loop HTTP clients), ``stats`` (percentiles, run summaries),
-``memory`` (peak RSS of a server's process tree), ``batchlog`` (batch sizes from TorchServe's
-log), ``raw`` (forward timing without serving), ``stock`` (the stock archive and its config),
-``archives`` (reading .mar files, sweep variants), ``serving`` (the load matrix against one
-server), ``targets`` (the issue's ratios), ``report`` (Markdown/JSON/PNG), ``machine``
-(machine and versions), ``layout`` (paths, CLI plumbing).
+Modules every tool shares: ``loadgen`` (the one HTTP loop: every request the tools send, and
+their bodies), ``markdown`` (every report's Markdown and JSON), ``layout`` (paths, the tools'
+CLI with its one ``--attach``, the server a tool measures), ``stats`` (percentiles, run
+summaries), ``memory`` (a server's RSS and CPU), ``batchlog`` (batch sizes from TorchServe's
+log), ``raw`` (forward timing without serving), ``stock`` (the stock archive, its config and
+server), ``archives`` (reading .mar files, sweep variants), ``serving`` (the load matrix
+against one server), ``targets`` (the issue's ratios), ``report`` (``python -m bench``'s
+report: Markdown, JSON, PNG), ``machine`` (machine and versions).
 """

@@ -1,26 +1,14 @@
-"""``python -m bench``: one run, same weights, three measurements, one report.
+"""``python -m bench`` (``make bench``): in one run, from the same weights, raw model speed, our
+served tagger (TorchServe, then Triton at the precision TorchServe's served) and TorchServe's
+stock ``image_classifier`` -> results/benchmark.{md,json,png}; bench/README.md says what each
+part measures.
 
-1. raw model speed in this process (every backend and OpenVINO precision: f32, bf16 where the
-   CPU has it, int8 when its IR was built; batch 1, 8 and the tagger's batchSize;
-   single-image latency) and the cost of one explanation per method
-   (``bench/explain_cost.py``);
-2. our served tagger: a real TorchServe with both archives of ``model-store/`` and the shipped
-   ``config/config.properties``; what ``precision: auto`` chose there (describe), then the
-   in-process pipeline of what it serves (decode, preprocess, forward at batch 8; no HTTP);
-   (the shipped archive carries the int8 IR beside the float one, so what ``auto`` serves may
-   be int8: no separate int8 server is needed);
-3. the same tagger at the precision TorchServe's served, on Triton (``bench/triton.py``;
-   skipped, saying so, without ``make triton-server``);
-4. TorchServe's stock ``image_classifier`` serving the same weights, with the same frontend
-   settings, in a TorchServe started only after the others stopped.
-
-Writes ``results/benchmark.{md,json,png}`` and prints the Markdown (progress goes to stderr).
-Every server is stopped in a ``finally``; nothing is left running.
+The Markdown is printed (progress goes to stderr). Every server is stopped in a ``finally``;
+nothing is left running but the server ``--attach`` names, measured as it is.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
 import os
@@ -29,25 +17,13 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from bench import explain_cost, machine, raw, report, stock, triton
+from bench import explain_cost, layout, machine, raw, report, stock, triton
 from bench.archives import ArchiveInfo
-from bench.layout import (
-    BUILD,
-    EMBEDDING,
-    IMAGES,
-    MODEL_STORE,
-    REPO,
-    RESULTS,
-    SAMPLES,
-    WEIGHTS,
-    fresh_dir,
-    setup_cli,
-)
+from bench.layout import BUILD, EMBEDDING, IMAGES, MODEL_STORE, REPO, SAMPLES, WEIGHTS, cli, parse
 from bench.layout import TAGGER as OURS
 from bench.serving import LoadPlan, measure_model
 from bench.targets import evaluate
-from devtools.server import LocalTorchServe
-from model_files.artifacts import CHECKPOINT, LABELS
+from model_files.artifacts import CHECKPOINT
 from servecore.config import HandlerConfig
 from servecore.preprocessor import Preprocessor
 
@@ -113,14 +89,6 @@ def run_raw(
     return raw.run_raw(WEIGHTS, images, Preprocessor(config), batches=batches, budget=budget)
 
 
-def served_row(ours: dict) -> str:
-    """The raw row that runs what the served tagger runs (its describe: backend, precision)."""
-    label = raw.variant_for(ours["backend"], ours["precision"])
-    if label is None:
-        raise RuntimeError(f"no raw row runs {ours['backend']} at {ours['precision']}")
-    return label
-
-
 def run_pipeline(label: str, config: HandlerConfig, image: bytes, budget: raw.Budget) -> dict:
     """The served tagger's work without serving: the raw row ``label`` (what it serves) at its
     handler settings."""
@@ -136,13 +104,8 @@ def serve_ours(
 ) -> dict:
     """``OURS`` served by a fresh TorchServe on the shipped archives and settings (``attach``:
     the one running in that folder, measured and left running), loaded by ``plan``."""
-    server = (
-        LocalTorchServe.attach(attach)
-        if attach
-        else LocalTorchServe(fresh_dir(BUILD / "run" / "ours"), MODEL_STORE)
-    )
     started = time.monotonic()
-    with server:
+    with layout.torchserve(attach, BUILD / "run" / "ours") as server:
         startup_s = time.monotonic() - started
         meta = server.client().describe(OURS, customized=True)[0].get("customizedMetadata") or {}
         served_sha = meta.get("weights", {}).get("sha256")
@@ -153,26 +116,19 @@ def serve_ours(
         measured = measure_model(
             server, OURS, images, plan, batches_from_log=False, progress=log.info
         )
+    choice = {k: meta.get(k, "unknown") for k in ("backend", "precision")}
     return {
         "model": OURS,
-        "backend": meta.get("backend", "unknown"),
-        "precision": meta.get("precision", "unknown"),
-        "precision_choice": meta.get("precision_choice"),
-        "quantization": meta.get("quantization"),
+        **choice,
+        **{k: meta.get(k) for k in ("precision_choice", "quantization")},
         "startup_s": None if attach else startup_s,
         **measured,
     }
 
 
 def serve_stock(images: dict[str, bytes], plan: LoadPlan) -> dict:
-    store = BUILD / "model-store"
-    serialized = stock.export_stock_model(WEIGHTS, BUILD)
-    stock.archive_stock(serialized, WEIGHTS / LABELS, store, BUILD / "archiver-tmp")
-    config = stock.stock_config(BUILD / "stock.properties", like=OURS)
-    workdir = fresh_dir(BUILD / "run" / "stock")
-    server = LocalTorchServe(workdir, store, config=config, load_models=[f"{stock.MODEL_NAME}.mar"])
     started = time.monotonic()
-    with server:
+    with stock.stock_server(BUILD / "run" / "stock", like=OURS) as server:
         startup_s = time.monotonic() - started
         measured = measure_model(
             server, stock.MODEL_NAME, images, plan, batches_from_log=True, progress=log.info
@@ -186,28 +142,13 @@ def serve_stock(images: dict[str, bytes], plan: LoadPlan) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=RESULTS,
-        help="where benchmark.md/.json/.png go (default: results/)",
-    )
+    parser = cli("python -m bench", __doc__, attach="ours")
     parser.add_argument(
         "--quick",
         action="store_true",
         help="seconds-long runs: a smoke test of the pipeline, not a benchmark",
     )
-    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    parser.add_argument(
-        "--attach",
-        type=Path,
-        metavar="DIR",
-        help="ours: the TorchServe devtools.server started in DIR (the shipped settings), "
-        "measured and left running",
-    )
-    args = parser.parse_args(argv)
-    setup_cli("bench", args.quiet)
+    args = parse(parser, argv)
     plan = QUICK_PLAN if args.quick else LoadPlan()
     budget = QUICK_BUDGET if args.quick else raw.Budget()
 
@@ -226,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     explain_results = explain_cost.run_explain(WEIGHTS, images["small"], config, args.quick)
     log.info("served: ours (%s)", OURS)
     ours = serve_ours(images, plan, weights, args.attach)
-    served = served_row(ours)
+    served = raw.served_variant(ours)
     log.info("in-process pipeline: %s (what the tagger served)", served)
     pipeline = run_pipeline(served, config, images["small"], budget)
     log.info("served: ours on Triton (%s at %s)", OURS, ours["precision"])
@@ -235,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     log.info("served: stock image_classifier")
     stock_results = serve_stock(images, plan)
-
+    targets = evaluate(raw_results, served, ours, stock_results, raw_batch=batch_size,
+                       pipeline=pipeline, cpu_flags=machine_info.get("cpu_flags"))  # fmt: skip
     results = {
         "meta": {
             "command": "python -m bench" + (" --quick" if args.quick else ""),
@@ -250,18 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         "pipeline": pipeline,
         "explain": explain_results,
         "served": {"ours": ours, "triton": triton_results, "stock": stock_results},
-        "targets": [
-            t.to_dict()
-            for t in evaluate(
-                raw_results,
-                served,
-                ours,
-                stock_results,
-                raw_batch=batch_size,
-                pipeline=pipeline,
-                cpu_flags=machine_info.get("cpu_flags"),
-            )
-        ],
+        "targets": [t.to_dict() for t in targets],
     }
     print(report.write_reports(results, args.out), end="")
     return 0

@@ -1,16 +1,9 @@
 """``python -m bench.availability``: what two workers per model cost in throughput, and what
-they buy when one worker dies.
-
-Two settings of the tagger (batchSize and maxBatchDelay from its YAML), each its own archive
-registered on one TorchServe: the shipped one (1 worker, every core per batch) and the
-availability option (2 workers, ``threads: 1`` each). For each: 16 closed-loop clients on the
-small JPEG (img/s, p50, p99), then the same load while one worker is killed with SIGKILL
-(failed requests, and whether the model answered throughout). Prints a Markdown table.
+they buy when one worker dies (bench/README.md says what it runs). Prints a Markdown table.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import threading
@@ -19,8 +12,9 @@ import time
 import yaml
 
 from bench.archives import ArchiveInfo, variant_config
-from bench.layout import BUILD, IMAGES, MODEL_STORE, SAMPLES, TAGGER, fresh_dir, setup_cli
+from bench.layout import BUILD, IMAGES, MODEL_STORE, SAMPLES, TAGGER, cli, fresh_dir, parse
 from bench.loadgen import closed_loop
+from bench.markdown import table
 from bench.serving import LoadPlan, ModelUnderTest, registered_variant
 from bench.stats import summarize
 from buildsteps.configgen import MODELS_DIR
@@ -62,36 +56,28 @@ def measure(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.availability", description=__doc__.splitlines()[0]
-    )
+    parser = cli("python -m bench.availability", __doc__, out=None)
     parser.add_argument("--seconds", type=float, default=12.0)
-    args = parser.parse_args(argv)
-    setup_cli("availability", quiet=False)  # SIGTERM reaches the finally that stops the server
+    args = parse(parser, argv)  # SIGTERM reaches the finally that stops the server
     plan = LoadPlan(closed_s=args.seconds)
     body = (SAMPLES / IMAGES["small"]).read_bytes()
     (WORK / "store").mkdir(parents=True, exist_ok=True)
     server = LocalTorchServe(
         fresh_dir(WORK / "run"), WORK / "store", load_models=[], model_api=True
     )
-    rows = []
     with server:
-        for workers, threads in ((1, None), (2, 1)):
-            rows.append(measure(server, body, workers, threads, plan))
+        rows = [measure(server, body, *setting, plan) for setting in ((1, None), (2, 1))]
+    cells = [
+        [f"{r['workers']} x {r['threads']}", r["throughput"], f"{r['p50_ms']:.0f}",
+         f"{r['p99_ms']:.0f}", f"{r['kill_errors']} / {r['kill_requests']} "
+         f"{r['kill_error_kinds'] or ''}", r["kill_throughput"]]
+        for r in rows
+    ]  # fmt: skip
+    header = "workers x threads | img/s | p50 ms | p99 ms | worker killed: failed / requests | "
     print(
         f"tagger, {CLIENTS} clients, small JPEG, {time.strftime('%Y-%m-%d')}, load average "
-        f"{os.getloadavg()[0]:.1f}\n"
+        f"{os.getloadavg()[0]:.1f}\n\n" + table(header + "img/s during kill", cells)
     )
-    print(
-        "| workers x threads | img/s | p50 ms | p99 ms | worker killed: failed / requests "
-        "| img/s during kill |\n| --- | --- | --- | --- | --- | --- |"
-    )
-    for r in rows:
-        print(
-            f"| {r['workers']} x {r['threads']} | {r['throughput']:.1f} | {r['p50_ms']:.0f} | "
-            f"{r['p99_ms']:.0f} | {r['kill_errors']} / {r['kill_requests']} "
-            f"{r['kill_error_kinds'] or ''} | {r['kill_throughput']:.1f} |"
-        )
     return 0
 
 

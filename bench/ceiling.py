@@ -20,9 +20,6 @@ median round is reported: one run of a row moved by 15% and more on this shared 
 
 from __future__ import annotations
 
-import argparse
-import base64
-import json
 import logging
 import math
 import tempfile
@@ -30,22 +27,21 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import psutil
-import requests
 
-from bench.layout import IMAGES, RESULTS, SAMPLES, fresh_dir, publish, setup_cli
-from bench.loadgen import Connection, Endpoint, closed_loop, post_once
+from bench.layout import IMAGES, SAMPLES, cli, fresh_dir, parse
+from bench.loadgen import Endpoint, closed_loop, v2_binary, v2_json, warm
 from bench.machine import dated, describe_machine
+from bench.markdown import bullets, document, figure, publish, section, table
+from bench.memory import Cpu
 from bench.null import package
 from bench.null.package import BATCH_IMAGES, KINDS, model_name
-from bench.report import table
 from bench.stats import summarize
-from bench.triton import binary_request, triton_serving
+from bench.triton import batch_meter, missing, triton_serving
 from devtools.server import LocalTorchServe
-from serveshared.v2binary import binary_body, binary_tensor, bytes_elements
-from tritonrepo.install import NotInstalled, TritonInstall
 
 logger = logging.getLogger("bench.ceiling")
 
@@ -89,33 +85,6 @@ class Row:
     worker_ms_runs: tuple[float, ...] = ()  # every round's worker_ms (this row: the median's)
 
 
-class Cpu:
-    """CPU seconds (user + system) of a set of processes, summed over those alive at both
-    reads: ``start``, then ``spent``."""
-
-    def __init__(self, processes: Callable[[], list[psutil.Process]]) -> None:
-        self.processes = processes
-        self.before: dict[int, float] = {}
-
-    @staticmethod
-    def _read(processes: list[psutil.Process]) -> dict[int, float]:
-        seconds = {}
-        for proc in processes:
-            try:
-                times = proc.cpu_times()
-            except psutil.Error:
-                continue
-            seconds[proc.pid] = times.user + times.system
-        return seconds
-
-    def start(self) -> None:
-        self.before = self._read(self.processes())
-
-    def spent(self) -> float:
-        after = self._read(self.processes())
-        return sum(after[p] - self.before[p] for p in after.keys() & self.before.keys())
-
-
 @dataclass
 class Target:
     """One engine serving the null models: where each row's requests go and its processes."""
@@ -127,33 +96,11 @@ class Target:
     batch_images: Callable[[str, int], Callable[[], float]]  # (kind, images) -> a meter
 
 
-def v2_json(images: int, image: bytes, outputs: list[str]) -> tuple[bytes, dict[str, str]]:
-    """A KServe v2 body of ``images`` copies of ``image``, base64 in the ``images`` BYTES
-    tensor [n, 1], asking for ``outputs``: what ``TorchServeClient.infer`` sends."""
-    data = base64.b64encode(image).decode("ascii")
-    body = {
-        "inputs": [
-            {"name": "images", "shape": [images, 1], "datatype": "BYTES", "data": [data] * images}
-        ],
-        "outputs": [{"name": name} for name in outputs],
-    }
-    return json.dumps(body).encode(), {"Content-Type": "application/json"}
-
-
-def v2_binary(images: int, image: bytes, outputs: list[str]) -> tuple[bytes, dict[str, str]]:
-    """``images`` copies of ``image`` as raw bytes in the binary tensor extension, asking for
-    ``outputs`` as raw bytes too: what ``tsctl embed`` sends."""
-    element = bytes_elements([image] * images)
-    header = {
-        "inputs": [binary_tensor("images", "BYTES", [images, 1], len(element))],
-        "outputs": [{"name": name, "parameters": {"binary_data": True}} for name in outputs],
-    }
-    return binary_body(header, element)
-
-
 def v2_request(form: str, images: int, image: bytes, outputs: list[str]):
-    """A v2 body of ``form`` (json or binary) and its headers."""
-    return (v2_binary if form == "binary" else v2_json)(images, image, outputs)
+    """A v2 body of ``images`` copies of ``image`` in ``form`` (json: base64 in JSON, as
+    ``TorchServeClient.infer`` sends it; binary: the raw bytes both ways, as ``tsctl embed``),
+    and its headers."""
+    return (v2_binary if form == "binary" else v2_json)([image] * images, outputs)
 
 
 @contextmanager
@@ -176,13 +123,9 @@ def torchserve(work: Path, image: bytes, models: list[tuple[str, int]]) -> Itera
                 body, headers = v2_request(form, images, image, ["embedding"])
             return Endpoint(url, {**auth, **headers}, body)
 
-        yield Target(
-            "torchserve",
-            endpoint,
-            lambda: server.processes()[:1],
-            lambda: server.processes()[1:],
-            lambda _kind, _images: lambda: math.nan,  # the rows' X-Batch-Size says it
-        )
+        # The batch meter: NaN, the rows' X-Batch-Size says it.
+        frontend, workers = (lambda: server.processes()[:1]), (lambda: server.processes()[1:])
+        yield Target("torchserve", endpoint, frontend, workers, lambda *_: lambda: math.nan)
 
 
 @contextmanager
@@ -195,52 +138,25 @@ def triton(work: Path, image: bytes, kinds: list[str]) -> Iterator[Target]:
         def endpoint(kind: str, images: int, form: str) -> Endpoint:
             url = f"{server.url}/v2/models/{model_name(kind)}/infer"
             if form == "raw":
-                body, headers = binary_request(image, "embedding")
+                body, headers = v2_binary([image], ["embedding"], binary_out=False)
             else:  # what serveclient asks Triton for: the embedding and its precision
                 body, headers = v2_request(form, images, image, ["embedding", "precision"])
             return Endpoint(url, headers, body)
 
         def batch_images(kind: str, _images: int) -> Callable[[], float]:
-            before = _triton_counts(server.url, model_name(kind))
+            return batch_meter(server.url, model_name(kind))
 
-            def mean() -> float:
-                after = _triton_counts(server.url, model_name(kind))
-                executions = after[1] - before[1]
-                return (after[0] - before[0]) / executions if executions else math.nan
-
-            return mean
-
-        yield Target(
-            "triton",
-            endpoint,
-            lambda: [root],
-            lambda: root.children(recursive=True),
-            batch_images,
-        )
-
-
-def _triton_counts(url: str, model: str) -> tuple[int, int]:
-    """(images inferred, model executions) so far, from Triton's statistics."""
-    stats = requests.get(f"{url}/v2/models/{model}/stats", timeout=30).json()["model_stats"][0]
-    return stats["inference_count"], stats["execution_count"]
+        workers = partial(root.children, recursive=True)
+        yield Target("triton", endpoint, lambda: [root], workers, batch_images)
 
 
 def measure(target: Target, kind: str, images: int, form: str, seconds: float) -> Row:
     """One closed-loop row after a warm-up whose every request must answer 200."""
     endpoint = target.endpoint(kind, images, form)
-    connection = Connection(endpoint)
-    for _ in range(WARMUP):
-        sample = post_once(connection, endpoint)
-        if not sample.ok:
-            raise RuntimeError(
-                f"{target.engine} {kind} x{images} {form}: warm-up got {sample.error}"
-            )
-    connection.close()
+    warm(endpoint, WARMUP, f"{target.engine} {kind} x{images} {form}")
     clients = 2 * BATCH_IMAGES // images
-    frontend, workers = Cpu(target.frontend), Cpu(target.workers)
     batches = target.batch_images(kind, images)
-    frontend.start()
-    workers.start()
+    frontend, workers = Cpu(target.frontend).start(), Cpu(target.workers).start()
     client_started, started = time.process_time(), time.monotonic()
     samples = closed_loop(endpoint, clients, seconds, MAX_REQUESTS)
     wall = time.monotonic() - started
@@ -252,23 +168,10 @@ def measure(target: Target, kind: str, images: int, form: str, seconds: float) -
     if math.isnan(batch) and not math.isnan(stats.batch_mean):
         batch = stats.batch_mean * images  # X-Batch-Size counts requests
     return Row(
-        target.engine,
-        kind,
-        images,
-        form,
-        clients,
-        stats.requests,
-        stats.errors,
-        stats.error_kinds,
-        stats.throughput,
-        stats.throughput * images,
-        stats.p50_ms,
-        stats.p99_ms,
-        batch,
-        1000 * front_s / served,
-        1000 * work_s / served,
-        client_cpu / wall,
-    )
+        target.engine, kind, images, form, clients, stats.requests, stats.errors,
+        stats.error_kinds, stats.throughput, stats.throughput * images, stats.p50_ms,
+        stats.p99_ms, batch, 1000 * front_s / served, 1000 * work_s / served, client_cpu / wall,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -310,114 +213,58 @@ def plan(rows: list[Row]) -> list[Need]:
     return needs
 
 
-def _f(value: float, places: int = 0) -> str:
-    return "n/a" if math.isnan(value) else f"{value:,.{places}f}"
+ROWS = ("engine | model | images/request | request | clients | requests | errors | requests/s | "
+        "images/s | p50 ms | p99 ms | images/batch | frontend CPU ms/request | worker CPU "
+        "ms/request | load generator cores | worker CPU ms/request, each round")  # fmt: skip
+NEEDS = ("engine | GPU figure | img/s | images/request | request | requests/s | worker cores | "
+         "workers | frontend cores")  # fmt: skip
 
 
 def report(rows: list[Row], machine: dict, seconds: float, rounds: int = 1) -> str:
     """results/ceiling.md: the rows, then the plan for one H100 from them."""
-    lines = [
-        "# Engine ceilings: models that do no work",
-        "",
+    cells = [
+        [r.engine, r.kind, r.images, FORMS[r.form], r.clients, f"{r.requests:,}", r.errors,
+         figure(r.requests_per_s), figure(r.images_per_s),
+         *(figure(v, 1) for v in (r.p50_ms, r.p99_ms, r.batch_images)),
+         *(figure(v, 2) for v in (r.frontend_ms, r.worker_ms, r.client_cores)),
+         ", ".join(figure(w, 2) for w in r.worker_ms_runs)]
+        for r in rows
+    ]  # fmt: skip
+    needs = [
+        [n.engine, n.gpu, f"{n.images_per_s:,.0f}", n.images, FORMS[n.form],
+         f"{n.requests_per_s:,.0f}", f"{n.worker_cores:.1f}", n.workers, f"{n.frontend_cores:.1f}"]
+        for n in plan(rows)
+    ]  # fmt: skip
+    return document(
+        "Engine ceilings: models that do no work",
         "Generated by `python -m bench.ceiling` (`make bench-ceiling`); bench/ceiling.py says "
         "what each row measures.",
-        "",
-        dated(),
-        f"- Host: {machine['cpu']}, {machine['cores']} cores, {machine['memory_gb']} GiB; "
-        f"{machine['cpu_busy_percent_before']:.0f}% busy in the second before the run "
-        "(a shared host: other work makes every rate lower and every latency longer; the CPU "
-        "per request is the steadier figure)",
-        f"- Each row: a closed loop of 2 batches of clients (a batch is {BATCH_IMAGES} images), "
-        f"{seconds:g} s after {WARMUP} warm-up requests, on 127.0.0.1; one worker (instance); "
-        f"queues of {package.QUEUE} requests (the ceiling, not the shipped bound); bare: the "
-        "engine alone, a fixed answer; core: our adapter and core, decode and forward no-ops",
-        f"- Rounds: each row ran {rounds} time(s), an engine's rows in turn; the row shown is "
-        "its median round by worker CPU per request, every round's figure in the last column",
-        "",
-        "## Rows",
-        "",
-    ]
-    lines += table(
-        [
-            "engine",
-            "model",
-            "images/request",
-            "request",
-            "clients",
-            "requests",
-            "errors",
-            "requests/s",
-            "images/s",
-            "p50 ms",
-            "p99 ms",
-            "images/batch",
-            "frontend CPU ms/request",
-            "worker CPU ms/request",
-            "load generator cores",
-            "worker CPU ms/request, each round",
-        ],
-        [
-            [
-                r.engine,
-                r.kind,
-                str(r.images),
-                FORMS[r.form],
-                str(r.clients),
-                f"{r.requests:,}",
-                str(r.errors),
-                _f(r.requests_per_s),
-                _f(r.images_per_s),
-                _f(r.p50_ms, 1),
-                _f(r.p99_ms, 1),
-                _f(r.batch_images, 1),
-                _f(r.frontend_ms, 2),
-                _f(r.worker_ms, 2),
-                _f(r.client_cores, 2),
-                ", ".join(_f(w, 2) for w in r.worker_ms_runs),
-            ]
-            for r in rows
-        ],
-        "llrlrrrrrrrrrrr",
-    )
-    lines += [
-        "",
-        "## Planning one H100",
-        "",
-        "The H100 figures are issue #41's, measured on landed main db71e10 (one NVIDIA H100 "
-        f"80GB, {H100_HOST_CORES} CPU cores): "
-        + "; ".join(f"{name} {rate:,} img/s" for name, rate in GPU_FIGURES)
-        + ". For each, the requests/s that carry it at each request size, and what the core "
-        "rows above say that costs in CPU of this host: worker processes (a Python worker uses "
-        "one core at most) and frontend cores. A floor: the real model's per-image work "
-        "(decode, transform, copies) comes on top.",
-        "",
-    ]
-    header = [
-        "engine",
-        "GPU figure",
-        "img/s",
-        "images/request",
-        "request",
-        "requests/s",
-        "worker cores",
-        "workers",
-        "frontend cores",
-    ]
-    needs = [
-        [
-            n.engine,
-            n.gpu,
-            f"{n.images_per_s:,.0f}",
-            str(n.images),
-            FORMS[n.form],
-            f"{n.requests_per_s:,.0f}",
-            f"{n.worker_cores:.1f}",
-            str(n.workers),
-            f"{n.frontend_cores:.1f}",
-        ]
-        for n in plan(rows)
-    ]
-    return "\n".join(lines + table(header, needs, "llrrlrrrr")) + "\n"
+        bullets([
+            dated(),
+            f"Host: {machine['cpu']}, {machine['cores']} cores, {machine['memory_gb']} GiB; "
+            f"{machine['cpu_busy_percent_before']:.0f}% busy in the second before the run (a "
+            "shared host: other work makes every rate lower and every latency longer; the CPU "
+            "per request is the steadier figure)",
+            f"Each row: a closed loop of 2 batches of clients (a batch is {BATCH_IMAGES} images), "
+            f"{seconds:g} s after {WARMUP} warm-up requests, on 127.0.0.1; one worker (instance); "
+            f"queues of {package.QUEUE} requests (the ceiling, not the shipped bound); bare: the "
+            "engine alone, a fixed answer; core: our adapter and core, decode and forward no-ops",
+            f"Rounds: each row ran {rounds} time(s), an engine's rows in turn; the row shown is "
+            "its median round by worker CPU per request, every round's figure in the last column",
+        ]),
+        section("Rows", table(ROWS, cells, "llrlrrrrrrrrrrr")),
+        section(
+            "Planning one H100",
+            "The H100 figures are issue #41's, measured on landed main db71e10 (one NVIDIA H100 "
+            f"80GB, {H100_HOST_CORES} CPU cores): "
+            + "; ".join(f"{name} {rate:,} img/s" for name, rate in GPU_FIGURES)
+            + ". For each, the requests/s that carry it at each request size, and what the core "
+            "rows above say that costs in CPU of this host: worker processes (a Python worker "
+            "uses one core at most) and frontend cores. A floor: the real model's per-image work "
+            "(decode, transform, copies) comes on top.",
+            table(NEEDS, needs, "llrrlrrrr"),
+        ),
+    )  # fmt: skip
 
 
 def median_row(runs: list[Row]) -> Row:
@@ -443,10 +290,8 @@ def run(
         if not wanted:
             continue
         if engine == "triton":
-            try:
-                TritonInstall().check()
-            except NotInstalled as exc:
-                logger.warning("no Triton rows: %s", exc)
+            if why := missing():
+                logger.warning("no Triton rows: %s", why)
                 continue
             server = triton(fresh_dir(work / engine), image, sorted({k for k, _ in wanted}))
         else:
@@ -457,41 +302,26 @@ def run(
             for kind, images, form in [r for _ in range(rounds) for r in requests]:
                 row = measure(target, kind, images, form, seconds)
                 runs.setdefault((kind, images, form), []).append(row)
-                logger.info(
-                    "%s %s x%d %s: %.0f requests/s, %.0f images/s, p50 %.1f ms, %d errors",
-                    engine,
-                    kind,
-                    images,
-                    form,
-                    row.requests_per_s,
-                    row.images_per_s,
-                    row.p50_ms,
-                    row.errors,
-                )
+                logger.info("%s %s x%d %s: %.0f requests/s, %.0f images/s, p50 %.1f ms, %d errors",
+                            engine, kind, images, form, row.requests_per_s, row.images_per_s,
+                            row.p50_ms, row.errors)  # fmt: skip
             measured += [median_row(found) for found in runs.values()]
     return measured
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.ceiling", description=__doc__.split("\n\n")[0]
-    )
+    parser = cli("python -m bench.ceiling", __doc__)
     parser.add_argument("--seconds", type=float, default=12.0, help="measured time per row")
     parser.add_argument(
         "--rounds", type=int, default=3, help="times each row runs; the median is reported"
     )
     parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="one 2 s row per engine (core, 8 images, v2 binary)",
+        "--quick", action="store_true", help="one 2 s row per engine (core, 8 images, v2 binary)"
     )
     parser.add_argument(
         "--engine", choices=ENGINES, action="append", help="only this engine (repeatable)"
     )
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    args = parser.parse_args(argv)
-    setup_cli("bench.ceiling", args.quiet)
+    args = parse(parser, argv)
     if args.quick:
         plan_rows, seconds, rounds = [(e, "core", 8, "binary") for e in ENGINES], 2.0, 1
     else:
@@ -502,11 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     # Not under build/: the staged copies of our packages would count as more modules.
     with tempfile.TemporaryDirectory(prefix="bench-ceiling-") as work:
         rows = run(plan_rows, seconds, Path(work), rounds)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "ceiling.json").write_text(
-        json.dumps({"machine": machine, "rows": [asdict(r) for r in rows]}, indent=2) + "\n"
-    )
-    return publish(args.out / "ceiling.md", report(rows, machine, seconds, rounds))
+    figures = {"machine": machine, "rows": [asdict(r) for r in rows]}
+    return publish(args.out / "ceiling.md", report(rows, machine, seconds, rounds), figures)
 
 
 if __name__ == "__main__":

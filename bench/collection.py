@@ -20,23 +20,22 @@ The photos (mixed sizes, JPEG and PNG, seeded) are generated once into build/ben
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 
-from bench.loadgen import Connection, Endpoint, post_once
+from bench.layout import REPO, RESULTS, cli, parse
+from bench.loadgen import Endpoint, each_once
 from bench.machine import cpu_model, dated
-from bench.report import table
+from bench.markdown import document, publish, section, table
 from bench.stats import summarize
 from devtools.server import LocalTorchServe
 from serveclient import metrics
@@ -44,7 +43,6 @@ from serveclient.batchjob import Plan
 from serveclient.search.exact import ExactSearch
 from serveclient.vectors import EMBEDDING_DIM, Output, Row
 
-REPO = Path(__file__).resolve().parent.parent
 WORK = REPO / "build" / "bench-collection"
 MODEL = "resnet50-embedding"
 TSCTL = REPO / ".venv" / "bin" / "tsctl"
@@ -74,74 +72,60 @@ def generate(folder: Path, count: int) -> list[Path]:
     return paths
 
 
+def mix() -> str:
+    """``MIX`` as the reports say it."""
+    return ", ".join(f"{int(share * 100)}% {w}x{h} {f}" for share, w, h, f in MIX)
+
+
 def server_throughput(server: LocalTorchServe, photos: list[Path], clients: int) -> dict:
     """Every photo once through bench's load generator, ``clients`` connections."""
-    headers = server.keys.inference_headers()
-    url = f"{server.inference_url}/predictions/{MODEL}"
-    queue = list(reversed(photos))
-    lock = threading.Lock()
-    samples = []
-
-    def client() -> None:
-        connection = None
-        while True:
-            with lock:
-                if not queue:
-                    break
-                path = queue.pop()
-            endpoint = Endpoint(url, headers, path.read_bytes(), 120.0)
-            connection = connection or Connection(endpoint)
-            sample = post_once(connection, endpoint)
-            with lock:
-                samples.append(sample)
-        if connection:
-            connection.close()
-
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    stats = summarize(samples)
+    url, headers = f"{server.inference_url}/predictions/{MODEL}", server.keys.inference_headers()
+    endpoints = [Endpoint(url, headers, path, 120.0) for path in photos]
+    stats = summarize(each_once(endpoints, clients, float("inf"), None).join())
     return {
         "clients": clients,
-        "images": len(samples),
+        "images": stats.requests,
         "ok": stats.ok,
         "seconds": round(stats.duration_s, 2),
         "images_per_s": round(stats.throughput, 2),
     }
 
 
+def tsctl(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """``tsctl --json ARGV`` started with ``env`` (the server's), its output piped."""
+    return subprocess.Popen(
+        [str(TSCTL), "--json", *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+
+
+def tsctl_answer(process: subprocess.Popen, command: str) -> dict:
+    """The JSON answer of a ``tsctl`` run once it ends (exit 7: some files failed, which the
+    answer lists)."""
+    out, err = process.communicate(timeout=3600)
+    if process.returncode not in (0, 7):
+        raise RuntimeError(f"tsctl {command} failed ({process.returncode}): {err[-2000:]}")
+    return json.loads(out)
+
+
 def run_tsctl(server: LocalTorchServe, argv: list[str]) -> dict:
     """One tsctl run: its JSON answer, wall seconds, and CPU seconds (user + system)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
-    done = subprocess.run(
-        [str(TSCTL), "--json", *argv],
-        env=server.cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=3600,
-    )
+    answer = tsctl_answer(tsctl(argv, server.cli_env()), argv[0])
     wall = time.monotonic() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    if done.returncode not in (0, 7):
-        raise RuntimeError(f"tsctl {argv[0]} failed ({done.returncode}): {done.stderr}")
-    return {
-        "answer": json.loads(done.stdout),
-        "wall_s": round(wall, 2),
-        "cpu_s": round(cpu, 2),
-        "cpu_share": round(cpu / wall, 3),
-    }
+    return {"answer": answer, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
+            "cpu_share": round(cpu / wall, 3)}  # fmt: skip
 
 
-def handler_images(server: LocalTorchServe) -> float:
-    text = server.client().metrics_text()
+def handler_images(server: LocalTorchServe, models=(MODEL,)) -> float:
+    """Images the handler of ``models`` has answered so far (its ``resnet50_images``)."""
     return sum(
         value
-        for name, labels, value in metrics.samples(text)
-        if name == "resnet50_images" and labels.get("model") == MODEL
+        for name, labels, value in metrics.samples(server.client().metrics_text())
+        if name == "resnet50_images" and labels.get("model") in models
     )
 
 
@@ -218,68 +202,35 @@ def similar_over(server: LocalTorchServe, count: int, query: Path) -> dict:
 def report(results: dict) -> str:
     s, j, k, q = results["server"], results["job"], results["kill"], results["similar"]
     ratio = j["images_per_s"] / s["images_per_s"] if s["images_per_s"] else float("nan")
-    return "\n".join(
-        [
-            "# The collection job (`make bench-collection`)",
-            "",
-            results.get("provenance", ""),
-            "",
-            f"Generated by `python -m bench.collection` on {results['machine']}: "
-            f"{results['photos']} photos of mixed sizes ({results['mix']}), one local TorchServe, "
-            f"{MODEL} (batchSize {results['plan']['batch_size']}, "
-            f"{results['plan']['workers']} worker(s)).",
-            "",
-            *table(
-                ["run", "images", "seconds", "images/s", "client CPU (share of one core)"],
-                [
-                    [
-                        f"server alone (bench load generator, {s['clients']} clients, "
-                        "/predictions)",
-                        str(s["ok"]),
-                        str(s["seconds"]),
-                        str(s["images_per_s"]),
-                        "-",
-                    ],
-                    *(
-                        [
-                            [
-                                f"the rest of the {s['images']} it sent: not answered 200 (no "
-                                f"retries: what {s['clients']} clients send beyond the "
-                                "frontend's queue (job_queue_size) is refused with 503; tsctl "
-                                "waits and retries)",
-                                str(s["images"] - s["ok"]),
-                                "",
-                                "",
-                                "",
-                            ]
-                        ]
-                        if s["images"] > s["ok"]
-                        else []
-                    ),
-                    [
-                        f"`tsctl embed` ({results['plan']['concurrency']} requests x "
-                        f"{results['plan']['per_request']} images in flight, v2)",
-                        str(j["done"] + j["failed"]),
-                        str(j["wall_s"]),
-                        str(j["images_per_s"]),
-                        f"{j['cpu_share']:.1%} ({j['cpu_s']} s)",
-                    ],
-                ],
-                "lrrrr",
-            ),
-            "",
-            f"The job ran at **{ratio:.2f}x** the server's own throughput (target >= 0.9).",
-            "",
-            "## SIGKILL at about 50%, then rerun",
-            "",
+    plan = results["plan"]
+    rows = [[f"server alone (bench load generator, {s['clients']} clients, /predictions)",
+             str(s["ok"]), str(s["seconds"]), str(s["images_per_s"]), "-"]]  # fmt: skip
+    if s["images"] > s["ok"]:
+        rows.append([f"the rest of the {s['images']} it sent: not answered 200 (no retries: "
+                     f"what {s['clients']} clients send beyond the frontend's queue "
+                     "(job_queue_size) is refused with 503; tsctl waits and retries)",
+                     str(s["images"] - s["ok"]), "", "", ""])  # fmt: skip
+    rows.append([f"`tsctl embed` ({plan['concurrency']} requests x {plan['per_request']} images "
+                 "in flight, v2)", str(j["done"] + j["failed"]), str(j["wall_s"]),
+                 str(j["images_per_s"]), f"{j['cpu_share']:.1%} ({j['cpu_s']} s)"])  # fmt: skip
+    return document(
+        "The collection job (`make bench-collection`)",
+        results["provenance"],
+        f"Generated by `python -m bench.collection` on {results['machine']}: "
+        f"{results['photos']} photos of mixed sizes ({results['mix']}), one local TorchServe, "
+        f"{MODEL} (batchSize {plan['batch_size']}, {plan['workers']} worker(s)).",
+        table("run | images | seconds | images/s | client CPU (share of one core)", rows, "lrrrr"),
+        f"The job ran at **{ratio:.2f}x** the server's own throughput (target >= 0.9).",
+        section(
+            "SIGKILL at about 50%, then rerun",
             f"Rows written at the kill: {k['rows_written_at_kill']}; images the server had "
             f"answered by then: {k['answered_by_server_at_kill']} (so {k['lost']} answered but "
             "not yet written, the in-flight requests and the last flush interval). The rerun "
             f"skipped {k['rerun_skipped']}, embedded {k['rerun_done']} "
             f"({k['rerun_failed']} failed) and ended with {k['final_rows']} rows.",
-            "",
-            "## Exact search",
-            "",
+        ),
+        section(
+            "Exact search",
             f"`ExactSearch.nearest` over {q['vectors']:,} stored vectors "
             f"({q['file_mb']} MB of Parquet), k=10: the first search {q['first_search_s']} s "
             "(it decodes the Parquet once and writes the unit vectors beside it as "
@@ -287,19 +238,15 @@ def report(results: dict) -> str:
             f"{', '.join(f'{t} s' for t in q['search_s'])}; "
             f"`tsctl similar` end to end (start, embed the query on the server, search): "
             f"{q['tsctl_similar_wall_s']} s.",
-            "",
-        ]
+        ),
     )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.collection", description=__doc__.splitlines()[0]
-    )
+    parser = cli("python -m bench.collection", __doc__, out=RESULTS / "collection.md")
     parser.add_argument("--photos", type=int, default=2000)
     parser.add_argument("--vectors", type=int, default=100_000)
-    parser.add_argument("--out", type=Path, default=REPO / "results" / "collection.md")
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     photos_dir = WORK / f"photos-{args.photos}"
     print(f"bench.collection: generating {args.photos} photos in {photos_dir}", file=sys.stderr)
     photos = generate(photos_dir, args.photos)
@@ -322,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": f"{cpu_model()}, {os.cpu_count()} CPUs",
         "provenance": dated(),
         "photos": len(photos),
-        "mix": ", ".join(f"{int(share * 100)}% {w}x{h} {f}" for share, w, h, f in MIX),
+        "mix": mix(),
         "plan": {
             "batch_size": entry.get("batchSize"),
             "workers": len(entry.get("workers") or []),
@@ -334,11 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         "kill": kill,
         "similar": similar,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(report(results))
-    args.out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
-    print(f"bench.collection: wrote {args.out}", file=sys.stderr)
-    return 0
+    return publish(args.out, report(results), results)
 
 
 if __name__ == "__main__":

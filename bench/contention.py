@@ -1,25 +1,21 @@
 """How each runtime's raw forward holds up next to other busy processes:
-``python -m bench.contention`` (about 2 minutes).
+``python -m bench.contention`` (about 2 minutes; bench/README.md says why it exists).
 
-Why it exists: benchmark runs taken beside other work showed TorchServe's stock handler
-(TorchScript, PyTorch's OpenMP threads) collapsing far more than our OpenVINO tagger. This
-measures the forward of both runtimes (batch 8 unless ``--batch``), from the same weights,
-alone and beside: one and two busy-looping processes, and one PyTorch process running its own
-OpenMP threads (what a test suite or another model server next to TorchServe looks like).
-Prints a Markdown table.
+The forward of TorchServe's stock runtime and ours, from the same weights, alone and beside
+each of ``NEIGHBOURS``. Prints a Markdown table.
 """
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 import warnings
 
 import torch
 
-from bench import raw, report
-from bench.layout import BUILD, WEIGHTS, setup_cli
+from bench import raw
+from bench.layout import BUILD, WEIGHTS, cli, parse
+from bench.markdown import fmt, table
 from bench.stock import SERIALIZED as STOCK_FILE
 from bench.stock import export_stock_model
 from model_files.artifacts import SERIALIZED
@@ -43,19 +39,13 @@ NEIGHBOURS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.contention",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = cli("python -m bench.contention", __doc__, out=None)
     parser.add_argument("--seconds", type=float, default=6.0, help="per measurement")
     parser.add_argument(
         "--warmup", type=int, default=2, help="untimed forwards before each measurement"
     )
     parser.add_argument("--batch", type=int, default=8, help="images per forward (default 8)")
-    parser.add_argument("--quiet", action="store_true")
-    args = parser.parse_args(argv)
-    setup_cli("contention", args.quiet)
+    args = parse(parser, argv)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.jit.load's deprecation notice
         stock = torch.jit.load(str(export_stock_model(WEIGHTS, BUILD))).eval()
@@ -89,19 +79,13 @@ def main(argv: list[str] | None = None) -> int:
             for process in neighbours:
                 process.kill()
                 process.wait()
-        rows.append([label, *(report.fmt(rate) for rate in rates)])
+        rows.append([label, *(fmt(rate) for rate in rates)])
         print(" | ".join(rows[-1]), file=sys.stderr)
-    lines = report.table(
-        [
-            "beside",
-            "TorchScript float32 (stock's runtime), img/s",
-            f"OpenVINO {ours.precision} (ours), img/s",
-        ],
-        rows,
-    )
+    header = ["beside", "TorchScript float32 (stock's runtime), img/s",
+              f"OpenVINO {ours.precision} (ours), img/s"]  # fmt: skip
     print(
         f"Batch-{args.batch} forward, {STOCK_FILE} vs {SERIALIZED['openvino']}, "
-        f"{args.seconds:g} s each.\n\n" + "\n".join(lines)
+        f"{args.seconds:g} s each.\n\n" + table(header, rows)
     )
     return 0
 

@@ -14,28 +14,27 @@ cores with the server: read the ratios.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import json
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
-from bench import report
-from bench.layout import EMBEDDING, IMAGES, MODEL_STORE, RESULTS, SAMPLES, publish, setup_cli
-from bench.loadgen import Endpoint, closed_loop
+from bench.layout import EMBEDDING, IMAGES, MODEL_STORE, RESULTS, SAMPLES, cli, parse
+from bench.loadgen import Endpoint, closed_loop, v2_binary
 from bench.machine import dated
+from bench.markdown import document, publish, table
 from bench.stats import summarize
-from bench.triton import binary_request, triton_serving
+from bench.triton import missing, triton_serving
 from devtools.server import LocalTorchServe
 from servecore.config import HandlerConfig
 from servecore.preprocessor import Preprocessor
 from serveshared.v2binary import binary_body, binary_tensor
 from tritonrepo.generate import generate
-from tritonrepo.install import NotInstalled, TritonInstall
 
 PHOTOS = ("small", "12mp-noisy")
 CLIENTS = 4
@@ -71,100 +70,75 @@ def measure(endpoints: dict[str, Endpoint], seconds: float) -> dict[str, dict]:
     return rows
 
 
-def torchserve_rows(photos: dict[str, bytes], work: Path, seconds: float) -> dict[str, dict]:
-    models = [f"{EMBEDDING}.mar"]
-    with LocalTorchServe(work / "torchserve", MODEL_STORE, load_models=models) as server:
-        assert server.keys is not None
-        auth = server.keys.inference_headers()
-        endpoints = {}
-        for name, data in photos.items():
-            url = server.inference_url
-            endpoints[f"torchserve {name} jpeg"] = Endpoint(
-                f"{url}/predictions/{EMBEDDING}", auth, data
-            )
-            body, headers = crops_request(crop_of(data))
-            endpoints[f"torchserve {name} crop"] = Endpoint(
-                f"{url}/v2/models/{EMBEDDING}/infer", {**auth, **headers}, body
-            )
-        return measure(endpoints, seconds)
-
-
-def triton_rows(photos: dict[str, bytes], work: Path, seconds: float) -> dict[str, dict]:
+@contextmanager
+def serving(engine: str, work: Path) -> Iterator[tuple]:
+    """The engine serving the embedding model: how it is sent a photo (TorchServe: the raw
+    body on ``/predictions``; Triton: the ``images`` BYTES tensor, binary), its v2 route and
+    auth headers."""
+    if engine == "torchserve":
+        models = [f"{EMBEDDING}.mar"]
+        with LocalTorchServe(work / "torchserve", MODEL_STORE, load_models=models) as server:
+            auth, url = server.keys.inference_headers(), server.inference_url
+            yield (lambda data: Endpoint(f"{url}/predictions/{EMBEDDING}", auth, data),
+                   f"{url}/v2/models/{EMBEDDING}/infer", auth)  # fmt: skip
+        return
     generate(work / "repository", model_store=MODEL_STORE, lanes=False)
     with triton_serving(work / "repository", work / "triton.log") as triton:
         url = f"{triton.url}/v2/models/{EMBEDDING}/infer"
+
+        def jpeg(data: bytes) -> Endpoint:
+            body, headers = v2_binary([data], ["embedding"], binary_out=False)
+            return Endpoint(url, headers, body)
+
+        yield jpeg, url, {}
+
+
+def engine_rows(engine: str, photos: dict[str, bytes], work: Path, seconds: float) -> dict:
+    """Each photo's JPEG and crop rows on ``engine``."""
+    with serving(engine, work) as (jpeg, v2_url, auth):
         endpoints = {}
         for name, data in photos.items():
-            body, headers = binary_request(data, output="embedding")
-            endpoints[f"triton {name} jpeg"] = Endpoint(url, headers, body)
+            endpoints[f"{engine} {name} jpeg"] = jpeg(data)
             body, headers = crops_request(crop_of(data))
-            endpoints[f"triton {name} crop"] = Endpoint(url, headers, body)
+            endpoints[f"{engine} {name} crop"] = Endpoint(v2_url, {**auth, **headers}, body)
         return measure(endpoints, seconds)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.crops", description=__doc__)
+    parser = cli("python -m bench.crops", __doc__, out=RESULTS / "crops.md")
     parser.add_argument("--seconds", type=float, default=12.0, help="per measured row")
-    parser.add_argument("--out", type=Path, default=RESULTS / "crops.md")
-    parser.add_argument("--quiet", action="store_true")
-    args = parser.parse_args(argv)
-    setup_cli("crops", args.quiet)
+    args = parse(parser, argv)
     photos = {name: (SAMPLES / IMAGES[name]).read_bytes() for name in PHOTOS}
-    engines: dict[str, Callable[..., dict[str, dict]]] = {"torchserve": torchserve_rows}
-    try:
-        TritonInstall().check()
-        engines["triton"] = triton_rows
-    except NotInstalled as exc:
-        print(f"no Triton rows: {exc}", file=sys.stderr)
+    engines = ["torchserve"]
+    if why := missing():
+        print(f"no Triton rows: {why}", file=sys.stderr)
+    else:
+        engines.append("triton")
     rows: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="bench-crops.") as tmp:
-        for engine, run in engines.items():
-            rows |= run(photos, Path(tmp) / engine, args.seconds)
-    table = []
-    for engine in engines:
-        for name in photos:
-            jpeg, crop = rows[f"{engine} {name} jpeg"], rows[f"{engine} {name} crop"]
-            table.append(
-                [
-                    engine,
-                    name,
-                    report.fmt(jpeg["img_s"]),
-                    report.fmt(crop["img_s"]),
-                    f"{crop['img_s'] / jpeg['img_s']:.2f}x",
-                    f"{jpeg['p50_ms']:.0f} / {crop['p50_ms']:.0f}",
-                ]
-            )
-    sizes = [
-        [
-            name,
-            f"{len(data):,}",
-            f"{json_base64_bytes(data):,}",
-            f"{len(crops_request(crop_of(data))[0]):,}",
-            f"{json_base64_bytes(data) / len(crops_request(crop_of(data))[0]):.1f}x",
-        ]
-        for name, data in photos.items()
-    ]
-    lines = [
-        "# The server fed crops against fed JPEGs",
-        "",
+        for engine in engines:
+            rows |= engine_rows(engine, photos, Path(tmp) / engine, args.seconds)
+    table_rows = []
+    for engine, name in ((e, n) for e in engines for n in photos):
+        jpeg, crop = rows[f"{engine} {name} jpeg"], rows[f"{engine} {name} crop"]
+        table_rows.append([engine, name, jpeg["img_s"], crop["img_s"],
+                           f"{crop['img_s'] / jpeg['img_s']:.2f}x",
+                           f"{jpeg['p50_ms']:.0f} / {crop['p50_ms']:.0f}"])  # fmt: skip
+    sizes = []
+    for name, data in photos.items():
+        crop_size, json_size = len(crops_request(crop_of(data))[0]), json_base64_bytes(data)
+        sizes.append([name, f"{len(data):,}", f"{json_size:,}", f"{crop_size:,}",
+                      f"{json_size / crop_size:.1f}x"])  # fmt: skip
+    text = document(
+        "The server fed crops against fed JPEGs",
         "Generated by `make bench-crops` (bench/crops.py): 1-image requests to the embedding "
         f"model, {CLIENTS} closed-loop clients, {args.seconds:g} s a row, one engine at a time.",
-        "",
         dated(),
-        "",
-        *report.table(
-            ["engine", "photo", "JPEG img/s", "crop img/s", "crop / JPEG", "p50 ms JPEG / crop"],
-            table,
-        ),
-        "",
+        table("engine | photo | JPEG img/s | crop img/s | crop / JPEG | p50 ms JPEG / crop",
+              table_rows),
         "Bytes on the wire per image (request body):",
-        "",
-        *report.table(
-            ["photo", "the file (raw body)", "v2 JSON, base64", "crop, binary", "JSON / crop"],
-            sizes,
-        ),
-    ]
-    text = "\n".join(lines) + "\n"
+        table("photo | the file (raw body) | v2 JSON, base64 | crop, binary | JSON / crop", sizes),
+    )  # fmt: skip
     return publish(args.out, text)
 
 

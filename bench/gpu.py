@@ -46,7 +46,8 @@ from torchvision.transforms.v2 import functional as F
 
 from bench.gpucore import core_missing, handler_setting, run_core
 from bench.gpureport import Findings, Rate, Setting, report
-from bench.layout import BUILD, IMAGES, RESULTS, SAMPLES, WEIGHTS, setup_cli
+from bench.layout import BUILD, IMAGES, RESULTS, SAMPLES, WEIGHTS, cli, parse
+from bench.markdown import publish
 from model_files.artifacts import CHECKPOINT, INFO, LABELS
 from model_files.resnet_dual import WEIGHTS as PRESET
 from model_files.resnet_dual import build_dual
@@ -262,9 +263,7 @@ def measure_all(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = cli("python -m bench.gpu", __doc__, out=None)
     parser.add_argument("--quick", action="store_true", help="tiny counts: a smoke run")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile")
     parser.add_argument("--weights", type=Path, default=WEIGHTS)
@@ -277,19 +276,14 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="a handler: setting for the core (decode_threads=16), repeatable",
     )
-    parser.add_argument("--quiet", action="store_true")
-    args = parser.parse_args(argv)
-    setup_cli("bench.gpu", args.quiet)
+    args = parse(parser, argv)
     device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
     full_gpu = device.type == "cuda" and not args.quick
     out = args.out or (GPU_REPORT if full_gpu else BUILD / "bench-gpu.md")
     if out.resolve() == GPU_REPORT.resolve() and not full_gpu:
         parser.error(f"{GPU_REPORT} holds GPU figures: give --out for a CPU or --quick run")
     text = report(measure_all(device, jpegs(), args))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    print(text, end="")
-    log.info("wrote %s", out)
+    publish(out, text)
     return 1 if "**core failed: " in text else 0
 
 

@@ -24,7 +24,6 @@ checkpoint, else seeded ones (the checks compare decoders, not answers' quality)
 
 from __future__ import annotations
 
-import argparse
 import functools
 import importlib
 import io
@@ -46,8 +45,9 @@ from PIL import Image
 from bench.gpu import weights_folder
 from bench.gpucore import _jpeg_request, _model
 from bench.gpureport import device_line
-from bench.layout import BUILD, RESULTS, WEIGHTS, publish, setup_cli
+from bench.layout import BUILD, RESULTS, WEIGHTS, cli, parse
 from bench.machine import dated
+from bench.markdown import bullets, document, publish, section
 from tests import imagegen
 
 log = logging.getLogger("bench.gpucheck")
@@ -391,22 +391,16 @@ def run_checks(b: Bench) -> tuple[list[str], int]:
     for number, (title, findings, check, decides) in enumerate(CHECKS, 1):
         started = time.perf_counter()
         try:
-            lines = [f"- {line}" for line in check(b)]
+            lines = check(b)
         except Skipped as why:
-            lines = [f"- skipped: {why}"]
+            lines = [f"skipped: {why}"]
         except Exception as error:  # noqa: BLE001 - one check failing is its line, not the run's
             failed += 1
-            lines = [f"- **failed**: {type(error).__name__}: {str(error).splitlines()[0][:300]}"]
+            lines = [f"**failed**: {type(error).__name__}: {str(error).splitlines()[0][:300]}"]
         took = time.perf_counter() - started
         log.info("%d. %s: %.1f s", number, title, took)
-        sections += [
-            f"## {number}. {title} (review {findings}; {took:.1f} s)",
-            "",
-            *lines,
-            "",
-            f"Decides: {decides}",
-            "",
-        ]
+        heading = f"{number}. {title} (review {findings}; {took:.1f} s)"
+        sections.append(section(heading, bullets(lines), f"Decides: {decides}"))
     return sections, failed
 
 
@@ -418,24 +412,17 @@ def report(b: Bench) -> tuple[str, int]:
     except Skipped as why:
         version = f"nvImageCodec: {why}"
     sections, failed = run_checks(b)
-    head = [
-        "# The GPU path's open questions, asked of the device (`python -m bench.gpucheck`)",
-        "",
-        f"- Device: {device_line(b.device)}",
-        dated(),
-        f"- {version}; torch {torch.__version__}, torchvision {torchvision.__version__}",
-        "",
-    ]
-    return "\n".join([*head, *sections]), failed
+    head = [f"Device: {device_line(b.device)}", dated()]
+    head.append(f"{version}; torch {torch.__version__}, torchvision {torchvision.__version__}")
+    title = "The GPU path's open questions, asked of the device (`python -m bench.gpucheck`)"
+    return document(title, bullets(head), *sections), failed
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli("python -m bench.gpucheck", __doc__, out=None)
     parser.add_argument("--weights", type=Path, default=WEIGHTS)
     parser.add_argument("--out", type=Path, help="results/gpu-check.md on a GPU, else build/")
-    parser.add_argument("--quiet", action="store_true")
-    args = parser.parse_args(argv)
-    setup_cli("bench.gpucheck", args.quiet)
+    args = parse(parser, argv)
     device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
     out = args.out or (GPU_REPORT if device.type == "cuda" else BUILD / "gpu-check.md")
     if out.resolve() == GPU_REPORT.resolve() and device.type != "cuda":

@@ -11,6 +11,7 @@ import torch
 import torchvision
 
 from bench.machine import dated
+from bench.markdown import bullets, document, section, table
 from servecore.host import cpu_model
 
 PARTS = ("open", "decode", "forward", "answer")  # the core's metrics, in the order they run
@@ -71,10 +72,6 @@ def device_line(device: torch.device) -> str:
     return f"CPU: {cpu_model()}, {torch.get_num_threads()} torch threads"
 
 
-def table(header: str, rows: list[str]) -> list[str]:
-    return [f"| {header} |", "|" + " --- |" * (header.count("|") + 1), *rows, ""]
-
-
 def rate(r: Rate | None) -> str:
     """Images per second: whole above 100, else 3 significant digits (a CPU smoke's 0.4)."""
     if r is None:
@@ -104,95 +101,95 @@ def forward_share(f: Findings, name: str) -> str:
 
 def report(f: Findings) -> str:
     """The Markdown report: provenance, the three sections and their ratios."""
-    top, cpu = f.raw[f.best, f.ref], f.device.type == "cpu"
-    batches = "images | batch | img/s | ms/batch"
-
-    def by_image(rates: dict[str, Rate]) -> list[str]:
-        return [
-            f"| {n} | {batch_of(f, n)} | {rate(r)} | {r.batch_ms:.1f} |" for n, r in rates.items()
-        ]
-
-    return "\n".join(
-        [
-            "# The core against the device's ceilings (`python -m bench.gpu`)",
-            "",
-            dated(),
-            f"- Device: **{device_line(f.device)}**",
-            f"- torch {torch.__version__}, torchvision {torchvision.__version__}, Python "
-            f"{platform.python_version()}; weights: {f.weights}"
-            + (
-                ""
-                if cpu
-                else "; `cudnn.benchmark` on for 1 and 2, restored for 3 (the core as it serves)"
-            ),
-            *[f"- {name}: {len(d):,} bytes, {where}" for name, (d, where) in f.images.items()],
-            *(["- `--quick`: tiny counts, the figures mean nothing"] if f.quick else []),
-            "",
-            "## 1. Raw forward (float inputs on the device)",
-            "",
-            *table(
-                "precision | layout | batch | img/s | ms/batch",
-                [
-                    f"| {s.precision} | {s.layout} | {b} | {rate(r)} | {r.batch_ms:.1f} |"
-                    for (s, b), r in f.raw.items()
-                ],
-            ),
-            *([f.compiled, ""] if f.compiled else []),
-            "## 2. Pipeline limit (decode, resize, crop, normalise, forward on the device)",
-            "",
+    cpu = f.device.type == "cpu"
+    cudnn = (
+        "" if cpu else "; `cudnn.benchmark` on for 1 and 2, restored for 3 (the core as it serves)"
+    )
+    about = [
+        dated(),
+        f"Device: **{device_line(f.device)}**",
+        f"torch {torch.__version__}, torchvision {torchvision.__version__}, Python "
+        f"{platform.python_version()}; weights: {f.weights}{cudnn}",
+        *[f"{name}: {len(d):,} bytes, {where}" for name, (d, where) in f.images.items()],
+        "`--quick`: tiny counts, the figures mean nothing" if f.quick else None,
+    ]
+    raw = [(s.precision, s.layout, b, rate(r), r.batch_ms) for (s, b), r in f.raw.items()]
+    draft = (
+        " On CPU the core's draft decode (DCT scaling) makes a 12 MP photo cheaper than this "
+        "full decode."
+    )
+    return document(
+        "The core against the device's ceilings (`python -m bench.gpu`)",
+        bullets(about),
+        section(
+            "1. Raw forward (float inputs on the device)",
+            table("precision | layout | batch | img/s | ms/batch", raw),
+            f.compiled,
+        ),
+        section(
+            "2. Pipeline limit (decode, resize, crop, normalise, forward on the device)",
             f"`decode_jpeg(device={f.device.type!r})`, forward {f.best.precision} "
-            f"{f.best.layout} (the fastest at batch {f.ref})."
-            + (
-                " On CPU the core's draft decode (DCT scaling) makes a 12 MP photo cheaper "
-                "than this full decode."
-                if cpu
-                else ""
-            ),
-            "",
-            *table(batches, by_image(f.limit)),
-            "## 3. The core (`ImageModel.run`, one request per JPEG, eager, precision auto)",
-            "",
-            "As an engine calls it: a batch of the served size of 1-image requests at a time. "
-            "Each image kind with the overlap on (the default, `gpu_overlap_chunks`: a batch's "
-            "parts decoded while the earlier parts' forwards run) and off (`, overlap off`: "
-            "decode the batch, then run it); on a CPU there is no overlap (a GPU worker's), "
-            "so those rows are left out.",
-            "",
-            *(
-                [
-                    f"Precision: {f.chose}."
-                    + "".join(f" Handler: `{k}: {v}`." for k, v in f.handler.items()),
-                    "",
-                    "open, decode, forward, answer: the core's own ms per batch (its metrics).",
-                    "",
-                    *table(
-                        f"{batches} | open | decode | forward | answer",
-                        [
-                            row + "".join(f" {f.parts[n].get(part, 0):.1f} |" for part in PARTS)
-                            for n, row in zip(f.core, by_image(f.core))
-                        ],
-                    ),
-                ]
-                if f.core
-                else [f"**{f.chose}**", ""]
-            ),
-            "## Ratios",
-            "",
-            f"raw: {f.best.precision} {f.best.layout} at batch {f.ref}, {rate(top)} img/s.",
-            "",
-            *table(
-                "images | core img/s | pipeline img/s | core / pipeline | pipeline / raw | "
-                "core / raw | raw / the core's forward (ms, same batch)",
-                [
-                    f"| {n} | {rate(f.core.get(n))} | {rate(r)} | {ratio(f.core.get(n), r)} | "
-                    f"{ratio(r, top)} | {ratio(f.core.get(n), top)} | {forward_share(f, n)} |"
-                    for n, r in f.limit.items()
-                ]
-                + [  # the crop-fed core: no decode, so held to the raw forward alone
-                    f"| {n} | {rate(r)} | - | - | - | {ratio(r, top)} | {forward_share(f, n)} |"
-                    for n, r in f.core.items()
-                    if n.endswith(CROPS)
-                ],
-            ),
+            f"{f.best.layout} (the fastest at batch {f.ref}).{draft if cpu else ''}",
+            table(BATCHES, by_image(f, f.limit)),
+        ),
+        core_section(f),
+        ratios_section(f),
+    )
+
+
+BATCHES = "images | batch | img/s | ms/batch"
+
+
+def by_image(f: Findings, rates: dict[str, Rate]) -> list[tuple]:
+    return [(n, batch_of(f, n), rate(r), r.batch_ms) for n, r in rates.items()]
+
+
+def core_section(f: Findings) -> str:
+    """Section 3: the core's rate per image kind and its own ms per part, or why it was
+    skipped."""
+    if not f.core:
+        body = [f"**{f.chose}**"]
+    else:
+        handler = "".join(f" Handler: `{k}: {v}`." for k, v in f.handler.items())
+        rows = [
+            (*row, *(f.parts[n].get(part, 0.0) for part in PARTS))
+            for n, row in zip(f.core, by_image(f, f.core))
         ]
+        body = [
+            f"Precision: {f.chose}.{handler}",
+            "open, decode, forward, answer: the core's own ms per batch (its metrics).",
+            table(f"{BATCHES} | open | decode | forward | answer", rows),
+        ]
+    return section(
+        "3. The core (`ImageModel.run`, one request per JPEG, eager, precision auto)",
+        "As an engine calls it: a batch of the served size of 1-image requests at a time. "
+        "Each image kind with the overlap on (the default, `gpu_overlap_chunks`: a batch's "
+        "parts decoded while the earlier parts' forwards run) and off (`, overlap off`: "
+        "decode the batch, then run it); on a CPU there is no overlap (a GPU worker's), "
+        "so those rows are left out.",
+        *body,
+    )
+
+
+def ratios_section(f: Findings) -> str:
+    top = f.raw[f.best, f.ref]
+    rows = [
+        (n, rate(c), rate(r), ratio(c, r), ratio(r, top), ratio(c, top), forward_share(f, n))
+        for n, r in f.limit.items()
+        for c in [f.core.get(n)]
+    ]
+    # the crop-fed core: no decode, so held to the raw forward alone
+    crops = [
+        (n, rate(r), "-", "-", "-", ratio(r, top), forward_share(f, n))
+        for n, r in f.core.items()
+        if n.endswith(CROPS)
+    ]
+    return section(
+        "Ratios",
+        f"raw: {f.best.precision} {f.best.layout} at batch {f.ref}, {rate(top)} img/s.",
+        table(
+            "images | core img/s | pipeline img/s | core / pipeline | pipeline / raw | "
+            "core / raw | raw / the core's forward (ms, same batch)",
+            rows + crops,
+        ),
     )

@@ -50,21 +50,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import psutil
-import requests
 import torch
 import yaml
 
 from bench.archives import ArchiveInfo
-from bench.ceiling import Cpu, v2_binary
 from bench.gpu import jpegs, measure_all
 from bench.gpureport import Findings
 from bench.gpureport import report as gpu_report
-from bench.layout import BUILD, REPO, RESULTS, TAGGER, WEIGHTS, fresh_dir, setup_cli
-from bench.loadgen import Connection, Endpoint, closed_loop, post_once
+from bench.layout import BUILD, REPO, RESULTS, TAGGER, WEIGHTS, cli, fresh_dir, parse
+from bench.loadgen import Endpoint, closed_loop, v2_binary, warm
 from bench.machine import code_version, dated
-from bench.report import table
+from bench.markdown import bullets, document, figure, section, table
+from bench.memory import Cpu
 from bench.stats import Sample, summarize
-from bench.triton import binary_request, triton_serving
+from bench.triton import batch_meter, stubs_of, triton_serving
 from buildsteps import gpu, weights
 from buildsteps.configgen import MODELS_DIR
 from devtools.server import LocalTorchServe
@@ -228,20 +227,11 @@ def drive(pool, processes: int, endpoint: Endpoint, clients: int, seconds: float
     return [s for samples, _ in done for s in samples], sum(c for _, c in done) / seconds
 
 
-def warm(endpoint: Endpoint, what: str, requests_: int) -> None:
-    connection = Connection(endpoint)
-    for _ in range(requests_):
-        sample = post_once(connection, endpoint)
-        if not sample.ok:
-            raise RuntimeError(f"{what}: a warm-up request got {sample.error}")
-    connection.close()
-
-
 def measure(served: Served, images: int, workers: int, plan: Plan, pool, nvml: Nvml) -> Row:
     """One closed-loop row (module docstring)."""
     what = f"{served.engine}, {workers} worker(s) a GPU, {FORMS[images]}"
     endpoint = served.endpoint(images)
-    warm(endpoint, what, plan.warmup_requests)
+    warm(endpoint, plan.warmup_requests, what)
     clients = max(1, plan.in_flight * workers // images)
     drive(pool, plan.processes, endpoint, clients, plan.warmup_s)
     procs = served.workers(images)
@@ -311,7 +301,7 @@ def torchserve(deployment_dir: Path, image: bytes) -> Iterator[Served]:
         def endpoint(images: int) -> Endpoint:
             if images == 1:
                 return Endpoint(f"{server.inference_url}/predictions/{TAGGER}", auth, image)
-            body, headers = v2_binary(images, image, ["tags"])
+            body, headers = v2_binary([image] * images, ["tags"])
             return Endpoint(
                 f"{server.inference_url}/v2/models/{X8}/infer", {**auth, **headers}, body
             )
@@ -349,12 +339,6 @@ def held(memory: dict | None) -> str:
     )
 
 
-def _triton_counts(url: str) -> tuple[int, int]:
-    """(images inferred, model executions) of the tagger so far, from Triton's statistics."""
-    stats = requests.get(f"{url}/v2/models/{TAGGER}/stats", timeout=30).json()["model_stats"][0]
-    return stats["inference_count"], stats["execution_count"]
-
-
 @contextmanager
 def triton(count: int, store: Path, image: bytes, cuda: bool) -> Iterator[Served]:
     """Triton serving the tagger of ``store`` with ``count`` instances: ``KIND_GPU`` on GPU 0
@@ -373,27 +357,12 @@ def triton(count: int, store: Path, image: bytes, cuda: bool) -> Iterator[Served
         root = psutil.Process(server.process.pid)
 
         def endpoint(images: int) -> Endpoint:
-            form = (
-                binary_request(image, "tags") if images == 1 else v2_binary(images, image, ["tags"])
-            )
-            return Endpoint(f"{server.url}/v2/models/{TAGGER}/infer", form[1], form[0])
-
-        def stubs(_images: int) -> list[psutil.Process]:
-            return [p for p in root.children(recursive=True)
-                    if any(f"/{TAGGER}/" in arg for arg in p.cmdline()[1:2])]  # fmt: skip
-
-        def meter(_images: int) -> Callable[[], float]:
-            before = _triton_counts(server.url)
-
-            def mean() -> float:
-                after = _triton_counts(server.url)
-                runs = after[1] - before[1]
-                return (after[0] - before[0]) / runs if runs else math.nan
-
-            return mean
+            body, headers = v2_binary([image] * images, ["tags"], binary_out=images > 1)
+            return Endpoint(f"{server.url}/v2/models/{TAGGER}/infer", headers, body)
 
         kind = "KIND_GPU" if cuda else "KIND_CPU"
-        yield Served("triton", endpoint, stubs, meter, lambda _: batch, lambda: [root],
+        yield Served("triton", endpoint, lambda _: stubs_of(root, TAGGER),
+                     lambda _: batch_meter(server.url, TAGGER), lambda _: batch, lambda: [root],
                      facts={"instances": f"{count} {kind}"})  # fmt: skip
 
 
@@ -423,39 +392,36 @@ def engine_rows(
     return rows, facts
 
 
-def _f(value: float | None, places: int = 0) -> str:
-    return "n/a" if value is None or math.isnan(value) else f"{value:,.{places}f}"
-
-
 def _share(value: float) -> str:
     return "n/a" if math.isnan(value) else f"{100 * value:.0f}%"
 
 
-def in_process(f: Findings) -> tuple[list[str], float]:
-    """The report's lines of ``bench.gpu``'s figures, and the core's small-JPEG img/s."""
+def in_process(f: Findings) -> tuple[str, float]:
+    """The report's table of ``bench.gpu``'s figures, and the core's small-JPEG img/s."""
     core, limit = f.core.get("small"), f.limit.get("small")
     raw = sorted(((b, r) for (s, b), r in f.raw.items() if s == f.best), key=lambda br: br[0])
-    rows = [[f"raw forward, {f.best.precision} {f.best.layout}, batch {b}", _f(r.images_per_s)]
+    rows = [[f"raw forward, {f.best.precision} {f.best.layout}, batch {b}", figure(r.images_per_s)]
             for b, r in raw]  # fmt: skip
-    rows.append([f"pipeline limit, batch {f.batches['small']}", _f(limit and limit.images_per_s)])
+    rows.append(
+        [f"pipeline limit, batch {f.batches['small']}", figure(limit and limit.images_per_s)]
+    )
     rows.append([f"the core, `ImageModel.run`, batch {f.batches['small']} ({f.chose})",
-                 _f(core.images_per_s) if core else f.chose])  # fmt: skip
-    return table(
-        ["in process, small JPEGs", "img/s"], rows, "lr"
-    ), core.images_per_s if core else math.nan
+                 figure(core.images_per_s) if core else f.chose])  # fmt: skip
+    rate = core.images_per_s if core else math.nan
+    return table(["in process, small JPEGs", "img/s"], rows, "lr"), rate
 
 
-def served_table(rows: list[Row], core: float) -> list[str]:
-    header = ["engine", "workers a GPU", "request", "clients", "batch", "img/s", "x core",
-              "p50 ms", "p99 ms", "images/batch", "GPU busy", "GPU MiB a worker",
-              "worker cores", "frontend cores", "client cores", "errors"]  # fmt: skip
+def served_table(rows: list[Row], core: float) -> str:
+    header = ("engine | workers a GPU | request | clients | batch | img/s | x core | p50 ms | "
+              "p99 ms | images/batch | GPU busy | GPU MiB a worker | worker cores | frontend "
+              "cores | client cores | errors")  # fmt: skip
     cells = [
         [r.engine, str(r.workers), FORMS[r.images], str(r.clients), str(r.batch_size),
-         _f(r.images_per_s), _f(r.images_per_s / core, 2) if core else "n/a", _f(r.p50_ms, 1),
-         _f(r.p99_ms, 1), _f(r.batch_images, 1), _share(r.gpu_busy),
-         ", ".join(_f(m) for m in r.worker_gpu_mb) or "n/a",
-         ", ".join(_f(c, 2) for c in r.worker_cores), _f(r.frontend_cores, 2),
-         _f(r.client_cores, 2), f"{r.errors} {r.error_kinds}" if r.errors else "0"]
+         figure(r.images_per_s), figure(r.images_per_s / core, 2) if core else "n/a",
+         figure(r.p50_ms, 1), figure(r.p99_ms, 1), figure(r.batch_images, 1), _share(r.gpu_busy),
+         ", ".join(figure(m) for m in r.worker_gpu_mb) or "n/a",
+         ", ".join(figure(c, 2) for c in r.worker_cores), figure(r.frontend_cores, 2),
+         figure(r.client_cores, 2), f"{r.errors} {r.error_kinds}" if r.errors else "0"]
         for r in rows
     ]  # fmt: skip
     return table(header, cells, "llrrrrrrrrrlrrrl")
@@ -471,26 +437,24 @@ def best_rows(rows: list[Row]) -> dict[tuple[str, int], Row]:
     return best
 
 
-def planning(rows: list[Row], core: float) -> list[str]:
+def planning(rows: list[Row], core: float) -> str:
     """Workers per GPU and the CPU they take, per engine and request form, from its best row;
     how each compares with the core in process (the issue's bar: 0.8)."""
     cells = []
     for (engine, images), r in sorted(best_rows(rows).items()):
         per_k = r.images_per_s / 1000
-        counts = sorted(
-            {
-                x.workers: x.images_per_s for x in rows if (x.engine, x.images) == (engine, images)
-            }.items()
-        )
+        counts = sorted({x.workers: x.images_per_s for x in rows
+                         if (x.engine, x.images) == (engine, images)}.items())  # fmt: skip
         cells.append([
-            engine, FORMS[images], ", ".join(f"{w}: {_f(v)}" for w, v in counts), str(r.workers),
-            _f((sum(r.worker_cores) + r.frontend_cores) / per_k, 2) if per_k else "n/a",
-            _f(r.frontend_cores / per_k, 2) if per_k else "n/a",
-            _f(r.client_cores / per_k, 2) if per_k else "n/a",
-            _f(r.images_per_s / core, 2) if core else "n/a",
+            engine, FORMS[images], ", ".join(f"{w}: {figure(v)}" for w, v in counts),
+            str(r.workers),
+            figure((sum(r.worker_cores) + r.frontend_cores) / per_k, 2) if per_k else "n/a",
+            figure(r.frontend_cores / per_k, 2) if per_k else "n/a",
+            figure(r.client_cores / per_k, 2) if per_k else "n/a",
+            figure(r.images_per_s / core, 2) if core else "n/a",
         ])  # fmt: skip
-    header = ["engine", "request", "img/s by workers a GPU", "best", "CPU cores / 1,000 img/s",
-              "frontend cores / 1,000 img/s", "client cores / 1,000 img/s", "x core"]  # fmt: skip
+    header = ("engine | request | img/s by workers a GPU | best | CPU cores / 1,000 img/s | "
+              "frontend cores / 1,000 img/s | client cores / 1,000 img/s | x core")  # fmt: skip
     return table(header, cells, "llllrrrr")
 
 
@@ -498,26 +462,34 @@ def report(rows: list[Row], findings: Findings, facts: dict, notes: list[str], p
     from bench.gpureport import device_line
 
     lines, core = in_process(findings)
-    return "\n".join([
-        "# Both engines serving one GPU (`make bench-gpu-served`)", "",
+    return document(
+        "Both engines serving one GPU (`make bench-gpu-served`)",
         "Generated by `bash bench/gpuserved.sh` (`python -m bench.gpuserved`); "
-        "bench/gpuserved.py says what each row measures.", "",
-        dated(), f"- Device: **{device_line(findings.device)}**",
-        f"- torch {torch.__version__}, Python {sys.version.split()[0]}, {os.cpu_count()} cores",
-        *(f"- {note}" for note in notes),
-        *(f"- {name}: " + ", ".join(f"{k} {v}" for k, v in f.items()) for name, f in facts.items()),
-        "", "## In process, the same run (`bench.gpu`)", "", *lines, "",
-        "## Served", "", f"Each row: a closed loop of {plan.in_flight} images a worker in flight "
-        f"(clients) for {plan.seconds:g} s, queues of {QUEUE} requests; batch: what the served "
-        "model's batch holds (TorchServe counts requests: the 8-image rows go to the tagger "
-        f"registered again with batchSize 8, `{X8}`; Triton counts images). x core: img/s over "
-        "the core's in process.",
-        "", *served_table(rows, core), "",
-        "## Workers per GPU and planning figures", "",
-        "Each engine and request form at its fastest workers per GPU: CPU cores its workers and "
-        "frontend take per 1,000 img/s, the frontend's alone, and the load generator's.", "",
-        *planning(rows, core), "",
-    ])  # fmt: skip
+        "bench/gpuserved.py says what each row measures.",
+        bullets([
+            dated(), f"Device: **{device_line(findings.device)}**",
+            f"torch {torch.__version__}, Python {sys.version.split()[0]}, {os.cpu_count()} cores",
+            *notes,
+            *(f"{name}: " + ", ".join(f"{k} {v}" for k, v in f.items())
+              for name, f in facts.items()),
+        ]),
+        section("In process, the same run (`bench.gpu`)", lines),
+        section(
+            "Served",
+            f"Each row: a closed loop of {plan.in_flight} images a worker in flight (clients) for "
+            f"{plan.seconds:g} s, queues of {QUEUE} requests; batch: what the served model's batch "
+            "holds (TorchServe counts requests: the 8-image rows go to the tagger registered again "
+            f"with batchSize 8, `{X8}`; Triton counts images). x core: img/s over the core's in "
+            "process.",
+            served_table(rows, core),
+        ),
+        section(
+            "Workers per GPU and planning figures",
+            "Each engine and request form at its fastest workers per GPU: CPU cores its workers "
+            "and frontend take per 1,000 img/s, the frontend's alone, and the load generator's.",
+            planning(rows, core),
+        ),
+    )  # fmt: skip
 
 
 def write(paths: list[Path], rows: list[Row], findings: Findings, facts: dict, notes: list[str],
@@ -569,9 +541,7 @@ def measured(args: argparse.Namespace, paths: list[Path], pool, plan: Plan) -> s
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.gpuserved", description=__doc__.split("\n\n")[0]
-    )
+    parser = cli("python -m bench.gpuserved", __doc__, out=None)
     parser.add_argument("--quick", action="store_true", help="the CPU plan's short rows anywhere")
     parser.add_argument("--started", type=float, help="when the run began (epoch s; now)")
     parser.add_argument("--budget-s", type=float, default=BUDGET_S, help="seconds in all (480)")
@@ -580,9 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--also-to", type=Path, metavar="DIR", help="the reports (and gpu.md) there too"
     )
-    parser.add_argument("--quiet", action="store_true")
-    args = parser.parse_args(argv)
-    setup_cli("bench.gpuserved", args.quiet)
+    args = parse(parser, argv)
     args.started = args.started or time.time()
     full = torch.cuda.is_available() and not args.quick
     plan, out = (GPU_PLAN, REPORT) if full else (CPU_PLAN, CPU_REPORT)

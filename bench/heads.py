@@ -19,7 +19,6 @@ comparison holds for each; eager needs no export).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Callable
@@ -27,8 +26,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.layout import BUILD, IMAGES, RESULTS, SAMPLES, WEIGHTS, publish, setup_cli
+from bench.layout import BUILD, IMAGES, RESULTS, SAMPLES, WEIGHTS, cli, parse
 from bench.machine import dated
+from bench.markdown import document, publish, table
 
 CLASSES = 37
 HEAD = "products"
@@ -127,51 +127,29 @@ def measure(batch: int, rounds: int) -> dict[str, dict[str, float]]:
 
 
 def render(figures: dict[str, dict[str, float]], batch: int, rounds: int) -> str:
-    from tabulate import tabulate
-
     base = figures["one head"]
     rows = [
-        [
-            name,
-            f"{f['run_ms']:.1f}",
-            f"{f['run_ms'] / base['run_ms']:.3f}",
-            f"{f['forward_ms']:.1f}",
-            f"{f['forward_ms'] / base['forward_ms']:.3f}",
-        ]
+        [name, f"{f['run_ms']:.1f}", f"{f['run_ms'] / base['run_ms']:.3f}",
+         f"{f['forward_ms']:.1f}", f"{f['forward_ms'] / base['forward_ms']:.3f}"]
         for name, f in figures.items()
-    ]
-    table = tabulate(
-        rows,
-        ["set-up", "run ms/batch", "x one head", "forward ms/batch", "x one head"],
-        tablefmt="github",
-    )
-    return "\n".join(
-        [
-            "# Several heads from one forward",
-            "",
-            "Written by `make bench-heads` (bench/heads.py): the core's `ImageModel.run` on "
-            f"batches of {batch} small JPEGs ({IMAGES['small']}), eager PyTorch f32, median "
-            f"of {rounds} interleaved rounds. A head adds one `fc` of {CLASSES} x 2,048 "
-            "multiply-adds per image to the backbone's ~4.1 G.",
-            "",
-            dated(),
-            "",
-            table,
-            "",
-        ]
+    ]  # fmt: skip
+    return document(
+        "Several heads from one forward",
+        "Written by `make bench-heads` (bench/heads.py): the core's `ImageModel.run` on "
+        f"batches of {batch} small JPEGs ({IMAGES['small']}), eager PyTorch f32, median "
+        f"of {rounds} interleaved rounds. A head adds one `fc` of {CLASSES} x 2,048 "
+        "multiply-adds per image to the backbone's ~4.1 G.",
+        dated(),
+        table("set-up | run ms/batch | x one head | forward ms/batch | x one head", rows, "lrrrr"),
     )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli("python -m bench.heads", __doc__, out=RESULTS / "heads.md")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--out", type=Path, default=RESULTS / "heads.md")
-    parser.add_argument("--quiet", action="store_true")
-    args = parser.parse_args(argv)
-    setup_cli("bench.heads", args.quiet)
-    text = render(measure(args.batch, args.rounds), args.batch, args.rounds)
-    return publish(args.out, text)
+    args = parse(parser, argv)
+    return publish(args.out, render(measure(args.batch, args.rounds), args.batch, args.rounds))
 
 
 if __name__ == "__main__":

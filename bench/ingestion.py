@@ -1,34 +1,16 @@
-"""Where a request's time goes between the client and the worker: ``python -m bench.ingestion``.
+"""Where a request's time goes between the client and the worker: ``python -m bench.ingestion``
+-> results/ingestion.{md,json}.
 
 One TorchServe serving the tagger alone, once per frontend variant (JVM and netty settings),
 variants alternated over ``--rounds`` so that drifting machine load hits each of them alike.
-For each image and client count: a closed-loop run, then the split of its time read from
-TorchServe's own log (``logs/ts_log.log``) for the batches of that run:
-
-* ``backend`` ms per batch: the frontend's "Backend response time", from writing the batch to
-  the worker's socket until the answer is read back;
-* ``handler`` ms per batch: the worker's ``HandlerTime`` (our preprocess + inference +
-  postprocess), of which ``open`` (parsing, image headers, admission), ``decode``,
-  ``forward`` and ``answer`` (the values and their JSON) are our own
-  ``resnet50_open_ms_total``, ``resnet50_decode_ms_total``, ``resnet50_forward_ms_total`` and
-  ``resnet50_answer_ms_total`` metrics;
-* ``transport`` = backend - handler: the batch through the Unix socket both ways and the
-  worker's message parsing (TorchServe's Python ``_retrieve_buffer`` reading the bodies);
-* ``worker busy``: the share of the run's wall time the worker spent on batches (backend ms);
-  the rest it waited for the frontend to hand it one;
-* ``outside`` (one client only) = client p50 - backend p50: HTTP upload, frontend parsing,
-  queueing and the answer's way back;
-* CPU ms per image of each side: the load generator (this process), the Java frontend and the
-  worker(s), from their CPU times over the run: where the cores went;
-* ``of raw``: img/s against the raw forward of the precision the tagger serves (describe), at
-  its batchSize, measured in this process after the servers stopped.
-
-Writes ``results/ingestion.{md,json}``; prints the Markdown. Every server is stopped.
+For each image and client count: a closed-loop run, then its time split by TorchServe's own
+log (``logs/ts_log.log``) for the batches of that run, and each side's CPU (the parts:
+bench/README.md, and the report's own paragraph). ``of raw``: img/s against the raw forward
+of the precision the tagger serves, at its batchSize, measured after the servers stopped.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import re
@@ -42,24 +24,15 @@ import javaproperties
 import psutil
 import torch
 
-from bench import machine, raw, report
+from bench import layout, machine, raw
 from bench.archives import ArchiveInfo
 from bench.batchlog import request_ids, settled_log
-from bench.layout import (
-    BUILD,
-    IMAGES,
-    MODEL_STORE,
-    RESULTS,
-    SAMPLES,
-    TAGGER,
-    WEIGHTS,
-    fresh_dir,
-    setup_cli,
-)
+from bench.layout import BUILD, IMAGES, MODEL_STORE, SAMPLES, TAGGER, WEIGHTS, cli, parse
 from bench.loadgen import closed_loop
+from bench.markdown import bullets, document, fmt, publish, table
+from bench.memory import Cpu
 from bench.serving import LoadPlan, ModelUnderTest
 from bench.stats import percentile, summarize
-from devtools.server import LocalTorchServe
 
 log = logging.getLogger("bench.ingestion")
 SHIPPED_VMARGS = javaproperties.loads(
@@ -186,25 +159,6 @@ def split(times: dict[str, list[float]], wall_s: float) -> dict:
     }
 
 
-def cpu_seconds(server: LocalTorchServe) -> dict[str, float]:
-    """CPU seconds (user + system) so far of the load generator (this process), the server's
-    Java frontend and its workers (the frontend's descendants)."""
-
-    def used(process: psutil.Process) -> float:
-        try:
-            times = process.cpu_times()
-            return times.user + times.system
-        except psutil.Error:  # a worker that exited: its time is lost, not counted twice
-            return 0.0
-
-    frontend, *workers = server.processes() or [None]
-    return {
-        "client": used(psutil.Process()),
-        "frontend": used(frontend) if frontend else 0.0,
-        "worker": sum(used(w) for w in workers),
-    }
-
-
 def measure_variant(
     name: str,
     overrides: dict[str, str],
@@ -216,77 +170,60 @@ def measure_variant(
     """Start the tagger alone with ``overrides`` (``attach``: measure the running TorchServe in
     that folder instead, and leave it running), and measure each image and client count (each
     row also says what the worker served: describe's backend and precision)."""
-    server = (
-        LocalTorchServe.attach(attach)
-        if attach
-        else LocalTorchServe(
-            fresh_dir(BUILD / "ingestion" / f"round{round_}-{list(VARIANTS).index(name)}"),
-            MODEL_STORE,
-            load_models=[f"{TAGGER}.mar"],
-            properties=overrides,
-        )
-    )
+    workdir = BUILD / "ingestion" / f"round{round_}-{list(VARIANTS).index(name)}"
     rows = []
-    with server:
+    tagger = {"load_models": [f"{TAGGER}.mar"], "properties": overrides}
+    with layout.torchserve(attach, workdir, **tagger) as server:
         served = server.client().describe(TAGGER, customized=True)[0]["customizedMetadata"]
-        log_file = server.workdir / "logs" / "ts_log.log"
         model = ModelUnderTest(server, TAGGER, batches_from_log=False, plan=plan)
         for image, body in images.items():
             for clients in plan.clients:
                 log.info("%s, round %d: %s, %d client(s)", name, round_ + 1, image, clients)
-                endpoint = model.endpoint(body)
-                # Warm-up and measured run apart (not ModelUnderTest.closed): the CPU times
-                # are read between them. The run's batches are found in the log by the
-                # request ids of its answers (x-request-id).
-                closed_loop(endpoint, clients, plan.warmup_s, plan.closed_max_requests)
-                cpu_before = cpu_seconds(server)
-                started = time.monotonic()
-                samples = closed_loop(endpoint, clients, plan.closed_s, plan.closed_max_requests)
-                wall = time.monotonic() - started
-                cpu_after = cpu_seconds(server)
-                stats = summarize(samples).to_dict()
-                run_ids = {s.request_id for s in samples if s.request_id}
-                answered = {s.request_id for s in samples if s.ok} & run_ids
-                # Every answered request's batch and as many frontend lines as batches.
-                times = settled_log(
-                    log_file,
-                    lambda lines: batch_times(lines, TAGGER),
-                    lambda t, answered=answered: (
-                        answered <= {i for ids in t["ids"] for i in ids}
-                        and len(t["backend"]) >= len(t["handler"])
-                    ),
-                )
-                parts = split(run_batches(times, run_ids), wall)
-                outside = (stats["p50_ms"] - parts["backend_p50_ms"]) if clients == 1 else None
-                images_done = max(stats["ok"], 1)
-                cpu = {
-                    f"cpu_{side}_ms": 1000 * (cpu_after[side] - cpu_before[side]) / images_done
-                    for side in cpu_after
-                }
-                rows.append(
-                    {
-                        "variant": name,
-                        "round": round_,
-                        "image": image,
-                        "clients": clients,
-                        "backend": served["backend"],
-                        "precision": served["precision"],
-                        **stats,
-                        **parts,
-                        "outside_ms": outside,
-                        **cpu,
-                        "cores_available_ms": 1000 * wall * (os.cpu_count() or 1) / images_done,
-                    }
-                )
+                row = {"variant": name, "round": round_, "image": image, "clients": clients}
+                row |= {k: served[k] for k in ("backend", "precision")}
+                rows.append(row | measure_run(server, model.endpoint(body), clients, plan))
     return rows
+
+
+def measure_run(server, endpoint, clients: int, plan: LoadPlan) -> dict:
+    """One closed-loop run after its warm-up (not ``ModelUnderTest.closed``: the CPU times are
+    read between them), split by TorchServe's log: its batches found by the request ids of its
+    answers (x-request-id), once every answered request's batch and as many frontend lines as
+    batches are in."""
+    closed_loop(endpoint, clients, plan.warmup_s, plan.closed_max_requests)
+    sides = {"client": lambda: [psutil.Process()], "frontend": lambda: server.processes()[:1],
+             "worker": lambda: server.processes()[1:]}  # fmt: skip
+    cpu = {side: Cpu(processes).start() for side, processes in sides.items()}
+    started = time.monotonic()
+    samples = closed_loop(endpoint, clients, plan.closed_s, plan.closed_max_requests)
+    wall = time.monotonic() - started
+    spent = {side: meter.spent() for side, meter in cpu.items()}
+    stats = summarize(samples).to_dict()
+    run_ids = {s.request_id for s in samples if s.request_id}
+    answered = {s.request_id for s in samples if s.ok} & run_ids
+    times = settled_log(
+        server.workdir / "logs" / "ts_log.log",
+        lambda lines: batch_times(lines, TAGGER),
+        lambda t: (
+            answered <= {i for ids in t["ids"] for i in ids}
+            and len(t["backend"]) >= len(t["handler"])
+        ),
+    )
+    parts = split(run_batches(times, run_ids), wall)
+    images_done = max(stats["ok"], 1)
+    return {
+        **stats,
+        **parts,
+        "outside_ms": (stats["p50_ms"] - parts["backend_p50_ms"]) if clients == 1 else None,
+        **{f"cpu_{side}_ms": 1000 * seconds / images_done for side, seconds in spent.items()},
+        "cores_available_ms": 1000 * wall * (os.cpu_count() or 1) / images_done,
+    }
 
 
 def raw_forward(served: dict, batch: int, quick: bool) -> dict:
     """The raw forward of what the worker served (``served``: a row with its backend and
     precision) at ``batch``, in this process, every server stopped."""
-    label = raw.variant_for(served["backend"], served["precision"])
-    if label is None:
-        raise RuntimeError(f"no raw row runs {served['backend']} at {served['precision']}")
+    label = raw.served_variant(served)
     budget = replace(raw.Budget(), seconds=0.5, max_iters=5) if quick else raw.Budget(seconds=6)
     backend = raw.load_variant(WEIGHTS, label)
     measured = raw.forward_throughput(
@@ -296,101 +233,63 @@ def raw_forward(served: dict, batch: int, quick: bool) -> dict:
 
 
 def combine(rows: list[dict]) -> list[dict]:
-    """One row per (variant, image, clients): the mean over rounds, and each round's img/s."""
+    """One row per (variant, image, clients): the mean over rounds of each figure, and each
+    round's img/s."""
     grouped: dict[tuple, list[dict]] = {}
     for row in rows:
         grouped.setdefault((row["variant"], row["image"], row["clients"]), []).append(row)
-    out = []
-    numeric = (
-        "throughput",
-        "p50_ms",
-        "batch_mean",
-        "backend_ms",
-        "handler_ms",
-        "open_ms",
-        "decode_ms",
-        "forward_ms",
-        "answer_ms",
-        "transport_ms",
-        "worker_busy",
-        "outside_ms",
-        "errors",
-        "cpu_client_ms",
-        "cpu_frontend_ms",
-        "cpu_worker_ms",
-        "cores_available_ms",
-    )
-    for (variant, image, clients), group in grouped.items():
-        row = {
-            "variant": variant,
-            "image": image,
-            "clients": clients,
-            "rounds_throughput": [g["throughput"] for g in group],
-        }
-        for key in numeric:
-            row[key] = _mean([g[key] for g in group if g.get(key) is not None])
-        out.append(row)
-    return out
+    return [
+        {"variant": variant, "image": image, "clients": clients,
+         "rounds_throughput": [g["throughput"] for g in group],
+         **{key: _mean([g[key] for g in group if g.get(key) is not None]) for key in COMBINED}}
+        for (variant, image, clients), group in grouped.items()
+    ]  # fmt: skip
+
+
+# The figures ``combine`` averages over rounds.
+COMBINED = (
+    "throughput", "p50_ms", "batch_mean",
+    *(f"{stage}_ms" for stage in ("backend", *_STAGES.values(), "transport")),
+    "worker_busy", "outside_ms", "errors", "cpu_client_ms", "cpu_frontend_ms", "cpu_worker_ms",
+    "cores_available_ms",
+)  # fmt: skip
+HEADER = (
+    "variant | image | clients | img/s (per round) | of raw | p50 ms | batch | backend ms | "
+    "handler ms | open / decode / forward / answer ms | transport ms | worker busy | outside ms "
+    "| CPU ms/img client / frontend / worker (of available) | errors"
+)
 
 
 def markdown(meta: dict, rows: list[dict]) -> str:
-    f = report.fmt
-    raw_rate = meta["raw"]["images_per_s"]
-    header = [
-        "variant",
-        "image",
-        "clients",
-        "img/s (per round)",
-        "of raw",
-        "p50 ms",
-        "batch",
-        "backend ms",
-        "handler ms",
-        "open / decode / forward / answer ms",
-        "transport ms",
-        "worker busy",
-        "outside ms",
-        "CPU ms/img client / frontend / worker (of available)",
-        "errors",
-    ]
-    table = [
-        [
-            r["variant"],
-            r["image"],
-            str(r["clients"]),
-            f"{f(r['throughput'])} ({' / '.join(f(t) for t in r['rounds_throughput'])})",
-            f"{r['throughput'] / raw_rate:.2f}x",
-            f(r["p50_ms"]),
-            f(r["batch_mean"]),
-            f(r["backend_ms"]),
-            f(r["handler_ms"]),
-            " / ".join(f(r[k]) for k in ("open_ms", "decode_ms", "forward_ms", "answer_ms")),
-            f(r["transport_ms"]),
-            f(r["worker_busy"], 2),
-            f(r["outside_ms"]),
-            f"{f(r['cpu_client_ms'], 0)} / {f(r['cpu_frontend_ms'], 0)} / "
-            f"{f(r['cpu_worker_ms'], 0)} ({f(r['cores_available_ms'], 0)})",
-            f(r["errors"], 0),
-        ]
+    f, raw_rate, m = fmt, meta["raw"]["images_per_s"], meta["machine"]
+    cells = [
+        [r["variant"], r["image"], str(r["clients"]),
+         f"{f(r['throughput'])} ({' / '.join(f(t) for t in r['rounds_throughput'])})",
+         f"{r['throughput'] / raw_rate:.2f}x", f(r["p50_ms"]), f(r["batch_mean"]),
+         f(r["backend_ms"]), f(r["handler_ms"]),
+         " / ".join(f(r[k]) for k in ("open_ms", "decode_ms", "forward_ms", "answer_ms")),
+         f(r["transport_ms"]), f(r["worker_busy"], 2), f(r["outside_ms"]),
+         f"{f(r['cpu_client_ms'], 0)} / {f(r['cpu_frontend_ms'], 0)} / "
+         f"{f(r['cpu_worker_ms'], 0)} ({f(r['cores_available_ms'], 0)})", f(r["errors"], 0)]
         for r in rows
-    ]
-    lines = [
-        "# Ingestion: where a request's time goes between the client and the worker",
-        "",
-        f"- Date: {meta['machine']['date']}; `{meta['command']}` took {meta['elapsed_s']:.0f} s; "
-        f"{meta['rounds']} round(s), variants alternated; {meta['measure_s']:g} s measured per "
-        "row after a warm-up.",
-        f"- Machine: {meta['machine']['cpu']}, {meta['machine']['cores']} cores, CPU flags "
-        f"{', '.join(f'{k} {v}' for k, v in meta['machine']['cpu_flags'].items())}; load average "
-        f"before {' / '.join(map(str, meta['machine']['loadavg_at_start']))}, after "
-        f"{' / '.join(map(str, meta['loadavg_at_end']))}.",
-        f"- The tagger archive of `model-store/` (backend {meta['backend']}), alone on its "
-        "server, batchSize and maxBatchDelay as shipped; the load generator shares the cores.",
-        f"- Raw forward of what it serves ({meta['raw']['row']}, precision "
-        f"{meta['raw']['precision']}) at batch {meta['raw']['batch']}: "
-        f"{meta['raw']['images_per_s']:.1f} img/s in this process after the servers stopped "
-        '(the "of raw" column).',
-        "",
+    ]  # fmt: skip
+    return document(
+        "Ingestion: where a request's time goes between the client and the worker",
+        bullets([
+            f"Date: {m['date']}; `{meta['command']}` took {meta['elapsed_s']:.0f} s; "
+            f"{meta['rounds']} round(s), variants alternated; {meta['measure_s']:g} s measured "
+            "per row after a warm-up.",
+            f"Machine: {m['cpu']}, {m['cores']} cores, CPU flags "
+            f"{', '.join(f'{k} {v}' for k, v in m['cpu_flags'].items())}; load average "
+            f"before {' / '.join(map(str, m['loadavg_at_start']))}, after "
+            f"{' / '.join(map(str, meta['loadavg_at_end']))}.",
+            f"The tagger archive of `model-store/` (backend {meta['backend']}), alone on its "
+            "server, batchSize and maxBatchDelay as shipped; the load generator shares the cores.",
+            f"Raw forward of what it serves ({meta['raw']['row']}, precision "
+            f"{meta['raw']['precision']}) at batch {meta['raw']['batch']}: "
+            f"{meta['raw']['images_per_s']:.1f} img/s in this process after the servers stopped "
+            '(the "of raw" column).',
+        ]),
         'Per batch (means): backend = the frontend\'s "Backend response time" (batch '
         "written to the worker until its answer is read), handler = the worker's HandlerTime "
         "(open, decode, forward and answer are parts of it), transport = backend - handler "
@@ -398,18 +297,12 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         "time / wall time. Outside (1 client) = client p50 - backend p50 (upload, frontend, "
         "answer). CPU ms per image: the load generator / the Java frontend / the worker, "
         "against the core-ms per image the machine had (cores x wall time / images).",
-        "",
-        *report.table(header, table),
-    ]
-    return "\n".join(lines) + "\n"
+        table(HEADER, cells),
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.ingestion",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = cli("python -m bench.ingestion", __doc__, attach="shipped")
     parser.add_argument("--quick", action="store_true", help="seconds, not minutes (smoke)")
     parser.add_argument("--rounds", type=int, default=None, help="default 2 (--quick: 1)")
     parser.add_argument(
@@ -418,17 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--variants", default=",".join(VARIANTS), help=f"comma-separated, of {list(VARIANTS)}"
     )
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--quiet", action="store_true")
-    parser.add_argument(
-        "--attach",
-        type=Path,
-        metavar="DIR",
-        help="shipped: the TorchServe devtools.server started in DIR (the shipped settings), "
-        "measured and left running",
-    )
-    args = parser.parse_args(argv)
-    setup_cli("ingestion", args.quiet)
+    args = parse(parser, argv)
     plan = QUICK if args.quick else PLAN
     rounds = args.rounds or (1 if args.quick else 2)
     images = {name: (SAMPLES / IMAGES[name]).read_bytes() for name in args.images.split(",")}
@@ -451,14 +334,8 @@ def main(argv: list[str] | None = None) -> int:
         "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
     }
     combined = combine(rows)
-    text = markdown(meta, combined)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "ingestion.md").write_text(text)
-    report.write_json(
-        {"meta": meta, "rows": rows, "combined": combined}, args.out / "ingestion.json"
-    )
-    print(text, end="")
-    return 0
+    figures = {"meta": meta, "rows": rows, "combined": combined}
+    return publish(args.out / "ingestion.md", markdown(meta, combined), figures)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """Where the benchmark reads its inputs and writes its build output, and the CLI plumbing
-its commands share (bench, bench.sweep, bench.ingestion, bench.contention,
-bench.availability); ``checked_out``: a past commit beside this tree (bench.corecost,
-bench.beforeafter); ``publish``: where every tool's report goes."""
+every tool shares: ``cli`` (its parser, with the one ``--attach`` option), ``parse`` and
+``torchserve`` (the server a tool measures: the attached one or its own);
+``checked_out``: a past commit beside this tree (bench.corecost, bench.beforeafter)."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import shutil
 import signal
@@ -46,20 +47,47 @@ def checked_out(ref: str, folder: Path) -> Iterator[Path]:
         subprocess.run(["git", "worktree", "remove", "--force", str(folder)], cwd=REPO, check=False)
 
 
-def publish(path: Path, text: str) -> int:
-    """A tool's report written to ``path`` (its folder made) and printed: stdout carries only
-    the report. The tool's exit status, 0."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    print(text)
-    return 0
-
-
 def fresh_dir(path: Path) -> Path:
     """An empty folder (a server's old logs would mix into this run's log parsing)."""
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
     return path
+
+
+def cli(prog: str, doc: str, out: Path | None = RESULTS, attach: str = ""):
+    """A tool's parser (described by ``doc``'s first paragraph) with the options every tool
+    shares: ``--out`` (default ``out``; None: the tool has none), ``--quiet`` and, where
+    ``attach`` names what it measures there, ``--attach DIR``."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
+    if out is not None:
+        parser.add_argument("--out", type=Path, default=out, help=f"the report (default {out})")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    if attach:
+        parser.add_argument(
+            "--attach",
+            type=Path,
+            metavar="DIR",
+            help=f"{attach}: the TorchServe devtools.server started in DIR (the shipped "
+            "settings), measured and left running",
+        )
+    return parser
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser``'s arguments, with ``setup_cli`` done for the tool."""
+    args = parser.parse_args(argv)
+    setup_cli(parser.prog.removeprefix("python -m "), args.quiet)
+    return args
+
+
+def torchserve(attach: Path | None, workdir: Path, store: Path = MODEL_STORE, **options):
+    """The TorchServe a tool measures: the one ``--attach`` named (measured and left running),
+    else a fresh one in ``workdir`` on ``store`` with ``LocalTorchServe``'s ``options``."""
+    from devtools.server import LocalTorchServe
+
+    if attach:
+        return LocalTorchServe.attach(attach)
+    return LocalTorchServe(fresh_dir(workdir), store, **options)
 
 
 def setup_cli(name: str, quiet: bool) -> None:

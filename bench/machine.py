@@ -107,5 +107,14 @@ def dated() -> str:
     )
 
 
+def host(machine: dict) -> str:
+    """A report's line on the host of a run (``describe_machine``): what, and how busy it was
+    just before."""
+    return (
+        f"Host: {machine['cpu']}, {machine['cores']} cores; "
+        f"{machine['cpu_busy_percent_before']:.0f}% busy in the second before the run"
+    )
+
+
 def weights_info(weights_dir: Path) -> dict:
     return json.loads((weights_dir / "weights_info.json").read_text())

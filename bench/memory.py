@@ -1,4 +1,5 @@
-"""Peak resident memory of a running TorchServe, sampled in a background thread.
+"""What a server's processes use: ``PeakRss``, the peak resident memory of a running server
+sampled in a background thread; ``rss``, one process's; ``Cpu``, CPU seconds over a run.
 
 The server is whatever ``LocalTorchServe.processes`` lists: the Java frontend plus every
 descendant (the Python workers). Summed RSS counts shared pages once per process, so it is an
@@ -13,7 +14,7 @@ from collections.abc import Callable
 import psutil
 
 
-def _rss(proc: psutil.Process) -> int:
+def rss(proc: psutil.Process) -> int:
     try:
         return proc.memory_info().rss
     except psutil.Error:  # a worker may exit between listing and sampling
@@ -42,7 +43,7 @@ class PeakRss:
 
     def sample(self) -> None:
         """Take one sample now (also called once at start and once at the end)."""
-        by_pid = {p.pid: _rss(p) for p in self.processes()}
+        by_pid = {p.pid: rss(p) for p in self.processes()}
         self.total_mb = max(self.total_mb, sum(by_pid.values()) / 2**20)
         for name, pid in self.watch.items():
             self.watched_mb[name] = max(self.watched_mb[name], by_pid.get(pid, 0) / 2**20)
@@ -62,3 +63,30 @@ class PeakRss:
         self._stop.set()
         self._thread.join(timeout=10)
         self.sample()
+
+
+class Cpu:
+    """CPU seconds (user + system) of a set of processes, summed over those alive at both
+    reads: ``start``, then ``spent``."""
+
+    def __init__(self, processes: Callable[[], list[psutil.Process]]) -> None:
+        self.processes = processes
+        self.before: dict[int, float] = {}
+
+    def _read(self) -> dict[int, float]:
+        seconds = {}
+        for proc in self.processes():
+            try:
+                times = proc.cpu_times()
+            except psutil.Error:  # it exited: its time is lost, not counted twice
+                continue
+            seconds[proc.pid] = times.user + times.system
+        return seconds
+
+    def start(self) -> Cpu:
+        self.before = self._read()
+        return self
+
+    def spent(self) -> float:
+        after = self._read()
+        return sum(after[p] - self.before[p] for p in after.keys() & self.before.keys())

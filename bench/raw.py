@@ -57,6 +57,15 @@ def variant_for(backend: str, precision: str) -> str | None:
     return backend if precision == "f32" else None
 
 
+def served_variant(served: dict) -> str:
+    """The row that runs what a served tagger runs (``served``: its describe's backend and
+    precision); RuntimeError where no row does."""
+    label = variant_for(served["backend"], served["precision"])
+    if label is None:
+        raise RuntimeError(f"no raw row runs {served['backend']} at {served['precision']}")
+    return label
+
+
 @dataclass(frozen=True)
 class Budget:
     """How long each measurement may take: at least ``min_iters`` timed iterations, then stop

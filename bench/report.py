@@ -1,13 +1,14 @@
 """Turn one benchmark run's results dict into results/benchmark.{md,json,png}.
 
-Rendering only: no measuring, no numbers invented. Missing values print as ``n/a``.
+Rendering only (with ``bench.markdown``): no measuring, no numbers invented. Missing values
+print as ``n/a``.
 """
 
 from __future__ import annotations
 
-import json
-import math
 from pathlib import Path
+
+from bench.markdown import bullets, document, fmt, section, table, write_json
 
 SERVERS = (
     ("ours", "tagger (ours)"),
@@ -28,23 +29,6 @@ def _servers(results: dict):
     ]
 
 
-def fmt(value, digits: int = 1) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
-def table(header: list[str], rows: list[list[str]], align: str = "") -> list[str]:
-    """A markdown table's lines: ``header``, then each row of cells. ``align``: a letter a
-    column, ``l`` or ``r`` (right, for figures); columns it does not reach are left-aligned."""
-    marks = [" ---: " if a == "r" else " --- " for a in align.ljust(len(header), "l")]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(marks) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return lines
-
-
 def _batch(run: dict) -> str:
     if not run.get("batch_max"):
         return "n/a"
@@ -58,7 +42,7 @@ def _errors(run: dict) -> str:
     return f"**{run['errors']}** ({kinds})"
 
 
-def _header(results: dict) -> list[str]:
+def _header(results: dict) -> str:
     meta = results["meta"]
     machine, versions, weights = meta["machine"], meta["versions"], meta["weights"]
     ours, stock = results["served"]["ours"], results["served"]["stock"]
@@ -72,45 +56,43 @@ def _header(results: dict) -> list[str]:
             f"{weights['sha256'][:16]}... Speed is representative, the predicted labels are "
             "meaningless."
         )
-    return [
-        "# Benchmark: resnet50-tagger vs TorchServe's stock image_classifier",
-        "",
-        f"- Date: {machine['date']}; `{meta['command']}` took {fmt(meta['elapsed_s'], 0)} s.",
-        f"- Machine: {machine['cpu']}, {machine['cores']} cores, {machine['memory_gb']} GB RAM,"
+    return bullets([
+        f"Date: {machine['date']}; `{meta['command']}` took {fmt(meta['elapsed_s'], 0)} s.",
+        f"Machine: {machine['cpu']}, {machine['cores']} cores, {machine['memory_gb']} GB RAM,"
         f" {machine['os']}; CPU features: {flags_line}. Other work on the machine: CPU "
         f"{fmt(machine['cpu_busy_percent_before'], 0)}% busy in the second before the run; "
         f"load average {' / '.join(str(x) for x in machine['loadavg_at_start'])} (1/5/15 min) "
         f"before, {' / '.join(str(x) for x in meta['loadavg_at_end'])} after (the run itself "
         "keeps about 2 busy).",
-        f"- Weights (the same file for every row): {weights_line}",
-        "- Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".",
-        f"- Ours: `{ours['model']}` archive from `model-store/`, backend **{ours['backend']}**, "
+        f"Weights (the same file for every row): {weights_line}",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".",
+        f"Ours: `{ours['model']}` archive from `model-store/`, backend **{ours['backend']}**, "
         f"precision **{ours.get('precision', 'n/a')}**, {_settings(ours['settings'])}; the "
         "embedding model is loaded too (idle).",
-        f"- What `precision: {_choice(ours).get('requested', 'n/a')}` chose on this host "
+        f"What `precision: {_choice(ours).get('requested', 'n/a')}` chose on this host "
         f"(describe): {_choice(ours).get('summary', 'n/a')}.",
-        f"- The archive's int8 IR (what `auto` weighed beside the float IR): fidelity vs "
+        f"The archive's int8 IR (what `auto` weighed beside the float IR): fidelity vs "
         f"float32 on held-apart photos: {_fidelity(ours.get('quantization'))}.",
-        *_triton_line(results["served"].get("triton")),
-        f"- Stock: `{stock['model']}`, `image_classifier` handler, plain torchvision ResNet50 "
+        _triton_line(results["served"].get("triton")),
+        f"Stock: `{stock['model']}`, `image_classifier` handler, plain torchvision ResNet50 "
         f"traced and frozen to TorchScript from the same weights, {_settings(stock['settings'])}.",
-        "- Servers run one at a time; the load generator shares the 2 cores with the server "
+        "Servers run one at a time; the load generator shares the 2 cores with the server "
         "under test (both sides pay for it).",
-    ]
+    ])  # fmt: skip
 
 
-def _triton_line(triton: dict | None) -> list[str]:
+def _triton_line(triton: dict | None) -> str:
     if not triton:
-        return ["- Triton: not measured (no `make triton-server`: nvidia-pytriton missing)."]
-    return [
-        f"- Triton: the same tagger archive's files and handler settings at precision "
+        return "Triton: not measured (no `make triton-server`: nvidia-pytriton missing)."
+    return (
+        f"Triton: the same tagger archive's files and handler settings at precision "
         f"**{triton['precision']}** (pinned to what ours served; the embedding model "
         "loaded too, idle), in Triton 2.51 from the "
         "nvidia-pytriton wheel (`tritonrepo`, docs/triton.md): the same batchSize and "
         "maxBatchDelay as `max_batch_size` and `max_queue_delay_microseconds`; requests "
         "carry the raw image in the binary tensor extension; its batch mean is per batch "
         "(Triton's statistics), not per request."
-    ]
+    )
 
 
 def _choice(served: dict) -> dict:
@@ -137,21 +119,16 @@ def _settings(s: dict) -> str:
     )
 
 
-def _targets(results: dict) -> list[str]:
+def _targets(results: dict) -> str:
     rows = [
-        [
-            t["key"],
-            t["description"],
-            f"{fmt(t['value'], 3)} ({t['detail']})",
-            f"{t['op']} {fmt(t['threshold'], 2)}",
-            "PASS" if t["passed"] else "**MISS**",
-        ]
+        [t["key"], t["description"], f"{fmt(t['value'], 3)} ({t['detail']})",
+         f"{t['op']} {fmt(t['threshold'], 2)}", "PASS" if t["passed"] else "**MISS**"]
         for t in results["targets"]
-    ]
-    return ["## Targets", "", *table(["", "target", "measured", "needed", "result"], rows)]
+    ]  # fmt: skip
+    return section("Targets", table(["", "target", "measured", "needed", "result"], rows))
 
 
-def _raw(results: dict) -> list[str]:
+def _raw(results: dict) -> str:
     timed = {label: r for label, r in results["raw"].items() if "forward" in r}
     batches = sorted({f["batch"] for r in timed.values() for f in r["forward"]})
     images = list(next(iter(timed.values()))["single_image"])
@@ -170,166 +147,108 @@ def _raw(results: dict) -> list[str]:
             + [fmt(by_batch.get(b)) for b in batches]
             + [fmt(r["single_image"][i]["p50_ms"]) for i in images]
         )
-    lines = [
-        "## Raw model, no serving (this process, one image repeated to the batch size)",
-        "",
-        *table(header, rows),
-    ]
     skipped = [f"{label} ({r['skipped']})" for label, r in results["raw"].items() if "skipped" in r]
-    if skipped:
-        lines += ["", "Not run: " + "; ".join(skipped) + "."]
     pipeline = results.get("pipeline")
-    if pipeline:
-        lines += [
-            "",
-            f"In-process pipeline (small JPEG decoded and preprocessed on the handler's "
-            f"decode threads, stacked, one {pipeline['backend']} forward at batch "
-            f"{pipeline['batch']}, precision {pipeline['precision']}, no HTTP): "
-            f"**{fmt(pipeline['images_per_s'])} img/s**.",
-        ]
-    return lines
+    return section(
+        "Raw model, no serving (this process, one image repeated to the batch size)",
+        table(header, rows),
+        "Not run: " + "; ".join(skipped) + "." if skipped else None,
+        f"In-process pipeline (small JPEG decoded and preprocessed on the handler's decode "
+        f"threads, stacked, one {pipeline['backend']} forward at batch {pipeline['batch']}, "
+        f"precision {pipeline['precision']}, no HTTP): **{fmt(pipeline['images_per_s'])} img/s**."
+        if pipeline
+        else None,
+    )
 
 
-def _closed(results: dict) -> list[str]:
-    header = [
-        "server",
-        "image",
-        "clients",
-        "img/s",
-        "p50 ms",
-        "p95 ms",
-        "p99 ms",
-        "requests",
-        "errors",
-        "batch mean / max",
-        "peak RSS server MB",
-        "peak RSS worker MB",
-    ]
-    rows = []
-    for _key, label, served in _servers(results):
-        for run in served["closed"]:
-            rows.append(
-                [
-                    label,
-                    IMAGE_NAMES.get(run["image"], run["image"]),
-                    str(run["clients"]),
-                    fmt(run["throughput"]),
-                    fmt(run["p50_ms"]),
-                    fmt(run["p95_ms"]),
-                    fmt(run["p99_ms"]),
-                    str(run["requests"]),
-                    _errors(run),
-                    _batch(run),
-                    fmt(run["rss_server_mb"], 0),
-                    fmt(run["rss_worker_mb"], 0),
-                ]
-            )
+def _served(results: dict, loop: str) -> list[list[str]]:
+    """Each server's ``loop`` runs (closed or open) as table rows, the first cells left to the
+    caller: what every row has after them."""
     return [
-        "## Served, closed loop (each client sends its next request when the answer arrives)",
-        "",
-        *table(header, rows),
-    ]
+        [label, run, fmt(run["throughput"]), fmt(run["p50_ms"]), fmt(run["p95_ms"]),
+         fmt(run["p99_ms"]), str(run["requests"]), _errors(run), _batch(run),
+         fmt(run["rss_server_mb"], 0), fmt(run["rss_worker_mb"], 0)]
+        for _key, label, served in _servers(results)
+        for run in served[loop]
+    ]  # fmt: skip
 
 
-def _open(results: dict) -> list[str]:
-    header = [
-        "server",
-        "Poisson rate req/s",
-        "achieved img/s",
-        "p50 ms",
-        "p95 ms",
-        "p99 ms",
-        "requests",
-        "errors",
-        "batch mean / max",
-        "peak RSS server MB",
+FIGURES = "p50 ms | p95 ms | p99 ms | requests | errors | batch mean / max | peak RSS server MB"
+
+
+def _closed(results: dict) -> str:
+    rows = [
+        [label, IMAGE_NAMES.get(run["image"], run["image"]), str(run["clients"]), *figures]
+        for label, run, *figures in _served(results, "closed")
     ]
-    rows = []
-    for _key, label, served in _servers(results):
-        for run in served["open"]:
-            rows.append(
-                [
-                    label,
-                    fmt(run["rate"], 0),
-                    fmt(run["throughput"]),
-                    fmt(run["p50_ms"]),
-                    fmt(run["p95_ms"]),
-                    fmt(run["p99_ms"]),
-                    str(run["requests"]),
-                    _errors(run),
-                    _batch(run),
-                    fmt(run["rss_server_mb"], 0),
-                ]
-            )
+    return section(
+        "Served, closed loop (each client sends its next request when the answer arrives)",
+        table(f"server | image | clients | img/s | {FIGURES} | peak RSS worker MB", rows),
+    )
+
+
+def _open(results: dict) -> str:
+    rows = [
+        [label, fmt(run["rate"], 0), *figures[:-1]]
+        for label, run, *figures in _served(results, "open")
+    ]
     image = results["meta"]["plan"]["open_image"]
-    return [
-        f"## Served, open loop (Poisson arrivals, {IMAGE_NAMES.get(image, image)})",
-        "",
-        *table(header, rows),
-    ]
+    return section(
+        f"Served, open loop (Poisson arrivals, {IMAGE_NAMES.get(image, image)})",
+        table(f"server | Poisson rate req/s | achieved img/s | {FIGURES}", rows),
+    )
 
 
-def _method(results: dict) -> list[str]:
+def _method(results: dict) -> str:
     plan = results["meta"]["plan"]
-    return [
-        "## How it was measured",
-        "",
-        f"- Closed loop: {plan['warmup_s']:g} s warm-up (discarded), then {plan['closed_s']:g} s"
+    return section("How it was measured", bullets([
+        f"Closed loop: {plan['warmup_s']:g} s warm-up (discarded), then {plan['closed_s']:g} s"
         f" (at most {plan['closed_max_requests']} requests); img/s = successful requests / time"
         " from the first send to the last answer.",
-        f"- Open loop: Poisson arrivals for {plan['open_s']:g} s per rate (same seeded arrival "
+        f"Open loop: Poisson arrivals for {plan['open_s']:g} s per rate (same seeded arrival "
         f"times for both servers), at most {plan['open_max_in_flight']} in flight; latency runs "
         "from each request's scheduled arrival, so client-side queueing counts.",
-        "- Latency percentiles are of successful requests; an error is any non-200 answer or "
+        "Latency percentiles are of successful requests; an error is any non-200 answer or "
         "client exception.",
-        "- Batch mean / max: the server-side batch each answered request travelled in (mean "
+        "Batch mean / max: the server-side batch each answered request travelled in (mean "
         "over requests). Ours: the `X-Batch-Size` header; stock: its request ids in the "
         "worker's `PredictionTime` log line.",
-        "- Peak RSS: sampled every 0.2 s; server = Java frontend + every worker, summed "
+        "Peak RSS: sampled every 0.2 s; server = Java frontend + every worker, summed "
         "(shared pages counted per process); worker = the measured model's worker process.",
-        "- Raw: `servecore.backends.load_backend` as the handler loads each backend; "
+        "Raw: `servecore.backends.load_backend` as the handler loads each backend; "
         "decode+preprocess+forward is `servecore.images.decode_image` with the tagger's handler "
         "settings, the weights' transform and one forward at batch 1.",
-    ]
+    ]))  # fmt: skip
 
 
-def _explain(result: dict) -> list[str]:
+def _explain(result: dict) -> str:
     """``bench.explain_cost.run_explain``'s result: load, memory, PNG and each method's cost."""
-    lines = [
-        "## Explanations (one image, top-1 target, eager PyTorch on CPU)",
-        "",
+    rows = [
+        [method, f"n_steps {r['n_steps']}, internal_batch_size {r['internal_batch_size']}"
+         if r["n_steps"] else "defaults", str(r["passes"]), fmt(r["ms_per_image_p50"], 0)]
+        for method, r in result["methods"].items()
+    ]  # fmt: skip
+    return section(
+        "Explanations (one image, top-1 target, eager PyTorch on CPU)",
         f"Eager model for gradients: loaded in {fmt(result['load_s'], 2)} s, "
         f"+{fmt(result['rss_added_mb'], 0)} MB resident beside the serving backend. "
         f"PNG overlay (longer side <= {result['png']['max_side']} px): "
         f"{fmt(result['png']['ms_p50'], 0)} ms, {result['png']['bytes'] / 1024:.0f} KiB.",
-        "",
-    ]
-    rows = [
-        [
-            method,
-            f"n_steps {r['n_steps']}, internal_batch_size {r['internal_batch_size']}"
-            if r["n_steps"]
-            else "defaults",
-            str(r["passes"]),
-            fmt(r["ms_per_image_p50"], 0),
-        ]
-        for method, r in result["methods"].items()
-    ]
-    return lines + table(["method", "settings", "passes", "ms/image (p50)"], rows) + [""]
+        table(["method", "settings", "passes", "ms/image (p50)"], rows),
+    )
 
 
 def render_markdown(results: dict) -> str:
-    parts = [
+    return document(
+        "Benchmark: resnet50-tagger vs TorchServe's stock image_classifier",
         _header(results),
         _targets(results),
         _raw(results),
         _closed(results),
         _open(results),
         _method(results),
-    ]
-    if "explain" in results:
-        parts.append(_explain(results["explain"]))
-    return "\n".join(line for part in parts for line in [*part, ""]).rstrip() + "\n"
+        _explain(results["explain"]) if "explain" in results else None,
+    )
 
 
 def render_plot(results: dict, path: Path) -> None:
@@ -364,24 +283,8 @@ def render_plot(results: dict, path: Path) -> None:
 
 def write_reports(results: dict, out_dir: Path, stem: str = "benchmark") -> str:
     """Write ``<stem>.json``, ``<stem>.md`` and ``<stem>.png``; return the Markdown."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     write_json(results, out_dir / f"{stem}.json")
     markdown = render_markdown(results)
     (out_dir / f"{stem}.md").write_text(markdown)
     render_plot(results, out_dir / f"{stem}.png")
     return markdown
-
-
-def write_json(results: dict, path: Path) -> None:
-    """NaN is not JSON: it is written as null so that any JSON reader loads the file."""
-    path.write_text(json.dumps(_nan_to_none(results), indent=2) + "\n")
-
-
-def _nan_to_none(value):
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _nan_to_none(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_nan_to_none(v) for v in value]
-    return value

@@ -18,19 +18,21 @@ index on embeddings of N generated photos too (``bench/searchphotos.py`` says ho
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
-from tabulate import tabulate
+
+from bench.layout import RESULTS, cli, parse
+from bench.machine import dated
+from bench.markdown import bullets, document, publish, section, table
 
 log = logging.getLogger("bench.search")
 
@@ -73,12 +75,9 @@ def write_collection(path: Path, xb: np.ndarray, first: int = 0) -> list[str]:
     return names
 
 
-def percentiles(seconds: list[float]) -> tuple[float, float]:
-    """(p50, p99) in ms."""
-    return (
-        round(float(np.percentile(seconds, 50)) * 1e3, 2),
-        round(float(np.percentile(seconds, 99)) * 1e3, 2),
-    )
+def percentiles(seconds: list[float]) -> tuple[str, str]:
+    """(p50, p99) in ms, as the tables write them."""
+    return tuple(str(round(float(np.percentile(seconds, q)) * 1e3, 2)) for q in (50, 99))
 
 
 def exact_pairs(xb: np.ndarray, threshold: float) -> tuple[set[tuple[int, int]], float]:
@@ -133,6 +132,13 @@ def top10(
     return seconds, hits / (10 * len(xq))
 
 
+def timed_pairs(pairs: Callable[[], Iterable], ids: dict[str, int]) -> tuple[set, float]:
+    """The pairs ``pairs()`` finds, as (lower id, higher id), and the seconds it took."""
+    start = time.perf_counter()
+    found = {(min(ids[a], ids[b]), max(ids[a], ids[b])) for a, b, _ in pairs()}
+    return found, time.perf_counter() - start
+
+
 @dataclass
 class MilvusRun:
     """The same collection through Milvus (a Milvus Lite server process, tsctl's URI path)."""
@@ -154,7 +160,7 @@ class MilvusRun:
             f"Milvus Lite {self.version} server (`--out http://...`): {self.spec}"
             + (f", nprobe {milvusindex.NPROBE}" if self.spec != "FLAT" else "")
             + f", top 10 + {milvusindex.RESCORE_EXTRA} re-scored",
-            round(self.build_s, 1), f"{self.rss_bytes:,.0f}", f"{self.disk_bytes:,.0f}",
+            f"{self.build_s:.1f}", f"{self.rss_bytes:,.0f}", f"{self.disk_bytes:,.0f}",
             *percentiles(self.query_s), f"{self.recall:.3f}",
         ]  # fmt: skip
 
@@ -164,7 +170,7 @@ class MilvusRun:
         found = len(self.pairs & want) / max(len(want), 1)
         return [
             f"`tsctl duplicates` through Milvus (each vector's {index.PAIR_CANDIDATES} nearest, "
-            f"nprobe {index.PAIR_NPROBE}, re-scored)", round(self.pairs_s, 1), len(self.pairs),
+            f"nprobe {index.PAIR_NPROBE}, re-scored)", f"{self.pairs_s:.1f}", len(self.pairs),
             f"{found:.3f}",
         ]  # fmt: skip
 
@@ -207,9 +213,7 @@ def measure_milvus(
         rss = psutil.Process(server.pid).memory_info().rss / n
         disk = sum(f.stat().st_size for f in (folder / "db").rglob("*") if f.is_file()) / n
         log.info("Milvus: duplicates")
-        start = time.perf_counter()
-        pairs = {(min(ids[a], ids[b]), max(ids[a], ids[b])) for a, b, _ in opened.pairs(threshold)}
-        pairs_s = time.perf_counter() - start
+        pairs, pairs_s = timed_pairs(lambda: opened.pairs(threshold), ids)
     return MilvusRun(
         milvus_lite.__version__, built.spec, build_s, rss, disk, query_s, recall, pairs_s, pairs
     )
@@ -253,7 +257,7 @@ def photos_section(count: int, work: Path, weights: Path, threshold: float) -> s
     weights_line = f"weights: {info['source']}" + (
         "" if info.get("trained") else " (**untrained**: these are not real embeddings)"
     )
-    table = [
+    rows = [
         ["cosine of unrelated photos (median of 2,000 pairs)", f"{np.median(unrelated):.3f}"],
         [f"cosine of a near-copy to its photo (median of {copies})", f"{np.median(twins):.3f}"],
         [f"`tsctl index build` forced to {built.spec}: recall@10 ({QUERIES} queries)",
@@ -264,206 +268,172 @@ def photos_section(count: int, work: Path, weights: Path, threshold: float) -> s
         ["share of exact's pairs `tsctl duplicates` finds through the index",
          f"{len(found & exact) / max(len(exact), 1):.3f}"],
     ]  # fmt: skip
-    return "\n".join(
-        [
-            f"## Embeddings of {count:,} generated photos",
-            "",
-            f"`tests/imagegen.py`'s photos, 1% of them near-copies (90% scale, JPEG quality "
-            f"70), embedded as the server embeds them in {embed_s:.0f} s; {weights_line}.",
-            "",
-            tabulate(table, headers=["", ""], tablefmt="github", disable_numparse=True),
-            "",
-        ]
+    return section(
+        f"Embeddings of {count:,} generated photos",
+        f"`tests/imagegen.py`'s photos, 1% of them near-copies (90% scale, JPEG quality 70), "
+        f"embedded as the server embeds them in {embed_s:.0f} s; {weights_line}.",
+        table(["", ""], rows),
     )
 
 
 def main(argv: list[str] | None = None) -> int:
+    parser = cli("python -m bench.search", __doc__, out=None)
+    add = parser.add_argument
+    add("-n", type=int, default=100_000, help="stored vectors (100000)")
+    add("--queries", type=int, default=300, help="timed queries (300)")
+    add("--exact-queries", type=int, default=50, help="of them, exact (50)")
+    add("--threshold", type=float, default=0.97, help="duplicates' cosine")
+    add("--pairs-upto", type=int, default=200_000, help="exact search's pairs only up to this "
+        "many vectors (200000: all pairs are n²)")  # fmt: skip
+    add("--add", type=int, default=10_000, help="photos added to the indexed collection (10000)")
+    add("--milvus", action="store_true", help="also through Milvus (a Milvus Lite server "
+        "process, tsctl index build --out URI)")  # fmt: skip
+    add("--photos", type=int, default=0, help="also the index on embeddings of this many "
+        "generated photos (bench/searchphotos.py)")  # fmt: skip
+    add("--weights", type=Path, default=Path("build/weights"), help="their weights (build/weights)")
+    add("--out", type=Path, help="the report (default: results/search.md at 100k)")
+    args = parse(parser, argv)
+    provenance = dated()  # the code as it was loaded: later edits are not what ran
+    everything, xq = clustered(args.n + args.add)
+    xq = xq[: args.queries]
+    log.info("exact top 10 over %d vectors, and over them with %d added", args.n, args.add)
+    truth = {"before": exact_top10(everything[: args.n], xq), "after": exact_top10(everything, xq)}
+    want = None  # exact search's pairs, and the seconds they took
+    if args.n <= args.pairs_upto:
+        log.info("exact pairs at %.2f (FAISS flat, all pairs)", args.threshold)
+        want = exact_pairs(everything[: args.n], args.threshold)
+    with tempfile.TemporaryDirectory() as tmp:
+        parquet = Path(tmp) / "collection.parquet"
+        ids = {name: i for i, name in enumerate(write_collection(parquet, everything[: args.n]))}
+        added = Path(tmp) / "added.parquet"  # the next embed run's output, beside the first
+        more = write_collection(added, everything[args.n :], args.n)
+        ids.update((name, args.n + i) for i, name in enumerate(more))
+        del everything
+        run = measure(args, Path(tmp), (parquet, added), xq, truth, ids)
+    text = report(args, provenance, run, want)
+    if args.out is None and args.n != 100_000:
+        print(text)
+        return 0
+    return publish(args.out or RESULTS / "search.md", text)
+
+
+def measure(args, tmp: Path, files: tuple[Path, Path], xq, truth: dict, ids: dict) -> dict:
+    """``tsctl index build`` over the first embed output, its top 10 and duplicates, exact
+    search's top 10, Milvus and the photos where asked; then the build again with the second
+    output beside the first, and its recall@10."""
     import faiss
 
-    from bench.layout import RESULTS, publish, setup_cli
-    from bench.machine import dated
     from serveclient.search import faissindex as index
     from serveclient.search.exact import ExactSearch
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-n", type=int, default=100_000, help="stored vectors (100000)")
-    parser.add_argument("--queries", type=int, default=300, help="timed queries (300)")
-    parser.add_argument("--exact-queries", type=int, default=50, help="of them, exact (50)")
-    parser.add_argument("--threshold", type=float, default=0.97, help="duplicates' cosine")
-    parser.add_argument(
-        "--pairs-upto",
-        type=int,
-        default=200_000,
-        help="exact search's pairs only up to this many vectors (200000: all pairs are n²)",
+    parquet, added = files
+    folder = tmp / "collection.parquet.vindex"
+    log.info("tsctl index build over %d vectors", args.n)
+    start = time.perf_counter()
+    built = index.build([parquet], folder, progress=False)
+    build_s = time.perf_counter() - start
+    opened = index.open_index(folder)
+    files = opened.files  # the build folder the manifest names
+    size = {f: (files / f).stat().st_size / args.n for f in (index.VECTORS, index.RESCORE)}
+    faiss.omp_set_num_threads(1)  # one query at a time, as tsctl similar asks
+    log.info("%d queries through the index, %d exact", args.queries, args.exact_queries)
+    index_s, recall = top10(lambda q: opened.nearest(q, 10), xq, truth["before"], ids)
+    ExactSearch(parquet).nearest(xq[:1], 10)  # the exact path's cache, written once
+    few = slice(0, args.exact_queries)
+    exact = top10(lambda q: ExactSearch(parquet).nearest(q, 10), xq[few], truth["before"][few], ids)
+    log.info("duplicates through the index")
+    faiss.omp_set_num_threads(os.cpu_count() or 1)  # one batch job, as tsctl duplicates runs
+    pairs = timed_pairs(lambda: opened.pairs(args.threshold), ids)
+    milvus = (
+        measure_milvus(tmp, parquet, xq, truth["before"], ids, args.threshold)
+        if args.milvus
+        else None
     )
-    parser.add_argument(
-        "--add", type=int, default=10_000, help="photos added to the indexed collection (10000)"
+    photos = photos_section(args.photos, tmp, args.weights, args.threshold) if args.photos else None
+    log.info("%d photos added: the index updated", args.add)
+    start = time.perf_counter()
+    update = index.build([parquet, added], folder, progress=False)
+    update_s = time.perf_counter() - start
+    faiss.omp_set_num_threads(1)
+    opened = index.open_index(folder)
+    _, recall_after = top10(lambda q: opened.nearest(q, 10), xq, truth["after"], ids)
+    return {
+        "faiss": faiss.__version__, "built": built, "build_s": build_s, "opened": opened,
+        "size": size, "pq_bytes": parquet.stat().st_size / args.n, "index_s": index_s,
+        "recall": recall, "exact": exact, "pairs": pairs, "milvus": milvus, "photos": photos,
+        "update": update, "update_s": update_s, "recall_after": recall_after,
+    }  # fmt: skip
+
+
+def report(args, provenance: str, run: dict, want: tuple[set, float] | None) -> str:
+    """results/search.md from ``measure``'s figures and exact search's pairs (``want``)."""
+    from serveclient.search import faissindex as index
+
+    built, opened, size, milvus, update = (
+        run[k] for k in ("built", "opened", "size", "milvus", "update")
     )
-    parser.add_argument(
-        "--milvus",
-        action="store_true",
-        help="also through Milvus (a Milvus Lite server process, tsctl index build --out URI)",
-    )
-    parser.add_argument(
-        "--photos",
-        type=int,
-        default=0,
-        help="also the index on embeddings of this many generated photos (bench/searchphotos.py)",
-    )
-    parser.add_argument(
-        "--weights", type=Path, default=Path("build/weights"), help="their weights (build/weights)"
-    )
-    parser.add_argument("--out", type=Path, help="the report (default: results/search.md at 100k)")
-    parser.add_argument("--quiet", action="store_true")
-    args = parser.parse_args(argv)
-    setup_cli("bench.search", args.quiet)
-    provenance = dated()  # the code as it was loaded: later edits are not what ran
-    out = args.out or (RESULTS / "search.md" if args.n == 100_000 else None)
-    everything, xq = clustered(args.n + args.add)
-    xb, more = everything[: args.n], everything[args.n :]
-    xq = xq[: args.queries]
-    log.info("exact top 10 over %d vectors, and over them with %d added", args.n, args.add)
-    truth = exact_top10(xb, xq)
-    truth_after = exact_top10(everything, xq)
-    del everything
-    want_pairs, exact_pairs_s = None, 0.0
-    if args.n <= args.pairs_upto:
-        log.info("exact pairs at %.2f (FAISS flat, all pairs)", args.threshold)
-        want_pairs, exact_pairs_s = exact_pairs(xb, args.threshold)
-    with tempfile.TemporaryDirectory() as tmp:
-        parquet = Path(tmp) / "collection.parquet"
-        ids = {name: i for i, name in enumerate(write_collection(parquet, xb))}
-        del xb
-        added = Path(tmp) / "added.parquet"  # the next embed run's output, beside the first
-        ids.update(
-            (name, args.n + i) for i, name in enumerate(write_collection(added, more, args.n))
-        )
-        del more
-        folder = Path(tmp) / "collection.parquet.vindex"
-        log.info("tsctl index build over %d vectors", args.n)
-        start = time.perf_counter()
-        built = index.build([parquet], folder, progress=False)
-        build_s = time.perf_counter() - start
-        opened = index.open_index(folder)
-        files = opened.files  # the build folder the manifest names
-        size = {f: (files / f).stat().st_size / args.n for f in (index.VECTORS, index.RESCORE)}
-        pq_bytes = parquet.stat().st_size / args.n
-        faiss.omp_set_num_threads(1)  # one query at a time, as tsctl similar asks
-        log.info("%d queries through the index, %d exact", args.queries, args.exact_queries)
-        index_s, recall = top10(lambda q: opened.nearest(q, 10), xq, truth, ids)
-        ExactSearch(parquet).nearest(xq[:1], 10)  # the exact path's cache, written once
-        few = slice(0, args.exact_queries)
-        exact_s, exact_recall = top10(
-            lambda q: ExactSearch(parquet).nearest(q, 10), xq[few], truth[few], ids
-        )
-        log.info("duplicates through the index")
-        faiss.omp_set_num_threads(os.cpu_count() or 1)  # one batch job, as tsctl duplicates runs
-        start = time.perf_counter()
-        pairs = {
-            (min(ids[a], ids[b]), max(ids[a], ids[b])) for a, b, _ in opened.pairs(args.threshold)
-        }
-        pairs_s = time.perf_counter() - start
-        milvus = (
-            measure_milvus(Path(tmp), parquet, xq, truth, ids, args.threshold)
-            if args.milvus
-            else None
-        )
-        photos = (
-            photos_section(args.photos, Path(tmp), args.weights, args.threshold)
-            if args.photos
-            else None
-        )
-        log.info("%d photos added: the index updated", args.add)
-        start = time.perf_counter()
-        update = index.build([parquet, added], folder, progress=False)
-        update_s = time.perf_counter() - start
-        faiss.omp_set_num_threads(1)
-        opened = index.open_index(folder)
-        _, recall_after = top10(lambda q: opened.nearest(q, 10), xq, truth_after, ids)
+    (exact_s, exact_recall), (pairs, pairs_s) = run["exact"], run["pairs"]
     rows = [
         ["exact (`--exact`: float32 over the Parquet)", "-", f"{4 * D:,}", "-",
          *percentiles(exact_s), f"{exact_recall:.3f}"],
         [f"`tsctl index build`: {built.spec}, nprobe {index.nprobe_for(built.spec)}"
          + (f", top {index.RESCORE_DEPTH} re-scored" if opened.approximate else ""),
-         round(build_s, 1),
-         f"{size[index.VECTORS]:,.0f}", f"{size[index.RESCORE]:,.0f}", *percentiles(index_s),
-         f"{recall:.3f}"],
+         f"{run['build_s']:.1f}", f"{size[index.VECTORS]:,.0f}", f"{size[index.RESCORE]:,.0f}",
+         *percentiles(run["index_s"]), f"{run['recall']:.3f}"],
+        *([milvus.top10_row()] if milvus else []),
     ]  # fmt: skip
-    if milvus is not None:
-        rows.append(milvus.top10_row())
     through = [f"`tsctl duplicates` through the index (each vector's {index.PAIR_CANDIDATES} "
-               f"nearest, nprobe {index.PAIR_NPROBE}, re-scored)", round(pairs_s, 1),
+               f"nearest, nprobe {index.PAIR_NPROBE}, re-scored)", f"{pairs_s:.1f}",
                len(pairs)]  # fmt: skip
-    if want_pairs is None:
+    if want is None:
         duplicates = [
             [*through, f"not measured: exact search's all pairs past {args.pairs_upto:,}"]
         ]
     else:
-        found = len(pairs & want_pairs) / max(len(want_pairs), 1)
-        duplicates = [
-            ["exact (all pairs, FAISS flat, every core)", round(exact_pairs_s, 1),
-             len(want_pairs), "1.000"],
-            [*through, f"{found:.3f}"],
-        ]  # fmt: skip
-        if milvus is not None:
-            duplicates.append(milvus.pairs_row(want_pairs))
-    headers = ["search", "build s", "index bytes/vector (memory)", "bytes/vector on disk",
-               "p50 ms", "p99 ms", "recall@10"]  # fmt: skip
-    text = "\n".join(
-        [
-            "# Vector search (`make bench-search`): the index against exact search",
-            "",
+        found = len(pairs & want[0]) / max(len(want[0]), 1)
+        duplicates = [["exact (all pairs, FAISS flat, every core)", f"{want[1]:.1f}", len(want[0]),
+                       "1.000"], [*through, f"{found:.3f}"],
+                      *([milvus.pairs_row(want[0])] if milvus else [])]  # fmt: skip
+    return document(
+        "Vector search (`make bench-search`): the index against exact search",
+        bullets([
             provenance,
-            f"- faiss-cpu {faiss.__version__}; {args.n:,} synthetic vectors shaped like ResNet50 "
+            f"faiss-cpu {run['faiss']}; {args.n:,} synthetic vectors shaped like ResNet50 "
             f"embeddings (`bench/search.py`: {D}-d, unit length, post-ReLU clusters, 1% "
             f"near-copies) in an embed output; {args.queries} fresh queries of the same law "
             f"({args.exact_queries} of them exact), one at a time on one thread",
-            "",
-            "## Top 10",
-            "",
-            tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True),
-            "",
-            *([milvus.note(), ""] if milvus is not None else []),
+        ]),
+        section(
+            "Top 10",
+            table("search | build s | index bytes/vector (memory) | bytes/vector on disk | "
+                  "p50 ms | p99 ms | recall@10", rows),
+            milvus.note() if milvus else None,
             f"Float32 is {4 * D:,} bytes a vector: the index in memory is "
             f"{size[index.VECTORS] / (4 * D):.3f} of it"
-            + (
-                f"; the float16 copy the candidates are re-scored from stays on disk, "
-                f"{index.RESCORE_DEPTH} rows read a query. The projection keeps at least "
-                f"{opened.manifest['kept']:.3f} of a vector's length² (the training sample's "
-                "0.1% quantile): how far the index's own scores are from cosines."
-                if opened.approximate
-                else "."
-            ),
-            "",
+            + (f"; the float16 copy the candidates are re-scored from stays on disk, "
+               f"{index.RESCORE_DEPTH} rows read a query. The projection keeps at least "
+               f"{opened.manifest['kept']:.3f} of a vector's length² (the training sample's "
+               "0.1% quantile): how far the index's own scores are from cosines."
+               if opened.approximate else "."),
             f"Ten million vectors on paper, from these bytes a vector (not measured): "
             f"{size[index.VECTORS] * 1e7 / 1e9:.1f} GB of memory for the index, "
             f"{size[index.RESCORE] * 1e7 / 1e9:.0f} GB of disk for the float16 copy, beside "
-            f"an embed output of about {pq_bytes * 1e7 / 1e9:.0f} GB.",
-            "",
-            f"## {args.add:,} photos added",
-            "",
+            f"an embed output of about {run['pq_bytes'] * 1e7 / 1e9:.0f} GB.",
+        ),
+        section(
+            f"{args.add:,} photos added",
             f"`tsctl index build` again with a second embed output of {args.add:,} photos "
             f"beside the first: {update.added:,} added, {update.removed} removed, "
             f"{'trained anew' if update.trained else 'no training (the index updated in place)'}, "
-            f"{update_s:.1f} s; recall@10 over all {update.count:,} afterwards "
-            f"{recall_after:.3f}.",
-            "",
-            f"## Duplicates at cosine {args.threshold}",
-            "",
-            tabulate(
-                duplicates,
-                headers=["search", "seconds", "pairs", "share of exact's pairs found"],
-                tablefmt="github",
-                disable_numparse=True,
-            ),
-            "",
-            *([photos] if photos else []),
-        ]
-    )
-    if out is None:
-        print(text)
-        return 0
-    return publish(out, text)
+            f"{run['update_s']:.1f} s; recall@10 over all {update.count:,} afterwards "
+            f"{run['recall_after']:.3f}.",
+        ),
+        section(
+            f"Duplicates at cosine {args.threshold}",
+            table("search | seconds | pairs | share of exact's pairs found", duplicates),
+        ),
+        run["photos"],
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -66,12 +66,8 @@ class ModelUnderTest:
         self.plan = plan
 
     def endpoint(self, body: bytes) -> Endpoint:
-        return Endpoint(
-            f"{self.server.inference_url}/predictions/{self.model}",
-            self.server.keys.inference_headers(),
-            body,
-            self.plan.timeout_s,
-        )
+        url = f"{self.server.inference_url}/predictions/{self.model}"
+        return Endpoint(url, self.server.keys.inference_headers(), body, self.plan.timeout_s)
 
     def _measured(self, run: Callable[[], list[Sample]], watch: dict[str, int]) -> dict:
         with PeakRss(self.server.processes, watch) as peak:
@@ -87,8 +83,7 @@ class ModelUnderTest:
 
     def closed(self, image: str, body: bytes, clients: int, watch: dict[str, int]) -> dict:
         """Warm up, then one measured closed-loop run."""
-        endpoint = self.endpoint(body)
-        plan = self.plan
+        endpoint, plan = self.endpoint(body), self.plan
         closed_loop(endpoint, clients, plan.warmup_s, plan.closed_max_requests)
         stats = self._measured(
             lambda: closed_loop(endpoint, clients, plan.closed_s, plan.closed_max_requests), watch
@@ -97,19 +92,9 @@ class ModelUnderTest:
 
     def open(self, image: str, body: bytes, rate: float, watch: dict[str, int]) -> dict:
         """One open-loop run at ``rate`` requests/s (same seeded arrivals for every server)."""
-        endpoint = self.endpoint(body)
-        plan = self.plan
-        stats = self._measured(
-            lambda: open_loop(
-                endpoint,
-                rate,
-                plan.open_s,
-                plan.open_max_requests,
-                plan.open_max_in_flight,
-                seed=int(rate * 1000),
-            ),
-            watch,
-        )
+        endpoint, plan = self.endpoint(body), self.plan
+        bounds = (plan.open_s, plan.open_max_requests, plan.open_max_in_flight)
+        stats = self._measured(lambda: open_loop(endpoint, rate, *bounds, int(rate * 1000)), watch)
         return {"image": image, "rate": rate, **stats}
 
 

@@ -23,6 +23,7 @@ class Sample:
     ``ok``: HTTP 200. ``error``: the status code or exception name otherwise.
     ``batch_size``: the server-side batch this request was part of, when known.
     ``request_id``: TorchServe's ``x-request-id`` answer header (finds the batch in its log).
+    ``status``: the HTTP status (0: no answer); ``kind``: the ``type`` an error body names.
     """
 
     start: float
@@ -31,6 +32,13 @@ class Sample:
     error: str = ""
     batch_size: int | None = None
     request_id: str = ""
+    status: int = 0
+    kind: str = ""
+
+    @property
+    def outcome(self) -> str:
+        """``200``, the status and the error's type (``503 Overloaded``), or the exception."""
+        return f"{self.status} {self.kind}".strip() if self.status else self.error
 
     @property
     def latency_ms(self) -> float:

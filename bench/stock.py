@@ -6,7 +6,8 @@ the SAME weights as a plain torchvision ResNet50 (logits only), TorchScript trac
 * ``archive_stock`` packs it with ``torch-model-archiver --handler image_classifier``;
 * ``stock_config`` writes a config.properties that gives the stock model exactly the frontend
   settings (batchSize, maxBatchDelay, workers, timeout) our tagger gets from
-  ``config/models/resnet50-tagger.yaml``, so the comparison differs only in handler and runtime.
+  ``config/models/resnet50-tagger.yaml``, so the comparison differs only in handler and runtime;
+* ``stock_server``: all three done, and the TorchServe that serves it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ import warnings
 from pathlib import Path
 
 from buildsteps import configgen
-from model_files.artifacts import CHECKPOINT, checkpoint_sha256, is_current, mark_current, sha256_of
+from model_files.artifacts import (
+    CHECKPOINT,
+    LABELS,
+    checkpoint_sha256,
+    is_current,
+    mark_current,
+    sha256_of,
+)
 
 MODEL_NAME = "resnet50-stock"
 SERIALIZED = "resnet50_stock.torchscript.pt"
@@ -61,30 +69,13 @@ def archive_stock(serialized: Path, index_to_name: Path, model_store: Path, tmpd
     model_store.mkdir(parents=True, exist_ok=True)
     tmpdir.mkdir(parents=True, exist_ok=True)
     archiver = Path(sys.executable).parent / "torch-model-archiver"
-    subprocess.run(
-        [
-            str(archiver),
-            "--model-name",
-            MODEL_NAME,
-            "--version",
-            configgen.VERSION,
-            "--serialized-file",
-            str(serialized),
-            "--handler",
-            "image_classifier",
-            "--extra-files",
-            str(index_to_name),
-            "--export-path",
-            str(model_store),
-            "--archive-format",
-            "zip-store",
-            "--force",
-        ],
-        env={**os.environ, "TMPDIR": str(tmpdir)},
-        check=True,
-        stdout=subprocess.DEVNULL,
-        timeout=600,
-    )
+    options = {"model-name": MODEL_NAME, "version": configgen.VERSION,
+               "serialized-file": serialized, "handler": "image_classifier",
+               "extra-files": index_to_name, "export-path": model_store,
+               "archive-format": "zip-store"}  # fmt: skip
+    argv = [str(archiver), *(a for k, v in options.items() for a in (f"--{k}", str(v))), "--force"]
+    env = {**os.environ, "TMPDIR": str(tmpdir)}
+    subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, timeout=600)
     mark_current(mar, source)
     return mar
 
@@ -100,3 +91,18 @@ def stock_config(out: Path, like: str = "resnet50-tagger") -> Path:
         )
     )
     return out
+
+
+def stock_server(workdir: Path, like: str):
+    """A ``LocalTorchServe`` in ``workdir`` (made afresh) serving the stock model of
+    build/weights with ``like``'s frontend settings (started by ``with``)."""
+    from bench.layout import BUILD, WEIGHTS, fresh_dir
+    from devtools.server import LocalTorchServe
+
+    store = BUILD / "model-store"
+    serialized = export_stock_model(WEIGHTS, BUILD)
+    archive_stock(serialized, WEIGHTS / LABELS, store, BUILD / "archiver-tmp")
+    config = stock_config(BUILD / f"stock-like-{like}.properties", like=like)
+    return LocalTorchServe(
+        fresh_dir(workdir), store, config=config, load_models=[f"{MODEL_NAME}.mar"]
+    )

@@ -3,62 +3,43 @@
     python -m bench.traffic [--photos 3000] [--seconds 20] [--targets ours,triton,stock]
                                                                         (make bench-traffic)
 
-Per target, one server (ours on TorchServe with the archives of model-store/, ours on Triton
-on a repository generated from them, TorchServe's stock ``image_classifier`` on the same
-weights, ``bench/stock.py``) and the same generated folder of photos (``bench.collection``'s
-mix, kept in build/bench-collection/):
-
-1. **job alone**: ``tsctl embed FOLDER`` as a user runs it (bulk, so sent to the model's bulk
-   lane where the server registers one, ``servecore/lanes.py``; the stock handler answers no v2
-   request, so its job is bench's closed-loop load generator at the job's concurrency, every
-   photo once) -> img/s; when ``tsctl embed`` has ``--priority``, the same job again with
-   ``--priority interactive`` (today's client, which sends no class), side by side;
-2. **interactive alone**: 2 clients, each sending one distinct 800x600 photo every 0.2 s, to
-   the model the job embeds with, open loop (sent on the clock; latency from the scheduled send, so
-   a late send is the server's fault) for ``--seconds`` -> p50/p95/max and errors;
-3. **both**: the job started and seen running (the server answered a round of its requests),
-   the same interactive clients for ``--seconds``, then the job left to finish -> interactive
-   p95 during it and the job's img/s over its whole run.
-
-The issue's targets (interactive p95 during the job <= 1.5x idle, the job >= 0.85x its img/s
-alone) are stated beside the ratios, not asserted: the figures move with the machine's load.
+Per target (ours on TorchServe, ours on Triton, TorchServe's stock ``image_classifier``), the
+job alone, the interactive clients alone, then both (bench/README.md says what each step
+sends and measures). The issue's targets (interactive p95 during the job <= 1.5x idle, the job
+>= 0.85x its img/s alone) are stated beside the ratios, not asserted: the figures move with
+the machine's load.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
 import os
 import subprocess
-import threading
 import time
-from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import requests
 
 from bench import collection, stock
-from bench.layout import BUILD, EMBEDDING, MODEL_STORE, REPO, RESULTS, WEIGHTS, fresh_dir, setup_cli
-from bench.loadgen import Connection, Endpoint, closed_loop, post_once
+from bench.collection import TSCTL, handler_images, tsctl, tsctl_answer
+from bench.layout import BUILD, EMBEDDING, MODEL_STORE, REPO, cli, fresh_dir, parse, torchserve
+from bench.loadgen import Endpoint, closed_loop, each_once, scheduled, v2_binary
 from bench.machine import dated
-from bench.report import table
+from bench.markdown import document, publish, section, table
 from bench.stats import Sample, percentile, ratio, summarize
-from bench.triton import binary_request, triton_serving
+from bench.triton import missing as triton_missing
+from bench.triton import stats, triton_serving
 from buildsteps.configgen import bulk_lanes
-from devtools.server import LocalTorchServe
-from model_files.artifacts import LABELS
-from serveclient import metrics
 from serveclient.batchjob import Plan
 
 log = logging.getLogger("bench.traffic")
 
-TSCTL = REPO / ".venv" / "bin" / "tsctl"
 WORK = BUILD / "traffic"
 TARGETS = ("ours", "triton", "stock")
 CLIENTS = 2
@@ -99,44 +80,6 @@ def interactive_photos(count: int) -> list[bytes]:
     return bodies
 
 
-def scheduled_clients(
-    endpoints: list[list[Endpoint]], period_s: float, seconds: float
-) -> list[Sample]:
-    """One thread per list of endpoints (a client), each sending its next request at
-    ``t0 + offset + k * period_s`` (the clients' offsets spread over one period) for
-    ``seconds``; a request that starts late counts its wait (``start`` is the scheduled time)."""
-    samples: list[Sample] = []
-    lock = threading.Lock()
-    t0 = time.monotonic() + 0.05
-
-    def client(index: int, mine: list[Endpoint]) -> None:
-        connection = Connection(mine[0])
-        offset = index * period_s / len(endpoints)
-        try:
-            for k, endpoint in enumerate(mine):
-                scheduled = t0 + offset + k * period_s
-                if scheduled - t0 >= seconds:
-                    return
-                wait = scheduled - time.monotonic()
-                if wait > 0:
-                    time.sleep(wait)
-                sample = post_once(connection, endpoint, start=scheduled)
-                with lock:
-                    samples.append(sample)
-        finally:
-            connection.close()
-
-    threads = [
-        threading.Thread(target=client, args=(i, mine), daemon=True)
-        for i, mine in enumerate(endpoints)
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return sorted(samples, key=lambda s: s.start)
-
-
 def latency(samples: list[Sample]) -> dict:
     """p50/p95/max of the answered requests, and every other outcome by kind."""
     ok = [s.latency_ms for s in samples if s.ok]
@@ -150,32 +93,13 @@ def latency(samples: list[Sample]) -> dict:
     }
 
 
-class Job(ABC):
-    """The collection job running in the background: ``finish()`` waits and returns
-    ``{"done", "failed", "seconds", "images_per_s", "errors"}``."""
-
-    @abstractmethod
-    def finish(self) -> dict: ...
-
-    @abstractmethod
-    def running(self) -> bool: ...
-
-    @abstractmethod
-    def stop(self) -> None:
-        """End it now (a measurement that failed leaves nothing running)."""
-
-
-class TsctlJob(Job):
-    """``tsctl --json embed FOLDER --out OUT [extra]`` as a subprocess."""
+class TsctlJob:
+    """The collection job in the background, ``tsctl --json embed FOLDER --out OUT [extra]``:
+    ``finish()`` waits and returns ``{"done", "failed", "seconds", "images_per_s",
+    "errors"}``; ``stop()`` ends it now (a measurement that failed leaves nothing running)."""
 
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:
-        self.process = subprocess.Popen(
-            [str(TSCTL), "--json", "embed", *argv],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        self.process = tsctl(["embed", *argv], env)
 
     def running(self) -> bool:
         return self.process.poll() is None
@@ -186,159 +110,81 @@ class TsctlJob(Job):
             self.process.communicate()
 
     def finish(self) -> dict:
-        out, err = self.process.communicate(timeout=3600)
-        if self.process.returncode not in (0, 7):  # 7: some files failed, reported below
-            raise RuntimeError(f"tsctl embed failed ({self.process.returncode}): {err[-2000:]}")
-        answer = json.loads(out)
+        answer = tsctl_answer(self.process, "embed")
         # tsctl lists the first failures' messages (its own words, not a status): cut short.
         errors = Counter(e["error"][:60] for e in answer.get("failures", []))
         if answer["failed"] > sum(errors.values()):
             errors["(not listed)"] += answer["failed"] - sum(errors.values())
+        seconds = answer["seconds"]
         return {
             "done": answer["done"],
             "failed": answer["failed"],
-            "seconds": answer["seconds"],
-            "images_per_s": round(answer["done"] / answer["seconds"], 2)
-            if answer["seconds"]
-            else 0.0,
+            "seconds": seconds,
+            "images_per_s": round(answer["done"] / seconds, 2) if seconds else 0.0,
             "errors": dict(errors),
         }
 
 
-class LoadgenJob(Job):
+class LoadgenJob:
     """Every photo once through bench's load generator, ``clients`` keep-alive connections,
     no new request after ``limit_s`` (the stock handler's job: it takes no v2 request, so
     tsctl cannot drive it; and at its speed a large folder would outlast the run). A photo
     refused by a full queue (503) is sent again after a pause, as tsctl's job would."""
 
-    def __init__(
-        self, url: str, headers: dict[str, str], photos: list[Path], clients: int, limit_s: float
-    ):
-        self.queue = list(reversed(photos))
-        self.until = time.monotonic() + limit_s
-        self.samples: list[Sample] = []
-        self.refused = 0
-        self.lock = threading.Lock()
-        self.url, self.headers = url, headers
-        self.threads = [threading.Thread(target=self._client, daemon=True) for _ in range(clients)]
-        for thread in self.threads:
-            thread.start()
-
-    def _client(self) -> None:
-        connection = None
-        while True:
-            with self.lock:
-                if not self.queue or time.monotonic() > self.until:
-                    break
-                path = self.queue.pop()
-            endpoint = Endpoint(self.url, self.headers, path.read_bytes(), 120.0)
-            connection = connection or Connection(endpoint)
-            sample = post_once(connection, endpoint)
-            with self.lock:
-                if sample.error == "HTTP 503":  # a full queue: the photo again, later
-                    self.queue.append(path)
-                    self.refused += 1
-                else:
-                    self.samples.append(sample)
-            if sample.error == "HTTP 503":
-                time.sleep(REFUSED_PAUSE_S)
-        if connection:
-            connection.close()
+    def __init__(self, url: str, headers: dict[str, str], photos: list[Path], clients: int,
+                 limit_s: float) -> None:  # fmt: skip
+        endpoints = [Endpoint(url, headers, path, 120.0) for path in photos]
+        self.load = each_once(endpoints, clients, limit_s, REFUSED_PAUSE_S)
+        self.running, self.stop = self.load.running, self.load.stop
 
     def answered(self) -> int:
-        with self.lock:
-            return len(self.samples)
-
-    def running(self) -> bool:
-        return any(t.is_alive() for t in self.threads)
-
-    def stop(self) -> None:
-        self.until = 0.0
-        for thread in self.threads:
-            thread.join()
+        return self.load.answered()
 
     def finish(self) -> dict:
-        for thread in self.threads:
-            thread.join()
-        stats = summarize(self.samples)
+        samples = self.load.join()
+        stats = summarize([s for s in samples if s.status != 503])
         return {
             "done": stats.ok,
             "failed": stats.errors,
             "seconds": round(stats.duration_s, 2),
             "images_per_s": round(stats.throughput, 2),
             "errors": stats.error_kinds,
-            "refused_and_resent": self.refused,
+            "refused_and_resent": len(samples) - stats.requests,
         }
 
 
-class Target(ABC):
-    """One server under test: started and stopped by ``serving()``; how its interactive
-    clients call it, how its job runs, how many images it has answered."""
+class OursOnTorchServe:
+    """One server under test, started and stopped by ``serving()``: how its interactive
+    clients call it (``endpoint``), how its job runs and at what concurrency, how many images
+    it has answered, and what shapes the bulk share as served (``settings``: batching, and
+    #37's handler settings or Triton's priority levels where the checkout has them). This
+    one: ours on TorchServe, ``attach``: the folder of a running ``LocalTorchServe`` to
+    measure, left running."""
 
-    name = ""
-    label = ""
+    name, label = "ours", "ours on TorchServe 0.12"
+    model = EMBEDDING
     has_classes = True  # whether the job can send a class (tsctl --priority)
 
-    @abstractmethod
-    def serving(self) -> AbstractContextManager[Target]: ...
-
-    @abstractmethod
-    def endpoint(self, body: bytes) -> Endpoint: ...
-
-    @abstractmethod
-    def concurrency(self) -> int: ...
-
-    @abstractmethod
-    def job(self, folder: Path, photos: list[Path], extra: list[str]) -> Job: ...
-
-    @abstractmethod
-    def answered(self) -> int: ...
-
-    @abstractmethod
-    def settings(self) -> dict:
-        """What shapes the bulk share as served: batching, and #37's handler settings or
-        Triton's priority levels where the checkout has them."""
-
-
-class OnTorchServe(Target):
-    """A target served by a local TorchServe (``self.server``) whose clients call
-    ``/predictions/<self.model>``."""
-
-    server: LocalTorchServe
-    model = ""
+    def __init__(self, attach: Path | None = None) -> None:
+        self.server = torchserve(attach, WORK / "ours")
+        self.runs = 0
 
     @contextmanager
-    def serving(self) -> Iterator[Target]:
+    def serving(self) -> Iterator[OursOnTorchServe]:
         with self.server:
             yield self
 
-    def endpoint(self, body: bytes) -> Endpoint:
-        return Endpoint(
-            f"{self.server.inference_url}/predictions/{self.model}",
-            self.server.keys.inference_headers(),
-            body,
-        )
+    def endpoint(self, body: bytes | Path) -> Endpoint:
+        url = f"{self.server.inference_url}/predictions/{self.model}"
+        return Endpoint(url, self.server.keys.inference_headers(), body)
 
-
-class OursOnTorchServe(OnTorchServe):
-    name, label = "ours", "ours on TorchServe 0.12"
-    model = EMBEDDING
-
-    def __init__(self, attach: Path | None = None) -> None:
-        """``attach``: the folder of a running ``LocalTorchServe`` to measure, left running."""
-        self.server = (
-            LocalTorchServe.attach(attach)
-            if attach
-            else LocalTorchServe(fresh_dir(WORK / "ours"), MODEL_STORE)
-        )
-        self.runs = 0
+    def described(self) -> dict:
+        return self.server.client().describe(self.model, customized=True)[0]
 
     def concurrency(self) -> int:
-        return Plan.from_describe(
-            self.server.client().describe(EMBEDDING, customized=True)[0]
-        ).concurrency
+        return Plan.from_describe(self.described()).concurrency
 
-    def job(self, folder: Path, photos: list[Path], extra: list[str]) -> Job:
+    def job(self, folder: Path, photos: list[Path], extra: list[str]):
         return TsctlJob([str(folder), "--out", str(self._out()), *extra], self.server.cli_env())
 
     def _out(self) -> Path:
@@ -346,7 +192,7 @@ class OursOnTorchServe(OnTorchServe):
         return fresh_dir(WORK / f"{self.name}-job{self.runs}") / "embeddings.parquet"
 
     def settings(self) -> dict:
-        entry = self.server.client().describe(EMBEDDING, customized=True)[0]
+        entry = self.described()
         handler = (entry.get("customizedMetadata") or {}).get("handler") or {}
         return {
             "batchSize": entry.get("batchSize"),
@@ -356,14 +202,7 @@ class OursOnTorchServe(OnTorchServe):
         }
 
     def answered(self) -> int:
-        text = self.server.client().metrics_text()
-        return int(
-            sum(
-                value
-                for name, labels, value in metrics.samples(text)
-                if name == "resnet50_images" and labels.get("model") in JOB_MODELS
-            )
-        )
+        return int(handler_images(self.server, JOB_MODELS))
 
 
 class OursOnTriton(OursOnTorchServe):
@@ -377,18 +216,18 @@ class OursOnTriton(OursOnTorchServe):
         self.runs = 0
 
     @contextmanager
-    def serving(self) -> Iterator[Target]:
+    def serving(self) -> Iterator[OursOnTorchServe]:
         with triton_serving(self.work / "repository", self.work / "triton.log") as self.triton:
             yield self
 
-    def endpoint(self, body: bytes) -> Endpoint:
-        payload, headers = binary_request(body, output="embedding")
+    def endpoint(self, body: bytes | Path) -> Endpoint:
+        payload, headers = v2_binary([body], ["embedding"], binary_out=False)
         return Endpoint(f"{self.triton.url}/v2/models/{EMBEDDING}/infer", headers, payload)
 
     def concurrency(self) -> int:
         return Plan.from_describe(None).concurrency  # what tsctl --url plans without describe
 
-    def job(self, folder: Path, photos: list[Path], extra: list[str]) -> Job:
+    def job(self, folder: Path, photos: list[Path], extra: list[str]):
         argv = [str(folder), "--url", self.triton.url, "--out", str(self._out()), *extra]
         return TsctlJob(argv, dict(os.environ, PYTHONPATH=str(REPO)))
 
@@ -396,62 +235,30 @@ class OursOnTriton(OursOnTorchServe):
         """The generated config.pbtxt's dynamic batcher, as Triton loaded it."""
         url = f"{self.triton.url}/v2/models/{EMBEDDING}/config"
         config = requests.get(url, timeout=30).json()
-        return {
-            "max_batch_size": config.get("max_batch_size"),
-            "dynamic_batching": config.get("dynamic_batching"),
-        }
+        return {k: config.get(k) for k in ("max_batch_size", "dynamic_batching")}
 
     def answered(self) -> int:
-        return sum(
-            int(stats["inference_count"])
-            for model in JOB_MODELS
-            for stats in requests.get(
-                f"{self.triton.url}/v2/models/{model}/stats", timeout=30
-            ).json()["model_stats"]
-        )
+        return sum(int(stats(self.triton.url, model)["inference_count"]) for model in JOB_MODELS)
 
 
-class StockTorchServe(OnTorchServe):
+class StockTorchServe(OursOnTorchServe):
     name, label = "stock", "stock TorchServe 0.12 (image_classifier)"
     has_classes = False
     model = stock.MODEL_NAME
 
     def __init__(self, job_limit_s: float) -> None:
         self.job_limit_s = job_limit_s
-        store = BUILD / "model-store"
-        serialized = stock.export_stock_model(WEIGHTS, BUILD)
-        stock.archive_stock(serialized, WEIGHTS / LABELS, store, BUILD / "archiver-tmp")
         # The embedding model's frontend settings: the model our job and clients share.
-        config = stock.stock_config(BUILD / "traffic-stock.properties", like=EMBEDDING)
-        self.server = LocalTorchServe(
-            fresh_dir(WORK / "stock"),
-            store,
-            config=config,
-            load_models=[f"{stock.MODEL_NAME}.mar"],
-        )
+        self.server = stock.stock_server(WORK / "stock", like=EMBEDDING)
         self.jobs: list[LoadgenJob] = []
 
-    def concurrency(self) -> int:
-        return Plan.from_describe(self.server.client().describe(stock.MODEL_NAME)[0]).concurrency
+    def described(self) -> dict:
+        return self.server.client().describe(stock.MODEL_NAME)[0]
 
-    def job(self, folder: Path, photos: list[Path], extra: list[str]) -> Job:
-        job = LoadgenJob(
-            self.endpoint(b"").url,
-            self.server.keys.inference_headers(),
-            photos,
-            self.concurrency(),
-            self.job_limit_s,
-        )
-        self.jobs.append(job)
-        return job
-
-    def settings(self) -> dict:
-        entry = self.server.client().describe(stock.MODEL_NAME)[0]
-        return {
-            "batchSize": entry.get("batchSize"),
-            "maxBatchDelay": entry.get("maxBatchDelay"),
-            "workers": len(entry.get("workers") or []),
-        }
+    def job(self, folder: Path, photos: list[Path], extra: list[str]):
+        url, headers = self.endpoint(b"").url, self.server.keys.inference_headers()
+        self.jobs.append(LoadgenJob(url, headers, photos, self.concurrency(), self.job_limit_s))
+        return self.jobs[-1]
 
     def answered(self) -> int:
         # Every job's answers, as the server counts them: a job is "seen running" when this
@@ -461,28 +268,25 @@ class StockTorchServe(OnTorchServe):
 
 def tsctl_has_priority() -> bool:
     """Whether this checkout's ``tsctl embed`` can send a class (``--priority``)."""
-    done = subprocess.run(
-        [str(TSCTL), "embed", "--help"], capture_output=True, text=True, timeout=60
-    )
+    done = subprocess.run([TSCTL, "embed", "--help"], capture_output=True, text=True, timeout=60)
     return "--priority" in done.stdout
 
 
-def measure(target: Target, settings: Settings, folder: Path, photos: list[Path]) -> dict:
+def measure(target: OursOnTorchServe, settings: Settings, folder: Path, photos: list[Path]) -> dict:
+    """The three steps of the module docstring on ``target``, after its warm-up."""
     per_client = math.ceil(settings.seconds / PERIOD_S) + 1
     bodies = interactive_photos(CLIENTS * per_client)
     classes = target.has_classes and tsctl_has_priority()
+
+    def clients() -> list[Sample]:
+        mine = [bodies[i * per_client : (i + 1) * per_client] for i in range(CLIENTS)]
+        return scheduled(
+            [[target.endpoint(b) for b in m] for m in mine], PERIOD_S, settings.seconds
+        )
+
     with target.serving():
         concurrency = target.concurrency()
-        warm = target.endpoint(bodies[0])
-        closed_loop(warm, concurrency, settings.warmup_s, 10_000)
-
-        def clients() -> list[Sample]:
-            endpoints = [
-                [target.endpoint(b) for b in bodies[i * per_client : (i + 1) * per_client]]
-                for i in range(CLIENTS)
-            ]
-            return scheduled_clients(endpoints, PERIOD_S, settings.seconds)
-
+        closed_loop(target.endpoint(bodies[0]), concurrency, settings.warmup_s, 10_000)
         # The job's own request shapes too (v2, several images per request: batches of
         # more rows than one-image requests form), on one album of the folder.
         first = folder / "album00"
@@ -494,27 +298,10 @@ def measure(target: Target, settings: Settings, folder: Path, photos: list[Path]
             log.info("%s: job alone, --priority interactive", target.name)
             unclassed = target.job(folder, photos, ["--priority", "interactive"]).finish()
         log.info("%s: interactive alone, %g s", target.name, settings.seconds)
-        idle = clients()
+        idle = latency(clients())
         log.info("%s: both", target.name)
-        before = target.answered()
-        started = time.monotonic()
-        job = target.job(folder, photos, [])
-        try:
-            waited = time.monotonic() + settings.start_timeout_s
-            while job.running() and target.answered() - before < concurrency:
-                if time.monotonic() > waited:
-                    raise RuntimeError(f"{target.name}: the job was not seen running")
-                time.sleep(0.05)
-            seen_running_s = time.monotonic() - started
-            during = clients()
-            window_end = time.monotonic()
-            job_running_at_end = job.running()
-            during_job = job.finish()
-            job_end = time.monotonic()
-        finally:
-            job.stop()
+        both = beside_the_job(target, settings, folder, photos, concurrency, clients)
         served = target.settings()
-    idle_stats, during_stats = latency(idle), latency(during)
     return {
         "target": target.name,
         "label": target.label,
@@ -523,32 +310,53 @@ def measure(target: Target, settings: Settings, folder: Path, photos: list[Path]
         "classes_sent": classes,
         "job_alone": alone,
         "job_alone_unclassed": unclassed,
-        "interactive_idle": idle_stats,
-        "interactive_during": during_stats,
-        "job_during": during_job,
-        "job_seen_running_after_s": round(seen_running_s, 2),
-        # False: the job ended inside the window, whose tail then ran without it.
-        "job_outlasted_window": job_running_at_end,
-        "job_ran_after_window_s": round(job_end - window_end, 2),
-        "p95_ratio": round(ratio(during_stats["p95_ms"], idle_stats["p95_ms"]), 2),
-        "job_ratio": round(ratio(during_job["images_per_s"], alone["images_per_s"]), 2),
+        "interactive_idle": idle,
+        **both,
+        "p95_ratio": round(ratio(both["interactive_during"]["p95_ms"], idle["p95_ms"]), 2),
+        "job_ratio": round(ratio(both["job_during"]["images_per_s"], alone["images_per_s"]), 2),
         "class_ratio": round(ratio(alone["images_per_s"], unclassed["images_per_s"]), 2)
         if unclassed
         else None,
     }
 
 
+def beside_the_job(target, settings: Settings, folder: Path, photos: list[Path],
+                   concurrency: int, clients) -> dict:  # fmt: skip
+    """The job started and seen running (the server answered a round of its requests), the
+    interactive ``clients()`` meanwhile, then the job left to finish."""
+    before, started = target.answered(), time.monotonic()
+    job = target.job(folder, photos, [])
+    try:
+        waited = time.monotonic() + settings.start_timeout_s
+        while job.running() and target.answered() - before < concurrency:
+            if time.monotonic() > waited:
+                raise RuntimeError(f"{target.name}: the job was not seen running")
+            time.sleep(0.05)
+        seen_running_s = time.monotonic() - started
+        during = latency(clients())
+        window_end = time.monotonic()
+        job_running_at_end = job.running()
+        during_job = job.finish()
+    finally:
+        job.stop()
+    return {
+        "interactive_during": during,
+        "job_during": during_job,
+        "job_seen_running_after_s": round(seen_running_s, 2),
+        # False: the job ended inside the window, whose tail then ran without it.
+        "job_outlasted_window": job_running_at_end,
+        "job_ran_after_window_s": round(time.monotonic() - window_end, 2),
+    }
+
+
 def errors_cell(row: dict) -> str:
-    parts = []
-    for key, name in (
-        ("interactive_idle", "idle"),
-        ("interactive_during", "during"),
-    ):
-        for kind, n in sorted(row[key]["errors"].items()):
-            parts.append(f"{name}: {kind} x{n}")
-    for key, name in (("job_alone", "job alone"), ("job_during", "job during")):
-        for kind, n in sorted(row[key]["errors"].items()):
-            parts.append(f"{name}: {kind} x{n}")
+    windows = {"interactive_idle": "idle", "interactive_during": "during",
+               "job_alone": "job alone", "job_during": "job during"}  # fmt: skip
+    parts = [
+        f"{name}: {kind} x{n}"
+        for key, name in windows.items()
+        for kind, n in sorted(row[key]["errors"].items())
+    ]
     return "; ".join(parts) or "none"
 
 
@@ -559,196 +367,122 @@ def verdict(value: float, target: float, most: bool) -> str:
     return f"**{value:.2f}x** ({'met' if met else 'missed'}: {'<=' if most else '>='} {target}x)"
 
 
+FIRST = ("target | interactive p95 idle (ms) | p95 during (ms) | during / idle | job img/s alone | "
+         "job img/s during | during / alone | errors by status")  # fmt: skip
+SECOND = ("target | idle p50 / max (ms) | during p50 / max (ms) | interactive answered idle, "
+          "during | job (bulk) seen running after | job outlasted the window")  # fmt: skip
+LIMITS = (
+    "On 2 cores one batch takes every core, and no engine pre-empts a batch already "
+    "running: a person's photo that arrives behind a bulk batch waits for all of it. The "
+    "kernel can pre-empt a process, so ours sends the job to the model's bulk lane "
+    "(`handler.bulk_model`, servecore/lanes.py): the same archive registered a second "
+    "time, its worker under Linux's `SCHED_IDLE`, which runs only on CPU time no normal "
+    "process wants; when the interactive worker wakes it takes both cores back at once, "
+    "mid-batch, and alone the lane has the whole machine. tsctl's job threads yield the "
+    "same way on the serving host. Where no lane is registered (a KServe runtime), bulk "
+    "requests share the model: while interactive traffic is about they get at most "
+    "`handler.bulk_batch_images` rows of a batch (fewer rows, shorter waits and a slower "
+    "job), for `interactive_window_ms` after the last interactive request; Triton orders "
+    "its queue by priority level, but a running batch still runs to its end. "
+    "Served settings:"
+)
+
+
 def report(results: dict) -> str:
     rows = results["rows"]
-    lines = [
-        "# Interactive requests beside a collection job (`make bench-traffic`)",
-        "",
+    first = [
+        [r["label"], str(r["interactive_idle"]["p95_ms"]), str(r["interactive_during"]["p95_ms"]),
+         verdict(r["p95_ratio"], IDLE_TARGET, True), str(r["job_alone"]["images_per_s"]),
+         str(r["job_during"]["images_per_s"]), verdict(r["job_ratio"], JOB_TARGET, False),
+         errors_cell(r)]
+        for r in rows
+    ]  # fmt: skip
+    second = [
+        [r["label"], f"{i['p50_ms']} / {i['max_ms']}", f"{d['p50_ms']} / {d['max_ms']}",
+         f"{i['ok']}/{i['requests']}, {d['ok']}/{d['requests']}",
+         f"{r['job_seen_running_after_s']} s",
+         "yes" if r["job_outlasted_window"] else "no: the window ended without it"]
+        for r in rows
+        for i, d in [(r["interactive_idle"], r["interactive_during"])]
+    ]  # fmt: skip
+    classed = [
+        [r["label"], str(r["job_alone"]["images_per_s"]),
+         str(r["job_alone_unclassed"]["images_per_s"]), verdict(r["class_ratio"], 0.95, False)]
+        for r in rows
+        if r["job_alone_unclassed"]
+    ]  # fmt: skip
+    settings = "\n".join(
+        f"- {r['label']}: {json.dumps(r['settings'], separators=(', ', ': '))}" for r in rows
+    )
+    return document(
+        "Interactive requests beside a collection job (`make bench-traffic`)",
         results["provenance"],
-        "",
         f"Generated by `python -m bench.traffic` on {results['machine']}: a job over "
         f"{results['photos']} generated photos ({results['mix']}), and {CLIENTS} interactive "
         f"clients each sending one distinct {INTERACTIVE_SIZE[0]}x{INTERACTIVE_SIZE[1]} JPEG "
         f"every {PERIOD_S} s for {results['seconds']:g} s (open loop: latency from the "
         "scheduled send), to the model the job embeds with, first alone and then while the "
-        "job runs. "
-        "The issue's targets, stated, not asserted: p95 during <= "
+        "job runs. The issue's targets, stated, not asserted: p95 during <= "
         f"{IDLE_TARGET}x idle, job during >= {JOB_TARGET}x alone.",
-        "",
-    ]
-    lines += table(
-        [
-            "target",
-            "interactive p95 idle (ms)",
-            "p95 during (ms)",
-            "during / idle",
-            "job img/s alone",
-            "job img/s during",
-            "during / alone",
-            "errors by status",
-        ],
-        [
-            [
-                r["label"],
-                str(r["interactive_idle"]["p95_ms"]),
-                str(r["interactive_during"]["p95_ms"]),
-                verdict(r["p95_ratio"], IDLE_TARGET, True),
-                str(r["job_alone"]["images_per_s"]),
-                str(r["job_during"]["images_per_s"]),
-                verdict(r["job_ratio"], JOB_TARGET, False),
-                errors_cell(r),
-            ]
-            for r in rows
-        ],
-        "lrrlrr",
+        table(FIRST, first, "lrrlrr"),
+        table(SECOND, second, "lrrrr"),
+        "The job alone sending its class (`bulk`, tsctl's default) and sending none "
+        "(`--priority interactive`, what today's client sends):"
+        if classed
+        else "This checkout's `tsctl embed` has no `--priority`: the job sent no class "
+        "(every request interactive), so the figures above are today's behaviour.",
+        table("target | bulk img/s | no class img/s | bulk / no class", classed, "lrr")
+        if classed
+        else None,
+        section(
+            "What limits the ratio: the bulk lane and the bulk share",
+            LIMITS,
+            settings,
+            "Stock TorchServe's job is bench's load generator (one photo per `/predictions` "
+            "request at the job's concurrency): tsctl speaks v2, which the stock handler does "
+            f"not. It stops sending after {STOCK_JOB_WINDOWS}x the interactive window "
+            f"({STOCK_JOB_WINDOWS * results['seconds']:g} s), so its img/s is over the photos "
+            "it reached by then."
+            + "".join(f"\n- No {name} row: {why}" for name, why in results["skipped"].items()),
+        ),
     )
-    lines.append("")
-    lines += table(
-        [
-            "target",
-            "idle p50 / max (ms)",
-            "during p50 / max (ms)",
-            "interactive answered idle, during",
-            "job (bulk) seen running after",
-            "job outlasted the window",
-        ],
-        [
-            [
-                r["label"],
-                f"{i['p50_ms']} / {i['max_ms']}",
-                f"{d['p50_ms']} / {d['max_ms']}",
-                f"{i['ok']}/{i['requests']}, {d['ok']}/{d['requests']}",
-                f"{r['job_seen_running_after_s']} s",
-                "yes" if r["job_outlasted_window"] else "no: the window ended without it",
-            ]
-            for r in rows
-            for i, d in [(r["interactive_idle"], r["interactive_during"])]
-        ],
-        "lrrrr",
-    )
-    classed = [r for r in rows if r["job_alone_unclassed"]]
-    lines.append("")
-    if classed:
-        lines += [
-            "The job alone sending its class (`bulk`, tsctl's default) and sending none "
-            "(`--priority interactive`, what today's client sends):",
-            "",
-        ]
-        lines += table(
-            ["target", "bulk img/s", "no class img/s", "bulk / no class"],
-            [
-                [
-                    r["label"],
-                    str(r["job_alone"]["images_per_s"]),
-                    str(r["job_alone_unclassed"]["images_per_s"]),
-                    verdict(r["class_ratio"], 0.95, False),
-                ]
-                for r in classed
-            ],
-            "lrr",
-        )
-    else:
-        lines.append(
-            "This checkout's `tsctl embed` has no `--priority`: the job sent no class "
-            "(every request interactive), so the figures above are today's behaviour."
-        )
-    lines += [
-        "",
-        "## What limits the ratio: the bulk lane and the bulk share",
-        "",
-        "On 2 cores one batch takes every core, and no engine pre-empts a batch already "
-        "running: a person's photo that arrives behind a bulk batch waits for all of it. The "
-        "kernel can pre-empt a process, so ours sends the job to the model's bulk lane "
-        "(`handler.bulk_model`, servecore/lanes.py): the same archive registered a second "
-        "time, its worker under Linux's `SCHED_IDLE`, which runs only on CPU time no normal "
-        "process wants; when the interactive worker wakes it takes both cores back at once, "
-        "mid-batch, and alone the lane has the whole machine. tsctl's job threads yield the "
-        "same way on the serving host. Where no lane is registered (a KServe runtime), bulk "
-        "requests share the model: while interactive traffic is about they get at most "
-        "`handler.bulk_batch_images` rows of a batch (fewer rows, shorter waits and a slower "
-        "job), for `interactive_window_ms` after the last interactive request; Triton orders "
-        "its queue by priority level, but a running batch still runs to its end. "
-        "Served settings:",
-        "",
-        *(f"- {r['label']}: {json.dumps(r['settings'], separators=(', ', ': '))}" for r in rows),
-        "",
-        "Stock TorchServe's job is bench's load generator (one photo per `/predictions` "
-        "request at the job's concurrency): tsctl speaks v2, which the stock handler does not. "
-        f"It stops sending after {STOCK_JOB_WINDOWS}x the interactive window "
-        f"({STOCK_JOB_WINDOWS * results['seconds']:g} s), so its img/s is over the photos "
-        "it reached by then.",
-        *(f"- No {name} row: {why}" for name, why in results["skipped"].items()),
-        "",
-    ]
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.traffic", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("--photos", type=int, default=Settings.photos, help="the job's folder")
-    parser.add_argument(
-        "--seconds",
-        type=float,
-        default=Settings.seconds,
-        help="how long the interactive clients send, alone and during the job",
-    )
-    parser.add_argument(
-        "--targets",
-        default=",".join(TARGETS),
-        help=f"comma-separated, of {', '.join(TARGETS)} (default all)",
-    )
-    parser.add_argument("--out", type=Path, default=RESULTS, help="where traffic.md/.json go")
-    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    parser.add_argument(
-        "--attach",
-        type=Path,
-        metavar="DIR",
-        help="ours: the TorchServe devtools.server started in DIR, measured and left running",
-    )
-    args = parser.parse_args(argv)
+    parser = cli("python -m bench.traffic", __doc__, attach="ours")
+    add = parser.add_argument
+    add("--photos", type=int, default=Settings.photos, help="the job's folder")
+    add("--seconds", type=float, default=Settings.seconds,
+        help="how long the interactive clients send, alone and during the job")  # fmt: skip
+    add("--targets", default=",".join(TARGETS), help=f"of {', '.join(TARGETS)} (default all)")
+    args = parse(parser, argv)
     names = [t.strip() for t in args.targets.split(",") if t.strip()]
     if unknown := set(names) - set(TARGETS):
         parser.error(f"unknown targets {sorted(unknown)}: choose from {', '.join(TARGETS)}")
-    setup_cli("bench.traffic", args.quiet)
     settings = Settings(photos=args.photos, seconds=args.seconds)
     provenance = dated()
     folder = collection.WORK / f"photos-{args.photos}"
     log.info("generating %d photos in %s", args.photos, folder)
     photos = collection.generate(folder, args.photos)
     rows, skipped = [], {}
-    makers = {
-        "ours": lambda: OursOnTorchServe(args.attach),
-        "triton": OursOnTriton,
-        "stock": lambda: StockTorchServe(STOCK_JOB_WINDOWS * settings.seconds),
-    }
+    makers = {"ours": lambda: OursOnTorchServe(args.attach), "triton": OursOnTriton,
+              "stock": lambda: StockTorchServe(STOCK_JOB_WINDOWS * settings.seconds)}  # fmt: skip
     for name in names:
-        if name == "triton":
-            from tritonrepo.install import NotInstalled, TritonInstall
-
-            try:
-                TritonInstall().check()
-            except NotInstalled as exc:
-                log.warning("no Triton row: %s", exc)
-                skipped[name] = str(exc)
-                continue
+        if name == "triton" and (why := triton_missing()):
+            log.warning("no Triton row: %s", why)
+            skipped[name] = why
+            continue
         rows.append(measure(makers[name](), settings, folder, photos))
     results = {
         "provenance": provenance,
         "machine": f"{collection.cpu_model()}, {os.cpu_count()} CPUs",
         "photos": len(photos),
-        "mix": ", ".join(f"{int(s * 100)}% {w}x{h} {f}" for s, w, h, f in collection.MIX),
+        "mix": collection.mix(),
         "seconds": settings.seconds,
         "rows": rows,
         "skipped": skipped,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    markdown = report(results)
-    (args.out / "traffic.md").write_text(markdown)
-    (args.out / "traffic.json").write_text(json.dumps(results, indent=2) + "\n")
-    print(markdown)
-    return 0
+    return publish(args.out / "traffic.md", report(results), results)
 
 
 if __name__ == "__main__":

@@ -8,12 +8,15 @@ execution over each run, and the largest batch size that ran in it), not from a 
 Triton's Python backend cannot set; so the mean is per batch, where TorchServe's is per request.
 
 ``triton_serving`` is how every benchmark runs a Triton (this row, the ceiling, the crops, soak
-and traffic tools): one way to start it on free ports, to fail with its log and to stop it.
+and traffic tools): one way to start it on free ports, to fail with its log and to stop it;
+``stats``, ``batch_meter`` and ``stubs_of`` read what it did and which processes are a model's.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
 
@@ -21,10 +24,9 @@ import psutil
 import requests
 
 from bench.layout import BUILD, TAGGER, fresh_dir
-from bench.loadgen import Endpoint
+from bench.loadgen import Endpoint, v2_binary
 from bench.serving import LoadPlan, ModelUnderTest, run_plan
 from devtools.server import free_ports
-from serveshared.v2binary import binary_body, binary_tensor, bytes_elements
 from tritonrepo.generate import generate
 from tritonrepo.install import NotInstalled, TritonInstall
 from tritonrepo.server import Triton, running
@@ -36,15 +38,35 @@ def triton_serving(repository: Path, log_path: Path) -> ContextManager[Triton]:
     return running(repository, log_path, **free_ports(("http", "grpc", "metrics")))
 
 
-def binary_request(image: bytes, output: str = "tags") -> tuple[bytes, dict[str, str]]:
-    """A v2 request of one image in Triton's binary tensor extension, asking for ``output``
-    as JSON: body and headers."""
-    element = bytes_elements([image])
-    header = {
-        "inputs": [binary_tensor("images", "BYTES", [1, 1], len(element))],
-        "outputs": [{"name": output, "parameters": {"binary_data": False}}],
-    }
-    return binary_body(header, element)
+def stats(url: str, model: str) -> dict:
+    """Triton's statistics of ``model`` so far (``/v2/models/<model>/stats``): totals only, so
+    a run's figures are the differences across it."""
+    return requests.get(f"{url}/v2/models/{model}/stats", timeout=30).json()["model_stats"][0]
+
+
+def batch_meter(url: str, model: str) -> Callable[[], float]:
+    """Started now: the mean images per execution of ``model`` since (NaN: none ran)."""
+    before = stats(url, model)
+
+    def mean() -> float:
+        after = stats(url, model)
+        runs = after["execution_count"] - before["execution_count"]
+        return (after["inference_count"] - before["inference_count"]) / runs if runs else math.nan
+
+    return mean
+
+
+def stubs_of(root: psutil.Process, model: str) -> list[psutil.Process]:
+    """``model``'s Python-backend stubs among ``root``'s descendants (a stub's first argument
+    is its model.py, whose path names the model)."""
+    found = []
+    for process in root.children(recursive=True):
+        try:
+            if any(f"/{model}/" in arg for arg in process.cmdline()[1:2]):
+                found.append(process)
+        except psutil.Error:  # it exited between listing and reading
+            continue
+    return found
 
 
 class TritonUnderTest(ModelUnderTest):
@@ -60,35 +82,36 @@ class TritonUnderTest(ModelUnderTest):
         return [root, *root.children(recursive=True)]
 
     def endpoint(self, body: bytes) -> Endpoint:
-        payload, headers = binary_request(body)
+        payload, headers = v2_binary([body], ["tags"], binary_out=False)
         return Endpoint(
             f"{self.triton.url}/v2/models/{self.model}/infer", headers, payload, self.plan.timeout_s
         )
 
     def _measured(self, run, watch):
-        before = self._counts()
-        stats = super()._measured(run, watch)
-        after = self._counts()
-        images, executions = after[0] - before[0], after[1] - before[1]
-        stats["batch_mean"] = images / executions if executions else float("nan")
-        stats["batch_max"] = max(
-            (size for size, count in after[2].items() if count > before[2].get(size, 0)), default=0
+        before, mean = (
+            batches(self.triton.url, self.model),
+            batch_meter(self.triton.url, self.model),
         )
-        return stats
+        measured = super()._measured(run, watch)
+        after = batches(self.triton.url, self.model)
+        measured["batch_mean"] = mean()
+        grown = [size for size, count in after.items() if count > before.get(size, 0)]
+        measured["batch_max"] = max(grown, default=0)
+        return measured
 
-    def _counts(self) -> tuple[int, int, dict[int, int]]:
-        """(images inferred, model executions, executions per batch size) so far: Triton
-        keeps totals only, so a run's figures are the differences across it."""
-        stats = self._stats()
-        return (
-            stats["inference_count"],
-            stats["execution_count"],
-            {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]},
-        )
 
-    def _stats(self) -> dict:
-        url = f"{self.triton.url}/v2/models/{self.model}/stats"
-        return requests.get(url, timeout=30).json()["model_stats"][0]
+def batches(url: str, model: str) -> dict[int, int]:
+    """Executions of ``model`` so far per batch size."""
+    return {b["batch_size"]: b["compute_infer"]["count"] for b in stats(url, model)["batch_stats"]}
+
+
+def missing() -> str:
+    """Why this host has no Triton to measure (no ``make triton-server``), or empty."""
+    try:
+        TritonInstall().check()
+    except NotInstalled as exc:
+        return str(exc)
+    return ""
 
 
 def serve_triton(
@@ -101,10 +124,8 @@ def serve_triton(
 ) -> dict | None:
     """Triton serving the tagger of ``model_store`` at ``precision`` (what TorchServe's tagger
     served), every closed-loop run and the open-loop sweep; None when Triton is not installed."""
-    try:
-        TritonInstall().check()
-    except NotInstalled as exc:
-        progress(f"no Triton row: {exc}")
+    if why := missing():
+        progress(f"no Triton row: {why}")
         return None
     work = fresh_dir(BUILD / "run" / "triton")
     pinned = precision.split("+")[0]  # "int8+bf16" runs the int8 IR: handler.precision int8
@@ -114,13 +135,8 @@ def serve_triton(
     with triton_serving(work / "repository", work / "triton.log") as triton:
         startup_s = time.monotonic() - started
         mut = TritonUnderTest(triton, TAGGER, plan)
-        # The tagger's Python-backend stub (its model.py is its first argument): the
-        # "worker" of this row.
-        watch = {
-            f"stub {p.pid}": p.pid
-            for p in mut.processes()[1:]
-            if any(f"/{TAGGER}/" in arg for arg in p.cmdline()[1:2])
-        }
+        # The tagger's Python-backend stub: the "worker" of this row.
+        watch = {f"stub {p.pid}": p.pid for p in stubs_of(mut.processes()[0], TAGGER)}
         runs = run_plan(mut, images, plan, watch, f"triton {TAGGER}", progress)
     config = (work / "repository" / TAGGER / "config.pbtxt").read_text()
     return {

@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 CORE = REPO / "servecore"
 ENGINES = ("ts", "triton_python_backend_utils", "tritonserver", "pytriton", "kserve")
 MAX_PARAMETERS = 6
+MAX_FUNCTION_LINES = 80  # bench/ and serveclient/ (the style guide; issue #69)
 ADAPTER_LINES = 150
 
 
@@ -199,6 +200,23 @@ def test_no_core_function_takes_more_than_six_parameters():
                 if len(params) > MAX_PARAMETERS:
                     wide.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}{params}")
     assert wide == []
+
+
+@pytest.mark.parametrize("package", ["bench", "serveclient"])
+def test_no_function_is_longer_than_eighty_lines(package):
+    """Every function of the package, nested ones and methods too, its decorators to its last
+    line: a longer one is split into named steps."""
+    long = [
+        f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({n} lines)"
+        for path in modules(REPO / package)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for n in [
+            node.end_lineno - min([node.lineno, *(d.lineno for d in node.decorator_list)]) + 1
+        ]
+        if n > MAX_FUNCTION_LINES
+    ]
+    assert long == []
 
 
 def test_a_request_error_is_never_assigned_after_the_fact():
