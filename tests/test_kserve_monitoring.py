@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from kserve_tools import lint as kserve_lint
-from kserve_tools import monitoring
+from kserve_tools.lint import monitoring
 from kserve_tools.render import render
 from tests.conftest import REPO
 
@@ -40,7 +40,7 @@ def test_shipped_objects_pass_and_scrape_the_runtime_metrics_port():
 
 def test_prometheus_rule_is_the_generated_copy_of_the_rules():
     assert monitoring.PROMETHEUS_RULE.read_text() == monitoring.prometheus_rule_text(), (
-        "kserve/monitoring/prometheusrule.yaml is stale: run python -m kserve_tools.monitoring"
+        "kserve/monitoring/prometheusrule.yaml is stale: run python -m kserve_tools.lint.monitoring"
     )
     shipped = yaml.safe_load(monitoring.PROMETHEUS_RULE.read_text())["spec"]["groups"]
     assert (
@@ -101,6 +101,6 @@ def test_a_stale_prometheus_rule_fails():
     problems = _findings(resource)
     assert any(
         "spec.groups: differs from config/monitoring/rules.yml" in p
-        and "fix: run python -m kserve_tools.monitoring" in p
+        and "fix: run python -m kserve_tools.lint.monitoring" in p
         for p in problems
     ), problems

@@ -52,10 +52,11 @@ For the collection job (``kserve/batch-job``, an Indexed Job): ``kserve_tools.li
 output apart from every InferenceService's ``storageUri``, its own Secret and ServiceAccount).
 For Milvus and its index Job (``kserve/milvus``): ``kserve_tools.lint.milvus`` (authentication on,
 root's password and the token from Secrets, a NetworkPolicy admitting only labelled pods).
-For the PodMonitor and PrometheusRule (``kserve/monitoring``): ``kserve_tools.monitoring``.
+For the PodMonitor and PrometheusRule (``kserve/monitoring``): ``kserve_tools.lint.monitoring``.
 
 One module per kind of object (``schema``, ``inferenceservice``, ``autoscaling``,
-``localmodel``, ``servingruntime``, ``tritonruntime``, ``network``, ``bundle``; ``memory`` for
+``localmodel``, ``servingruntime``, ``tritonruntime``, ``network``, ``bundle``, ``job``,
+``milvus``, ``monitoring``; ``memory`` for
 every pod of our runtime; ``runtimes`` for the rules both our runtimes share; ``base`` for what
 every rule module shares), each rule a function that yields the problems it finds
 (``base.Problem``); this module renders the targets, sends each object to its rules and prints
@@ -74,8 +75,8 @@ from pathlib import Path
 
 from buildsteps.configgen import repo_models
 from buildsteps.gpu import repo_models as gpu_repo_models
-from kserve_tools import monitoring
 from kserve_tools.lint import milvus as milvuslint
+from kserve_tools.lint import monitoring
 from kserve_tools.lint.autoscaling import autoscaling_findings
 from kserve_tools.lint.base import (
     DEFAULT_MODE,

@@ -25,7 +25,7 @@ import re
 from collections.abc import Iterator
 
 from devtools.prometheus import recording_rules, series_names
-from kserve_tools import monitoring
+from kserve_tools.lint import monitoring
 from kserve_tools.lint.base import Finding, Problem, mode, stamped
 from kserve_tools.render import RenderError, Resource, render
 
