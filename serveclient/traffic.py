@@ -12,8 +12,7 @@ then with 504 ``DeadlineExceeded``, neither decoded nor computed.
 - Triton: the v2 parameters ``priority`` (1 interactive, 2 bulk: its priority levels) and
   ``timeout`` (microseconds from now, counted by Triton's queue), plus the same headers.
 
-The names and numbers are ``servecore.priority``'s (the client does not import the server's
-package, so they are written here too; tests/test_tsclient.py checks they agree).
+The names and numbers are serveshared.wire's, which the server reads them by.
 """
 
 from __future__ import annotations
@@ -23,11 +22,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from serveshared.wire import DEADLINE_HEADER, PRIORITY_HEADER
+from serveshared.wire import DEADLINE_HEADER, PRIORITY_HEADER, PRIORITY_KEY, TIMEOUT_KEY, Priority
 
-PRIORITY_KEY = "priority"  # the v2 request parameter (Triton's reserved key)
-TIMEOUT_KEY = "timeout"  # Triton's v2 request parameter, microseconds
-CLASSES = {"interactive": 1, "bulk": 2}  # Triton's priority levels: 1 is served first
+CLASSES = {p.name.lower(): int(p) for p in Priority}  # interactive: 1, bulk: 2
 
 
 @dataclass(frozen=True)

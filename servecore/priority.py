@@ -16,23 +16,14 @@ frontend passes its worker no arrival time to count a relative timeout from; Tri
 
 from __future__ import annotations
 
-import enum
 import math
 import re
 from typing import Any
 
 from servecore.errors import InvalidParameter, echo
-from serveshared.wire import DEADLINE_HEADER
+from serveshared.wire import DEADLINE_HEADER, PRIORITY_KEY, Priority
 
-PRIORITY_KEY = "priority"  # the KServe v2 request parameter (Triton's reserved key)
-
-
-class Priority(enum.IntEnum):
-    """A request's class, numbered as Triton's priority levels (1 = served first)."""
-
-    INTERACTIVE = 1
-    BULK = 2
-
+__all__ = ["PRIORITY_KEY", "Priority", "parse_deadline", "parse_priority"]
 
 _NAMES = {p.name.lower(): p for p in Priority}
 

@@ -676,14 +676,10 @@ def test_a_plain_request_says_nothing_of_class_or_deadline():
         assert "parameters" not in sent["body"]
 
 
-def test_the_client_speaks_the_servers_names_and_numbers():
-    """The header names come from serveshared.wire on both sides; the parameter's name
-    serveclient.traffic writes again (the client image has no servecore): what it sends, the
-    server parses back to the same class and moment."""
+def test_what_the_client_sends_the_server_parses_back_to_the_same_class_and_moment():
     from serveclient import traffic as client
     from servecore import priority as server
 
-    assert client.PRIORITY_KEY == server.PRIORITY_KEY
     for name in ("interactive", "bulk"):
         sent = client.Traffic(name, deadline=1764067200.25)
         assert server.parse_priority(sent.headers()["X-Priority"]) is server.Priority[name.upper()]
