@@ -21,6 +21,8 @@ command line (``serveclient.cli``).
     cli/           the ``tsctl`` command line
 """
 
+from typing import TYPE_CHECKING
+
 from serveclient.client import (
     Client,
     TorchServeClient,
@@ -29,8 +31,11 @@ from serveclient.client import (
     check_name,
     connect,
 )
-from serveclient.errors import ServeError, TsError
+from serveclient.errors import ServeError
 from serveshared.keys import Keys
+
+if not TYPE_CHECKING:
+    from serveclient.errors import __getattr__ as __getattr__  # TsError: ServeError, warned
 
 __all__ = [
     "Client",
@@ -38,7 +43,6 @@ __all__ = [
     "ServeError",
     "TorchServeClient",
     "TritonClient",
-    "TsError",
     "check_archive",
     "check_name",
     "connect",

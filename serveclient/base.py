@@ -176,7 +176,7 @@ class Client(ABC):
         **kwargs: Any,
     ) -> requests.Response:
         """Send with the right key; on a refused key retry once with the key ``_retry_key``
-        gives. Any error status becomes the matching ``TsError``."""
+        gives. Any error status becomes the matching ``ServeError``."""
         kind = "inference" if port == "inference" else "management"
         params = {k: v for k, v in (params or {}).items() if v is not None}
         used = self.keys.key(kind) if port != "metrics" else None
@@ -237,7 +237,7 @@ class Client(ABC):
         """Verify TLS against ``verify`` (a CA bundle's path, or True) on every port."""
         self.session.verify = self.loopback_session.verify = verify
 
-    def refusal(self, command: str, exc: errors.ApiError) -> errors.TsError:
+    def refusal(self, command: str, exc: errors.ApiError) -> errors.ServeError:
         """What to report when the server refused ``command`` (a tsctl command) with ``exc``:
         ``exc`` itself, unless this engine's client can say better."""
         return exc

@@ -464,7 +464,7 @@ class Job:
                 answers = [self._send_or_error(data) for _, data in sendable]
                 hits = sum(1 for a in answers if isinstance(a, Answered) and a.cached)
         for (row, _), answer in zip(sendable, answers):
-            if isinstance(answer, errors.TsError):
+            if isinstance(answer, errors.ServeError):
                 row.error = answer.message
             else:
                 row.answer, row.precision = self._checked(answer.value), answer.precision
@@ -521,7 +521,7 @@ class Job:
                 "check the server; a rerun with the same --out resumes",
             ) from None
         if len(answers.values) != len(images):
-            raise errors.TsError(
+            raise errors.ServeError(
                 f"{len(images)} images sent, {len(answers.values)} answers came back",
                 "is --url an endpoint of this runtime?",
             )
@@ -535,7 +535,7 @@ class Job:
         ticket = self.window.enter(self._stop)
         try:
             if self._stop.is_set():
-                raise errors.TsError("job stopped")
+                raise errors.ServeError("job stopped")
             answers = self._ask(images)
         except errors.ApiError as exc:
             if exc.status == 503:
@@ -570,7 +570,7 @@ class Job:
         if self.task == "embedding":
             vector = np.asarray(answer, dtype=np.float32)
             if vector.shape != (EMBEDDING_DIM,):
-                raise errors.TsError(
+                raise errors.ServeError(
                     f"an embedding of shape {vector.shape} came back, expected ({EMBEDDING_DIM},)"
                 )
             return vector
@@ -663,7 +663,7 @@ def bulk_lane(client: Client, model: str, entry: dict | None) -> tuple[str, dict
     registers none), leaves the job on ``model``."""
     known = entry
     if known is None:
-        with contextlib.suppress(errors.TsError, requests.RequestException):
+        with contextlib.suppress(errors.ServeError, requests.RequestException):
             known = client.describe(model, customized=True)[0]
     custom = (known or {}).get("customizedMetadata")
     lane = ((custom if isinstance(custom, dict) else {}).get("handler") or {}).get("bulk_model")
@@ -671,7 +671,7 @@ def bulk_lane(client: Client, model: str, entry: dict | None) -> tuple[str, dict
         return model, entry
     try:
         lane_entry = client.describe(lane, customized=True)[0]
-    except (errors.TsError, requests.RequestException):
+    except (errors.ServeError, requests.RequestException):
         return model, entry
     return lane, lane_entry if entry is not None else None
 

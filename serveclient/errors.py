@@ -6,6 +6,8 @@ core's own error body when the model refused the request)."""
 from __future__ import annotations
 
 import json
+import warnings
+from typing import TYPE_CHECKING
 
 import requests
 from urllib3.exceptions import InvalidHeader
@@ -18,10 +20,25 @@ from serveshared.errors import KeyFileError as KeyFileError
 from serveshared.errors import ServeError as ServeError
 from serveshared.errors import triton_model_down
 
-TsError = ServeError  # the root's older name, kept: scripts catch it
+if TYPE_CHECKING:
+    TsError = ServeError
+else:
+
+    def __getattr__(name: str) -> type:
+        """``TsError``, the root's name before ``ServeError``, kept for one release with a
+        ``DeprecationWarning`` (scripts catch it; it is the same class)."""
+        if name != "TsError":
+            raise AttributeError(f"module has no attribute {name!r}", name=name)
+        warnings.warn(
+            "TsError is now ServeError: catch serveclient.ServeError (TsError goes in the "
+            "next release)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return ServeError
 
 
-class ApiError(TsError):
+class ApiError(ServeError):
     """The server answered with an error status the classes below do not cover."""
 
     def __init__(self, status: int, type_: str, message: str, hint: str = "") -> None:
@@ -32,17 +49,17 @@ class ApiError(TsError):
         self.retry_after: float | None = None  # seconds, from a 503's Retry-After header
 
 
-class UsageError(TsError):
+class UsageError(ServeError):
     """A bad argument caught before anything was sent (e.g. a model name no route can reach)."""
 
     exit_code = 2
 
 
-class MetricsUnreadable(TsError):
+class MetricsUnreadable(ServeError):
     """``/metrics`` answered with something that is not Prometheus' text format."""
 
 
-class ServerNotRunning(TsError):
+class ServerNotRunning(ServeError):
     """Nothing answers at the URL."""
 
     exit_code = 3
@@ -54,7 +71,7 @@ class KeyRejected(ApiError):
     exit_code = 4
 
 
-class MilvusTokenError(TsError):
+class MilvusTokenError(ServeError):
     """A Milvus token file that cannot be read or holds none, or Milvus (authentication on)
     refusing the token or its absence. The message never holds the token."""
 
@@ -74,13 +91,13 @@ class Refused(ApiError):
     exit_code = 6
 
 
-class NotOnTriton(TsError):
+class NotOnTriton(ServeError):
     """A TorchServe-only command (management, key rotation) pointed at Triton."""
 
     exit_code = 6
 
 
-class Unhealthy(TsError):
+class Unhealthy(ServeError):
     """``health``: the server answers but a model has no READY worker; ``scale``: a worker it
     started is not READY; ``tag``/``embed``: some files failed."""
 

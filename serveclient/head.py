@@ -39,7 +39,7 @@ import numpy as np
 
 from model_files.artifacts import labels_problem
 from serveclient.collection import Collection
-from serveclient.errors import TsError, UsageError
+from serveclient.errors import ServeError, UsageError
 
 CALIBRATION_BINS = 15
 MIN_PER_LABEL = 2  # a stratified split needs one photo per label on each side
@@ -143,7 +143,7 @@ def training_set(
     another FOLDER wrote into the same --out, is left out (``not_under_folder``, counted with
     the ``dropped`` rows the embedding job's merge already removed as gone); a photo stored
     twice (two spellings of one path) is fitted once, on the row the walk spells
-    (``stored_twice``). ``TsError`` when a photo has no row: the folder changed meanwhile."""
+    (``stored_twice``). ``ServeError`` when a photo has no row: the folder changed meanwhile."""
     kept: dict[str, int] = {}
     gone = dropped
     for row, path in enumerate(paths):
@@ -155,7 +155,7 @@ def training_set(
             kept[where] = row
     missing = [photos[p].path for p in photos if p not in kept]
     if missing:
-        raise TsError(
+        raise ServeError(
             f"{len(missing)} photos have no embedding (e.g. {missing[0]}): the folder changed "
             "while head train ran",
             "rerun: what was embedded is kept",

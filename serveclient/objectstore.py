@@ -20,7 +20,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from serveclient.errors import TsError
+from serveclient.errors import ServeError
 
 REMOTE_SCHEMES = ("s3://",)
 WORK_DIR = Path(".tsctl-work")  # tsctl's default --work-dir: local copies of s3:// objects
@@ -86,7 +86,7 @@ def _copy(source: str, source_fs, dest: str, dest_fs, what: str, then: str) -> N
         fs.copy_files(source, dest, source_filesystem=source_fs, destination_filesystem=dest_fs)
     except OSError as exc:
         hint = f"check the store and its AWS_* settings, {then}"
-        raise TsError(f"cannot {what}: {exc}", hint) from exc
+        raise ServeError(f"cannot {what}: {exc}", hint) from exc
 
 
 def parquet_objects(uri: str) -> list[tuple[str, int, int]]:

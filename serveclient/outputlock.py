@@ -25,12 +25,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from serveclient.errors import TsError
+from serveclient.errors import ServeError
 
 __all__ = ["OutputBusy", "hold", "lock_path"]
 
 
-class OutputBusy(TsError):
+class OutputBusy(ServeError):
     """Another run holds the lock of the output this one would write."""
 
     exit_code = 8

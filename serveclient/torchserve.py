@@ -126,7 +126,7 @@ class TorchServeClient(Client):
         self.rotations += 1
         return self.keys
 
-    def refusal(self, command: str, exc: errors.ApiError) -> errors.TsError:
+    def refusal(self, command: str, exc: errors.ApiError) -> errors.ServeError:
         """``NotOnTriton`` when a TorchServe-only command got a 4xx because Triton answered
         (``--management-url`` pointed at it), else ``exc``: asked only after a 4xx, so a
         working TorchServe is asked nothing more."""
@@ -134,7 +134,7 @@ class TorchServeClient(Client):
             return exc
         try:
             triton = detect(self.urls["management"], self._sessions["management"]) is Engine.TRITON
-        except errors.TsError:
+        except errors.ServeError:
             return exc
         return not_on_triton(command) if triton else exc
 

@@ -47,7 +47,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from serveclient.errors import TsError, UsageError
+from serveclient.errors import ServeError, UsageError
 
 EMBEDDING_DIM = 2048  # ResNet50's pooled layer4
 # 2: the precision column, 3: cached, 4: path_bytes (older files merge with them as null)
@@ -72,7 +72,7 @@ IDENTITY = ("task", "model", "model_version", "weights_sha256")
 READ_ROWS = 8192  # rows per record batch when streaming a file
 
 
-class OutputError(TsError):
+class OutputError(ServeError):
     """A part or the merged output could not be written (a full disk, a folder not writable):
     what was written before stays, and a rerun resumes from it."""
 

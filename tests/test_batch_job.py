@@ -449,7 +449,7 @@ def test_an_upload_that_fails_says_so_and_the_rerun_uploads_what_was_kept(tmp_pa
     for i in range(3):
         (photos / f"{i}.jpg").write_bytes(b"x" * (i + 1))
     argv = ["embed", str(photos), "--out", "s3://later/v.parquet", f"--work-dir={tmp_path}"]
-    with pytest.raises(errors.TsError, match="cannot upload") as failed:
+    with pytest.raises(errors.ServeError, match="cannot upload") as failed:
         _embed(argv)
     assert "rerun" in failed.value.hint
     s3.create_bucket(Bucket="later")

@@ -842,6 +842,17 @@ def test_the_old_package_name_still_imports_the_same_client_with_a_warning():
     assert "DeprecationWarning: the tsclient package is now serveclient" in run.stderr
 
 
+def test_the_root_errors_old_name_is_the_same_class_with_a_warning():
+    """``TsError``, ``ServeError``'s name before, for one release: what a script catches by it
+    is every client error still, and reading it says what to catch instead."""
+    import serveclient
+
+    for module in (serveclient, errors):
+        with pytest.warns(DeprecationWarning, match="TsError is now ServeError"):
+            assert module.TsError is errors.ServeError
+    assert issubclass(errors.UsageError, errors.ServeError)
+
+
 def test_no_module_of_the_repository_imports_the_old_package_name():
     tracked = subprocess.run(
         ["git", "ls-files", "*.py"], capture_output=True, text=True, cwd=REPO, check=True

@@ -695,7 +695,7 @@ def test_a_part_that_cannot_be_written_stops_the_job_once_keeping_the_parts_befo
     tmp_path, monkeypatch
 ):
     """Before: the flush raised, the job's ``finally`` flushed the same rows again and raised
-    again, and the user saw a traceback. Now: one ``TsError`` saying what and how to go on, no
+    again, and the user saw a traceback. Now: one ``ServeError`` saying what and how to go on, no
     second attempt, the parts already written kept for the rerun."""
     import errno
 
@@ -710,7 +710,7 @@ def test_a_part_that_cannot_be_written_stops_the_job_once_keeping_the_parts_befo
     monkeypatch.setattr(pq, "write_table", disk_full_from_the_third)
     out = Output(tmp_path / "v.parquet", "embedding", META)
     job = Job(FakeClient(), "m", "embedding", PartSink(out, flush_rows=2), Plan(1, 2))
-    with pytest.raises(errors.TsError, match="No space left on device") as failed:
+    with pytest.raises(errors.ServeError, match="No space left on device") as failed:
         job.run(_files(tmp_path, 10))
     assert "rerun" in failed.value.hint and str(out.parts) in failed.value.message
     assert attempts == [2, 2, 2]  # reported once: closing the job wrote nothing again

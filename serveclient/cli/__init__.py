@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 130
-    except errors.TsError as exc:
+    except errors.ServeError as exc:
         if args.json:
             print(
                 json.dumps(
