@@ -8,15 +8,18 @@ command line (``serveclient.cli``).
     errors.py      every failure a client can meet, with its exit code and hint
     traffic.py     a request's class and deadline on the wire
     preprocess.py  client-side preprocessing into crops
-    batchjob.py    embed or tag a whole collection into Parquet, resumably; collection.py:
-                   the photos as a stream of files; vectors.py: the Parquet parts;
-                   objectstore.py: outputs in an object store; progress.py: its progress bar
+    jobs.py        embed or tag a whole collection into Parquet, resumably, as one call (what
+                   tsctl tag/embed print); batchjob.py: the job's sending, retries and sinks;
+                   collection.py: the photos as a stream of files; vectors.py: the Parquet
+                   parts; objectstore.py: outputs in an object store; progress.py: its bar
     search/        one ``VectorSearch`` over the collection's vectors, chosen by ``open``:
                    exact cosine over the Parquet, the FAISS index folder, or Milvus
-    head.py        a linear head for the user's own labels, fitted on served embeddings
+    head.py        a linear head for the user's own labels, fitted on served embeddings and
+                   folded into a checkpoint (``train``: what tsctl head train prints)
     outputlock.py  one writer per output folder or file (embed, index build, head train)
     pages.py       self-contained HTML pages of results
     metrics.py     TorchServe's and Triton's Prometheus text, summarised; gpus.py: the GPUs'
+                   use and memory, as the server's /metrics reports them
     top.py         ``tsctl top``'s live view
     cli/           the ``tsctl`` command line
 """

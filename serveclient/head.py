@@ -2,6 +2,8 @@
 embeddings of a folder of labelled photos, measured on a held-out split, and folded into a
 torchvision ResNet50 checkpoint that ``make archives WEIGHTS=... LABELS=...`` packs.
 
+    report = train(client, "photos/", Path("tags/"))  # all the steps below, into tags/
+
     photos = walk(folder)                          # every photo now, labelled by subfolder
     check_split(label_counts(photos), test_size)   # before anything is embedded
     chosen = training_set(paths, X, photos)        # the rows of exactly those photos
@@ -28,19 +30,26 @@ scale with ``|x|`` and could change the ranking, so neither is used.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from model_files.artifacts import labels_problem
+from serveclient import jobs, outputlock
+from serveclient.client import Client
 from serveclient.collection import Collection
-from serveclient.errors import ServeError, UsageError
+from serveclient.errors import ServeError, Unhealthy, UsageError
 
+DEFAULT_BACKBONE = Path("build/weights/resnet50.pt")
+OUTPUTS = ("resnet50.pt", "labels.txt", "report.json", "report.html")  # in the order written
 CALIBRATION_BINS = 15
 MIN_PER_LABEL = 2  # a stratified split needs one photo per label on each side
 CONFUSION_TABLE_LABELS = 50  # the report's full N x N table up to this many labels
@@ -318,3 +327,159 @@ def fold(backbone: dict, fitted: Fitted) -> dict:
     state["fc.weight"] = torch.from_numpy(fitted.weight.astype(np.float32))
     state["fc.bias"] = torch.zeros(len(fitted.labels), dtype=torch.float32)
     return state
+
+
+def train(
+    client: Client,
+    folder: Path | str,
+    out: Path,
+    *,
+    backbone: Path = DEFAULT_BACKBONE,
+    test_size: float = 0.25,
+    seed: int = 0,
+    c: float = 1.0,
+    job: jobs.JobOptions | None = None,
+    note: Callable[[str], None] = lambda text: None,
+) -> dict:
+    """``tsctl head train FOLDER --out DIR``: the photos under ``folder`` embedded through the
+    server (``jobs.into_parquet`` into ``out/embeddings.parquet``: a rerun embeds only what is
+    new), the head fitted on exactly them and ``OUTPUTS`` written (``publish``); report.json's
+    figures, with the embedding job's summary. ``note``: each step's progress line.
+
+    Every value, the labels and the split are refused (``UsageError``) before the server is
+    asked anything, and so are served weights that are not ``backbone`` (by sha256); one run
+    per ``out`` at a time (``outputlock``; ``job.wait`` to queue); ``Unhealthy`` when a photo
+    could not be embedded (what was embedded is kept)."""
+    job = job or jobs.JobOptions()
+    photos = _checked(Path(folder), out, backbone, test_size, seed, c)
+    with outputlock.hold(out, wait=job.wait):
+        identity, record = _backbone(client, job.model_for("embedding"), backbone)
+        out.mkdir(parents=True, exist_ok=True)
+        for stale in out.glob(".*.partial"):  # what a killed run was writing
+            stale.unlink()
+        embeddings = out / "embeddings.parquet"
+        note(f"{len(photos)} photos under {folder}: embedding what is new into {embeddings}")
+        embedded = jobs.into_parquet(
+            client, "embedding", Collection([str(folder)]), embeddings, job
+        )
+        if embedded["failed"]:
+            failures = "; ".join(f"{f['path']}: {f['error']}" for f in embedded["failures"][:5])
+            raise Unhealthy(
+                f"{embedded['failed']} photos could not be embedded ({failures})",
+                "fix or remove them and rerun: what was embedded is kept",
+            )
+        from serveclient.vectors import read_matrix
+
+        chosen = training_set(*read_matrix(embeddings), photos, embedded["gone"] or 0)
+        note(f"fitting the head on {len(chosen.paths)} photos")
+        fitted = fit(chosen.x, chosen.y, chosen.labels, test_size=test_size, seed=seed, c=c)
+        summary = report(out, chosen, fitted, identity, record)
+        note(f"writing {', '.join(OUTPUTS)} into {out}")
+        publish(out, backbone, fitted, summary)
+    return {**summary, "embedding_job": embedded}
+
+
+def _checked(
+    folder: Path, out: Path, backbone: Path, test_size: float, seed: int, c: float
+) -> dict[str, Photo]:
+    """Everything ``train`` refuses before the server is asked anything (exit 2): the paths,
+    the values, the folders as labels and the split; the photos under ``folder`` now."""
+    if not folder.is_dir():
+        raise UsageError(
+            f"{folder} is not a folder", "FOLDER holds one subfolder of photos per label"
+        )
+    if not backbone.is_file():
+        raise UsageError(
+            f"no backbone checkpoint at {backbone}",
+            f"pass the checkpoint the server was built from: --backbone {DEFAULT_BACKBONE}",
+        )
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file", "--out names a folder")
+    if not 0 < test_size < 1:
+        raise UsageError(
+            f"--test-size {test_size}: the held-out share is a fraction between 0 and 1",
+            "e.g. --test-size 0.25 (the default)",
+        )
+    if not (math.isfinite(c) and c > 0):
+        raise UsageError(
+            f"--C {c}: the inverse L2 strength is a positive number",
+            "e.g. --C 1.0 (the default; smaller regularises more)",
+        )
+    if not 0 <= seed < 2**32:
+        raise UsageError(f"--seed {seed}: from 0 to 2**32 - 1", "e.g. --seed 0")
+    photos = walk(folder)
+    check_split(label_counts(photos), test_size)
+    return photos
+
+
+def _backbone(client: Client, model: str, backbone: Path) -> tuple[dict, dict]:
+    """The embedding model's identity and the backbone's record, refused when the served
+    weights are not ``backbone``."""
+    from serveclient.batchjob import model_identity
+
+    _, identity = model_identity(client, model, with_management=client.reaches_management)
+    served = identity.get("weights_sha256")
+    sha256 = hashlib.sha256(backbone.read_bytes()).hexdigest()
+    if served is not None and served != sha256:
+        raise UsageError(
+            f"{backbone} (sha256 {sha256[:16]}...) is not the served backbone "
+            f"(describe reports {served[:16]}...)",
+            "pass the checkpoint the served archive was built from",
+        )
+    return identity, {
+        "path": str(backbone),
+        "sha256": sha256,
+        "checked_against_server": served is not None,
+    }
+
+
+def report(out: Path, chosen: TrainingSet, fitted: Fitted, identity: dict, backbone: dict) -> dict:
+    """report.json: the fit's figures, the rows left out, where it came from (the model's
+    ``identity``, the ``backbone``'s record), the held-out photos and the mistakes among them."""
+    held_out = [
+        {
+            "path": chosen.paths[row],
+            "label": chosen.labels[chosen.y[row]],
+            "predicted": chosen.labels[predicted],
+            "probability": float(probabilities[predicted]),
+        }
+        for row, predicted, probabilities in zip(
+            fitted.test_rows, fitted.predicted, fitted.probabilities
+        )
+    ]
+    return {
+        **fitted.report,
+        "photos": len(chosen.paths),
+        "left_out": chosen.left_out,
+        "embedded_by": identity,
+        "backbone": backbone,
+        "outputs": {"weights": str(out / OUTPUTS[0]), "labels": str(out / OUTPUTS[1])},
+        "held_out": held_out,
+        "mistakes": [h for h in held_out if h["predicted"] != h["label"]],
+    }
+
+
+def publish(out: Path, backbone: Path, fitted: Fitted, report: dict) -> None:
+    """``OUTPUTS``, each written beside its name (``.NAME.partial``) and renamed over it, in
+    that order: a kill leaves every name whole, the old file or the new. The checkpoint
+    carries its labels; ``labels.txt`` (UTF-8, one per line) is written from the same list."""
+    import torch
+
+    from serveclient import pages
+
+    labels = fitted.labels
+    state = fold(torch.load(backbone, map_location="cpu", weights_only=True), fitted)
+    checkpoint = {"state_dict": state, "labels": labels}
+    thumbs = pages.Thumbnailer(expected=max(1, len(report["mistakes"])))
+    # A path's bytes as the file system gave them (a non-UTF-8 name's are surrogate-escaped).
+    page = pages.head_page(report, report["mistakes"], thumbs).encode("utf-8", "surrogateescape")
+    writers: list[Callable[[Path], Any]] = [
+        lambda path: torch.save(checkpoint, path),
+        lambda path: path.write_bytes("".join(f"{label}\n" for label in labels).encode()),
+        lambda path: path.write_bytes((json.dumps(report, indent=2) + "\n").encode()),
+        lambda path: path.write_bytes(page),
+    ]
+    for name, write in zip(OUTPUTS, writers):
+        partial = out / f".{name}.partial"
+        write(partial)
+        os.replace(partial, out / name)

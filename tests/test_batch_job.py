@@ -382,10 +382,10 @@ class _PodServer(_Server):
 def _embed(argv: list[str]) -> tuple[dict, int]:
     """``tsctl embed ARGV`` in this process, as interactive traffic (bulk would leave the test
     process SCHED_IDLE for good): (its ``--json`` summary, its exit status)."""
-    from serveclient.cli.batch import _collection
+    from serveclient.cli.batch import cmd_embed
 
     args = cli.parser().parse_args([*argv, "--priority", "interactive"])
-    data, _, code = _collection(_PodServer(), args, "embedding")
+    data, _, code = cmd_embed(_PodServer(), args)
     return data, code
 
 

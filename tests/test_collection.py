@@ -619,10 +619,10 @@ def _embed(client, *argv):
     """``tsctl embed ARGV`` in this process: (its ``--json`` summary, its exit status). Sent as
     interactive: a bulk job would leave this test process SCHED_IDLE for good."""
     from serveclient import cli
-    from serveclient.cli.batch import _collection
+    from serveclient.cli.batch import cmd_embed
 
     args = cli.parser().parse_args(["embed", *argv, "--priority", "interactive"])
-    data, text, code = _collection(client, args, "embedding")
+    data, text, code = cmd_embed(client, args)
     text.encode("utf-8")  # printable, whatever the names
     return data, code
 

@@ -201,11 +201,10 @@ def test_a_photo_whose_name_is_not_utf8_is_matched_to_its_embedding(tmp_path):
 
 LOCALE_FREE = textwrap.dedent(
     """
-    import argparse, sys
+    import sys
     from pathlib import Path
     import numpy as np, torch
     from serveclient import head
-    from serveclient.cli.head import _publish, _report
     folder, out = Path(sys.argv[1]), Path(sys.argv[2])
     photos = head.walk(folder)
     x = np.random.default_rng(0).normal(size=(len(photos), 8)).astype(np.float32)
@@ -213,8 +212,8 @@ LOCALE_FREE = textwrap.dedent(
     fitted = head.fit(chosen.x, chosen.y, chosen.labels, test_size=0.5)
     torch.save({"fc.weight": torch.zeros(2, 8), "fc.bias": torch.zeros(2)}, out / "b.pt")
     backbone = {"path": str(out / "b.pt"), "sha256": "", "checked_against_server": False}
-    report = _report(argparse.Namespace(out=out), chosen, fitted, {}, backbone)
-    _publish(out, out / "b.pt", fitted, report)
+    report = head.report(out, chosen, fitted, {}, backbone)
+    head.publish(out, out / "b.pt", fitted, report)
     """
 )
 

@@ -19,7 +19,7 @@
     tsctl explain FILE|FOLDER... --html gallery.html [--target T | --topk K] [--method M]
 
 Human-readable output by default, ``--json`` (before or after the command) for scripts.
-``embed``/``tag`` work through whole collections, resumably (serveclient.batchjob;
+``embed``/``tag`` work through whole collections, resumably (serveclient.jobs;
 docs/operations.md, "Embed a collection"), as ``bulk`` traffic unless ``--priority
 interactive``. Exit codes: 0 ok, 1 other server error, 2 bad arguments (including names
 TorchServe cannot route), 3 server not running, 4 key file missing or key refused, 5 unknown
@@ -33,9 +33,10 @@ pointed at Triton), 7 unhealthy (a model without a READY worker, or some files f
 
 # The package: common.py (the options and client every command shares), one module per group of
 # commands (models.py, batch.py, similar.py, ops.py, explain.py, head.py), each declaring its
-# commands' options beside their code in register(commands); jobs.py runs the batch job that
-# tag, embed and explain --html share; __main__.py is ``python -m serveclient.cli``. This module
-# builds the top-level parser and dispatches.
+# commands' options beside their code in register(commands); jobs.py reads the collection and
+# the job options that tag, embed, explain --html and head train pass to serveclient.jobs;
+# __main__.py is ``python -m serveclient.cli``. This module builds the top-level parser and
+# dispatches.
 
 from __future__ import annotations
 

@@ -7,23 +7,20 @@ load only when these run (tsctl list stays quick)."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
-from serveclient import errors, objectstore
+from serveclient import errors
 from serveclient.cli.common import (
     DEFAULT_MODELS,
     Commands,
     endpoint_arguments,
     work_dir_argument,
 )
-from serveclient.cli.jobs import collection_of, run_job
+from serveclient.cli.jobs import collection_of, job_options
 from serveclient.client import Client
 from serveclient.collection import Shard
+from serveclient.jobs import DEFAULT_OUTS, PART_ROWS
 from serveclient.traffic import CLASSES
-
-DEFAULT_OUTS = {"embedding": "embeddings.parquet", "tags": "tags.parquet"}
-PART_ROWS = 1024  # rows per Parquet part while a job runs (--part-rows)
 
 
 def register(commands: Commands) -> None:
@@ -102,17 +99,18 @@ def register(commands: Commands) -> None:
 
 
 def cmd_tag(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
-    from serveclient import batchjob
+    from serveclient import batchjob, jobs
     from serveclient.vectors import stored_path
 
     if args.out is not None:
-        return _collection(client, args, "tags")
+        return _into_parquet(client, args, "tags")
     sink = batchjob.ListSink()
+    options = job_options(args)
     identity = batchjob.model_identity(
-        client, args.model or DEFAULT_MODELS["tags"], with_management=client.reaches_management
+        client, options.model_for("tags"), with_management=client.reaches_management
     )
     collection = collection_of(args)
-    summary = run_job(client, args, "tags", sink, collection, identity)
+    summary = jobs.run(client, "tags", sink, collection, identity, options)
     order = {e.path: i for i, e in enumerate(collection.entries(Shard.parse(args.shard)))}
     data, lines = {}, []
     for row in sorted(sink.rows, key=lambda r: order.get(r.path, len(order))):
@@ -140,88 +138,30 @@ def _tag_text(tag: dict) -> str:
 
 
 def cmd_embed(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
-    return _collection(client, args, "embedding")
+    return _into_parquet(client, args, "embedding")
 
 
-def _collection(client: Client, args, task: str) -> tuple[Any, str, int]:
-    """Run the job into Parquet (``--out``, a local path or s3://) holding the output's lock
-    (``--wait``: wait for another run's): resume, merge, report. After a complete run the
-    output holds one row for each file of this walk and nothing else."""
-    import pyarrow.parquet as pq
+def _into_parquet(client: Client, args, task: str) -> tuple[Any, str, int]:
+    """``jobs.into_parquet`` into ``--out``, and its summary in words."""
+    from serveclient import jobs
 
-    from serveclient import batchjob, outputlock
-    from serveclient.vectors import Output
-
-    out = str(args.out or DEFAULT_OUTS[task])
-    if out.endswith(".npy"):
-        raise errors.UsageError(
-            f"--out {out}: embeddings are written as Parquet now",
-            "use --out embeddings.parquet; read it with pandas, polars, "
-            "DuckDB or serveclient.vectors.read_matrix",
-        )
-    if args.part_rows < 1:
-        raise errors.UsageError(
-            f"--part-rows {args.part_rows}: at least 1", f"the default is {PART_ROWS}"
-        )
-    remote = objectstore.is_remote(out)
-    local = objectstore.local_copy(out, args.work_dir) if remote else Path(out)
-    # For s3:// the lock guards the local copy (one --work-dir): a bucket has no lock to take.
-    with outputlock.hold(local, wait=getattr(args, "wait", False)):
-        if remote:
-            objectstore.download_if_exists(out, local)
-        identity = batchjob.model_identity(
-            client, args.model or DEFAULT_MODELS[task], with_management=client.reaches_management
-        )
-        output = Output(local, task, {**identity[1], "shard": str(Shard.parse(args.shard))})
-        output.clean()
-        output.check_identity()
-        done = output.done(with_sha256=args.verify_sha256)
-        walk = batchjob.Walk()
-        sink = batchjob.PartSink(output, flush_rows=args.part_rows, walk=walk)
-        summary = run_job(
-            client, args, task, sink, collection_of(args), identity, done=done, walk=walk
-        )
-        if remote:
-            objectstore.upload(local, out)
-        rows = pq.ParquetFile(local).metadata.num_rows
-    return _report(out, rows, summary, sink.gone if walk.whole else None)
-
-
-def _report(out: str, rows: int, summary, gone: int | None) -> tuple[Any, str, int]:
-    """The summary of a run into ``out`` (``rows`` now), ``gone`` rows dropped as no longer
-    found (None: a folder could not be listed, so none were)."""
-    data = {
-        "out": out,
-        "rows": rows,
-        "done": summary.done,
-        "failed": summary.failed,
-        "skipped": summary.skipped,
-        "gone": gone,
-        "cache_hits": summary.cache_hits,
-        "bytes_sent": summary.bytes_sent,
-        "preprocess": "client" if summary.preprocessed else "server",
-        "seconds": round(summary.seconds, 2),
-        "images_per_s": round((summary.done + summary.failed) / summary.seconds, 2)
-        if summary.seconds
-        else None,
-        "failures": [{"path": p, "error": e} for p, e in summary.failures],
-    }
-    lines = [f"{p}: error: {e}" for p, e in summary.failures]
-    if summary.failed > len(summary.failures):
+    data = jobs.into_parquet(client, task, collection_of(args), args.out, job_options(args))
+    out, gone, failures = data["out"], data["gone"], data["failures"]
+    lines = [f"{f['path']}: error: {f['error']}" for f in failures]
+    if data["failed"] > len(failures):
         lines.append(
-            f"... and {summary.failed - len(summary.failures)} more failures "
-            f"(status = 'error' in {out})"
+            f"... and {data['failed'] - len(failures)} more failures (status = 'error' in {out})"
         )
     lines.append(
-        f"wrote {out}: {rows} rows ({summary.done} done, {summary.failed} failed, "
-        f"{summary.skipped} already done, {gone or 0} dropped as no longer found) in "
-        f"{summary.seconds:.1f} s, {summary.bytes_sent / 1e6:.1f} MB sent "
-        f"({'crops made here' if summary.preprocessed else 'the files'})"
-        + (f"; {summary.cache_hits} answered from the server's cache" if summary.cache_hits else "")
+        f"wrote {out}: {data['rows']} rows ({data['done']} done, {data['failed']} failed, "
+        f"{data['skipped']} already done, {gone or 0} dropped as no longer found) in "
+        f"{data['seconds']:.1f} s, {data['bytes_sent'] / 1e6:.1f} MB sent "
+        f"({'crops made here' if data['preprocess'] == 'client' else 'the files'})"
+        + (f"; {data['cache_hits']} answered from the server's cache" if data["cache_hits"] else "")
     )
     if gone is None:
         lines.append(
             "a folder or source could not be read (its error row above): rows of files not "
             "found were kept, not dropped; rerun when it can be read"
         )
-    return data, "\n".join(lines), errors.Unhealthy.exit_code if summary.failed else 0
+    return data, "\n".join(lines), errors.Unhealthy.exit_code if data["failed"] else 0

@@ -19,12 +19,11 @@ from serveclient import errors
 from serveclient.client import Client, TorchServeClient, connect
 from serveclient.collection import MAX_FILE_BYTES, read_file
 from serveclient.engine import not_on_triton
+from serveclient.jobs import DEFAULT_MODELS as DEFAULT_MODELS  # the commands' defaults
 from serveshared import ports
 from serveshared.keys import KEY_FILE, Keys
 
 Command = Callable[[Client, argparse.Namespace], tuple[Any, "str | None", int]]
-
-DEFAULT_MODELS = {"embedding": "resnet50-embedding", "tags": "resnet50-tagger"}
 
 URL_HELP = (
     "a server other than the local TorchServe: a KServe endpoint "

@@ -11,7 +11,7 @@ from typing import Any
 
 from serveclient import errors
 from serveclient.cli.common import TRITON_URL_HELP, Commands, read_image, url_arguments, wrote_page
-from serveclient.cli.jobs import run_job
+from serveclient.cli.jobs import job_options
 from serveclient.client import Client
 from serveclient.collection import Collection
 
@@ -98,7 +98,7 @@ def cmd_explain(client: Client, args: argparse.Namespace) -> tuple[Any, str, int
 def _explain_gallery(client: Client, args: argparse.Namespace) -> tuple[Any, str, int]:
     """``explain --html``: every photo explained (one request each, paced by the server's
     explanation budget, retried like ``embed``), into one gallery page."""
-    from serveclient import batchjob, pages
+    from serveclient import batchjob, jobs, pages
 
     if args.out is not None:
         raise errors.UsageError("--out writes one heatmap; --html a gallery", "give one of them")
@@ -124,8 +124,15 @@ def _explain_gallery(client: Client, args: argparse.Namespace) -> tuple[Any, str
         "n_steps": args.n_steps,
         "png": True,
     }
-    summary = run_job(
-        client, args, "explain", gallery, collection, identity, plan=plan, explain=options
+    summary = jobs.run(
+        client,
+        "explain",
+        gallery,
+        collection,
+        identity,
+        job_options(args),
+        plan=plan,
+        explain=options,
     )
     order = {e.path: i for i, e in enumerate(collection.entries())}
     items = sorted(gallery.items, key=lambda item: order.get(item.path, len(order)))
