@@ -9,5 +9,5 @@ Triton model folder copy it whole.
     errors.py      the client's root error and the one the key file raises
     v2binary.py    the v2 binary tensor extension, as written and read
     quote.py       how an error message quotes a client's value (cut short, both sides)
-    wire.py        the HTTP header names both sides write and read
+    wire.py        the header names and priority classes both sides write and read
 """
