@@ -264,6 +264,24 @@ def test_no_server_module_imports_the_client():
     assert offenders == []
 
 
+def test_the_client_shares_by_public_names_in_short_functions():
+    """What two of the client's modules share lives in a library module under a public name
+    (cli/head.py took cli/batch.py's ``_collection`` before #69), and no function of the client
+    is over 80 lines (the style's bound)."""
+    private, long = [], []
+    for name, path in repo_modules().items():
+        for node in ast.walk(ast.parse(path.read_text())) if name.startswith("serveclient") else []:
+            if isinstance(node, ast.ImportFrom) and node.module:
+                private += [
+                    f"{name}: {node.module}.{a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.endswith("__")  # dunders aside
+                ]
+            if isinstance(node, ast.FunctionDef) and node.end_lineno - node.lineno >= 80:
+                long.append(f"{name}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert (private, long) == ([], [])
+
+
 def packages() -> list[Path]:
     """Every package of the repository (a folder with an ``__init__.py``; tests aside)."""
     return sorted(
