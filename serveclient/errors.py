@@ -24,17 +24,11 @@ if TYPE_CHECKING:
     TsError = ServeError
 else:
 
-    def __getattr__(name: str) -> type:
-        """``TsError``, the root's name before ``ServeError``, kept for one release with a
-        ``DeprecationWarning`` (scripts catch it; it is the same class)."""
+    def __getattr__(name: str) -> type:  # TsError, ServeError's old name, for one release
         if name != "TsError":
             raise AttributeError(f"module has no attribute {name!r}", name=name)
-        warnings.warn(
-            "TsError is now ServeError: catch serveclient.ServeError (TsError goes in the "
-            "next release)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
+        message = "TsError is now ServeError: catch serveclient.ServeError (TsError goes next)"
+        warnings.warn(message, DeprecationWarning, stacklevel=2)
         return ServeError
 
 

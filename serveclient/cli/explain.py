@@ -124,15 +124,9 @@ def _explain_gallery(client: Client, args: argparse.Namespace) -> tuple[Any, str
         "n_steps": args.n_steps,
         "png": True,
     }
+    job = job_options(args)
     summary = jobs.run(
-        client,
-        "explain",
-        gallery,
-        collection,
-        identity,
-        job_options(args),
-        plan=plan,
-        explain=options,
+        client, "explain", gallery, collection, identity, job, plan=plan, explain=options
     )
     order = {e.path: i for i, e in enumerate(collection.entries())}
     items = sorted(gallery.items, key=lambda item: order.get(item.path, len(order)))
