@@ -64,7 +64,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from serveclient import objectstore, outputlock
-from serveclient.errors import TsError, UsageError
+from serveclient.errors import ServeError, UsageError
 from serveclient.search import VectorSearch, normalised, require_stored
 from serveclient.vectors import EMBEDDING_DIM, OK
 
@@ -80,7 +80,7 @@ SAMPLE_SEED = 0
 OPEN_TRIES = 3  # a build may replace the index while a reader opens it: read the new one
 
 
-class IndexUnusable(TsError):
+class IndexUnusable(ServeError):
     """The index cannot answer: it is corrupt or older than its sources."""
 
     def __init__(self, message: str) -> None:
