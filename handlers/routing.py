@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from servecore.httpedge import HttpEdge
-from servecore.jsonguard import JsonDocument
+from servecore.edges.http import HttpEdge
+from servecore.edges.jsonguard import JsonDocument
 from servecore.parse import IMAGE_FIELD, HttpRequest, Payload
 from servecore.stages import Incoming
 from serveshared.v2binary import HEADER_LENGTH as LENGTH

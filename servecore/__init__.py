@@ -27,12 +27,8 @@ it sends back, and nothing that knows which engine that is (no module here impor
 
 The edges and the rest:
 
-    httpedge.py    the HTTP edge: a Reply as the status, headers and body an HTTP engine sends;
-                   httperrors.py: each error kind's HTTP status, headers and body
-    tensorinput.py the tensor edge's way in: a TensorRequest (Triton's input arrays and
-                   parameters, read before the core runs) and its parsing
-    tensoroutput.py the tensor edge's way out: named output arrays, Triton's error codes
-    tensoredge.py  the tensor edge as one object (decode, encode), as httpedge.py's HttpEdge
+    edges/         the edges, what only the adapters import: http.py (HttpEdge), tensor.py
+                   (TensorEdge) and the modules they are made of
     crops.py       the ``crops`` input ([n, 224, 224, 3] uint8)
     gpudecode.py   JPEGs decoded and cropped on the worker's GPU, batched (torchvision's
                    nvJPEG); nvimgdecode.py: nvImageCodec's (hardware JPEG engines, region

@@ -36,8 +36,8 @@ from typing import Any
 
 from servecore.config import HandlerConfig, Output
 from servecore.crops import crop_count, crops_of
+from servecore.edges.jsonguard import JsonDocument, is_json, load_json
 from servecore.errors import InvalidParameter, InvalidRequest, PayloadTooLarge, echo, echo_all
-from servecore.jsonguard import JsonDocument, is_json, load_json
 from servecore.priority import PRIORITY_KEY, Priority, parse_priority
 from serveshared.v2binary import (
     BINARY_DATA,

@@ -5,7 +5,7 @@ values, or its error), then hands each reply to the engine's own ``encode``.
 
 Engines are adapters around this: an engine hands its batch over as ``Incoming`` requests in one
 call and gives the function that writes a ``Reply`` as its response (TorchServe's handler: status,
-headers and JSON body with ``servecore.httpedge``; Triton's adapter: tensors from the arrays).
+headers and JSON body with ``servecore.edges.http``; Triton's adapter: tensors from the arrays).
 The core times that writing as part of answering and counts the errors of the replies as sent,
 so every metric means the same on every engine.
 
@@ -88,7 +88,7 @@ class Reply:
     requests the engine batched with it; ``precision``: the arithmetic that computed it;
     ``cached``: per image, whether the content cache answered it (None: the cache is off, or
     an explanation). Values only: the error's kind says its status
-    (``servecore.httperrors.STATUS``); each engine's edge writes its own response from these.
+    (``servecore.edges.httperrors.STATUS``); each engine's edge writes its own response from these.
     """
 
     batch_size: int

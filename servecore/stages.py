@@ -30,13 +30,13 @@ import torch
 from servecore.cacheentry import CacheKey, Entry
 from servecore.config import HandlerConfig
 from servecore.crops import GivenCrop
+from servecore.edges.tensorinput import TensorRequest
 from servecore.errors import RequestError, detached
 from servecore.explain.document import Explained
 from servecore.explain.options import ExplainSpec
 from servecore.images import OpenedImage
 from servecore.parse import HttpRequest, ParsedRequest
 from servecore.priority import Priority, parse_deadline, parse_priority
-from servecore.tensorinput import TensorRequest
 
 _SAMPLE = 64 * 1024  # bytes of each end of an image that its fingerprint reads
 

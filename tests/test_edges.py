@@ -1,6 +1,6 @@
 """The two edges of the core, one table of cases: each request goes through the HTTP edge
-(``servecore.httpedge.HttpEdge``, TorchServe's) and the tensor edge
-(``servecore.tensoredge.TensorEdge``, Triton's) into the same loaded model, and comes back as
+(``servecore.edges.http.HttpEdge``, TorchServe's) and the tensor edge
+(``servecore.edges.tensor.TensorEdge``, Triton's) into the same loaded model, and comes back as
 each engine sends it. A good photo gets the same tags on both; a bad request the same error
 ``type`` and message on both, with the HTTP status and the Triton error code the table says
 (Triton has fewer codes: every 4xx is INVALID_ARG, 503 and 504 UNAVAILABLE)."""
@@ -12,9 +12,9 @@ import json
 import numpy as np
 import pytest
 
+from servecore.edges.tensor import TensorEdge
+from servecore.edges.tensorinput import TensorRequest
 from servecore.parse import HttpRequest
-from servecore.tensoredge import TensorEdge
-from servecore.tensorinput import TensorRequest
 from tests import imagegen
 from tests.corpus import bad_inputs
 from tests.handler_context import make_handler

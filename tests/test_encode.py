@@ -13,7 +13,7 @@ import pytest
 from servecore.answers import AnswerSpec, Prediction, Tag
 from servecore.classes import Classes
 from servecore.config import Output
-from servecore.jsonanswers import answer_json
+from servecore.edges.bodies import answer_json
 from servecore.parse import Protocol
 
 SPEC = AnswerSpec("m", "1.0", Output.EMBEDDING, Classes.of(["a", "b"]), 5, True)

@@ -19,10 +19,11 @@ from hypothesis import strategies as st
 from hypothesis.errors import HypothesisWarning
 
 from handlers import routing
-from servecore import jsonguard, parse
+from servecore import parse
 from servecore.config import HandlerConfig
+from servecore.edges import jsonguard
+from servecore.edges.httperrors import status_of
 from servecore.errors import RequestError
-from servecore.httperrors import status_of
 from servecore.preprocessor import Preprocessor
 from tests import corpus
 

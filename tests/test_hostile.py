@@ -19,8 +19,8 @@ from handlers import routing
 from servecore import host, parse
 from servecore.admission import admit
 from servecore.config import HandlerConfig
+from servecore.edges.httperrors import status_of
 from servecore.errors import MESSAGE_CHARS, InvalidRequest, PayloadTooLarge
-from servecore.httperrors import status_of
 from servecore.images import open_image
 from tests import corpus, imagegen
 from tests.corpus import b64

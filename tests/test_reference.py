@@ -9,8 +9,9 @@ from http import HTTPStatus
 import pytest
 
 from buildsteps import reference
-from servecore import errors, httperrors
+from servecore import errors
 from servecore.config import ConfigError, ExplainConfig, HandlerConfig
+from servecore.edges import httperrors
 
 
 def test_the_committed_docs_are_what_the_step_writes():

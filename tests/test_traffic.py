@@ -18,8 +18,8 @@ from ts.context import RequestProcessor
 from handlers.routing import incoming
 from servecore.admission import Admission, Budget
 from servecore.config import HandlerConfig
+from servecore.edges.httperrors import headers_of, status_of
 from servecore.errors import InvalidParameter
-from servecore.httperrors import headers_of, status_of
 from servecore.parse import HttpRequest, ParsedRequest, Protocol, parse_http
 from servecore.priority import Priority
 from servecore.stages import Failed, Incoming, Opened, Placed

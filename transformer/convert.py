@@ -13,7 +13,7 @@ import numpy as np
 from servecore.boundary import each_image
 from servecore.config import HandlerConfig, Output
 from servecore.crops import CROP_SHAPE
-from servecore.jsonguard import JsonDocument
+from servecore.edges.jsonguard import JsonDocument
 from servecore.parse import HttpRequest, ParsedRequest, parse_http
 from servecore.preprocessor import Preprocessor
 

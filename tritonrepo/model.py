@@ -3,7 +3,7 @@ neutral core.
 
 An adapter like TorchServe's (``handlers/resnet_handler.py``): ``initialize`` turns Triton's
 arguments and this model's ``config.pbtxt`` into ``ModelSettings`` and the tensor edge
-(``servecore.tensoredge.TensorEdge``, with each output's dtype from the model config);
+(``servecore.edges.tensor.TensorEdge``, with each output's dtype from the model config);
 ``execute`` hands Triton's whole batch to ``ImageModel.run`` in one call, as TorchServe's
 ``handle`` does, each request's input tensors read into a ``TensorRequest`` and decoded by the
 edge into an ``Incoming`` (the core parses it inside its per-request boundary, never calling
@@ -26,9 +26,9 @@ import triton_python_backend_utils as pb_utils
 from model_files.artifacts import ModelFiles
 from servecore.config import HandlerConfig
 from servecore.crops import CROPS
+from servecore.edges.tensor import TensorEdge
+from servecore.edges.tensorinput import DESCRIBE, INPUT, TensorRequest
 from servecore.service import ImageModel, ModelSettings, Reply
-from servecore.tensoredge import TensorEdge
-from servecore.tensorinput import DESCRIBE, INPUT, TensorRequest
 from tritonrepo.metrics import TritonMetrics
 
 
@@ -99,7 +99,7 @@ class TritonPythonModel:
 
 def _payload(request, parameters: dict) -> TensorRequest:
     """The request's input tensors read into arrays, with its parameters: the values the core
-    parses (``servecore.tensorinput``), without calling back here."""
+    parses (``servecore.edges.tensorinput``), without calling back here."""
     # One pass over the inputs: each ``get_input_tensor_by_name`` converts them all anew.
     given = {tensor.name(): tensor for tensor in request.inputs()}
     images, crops = (given[name].as_numpy() if name in given else None for name in (INPUT, CROPS))

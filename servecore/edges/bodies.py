@@ -1,6 +1,6 @@
 """The JSON protocols' answers: an answer's values written as the JSON document of the
 protocol its request came in (plain, KServe v1, KServe v2 JSON). Pure functions, for an edge
-that answers in JSON (TorchServe's, through ``servecore.httpedge``, which adds the status and
+that answers in JSON (TorchServe's, through ``servecore.edges.http``, which adds the status and
 headers); the core itself answers in values (``servecore.service.Reply``), and Triton's adapter
 builds a prediction's tensors from them, using only ``tag_json`` for its BYTES tags (an
 explanation, one JSON document there too, goes through ``answer_body``). The parsing of the

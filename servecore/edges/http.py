@@ -1,7 +1,7 @@
 """The HTTP edge: a ``Reply``'s values as the HTTP response an engine that answers in HTTP
 sends (TorchServe's handler): its status and phrase (from the error's kind,
-``servecore.httperrors``), its headers and its JSON body (``servecore.jsonanswers``). The HTTP
-names live here and there, not in the core's values.
+``servecore.edges.httperrors``), its headers and its JSON body (``servecore.edges.bodies``).
+The HTTP names live here and there, not in the core's values.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from http import HTTPStatus
 from typing import NamedTuple
 
 from servecore.answers import AnswerSpec
+from servecore.edges.bodies import written_answer
+from servecore.edges.httperrors import error_body, headers_of, status_of
 from servecore.errors import PayloadTooLarge
-from servecore.httperrors import error_body, headers_of, status_of
-from servecore.jsonanswers import written_answer
 from servecore.parse import HttpRequest
 from servecore.service import Reply
 from servecore.stages import Incoming
@@ -36,7 +36,7 @@ BINARY_CONTENT_TYPE = "application/octet-stream"  # a JSON header and then raw o
 class HttpEdge:
     """The HTTP edge as one object, what an HTTP engine's adapter (TorchServe's) holds:
     ``decode`` an HTTP request into the core's ``Incoming``, ``encode`` a ``Reply`` as its
-    ``HttpReply``. ``servecore.tensoredge.TensorEdge`` is the same shape for tensors."""
+    ``HttpReply``. ``servecore.edges.tensor.TensorEdge`` is the same shape for tensors."""
 
     spec: AnswerSpec
     max_bytes: int  # handler.max_response_bytes

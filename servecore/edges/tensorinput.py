@@ -1,7 +1,7 @@
 """The tensor edge's way in: a request as Triton hands it over (KServe v2 named inputs and
 parameters), read by its adapter into arrays before the core runs (``TensorRequest``), and what
 the core makes of it (``parse_inputs``), with the names of the inputs, outputs and parameters
-the model's tensor interface declares. The way out is ``servecore.tensoroutput``.
+the model's tensor interface declares. The way out is ``servecore.edges.tensoroutput``.
 """
 
 from __future__ import annotations

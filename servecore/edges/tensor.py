@@ -2,7 +2,7 @@
 a request read into a ``TensorRequest`` (its arrays and parameters) into the core's
 ``Incoming``, and ``encode`` a ``Reply`` as a ``TensorReply``: named output arrays, or the
 error's JSON body with the Triton error code its HTTP status maps to. The adapter only wraps
-these in its engine's own objects; ``servecore.httpedge.HttpEdge`` is the same shape for HTTP.
+these in its engine's own objects; ``servecore.edges.http.HttpEdge`` is the same shape for HTTP.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import NamedTuple
 import numpy as np
 
 from servecore.answers import AnswerSpec
-from servecore.httperrors import error_body, status_of
+from servecore.edges.httperrors import error_body, status_of
+from servecore.edges.tensorinput import EXPLAIN, TensorRequest
+from servecore.edges.tensoroutput import output_arrays, triton_code
 from servecore.service import Reply
 from servecore.stages import Incoming
-from servecore.tensorinput import EXPLAIN, TensorRequest
-from servecore.tensoroutput import output_arrays, triton_code
 from serveshared.wire import DEADLINE_HEADER, PRIORITY_HEADER
 
 
@@ -50,7 +50,7 @@ class TensorEdge:
         ).classified(headers.get(PRIORITY_HEADER.lower()), headers.get(DEADLINE_HEADER.lower()))
 
     def encode(self, reply: Reply, wanted: frozenset[str] = frozenset()) -> TensorReply:
-        """``reply`` as its outputs (``servecore.tensoroutput``; ``wanted``: the outputs the
+        """``reply`` as its outputs (``servecore.edges.tensoroutput``; ``wanted``: the outputs the
         request asked for, empty for all), or its error's body and the nearest code Triton can
         send. It never refuses a reply (no ``RequestError``): the core writes each once."""
         if reply.error is not None:

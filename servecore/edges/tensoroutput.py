@@ -1,9 +1,9 @@
 """The tensor edge's way out (KServe v2 named outputs, what Triton takes back), without the
 engine: a ``Reply``'s answer as named output arrays, each output's dtype given by the engine
 (Triton's model config), and the Triton error code for each error. The way in, a request's
-input arrays and parameters as the core's value, is ``servecore.tensorinput``. Triton's adapter
-(``tritonrepo/model.py``) reads its tensors into those arrays and wraps the outputs in its own
-tensors.
+input arrays and parameters as the core's value, is ``servecore.edges.tensorinput``.
+Triton's adapter (``tritonrepo/model.py``) reads its tensors into those arrays and wraps the
+outputs in its own tensors.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import numpy as np
 
 from servecore.answers import AnswerSpec, Prediction
 from servecore.config import Output
+from servecore.edges.bodies import answer_body, tag_json
+from servecore.edges.tensorinput import CACHED, EXPLANATIONS, PRECISION
 from servecore.explain.document import Explained
-from servecore.jsonanswers import answer_body, tag_json
 from servecore.service import Reply
-from servecore.tensorinput import CACHED, EXPLANATIONS, PRECISION
 
 
 def output_arrays(
