@@ -87,7 +87,7 @@ def measure(batch: int, rounds: int) -> dict[str, dict[str, float]]:
     """Per set-up, the median ms per batch of ``run`` and of the forward alone."""
     import torch
 
-    from servecore.parse import HttpRequest
+    from servecore.edges.http import HttpRequest
     from servecore.stages import Incoming
 
     folders = _weights(BUILD / "heads")

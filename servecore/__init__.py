@@ -7,7 +7,8 @@ it sends back, and nothing that knows which engine that is (no module here impor
                    Placed, Failed; boundary.py: the one per-request failure boundary
     cache.py       the content cache, a step between admission and decode; cacheentry.py: its
                    key and entry types
-    parse.py       wire formats (plain body, KServe v1, v2) -> ParsedRequest; jsonguard.py
+    request.py     the core's request values: ParsedRequest (what one request asks for, from
+                   any wire format), the Payload an edge hands over (``parse(config)``)
     intake.py      open, admit and decode a batch's requests
     preprocessor.py  one image's bytes -> the model's input (images.py opens and decodes,
                    jpegheader.py reads a plain JPEG's header without PIL): what the

@@ -13,7 +13,7 @@ import torch
 
 from servecore.classes import Classes, HeadTop
 from servecore.config import Output
-from servecore.parse import ParsedRequest, Protocol
+from servecore.request import ParsedRequest, Protocol
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,7 @@ def opened(name: str, images: int) -> Opened:
 
 
 def parsed(images: int, salt: str):
-    from servecore.parse import ParsedRequest, Protocol
+    from servecore.request import ParsedRequest, Protocol
 
     return ParsedRequest(Protocol.V2, [salt.encode() * 10] * images)
 

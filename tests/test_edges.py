@@ -12,9 +12,9 @@ import json
 import numpy as np
 import pytest
 
+from servecore.edges.http import HttpRequest
 from servecore.edges.tensor import TensorEdge
 from servecore.edges.tensorinput import TensorRequest
-from servecore.parse import HttpRequest
 from tests import imagegen
 from tests.corpus import bad_inputs
 from tests.handler_context import make_handler

@@ -14,7 +14,7 @@ from servecore.answers import AnswerSpec, Prediction, Tag
 from servecore.classes import Classes
 from servecore.config import Output
 from servecore.edges.bodies import answer_json
-from servecore.parse import Protocol
+from servecore.request import Protocol
 
 SPEC = AnswerSpec("m", "1.0", Output.EMBEDDING, Classes.of(["a", "b"]), 5, True)
 

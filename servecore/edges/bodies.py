@@ -31,7 +31,7 @@ import orjson
 from servecore.answers import AnswerSpec, Prediction, Tag
 from servecore.config import Output
 from servecore.explain.document import Explained, encode_explanations
-from servecore.parse import Protocol
+from servecore.request import Protocol
 from serveshared.v2binary import bytes_elements
 
 

@@ -7,14 +7,24 @@ the model's tensor interface declares. The way out is ``servecore.edges.tensorou
 from __future__ import annotations
 
 import dataclasses
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from servecore.config import HandlerConfig
-from servecore.crops import CROPS
+from servecore.crops import CROPS, crop_count, crops_of
 from servecore.errors import InvalidRequest
-from servecore.parse import EXPLAIN_KEYS, ParsedRequest, Protocol, parse_crops, parse_tensor
+from servecore.request import (
+    EXPLAIN_KEYS,
+    ParsedRequest,
+    Protocol,
+    count_images,
+    decode_base64,
+    parse_top_k,
+)
 
 INPUT = "images"  # BYTES [n, 1]: encoded images, or their base64 text; or CROPS, UINT8 crops
 TOP_K = "topk"  # request parameter
@@ -72,3 +82,54 @@ def parse_inputs(request: TensorRequest, config: HandlerConfig) -> ParsedRequest
         return dataclasses.replace(parsed, options=options) if options else parsed
     protocol = Protocol.PLAIN if len(parsed.images) == 1 else Protocol.V1
     return dataclasses.replace(parsed, protocol=protocol, options=options)
+
+
+def parse_tensor(
+    elements: Sequence[bytes],
+    *,
+    top_k: Any = None,
+    request_id: str | None = None,
+    config: HandlerConfig,
+) -> ParsedRequest:
+    """A KServe v2 request an engine has already read (Triton's Python backend): the elements
+    of its BYTES input tensor and its ``topk`` request parameter, as a ``ParsedRequest`` or a
+    ``RequestError``. An element is an encoded image (the binary tensor extension) or, as a JSON
+    body carries it, the image's base64 text; the answer goes out as v2 named tensors."""
+    count_images(len(elements), config)
+    if not elements:
+        raise InvalidRequest("input 'images' is empty: send at least one image")
+    images = [_tensor_image(bytes(item), f"images[{i}]") for i, item in enumerate(elements)]
+    return ParsedRequest(
+        Protocol.V2,
+        images,
+        top_k=None if top_k is None else parse_top_k(top_k),
+        request_id=request_id,
+    )
+
+
+def parse_crops(
+    crops: Any, *, top_k: Any = None, request_id: str | None = None, config: HandlerConfig
+) -> ParsedRequest:
+    """A KServe v2 request an engine has already read whose input is the ``crops`` tensor
+    (an array, ``servecore.crops``), as a ``ParsedRequest`` or a ``RequestError``."""
+    count = crop_count(list(getattr(crops, "shape", ())), "input 'crops'")
+    count_images(count, config)
+    return ParsedRequest(
+        Protocol.V2,
+        crops_of(crops, count, "input 'crops'"),
+        top_k=None if top_k is None else parse_top_k(top_k),
+        request_id=request_id,
+        crops=True,
+    )
+
+
+def _tensor_image(item: bytes, where: str) -> bytes:
+    """Raw image bytes as they are; base64 text (only ASCII base64 characters, an optional
+    ``data:`` prefix) decoded. No image format starts that way: JPEG, PNG, GIF, WebP and TIFF
+    headers all hold bytes outside it."""
+    if _BASE64_TEXT.fullmatch(item):
+        return decode_base64(item.decode("ascii"), where)
+    return item
+
+
+_BASE64_TEXT = re.compile(rb"(data:[\w/+.-]*;base64,)?[A-Za-z0-9+/=_\s-]+")
