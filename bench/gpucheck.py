@@ -239,7 +239,7 @@ def upsampling(b: Bench) -> list[str]:
 def statuses(b: Bench, names: list[str], gpu: bool = True) -> list[str]:
     """Each named image as a request of one batch through the core: its status (and error's
     kind), with the worker's GPU decoder or (``gpu`` false) without."""
-    from servecore.edges.httperrors import status_of
+    from servecore.edges.bodies import status_of
     from servecore.stages import Incoming
 
     model = b.model()

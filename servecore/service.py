@@ -88,7 +88,7 @@ class Reply:
     requests the engine batched with it; ``precision``: the arithmetic that computed it;
     ``cached``: per image, whether the content cache answered it (None: the cache is off, or
     an explanation). Values only: the error's kind says its status
-    (``servecore.edges.httperrors.STATUS``); each engine's edge writes its own response from these.
+    (``servecore.edges.bodies.STATUS``); each engine's edge writes its own response from these.
     """
 
     batch_size: int

@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from servecore.admission import Admission, Budget, admit
-from servecore.edges.httperrors import status_of
+from servecore.edges.bodies import status_of
 from servecore.stages import Failed, Opened
 from tests import imagegen
 from tests.corpus import b64

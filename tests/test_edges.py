@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 
 from servecore.edges.http import HttpRequest
-from servecore.edges.tensor import TensorEdge
-from servecore.edges.tensorinput import TensorRequest
+from servecore.edges.tensor import TensorEdge, TensorRequest
 from tests import imagegen
 from tests.corpus import bad_inputs
 from tests.handler_context import make_handler

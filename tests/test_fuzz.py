@@ -22,7 +22,7 @@ from handlers import routing
 from servecore.config import HandlerConfig
 from servecore.edges import http as httpedge
 from servecore.edges import jsonguard
-from servecore.edges.httperrors import status_of
+from servecore.edges.bodies import status_of
 from servecore.errors import RequestError
 from servecore.preprocessor import Preprocessor
 from tests import corpus

@@ -20,7 +20,7 @@ from servecore import host
 from servecore.admission import admit
 from servecore.config import HandlerConfig
 from servecore.edges import http as httpedge
-from servecore.edges.httperrors import status_of
+from servecore.edges.bodies import status_of
 from servecore.errors import MESSAGE_CHARS, InvalidRequest, PayloadTooLarge
 from servecore.images import open_image
 from tests import corpus, imagegen

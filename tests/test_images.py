@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from servecore.edges.httperrors import status_of
+from servecore.edges.bodies import status_of
 from servecore.errors import RequestError
 from servecore.images import decode_image
 from tests import corpus, imagegen

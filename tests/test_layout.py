@@ -278,6 +278,25 @@ EDGES = CORE / "edges"
 WIRE_WORDS = {"Retry-After", "UNAVAILABLE", "INVALID_ARG", "INTERNAL", "TritonError"}
 
 
+# Who may import the edges: the engines' adapters (TorchServe's handlers/, Triton's tritonrepo/,
+# KServe's transformer/, an HTTP edge of its own), what drives the core as they do, and the
+# docs' reference tables, which quote the status table and Triton's codes.
+EDGE_IMPORTERS = ("handlers", "tritonrepo", "transformer", "bench", "tests", "buildsteps.reference")
+
+
+def test_only_the_adapters_import_the_edges():
+    """The core reaches its edges only through its own values (``Incoming``, ``Payload``,
+    ``Reply``): no module outside ``servecore/edges/`` imports it but the adapters'."""
+    found = repo_modules()
+    offenders = sorted(
+        name
+        for name, path in found.items()
+        if not name.startswith(("servecore.edges", *EDGE_IMPORTERS))
+        and any(n.startswith("servecore.edges") for n in module_imports(name, path, set(found)))
+    )
+    assert offenders == []
+
+
 def test_error_statuses_and_triton_codes_live_at_the_edges():
     """The core keeps error kinds and retry delays as values: no module outside its edges
     imports ``http`` (``HTTPStatus``) or names ``Retry-After`` or a Triton error code."""

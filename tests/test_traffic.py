@@ -18,8 +18,8 @@ from ts.context import RequestProcessor
 from handlers.routing import incoming
 from servecore.admission import Admission, Budget
 from servecore.config import HandlerConfig
+from servecore.edges.bodies import headers_of, status_of
 from servecore.edges.http import HttpRequest, parse_http
-from servecore.edges.httperrors import headers_of, status_of
 from servecore.errors import InvalidParameter
 from servecore.priority import Priority
 from servecore.request import ParsedRequest, Protocol

@@ -37,7 +37,7 @@ from serveclient import metrics as tsclient_metrics
 from servecore.answers import Tag
 from servecore.config import HandlerConfig
 from servecore.edges.bodies import tag_json
-from servecore.edges.tensorinput import parse_tensor
+from servecore.edges.tensor import parse_tensor
 from servecore.errors import InvalidParameter, InvalidRequest, PayloadTooLarge
 from servecore.preprocessor import Preprocessor
 from servecore.request import Protocol

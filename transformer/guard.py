@@ -5,7 +5,7 @@
 preprocessed at once a request gets 503 with ``Retry-After`` (decoded pixels are held per
 request in flight: this bounds the memory). Every refusal, and every ``RequestError`` the core
 raises while parsing or decoding a request, is answered as the single server answers it:
-``servecore.edges.httperrors.error_body`` with the error's status and headers. A predictor's
+``servecore.edges.bodies.error_body`` with the error's status and headers. A predictor's
 own refusal (``PredictorRefused``) goes back to the caller as it came, except Triton's answers
 while the model's process is down or loading again (500 "Stub process ... is not healthy", 404
 "... has no available versions"): those become the 503 + ``Retry-After`` of
@@ -21,7 +21,7 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import Response
 
-from servecore.edges.httperrors import error_body, headers_of, status_of
+from servecore.edges.bodies import error_body, headers_of, status_of
 from servecore.errors import (
     ModelUnavailable,
     Overloaded,

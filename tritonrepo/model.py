@@ -26,8 +26,7 @@ import triton_python_backend_utils as pb_utils
 from model_files.artifacts import ModelFiles
 from servecore.config import HandlerConfig
 from servecore.crops import CROPS
-from servecore.edges.tensor import TensorEdge
-from servecore.edges.tensorinput import DESCRIBE, INPUT, TensorRequest
+from servecore.edges.tensor import DESCRIBE, INPUT, TensorEdge, TensorRequest
 from servecore.service import ImageModel, ModelSettings, Reply
 from tritonrepo.metrics import TritonMetrics
 
@@ -99,7 +98,7 @@ class TritonPythonModel:
 
 def _payload(request, parameters: dict) -> TensorRequest:
     """The request's input tensors read into arrays, with its parameters: the values the core
-    parses (``servecore.edges.tensorinput``), without calling back here."""
+    parses (``servecore.edges.tensor``), without calling back here."""
     # One pass over the inputs: each ``get_input_tensor_by_name`` converts them all anew.
     given = {tensor.name(): tensor for tensor in request.inputs()}
     images, crops = (given[name].as_numpy() if name in given else None for name in (INPUT, CROPS))

@@ -1,6 +1,6 @@
 """The HTTP edge (TorchServe's handler, the transformer): an HTTP request in, as the core's
 ``Incoming``, and a ``Reply``'s values out, as the status and phrase (from the error's kind,
-``servecore.edges.httperrors``), headers and JSON body (``servecore.edges.bodies``) an HTTP
+``servecore.edges.bodies``), headers and JSON body (``servecore.edges.bodies``) an HTTP
 engine sends. The HTTP names live here, not in the core's values.
 
 An HTTP request (``HttpRequest``: a raw body, or form fields; ``parse_http``) comes in one of
@@ -33,8 +33,7 @@ from typing import Any, NamedTuple
 from servecore.answers import AnswerSpec
 from servecore.config import HandlerConfig, Output
 from servecore.crops import crop_count, crops_of
-from servecore.edges.bodies import written_answer
-from servecore.edges.httperrors import error_body, headers_of, status_of
+from servecore.edges.bodies import error_body, headers_of, status_of, written_answer
 from servecore.edges.jsonguard import JsonDocument, is_json, load_json
 from servecore.errors import InvalidParameter, InvalidRequest, PayloadTooLarge, echo, echo_all
 from servecore.priority import PRIORITY_KEY, Priority, parse_priority
