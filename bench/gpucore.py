@@ -172,4 +172,4 @@ def _timed_run(model: Any, name: str, sent: list, times: CoreTimes, timed: Timed
 
 def _values(reply: Any) -> Any:
     """An edge that sends the core's ``Reply`` as it is."""
-    return reply
+    return reply, reply

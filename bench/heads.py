@@ -80,7 +80,7 @@ def _values(reply: Any) -> Any:
     """An edge that sends the core's reply as it is (no engine's encoding)."""
     if reply.error is not None:
         raise RuntimeError(f"the core refused a bench image: {reply.error}")
-    return reply
+    return reply, reply
 
 
 def measure(batch: int, rounds: int) -> dict[str, dict[str, float]]:

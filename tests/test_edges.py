@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 
-from servecore.edges.http import HttpRequest
+from servecore.edges.http import HttpEdge, HttpRequest
 from servecore.edges.tensor import TensorEdge, TensorRequest
 from tests import imagegen
 from tests.corpus import bad_inputs
@@ -72,3 +72,27 @@ def test_both_edges_answer_a_case_alike(edges, case):
         **body,
         "message": body["message"].split(" passed ")[0],
     }
+
+
+def test_each_reply_is_encoded_once_with_the_outputs_its_request_named(edges):
+    """One ``encode`` call per reply, in and out, even when the HTTP edge refuses an answer too
+    large to send (the same call writes its 413); a tensor request's named outputs travel with
+    it into the core, which computes those: a tagger asked for ``embedding`` answers that."""
+    model = edges[0]
+    small, calls = HttpEdge(model.answers, max_bytes=64), []
+    counted = lambda reply: calls.append(reply) or small.encode(reply)  # noqa: E731
+    (refused,) = model.run([small.decode("big", HttpRequest(body=PHOTO), {}, False)], counted)
+    assert (refused.status, json.loads(refused.body)["type"], len(calls)) == (
+        413,
+        "PayloadTooLarge",
+        1,
+    )
+    dtypes = {"embedding": np.float32, "tags": np.object_, "precision": np.object_}
+    tensor, array = TensorEdge(model.answers, dtypes), np.array([[PHOTO]], dtype=np.object_)
+    named, plain = (
+        model.run([tensor.decode(f"r{i}", TensorRequest(array, outputs=names))], tensor.encode)[0]
+        for i, names in enumerate((frozenset({"embedding"}), frozenset()))
+    )
+    assert sorted(named.outputs) == ["embedding", "precision"]
+    assert named.outputs["embedding"].shape == (1, 2048)
+    assert sorted(plain.outputs) == ["precision", "tags"]

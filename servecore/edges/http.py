@@ -35,7 +35,14 @@ from servecore.config import HandlerConfig, Output
 from servecore.crops import crop_count, crops_of
 from servecore.edges.bodies import error_body, headers_of, status_of, written_answer
 from servecore.edges.jsonguard import JsonDocument, is_json, load_json
-from servecore.errors import InvalidParameter, InvalidRequest, PayloadTooLarge, echo, echo_all
+from servecore.errors import (
+    InvalidParameter,
+    InvalidRequest,
+    PayloadTooLarge,
+    detached,
+    echo,
+    echo_all,
+)
 from servecore.priority import PRIORITY_KEY, Priority, parse_priority
 from servecore.request import (
     EXPLAIN_KEYS,
@@ -99,9 +106,14 @@ class HttpEdge:
             headers.get(PRIORITY_HEADER), headers.get(DEADLINE_HEADER)
         )
 
-    def encode(self, reply: Reply) -> HttpReply:
-        """``reply`` as its HTTP response (``http_reply``)."""
-        return http_reply(reply, self.spec, self.max_bytes)
+    def encode(self, reply: Reply) -> tuple[Reply, HttpReply]:
+        """``reply`` as sent and its HTTP response (``http_reply``): an answer too large to
+        send is refused, and the reply sent is its 413."""
+        try:
+            return reply, http_reply(reply, self.spec, self.max_bytes)
+        except PayloadTooLarge as error:
+            refused = reply.refused(detached(error))
+            return refused, http_reply(refused, self.spec, self.max_bytes)
 
 
 class HttpReply(NamedTuple):
@@ -120,7 +132,7 @@ def http_reply(reply: Reply, spec: AnswerSpec, max_bytes: int) -> HttpReply:
     ``X-Cache-Hits`` when the cache looked, ``Inference-Header-Content-Length`` before binary
     v2 outputs) on an answer, or the error's own headers (``Retry-After``). Raises
     ``PayloadTooLarge`` for an answer whose body would be longer than ``max_bytes``
-    (``handler.max_response_bytes``): ``ImageModel.run`` then sends that 413."""
+    (``handler.max_response_bytes``): ``HttpEdge.encode`` then sends that 413."""
     headers = {BATCH_HEADER: str(reply.batch_size)}
     if reply.error is not None:
         status = status_of(reply.error)

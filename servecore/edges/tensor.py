@@ -34,6 +34,7 @@ from servecore.errors import (
 from servecore.explain.document import Explained
 from servecore.request import (
     EXPLAIN_KEYS,
+    OutputSpec,
     ParsedRequest,
     Protocol,
     count_images,
@@ -64,13 +65,14 @@ EXPLAIN, EXPLANATIONS = "explain", "explanations"
 @dataclass(frozen=True)
 class TensorRequest:
     """One request as a tensor engine hands it over, read into values: its ``images``
-    (encoded images or their base64 text) or ``crops`` array (the other None), its parameters
-    and its id (None: the client sent none)."""
+    (encoded images or their base64 text) or ``crops`` array (the other None), its parameters,
+    its id (None: the client sent none) and the ``outputs`` it named (empty: none named)."""
 
     images: np.ndarray | None = None
     crops: np.ndarray | None = None
     parameters: dict = field(default_factory=dict)
     request_id: str | None = None
+    outputs: frozenset[str] = frozenset()
 
     def parse(self, config: HandlerConfig) -> ParsedRequest:
         """This request as the core's ``ParsedRequest`` (``parse_inputs``)."""
@@ -81,7 +83,8 @@ def parse_inputs(request: TensorRequest, config: HandlerConfig) -> ParsedRequest
     """A request's ``images`` or ``crops`` array (exactly one) and its parameters, inside the
     core's per-request boundary: a missing input or bad ``topk`` fails this request alone. An
     explanation request is answered as TorchServe's: one image as ``/explanations`` answers
-    it, several as KServe v1's ``:explain``."""
+    it, several as KServe v1's ``:explain``. The answer outputs the request named go with it
+    (``ParsedRequest.outputs``), so the core computes only those."""
     images, crops, parameters = request.images, request.crops, request.parameters
     if (images is None) == (crops is None):
         raise InvalidRequest(
@@ -97,7 +100,8 @@ def parse_inputs(request: TensorRequest, config: HandlerConfig) -> ParsedRequest
     # Explanation parameters on a prediction are the core's 400, not silently ignored.
     options = {k: parameters[k] for k in EXPLAIN_KEYS if k in parameters}
     if parameters.get(EXPLAIN) is not True:
-        return dataclasses.replace(parsed, options=options) if options else parsed
+        named = tuple(OutputSpec(o) for o in Output if o.value in request.outputs)
+        return dataclasses.replace(parsed, options=options, outputs=named)
     protocol = Protocol.PLAIN if len(parsed.images) == 1 else Protocol.V1
     return dataclasses.replace(parsed, protocol=protocol, options=options)
 
@@ -180,32 +184,27 @@ class TensorEdge:
             request_id, request, explain=request.parameters.get(EXPLAIN) is True
         ).classified(headers.get(PRIORITY_HEADER.lower()), headers.get(DEADLINE_HEADER.lower()))
 
-    def encode(self, reply: Reply, wanted: frozenset[str] = frozenset()) -> TensorReply:
-        """``reply`` as its outputs (``output_arrays``; ``wanted``: the outputs the
-        request asked for, empty for all), or its error's body and the nearest code Triton can
-        send. It never refuses a reply (no ``RequestError``): the core writes each once."""
+    def encode(self, reply: Reply) -> tuple[Reply, TensorReply]:
+        """``reply`` as sent and its response: its outputs (``output_arrays``), or its error's
+        body and the code of its kind. It never refuses a reply."""
         if reply.error is not None:
             body = json.dumps(error_body(reply.error))
-            return TensorReply(error=body, code=triton_code(reply.error))
-        return TensorReply(outputs=output_arrays(reply, self.dtypes, self.spec, wanted))
+            return reply, TensorReply(error=body, code=triton_code(reply.error))
+        return reply, TensorReply(outputs=output_arrays(reply, self.dtypes, self.spec))
 
 
-def output_arrays(
-    reply: Reply, dtypes: dict[str, type], spec: AnswerSpec, wanted: frozenset[str] = frozenset()
-) -> dict[str, np.ndarray]:
+def output_arrays(reply: Reply, dtypes: dict[str, type], spec: AnswerSpec) -> dict[str, np.ndarray]:
     """An answer's outputs: a prediction's arrays as the outputs the model config declares,
     with the precision that computed them (TorchServe's ``X-Precision``) as ``precision``, one
     per image, and whether the content cache answered each image as ``cached``; or an
-    explanation's JSON document as ``explanations`` ([1, 1]). ``wanted``: the outputs the
-    client asked for (empty: all); a prediction's others are not built, since the engine would
-    drop them (Triton passes on only the requested outputs)."""
+    explanation's JSON document as ``explanations`` ([1, 1]). A prediction holds only the
+    outputs its request named (``TensorRequest.outputs``); ``precision`` and ``cached`` are
+    always built (a few bytes), and the engine passes on only those requested."""
     if isinstance(reply.answer, Explained):
         text = json.dumps(answer_body(reply.answer, spec))
         return {EXPLANATIONS: np.array([[text]], dtype=np.object_)}
     if not isinstance(reply.answer, Prediction):
         raise TypeError(f"a reply without an error carries an answer, got {reply.answer!r}")
-    if wanted:
-        dtypes = {name: dtype for name, dtype in dtypes.items() if name in wanted}
     answer, outputs = reply.answer, dict[str, np.ndarray]()
     embedding, tags = Output.EMBEDDING.value, Output.TAGS.value
     if answer.embeddings is not None and embedding in dtypes:
