@@ -5,6 +5,9 @@ output's dtype given by the engine (Triton's model config), or the error's JSON 
 Triton error code of its kind. The adapter (``tritonrepo/model.py``) only reads its tensors into
 those arrays and wraps the outputs in its own tensors; ``servecore.edges.http.HttpEdge`` is the
 same shape for HTTP.
+
+Imports explanations: an explanation's answer is the ``explanations`` output
+(``servecore.explain.document``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""The JSON answers' text: written with orjson, they parse to the same float32 values, labels
-and probabilities as the standard ``json`` module's text of the same answer (what the server
-wrote before), and an answer holding a non-finite value is written as ``json`` writes it."""
+"""The JSON answers' text (``servecore.edges.bodies``): written with orjson, they parse to the same
+float32 values, labels and probabilities as the standard ``json`` module's text of the same
+answer (what the server wrote before), and an answer holding a non-finite value is written as
+``json`` writes it."""
 
 from __future__ import annotations
 
