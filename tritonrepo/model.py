@@ -61,11 +61,12 @@ class TritonPythonModel:
         per request, in order."""
         asks = [_parameters(r) for r in requests]
         served = [(r, ask) for r, ask in zip(requests, asks) if ask.get(DESCRIBE) is not True]
-        incoming = [self.edge.decode(r.request_id() or "?", _payload(r, ask)) for r, ask in served]
+        payloads = [_payload(r, ask) for r, ask in served]
+        incoming = [self.edge.decode(p.request_id or "?", p) for p in payloads]
         replies = self.model.run(incoming, self.edge.encode) if served else []
         if len(replies) != len(served):  # Triton needs exactly one response per request
             raise RuntimeError(f"the model answered {len(replies)} of {len(served)} requests")
-        answers = map(_response, replies)
+        answers = map(_response, replies, (p.outputs for p in payloads))
         return [self._described() if ask.get(DESCRIBE) is True else next(answers) for ask in asks]
 
     def finalize(self) -> None:
@@ -79,14 +80,19 @@ class TritonPythonModel:
         )
 
 
-def _response(sent: TensorReply):
-    """The tensor edge's reply as Triton's response: its output arrays as tensors, or its error
-    body as this request's ``TritonError`` with the code the edge named."""
+def _response(sent: TensorReply, named: frozenset[str]):
+    """The tensor edge's reply as Triton's response: its output arrays as tensors (those its
+    request ``named``, all when none), or its error body as this request's ``TritonError`` with
+    the code the edge named."""
     if sent.outputs is None:
         code = getattr(pb_utils.TritonError, str(sent.code))
         return pb_utils.InferenceResponse(error=pb_utils.TritonError(sent.error, code))
     return pb_utils.InferenceResponse(
-        output_tensors=[pb_utils.Tensor(name, array) for name, array in sent.outputs.items()]
+        output_tensors=[
+            pb_utils.Tensor(name, array)
+            for name, array in sent.outputs.items()
+            if not named or name in named
+        ]
     )
 
 

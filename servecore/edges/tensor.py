@@ -202,7 +202,7 @@ def output_arrays(reply: Reply, dtypes: dict[str, type], spec: AnswerSpec) -> di
     per image, and whether the content cache answered each image as ``cached``; or an
     explanation's JSON document as ``explanations`` ([1, 1]). A prediction holds only the
     outputs its request named (``TensorRequest.outputs``); ``precision`` and ``cached`` are
-    always built (a few bytes), and the engine passes on only those requested."""
+    always built (a few bytes), and the adapter sends only those requested."""
     if isinstance(reply.answer, Explained):
         text = json.dumps(answer_body(reply.answer, spec))
         return {EXPLANATIONS: np.array([[text]], dtype=np.object_)}
