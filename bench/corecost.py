@@ -154,7 +154,7 @@ def run_ts(task, form):
         sent = handler.handle(rows, context)
         statuses = {context.get_response_status(i)[0] for i in range(len(rows))}
         assert statuses <= {200, None}, (form, task, statuses, sent[0][:300])
-    return once, "resnet_handler.py:handle", "httpedge.py:http_reply"
+    return once, "resnet_handler.py:handle", "http.py:http_reply"
 
 def run_triton(task, form):
     instance = triton_model(task)
@@ -166,7 +166,7 @@ def run_triton(task, form):
     def once():
         answers = instance.execute(requests)
         assert all(a.error is None for a in answers), answers[0].error.message
-    return once, "model.py:execute", "model.py:response"
+    return once, "model.py:execute", "tensor.py:encode"
 
 def profile_steps(once, batches, total_name, encode_name):
     profiler = cProfile.Profile()

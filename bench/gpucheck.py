@@ -239,7 +239,7 @@ def upsampling(b: Bench) -> list[str]:
 def statuses(b: Bench, names: list[str], gpu: bool = True) -> list[str]:
     """Each named image as a request of one batch through the core: its status (and error's
     kind), with the worker's GPU decoder or (``gpu`` false) without."""
-    from servecore.httperrors import status_of
+    from servecore.edges.bodies import status_of
     from servecore.stages import Incoming
 
     model = b.model()
@@ -247,7 +247,7 @@ def statuses(b: Bench, names: list[str], gpu: bool = True) -> list[str]:
     model.intake.device_decoder = kept if gpu else None
     try:
         incoming = [Incoming(n, _jpeg_request(b.images[n])) for n in names]
-        replies = model.run(incoming, lambda reply: reply)
+        replies = model.run(incoming, lambda reply: (reply, reply))
     finally:
         model.intake.device_decoder = kept
     return [
@@ -275,7 +275,7 @@ def mixed(b: Bench) -> list[str]:
     for chunks in (2, 1):
         model.overlap.chunks = chunks
         incoming = [Incoming(str(i), _jpeg_request(body)) for i, body in enumerate(bodies)]
-        runs[chunks] = model.run(incoming, lambda reply: reply)
+        runs[chunks] = model.run(incoming, lambda reply: (reply, reply))
     model.overlap.chunks = model.config.gpu_overlap_chunks
     lines = []
     for chunks, replies in runs.items():
@@ -301,7 +301,7 @@ def timed_batches(b: Bench, variant: Callable[[], None] = lambda: None) -> tuple
     for run in range(RUNS + 3):
         incoming = [Incoming(str(i), _jpeg_request(b.images["small"])) for i in range(ROWS)]
         started = time.perf_counter()
-        replies = model.run(incoming, lambda reply: reply)
+        replies = model.run(incoming, lambda reply: (reply, reply))
         if run >= 3:
             times.append(1000 * (time.perf_counter() - started))
             answers.append(np.stack([r.answer.embeddings[0] for r in replies]))

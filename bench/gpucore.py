@@ -64,7 +64,7 @@ def handler_setting(text: str) -> tuple[str, object]:
 def crop_request(crop: Any) -> Any:
     """One HWC uint8 crop as a v2 request in the binary tensor extension, as an engine hands
     the core its body and ``Inference-Header-Content-Length``."""
-    from servecore.parse import HttpRequest
+    from servecore.edges.http import HttpRequest
     from serveshared.v2binary import HEADER_LENGTH, binary_body, binary_tensor
 
     tensor = binary_tensor("crops", "UINT8", [1, *crop.shape], crop.nbytes)
@@ -152,7 +152,7 @@ def _model(folder: Path, device: torch.device, work: dict, handler: dict) -> tup
 
 
 def _jpeg_request(jpeg: bytes) -> Any:
-    from servecore.parse import HttpRequest
+    from servecore.edges.http import HttpRequest
 
     return HttpRequest(body=jpeg)
 
@@ -172,4 +172,4 @@ def _timed_run(model: Any, name: str, sent: list, times: CoreTimes, timed: Timed
 
 def _values(reply: Any) -> Any:
     """An edge that sends the core's ``Reply`` as it is."""
-    return reply
+    return reply, reply

@@ -80,14 +80,14 @@ def _values(reply: Any) -> Any:
     """An edge that sends the core's reply as it is (no engine's encoding)."""
     if reply.error is not None:
         raise RuntimeError(f"the core refused a bench image: {reply.error}")
-    return reply
+    return reply, reply
 
 
 def measure(batch: int, rounds: int) -> dict[str, dict[str, float]]:
     """Per set-up, the median ms per batch of ``run`` and of the forward alone."""
     import torch
 
-    from servecore.parse import HttpRequest
+    from servecore.edges.http import HttpRequest
     from servecore.stages import Incoming
 
     folders = _weights(BUILD / "heads")

@@ -3,7 +3,7 @@
 An adapter: ``initialize`` turns TorchServe's context into ``ModelSettings`` and loads the
 core's ``servecore.service.ImageModel``; ``handle``, per batch, hands it to ``ImageModel.run``
 in one call (as Triton's ``execute`` does), each request decoded and each reply encoded as its
-HTTP response by the HTTP edge (``servecore.httpedge.HttpEdge``). Settings: ``model-
+HTTP response by the HTTP edge (``servecore.edges.http.HttpEdge``). Settings: ``model-
 config.yaml``'s ``handler:`` (``HandlerConfig``).
 """
 
@@ -19,7 +19,7 @@ from handlers.routing import incoming, is_describe
 from handlers.ts_metrics import TorchServeMetrics
 from model_files.artifacts import ModelFiles
 from servecore.config import HandlerConfig
-from servecore.httpedge import HttpEdge
+from servecore.edges.http import HttpEdge
 from servecore.service import ImageModel, ModelSettings
 
 # TorchServe's base_handler imports openvino.torch only to log whether torch.compile may use it:

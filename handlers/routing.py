@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from servecore.httpedge import HttpEdge
-from servecore.jsonguard import JsonDocument
-from servecore.parse import IMAGE_FIELD, HttpRequest, Payload
+from servecore.edges.http import IMAGE_FIELD, Body, HttpEdge, HttpRequest
+from servecore.edges.jsonguard import JsonDocument
 from servecore.stages import Incoming
 from serveshared.v2binary import HEADER_LENGTH as LENGTH
 from serveshared.wire import DEADLINE_HEADER, PRIORITY_HEADER, TOP_K_HEADER
@@ -47,7 +46,7 @@ def http_request(row: dict, top_k: str | None = None, length: str | None = None)
     )
 
 
-def _payload(value: Any) -> Payload:
+def _payload(value: Any) -> Body:
     return value if isinstance(value, (bytes, bytearray, str)) else JsonDocument(value)
 
 

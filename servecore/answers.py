@@ -1,7 +1,7 @@
 """A prediction's answer as values: the batch's model outputs, computed once per batch
 (``BatchOutputs``), sliced into each request's ``Prediction`` (its embedding rows as a float32
 array, its tags as ``Tag`` lists). No text: each engine's edge encodes these values, the JSON
-protocols in ``servecore/jsonanswers.py`` (TorchServe), tensors in Triton's adapter."""
+protocols in ``servecore/edges/bodies.py`` (TorchServe), tensors in Triton's adapter."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 
 from servecore.classes import Classes, HeadTop
 from servecore.config import Output
-from servecore.parse import ParsedRequest, Protocol
+from servecore.request import ParsedRequest, Protocol
 
 
 @dataclass(frozen=True)

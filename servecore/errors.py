@@ -6,8 +6,8 @@ sent, ``Overloaded`` when the batch has no room, ``DeadlineExceeded`` when the c
 deadline passed first and ``InternalError`` for a bug of ours. The class name is the ``type``
 a client reads in the body. ``servecore.intake`` catches them at one per-request boundary, so
 one bad input fails only its own request. What each kind becomes on the wire lives in the
-edges: its HTTP status, headers and body in ``servecore.httperrors`` (the one table), its
-Triton error code in ``servecore.tensoroutput``.
+edges: its HTTP status, headers and body in ``servecore.edges.bodies`` (the one table), its
+Triton error code in ``servecore.edges.tensor``.
 """
 
 from __future__ import annotations

@@ -38,8 +38,8 @@ from servecore.gpudecode import DeviceDecoder, accepts, assemble
 from servecore.host import usable_cpus
 from servecore.images import OpenedImage
 from servecore.overlap import Outputs, Overlap
-from servecore.parse import check_top_k
 from servecore.preprocessor import Preprocessor
+from servecore.request import check_top_k
 from servecore.stages import (
     Admitted,
     Explaining,

@@ -12,7 +12,7 @@ from servecore.config import HandlerConfig
 from servecore.crops import GivenCrop, open_crop
 from servecore.errors import PayloadTooLarge
 from servecore.images import OpenedImage, decode, open_image
-from servecore.parse import ParsedRequest
+from servecore.request import ParsedRequest
 
 
 class Preprocessor:

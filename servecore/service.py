@@ -4,8 +4,8 @@ good images, then the explanations) and ``answer`` (one ``Reply`` per request: i
 values, or its error), then hands each reply to the engine's own ``encode``.
 
 Engines are adapters around this: an engine hands its batch over as ``Incoming`` requests in one
-call and gives the function that writes a ``Reply`` as its response (TorchServe's handler: status,
-headers and JSON body with ``servecore.httpedge``; Triton's adapter: tensors from the arrays).
+call and gives its edge's ``encode``, which writes a ``Reply`` as its response (``servecore.edges``:
+the HTTP edge's status, headers and JSON body for TorchServe, the tensor edge's arrays for Triton).
 The core times that writing as part of answering and counts the errors of the replies as sent,
 so every metric means the same on every engine.
 
@@ -35,7 +35,7 @@ from servecore.cache import AnswerCache
 from servecore.classes import Classes
 from servecore.config import HandlerConfig, Output
 from servecore.crops import CROPS_INPUT
-from servecore.errors import RequestError, detached
+from servecore.errors import RequestError
 from servecore.explain.document import Explained
 from servecore.explain.explanations import Explanations
 from servecore.intake import Intake
@@ -88,7 +88,7 @@ class Reply:
     requests the engine batched with it; ``precision``: the arithmetic that computed it;
     ``cached``: per image, whether the content cache answered it (None: the cache is off, or
     an explanation). Values only: the error's kind says its status
-    (``servecore.httperrors.STATUS``); each engine's edge writes its own response from these.
+    (``servecore.edges.bodies.STATUS``); each engine's edge writes its own response from these.
     """
 
     batch_size: int
@@ -103,18 +103,8 @@ class Reply:
 
     def refused(self, error: RequestError) -> Reply:
         """This request failed after all, with ``error`` (an edge refusing an answer too large
-        to send)."""
+        to send: its ``encode`` gives this back as the reply sent)."""
         return dataclasses.replace(self, answer=None, error=error, cached=None)
-
-
-def _written(reply: Reply, encode: Callable[[Reply], Sent]) -> tuple[Reply, Sent]:
-    """``reply`` as sent, and its response: its own, or its error's when ``encode`` refused
-    the answer."""
-    try:
-        return reply, encode(reply)
-    except RequestError as error:
-        refused = reply.refused(detached(error))
-        return refused, encode(refused)
 
 
 def within_classes(config: HandlerConfig, files: ModelFiles, classes: int) -> HandlerConfig:
@@ -318,16 +308,18 @@ class ImageModel:
             )
         return replies
 
-    def run(self, incoming: Sequence[Incoming], encode: Callable[[Reply], Sent]) -> list[Sent]:
+    def run(
+        self, incoming: Sequence[Incoming], encode: Callable[[Reply], tuple[Reply, Sent]]
+    ) -> list[Sent]:
         """One batch, the one call an engine makes: ``prepare``, ``infer`` and ``answer``,
-        then each reply written by the engine's ``encode``, in order. Answering and writing are
-        timed together (``resnet50_answer_ms_total``), and the errors counted are those of the
-        replies as sent: an ``encode`` that raises a ``RequestError`` refuses that answer (an
-        HTTP edge's 413, too large to send), and the request's error is written instead."""
+        then each reply written once by the edge's ``encode``, in order, which gives back the
+        reply as sent (an HTTP edge's 413 for an answer too large to send) and its response.
+        Answering and writing are timed together (``resnet50_answer_ms_total``), and the errors
+        counted are those of the replies as sent."""
         try:
             computed = self.infer(self.prepare(incoming))
             started = time.perf_counter()
-            sent = [_written(reply, encode) for reply in self.answer(computed)]
+            sent = [encode(reply) for reply in self.answer(computed)]
             self.metrics.errors(reply.error.kind for reply, _ in sent if reply.error is not None)
             self.metrics.answer(1000 * (time.perf_counter() - started))
         finally:

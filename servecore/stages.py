@@ -34,9 +34,8 @@ from servecore.errors import RequestError, detached
 from servecore.explain.document import Explained
 from servecore.explain.options import ExplainSpec
 from servecore.images import OpenedImage
-from servecore.parse import HttpRequest, ParsedRequest
 from servecore.priority import Priority, parse_deadline, parse_priority
-from servecore.tensorinput import TensorRequest
+from servecore.request import ParsedRequest, Payload
 
 _SAMPLE = 64 * 1024  # bytes of each end of an image that its fingerprint reads
 
@@ -52,7 +51,7 @@ class Incoming:
     engine read fails this request (a bad ``X-Priority``), None when none does."""
 
     request_id: str
-    payload: HttpRequest | TensorRequest
+    payload: Payload
     explain: bool = False
     priority: Priority = Priority.INTERACTIVE
     deadline: float | None = None

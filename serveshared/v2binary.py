@@ -3,7 +3,7 @@ inputs say how many raw bytes each takes (``parameters.binary_data_size``), then
 input order, and the header's length in ``Inference-Header-Content-Length``. A client writes a
 request (``binary_tensor``, ``bytes_elements``, ``binary_body``) and reads an answer's binary
 outputs (``read_outputs``, written the same way by Triton and by our HTTP edge,
-``servecore.jsonanswers``); a server reads a request back (``split_body``, ``fill_inputs``,
+``servecore.edges.bodies``); a server reads a request back (``split_body``, ``fill_inputs``,
 ``elements_of``: ``servecore.parse`` answers their ``MalformedBinary`` 400). No numpy or torch
 here: ``tsctl``'s collection image has neither."""
 

@@ -21,7 +21,7 @@ TOP_K_HEADER = "X-Top-K"  # how many tags, when the body does not say (TorchServ
 PRIORITY_HEADER = "X-Priority"  # interactive | bulk, or 1 | 2 (Priority)
 DEADLINE_HEADER = "X-Deadline"  # Unix seconds after which the answer is useless
 
-# Set by the HTTP edge on every answer (servecore.httpedge).
+# Set by the HTTP edge on every answer (servecore.edges.http).
 BATCH_HEADER = "X-Batch-Size"  # how many requests the engine batched with this one
 PRECISION_HEADER = "X-Precision"  # the arithmetic that computed this answer
 CACHE_HITS_HEADER = "X-Cache-Hits"  # how many of its images the content cache answered (cache on)

@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from servecore.admission import Admission, Budget, admit
-from servecore.httperrors import status_of
+from servecore.edges.bodies import status_of
 from servecore.stages import Failed, Opened
 from tests import imagegen
 from tests.corpus import b64
@@ -64,7 +64,7 @@ def opened(name: str, images: int) -> Opened:
 
 
 def parsed(images: int, salt: str):
-    from servecore.parse import ParsedRequest, Protocol
+    from servecore.request import ParsedRequest, Protocol
 
     return ParsedRequest(Protocol.V2, [salt.encode() * 10] * images)
 

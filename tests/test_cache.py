@@ -20,9 +20,9 @@ from servecore.classes import Classes
 from servecore.config import Output
 from servecore.errors import InvalidImage
 from servecore.explain.options import ExplainSpec
-from servecore.parse import OutputSpec, ParsedRequest, Protocol
 from servecore.preprocessor import Preprocessor
 from servecore.priority import Priority
+from servecore.request import OutputSpec, ParsedRequest, Protocol
 from servecore.stages import Explaining, Failed, Looked, Opened
 from tests import imagegen
 from tests.corpus import b64

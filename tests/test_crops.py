@@ -15,8 +15,8 @@ import pytest
 import requests
 
 from servecore.config import HandlerConfig
+from servecore.edges.http import HttpRequest, parse_http
 from servecore.errors import InvalidRequest, PayloadTooLarge
-from servecore.parse import HttpRequest, parse_http
 from servecore.preprocessor import Preprocessor
 from serveshared import v2binary
 from tests import imagegen

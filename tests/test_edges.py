@@ -1,6 +1,6 @@
 """The two edges of the core, one table of cases: each request goes through the HTTP edge
-(``servecore.httpedge.HttpEdge``, TorchServe's) and the tensor edge
-(``servecore.tensoredge.TensorEdge``, Triton's) into the same loaded model, and comes back as
+(``servecore.edges.http.HttpEdge``, TorchServe's) and the tensor edge
+(``servecore.edges.tensor.TensorEdge``, Triton's) into the same loaded model, and comes back as
 each engine sends it. A good photo gets the same tags on both; a bad request the same error
 ``type`` and message on both, with the HTTP status and the Triton error code the table says
 (Triton has fewer codes: every 4xx is INVALID_ARG, 503 and 504 UNAVAILABLE)."""
@@ -12,9 +12,8 @@ import json
 import numpy as np
 import pytest
 
-from servecore.parse import HttpRequest
-from servecore.tensoredge import TensorEdge
-from servecore.tensorinput import TensorRequest
+from servecore.edges.http import HttpEdge, HttpRequest
+from servecore.edges.tensor import TensorEdge, TensorRequest
 from tests import imagegen
 from tests.corpus import bad_inputs
 from tests.handler_context import make_handler
@@ -73,3 +72,27 @@ def test_both_edges_answer_a_case_alike(edges, case):
         **body,
         "message": body["message"].split(" passed ")[0],
     }
+
+
+def test_each_reply_is_encoded_once_with_the_outputs_its_request_named(edges):
+    """One ``encode`` call per reply, in and out, even when the HTTP edge refuses an answer too
+    large to send (the same call writes its 413); a tensor request's named outputs travel with
+    it into the core, which computes those: a tagger asked for ``embedding`` answers that."""
+    model = edges[0]
+    small, calls = HttpEdge(model.answers, max_bytes=64), []
+    counted = lambda reply: calls.append(reply) or small.encode(reply)  # noqa: E731
+    (refused,) = model.run([small.decode("big", HttpRequest(body=PHOTO), {}, False)], counted)
+    assert (refused.status, json.loads(refused.body)["type"], len(calls)) == (
+        413,
+        "PayloadTooLarge",
+        1,
+    )
+    dtypes = {"embedding": np.float32, "tags": np.object_, "precision": np.object_}
+    tensor, array = TensorEdge(model.answers, dtypes), np.array([[PHOTO]], dtype=np.object_)
+    named, plain = (
+        model.run([tensor.decode(f"r{i}", TensorRequest(array, outputs=names))], tensor.encode)[0]
+        for i, names in enumerate((frozenset({"embedding"}), frozenset()))
+    )
+    assert sorted(named.outputs) == ["embedding", "precision"]
+    assert named.outputs["embedding"].shape == (1, 2048)
+    assert sorted(plain.outputs) == ["precision", "tags"]

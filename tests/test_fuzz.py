@@ -19,10 +19,11 @@ from hypothesis import strategies as st
 from hypothesis.errors import HypothesisWarning
 
 from handlers import routing
-from servecore import jsonguard, parse
 from servecore.config import HandlerConfig
+from servecore.edges import http as httpedge
+from servecore.edges import jsonguard
+from servecore.edges.bodies import status_of
 from servecore.errors import RequestError
-from servecore.httperrors import status_of
 from servecore.preprocessor import Preprocessor
 from tests import corpus
 
@@ -115,7 +116,7 @@ headers = st.none() | st.text(max_size=12)
 @given(row=rows, header_top_k=headers)
 def test_a_torchserve_row_parses_or_is_refused(row, header_top_k):
     try:
-        parsed = parse.parse_http(routing.http_request(row, header_top_k), config=CONFIG)
+        parsed = httpedge.parse_http(routing.http_request(row, header_top_k), config=CONFIG)
     except RequestError as error:
         assert 400 <= int(status_of(error)) < 500 and error.message
         return
@@ -136,7 +137,7 @@ def test_deep_json_is_refused_before_parsing(depth, wrapper):
     closing = "]" if wrapper == "[" else "}"
     text = ('{"data": ' + wrapper * depth + "1" + closing * depth + "}").encode()
     with pytest.raises(RequestError) as caught:
-        parse.parse_http(parse.HttpRequest(text), config=CONFIG)
+        httpedge.parse_http(httpedge.HttpRequest(text), config=CONFIG)
     assert "handler.max_json_depth" in caught.value.message
 
 

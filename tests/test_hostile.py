@@ -16,11 +16,12 @@ import pytest
 from PIL import Image
 
 from handlers import routing
-from servecore import host, parse
+from servecore import host
 from servecore.admission import admit
 from servecore.config import HandlerConfig
+from servecore.edges import http as httpedge
+from servecore.edges.bodies import status_of
 from servecore.errors import MESSAGE_CHARS, InvalidRequest, PayloadTooLarge
-from servecore.httperrors import status_of
 from servecore.images import open_image
 from tests import corpus, imagegen
 from tests.corpus import b64
@@ -37,7 +38,7 @@ CONFIG = HandlerConfig()
 
 def parse_row(row: dict):
     """A TorchServe row through its adapter into the core's parser."""
-    return parse.parse_http(routing.http_request(row), config=CONFIG)
+    return httpedge.parse_http(routing.http_request(row), config=CONFIG)
 
 
 @pytest.fixture(scope="module")
@@ -181,14 +182,14 @@ def test_unexpected_failure_is_a_500_for_that_request_only(tagger, alone, monkey
 
 def test_unexpected_parse_failure_is_a_500_for_that_request_only(tagger, monkeypatch):
     handler, context = tagger
-    real = parse.parse_http
+    real = httpedge.parse_http
 
     def broken(request, config):
         if "topk" in request.form:
             raise KeyError("simulated bug")
         return real(request, config)
 
-    monkeypatch.setattr(parse, "parse_http", broken)
+    monkeypatch.setattr(httpedge, "parse_http", broken)
     responses, statuses, _ = run_batch(
         handler, context, [{"data": GOOD, "topk": b"3"}, {"body": GOOD}]
     )
@@ -432,7 +433,7 @@ def test_a_v2_id_is_capped():
 def test_the_image_count_is_checked_before_any_item_is_read(body, monkeypatch):
     """Far too many items (each one bad) fail on the count, before any item is decoded."""
     decoded = []
-    monkeypatch.setattr(parse, "decode_base64", lambda *args: decoded.append(args))
+    monkeypatch.setattr(httpedge, "decode_base64", lambda *args: decoded.append(args))
     with pytest.raises(PayloadTooLarge) as caught:
         parse_row({"body": body})
     assert "request carries 200000 images" in caught.value.message and not decoded

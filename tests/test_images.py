@@ -9,8 +9,8 @@ import pytest
 import torch
 from PIL import Image
 
+from servecore.edges.bodies import status_of
 from servecore.errors import RequestError
-from servecore.httperrors import status_of
 from servecore.images import decode_image
 from tests import corpus, imagegen
 from tests.handler_context import make_handler, run_batch

@@ -309,9 +309,28 @@ def test_each_package_map_names_its_modules(package):
     assert unnamed == [], f"{package.relative_to(REPO)}/__init__.py does not name {unnamed}"
 
 
-# The edges of the core: what a reply or an error becomes on the wire (#50).
-EDGES = ("httpedge.py", "httperrors.py", "tensorinput.py", "tensoroutput.py")
+# The edges of the core: what a request and a reply are on the wire (#50, #69).
+EDGES = CORE / "edges"
 WIRE_WORDS = {"Retry-After", "UNAVAILABLE", "INVALID_ARG", "INTERNAL", "TritonError"}
+
+
+# Who may import the edges: the engines' adapters (TorchServe's handlers/, Triton's tritonrepo/,
+# KServe's transformer/, an HTTP edge of its own), what drives the core as they do, and the
+# docs' reference tables, which quote the status table and Triton's codes.
+EDGE_IMPORTERS = ("handlers", "tritonrepo", "transformer", "bench", "tests", "buildsteps.reference")
+
+
+def test_only_the_adapters_import_the_edges():
+    """The core reaches its edges only through its own values (``Incoming``, ``Payload``,
+    ``Reply``): no module outside ``servecore/edges/`` imports it but the adapters'."""
+    found = repo_modules()
+    offenders = sorted(
+        name
+        for name, path in found.items()
+        if not name.startswith(("servecore.edges", *EDGE_IMPORTERS))
+        and any(n.startswith("servecore.edges") for n in module_imports(name, path, set(found)))
+    )
+    assert offenders == []
 
 
 def test_error_statuses_and_triton_codes_live_at_the_edges():
@@ -319,7 +338,7 @@ def test_error_statuses_and_triton_codes_live_at_the_edges():
     imports ``http`` (``HTTPStatus``) or names ``Retry-After`` or a Triton error code."""
     found = []
     for path in sorted(CORE.rglob("*.py")):
-        if path.name in EDGES:
+        if path.is_relative_to(EDGES):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "http":

@@ -18,10 +18,11 @@ from ts.context import RequestProcessor
 from handlers.routing import incoming
 from servecore.admission import Admission, Budget
 from servecore.config import HandlerConfig
+from servecore.edges.bodies import headers_of, status_of
+from servecore.edges.http import HttpRequest, parse_http
 from servecore.errors import InvalidParameter
-from servecore.httperrors import headers_of, status_of
-from servecore.parse import HttpRequest, ParsedRequest, Protocol, parse_http
 from servecore.priority import Priority
+from servecore.request import ParsedRequest, Protocol
 from servecore.stages import Failed, Incoming, Opened, Placed
 from tests import imagegen
 from tests.corpus import b64

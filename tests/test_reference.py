@@ -9,8 +9,9 @@ from http import HTTPStatus
 import pytest
 
 from buildsteps import reference
-from servecore import errors, httperrors
+from servecore import errors
 from servecore.config import ConfigError, ExplainConfig, HandlerConfig
+from servecore.edges import bodies
 
 
 def test_the_committed_docs_are_what_the_step_writes():
@@ -19,9 +20,9 @@ def test_the_committed_docs_are_what_the_step_writes():
 
 
 def test_a_changed_source_makes_its_doc_stale(monkeypatch):
-    """The check can fail: a status changed in ``httperrors.STATUS`` alone leaves docs/api.md
+    """The check can fail: a status changed in ``bodies.STATUS`` alone leaves docs/api.md
     stale, and the step rewrites only its block."""
-    monkeypatch.setitem(httperrors.STATUS, errors.PayloadTooLarge, HTTPStatus.BAD_REQUEST)
+    monkeypatch.setitem(bodies.STATUS, errors.PayloadTooLarge, HTTPStatus.BAD_REQUEST)
     assert reference.stale() == ["docs/api.md"]
     text = "prose before\n" + reference.BEGIN + "\nold table\n" + reference.END + "\nprose after\n"
     new = reference.render(text, reference.status_table())

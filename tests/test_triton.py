@@ -36,10 +36,11 @@ from buildsteps.configgen import bulk_lanes, frontend_settings, job_queue_size, 
 from serveclient import metrics as tsclient_metrics
 from servecore.answers import Tag
 from servecore.config import HandlerConfig
+from servecore.edges.bodies import tag_json
+from servecore.edges.tensor import parse_tensor
 from servecore.errors import InvalidParameter, InvalidRequest, PayloadTooLarge
-from servecore.jsonanswers import tag_json
-from servecore.parse import Protocol, parse_tensor
 from servecore.preprocessor import Preprocessor
+from servecore.request import Protocol
 from serveshared.keys import TRITON_KEY_FILE, Keys
 from tests.conftest import SERVED
 from tests.handler_context import make_handler, run_batch

@@ -13,9 +13,10 @@ import numpy as np
 from servecore.boundary import each_image
 from servecore.config import HandlerConfig, Output
 from servecore.crops import CROP_SHAPE
-from servecore.jsonguard import JsonDocument
-from servecore.parse import HttpRequest, ParsedRequest, parse_http
+from servecore.edges.http import HttpRequest, parse_http
+from servecore.edges.jsonguard import JsonDocument
 from servecore.preprocessor import Preprocessor
+from servecore.request import ParsedRequest
 
 
 def parse(body: Mapping[str, Any], top_k_header: Any, config: HandlerConfig) -> ParsedRequest:

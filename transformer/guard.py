@@ -5,11 +5,11 @@
 preprocessed at once a request gets 503 with ``Retry-After`` (decoded pixels are held per
 request in flight: this bounds the memory). Every refusal, and every ``RequestError`` the core
 raises while parsing or decoding a request, is answered as the single server answers it:
-``servecore.httperrors.error_body`` with the error's status and headers. A predictor's own refusal
-(``PredictorRefused``) goes back to the caller as it came, except Triton's answers while the
-model's process is down or loading again (500 "Stub process ... is not healthy", 404 "... has
-no available versions"): those become the 503 + ``Retry-After`` of ``ModelUnavailable``, what
-a client retries.
+``servecore.edges.bodies.error_body`` with the error's status and headers. A predictor's
+own refusal (``PredictorRefused``) goes back to the caller as it came, except Triton's answers
+while the model's process is down or loading again (500 "Stub process ... is not healthy", 404
+"... has no available versions"): those become the 503 + ``Retry-After`` of
+``ModelUnavailable``, what a client retries.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import Response
 
+from servecore.edges.bodies import error_body, headers_of, status_of
 from servecore.errors import (
     ModelUnavailable,
     Overloaded,
     PayloadTooLarge,
     RequestError,
 )
-from servecore.httperrors import error_body, headers_of, status_of
 from serveshared.errors import triton_model_down
 
 PASSED_HEADERS = ("retry-after", "content-type")

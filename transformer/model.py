@@ -18,9 +18,9 @@ from kserve.protocol.infer_type import InferInput, InferRequest, InferResponse, 
 
 from servecore.config import HandlerConfig
 from servecore.crops import CROPS
-from servecore.parse import ParsedRequest
 from servecore.preprocessor import Preprocessor
 from servecore.priority import PRIORITY_KEY
+from servecore.request import ParsedRequest
 from serveshared.wire import TOP_K_HEADER
 from transformer import convert
 from transformer.guard import PredictorRefused

@@ -3,15 +3,15 @@ neutral core.
 
 An adapter like TorchServe's (``handlers/resnet_handler.py``): ``initialize`` turns Triton's
 arguments and this model's ``config.pbtxt`` into ``ModelSettings`` and the tensor edge
-(``servecore.tensoredge.TensorEdge``, with each output's dtype from the model config);
-``execute`` hands Triton's whole batch to ``ImageModel.run`` in one call, as TorchServe's
-``handle`` does, each request's input tensors read into a ``TensorRequest`` and decoded by the
-edge into an ``Incoming`` (the core parses it inside its per-request boundary, never calling
-back here), each ``Reply`` encoded by the edge as output arrays (no JSON but each tag's BYTES
-element and an explanation's document) or its error, which ``_response`` wraps in Triton's own
-tensors or ``TritonError``. ``make triton-repo`` (``tritonrepo/generate.py``) copies this file
-to ``<model>/1/model.py`` beside the packages and model files it imports, so the stub finds them
-on its own ``sys.path``. The core's metrics go out through Triton's custom metrics
+(``servecore.edges.tensor.TensorEdge``, with each output's dtype from the model config); ``execute``
+hands Triton's whole batch to ``ImageModel.run`` in one call, as TorchServe's ``handle`` does, each
+request's input tensors and requested outputs read into a ``TensorRequest`` and decoded by the edge
+into an ``Incoming`` (the core parses it inside its per-request boundary, never calling back here),
+each ``Reply`` encoded once by the edge as output arrays (no JSON but each tag's BYTES element and
+an explanation's document) or its error; what ``run`` returns, ``_response`` wraps in Triton's own
+tensors or ``TritonError``. ``make triton-repo`` (``tritonrepo/generate.py``) copies this file to
+``<model>/1/model.py`` beside the packages and model files it imports, so the stub finds them on its
+own ``sys.path``. The core's metrics go out through Triton's custom metrics
 (``tritonrepo/metrics.py``) on its metrics port.
 """
 
@@ -26,9 +26,8 @@ import triton_python_backend_utils as pb_utils
 from model_files.artifacts import ModelFiles
 from servecore.config import HandlerConfig
 from servecore.crops import CROPS
-from servecore.service import ImageModel, ModelSettings, Reply
-from servecore.tensoredge import TensorEdge
-from servecore.tensorinput import DESCRIBE, INPUT, TensorRequest
+from servecore.edges.tensor import DESCRIBE, INPUT, TensorEdge, TensorReply, TensorRequest
+from servecore.service import ImageModel, ModelSettings
 from tritonrepo.metrics import TritonMetrics
 
 
@@ -62,32 +61,16 @@ class TritonPythonModel:
         per request, in order."""
         asks = [_parameters(r) for r in requests]
         served = [(r, ask) for r, ask in zip(requests, asks) if ask.get(DESCRIBE) is not True]
-        incoming = [self.edge.decode(r.request_id() or "?", _payload(r, ask)) for r, ask in served]
-        # The core writes each reply once, in request order (the tensor edge never refuses one,
-        # which would write it twice): each with the outputs its own request named.
-        wanted = iter([frozenset(r.requested_output_names()) for r, _ in served])
-        replies = (
-            self.model.run(incoming, lambda r: self._response(r, next(wanted))) if served else []
-        )
+        payloads = [_payload(r, ask) for r, ask in served]
+        incoming = [self.edge.decode(p.request_id or "?", p) for p in payloads]
+        replies = self.model.run(incoming, self.edge.encode) if served else []
         if len(replies) != len(served):  # Triton needs exactly one response per request
             raise RuntimeError(f"the model answered {len(replies)} of {len(served)} requests")
-        answers = iter(replies)
+        answers = map(_response, replies, (p.outputs for p in payloads))
         return [self._described() if ask.get(DESCRIBE) is True else next(answers) for ask in asks]
 
     def finalize(self) -> None:
         self.metrics.close()
-
-    def _response(self, reply: Reply, wanted: frozenset[str]):
-        """A ``Reply`` as Triton's response: the tensor edge's output arrays (those of
-        ``wanted``, the outputs its request named) as tensors, or its error body as this
-        request's ``TritonError`` with the code the edge named."""
-        sent = self.edge.encode(reply, wanted)
-        if sent.outputs is None:
-            code = getattr(pb_utils.TritonError, str(sent.code))
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(sent.error, code))
-        return pb_utils.InferenceResponse(
-            output_tensors=[pb_utils.Tensor(name, array) for name, array in sent.outputs.items()]
-        )
 
     def _described(self):
         """``ImageModel.describe`` as this request's ``describe`` output ([1, 1] BYTES)."""
@@ -97,13 +80,30 @@ class TritonPythonModel:
         )
 
 
+def _response(sent: TensorReply, named: frozenset[str]):
+    """The tensor edge's reply as Triton's response: its output arrays as tensors (those its
+    request ``named``, all when none), or its error body as this request's ``TritonError`` with
+    the code the edge named."""
+    if sent.outputs is None:
+        code = getattr(pb_utils.TritonError, str(sent.code))
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(sent.error, code))
+    return pb_utils.InferenceResponse(
+        output_tensors=[
+            pb_utils.Tensor(name, array)
+            for name, array in sent.outputs.items()
+            if not named or name in named
+        ]
+    )
+
+
 def _payload(request, parameters: dict) -> TensorRequest:
-    """The request's input tensors read into arrays, with its parameters: the values the core
-    parses (``servecore.tensorinput``), without calling back here."""
+    """The request's input tensors read into arrays, with its parameters and the outputs it
+    named: the values the core parses (``servecore.edges.tensor``), without calling back here."""
     # One pass over the inputs: each ``get_input_tensor_by_name`` converts them all anew.
     given = {tensor.name(): tensor for tensor in request.inputs()}
     images, crops = (given[name].as_numpy() if name in given else None for name in (INPUT, CROPS))
-    return TensorRequest(images, crops, parameters, request.request_id() or None)
+    named = frozenset(request.requested_output_names())
+    return TensorRequest(images, crops, parameters, request.request_id() or None, named)
 
 
 def _parameters(request) -> dict:

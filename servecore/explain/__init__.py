@@ -7,5 +7,8 @@
                  parameters, admit the batch's explanation work, compute the batch's results
 
 This package imports nothing from the request path but the values it shares (``stages``,
-``parse``, ``errors``, ``boundary``); the request path's modules that import it say so.
+``request``, ``errors``, ``boundary``, ``admission``, ``images``, ``crops``, ``classes``,
+``config``). It is imported by ``stages`` (its types), ``intake`` and ``service`` (the stage
+itself), and at the edges ``edges/bodies.py`` (an explanation's JSON document) and
+``edges/tensor.py`` (that document as the ``explanations`` output); each says so.
 """

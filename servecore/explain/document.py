@@ -10,7 +10,7 @@ import torch
 
 from servecore.classes import Classes
 from servecore.explain.options import EMBEDDING_TARGET
-from servecore.parse import Protocol
+from servecore.request import Protocol
 
 
 @dataclass(frozen=True)

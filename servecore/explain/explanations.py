@@ -34,7 +34,7 @@ from servecore.explain.compute import (
 from servecore.explain.document import Explained
 from servecore.explain.options import ExplainSpec, parse_explain
 from servecore.images import OpenedImage, decode
-from servecore.parse import ParsedRequest, Protocol
+from servecore.request import ParsedRequest, Protocol
 from servecore.stages import Admitted, Explaining, Failed, Opened, Placed, PreparedBatch
 
 logger = logging.getLogger(__name__)

@@ -1,10 +1,11 @@
-"""The JSON protocols' answers: an answer's values written as the JSON document of the
-protocol its request came in (plain, KServe v1, KServe v2 JSON). Pure functions, for an edge
-that answers in JSON (TorchServe's, through ``servecore.httpedge``, which adds the status and
-headers); the core itself answers in values (``servecore.service.Reply``), and Triton's adapter
-builds a prediction's tensors from them, using only ``tag_json`` for its BYTES tags (an
-explanation, one JSON document there too, goes through ``answer_body``). The parsing of the
-same protocols is ``servecore/parse.py``.
+"""The JSON bodies the edges write: an answer's values as the JSON document of the protocol
+its request came in (plain, KServe v1, KServe v2 JSON), and an error's body with the HTTP
+status of its kind (``STATUS``, the one table; ``Retry-After`` from the kind's
+``retry_after_s``). Pure functions: the HTTP edge (``servecore.edges.http``, the transformer)
+sends them with the status and headers; the tensor edge (``servecore.edges.tensor``) builds a
+prediction's tensors itself, using only ``tag_json`` for its BYTES tags, ``answer_body`` for an
+explanation's document and ``error_body`` for an error's message (a Triton client reads the
+same JSON as an HTTP one). The parsing of the same protocols is ``servecore.edges.http``.
 
 ``answer_json`` writes a prediction with orjson: an embedding's 2,048 float32 values are most
 of an answer, and the standard ``json`` module spent ~1 ms an image formatting them (the core's
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+from http import HTTPStatus
 from json.encoder import encode_basestring_ascii
 from typing import NamedTuple
 
@@ -30,8 +32,22 @@ import orjson
 
 from servecore.answers import AnswerSpec, Prediction, Tag
 from servecore.config import Output
+from servecore.errors import (
+    ClientError,
+    DeadlineExceeded,
+    InternalError,
+    InvalidImage,
+    InvalidParameter,
+    InvalidRequest,
+    ModelUnavailable,
+    NotSupported,
+    Overloaded,
+    PayloadTooLarge,
+    RequestError,
+    UnsupportedMediaType,
+)
 from servecore.explain.document import Explained, encode_explanations
-from servecore.parse import Protocol
+from servecore.request import Protocol
 from serveshared.v2binary import bytes_elements
 
 
@@ -174,3 +190,37 @@ def _v2_response(
     if request_id is not None:
         response["id"] = request_id
     return response
+
+
+RETRY_AFTER = "Retry-After"
+
+# The one table: error kind -> HTTP status. A subclass not listed takes its parent's status.
+STATUS: dict[type[RequestError], HTTPStatus] = {
+    RequestError: HTTPStatus.INTERNAL_SERVER_ERROR,
+    ClientError: HTTPStatus.BAD_REQUEST,
+    InvalidRequest: HTTPStatus.BAD_REQUEST,
+    InvalidParameter: HTTPStatus.BAD_REQUEST,
+    InvalidImage: HTTPStatus.BAD_REQUEST,
+    UnsupportedMediaType: HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+    PayloadTooLarge: HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+    NotSupported: HTTPStatus.NOT_IMPLEMENTED,
+    Overloaded: HTTPStatus.SERVICE_UNAVAILABLE,
+    ModelUnavailable: HTTPStatus.SERVICE_UNAVAILABLE,
+    DeadlineExceeded: HTTPStatus.GATEWAY_TIMEOUT,
+    InternalError: HTTPStatus.INTERNAL_SERVER_ERROR,
+}
+
+
+def status_of(error: RequestError) -> HTTPStatus:
+    """The HTTP status of ``error``'s kind (its nearest kind in ``STATUS``)."""
+    return next(STATUS[kind] for kind in type(error).__mro__ if kind in STATUS)
+
+
+def headers_of(error: RequestError) -> dict[str, str]:
+    """The response headers ``error``'s kind adds: ``Retry-After`` for a kind to retry."""
+    return {} if error.retry_after_s is None else {RETRY_AFTER: str(error.retry_after_s)}
+
+
+def error_body(error: RequestError) -> dict:
+    """The JSON body every error response carries: ``{"code", "type", "message"}``."""
+    return {"code": int(status_of(error)), "type": error.kind, "message": error.message}

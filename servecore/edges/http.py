@@ -1,8 +1,10 @@
-"""The wire formats a request may come in, parsed into a ``ParsedRequest``: pure functions of
-the values an engine's adapter hands over.
+"""The HTTP edge (TorchServe's handler, the transformer): an HTTP request in, as the core's
+``Incoming``, and a ``Reply``'s values out, as the status and phrase (from the error's kind,
+``servecore.edges.bodies``), headers and JSON body (``servecore.edges.bodies``) an HTTP
+engine sends. The HTTP names live here, not in the core's values.
 
-An HTTP request (``HttpRequest``: a raw body, or form fields; ``parse_http``) in one of the forms
-we accept:
+An HTTP request (``HttpRequest``: a raw body, or form fields; ``parse_http``) comes in one of
+the forms we accept:
 
 - raw body (``curl -T img.jpg`` / ``--data-binary``): the image bytes;
 - multipart field ``data`` (``curl -F data=@img.jpg``), beside optional fields;
@@ -13,32 +15,46 @@ we accept:
   ``Inference-Header-Content-Length`` header), its input encoded images (``BYTES``) or crops
   (``UINT8 [n, 224, 224, 3]``, ``servecore.crops``).
 
-Or a KServe v2 request an engine has already read into tensors (``parse_tensor``: the elements
-of its BYTES input and its parameters; ``parse_crops``: its UINT8 crops).
-
-``topk`` may also come as a multipart field or an ``X-Top-K`` header. Explanation parameters are
-collected as sent (``ParsedRequest.options``); ``servecore.explain`` reads them. A v1/v2 body's
+``topk`` may also come as a multipart field or an ``X-Top-K`` header. A v1/v2 body's
 ``parameters.priority`` is the request's class (``servecore.priority``); its ``parameters.timeout``
 is refused here (a relative timeout needs an arrival time no engine hands this path).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import dataclasses
-import enum
-import re
-from collections.abc import Iterator, Mapping, Sequence
+import json
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from http import HTTPStatus
+from typing import Any, NamedTuple
 
+from servecore.answers import AnswerSpec
 from servecore.config import HandlerConfig, Output
 from servecore.crops import crop_count, crops_of
-from servecore.errors import InvalidParameter, InvalidRequest, PayloadTooLarge, echo, echo_all
-from servecore.jsonguard import JsonDocument, is_json, load_json
+from servecore.edges.bodies import error_body, headers_of, status_of, written_answer
+from servecore.edges.jsonguard import JsonDocument, is_json, load_json
+from servecore.errors import (
+    InvalidParameter,
+    InvalidRequest,
+    PayloadTooLarge,
+    detached,
+    echo,
+    echo_all,
+)
 from servecore.priority import PRIORITY_KEY, Priority, parse_priority
+from servecore.request import (
+    EXPLAIN_KEYS,
+    OutputSpec,
+    ParsedRequest,
+    Protocol,
+    count_images,
+    decode_base64,
+    parse_top_k,
+)
+from servecore.service import Reply
+from servecore.stages import Incoming
 from serveshared.v2binary import (
     BINARY_DATA,
     BINARY_OUTPUT,
@@ -48,69 +64,96 @@ from serveshared.v2binary import (
     fill_inputs,
     split_body,
 )
-from serveshared.wire import DEADLINE_HEADER
+from serveshared.wire import (
+    BATCH_HEADER,
+    CACHE_HITS_HEADER,
+    DEADLINE_HEADER,
+    PRECISION_HEADER,
+    PRIORITY_HEADER,
+)
 
 MAX_ID_CHARS = 256  # a v2 request id, echoed in the answer
+
 IMAGE_FIELD = "data"  # the multipart field, or JSON field, that carries the image
+
 PARAM_KEYS = ("topk",)
-# Explanation parameters (``/explanations``, KServe v1 ``:explain``): a form field, a JSON
-# field or a v1 ``parameters`` key, passed on unread to servecore.explain.
-EXPLAIN_KEYS = ("target", "method", "n_steps", "internal_batch_size", "png")
 
-
-class Protocol(enum.Enum):
-    """The wire format a request came in, and so the one its answer goes out in."""
-
-    PLAIN = "plain"  # raw body, multipart field, or {"data": b64}: one image, bare answer
-    V1 = "v1"  # KServe v1: {"predictions": [...]}
-    V2 = "v2"  # KServe v2 / Open Inference Protocol: named output tensors
+CONTENT_TYPE = "application/json"
+BINARY_CONTENT_TYPE = "application/octet-stream"  # a JSON header and then raw output bytes
 
 
 @dataclass(frozen=True)
-class OutputSpec:
-    """One KServe v2 output the client asked for; ``top_k`` only for ``tags``; ``binary``: its
-    ``parameters.binary_data`` (None: not said, the request's ``binary_data_output`` decides)."""
+class HttpEdge:
+    """The HTTP edge as one object, what an HTTP engine's adapter (TorchServe's) holds:
+    ``decode`` an HTTP request into the core's ``Incoming``, ``encode`` a ``Reply`` as its
+    ``HttpReply``. ``servecore.edges.tensor.TensorEdge`` is the same shape for tensors."""
 
-    output: Output
-    top_k: int | None = None
-    binary: bool | None = None
+    spec: AnswerSpec
+    max_bytes: int  # handler.max_response_bytes
 
+    def decode(
+        self,
+        request_id: str,
+        request: HttpRequest,
+        headers: Mapping[str, str | None],
+        explain: bool,
+    ) -> Incoming:
+        """The request as the core takes it, with the class and deadline of its
+        ``X-Priority`` and ``X-Deadline`` ``headers`` (found by the engine, whatever their
+        case; None: not sent); a bad value fails this request alone. ``explain``: it came on
+        an explanation route."""
+        return Incoming(request_id, request, explain=explain).classified(
+            headers.get(PRIORITY_HEADER), headers.get(DEADLINE_HEADER)
+        )
 
-@dataclass(frozen=True)
-class ParsedRequest:
-    """What one request asks for: its encoded images (or, ``crops``, each image's crop as
-    ``servecore.crops`` lays it out) and how to answer."""
-
-    protocol: Protocol
-    images: list[bytes]
-    top_k: int | None = None
-    request_id: str | None = None
-    outputs: tuple[OutputSpec, ...] = field(default_factory=tuple)
-    options: dict[str, Any] = field(default_factory=dict)  # EXPLAIN_KEYS given, as sent
-    priority: Priority | None = None  # the body's parameters.priority; None: not given
-    crops: bool = False  # images are preprocessed crops, not encoded images
-    binary_output: bool = False  # v2 parameters.binary_data_output: outputs as raw bytes
-
-    def binary(self, output: Output) -> bool:
-        """Whether ``output`` goes back in the v2 binary tensor extension: its own
-        ``binary_data``, else the request's ``binary_data_output``."""
-        own = next((o.binary for o in self.outputs if o.output is output), None)
-        return self.binary_output if own is None else own
-
-    def tags_top_k(self, default: int) -> int:
-        """How many tags to answer: a v2 ``tags`` output's own ``topk``, else the request's,
-        else the model's ``default``."""
-        own = next((o.top_k for o in self.outputs if o.output is Output.TAGS and o.top_k), None)
-        return own or self.top_k or default
-
-    def wants(self, output: Output, task: Output) -> bool:
-        """Whether the answer carries ``output``: the v2 outputs asked for, else the task's."""
-        if self.outputs:
-            return any(o.output is output for o in self.outputs)
-        return output is task
+    def encode(self, reply: Reply) -> tuple[Reply, HttpReply]:
+        """``reply`` as sent and its HTTP response (``http_reply``): an answer too large to
+        send is refused, and the reply sent is its 413."""
+        try:
+            return reply, http_reply(reply, self.spec, self.max_bytes)
+        except PayloadTooLarge as error:
+            refused = reply.refused(detached(error))
+            return refused, http_reply(refused, self.spec, self.max_bytes)
 
 
-Payload = bytes | bytearray | str | JsonDocument
+class HttpReply(NamedTuple):
+    """One request's HTTP response: ``status`` and its ``phrase``, ``headers``, its ``body``
+    (UTF-8 JSON, or a JSON header and binary v2 outputs) and its ``content_type``."""
+
+    status: int
+    phrase: str
+    headers: dict[str, str]
+    body: bytes
+    content_type: str = CONTENT_TYPE
+
+
+def http_reply(reply: Reply, spec: AnswerSpec, max_bytes: int) -> HttpReply:
+    """``reply`` as its HTTP response: ``X-Batch-Size``, then ``X-Precision`` (and
+    ``X-Cache-Hits`` when the cache looked, ``Inference-Header-Content-Length`` before binary
+    v2 outputs) on an answer, or the error's own headers (``Retry-After``). Raises
+    ``PayloadTooLarge`` for an answer whose body would be longer than ``max_bytes``
+    (``handler.max_response_bytes``): ``HttpEdge.encode`` then sends that 413."""
+    headers = {BATCH_HEADER: str(reply.batch_size)}
+    if reply.error is not None:
+        status = status_of(reply.error)
+        body = json.dumps(error_body(reply.error)).encode()
+        return HttpReply(int(status), status.phrase, {**headers, **headers_of(reply.error)}, body)
+    body, header_length = written_answer(reply.answer, spec)
+    if len(body) > max_bytes:
+        raise PayloadTooLarge(
+            f"the answer would be {len(body)} bytes, more than the limit of {max_bytes} "
+            "(handler.max_response_bytes); send fewer images or ask for less"
+        )
+    headers[PRECISION_HEADER] = reply.precision
+    if reply.cached is not None:
+        headers[CACHE_HITS_HEADER] = str(sum(reply.cached))
+    if header_length is None:
+        return HttpReply(int(HTTPStatus.OK), HTTPStatus.OK.phrase, headers, body)
+    headers[HEADER_LENGTH] = str(header_length)
+    return HttpReply(int(HTTPStatus.OK), HTTPStatus.OK.phrase, headers, body, BINARY_CONTENT_TYPE)
+
+
+Body = bytes | bytearray | str | JsonDocument
 
 
 @dataclass(frozen=True)
@@ -122,7 +165,7 @@ class HttpRequest:
     ``Inference-Header-Content-Length`` header of a v2 body in the binary tensor extension
     (its JSON header, then the tensors' bytes), None when not sent."""
 
-    body: Payload | None = None
+    body: Body | None = None
     form: Mapping[str, Any] = field(default_factory=dict)
     top_k_header: Any = None
     header_length: Any = None
@@ -143,57 +186,6 @@ def parse_http(request: HttpRequest, config: HandlerConfig) -> ParsedRequest:
     if parsed.top_k is None and request.top_k_header is not None:
         return dataclasses.replace(parsed, top_k=parse_top_k(request.top_k_header))
     return parsed
-
-
-def parse_tensor(
-    elements: Sequence[bytes],
-    *,
-    top_k: Any = None,
-    request_id: str | None = None,
-    config: HandlerConfig,
-) -> ParsedRequest:
-    """A KServe v2 request an engine has already read (Triton's Python backend): the elements
-    of its BYTES input tensor and its ``topk`` request parameter, as a ``ParsedRequest`` or a
-    ``RequestError``. An element is an encoded image (the binary tensor extension) or, as a JSON
-    body carries it, the image's base64 text; the answer goes out as v2 named tensors."""
-    _count_images(len(elements), config)
-    if not elements:
-        raise InvalidRequest("input 'images' is empty: send at least one image")
-    images = [_tensor_image(bytes(item), f"images[{i}]") for i, item in enumerate(elements)]
-    return ParsedRequest(
-        Protocol.V2,
-        images,
-        top_k=None if top_k is None else parse_top_k(top_k),
-        request_id=request_id,
-    )
-
-
-def parse_crops(
-    crops: Any, *, top_k: Any = None, request_id: str | None = None, config: HandlerConfig
-) -> ParsedRequest:
-    """A KServe v2 request an engine has already read whose input is the ``crops`` tensor
-    (an array, ``servecore.crops``), as a ``ParsedRequest`` or a ``RequestError``."""
-    count = crop_count(list(getattr(crops, "shape", ())), "input 'crops'")
-    _count_images(count, config)
-    return ParsedRequest(
-        Protocol.V2,
-        crops_of(crops, count, "input 'crops'"),
-        top_k=None if top_k is None else parse_top_k(top_k),
-        request_id=request_id,
-        crops=True,
-    )
-
-
-def _tensor_image(item: bytes, where: str) -> bytes:
-    """Raw image bytes as they are; base64 text (only ASCII base64 characters, an optional
-    ``data:`` prefix) decoded. No image format starts that way: JPEG, PNG, GIF, WebP and TIFF
-    headers all hold bytes outside it."""
-    if _BASE64_TEXT.fullmatch(item):
-        return decode_base64(item.decode("ascii"), where)
-    return item
-
-
-_BASE64_TEXT = re.compile(rb"(data:[\w/+.-]*;base64,)?[A-Za-z0-9+/=_\s-]+")
 
 
 def _parse(request: HttpRequest, config: HandlerConfig) -> ParsedRequest:
@@ -274,46 +266,6 @@ def _as_invalid_request() -> Iterator[None]:
         raise InvalidRequest(str(exc)) from None
 
 
-def parse_top_k(value: Any) -> int:
-    """``topk`` from a form field, header or JSON value: a positive integer (the model's class
-    count bounds it once the model is known: ``check_top_k``)."""
-    given = value
-    if isinstance(value, (bytes, bytearray)):
-        given = value = value.decode("utf-8", "replace")
-    if isinstance(value, str) and re.fullmatch(r"\s*\+?[0-9]{1,7}\s*", value):
-        value = int(value)
-    if type(value) is not int or value < 1:
-        raise InvalidParameter(f"topk must be a positive integer, got {echo(given)}")
-    return value
-
-
-def check_top_k(request: ParsedRequest, classes: int, what: str = "the model's classes") -> None:
-    """Refuse (400) a ``topk`` above ``classes`` (``what`` they are: the model's, or its
-    largest head's), the request's or a v2 output's."""
-    for k in (request.top_k, *(o.top_k for o in request.outputs)):
-        if k is not None and k > classes:
-            raise InvalidParameter(f"topk must be an integer from 1 to {classes} ({what}), got {k}")
-
-
-def decode_base64(value: Any, where: str) -> bytes:
-    """Strict base64 (standard or URL-safe alphabet, optional ``data:...;base64,`` prefix)."""
-    if not isinstance(value, str):
-        raise InvalidRequest(f"{where} must be a base64 string, got {type(value).__name__}")
-    text = value.strip()
-    if text.startswith("data:") and ";base64," in text[:100]:
-        text = text.split(",", 1)[1]
-    text = "".join(text.split())  # line-wrapped base64 (e.g. `base64` without -w0)
-    if "-" in text or "_" in text:
-        text = text.replace("-", "+").replace("_", "/")
-    try:
-        data = base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise InvalidRequest(f"{where} is not valid base64 ({exc})") from None
-    if not data:
-        raise InvalidRequest(f"{where} is empty: expected a base64-encoded image")
-    return data
-
-
 def _require(mapping: dict, key: str, kind: type, where: str) -> Any:
     value = mapping.get(key)
     if not isinstance(value, kind) or isinstance(value, bool):
@@ -346,23 +298,13 @@ def _parameters_priority(parameters: Any, where: str) -> Priority | None:
     return parse_priority(parameters[PRIORITY_KEY]) if PRIORITY_KEY in parameters else None
 
 
-def _count_images(count: int, config: HandlerConfig) -> None:
-    """Refuse a request with more images than one may carry, before any of them is read."""
-    if count > config.max_images_per_request:
-        raise PayloadTooLarge(
-            f"request carries {count} images, more than the limit of "
-            f"{config.max_images_per_request} (handler.max_images_per_request); split it into "
-            "several requests"
-        )
-
-
 def _parse_v1(
     payload: dict, query_top_k: int | None, options: dict, config: HandlerConfig
 ) -> ParsedRequest:
     instances = _require(payload, "instances", list, "body")
     if not instances:
         raise InvalidRequest("body.instances is empty: send at least one image")
-    _count_images(len(instances), config)
+    count_images(len(instances), config)
     parameters = payload.get("parameters")
     top_k = _parameters_top_k(parameters, "body.parameters", query_top_k)
     priority = _parameters_priority(parameters, "body.parameters")
@@ -414,11 +356,11 @@ def _parse_v2(payload: dict, query_top_k: int | None, config: HandlerConfig) -> 
     shape = tensor.get("shape")
     if crops:
         count = crop_count(shape, where)
-        _count_images(count, config)
+        count_images(count, config)
         data = crops_of(tensor.get("data"), count, where)
     else:
         data = _bytes_data(tensor, where)
-        _count_images(len(data), config)
+        count_images(len(data), config)
         if shape not in ([len(data)], [len(data), 1]) or not data:
             raise InvalidRequest(
                 f"{where}.shape must be [n] or [n, 1] with n = number of images >= 1 (data holds "

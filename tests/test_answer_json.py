@@ -1,6 +1,7 @@
-"""The JSON answers' text: written with orjson, they parse to the same float32 values, labels
-and probabilities as the standard ``json`` module's text of the same answer (what the server
-wrote before), and an answer holding a non-finite value is written as ``json`` writes it."""
+"""The JSON answers' text (``servecore.edges.bodies``): written with orjson, they parse to the same
+float32 values, labels and probabilities as the standard ``json`` module's text of the same
+answer (what the server wrote before), and an answer holding a non-finite value is written as
+``json`` writes it."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import pytest
 from servecore.answers import AnswerSpec, Prediction, Tag
 from servecore.classes import Classes
 from servecore.config import Output
-from servecore.jsonanswers import answer_json
-from servecore.parse import Protocol
+from servecore.edges.bodies import answer_json
+from servecore.request import Protocol
 
 SPEC = AnswerSpec("m", "1.0", Output.EMBEDDING, Classes.of(["a", "b"]), 5, True)
 
