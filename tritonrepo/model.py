@@ -62,7 +62,12 @@ class TritonPythonModel:
         per request, in order."""
         asks = [_parameters(r) for r in requests]
         served = [(r, ask) for r, ask in zip(requests, asks) if ask.get(DESCRIBE) is not True]
-        incoming = [self.edge.decode(r.request_id() or "?", _payload(r, ask)) for r, ask in served]
+        incoming = [
+            self.edge.decode(r.request_id() or "?", _payload(r, ask)).traced(
+                {k.lower(): v for k, v in ask.items()}  # traceparent as the client spelled it
+            )
+            for r, ask in served
+        ]
         # The core writes each reply once, in request order (the tensor edge never refuses one,
         # which would write it twice): each with the outputs its own request named.
         wanted = iter([frozenset(r.requested_output_names()) for r, _ in served])
