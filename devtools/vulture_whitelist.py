@@ -36,6 +36,7 @@ _.p95_ms  # bench.stats.RunStats, reported through to_dict()
 _.pytestmark  # pytest's module-level marks
 _.do_GET  # http.server.BaseHTTPRequestHandler's GET hook (tests)
 _.do_POST  # ... and its POST hook (tests/test_bench_gpu_served.py)
+_.daemon_threads  # socketserver.ThreadingMixIn: handler threads die with the test (tests)
 _.log_message  # http.server.BaseHTTPRequestHandler's log hook (tests)
 _.intercept_service  # grpc.ServerInterceptor's hook (devtools/milvus.py: Milvus's token check)
 _.nprobe  # FAISS reads an IVF index's nprobe when it searches (serveclient/search/faissindex.py)
@@ -44,3 +45,9 @@ _.nprobe  # FAISS reads an IVF index's nprobe when it searches (serveclient/sear
 _.find_spec  # importlib.abc.MetaPathFinder
 _.create_module  # importlib.abc.Loader
 _.exec_module  # importlib.abc.Loader
+
+# The OpenTelemetry SDK calls these (servecore/otel.py: BoundedProcessor, a SpanProcessor).
+_.on_start  # SpanProcessor: a span started
+_.on_end  # SpanProcessor: a span ended
+_.force_flush  # SpanProcessor: flush asked (never blocks here)
+_.timeout_millis  # SpanProcessor.force_flush's parameter, by the SDK's name

@@ -23,14 +23,14 @@ EXPLAIN_PROPERTY = "explain"
 def incoming(edge: HttpEdge, context, idx: int, row: dict) -> Incoming:
     """Request ``idx`` of TorchServe's batch, decoded by the HTTP ``edge``: its id (for the
     logs), its payload, its route, its class and deadline (``X-Priority``, ``X-Deadline``: a
-    bad one fails it alone)."""
+    bad one fails it alone), its trace context (``traceparent``, ``tracestate``)."""
     properties = _properties(context, idx)
     named = {k.lower(): v for k, v in properties.items() if isinstance(v, str)}  # any case
     request = http_request(row, named.get(TOP_K_HEADER.lower()), named.get(LENGTH.lower()))
     headers = {name: named.get(name.lower()) for name in (PRIORITY_HEADER, DEADLINE_HEADER)}
     request_id = str((context.request_ids or {}).get(idx, "?"))
     explain = properties.get(EXPLAIN_PROPERTY) == "True"
-    return edge.decode(request_id, request, headers, explain)
+    return edge.decode(request_id, request, headers, explain).traced(named)
 
 
 def http_request(row: dict, top_k: str | None = None, length: str | None = None) -> HttpRequest:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import ipaddress
 import json
+import os
 import re
 import threading
 from abc import ABC, abstractmethod
@@ -83,13 +84,19 @@ def is_loopback(url: str) -> bool:
         return False
 
 
+TRACE_VARIABLES = ("TRACEPARENT", "TRACESTATE")  # as the W3C headers of the same names
+
+
 def new_session(loopback: bool, verify: bool | str = True) -> requests.Session:
     """A session for calls to a loopback server (``loopback``: no proxy, nothing else from
     the environment) or to another host (requests' defaults), verifying TLS against
-    ``verify`` (a CA bundle's path, or True)."""
+    ``verify`` (a CA bundle's path, or True), sending the trace context the environment holds."""
     session = requests.Session()
     session.trust_env = not loopback
     session.verify = verify
+    # W3C trace context: TRACEPARENT / TRACESTATE continue the caller's trace (tsctl sets a new
+    # one per command when unset: serveclient.cli.main), each request a child of it.
+    session.headers.update({k.lower(): v for k in TRACE_VARIABLES if (v := os.environ.get(k))})
     return session
 
 

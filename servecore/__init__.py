@@ -23,6 +23,9 @@ it sends back, and nothing that knows which engine that is (no module here impor
                    runtime.py: the Backend type
     precision.py   the ``auto`` precision rule; autoprecision.py measures and remembers
     metrics.py     what the model records, through an engine's MetricsSink
+    tracing.py     OpenTelemetry traces, off unless the environment says: the switch, a
+                   request's W3C context; otel.py (imported only when on): the spans, the
+                   sampler, the bounded export
     config.py      HandlerConfig, the typed ``handler:`` settings
     explain/       explanations, a typed stage: ExplainSpec in, Explained out (imported by
                    stages, intake, service and the edges' bodies and tensor: its map says)

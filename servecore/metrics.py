@@ -33,6 +33,9 @@ first, then its own labels:
     resnet50_cache_bytes                                what the worker's cache holds, bytes
     resnet50_gpu_refused_total                          JPEGs the GPU's decoder gave back to the
                                                         CPU path (GPU workers that decode there)
+    resnet50_trace_spans_dropped_total                  spans not delivered to the collector:
+                                                        queue full or export failed (tracing on;
+                                                        ``servecore.tracing``)
 
 Mean batch size = rate(resnet50_requests_total) / rate(resnet50_batches_total). Counters are
 named with ``_total`` and exported as named (TorchServe 0.12 appends no suffix; a sink whose
@@ -156,6 +159,12 @@ GPU_REFUSED = Metric(
     (),
     "JPEGs the GPU's decoder was handed and gave back to the CPU path (GPU workers only)",
 )
+TRACE_DROPPED = Metric(
+    "resnet50_trace_spans_dropped_total",
+    Kind.COUNTER,
+    (),
+    "trace spans not delivered to the collector (queue full or export failed); tracing on only",
+)
 
 # Every metric, declared once: a sink walks this table (config/metrics.yaml must match it).
 METRICS: tuple[Metric, ...] = (
@@ -178,6 +187,7 @@ METRICS: tuple[Metric, ...] = (
     CACHE_MISSES,
     CACHE_BYTES,
     GPU_REFUSED,
+    TRACE_DROPPED,
 )
 
 
@@ -263,6 +273,11 @@ class BatchMetrics:
 
     def answer(self, answer_ms: float) -> None:
         self.sink.add(ANSWER_MS, answer_ms)
+
+    def spans_dropped(self, count: int | None) -> None:
+        """Trace spans dropped since the last batch (None: tracing off, nothing recorded)."""
+        if count is not None:
+            self.sink.add(TRACE_DROPPED, count)
 
     def cache(self, hits: Iterable[bool], held_bytes: int) -> None:
         """One batch's content-cache lookups (per image: answered from the cache or not) and

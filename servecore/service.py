@@ -53,6 +53,7 @@ from servecore.stages import (
     Placed,
     PreparedBatch,
 )
+from servecore.tracing import traced
 
 logger = logging.getLogger(__name__)
 
@@ -210,6 +211,7 @@ class ImageModel:
             mark_start(settings.name, settings.slot) if settings.slot else 0,
             partial(torch.cuda.memory_reserved, self.device) if on_gpu else None,
         )
+        self.trace = traced(settings.name, self.backend.precision)  # off unless the env says
         if not files.weights.get("trained", False):
             logger.warning("%s: %s", settings.name, files.weights.get("warning"))
         # Loaded and warmed up at normal priority, so a lane starts as fast as the model.
@@ -254,14 +256,16 @@ class ImageModel:
         else:
             outputs = [self.backend(rows) for rows in batch.pixels.split(self.forward_rows)]
             embedding, logits = (torch.cat(parts) for parts in zip(*outputs))
-        self.metrics.forward(1000 * (time.perf_counter() - started))
+        forward_ms = 1000 * (time.perf_counter() - started)
+        self.metrics.forward(forward_ms)
         rows = (len(batch.pixels), len(embedding), len(logits))
         if len(set(rows)) != 1:
             raise RuntimeError(
                 f"backend returned {rows[1]} embeddings and {rows[2]} logit "
                 f"rows for a batch of {rows[0]} images"
             )
-        return ComputedBatch(batch, embedding, logits, self.explanations.run(batch, logits))
+        explained = self.explanations.run(batch, logits)
+        return ComputedBatch(batch, embedding, logits, explained, forward_ms)
 
     def answer(self, batch: ComputedBatch) -> list[Reply]:
         """One reply per request, in order: its answer as values, or its own error."""
@@ -315,14 +319,19 @@ class ImageModel:
         then each reply written once by the edge's ``encode``, in order, which gives back the
         reply as sent (an HTTP edge's 413 for an answer too large to send) and its response.
         Answering and writing are timed together (``resnet50_answer_ms_total``), and the errors
-        counted are those of the replies as sent."""
+        counted are those of the replies as sent. With tracing on (``servecore.tracing``) the
+        batch's spans carry those timings."""
+        trace = self.trace(incoming)
         try:
             computed = self.infer(self.prepare(incoming))
             started = time.perf_counter()
             sent = [encode(reply) for reply in self.answer(computed)]
             self.metrics.errors(reply.error.kind for reply, _ in sent if reply.error is not None)
-            self.metrics.answer(1000 * (time.perf_counter() - started))
+            answer_ms = 1000 * (time.perf_counter() - started)
+            self.metrics.answer(answer_ms)
+            trace.answered(computed, answer_ms, [reply.error for reply, _ in sent])
         finally:
+            self.metrics.spans_dropped(trace.end())
             self.metrics.flush()  # the batch's metrics out together, even when it failed
         return [response for _, response in sent]
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -38,6 +39,28 @@ from servecore.priority import Priority, parse_deadline, parse_priority
 from servecore.request import ParsedRequest, Payload
 
 _SAMPLE = 64 * 1024  # bytes of each end of an image that its fingerprint reads
+TRACEPARENT, TRACESTATE = "traceparent", "tracestate"  # W3C trace context (servecore.tracing)
+
+
+@dataclass(frozen=True)
+class TraceHeaders:
+    """The W3C trace context a request came with, as its engine read it: ``parent`` (the
+    ``traceparent`` header's value) and ``state`` (``tracestate``, "" when none)."""
+
+    parent: str
+    state: str = ""
+
+    @classmethod
+    def of(cls, headers: Mapping[str, Any]) -> TraceHeaders | None:
+        """From a request's headers or parameters keyed in lower case (None: no traceparent)."""
+        parent, state = headers.get(TRACEPARENT), headers.get(TRACESTATE)
+        if not isinstance(parent, str) or not parent:
+            return None
+        return cls(parent, state if isinstance(state, str) else "")
+
+    def carrier(self) -> dict[str, str]:
+        """As the W3C propagator reads it."""
+        return {TRACEPARENT: self.parent, TRACESTATE: self.state}
 
 
 @dataclass(frozen=True)
@@ -48,7 +71,8 @@ class Incoming:
     boundary; ``explain``: it came on an explanation route (``/explanations``, KServe v1
     ``:explain``); ``priority`` and ``deadline`` (Unix seconds, None: none): what the engine
     read from its headers or parameters (``servecore.priority``); ``refused``: why a value the
-    engine read fails this request (a bad ``X-Priority``), None when none does."""
+    engine read fails this request (a bad ``X-Priority``), None when none does; ``trace``: the
+    W3C trace context it came with, None when none."""
 
     request_id: str
     payload: Payload
@@ -56,6 +80,7 @@ class Incoming:
     priority: Priority = Priority.INTERACTIVE
     deadline: float | None = None
     refused: RequestError | None = None
+    trace: TraceHeaders | None = None
 
     def parse(self, config: HandlerConfig) -> ParsedRequest:
         """The payload as the core's ``ParsedRequest``; raises the request's ``RequestError``."""
@@ -77,6 +102,12 @@ class Incoming:
             )
         except RequestError as error:
             return dataclasses.replace(self, refused=detached(error))
+
+    def traced(self, headers: Mapping[str, Any]) -> Incoming:
+        """This request with the ``traceparent`` / ``tracestate`` among ``headers`` (keys in
+        lower case: an engine's headers or forwarded parameters)."""
+        trace = TraceHeaders.of(headers)
+        return self if trace is None else dataclasses.replace(self, trace=trace)
 
 
 @dataclass(frozen=True)
@@ -201,9 +232,10 @@ class PreparedBatch:
 class ComputedBatch:
     """A batch after ``infer``: the model's outputs for every row (None when nothing reached
     the model) and, per index of an ``Explaining`` request that reached the model, its
-    explanations (or its ``Failed``)."""
+    explanations (or its ``Failed``); ``forward_ms``: the forward's wall-clock time."""
 
     prepared: PreparedBatch
     embedding: torch.Tensor | None
     logits: torch.Tensor | None
     explained: dict[int, Explained | Failed]
+    forward_ms: float = 0.0

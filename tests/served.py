@@ -59,13 +59,15 @@ def local_triton(
     key_file: Path | None = None,
     handler: dict | None = None,
     exit_timeout: int | None = None,
+    only: tuple[str, ...] = (),
 ) -> Iterator:
     """A real Triton on a repository generated into ``workdir`` from ``model_store`` (pinned to
     ``precision``) on free loopback ports, always stopped; skips the test, saying why, when
     ``make triton-server`` could not install the wheel. A start that fails shows the log.
     ``key_file``: its restricted APIs want the keys kept there (``Triton``'s); None: all open.
     ``handler``: settings replaced in every model's ``handler:`` section. ``exit_timeout``:
-    seconds Triton waits for open connections when stopped (None: the launcher's own)."""
+    seconds Triton waits for open connections when stopped (None: the launcher's own).
+    ``only``: these models of config/models/ alone ((): all)."""
     from devtools.server import free_ports
     from tritonrepo.generate import generate
     from tritonrepo.install import NotInstalled, TritonInstall
@@ -76,12 +78,14 @@ def local_triton(
     except NotInstalled as exc:
         pytest.skip(f"no Triton server: {exc}")
     models = REPO / "config" / "models"
-    if handler:
+    if handler or only:
         models = workdir / "models"
         models.mkdir()
         for source in sorted((REPO / "config" / "models").glob("*.yaml")):
+            if only and source.stem not in only:
+                continue
             config = yaml.safe_load(source.read_text())
-            config["handler"] = {**config.get("handler", {}), **handler}
+            config["handler"] = {**config.get("handler", {}), **(handler or {})}
             (models / source.name).write_text(yaml.safe_dump(config))
     generate(
         workdir / "repository", models_dir=models, model_store=model_store, precision=precision

@@ -1219,14 +1219,16 @@ def test_triton_stops_cleanly(triton):
 
 def test_the_launcher_forwards_exactly_the_cores_traffic_headers():
     """The launcher runs without servecore on its path (the KServe image), so it writes the
-    header names out: they must be servecore.priority's, in any capitalisation, and no others."""
+    header names out: they must be servecore.priority's and the W3C trace context's, in any
+    capitalisation, and no others."""
     import re
 
+    from servecore.stages import TRACEPARENT, TRACESTATE
     from serveshared.wire import DEADLINE_HEADER, PRIORITY_HEADER
     from tritonrepo.server import FORWARDED_HEADERS
 
     pattern = re.compile(FORWARDED_HEADERS)
-    for name in (PRIORITY_HEADER, DEADLINE_HEADER):
+    for name in (PRIORITY_HEADER, DEADLINE_HEADER, TRACEPARENT, TRACESTATE):
         assert pattern.search(name) and pattern.search(name.lower()), name
-    for other in ("Authorization", "X-Top-K", "X-Priority-Extra", "x-deadlines"):
+    for other in ("Authorization", "X-Top-K", "X-Priority-Extra", "x-deadlines", "baggage"):
         assert not pattern.search(other), other

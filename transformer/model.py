@@ -21,6 +21,7 @@ from servecore.crops import CROPS
 from servecore.preprocessor import Preprocessor
 from servecore.priority import PRIORITY_KEY
 from servecore.request import ParsedRequest
+from servecore.stages import TRACEPARENT, TRACESTATE
 from serveshared.wire import TOP_K_HEADER
 from transformer import convert
 from transformer.guard import PredictorRefused
@@ -65,17 +66,27 @@ class CropTransformer(Model):
     async def predict(
         self, payload: Any, headers: dict | None = None, response_headers: dict | None = None
     ) -> InferResponse:
-        if self.predictor_config.protocol == "grpc-v2":
-            return await self._grpc_predict(payload, headers)
+        forwarded = append_forwardable_headers(headers, trace_context(headers))
+        if self.predictor_config.protocol == "grpc-v2":  # KServe's _grpc_predict, plus the trace
+            metadata = (("request_type", "grpc_v2"), ("response_type", "grpc_v2"))
+            return await self._grpc_client.infer(
+                infer_request=payload, headers=(*metadata, *forwarded.items())
+            )
         try:
             return await self._http_client.infer(
                 self.predictor_config.predictor_base_url,
                 model_name=self.name,
                 data=payload,
-                headers=append_forwardable_headers(headers),
+                headers=forwarded,
             )
         except httpx.HTTPStatusError as exc:
             raise PredictorRefused.of(exc.response) from None
+
+
+def trace_context(headers: dict | None) -> dict[str, str]:
+    """The caller's W3C ``traceparent`` / ``tracestate`` (KServe hands headers over in lower
+    case), for the predictor: its request spans continue the caller's trace."""
+    return {k: v for k in (TRACEPARENT, TRACESTATE) if (v := (headers or {}).get(k))}
 
 
 def _as_mapping(request: InferRequest) -> dict:

@@ -62,7 +62,10 @@ class TritonPythonModel:
         asks = [_parameters(r) for r in requests]
         served = [(r, ask) for r, ask in zip(requests, asks) if ask.get(DESCRIBE) is not True]
         payloads = [_payload(r, ask) for r, ask in served]
-        incoming = [self.edge.decode(p.request_id or "?", p) for p in payloads]
+        incoming = [  # traceparent as the client spelled it
+            self.edge.decode(p.request_id or "?", p).traced({k.lower(): v for k, v in ask.items()})
+            for p, (_, ask) in zip(payloads, served)
+        ]
         replies = self.model.run(incoming, self.edge.encode) if served else []
         if len(replies) != len(served):  # Triton needs exactly one response per request
             raise RuntimeError(f"the model answered {len(replies)} of {len(served)} requests")

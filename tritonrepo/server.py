@@ -69,9 +69,10 @@ RESTRICTED = {
 }
 KEY_HEADER = "Authorization"  # gRPC metadata: triton-grpc-protocol-authorization
 # The headers Triton hands the model, as a regular expression (RE2): serveshared.wire's
-# PRIORITY_HEADER and DEADLINE_HEADER, written out because the launcher runs without the
-# repository's packages on its path (the KServe image); tests/test_triton.py holds them equal.
-FORWARDED_HEADERS = "(?i)^(X-Priority|X-Deadline)$"
+# PRIORITY_HEADER and DEADLINE_HEADER and the W3C trace context (servecore.tracing), written
+# out because the launcher runs without the repository's packages on its path (the KServe
+# image); tests/test_triton.py holds them equal.
+FORWARDED_HEADERS = "(?i)^(X-Priority|X-Deadline|traceparent|tracestate)$"
 
 
 def server_keys(path: Path = KEY_FILE, new: bool = False) -> Keys:

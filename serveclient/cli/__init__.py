@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import sys
 
 from serveclient import errors
@@ -107,6 +108,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    # One trace per command, unless the caller's TRACEPARENT continues its own (base.new_session)
+    os.environ.setdefault("TRACEPARENT", f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01")
     try:
         client = make_client(args)
         try:
