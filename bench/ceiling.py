@@ -3,6 +3,7 @@ Triton with models that do no work (``bench.null``), so a GPU server can be plan
 
     python -m bench.ceiling            # make bench-ceiling -> results/ceiling.md (~10 minutes)
     python -m bench.ceiling --quick    # one short row per engine (the suite's smoke test)
+    python -m bench.ceiling --tracing  # the core rows, tracing off and on -> ceiling-tracing.md
 
 Rows: each engine x {bare: the engine alone, a fixed answer; core: our adapter and core with
 decode and forward no-ops} x {1 image per request: the raw body on TorchServe, Triton's binary
@@ -16,19 +17,29 @@ worker (a Python process: one core at most), and the cores the load generator to
 shared host the CPU per request is the steadier figure, and what the plan
 (``docs/backends.md``) scales. Each row runs three times (``--rounds``), interleaved, and its
 median round is reported: one run of a row moved by 15% and more on this shared host.
+
+``--tracing``: the core rows only, each served twice at once, by a server started as shipped
+(every ``OTEL_*`` variable removed: tracing off) and by one started with tracing on at ratio
+1.0 (``OTEL_TRACES_SAMPLER=always_on``, ``OTEL_EXPORTER_OTLP_ENDPOINT`` at a
+``devtools.otlp.Receiver`` in this process, answering 200), their rows interleaved round by
+round; beside them what tracing off costs in-process (``off_path_us``). Its report is
+results/ceiling-tracing.md, so the full run's ceiling.md stays.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import tempfile
 import time
+import timeit
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
+from unittest import mock
 
 import psutil
 
@@ -41,7 +52,10 @@ from bench.null import package
 from bench.null.package import BATCH_IMAGES, KINDS, model_name
 from bench.stats import summarize
 from bench.triton import batch_meter, missing, triton_serving
+from devtools.otlp import Receiver
 from devtools.server import LocalTorchServe
+from servecore.stages import Incoming
+from servecore.tracing import untraced
 
 logger = logging.getLogger("bench.ceiling")
 
@@ -60,6 +74,8 @@ GPU_FIGURES = (
     ("plain nvJPEG + f16 loop, 12 MP photos, b16", 295),
 )
 H100_HOST_CORES = 16  # the issue's H100 machine
+# Tracing on at ratio 1.0 (servecore.tracing), towards the bench's receiver (its endpoint added).
+TRACING_ON = {"OTEL_TRACES_SAMPLER": "always_on", "OTEL_SERVICE_NAME": "bench-ceiling"}
 
 
 @dataclass(frozen=True)
@@ -83,6 +99,7 @@ class Row:
     worker_ms: float  # ... the model's worker
     client_cores: float  # the load generator's CPU over the run
     worker_ms_runs: tuple[float, ...] = ()  # every round's worker_ms (this row: the median's)
+    traced: bool = False  # served with tracing on at ratio 1.0 (TRACING_ON)
 
 
 @dataclass
@@ -193,7 +210,7 @@ def plan(rows: list[Row]) -> list[Need]:
     """For each engine's core rows and each GPU figure: the requests/s that feed it, the
     worker processes and frontend cores that takes at the CPU per request measured here."""
     needs = []
-    for row in (r for r in rows if r.kind == "core"):
+    for row in (r for r in rows if r.kind == "core" and not r.traced):
         for gpu, rate in GPU_FIGURES:
             wanted = rate / row.images
             worker_cores = wanted * row.worker_ms / 1000
@@ -220,10 +237,14 @@ NEEDS = ("engine | GPU figure | img/s | images/request | request | requests/s | 
          "workers | frontend cores")  # fmt: skip
 
 
-def report(rows: list[Row], machine: dict, seconds: float, rounds: int = 1) -> str:
-    """results/ceiling.md: the rows, then the plan for one H100 from them."""
+def report(
+    rows: list[Row], machine: dict, seconds: float, rounds: int = 1, tracing: dict | None = None
+) -> str:
+    """results/ceiling.md: the rows, then the plan for one H100 from them; with ``tracing``
+    (``--tracing``'s figures) the tracing section first."""
     cells = [
-        [r.engine, r.kind, r.images, FORMS[r.form], r.clients, f"{r.requests:,}", r.errors,
+        [r.engine, f"{r.kind}, traced" if r.traced else r.kind, r.images, FORMS[r.form],
+         r.clients, f"{r.requests:,}", r.errors,
          figure(r.requests_per_s), figure(r.images_per_s),
          *(figure(v, 1) for v in (r.p50_ms, r.p99_ms, r.batch_images)),
          *(figure(v, 2) for v in (r.frontend_ms, r.worker_ms, r.client_cores)),
@@ -252,6 +273,7 @@ def report(rows: list[Row], machine: dict, seconds: float, rounds: int = 1) -> s
             f"Rounds: each row ran {rounds} time(s), an engine's rows in turn; the row shown is "
             "its median round by worker CPU per request, every round's figure in the last column",
         ]),
+        tracing_section(rows, tracing) if tracing else None,
         section("Rows", table(ROWS, cells, "llrlrrrrrrrrrrr")),
         section(
             "Planning one H100",
@@ -267,6 +289,54 @@ def report(rows: list[Row], machine: dict, seconds: float, rounds: int = 1) -> s
     )  # fmt: skip
 
 
+def off_path_us(repeat: int) -> dict[str, float]:
+    """What tracing off costs the core in-process (servecore.tracing), in µs, the best of five
+    runs of ``repeat`` each: a batch's ``untraced`` call and its no-op trace's two steps, and a
+    request's ``traceparent`` lookup among an engine's usual headers (``Incoming.traced``)."""
+    incoming = Incoming("r", payload=None)  # type: ignore[arg-type]
+    headers = {"content-type": "image/jpeg", "content-length": "24576", "x-request-id": "r"}
+
+    def batch() -> None:
+        trace = untraced((incoming,))
+        trace.answered(None, 0.0, ())  # type: ignore[arg-type]
+        trace.end()
+
+    def best(step: Callable[[], object]) -> float:
+        return 1e6 * min(timeit.repeat(step, number=repeat, repeat=5)) / repeat
+
+    return {"batch_us": best(batch), "request_us": best(lambda: incoming.traced(headers))}
+
+
+TRACED = (
+    "engine | images/request | request | worker CPU ms/request, off | on | on/off | "
+    "frontend CPU ms/request, off | on | p50 ms, off | on | requests/s, off | on"
+)
+
+
+def tracing_section(rows: list[Row], tracing: dict) -> str:
+    """``--tracing``'s comparison: each core row off beside on, and what off costs in-process."""
+    off = {(r.engine, r.images, r.form): r for r in rows if r.kind == "core" and not r.traced}
+    cells = []
+    for r in (r for r in rows if r.traced and (r.engine, r.images, r.form) in off):
+        o = off[(r.engine, r.images, r.form)]
+        cells.append([r.engine, r.images, FORMS[r.form],
+                      *(figure(v, 2) for v in (o.worker_ms, r.worker_ms, r.worker_ms / o.worker_ms,
+                                               o.frontend_ms, r.frontend_ms)),
+                      *(figure(v, 1) for v in (o.p50_ms, r.p50_ms)),
+                      figure(o.requests_per_s), figure(r.requests_per_s)])  # fmt: skip
+    return section(
+        "Tracing off and on",
+        "Each core row served twice at once: by a server started as shipped (no `OTEL_*` "
+        "variable: tracing off) and by one with tracing on at ratio 1.0 (`OTEL_TRACES_SAMPLER="
+        "always_on`, spans posted over OTLP/HTTP to a receiver in the benchmark's process, "
+        f"answering 200: {tracing['spans']:,} spans in {tracing['exports']:,} posts), rows "
+        "interleaved round by round; the figures are the rows' medians below. In-process, "
+        f"tracing off costs a batch {tracing['batch_us']:.2f} µs (the `untraced` call and its "
+        f"no-op trace) and a request {tracing['request_us']:.2f} µs (its `traceparent` lookup).",
+        table(TRACED, cells, "lrlrrrrrrrrr"),
+    )
+
+
 def median_row(runs: list[Row]) -> Row:
     """The round whose worker CPU per request is the median (the lower middle of an even
     count), carrying every round's figure."""
@@ -275,36 +345,66 @@ def median_row(runs: list[Row]) -> Row:
     return replace(middle, worker_ms_runs=tuple(r.worker_ms for r in runs))
 
 
+@contextmanager
+def environment(receiver: Receiver | None) -> Iterator[None]:
+    """The environment a server starts in: every ``OTEL_*`` variable removed (tracing off, as
+    shipped) and, with ``receiver``, tracing on at ratio 1.0 towards it (TRACING_ON). Only for
+    the start: TorchServe's frontend and Triton keep the environment they started with, and
+    their workers read it as the model loads (servecore.tracing)."""
+    on = {} if receiver is None else {**TRACING_ON, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url}
+    with mock.patch.dict(os.environ):
+        for name in [n for n in os.environ if n.startswith("OTEL_")]:
+            del os.environ[name]
+        os.environ.update(on)
+        yield
+
+
+def serving(
+    engine: str, work: Path, image: bytes, wanted: list[tuple[str, int]]
+) -> AbstractContextManager[Target]:
+    """``engine`` serving each (kind, images) null model, in a fresh ``work``."""
+    if engine == "triton":
+        return triton(fresh_dir(work), image, sorted({k for k, _ in wanted}))
+    return torchserve(fresh_dir(work), image, wanted)
+
+
 def run(
-    rows: list[tuple[str, str, int, str]], seconds: float, work: Path, rounds: int = 1
-) -> list[Row]:
-    """Each (engine, kind, images, form) row, engine by engine; an engine not installed is left
-    out, saying why. With ``rounds`` > 1 the engine's rows run in turn that many times (bare and
-    core interleaved, so that a busy spell of a shared host falls on both) and each row is its
-    median round (``median_row``)."""
+    rows: list[tuple[str, str, int, str, bool]], seconds: float, work: Path, rounds: int = 1,
+    receiver: Receiver | None = None,
+) -> list[Row]:  # fmt: skip
+    """Each (engine, kind, images, form, traced) row, engine by engine; an engine not installed
+    is left out, saying why. Traced rows go to a second server of the engine, started beside
+    the first with tracing on towards ``receiver`` (``environment``). With ``rounds`` > 1 the
+    engine's rows run in turn that many times (bare and core, off and on interleaved, so that a
+    busy spell of a shared host falls on both) and each row is its median round
+    (``median_row``)."""
     image = (SAMPLES / IMAGES["small"]).read_bytes()
     measured = []
     for engine in ENGINES:
-        requests = [(kind, images, form) for e, kind, images, form in rows if e == engine]
-        wanted = sorted({(kind, images) for kind, images, _ in requests})
-        if not wanted:
+        requests = [r[1:] for r in rows if r[0] == engine]
+        if not requests:
             continue
-        if engine == "triton":
-            if why := missing():
-                logger.warning("no Triton rows: %s", why)
-                continue
-            server = triton(fresh_dir(work / engine), image, sorted({k for k, _ in wanted}))
-        else:
-            server = torchserve(fresh_dir(work / engine), image, wanted)
+        if engine == "triton" and (why := missing()):
+            logger.warning("no Triton rows: %s", why)
+            continue
         logger.info("starting %s", engine)
-        with server as target:
-            runs: dict[tuple[str, int, str], list[Row]] = {}
-            for kind, images, form in [r for _ in range(rounds) for r in requests]:
-                row = measure(target, kind, images, form, seconds)
-                runs.setdefault((kind, images, form), []).append(row)
-                logger.info("%s %s x%d %s: %.0f requests/s, %.0f images/s, p50 %.1f ms, %d errors",
-                            engine, kind, images, form, row.requests_per_s, row.images_per_s,
-                            row.p50_ms, row.errors)  # fmt: skip
+        with ExitStack() as servers:
+            targets = {}
+            for traced in sorted({r[3] for r in requests}):
+                wanted = sorted({(kind, n) for kind, n, _, t in requests if t == traced})
+                with environment(receiver if traced else None):
+                    where = work / f"{engine}-{'traced' if traced else 'plain'}"
+                    targets[traced] = servers.enter_context(serving(engine, where, image, wanted))
+            runs: dict[tuple[str, int, str, bool], list[Row]] = {}
+            for kind, images, form, traced in [r for _ in range(rounds) for r in requests]:
+                row = measure(targets[traced], kind, images, form, seconds)
+                runs.setdefault((kind, images, form, traced), []).append(
+                    replace(row, traced=traced)
+                )
+                logger.info("%s %s x%d %s%s: %.0f requests/s, %.0f images/s, p50 %.1f ms, "
+                            "%d errors", engine, kind, images, form, ", traced" * traced,
+                            row.requests_per_s, row.images_per_s, row.p50_ms,
+                            row.errors)  # fmt: skip
             measured += [median_row(found) for found in runs.values()]
     return measured
 
@@ -319,21 +419,31 @@ def main(argv: list[str] | None = None) -> int:
         "--quick", action="store_true", help="one 2 s row per engine (core, 8 images, v2 binary)"
     )
     parser.add_argument(
+        "--tracing", action="store_true",
+        help="the core rows with tracing off and on at ratio 1.0 -> ceiling-tracing.md",
+    )  # fmt: skip
+    parser.add_argument(
         "--engine", choices=ENGINES, action="append", help="only this engine (repeatable)"
     )
     args = parse(parser, argv)
     if args.quick:
         plan_rows, seconds, rounds = [(e, "core", 8, "binary") for e in ENGINES], 2.0, 1
     else:
-        plan_rows = [(e, k, n, f) for e in ENGINES for k in KINDS for n, f in REQUESTS]
+        kinds = ("core",) if args.tracing else KINDS
+        plan_rows = [(e, k, n, f) for e in ENGINES for k in kinds for n, f in REQUESTS]
         seconds, rounds = args.seconds, max(1, args.rounds)
-    plan_rows = [r for r in plan_rows if r[0] in (args.engine or ENGINES)]
+    traced = (False, True) if args.tracing else (False,)
+    rows_wanted = [(*r, t) for r in plan_rows if r[0] in (args.engine or ENGINES) for t in traced]
     machine = describe_machine()
     # Not under build/: the staged copies of our packages would count as more modules.
-    with tempfile.TemporaryDirectory(prefix="bench-ceiling-") as work:
-        rows = run(plan_rows, seconds, Path(work), rounds)
-    figures = {"machine": machine, "rows": [asdict(r) for r in rows]}
-    return publish(args.out / "ceiling.md", report(rows, machine, seconds, rounds), figures)
+    with tempfile.TemporaryDirectory(prefix="bench-ceiling-") as work, Receiver(False) as otlp:
+        rows = run(rows_wanted, seconds, Path(work), rounds, otlp)
+        received = {"spans": otlp.spans_received, "exports": otlp.exports}
+    off_path = off_path_us(20_000 if args.quick else 200_000) if args.tracing else {}
+    tracing = {**received, **off_path} if args.tracing else None
+    figures = {"machine": machine, "rows": [asdict(r) for r in rows], "tracing": tracing}
+    text = report(rows, machine, seconds, rounds, tracing)
+    return publish(args.out / f"ceiling{'-tracing' * args.tracing}.md", text, figures)
 
 
 if __name__ == "__main__":
