@@ -51,7 +51,7 @@ SOURCES := $(wildcard handlers/*.py servecore/*.py servecore/*/*.py model_files/
            $(MODEL_CONFIGS) archive.sh \
            buildsteps/configgen.py
 
-.PHONY: setup java config weights archives gpu samples serve lint test test-fast triton-server triton-repo serve-triton bench bench-sweep bench-ingestion bench-collection bench-traffic bench-ceiling bench-gpu soak clean
+.PHONY: setup java config weights archives gpu samples serve lint test test-fast triton-server triton-repo serve-triton bench bench-sweep bench-ingestion bench-collection bench-traffic bench-ceiling bench-ceiling-tracing bench-gpu soak clean
 .DEFAULT_GOAL := test
 
 setup: $(VENV)/.installed java kubectl chromium prometheus
@@ -290,6 +290,11 @@ bench-crops: setup config archives samples triton-server
 # (docs/backends.md); each row three times, its median shown (about 10 minutes).
 bench-ceiling: setup config weights samples triton-server
 	$(PY) -m bench.ceiling
+
+# The core rows of bench-ceiling with tracing off beside tracing on at ratio 1.0 ->
+# results/ceiling-tracing.md (about 10 minutes; bench/README.md).
+bench-ceiling-tracing: setup config weights samples triton-server
+	$(PY) -m bench.ceiling --tracing
 
 # The core's own CPU per image with the null model, each request form and both models, this
 # tree against landed main before issue #49 (a temporary worktree) -> results/core-cost.md

@@ -3,6 +3,7 @@ the Java and kubectl checks. Nothing here is imported by the handler, nor import
 
     server.py        a real TorchServe on free loopback ports, in its own folder
     transformer.py   the preprocessing server as a local process
+    otlp.py          a small OTLP/HTTP trace receiver (the tracing tests, make bench-ceiling)
     milvus.py        a Milvus Lite server process (the Milvus tests, make bench-search)
     prometheus.py    a real Prometheus with config/monitoring's rules
     samples.py       sample photos for the README, the tests and the benchmark

@@ -1,6 +1,7 @@
-"""``python -m bench.ceiling --quick`` on TorchServe: the null models load, take our
-requests and answer every one 200 (a seconds-long load, so its rates only have to be
-positive); and the plan's arithmetic on known rows."""
+"""``python -m bench.ceiling --quick --tracing`` on TorchServe: the null models load, take our
+requests and answer every one 200, on a server with tracing off and on one with tracing on at
+ratio 1.0 whose spans reach the bench's receiver (a seconds-long load, so its rates only have
+to be positive); and the plan's arithmetic on known rows."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from bench.ceiling import GPU_FIGURES, Row, median_row, plan
 from tests.conftest import REPO
 
 
-def quick(engine: str, out) -> list[dict]:
-    argv = ["--quick", "--quiet", "--engine", engine, "--out", str(out)]
+def quick(engine: str, out) -> tuple[list[dict], dict]:
+    argv = ["--quick", "--tracing", "--quiet", "--engine", engine, "--out", str(out)]
     run = subprocess.run(
         [sys.executable, "-m", "bench.ceiling", *argv],
         cwd=REPO,
@@ -25,14 +26,21 @@ def quick(engine: str, out) -> list[dict]:
         timeout=300,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    rows = json.loads((out / "ceiling.json").read_text())["rows"]
-    assert [(r["engine"], r["kind"], r["images"], r["form"]) for r in rows] == [
-        (engine, "core", 8, "binary")
+    figures = json.loads((out / "ceiling-tracing.json").read_text())
+    rows = figures["rows"]
+    assert [(r["engine"], r["kind"], r["images"], r["form"], r["traced"]) for r in rows] == [
+        (engine, "core", 8, "binary", False),
+        (engine, "core", 8, "binary", True),
     ]
-    report = (out / "ceiling.md").read_text()
+    report = (out / "ceiling-tracing.md").read_text()
     assert f"| {engine} | core | 8 | v2 binary in and out |" in report
-    assert "## Planning one H100" in report
-    return rows
+    assert f"| {engine} | core, traced | 8 | v2 binary in and out |" in report
+    off, on = (r["worker_ms"] for r in rows)
+    assert f"| {engine} | 8 | v2 binary in and out | {off:.2f} | {on:.2f} | {on / off:.2f} |" in (
+        report
+    )
+    assert "## Planning one H100" in report and not (out / "ceiling.md").exists()
+    return rows, figures["tracing"]
 
 
 def check(row: dict) -> None:
@@ -45,8 +53,14 @@ def check(row: dict) -> None:
 
 
 @pytest.mark.integration
-def test_torchserve_null_core_answers_every_request(tmp_path):
-    check(*quick("torchserve", tmp_path))
+def test_torchserve_null_core_answers_every_request_traced_or_not(tmp_path):
+    rows, tracing = quick("torchserve", tmp_path)
+    for row in rows:
+        check(row)
+    # The traced server's spans reached the bench's receiver (the queue's 2,048 spans go out
+    # at 512 a post or every 5 s: most of a 2 s row's, not necessarily all, before it stops).
+    assert tracing["spans"] > 0 and tracing["exports"] > 0
+    assert 0 < tracing["batch_us"] < 1000 and 0 < tracing["request_us"] < 1000
 
 
 # Triton's null rows run in `make bench-ceiling` (results/ceiling.md), not here: the suite keeps

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import gzip
 import logging
 import secrets
 import shutil
@@ -17,21 +16,17 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import requests
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from devtools import otlp
 from serveclient import metrics
 from servecore.errors import InvalidImage
 from servecore.otel import BoundedProcessor, Traced
@@ -181,74 +176,8 @@ def test_a_batch_is_sampled_with_its_requests_at_ratio_0_and_its_stages_are_its_
 # --- a receiver and the two engines ----------------------------------------------------------
 
 
-class Receiver:
-    """An OTLP/HTTP collector on a loopback port: ``POST /v1/traces``, the body an
-    ``ExportTraceServiceRequest``; ``spans``: every span received, as a dict. ``hold_s``: each
-    export answered after that long (a slow collector); ``close``/``open``: the port shut (a
-    collector down) and opened again, the same port."""
-
-    def __init__(self) -> None:
-        self.spans: list[dict] = []
-        self.hold_s, self.woken = 0.0, threading.Event()
-        self.server: ThreadingHTTPServer | None = None
-        self.port = 0
-        self.open()
-
-    def open(self) -> None:
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                if self.headers.get("Content-Encoding") == "gzip":
-                    body = gzip.decompress(body)
-                receiver.woken.wait(receiver.hold_s)
-                receiver.received(ExportTraceServiceRequest.FromString(body))
-                answer = ExportTraceServiceResponse().SerializeToString()
-                with contextlib.suppress(OSError):  # a held export's client gave up
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/x-protobuf")
-                    self.send_header("Content-Length", str(len(answer)))
-                    self.end_headers()
-                    self.wfile.write(answer)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self.server.daemon_threads = True
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
-            self.server = None
-
-    def received(self, request: ExportTraceServiceRequest) -> None:
-        for resource_spans in request.resource_spans:
-            resource = attributes(resource_spans.resource.attributes)
-            for scope_spans in resource_spans.scope_spans:
-                self.spans += [
-                    {
-                        "service": resource["service.name"],
-                        "name": s.name,
-                        "trace_id": s.trace_id.hex(),
-                        "span_id": s.span_id.hex(),
-                        "parent": s.parent_span_id.hex(),
-                        "kind": s.kind,
-                        "start": s.start_time_unix_nano,
-                        "end": s.end_time_unix_nano,
-                        "status": s.status.code,
-                        "attributes": attributes(s.attributes),
-                        "links": [
-                            (link.trace_id.hex(), link.span_id.hex(), attributes(link.attributes))
-                            for link in s.links
-                        ],
-                    }
-                    for s in scope_spans.spans
-                ]
+class Receiver(otlp.Receiver):
+    """``devtools.otlp.Receiver``, every span kept, and the span tree of one trace."""
 
     def request_span(self, trace_id: str) -> dict:
         """The server's request span in ``trace_id`` and its batch's spans come with it (the
@@ -268,10 +197,6 @@ class Receiver:
         return None
 
 
-def attributes(values) -> dict:
-    return {kv.key: getattr(kv.value, kv.value.WhichOneof("value")) for kv in values}
-
-
 @pytest.fixture(scope="module")
 def receiver() -> Iterator[Receiver]:
     receiver = Receiver()
@@ -286,7 +211,7 @@ def otel_env(receiver: Receiver, service: str) -> dict[str, str]:
     """Tracing on towards ``receiver``: ratio 0 for traces nobody asked for, a short export
     timeout and a small queue (so a slow collector fills it within a few requests)."""
     return {
-        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.port}",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
         "OTEL_SERVICE_NAME": service,
         "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
         "OTEL_TRACES_SAMPLER_ARG": "0",
