@@ -19,7 +19,7 @@ from model_files.recipe import crop, normalize
 from servecore.classes import Classes
 from servecore.config import EXPLAIN_METHODS, HandlerConfig
 from servecore.explain import compute as explain
-from servecore.explain.options import ExplainSpec
+from servecore.explainvalues import ExplainSpec
 from servecore.images import decode_image
 
 # Few iterations: IG at 32 steps is seconds per image here.

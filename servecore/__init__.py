@@ -28,7 +28,8 @@ it sends back, and nothing that knows which engine that is (no module here impor
                    sampler, the bounded export
     config.py      HandlerConfig, the typed ``handler:`` settings
     explain/       explanations, a typed stage: ExplainSpec in, Explained out (imported by
-                   stages, intake, service and the edges' bodies and tensor: its map says)
+                   intake, service and the edges' bodies: its map says); explainvalues.py:
+                   those values, below stages, which carry them
     gpudecode.py   JPEGs decoded and cropped on the worker's GPU, batched (torchvision's
                    nvJPEG); nvimgdecode.py: nvImageCodec's (hardware JPEG engines, region
                    decoding); gpuchoice.py: which of them a worker takes, chosen at start

@@ -36,8 +36,8 @@ from servecore.classes import Classes
 from servecore.config import HandlerConfig, Output
 from servecore.crops import CROPS_INPUT
 from servecore.errors import RequestError
-from servecore.explain.document import Explained
 from servecore.explain.explanations import Explanations
+from servecore.explainvalues import Explained
 from servecore.intake import Intake
 from servecore.lanes import lane_of, yield_cpu
 from servecore.metrics import BatchMetrics, MetricsSink, NoMetrics

@@ -13,8 +13,8 @@ A prediction request the content cache looked up is a ``Looked``: the ``Opened``
 carries its images' keys and what the cache found (``servecore.cacheentry``), with only the images
 left to compute as its ``images``.
 
-Imports the explanation's and the cache's types (spec, result, key, entry), nothing that
-computes or looks one up.
+Imports the explanation's and the cache's types (spec, result: ``servecore.explainvalues``; key,
+entry: ``servecore.cacheentry``), nothing that computes or looks one up.
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ from servecore.cacheentry import CacheKey, Entry
 from servecore.config import HandlerConfig
 from servecore.crops import GivenCrop
 from servecore.errors import RequestError, detached
-from servecore.explain.document import Explained
-from servecore.explain.options import ExplainSpec
+from servecore.explainvalues import Explained, ExplainSpec
 from servecore.images import OpenedImage
 from servecore.priority import Priority, parse_deadline, parse_priority
 from servecore.request import ParsedRequest, Payload

@@ -19,7 +19,7 @@ from servecore.cacheentry import CacheKey, Entry
 from servecore.classes import Classes
 from servecore.config import Output
 from servecore.errors import InvalidImage
-from servecore.explain.options import ExplainSpec
+from servecore.explainvalues import ExplainSpec
 from servecore.preprocessor import Preprocessor
 from servecore.priority import Priority
 from servecore.request import OutputSpec, ParsedRequest, Protocol

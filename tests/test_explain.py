@@ -21,7 +21,8 @@ from servecore.classes import Classes
 from servecore.config import ExplainConfig, HandlerConfig
 from servecore.errors import InvalidParameter
 from servecore.explain import compute as explain
-from servecore.explain.options import ExplainSpec, parse_explain
+from servecore.explain.options import parse_explain
+from servecore.explainvalues import ExplainSpec
 from tests import imagegen
 from tests.handler_context import make_handler, run_batch
 

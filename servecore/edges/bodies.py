@@ -46,7 +46,8 @@ from servecore.errors import (
     RequestError,
     UnsupportedMediaType,
 )
-from servecore.explain.document import Explained, encode_explanations
+from servecore.explain.document import encode_explanations
+from servecore.explainvalues import Explained
 from servecore.request import Protocol
 from serveshared.v2binary import bytes_elements
 

@@ -6,8 +6,8 @@ Triton error code of its kind. The adapter (``tritonrepo/model.py``) only reads 
 those arrays and wraps the outputs in its own tensors; ``servecore.edges.http.HttpEdge`` is the
 same shape for HTTP.
 
-Imports explanations: an explanation's answer is the ``explanations`` output
-(``servecore.explain.document``).
+An explanation's answer (``servecore.explainvalues.Explained``) is the ``explanations`` output,
+its JSON document as ``bodies`` writes it.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from servecore.errors import (
     Overloaded,
     RequestError,
 )
-from servecore.explain.document import Explained
+from servecore.explainvalues import Explained
 from servecore.request import (
     EXPLAIN_KEYS,
     OutputSpec,

@@ -29,8 +29,7 @@ from torch import nn
 
 from model_files.recipe import CROP, RESIZE, normalize
 from servecore.classes import Classes
-from servecore.explain.document import Explanation
-from servecore.explain.options import ExplainSpec
+from servecore.explainvalues import ExplainSpec, Explanation
 
 # The model's view of an image (model_files.recipe, as servecore.intake applies it): the
 # shorter side resized to RESIZE, then a centre CROP x CROP.

@@ -1,40 +1,14 @@
-"""An explanation request's answer: its values (``Explained``: per image, one ``Explanation``
-per target) and their JSON document, per image ``{"method", "explanations": [...]}``."""
+"""An explanation request's answer (``servecore.explainvalues.Explained``) as its JSON document,
+per image ``{"method", "explanations": [...]}``."""
 
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass
-
-import torch
 
 from servecore.classes import Classes
 from servecore.explain.options import EMBEDDING_TARGET
+from servecore.explainvalues import Explained, Explanation
 from servecore.request import Protocol
-
-
-@dataclass(frozen=True)
-class Explanation:
-    """One heatmap: for class ``target`` (-1: the embedding), its probability and rank in the
-    image's prediction (None for the embedding), ``grid`` [h, w] in [0, 1], ``empty`` when
-    nothing supported the target, and the PNG when one was asked for."""
-
-    target: int
-    probability: float | None
-    rank: int | None
-    grid: torch.Tensor
-    empty: bool
-    png: bytes | None = None
-
-
-@dataclass(frozen=True)
-class Explained:
-    """One explanation request's answer: per image, its explanations (one per target), by
-    ``method``; ``protocol`` says how the edge writes it."""
-
-    protocol: Protocol
-    method: str
-    images: list[list[Explanation]]
 
 
 def encode_explanations(answer: Explained, classes: Classes) -> dict:

@@ -31,8 +31,8 @@ from servecore.explain.compute import (
     passes,
     thumbnail,
 )
-from servecore.explain.document import Explained
-from servecore.explain.options import ExplainSpec, parse_explain
+from servecore.explain.options import parse_explain
+from servecore.explainvalues import Explained, ExplainSpec
 from servecore.images import OpenedImage, decode
 from servecore.request import ParsedRequest, Protocol
 from servecore.stages import Admitted, Explaining, Failed, Opened, Placed, PreparedBatch

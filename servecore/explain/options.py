@@ -1,30 +1,17 @@
 """An explanation request's parameters, checked against ``handler.explain`` into an
-``ExplainSpec`` (400 otherwise)."""
+``ExplainSpec`` (``servecore.explainvalues``; 400 otherwise)."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from servecore.config import EXPLAIN_METHODS, ExplainConfig
 from servecore.errors import InvalidParameter, echo
+from servecore.explainvalues import ExplainSpec
 
 EMBEDDING_TARGET = "embedding"  # explain the embedding's own direction, not a class
-
-
-@dataclass(frozen=True)
-class ExplainSpec:
-    """What one explanation request asks for. ``classes``: the named classes (indices, or
-    ``-1`` for the embedding target); empty means the top ``top_k`` of each image."""
-
-    method: str
-    classes: tuple[int, ...]
-    top_k: int
-    n_steps: int
-    internal_batch_size: int
-    png: bool
 
 
 def parse_explain(
