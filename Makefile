@@ -208,13 +208,19 @@ lint: $(VENV)/.installed
 TEST_WORKERS ?= 2
 PYTEST := $(VENV)/bin/pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 # The set-up (its apt steps one at a time) beside Triton's venv; after them the independent
-# steps side by side (each mostly on one core: podman, NNCF, mypy), each one's output printed
-# whole when it ends; then the tests.
+# steps side by side (each mostly on one core: NNCF, mypy), each one's output printed whole when
+# it ends; then the tests. The runtime image (minutes on a bare machine: debootstrap, then the
+# image's pip) builds in the background from the set-up's end, its output in
+# build/kserve-image.log and its exit status in build/kserve-image.status, which the container
+# tests wait for (tests/conftest.py's runtime_image), so the other tests need not.
 test:
 	@$(MAKE) --no-print-directory -j2 --output-sync=target setup-serial triton-venv
 	@$(MAKE) --no-print-directory config samples
-	@$(MAKE) --no-print-directory -j4 --output-sync=target archives kserve-image triton-server lint
-	$(PYTEST)
+	@rm -f build/kserve-image.status
+	@{ $(MAKE) --no-print-directory kserve-image; echo $$? > build/kserve-image.status; } \
+		> build/kserve-image.log 2>&1 < /dev/null &
+	@$(MAKE) --no-print-directory -j3 --output-sync=target archives triton-server lint
+	KSERVE_IMAGE_STATUS=build/kserve-image.status $(PYTEST)
 
 .PHONY: setup-serial
 setup-serial:

@@ -4,6 +4,8 @@ session, and the runtime image the container tests start."""
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -112,10 +114,13 @@ def trained_head(head_photos, torchserve, weights_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def runtime_image() -> str:
     """The runtime image `make kserve-image` tagged last (both KServe runtimes run it); the test
-    fails, saying what to run, when podman or docker or the image is missing."""
+    fails, saying what to run, when podman or docker or the image is missing. Under `make test`
+    the image builds beside the tests: this waits for that build's exit status first."""
     from kserve_tools.engine import EngineMissing, engine
     from kserve_tools.image import NAME, image_id, version
 
+    if status := os.environ.get("KSERVE_IMAGE_STATUS"):
+        built_in_background(REPO / status)
     image = f"{NAME}:{version()}"
     try:
         engine()
@@ -124,3 +129,17 @@ def runtime_image() -> str:
     if image_id(image) is None:
         pytest.fail(f"no image {image}: run `make kserve-image` first")
     return image
+
+
+def built_in_background(status: Path, limit_s: float = 1800) -> None:
+    """Wait until `make test`'s background `make kserve-image` has written its exit status to
+    ``status`` (at most ``limit_s``); a build that failed fails the test with its log's end."""
+    deadline = time.monotonic() + limit_s
+    while not (code := status.read_text().strip() if status.exists() else ""):
+        if time.monotonic() > deadline:
+            pytest.fail(f"make kserve-image wrote no exit status to {status} in {limit_s:.0f} s")
+        time.sleep(1)
+    if code != "0":
+        log = status.with_suffix(".log")
+        tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
+        pytest.fail(f"make kserve-image failed (exit {code}); the end of {log}:\n{tail}")
