@@ -341,16 +341,15 @@ def _tsctl(capsys, *argv) -> tuple[int, str, str]:
     return code, out, err
 
 
+def _tsctl_at(capsys, tmp_path, port: int, *argv: str):
+    """``_tsctl`` against the management API at 127.0.0.1:``port`` with a key file of its own."""
+    url, keys = f"http://127.0.0.1:{port}", str(_key_file(tmp_path / "k.json"))
+    return _tsctl(capsys, "--management-url", url, "--key-file", keys, *argv)
+
+
 def test_tsctl_without_a_server_says_how_to_start_one(capsys, tmp_path):
     port = free_port()
-    code, _, err = _tsctl(
-        capsys,
-        "--management-url",
-        f"http://127.0.0.1:{port}",
-        "--key-file",
-        str(_key_file(tmp_path / "k.json")),
-        "list",
-    )
+    code, _, err = _tsctl_at(capsys, tmp_path, port, "list")
     assert code == errors.ServerNotRunning.exit_code == 3
     assert f"no TorchServe answers at http://127.0.0.1:{port}" in err and "make serve" in err
 
@@ -372,14 +371,7 @@ def test_tsctl_without_a_key_file_exits_4(capsys, tmp_path):
 )
 def test_tsctl_refuses_unroutable_names_before_sending(capsys, tmp_path, argv):
     port = free_port()  # nothing listens: a request would exit 3, not 2
-    code, _, err = _tsctl(
-        capsys,
-        "--management-url",
-        f"http://127.0.0.1:{port}",
-        "--key-file",
-        str(_key_file(tmp_path / "k.json")),
-        *argv,
-    )
+    code, _, err = _tsctl_at(capsys, tmp_path, port, *argv)
     assert code == 2 and "hint:" in err
 
 
