@@ -7,9 +7,11 @@ Two TorchServes run at once on this host: one serving the tagger archive that ``
 builds (its own ``archive.sh``, handler, core and config, checked out in a temporary git
 worktree, from the same weights in ``build/weights``), one serving this tree's archive
 (``model-store/``, ``make archives``). Each load is ``python -m bench``'s closed loop of 16
-clients on one image (a small JPEG, a smooth 12 MP photo, a noisy one), before then after, and
+clients on one image (a small JPEG, a smooth 12 MP photo, a noisy one), each side in turn, and
 the whole sequence runs ``--rounds`` times, so that a busy spell of the shared host falls on
-both; a row is the median round of each side. Only one server takes load at a time; the other
+both; the side that goes first alternates from round to round (before first in the odd rounds,
+after first in the even ones), so that neither always runs on the heels of the other's load; a
+row is the median round of each side. Only one server takes load at a time; the other
 idles (no request, its worker asleep in its socket read).
 """
 
@@ -79,12 +81,13 @@ def server_of(side: Side, work: Path) -> LocalTorchServe:
 
 
 def measure(servers: dict[str, LocalTorchServe], rounds: int, plan: LoadPlan) -> list[dict]:
-    """Every (round, image, side) closed-loop run, sides alternating within each image."""
+    """Every (round, image, side) closed-loop run, both sides of an image one after the other,
+    the first of them alternating from round to round."""
     bodies = {name: (SAMPLES / file).read_bytes() for name, file in IMAGES.items()}
     runs = []
     for round_ in range(rounds):
         for image, body in bodies.items():
-            for side in SIDES:
+            for side in SIDES if round_ % 2 == 0 else SIDES[::-1]:
                 model = ModelUnderTest(servers[side], TAGGER, batches_from_log=False, plan=plan)
                 stats = model.closed(image, body, CLIENTS, {})
                 runs.append({"round": round_, "side": side, **stats})
@@ -125,8 +128,9 @@ def report(runs: list[dict], ref: str, served: dict[str, str], machine: dict) ->
             f"weights, same virtualenv; served precision before {served['before']}, after "
             f"{served['after']}.",
             f"Each run: {CLIENTS} clients, closed loop, one image; "
-            f"{max(r['round'] for r in runs) + 1} rounds, before and after in turn; a cell is the "
-            "median round (every round's img/s in the last column).",
+            f"{max(r['round'] for r in runs) + 1} rounds, before and after in turn, the first "
+            "of them alternating (before first in rounds 1, 3, ...); a cell is the median round "
+            "(every round's img/s in the last column).",
         ]),
         table("image | before img/s | after img/s | after/before | before p50 ms | after p50 ms | "
               "errors | img/s each round (before; after)", rows, "lrrrrrr"),

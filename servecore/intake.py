@@ -1,8 +1,9 @@
 """A batch's requests through open, admit and decode, each request on its own.
 
 Each request is parsed and its images' headers read on its own (``Intake.open``; an explanation
-request's parameters are checked in between, before any image is read; a request whose
-deadline has passed is answered 504 before it is even parsed); the batch's work is admitted
+request's parameters are checked in between, by the model's ``ExplainRules``, before any image
+is read; a request whose deadline has passed is answered 504 before it is even parsed); the
+batch's work is admitted
 within its budgets (``servecore.admission``: the bulk share, forward rows, decoded pixels,
 explanation passes) before anything is decoded; the admitted images are decoded on a small
 thread pool (PIL and numpy release the GIL), each into its row of the batch's CPU tensor
@@ -12,8 +13,9 @@ the rest, and the batch is stacked on the GPU; a GPU worker that overlaps (``ser
 decodes the admitted requests in parts, queuing each part's forward before decoding the next.
 Whatever goes wrong fails its own request only (``servecore.boundary``).
 
-Imports explanations: the intake calls the explanation stage (``servecore.explain.explanations``) to
-check an explanation request's parameters and admit the batch's explanation work.
+Imports ``servecore.explain.options``: what an explanation request may ask (``ExplainRules``, a
+value) and what its passes cost of the batch's budget; the explanation stage that computes them
+(``servecore.explain.explanations``) is not the intake's: ``ImageModel.run`` enters it.
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ import torch
 from model_files.recipe import ROW
 from servecore.admission import Admission, Budget
 from servecore.boundary import attempt, each_image
+from servecore.classes import Classes
 from servecore.config import MAX_DECODE_THREADS, HandlerConfig
 from servecore.crops import GivenCrop
 from servecore.errors import DeadlineExceeded, detached
-from servecore.explain.explanations import Explanations
+from servecore.explain.options import ExplainRules
 from servecore.gpuchoice import for_worker
 from servecore.gpudecode import DeviceDecoder, accepts, assemble
 from servecore.host import usable_cpus
@@ -59,20 +62,22 @@ class Intake:
     """Turns one batch of ``Incoming`` requests into a ``PreparedBatch``. ``clock``: Unix
     time in seconds, what deadlines and the interactive window are counted on.
     ``device_decoder``: the GPU's JPEG decoder (``handler.gpu_decode``), None when off;
-    ``decoder_choice``: which decoder that is and why (describe's ``gpu``)."""
+    ``decoder_choice``: which decoder that is and why (describe's ``gpu``). ``classes``: the
+    model's (what ``topk`` may ask); ``explain``: what an explanation request may ask."""
 
     def __init__(
         self,
         config: HandlerConfig,
-        explanations: Explanations,
-        admission: Admission,
+        classes: Classes,
+        explain: ExplainRules,
         clock: Callable[[], float] = time.time,
         lookup: Callable[[list[Admitted]], list[Admitted]] = list,
         device: torch.device = CPU,
     ) -> None:
         self.config = config
-        self.explanations = explanations
-        self.admission = admission
+        self.classes = classes
+        self.explain = explain
+        self.admission = Admission()  # the worker's budgets over time (who is owed a turn)
         self.clock = clock
         self.lookup = lookup  # between admission and decode: the content cache's step
         self.preprocessor = Preprocessor(config)
@@ -89,6 +94,7 @@ class Intake:
                 config.max_batch_pixels,
                 lambda request: request.pixel_count,
             ),
+            explain.budget,
         )
         self.bulk_share = Budget(
             "bulk_batch_images",
@@ -166,7 +172,6 @@ class Intake:
         requests = self.admission.bulk_share(requests, self.bulk_share, window_s, now)
         for budget in self.budgets:
             requests = self.admission.within(requests, budget)
-        requests = self.explanations.admit(requests, self.admission)
         self.admission.served(requests)
         return requests
 
@@ -188,7 +193,7 @@ class Intake:
 
     def _open(self, incoming: Incoming) -> Opened:
         request = incoming.parse(self.config)
-        classes = self.explanations.classes
+        classes = self.classes
         check_top_k(
             request,
             classes.largest,
@@ -196,10 +201,10 @@ class Intake:
         )
         priority = incoming.priority if request.priority is None else request.priority
         if incoming.explain:
-            spec = self.explanations.spec(request)
+            spec = self.explain.spec(request)
             images = self.preprocessor.read(incoming.request_id, request)
             return Explaining(incoming.request_id, request, images, spec, priority=priority)
-        self.explanations.refuse_options(request)
+        self.explain.refuse_options(request)
         images = self.preprocessor.read(incoming.request_id, request)
         return Opened(incoming.request_id, request, images, priority=priority)
 

@@ -1,6 +1,7 @@
 """One loaded model and the one call an engine makes per batch: ``run``, which chains
 ``prepare`` (each request parsed, admitted and decoded), ``infer`` (one forward for the batch's
-good images, then the explanations) and ``answer`` (one ``Reply`` per request: its answer as
+good images), the explanation stage (entered there, once per batch, for the explanation
+requests that reached the model) and ``answer`` (one ``Reply`` per request: its answer as
 values, or its error), then hands each reply to the engine's own ``encode``.
 
 Engines are adapters around this: an engine hands its batch over as ``Incoming`` requests in one
@@ -10,7 +11,7 @@ The core times that writing as part of answering and counts the errors of the re
 so every metric means the same on every engine.
 
 Imports explanations: the model loads the explanation stage (``servecore.explain.explanations``),
-runs it after the forward pass and answers explanation requests with its ``Explained``.
+gives the intake its ``rules`` and, in ``run``, enters it once per batch after the forward.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import TypeVar
@@ -27,7 +28,6 @@ import torch
 
 from model_files.artifacts import ModelFiles
 from model_files.recipe import PREPROCESSING
-from servecore.admission import Admission
 from servecore.answers import AnswerSpec, BatchOutputs, Prediction
 from servecore.autoprecision import serving_backend
 from servecore.backends import device_memory, pick_device
@@ -46,7 +46,6 @@ from servecore.priority import Priority
 from servecore.restarts import mark_start
 from servecore.stages import (
     ComputedBatch,
-    Explaining,
     Failed,
     Incoming,
     Looked,
@@ -191,7 +190,11 @@ class ImageModel:
         )
         self.cache = AnswerCache(config.cache_bytes, self.answers, self.backend.precision)
         self.intake = Intake(
-            config, self.explanations, Admission(), lookup=self.cache.lookup, device=self.device
+            config,
+            classes,
+            self.explanations.rules,
+            lookup=self.cache.lookup,
+            device=self.device,
         )
         self.overlap = (
             Overlap(
@@ -246,10 +249,10 @@ class ImageModel:
 
     def infer(self, batch: PreparedBatch) -> ComputedBatch:
         """The batch's good images through the model, ``forward_rows`` at a time (a bound on
-        the worker's memory), then its explanations; on a GPU worker that overlaps, the
-        forwards ``prepare`` queued are collected instead (one copy back, one wait)."""
+        the worker's memory); on a GPU worker that overlaps, the forwards ``prepare`` queued
+        are collected instead (one copy back, one wait)."""
         if batch.pixels is None:
-            return ComputedBatch(batch, None, None, {})
+            return ComputedBatch(batch, None, None)
         started = time.perf_counter()
         if batch.forwarded:
             embedding, logits = collect(batch.forwarded)
@@ -264,16 +267,19 @@ class ImageModel:
                 f"backend returned {rows[1]} embeddings and {rows[2]} logit "
                 f"rows for a batch of {rows[0]} images"
             )
-        explained = self.explanations.run(batch, logits)
-        return ComputedBatch(batch, embedding, logits, explained, forward_ms)
+        return ComputedBatch(batch, embedding, logits, forward_ms)
 
-    def answer(self, batch: ComputedBatch) -> list[Reply]:
-        """One reply per request, in order: its answer as values, or its own error."""
+    def answer(
+        self, batch: ComputedBatch, explained: Mapping[int, Explained | Failed]
+    ) -> list[Reply]:
+        """One reply per request, in order: its answer as values, or its own error; a
+        request with an entry in ``explained`` (its index: an explanation request that
+        reached the model) gets that."""
         requests = batch.prepared.requests
         plain = [
             r.opened.request
-            for r in requests
-            if isinstance(r, Placed) and not isinstance(r.opened, Explaining)
+            for i, r in enumerate(requests)
+            if isinstance(r, Placed) and i not in explained
         ]
         outputs = (
             BatchOutputs.of(batch.embedding, batch.logits, plain, self.answers)
@@ -285,12 +291,10 @@ class ImageModel:
         for i, request in enumerate(requests):
             if isinstance(request, Failed):
                 replies.append(reply(error=request.error))
-            elif isinstance(request.opened, Explaining):
-                explained = batch.explained[i]
+            elif i in explained:
+                result = explained[i]
                 replies.append(
-                    reply(error=explained.error)
-                    if isinstance(explained, Failed)
-                    else reply(explained)
+                    reply(error=result.error) if isinstance(result, Failed) else reply(result)
                 )
             else:
                 opened = request.opened
@@ -315,8 +319,9 @@ class ImageModel:
     def run(
         self, incoming: Sequence[Incoming], encode: Callable[[Reply], tuple[Reply, Sent]]
     ) -> list[Sent]:
-        """One batch, the one call an engine makes: ``prepare``, ``infer`` and ``answer``,
-        then each reply written once by the edge's ``encode``, in order, which gives back the
+        """One batch, the one call an engine makes: ``prepare``, ``infer``, the explanation
+        stage (its one entry per batch) and ``answer``, then each reply written once by the
+        edge's ``encode``, in order, which gives back the
         reply as sent (an HTTP edge's 413 for an answer too large to send) and its response.
         Answering and writing are timed together (``resnet50_answer_ms_total``), and the errors
         counted are those of the replies as sent. With tracing on (``servecore.tracing``) the
@@ -324,8 +329,9 @@ class ImageModel:
         trace = self.trace(incoming)
         try:
             computed = self.infer(self.prepare(incoming))
+            explained = self.explanations.run(computed)
             started = time.perf_counter()
-            sent = [encode(reply) for reply in self.answer(computed)]
+            sent = [encode(reply) for reply in self.answer(computed, explained)]
             self.metrics.errors(reply.error.kind for reply, _ in sent if reply.error is not None)
             answer_ms = 1000 * (time.perf_counter() - started)
             self.metrics.answer(answer_ms)

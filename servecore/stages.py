@@ -5,15 +5,16 @@
              --infer--> (explanations: Explained | Failed) --answer--> Reply
 
 An explanation request is an ``Explaining``, the ``Opened`` that also carries its ``ExplainSpec``;
-it travels the same steps, and ``ComputedBatch.explained`` holds its result. A step returns what
-it produced; a request that failed is a ``Failed`` from then on and carries its error to the
-end, unchanged: no later step writes into an earlier step's value.
+it travels the same steps, and the explanation stage's result for the batch (per request index,
+its ``Explained`` or ``Failed``) goes to the answer beside the ``ComputedBatch``. A step
+returns what it produced; a request that failed is a ``Failed`` from then on and carries its
+error to the end, unchanged: no later step writes into an earlier step's value.
 
 A prediction request the content cache looked up is a ``Looked``: the ``Opened`` that also
 carries its images' keys and what the cache found (``servecore.cacheentry``), with only the images
 left to compute as its ``images``.
 
-Imports the explanation's and the cache's types (spec, result: ``servecore.explainvalues``; key,
+Imports the explanation's and the cache's types (its spec: ``servecore.explainvalues``; key,
 entry: ``servecore.cacheentry``), nothing that computes or looks one up.
 """
 
@@ -32,7 +33,7 @@ from servecore.cacheentry import CacheKey, Entry
 from servecore.config import HandlerConfig
 from servecore.crops import GivenCrop
 from servecore.errors import RequestError, detached
-from servecore.explainvalues import Explained, ExplainSpec
+from servecore.explainvalues import ExplainSpec
 from servecore.images import OpenedImage
 from servecore.priority import Priority, parse_deadline, parse_priority
 from servecore.request import ParsedRequest, Payload
@@ -230,11 +231,9 @@ class PreparedBatch:
 @dataclass(frozen=True)
 class ComputedBatch:
     """A batch after ``infer``: the model's outputs for every row (None when nothing reached
-    the model) and, per index of an ``Explaining`` request that reached the model, its
-    explanations (or its ``Failed``); ``forward_ms``: the forward's wall-clock time."""
+    the model); ``forward_ms``: the forward's wall-clock time."""
 
     prepared: PreparedBatch
     embedding: torch.Tensor | None
     logits: torch.Tensor | None
-    explained: dict[int, Explained | Failed]
     forward_ms: float = 0.0

@@ -350,3 +350,30 @@ def test_error_statuses_and_triton_codes_live_at_the_edges():
             elif isinstance(node, (ast.Name, ast.Attribute)) and "TritonError" in ast.unparse(node):
                 found.append(f"{path.relative_to(REPO)}:{node.lineno} names TritonError")
     assert not found, found
+
+
+def test_the_explanation_stage_is_entered_once_per_batch_in_run():
+    """Only the model loads the explanation stage, and only ``ImageModel.run`` calls it: the
+    intake checks an explanation request by the rules it was given (a value), and ``infer``
+    and ``answer`` compute and write what they are handed."""
+    found = repo_modules()
+    loaders = sorted(
+        name
+        for name, path in found.items()
+        if name.startswith("servecore.")
+        and not name.startswith("servecore.explain")
+        and "servecore.explain.explanations" in module_imports(name, path, set(found))
+    )
+    assert loaders == ["servecore.service"]
+    tree = ast.parse((CORE / "service.py").read_text())
+    model = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ImageModel")
+    calls = [
+        (method.name, node.func.attr)
+        for method in model.body
+        if isinstance(method, ast.FunctionDef)
+        for node in ast.walk(method)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and ast.unparse(node.func.value) == "self.explanations"
+    ]
+    assert calls == [("run", "run")]

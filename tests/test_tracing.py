@@ -127,7 +127,7 @@ def incoming(request_id: str, traceparent: str | None) -> Incoming:
 def batch_done() -> ComputedBatch:
     """A batch's outcome as the trace reads it: its stage timings (no pixels)."""
     prepared = PreparedBatch((), None, open_ms=2.0, decode_ms=3.0)
-    return ComputedBatch(prepared, None, None, {}, forward_ms=5.0)
+    return ComputedBatch(prepared, None, None, forward_ms=5.0)
 
 
 def test_a_batch_is_sampled_with_its_requests_at_ratio_0_and_its_stages_are_its_children(

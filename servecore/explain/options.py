@@ -1,17 +1,91 @@
-"""An explanation request's parameters, checked against ``handler.explain`` into an
-``ExplainSpec`` (``servecore.explainvalues``; 400 otherwise)."""
+"""What an explanation request may ask of this model: ``ExplainRules``, a value made once at
+load, with which the intake checks a request's parameters into an ``ExplainSpec``
+(``servecore.explainvalues``; 400 otherwise, 501 where the model or protocol cannot explain)
+when it opens the request, before any of its images is read, and prices its passes for the
+batch's budget. Nothing here computes an explanation (``explanations``, the stage, does)."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from servecore.admission import Budget
 from servecore.config import EXPLAIN_METHODS, ExplainConfig
-from servecore.errors import InvalidParameter, echo
+from servecore.errors import InvalidParameter, NotSupported, echo
+from servecore.explain.compute import passes
 from servecore.explainvalues import ExplainSpec
+from servecore.request import ParsedRequest, Protocol
+from servecore.stages import Explaining, Opened
 
 EMBEDDING_TARGET = "embedding"  # explain the embedding's own direction, not a class
+
+
+@dataclass(frozen=True)
+class ExplainRules:
+    """``handler.explain`` on this model: its ``labels``, whether it explains the embedding
+    when no target is named (``embedding_default``: the embedding model) and whether it can
+    explain at all (``checkpoint``: the archive's PyTorch checkpoint's name, "" when it carries
+    none)."""
+
+    config: ExplainConfig
+    labels: Sequence[str]
+    embedding_default: bool
+    checkpoint: str
+    missing: str = ""  # the checkpoint the archive should have carried, when ``checkpoint`` is ""
+
+    @property
+    def budget(self) -> Budget:
+        """A batch's explanation passes (``explain.max_passes_per_batch``); predictions cost 0."""
+        return Budget(
+            "explain.max_passes_per_batch",
+            "explanation passes",
+            self.config.max_passes_per_batch,
+            cost,
+        )
+
+    def spec(self, request: ParsedRequest) -> ExplainSpec:
+        """An explanation request's checked parameters (4xx; 501 when this model cannot
+        explain or the protocol has no explanations; 400 when its passes, for all its images,
+        exceed a whole batch's: it could never fit, so it takes no other request's place)."""
+        if not self.checkpoint:
+            raise NotSupported(
+                "this archive carries no PyTorch checkpoint for explanations; "
+                f"rebuild it with archive.sh (it packs {self.missing})"
+            )
+        if request.protocol is Protocol.V2:
+            raise NotSupported(
+                "explanations answer /explanations/{model} and KServe v1 "
+                ":explain; the v2 protocol has no explain route"
+            )
+        spec = parse_explain(
+            request.options, request.top_k, self.labels, self.config, self.embedding_default
+        )
+        limit, images = self.config.max_passes_per_batch, len(request.images)
+        if passes(spec) * images > limit:  # never fits, unlike one that only lost the race
+            raise InvalidParameter(
+                f"this explanation needs {passes(spec) * images} forward/backward passes "
+                f"({images} image(s) x {passes(spec)}), more than the limit of {limit} "
+                "(handler.explain.max_passes_per_batch); send fewer images, targets or n_steps"
+            )
+        return spec
+
+    @staticmethod
+    def refuse_options(request: ParsedRequest) -> None:
+        """A prediction carries no explanation parameters (400)."""
+        if request.options:
+            raise InvalidParameter(
+                f"{sorted(request.options)} only apply to explanations: POST to "
+                "/explanations/{model} (or KServe v1 :explain)"
+            )
+
+
+def cost(request: Opened) -> int:
+    """A request's forward/backward passes of explanation work (none for a prediction)."""
+    if not isinstance(request, Explaining):
+        return 0
+    return passes(request.spec) * request.image_count
 
 
 def parse_explain(
