@@ -80,10 +80,12 @@ def server_of(side: Side, work: Path) -> LocalTorchServe:
     )
 
 
-def measure(servers: dict[str, LocalTorchServe], rounds: int, plan: LoadPlan) -> list[dict]:
-    """Every (round, image, side) closed-loop run, both sides of an image one after the other,
-    the first of them alternating from round to round."""
-    bodies = {name: (SAMPLES / file).read_bytes() for name, file in IMAGES.items()}
+def measure(
+    servers: dict[str, LocalTorchServe], rounds: int, plan: LoadPlan, images: list[str]
+) -> list[dict]:
+    """Every (round, image, side) closed-loop run of ``images`` (``IMAGES``' names), both sides
+    of an image one after the other, the first of them alternating from round to round."""
+    bodies = {name: (SAMPLES / IMAGES[name]).read_bytes() for name in images}
     runs = []
     for round_ in range(rounds):
         for image, body in bodies.items():
@@ -110,7 +112,7 @@ def precision(server: LocalTorchServe) -> str:
 def report(runs: list[dict], ref: str, served: dict[str, str], machine: dict) -> str:
     """results/before-after.md: per image, each side's median img/s and p50, and the ratio."""
     rows = []
-    for image in IMAGES:
+    for image in dict.fromkeys(r["image"] for r in runs):
         side = {s: [r for r in runs if r["image"] == image and r["side"] == s] for s in SIDES}
         rate = {s: statistics.median(r["throughput"] for r in side[s]) for s in SIDES}
         p50 = {s: statistics.median(r["p50_ms"] for r in side[s]) for s in SIDES}
@@ -142,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", default=BEFORE, help="the commit to compare with")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=12.0, help="measured time per run")
+    parser.add_argument(
+        "--images", nargs="+", choices=list(IMAGES), default=list(IMAGES), help="which images"
+    )
     args = parse(parser, argv)
     machine = describe_machine()
     plan = LoadPlan(closed_s=args.seconds)
@@ -152,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         before = build_before(up.enter_context(checked_out(args.before, work / "tree")), work)
         servers = {s.name: up.enter_context(server_of(s, work)) for s in (before, after)}
         served = {name: precision(server) for name, server in servers.items()}
-        runs = measure(servers, max(1, args.rounds), plan)
+        runs = measure(servers, max(1, args.rounds), plan, args.images)
     return publish(args.out / "before-after.md", report(runs, args.before, served, machine))
 
 
