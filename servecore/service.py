@@ -321,11 +321,10 @@ class ImageModel:
     ) -> list[Sent]:
         """One batch, the one call an engine makes: ``prepare``, ``infer``, the explanation
         stage (its one entry per batch) and ``answer``, then each reply written once by the
-        edge's ``encode``, in order, which gives back the
-        reply as sent (an HTTP edge's 413 for an answer too large to send) and its response.
-        Answering and writing are timed together (``resnet50_answer_ms_total``), and the errors
-        counted are those of the replies as sent. With tracing on (``servecore.tracing``) the
-        batch's spans carry those timings."""
+        edge's ``encode``, in order, which gives back the reply as sent (an HTTP edge's 413 for
+        an answer too large to send) and its response. Answering and writing are timed
+        together (``resnet50_answer_ms_total``), and the errors counted are those of the replies
+        as sent. With tracing on (``servecore.tracing``) the batch's spans carry those timings."""
         trace = self.trace(incoming)
         try:
             computed = self.infer(self.prepare(incoming))
