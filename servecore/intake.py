@@ -193,11 +193,12 @@ class Intake:
 
     def _open(self, incoming: Incoming) -> Opened:
         request = incoming.parse(self.config)
-        classes = self.classes
         check_top_k(
             request,
-            classes.largest,
-            "the classes of the model's largest head" if classes.named else "the model's classes",
+            self.classes.largest,
+            "the classes of the model's largest head"
+            if self.classes.named
+            else "the model's classes",
         )
         priority = incoming.priority if request.priority is None else request.priority
         if incoming.explain:

@@ -249,6 +249,22 @@ def test_explanation_work_beyond_the_batch_budget_is_a_503(weights_dir):
     assert len(json.loads(responses[0])) == 5
 
 
+def test_an_explanation_that_could_never_fit_takes_no_share_of_the_batch(weights_dir):
+    """Refused (400) when it is opened, it leaves the batch's one row to the next request."""
+    handler = make_handler(
+        weights_dir,
+        max_batch_images=1,
+        max_images_per_request=1,
+        explain={"max_passes_per_batch": 2},
+    )
+    answers, statuses = explained(
+        handler, [{"data": IMAGE, "method": b"ig", "n_steps": b"3"}, {"data": IMAGE}]
+    )
+    assert [s[0] for s in statuses] == [400, 200]
+    assert "explain.max_passes_per_batch" in answers[0]["message"]
+    assert answers[1]["explanations"]
+
+
 def test_explain_parameters_on_a_prediction_are_a_400(tagger):
     answers, statuses = explained(tagger, [{"data": IMAGE, "target": b"5"}], [PREDICT])
     assert statuses == [(400, "Bad Request")]

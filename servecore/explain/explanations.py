@@ -49,14 +49,9 @@ class Explanations:
         self.config = config
         self.threads = threads  # torch's intra-op threads for the eager passes (0: as they are)
         self.classes = classes
-        self.embedding_default = embedding_default  # the embedding model explains its vector
         self.checkpoint = checkpoint if checkpoint.is_file() else None
         self.rules = ExplainRules(
-            config,
-            classes.labels,
-            embedding_default,
-            checkpoint.name if self.checkpoint else "",
-            missing=checkpoint.name,
+            config, classes.labels, embedding_default, checkpoint.name, self.checkpoint is not None
         )
         self._explainer: Explainer | None = None
         self._loading = threading.Lock()

@@ -26,14 +26,13 @@ EMBEDDING_TARGET = "embedding"  # explain the embedding's own direction, not a c
 class ExplainRules:
     """``handler.explain`` on this model: its ``labels``, whether it explains the embedding
     when no target is named (``embedding_default``: the embedding model) and whether it can
-    explain at all (``checkpoint``: the archive's PyTorch checkpoint's name, "" when it carries
-    none)."""
+    explain at all (``explains``: the archive carries ``checkpoint``, its PyTorch checkpoint)."""
 
     config: ExplainConfig
     labels: Sequence[str]
     embedding_default: bool
     checkpoint: str
-    missing: str = ""  # the checkpoint the archive should have carried, when ``checkpoint`` is ""
+    explains: bool
 
     @property
     def budget(self) -> Budget:
@@ -49,10 +48,10 @@ class ExplainRules:
         """An explanation request's checked parameters (4xx; 501 when this model cannot
         explain or the protocol has no explanations; 400 when its passes, for all its images,
         exceed a whole batch's: it could never fit, so it takes no other request's place)."""
-        if not self.checkpoint:
+        if not self.explains:
             raise NotSupported(
                 "this archive carries no PyTorch checkpoint for explanations; "
-                f"rebuild it with archive.sh (it packs {self.missing})"
+                f"rebuild it with archive.sh (it packs {self.checkpoint})"
             )
         if request.protocol is Protocol.V2:
             raise NotSupported(
@@ -62,11 +61,11 @@ class ExplainRules:
         spec = parse_explain(
             request.options, request.top_k, self.labels, self.config, self.embedding_default
         )
-        limit, images = self.config.max_passes_per_batch, len(request.images)
-        if passes(spec) * images > limit:  # never fits, unlike one that only lost the race
+        limit, images, each = self.config.max_passes_per_batch, len(request.images), passes(spec)
+        if each * images > limit:  # never fits, unlike one that only lost the race
             raise InvalidParameter(
-                f"this explanation needs {passes(spec) * images} forward/backward passes "
-                f"({images} image(s) x {passes(spec)}), more than the limit of {limit} "
+                f"this explanation needs {each * images} forward/backward passes "
+                f"({images} image(s) x {each}), more than the limit of {limit} "
                 "(handler.explain.max_passes_per_batch); send fewer images, targets or n_steps"
             )
         return spec
